@@ -1,0 +1,43 @@
+"""The error types users see.
+
+One type per user mistake. Each carries where the mistake is (a file and, where known,
+a line or key) so the CLI can print one line that says what to change.
+"""
+
+from __future__ import annotations
+
+
+class DistciError(Exception):
+    """Base of every error distci reports to a user as one line (no traceback)."""
+
+    def __init__(self, message: str, *, where: str | None = None) -> None:
+        self.where = where
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class MatrixError(DistciError):
+    """matrix.toml is invalid: an unknown key, a bad specifier, a rule matching nothing."""
+
+
+class SourceError(DistciError):
+    """A Source cannot be resolved (no such version, index not configured, bad spec)."""
+
+
+class ConfigError(DistciError):
+    """A configuration value (environment variable, config file) is missing or invalid."""
+
+
+class InfraError(DistciError):
+    """The environment, image or device could not be brought up: verdict `infra`.
+
+    Never a regression: the run records an `infra` result carrying the partial stack and
+    the log instead of test outcomes.
+    """
+
+    def __init__(self, message: str, *, where: str | None = None, log: str = "") -> None:
+        self.log = log
+        super().__init__(message, where=where)
+
+
+class SelectionError(DistciError):
+    """A --cell / --tier / --test selection names nothing in the matrix."""

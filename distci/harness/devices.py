@@ -1,0 +1,77 @@
+"""The one device table: which process-group backend and device module each accelerator uses.
+
+Suites and the harness look devices up here so that a scenario written once runs on
+cpu+gloo, cuda+nccl and npu+hccl. torch_npu is imported only when the npu row is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DeviceKind:
+    name: str
+    backend: str
+    module: str | None
+    import_first: str | None = None
+
+    def device_module(self):
+        """torch.cuda / torch.npu, or None for cpu."""
+        import torch
+
+        if self.import_first:
+            importlib.import_module(self.import_first)
+        return getattr(torch, self.module) if self.module else None
+
+    def count(self) -> int:
+        mod = self.device_module()
+        if mod is None:
+            return os.cpu_count() or 1
+        return mod.device_count() if mod.is_available() else 0
+
+
+DEVICES: dict[str, DeviceKind] = {
+    "cpu": DeviceKind("cpu", "gloo", None),
+    "cuda": DeviceKind("cuda", "nccl", "cuda"),
+    "npu": DeviceKind("npu", "hccl", "npu", import_first="torch_npu"),
+}
+
+
+def device_kind(name: str) -> DeviceKind:
+    try:
+        return DEVICES[name]
+    except KeyError:
+        raise ValueError(f"unknown device type {name!r}; known: {', '.join(DEVICES)}") from None
+
+
+def detect_device_type() -> str:
+    """The accelerator a run uses when none is asked for: DISTCI_DEVICE, else what is present."""
+    wanted = os.environ.get("DISTCI_DEVICE")
+    if wanted:
+        device_kind(wanted)
+        return wanted
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    try:
+        importlib.import_module("torch_npu")
+        if torch.npu.is_available():  # type: ignore[attr-defined]
+            return "npu"
+    except ImportError:
+        pass
+    return "cpu"
+
+
+def device_capability(device_type: str) -> tuple[int, int] | None:
+    """(major, minor) compute capability on CUDA; None elsewhere."""
+    if device_type != "cuda":
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return tuple(torch.cuda.get_device_capability(0))  # type: ignore[return-value]

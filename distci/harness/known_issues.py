@@ -1,0 +1,153 @@
+"""The known-issues registry: which failures are upstream bugs we already know.
+
+A failure becomes `xfail` only when the test id, the error signature AND the stack all
+match an entry; anything else stays a failure, so a known issue never hides a new error.
+Where an entry applies and the test passes, the verdict is `fixed`: the entry (or the
+fix) can be retired.
+
+Applicability needs two kinds of bounds: release specifiers (PEP 440) and nightly-date /
+commit bounds, because `2.12.0.dev20260301` or `2.13.0a0+gitabc1234` cannot be placed
+by a specifier alone.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+_DEV_DATE = re.compile(r"\.dev(\d{8})")
+ENTRY_KEYS = {"id", "tests", "signature", "applies", "upstream", "fix", "title", "repro"}
+APPLIES_KEYS = {"torch", "torchao", "torchtitan", "nightly_from", "nightly_until", "git", "accelerators"}
+
+
+class RegistryError(ValueError):
+    """known_issues.toml is malformed; the message names the entry and key."""
+
+
+def nightly_date(version: str) -> str | None:
+    m = _DEV_DATE.search(version)
+    return m.group(1) if m else None
+
+
+def version_applies(version: str | None, spec: str | None, *, nightly_from: str | None = None,
+                    nightly_until: str | None = None) -> bool:
+    """True when `version` is inside the release specifier, or (for a dev build) inside the dates.
+
+    A nightly (X.Y.0.devYYYYMMDD) is judged by its date when date bounds are given,
+    otherwise by its release part against the specifier (prereleases allowed).
+    """
+    if version is None:
+        return False
+    if spec is None and nightly_from is None and nightly_until is None:
+        return True
+    date = nightly_date(version)
+    if date and (nightly_from or nightly_until):
+        lo = (nightly_from or "00000000").replace("-", "")
+        hi = (nightly_until or "99999999").replace("-", "")
+        return lo <= date <= hi
+    if spec is None:
+        return False
+    try:
+        v = Version(version)
+    except InvalidVersion:
+        return False
+    return SpecifierSet(spec).contains(Version(v.base_version), prereleases=True)
+
+
+@dataclass
+class KnownIssue:
+    id: str
+    tests: list[str]
+    signature: re.Pattern[str]
+    applies: dict[str, Any] = field(default_factory=dict)
+    upstream: str = ""
+    fix: str | None = None
+    title: str = ""
+
+    def applies_to(self, stack: dict[str, Any]) -> bool:
+        a = self.applies
+        accel = a.get("accelerators")
+        if accel:
+            here = "cuda" if stack.get("cuda_available") else ("npu" if stack.get("torch_npu") else "cpu")
+            if here not in accel:
+                return False
+        git = a.get("git")
+        if git and stack.get("torch_git") and not any(str(stack["torch_git"]).startswith(g) for g in git):
+            return False
+        for pkg in ("torch", "torchao", "torchtitan"):
+            spec = a.get(pkg)
+            if pkg == "torch":
+                if (spec or a.get("nightly_from") or a.get("nightly_until")) and not version_applies(
+                    stack.get("torch"), spec, nightly_from=a.get("nightly_from"), nightly_until=a.get("nightly_until")
+                ):
+                    return False
+            elif spec and not version_applies(stack.get(pkg), spec):
+                return False
+        return True
+
+    def matches(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> bool:
+        if not any(fnmatch.fnmatchcase(test_id, pat) for pat in self.tests):
+            return False
+        if not (self.signature.search(signature) or self.signature.search(message)):
+            return False
+        return self.applies_to(stack)
+
+
+@dataclass
+class Registry:
+    entries: list[KnownIssue]
+
+    def match(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> str | None:
+        for entry in self.entries:
+            if entry.matches(test_id, signature, message, stack):
+                return entry.id
+        return None
+
+    def applicable(self, test_id: str, stack: dict[str, Any]) -> list[KnownIssue]:
+        return [e for e in self.entries if any(fnmatch.fnmatchcase(test_id, p) for p in e.tests) and e.applies_to(stack)]
+
+
+def load_registry(path: Path) -> Registry:
+    where = str(path)
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise RegistryError(f"{where}: {exc}") from None
+    entries = []
+    for i, raw in enumerate(data.get("issue", [])):
+        label = f"{where}: [[issue]] #{i + 1} ({raw.get('id', '?')})"
+        unknown = set(raw) - ENTRY_KEYS
+        if unknown:
+            raise RegistryError(f"{label}: unknown key(s) {sorted(unknown)}; allowed: {sorted(ENTRY_KEYS)}")
+        for key in ("id", "tests", "signature"):
+            if key not in raw:
+                raise RegistryError(f"{label}: missing key {key!r}")
+        applies = raw.get("applies", {})
+        unknown = set(applies) - APPLIES_KEYS
+        if unknown:
+            raise RegistryError(f"{label}: unknown key(s) in applies {sorted(unknown)}; allowed: {sorted(APPLIES_KEYS)}")
+        for pkg in ("torch", "torchao", "torchtitan"):
+            if pkg in applies:
+                try:
+                    SpecifierSet(applies[pkg])
+                except InvalidSpecifier:
+                    raise RegistryError(f"{label}: applies.{pkg} = {applies[pkg]!r} is not a version specifier") from None
+        try:
+            sig = re.compile(raw["signature"])
+        except re.error as exc:
+            raise RegistryError(f"{label}: signature is not a valid regex: {exc}") from None
+        tests = raw["tests"] if isinstance(raw["tests"], list) else [raw["tests"]]
+        entries.append(KnownIssue(raw["id"], tests, sig, applies, raw.get("upstream", ""), raw.get("fix"), raw.get("title", "")))
+    return Registry(entries)

@@ -1,0 +1,146 @@
+"""Turns what every rank did in one test into one outcome and failure kind.
+
+The rules, in order:
+- a rank process died (exit code, signal)              -> failed / crash
+- a rank raised an error that says a collective timed out -> failed / hang
+- a rank raised                                         -> failed / assert | exception
+- ranks still running at the deadline:
+    some rank already returned, or a stuck rank's main
+    thread sits in a collective (waiting for a peer)    -> failed / hang
+    otherwise (plain slow compute)                      -> failed / timeout
+- every rank skipped (or some skipped, none failed)     -> skipped
+- every rank passed                                     -> passed
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass, field
+
+from ..results import RankExcerpt, error_signature
+from .protocol import RankReport
+
+COLLECTIVE_FRAMES = re.compile(
+    r"torch/distributed/|_functional_collectives|c10d|wait_tensor|all_reduce|all_gather|"
+    r"reduce_scatter|barrier|broadcast|symmetric_memory"
+)
+COLLECTIVE_TIMEOUT = re.compile(
+    r"timed out|timeout|Timed out|Watchdog caught collective operation timeout|"
+    r"wait timeout|DistBackendError.*(?:timeout|Timed)", re.IGNORECASE
+)
+PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET", re.IGNORECASE)
+
+
+@dataclass
+class RankState:
+    """What the controller knows about one rank at the end of a test."""
+
+    rank: int
+    report: RankReport | None = None
+    exit_code: int | None = None  # set when the process died during the test
+    stuck: bool = False  # still running when the controller stopped waiting
+    stack: str = ""  # stack dump taken when stuck
+    log: str = ""  # the rank's log lines written during the test
+
+
+@dataclass
+class Combined:
+    outcome: str
+    failure_kind: str | None = None
+    exc_type: str = ""
+    message: str = ""
+    signature: str | None = None
+    ranks: list[RankExcerpt] = field(default_factory=list)
+    duration_s: float = 0.0
+    needs_rebuild: bool = False
+
+    def render(self) -> str:
+        """The failure text pytest shows: the outcome line, then each rank's excerpt."""
+        head = f"[{self.failure_kind}] {self.exc_type}: {self.message}".strip()
+        parts = [head]
+        for r in self.ranks:
+            parts.append(f"----- rank {r.rank}: {r.outcome} -----\n{r.excerpt}".rstrip())
+        return "\n".join(parts)
+
+
+def _main_thread(stack: str) -> str:
+    """The main thread's part of a faulthandler / py-spy dump (helper threads would mislead)."""
+    for marker in ("Current thread 0x", "(idle)", "Thread "):
+        at = stack.find(marker)
+        if marker.startswith("Current") and at >= 0:
+            return stack[at:]
+    return stack
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _tail(text: str, limit: int = 6000) -> str:
+    return text if len(text) <= limit else "...\n" + text[-limit:]
+
+
+def _excerpt(state: RankState) -> RankExcerpt:
+    if state.exit_code is not None:
+        outcome = "crash"
+        body = f"rank process {describe_exit(state.exit_code)}\n{_tail(state.log)}"
+    elif state.stuck:
+        outcome = "stuck"
+        body = f"{_tail(state.stack or '(no stack captured)', 8000)}\n--- log ---\n{_tail(state.log, 2000)}"
+    elif state.report is None:
+        outcome, body = "unknown", _tail(state.log)
+    else:
+        outcome = state.report.outcome
+        body = state.report.traceback or state.report.message
+        if state.report.outcome != "passed":
+            body = f"{_tail(body)}\n--- log ---\n{_tail(state.log, 2000)}"
+        else:
+            body = ""
+    return RankExcerpt(rank=state.rank, outcome=outcome, excerpt=body.strip())
+
+
+def combine(states: list[RankState], duration_s: float) -> Combined:
+    ranks = [_excerpt(s) for s in states]
+    dead = [s for s in states if s.exit_code is not None]
+    stuck = [s for s in states if s.stuck]
+    failed = [s for s in states if s.report is not None and s.report.outcome == "failed"]
+    returned = [s for s in states if s.report is not None]
+    needs_rebuild = bool(dead or stuck)
+
+    def done(outcome: str, kind: str | None, exc_type: str, message: str) -> Combined:
+        sig = error_signature(exc_type, message) if outcome == "failed" else None
+        return Combined(outcome, kind, exc_type, message, sig, ranks, duration_s, needs_rebuild)
+
+    if dead:
+        first = dead[0]
+        msg = f"rank {first.rank} {describe_exit(first.exit_code)}"  # type: ignore[arg-type]
+        if len(dead) > 1:
+            msg += f" (ranks {', '.join(str(s.rank) for s in dead)} died)"
+        return done("failed", "crash", "RankCrash", msg)
+    for s in failed:
+        rep = s.report
+        assert rep is not None
+        if COLLECTIVE_TIMEOUT.search(rep.message) and "distributed" in (rep.traceback + rep.exc_type).lower():
+            return done("failed", "hang", rep.exc_type, f"rank {s.rank}: {rep.message}")
+    real = [s for s in failed if not PEER_GONE.search(s.report.message)]  # type: ignore[union-attr]
+    if real or failed:
+        s = (real or failed)[0]
+        rep = s.report
+        assert rep is not None
+        return done("failed", rep.kind or "exception", rep.exc_type, rep.message)
+    if stuck:
+        in_collective = any(COLLECTIVE_FRAMES.search(_main_thread(s.stack)) for s in stuck)
+        which = ", ".join(str(s.rank) for s in stuck)
+        if returned or in_collective:
+            return done("failed", "hang", "RankHang", f"rank(s) {which} stuck in a collective past the test timeout")
+        return done("failed", "timeout", "TestTimeout", f"rank(s) {which} still running at the test timeout")
+    skipped = [s for s in states if s.report is not None and s.report.outcome == "skipped"]
+    if skipped:
+        return Combined("skipped", None, "", skipped[0].report.message, None, ranks, duration_s, False)  # type: ignore[union-attr]
+    return Combined("passed", None, "", "", None, ranks, duration_s, False)

@@ -1,0 +1,204 @@
+"""The pytest plugin: runs `dist` tests on rank workers and records every outcome.
+
+Load it with `pytest -p distci.harness`. A test is distributed when it takes the
+`dist` argument or carries `@pytest.mark.world_size(n)`; its body runs on every rank
+of a persistent RankPool (or under torchrun with `@pytest.mark.torchrun`). Everything
+else runs in the pytest process as usual.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+from pathlib import Path
+
+import pytest
+
+from .devices import detect_device_type, device_capability, device_kind
+from .outcome import Combined
+from .pool import PoolStartError, RankPool
+from .protocol import TestRequest
+from .recorder import Recorder
+from .torchrun import launch
+
+DEFAULT_TIMEOUT_S = 300.0
+PG_TIMEOUT_MARGIN_S = 60.0
+
+MARKERS = (
+    "world_size(n): run the test body on n ranks of the rank pool",
+    "dist_timeout(seconds): per-test timeout (default 300 s); the process-group timeout stays below it",
+    "requires_accelerator(name): skip unless the run's accelerator is `name` (cpu|cuda|npu)",
+    "requires_sm(major_minor): skip unless the CUDA device capability is at least this (e.g. 90)",
+    "torchrun(nproc=2): launch the test with torchrun; the test owns its process group",
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("distci", "distci distributed harness")
+    group.addoption("--distci-device", default=None, help="cpu|cuda|npu (default: DISTCI_DEVICE or what is present)")
+    group.addoption("--distci-world-size", type=int, default=2, help="world size for `dist` tests without a marker")
+    group.addoption("--distci-timeout", type=float, default=None, help=f"default per-test timeout (s), default {DEFAULT_TIMEOUT_S}")
+    group.addoption("--distci-mode", choices=("pool", "torchrun"), default="pool",
+                    help="run every distributed test through the rank pool (default) or one torchrun per test")
+    group.addoption("--distci-no-isolation", action="store_true",
+                    help="do not reset dynamo/configs/RNG between tests (only to prove isolation matters)")
+    group.addoption("--distci-run-dir", default=None, help="write results.jsonl, junit.xml, stack.json and rank logs here")
+    group.addoption("--distci-cell", default=None, help="cell id recorded with every result")
+    group.addoption("--distci-run-id", default=None, help="run id recorded with every result")
+    group.addoption("--distci-known-issues", default=None, help="known-issues registry (TOML) to match failures against")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for marker in MARKERS:
+        config.addinivalue_line("markers", marker)
+    config._distci = Harness(config)  # type: ignore[attr-defined]
+    config.pluginmanager.register(config._distci.recorder, "distci-recorder")  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    harness = getattr(config, "_distci", None)
+    if harness is not None:
+        harness.close()
+
+
+class _ControllerPlaceholder:
+    """What `dist` is in the pytest process: nothing. Each rank receives its real DistContext."""
+
+    def __getattr__(self, name: str):
+        raise RuntimeError("`dist` is only usable inside a distributed test body running on the ranks")
+
+
+@pytest.fixture
+def dist():
+    return _ControllerPlaceholder()
+
+
+def is_distributed(item: pytest.Item) -> bool:
+    return isinstance(item, pytest.Function) and (
+        "dist" in item.fixturenames or item.get_closest_marker("world_size") is not None
+        or item.get_closest_marker("torchrun") is not None
+    )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    harness: Harness = item.config._distci  # type: ignore[attr-defined]
+    acc = item.get_closest_marker("requires_accelerator")
+    if acc and acc.args and harness.device_type not in acc.args:
+        pytest.skip(f"needs accelerator {'/'.join(acc.args)}; this run is on {harness.device_type}")
+    sm = item.get_closest_marker("requires_sm")
+    if sm and sm.args:
+        need = int(sm.args[0])
+        cap = device_capability(harness.device_type)
+        have = cap[0] * 10 + cap[1] if cap else None
+        if have is None or have < need:
+            pytest.skip(f"needs CUDA SM{need}+; this device is {'SM' + str(have) if have else harness.device_type}")
+    if is_distributed(item) and harness.device_type != "cpu":
+        n = harness.world_size_of(item)
+        have = device_kind(harness.device_type).count()
+        if have < n:
+            pytest.skip(f"needs {n} {harness.device_type} devices; {have} visible")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function):
+    if not is_distributed(pyfuncitem):
+        return None
+    harness: Harness = pyfuncitem.config._distci  # type: ignore[attr-defined]
+    combined = harness.run(pyfuncitem)
+    harness.recorder.remember(pyfuncitem.nodeid, combined)
+    if combined.outcome == "passed":
+        return True
+    if combined.outcome == "skipped":
+        pytest.skip(combined.message or "skipped on the ranks")
+    pytest.fail(combined.render(), pytrace=False)
+
+
+class Harness:
+    """Owns the pools (one per world size) and the run-wide settings."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        opt = config.getoption
+        self.device_type = opt("--distci-device") or detect_device_type()
+        device_kind(self.device_type)
+        self.default_world_size = opt("--distci-world-size")
+        self.default_timeout = opt("--distci-timeout") or float(os.environ.get("DISTCI_TEST_TIMEOUT", DEFAULT_TIMEOUT_S))
+        self.mode = opt("--distci-mode")
+        self.isolate = not opt("--distci-no-isolation")
+        run_dir = opt("--distci-run-dir")
+        self.run_dir = Path(run_dir) if run_dir else Path(config.rootpath) / ".distci" / "scratch"
+        self.log_dir = self.run_dir / "logs"
+        self.pools: dict[int, RankPool] = {}
+        self.pool_errors: dict[int, PoolStartError] = {}
+        self.recorder = Recorder(config, self.run_dir)
+
+    def world_size_of(self, item: pytest.Item) -> int:
+        m = item.get_closest_marker("world_size")
+        if m and m.args:
+            return int(m.args[0])
+        t = item.get_closest_marker("torchrun")
+        if t:
+            return int(t.kwargs.get("nproc", t.args[0] if t.args else self.default_world_size))
+        return self.default_world_size
+
+    def timeout_of(self, item: pytest.Item) -> float:
+        m = item.get_closest_marker("dist_timeout")
+        return float(m.args[0]) if m and m.args else self.default_timeout
+
+    def request_for(self, item: pytest.Function) -> TestRequest:
+        kwargs = {}
+        for name in item._fixtureinfo.argnames:  # the test function's own arguments
+            if name == "dist":
+                continue
+            value = item.funcargs[name]
+            try:
+                pickle.dumps(value)
+            except Exception as exc:  # noqa: BLE001
+                raise pytest.UsageError(
+                    f"{item.nodeid}: argument {name!r} cannot be sent to the ranks ({exc}); "
+                    "distributed tests take only picklable parameters and fixtures"
+                ) from None
+            kwargs[name] = value
+        return TestRequest(
+            nodeid=item.nodeid,
+            module=item.module.__name__,
+            qualname=item.obj.__qualname__,
+            kwargs=kwargs,
+            sys_path=list(sys.path),
+            isolate=self.isolate,
+        )
+
+    def pool(self, world_size: int) -> RankPool:
+        if world_size not in self.pools:
+            pg_timeout = max(30.0, self.default_timeout - PG_TIMEOUT_MARGIN_S)
+            self.pools[world_size] = RankPool(world_size, self.device_type, self.log_dir, pg_timeout_s=pg_timeout)
+        return self.pools[world_size]
+
+    def run(self, item: pytest.Function) -> Combined:
+        world_size = self.world_size_of(item)
+        timeout = self.timeout_of(item)
+        request = self.request_for(item)
+        torchrun_marker = item.get_closest_marker("torchrun")
+        if torchrun_marker or self.mode == "torchrun":
+            return launch(request, world_size, self.device_type, timeout, self.log_dir,
+                          owns_process_group=torchrun_marker is not None)
+        pool = self.pool(world_size)
+        if not pool.alive:
+            try:
+                pool.start()
+            except PoolStartError as exc:
+                return Combined("error", "infra", "PoolStartError", f"{exc}\n{exc.logs}",
+                                f"PoolStartError: {exc}"[:300])
+        return pool.run(request, timeout)
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.shutdown()
+        self.pools.clear()
+
+
+__all__ = [
+    "pytest_addoption", "pytest_configure", "pytest_unconfigure", "pytest_runtest_setup",
+    "pytest_pyfunc_call", "dist", "Harness", "is_distributed",
+]

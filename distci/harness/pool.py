@@ -1,0 +1,307 @@
+"""RankPool: N rank workers that live for the whole pytest session.
+
+Starting ranks (spawn Python, import torch, join a process group) costs seconds; a
+suite has hundreds of tests. The pool pays that once per world size and then only a
+message round-trip per test. When a test leaves the ranks unusable (a hang, a crash,
+a timeout) the pool is killed with killpg and rebuilt for the next test.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+
+from .outcome import Combined, RankState, combine
+from .protocol import HealthCheck, RankReport, Shutdown, TestRequest
+
+FAILURE_GRACE_S = 10.0  # other ranks' time to finish after one rank failed or died
+DUMP_SETTLE_S = 1.5
+
+
+class PoolStartError(RuntimeError):
+    """The ranks could not be brought up or failed the health check: an infra problem."""
+
+    def __init__(self, message: str, logs: str = "") -> None:
+        self.logs = logs
+        super().__init__(message)
+
+
+@dataclass
+class _Rank:
+    rank: int
+    proc: subprocess.Popen
+    conn: Connection
+    dump_sock: socket.socket | None
+    log_path: Path
+    log_offset: int = 0
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def worker_env(device_type: str, world_size: int, trace_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    env["WORLD_SIZE"] = str(world_size)
+    if device_type == "cuda":
+        env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+        env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+        env.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(trace_dir / "nccl_trace_rank_"))
+        env.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(trace_dir / "nccl_trace_rank_"))
+    return env
+
+
+def dump_stack(pid: int) -> str:
+    """py-spy's view of a process when py-spy is installed and allowed to attach."""
+    exe = shutil.which("py-spy")
+    if not exe:
+        return ""
+    try:
+        out = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20)
+    except (subprocess.TimeoutExpired, OSError):
+        return ""
+    return out.stdout if out.returncode == 0 else ""
+
+
+class RankPool:
+    def __init__(
+        self,
+        world_size: int,
+        device_type: str,
+        log_dir: Path,
+        *,
+        pg_timeout_s: float = 240.0,
+        start_timeout_s: float = 300.0,
+        python: str = sys.executable,
+    ) -> None:
+        self.world_size = world_size
+        self.device_type = device_type
+        self.log_dir = Path(log_dir)
+        self.pg_timeout_s = pg_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.python = python
+        self.ranks: list[_Rank] = []
+        self.pgid: int | None = None
+        self.generation = 0
+        self.health: list[RankReport] = []
+
+    @property
+    def alive(self) -> bool:
+        return bool(self.ranks) and all(r.proc.poll() is None for r in self.ranks)
+
+    def pids(self) -> list[int]:
+        return [r.proc.pid for r in self.ranks]
+
+    # -- start / stop -------------------------------------------------------------
+    def start(self) -> None:
+        self.kill()
+        self.generation += 1
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        trace_dir = self.log_dir / "traces"
+        trace_dir.mkdir(exist_ok=True)
+        init_dir = Path(tempfile.mkdtemp(prefix="distci-pg-"))
+        init_file = init_dir / "store"
+        env = worker_env(self.device_type, self.world_size, trace_dir)
+        for rank in range(self.world_size):
+            ours, theirs = socket.socketpair()
+            dump_ours, dump_theirs = socket.socketpair()
+            log_path = self.log_dir / f"ws{self.world_size}-rank{rank}.log"
+            log = open(log_path, "ab")
+            log.write(f"\n===== distci pool generation {self.generation} =====\n".encode())
+            log.flush()
+            cmd = [
+                self.python, "-u", "-m", "distci.harness.worker",
+                "--rank", str(rank), "--world-size", str(self.world_size),
+                "--device-type", self.device_type, "--init-file", str(init_file),
+                "--fd", str(theirs.fileno()), "--dump-fd", str(dump_theirs.fileno()),
+                "--pg-timeout", str(self.pg_timeout_s), "--parent-pid", str(os.getpid()),
+                "--trace-dir", str(trace_dir),
+            ]
+            rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
+            group = 0 if self.pgid is None else self.pgid
+            kwargs = {"process_group": group} if sys.version_info >= (3, 11) else {"preexec_fn": lambda g=group: os.setpgid(0, g)}
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                pass_fds=(theirs.fileno(), dump_theirs.fileno()), env=rank_env, **kwargs,
+            )
+            log.close()
+            theirs.close()
+            dump_theirs.close()
+            if self.pgid is None:
+                self.pgid = proc.pid
+            self.ranks.append(_Rank(rank, proc, Connection(ours.detach()), dump_ours, log_path))
+        self.health = self._collect_health(self.start_timeout_s, "start-up")
+        shutil.rmtree(init_dir, ignore_errors=True)
+
+    def _collect_health(self, timeout_s: float, what: str) -> list[RankReport]:
+        reports: dict[int, RankReport] = {}
+        deadline = time.monotonic() + timeout_s
+        by_conn = {r.conn: r for r in self.ranks}
+        while len(reports) < len(self.ranks):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for conn in wait([r.conn for r in self.ranks if r.rank not in reports], timeout=min(left, 1.0)):
+                r = by_conn[conn]
+                try:
+                    reports[r.rank] = conn.recv()
+                except (EOFError, OSError):
+                    self._fail_start(f"rank {r.rank} died during {what}")
+            for r in self.ranks:
+                if r.rank not in reports and r.proc.poll() is not None:
+                    self._fail_start(f"rank {r.rank} exited with code {r.proc.returncode} during {what}")
+        if len(reports) < len(self.ranks):
+            missing = sorted(set(range(len(self.ranks))) - set(reports))
+            self._fail_start(f"ranks {missing} did not finish {what} within {timeout_s:.0f}s")
+        bad = [rep for rep in reports.values() if rep.outcome != "passed"]
+        if bad:
+            self._fail_start(f"{what} failed on rank {bad[0].rank}: {bad[0].exc_type}: {bad[0].message}")
+        return [reports[i] for i in sorted(reports)]
+
+    def _fail_start(self, message: str) -> None:
+        logs = "\n".join(f"--- rank {r.rank} ---\n{_read_from(r.log_path, 0)[-4000:]}" for r in self.ranks)
+        self.kill()
+        raise PoolStartError(message, logs)
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (ranks and anything they spawned)."""
+        if self.pgid is not None:
+            try:
+                os.killpg(self.pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for r in self.ranks:
+            try:
+                r.proc.kill()
+            except ProcessLookupError:
+                pass
+            try:
+                r.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            r.conn.close()
+            if r.dump_sock:
+                r.dump_sock.close()
+        self.ranks = []
+        self.pgid = None
+
+    def shutdown(self, timeout_s: float = 10.0) -> None:
+        for r in self.ranks:
+            try:
+                r.conn.send(Shutdown())
+            except OSError:
+                pass
+        deadline = time.monotonic() + timeout_s
+        for r in self.ranks:
+            try:
+                r.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()
+
+    # -- running tests ------------------------------------------------------------
+    def run(self, request: TestRequest, timeout_s: float) -> Combined:
+        if not self.alive:
+            self.start()
+        start = time.monotonic()
+        for r in self.ranks:
+            r.log_offset = r.log_path.stat().st_size
+        states = {r.rank: RankState(r.rank) for r in self.ranks}
+        for r in self.ranks:
+            r.conn.send(request)
+        self._wait(states, start + timeout_s)
+        duration = time.monotonic() - start
+        stuck = [self._rank(s.rank) for s in states.values() if s.stuck]
+        if stuck:
+            self._dump_stacks(stuck, states)
+        for r in self.ranks:
+            states[r.rank].log = _read_from(r.log_path, r.log_offset)
+        combined = combine([states[i] for i in sorted(states)], duration)
+        if combined.needs_rebuild:
+            self.kill()
+        elif combined.outcome == "failed" and not self._healthy():
+            combined.needs_rebuild = True
+            self.kill()
+        return combined
+
+    def _rank(self, rank: int) -> _Rank:
+        return self.ranks[rank]
+
+    def _wait(self, states: dict[int, RankState], deadline: float) -> None:
+        by_conn = {r.conn: r for r in self.ranks}
+        pending = {r.rank for r in self.ranks}
+        while pending:
+            now = time.monotonic()
+            trouble = any(s.exit_code is not None or (s.report and s.report.outcome == "failed") for s in states.values())
+            if trouble:
+                deadline = min(deadline, now + FAILURE_GRACE_S)
+            left = deadline - now
+            if left <= 0:
+                break
+            for conn in wait([self.ranks[i].conn for i in pending], timeout=min(left, 0.5)):
+                r = by_conn[conn]
+                try:
+                    states[r.rank].report = conn.recv()
+                except (EOFError, OSError):
+                    states[r.rank].exit_code = self._exit_code(r)
+                pending.discard(r.rank)
+            for i in list(pending):
+                code = self.ranks[i].proc.poll()
+                if code is not None:
+                    states[i].exit_code = code
+                    pending.discard(i)
+        for i in pending:
+            states[i].stuck = True
+
+    @staticmethod
+    def _exit_code(r: _Rank) -> int:
+        try:
+            return r.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return -1
+
+    def _dump_stacks(self, stuck: list[_Rank], states: dict[int, RankState]) -> None:
+        for r in stuck:
+            if self.device_type == "cuda" and r.dump_sock is not None:
+                try:
+                    r.dump_sock.send(b"d")
+                except OSError:
+                    pass
+            try:
+                os.kill(r.proc.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        time.sleep(DUMP_SETTLE_S)
+        for r in stuck:
+            spy = dump_stack(r.proc.pid)
+            faulthandler_text = _read_from(r.log_path, r.log_offset)
+            found = [i for i in (faulthandler_text.find("Thread 0x"), faulthandler_text.find("Current thread 0x")) if i >= 0]
+            fh_stack = faulthandler_text[min(found):] if found else ""
+            states[r.rank].stack = (f"py-spy dump:\n{spy}\n" if spy else "") + (
+                f"faulthandler:\n{fh_stack}" if fh_stack else "")
+
+    def _healthy(self, timeout_s: float = 30.0) -> bool:
+        """After a failure, a tiny all-reduce proves the ranks are still in step."""
+        try:
+            for r in self.ranks:
+                r.conn.send(HealthCheck())
+            self._collect_health(timeout_s, "post-failure health check")
+            return True
+        except (PoolStartError, OSError):
+            return False

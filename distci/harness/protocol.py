@@ -1,0 +1,45 @@
+"""Messages between the pytest process (controller) and its rank workers.
+
+Plain dataclasses sent with multiprocessing.connection (pickle). A TestRequest names the
+test by module and qualified name, so a worker imports it the way pytest did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TestRequest:
+    nodeid: str
+    module: str
+    qualname: str
+    kwargs: dict[str, Any]
+    sys_path: list[str]
+    seed: int = 1234
+    isolate: bool = True
+
+
+@dataclass
+class RankReport:
+    """What one rank says about one test (or about its start-up / health check)."""
+
+    rank: int
+    outcome: str  # passed | failed | skipped
+    kind: str | None = None  # assert | exception
+    exc_type: str = ""
+    message: str = ""
+    traceback: str = ""
+    duration_s: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Shutdown:
+    pass
+
+
+@dataclass
+class HealthCheck:
+    pass

@@ -1,0 +1,136 @@
+"""Writes one Result per test to the run directory while pytest runs.
+
+Lines are appended as each test finishes, so a run killed half way keeps every finished
+result. Distributed tests carry what the ranks said (failure kind, per-rank excerpts);
+the rest are classified from pytest's own report.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shlex
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..results import JUNIT_FILE, STACK_FILE, RankExcerpt, Result, ResultWriter, error_signature, read_results, write_junit
+from .outcome import Combined
+
+
+def _repro(cell: str | None, nodeid: str) -> str:
+    if cell:
+        return f"nox -s dist_tests -- --cell {cell} --test {shlex.quote(nodeid)}"
+    return f"python -m pytest -p distci.harness {shlex.quote(nodeid)}"
+
+
+class Recorder:
+    def __init__(self, config: pytest.Config, run_dir: Path) -> None:
+        self.config = config
+        self.enabled = config.getoption("--distci-run-dir") is not None
+        self.run_dir = run_dir
+        self.cell = config.getoption("--distci-cell") or os.environ.get("DISTCI_CELL") or "local"
+        self.run_id = config.getoption("--distci-run-id") or time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        self.stack: dict[str, Any] = {}
+        self.combined: dict[str, Combined] = {}
+        self.reports: dict[str, list[pytest.TestReport]] = {}
+        self.started: dict[str, str] = {}
+        self.writer: ResultWriter | None = None
+        self.known_issues = None
+
+    def remember(self, nodeid: str, combined: Combined) -> None:
+        self.combined[nodeid] = combined
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        if not self.enabled:
+            return
+        from .. import stack
+
+        self.stack = stack.capture()
+        self.writer = ResultWriter(self.run_dir)
+        (self.run_dir / STACK_FILE).write_text(json.dumps(self.stack, indent=1, sort_keys=True, default=str))
+        registry = self.config.getoption("--distci-known-issues")
+        if registry and Path(registry).exists():
+            from .known_issues import load_registry
+
+            self.known_issues = load_registry(Path(registry))
+
+    def pytest_runtest_logstart(self, nodeid: str, location) -> None:
+        self.started[nodeid] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.reports.setdefault(report.nodeid, []).append(report)
+
+    def pytest_runtest_logfinish(self, nodeid: str, location) -> None:
+        if self.writer is None:
+            return
+        self.writer.write(self.result_for(nodeid))
+
+    def result_for(self, nodeid: str) -> Result:
+        reports = self.reports.pop(nodeid, [])
+        combined = self.combined.pop(nodeid, None)
+        duration = sum(r.duration for r in reports)
+        outcome, kind, message, signature = "passed", None, "", None
+        ranks: list[RankExcerpt] = []
+        for rep in reports:
+            if rep.skipped:
+                outcome = "skipped"
+                message = _skip_reason(rep)
+            elif rep.failed:
+                outcome = "failed" if rep.when == "call" else "error"
+                message = rep.longreprtext
+                kind, signature = _classify(rep)
+                break
+        if combined is not None:
+            ranks = combined.ranks
+            if combined.outcome in ("failed", "error"):
+                outcome = combined.outcome
+                kind = combined.failure_kind
+                message = f"{combined.exc_type}: {combined.message}"
+                signature = combined.signature
+            duration = max(duration, combined.duration_s)
+        known = None
+        if outcome == "failed" and self.known_issues is not None:
+            known = self.known_issues.match(nodeid, signature or "", message, self.stack)
+        return Result(
+            run_id=self.run_id,
+            cell_id=self.cell,
+            test_id=nodeid,
+            outcome=outcome,
+            stack=self.stack,
+            failure_kind=kind,
+            error_signature=signature,
+            message=message[:20000],
+            duration_s=round(duration, 3),
+            ranks=ranks,
+            repro=_repro(self.cell if self.cell != "local" else None, nodeid),
+            known_issue=known,
+            started_at=self.started.get(nodeid, ""),
+            log_path=str(self.run_dir / "logs"),
+        )
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.writer is None or not self.writer.path.exists():
+            return
+        write_junit(read_results(self.writer.path), self.run_dir / JUNIT_FILE, suite_name=self.cell)
+
+
+def _skip_reason(rep: pytest.TestReport) -> str:
+    longrepr = rep.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2])
+    return str(longrepr)
+
+
+def _classify(rep: pytest.TestReport) -> tuple[str, str]:
+    crash = getattr(rep.longrepr, "reprcrash", None)
+    text = crash.message if crash is not None else rep.longreprtext.strip().splitlines()[-1:][0] if rep.longreprtext.strip() else ""
+    exc_type, _, msg = text.partition(": ")
+    kind = "assert" if exc_type.endswith("AssertionError") or text.startswith("assert ") else "exception"
+    return kind, error_signature(exc_type if msg else "Error", msg or text)

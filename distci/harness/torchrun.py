@@ -1,0 +1,88 @@
+"""torchrun mode: one `torchrun` launch per test.
+
+For tests that create their own process group (torchtitan's trainer, upstream scripts)
+and for bisect probes, which must not depend on a long-lived pool. Slower than the pool
+(every launch imports torch and rendezvous anew) but with nothing shared between tests.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .outcome import Combined, RankState, combine
+from .pool import DUMP_SETTLE_S, dump_stack, worker_env
+from .protocol import TestRequest
+
+
+def launch(
+    request: TestRequest,
+    nproc: int,
+    device_type: str,
+    timeout_s: float,
+    log_dir: Path,
+    *,
+    owns_process_group: bool,
+    python: str = sys.executable,
+) -> Combined:
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="distci-torchrun-"))
+    req_file = work / "request.pkl"
+    with open(req_file, "wb") as fh:
+        pickle.dump({"request": request, "device_type": device_type, "owns_pg": owns_process_group}, fh)
+    log_path = log_dir / "torchrun.log"
+    offset = log_path.stat().st_size if log_path.exists() else 0
+    cmd = [
+        python, "-u", "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        "-m", "distci.harness.torchrun_entry", str(req_file),
+    ]
+    env = worker_env(device_type, nproc, log_dir)
+    start = time.monotonic()
+    with open(log_path, "ab") as log:
+        log.write(f"\n===== torchrun {request.nodeid} =====\n".encode())
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    states = [RankState(rank) for rank in range(nproc)]
+    for st in states:
+        rep_file = work / f"rank{st.rank}.report.pkl"
+        pid_file = work / f"rank{st.rank}.pid"
+        if rep_file.exists():
+            with open(rep_file, "rb") as fh:
+                st.report = pickle.load(fh)
+        elif timed_out and pid_file.exists():
+            st.stuck = True
+            pid = int(pid_file.read_text())
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+            st.stack = dump_stack(pid)
+        elif not timed_out:
+            st.exit_code = proc.returncode if proc.returncode else 1
+    if timed_out:
+        time.sleep(DUMP_SETTLE_S)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    text = log_path.read_text(errors="replace")[offset:]
+    for st in states:
+        lines = [ln for ln in text.splitlines() if ln.startswith(f"[rank{st.rank}]")]
+        st.log = "\n".join(lines) or text[-4000:]
+        if st.stuck and not st.stack:
+            st.stack = text[-8000:]
+    return combine(states, time.monotonic() - start)

@@ -1,0 +1,176 @@
+"""A rank worker: one long-lived process per rank, serving tests from the controller.
+
+Started by RankPool with `python -m distci.harness.worker`. It joins the process group
+once, then loops: receive a TestRequest, isolate, run it, send a RankReport. It dies
+with its controller (PR_SET_PDEATHSIG and a parent watchdog) so no rank outlives a
+pytest session, even one killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import faulthandler
+import os
+import signal
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+
+from . import isolation
+from .context import DistContext
+from .devices import device_kind
+from .execute import execute
+from .protocol import HealthCheck, RankReport, Shutdown, TestRequest
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(70)
+            time.sleep(1.0)
+
+    threading.Thread(target=watch, name="distci-parent-watch", daemon=True).start()
+
+
+def _serve_dumps(fd: int, path: str) -> None:
+    """A thread that dumps the NCCL flight recorder on request.
+
+    A signal handler would not do: the main thread of a hung rank sits inside a C++
+    collective and Python handlers only run between bytecodes. Collectives release the
+    GIL while they wait, so this thread can still run.
+    """
+
+    def serve() -> None:
+        while True:
+            try:
+                if not os.read(fd, 1):
+                    return
+            except OSError:
+                return
+            _flight_recorder_dump(path)
+
+    threading.Thread(target=serve, name="distci-flight-recorder", daemon=True).start()
+
+
+def _flight_recorder_dump(path: str) -> None:
+    """Writes the NCCL flight recorder to `path` (CUDA only; best effort)."""
+    try:
+        import torch
+
+        data = torch._C._distributed_c10d._dump_nccl_trace()
+        with open(path, "wb") as fh:
+            fh.write(data)
+    except Exception as exc:  # noqa: BLE001
+        print(f"distci: flight recorder dump failed: {exc}", file=sys.stderr, flush=True)
+
+
+def _init(args: argparse.Namespace) -> DistContext:
+    import torch
+    import torch.distributed as dist
+
+    kind = device_kind(args.device_type)
+    if kind.name == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.world_size))
+    else:
+        kind.device_module().set_device(args.rank)
+    dist.init_process_group(
+        kind.backend,
+        init_method=f"file://{args.init_file}",
+        rank=args.rank,
+        world_size=args.world_size,
+        timeout=datetime.timedelta(seconds=args.pg_timeout),
+    )
+    return DistContext(
+        rank=args.rank,
+        world_size=args.world_size,
+        device_type=kind.name,
+        backend=kind.backend,
+        local_rank=args.rank,
+        group=dist.group.WORLD,
+    )
+
+
+def _health(ctx: DistContext) -> RankReport:
+    import torch
+    import torch.distributed as dist
+
+    start = time.monotonic()
+    t = torch.ones(1, device=ctx.device) * (ctx.rank + 1)
+    dist.all_reduce(t)
+    expected = ctx.world_size * (ctx.world_size + 1) / 2
+    info = {"device": str(ctx.device), "pid": os.getpid()}
+    if ctx.device_type == "cuda":
+        info["device_name"] = torch.cuda.get_device_name(ctx.device)
+    if float(t.item()) != expected:
+        return RankReport(ctx.rank, "failed", kind="exception", exc_type="HealthCheckError",
+                          message=f"all_reduce gave {t.item()}, expected {expected}", info=info)
+    return RankReport(ctx.rank, "passed", duration_s=time.monotonic() - start, info=info)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="distci.harness.worker")
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--device-type", required=True)
+    parser.add_argument("--init-file", required=True)
+    parser.add_argument("--fd", type=int, required=True, help="inherited socket to the controller")
+    parser.add_argument("--dump-fd", type=int, default=-1, help="inherited socket: a byte asks for a flight-recorder dump")
+    parser.add_argument("--pg-timeout", type=float, default=240.0)
+    parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--trace-dir", default="")
+    args = parser.parse_args(argv)
+
+    _die_with_parent(args.parent_pid)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    conn = Connection(args.fd)
+    if args.dump_fd >= 0 and args.trace_dir:
+        _serve_dumps(args.dump_fd, os.path.join(args.trace_dir, f"flight_recorder_rank{args.rank}.bin"))
+
+    try:
+        ctx = _init(args)
+        conn.send(_health(ctx))
+    except BaseException as exc:  # noqa: BLE001 - start-up failure is infra, reported
+        conn.send(RankReport(args.rank, "failed", kind="infra", exc_type=type(exc).__name__, message=str(exc)))
+        return 2
+
+    saved = isolation.snapshot()
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            break
+        if isinstance(msg, Shutdown):
+            break
+        if isinstance(msg, HealthCheck):
+            conn.send(_health(ctx))
+            continue
+        if isinstance(msg, TestRequest):
+            if msg.isolate:
+                isolation.reset(saved, msg.seed)
+            print(f"distci: ==== start {msg.nodeid} ====", flush=True)
+            report = execute(msg, ctx)
+            print(f"distci: ==== end {msg.nodeid}: {report.outcome} ====", flush=True)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            conn.send(report)
+    try:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

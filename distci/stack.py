@@ -1,0 +1,134 @@
+"""Capture the Stack: exactly what a cell resolved to, from inside its environment.
+
+Every stored result carries this, so a red cell can be reproduced and bisected: the
+package versions, torch's git hash (release versions hide which commit a nightly or
+source build is), CUDA / NCCL / CANN versions, driver, device names, Python, platform,
+the fixes that were applied and, for containers, the image digest.
+
+Runs inside cell environments on torch 2.5 through nightly: standard library and torch
+only, every probe guarded, and nothing that initializes a device context eagerly beyond
+what a test run does anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from typing import Any, Callable
+
+TRACKED = ("torch", "torchao", "torchtitan", "torch_npu", "triton", "numpy", "pytest", "distci", "distci-fixes")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _safe(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001 - a missing probe must never break capture
+        return None
+
+
+def _torch_facts(stack: dict[str, Any]) -> None:
+    import torch
+
+    stack["torch"] = torch.__version__
+    stack["torch_git"] = _safe(lambda: torch.version.git_version)
+    stack["cuda"] = _safe(lambda: torch.version.cuda)
+    stack["hip"] = _safe(lambda: torch.version.hip)
+    stack["cuda_available"] = _safe(torch.cuda.is_available) or False
+    if stack["cuda_available"]:
+        stack["device_count"] = _safe(torch.cuda.device_count)
+        stack["device_name"] = _safe(lambda: torch.cuda.get_device_name(0))
+        cap = _safe(lambda: torch.cuda.get_device_capability(0))
+        stack["device_capability"] = f"{cap[0]}.{cap[1]}" if cap else None
+        nccl = _safe(torch.cuda.nccl.version)
+        stack["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl
+        stack["driver"] = _nvidia_driver()
+    elif _version("torch_npu"):
+        _npu_facts(stack)
+    else:
+        stack["device_name"] = platform.processor() or platform.machine()
+        stack["device_count"] = os.cpu_count()
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+
+
+def _npu_facts(stack: dict[str, Any]) -> None:
+    import torch
+
+    try:
+        import torch_npu  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - without CANN torch_npu cannot import
+        stack["npu_import_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        return
+    npu = getattr(torch, "npu", None)
+    stack["device_count"] = _safe(npu.device_count) if npu else None
+    stack["device_name"] = _safe(lambda: npu.get_device_name(0)) if npu else None
+    stack["cann"] = _safe(lambda: torch.version.cann) or os.environ.get("ASCEND_TOOLKIT_HOME")
+
+
+def _fixes() -> Any:
+    try:
+        import distci_fixes
+    except ImportError:
+        return None
+    return _safe(distci_fixes.report)
+
+
+def capture(*, import_torch: bool = True) -> dict[str, Any]:
+    """The Stack of the running interpreter, as a JSON-serializable dict."""
+    stack: dict[str, Any] = {
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "arch": platform.machine(),
+        "hostname_label": os.environ.get("DISTCI_RUNNER", ""),
+        "image_digest": os.environ.get("DISTCI_IMAGE_DIGEST") or None,
+        "fixes_mode": os.environ.get("DISTCI_FIXES", "all"),
+    }
+    for dist in TRACKED:
+        key = dist.replace("-", "_")
+        if key != "torch":
+            stack[key] = _version(dist)
+    if import_torch:
+        try:
+            _torch_facts(stack)
+        except Exception as exc:  # noqa: BLE001 - a partial stack is still provenance
+            stack["torch"] = _version("torch")
+            stack["torch_import_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    else:
+        stack["torch"] = _version("torch")
+    stack["fixes"] = _fixes()
+    stack["packages"] = sorted(
+        f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions() if d.metadata["Name"]
+    )
+    return stack
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m distci.stack` prints the Stack as JSON (used for infra records)."""
+    json.dump(capture(), sys.stdout, indent=1, sort_keys=True, default=str)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

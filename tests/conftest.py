@@ -1,0 +1,48 @@
+"""Shared helpers for distci's own tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CASES = Path(__file__).parent / "harness_cases"
+
+# The harness cases are distributed tests run by test_harness.py through the plugin;
+# collected directly they would have no rank workers.
+collect_ignore = ["harness_cases"]
+
+
+def run_pytest(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 600,
+               cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """Runs pytest with the distci plugin in a child process, as a cell run would."""
+    full_env = dict(os.environ, **(env or {}))
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-q", *args]
+    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def processes_with_env(token: str) -> list[int]:
+    """PIDs whose environment holds DISTCI_TEST_TOKEN=token (our rank workers, if any live)."""
+    found = []
+    needle = f"DISTCI_TEST_TOKEN={token}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture
+def token() -> str:
+    import uuid
+
+    return uuid.uuid4().hex

@@ -1,0 +1,140 @@
+"""The harness for real: rank workers spawned, hangs, crashes, timeouts, recovery, isolation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from conftest import CASES, REPO, processes_with_env, run_pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _results(run_dir: Path) -> dict[str, dict]:
+    out = {}
+    for line in (run_dir / "results.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        out[rec["test_id"].split("::", 1)[1]] = rec
+    return out
+
+
+@pytest.fixture(scope="module")
+def basic_run(tmp_path_factory):
+    import uuid
+
+    token = uuid.uuid4().hex
+    run_dir = tmp_path_factory.mktemp("run")
+    start = time.monotonic()
+    proc = run_pytest(
+        [str(CASES / "test_basic.py"), "--distci-run-dir", str(run_dir), "--distci-cell", "cpu-test-ws2-fix_on"],
+        env={"DISTCI_TEST_TOKEN": token},
+    )
+    return {"proc": proc, "dir": run_dir, "results": _results(run_dir), "token": token,
+            "wall": time.monotonic() - start}
+
+
+def test_outcomes_are_classified(basic_run):
+    r = basic_run["results"]
+    assert basic_run["proc"].returncode == 1, basic_run["proc"].stdout[-3000:]
+    expected = {
+        "test_allreduce": ("passed", None),
+        "test_rank_assert": ("failed", "assert"),
+        "test_after_assert": ("passed", None),
+        "test_hang": ("failed", "hang"),
+        "test_after_hang": ("passed", None),
+        "test_crash": ("failed", "crash"),
+        "test_after_crash": ("passed", None),
+        "test_segfault": ("failed", "crash"),
+        "test_after_segfault": ("passed", None),
+        "test_slow": ("failed", "timeout"),
+        "test_after_slow": ("passed", None),
+        "test_param[1]": ("passed", None),
+        "test_param[3]": ("passed", None),
+        "test_skip": ("skipped", None),
+        "test_three_ranks": ("passed", None),
+        "test_plain_in_controller": ("passed", None),
+    }
+    got = {name: (rec["outcome"], rec["failure_kind"]) for name, rec in r.items()}
+    assert got == expected
+
+
+def test_hang_has_both_ranks_stacks_in_time(basic_run):
+    rec = basic_run["results"]["test_hang"]
+    assert rec["duration_s"] <= 8 + 30
+    assert [x["rank"] for x in rec["ranks"]] == [0, 1]
+    rank0, rank1 = (x["excerpt"] for x in rec["ranks"])
+    assert "all_reduce" in rank0 and "test_hang" in rank0
+    assert "time.sleep" in rank1 or "test_hang" in rank1
+    for excerpt in (rank0, rank1):
+        assert "Current thread" in excerpt or "Thread 0x" in excerpt or "py-spy" in excerpt
+
+
+def test_crash_names_the_dead_rank(basic_run):
+    r = basic_run["results"]
+    assert "rank 1 exited with code 13" in r["test_crash"]["message"]
+    assert "SIGSEGV" in r["test_segfault"]["message"]
+    assert r["test_crash"]["error_signature"] == "RankCrash: rank N exited with code N"
+
+
+def test_records_carry_cell_stack_and_repro(basic_run):
+    for rec in basic_run["results"].values():
+        assert rec["cell_id"] == "cpu-test-ws2-fix_on"
+        assert len(rec["stack"]["torch_git"]) == 40
+        assert rec["repro"].startswith("nox -s dist_tests -- --cell cpu-test-ws2-fix_on --test ")
+    junit = ET.parse(basic_run["dir"] / "junit.xml").getroot()
+    cases = junit.findall(".//testcase")
+    assert len(cases) == len(basic_run["results"])
+    for case in cases:
+        props = {p.get("name"): p.get("value") for p in case.findall("properties/property")}
+        assert props["cell_id"] == "cpu-test-ws2-fix_on"
+        assert len(props["stack.torch_git"]) == 40
+
+
+def test_no_worker_outlives_the_session(basic_run):
+    time.sleep(1)
+    assert processes_with_env(basic_run["token"]) == []
+
+
+def test_killed_controller_takes_its_ranks_along(tmp_path, token):
+    env = dict(os.environ, DISTCI_TEST_TOKEN=token, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-q",
+         f"{CASES / 'test_basic.py'}::test_slow", "--distci-run-dir", str(tmp_path)],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(processes_with_env(token)) < 3:
+        time.sleep(0.5)
+    assert len(processes_with_env(token)) >= 3, "pool never came up"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and processes_with_env(token):
+        time.sleep(0.5)
+    assert processes_with_env(token) == []
+
+
+def test_ninth_compile_scenario_still_compiles(tmp_path):
+    """With isolation, all nine compile; without it, the ninth silently runs eagerly."""
+    isolated = run_pytest([str(CASES / "test_recompile.py")])
+    assert isolated.returncode == 0, isolated.stdout[-3000:]
+    assert "9 passed" in isolated.stdout
+    leaky = run_pytest([str(CASES / "test_recompile.py"), "--distci-no-isolation"])
+    assert leaky.returncode == 1
+    assert "test_compiles[9]" in leaky.stdout and "fell back to eager" in leaky.stdout
+    assert "8 passed" in leaky.stdout
+
+
+def test_torchrun_mode_for_tests_that_own_their_group(tmp_path):
+    proc = run_pytest([str(CASES / "test_torchrun_mode.py"), "--distci-run-dir", str(tmp_path)])
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    rec = _results(tmp_path)["test_own_group"]
+    assert rec["outcome"] == "passed"
