@@ -1,0 +1,95 @@
+"""Benchmarks that justify design choices, run by `nox -s bench -- <what>`.
+
+`harness`: the same tests through the persistent rank pool and through one torchrun
+launch per test. The pool exists because a launch (spawn, import torch, rendezvous)
+costs seconds while a test message costs milliseconds; this measures both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+TRIVIAL = "tests/harness_cases/test_trivial.py"
+FIRST_SUITE = "suites/test_tp_mlp.py"
+
+
+@dataclass
+class Timing:
+    workload: str
+    mode: str
+    tests: int
+    passed: int
+    wall_s: float
+    median_test_s: float
+
+
+def time_pytest(target: str, mode: str) -> Timing:
+    with tempfile.TemporaryDirectory(prefix="distci-bench-") as tmp:
+        cmd = [sys.executable, "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-q",
+               "--distci-mode", mode, "--distci-run-dir", tmp, target]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+        start = time.monotonic()
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+        wall = time.monotonic() - start
+        lines = (Path(tmp) / "results.jsonl").read_text().splitlines() if (Path(tmp) / "results.jsonl").exists() else []
+        records = [json.loads(line) for line in lines]
+        if proc.returncode not in (0, 1):
+            raise RuntimeError(f"pytest failed ({proc.returncode}) on {target} in {mode} mode:\n{proc.stdout[-3000:]}")
+    durations = [r["duration_s"] for r in records if r["outcome"] == "passed"]
+    # The first pool test also pays the pool's start-up; the median is the steady state.
+    return Timing(target, mode, len(records), sum(r["outcome"] == "passed" for r in records), wall,
+                  statistics.median(durations) if durations else float("nan"))
+
+
+def run_harness_bench(console: Console) -> dict:
+    rows: list[Timing] = []
+    workloads = [TRIVIAL] + ([FIRST_SUITE] if (REPO / FIRST_SUITE).exists() else [])
+    for workload in workloads:
+        for mode in ("pool", "torchrun"):
+            console.print(f"bench: {workload} via {mode} ...")
+            rows.append(time_pytest(workload, mode))
+    table = Table(title="harness: rank pool vs torchrun per test")
+    for col in ("workload", "mode", "tests", "passed", "wall", "median/test"):
+        table.add_column(col)
+    for t in rows:
+        table.add_row(t.workload, t.mode, str(t.tests), str(t.passed), f"{t.wall_s:.1f}s", f"{t.median_test_s:.3f}s")
+    console.print(table)
+    summary = {}
+    for workload in workloads:
+        pool = next(t for t in rows if t.workload == workload and t.mode == "pool")
+        run = next(t for t in rows if t.workload == workload and t.mode == "torchrun")
+        ratio = run.wall_s / pool.wall_s
+        summary[workload] = {"pool_wall_s": round(pool.wall_s, 2), "torchrun_wall_s": round(run.wall_s, 2),
+                             "speedup": round(ratio, 2), "pool_per_test_s": round(pool.median_test_s, 3),
+                             "torchrun_per_test_s": round(run.median_test_s, 3)}
+        console.print(f"{workload}: pool {pool.wall_s:.1f}s, torchrun {run.wall_s:.1f}s, pool is {ratio:.1f}x faster; "
+                      f"pool per-test overhead {pool.median_test_s:.3f}s")
+    return summary
+
+
+def run_bench(what: str, args: argparse.Namespace) -> int:
+    console = Console()
+    if what == "harness":
+        summary = run_harness_bench(console)
+        out = REPO / ".distci" / "bench-harness.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(summary, indent=1))
+        console.print(f"written {out}")
+        trivial = summary[TRIVIAL]
+        ok = trivial["pool_per_test_s"] <= 0.5 and trivial["speedup"] >= 5
+        console.print("goals (per-test overhead <= 0.5 s, pool >= 5x torchrun): " + ("met" if ok else "NOT met"))
+        return 0 if ok else 1
+    raise SystemExit(f"unknown benchmark {what!r}")

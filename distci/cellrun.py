@@ -1,0 +1,209 @@
+"""Run one cell: provision its environment, run its suites there, collect the results.
+
+This is the loop every other part of distci consumes. A cell whose environment never
+comes up still produces a run directory with one `infra` Result carrying the cell id,
+the partial stack (what was declared and what resolved) and the install log, so the
+failure is visible, grouped and never mistaken for a regression.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .envs import ensure_env
+from .errors import ConfigError, InfraError, SourceError
+from .matrix import Cell
+from .results import JUNIT_FILE, Result, ResultWriter, error_signature, read_results, write_junit
+from .selfwheels import REPO, build_all
+from .sources import IndexConfig, pip_args, redact_url, requirement_lines, resolve_sources
+from .wheelhouse import ensure_wheelhouse
+
+# What the harness needs inside every cell environment besides the cell's own stack.
+HARNESS_REQUIREMENTS = ("pytest", "packaging", "numpy")
+RUN_FILE = "run.json"
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class RunInfo:
+    run_id: str
+    cell_id: str
+    started_at: str
+    ended_at: str = ""
+    runner: str = ""
+    backend: str = "venv"
+    image_digest: str | None = None
+    tier: str | None = None
+    nightly_date: str | None = None
+    cell: dict = field(default_factory=dict)
+    pytest_exit: int | None = None
+    command: str = ""
+
+
+@dataclass
+class CellRun:
+    info: RunInfo
+    run_dir: Path
+    results: list[Result]
+
+    def count(self, outcome: str) -> int:
+        return sum(r.outcome == outcome for r in self.results)
+
+    @property
+    def infra(self) -> bool:
+        return any(r.failure_kind == "infra" for r in self.results)
+
+    @property
+    def failed(self) -> list[Result]:
+        return [r for r in self.results if r.outcome in ("failed", "error") and r.failure_kind != "infra"
+                and not r.known_issue]
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def new_run_id(cell: Cell) -> str:
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:6]}-{cell.id}"
+
+
+def partial_stack(cell: Cell, **extra) -> dict:
+    """The provenance an infra record carries when the environment never came up."""
+    return {
+        "partial": True,
+        "declared": cell.as_dict(),
+        "python": sys.version.split()[0],
+        "runner": os.environ.get("DISTCI_RUNNER") or socket.gethostname(),
+        **extra,
+    }
+
+
+def infra_result(run_id: str, cell: Cell, exc: Exception, log_path: Path | None) -> Result:
+    log = getattr(exc, "log", "") or ""
+    return Result(
+        run_id=run_id,
+        cell_id=cell.id,
+        test_id=f"<infra>::{cell.id}",
+        outcome="error",
+        failure_kind="infra",
+        error_signature=error_signature(type(exc).__name__, str(exc)),
+        message=f"{type(exc).__name__}: {exc}\n{log}"[:20000],
+        stack=partial_stack(cell, error=str(exc)),
+        repro=f"nox -s dist_tests -- --cell {cell.id}",
+        started_at=_now(),
+        log_path=str(log_path) if log_path else "",
+    )
+
+
+def pytest_command(cell: Cell, python: Path, run_dir: Path, run_id: str, *, tests: list[str], keyword: str | None,
+                   extra_args: list[str]) -> list[str]:
+    cmd = [
+        str(python), "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-rfEs",
+        "--distci-run-dir", str(run_dir), "--distci-cell", cell.id, "--distci-run-id", run_id,
+        "--distci-world-size", str(cell.world_size), "--distci-device", cell.accelerator,
+        "--distci-timeout", str(cell.timeout),
+    ]
+    registry = REPO / "suites" / "known_issues.toml"
+    if registry.exists():
+        cmd += ["--distci-known-issues", str(registry)]
+    if keyword:
+        cmd += ["-k", keyword]
+    cmd += extra_args
+    cmd += tests or list(cell.suites)
+    return cmd
+
+
+def run_cell(
+    cell: Cell,
+    *,
+    runs_root: Path = Path(".distci/runs"),
+    tests: list[str] | None = None,
+    keyword: str | None = None,
+    tier: str | None = None,
+    extra_pytest_args: list[str] | None = None,
+    log: Log = print,
+) -> CellRun:
+    run_id = new_run_id(cell)
+    run_dir = Path(runs_root).resolve() / run_id
+    run_dir.mkdir(parents=True)
+    info = RunInfo(run_id=run_id, cell_id=cell.id, started_at=_now(), tier=tier, cell=cell.as_dict(),
+                   runner=os.environ.get("DISTCI_RUNNER") or socket.gethostname())
+    _write_info(run_dir, info)
+    log(f"[{cell.id}] run {run_id}")
+    try:
+        env = provision(cell, run_dir, log=log)
+    except (InfraError, SourceError, ConfigError) as exc:
+        log(f"[{cell.id}] infra: {exc}")
+        result = infra_result(run_id, cell, exc, run_dir / "provision.log")
+        ResultWriter(run_dir).write(result)
+        write_junit([result], run_dir / JUNIT_FILE, suite_name=cell.id)
+        info.ended_at = _now()
+        _write_info(run_dir, info)
+        return CellRun(info, run_dir, [result])
+
+    cmd = pytest_command(cell, env.python, run_dir, run_id, tests=tests or [], keyword=keyword,
+                         extra_args=extra_pytest_args or [])
+    info.command = shlex.join(cmd)
+    child_env = dict(os.environ)
+    child_env["DISTCI_FIXES"] = "all" if cell.fixes == "on" else "none"
+    child_env["DISTCI_CELL"] = cell.id
+    if tier:
+        child_env["DISTCI_TIER"] = tier
+    child_env.pop("PYTHONPATH", None)
+    log(f"[{cell.id}] $ {info.command}")
+    with open(run_dir / "pytest.log", "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, bufsize=1)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            log(f"[{cell.id}] {line.rstrip()}")
+        info.pytest_exit = proc.wait()
+    info.ended_at = _now()
+    results_file = run_dir / "results.jsonl"
+    results = list(read_results(results_file)) if results_file.exists() else []
+    if not results and info.pytest_exit not in (0, 5):
+        exc = InfraError(f"pytest exited with {info.pytest_exit} and recorded no result",
+                         log=(run_dir / "pytest.log").read_text()[-6000:])
+        result = infra_result(run_id, cell, exc, run_dir / "pytest.log")
+        ResultWriter(run_dir).write(result)
+        results = [result]
+        write_junit(results, run_dir / JUNIT_FILE, suite_name=cell.id)
+    _write_info(run_dir, info)
+    return CellRun(info, run_dir, results)
+
+
+def provision(cell: Cell, run_dir: Path, *, log: Log = print):
+    """Wheelhouse (download once) + venv (install offline) + distci's own wheels."""
+    config = IndexConfig.from_env()
+    sources = resolve_sources(cell.sources, config, variant=cell.variant)
+    reqs = requirement_lines(sources) + list(HARNESS_REQUIREMENTS)
+    args = pip_args(sources, config, variant=cell.variant)
+    started = time.monotonic()
+    wheelhouse = ensure_wheelhouse(reqs, args, log=lambda m: log(f"[{cell.id}] {m}"))
+    own = build_all(Path(".distci") / "selfwheels", log=lambda m: log(f"[{cell.id}] {m}"))
+    env = ensure_env(cell, wheelhouse, extra_wheels=own, log=lambda m: log(f"[{cell.id}] {m}"))
+    log(f"[{cell.id}] environment ready in {time.monotonic() - started:.1f}s: {env.path}")
+    (run_dir / "provision.json").write_text(json.dumps({
+        "wheelhouse": str(wheelhouse.path), "wheelhouse_key": wheelhouse.key, "env": str(env.path),
+        "sources": {s.package: {"declared": s.declared, "resolved": getattr(s, "resolved", None)} for s in sources},
+        "requirements": reqs, "pip_args": [redact_url(a) if "://" in a else a for a in args]}, indent=1))
+    return env
+
+
+def _write_info(run_dir: Path, info: RunInfo) -> None:
+    tmp = run_dir / (RUN_FILE + ".tmp")
+    tmp.write_text(json.dumps(asdict(info), indent=1, sort_keys=True))
+    tmp.replace(run_dir / RUN_FILE)

@@ -1,0 +1,603 @@
+"""Load and validate matrix.toml, expand it into Cells, and derive the CI matrix from it.
+
+matrix.toml is the single source of truth for axes, cells, tiers and runner labels (the
+schema is documented at the top of the file itself). Every mistake in it becomes one
+`MatrixError` line that names the file, line, block and key, and says what to write
+instead, because a CI matrix that silently drops a cell is worse than one that fails.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import itertools
+import re
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from distci.errors import MatrixError, SelectionError
+from distci.sources import Source
+
+SCHEMA = 1
+
+KNOWN_ACCELERATORS = ("cpu", "cuda", "npu")
+BACKENDS = ("gloo", "nccl", "hccl")
+FIXES = ("on", "off")
+
+SOURCE_AXES = ("torch", "torchao", "torchtitan", "torch_npu")
+# Product axes: each list-valued one multiplies the cells of its block; they make the id.
+AXES = ("accelerator", "arch", "variant", *SOURCE_AXES, "fixes", "world_size")
+# Attributes: carried by every cell of the block, never part of the id.
+ATTRIBUTES = ("suites", "tiers", "python", "timeout")
+BLOCK_KEYS = AXES + ATTRIBUTES
+DEFAULT_KEYS = ("python", "world_size", "suites", "timeout", "tiers", "fixes", "torch", "torchao", "torchtitan")
+TOP_KEYS = ("schema", "defaults", "accelerators", "matrix", "exclude", "include", "tiers")
+ACCELERATOR_KEYS = ("backend", "runner", "archs", "variants", "family", "description")
+TIER_KEYS = ("description", "blocking_suites")
+INCLUDE_SET_KEYS = ("tiers", "suites", "runner", "timeout", "python")
+INCLUDE_KEYS = ("match", *INCLUDE_SET_KEYS)
+
+BUILTIN_DEFAULTS: dict[str, Any] = {
+    "python": "3.11",
+    "world_size": 2,
+    "suites": ["suites"],
+    "timeout": 300,
+    "tiers": [],
+    "fixes": "on",
+    "torchao": "none",
+    "torchtitan": "none",
+}
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    name: str
+    backend: str
+    runner: tuple[str, ...]
+    archs: tuple[str, ...]
+    variants: tuple[str, ...]
+    family: str
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    description: str = ""
+    blocking_suites: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the matrix. `id` depends only on the declared axes."""
+
+    accelerator: str
+    arch: str
+    variant: str
+    torch: Source
+    torchao: Source
+    torchtitan: Source
+    torch_npu: Source | None
+    fixes: str
+    world_size: int
+    suites: tuple[str, ...]
+    tiers: tuple[str, ...]
+    runner: tuple[str, ...]
+    backend: str
+    python: str
+    timeout: int = 300
+    family: str = ""
+
+    @property
+    def id(self) -> str:
+        parts = [self.accelerator, self.variant]
+        if self.arch != "x86_64":
+            parts.append(self.arch)
+        parts += [self.torch.id_fragment, self.torchao.id_fragment]
+        if self.torchtitan.kind != "none":
+            parts.append(self.torchtitan.id_fragment)
+        if self.torch_npu is not None:
+            parts.append(self.torch_npu.id_fragment)
+        parts += [f"ws{self.world_size}", f"fix_{self.fixes}"]
+        return "-".join(parts)
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        found = (self.torch, self.torchao, self.torchtitan, self.torch_npu)
+        return tuple(s for s in found if s is not None)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The declared cell as plain data (JSON-able), for provenance and listings."""
+        return {
+            "id": self.id,
+            "accelerator": self.accelerator,
+            "arch": self.arch,
+            "variant": self.variant,
+            **{a: (s.declared if (s := getattr(self, a)) is not None else None) for a in SOURCE_AXES},
+            "fixes": self.fixes,
+            "world_size": self.world_size,
+            "suites": list(self.suites),
+            "tiers": list(self.tiers),
+            "runner": list(self.runner),
+            "backend": self.backend,
+            "family": self.family,
+            "python": self.python,
+            "timeout": self.timeout,
+        }
+
+
+@dataclass(frozen=True)
+class Matrix:
+    path: Path
+    cells: tuple[Cell, ...]
+    tiers: dict[str, Tier]
+    accelerators: dict[str, Accelerator]
+
+    def cell(self, cell_id: str) -> Cell:
+        return self.select([cell_id])[0]
+
+    def select(self, cell_ids: Sequence[str] | None = None, tier: str | None = None) -> list[Cell]:
+        """Cells by id (shell globs allowed) and/or tier; all cells when neither is given."""
+        cells = list(self.cells)
+        if tier is not None:
+            if tier not in self.tiers:
+                raise SelectionError(f"unknown tier '{tier}'{_suggest(tier, self.tiers)}; "
+                                     f"tiers: {', '.join(self.tiers)}", where=str(self.path))
+            cells = [c for c in cells if tier in c.tiers]
+        if not cell_ids:
+            return cells
+        chosen: dict[str, Cell] = {}
+        for pattern in cell_ids:
+            matched = [c for c in cells if fnmatch.fnmatchcase(c.id, pattern)]
+            if not matched:
+                raise SelectionError(self._no_cell_message(pattern, cells, tier), where=str(self.path))
+            chosen.update((c.id, c) for c in matched)
+        return list(chosen.values())
+
+    def _no_cell_message(self, pattern: str, cells: list[Cell], tier: str | None) -> str:
+        if tier is not None and any(fnmatch.fnmatchcase(c.id, pattern) for c in self.cells):
+            return f"cell '{pattern}' is not in tier '{tier}'"
+        close = difflib.get_close_matches(pattern, [c.id for c in cells], n=3, cutoff=0.5)
+        hint = f" (did you mean: {', '.join(close)}?)" if close else ""
+        return f"no cell '{pattern}'{hint}; list the cells with `nox -s matrix`"
+
+    def actions_include(self, tier: str) -> list[dict[str, Any]]:
+        """The GitHub Actions ``strategy.matrix.include`` entries of a tier."""
+        return [
+            {
+                "cell": c.id,
+                "accelerator": c.accelerator,
+                "family": c.family,
+                "runner": list(c.runner),
+                "world_size": c.world_size,
+                "python": c.python,
+                "tier": tier,
+            }
+            for c in self.select(tier=tier)
+        ]
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _suggest(word: str, allowed: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(allowed), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+class _Locator:
+    """Finds the line of a section or key in the raw TOML text, for error messages."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.path = path
+        self.lines = text.splitlines()
+
+    def _headers(self) -> list[tuple[int, str, bool]]:
+        found = []
+        for number, line in enumerate(self.lines, 1):
+            match = re.match(r"\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$", line)
+            if match:
+                name = re.sub(r"\s*\.\s*", ".", match.group(2)).replace('"', "").replace("'", "")
+                found.append((number, name, match.group(1) == "[["))
+        return found
+
+    def section(self, name: str, index: int = 0) -> tuple[int, int] | None:
+        """(first, last) line numbers of the index-th ``[name]`` / ``[[name]]`` section."""
+        headers = self._headers()
+        hits = [i for i, (_, n, _) in enumerate(headers) if n == name]
+        if index >= len(hits):
+            return None
+        i = hits[index]
+        start = headers[i][0]
+        end = headers[i + 1][0] - 1 if i + 1 < len(headers) else len(self.lines)
+        return start, end
+
+    def line_of(self, section: tuple[str, int] | None, key: str | None) -> int | None:
+        pattern = re.compile(rf"(^|[\s{{,])[\"']?{re.escape(key)}[\"']?\s*=") if key else None
+        headers = self._headers()
+        if section is None:
+            if key is None:
+                return None
+            first, last = 1, (headers[0][0] - 1 if headers else len(self.lines))
+        else:
+            span = self.section(*section)
+            if span is None:
+                return None
+            first, last = span
+            if key is None:
+                return first
+        for number in range(first, last + 1):
+            if pattern.search(self.lines[number - 1].split("#", 1)[0]):
+                return number
+        if section is None:
+            for number, name, _ in headers:
+                if name == key or name.startswith(key + "."):
+                    return number
+            return None
+        return first
+
+    def error(self, message: str, section: tuple[str, int] | None = None, key: str | None = None) -> MatrixError:
+        line = self.line_of(section, key)
+        where = f"{self.path}:{line}" if line else str(self.path)
+        return MatrixError(message, where=where)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_matrix(path: str | Path = "matrix.toml") -> Matrix:
+    """Parse, validate and expand matrix.toml; raises a one-line MatrixError on any mistake."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise MatrixError("file not found; distci reads the matrix from matrix.toml at the repo root",
+                          where=str(path)) from None
+    loc = _Locator(path, text)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        msg = str(exc)
+        match = re.search(r"at line (\d+)", msg)
+        where = f"{path}:{match.group(1)}" if match else str(path)
+        raise MatrixError(f"invalid TOML: {msg}", where=where) from None
+    return _Loader(path, data, loc).load()
+
+
+class _Loader:
+    def __init__(self, path: Path, data: dict[str, Any], loc: _Locator) -> None:
+        self.path = path
+        self.data = data
+        self.loc = loc
+
+    def load(self) -> Matrix:
+        data = self.data
+        self._check_keys(data, TOP_KEYS, "top level", None)
+        if data.get("schema") != SCHEMA:
+            raise self.loc.error(f"top level: 'schema' must be {SCHEMA} (found {data.get('schema')!r}); "
+                                 f"add `schema = {SCHEMA}` as the first line", None, "schema")
+        accelerators = self._accelerators()
+        tiers = self._tiers()
+        defaults = dict(BUILTIN_DEFAULTS)
+        raw_defaults = self._table(data, "defaults", "top level")
+        self._check_keys(raw_defaults, DEFAULT_KEYS, "[defaults]", ("defaults", 0))
+        self._check_defaults(raw_defaults, tiers)
+        defaults.update(raw_defaults)
+
+        blocks = self._array(data, "matrix")
+        if not blocks:
+            raise self.loc.error("top level: no [[matrix]] block; add at least one cell", None, None)
+        cells: list[tuple[Cell, int]] = []
+        seen: dict[str, int] = {}
+        for index, block in enumerate(blocks, 1):
+            for cell in self._expand(block, index, defaults, accelerators, tiers):
+                if cell.id in seen:
+                    other = seen[cell.id]
+                    also = "this block" if other == index else f"[[matrix]] #{other}"
+                    raise self.loc.error(
+                        f"[[matrix]] #{index}: cell '{cell.id}' is produced twice (also by {also}); "
+                        "remove the duplicate or change an axis", ("matrix", index - 1), None)
+                seen[cell.id] = index
+                cells.append((cell, index))
+
+        kept = self._apply_excludes([c for c, _ in cells], accelerators)
+        final = self._apply_includes(kept, [c for c, _ in cells], accelerators, tiers)
+        order = {name: i for i, name in enumerate(tiers)}
+        final = [replace(c, tiers=tuple(sorted(c.tiers, key=order.__getitem__))) for c in final]
+        return Matrix(path=self.path, cells=tuple(final), tiers=tiers, accelerators=accelerators)
+
+    # ---- helpers
+
+    def _check_keys(self, table: dict[str, Any], allowed: Sequence[str], label: str,
+                    section: tuple[str, int] | None) -> None:
+        for key in table:
+            if key not in allowed:
+                hint = _suggest(key, allowed) or f"; allowed: {', '.join(allowed)}"
+                raise self.loc.error(f"{label}: unknown key '{key}'{hint}", section, key)
+
+    def _table(self, parent: dict[str, Any], key: str, label: str) -> dict[str, Any]:
+        value = parent.get(key, {})
+        if not isinstance(value, dict):
+            raise self.loc.error(f"{label}: '{key}' must be a table ([{key}])", None, key)
+        return value
+
+    def _array(self, parent: dict[str, Any], key: str) -> list[dict[str, Any]]:
+        value = parent.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            raise self.loc.error(f"top level: '{key}' must be an array of tables ([[{key}]])", None, key)
+        return value
+
+    def _strings(self, value: Any, key: str, label: str, section: tuple[str, int] | None,
+                 *, allow_scalar: bool = True, allow_empty: bool = True) -> tuple[str, ...]:
+        if isinstance(value, str) and allow_scalar:
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise self.loc.error(f"{label}: '{key}' must be a list of strings (got {value!r})", section, key)
+        if not value and not allow_empty:
+            raise self.loc.error(f"{label}: '{key}' is empty; give at least one value", section, key)
+        return tuple(dict.fromkeys(value))
+
+    def _accelerators(self) -> dict[str, Accelerator]:
+        table = self._table(self.data, "accelerators", "top level")
+        if not table:
+            raise self.loc.error("top level: no [accelerators.<name>] table; declare cpu at least", None, None)
+        result = {}
+        for name, spec in table.items():
+            section = (f"accelerators.{name}", 0)
+            label = f"[accelerators.{name}]"
+            if name not in KNOWN_ACCELERATORS:
+                raise self.loc.error(f"{label}: unknown accelerator '{name}'{_suggest(name, KNOWN_ACCELERATORS)}; "
+                                     f"known: {', '.join(KNOWN_ACCELERATORS)}", section, None)
+            if not isinstance(spec, dict):
+                raise self.loc.error(f"{label}: must be a table", section, None)
+            self._check_keys(spec, ACCELERATOR_KEYS, label, section)
+            for required in ("backend", "runner", "archs", "variants"):
+                if required not in spec:
+                    raise self.loc.error(f"{label}: missing key '{required}'", section, None)
+            backend = spec["backend"]
+            if backend not in BACKENDS:
+                raise self.loc.error(f"{label}: backend '{backend}' is not one of {', '.join(BACKENDS)}",
+                                     section, "backend")
+            result[name] = Accelerator(
+                name=name,
+                backend=backend,
+                runner=self._strings(spec["runner"], "runner", label, section, allow_empty=False),
+                archs=self._strings(spec["archs"], "archs", label, section, allow_empty=False),
+                variants=self._strings(spec["variants"], "variants", label, section, allow_empty=False),
+                family=str(spec.get("family", name)),
+                description=str(spec.get("description", "")),
+            )
+        return result
+
+    def _tiers(self) -> dict[str, Tier]:
+        table = self._table(self.data, "tiers", "top level")
+        result = {}
+        for name, spec in table.items():
+            section = (f"tiers.{name}", 0)
+            label = f"[tiers.{name}]"
+            if not isinstance(spec, dict):
+                raise self.loc.error(f"{label}: must be a table", section, None)
+            self._check_keys(spec, TIER_KEYS, label, section)
+            result[name] = Tier(
+                name=name,
+                description=str(spec.get("description", "")),
+                blocking_suites=self._strings(spec.get("blocking_suites", []), "blocking_suites", label, section),
+            )
+        return result
+
+    def _tier_names(self, value: Any, label: str, section: tuple[str, int], tiers: dict[str, Tier]) -> tuple[str, ...]:
+        names = self._strings(value, "tiers", label, section)
+        for name in names:
+            if name not in tiers:
+                raise self.loc.error(f"{label}: unknown tier '{name}'{_suggest(name, tiers)}; "
+                                     f"declare [tiers.{name}] or use one of: {', '.join(tiers) or 'none declared'}",
+                                     section, "tiers")
+        return names
+
+    def _positive_int(self, value: Any, key: str, label: str, section: tuple[str, int]) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise self.loc.error(f"{label}: '{key}' must be a positive integer (got {value!r})", section, key)
+        return value
+
+    def _fixes(self, value: Any, label: str, section: tuple[str, int]) -> str:
+        if value not in FIXES:
+            hint = f' (write "{"on" if value else "off"}")' if isinstance(value, bool) else ""
+            raise self.loc.error(f"{label}: fixes = {value!r} must be \"on\" or \"off\"{hint}", section, "fixes")
+        return value
+
+    def _source(self, axis: str, value: Any, label: str, section: tuple[str, int]) -> Source:
+        try:
+            return Source.parse(axis, value)
+        except MatrixError as exc:
+            raise self.loc.error(f"{label}: {exc}", section, axis) from None
+
+    def _check_defaults(self, raw: dict[str, Any], tiers: dict[str, Tier]) -> None:
+        """Check [defaults] on its own, so its mistakes are not blamed on the first block."""
+        section, label = ("defaults", 0), "[defaults]"
+        for key, value in raw.items():
+            listed = value if isinstance(value, list) else [value]
+            if key == "tiers":
+                self._tier_names(value, label, section, tiers)
+            elif key == "suites":
+                self._strings(value, key, label, section, allow_empty=False)
+            elif key in ("world_size", "timeout"):
+                for v in listed:
+                    self._positive_int(v, key, label, section)
+            elif key == "fixes":
+                for v in listed:
+                    self._fixes(v, label, section)
+            elif key in SOURCE_AXES:
+                for v in listed:
+                    self._source(key, v, label, section)
+            elif key == "python" and (not isinstance(value, str) or not value):
+                raise self.loc.error(f"{label}: 'python' must be a string like \"3.11\"", section, key)
+
+    # ---- expansion
+
+    def _expand(self, block: dict[str, Any], index: int, defaults: dict[str, Any],
+                accelerators: dict[str, Accelerator], tiers: dict[str, Tier]) -> list[Cell]:
+        section = ("matrix", index - 1)
+        label = f"[[matrix]] #{index}"
+        self._check_keys(block, BLOCK_KEYS, label, section)
+        for required in ("accelerator", "torch"):
+            if required not in block and required not in defaults:
+                example = 'accelerator = "cpu"' if required == "accelerator" else 'torch = "2.13.0"'
+                raise self.loc.error(f"{label}: missing key '{required}' (e.g. {example})", section, None)
+        merged = {**defaults, **block}
+
+        def values(key: str) -> list[Any]:
+            value = merged[key]
+            listed = value if isinstance(value, list) else [value]
+            if not listed:
+                raise self.loc.error(f"{label}: '{key}' is an empty list; give at least one value", section, key)
+            return list(dict.fromkeys(listed))
+
+        suites = self._strings(merged["suites"], "suites", label, section, allow_empty=False)
+        cell_tiers = self._tier_names(merged["tiers"], label, section, tiers)
+        python = merged["python"]
+        if not isinstance(python, str) or not python:
+            raise self.loc.error(f"{label}: 'python' must be a string like \"3.11\"", section, "python")
+        timeout = self._positive_int(merged["timeout"], "timeout", label, section)
+        world_sizes = [self._positive_int(v, "world_size", label, section) for v in values("world_size")]
+        fixes = [self._fixes(v, label, section) for v in values("fixes")]
+        sources = {axis: [self._source(axis, v, label, section) for v in values(axis)]
+                   for axis in ("torch", "torchao", "torchtitan")}
+        if any(s.kind == "none" for s in sources["torch"]):
+            raise self.loc.error(f"{label}: torch = 'none' is not allowed; every cell needs torch", section, "torch")
+
+        cells = []
+        for acc_name in values("accelerator"):
+            if acc_name not in accelerators:
+                raise self.loc.error(f"{label}: unknown accelerator '{acc_name}'{_suggest(str(acc_name), accelerators)}; "
+                                     f"declared: {', '.join(accelerators)}", section, "accelerator")
+            acc = accelerators[acc_name]
+            archs = values("arch") if "arch" in merged else [acc.archs[0]]
+            variants = values("variant") if "variant" in merged else [acc.variants[0]]
+            for arch in archs:
+                if arch not in acc.archs:
+                    raise self.loc.error(f"{label}: arch '{arch}' is not in [accelerators.{acc_name}] archs "
+                                         f"({', '.join(acc.archs)})", section, "arch")
+            for variant in variants:
+                if variant not in acc.variants:
+                    raise self.loc.error(f"{label}: variant '{variant}' is not in [accelerators.{acc_name}] variants "
+                                         f"({', '.join(acc.variants)}); put other accelerators in their own block",
+                                         section, "variant")
+            if acc_name == "npu":
+                if "torch_npu" not in merged:
+                    raise self.loc.error(f"{label}: an npu cell needs torch_npu (e.g. torch_npu = \"~=2.13.0\")",
+                                         section, None)
+                npus: list[Source | None] = [self._source("torch_npu", v, label, section) for v in values("torch_npu")]
+            else:
+                if "torch_npu" in merged:
+                    raise self.loc.error(f"{label}: torch_npu is only for accelerator 'npu' (this block has "
+                                         f"'{acc_name}')", section, "torch_npu")
+                npus = [None]
+            for arch, variant, torch, ao, titan, npu, fix, ws in itertools.product(
+                archs, variants, sources["torch"], sources["torchao"], sources["torchtitan"], npus, fixes, world_sizes
+            ):
+                cells.append(Cell(
+                    accelerator=acc_name, arch=arch, variant=variant, torch=torch, torchao=ao,
+                    torchtitan=titan, torch_npu=npu, fixes=fix, world_size=ws, suites=suites,
+                    tiers=cell_tiers, runner=acc.runner, backend=acc.backend, python=python,
+                    timeout=timeout, family=acc.family,
+                ))
+        return cells
+
+    # ---- rules
+
+    def _matcher(self, rule: dict[str, Any], label: str, section: tuple[str, int],
+                 accelerators: dict[str, Accelerator], *, key_prefix: str = ""):
+        """Validate a rule's axis=value table and return a predicate over cells."""
+        if not isinstance(rule, dict):
+            raise self.loc.error(f"{label}: 'match' must be a table like {{accelerator = \"cuda\"}}", section, "match")
+        wanted: dict[str, list[Any]] = {}
+        for axis, value in rule.items():
+            if axis not in AXES:
+                hint = _suggest(axis, AXES) or f"; match on: {', '.join(AXES)}"
+                raise self.loc.error(f"{label}: unknown key '{key_prefix}{axis}'{hint}", section, axis)
+            listed = value if isinstance(value, list) else [value]
+            if axis in SOURCE_AXES:
+                wanted[axis] = [self._source(axis, v, label, section).id_fragment for v in listed]
+            elif axis == "accelerator":
+                for v in listed:
+                    if v not in accelerators:
+                        raise self.loc.error(f"{label}: unknown accelerator '{v}'{_suggest(str(v), accelerators)}",
+                                             section, axis)
+                wanted[axis] = listed
+            elif axis == "fixes":
+                wanted[axis] = [self._fixes(v, label, section) for v in listed]
+            elif axis == "world_size":
+                wanted[axis] = [self._positive_int(v, axis, label, section) for v in listed]
+            else:
+                wanted[axis] = listed
+
+        def matches(cell: Cell) -> bool:
+            for axis, accepted in wanted.items():
+                value = getattr(cell, axis)
+                if axis in SOURCE_AXES:
+                    value = value.id_fragment if value is not None else None
+                if value not in accepted:
+                    return False
+            return True
+
+        return matches
+
+    def _apply_excludes(self, cells: list[Cell], accelerators: dict[str, Accelerator]) -> list[Cell]:
+        kept = list(cells)
+        for index, rule in enumerate(self._array(self.data, "exclude"), 1):
+            section = ("exclude", index - 1)
+            label = f"[[exclude]] #{index}"
+            if not rule:
+                raise self.loc.error(f"{label}: empty rule; give axis = value pairs to exclude", section, None)
+            matches = self._matcher(rule, label, section, accelerators)
+            if not any(matches(c) for c in cells):
+                raise self.loc.error(f"{label}: matches no cell; fix the values or delete the rule", section, None)
+            kept = [c for c in kept if not matches(c)]
+        return kept
+
+    def _apply_includes(self, cells: list[Cell], expanded: list[Cell], accelerators: dict[str, Accelerator],
+                        tiers: dict[str, Tier]) -> list[Cell]:
+        result = list(cells)
+        for index, rule in enumerate(self._array(self.data, "include"), 1):
+            section = ("include", index - 1)
+            label = f"[[include]] #{index}"
+            self._check_keys(rule, INCLUDE_KEYS, label, section)
+            if "match" not in rule:
+                raise self.loc.error(f"{label}: missing 'match' (e.g. match = {{accelerator = \"cpu\"}})", section, None)
+            changes = {k: v for k, v in rule.items() if k != "match"}
+            if not changes:
+                raise self.loc.error(f"{label}: sets nothing; add one of: {', '.join(INCLUDE_SET_KEYS)}", section, None)
+            matches = self._matcher(rule["match"], label, section, accelerators, key_prefix="match.")
+            update: dict[str, Any] = {}
+            if "tiers" in changes:
+                update["tiers"] = self._tier_names(changes["tiers"], label, section, tiers)
+            if "suites" in changes:
+                update["suites"] = self._strings(changes["suites"], "suites", label, section)
+            if "runner" in changes:
+                update["runner"] = self._strings(changes["runner"], "runner", label, section, allow_empty=False)
+            if "timeout" in changes:
+                update["timeout"] = self._positive_int(changes["timeout"], "timeout", label, section)
+            if "python" in changes:
+                if not isinstance(changes["python"], str):
+                    raise self.loc.error(f"{label}: 'python' must be a string like \"3.11\"", section, "python")
+                update["python"] = changes["python"]
+            hits = [i for i, c in enumerate(result) if matches(c)]
+            if not hits:
+                why = " (the cells it matches are removed by [[exclude]])" if any(matches(c) for c in expanded) else ""
+                raise self.loc.error(f"{label}: matches no cell{why}; fix 'match' or delete the rule", section, "match")
+            for i in hits:
+                cell = result[i]
+                fields_: dict[str, Any] = {}
+                for key, value in update.items():
+                    if key in ("tiers", "suites"):
+                        value = tuple(dict.fromkeys((*getattr(cell, key), *value)))
+                    fields_[key] = value
+                result[i] = replace(cell, **fields_)
+        return result

@@ -1,0 +1,287 @@
+"""Download a Stack once into a content-addressed wheel cache (offline-first, DESIGN rule 3).
+
+A wheelhouse is a directory ``<root>/<key>/`` of wheels, keyed by what was asked for:
+the sorted requirement lines, the pip arguments (indexes, find-links, --pre), the
+target interpreter and platform, and the hashes of any local wheels added. The same
+inputs always map to the same directory, so a second run, a venv rebuild or an image
+build installs with no network, and a nightly that has since vanished from its index
+stays installable for bisect.
+
+Each wheelhouse holds ``requirements.lock`` (``name==version --hash=sha256:...`` for
+every wheel: pip installs it in hash-checking mode, so a corrupted cache fails loudly)
+and ``manifest.json`` (what was asked, what was resolved, when, how long). It is built
+in a temporary sibling directory and renamed into place only when complete, so a
+crash never leaves a half wheelhouse that looks finished.
+
+pip (never uv) does the work, so the machine's pip configuration (pip.conf, PIP_*
+variables, a proxy's CA bundle) applies to downloads. That configuration is not part of
+the key: a wheelhouse is local to the machine that built it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from distci.errors import InfraError
+from distci.sources import redact_url
+
+MANIFEST = "manifest.json"
+LOCK_FILE = "requirements.lock"
+PIP_LOG = "pip.log"
+KEY_LENGTH = 16
+LOG_TAIL_LINES = 40
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Wheelhouse:
+    key: str
+    path: Path
+    wheels: list[str]
+    lock_file: Path
+    manifest: dict
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("DISTCI_WHEELHOUSE_ROOT") or Path(".distci") / "wheelhouse")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def interpreter_tags(python: str = sys.executable) -> dict[str, str]:
+    """The target interpreter's identity as it matters for wheels: ``cp311``, ``linux-x86_64``."""
+    if Path(python).resolve() == Path(sys.executable).resolve():
+        impl = sys.implementation.name
+        return {"python": f"{impl}{sys.version_info[0]}{sys.version_info[1]}", "platform": sysconfig.get_platform()}
+    code = ("import sys, sysconfig, json; print(json.dumps({'python': sys.implementation.name + "
+            "'%d%d' % sys.version_info[:2], 'platform': sysconfig.get_platform()}))")
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise InfraError(f"cannot run the target interpreter {python}", log=proc.stderr)
+    return json.loads(proc.stdout)
+
+
+def wheelhouse_key(requirements: Sequence[str], pip_args: Sequence[str], tags: dict[str, str],
+                   extra_wheel_hashes: Sequence[str] = ()) -> str:
+    payload = {
+        "requirements": sorted(r.strip() for r in requirements),
+        "pip_args": list(pip_args),
+        "python": tags["python"],
+        "platform": tags["platform"],
+        "extra_wheels": sorted(extra_wheel_hashes),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Serialize builders of the same directory across processes (two nox runs at once)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _load(path: Path, key: str) -> Wheelhouse | None:
+    """The complete wheelhouse at `path`, or None when it is missing or damaged."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    wheels = [w["filename"] for w in manifest.get("wheels", [])]
+    if manifest.get("key") != key or not (path / LOCK_FILE).is_file():
+        return None
+    if not all((path / w).is_file() for w in wheels):
+        return None
+    return Wheelhouse(key=path.name, path=path, wheels=wheels, lock_file=path / LOCK_FILE, manifest=manifest)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temps(root: Path) -> None:
+    """Delete temp build directories left by crashed builders (their pid is in the name)."""
+    if not root.is_dir():
+        return
+    for entry in root.glob(".tmp-*"):
+        try:
+            pid = int(entry.name.split("-")[1])
+        except (IndexError, ValueError):
+            continue
+        if not _pid_alive(pid):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def failure_line(output: str) -> str:
+    """The line of a pip log that says what went wrong (its last ERROR line, else its last line)."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:")]
+    return (errors or lines or ["no output"])[-1]
+
+
+def _redacted_args(args: Sequence[str]) -> list[str]:
+    return [redact_url(a) if "://" in a else a for a in args]
+
+
+def run_pip(cmd: list[str], log_path: Path, log: Log) -> tuple[int, str]:
+    """Run pip with its output going to `log_path`; report each real download as it starts."""
+    lines = []
+    with log_path.open("a") as out:
+        out.write("$ " + " ".join(_redacted_args(cmd)) + "\n")
+        out.flush()
+        env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1", "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            lines.append(line)
+            if line.lstrip().startswith("Downloading ") and "(" in line:
+                log("  " + line.strip())
+        code = proc.wait()
+    return code, "".join(lines)
+
+
+def ensure_wheelhouse(
+    requirements: Sequence[str],
+    pip_args: Sequence[str],
+    root: Path | None = None,
+    *,
+    python: str = sys.executable,
+    extra_wheels: Sequence[Path] = (),
+    log: Log = print,
+) -> Wheelhouse:
+    """Return the wheelhouse for these inputs, building it (with pip, once) if needed.
+
+    `requirements` are pip requirement lines (``torch==2.13.0``, ``pytest``, direct
+    references ``name @ git+URL@SHA``); `pip_args` come from distci.sources.pip_args.
+    `extra_wheels` are local wheels the requirements may need (made available to pip
+    and copied in); distci's own wheels belong to ensure_env instead, so rebuilding
+    them does not re-download torch. Sdists and direct references are built into wheels
+    here, so environments never build anything. Failures raise InfraError with pip's log.
+    """
+    root = Path(root) if root is not None else default_root()
+    extra = [Path(p) for p in extra_wheels]
+    for wheel in extra:
+        if not wheel.is_file():
+            raise InfraError(f"extra wheel {wheel} does not exist")
+    tags = interpreter_tags(python)
+    full_key = wheelhouse_key(requirements, pip_args, tags, [sha256_file(w) for w in extra])
+    key = full_key[:KEY_LENGTH]
+    final = root / key
+    root.mkdir(parents=True, exist_ok=True)
+
+    found = _load(final, full_key)
+    if found:
+        log(f"wheelhouse {key}: reusing {final} ({len(found.wheels)} wheels)")
+        return found
+
+    with file_lock(root / f".{key}.lock"):
+        found = _load(final, full_key)
+        if found:
+            log(f"wheelhouse {key}: reusing {final} ({len(found.wheels)} wheels)")
+            return found
+        remove_stale_temps(root)
+        if final.exists():
+            log(f"wheelhouse {key}: {final} is incomplete or damaged; rebuilding it")
+            shutil.rmtree(final)
+        return _build(list(requirements), list(pip_args), final, full_key, tags, python, extra, log)
+
+
+def _build(requirements: list[str], pip_args: list[str], final: Path, full_key: str,
+           tags: dict[str, str], python: str, extra: list[Path], log: Log) -> Wheelhouse:
+    key = final.name
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-{key}-", dir=final.parent))
+    try:
+        started = time.monotonic()
+        log(f"wheelhouse {key}: downloading {', '.join(requirements)}")
+        req_file = tmp / "requirements.in"
+        req_file.write_text("".join(r.strip() + "\n" for r in requirements))
+        find_links: list[str] = []
+        if extra:
+            local = tmp / ".extra"
+            local.mkdir()
+            for wheel in extra:
+                shutil.copy2(wheel, local / wheel.name)
+            find_links = ["--find-links", str(local)]
+        # `pip wheel` (not `pip download`): a wheel on the index is saved as is, an sdist
+        # or a git reference is built once here, so installs from the wheelhouse never build.
+        cmd = [python, "-m", "pip", "wheel", "--prefer-binary", "--wheel-dir", str(tmp),
+               *pip_args, *find_links, "-r", str(req_file)]
+        code, output = run_pip(cmd, tmp / PIP_LOG, log)
+        if code != 0:
+            kept = final.parent / f"{key}.failed.log"
+            shutil.copyfile(tmp / PIP_LOG, kept)
+            raise InfraError(
+                f"wheelhouse {key}: pip wheel failed (exit {code}): {failure_line(output)} (full log: {kept})",
+                log=_tail(output),
+            )
+        shutil.rmtree(tmp / ".extra", ignore_errors=True)
+        wheels = []
+        for wheel in sorted(tmp.glob("*.whl")):
+            name, version, _, _ = parse_wheel_filename(wheel.name)
+            wheels.append({"filename": wheel.name, "name": str(name), "version": str(version),
+                           "sha256": sha256_file(wheel), "size": wheel.stat().st_size})
+        if not wheels:
+            raise InfraError(f"wheelhouse {key}: pip produced no wheels", log=_tail(output))
+        (tmp / LOCK_FILE).write_text("".join(
+            f"{canonicalize_name(w['name'])}=={w['version']} --hash=sha256:{w['sha256']}\n" for w in wheels))
+        duration = time.monotonic() - started
+        manifest = {
+            "schema": 1,
+            "key": full_key,
+            "requirements": requirements,
+            "pip_args": _redacted_args(pip_args),
+            "python": tags["python"],
+            "platform": tags["platform"],
+            "extra_wheels": [w.name for w in extra],
+            "wheels": wheels,
+            "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "duration_s": round(duration, 1),
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        os.rename(tmp, final)
+        (final.parent / f"{key}.failed.log").unlink(missing_ok=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    size_mb = sum(w["size"] for w in wheels) / 1e6
+    log(f"wheelhouse {key}: {len(wheels)} wheels, {size_mb:.0f} MB in {duration:.1f}s -> {final}")
+    return Wheelhouse(key=key, path=final, wheels=[w["filename"] for w in wheels],
+                      lock_file=final / LOCK_FILE, manifest=manifest)

@@ -1,0 +1,51 @@
+"""distci's menu. Each session is a few lines; the logic lives in the distci package.
+
+    nox -l                       list sessions
+    nox -s dist_tests            run the matrix's `pr` tier (cells: venv from the wheelhouse)
+    nox -s dist_tests -- --cell ID [--tier NAME] [-k EXPR] [--test NODEID] [--backend docker]
+    nox -s matrix -- --json [--tier nightly]
+    nox -s tests                 distci's own tests
+    nox -s bench -- harness
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+# torch is installed with pip (not uv): pip honours the machine's pip configuration
+# (find-links, constraints); the same wheel is then reused from its cache.
+TORCH = "torch==2.13.0"
+
+
+@nox.session
+def dist_tests(session: nox.Session) -> None:
+    """Provision each selected cell and run its distributed suites; results under .distci/runs/."""
+    session.install("-e", ".")
+    session.run("python", "-m", "distci", "run", *session.posargs)
+
+
+@nox.session
+def matrix(session: nox.Session) -> None:
+    """List the matrix's cells; `-- --json [--tier T]` prints a GitHub Actions include list."""
+    session.install("-e", ".")
+    session.run("python", "-m", "distci", "matrix", *session.posargs)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """distci's own tests, including harness tests that really spawn rank workers."""
+    session.install(TORCH)
+    session.install("-e", ".[test,docker]", "torchao==0.18.0")
+    session.run("python", "-m", "pytest", "tests", "-q", "-rfEs", "--durations=25", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """`-- harness`: rank pool vs one torchrun per test."""
+    session.install(TORCH)
+    session.install("-e", ".[test]", "torchao==0.18.0")
+    session.run("python", "-m", "distci", "bench", *(session.posargs or ["harness"]))

@@ -1,0 +1,428 @@
+"""matrix.toml: validation errors, expansion, include/exclude, ids, selection, Actions matrix."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from distci.errors import MatrixError, SelectionError
+from distci.matrix import Cell, load_matrix
+
+REPO = Path(__file__).resolve().parent.parent
+
+BASE = """\
+schema = 1
+
+[defaults]
+tiers = ["nightly"]
+
+[accelerators.cpu]
+backend = "gloo"
+runner = ["ubuntu-latest"]
+archs = ["x86_64", "aarch64"]
+variants = ["cpu"]
+
+[accelerators.cuda]
+backend = "nccl"
+runner = ["self-hosted", "gpu-2"]
+archs = ["x86_64"]
+variants = ["cu130"]
+
+[accelerators.npu]
+backend = "hccl"
+runner = ["self-hosted", "npu"]
+archs = ["aarch64"]
+variants = ["cann8"]
+
+[[matrix]]
+accelerator = "cpu"
+torch = "2.13.0"
+torchao = "0.18.0"
+
+[tiers.pr]
+description = "per PR"
+
+[tiers.nightly]
+blocking_suites = []
+"""
+
+
+def write(tmp_path: Path, extra: str = "", base: str = BASE) -> Path:
+    path = tmp_path / "matrix.toml"
+    path.write_text(base + extra)
+    return path
+
+
+def error_of(tmp_path: Path, extra: str = "", base: str = BASE) -> str:
+    with pytest.raises(MatrixError) as err:
+        load_matrix(write(tmp_path, extra, base))
+    message = str(err.value)
+    assert "\n" not in message, message
+    return message
+
+
+def line_of(text: str, needle: str, occurrence: int = 1) -> int:
+    hits = [i for i, line in enumerate(text.splitlines(), 1) if needle in line]
+    return hits[occurrence - 1]
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_unknown_block_key_names_block_line_and_suggestion(tmp_path: Path) -> None:
+    extra = '\n[[matrix]]\naccelerator = "cpu"\ntorch = "2.13.0"\ntorchoa = "0.18.0"\n'
+    message = error_of(tmp_path, extra)
+    line = line_of(BASE + extra, "torchoa")
+    assert (
+        message == f"{tmp_path / 'matrix.toml'}:{line}: [[matrix]] #2: unknown key 'torchoa' (did you mean 'torchao'?)"
+    )
+
+
+def test_unknown_key_without_a_close_match_lists_the_allowed_keys(tmp_path: Path) -> None:
+    message = error_of(tmp_path, "\n[[exclude]]\nzzz = 1\n")
+    assert message.endswith(
+        "[[exclude]] #1: unknown key 'zzz'; match on: accelerator, arch, variant, torch, "
+        "torchao, torchtitan, torch_npu, fixes, world_size"
+    )
+
+
+@pytest.mark.parametrize(
+    ("extra", "base_edit", "expected", "needle"),
+    [
+        (
+            "\n[[matrx]]\ntorch = '2.13.0'\n",
+            None,
+            "top level: unknown key 'matrx' (did you mean 'matrix'?)",
+            "[[matrx]]",
+        ),
+        (
+            "",
+            ('runner = ["ubuntu-latest"]', 'runners = ["ubuntu-latest"]'),
+            "[accelerators.cpu]: unknown key 'runners' (did you mean 'runner'?)",
+            "runners",
+        ),
+        (
+            "",
+            ("blocking_suites = []", "blocking_suite = []"),
+            "[tiers.nightly]: unknown key 'blocking_suite' (did you mean 'blocking_suites'?)",
+            "blocking_suite",
+        ),
+        (
+            "",
+            ('tiers = ["nightly"]', 'tiers = ["nightly"]\nworldsize = 2'),
+            "[defaults]: unknown key 'worldsize' (did you mean 'world_size'?)",
+            "worldsize",
+        ),
+        (
+            "\n[[include]]\nmatch = {accelerator = 'cpu'}\ntier = ['pr']\n",
+            None,
+            "[[include]] #1: unknown key 'tier' (did you mean 'tiers'?)",
+            "tier = ",
+        ),
+        (
+            "\n[[include]]\nmatch = {acelerator = 'cpu'}\ntiers = ['pr']\n",
+            None,
+            "[[include]] #1: unknown key 'match.acelerator' (did you mean 'accelerator'?)",
+            "acelerator",
+        ),
+        (
+            "\n[[exclude]]\ntorch_version = '2.13.0'\n",
+            None,
+            "[[exclude]] #1: unknown key 'torch_version'",
+            "torch_version",
+        ),
+        (
+            "",
+            ('torch = "2.13.0"', 'torch = ">=>2"'),
+            "[[matrix]] #1: torch = '>=>2': not a valid source; allowed:",
+            ">=>2",
+        ),
+        (
+            "",
+            ('torch = "2.13.0"', "torch = 2.13"),
+            '[[matrix]] #1: torch = 2.13: must be a string (quote it: torch = "2.13")',
+            "torch = 2.13",
+        ),
+        (
+            "",
+            ('torchao = "0.18.0"', 'torchao = "nightly:2026-02-30"'),
+            "[[matrix]] #1: torchao = 'nightly:2026-02-30': a nightly date is written 'nightly:YYYY-MM-DD'",
+            "nightly:",
+        ),
+        (
+            "",
+            ('accelerator = "cpu"', 'accelerator = "gpu"'),
+            "[[matrix]] #1: unknown accelerator 'gpu'",
+            'accelerator = "gpu"',
+        ),
+        (
+            "",
+            ('tiers = ["nightly"]', 'tiers = ["nightyl"]'),
+            "[defaults]: unknown tier 'nightyl' (did you mean 'nightly'?)",
+            "nightyl",
+        ),
+        (
+            "",
+            ('tiers = ["nightly"]', 'tiers = ["nightly"]\nworld_size = -1'),
+            "[defaults]: 'world_size' must be a positive integer (got -1)",
+            "world_size",
+        ),
+        (
+            "",
+            ('tiers = ["nightly"]', 'tiers = ["nightly"]\ntorchao = "newest"'),
+            "[defaults]: torchao = 'newest': not a valid source",
+            "newest",
+        ),
+        (
+            "",
+            ('torchao = "0.18.0"', 'torchao = "0.18.0"\ntiers = ["nightyl"]'),
+            "[[matrix]] #1: unknown tier 'nightyl' (did you mean 'nightly'?)",
+            "nightyl",
+        ),
+        (
+            "",
+            ('torch = "2.13.0"', 'torch = ["2.13.0", "==2.13.0"]'),
+            "[[matrix]] #1: cell 'cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on' is produced twice (also by this block)",
+            "[[matrix]]",
+        ),
+        (
+            "\n[[matrix]]\naccelerator = 'cpu'\ntorch = '2.13.0'\ntorchao = '0.18.0'\n",
+            None,
+            "[[matrix]] #2: cell 'cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on' is produced twice (also by [[matrix]] #1)",
+            ("[[matrix]]", 2),
+        ),
+        (
+            "",
+            ('torchao = "0.18.0"', 'torchao = "0.18.0"\nworld_size = 0'),
+            "[[matrix]] #1: 'world_size' must be a positive integer (got 0)",
+            "world_size",
+        ),
+        (
+            "",
+            ('torchao = "0.18.0"', 'torchao = "0.18.0"\nworld_size = "two"'),
+            "[[matrix]] #1: 'world_size' must be a positive integer (got 'two')",
+            "world_size",
+        ),
+        (
+            "",
+            ('torchao = "0.18.0"', 'torchao = "0.18.0"\nworld_size = true'),
+            "[[matrix]] #1: 'world_size' must be a positive integer (got True)",
+            "world_size",
+        ),
+        (
+            "",
+            ('torchao = "0.18.0"', 'torchao = "0.18.0"\nfixes = "maybe"'),
+            '[[matrix]] #1: fixes = \'maybe\' must be "on" or "off"',
+            "fixes",
+        ),
+        (
+            "",
+            ('torchao = "0.18.0"', 'torchao = "0.18.0"\nfixes = true'),
+            '[[matrix]] #1: fixes = True must be "on" or "off" (write "on")',
+            "fixes",
+        ),
+        (
+            "\n[[include]]\nmatch = {accelerator = 'cuda'}\ntiers = ['pr']\n",
+            None,
+            "[[include]] #1: matches no cell; fix 'match' or delete the rule",
+            "match =",
+        ),
+        (
+            "\n[[include]]\nmatch = {torch = '2.14.0'}\ntiers = ['pr']\n",
+            None,
+            "[[include]] #1: matches no cell",
+            "match =",
+        ),
+        (
+            "\n[[exclude]]\naccelerator = 'cpu'\ntorch = '2.12.0'\n",
+            None,
+            "[[exclude]] #1: matches no cell; fix the values or delete the rule",
+            "[[exclude]]",
+        ),
+        (
+            "\n[[exclude]]\ntorch = '2.13.0'\n[[include]]\nmatch = {torch = '2.13.0'}\ntiers = ['pr']\n",
+            None,
+            "[[include]] #1: matches no cell (the cells it matches are removed by [[exclude]])",
+            "match =",
+        ),
+        ("\n[[include]]\nmatch = {torch = '2.13.0'}\n", None, "[[include]] #1: sets nothing", "[[include]]"),
+        (
+            "",
+            ('torchao = "0.18.0"', 'torchao = "0.18.0"\ntorch_npu = "2.13.0"'),
+            "[[matrix]] #1: torch_npu is only for accelerator 'npu'",
+            "torch_npu",
+        ),
+        (
+            "\n[[matrix]]\naccelerator = 'npu'\ntorch = '2.13.0'\n",
+            None,
+            "[[matrix]] #2: an npu cell needs torch_npu",
+            ("[[matrix]]", 2),
+        ),
+        (
+            "",
+            ('torchao = "0.18.0"', 'torchao = "0.18.0"\nvariant = "cu130"'),
+            "[[matrix]] #1: variant 'cu130' is not in [accelerators.cpu] variants (cpu)",
+            'variant = "cu130"',
+        ),
+        ("", ('torch = "2.13.0"\n', ""), "[[matrix]] #1: missing key 'torch'", ("[[matrix]]", 1)),
+        ("", ('torch = "2.13.0"', 'torch = "none"'), "[[matrix]] #1: torch = 'none' is not allowed", 'torch = "none"'),
+        (
+            "",
+            ("[accelerators.cpu]", "[accelerators.cpus]"),
+            "[accelerators.cpus]: unknown accelerator 'cpus'",
+            "[accelerators.cpus]",
+        ),
+        ("", ('backend = "gloo"', 'backend = "mpi"'), "[accelerators.cpu]: backend 'mpi' is not one of", "mpi"),
+        ("", ("schema = 1", "schema = 2"), "top level: 'schema' must be 1 (found 2)", "schema"),
+        (
+            "",
+            ('torchao = "0.18.0"', 'torchao = "0.18.0"\ntorchtitan = ['),
+            "invalid TOML: Invalid value (at line 30, column 2)",
+            None,
+        ),
+    ],
+)
+def test_bad_input_gives_one_line_naming_the_key(
+    tmp_path: Path, extra: str, base_edit: tuple[str, str] | None, expected: str, needle: object
+) -> None:
+    base = BASE
+    if base_edit:
+        assert base_edit[0] in base
+        base = base.replace(base_edit[0], base_edit[1], 1)
+    message = error_of(tmp_path, extra, base)
+    prefix, _, rest = message.partition(".toml")
+    assert rest.lstrip(":0123456789 ").startswith(expected), message
+    if needle is not None:
+        text = base + extra
+        line = line_of(text, *needle) if isinstance(needle, tuple) else line_of(text, needle)
+        assert re.match(rf"^:{line}: ", rest), f"expected line {line}: {message}"
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(MatrixError, match="file not found"):
+        load_matrix(tmp_path / "matrix.toml")
+
+
+# ----------------------------------------------------------------------------- expansion
+
+
+RULES = """
+[[matrix]]
+accelerator = "cuda"
+torch = ["2.14.1", "nightly"]
+torchao = ["0.18.0", "nightly"]
+world_size = [2, 4]
+
+[[matrix]]
+accelerator = "cpu"
+arch = "aarch64"
+torch = "nightly:2026-11-20"
+torchtitan = "git:torchtitan@main"
+fixes = ["on", "off"]
+
+[[matrix]]
+accelerator = "npu"
+torch = "2.13.0"
+torchao = "none"
+torch_npu = "~=2.13.0"
+
+[[exclude]]
+torch = "nightly"
+torchao = "0.18.0"
+
+[[exclude]]
+accelerator = "cuda"
+torch = "2.14.1"
+torchao = "nightly"
+
+[[include]]
+match = { accelerator = "cuda", world_size = 4 }
+runner = ["self-hosted", "gpu-4"]
+suites = ["suites/regressions"]
+
+[[include]]
+match = { torch = ["==2.13.0", "2.14.1"], fixes = "on" }
+tiers = ["pr", "nightly"]
+timeout = 600
+"""
+
+
+def test_product_exclude_include(tmp_path: Path) -> None:
+    matrix = load_matrix(write(tmp_path, RULES))
+    cells = {c.id: c for c in matrix.cells}
+    assert list(cells) == [
+        "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on",
+        "cuda-cu130-torch_2.14.1-ao_0.18.0-ws2-fix_on",
+        "cuda-cu130-torch_2.14.1-ao_0.18.0-ws4-fix_on",
+        "cuda-cu130-torch_nightly-ao_nightly-ws2-fix_on",
+        "cuda-cu130-torch_nightly-ao_nightly-ws4-fix_on",
+        "cpu-cpu-aarch64-torch_nightly20261120-ao_none-titan_git_torchtitan_main-ws2-fix_on",
+        "cpu-cpu-aarch64-torch_nightly20261120-ao_none-titan_git_torchtitan_main-ws2-fix_off",
+        "npu-cann8-aarch64-torch_2.13.0-ao_none-npu_compat2.13.0-ws2-fix_on",
+    ]
+    ws4 = cells["cuda-cu130-torch_2.14.1-ao_0.18.0-ws4-fix_on"]
+    assert ws4.runner == ("self-hosted", "gpu-4")
+    assert ws4.suites == ("suites", "suites/regressions")
+    assert ws4.tiers == ("pr", "nightly") and ws4.timeout == 600
+    nightly = cells["cuda-cu130-torch_nightly-ao_nightly-ws4-fix_on"]
+    assert (nightly.runner, nightly.tiers, nightly.timeout) == (("self-hosted", "gpu-4"), ("nightly",), 300)
+    assert cells["npu-cann8-aarch64-torch_2.13.0-ao_none-npu_compat2.13.0-ws2-fix_on"].backend == "hccl"
+    assert cells["cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on"].tiers == ("pr", "nightly")
+
+
+def test_id_is_made_of_declared_axes_only(tmp_path: Path) -> None:
+    matrix = load_matrix(write(tmp_path, RULES))
+    cell = matrix.cell("cuda-cu130-torch_nightly-ao_nightly-ws2-fix_on")
+    pinned = dataclasses.replace(
+        cell, torch=cell.torch.pin("2.15.0.dev20261120+cu130"), torchao=cell.torchao.pin("0.19.0.dev20261120+cu130")
+    )
+    assert pinned.id == cell.id
+    assert [s.declared for s in pinned.sources] == ["nightly", "nightly", "none"]
+
+
+def test_select_and_actions_include(tmp_path: Path) -> None:
+    matrix = load_matrix(write(tmp_path, RULES))
+    assert [c.id for c in matrix.select(tier="pr")] == [
+        "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on",
+        "cuda-cu130-torch_2.14.1-ao_0.18.0-ws2-fix_on",
+        "cuda-cu130-torch_2.14.1-ao_0.18.0-ws4-fix_on",
+        "npu-cann8-aarch64-torch_2.13.0-ao_none-npu_compat2.13.0-ws2-fix_on",
+    ]
+    assert [c.id for c in matrix.select(["cuda-*-ws4-*"], tier="nightly")] == [
+        "cuda-cu130-torch_2.14.1-ao_0.18.0-ws4-fix_on",
+        "cuda-cu130-torch_nightly-ao_nightly-ws4-fix_on",
+    ]
+    assert matrix.actions_include("pr")[2] == {
+        "cell": "cuda-cu130-torch_2.14.1-ao_0.18.0-ws4-fix_on",
+        "accelerator": "cuda",
+        "family": "cuda",
+        "runner": ["self-hosted", "gpu-4"],
+        "world_size": 4,
+        "python": "3.11",
+        "tier": "pr",
+    }
+    with pytest.raises(
+        SelectionError,
+        match=r"no cell 'cpu-cpu-torch_2.13-ao_0.18.0-ws2-fix_on' \(did you mean: "
+        r"cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on",
+    ):
+        matrix.select(["cpu-cpu-torch_2.13-ao_0.18.0-ws2-fix_on"])
+    with pytest.raises(SelectionError, match="is not in tier 'pr'"):
+        matrix.select(["cuda-cu130-torch_nightly-ao_nightly-ws2-fix_on"], tier="pr")
+    with pytest.raises(SelectionError, match=r"unknown tier 'nighlty' \(did you mean 'nightly'\?\)"):
+        matrix.select(tier="nighlty")
+
+
+def test_repository_matrix() -> None:
+    matrix = load_matrix(REPO / "matrix.toml")
+    assert [c.id for c in matrix.select(tier="pr")] == ["cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on"]
+    default: Cell = matrix.cell("cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on")
+    assert (default.backend, default.runner, default.world_size) == ("gloo", ("ubuntu-latest",), 2)
+    assert set(default.tiers) == {"pr", "nightly", "release"}
+    assert "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_off" in [c.id for c in matrix.select(tier="nightly")]
+    assert "cuda-cu130-torch_nightly-ao_nightly-ws2-fix_on" in [c.id for c in matrix.select(tier="nightly")]
+    assert {c.accelerator for c in matrix.cells} == {"cpu", "cuda", "npu"}
+    assert set(matrix.tiers) == {"pr", "nightly", "release"}
