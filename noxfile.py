@@ -49,3 +49,38 @@ def bench(session: nox.Session) -> None:
     session.install(TORCH)
     session.install("-e", ".[test]", "torchao==0.18.0")
     session.run("python", "-m", "distci", "bench", *(session.posargs or ["harness"]))
+
+
+@nox.session
+def ingest(session: nox.Session) -> None:
+    """Index run directories (`-- PATH...`; default .distci/runs) into the SQLite store; idempotent, `--rebuild`."""
+    session.install("-e", ".")
+    session.run("python", "-m", "distci", "ingest", *session.posargs)
+
+
+@nox.session
+def gate(session: nox.Session) -> None:
+    """Release gate: `-- --tier release [--candidate CELL]`; exits non-zero listing the blocking tests."""
+    session.install("-e", ".")
+    session.run("python", "-m", "distci", "gate", *session.posargs)
+
+
+@nox.session
+def export(session: nox.Session) -> None:
+    """`-- --hud`: per-upstream-SHA rows in the shape of PyTorch HUD's cross-repo CI relay."""
+    session.install("-e", ".")
+    session.run("python", "-m", "distci", "export", *session.posargs)
+
+
+@nox.session
+def dashboard(session: nox.Session) -> None:
+    """Render the static release-blocking dashboard from the store into .distci/site/."""
+    session.install("-e", ".")
+    session.run("python", "-m", "distci", "dashboard", *session.posargs)
+
+
+@nox.session
+def bisect(session: nox.Session) -> None:
+    """`-- TEST_ID|--command CMD --good X --bad Y [--axis torch|torchao|torchtitan] [--find-fix]`; rerun to resume."""
+    session.install("-e", ".")
+    session.run("python", "-m", "distci", "bisect", *session.posargs)

@@ -41,3 +41,12 @@ class InfraError(DistciError):
 
 class SelectionError(DistciError):
     """A --cell / --tier / --test selection names nothing in the matrix."""
+
+
+class StoreError(DistciError):
+    """A run artifact is malformed, or contradicts what the store already indexed for it."""
+
+
+class BisectError(DistciError):
+    """A bisect cannot start or go on: endpoints that agree, a bad state file, a range
+    that is not a chain of commits. The message says what to change."""

@@ -1,0 +1,42 @@
+"""Bisect a regression (or a fix) to a version, a nightly date or a commit.
+
+The engine (engine.py) is a pure search over an ordered candidate list with a probe
+`candidate -> good | bad | skip`; candidates.py lists candidates (releases, nightlies,
+wheelhouse, git commits); probes.py installs a candidate into a cached environment and
+runs a check; state.py makes a bisect resumable; report.py writes what happened;
+command.py is `python -m distci bisect`. Below the nightly: nightly_map.py (nightly ->
+main commit), overlay.py (Python-only commits over a nightly binary), suspects.py.
+"""
+
+from distci.bisect.engine import (
+    BisectRefused,
+    BisectResult,
+    ProbeOutcome,
+    ProbeRecord,
+    Progress,
+    bisect,
+    candidate_key,
+)
+from distci.bisect.state import BisectError, BisectState, ProbeRun
+
+
+def add_parser(sub) -> None:
+    """Register `distci bisect` (distci.cli calls this for every module that has it)."""
+    from distci.bisect.command import add_parser as add
+
+    add(sub)
+
+
+__all__ = [
+    "BisectError",
+    "BisectRefused",
+    "BisectResult",
+    "BisectState",
+    "ProbeOutcome",
+    "ProbeRecord",
+    "ProbeRun",
+    "add_parser",
+    "Progress",
+    "bisect",
+    "candidate_key",
+]

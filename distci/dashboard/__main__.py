@@ -1,0 +1,5 @@
+import sys
+
+from distci.dashboard import main
+
+sys.exit(main())

@@ -1,0 +1,383 @@
+"""What the dashboard shows, computed from the store: plain dataclasses a template reads.
+
+Everything a person decides from lives here (which cells are red, what changed since
+the previous run, what is flaky); the template only lays it out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from distci.store import BisectRow, FixAuditRow, ResultRow, RunRow, Store, is_environment, read_fix_audit
+from distci.verdicts import BLOCKING, SEVERITY, worst
+
+STACK_KEYS = (
+    "torch",
+    "torch_git",
+    "torchao",
+    "torchtitan",
+    "torch_npu",
+    "triton",
+    "python",
+    "cuda",
+    "nccl",
+    "cann",
+    "driver",
+    "device_name",
+    "device_count",
+    "device_capability",
+    "image_digest",
+    "fixes_mode",
+)
+ALWAYS_SHOW_TESTS = 40
+
+
+def cell_status(verdicts: list[str]) -> str:
+    """A cell's colour: red only for regression/fail (rule 4: infra never turns it red)."""
+    if any(v in BLOCKING for v in verdicts):
+        return "red"
+    if "flaky" in verdicts:
+        return "amber"
+    if "infra" in verdicts:
+        return "infra"
+    if any(v in ("pass", "fixed", "xfail") for v in verdicts):
+        return "green"
+    return "none"
+
+
+def green_rate(verdicts: list[str]) -> float | None:
+    """Percent of judged tests (not skipped, not infra) that are not failing."""
+    judged = [v for v in verdicts if v not in ("skip", "infra")]
+    if not judged:
+        return None
+    return 100.0 * sum(v not in BLOCKING for v in judged) / len(judged)
+
+
+@dataclass
+class GridCell:
+    suite: str
+    verdict: str | None
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        if self.verdict is None:
+            return "—"
+        judged = sum(n for v, n in self.counts.items() if v not in ("skip", "infra"))
+        ok = sum(n for v, n in self.counts.items() if v not in ("skip", "infra") and v not in BLOCKING)
+        return f"{ok}/{judged}" if judged else self.verdict
+
+    @property
+    def title(self) -> str:
+        return ", ".join(f"{n} {v}" for v, n in sorted(self.counts.items(), key=lambda kv: SEVERITY.get(kv[0], 99)))
+
+
+@dataclass
+class HistoryRow:
+    test_id: str
+    marks: list[ResultRow | None]
+    latest: str | None
+
+
+@dataclass
+class CellView:
+    cell_id: str
+    run: RunRow
+    status: str
+    grid: list[GridCell]
+    counts: dict[str, int]
+    stack: list[tuple[str, str]]
+    fixes: list[str]
+    packages: dict[str, str]
+    history_runs: list[RunRow]
+    history: list[HistoryRow]
+    history_hidden: int
+    rates: list[float | None]
+    environment_failure: ResultRow | None
+
+
+@dataclass
+class Change:
+    """A regression or a fix in a cell's latest run, against the run it was compared with."""
+
+    result: ResultRow
+    run: RunRow
+    compared: RunRow | None
+
+
+@dataclass
+class SignatureGroup:
+    signature: str
+    verdict: str
+    items: list[ResultRow]
+
+    @property
+    def cells(self) -> list[str]:
+        return sorted({r.cell_id for r in self.items})
+
+
+@dataclass
+class FlakyTest:
+    test_id: str
+    cells: list[str]
+    occurrences: int
+    last_night: str
+    reason: str
+
+
+@dataclass
+class Page:
+    title: str
+    generated_at: str
+    cells: list[CellView]
+    suites: list[str]
+    changes: list[Change]
+    signatures: list[SignatureGroup]
+    flaky: list[FlakyTest]
+    nights: list[str]
+    night_rates: dict[str, list[float | None]]
+    night_counts: list[dict[str, int]]
+    audit: list[FixAuditRow]
+    bisects: list[BisectRow]
+    totals: dict[str, int]
+
+    @property
+    def status_counts(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for c in self.cells:
+            out[c.status] += 1
+        return dict(out)
+
+    @property
+    def regressions(self) -> list[Change]:
+        return [c for c in self.changes if c.result.verdict == "regression"]
+
+    @property
+    def fixes(self) -> list[Change]:
+        return [c for c in self.changes if c.result.verdict == "fixed"]
+
+
+def _is_test(test_id: str) -> bool:
+    return not is_environment(test_id)
+
+
+def _fix_labels(fixes: Any) -> list[str]:
+    """The fixes a stack lists, whatever shape the fix package reports them in."""
+    if not fixes:
+        return []
+    if isinstance(fixes, dict):
+        items = fixes.get("fixes", fixes) if isinstance(fixes.get("fixes"), (list, dict)) else fixes
+        if isinstance(items, dict):
+            return [
+                k if not isinstance(v, (str, dict)) else f"{k}: {v if isinstance(v, str) else _status(v)}"
+                for k, v in sorted(items.items())
+            ]
+        fixes = items
+    out = []
+    for f in fixes:
+        if isinstance(f, dict):
+            name = f.get("id") or f.get("name") or "?"
+            out.append(f"{name}: {_status(f)}" if _status(f) else str(name))
+        else:
+            out.append(str(f))
+    return out
+
+
+def _status(d: dict[str, Any]) -> str:
+    return str(d.get("status") or d.get("state") or "")
+
+
+def _packages(packages: Any) -> dict[str, str]:
+    """stack["packages"]: `name==version` strings (distci.stack) or a name -> version map."""
+    if isinstance(packages, dict):
+        return {str(k): str(v) for k, v in sorted(packages.items())}
+    out = {}
+    for p in packages or []:
+        name, _, version = str(p).partition("==")
+        out[name] = version
+    return dict(sorted(out.items()))
+
+
+def _stack_items(stack: dict[str, Any]) -> list[tuple[str, str]]:
+    items = [(k, str(stack[k])) for k in STACK_KEYS if stack.get(k) not in (None, "", [])]
+    known = set(STACK_KEYS) | {"fixes", "packages"}
+    for k in sorted(stack):
+        v = stack[k]
+        if k not in known and isinstance(v, (str, int, float, bool)) and v not in ("", None):
+            items.append((k, str(v)))
+    return items
+
+
+def _cell_view(store: Store, run: RunRow, suites: list[str], history_runs: int) -> CellView:
+    latest = store.results(run_id=run.run_id)
+    by_suite: dict[str, list[str]] = defaultdict(list)
+    for r in latest:
+        if _is_test(r.test_id):
+            by_suite[r.suite].append(r.verdict)
+    env_fail = next((r for r in latest if not _is_test(r.test_id) and r.verdict == "infra"), None)
+    grid = []
+    for s in suites:
+        vs = by_suite.get(s, [])
+        counts: dict[str, int] = defaultdict(int)
+        for v in vs:
+            counts[v] += 1
+        verdict = worst(vs) or ("infra" if env_fail else None)
+        grid.append(GridCell(s, verdict, dict(counts) if vs else ({"infra": 1} if env_fail else {})))
+    counts: dict[str, int] = defaultdict(int)
+    for r in latest:
+        counts[r.verdict] += 1
+
+    runs = store.runs(cell_id=run.cell_id)
+    shown = runs[-history_runs:]
+    cell_results = store.results(cell_id=run.cell_id, since=shown[0].started_at) if shown else []
+    marks: dict[str, dict[str, ResultRow]] = defaultdict(dict)
+    for r in cell_results:
+        marks[r.test_id][r.run_id] = r
+    rows = []
+    for test_id in sorted(marks, key=lambda t: (not _is_test(t), t)):
+        row = [marks[test_id].get(x.run_id) for x in shown]
+        if all(m is None for m in row):
+            continue
+        last = marks[test_id].get(run.run_id)
+        rows.append(HistoryRow(test_id, row, last.verdict if last else None))
+    hidden = 0
+    if len(rows) > ALWAYS_SHOW_TESTS:
+        quiet = [h for h in rows if all(m is None or m.verdict in ("pass", "skip") for m in h.marks)]
+        hidden = len(quiet)
+        rows = [h for h in rows if h not in quiet]
+    rows.sort(key=lambda h: (SEVERITY.get(h.latest or "", 99), h.test_id))
+
+    rates = []
+    by_run: dict[str, list[str]] = defaultdict(list)
+    for r in cell_results:
+        by_run[r.run_id].append(r.verdict)
+    for x in shown:
+        rates.append(green_rate(by_run.get(x.run_id, [])))
+    return CellView(
+        cell_id=run.cell_id,
+        run=run,
+        status=cell_status([r.verdict for r in latest]),
+        grid=grid,
+        counts=dict(counts),
+        stack=_stack_items(run.stack),
+        fixes=_fix_labels(run.stack.get("fixes")),
+        packages=_packages(run.stack.get("packages")),
+        history_runs=shown,
+        history=rows,
+        history_hidden=hidden,
+        rates=rates,
+        environment_failure=env_fail,
+    )
+
+
+def _flaky(store: Store, nights: list[str]) -> list[FlakyTest]:
+    window = set(nights)
+    runs = {r.run_id: r for r in store.runs()}
+    found: dict[str, list[ResultRow]] = defaultdict(list)
+    for r in store.results(verdicts=["flaky"]):
+        if runs[r.run_id].night in window:
+            found[r.test_id].append(r)
+    out = [
+        FlakyTest(
+            test_id=t,
+            cells=sorted({r.cell_id for r in rs}),
+            occurrences=len(rs),
+            last_night=max(runs[r.run_id].night for r in rs),
+            reason=rs[-1].verdict_reason,
+        )
+        for t, rs in found.items()
+    ]
+    return sorted(out, key=lambda f: (-f.occurrences, f.test_id))
+
+
+def _audit_rows(store: Store, audit_dir: Path | None) -> list[FixAuditRow]:
+    rows = store.fix_audit()
+    if rows or audit_dir is None or not Path(audit_dir).is_dir():
+        return rows
+    return [row for p in sorted(Path(audit_dir).glob("*.json")) for row in read_fix_audit(p)]
+
+
+def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = None, history_runs: int = 14) -> Page:
+    latest = store.latest_runs()
+    latest_results = {c: store.results(run_id=r.run_id) for c, r in latest.items()}
+    suites = sorted({r.suite for rs in latest_results.values() for r in rs if _is_test(r.test_id)})
+    cells = [_cell_view(store, run, suites, history_runs) for run in latest.values()]
+    order = {"red": 0, "amber": 1, "infra": 2, "green": 3, "none": 4}
+    cells.sort(key=lambda c: (order[c.status], c.cell_id))
+
+    changes = []
+    for cell, run in latest.items():
+        for r in latest_results[cell]:
+            if r.verdict in ("regression", "fixed"):
+                changes.append(Change(r, run, store.run(r.compared_run) if r.compared_run else None))
+    changes.sort(key=lambda c: (c.result.verdict != "regression", c.result.cell_id, c.result.test_id))
+
+    groups: dict[str, list[ResultRow]] = defaultdict(list)
+    for rs in latest_results.values():
+        for r in rs:
+            if r.verdict in BLOCKING or r.verdict in ("xfail", "infra"):
+                groups[r.error_signature or r.verdict_reason or r.verdict].append(r)
+    signatures = [SignatureGroup(sig, worst(r.verdict for r in rs) or "", rs) for sig, rs in groups.items()]
+    signatures.sort(key=lambda g: (SEVERITY.get(g.verdict, 99), -len(g.items), g.signature))
+
+    all_runs = store.runs()
+    nights = sorted({r.night for r in all_runs if r.night})[-history_runs:]
+    window = [r for r in all_runs if r.night in nights]
+    verdicts_by_run: dict[str, list[str]] = defaultdict(list)
+    for r in store.results(since=min((w.started_at for w in window), default="")):
+        verdicts_by_run[r.run_id].append(r.verdict)
+    night_rates: dict[str, list[float | None]] = {}
+    per_night: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for run in window:
+        per_night[run.cell_id][run.night] = verdicts_by_run.get(run.run_id, [])
+    for cell in sorted(per_night):
+        night_rates[cell] = [green_rate(per_night[cell][n]) if n in per_night[cell] else None for n in nights]
+    night_counts = []
+    for n in nights:
+        counts: dict[str, int] = defaultdict(int)
+        for cell in per_night:
+            for v in per_night[cell].get(n, []):
+                counts[v] += 1
+        night_counts.append(dict(counts))
+
+    totals: dict[str, int] = defaultdict(int)
+    for rs in latest_results.values():
+        for r in rs:
+            totals[r.verdict] += 1
+    return Page(
+        title=title,
+        generated_at=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        cells=cells,
+        suites=suites,
+        changes=changes,
+        signatures=signatures,
+        flaky=_flaky(store, nights),
+        nights=nights,
+        night_rates=night_rates,
+        night_counts=night_counts,
+        audit=_audit_rows(store, audit_dir),
+        bisects=store.bisects(),
+        totals=dict(totals),
+    )
+
+
+def page_json(page: Page) -> str:
+    """A machine-readable summary written next to index.html (data.json)."""
+    return json.dumps(
+        {
+            "generated_at": page.generated_at,
+            "cells": {c.cell_id: {"status": c.status, "run_id": c.run.run_id, "counts": c.counts} for c in page.cells},
+            "regressions": [
+                {"cell": c.result.cell_id, "test": c.result.test_id, "signature": c.result.error_signature}
+                for c in page.regressions
+            ],
+            "flaky": [f.test_id for f in page.flaky],
+        },
+        indent=1,
+        sort_keys=True,
+    )

@@ -1,0 +1,186 @@
+"""Verdicts: what an outcome means against history and known issues.
+
+An outcome (distci.results) says what happened in one run. A verdict says what a
+person should do about it, so it needs history: the same failure is a `regression`
+the first night after the test was green, a plain `fail` the nights after, `xfail`
+once the known-issues registry names it, `infra` when the environment never came
+up (rule 4: never a regression, never a red cell), `flaky` when the same environment
+gave both answers.
+
+This module is pure: it sees runs as `RunHistory` values and returns `Verdict`s. The
+store feeds it a cell's runs in history order at every ingest, and can recompute all
+verdicts at any time, so a run that arrives late (an artifact uploaded after the next
+night's) still gets the verdicts it would have had in order.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+VERDICTS = ("pass", "regression", "fail", "xfail", "fixed", "flaky", "infra", "skip")
+
+BLOCKING = frozenset({"regression", "fail"})
+"""Verdicts that block a release gate and turn a cell red."""
+
+SEVERITY = {v: i for i, v in enumerate(("regression", "fail", "flaky", "infra", "xfail", "fixed", "pass", "skip"))}
+"""Lower is worse: a group of results (a suite in a cell) shows its worst verdict."""
+
+_FAILED = ("failed", "error")
+
+# Stack keys that define an environment. Two runs whose values agree ran the same
+# software on the same kind of device, so an outcome that differs between them is
+# flakiness, not a change. Host names and capture times are deliberately absent.
+ENV_KEYS = (
+    "torch",
+    "torch_git",
+    "torchao",
+    "torchtitan",
+    "torch_npu",
+    "triton",
+    "distci_fixes",
+    "python",
+    "cuda",
+    "hip",
+    "nccl",
+    "cann",
+    "driver",
+    "device_name",
+    "image_digest",
+    "fixes_mode",
+    "fixes",
+    "packages",
+)
+
+
+def worst(verdicts: Iterable[str]) -> str | None:
+    """The most severe verdict of a group, or None for an empty group."""
+    return min(verdicts, key=lambda v: SEVERITY.get(v, len(SEVERITY)), default=None)
+
+
+def env_key(stack: Mapping[str, Any]) -> str:
+    """A fingerprint of the environment a stack describes (see ENV_KEYS)."""
+    return json.dumps({k: stack.get(k) for k in ENV_KEYS if stack.get(k) is not None}, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One test's outcome in one run, reduced to what verdicts depend on."""
+
+    test_id: str
+    outcome: str
+    failure_kind: str | None = None
+    rerun_outcomes: tuple[str, ...] = ()
+    known_issue: str | None = None
+
+    @property
+    def is_infra(self) -> bool:
+        return self.failure_kind == "infra"
+
+    @property
+    def is_flaky(self) -> bool:
+        """Mixed outcomes across the first attempt and its reruns in one environment."""
+        seen = {o for o in (self.outcome, *self.rerun_outcomes) if o != "skipped"}
+        return "passed" in seen and bool(seen & set(_FAILED))
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome in _FAILED
+
+    @property
+    def informative(self) -> bool:
+        """Whether this outcome says something about the code: not skipped, infra or flaky."""
+        return self.outcome != "skipped" and not self.is_infra and not self.is_flaky
+
+
+@dataclass
+class RunHistory:
+    """One run of a cell as verdicts see it."""
+
+    run_id: str
+    started_at: str
+    env: str = ""
+    results: dict[str, Observation] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    verdict: str
+    compared_run: str | None = None
+    reason: str = ""
+
+
+_Seen = tuple[RunHistory, Observation]
+
+
+def judge(obs: Observation, env: str, previous: _Seen | None, baseline: _Seen | None) -> Verdict:
+    """The verdict of one outcome.
+
+    `previous` is the last informative outcome of the same test in an earlier run of the
+    same cell; `baseline` the latest informative one in the declared baseline cell, used
+    only when the cell has no history of its own for the test (a new cell, a release
+    candidate judged against the release it replaces).
+    """
+    if obs.outcome == "skipped":
+        return Verdict("skip")
+    if obs.is_infra:
+        return Verdict("infra", reason="the environment, image or device failed")
+    if obs.is_flaky:
+        tries = ", ".join((obs.outcome, *obs.rerun_outcomes))
+        return Verdict("flaky", reason=f"mixed outcomes across reruns: {tries}")
+
+    ref, where = (previous, "the previous run") if previous else (baseline, "the baseline cell")
+    ref_run, ref_obs = ref if ref else (None, None)
+    same_env = ref_run is not None and previous is not None and ref_run.env == env
+
+    if obs.outcome == "passed":
+        if obs.known_issue:
+            return Verdict("fixed", reason=f"XPASS: known issue {obs.known_issue} did not reproduce")
+        if ref_obs is not None and ref_obs.failed:
+            if same_env:
+                return Verdict("flaky", ref_run.run_id, f"failed in run {ref_run.run_id} with the same stack")
+            return Verdict("fixed", ref_run.run_id, f"failed in {where} ({ref_run.run_id})")
+        return Verdict("pass", ref_run.run_id if ref_run else None)
+
+    if obs.known_issue:
+        return Verdict("xfail", reason=f"known issue {obs.known_issue}")
+    if ref_obs is not None and ref_obs.outcome == "passed":
+        if same_env:
+            return Verdict("flaky", ref_run.run_id, f"passed in run {ref_run.run_id} with the same stack")
+        return Verdict("regression", ref_run.run_id, f"passed in {where} ({ref_run.run_id})")
+    if ref_obs is not None:
+        return Verdict("fail", ref_run.run_id, f"also failing in {where} ({ref_run.run_id})")
+    return Verdict("fail", reason="no green history")
+
+
+def _order(runs: Iterable[RunHistory]) -> list[RunHistory]:
+    return sorted(runs, key=lambda r: (r.started_at, r.run_id))
+
+
+def judge_history(
+    runs: Sequence[RunHistory], baseline_runs: Sequence[RunHistory] = ()
+) -> dict[tuple[str, str], Verdict]:
+    """Verdicts for every result of a cell's runs, keyed by (run_id, test_id).
+
+    Runs are judged in history order (started_at, then run id) whatever order they came
+    in. For each run, the baseline is what the baseline cell's runs said up to that
+    run's start.
+    """
+    verdicts: dict[tuple[str, str], Verdict] = {}
+    last: dict[str, _Seen] = {}
+    base_last: dict[str, _Seen] = {}
+    base = _order(baseline_runs)
+    b = 0
+    for run in _order(runs):
+        while b < len(base) and base[b].started_at <= run.started_at:
+            for test_id, obs in base[b].results.items():
+                if obs.informative:
+                    base_last[test_id] = (base[b], obs)
+            b += 1
+        for test_id, obs in run.results.items():
+            verdicts[(run.run_id, test_id)] = judge(obs, run.env, last.get(test_id), base_last.get(test_id))
+        for test_id, obs in run.results.items():
+            if obs.informative:
+                last[test_id] = (run, obs)
+    return verdicts

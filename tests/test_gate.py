@@ -1,0 +1,234 @@
+"""The release gate, and the HUD relay export that reports the same verdicts upstream."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from fixtures_runs import (
+    INFRA,
+    NIGHTLY_OFF,
+    NIGHTLY_ON,
+    REG_TANGENT,
+    RELEASE_NPU,
+    seed_nights,
+    stack,
+    write_run,
+)
+
+from distci import export, gate
+from distci.errors import SelectionError
+from distci.store import Store, ingest
+
+T0 = datetime(2026, 3, 1, 2, 0, tzinfo=timezone.utc)
+RELEASE = "cuda-cu128-torch_release-ao_release-ws2-fix_on"
+CANDIDATE = "cuda-cu128-torch_test-ao_release-ws2-fix_on"
+TP = "suites/test_tp.py::test_tp_loss_matches_reference[colwise-rowwise]"
+F8 = "suites/test_float8.py::test_float8_tp_grads[rowwise]"
+WAIT = "suites/regressions/test_pytorch125932_rowwise_parallel_wait.py::test_rowwise_output_wait_compiled"
+ASYNC = "suites/test_async_tp.py::test_async_tp_fused_ops[float8-full-ac]"
+
+OLD = stack("2.10.0+cu128", "449b1768410104d3ed79d3bcfe4ba1d65c7f22c0")
+NEW = stack("2.10.1+cu128", "9b3a4c1f2e7d8a6b5c4d3e2f1a0b9c8d7e6f5a4b")
+
+
+def failed(test: str, message: str = "AssertionError: loss mismatch 0.0123 > 1e-05", kind: str = "assert") -> dict:
+    return {"test_id": test, "outcome": "failed", "failure_kind": kind, "message": message}
+
+
+def two_nights(root: Path, night2: list[dict], night1: list[dict] | None = None) -> Path:
+    """A release cell: night 1 (torch 2.10.0), night 2 (torch 2.10.1); returns the store."""
+    night1 = night1 or [{"test_id": t} for t in (TP, F8, WAIT, ASYNC)]
+    write_run(root / "runs", "n1", RELEASE, night1, started_at=T0, stack=OLD, tier="release")
+    write_run(root / "runs", "n2", RELEASE, night2, started_at=T0 + timedelta(days=1), stack=NEW, tier="release")
+    db = root / "store.sqlite"
+    ingest([root / "runs"], db)
+    return db
+
+
+def test_green_then_red_blocks_and_lists_the_test(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = two_nights(
+        tmp_path,
+        night1=[
+            {"test_id": TP},
+            failed(WAIT, "AttributeError: 'FunctionalTensor' object has no attribute 'wait'", "exception"),
+            {"test_id": ASYNC},
+            {"test_id": F8},
+        ],
+        night2=[
+            failed(TP),
+            {"test_id": WAIT},
+            failed(ASYNC, "NCCL error: unhandled system error", "infra"),
+            {"test_id": F8},
+        ],
+    )
+    with Store(db) as s:
+        result = gate.gate(s, "release")
+    assert not result.ok
+    assert [(i.test_id, i.verdict) for i in result.blocking] == [(TP, "regression")]
+    assert [(i.test_id, i.verdict) for i in result.warnings] == [(ASYNC, "infra")]
+    assert [(i.test_id, i.verdict) for i in result.fixed] == [(WAIT, "fixed")]
+
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    assert gate.main(["--tier", "release", "--store", str(db), "--matrix", str(tmp_path / "none.toml")]) == 1
+    text = summary.read_text()
+    assert "gate blocked" in text and TP in text and "Warnings" in text and ASYNC in text
+
+
+def test_fixed_and_infra_do_not_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    db = two_nights(
+        tmp_path,
+        night1=[{"test_id": TP}, failed(WAIT), {"test_id": F8}],
+        night2=[{"test_id": TP}, {"test_id": WAIT}, failed(F8, "InfraError: device lost", "infra")],
+    )
+    assert gate.main(["--tier", "release", "--store", str(db), "--matrix", str(tmp_path / "none.toml")]) == 0
+    out = capsys.readouterr().out
+    assert "PASSED" in out and f"fixed: [fixed] {RELEASE} :: {WAIT}" in out and "[infra]" in out
+
+
+MATRIX = """\
+schema = 1
+
+[defaults]
+tiers = ["release"]
+
+[accelerators.cpu]
+backend = "gloo"
+runner = ["ubuntu-latest"]
+archs = ["x86_64"]
+variants = ["cpu"]
+
+[[matrix]]
+accelerator = "cpu"
+torch = "2.13.0"
+torchao = "0.18.0"
+
+[tiers.release]
+blocking_suites = ["suites/test_tp.py", "suites/regressions"]
+
+[tiers.nightly]
+blocking_suites = []
+"""
+
+
+def test_only_release_blocking_suites_block(tmp_path: Path) -> None:
+    db = two_nights(tmp_path, night2=[{"test_id": TP}, failed(F8), {"test_id": WAIT}, {"test_id": ASYNC}])
+    matrix = tmp_path / "matrix.toml"
+    matrix.write_text(MATRIX)
+    suites = gate.blocking_suites_from_matrix("release", matrix)
+    assert suites == ["suites/test_tp.py", "suites/regressions"]
+    assert gate.blocking_suites_from_matrix("nightly", matrix) == []
+    assert gate.blocking_suites_from_matrix("release", tmp_path / "absent.toml") is None
+    with pytest.raises(SelectionError, match="weekly"):
+        gate.blocking_suites_from_matrix("weekly", matrix)
+    with Store(db) as s:
+        result = gate.gate(s, "release", blocking_suites=suites)
+        assert result.ok and [i.test_id for i in result.not_blocking] == [F8]
+        assert not gate.gate(s, "release", blocking_suites=["suites"]).ok
+        assert not gate.gate(s, "release").ok
+    assert gate.main(["--tier", "release", "--store", str(db), "--matrix", str(matrix)]) == 0
+    assert gate.main(["--tier", "release", "--store", str(db), "--blocking-suite", "float8"]) == 1
+
+
+@pytest.mark.parametrize(
+    "suite, inside",
+    [
+        ("suites", True),
+        ("suites/", True),
+        ("suites/test_float8.py", True),
+        ("float8", True),
+        ("suites/regressions", False),
+        ("tp", False),
+        ("suites/test_float", False),
+    ],
+)
+def test_in_suite(suite: str, inside: bool) -> None:
+    assert gate.in_suite(F8, suite) is inside
+
+
+def test_release_candidate_is_judged_against_its_baseline(tmp_path: Path) -> None:
+    write_run(
+        tmp_path / "runs", "rel", RELEASE, [{"test_id": TP}, {"test_id": F8}], started_at=T0, stack=OLD, tier="release"
+    )
+    write_run(
+        tmp_path / "runs",
+        "rc1",
+        CANDIDATE,
+        [failed(TP), {"test_id": F8}],
+        started_at=T0 + timedelta(hours=3),
+        stack=stack("2.11.0", "1f0e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c"),
+        tier="release",
+        baseline_cell=RELEASE,
+    )
+    db = tmp_path / "store.sqlite"
+    ingest([tmp_path / "runs"], db)
+    with Store(db) as s:
+        result = gate.gate(s, "release", candidate="torch_test")
+        assert [r.cell_id for r in result.runs] == [CANDIDATE]
+        assert [(i.test_id, i.verdict) for i in result.blocking] == [(TP, "regression")]
+        with pytest.raises(SelectionError, match="torch_nope"):
+            gate.gate(s, "release", candidate="torch_nope")
+    assert gate.main(["--candidate", CANDIDATE, "--store", str(db), "--matrix", str(tmp_path / "none.toml")]) == 1
+    assert gate.main(["--candidate", "torch_nope", "--store", str(db)]) == 2
+
+
+def test_hud_rows_carry_the_relay_inputs_and_triage(tmp_path: Path) -> None:
+    seeded = seed_nights(tmp_path / "runs", nights=4)
+    db = tmp_path / "store.sqlite"
+    ingest([seeded.root], db)
+    last = seeded.nights[-1]
+    with Store(db) as s:
+        rows = export.hud_rows(s)
+        by_run = {r.distci["run_id"]: r for r in rows}
+        reg = by_run[seeded.run_ids[(last, NIGHTLY_OFF)]]
+        prev = s.run(seeded.run_ids[(seeded.nights[-2], NIGHTLY_OFF)])
+        now = s.run(reg.distci["run_id"])
+    assert len(rows) == 20
+    assert reg.delivery_id == now.torch_git != prev.torch_git and reg.event_type == "nightly"
+    assert reg.job_name == NIGHTLY_OFF and reg.conclusion == "failure"
+    assert reg.triage_verdict["category"] == "upstream"
+    assert prev.torch_git[:12] in reg.triage_verdict["summary"]
+    assert [d["name"] for d in reg.failed_tests_detail] == [REG_TANGENT.rpartition("::")[2]]
+    assert reg.test_results["failed"] == 1 and reg.test_results["verdicts"]["regression"] == 1
+
+    still = by_run[seeded.run_ids[(seeded.nights[-2], NIGHTLY_OFF)]]  # REG_F8_AC: green, red, red (now), fixed
+    assert (
+        still.conclusion == "failure"
+        and still.category == "upstream"
+        and "failing since" in still.triage_verdict["summary"]
+    )
+
+    npu = by_run[seeded.run_ids[(last, RELEASE_NPU)]]
+    assert npu.conclusion == "neutral" and npu.category == "infra"
+    assert npu.triage_verdict["evidence"][0]["test"] == INFRA + RELEASE_NPU
+    flaky = by_run[seeded.run_ids[(last, NIGHTLY_ON)]]
+    assert flaky.conclusion == "success" and flaky.category == "flake"
+    assert export.sha_verdicts(rows)[reg.delivery_id] == "upstream"
+
+    partial = {"partial": True, "python": "3.11.11", "error": "no NPU visible"}
+    broken = [{"test_id": INFRA + RELEASE_NPU, "outcome": "error", "failure_kind": "infra", "message": "InfraError: x"}]
+    write_run(seeded.root, "npu-later", RELEASE_NPU, broken, started_at=T0 + timedelta(days=9), stack=partial)
+    ingest([seeded.root], db)
+    left_out: list[str] = []
+    with Store(db) as s:
+        assert len(export.hud_rows(s, left_out=left_out)) == 20 and left_out == ["npu-later"]
+
+    out = export.write_rows(rows, tmp_path / "hud.jsonl")
+    first = json.loads(out.read_text().splitlines()[0])
+    assert {
+        "delivery_id",
+        "event_type",
+        "conclusion",
+        "job_name",
+        "test_results",
+        "failed_tests_detail",
+        "triage_verdict",
+    } <= first.keys()
+    assert export.main(["--hud", "--store", str(db), "--out", str(tmp_path / "hud.json"), "--format", "json"]) == 0
+    assert len(json.loads((tmp_path / "hud.json").read_text())) == 20
