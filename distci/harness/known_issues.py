@@ -66,6 +66,13 @@ def version_applies(version: str | None, spec: str | None, *, nightly_from: str 
     return SpecifierSet(spec).contains(Version(v.base_version), prereleases=True)
 
 
+def _fix_applied(stack: dict[str, Any], fix_id: str) -> bool:
+    for entry in stack.get("fixes") or []:
+        if isinstance(entry, dict) and entry.get("id") == fix_id and entry.get("status") == "applied":
+            return True
+    return False
+
+
 @dataclass
 class KnownIssue:
     id: str
@@ -77,6 +84,13 @@ class KnownIssue:
     title: str = ""
 
     def applies_to(self, stack: dict[str, Any]) -> bool:
+        """Whether the bug is expected to show on this stack.
+
+        When the stack's fix package applied this entry's fix, the bug is masked and a
+        pass is the expected outcome, not news: the entry does not apply.
+        """
+        if self.fix and _fix_applied(stack, self.fix):
+            return False
         a = self.applies
         accel = a.get("accelerators")
         if accel:

@@ -95,8 +95,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             pytest.skip(f"needs CUDA SM{need}+; this device is {'SM' + str(have) if have else harness.device_type}")
     if is_distributed(item) and harness.device_type != "cpu":
         n = harness.world_size_of(item)
-        have = device_kind(harness.device_type).count()
-        if have < n:
+        have = harness.device_count()
+        if 0 < have < n:
             pytest.skip(f"needs {n} {harness.device_type} devices; {have} visible")
 
 
@@ -132,6 +132,21 @@ class Harness:
         self.pools: dict[int, RankPool] = {}
         self.pool_errors: dict[int, PoolStartError] = {}
         self.recorder = Recorder(config, self.run_dir)
+        self._device_count: int | None = None
+
+    def device_count(self) -> int:
+        if self._device_count is None:
+            try:
+                self._device_count = device_kind(self.device_type).count()
+            except Exception:  # noqa: BLE001 - e.g. torch_npu missing: no device
+                self._device_count = 0
+        return self._device_count
+
+    def runner_problem(self) -> str | None:
+        """Why this runner cannot run distributed tests at all (an infra failure), if it can't."""
+        if self.device_type != "cpu" and self.device_count() == 0:
+            return f"no {self.device_type} device is visible on this runner"
+        return None
 
     def world_size_of(self, item: pytest.Item) -> int:
         m = item.get_closest_marker("world_size")
@@ -179,6 +194,9 @@ class Harness:
         world_size = self.world_size_of(item)
         timeout = self.timeout_of(item)
         request = self.request_for(item)
+        problem = self.runner_problem()
+        if problem:
+            return Combined("error", "infra", "DeviceHealthError", problem, f"DeviceHealthError: {problem}")
         torchrun_marker = item.get_closest_marker("torchrun")
         if torchrun_marker or self.mode == "torchrun":
             return launch(request, world_size, self.device_type, timeout, self.log_dir,

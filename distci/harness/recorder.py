@@ -95,8 +95,14 @@ class Recorder:
                 signature = combined.signature
             duration = max(duration, combined.duration_s)
         known = None
-        if outcome == "failed" and self.known_issues is not None:
-            known = self.known_issues.match(nodeid, signature or "", message, self.stack)
+        if self.known_issues is not None:
+            if outcome == "failed":
+                known = self.known_issues.match(nodeid, signature or "", message, self.stack)
+            elif outcome == "passed":
+                # A pass where a known issue applies: the verdict becomes `fixed`, telling
+                # the team the entry (or its fix) can be retired.
+                applicable = self.known_issues.applicable(nodeid, self.stack)
+                known = applicable[0].id if applicable else None
         return Result(
             run_id=self.run_id,
             cell_id=self.cell,

@@ -1,0 +1,66 @@
+"""The known-issues registry: a known failure is xfail, a new error never is."""
+
+import pytest
+
+from distci.harness.known_issues import RegistryError, load_registry, version_applies
+
+REGISTRY = """
+[[issue]]
+id = "pytorch-184980"
+title = "AOTAutograd cannot coerce a plain tangent to AsyncCollectiveTensor"
+tests = ["suites/regressions/test_pytorch184980_*"]
+signature = "guessed its metadata incorrectly|has no attribute '_local_tensor'"
+upstream = "https://github.com/pytorch/pytorch/issues/184980"
+fix = "act_tangent_coercion"
+[issue.applies]
+torch = ">=2.5,<2.15"
+nightly_from = "2026-01-01"
+nightly_until = "2026-12-31"
+"""
+
+TEST = "suites/regressions/test_pytorch184980_act_tangent_coercion.py::test_tp_compile"
+SIG = "RuntimeError: During the backward, we encountered a tensor subclass where we guessed its metadata incorrectly."
+
+
+@pytest.fixture
+def registry(tmp_path):
+    path = tmp_path / "known_issues.toml"
+    path.write_text(REGISTRY)
+    return load_registry(path)
+
+
+def test_known_failure_matches(registry):
+    assert registry.match(TEST, SIG, SIG, {"torch": "2.13.0+cpu"}) == "pytorch-184980"
+
+
+def test_a_new_error_in_the_same_test_is_not_hidden(registry):
+    assert registry.match(TEST, "AssertionError: grads differ", "", {"torch": "2.13.0"}) is None
+
+
+def test_outside_the_versions_it_does_not_apply(registry):
+    assert registry.match(TEST, SIG, SIG, {"torch": "2.15.0"}) is None
+
+
+def test_nightly_dates_place_dev_builds(registry):
+    assert registry.match(TEST, SIG, SIG, {"torch": "2.15.0.dev20260301+cpu"}) == "pytorch-184980"
+    assert registry.match(TEST, SIG, SIG, {"torch": "2.16.0.dev20270105+cpu"}) is None
+
+
+def test_applied_fix_masks_the_entry(registry):
+    stack = {"torch": "2.13.0", "fixes": [{"id": "act_tangent_coercion", "status": "applied"}]}
+    assert registry.applicable(TEST, stack) == []
+    assert [e.id for e in registry.applicable(TEST, {"torch": "2.13.0", "fixes": []})] == ["pytorch-184980"]
+
+
+def test_version_applies_rules():
+    assert version_applies("2.7.0", ">=2.6,<2.8")
+    assert not version_applies("2.8.0", ">=2.6,<2.8")
+    assert version_applies("2.8.0a0+gitabc", ">=2.8")
+    assert not version_applies("not-a-version", ">=2")
+
+
+def test_bad_registry_names_the_entry_and_key(tmp_path):
+    path = tmp_path / "known_issues.toml"
+    path.write_text(REGISTRY.replace("upstream =", "upstrem ="))
+    with pytest.raises(RegistryError, match=r"pytorch-184980.*upstrem"):
+        load_registry(path)
