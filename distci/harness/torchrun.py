@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .outcome import Combined, RankState, combine
 from .pool import DUMP_SETTLE_S, dump_stack, worker_env
+from .procs import kill_tree
 from .protocol import TestRequest
 
 
@@ -74,11 +75,7 @@ def launch(
             st.exit_code = proc.returncode if proc.returncode else 1
     if timed_out:
         time.sleep(DUMP_SETTLE_S)
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        kill_tree(proc)
     text = log_path.read_text(errors="replace")[offset:]
     for st in states:
         lines = [ln for ln in text.splitlines() if ln.startswith(f"[rank{st.rank}]")]

@@ -13,7 +13,7 @@ def _check_allreduce(dist):
     import torch
     import torch.distributed as d
 
-    t = torch.ones(2) * (dist.rank + 1)
+    t = torch.ones(2, device=dist.device) * (dist.rank + 1)
     d.all_reduce(t)
     expected = dist.world_size * (dist.world_size + 1) / 2
     assert t.tolist() == [expected, expected]
@@ -41,7 +41,7 @@ def test_hang(dist):
     import torch.distributed as d
 
     if dist.rank == 0:
-        d.all_reduce(torch.ones(1))
+        d.all_reduce(torch.ones(1, device=dist.device))
     else:
         time.sleep(3600)
 
@@ -58,7 +58,7 @@ def test_crash(dist):
 
     if dist.rank == 1:
         os._exit(13)
-    d.all_reduce(torch.ones(1))
+    d.all_reduce(torch.ones(1, device=dist.device))
 
 
 @pytest.mark.world_size(2)

@@ -28,6 +28,6 @@ def test_compiles(dist, n):
         return gm.forward
 
     compiled = torch.compile(shared_step, backend=counting_backend)
-    out = compiled(torch.ones(4))
+    out = compiled(torch.ones(4, device=dist.device))
     assert out.item() == 4.0 * n
     assert calls, f"case {n}: torch.compile fell back to eager (backend never ran)"

@@ -10,7 +10,7 @@ def test_own_group(dist):
 
     assert not d.is_initialized()
     dist.init()
-    t = torch.ones(1) * (dist.rank + 1)
+    t = torch.ones(1, device=dist.device) * (dist.rank + 1)
     d.all_reduce(t)
     assert t.item() == 3.0
     d.destroy_process_group()

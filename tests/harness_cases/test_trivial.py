@@ -9,6 +9,6 @@ def test_trivial(dist, i):
     import torch
     import torch.distributed as d
 
-    t = torch.tensor([float(i)])
+    t = torch.tensor([float(i)], device=dist.device)
     d.all_reduce(t)
     assert t.item() == 2.0 * i
