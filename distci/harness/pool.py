@@ -287,7 +287,7 @@ class RankPool:
                 os.kill(r.proc.pid, signal.SIGUSR1)
             except ProcessLookupError:
                 pass
-        time.sleep(DUMP_SETTLE_S)
+        self._await_dumps(stuck)
         for r in stuck:
             spy = dump_stack(r.proc.pid)
             faulthandler_text = _read_from(r.log_path, r.log_offset)
@@ -295,6 +295,19 @@ class RankPool:
             fh_stack = faulthandler_text[min(found):] if found else ""
             states[r.rank].stack = (f"py-spy dump:\n{spy}\n" if spy else "") + (
                 f"faulthandler:\n{fh_stack}" if fh_stack else "")
+
+    def _await_dumps(self, stuck: list[_Rank], limit_s: float = 8.0) -> None:
+        """Waits until every stuck rank's faulthandler dump is in its log (or the limit passes).
+
+        A fixed pause is not enough: a rank busy in a CUDA/NCCL call can take seconds to
+        get its dump out, and a missing stack makes a hang undiagnosable.
+        """
+        time.sleep(DUMP_SETTLE_S)
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            if all("Current thread 0x" in _read_from(r.log_path, r.log_offset) for r in stuck):
+                return
+            time.sleep(0.25)
 
     def _healthy(self, timeout_s: float = 30.0) -> bool:
         """After a failure, a tiny all-reduce proves the ranks are still in step."""

@@ -41,7 +41,9 @@ def test_hang(dist):
     import torch.distributed as d
 
     if dist.rank == 0:
-        d.all_reduce(torch.ones(1, device=dist.device))
+        t = torch.ones(1, device=dist.device)
+        d.all_reduce(t)
+        t.item()  # NCCL collectives are asynchronous: wait for the result, as training does
     else:
         time.sleep(3600)
 
