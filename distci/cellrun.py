@@ -45,6 +45,7 @@ class RunInfo:
     runner: str = ""
     backend: str = "venv"
     image_digest: str | None = None
+    image: str | None = None
     tier: str | None = None
     nightly_date: str | None = None
     cell: dict = field(default_factory=dict)
@@ -108,21 +109,71 @@ def infra_result(run_id: str, cell: Cell, exc: Exception, log_path: Path | None)
 
 
 def pytest_command(cell: Cell, python: Path, run_dir: Path, run_id: str, *, tests: list[str], keyword: str | None,
-                   extra_args: list[str]) -> list[str]:
+                   extra_args: list[str], root: Path = REPO) -> list[str]:
+    """The pytest command of a cell run; `root` is where the checkout's suites are (in an image: its workdir)."""
     cmd = [
         str(python), "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-rfEs",
         "--distci-run-dir", str(run_dir), "--distci-cell", cell.id, "--distci-run-id", run_id,
         "--distci-world-size", str(cell.world_size), "--distci-device", cell.accelerator,
         "--distci-timeout", str(cell.timeout),
     ]
-    registry = REPO / "suites" / "known_issues.toml"
-    if registry.exists():
-        cmd += ["--distci-known-issues", str(registry)]
+    registry = Path("suites") / "known_issues.toml"
+    if (REPO / registry).exists():
+        cmd += ["--distci-known-issues", str(root / registry)]
     if keyword:
         cmd += ["-k", keyword]
     cmd += extra_args
     cmd += tests or list(cell.suites)
     return cmd
+
+
+def cell_environment(cell: Cell, tier: str | None) -> dict[str, str]:
+    """What a cell's pytest process is told on top of its machine's environment."""
+    env = {"DISTCI_FIXES": "all" if cell.fixes == "on" else "none", "DISTCI_CELL": cell.id}
+    if tier:
+        env["DISTCI_TIER"] = tier
+    return env
+
+
+def start_run(cell: Cell, runs_root: Path, *, tier: str | None, backend: str = "venv",
+              log: Log = print) -> tuple[RunInfo, Path]:
+    """Create the run directory and its run.json; every backend starts a run this way."""
+    run_id = new_run_id(cell)
+    run_dir = Path(runs_root).resolve() / run_id
+    run_dir.mkdir(parents=True)
+    info = RunInfo(run_id=run_id, cell_id=cell.id, started_at=_now(), tier=tier, cell=cell.as_dict(),
+                   backend=backend, runner=os.environ.get("DISTCI_RUNNER") or socket.gethostname())
+    _write_info(run_dir, info)
+    log(f"[{cell.id}] run {run_id}")
+    return info, run_dir
+
+
+def infra_run(cell: Cell, info: RunInfo, run_dir: Path, exc: Exception, log_path: Path | None) -> CellRun:
+    """Close a run whose environment never came up: one `infra` Result instead of test outcomes."""
+    result = infra_result(info.run_id, cell, exc, log_path)
+    ResultWriter(run_dir).write(result)
+    write_junit([result], run_dir / JUNIT_FILE, suite_name=cell.id)
+    info.ended_at = _now()
+    _write_info(run_dir, info)
+    return CellRun(info, run_dir, [result])
+
+
+def finish_run(cell: Cell, info: RunInfo, run_dir: Path, exit_code: int | None) -> CellRun:
+    """Collect what pytest recorded; a pytest that died before recording anything is `infra`."""
+    info.pytest_exit = exit_code
+    info.ended_at = _now()
+    results_file = run_dir / "results.jsonl"
+    results = list(read_results(results_file)) if results_file.exists() else []
+    if not results and exit_code not in (0, 5):
+        log_file = run_dir / "pytest.log"
+        exc = InfraError(f"pytest exited with {exit_code} and recorded no result",
+                         log=log_file.read_text()[-6000:] if log_file.exists() else "")
+        result = infra_result(info.run_id, cell, exc, log_file)
+        ResultWriter(run_dir).write(result)
+        results = [result]
+        write_junit(results, run_dir / JUNIT_FILE, suite_name=cell.id)
+    _write_info(run_dir, info)
+    return CellRun(info, run_dir, results)
 
 
 def run_cell(
@@ -135,32 +186,17 @@ def run_cell(
     extra_pytest_args: list[str] | None = None,
     log: Log = print,
 ) -> CellRun:
-    run_id = new_run_id(cell)
-    run_dir = Path(runs_root).resolve() / run_id
-    run_dir.mkdir(parents=True)
-    info = RunInfo(run_id=run_id, cell_id=cell.id, started_at=_now(), tier=tier, cell=cell.as_dict(),
-                   runner=os.environ.get("DISTCI_RUNNER") or socket.gethostname())
-    _write_info(run_dir, info)
-    log(f"[{cell.id}] run {run_id}")
+    info, run_dir = start_run(cell, runs_root, tier=tier, log=log)
     try:
         env = provision(cell, run_dir, log=log)
     except (InfraError, SourceError, ConfigError) as exc:
         log(f"[{cell.id}] infra: {exc}")
-        result = infra_result(run_id, cell, exc, run_dir / "provision.log")
-        ResultWriter(run_dir).write(result)
-        write_junit([result], run_dir / JUNIT_FILE, suite_name=cell.id)
-        info.ended_at = _now()
-        _write_info(run_dir, info)
-        return CellRun(info, run_dir, [result])
+        return infra_run(cell, info, run_dir, exc, run_dir / "provision.log")
 
-    cmd = pytest_command(cell, env.python, run_dir, run_id, tests=tests or [], keyword=keyword,
+    cmd = pytest_command(cell, env.python, run_dir, info.run_id, tests=tests or [], keyword=keyword,
                          extra_args=extra_pytest_args or [])
     info.command = shlex.join(cmd)
-    child_env = dict(os.environ)
-    child_env["DISTCI_FIXES"] = "all" if cell.fixes == "on" else "none"
-    child_env["DISTCI_CELL"] = cell.id
-    if tier:
-        child_env["DISTCI_TIER"] = tier
+    child_env = {**os.environ, **cell_environment(cell, tier)}
     child_env.pop("PYTHONPATH", None)
     log(f"[{cell.id}] $ {info.command}")
     with open(run_dir / "pytest.log", "w") as out:
@@ -170,27 +206,21 @@ def run_cell(
         for line in proc.stdout:
             out.write(line)
             log(f"[{cell.id}] {line.rstrip()}")
-        info.pytest_exit = proc.wait()
-    info.ended_at = _now()
-    results_file = run_dir / "results.jsonl"
-    results = list(read_results(results_file)) if results_file.exists() else []
-    if not results and info.pytest_exit not in (0, 5):
-        exc = InfraError(f"pytest exited with {info.pytest_exit} and recorded no result",
-                         log=(run_dir / "pytest.log").read_text()[-6000:])
-        result = infra_result(run_id, cell, exc, run_dir / "pytest.log")
-        ResultWriter(run_dir).write(result)
-        results = [result]
-        write_junit(results, run_dir / JUNIT_FILE, suite_name=cell.id)
-    _write_info(run_dir, info)
-    return CellRun(info, run_dir, results)
+        code = proc.wait()
+    return finish_run(cell, info, run_dir, code)
+
+
+def stack_inputs(cell: Cell, python: str = sys.executable) -> tuple[list, list[str], list[str]]:
+    """A cell's resolved sources, its requirement lines and pip arguments: what keys its wheelhouse."""
+    config = IndexConfig.from_env()
+    sources = resolve_sources(cell.sources, config, variant=cell.variant, python=python)
+    reqs = requirement_lines(sources) + list(HARNESS_REQUIREMENTS)
+    return sources, reqs, pip_args(sources, config, variant=cell.variant)
 
 
 def provision(cell: Cell, run_dir: Path, *, log: Log = print):
     """Wheelhouse (download once) + venv (install offline) + distci's own wheels."""
-    config = IndexConfig.from_env()
-    sources = resolve_sources(cell.sources, config, variant=cell.variant)
-    reqs = requirement_lines(sources) + list(HARNESS_REQUIREMENTS)
-    args = pip_args(sources, config, variant=cell.variant)
+    sources, reqs, args = stack_inputs(cell)
     started = time.monotonic()
     wheelhouse = ensure_wheelhouse(reqs, args, log=lambda m: log(f"[{cell.id}] {m}"))
     own = build_all(Path(".distci") / "selfwheels", log=lambda m: log(f"[{cell.id}] {m}"))

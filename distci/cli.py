@@ -74,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-root", default=".distci/runs")
     p.set_defaults(fn=_cmd_run)
 
-    p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test)")
-    p.add_argument("what", choices=("harness",))
+    p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm builds)")
+    p.add_argument("what", choices=("harness", "images"))
     p.add_argument("--repeat", type=int, default=1)
     p.set_defaults(fn=_cmd_bench)
 

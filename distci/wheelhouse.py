@@ -16,6 +16,14 @@ crash never leaves a half wheelhouse that looks finished.
 pip (never uv) does the work, so the machine's pip configuration (pip.conf, PIP_*
 variables, a proxy's CA bundle) applies to downloads. That configuration is not part of
 the key: a wheelhouse is local to the machine that built it.
+
+Durable storage for runners: point ``DISTCI_WHEELHOUSE_ROOT`` at a disk that outlives
+jobs, and cap it with ``DISTCI_WHEELHOUSE_MAX_GB``. Every use stamps the wheelhouse
+(``.last-used``); after each use, the least recently used wheelhouses are deleted until
+the root fits the cap. One used within the last `MIN_IDLE_S` seconds is never deleted,
+since another job may be installing from it: the cap is then exceeded and said so.
+Hashes are recorded when wheels are downloaded (manifest and lock) and enforced when
+they are installed: `install_args` puts pip in ``--require-hashes`` mode.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from typing import Callable, Iterator, Sequence
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from distci.errors import InfraError
+from distci.errors import ConfigError, InfraError
 from distci.sources import redact_url
 
 MANIFEST = "manifest.json"
@@ -46,6 +54,9 @@ LOCK_FILE = "requirements.lock"
 PIP_LOG = "pip.log"
 KEY_LENGTH = 16
 LOG_TAIL_LINES = 40
+LAST_USED = ".last-used"
+MAX_GB_VAR = "DISTCI_WHEELHOUSE_MAX_GB"
+MIN_IDLE_S = 600.0
 
 Log = Callable[[str], None]
 
@@ -133,10 +144,10 @@ def _pid_alive(pid: int) -> bool:
 
 
 def remove_stale_temps(root: Path) -> None:
-    """Delete temp build directories left by crashed builders (their pid is in the name)."""
+    """Delete temp build and eviction directories left by crashed processes (their pid is in the name)."""
     if not root.is_dir():
         return
-    for entry in root.glob(".tmp-*"):
+    for entry in [*root.glob(".tmp-*"), *root.glob(".evicting-*")]:
         try:
             pid = int(entry.name.split("-")[1])
         except (IndexError, ValueError):
@@ -185,6 +196,7 @@ def ensure_wheelhouse(
     *,
     python: str = sys.executable,
     extra_wheels: Sequence[Path] = (),
+    max_gb: float | None = None,
     log: Log = print,
 ) -> Wheelhouse:
     """Return the wheelhouse for these inputs, building it (with pip, once) if needed.
@@ -195,6 +207,7 @@ def ensure_wheelhouse(
     and copied in); distci's own wheels belong to ensure_env instead, so rebuilding
     them does not re-download torch. Sdists and direct references are built into wheels
     here, so environments never build anything. Failures raise InfraError with pip's log.
+    `max_gb` caps the root's size (default: DISTCI_WHEELHOUSE_MAX_GB; unset: no cap).
     """
     root = Path(root) if root is not None else default_root()
     extra = [Path(p) for p in extra_wheels]
@@ -207,21 +220,150 @@ def ensure_wheelhouse(
     final = root / key
     root.mkdir(parents=True, exist_ok=True)
 
+    cap = max_bytes(max_gb)
     found = _load(final, full_key)
     if found:
         log(f"wheelhouse {key}: reusing {final} ({len(found.wheels)} wheels)")
-        return found
+        return _used(found, root, cap, log)
 
     with file_lock(root / f".{key}.lock"):
         found = _load(final, full_key)
         if found:
             log(f"wheelhouse {key}: reusing {final} ({len(found.wheels)} wheels)")
-            return found
-        remove_stale_temps(root)
-        if final.exists():
-            log(f"wheelhouse {key}: {final} is incomplete or damaged; rebuilding it")
-            shutil.rmtree(final)
-        return _build(list(requirements), list(pip_args), final, full_key, tags, python, extra, log)
+        else:
+            remove_stale_temps(root)
+            if final.exists():
+                log(f"wheelhouse {key}: {final} is incomplete or damaged; rebuilding it")
+                shutil.rmtree(final)
+            found = _build(list(requirements), list(pip_args), final, full_key, tags, python, extra, log)
+    return _used(found, root, cap, log)
+
+
+def _used(wheelhouse: Wheelhouse, root: Path, cap: int | None, log: Log) -> Wheelhouse:
+    touch(wheelhouse.path)
+    if cap is not None:
+        evict(root, cap, keep=(wheelhouse.path,), log=log)
+    return wheelhouse
+
+
+def install_args(wheelhouse: Wheelhouse, *, find_links: str | None = None, lock_file: str | None = None) -> list[str]:
+    """pip install arguments for a wheelhouse: offline, every wheel checked against its recorded hash.
+
+    `find_links` / `lock_file` override the paths where the wheelhouse is seen from
+    elsewhere (inside an image build).
+    """
+    return ["--no-index", "--find-links", find_links or str(wheelhouse.path), "--require-hashes",
+            "-r", lock_file or str(wheelhouse.lock_file)]
+
+
+def verify(wheelhouse: Wheelhouse) -> list[str]:
+    """Wheels whose bytes no longer match the hash recorded at download (empty when intact)."""
+    return [w["filename"] for w in wheelhouse.manifest.get("wheels", [])
+            if not (wheelhouse.path / w["filename"]).is_file()
+            or sha256_file(wheelhouse.path / w["filename"]) != w["sha256"]]
+
+
+# --------------------------------------------------------------------------- size cap (LRU)
+
+
+def max_bytes(max_gb: float | None = None) -> int | None:
+    """The root's size cap: `max_gb`, else DISTCI_WHEELHOUSE_MAX_GB, else None (no cap)."""
+    if max_gb is None:
+        raw = os.environ.get(MAX_GB_VAR, "").strip()
+        if not raw:
+            return None
+        try:
+            max_gb = float(raw)
+        except ValueError:
+            raise ConfigError(f"{MAX_GB_VAR}={raw!r} is not a number of gigabytes (e.g. 50)") from None
+    if max_gb <= 0:
+        raise ConfigError(f"{MAX_GB_VAR} must be positive (got {max_gb})")
+    return int(max_gb * 1e9)
+
+
+def touch(path: Path) -> None:
+    """Stamp a wheelhouse as used now (the LRU clock)."""
+    stamp = path / LAST_USED
+    stamp.touch()
+    os.utime(stamp)
+
+
+def last_used(path: Path) -> float:
+    for candidate in (path / LAST_USED, path / MANIFEST, path):
+        with contextlib.suppress(OSError):
+            return candidate.stat().st_mtime
+    return 0.0
+
+
+def tree_size(path: Path) -> int:
+    total = 0
+    for entry in path.rglob("*"):
+        with contextlib.suppress(OSError):
+            if entry.is_file() and not entry.is_symlink():
+                total += entry.stat().st_size
+    return total
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: Path
+    size: int
+    last_used: float
+
+
+def entries(root: Path) -> list[Entry]:
+    """Complete wheelhouses under `root`, least recently used first."""
+    found = [Entry(p, tree_size(p), last_used(p)) for p in root.iterdir()
+             if p.is_dir() and not p.name.startswith(".") and (p / MANIFEST).is_file()] if root.is_dir() else []
+    return sorted(found, key=lambda e: e.last_used)
+
+
+def evict(root: Path, cap: int, *, keep: Sequence[Path] = (), min_idle_s: float = MIN_IDLE_S,
+          now: float | None = None, log: Log = print) -> list[Path]:
+    """Delete least-recently-used wheelhouses until `root` holds at most `cap` bytes.
+
+    Skips `keep`, wheelhouses used within `min_idle_s` and ones whose builder holds their
+    lock. A deleted wheelhouse is renamed away first, so no reader sees it half gone.
+    """
+    root = Path(root)
+    now = time.time() if now is None else now
+    kept = {Path(p).resolve() for p in keep}
+    evicted: list[Path] = []
+    with file_lock(root / ".evict.lock"):
+        found = entries(root)
+        total = sum(e.size for e in found)
+        for entry in found:
+            if total <= cap:
+                break
+            if entry.path.resolve() in kept or now - entry.last_used < min_idle_s:
+                continue
+            if _remove_unlocked(root, entry.path):
+                total -= entry.size
+                evicted.append(entry.path)
+                log(f"wheelhouse {entry.path.name}: evicted ({entry.size / 1e9:.2f} GB, least recently used)")
+        if total > cap:
+            log(f"wheelhouse root {root}: {total / 1e9:.2f} GB is over the {cap / 1e9:.2f} GB cap "
+                f"({MAX_GB_VAR}); what remains is in use")
+    return evicted
+
+
+def _remove_unlocked(root: Path, path: Path) -> bool:
+    lock_path = root / f".{path.name}.lock"
+    with lock_path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        try:
+            doomed = root / f".evicting-{os.getpid()}-{path.name}"
+            try:
+                os.rename(path, doomed)
+            except OSError:
+                return False
+            shutil.rmtree(doomed, ignore_errors=True)
+            return True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _build(requirements: list[str], pip_args: list[str], final: Path, full_key: str,

