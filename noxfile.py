@@ -66,6 +66,13 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session
+def fixes_audit(session: nox.Session) -> None:
+    """Each fix's regression test with fixes off and on, per torch version (CPU): `-- --torch 2.5.1,2.6.0,...`."""
+    session.install("-e", ".")
+    session.run("python", "-m", "distci", "fixes-audit", *session.posargs)
+
+
+@nox.session
 def ingest(session: nox.Session) -> None:
     """Index run directories (`-- PATH...`; default .distci/runs) into the SQLite store; idempotent, `--rebuild`."""
     session.install("-e", ".")

@@ -31,11 +31,22 @@ def snapshot() -> dict[str, Any]:
         mod = _config_module(name)
         if mod is None:
             continue
-        if hasattr(mod, "save_config"):
+        try:
             saved[name] = ("pickle", mod.save_config())
-        elif hasattr(mod, "get_config_copy"):
-            saved[name] = ("copy", mod.get_config_copy())
+        except (AttributeError, KeyError):
+            # torch 2.5's save_config() raises KeyError ('constant_functions' is listed in
+            # _save_config_ignore but absent); copy the config dict ourselves instead.
+            saved[name] = ("pickle", _save_config_fallback(mod))
     return saved
+
+
+def _save_config_fallback(mod) -> bytes:
+    import pickle
+
+    config = dict(getattr(mod, "_config", {}) or mod.get_config_copy())
+    for key in getattr(mod, "_save_config_ignore", ()):
+        config.pop(key, None)
+    return pickle.dumps(config, protocol=2)
 
 
 def restore(saved: dict[str, Any]) -> None:

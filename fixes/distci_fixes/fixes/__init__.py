@@ -1,0 +1,1 @@
+"""The built-in fixes, one module per upstream bug, each exporting `FIX`."""
