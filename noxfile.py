@@ -102,7 +102,8 @@ def dashboard(session: nox.Session) -> None:
 
 @nox.session
 def bisect(session: nox.Session) -> None:
-    """`-- TEST_ID|--command CMD --good X --bad Y [--axis torch|torchao|torchtitan] [--find-fix]`; rerun to resume."""
+    """`-- TEST_ID|--command CMD --good X --bad Y [--axis torch|torchao|torchtitan] [--find-fix] [--stack stack.json|--cell ID|--base-env VENV]`;
+    `-- --from-regression RUN_ID::TEST_ID`; `-- --list-regressions`; `-- --compiler --command CMD [--bad X]`; rerun to resume."""
     session.install("-e", ".")
     session.run("python", "-m", "distci", "bisect", *session.posargs)
 

@@ -114,7 +114,7 @@ def test_nightly_bisect_over_a_local_pep503_index_lands_on_the_date(nightly_inde
     assert candidates[0].key == f"{PACKAGE}==1.0.dev20260301"
     assert candidates[0].pip_args() == ["--index-url", nightly_index]
 
-    cache = EnvCache(tmp_path / "bisect" / "envs")
+    cache = EnvCache(tmp_path / "bisect")
     probe = WheelProbe(CommandCheck(CHECK, cwd=tmp_path, timeout=60), cache)
     events = []
     cold = bisect(candidates, probe, state=BisectState(), on_event=events.append)
@@ -126,7 +126,7 @@ def test_nightly_bisect_over_a_local_pep503_index_lands_on_the_date(nightly_inde
 
     # the same question through `python -m distci bisect`, reusing the environments
     argv = ["bisect", "--command", CHECK, "--good", "2026-03-01", "--bad", "2026-03-12", "--axis", PACKAGE,
-            "--index-url", nightly_index, "--cache", str(tmp_path / "bisect")]
+            "--index-url", nightly_index, "--cache", str(tmp_path / "bisect"), "--out", str(tmp_path / "out")]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "bisect distci-probe-demo (nightly): 9 candidates" in out

@@ -2,10 +2,14 @@
 
 The engine (engine.py) is a pure search over an ordered candidate list with a probe
 `candidate -> good | bad | skip`; candidates.py lists candidates (releases, nightlies,
-wheelhouse, git commits); probes.py installs a candidate into a cached environment and
-runs a check; state.py makes a bisect resumable; report.py writes what happened;
-command.py is `python -m distci bisect`. Below the nightly: nightly_map.py (nightly ->
-main commit), overlay.py (Python-only commits over a nightly binary), suspects.py.
+wheelhouse, git commits); probes.py installs a candidate into a cached environment over
+the rest of the stack (pins.py: the bad cell's versions) and runs a check (a command, or
+one test id through the harness in torchrun mode); state.py makes a bisect resumable;
+report.py writes what happened (and the store's record of it); regression.py turns a
+regression verdict of the store into a bisect question; command.py is
+`python -m distci bisect`. Below the nightly: nightly_map.py (nightly -> main commit),
+overlay.py (Python-only commits over a nightly binary), suspects.py. Inside torch.compile:
+compiler.py drives torch's compiler bisector from outside the failing processes.
 """
 
 from distci.bisect.engine import (

@@ -95,7 +95,61 @@ class CommandCheck:
         finally:
             _kill_group(proc)
         code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-        return self.exit_map.get(code) or outcome_from_exit(code), f"exit {code}\n" + _tail(out)
+        text = out.decode(errors="replace") if isinstance(out, bytes) else (out or "")
+        return self.outcome(code, text), f"exit {code}\n" + _tail(text)
+
+    def outcome(self, code: int, output: str) -> str:
+        """What an exit code (and, for subclasses, the output) says about the candidate."""
+        return self.exit_map.get(code) or outcome_from_exit(code)
+
+
+# pytest: 2 interrupted, 3 internal error, 4 usage error, 5 nothing collected (the test
+# does not exist at this candidate): none of them is an answer about the candidate.
+PYTEST_EXIT_MAP = {2: "skip", 3: "skip", 4: "skip", 5: "skip"}
+_PYTEST_SUMMARY = re.compile(r"^=*\s*(?:\d+ \w+(?:, )?)+ in [\d.]+s", re.MULTILINE)
+
+
+@dataclass
+class PytestCheck(CommandCheck):
+    """A pytest run read as pytest's exit codes say: 0 good, 1 bad, 2-5 skip.
+
+    Exit 0 with nothing passed (the test skipped itself: no such device, a marker the
+    candidate cannot meet) is `skip` too: a skipped test says nothing about the
+    candidate, and reading it as good would steer the search.
+    """
+
+    exit_map: Mapping[int, str] = field(default_factory=lambda: dict(PYTEST_EXIT_MAP))
+    run_dir: Path | None = None
+
+    def run(self, venv: Path) -> tuple[str, str]:
+        """As CommandCheck; with `run_dir` (the harness's --distci-run-dir) the detail
+        starts with what the harness recorded: each test's outcome and error."""
+        results = self.run_dir / "results.jsonl" if self.run_dir else None
+        offset = results.stat().st_size if results and results.exists() else 0
+        outcome, detail = super().run(venv)
+        if results and results.exists():
+            with results.open("rb") as fh:
+                fh.seek(offset)
+                recorded = [_recorded(line) for line in fh.read().decode(errors="replace").splitlines()]
+            detail = "".join(line + "\n" for line in recorded if line) + detail
+        return outcome, detail
+
+    def outcome(self, code: int, output: str) -> str:
+        seen = super().outcome(code, output)
+        if seen != "good":
+            return seen
+        summaries = _PYTEST_SUMMARY.findall(output)
+        return "good" if summaries and " passed" in summaries[-1] else "skip"
+
+
+def _recorded(line: str) -> str:
+    """One harness result as a line or three: test id, outcome, the error's first lines."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return ""
+    message = [text for text in str(record.get("message", "")).splitlines() if text.strip()][:3]
+    return f"{record.get('test_id')}: {record.get('outcome')}" + "".join(f"\n  {m}" for m in message)
 
 
 class EnvCache:
@@ -103,24 +157,52 @@ class EnvCache:
 
     def __init__(self, root: Path | str, *, python: str = sys.executable,
                  base_requirements: Sequence[str] = (), base_env: Path | str | None = None,
-                 pip_args: Sequence[str] = ()) -> None:
+                 pip_args: Sequence[str] = (), base_args: Sequence[str] = ()) -> None:
         """`base_env` (an existing venv, e.g. the bad cell's) or `base_requirements` (a base
-        venv built here) hold the rest of the stack; the candidate shadows its copy there."""
+        venv built here, with `base_args` added to its pip install, e.g. ``--no-deps`` for
+        a complete set of pins) hold the rest of the stack; the candidate shadows its copy
+        there. `pip_args` (where pip finds things) go to every install."""
         if base_env is not None and base_requirements:
             raise BisectError("give base_env or base_requirements, not both")
-        self.root = Path(root)
+        self.root = Path(root).resolve()  # .pth files and links must not depend on the cwd
         self.python = python
         self.base_requirements = list(base_requirements)
         self.base_env = Path(base_env).resolve() if base_env is not None else None
         self.pip_args = list(pip_args)
+        self.base_args = list(base_args)
         self.salt = _digest([python, *self.base_requirements, str(self.base_env or ""), "|",
-                             *self.pip_args])
+                             *self.pip_args, "|", *self.base_args])
+
+    def tools(self, wheels: Sequence[Path]) -> Path:
+        """A directory holding `wheels` installed without dependencies, keyed by their
+        content: distci's own wheels, put on PYTHONPATH by the check rather than into the
+        candidate venvs, so an edit of distci does not rebuild a single torch env."""
+        digest = _digest([hashlib.sha256(Path(w).read_bytes()).hexdigest() for w in wheels])
+        path = self.root / "tools" / digest
+        with file_lock(path.with_name(f".{path.name}.lock")):
+            if not (path / READY).exists():
+                shutil.rmtree(path, ignore_errors=True)
+                try:
+                    _run([sys.executable, "-m", "pip", "install", "--no-input", "--no-deps",
+                          "--no-index", "--target", str(path), *map(str, wheels)], "pip install")
+                except InstallFailed as failed:
+                    raise BisectError(f"{failed}: {_tail(failed.log, 5)}") from None
+                (path / READY).write_text(json.dumps({"wheels": [Path(w).name for w in wheels]}))
+        return path
+
+    def existing(self, key: str) -> Path | None:
+        """The venv of candidate `key` if a probe has built it, else None."""
+        path = self._path(key)
+        return path if (path / READY).exists() else None
+
+    def _path(self, key: str) -> Path:
+        return self.root / "envs" / f"{_safe(key)}-{_digest([key, self.salt])}"
 
     def ensure(self, key: str, install: Callable[[], Sequence[str]] | None = None, *,
                populate: Callable[[Path], None] | None = None) -> tuple[Path, bool]:
         """The venv of candidate `key`, unless it is already there built by
         `populate(venv)` and pip with the arguments `install()` returns; (path, warm)."""
-        path = self.root / "envs" / f"{_safe(key)}-{_digest([key, self.salt])}"
+        path = self._path(key)
         if (path / READY).exists():
             return path, True
         base = self.base_env or (self._base() if self.base_requirements else None)
@@ -134,11 +216,11 @@ class EnvCache:
         path = self.root / "base" / self.salt
         with file_lock(path.with_name(f".{path.name}.lock")):
             if not (path / READY).exists():
-                self._build(path, self.base_requirements, None)
+                self._build(path, self.base_requirements, None, extra=self.base_args)
         return path
 
     def _build(self, path: Path, install: list[str], base: Path | None,
-               populate: Callable[[Path], None] | None = None) -> None:
+               populate: Callable[[Path], None] | None = None, extra: Sequence[str] = ()) -> None:
         shutil.rmtree(path, ignore_errors=True)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -151,11 +233,43 @@ class EnvCache:
                 pth.write_text(f"import site; site.addsitedir({str(_site_packages(base))!r})\n")
             if install:
                 _run([sys.executable, "-m", "pip", "--python", str(path / "bin" / "python"),
-                      "install", "--no-input", *self.pip_args, *install], "pip install")
+                      "install", "--no-input", *self.pip_args, *extra, *install], "pip install")
+            if base is not None and populate is None:
+                link_base_tree(_site_packages(base), _site_packages(path))
         except InstallFailed:
             shutil.rmtree(path, ignore_errors=True)
             raise
         (path / READY).write_text(json.dumps({"install": install, "base": str(base or "")}))
+
+
+def link_base_tree(base: Path, site: Path) -> None:
+    """Symlink into `site` the directories of `base` it lacks, and one level into the
+    namespace-like directories both have (``nvidia/cublas`` next to the candidate's own
+    ``nvidia/cusparselt``; a real package such as torchao is never merged).
+
+    Python finds the base through the .pth file, but shared libraries do not: a CUDA
+    torch wheel finds its CUDA libraries by RPATH (``$ORIGIN/../../nvidia/cublas/lib``),
+    relative to where torch is installed, the candidate venv. Done after pip has run, so
+    pip never writes through a link into the shared base; what the candidate installed
+    itself is a real directory and wins.
+    """
+    for entry in sorted(base.resolve().iterdir()):
+        if not entry.is_dir() or entry.name == "__pycache__" or entry.name.endswith(
+                (".dist-info", ".egg-info", ".data")):
+            continue
+        mine = site / entry.name
+        if not mine.exists():
+            mine.symlink_to(entry, target_is_directory=True)
+        elif mine.is_dir() and not mine.is_symlink() and _namespace_like(entry):
+            for child in sorted(entry.iterdir()):
+                if child.is_dir() and child.name != "__pycache__" and not (mine / child.name).exists():
+                    (mine / child.name).symlink_to(child, target_is_directory=True)
+
+
+def _namespace_like(directory: Path) -> bool:
+    """No __init__.py, or an empty one: a directory many distributions share (nvidia)."""
+    init = directory / "__init__.py"
+    return not init.exists() or init.stat().st_size == 0
 
 
 class WheelProbe:
@@ -207,9 +321,11 @@ class CommitProbe:
         with tarfile.open(fileobj=io.BytesIO(tree.stdout)) as archive:
             _extract(archive, src)
         try:
+            # the export sits inside whatever repository holds the cache: a build that
+            # asks git for its commit (torchao's version suffix) must not read that one
+            env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(src.parent), **self.build_env)
             _run([self.builder, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                  "--no-index", "--no-input", "-w", str(out), str(src)], "build",
-                 env=dict(os.environ, **self.build_env))
+                  "--no-index", "--no-input", "-w", str(out), str(src)], "build", env=env)
         finally:
             shutil.rmtree(src, ignore_errors=True)
         built = sorted(out.glob("*.whl"))

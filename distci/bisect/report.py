@@ -19,11 +19,17 @@ REPORT_VERSION = 1
 
 
 def result_to_dict(result: BisectResult[Any], *, meta: dict[str, Any] | None = None,
-                   resume: str | None = None) -> dict[str, Any]:
-    """The report of one bisect as JSON data."""
+                   resume: str | None = None, record: dict[str, Any] | None = None,
+                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report of one bisect as JSON data.
+
+    `record` (from store_record) goes in at the top level: the store reads those keys
+    (distci.store.read_bisect), so a report under .distci/bisect is a dashboard row.
+    """
     key = _key_or_none
     names = ("last_good", "first_bad") if result.mode == "regression" else ("last_bad", "first_good")
     return {
+        **(record or {}),
         "version": REPORT_VERSION,
         "kind": result.kind,
         "mode": result.mode,
@@ -43,16 +49,59 @@ def result_to_dict(result: BisectResult[Any], *, meta: dict[str, Any] | None = N
         "probes": [_record(r) for r in result.probes],
         "meta": meta or {},
         "resume": resume,
+        **(extra or {}),
     }
 
 
+def store_record(result: BisectResult[Any], *, test_id: str | None, axis: str, cell_id: str = "",
+                 report_path: str = "", culprit: str | None = None,
+                 created_at: str = "") -> dict[str, Any] | None:
+    """The keys distci.store.read_bisect indexes, or None without a test id (a user's
+    command is not a test of the matrix).
+
+    `good` and `bad` are the two candidates around the change as the search left them
+    (last good and first bad; for a fix, first good and last bad), the endpoints probed
+    when there is no boundary (refused, flaky). `status` is the result's kind.
+    """
+    if not test_id:
+        return None
+    if result.last_old is not None and result.first_new is not None:
+        good, bad = ((result.last_old, result.first_new) if result.mode == "regression"
+                     else (result.first_new, result.last_old))
+    else:
+        ends = sorted(result.probes, key=lambda r: r.index)
+        old, new = (ends[0].candidate, ends[-1].candidate) if ends else (None, None)
+        good, bad = (old, new) if result.mode == "regression" else (new, old)
+    return {"test_id": test_id, "axis": axis, "good": point(good), "bad": point(bad),
+            "culprit": culprit, "cell_id": cell_id, "status": result.kind,
+            "created_at": created_at, "report_path": report_path}
+
+
+def point(candidate: Any) -> str:
+    """A candidate as a short endpoint: a nightly date, a version, a 12-digit commit."""
+    if candidate is None:
+        return ""
+    date = getattr(candidate, "date", None)
+    if date is not None:
+        return date.isoformat()
+    version = getattr(candidate, "version", None)
+    if isinstance(version, str):
+        return version
+    commit = getattr(candidate, "commit", None)
+    if isinstance(commit, str):
+        return commit[:12]
+    return candidate_key(candidate)
+
+
 def write_report(path: Path | str, result: BisectResult[Any], *,
-                 meta: dict[str, Any] | None = None, resume: str | None = None) -> Path:
+                 meta: dict[str, Any] | None = None, resume: str | None = None,
+                 record: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> Path:
     """Write the JSON report atomically; returns its path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result_to_dict(result, meta=meta, resume=resume), indent=1) + "\n")
+    data = result_to_dict(result, meta=meta, resume=resume, record=record, extra=extra)
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
     os.replace(tmp, path)
     return path
 
@@ -122,3 +171,40 @@ def _record(record: ProbeRecord[Any]) -> dict[str, Any]:
 
 def _key_or_none(candidate: Any) -> str | None:
     return None if candidate is None else candidate_key(candidate)
+
+
+def to_markdown(data: dict[str, Any], *, command: str | None = None) -> str:
+    """A report (result_to_dict's data) as Markdown, for committing under reports/:
+    the command, the answer, every probe with its outcome and time, cold vs warm."""
+    lines = []
+    if command:
+        lines += ["```", command, "```", ""]
+    lines += [f"**Result** ({data['kind']}, {data['mode']}): {data['summary']}", ""]
+    commits = data.get("commits")
+    if commits:
+        lines += [f"- last {'good' if data['mode'] == 'regression' else 'bad'}: "
+                  f"`{commits['last_old']}`",
+                  f"- first {'bad' if data['mode'] == 'regression' else 'good'}: "
+                  f"`{commits['first_new']}`",
+                  f"- compare: {commits['compare']}", ""]
+    lines += ["| step | phase | candidate | outcome | seconds | setup s | env |",
+              "|---:|---|---|---|---:|---:|---|"]
+    for step, probe in enumerate(data["probes"], 1):
+        run = probe["runs"][0] if probe["runs"] else {}
+        env = ("resumed" if probe["resumed"] else "?" if probe["cached"] is None
+               else "warm" if probe["cached"] else "cold")
+        setup = run.get("setup_seconds")
+        lines.append(f"| {step} | {probe['phase']} | {_label(probe)} | {probe['outcome']} | "
+                     f"{probe['seconds']:.1f} | {'' if setup is None else f'{setup:.1f}'} | {env} |")
+    lines.append("")
+    for name, bucket in data["timing"].items():
+        lines.append(f"- {name}: {bucket['runs']:g} runs, {bucket['seconds']:.1f} s "
+                     f"(mean {bucket['mean_seconds']:.1f} s)")
+    return "\n".join(lines) + "\n"
+
+
+def _label(probe: dict[str, Any]) -> str:
+    details = probe.get("details") or {}
+    if details.get("subject"):
+        return f"`{probe['candidate'][:12]}` {details['subject'].replace('|', '/')}"
+    return f"`{probe['candidate']}`"

@@ -1,0 +1,228 @@
+"""Which part of torch.compile breaks a test: torch's compiler bisector, run from outside.
+
+torch (>= 2.6) ships `torch._inductor.compiler_bisector.CompilerBisector`. Given a check
+that passes or fails, it tries the compile backends in order (eager, aot_eager,
+aot_eager_decomp_partition, its crossref variant, inductor) to find the first that
+fails, then disables that backend's subsystems one by one (pre-grad passes, joint-graph
+passes, post-grad passes, config changes such as fallback_random, lowerings, ...), and
+for a subsystem applied many times binary-searches the application that breaks it. Its
+answer is a BisectionResult: backend, subsystem, the bisect number, and debug info
+naming the pass or op.
+
+A distributed test runs in many processes, so the check here is a command run anew for
+every step (torch 2.13's `compiler_bisector run` mode, which older releases lack): this
+module's `main` is the driver, started with the failing environment's interpreter. It
+runs `CompilerBisector.do_bisect` with a function that starts the command with the
+state in environment variables and files under a private TORCHINDUCTOR_CACHE_DIR;
+`torch.compile` in every process of the command, rank workers included, reads them and
+swaps its backend and disables subsystems accordingly. The FX graph cache is bypassed
+while the bisector is on, so a cached graph cannot hide a pass.
+
+Before bisecting, the controller checks the question: the command must pass with
+TORCH_COMPILE_DISABLE=1, else the failure is not the compiler's and this tool has
+nothing to say.
+
+The driver half imports only the standard library and torch: it runs inside cell
+environments, torch 2.6 .. newest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from distci.bisect.state import BisectError
+
+DISABLE_ENV = "TORCH_COMPILE_DISABLE"
+CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+@dataclass
+class CompilerFinding:
+    """What the compiler bisector found.
+
+    `backend` None: the command passed under every backend (it fails only with the
+    options the bisector does not control). `subsystem` None: the backend fails as a
+    whole. `bisect_number`: which application of a repeatedly applied subsystem (the
+    n-th pass run, the n-th lowering) breaks it; `debug_info` names it when torch
+    records it (e.g. the pass name).
+    """
+
+    backend: str | None
+    subsystem: str | None = None
+    bisect_number: int | None = None
+    debug_info: str | None = None
+    runs: int = 0
+    seconds: float = 0.0
+    torch: str = ""
+    log: str = ""
+
+    def describe(self) -> str:
+        if self.backend is None:
+            return "no compile backend reproduces the failure"
+        text = f"backend {self.backend}"
+        if self.subsystem:
+            text += f", subsystem {self.subsystem}"
+        if self.bisect_number is not None and self.subsystem:
+            text += f", application #{self.bisect_number}"
+        if self.debug_info and self.debug_info != self.subsystem:
+            text += f": {self.debug_info}"
+        return text
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def compiler_bisect(command: str, *, python: str = sys.executable, cwd: Path | str | None = None,
+                    env: Mapping[str, str] | None = None, start_backend: str | None = None,
+                    timeout: float | None = None, precheck: bool = True,
+                    log: Callable[[str], None] = print) -> CompilerFinding:
+    """Run torch's compiler bisector on `command` (a shell command: exit 0 = pass) with
+    `python`, the failing environment's interpreter, whose PATH comes first.
+
+    `env` is added to the command's environment (PYTHONPATH must make distci importable
+    by `python`). `start_backend` skips the backends before it (torch's own tests do the
+    same with TORCH_BISECT_BACKEND): faster, but only right when the earlier backends
+    pass. Raises BisectError when the failure does not depend on torch.compile.
+    """
+    bindir = str(Path(python).parent)
+    base = dict(os.environ, **(env or {}))
+    base["PATH"] = f"{bindir}{os.pathsep}{base.get('PATH', '')}"
+    base.pop("PYTHONHOME", None)
+    with tempfile.TemporaryDirectory(prefix="distci-compiler-bisect-") as tmp:
+        base[CACHE_ENV] = str(Path(tmp) / "inductor")
+        if precheck:
+            _precheck(command, cwd, base, timeout, log)
+        out = Path(tmp) / "finding.json"
+        argv = [python, "-m", "distci.bisect.compiler", "--out", str(out)]
+        if start_backend:
+            argv += ["--start-backend", start_backend]
+        if timeout:
+            argv += ["--timeout", str(timeout)]
+        log(f"compiler bisector: running {command!r} once per step")
+        started = time.monotonic()
+        proc = subprocess.run([*argv, "--", "sh", "-c", command], cwd=cwd, env=base,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("[bisector] ")]
+        for line in lines:
+            log(line)
+        if proc.returncode != 0 or not out.exists():
+            said = "\n".join(line[len("[bisector] "):] for line in lines[-1:])
+            raise BisectError(said or f"the compiler bisector failed (exit {proc.returncode}):\n"
+                              + "\n".join(proc.stdout.strip().splitlines()[-15:]))
+        data = json.loads(out.read_text())
+        data["seconds"] = round(time.monotonic() - started, 1)
+        data["log"] = "\n".join(line[len("[bisector] "):] for line in lines)
+        return CompilerFinding(**data)
+
+
+def _precheck(command: str, cwd, env: Mapping[str, str], timeout: float | None,
+              log: Callable[[str], None]) -> None:
+    """The command must pass with torch.compile disabled. (That it fails as it is, the
+    bisector's first step shows: a command that passes everywhere ends with no backend.)"""
+    eager = _run(command, cwd, dict(env, **{DISABLE_ENV: "1"}), timeout)
+    log(f"compiler bisector: with {DISABLE_ENV}=1 the command exits {eager}")
+    if eager != 0:
+        raise BisectError(f"the command fails with torch.compile disabled too ({DISABLE_ENV}=1, "
+                          f"exit {eager}): the failure is not the compiler's; bisect versions "
+                          "instead")
+
+
+def _run(command: str | Sequence[str], cwd, env: Mapping[str, str], timeout: float | None) -> int:
+    shell = isinstance(command, str)
+    proc = subprocess.Popen(command, shell=shell, cwd=cwd, env=dict(env), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return 124
+    finally:
+        _kill(proc)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+# -- the driver, inside the failing environment ------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m distci.bisect.compiler --out F.json -- CMD...`: bisect CMD's compile."""
+    parser = argparse.ArgumentParser(prog="python -m distci.bisect.compiler")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--start-backend")
+    parser.add_argument("--timeout", type=float)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command after --")
+
+    import torch
+
+    try:
+        from torch._inductor import compiler_bisector as cb
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+    except ImportError:
+        print(f"[bisector] torch {torch.__version__} has no compiler bisector (torch >= 2.6 has)",
+              flush=True)
+        return 3
+
+    bisector = cb.CompilerBisector
+    if args.start_backend:
+        names = list(cb.BACKENDS)
+        if args.start_backend not in names:
+            parser.error(f"--start-backend must be one of {names}")
+        for name in names[:names.index(args.start_backend)]:
+            del cb.BACKENDS[name]
+    if hasattr(bisector, "in_process_cache"):  # torch >= 2.9: share the state dir with children
+        bisector.in_process_cache = cache_dir()
+    runs = 0
+
+    def check() -> bool:
+        nonlocal runs
+        runs += 1
+        env = dict(os.environ)
+        backend, subsystem = bisector.get_backend(), bisector.get_subsystem()
+        if backend:
+            env["TORCH_COMPILE_BACKEND"] = backend
+            env["TORCH_BISECT_BACKEND"] = backend
+        if subsystem:
+            env["TORCH_BISECT_SUBSYSTEM"] = subsystem
+            if bisector.get_run_state(backend, subsystem) == "test_disable":
+                env["TORCH_BISECT_MAX"] = "-1"
+        started = time.monotonic()
+        code = _run(list(command), None, env, args.timeout)
+        print(f"[bisector] run {runs}: backend={backend} subsystem={subsystem or '-'} "
+              f"-> {'pass' if code == 0 else f'fail (exit {code})'} "
+              f"({time.monotonic() - started:.1f}s)", flush=True)
+        return code == 0
+
+    bisector.bisection_enabled = True
+    result = bisector.do_bisect(check)
+    finding = CompilerFinding(
+        backend=getattr(result, "backend", None), subsystem=getattr(result, "subsystem", None),
+        bisect_number=getattr(result, "bisect_number", None),
+        debug_info=getattr(result, "debug_info", None), runs=runs, torch=torch.__version__)
+    Path(args.out).write_text(json.dumps(finding.to_dict()))
+    print(f"[bisector] {finding.describe()}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""torch's compiler bisector, driven from outside the failing process.
+
+The repro is the one torch's own test_compiler_bisector.py uses (test_bad_decomp): the
+decomposition table inductor hands to AOTAutograd maps `aten.exponential` to a
+function returning NaN. Eager is right, every compiled backend from
+aot_eager_decomp_partition on is wrong. The bisector, one fresh process per step, must
+name that backend, the `decomposition` subsystem, the first application and the op.
+It needs no C++ compiler: the failing backend never reaches inductor's codegen.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from distci import cli
+from distci.bisect.compiler import compiler_bisect
+from distci.bisect.state import BisectError
+
+REPRO = """\
+import sys
+
+import torch
+import torch._inductor.compile_fx as compile_fx
+
+original = compile_fx.select_decomp_table
+
+
+def bad_exponential(self, rate=1, generator=None):
+    return torch.rand_like(self) * float("nan")
+
+
+def patched():
+    table = dict(original())
+    table[torch.ops.aten.exponential.default] = bad_exponential
+    return table
+
+
+compile_fx.select_decomp_table = patched
+
+
+def f(x):
+    return (x + 3).exponential_() * 10.5
+
+
+out = torch.compile(f)(torch.randn(4, 8))
+sys.exit(1 if out.isnan().any() else 0)
+"""
+
+
+@pytest.mark.slow
+def test_compiler_bisector_names_backend_subsystem_and_op(tmp_path, monkeypatch, capsys):
+    (tmp_path / "repro.py").write_text(REPRO)
+    monkeypatch.chdir(tmp_path)
+    # starting at aot_eager skips one step (eager) and still crosses a backend boundary
+    argv = ["bisect", "--compiler", "--command", "python repro.py", "--compiler-backend", "aot_eager",
+            "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--timeout", "300"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "with TORCH_COMPILE_DISABLE=1 the command exits 0" in out
+    assert "[bisector] run 1: backend=aot_eager subsystem=- -> pass" in out
+    assert "[bisector] run 2: backend=aot_eager_decomp_partition subsystem=- -> fail" in out
+    report = json.loads(Path(re.search(r"^report: (.+)$", out, re.MULTILINE).group(1)).read_text())
+    assert (report["backend"], report["subsystem"], report["bisect_number"]) == (
+        "aot_eager_decomp_partition", "decomposition", 1)
+    assert "aten.exponential" in report["debug_info"]
+    assert report["torch"].startswith("2.") and report["runs"] >= 5
+
+
+def test_compiler_bisect_refuses_a_failure_that_is_not_the_compilers(tmp_path):
+    with pytest.raises(BisectError, match="fails with torch.compile disabled too .*bisect versions"):
+        compiler_bisect("exit 3", python=sys.executable, cwd=tmp_path, log=lambda line: None)
