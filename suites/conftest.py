@@ -1,0 +1,76 @@
+"""Tier selection and device requirements for the suites.
+
+Tiers: every scenario carries `tier_<name>` markers for its own tier and every later one
+(a `pr` scenario also runs in `nightly` and `release`), so either of these selects a tier:
+
+    DISTCI_TIER=pr python -m pytest -p distci.harness suites        (what `nox -s dist_tests` sets)
+    python -m pytest -p distci.harness suites --distci-tier pr
+    python -m pytest -p distci.harness suites -m tier_pr
+
+Without a tier every test runs. Device requirements (CUDA for async TP, an SM for real
+float8 kernels, float8 collectives that gloo lacks) are turned into the harness's
+`requires_accelerator` / `requires_sm` markers or a skip with the reason, for the
+accelerator this run uses.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from .scenarios import TIERS, Scenario
+
+TIER_ENV = "DISTCI_TIER"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--distci-tier", default=None, choices=TIERS,
+                     help=f"run only this tier's tests (default: ${TIER_ENV}, else every test)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for tier in TIERS:
+        config.addinivalue_line("markers", f"tier_{tier}: part of the `{tier}` tier (and of every later tier)")
+
+
+def tier_marks(tier: str) -> list[pytest.MarkDecorator]:
+    """The markers of a test first run in `tier`: that tier's and every later one's."""
+    return [getattr(pytest.mark, f"tier_{t}") for t in TIERS[TIERS.index(tier):]]
+
+
+def selected_tier(config: pytest.Config) -> str | None:
+    tier = config.getoption("--distci-tier", default=None) or os.environ.get(TIER_ENV) or None
+    if tier is not None and tier not in TIERS:
+        raise pytest.UsageError(f"{TIER_ENV}={tier!r} is not a tier; known: {', '.join(TIERS)}")
+    return tier
+
+
+def _device_type(config: pytest.Config) -> str:
+    harness = getattr(config, "_distci", None)
+    if harness is not None:
+        return harness.device_type
+    from .devices import detect_device_type
+
+    return detect_device_type()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tier = selected_tier(config)
+    if tier is not None:
+        keep, drop = [], []
+        for item in items:
+            (keep if item.get_closest_marker(f"tier_{tier}") else drop).append(item)
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
+    device_type = _device_type(config)
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        scenario = callspec.params.get("scenario") if callspec else None
+        if isinstance(scenario, Scenario):
+            for name, args, why in scenario.needs(device_type):
+                if name == "skip":
+                    item.add_marker(pytest.mark.skip(reason=why))
+                else:
+                    item.add_marker(getattr(pytest.mark, name)(*args, reason=why))

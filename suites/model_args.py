@@ -1,0 +1,35 @@
+"""The model's dimensions, importable without torch (the scenario table and the coverage
+renderer read them on machines that have no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    dim: int = 128
+    n_layers: int = 2
+    n_heads: int = 8
+    n_kv_heads: int = 4
+    ffn_hidden: int = 256
+    vocab_size: int = 256
+    max_seq_len: int = 32
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def check_tp(self, tp: int) -> None:
+        """Raises ValueError when a TP degree cannot shard this model evenly."""
+        for name, value in (
+            ("n_heads", self.n_heads),
+            ("n_kv_heads", self.n_kv_heads),
+            ("ffn_hidden", self.ffn_hidden),
+            ("vocab_size", self.vocab_size),
+            ("max_seq_len", self.max_seq_len),
+        ):
+            if value % tp:
+                raise ValueError(f"ModelArgs.{name}={value} is not divisible by TP degree {tp}")
