@@ -120,3 +120,10 @@ def aggregate(session: nox.Session) -> None:
     """`-- nightly ARTIFACTS... [--dry-run]`: history, store, verdicts, issues, bisects, dashboard."""
     session.install("-e", ".")
     session.run("python", "-m", "distci.aggregate", *session.posargs)
+
+
+@nox.session
+def coverage(session: nox.Session) -> None:
+    """Regenerate README.md's scenario coverage table from suites/scenarios.py (`-- --check` in CI)."""
+    session.install("-e", ".")
+    session.run("python", "-m", "distci.coverage", *(session.posargs or ["--write", "README.md"]))
