@@ -110,21 +110,36 @@ def infra_result(run_id: str, cell: Cell, exc: Exception, log_path: Path | None)
 
 def pytest_command(cell: Cell, python: Path, run_dir: Path, run_id: str, *, tests: list[str], keyword: str | None,
                    extra_args: list[str], root: Path = REPO) -> list[str]:
-    """The pytest command of a cell run; `root` is where the checkout's suites are (in an image: its workdir)."""
+    """The pytest command of a cell run; `root` is where the checkout's suites are (in an image: its workdir).
+
+    The rootdir is pinned to the checkout and every option is passed as `--opt=value`:
+    pytest otherwise picks its rootdir from the paths on its command line (option values
+    included), and test ids, which key all history, would change with where a clone lives.
+    """
+    # A test file outside the checkout (a user's own repro) gets no id under a pinned rootdir.
+    outside = [t for t in tests if Path(t.split("::")[0]).is_absolute() and not _within(t.split("::")[0], REPO)]
     cmd = [
         str(python), "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-rfEs",
-        "--distci-run-dir", str(run_dir), "--distci-cell", cell.id, "--distci-run-id", run_id,
-        "--distci-world-size", str(cell.world_size), "--distci-device", cell.accelerator,
-        "--distci-timeout", str(cell.timeout),
+        *([] if outside else [f"--rootdir={root}"]), f"--distci-run-dir={run_dir}", f"--distci-cell={cell.id}", f"--distci-run-id={run_id}",
+        f"--distci-world-size={cell.world_size}", f"--distci-device={cell.accelerator}",
+        f"--distci-timeout={cell.timeout}",
     ]
     registry = Path("suites") / "known_issues.toml"
     if (REPO / registry).exists():
-        cmd += ["--distci-known-issues", str(root / registry)]
+        cmd += [f"--distci-known-issues={root / registry}"]
     if keyword:
         cmd += ["-k", keyword]
     cmd += extra_args
     cmd += tests or list(cell.suites)
     return cmd
+
+
+def _within(path: str, root: Path) -> bool:
+    try:
+        Path(path).resolve().relative_to(root.resolve())
+        return True
+    except ValueError:
+        return False
 
 
 def cell_environment(cell: Cell, tier: str | None) -> dict[str, str]:

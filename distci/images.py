@@ -676,7 +676,7 @@ def run_cell_in_docker(cell: Cell, client, *, runs_root: Path, tests: list[str] 
     info.image, info.image_digest = image.tag, image.id
     # The run directory is mounted at its own path, so paths the harness records (logs) hold outside too.
     cmd = pytest_command(cell, Path(IMAGE_PYTHON), run_dir, info.run_id, tests=tests or [],
-                         keyword=keyword, extra_args=["--rootdir", str(WORKDIR)], root=Path(WORKDIR))
+                         keyword=keyword, extra_args=[], root=Path(WORKDIR))
     info.command = shlex.join(cmd)
     volumes = {**options.pop("volumes", {}), **checkout_mounts(tests or []),
                str(run_dir): {"bind": str(run_dir), "mode": "rw"}}
