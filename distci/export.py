@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from distci import __version__
-from distci.errors import DistciError, SelectionError
+from distci.errors import SelectionError
 from distci.store import ResultRow, RunRow, Store, default_store_path
 from distci.verdicts import BLOCKING, ENV_KEYS
 
@@ -322,14 +322,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="distci")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["export", *(argv if argv is not None else sys.argv[1:])])
-    try:
-        return args.fn(args)
-    except DistciError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    """`python -m distci.export` is `python -m distci export`."""
+    from .cli import main_for
+
+    return main_for("export", argv)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from distci.errors import DistciError, SelectionError
+from distci.errors import SelectionError
 from distci.store import ResultRow, RunRow, Store, default_store_path, suite_of
 from distci.verdicts import BLOCKING
 
@@ -210,14 +210,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="distci")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["gate", *(argv if argv is not None else sys.argv[1:])])
-    try:
-        return args.fn(args)
-    except DistciError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    """`python -m distci.gate` is `python -m distci gate`."""
+    from .cli import main_for
+
+    return main_for("gate", argv)
 
 
 if __name__ == "__main__":

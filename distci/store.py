@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from distci import verdicts as _verdicts
-from distci.errors import DistciError, StoreError
+from distci.errors import StoreError
 from distci.results import RESULTS_FILE, STACK_FILE, Result, error_signature, read_results
 
 SCHEMA_VERSION = 1
@@ -925,14 +925,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="distci")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["ingest", *(argv if argv is not None else sys.argv[1:])])
-    try:
-        return args.fn(args)
-    except DistciError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    """`python -m distci.store` is `python -m distci ingest`."""
+    from .cli import main_for
+
+    return main_for("ingest", argv)
 
 
 if __name__ == "__main__":

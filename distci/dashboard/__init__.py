@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from distci.dashboard.render import render_dashboard
-from distci.errors import DistciError, SelectionError
+from distci.errors import SelectionError
 from distci.store import DEFAULT_AUDIT_DIR, Store, default_store_path
 
 DEFAULT_OUT = Path(".distci") / "site"
@@ -52,14 +52,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="distci")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["dashboard", *(argv if argv is not None else sys.argv[1:])])
-    try:
-        return args.fn(args)
-    except DistciError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    """`python -m distci.dashboard` is `python -m distci dashboard`."""
+    from ..cli import main_for
+
+    return main_for("dashboard", argv)
 
 
 if __name__ == "__main__":
