@@ -10,11 +10,12 @@ Tiers: every scenario carries `tier_<name>` markers for its own tier and every l
 Without a tier every test runs. Device requirements (CUDA for async TP, an SM for real
 float8 kernels, float8 collectives that gloo lacks) are turned into the harness's
 `requires_accelerator` / `requires_sm` markers or a skip with the reason, for the
-accelerator this run uses.
+accelerator this run uses; Float8 scenarios skip in a cell without torchao.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import pytest
@@ -65,10 +66,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             config.hook.pytest_deselected(items=drop)
             items[:] = keep
     device_type = _device_type(config)
+    has_torchao = importlib.util.find_spec("torchao") is not None
     for item in items:
         callspec = getattr(item, "callspec", None)
         scenario = callspec.params.get("scenario") if callspec else None
         if isinstance(scenario, Scenario):
+            if scenario.float8 != "none" and not has_torchao:
+                item.add_marker(pytest.mark.skip(reason="Float8 needs torchao, which this cell does not install"))
             for name, args, why in scenario.needs(device_type):
                 if name == "skip":
                     item.add_marker(pytest.mark.skip(reason=why))
