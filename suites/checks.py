@@ -112,8 +112,10 @@ class GraphExpectation:
 def block_graphs(n_layers: int) -> tuple[int, int]:
     """Graphs Dynamo compiles for n identical per-block torch.compile'd modules.
 
-    One per block (our model on torch 2.5.1 .. 2.13.0), or fewer when Dynamo reuses one
-    block's graph for its identical siblings (torchtitan's llama3 blocks on 2.14.1).
+    One per block (our model on CPU, torch 2.5.1 .. 2.13.0), or fewer when Dynamo reuses
+    one block's graph for its identical siblings (our model on CUDA with torch 2.11,
+    torchtitan's llama3 blocks on 2.14.1). A block that ran uncompiled is not caught by
+    this count; a model that ran eager is (zero graphs).
     """
     return (1, n_layers)
 

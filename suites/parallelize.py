@@ -11,7 +11,6 @@ TP styles, symmetric memory).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from functools import partial
 from typing import Any, Callable
 
 import torch

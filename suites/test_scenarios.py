@@ -25,19 +25,25 @@ def timeout_of(scenario: Scenario) -> int:
     return TIMEOUT_S[scenario.backend] * (2 if scenario.world_size > 2 else 1)
 
 
+def marks_of(scenario: Scenario) -> list:
+    marks = [pytest.mark.world_size(scenario.world_size), pytest.mark.dist_timeout(timeout_of(scenario)),
+             *tier_marks(scenario.tier)]
+    if scenario.async_tp:
+        # Symmetric memory is process-global state (enabled groups, workspaces) that the
+        # rank pool's per-test reset does not undo: each async-TP scenario gets fresh
+        # processes and its own process group under torchrun.
+        marks.append(pytest.mark.torchrun(nproc=scenario.world_size))
+    return marks
+
+
 def params() -> list:
-    return [
-        pytest.param(
-            s,
-            id=s.id,
-            marks=[pytest.mark.world_size(s.world_size), pytest.mark.dist_timeout(timeout_of(s)), *tier_marks(s.tier)],
-        )
-        for s in TABLE
-    ]
+    return [pytest.param(s, id=s.id, marks=marks_of(s)) for s in TABLE]
 
 
 @pytest.mark.parametrize("scenario", params())
 def test_scenario(dist, scenario: Scenario) -> None:
+    if dist.group is None:  # torchrun mode: this test owns its process group
+        dist.init()
     dtype = suite_device(dist.device_type).dtype
     reference = run_reference(scenario, dist.device, dtype)
     run, evidence = run_parallel(scenario, dist.mesh(), dist.device, dtype)

@@ -16,6 +16,7 @@ not as a silent pass.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import importlib.util
@@ -31,7 +32,7 @@ from .checks import FLOAT8_MMS_PER_LINEAR, GraphExpectation, block_graphs, check
 from .conftest import tier_marks
 from .parallelize import CompileCounter, count_float8_linears
 from .scenarios import tolerance
-from .training import Evidence, TrainRecord, _count_executed_ops, full_grads, inductor_probe, placements
+from .training import Evidence, TrainRecord, count_executed_ops, full_grads, inductor_probe, placements
 
 N_LAYERS, SEQ, BATCH, STEPS, SEED, LR = 2, 64, 2, 3, 20251130, 1e-3
 DTYPE = "float32"
@@ -76,6 +77,7 @@ class TitanCase:
 CASES = [
     TitanCase(False, "none", "none", "none", False, "nightly"),
     TitanCase(False, "none", "full", "none", False, "nightly"),
+    TitanCase(True, "inductor", "none", "none", False, "nightly"),
     TitanCase(True, "aot_eager", "selective", "none", False, "nightly"),
     TitanCase(True, "inductor", "full", "none", False, "nightly"),
     TitanCase(True, "inductor", "selective", "rowwise", False, "nightly"),
@@ -135,7 +137,7 @@ def _model(device: torch.device):
     torch.manual_seed(SEED)
     with torch.no_grad():
         model.init_weights(buffer_device=device)
-    return model, args
+    return model
 
 
 def _train(model, params_of, device, loss_parallel: bool, on_step=None) -> TrainRecord:
@@ -149,10 +151,10 @@ def _train(model, params_of, device, loss_parallel: bool, on_step=None) -> Train
     for step in range(STEPS):
         tokens = torch.randint(0, vocab, (BATCH, SEQ), generator=gen).to(device)
         labels = torch.randint(0, vocab, (BATCH, SEQ), generator=gen).to(device)
-        with on_step(step) if on_step else _nothing():
+        with on_step(step) if on_step else contextlib.nullcontext():
             opt.zero_grad(set_to_none=True)
             pred = model(tokens)
-            with loss_parallel_ctx() if loss_parallel else _nothing():
+            with loss_parallel_ctx() if loss_parallel else contextlib.nullcontext():
                 loss = F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
                 loss.backward()
         value = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
@@ -164,14 +166,6 @@ def _train(model, params_of, device, loss_parallel: bool, on_step=None) -> Train
 
 def model_vocab(model) -> int:
     return model.model_args.vocab_size
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _count_graphs_backend(counter: CompileCounter) -> str:
@@ -195,7 +189,7 @@ def test_torchtitan_llama3(dist, case: TitanCase) -> None:
                     "is a newer API than this suite's adapter (0.2.x)")
 
     device = dist.device
-    model, args = _model(device)
+    model = _model(device)
     reference = copy.deepcopy(model)
     counter = CompileCounter(case.backend) if case.compile else None
     jc = _job_config(case, _count_graphs_backend(counter) if counter else None)
@@ -206,7 +200,7 @@ def test_torchtitan_llama3(dist, case: TitanCase) -> None:
     ref_record = _train(reference, reference, device, loss_parallel=False)
 
     evidence = Evidence(compiled=case.compile, float8_linears=count_float8_linears(model))
-    probe = inductor_probe(evidence) if case.backend == "inductor" else _nothing()
+    probe = inductor_probe(evidence) if case.backend == "inductor" else contextlib.nullcontext()
     with probe:
         parallelize_llama(model, parallel_dims, jc)
         evidence.placements = placements(model)
@@ -214,7 +208,7 @@ def test_torchtitan_llama3(dist, case: TitanCase) -> None:
         def on_step(step: int):
             if step == 1 and counter is not None:
                 evidence.graphs_after_first_step = counter.graphs
-            return _count_executed_ops(evidence.runtime_ops) if step == STEPS - 1 else _nothing()
+            return count_executed_ops(evidence.runtime_ops) if step == STEPS - 1 else contextlib.nullcontext()
 
         record = _train(model, model, device, loss_parallel=not jc.parallelism.disable_loss_parallel,
                         on_step=on_step)

@@ -12,7 +12,6 @@ inductor emitted, the ops the last step executed, and the parameters' placements
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -85,9 +84,19 @@ def batches(args: ModelArgs, steps: int, seed: int) -> list[tuple[torch.Tensor, 
 
 
 def make_optimizer(params, optim: str) -> torch.optim.Optimizer:
+    """SGD or AdamW with DTensor and plain parameters in separate groups.
+
+    The `tp` plan leaves the norms' weights plain tensors beside DTensor linears; the
+    foreach kernels (the default on CUDA) cannot mix the two in one group. Grouping does
+    not change the arithmetic, so the single-group reference stays comparable.
+    """
+    params = list(params)
+    groups = [g for g in ([p for p in params if hasattr(p, "placements")],
+                          [p for p in params if not hasattr(p, "placements")]) if g]
+    param_groups = [{"params": g} for g in groups]
     if optim == "sgd":
-        return torch.optim.SGD(params, lr=LR["sgd"])
-    return torch.optim.AdamW(params, lr=LR["adamw"], weight_decay=0.01)
+        return torch.optim.SGD(param_groups, lr=LR["sgd"])
+    return torch.optim.AdamW(param_groups, lr=LR["adamw"], weight_decay=0.01)
 
 
 def full_grads(model: nn.Module) -> dict[str, torch.Tensor | None]:
@@ -146,7 +155,7 @@ def _graph_breaks() -> int:
 
 
 @contextlib.contextmanager
-def _count_executed_ops(into: Counter):
+def count_executed_ops(into: Counter):
     """Counts the ops a block of code executes, by the profiler's names (aten::mm ...).
 
     Ops called inside tensor-subclass dispatch (DTensor, Float8) and the extern kernels
@@ -197,7 +206,7 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
             if step == 1 and counter is not None:
                 evidence.graphs_after_first_step = counter.graphs
             if step == STEPS - 1:
-                return _count_executed_ops(evidence.runtime_ops)
+                return count_executed_ops(evidence.runtime_ops)
             return contextlib.nullcontext()
 
         record = _train(runnable, model, batches(MODEL, STEPS, SEED), device, scenario.optim, on_step)
