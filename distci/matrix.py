@@ -23,9 +23,13 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from distci.errors import MatrixError, SelectionError
+from distci.external.spec import DEFAULT_PATH as EXTERNAL_PATH, load_suites
 from distci.sources import Source
 
 SCHEMA = 1
+# The checkout's external suites: the file cell runs read (distci.cellrun), so names are
+# checked against what will run, wherever the matrix file itself lives.
+EXTERNAL_SUITES = Path(__file__).resolve().parents[1] / EXTERNAL_PATH
 
 KNOWN_ACCELERATORS = ("cpu", "cuda", "npu")
 BACKENDS = ("gloo", "nccl", "hccl")
@@ -35,13 +39,16 @@ SOURCE_AXES = ("torch", "torchao", "torchtitan", "torch_npu")
 # Product axes: each list-valued one multiplies the cells of its block; they make the id.
 AXES = ("accelerator", "arch", "variant", *SOURCE_AXES, "fixes", "world_size")
 # Attributes: carried by every cell of the block, never part of the id.
-ATTRIBUTES = ("suites", "tiers", "python", "timeout")
+ATTRIBUTES = ("suites", "tiers", "python", "timeout", "external")
 BLOCK_KEYS = AXES + ATTRIBUTES
-DEFAULT_KEYS = ("python", "world_size", "suites", "timeout", "tiers", "fixes", "torch", "torchao", "torchtitan")
+DEFAULT_KEYS = ("python", "world_size", "suites", "timeout", "tiers", "external", "fixes", "torch", "torchao",
+                "torchtitan")
 TOP_KEYS = ("schema", "defaults", "accelerators", "matrix", "exclude", "include", "tiers")
 ACCELERATOR_KEYS = ("backend", "runner", "archs", "variants", "family", "description")
 TIER_KEYS = ("description", "blocking_suites")
-INCLUDE_SET_KEYS = ("tiers", "suites", "runner", "timeout", "python")
+INCLUDE_SET_KEYS = ("tiers", "suites", "external", "runner", "timeout", "python")
+# List-valued attributes an [[include]] adds to, rather than replaces.
+INCLUDE_ADD_KEYS = ("tiers", "suites", "external")
 INCLUDE_KEYS = ("match", *INCLUDE_SET_KEYS)
 
 BUILTIN_DEFAULTS: dict[str, Any] = {
@@ -50,6 +57,7 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
     "suites": ["suites"],
     "timeout": 300,
     "tiers": [],
+    "external": [],
     "fixes": "on",
     "torchao": "none",
     "torchtitan": "none",
@@ -94,6 +102,7 @@ class Cell:
     python: str
     timeout: int = 300
     family: str = ""
+    external: tuple[str, ...] = ()  # suites of suites/external.toml, run after `suites`
 
     @property
     def id(self) -> str:
@@ -130,6 +139,7 @@ class Cell:
             "family": self.family,
             "python": self.python,
             "timeout": self.timeout,
+            "external": list(self.external),
         }
 
 
@@ -252,8 +262,13 @@ class _Locator:
 # --------------------------------------------------------------------------- loading
 
 
-def load_matrix(path: str | Path = "matrix.toml") -> Matrix:
-    """Parse, validate and expand matrix.toml; raises a one-line MatrixError on any mistake."""
+def load_matrix(path: str | Path = "matrix.toml", *, external_suites: str | Path | None = None) -> Matrix:
+    """Parse, validate and expand matrix.toml; raises a one-line MatrixError on any mistake.
+
+    External suite names are checked against `external_suites` (default: the checkout's
+    suites/external.toml, the file cell runs read), loaded only when some cell declares
+    `external`; a mistake inside that file is its own one-line ConfigError.
+    """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -268,14 +283,16 @@ def load_matrix(path: str | Path = "matrix.toml") -> Matrix:
         match = re.search(r"at line (\d+)", msg)
         where = f"{path}:{match.group(1)}" if match else str(path)
         raise MatrixError(f"invalid TOML: {msg}", where=where) from None
-    return _Loader(path, data, loc).load()
+    return _Loader(path, data, loc, Path(external_suites or EXTERNAL_SUITES)).load()
 
 
 class _Loader:
-    def __init__(self, path: Path, data: dict[str, Any], loc: _Locator) -> None:
+    def __init__(self, path: Path, data: dict[str, Any], loc: _Locator, external_path: Path) -> None:
         self.path = path
         self.data = data
         self.loc = loc
+        self.external_path = external_path
+        self._external_names: tuple[str, ...] | None = None
 
     def load(self) -> Matrix:
         data = self.data
@@ -401,6 +418,22 @@ class _Loader:
                                      section, "tiers")
         return names
 
+    def _external(self, value: Any, label: str, section: tuple[str, int]) -> tuple[str, ...]:
+        names = self._strings(value, "external", label, section)
+        if not names:
+            return names
+        if self._external_names is None:
+            if not self.external_path.is_file():
+                raise self.loc.error(f"{label}: 'external' names suites of {self.external_path}, which does not "
+                                     "exist; declare them there or remove 'external'", section, "external")
+            self._external_names = tuple(s.name for s in load_suites(self.external_path))
+        declared = self._external_names
+        for name in names:
+            if name not in declared:
+                hint = _suggest(name, declared) or f"; declared: {', '.join(declared) or 'none'}"
+                raise self.loc.error(f"{label}: unknown external suite '{name}'{hint}", section, "external")
+        return names
+
     def _positive_int(self, value: Any, key: str, label: str, section: tuple[str, int]) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise self.loc.error(f"{label}: '{key}' must be a positive integer (got {value!r})", section, key)
@@ -427,6 +460,8 @@ class _Loader:
                 self._tier_names(value, label, section, tiers)
             elif key == "suites":
                 self._strings(value, key, label, section, allow_empty=False)
+            elif key == "external":
+                self._external(value, label, section)
             elif key in ("world_size", "timeout"):
                 for v in listed:
                     self._positive_int(v, key, label, section)
@@ -461,6 +496,7 @@ class _Loader:
 
         suites = self._strings(merged["suites"], "suites", label, section, allow_empty=False)
         cell_tiers = self._tier_names(merged["tiers"], label, section, tiers)
+        external = self._external(merged["external"], label, section)
         python = merged["python"]
         if not isinstance(python, str) or not python:
             raise self.loc.error(f"{label}: 'python' must be a string like \"3.11\"", section, "python")
@@ -506,7 +542,7 @@ class _Loader:
                     accelerator=acc_name, arch=arch, variant=variant, torch=torch, torchao=ao,
                     torchtitan=titan, torch_npu=npu, fixes=fix, world_size=ws, suites=suites,
                     tiers=cell_tiers, runner=acc.runner, backend=acc.backend, python=python,
-                    timeout=timeout, family=acc.family,
+                    timeout=timeout, family=acc.family, external=external,
                 ))
         return cells
 
@@ -580,6 +616,8 @@ class _Loader:
                 update["tiers"] = self._tier_names(changes["tiers"], label, section, tiers)
             if "suites" in changes:
                 update["suites"] = self._strings(changes["suites"], "suites", label, section)
+            if "external" in changes:
+                update["external"] = self._external(changes["external"], label, section)
             if "runner" in changes:
                 update["runner"] = self._strings(changes["runner"], "runner", label, section, allow_empty=False)
             if "timeout" in changes:
@@ -596,7 +634,7 @@ class _Loader:
                 cell = result[i]
                 fields_: dict[str, Any] = {}
                 for key, value in update.items():
-                    if key in ("tiers", "suites"):
+                    if key in INCLUDE_ADD_KEYS:
                         value = tuple(dict.fromkeys((*getattr(cell, key), *value)))
                     fields_[key] = value
                 result[i] = replace(cell, **fields_)

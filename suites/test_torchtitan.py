@@ -71,6 +71,8 @@ class TitanCase:
         if self.async_tp:
             marks.append(pytest.mark.requires_accelerator("cuda"))
             marks.append(pytest.mark.requires_sm(90))
+            # Symmetric memory is process-global: fresh processes, as in test_scenarios.
+            marks.append(pytest.mark.torchrun(nproc=2))
         return marks
 
 
@@ -179,6 +181,8 @@ def _count_graphs_backend(counter: CompileCounter) -> str:
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=c.marks()) for c in CASES])
 def test_torchtitan_llama3(dist, case: TitanCase) -> None:
+    if dist.group is None:  # torchrun (async TP): this test owns its process group
+        dist.init()
     import torchtitan
     from torchtitan.models.llama3 import parallelize_llama
     from torchtitan.protocols.model_converter import build_model_converters

@@ -93,3 +93,136 @@ def test_bad_matrix_gives_one_line_error(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "torchoa" in lines[0] and "torchao" in lines[0], proc.stderr
+
+
+# ----------------------------------------------------------------------------- external suites in a cell run
+
+# A tiny upstream (made by tests/test_external.py's helpers): a pytest file read through
+# JUnit, a torchao-style script whose cases need CUDA, and a suite with no sources at all.
+EXTERNAL_SUITES = """
+schema = 1
+
+[[suite]]
+name = "tinyup"
+adapter = "torchao"
+package = "tinyup"
+keep = ["dist"]
+timeout = 120
+
+[[suite.case]]
+kind = "pytest"
+script = "dist/test_junit_style.py"
+
+[[suite.case]]
+script = "dist/test_collectives.py"
+nproc = 2
+requires_accelerator = "cuda"
+
+[[suite]]
+name = "nosource"
+adapter = "torchao"
+package = "torch"
+git = "NOWHERE_FOR_DISTCI_TESTS"
+keep = ["test"]
+"""
+
+EXTERNAL_MATRIX = """
+schema = 1
+[accelerators.cpu]
+backend = "gloo"
+runner = ["ubuntu-latest"]
+archs = ["x86_64"]
+variants = ["cpu"]
+[[matrix]]
+accelerator = "cpu"
+torch = "2.13.0"
+torchao = "0.18.0"
+suites = ["tests/harness_cases/test_trivial.py::test_trivial[3]"]
+external = ["tinyup", "nosource"]
+"""
+
+
+@pytest.fixture
+def external_cell(tmp_path, monkeypatch):
+    """A cell declaring two external suites, its suites file, and the tiny upstream's sources."""
+    from test_external import PYTEST_FILE, SCRIPT, _write
+
+    from distci.matrix import load_matrix
+
+    upstream = tmp_path / "tinyup-src"
+    _write(upstream, {"dist/test_junit_style.py": PYTEST_FILE, "dist/test_collectives.py": SCRIPT})
+    suites = tmp_path / "external.toml"
+    suites.write_text(EXTERNAL_SUITES)
+    (tmp_path / "matrix.toml").write_text(EXTERNAL_MATRIX)
+    (cell,) = load_matrix(tmp_path / "matrix.toml", external_suites=suites).cells
+    monkeypatch.setenv("DISTCI_EXTERNAL_TINYUP", str(upstream))
+    for var in ("DISTCI_GIT_NOWHERE_FOR_DISTCI_TESTS", "DISTCI_EXTERNAL_NOSOURCE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("DISTCI_EXTERNAL_ROOT", str(tmp_path / "external-cache"))
+    return cell, suites
+
+
+def test_cell_run_records_pytest_and_external_results_together(tmp_path, external_cell):
+    """The cell's python (here this one) runs pytest, then the external suites, into one run."""
+    from distci.cellrun import run_in_env, start_run
+
+    cell, suites = external_cell
+    info, run_dir = start_run(cell, tmp_path / "runs", tier="nightly", log=lambda m: None)
+    run = run_in_env(cell, Path(sys.executable), info, run_dir, tier="nightly", external_suites=suites,
+                     log=lambda m: None)
+
+    records = {r["test_id"]: r for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())}
+    outcomes = {t: (r["outcome"], r["failure_kind"]) for t, r in records.items()}
+    junit_style = "external/tinyup/dist/test_junit_style.py::"
+    assert outcomes == {
+        "tests/harness_cases/test_trivial.py::test_trivial[3]": ("passed", None),
+        junit_style + "test_pass": ("passed", None),
+        junit_style + "test_fail": ("failed", "assert"),
+        junit_style + "test_skip": ("skipped", None),
+        junit_style + "TestGroup::test_error": ("failed", "exception"),
+        "external/tinyup/dist/test_collectives.py::_test_allreduce_mean": ("skipped", None),
+        "external/tinyup/dist/test_collectives.py::_test_rank1_segfault": ("skipped", None),
+        "external/tinyup/dist/test_collectives.py::_test_double": ("skipped", None),
+        "external/nosource": ("error", "infra"),
+    }, {t: r["message"][:300] for t, r in records.items()}
+    assert {r["cell_id"] for r in records.values()} == {cell.id}
+    assert {r["run_id"] for r in records.values()} == {info.run_id}
+    assert records["external/tinyup/dist/test_collectives.py::_test_double"]["message"] == "needs cuda; the cell is cpu"
+    assert "no source for the nosource tests" in records["external/nosource"]["message"]
+    assert records[junit_style + "test_fail"]["repro"] == (
+        f"nox -s dist_tests -- --cell {cell.id} --test {junit_style}test_fail")
+
+    assert sorted(r.test_id for r in run.results) == sorted(records)
+    assert run.infra and {r.test_id for r in run.failed} == {junit_style + "test_fail",
+                                                             junit_style + "TestGroup::test_error"}
+    suite = ET.parse(run_dir / "junit.xml").getroot().find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("9", "2", "1")
+    info_file = json.loads((run_dir / "run.json").read_text())
+    assert info_file["pytest_exit"] == 0 and info_file["ended_at"] and info_file["cell"]["external"] == [
+        "tinyup", "nosource"]
+
+
+def test_external_selection_and_suites_that_cannot_start(tmp_path, external_cell):
+    """`--test external/...` picks suites; a suites file gone at run time is `infra`, pytest's results stay."""
+    from distci.cellrun import external_plan, run_external_suites, start_run
+    from distci.errors import SelectionError
+    from distci.results import Result, ResultWriter
+
+    cell, suites = external_cell
+    assert external_plan(cell, [], suites) == ["tinyup", "nosource"]
+    assert external_plan(cell, ["suites/test_tp_mlp.py"], suites) == []
+    assert external_plan(cell, ["external/nosource", "external/tiny*/dist/x.py::f"], suites) == ["nosource", "tinyup"]
+    with pytest.raises(SelectionError, match=r"no external suite 'tinyupp' \(did you mean 'tinyup'\?\)"):
+        external_plan(cell, ["external/tinyupp/dist/x.py::f"], suites)
+
+    info, run_dir = start_run(cell, tmp_path / "runs", tier=None, log=lambda m: None)
+    ResultWriter(run_dir).write(Result(run_id=info.run_id, cell_id=cell.id, test_id="suites/test_a.py::test_a",
+                                       outcome="passed", stack={"torch": "2.13.0"}))
+    added = run_external_suites(cell, Path(sys.executable), info, run_dir, ["tinyup"], select=[], keyword=None,
+                                suites_path=tmp_path / "gone.toml", log=lambda m: None)
+    assert [(r.test_id, r.outcome, r.failure_kind) for r in added] == [("external/tinyup", "error", "infra")]
+    assert added[0].repro == f"nox -s dist_tests -- --cell {cell.id} --test external/tinyup"
+    assert "ConfigError" in added[0].message and "gone.toml" in added[0].message
+    lines = (run_dir / "results.jsonl").read_text().splitlines()
+    assert [json.loads(x)["test_id"] for x in lines] == ["suites/test_a.py::test_a", "external/tinyup"]
+    assert ET.parse(run_dir / "junit.xml").getroot().find("testsuite").get("tests") == "2"

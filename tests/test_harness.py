@@ -134,7 +134,19 @@ def test_ninth_compile_scenario_still_compiles(tmp_path):
 
 
 def test_torchrun_mode_for_tests_that_own_their_group(tmp_path):
-    proc = run_pytest([str(CASES / "test_torchrun_mode.py"), "--distci-run-dir", str(tmp_path)])
+    proc = run_pytest([str(CASES / "test_torchrun_mode.py"), "--distci-run-dir", str(tmp_path),
+                       "-k", "not capped"])
     assert proc.returncode == 0, proc.stdout[-3000:]
     rec = _results(tmp_path)["test_own_group"]
     assert rec["outcome"] == "passed"
+
+
+def test_timeout_cap_bounds_a_markers_timeout(tmp_path):
+    """`--distci-timeout-cap` wins over a larger dist_timeout marker (GPU runners use it)."""
+    start = time.monotonic()
+    proc = run_pytest([str(CASES / "test_torchrun_mode.py"), "--distci-run-dir", str(tmp_path),
+                       "-k", "capped", "--distci-timeout-cap=6"], timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    rec = _results(tmp_path)["test_marker_timeout_is_capped"]
+    assert (rec["outcome"], rec["failure_kind"]) == ("failed", "timeout"), rec
+    assert time.monotonic() - start < 120

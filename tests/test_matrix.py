@@ -426,3 +426,104 @@ def test_repository_matrix() -> None:
     assert "cuda-cu130-torch_nightly-ao_nightly-ws2-fix_on" in [c.id for c in matrix.select(tier="nightly")]
     assert {c.accelerator for c in matrix.cells} == {"cpu", "cuda", "npu"}
     assert set(matrix.tiers) == {"pr", "nightly", "release"}
+
+
+# ----------------------------------------------------------------------------- external suites
+
+EXTERNAL = """\
+schema = 1
+
+[[suite]]
+name = "torchtitan"
+adapter = "torchtitan"
+package = "torchtitan"
+
+[[suite]]
+name = "torchao"
+adapter = "torchao"
+package = "torchao"
+"""
+
+
+def test_external_is_an_attribute_that_include_adds_to(tmp_path: Path) -> None:
+    suites = tmp_path / "external.toml"
+    suites.write_text(EXTERNAL)
+    extra = (
+        '\n[[matrix]]\naccelerator = "cuda"\ntorch = "2.14.1"\ntorchao = ["0.17.0", "0.18.0"]\nexternal = ["torchao"]\n'
+        '\n[[include]]\nmatch = { torchao = "0.18.0", accelerator = "cuda" }\nexternal = ["torchtitan", "torchao"]\n'
+    )
+    cells = {c.id: c for c in load_matrix(write(tmp_path, extra), external_suites=suites).cells}
+    assert list(cells) == [
+        "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on",
+        "cuda-cu130-torch_2.14.1-ao_0.17.0-ws2-fix_on",
+        "cuda-cu130-torch_2.14.1-ao_0.18.0-ws2-fix_on",
+    ]
+    assert cells["cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on"].external == ()
+    assert cells["cuda-cu130-torch_2.14.1-ao_0.17.0-ws2-fix_on"].external == ("torchao",)
+    assert cells["cuda-cu130-torch_2.14.1-ao_0.18.0-ws2-fix_on"].external == ("torchao", "torchtitan")
+    assert cells["cuda-cu130-torch_2.14.1-ao_0.18.0-ws2-fix_on"].as_dict()["external"] == ["torchao", "torchtitan"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "base_edit", "expected", "needle"),
+    [
+        (
+            '\n[[matrix]]\naccelerator = "cuda"\ntorch = "2.14.1"\nexternal = ["torchao", "torchtitann"]\n',
+            None,
+            "[[matrix]] #2: unknown external suite 'torchtitann' (did you mean 'torchtitan'?)",
+            "torchtitann",
+        ),
+        (
+            "\n[[include]]\nmatch = {accelerator = 'cpu'}\nexternal = 'megatron'\n",
+            None,
+            "[[include]] #1: unknown external suite 'megatron'; declared: torchtitan, torchao",
+            "megatron",
+        ),
+        (
+            "",
+            ('tiers = ["nightly"]', 'tiers = ["nightly"]\nexternal = ["torchoa"]'),
+            "[defaults]: unknown external suite 'torchoa' (did you mean 'torchao'?)",
+            "torchoa",
+        ),
+        (
+            "",
+            ('torchao = "0.18.0"', 'torchao = "0.18.0"\nexternal = [1]'),
+            "[[matrix]] #1: 'external' must be a list of strings (got [1])",
+            "external",
+        ),
+    ],
+)
+def test_external_names_are_checked_against_the_suites_file(
+    tmp_path: Path, extra: str, base_edit: tuple[str, str] | None, expected: str, needle: str
+) -> None:
+    suites = tmp_path / "external.toml"
+    suites.write_text(EXTERNAL)
+    base = BASE.replace(*base_edit, 1) if base_edit else BASE
+    with pytest.raises(MatrixError) as err:
+        load_matrix(write(tmp_path, extra, base), external_suites=suites)
+    message = str(err.value)
+    assert message == f"{tmp_path / 'matrix.toml'}:{line_of(base + extra, needle)}: {expected}"
+
+
+def test_external_without_a_suites_file_says_where_they_are_declared(tmp_path: Path) -> None:
+    gone = tmp_path / "gone.toml"
+    assert load_matrix(write(tmp_path), external_suites=gone).cells[0].external == ()  # not needed: not read
+    with pytest.raises(MatrixError) as err:
+        load_matrix(write(tmp_path, '\n[[include]]\nmatch = {accelerator = "cpu"}\nexternal = ["torchao"]\n'),
+                    external_suites=gone)
+    assert str(err.value).endswith(
+        f"[[include]] #1: 'external' names suites of {gone}, which does not exist; "
+        "declare them there or remove 'external'"
+    )
+
+
+def test_repository_matrix_runs_upstream_tests_on_pinned_cuda_stacks_only() -> None:
+    """Upstream tests need a ref to check out (a release, not a nightly) and GPUs; the pr
+    tier must stay a quick CPU run."""
+    matrix = load_matrix(REPO / "matrix.toml")
+    with_external = [c for c in matrix.cells if c.external]
+    assert with_external
+    for cell in with_external:
+        assert cell.accelerator == "cuda", cell.id
+        assert "nightly" not in (cell.torch, cell.torchao, cell.torchtitan), cell.id
+    assert not any(c.external for c in matrix.select(tier="pr"))

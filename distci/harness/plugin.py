@@ -39,6 +39,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--distci-device", default=None, help="cpu|cuda|npu (default: DISTCI_DEVICE or what is present)")
     group.addoption("--distci-world-size", type=int, default=2, help="world size for `dist` tests without a marker")
     group.addoption("--distci-timeout", type=float, default=None, help=f"default per-test timeout (s), default {DEFAULT_TIMEOUT_S}")
+    group.addoption("--distci-timeout-cap", type=float, default=None,
+                    help="upper bound on every test's timeout, markers included (fast runners: "
+                         "the suites' markers are sized for 2 CPU cores); $DISTCI_TEST_TIMEOUT_CAP")
     group.addoption("--distci-mode", choices=("pool", "torchrun"), default="pool",
                     help="run every distributed test through the rank pool (default) or one torchrun per test")
     group.addoption("--distci-no-isolation", action="store_true",
@@ -124,6 +127,8 @@ class Harness:
         device_kind(self.device_type)
         self.default_world_size = opt("--distci-world-size")
         self.default_timeout = opt("--distci-timeout") or float(os.environ.get("DISTCI_TEST_TIMEOUT", DEFAULT_TIMEOUT_S))
+        cap = opt("--distci-timeout-cap") or os.environ.get("DISTCI_TEST_TIMEOUT_CAP")
+        self.timeout_cap = float(cap) if cap else None
         self.mode = opt("--distci-mode")
         self.isolate = not opt("--distci-no-isolation")
         run_dir = opt("--distci-run-dir")
@@ -159,7 +164,8 @@ class Harness:
 
     def timeout_of(self, item: pytest.Item) -> float:
         m = item.get_closest_marker("dist_timeout")
-        return float(m.args[0]) if m and m.args else self.default_timeout
+        timeout = float(m.args[0]) if m and m.args else self.default_timeout
+        return min(timeout, self.timeout_cap) if self.timeout_cap else timeout
 
     def request_for(self, item: pytest.Function) -> TestRequest:
         kwargs = {}

@@ -153,9 +153,13 @@ def test_pass_level(fake_group, order: Order, monkeypatch: pytest.MonkeyPatch) -
 @pytest.mark.world_size(2)
 @pytest.mark.requires_accelerator("cuda")
 @pytest.mark.requires_sm(90)
-@pytest.mark.dist_timeout(900)
+@pytest.mark.dist_timeout(300)
+@pytest.mark.torchrun(nproc=2)
 def test_e2e_float8_rowwise_asynctp_full_ac(dist) -> None:
+    """Fresh processes (torchrun): symmetric memory is process-global, see test_scenarios."""
     pytest.importorskip("torchao")
+    if dist.group is None:
+        dist.init()
     from ..checks import check_graph, check_numerics, expected_graph, require
     from ..devices import suite_device
     from ..scenarios import MODEL, SCENARIOS, tolerance

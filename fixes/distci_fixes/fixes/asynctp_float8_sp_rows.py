@@ -1,0 +1,90 @@
+"""Float8 + async TP + sequence parallel: the fused scaled-matmul/reduce-scatter gives
+each rank the wrong rows when the batch is larger than 1 (found by distci; no upstream
+issue yet, see suites/regressions/test_asynctp_float8_sp_rows.py).
+
+For torchao's `reshape(B*S, K) -> _scaled_mm -> reshape(B, S, N)` followed by a
+reduce-scatter along the sequence (dim 1), inductor's micro-pipeline TP pass calls
+`symm_mem.fused_scaled_matmul_reduce_scatter` with the 2-D A, `orig_scatter_dim=1` and
+`scatter_dim_after_maybe_reshape=0`. The op chunks the 2-D A by rows, which are
+batch-major, so rank r reduces batch chunk r and reads it as sequence chunk r: silently
+wrong gradients (the pass fuses the backward of the column-parallel input), right only
+for B == 1. torch 2.8 (where the op learned `scatter_dim_after_maybe_reshape`) through
+2.14.1 share this code.
+
+The fix wraps the op's Python implementation `_fused_scaled_matmul_reduce_scatter_impl`,
+which the registered CUDA kernel calls by name: when A is the collapsed 2-D matrix of a
+3-D+ output and the scatter dim was a middle one, it views A (and a row-wise A_scale)
+with the output's leading dims again and scatters along the original dim, a layout the
+implementation already handles. Every other call goes through unchanged.
+
+detect(): the implementation chunks `A.movedim(scatter_dim_after_maybe_reshape, 0)` and
+has no handling of a collapsed middle scatter dim.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any, Callable
+
+from distci_fixes.model import Applies, Fix
+from distci_fixes.patching import function_of, lookup, patched_by, replace, source_of
+
+ID = "asynctp_float8_sp_rows"
+IMPL = "_fused_scaled_matmul_reduce_scatter_impl"
+_BUGGY_CHUNKING = "A.movedim(scatter_dim_after_maybe_reshape, 0)"
+
+
+def _collapsed_middle_dim(A: Any, orig: int, after: int, output_shape: Any) -> bool:
+    if A.dim() != 2 or after != 0 or output_shape is None or len(output_shape) <= 2:
+        return False
+    if not 0 < orig < len(output_shape) - 1:
+        return False
+    lead = 1
+    for d in output_shape[:-1]:
+        lead *= int(d)
+    return A.shape[0] == lead
+
+
+def _unflattening(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _fused_scaled_matmul_reduce_scatter_impl(mm_out_op, A, B, A_scale, kwargs, out_dtype, reduce_op,
+                                                 orig_scatter_dim, scatter_dim_after_maybe_reshape, group_name,
+                                                 output_shape):
+        if _collapsed_middle_dim(A, orig_scatter_dim, scatter_dim_after_maybe_reshape, output_shape):
+            lead = [int(d) for d in output_shape[:-1]]
+            A = A.reshape(*lead, A.shape[-1])
+            if A_scale is not None and A_scale.numel() > 1:
+                A_scale = A_scale.reshape(*lead, A_scale.shape[-1])
+            scatter_dim_after_maybe_reshape = orig_scatter_dim
+        return original(mm_out_op, A, B, A_scale, kwargs, out_dtype, reduce_op, orig_scatter_dim,
+                        scatter_dim_after_maybe_reshape, group_name, output_shape)
+
+    return _fused_scaled_matmul_reduce_scatter_impl
+
+
+def detect(symm_mem: ModuleType) -> bool:
+    impl = lookup(symm_mem, IMPL)
+    if patched_by(impl) == ID:
+        return False
+    code = function_of(impl).__code__
+    if "scatter_dim_after_maybe_reshape" not in code.co_varnames[:code.co_argcount]:
+        return False
+    return _BUGGY_CHUNKING in source_of(impl)
+
+
+def apply(symm_mem: ModuleType) -> None:
+    original = function_of(lookup(symm_mem, IMPL))
+    if patched_by(original) == ID:
+        return
+    replace(symm_mem, IMPL, _unflattening(original), ID)
+
+
+FIX = Fix(
+    id=ID,
+    title="Float8 + async TP + SP: fused scaled-matmul/reduce-scatter mixes up rows when batch > 1",
+    upstream=(),
+    applies=Applies(releases=">=2.8"),
+    target="torch.distributed._symmetric_memory",
+    detect=detect,
+    apply=apply,
+    test="suites/regressions/test_asynctp_float8_sp_rows.py",
+)
