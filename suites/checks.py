@@ -22,7 +22,7 @@ from .model_args import ModelArgs
 from .models import SHARDED_WEIGHTS
 from .scenarios import Scenario, Tolerance
 
-MAX_LISTED = 12
+MAX_LISTED = 100  # the known-issues registry must see every problem to explain a failure
 
 SCALED_MM = ("aten::_scaled_mm",)
 FUSED_AG_MM = ("symm_mem::fused_all_gather_matmul", "symm_mem::fused_all_gather_scaled_matmul")

@@ -12,6 +12,7 @@ on and fails with them off, which is how a team validates its patch against upst
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git t
 SCRIPT = '''
 import os
 import signal
+import time
 
 import torch
 import torch.distributed as dist
@@ -61,6 +63,10 @@ def _test_rank1_segfault(mesh):
     if dist.get_rank() == 1:
         os.kill(os.getpid(), signal.SIGSEGV)
     dist.barrier()
+
+
+def _test_sleep(mesh):
+    time.sleep(600)
 
 
 def _test_double(mesh):
@@ -230,6 +236,21 @@ ref = "v{version}"
 keep = ["run_train.sh", "tinytrain.py", "tests", "cfg.toml", "losses.txt"]
 timeout = 120
 upstream = ["features"]
+
+[[suite]]
+name = "tinysleep"
+adapter = "torchao"
+package = "tinyup"
+git = "TINYUP"
+ref = "v{version}"
+keep = ["dist"]
+timeout = 300
+
+[[suite.case]]
+script = "dist/test_collectives.py"
+nproc = 2
+variant = "sleep"
+functions = ["_test_sleep"]
 '''
 
 
@@ -304,7 +325,8 @@ def _run(upstream, monkeypatch, name: str, *, fixes: str, select=(), suites=None
                       device_type="cpu", python=sys.executable, fixes=fixes,
                       fix_packages=[REPO / "fixes", upstream["team"]], select=select,
                       cache_root=upstream["base"] / "cache")
-    chosen = [s for s in load_suites(upstream["suites"]) if suites is None or s.name in suites]
+    chosen = [s for s in load_suites(upstream["suites"])
+              if (s.name in suites if suites is not None else s.name != "tinysleep")]
     run_external(chosen, run, world_size=2, log=lambda m: None)
     return {r.test_id: r for r in read_results(run_dir)}, run_dir
 
@@ -447,3 +469,39 @@ def test_suite_file_mistakes_name_the_suite(tmp_path):
     with pytest.raises(ConfigError, match=r"\(y\) case #1: the torchtitan adapter runs cases of kind train"):
         load_suites(bad)
     assert [s.name for s in load_suites(REPO / "suites" / "external.toml")] == ["torchtitan", "torchao"]
+
+
+@pytest.mark.slow
+def test_a_stopped_run_records_the_test_it_was_in(upstream, tmp_path):
+    """SIGTERM (a job timeout) mid-test: the test gets an `Interrupted` infra Result, the
+    JUnit file is written, the CLI exits 143 and none of the test's processes survive."""
+    import signal as sig
+    import time
+    import uuid
+
+    from conftest import processes_with_env
+
+    token = uuid.uuid4().hex
+    env = dict(os.environ, DISTCI_GIT_TINYUP=str(upstream["repo"]), PYTHONPATH=os.pathsep.join(
+        [str(upstream["site"]), str(REPO)]), DISTCI_TEST_TOKEN=token)
+    env.pop("DISTCI_EXTERNAL_TINYUP", None)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distci.external", "--suites", str(upstream["suites"]), "run", "--suite", "tinysleep",
+         "--device", "cpu", "--fixes", "off", "--run-dir", str(run_dir), "--run-id", "stopped", "--cell-id", "c"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    logs = run_dir / "external" / "logs"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not any("_test_sleep" in p.name for p in logs.glob("*.log")):
+        time.sleep(0.5)
+    time.sleep(8)  # the ranks are up and sleeping
+    proc.send_signal(sig.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 143, out[-3000:]
+    (stopped,) = read_results(run_dir)
+    assert stopped.test_id == "external/tinysleep/dist/test_collectives.py::_test_sleep[sleep]"
+    assert (stopped.outcome, stopped.failure_kind) == ("error", "infra"), stopped.message
+    assert "stopped (SIGTERM)" in stopped.message and stopped.error_signature == "Interrupted: stopped by SIGTERM"
+    assert "_test_sleep" in (run_dir / "junit.xml").read_text()
+    time.sleep(2)
+    assert processes_with_env(token) == []

@@ -37,6 +37,40 @@ def test_a_new_error_in_the_same_test_is_not_hidden(registry):
     assert registry.match(TEST, "AssertionError: grads differ", "", {"torch": "2.13.0"}) is None
 
 
+MULTI = """
+[[issue]]
+id = "rows"
+tests = ["suites/test_scenarios.py::*asynctp*"]
+signature = "gradient SQNR"
+[[issue]]
+id = "ag-unfused"
+tests = ["suites/test_scenarios.py::*f8_rowwise*"]
+signature = "fused all-gather matmuls"
+"""
+SCEN = "suites/test_scenarios.py::test_scenario[tp_sp-compile_block-f8_rowwise-asynctp]"
+
+
+def _problems(*lines: str) -> str:
+    return f"AssertionError: {SCEN}: {len(lines)} problem(s)\n  " + "\n  ".join(lines)
+
+
+def test_every_listed_problem_must_be_explained(tmp_path):
+    path = tmp_path / "known_issues.toml"
+    path.write_text(MULTI)
+    reg = load_registry(path)
+    sqnr = "step 0: layers.0.wq.weight: gradient SQNR 8.1 dB < 15 dB"
+    unfused = "async TP did not fuse: 0 fused all-gather matmuls and 3 fused matmul reduce-scatters"
+    assert reg.match(SCEN, "", _problems(sqnr, sqnr), {}) == "rows"
+    assert reg.match(SCEN, "", _problems(sqnr, unfused), {}) == "rows,ag-unfused"
+    # one problem no entry explains keeps the whole failure red
+    assert reg.match(SCEN, "", _problems(sqnr, "step 1: loss 3.2 vs reference 2.9"), {}) is None
+    # a list cut short cannot be checked
+    assert reg.match(SCEN, "", _problems(sqnr) + "\n  ... and 40 more", {}) is None
+    # an entry that does not cover the test id explains nothing there
+    other = SCEN.replace("f8_rowwise", "f8_tensorwise")
+    assert reg.match(other, "", _problems(sqnr, unfused), {}) is None
+
+
 def test_outside_the_versions_it_does_not_apply(registry):
     assert registry.match(TEST, SIG, SIG, {"torch": "2.15.0"}) is None
 

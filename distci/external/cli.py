@@ -64,7 +64,7 @@ def _now() -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .runner import ExternalRun, run_external
+    from .runner import ExternalRun, Interrupted, run_external
 
     suites = _select(load_suites(args.suites), args.suite)
     cell_id = args.cell_id or os.environ.get("DISTCI_CELL") or "local"
@@ -79,7 +79,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         known_issues=known if known.exists() else None,
     )
     started = _now()
-    results = run_external(suites, run, world_size=args.world_size)
+    try:
+        results = run_external(suites, run, world_size=args.world_size)
+    except (Interrupted, KeyboardInterrupt) as exc:
+        print(f"distci: external run stopped ({exc or 'SIGINT'}); what ran is in {run.run_dir}", file=sys.stderr)
+        return 130 if isinstance(exc, KeyboardInterrupt) else 143
     info_path = run.run_dir / "run.json"
     if not info_path.exists():
         info = {"run_id": run_id, "cell_id": cell_id, "started_at": started, "ended_at": _now(),

@@ -32,6 +32,7 @@ from distci.harness.procs import descendants, kill_tree
 from distci.harness.outcome import Combined, RankState, combine
 from distci.harness.pool import DUMP_SETTLE_S, dump_stack, worker_env
 from distci.harness.protocol import TestRequest
+from distci.harness.torchrun import read_rank_reports
 
 from . import readers
 
@@ -132,21 +133,7 @@ def launch_ranks(test_id: str, target: str, kwargs: dict, nproc: int, timeout_s:
                                 env=where.environ({**(env or {}), "WORLD_SIZE": str(nproc)}),
                                 start_new_session=True)
     timed_out = _wait_or_kill(proc, timeout_s)
-    states = [RankState(rank) for rank in range(nproc)]
-    for st in states:
-        rep_file = work / f"rank{st.rank}.report.pkl"
-        pid_file = work / f"rank{st.rank}.pid"
-        if rep_file.exists():
-            with open(rep_file, "rb") as fh:
-                st.report = pickle.load(fh)
-        elif timed_out and pid_file.exists():
-            st.stuck = True
-            pid = int(pid_file.read_text())
-            try:
-                os.kill(pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
-            st.stack = dump_stack(pid)
+    states = read_rank_reports(work, nproc, timed_out)
     if timed_out:
         time.sleep(DUMP_SETTLE_S)
         kill_tree(proc)

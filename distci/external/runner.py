@@ -10,12 +10,16 @@ sources cannot be had is one `infra` Result, never a regression.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fnmatch
 import json
 import re
 import shlex
+import signal
 import subprocess
+import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -31,6 +35,32 @@ from .launch import CaseContext, LaunchEnv
 from .spec import Case, SuiteSpec
 
 Log = Callable[[str], None]
+
+
+class Interrupted(BaseException):
+    """The controller was told to stop (SIGTERM/SIGHUP from a job or CI timeout, Ctrl-C).
+
+    A BaseException, so it unwinds through the launch code, which kills the test's
+    process session on the way; the runner then records the test it was in and stops.
+    """
+
+
+@contextlib.contextmanager
+def _interruptible():
+    """Turns SIGTERM and SIGHUP into Interrupted (only the main thread can take signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @dataclass
@@ -206,9 +236,13 @@ def run_external(suites: Sequence[SuiteSpec], run: ExternalRun, *, world_size: i
     missing = set(found.get("missing_modules", []))
     recorder = Recorder(run, stack)
     log(f"external: stack torch {stack.get('torch')} on {run.device_type} x{slots}; fixes {fixes_env(run.fixes)}")
-    for suite in suites:
-        _run_suite(suite, run, base, found["packages"].get(suite.package), stack, slots, missing, recorder, cache, log)
-    _finish(run)
+    try:
+        with _interruptible():
+            for suite in suites:
+                _run_suite(suite, run, base, found["packages"].get(suite.package), stack, slots, missing, recorder,
+                           cache, log)
+    finally:
+        _finish(run)
     return recorder.results
 
 
@@ -261,11 +295,21 @@ def _run_suite(suite: SuiteSpec, run: ExternalRun, base: LaunchEnv, installed: M
             continue
         log_path = base.log_dir / f"{_safe(case.test_id)}.log"
         ctx = CaseContext(where=where, log_path=log_path, out_dir=run.run_dir / "external" / "out" / _safe(case.test_id))
+        start = time.monotonic()
         try:
             outcomes = mod.run(case, ctx)
         except (InfraError, OSError) as exc:
             recorder.infra(case.test_id, exc, stack=suite_stack)
             continue
+        except (Interrupted, KeyboardInterrupt) as exc:
+            why = str(exc) or "SIGINT"
+            message = (f"the run was stopped ({why}) {time.monotonic() - start:.0f}s into this test, before it "
+                       f"finished; its log so far: {log_path}")
+            recorder.record(case.test_id, Combined("error", "infra", "Interrupted", message,
+                                                   error_signature("Interrupted", f"stopped by {why}")),
+                            started=started, log_path=log_path, stack=suite_stack)
+            log(f"  STOPPED {case.test_id}: {why}")
+            raise
         for test_id, combined in outcomes:
             result = recorder.record(test_id, combined, started=started, log_path=log_path, stack=suite_stack)
             tail = f" [{result.failure_kind}] {result.error_signature}" if result.failure_kind else ""

@@ -5,6 +5,11 @@ match an entry; anything else stays a failure, so a known issue never hides a ne
 Where an entry applies and the test passes, the verdict is `fixed`: the entry (or the
 fix) can be retired.
 
+A failure that lists several problems (the suites' `require()`: "<what>: N problem(s)"
+and one indented line each) is xfail only when every listed problem is explained by an
+applicable entry; the result then names all of them, comma-separated. One listed problem
+that no entry explains (or a list cut short, "... and N more") keeps it a failure.
+
 Applicability needs two kinds of bounds: release specifiers (PEP 440) and nightly-date /
 commit bounds, because `2.12.0.dev20260301` or `2.13.0a0+gitabc1234` cannot be placed
 by a specifier alone.
@@ -30,6 +35,23 @@ from packaging.version import InvalidVersion, Version
 _DEV_DATE = re.compile(r"\.dev(\d{8})")
 ENTRY_KEYS = {"id", "tests", "signature", "applies", "upstream", "fix", "title", "repro"}
 APPLIES_KEYS = {"torch", "torchao", "torchtitan", "nightly_from", "nightly_until", "git", "accelerators"}
+
+
+_PROBLEMS_HEADER = re.compile(r": \d+ problem\(s\)$")
+
+
+def problem_lines(message: str) -> list[str] | None:
+    """The listed problems of a multi-problem failure message, or None for any other message."""
+    lines = message.splitlines()
+    for i, line in enumerate(lines):
+        if _PROBLEMS_HEADER.search(line):
+            listed = []
+            for item in lines[i + 1:]:
+                if not item.startswith("  "):
+                    break
+                listed.append(item.strip())
+            return listed or None
+    return None
 
 
 class RegistryError(ValueError):
@@ -111,8 +133,11 @@ class KnownIssue:
                 return False
         return True
 
+    def covers(self, test_id: str) -> bool:
+        return any(fnmatch.fnmatchcase(test_id, pat) for pat in self.tests)
+
     def matches(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> bool:
-        if not any(fnmatch.fnmatchcase(test_id, pat) for pat in self.tests):
+        if not self.covers(test_id):
             return False
         if not (self.signature.search(signature) or self.signature.search(message)):
             return False
@@ -124,13 +149,24 @@ class Registry:
     entries: list[KnownIssue]
 
     def match(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> str | None:
-        for entry in self.entries:
-            if entry.matches(test_id, signature, message, stack):
-                return entry.id
-        return None
+        problems = problem_lines(message)
+        if problems is None:
+            for entry in self.entries:
+                if entry.matches(test_id, signature, message, stack):
+                    return entry.id
+            return None
+        candidates = self.applicable(test_id, stack)
+        ids: list[str] = []
+        for problem in problems:
+            entry = next((e for e in candidates if e.signature.search(problem)), None)
+            if entry is None:
+                return None
+            if entry.id not in ids:
+                ids.append(entry.id)
+        return ",".join(ids)
 
     def applicable(self, test_id: str, stack: dict[str, Any]) -> list[KnownIssue]:
-        return [e for e in self.entries if any(fnmatch.fnmatchcase(test_id, p) for p in e.tests) and e.applies_to(stack)]
+        return [e for e in self.entries if e.covers(test_id) and e.applies_to(stack)]
 
 
 def load_registry(path: Path) -> Registry:

@@ -22,6 +22,27 @@ from .procs import kill_tree
 from .protocol import TestRequest
 
 
+def read_rank_reports(work: Path, nproc: int, timed_out: bool) -> list[RankState]:
+    """Each rank's report from `work` (written by torchrun_entry); at a timeout, the ranks
+    without one are marked stuck and asked for their stacks before anything is killed."""
+    states = [RankState(rank) for rank in range(nproc)]
+    for st in states:
+        rep_file = work / f"rank{st.rank}.report.pkl"
+        pid_file = work / f"rank{st.rank}.pid"
+        if rep_file.exists():
+            with open(rep_file, "rb") as fh:
+                st.report = pickle.load(fh)
+        elif timed_out and pid_file.exists():
+            st.stuck = True
+            pid = int(pid_file.read_text())
+            try:
+                os.kill(pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+            st.stack = dump_stack(pid)
+    return states
+
+
 def launch(
     request: TestRequest,
     nproc: int,
@@ -56,22 +77,9 @@ def launch(
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
-    states = [RankState(rank) for rank in range(nproc)]
+    states = read_rank_reports(work, nproc, timed_out)
     for st in states:
-        rep_file = work / f"rank{st.rank}.report.pkl"
-        pid_file = work / f"rank{st.rank}.pid"
-        if rep_file.exists():
-            with open(rep_file, "rb") as fh:
-                st.report = pickle.load(fh)
-        elif timed_out and pid_file.exists():
-            st.stuck = True
-            pid = int(pid_file.read_text())
-            try:
-                os.kill(pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
-            st.stack = dump_stack(pid)
-        elif not timed_out:
+        if st.report is None and not timed_out:
             st.exit_code = proc.returncode if proc.returncode else 1
     if timed_out:
         time.sleep(DUMP_SETTLE_S)
