@@ -122,6 +122,8 @@ def aggregate(session: nox.Session) -> None:
 
 @nox.session
 def coverage(session: nox.Session) -> None:
-    """Regenerate README.md's scenario coverage table from suites/scenarios.py (`-- --check` in CI)."""
-    session.install("-e", ".")
+    """Regenerate README.md's scenario coverage table from suites/scenarios.py (`-- --check` in CI).
+
+    The table reads each scenario's markers, which come through the pytest plugin: pytest is needed."""
+    session.install("-e", ".", "pytest")
     session.run("python", "-m", "distci.coverage", *(session.posargs or ["--write", "README.md"]))

@@ -24,6 +24,7 @@ batch 1 is the control: it must pass with fixes off too.
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 
@@ -109,7 +110,7 @@ def test_fused_scaled_mm_reduce_scatter_rows(dist, case: Case) -> None:
         dist.init()
     symm_mem = pytest.importorskip("torch.distributed._symmetric_memory")
     impl = getattr(symm_mem, "_fused_scaled_matmul_reduce_scatter_impl", None)
-    if impl is None or "scatter_dim_after_maybe_reshape" not in impl.__code__.co_varnames:
+    if impl is None or "scatter_dim_after_maybe_reshape" not in inspect.signature(impl).parameters:
         pytest.skip("this torch's fused scaled-matmul/reduce-scatter has no reshape-aware form")
     device = dist.device
     if case.scaling == "rowwise" and not _rowwise_scaled_mm_runs(device):

@@ -23,6 +23,8 @@ has no handling of a collapsed middle scatter dim.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from types import ModuleType
 from typing import Any, Callable
 
@@ -32,6 +34,7 @@ from distci_fixes.patching import function_of, lookup, patched_by, replace, sour
 ID = "asynctp_float8_sp_rows"
 IMPL = "_fused_scaled_matmul_reduce_scatter_impl"
 _BUGGY_CHUNKING = "A.movedim(scatter_dim_after_maybe_reshape, 0)"
+_PARAMS = {"A", "A_scale", "orig_scatter_dim", "scatter_dim_after_maybe_reshape", "output_shape"}
 
 
 def _collapsed_middle_dim(A: Any, orig: int, after: int, output_shape: Any) -> bool:
@@ -46,17 +49,21 @@ def _collapsed_middle_dim(A: Any, orig: int, after: int, output_shape: Any) -> b
 
 
 def _unflattening(original: Callable[..., Any]) -> Callable[..., Any]:
-    def _fused_scaled_matmul_reduce_scatter_impl(mm_out_op, A, B, A_scale, kwargs, out_dtype, reduce_op,
-                                                 orig_scatter_dim, scatter_dim_after_maybe_reshape, group_name,
-                                                 output_shape):
-        if _collapsed_middle_dim(A, orig_scatter_dim, scatter_dim_after_maybe_reshape, output_shape):
-            lead = [int(d) for d in output_shape[:-1]]
-            A = A.reshape(*lead, A.shape[-1])
-            if A_scale is not None and A_scale.numel() > 1:
-                A_scale = A_scale.reshape(*lead, A_scale.shape[-1])
-            scatter_dim_after_maybe_reshape = orig_scatter_dim
-        return original(mm_out_op, A, B, A_scale, kwargs, out_dtype, reduce_op, orig_scatter_dim,
-                        scatter_dim_after_maybe_reshape, group_name, output_shape)
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)  # keeps the signature visible (inspect follows __wrapped__)
+    def _fused_scaled_matmul_reduce_scatter_impl(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        arg = bound.arguments
+        A, orig, shape = arg["A"], arg["orig_scatter_dim"], arg["output_shape"]
+        if _collapsed_middle_dim(A, orig, arg["scatter_dim_after_maybe_reshape"], shape):
+            lead = [int(d) for d in shape[:-1]]
+            arg["A"] = A.reshape(*lead, A.shape[-1])
+            scale = arg["A_scale"]
+            if scale is not None and scale.numel() > 1:
+                arg["A_scale"] = scale.reshape(*lead, scale.shape[-1])
+            arg["scatter_dim_after_maybe_reshape"] = orig
+        return original(*bound.args, **bound.kwargs)
 
     return _fused_scaled_matmul_reduce_scatter_impl
 
@@ -65,8 +72,8 @@ def detect(symm_mem: ModuleType) -> bool:
     impl = lookup(symm_mem, IMPL)
     if patched_by(impl) == ID:
         return False
-    code = function_of(impl).__code__
-    if "scatter_dim_after_maybe_reshape" not in code.co_varnames[:code.co_argcount]:
+    params = inspect.signature(function_of(impl)).parameters
+    if not _PARAMS <= set(params):
         return False
     return _BUGGY_CHUNKING in source_of(impl)
 
