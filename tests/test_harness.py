@@ -150,3 +150,41 @@ def test_timeout_cap_bounds_a_markers_timeout(tmp_path):
     rec = _results(tmp_path)["test_marker_timeout_is_capped"]
     assert (rec["outcome"], rec["failure_kind"]) == ("failed", "timeout"), rec
     assert time.monotonic() - start < 120
+
+
+@pytest.mark.parametrize("where", ["pool", "torchrun"])
+def test_a_stopped_run_records_where_it_stopped(tmp_path, token, where):
+    """SIGTERM (a CI job timeout) mid-test: finished results stay, the test in flight is
+    an `Interrupted` infra Result, JUnit is written and no rank outlives the run."""
+    run_dir = tmp_path / "run"
+    target = "test_sleeps_in_the_pool" if where == "pool" else "test_sleeps_under_torchrun"
+    env = dict(os.environ, DISTCI_TEST_TOKEN=token,
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-q",
+         str(CASES / "test_stoppable.py"), "-k", f"finishes or {target}", "--distci-run-dir", str(run_dir),
+         "--distci-cell", "cpu-test-ws2-fix_on"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(processes_with_env(token)) < 3:  # pytest + 2 sleeping ranks
+        time.sleep(0.5)
+    while time.monotonic() < deadline and "test_finishes" not in _read(run_dir / "results.jsonl"):
+        time.sleep(0.5)
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out[-3000:]  # pytest's "interrupted"
+    results = _results(run_dir)
+    assert results["test_finishes"]["outcome"] == "passed"
+    stopped = results[target]
+    assert (stopped["outcome"], stopped["failure_kind"]) == ("error", "infra"), stopped
+    assert stopped["error_signature"] == "Interrupted: stopped by SIGTERM"
+    assert target in (run_dir / "junit.xml").read_text()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and processes_with_env(token):
+        time.sleep(0.5)
+    assert processes_with_env(token) == []
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""

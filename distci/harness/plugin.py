@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
+import threading
 from pathlib import Path
+
+from typing import Any
 
 import pytest
 
@@ -57,12 +61,14 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", marker)
     config._distci = Harness(config)  # type: ignore[attr-defined]
     config.pluginmanager.register(config._distci.recorder, "distci-recorder")  # type: ignore[attr-defined]
+    config._distci.take_stop_signals()  # type: ignore[attr-defined]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     harness = getattr(config, "_distci", None)
     if harness is not None:
         harness.close()
+        harness.release_stop_signals()
 
 
 class _ControllerPlaceholder:
@@ -138,6 +144,30 @@ class Harness:
         self.pool_errors: dict[int, PoolStartError] = {}
         self.recorder = Recorder(config, self.run_dir)
         self._device_count: int | None = None
+        self._previous_handlers: dict[int, Any] = {}
+
+    def take_stop_signals(self) -> None:
+        """SIGTERM and SIGHUP (a CI or job timeout) stop the run the way Ctrl-C does.
+
+        pytest then ends the session properly: the test in flight is recorded as
+        interrupted, JUnit is written and the ranks are killed. By default these signals
+        would end the controller on the spot and lose all three.
+        Only the main thread can take signals.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def stop(signum: int, _frame: Any) -> None:
+            self.recorder.stopped_by = signal.Signals(signum).name
+            raise KeyboardInterrupt(self.recorder.stopped_by)
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            self._previous_handlers[sig] = signal.signal(sig, stop)
+
+    def release_stop_signals(self) -> None:
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self._previous_handlers.clear()
 
     def device_count(self) -> int:
         if self._device_count is None:
@@ -218,7 +248,10 @@ class Harness:
 
     def close(self) -> None:
         for pool in self.pools.values():
-            pool.shutdown()
+            if self.recorder.interrupted:
+                pool.kill()  # its ranks are still inside the interrupted test
+            else:
+                pool.shutdown()
         self.pools.clear()
 
 

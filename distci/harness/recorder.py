@@ -41,6 +41,10 @@ class Recorder:
         self.started: dict[str, str] = {}
         self.writer: ResultWriter | None = None
         self.known_issues = None
+        self.current: str | None = None  # the test in flight
+        self.current_start = 0.0
+        self.interrupted = False
+        self.stopped_by = "SIGINT"  # the plugin names SIGTERM/SIGHUP when those stopped the run
 
     def remember(self, nodeid: str, combined: Combined) -> None:
         self.combined[nodeid] = combined
@@ -62,14 +66,34 @@ class Recorder:
 
     def pytest_runtest_logstart(self, nodeid: str, location) -> None:
         self.started[nodeid] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        self.current, self.current_start = nodeid, time.monotonic()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.reports.setdefault(report.nodeid, []).append(report)
 
     def pytest_runtest_logfinish(self, nodeid: str, location) -> None:
+        self.current = None
         if self.writer is None:
             return
         self.writer.write(self.result_for(nodeid))
+
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo) -> None:
+        """The run was stopped (Ctrl-C, or SIGTERM/SIGHUP through the plugin): the test in
+        flight gets an `Interrupted` infra Result, so the record says where the run ended."""
+        self.interrupted = True
+        nodeid, self.current = self.current, None
+        if nodeid is None or self.writer is None:
+            return
+        self.reports.pop(nodeid, None)
+        self.combined.pop(nodeid, None)
+        message = f"Interrupted: the run was stopped ({self.stopped_by}) during this test, before it finished"
+        self.writer.write(Result(
+            run_id=self.run_id, cell_id=self.cell, test_id=nodeid, outcome="error", stack=self.stack,
+            failure_kind="infra", error_signature=f"Interrupted: stopped by {self.stopped_by}", message=message,
+            duration_s=round(time.monotonic() - self.current_start, 3),
+            repro=_repro(self.cell if self.cell != "local" else None, nodeid),
+            started_at=self.started.get(nodeid, ""), log_path=str(self.run_dir / "logs"),
+        ))
 
     def result_for(self, nodeid: str) -> Result:
         reports = self.reports.pop(nodeid, [])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -77,6 +78,10 @@ def launch(
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
+    except BaseException:  # the run is being stopped: its own session would outlive it
+        kill_tree(proc)
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     states = read_rank_reports(work, nproc, timed_out)
     for st in states:
         if st.report is None and not timed_out:
