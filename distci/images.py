@@ -68,8 +68,8 @@ FAMILIES = ("cpu", "cuda", "npu")
 DOCKER_DIR = REPO / "docker"
 BASE_RECIPE = DOCKER_DIR / "base" / "make-base.sh"
 IMAGES_DIR = Path(".distci") / "images"
-WORKDIR = PurePosixPath("/opt/distci")
-IMAGE_PYTHON = PurePosixPath("/opt/venv/bin/python")
+WORKDIR = PurePosixPath("/distci")
+IMAGE_PYTHON = PurePosixPath("/venv/bin/python")
 # The torch-stack layer holds these and everything they need; the rest of the
 # wheelhouse (torchao, torchtitan and their own dependencies) is the layer above.
 STACK_ROOTS = ("torch", "torch-npu", *HARNESS_REQUIREMENTS)

@@ -146,7 +146,7 @@ def write_run(
 TANGENT_MSG = (
     "RuntimeError: Expected type torch.distributed._functional_collectives.AsyncCollectiveTensor, "
     "runtime type torch.Tensor shape: torch.Size([1, 2048, 4096]) in "
-    "/opt/venv/lib/python3.11/site-packages/torch/_functorch/_aot_autograd/runtime_wrappers.py line 1817"
+    "/venv/lib/python3.11/site-packages/torch/_functorch/_aot_autograd/runtime_wrappers.py line 1817"
 )
 F8_AC_MSG = (
     "ValueError: For row-wise scaling, the leading dims of A_scale must match the leading dims of A "

@@ -249,10 +249,10 @@ def test_editing_fixes_rebuilds_only_the_top(docker_client):
         touched = ensure_image(cell, docker_client, force=True, touch_fixes=str(time.time()), tag=tag,
                                log=lambda m: None)
         steps = build_steps(touched.log_path)
-        torch_wheels = steps["COPY wheels/stack/ /tmp/wheels/"]
-        torch_install = next(v for s, v in steps.items() if s.startswith("RUN pip install") and "/tmp/wheels" in s)
+        torch_wheels = steps["COPY wheels/stack/ /build/wheels/"]
+        torch_install = next(v for s, v in steps.items() if s.startswith("RUN pip install") and "/build/wheels" in s)
         assert torch_wheels[0] and torch_install[0], steps
-        assert not steps["COPY own/fixes/ /tmp/own/"][0], steps
+        assert not steps["COPY own/fixes/ /build/own/"][0], steps
         # The layer holding the torch venv is literally the one under the untouched image.
         ancestors = [h["Id"] for h in docker_client.api.history(base.tag)]
         assert any(a.startswith(f"sha256:{torch_install[1]}") for a in ancestors), (torch_install, ancestors)

@@ -5,7 +5,7 @@
 set -uo pipefail
 name=$1; cell=$2; shift 2
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-site=/tmp/site
+site="$PWD/.distci/gpu-site"  # the device copy of the working tree; .distci/ is git-ignored
 if [ ! -f "$site/.distci-ready" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl || exit 90
   # The fix package must be installed (not just importable) so torch finds its entry point.
