@@ -69,6 +69,14 @@ def replace(owner: Any, name: str, new: Callable[..., Any], fix_id: str) -> None
         setattr(owner, name, new)
 
 
+def wrap(owner: Any, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]], fix_id: str) -> None:
+    """Set owner.name = make(original), marked as fix_id's. Idempotent: a second call keeps
+    the first wrapper (it never wraps a wrapper). A missing target raises TargetMissing."""
+    original = function_of(lookup(owner, name))
+    if patched_by(original) != fix_id:
+        replace(owner, name, make(original), fix_id)
+
+
 def restore(owner: Any, name: str) -> None:
     """Undo replace() (tests use it to return a process to the unpatched state)."""
     current = inspect.getattr_static(owner, name)

@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from distci_fixes.model import Applies, Fix
-from distci_fixes.patching import function_of, lookup, patched_by, replace, source_of
+from distci_fixes.patching import function_of, lookup, patched_by, source_of, wrap
 
 ID = "asynctp_float8_sp_rows"
 IMPL = "_fused_scaled_matmul_reduce_scatter_impl"
@@ -79,10 +79,7 @@ def detect(symm_mem: ModuleType) -> bool:
 
 
 def apply(symm_mem: ModuleType) -> None:
-    original = function_of(lookup(symm_mem, IMPL))
-    if patched_by(original) == ID:
-        return
-    replace(symm_mem, IMPL, _unflattening(original), ID)
+    wrap(symm_mem, IMPL, _unflattening, ID)
 
 
 FIX = Fix(

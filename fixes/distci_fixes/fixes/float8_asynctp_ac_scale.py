@@ -27,7 +27,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from distci_fixes.model import Applies, Fix
-from distci_fixes.patching import function_of, lookup, patched_by, replace, source_of
+from distci_fixes.patching import lookup, patched_by, source_of, wrap
 
 ID = "float8_asynctp_ac_scale"
 _A_FROM_RESHAPE_INPUT = re.compile(r"A_node\s*=\s*cast\([^\n]*match\[0\]\.args\[0\]")
@@ -92,10 +92,7 @@ def detect(pass_module: ModuleType) -> bool:
 
 
 def apply(pass_module: ModuleType) -> None:
-    original = function_of(lookup(pass_module, "_insert_fused_matmul_reduce_scatter"))
-    if patched_by(original) == ID:
-        return
-    replace(pass_module, "_insert_fused_matmul_reduce_scatter", _aligning(original), ID)
+    wrap(pass_module, "_insert_fused_matmul_reduce_scatter", _aligning, ID)
 
 
 FIX = Fix(

@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import Callable
 
 from distci_fixes.model import Applies, Fix
-from distci_fixes.patching import function_of, lookup, patched_by, replace
+from distci_fixes.patching import function_of, lookup, patched_by, wrap
 
 ID = "rowwise_parallel_wait"
 
@@ -46,10 +46,7 @@ def detect(funcol: ModuleType) -> bool:
 
 
 def apply(funcol: ModuleType) -> None:
-    original = function_of(lookup(funcol, "_are_we_tracing"))
-    if patched_by(original) == ID:
-        return
-    replace(funcol, "_are_we_tracing", _tracing_or_faking(original), ID)
+    wrap(funcol, "_are_we_tracing", _tracing_or_faking, ID)
 
 
 FIX = Fix(
