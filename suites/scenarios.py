@@ -221,7 +221,13 @@ class Tolerance:
 #   noise in near-zero gradients), loss identical to 1e-7. 60 dB / 1e-3 leave headroom and
 #   still fail a missing reduction (O(1) error) or a dropped gradient (0 dB).
 # Float8 is judged against the same recipe on one process (torchao's practice):
-#   tensorwise: scales come from global amaxes, so TP matches to >= 99 dB (require 40).
+#   tensorwise: scales come from global amaxes. On CPU TP matched to >= 99 dB, but on
+#   2xH200 (torch 2.11, torchtitan's llama3, fp32) TP=2 vs TP=1 was 24.7-39 dB in eager,
+#   compiled and async-TP runs alike, loss within 3e-7: the reduce-scatter sums partial
+#   products in another order, activations move by ulps, so do their amaxes (scales 4e-7
+#   apart from the second Float8 linear on, tools/diag_titan_scales.py), and every element
+#   near an fp8 rounding boundary flips by one fp8 step (6-12%). Require 20 dB, as a
+#   row mix-up (~0 dB), a missing reduction or a dropped gradient (< 10 dB) stay far below.
 #   rowwise / rowwise_with_gw_hp: the rowwise-parallel layers scale each row over their
 #   local K shard, so quantization differs from one process and the difference compounds
 #   over layers and steps: measured >= 21.5 dB, loss within 2.2e-4 (require 15 dB, 2e-3).
@@ -230,7 +236,7 @@ class Tolerance:
 # bf16: both sides round to 8 mantissa bits at different points (require 25 dB, 1e-2).
 TOLERANCES: dict[tuple[str, str], Tolerance] = {
     ("float32", "none"): Tolerance(loss_rtol=1e-5, loss_atol=1e-6, grad_min_sqnr=60.0, grad_max_rel=1e-3),
-    ("float32", "tensorwise"): Tolerance(loss_rtol=1e-4, loss_atol=1e-5, grad_min_sqnr=40.0),
+    ("float32", "tensorwise"): Tolerance(loss_rtol=1e-4, loss_atol=1e-5, grad_min_sqnr=20.0),
     ("float32", "rowwise"): Tolerance(loss_rtol=2e-3, loss_atol=1e-4, grad_min_sqnr=15.0),
     ("float32", "rowwise_with_gw_hp"): Tolerance(loss_rtol=2e-3, loss_atol=1e-4, grad_min_sqnr=15.0),
     ("bfloat16", "none"): Tolerance(loss_rtol=1e-2, loss_atol=1e-3, grad_min_sqnr=25.0),

@@ -83,6 +83,7 @@ CASES = [
     TitanCase(True, "aot_eager", "selective", "none", False, "nightly"),
     TitanCase(True, "inductor", "full", "none", False, "nightly"),
     TitanCase(True, "inductor", "selective", "rowwise", False, "nightly"),
+    TitanCase(True, "inductor", "none", "tensorwise", False, "nightly"),  # the control of the next one
     TitanCase(True, "inductor", "none", "tensorwise", True, "nightly"),
     TitanCase(True, "inductor", "full", "rowwise", True, "nightly"),
 ]

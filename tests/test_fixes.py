@@ -197,13 +197,17 @@ def test_vanished_patch_target_is_recorded_broken_not_raised() -> None:
 
     style.RowwiseParallel = RowwiseParallel  # type: ignore[attr-defined]
     sys.modules[style.__name__] = style
-    gone_module = replace(act_tangent_coercion.FIX, id="act_missing_module", target="distci_no_such_module")
-    engine = Engine(fixes=[replace(act_tangent_coercion.FIX, target=style.__name__), gone_module])
+    gone_module = replace(act_tangent_coercion.FIX, id="act_missing_module", target="torch.distci_no_such_module")
+    absent_package = replace(act_tangent_coercion.FIX, id="act_absent_package", target="distci_no_such_package.mod")
+    engine = Engine(fixes=[replace(act_tangent_coercion.FIX, target=style.__name__), gone_module, absent_package])
     engine.arm(Selection.parse("all"), TorchBuild("2.13.0"), eager=True)
     records = {r.id: r for r in engine.records()}
     assert records[ACT].status == "broken"
     assert "RowwiseParallel._prepare_output_fn does not exist" in records[ACT].reason
     assert records["act_missing_module"].status == "broken"
+    # a fix for a package the stack does not have (torchtitan in a torch-only cell) has nothing to do
+    assert records["act_absent_package"].status == "not_needed"
+    assert "distci_no_such_package is not installed" in records["act_absent_package"].reason
 
 
 def test_apply_is_idempotent() -> None:
@@ -294,3 +298,62 @@ def test_act_tangent_regression_fails_off_and_passes_on(site: Path, tmp_path: Pa
                                               "does not require grad")), row.off.message
     assert row.on.outcome == "passed", row.on
     assert row.verdict == "needed"
+
+
+# --- a fix for a third-party package (torchtitan is not installed in CI) ---------------
+
+TORCHTITAN_022_TENSOR_PARALLEL = '''
+import torch
+import torch._inductor.config
+
+
+def maybe_enable_async_tp(job_config, tp_mesh):
+    if not job_config.parallelism.enable_async_tensor_parallel:
+        return
+    if not (job_config.compile.enable and "model" in job_config.compile.components):
+        raise RuntimeError("Async TP requires 'model' in --compile.components and --compile.enable")
+    torch._inductor.config._micro_pipeline_tp = True
+'''
+
+
+def test_torchtitan_asynctp_fix_registers_the_tp_group(tmp_path: Path) -> None:
+    """The fix against a module with torchtitan 0.2.2's maybe_enable_async_tp, verbatim in
+    behaviour; suites/regressions/test_torchtitan3869_asynctp_symm_mem.py runs the real one."""
+    import importlib.util
+
+    import torch._inductor.config as inductor_config
+    import torch.distributed as dist
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    from distci_fixes.fixes import torchtitan_asynctp_symm_mem as fix
+
+    path = tmp_path / "distci_titan_tp.py"
+    path.write_text(TORCHTITAN_022_TENSOR_PARALLEL)
+    spec = importlib.util.spec_from_file_location("distci_titan_tp", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert fix.detect(module), "the bug should be detected in torchtitan 0.2.2's function"
+
+    job = types.SimpleNamespace(parallelism=types.SimpleNamespace(enable_async_tensor_parallel=True),
+                                compile=types.SimpleNamespace(enable=True, components=["model"]))
+    previous = inductor_config._micro_pipeline_tp
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    group = dist.group.WORLD.group_name
+    mesh = types.SimpleNamespace(get_group=lambda: dist.group.WORLD)
+    try:
+        module.maybe_enable_async_tp(job, mesh)
+        assert not symm_mem.is_symm_mem_enabled_for_group(group), "unpatched, the group stays unregistered"
+        fix.apply(module)
+        fix.apply(module)  # idempotent
+        assert not fix.detect(module)
+        job.parallelism.enable_async_tensor_parallel = False
+        module.maybe_enable_async_tp(job, mesh)
+        assert not symm_mem.is_symm_mem_enabled_for_group(group), "a job without async TP must not register"
+        job.parallelism.enable_async_tensor_parallel = True
+        module.maybe_enable_async_tp(job, tp_mesh=mesh)  # by keyword, as a caller may
+        assert symm_mem.is_symm_mem_enabled_for_group(group)
+        assert inductor_config._micro_pipeline_tp is True
+    finally:
+        getattr(symm_mem, "_group_name_to_store", {}).pop(group, None)
+        inductor_config._micro_pipeline_tp = previous
+        dist.destroy_process_group()

@@ -59,13 +59,18 @@ def test_every_listed_problem_must_be_explained(tmp_path):
     path.write_text(MULTI)
     reg = load_registry(path)
     sqnr = "step 0: layers.0.wq.weight: gradient SQNR 8.1 dB < 15 dB"
-    unfused = "async TP did not fuse: 0 fused all-gather matmuls and 3 fused matmul reduce-scatters"
+    unfused = ("async TP did not fuse the all-gather side: 0 fused all-gather matmuls in the post-grad graphs "
+               "(the reduce-scatter side fused 3)")
     assert reg.match(SCEN, "", _problems(sqnr, sqnr), {}) == "rows"
     assert reg.match(SCEN, "", _problems(sqnr, unfused), {}) == "rows,ag-unfused"
     # one problem no entry explains keeps the whole failure red
     assert reg.match(SCEN, "", _problems(sqnr, "step 1: loss 3.2 vs reference 2.9"), {}) is None
     # a list cut short cannot be checked
     assert reg.match(SCEN, "", _problems(sqnr) + "\n  ... and 40 more", {}) is None
+    # both sides unfused: the all-gather entry does not explain the reduce-scatter line
+    unfused_rs = ("async TP did not fuse the reduce-scatter side: 0 fused matmul reduce-scatters in the "
+                  "post-grad graphs (the all-gather side fused 0)")
+    assert reg.match(SCEN, "", _problems(unfused.replace("fused 3", "fused 0"), unfused_rs), {}) is None
     # an entry that does not cover the test id explains nothing there
     other = SCEN.replace("f8_rowwise", "f8_tensorwise")
     assert reg.match(other, "", _problems(sqnr, unfused), {}) is None

@@ -143,4 +143,5 @@ def test_async_tp_without_fusion_fails_graph():
     expect = expected_graph(SCENARIOS["tp_sp-compile_block-asynctp"], MODEL)
     assert check_graph(expect, _async_tp_evidence(fused=True)) == []
     problems = check_graph(expect, _async_tp_evidence(fused=False))
-    assert any("async TP did not fuse" in p for p in problems), problems
+    assert any("did not fuse the all-gather side" in p for p in problems), problems
+    assert any("did not fuse the reduce-scatter side" in p for p in problems), problems

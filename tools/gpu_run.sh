@@ -6,6 +6,8 @@ set -uo pipefail
 name=$1; cell=$2; shift 2
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 site="$PWD/.distci/gpu-site"  # the device copy of the working tree; .distci/ is git-ignored
+mkdir -p "$(dirname "$site")"
+exec 9>"$site.lock"; flock 9  # parallel gpu_run.sh calls in one device call install once
 if [ ! -f "$site/.distci-ready" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl || exit 90
   # The fix package must be installed (not just importable) so torch finds its entry point.
@@ -15,6 +17,7 @@ if [ ! -f "$site/.distci-ready" ]; then
   fi
   touch "$site/.distci-ready"
 fi
+flock -u 9
 export PYTHONPATH="$site:$PWD"
 run_dir="${OUT:-.distci/gpu}/$name"
 mkdir -p "$run_dir"

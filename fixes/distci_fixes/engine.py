@@ -16,6 +16,8 @@ and any exception on the way (a vanished target, a third party's bug) is recorde
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 import threading
 from types import ModuleType
 from typing import Dict, Iterable, List, Optional
@@ -38,6 +40,15 @@ from distci_fixes.selection import Selection
 
 def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
+
+
+def _installed(package: str) -> bool:
+    if package in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return True  # present but odd (no spec): let the import itself report
 
 
 class Engine:
@@ -99,6 +110,13 @@ class Engine:
                     )
 
     def _settle_now(self, fix: Fix, decision: Decision) -> None:
+        package = fix.target.split(".")[0]
+        if not _installed(package):
+            # A fix for a third-party package (torchtitan, torchao) in a stack without it:
+            # nothing to patch here. A vanished module inside an installed one stays broken.
+            self._record(fix, NOT_NEEDED, f"{package} is not installed; {decision.reason}",
+                         present=False, in_range=decision.in_range)
+            return
         try:
             module = importlib.import_module(fix.target)
         except Exception as err:

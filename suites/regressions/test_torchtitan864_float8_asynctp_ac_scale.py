@@ -32,7 +32,6 @@ from ..conftest import tier_marks
 FIX_ID = "float8_asynctp_ac_scale"
 B, S, K, N, WORLD = 2, 8, 16, 32, 2
 E2E_SCENARIO = "tp_sp-compile_block-ac_full-f8_rowwise-asynctp"
-FAKE_BACKEND = "distci_fake"
 
 
 @dataclass(frozen=True)
@@ -49,28 +48,6 @@ ORDERS = [
 ]
 
 
-def _init_fake_process_group() -> "torch.distributed.ProcessGroup":
-    """A 2-rank process group in this one process that never communicates."""
-    import torch.distributed as dist
-    from torch._C._distributed_c10d import FakeProcessGroup
-
-    if FAKE_BACKEND not in dist.Backend.backend_list:
-        if hasattr(FakeProcessGroup, "_create_internal"):  # torch >= 2.10: extended API
-
-            def create(common, backend_opts):
-                return FakeProcessGroup._create_internal(common.group_rank, common.group_size, backend_opts)
-
-            dist.Backend.register_backend(FAKE_BACKEND, create, extended_api=True, devices=["cpu", "cuda"])
-        else:
-
-            def create_legacy(store, rank, world_size, timeout):
-                return FakeProcessGroup(rank, world_size)
-
-            dist.Backend.register_backend(FAKE_BACKEND, create_legacy, devices=["cpu", "cuda"])
-    dist.init_process_group(FAKE_BACKEND, store=dist.HashStore(), rank=0, world_size=WORLD)
-    return dist.group.WORLD
-
-
 def tier(name: str):
     """The tier markers of a test first run in tier `name` (and in every later tier)."""
 
@@ -80,19 +57,6 @@ def tier(name: str):
         return fn
 
     return mark
-
-
-@pytest.fixture
-def fake_group():
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        pytest.skip("a default process group already exists in the pytest process")
-    group = _init_fake_process_group()
-    try:
-        yield group
-    finally:
-        dist.destroy_process_group()
 
 
 def _float8_rowwise_rs_graph(order: Order, group_name: str) -> torch.fx.GraphModule:

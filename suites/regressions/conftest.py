@@ -1,0 +1,48 @@
+"""Fixtures shared by the regression repros that run an inductor pass on a hand-built graph."""
+
+from __future__ import annotations
+
+import pytest
+
+FAKE_BACKEND = "distci_fake"
+FAKE_WORLD = 2
+
+
+def init_fake_process_group(world_size: int = FAKE_WORLD):
+    """A process group of `world_size` ranks in this one process that never communicates.
+
+    Graph passes such as inductor's micro-pipeline TP only need a group's name and size;
+    c10d's FakeProcessGroup provides them on every torch the matrix spans (its creation
+    API changed in 2.10, hence the two registrations).
+    """
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import FakeProcessGroup
+
+    if FAKE_BACKEND not in dist.Backend.backend_list:
+        if hasattr(FakeProcessGroup, "_create_internal"):  # torch >= 2.10: extended API
+
+            def create(common, backend_opts):
+                return FakeProcessGroup._create_internal(common.group_rank, common.group_size, backend_opts)
+
+            dist.Backend.register_backend(FAKE_BACKEND, create, extended_api=True, devices=["cpu", "cuda"])
+        else:
+
+            def create_legacy(store, rank, world_size, timeout):
+                return FakeProcessGroup(rank, world_size)
+
+            dist.Backend.register_backend(FAKE_BACKEND, create_legacy, devices=["cpu", "cuda"])
+    dist.init_process_group(FAKE_BACKEND, store=dist.HashStore(), rank=0, world_size=world_size)
+    return dist.group.WORLD
+
+
+@pytest.fixture
+def fake_group():
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a default process group already exists in the pytest process")
+    group = init_fake_process_group()
+    try:
+        yield group
+    finally:
+        dist.destroy_process_group()
