@@ -46,3 +46,28 @@ def fake_group():
         yield group
     finally:
         dist.destroy_process_group()
+
+
+def fuse_with_micro_pipeline_tp(gm, make_inputs, monkeypatch: pytest.MonkeyPatch):
+    """Runs inductor's micro-pipeline TP pass over a hand-built post-grad graph `gm`.
+
+    Fake tensors from `make_inputs()` give every node the metadata the pass reads. The
+    pass rewrites graphs only on NCCL builds with symmetric memory enabled for the group;
+    neither matters for a graph rewrite, and CPU-only wheels lack NCCL, so both are faked.
+    Returns (fake mode, inputs, the fused scaled-matmul/reduce-scatter nodes).
+    """
+    import torch
+    from torch._inductor.fx_passes.micro_pipeline_tp import micro_pipeline_tp_pass
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed import _symmetric_memory as symm_mem
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
+    mode = FakeTensorMode()
+    with mode:
+        inputs = make_inputs()
+    FakeTensorProp(gm, mode).propagate(*inputs)
+    with symm_mem._test_mode():
+        micro_pipeline_tp_pass(gm.graph)
+    fused = [n for n in gm.graph.nodes if n.target is torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter.default]
+    return mode, inputs, fused

@@ -30,6 +30,7 @@ import pytest
 import torch
 
 from ..conftest import tier_marks
+from .conftest import fuse_with_micro_pipeline_tp
 
 B, S, K, N = 2, 8, 32, 64
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -83,31 +84,18 @@ def _row_parallel_rs_graph(out_dtype: torch.dtype, converted: torch.dtype | None
 
 @pytest.mark.parametrize("dtype_name", list(DTYPES))
 def test_pass_level(fake_group, dtype_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
-    symm_mem = pytest.importorskip("torch.distributed._symmetric_memory")
+    pytest.importorskip("torch.distributed._symmetric_memory")
     if not hasattr(torch.ops.symm_mem, "fused_scaled_matmul_reduce_scatter"):
         pytest.skip("this torch has no fused scaled-matmul/reduce-scatter op")
-    from torch._inductor.fx_passes.micro_pipeline_tp import micro_pipeline_tp_pass
 
     out_dtype, converted = _what_torchao_emits(DTYPES[dtype_name])
-    # The pass rewrites graphs only on NCCL builds with symmetric memory enabled for the
-    # group; neither matters for a graph rewrite, and CPU-only wheels lack NCCL.
-    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
     gm = _row_parallel_rs_graph(out_dtype, converted, fake_group.group_name, fake_group.size())
-    mode = FakeTensorMode()
-    with mode:
-        inputs = (
-            torch.randn(B, S, K).to(torch.float8_e4m3fn),
-            torch.ones(B * S, 1),
-            torch.randn(N, K).to(torch.float8_e4m3fn).t(),
-            torch.ones(1, N),
-        )
-    FakeTensorProp(gm, mode).propagate(*inputs)
-    with symm_mem._test_mode():
-        micro_pipeline_tp_pass(gm.graph)
-    fused = [n for n in gm.graph.nodes if n.target is torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter.default]
+    _, _, fused = fuse_with_micro_pipeline_tp(gm, lambda: (
+        torch.randn(B, S, K).to(torch.float8_e4m3fn),
+        torch.ones(B * S, 1),
+        torch.randn(N, K).to(torch.float8_e4m3fn).t(),
+        torch.ones(1, N),
+    ), monkeypatch)
     if not fused:
         what = (f"torchao's conversion of the {out_dtype} _scaled_mm output to {converted} sits between the matmul "
                 "and the reduce-scatter" if converted else "no conversion in between")

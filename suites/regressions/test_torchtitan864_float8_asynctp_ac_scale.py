@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from ..conftest import tier_marks
+from .conftest import fuse_with_micro_pipeline_tp
 
 FIX_ID = "float8_asynctp_ac_scale"
 B, S, K, N, WORLD = 2, 8, 16, 32, 2
@@ -83,29 +84,18 @@ def _float8_rowwise_rs_graph(order: Order, group_name: str) -> torch.fx.GraphMod
 @pytest.mark.parametrize("order", ORDERS, ids=lambda o: o.id)
 @tier("pr")
 def test_pass_level(fake_group, order: Order, monkeypatch: pytest.MonkeyPatch) -> None:
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    symm_mem = pytest.importorskip("torch.distributed._symmetric_memory")
+    pytest.importorskip("torch.distributed._symmetric_memory")
     if not hasattr(torch.ops.symm_mem, "fused_scaled_matmul_reduce_scatter"):
         pytest.skip("this torch has no fused scaled-matmul/reduce-scatter op")
-    from torch._inductor.fx_passes.micro_pipeline_tp import micro_pipeline_tp_pass
 
-    # The pass rewrites graphs only on NCCL builds with symmetric memory enabled for the
-    # group; neither matters for a graph rewrite, and CPU-only wheels lack NCCL.
-    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
     gm = _float8_rowwise_rs_graph(order, fake_group.group_name)
-    mode = FakeTensorMode()
-    with mode:
-        inputs = (
-            torch.randn(B, S, K, dtype=torch.bfloat16),
-            torch.randn(N, K).to(torch.float8_e4m3fn).t(),
-            torch.ones(1, N),
-        )
-    FakeTensorProp(gm, mode).propagate(*inputs)
-    with symm_mem._test_mode():
-        micro_pipeline_tp_pass(gm.graph)
-    fused = [n for n in gm.graph.nodes if n.target is torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter.default]
+    mode, inputs, fused = fuse_with_micro_pipeline_tp(gm, lambda: (
+        torch.randn(B, S, K, dtype=torch.bfloat16),
+        torch.randn(N, K).to(torch.float8_e4m3fn).t(),
+        torch.ones(1, N),
+    ), monkeypatch)
     assert len(fused) == 1, f"the pass did not fuse the scaled matmul with the reduce-scatter:\n{gm.graph}"
     gm.recompile()
     result = FakeTensorProp(gm, mode).propagate(*inputs)
