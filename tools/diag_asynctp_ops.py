@@ -33,14 +33,12 @@ for rowwise in (False, True):
             bsc = wsc.t() if rowwise else wsc
             part = (af.float() * asc) @ (wf.float() * wsc).t(); dist.all_reduce(part)
             exp = part.reshape(B, S, N).chunk(ws, dim=1)[rank]
+            full = torch._scaled_mm(af, wf.t(), asc, bsc, out_dtype=od, use_fast_accum=fast).reshape(B, S, N).float()
+            dist.all_reduce(full); unf_out = full.chunk(ws, dim=1)[rank]  # unfused: scaled_mm, then the reduce-scatter
             for form, A, Asc, after in (("3d", af.reshape(B, S, K), asc.reshape(B, S, -1) if rowwise else asc, 1),
                                         ("2d", af, asc, 0)):
                 out = torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter(A, wf.t(), Asc, bsc, "sum", 1, after,
                         g.group_name, [B, S, N], None, None, od, fast)
-                unf = torch._scaled_mm(af, wf.t(), asc, bsc, out_dtype=od, use_fast_accum=fast).reshape(B, S, N)
-                unf = unf.chunk(ws, dim=1); rs = torch.empty_like(unf[0])
-                full = torch._scaled_mm(af, wf.t(), asc, bsc, out_dtype=od, use_fast_accum=fast).reshape(B, S, N).float()
-                dist.all_reduce(full); unf_out = full.chunk(ws, dim=1)[rank]
                 if rank == 0:
                     print(f"RS {tag} {form}: fused {sqnr(exp, out):.1f} dB, unfused {sqnr(exp, unf_out):.1f} dB")
             # all-gather: A shard (B,S/ws,K) gathered along S, @ W^T
