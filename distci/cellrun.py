@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .envs import default_root as envs_root
 from .envs import ensure_env
 from .errors import ConfigError, InfraError, SelectionError, SourceError
 from .external.spec import SuiteSpec, load_suites
@@ -35,6 +36,9 @@ from .results import (JUNIT_FILE, RESULTS_FILE, STACK_FILE, Result, ResultWriter
                       write_junit)
 from .selfwheels import REPO, build_all
 from .sources import IndexConfig, pip_args, redact_url, requirement_lines, resolve_sources
+from .progress import Heartbeat, downloaded_probe, installed_probe
+from .terminal import relay_pytest
+from .wheelhouse import default_root as wheelhouse_root
 from .wheelhouse import ensure_wheelhouse
 
 # What the harness needs inside every cell environment besides the cell's own stack.
@@ -60,6 +64,7 @@ class RunInfo:
     cell: dict = field(default_factory=dict)
     pytest_exit: int | None = None
     command: str = ""
+    exit_code: int | None = None  # this cell's part of `distci run`'s exit code (distci.terminal.EXIT_CODES)
 
 
 @dataclass
@@ -172,7 +177,7 @@ def start_run(cell: Cell, runs_root: Path, *, tier: str | None, backend: str = "
     run_dir.mkdir(parents=True)
     info = RunInfo(run_id=run_id, cell_id=cell.id, started_at=_now(), tier=tier, cell=cell.as_dict(),
                    backend=backend, runner=os.environ.get("DISTCI_RUNNER") or socket.gethostname())
-    _write_info(run_dir, info)
+    write_info(run_dir, info)
     log(f"[{cell.id}] run {run_id}")
     return info, run_dir
 
@@ -183,7 +188,7 @@ def infra_run(cell: Cell, info: RunInfo, run_dir: Path, exc: Exception, log_path
     ResultWriter(run_dir).write(result)
     write_junit([result], run_dir / JUNIT_FILE, suite_name=cell.id)
     info.ended_at = _now()
-    _write_info(run_dir, info)
+    write_info(run_dir, info)
     return CellRun(info, run_dir, [result])
 
 
@@ -201,7 +206,7 @@ def finish_run(cell: Cell, info: RunInfo, run_dir: Path, exit_code: int | None) 
         ResultWriter(run_dir).write(result)
         results = [result]
         write_junit(results, run_dir / JUNIT_FILE, suite_name=cell.id)
-    _write_info(run_dir, info)
+    write_info(run_dir, info)
     return CellRun(info, run_dir, results)
 
 
@@ -255,24 +260,19 @@ def run_in_env(
         cmd = pytest_command(cell, python, run_dir, info.run_id, tests=native, keyword=keyword,
                              extra_args=extra_pytest_args or [])
         info.command = shlex.join(cmd)
-        child_env = {**os.environ, **cell_environment(cell, tier)}
+        # Unbuffered, so pytest.log fills as the run goes rather than when pytest exits.
+        child_env = {**os.environ, **cell_environment(cell, tier), "PYTHONUNBUFFERED": "1"}
         child_env.pop("PYTHONPATH", None)
         log(f"[{cell.id}] $ {info.command}")
-        with open(run_dir / "pytest.log", "w") as out:
-            proc = subprocess.Popen(cmd, cwd=REPO, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, bufsize=1)
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                out.write(line)
-                log(f"[{cell.id}] {line.rstrip()}")
-            code = proc.wait()
+        proc = subprocess.Popen(cmd, cwd=REPO, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        code = relay_pytest(proc, run_dir / "pytest.log", run_dir / RESULTS_FILE, lambda m: log(f"[{cell.id}] {m}"))
         run = finish_run(cell, info, run_dir, code)
         if not externals:
             return run
     run_external_suites(cell, python, info, run_dir, externals, select=external, keyword=keyword,
                         suites_path=external_suites, log=log)
     info.ended_at = _now()
-    _write_info(run_dir, info)
+    write_info(run_dir, info)
     results_file = run_dir / RESULTS_FILE
     return CellRun(info, run_dir, list(read_results(results_file)) if results_file.exists() else [])
 
@@ -364,9 +364,14 @@ def provision(cell: Cell, run_dir: Path, *, log: Log = print):
     """Wheelhouse (download once) + venv (install offline) + distci's own wheels."""
     sources, reqs, args = stack_inputs(cell)
     started = time.monotonic()
-    wheelhouse = ensure_wheelhouse(reqs, args, log=lambda m: log(f"[{cell.id}] {m}"))
-    own = build_all(Path(".distci") / "selfwheels", log=lambda m: log(f"[{cell.id}] {m}"))
-    env = ensure_env(cell, wheelhouse, extra_wheels=own, log=lambda m: log(f"[{cell.id}] {m}"))
+    say = lambda m: log(f"[{cell.id}] {m}")  # noqa: E731
+    with Heartbeat(f"wheelhouse: {len(reqs)} requirements", say, probe=downloaded_probe(wheelhouse_root())) as hb:
+        wheelhouse = ensure_wheelhouse(reqs, args, log=hb.wrap(say))
+    with Heartbeat("distci's own wheels", say) as hb:
+        own = build_all(Path(".distci") / "selfwheels", log=hb.wrap(say))
+    with Heartbeat(f"environment: installing {len(wheelhouse.wheels) + len(own)} wheels", say,
+                   probe=installed_probe(envs_root(), cell.id, len(wheelhouse.wheels) + len(own))) as hb:
+        env = ensure_env(cell, wheelhouse, extra_wheels=own, log=hb.wrap(say))
     log(f"[{cell.id}] environment ready in {time.monotonic() - started:.1f}s: {env.path}")
     (run_dir / "provision.json").write_text(json.dumps({
         "wheelhouse": str(wheelhouse.path), "wheelhouse_key": wheelhouse.key, "env": str(env.path),
@@ -383,7 +388,8 @@ def _read_stack(run_dir: Path) -> dict | None:
         return None
 
 
-def _write_info(run_dir: Path, info: RunInfo) -> None:
+def write_info(run_dir: Path, info: RunInfo) -> None:
+    """run.json, replaced atomically so a reader never sees half of it."""
     tmp = run_dir / (RUN_FILE + ".tmp")
     tmp.write_text(json.dumps(asdict(info), indent=1, sort_keys=True))
     tmp.replace(run_dir / RUN_FILE)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -28,10 +29,12 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .cellrun import run_cell
+    from .cellrun import run_cell, write_info
     from .matrix import load_matrix
-    from .summary import print_summary
+    from .terminal import EXIT_FILE_ENV, exit_code, exit_line, print_summary, write_exit_file
 
+    # A pipe (nox, CI) would otherwise hold the per-test lines in a block buffer.
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     matrix = load_matrix(args.matrix)
     cells = matrix.select(cell_ids=args.cell or None, tier=None if args.cell else args.tier)
     if args.backend == "docker":
@@ -39,14 +42,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         runs = run_cells_in_docker(cells, args)
     else:
-        runs = [run_cell(c, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k, tier=args.tier)
-                for c in cells]
+        extra = [f"--distci-known-issues={Path(args.known_issues).resolve()}"] if args.known_issues else []
+        runs = [run_cell(c, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k, tier=args.tier,
+                         extra_pytest_args=extra) for c in cells]
     print_summary(runs)
-    if any(r.failed for r in runs):
-        return 1
-    if any(r.infra for r in runs):
-        return 3
-    return 0
+    code = exit_code(runs)
+    for run in runs:
+        run.info.exit_code = exit_code([run])
+        write_info(run.run_dir, run.info)
+    if os.environ.get(EXIT_FILE_ENV):
+        write_exit_file(os.environ[EXIT_FILE_ENV], code, runs)
+    print(exit_line(code))
+    return code
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -72,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--test", action="append", help="a test node id to run (repeatable)")
     p.add_argument("--backend", choices=("venv", "docker"), default="venv")
     p.add_argument("--runs-root", default=".distci/runs")
+    p.add_argument("--known-issues", default=None,
+                   help="a known-issues registry to match failures against instead of suites/known_issues.toml")
     p.set_defaults(fn=_cmd_run)
 
     p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm builds)")
@@ -101,7 +110,16 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except DistciError as exc:
         print(f"distci: error: {exc}", file=sys.stderr)
-        return 2
+        return _exit(args, 2)
     except KeyboardInterrupt:
         print("distci: interrupted", file=sys.stderr)
-        return 130
+        return _exit(args, 130)
+
+
+def _exit(args: argparse.Namespace, code: int) -> int:
+    """`run` names its exit code on its last line whichever way it ends."""
+    if args.command == "run":
+        from .terminal import exit_line
+
+        print(exit_line(code), file=sys.stderr)
+    return code
