@@ -25,7 +25,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from .envs import default_root as envs_root
 from .envs import ensure_env
@@ -64,6 +64,7 @@ class RunInfo:
     cell: dict = field(default_factory=dict)
     pytest_exit: int | None = None
     command: str = ""
+    ci: dict = field(default_factory=dict)  # GitHub's run coordinates (ci_block), for the dashboard's links
     exit_code: int | None = None  # this cell's part of `distci run`'s exit code (distci.terminal.EXIT_CODES)
 
 
@@ -84,6 +85,15 @@ class CellRun:
     def failed(self) -> list[Result]:
         return [r for r in self.results if r.outcome in ("failed", "error") and r.failure_kind != "infra"
                 and not r.known_issue]
+
+
+def ci_block(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What run.json keeps of GitHub's environment, so the dashboard can link the job later."""
+    env = os.environ if environ is None else environ
+    keys = {"server": "GITHUB_SERVER_URL", "repository": "GITHUB_REPOSITORY", "run_id": "GITHUB_RUN_ID",
+            "attempt": "GITHUB_RUN_ATTEMPT", "job": "GITHUB_JOB"}
+    block = {k: env[v] for k, v in keys.items() if env.get(v)}
+    return block if {"server", "repository", "run_id"} <= block.keys() else {}
 
 
 def _now() -> str:
@@ -176,7 +186,7 @@ def start_run(cell: Cell, runs_root: Path, *, tier: str | None, backend: str = "
     run_dir = Path(runs_root).resolve() / run_id
     run_dir.mkdir(parents=True)
     info = RunInfo(run_id=run_id, cell_id=cell.id, started_at=_now(), tier=tier, cell=cell.as_dict(),
-                   backend=backend, runner=os.environ.get("DISTCI_RUNNER") or socket.gethostname())
+                   backend=backend, runner=os.environ.get("DISTCI_RUNNER") or socket.gethostname(), ci=ci_block())
     write_info(run_dir, info)
     log(f"[{cell.id}] run {run_id}")
     return info, run_dir

@@ -1,13 +1,15 @@
 """The static dashboard: a page people decide from, written from the results store.
 
 `render_dashboard(store, out_dir)` writes index.html (server-side rendered with Jinja2,
-charts as inline SVG), assets/ and data.json. The site needs no server and no network:
+charts as inline SVG), audit.html (the latest fix audit), assets/ and data.json. The
+page opens with the release view: per tier, the gate's answer and what blocks it. The site needs no server and no network:
 open it from file:// or publish the directory on GitHub Pages.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -37,6 +39,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--history", type=int, default=14, help="runs per cell in the history and trend (default 14)")
     p.add_argument("--title", default="distci", help="page title")
+    p.add_argument("--issues", type=Path, default=None,
+                   help="JSON object: error signature -> URL of the issue filed for it (linked from its card)")
+    p.add_argument("--matrix", default=argparse.SUPPRESS,
+                   help="matrix file whose tiers the release view judges (default matrix.toml)")
     p.set_defaults(fn=run)
     return p
 
@@ -45,8 +51,10 @@ def run(args: argparse.Namespace) -> int:
     store_path = args.store or default_store_path()
     if not Path(store_path).exists():
         raise SelectionError(f"no store at {store_path}; run `nox -s ingest -- PATH...` first")
+    issues = json.loads(Path(args.issues).read_text()) if args.issues else None
     with Store(store_path) as store:
-        index = render_dashboard(store, args.out, title=args.title, audit_dir=args.audit_dir, history_runs=args.history)
+        index = render_dashboard(store, args.out, title=args.title, audit_dir=args.audit_dir, history_runs=args.history,
+                                 matrix_path=Path(getattr(args, "matrix", "matrix.toml")), issues=issues)
     print(f"wrote {index}")
     return 0
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from html import escape
 from typing import Sequence
 
+# Bar fills (no text sits on them); the page's text colours live in assets/style.css.
 VERDICT_COLORS = {
     "regression": "#cf222e",
-    "fail": "#f47067",
+    "fail": "#82071e",
     "flaky": "#d4a72c",
     "infra": "#8250df",
     "xfail": "#54aeff",
@@ -16,23 +17,23 @@ VERDICT_COLORS = {
     "skip": "#d0d7de",
 }
 STACK_ORDER = ("pass", "fixed", "xfail", "skip", "infra", "flaky", "fail", "regression")
-SERIES_COLORS = (
-    "#0969da",
-    "#bc4c00",
-    "#8250df",
-    "#1a7f37",
-    "#bf3989",
-    "#9a6700",
-    "#57606a",
-    "#cf222e",
-    "#0550ae",
-    "#116329",
-)
+# A glyph per verdict, so a square says what it is without its colour.
+GLYPHS = {
+    "regression": "R",
+    "fail": "F",
+    "flaky": "~",
+    "infra": "I",
+    "xfail": "K",
+    "fixed": "+",
+    "pass": "✓",
+    "skip": "–",
+    "none": "·",
+}
 FONT = "font-family=\"system-ui, -apple-system, 'Segoe UI', sans-serif\""
 
 
-def series_color(i: int) -> str:
-    return SERIES_COLORS[i % len(SERIES_COLORS)]
+def glyph(verdict: str | None) -> str:
+    return GLYPHS.get(verdict or "none", "?")
 
 
 def _x_positions(n: int, left: float, right: float) -> list[float]:
@@ -40,64 +41,6 @@ def _x_positions(n: int, left: float, right: float) -> list[float]:
         return [(left + right) / 2]
     step = (right - left) / (n - 1)
     return [left + i * step for i in range(n)]
-
-
-def line_chart(
-    x_labels: Sequence[str],
-    series: Sequence[tuple[str, Sequence[float | None]]],
-    *,
-    width: int = 760,
-    height: int = 230,
-    y_label: str = "%",
-    title: str = "",
-) -> str:
-    """Lines over nights on a 0-100 axis; a missing value breaks its line."""
-    left, right, top, bottom = 44.0, width - 16.0, 14.0, height - 30.0
-    xs = _x_positions(len(x_labels), left + 8, right - 8)
-
-    def y(v: float) -> float:
-        return bottom - (bottom - top) * v / 100.0
-
-    out = [
-        f'<svg class="chart" role="img" aria-label="{escape(title)}" viewBox="0 0 {width} {height}" '
-        f'width="100%" preserveAspectRatio="xMidYMid meet" xmlns="http://www.w3.org/2000/svg" {FONT} font-size="11">'
-    ]
-    if title:
-        out.append(f"<title>{escape(title)}</title>")
-    for v in (0, 25, 50, 75, 100):
-        out.append(
-            f'<line x1="{left}" x2="{right}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#d8dee4" stroke-width="1"/>'
-        )
-        out.append(
-            f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end" fill="#57606a">{v}{escape(y_label)}</text>'
-        )
-    every = max(1, len(x_labels) // 10)
-    for i, (x, label) in enumerate(zip(xs, x_labels)):
-        if i % every == 0 or i == len(x_labels) - 1:
-            out.append(
-                f'<text x="{x:.1f}" y="{bottom + 18}" text-anchor="middle" fill="#57606a">{escape(label)}</text>'
-            )
-    for i, (name, values) in enumerate(series):
-        color = series_color(i)
-        path, pen_down = [], False
-        for x, v in zip(xs, values):
-            if v is None:
-                pen_down = False
-                continue
-            path.append(f"{'L' if pen_down else 'M'}{x:.1f},{y(v):.1f}")
-            pen_down = True
-        if path:
-            out.append(
-                f'<path d="{" ".join(path)}" fill="none" stroke="{color}" stroke-width="2" stroke-linejoin="round"/>'
-            )
-        for x, v, label in zip(xs, values, x_labels):
-            if v is not None:
-                out.append(
-                    f'<circle cx="{x:.1f}" cy="{y(v):.1f}" r="3.2" fill="#fff" stroke="{color}" stroke-width="2">'
-                    f"<title>{escape(name)} · {escape(label)}: {v:.0f}%</title></circle>"
-                )
-    out.append("</svg>")
-    return "".join(out)
 
 
 def stacked_bars(

@@ -13,7 +13,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from distci.store import BisectRow, FixAuditRow, ResultRow, RunRow, Store, is_environment, read_fix_audit
+from distci.dashboard.links import Link, run_links
+from distci.dashboard.release import TierView, age_text, release_views
+from distci.dashboard.story import BreakCard, FixStory, break_cards, fix_stories
+from distci.store import BisectRow, ResultRow, RunRow, Store, is_environment, read_fix_audit
 from distci.verdicts import BLOCKING, SEVERITY, worst
 
 STACK_KEYS = (
@@ -69,8 +72,11 @@ class GridCell:
         if self.verdict is None:
             return "—"
         judged = sum(n for v, n in self.counts.items() if v not in ("skip", "infra"))
-        ok = sum(n for v, n in self.counts.items() if v not in ("skip", "infra") and v not in BLOCKING)
-        return f"{ok}/{judged}" if judged else self.verdict
+        ok = sum(n for v, n in self.counts.items() if v in ("pass", "fixed", "flaky"))
+        known = self.counts.get("xfail", 0)
+        if not judged:
+            return self.verdict
+        return f"{ok}/{judged}" + (f" · {known} known" if known else "")
 
     @property
     def title(self) -> str:
@@ -99,6 +105,10 @@ class CellView:
     history_hidden: int
     rates: list[float | None]
     environment_failure: ResultRow | None
+    age: str = ""
+    state: str = "ok"  # the gate's word for the cell (ok, stale, in_flight, infra_only, ...)
+    links: list[Link] = field(default_factory=list)
+    hides: int = 0  # upstream bugs the fix package hides here (a fix_off twin's failures)
 
 
 @dataclass
@@ -131,6 +141,29 @@ class FlakyTest:
 
 
 @dataclass
+class HeatRow:
+    """One cell's nights: the worst verdict of each (None: no run that night) and its rate."""
+
+    cell_id: str
+    marks: list[tuple[str, str | None, float | None]]
+
+
+@dataclass
+class AuditLine:
+    """One row of the fix audit page: a fix on one torch version, off vs on."""
+
+    fix: str
+    version: str
+    present: str
+    applied: str
+    off: str
+    on: str
+    verdict: str
+    message: str = ""
+    cell_id: str = ""
+
+
+@dataclass
 class Page:
     title: str
     generated_at: str
@@ -142,9 +175,14 @@ class Page:
     nights: list[str]
     night_rates: dict[str, list[float | None]]
     night_counts: list[dict[str, int]]
-    audit: list[FixAuditRow]
+    audit: list[AuditLine]
     bisects: list[BisectRow]
     totals: dict[str, int]
+    tiers: list[TierView] = field(default_factory=list)
+    cards: list[BreakCard] = field(default_factory=list)
+    stories: list[FixStory] = field(default_factory=list)
+    heat: list[HeatRow] = field(default_factory=list)
+    audit_source: str = ""
 
     @property
     def status_counts(self) -> dict[str, int]:
@@ -295,18 +333,75 @@ def _flaky(store: Store, nights: list[str]) -> list[FlakyTest]:
     return sorted(out, key=lambda f: (-f.occurrences, f.test_id))
 
 
-def _audit_rows(store: Store, audit_dir: Path | None) -> list[FixAuditRow]:
+def _audit_lines(store: Store, audit_dir: Path | None) -> tuple[list[AuditLine], str]:
+    """The latest fix audit: the newest `audit.json` under audit_dir (as `distci audit`
+    writes it, read by audit.reload), else the rows indexed in the store."""
+    if audit_dir is not None and Path(audit_dir).is_dir():
+        found = sorted(Path(audit_dir).glob("*/audit.json")) + sorted(Path(audit_dir).glob("audit.json"))
+        for path in reversed(found):
+            try:
+                from distci.audit import reload
+
+                audit = reload(path.parent)
+            except (OSError, ValueError, TypeError, KeyError):
+                continue
+            lines = [AuditLine(r.fix, r.torch, _yes_no(r.present), r.status, _run_text(r.off), _run_text(r.on),
+                               r.verdict, r.off.message if r.off.outcome == "failed" else "") for r in audit.rows]
+            return lines, f"{path.parent.name} ({', '.join(audit.versions)})"
+        rows = [row for p in sorted(Path(audit_dir).glob("*.json")) for row in read_fix_audit(p)]
+        if rows:
+            return [AuditLine(a.fix, a.version, a.present or "–", a.applied or "–", a.off or "–", a.on or "–",
+                              a.verdict or "–", cell_id=a.cell_id) for a in rows], str(audit_dir)
     rows = store.fix_audit()
-    if rows or audit_dir is None or not Path(audit_dir).is_dir():
-        return rows
-    return [row for p in sorted(Path(audit_dir).glob("*.json")) for row in read_fix_audit(p)]
+    return [AuditLine(a.fix, a.version, a.present or "–", a.applied or "–", a.off or "–", a.on or "–",
+                      a.verdict or "–", cell_id=a.cell_id) for a in rows], ("the store" if rows else "")
 
 
-def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = None, history_runs: int = 14) -> Page:
+def _yes_no(value: bool | None) -> str:
+    return {True: "yes", False: "no", None: "?"}[value]
+
+
+def _run_text(run: Any) -> str:
+    total = run.passed + run.failed + run.skipped
+    return f"{run.outcome} ({run.passed}/{total})" if run.outcome in ("passed", "failed") else run.outcome
+
+
+def _heat(cells: list[str], nights: list[str], window: list[RunRow],
+          verdicts_by_run: dict[str, list[str]]) -> list[HeatRow]:
+    by_cell_night: dict[tuple[str, str], list[str]] = {}
+    for run in window:
+        by_cell_night.setdefault((run.cell_id, run.night), []).extend(verdicts_by_run.get(run.run_id, []))
+    rows = []
+    for cell in cells:
+        marks = []
+        for n in nights:
+            vs = by_cell_night.get((cell, n))
+            marks.append((n, (worst(vs) or "none") if vs is not None else None, green_rate(vs) if vs else None))
+        rows.append(HeatRow(cell, marks))
+    return rows
+
+
+def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = None, history_runs: int = 14,
+               matrix_path: Path | None = None, now: datetime | None = None, site: Path | None = None,
+               issues: dict[str, str] | None = None) -> Page:
+    """Everything the page shows. `matrix_path` enables the release view (the gate per
+    tier); `site` is where the page is written, for relative links to run logs; `issues`
+    maps an error signature to the issue filed for it."""
+    now = now or datetime.now(timezone.utc)
     latest = store.latest_runs()
     latest_results = {c: store.results(run_id=r.run_id) for c, r in latest.items()}
     suites = sorted({r.suite for rs in latest_results.values() for r in rs if _is_test(r.test_id)})
+    tiers = release_views(store, matrix_path, now)
+    states = {c.cell_id: c.state for t in reversed(tiers) for c in t.cells}
+    stories = fix_stories(latest, latest_results)
+    hides = {s.off_cell: s.bugs for s in stories}
     cells = [_cell_view(store, run, suites, history_runs) for run in latest.values()]
+    for c in cells:
+        started = _parse(c.run.started_at)
+        c.age = age_text((now - started).total_seconds() if started else None)
+        c.state = states.get(c.cell_id, "ok" if c.run.ended_at else "in_flight")
+        c.links = run_links(c.run, site)
+        c.hides = hides.get(c.cell_id, 0)
     order = {"red": 0, "amber": 1, "infra": 2, "green": 3, "none": 4}
     cells.sort(key=lambda c: (order[c.status], c.cell_id))
 
@@ -349,9 +444,10 @@ def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = 
     for rs in latest_results.values():
         for r in rs:
             totals[r.verdict] += 1
+    audit, audit_source = _audit_lines(store, audit_dir)
     return Page(
         title=title,
-        generated_at=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        generated_at=now.strftime("%Y-%m-%d %H:%M UTC"),
         cells=cells,
         suites=suites,
         changes=changes,
@@ -360,10 +456,23 @@ def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = 
         nights=nights,
         night_rates=night_rates,
         night_counts=night_counts,
-        audit=_audit_rows(store, audit_dir),
+        audit=audit,
         bisects=store.bisects(),
         totals=dict(totals),
+        tiers=tiers,
+        cards=break_cards(store, latest_results, issues=issues),
+        stories=stories,
+        heat=_heat(sorted(latest), nights, window, verdicts_by_run),
+        audit_source=audit_source,
     )
+
+
+def _parse(ts: str) -> datetime | None:
+    try:
+        dt = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+    except (ValueError, AttributeError):
+        return None
+    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
 
 
 def page_json(page: Page) -> str:
@@ -377,6 +486,11 @@ def page_json(page: Page) -> str:
                 for c in page.regressions
             ],
             "flaky": [f.test_id for f in page.flaky],
+            "gate": {t.tier: {"status": t.status, "blocking": len(t.blocking),
+                              "cells": {c.cell_id: c.state for c in t.cells}} for t in page.tiers},
+            "breaks": [{"signature": c.signature, "cells": c.cells, "tests": len(c.tests)} for c in page.cards],
+            "fix_story": [{"on": s.on_cell, "off": s.off_cell, "bugs": s.bugs, "known_issues": s.known_issues}
+                          for s in page.stories],
         },
         indent=1,
         sort_keys=True,

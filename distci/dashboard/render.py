@@ -7,6 +7,7 @@ a headless browser's --dump-dom sees everything.
 from __future__ import annotations
 
 import shutil
+from datetime import datetime
 from pathlib import Path
 
 import jinja2
@@ -34,8 +35,8 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def render_page(page: Page) -> str:
-    return _environment().get_template("index.html.j2").render(page=page)
+def render_page(page: Page, template: str = "index.html.j2") -> str:
+    return _environment().get_template(template).render(page=page)
 
 
 def render_dashboard(
@@ -45,11 +46,18 @@ def render_dashboard(
     title: str = "distci",
     audit_dir: Path | None = DEFAULT_AUDIT_DIR,
     history_runs: int = 14,
+    matrix_path: Path | None = None,
+    now: datetime | None = None,
+    issues: dict[str, str] | None = None,
 ) -> Path:
-    """Writes the site into out_dir and returns the path of its index.html."""
+    """Writes the site (index.html, audit.html, assets/, data.json) into out_dir; returns index.html.
+
+    `matrix_path` turns on the release view; `issues` maps error signatures to filed issues.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    page = build_page(store, title=title, audit_dir=audit_dir, history_runs=history_runs)
+    page = build_page(store, title=title, audit_dir=audit_dir, history_runs=history_runs, matrix_path=matrix_path,
+                      now=now, site=out, issues=issues)
     assets = out / "assets"
     assets.mkdir(exist_ok=True)
     for f in (HERE / "assets").iterdir():
@@ -57,6 +65,7 @@ def render_dashboard(
             shutil.copyfile(f, assets / f.name)
     (out / ".nojekyll").write_text("")
     (out / "data.json").write_text(page_json(page) + "\n", encoding="utf-8")
+    (out / "audit.html").write_text(render_page(page, "audit.html.j2"), encoding="utf-8")
     index = out / "index.html"
     index.write_text(render_page(page), encoding="utf-8")
     return index
