@@ -29,13 +29,15 @@ DEFAULT_INTERVAL_S = 15.0
 
 
 def format_duration(seconds: float) -> str:
-    """`42s`, `3m05s`, `1h02m`: short enough for an 80-column line."""
+    """`42s`, `3m05s`, `1h02m`, `4d11h`: short enough for an 80-column line."""
     s = int(round(seconds))
     if s < 60:
         return f"{s}s"
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    if s < 2 * 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
 
 
 @dataclass(frozen=True)

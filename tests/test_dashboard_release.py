@@ -1,0 +1,209 @@
+"""The dashboard a release manager acts on, rendered from a generated store of
+120 tests x 10 cells x 14 nights (tests/fixtures_dashboard.py).
+
+Set DISTCI_DASHBOARD_SCREENSHOTS=reports to keep the Chromium screenshots
+(reports/dashboard.png: the release view and breaks; reports/dashboard-audit.png).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import asdict
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from markupsafe import escape
+from fixtures_dashboard import (BREAK_SIG, CI, F8, HIDDEN, HIDDEN_FIXES, HIDDEN_KNOWN, ISSUE_URL, NOW, RELEASE_SIG, TP,
+                                generate)
+from test_dashboard import CHROMIUM, FLAGS
+
+from distci.audit import Audit, AuditRow
+from distci.audit import TestRun as AuditRun
+from distci.dashboard import contrast, render_dashboard
+from distci.store import Store
+
+
+class _Tree(HTMLParser):
+    """Elements with their attributes and the text inside each (enough to find articles)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements: list[tuple[str, dict[str, str]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.elements.append((tag, {k: v or "" for k, v in attrs}))
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("gen")
+    gen = generate(root)
+    audit_dir = root / "audit" / "20261130-0900"
+    audit_dir.mkdir(parents=True)
+    audit = Audit(versions=["2.13.0", "2.14.1"], rows=[
+        AuditRow("fix_bug_0", "2.14.1", "suites/regressions/test_pytorch100000_bug.py", True, True, "applied",
+                 AuditRun("failed", 0, 1, message="RuntimeError: upstream bug 0"), AuditRun("passed", 1), "needed"),
+        AuditRow("fix_bug_1", "2.13.0", "suites/regressions/test_pytorch100001_bug.py", False, False, "out_of_range",
+                 AuditRun("passed", 1), AuditRun("passed", 1), "obsolete since 2.13.0"),
+    ], started="20261130-0900")
+    (audit_dir / "audit.json").write_text(json.dumps(asdict(audit)))
+    with Store(root / "store.sqlite") as store:
+        store.ingest([gen.root])
+        index = render_dashboard(store, root / "site", matrix_path=gen.matrix, now=NOW, issues=gen.issues,
+                                 audit_dir=root / "audit")
+    html = index.read_text()
+    tree = _Tree()
+    tree.feed(html)
+    return {"gen": gen, "index": index, "html": html, "tree": tree, "data": json.loads((root / "site" / "data.json").read_text())}
+
+
+def _article(html: str, attr: str) -> str:
+    start = html.index(attr)
+    start = html.rindex("<article", 0, start)
+    return html[start: html.index("</article>", start)]
+
+
+def _row(html: str, attr: str) -> str:
+    start = html.rindex("<tr", 0, html.index(attr))
+    return html[start: html.index("</tr>", start)]
+
+
+def test_release_view_gives_each_tier_the_gates_answer(site: dict) -> None:
+    cells, html, gate = site["gen"].cells, site["html"], site["data"]["gate"]
+    assert html.index('id="release"') < html.index('id="breaks"') < html.index('id="grid"'), "release view first"
+    assert {t: g["status"] for t, g in gate.items()} == {"release": "BLOCKED", "pr": "PASSED", "nightly": "INCOMPLETE"}
+    assert [m.group(1) for m in re.finditer(r'data-tier="(\w+)"', html)] == ["release", "pr", "nightly"]
+    release = _article(html, 'data-tier="release"')
+    assert 'data-status="BLOCKED"' in release and f'data-blocking="{cells["release_red"]}::{TP[7]}"' in release
+    assert escape(RELEASE_SIG) in release and "1 stale" in release
+    nightly = gate["nightly"]["cells"]
+    for role, state in (("missing", "missing"), ("stale", "stale"), ("infra", "infra_only"),
+                        ("in_flight", "in_flight"), ("break_on", "ok"), ("twin_off", "ok")):
+        assert nightly[cells[role]] == state, role
+    night = _article(html, 'data-tier="nightly"')
+    assert re.search(r'data-cell-state="missing" data-cell="%s">.*?never' % re.escape(cells["missing"]), night, re.S)
+    stale = _row(night, f'data-cell="{cells["stale"]}"')
+    assert "stale" in stale and "5d11h ago" in stale
+    assert "11h04m ago" in _row(night, f'data-cell="{cells["break_on"]}"'), "each cell's last run age"
+    assert "environment never came up: MissingRun" not in html
+
+
+def test_in_flight_and_stale_runs_are_marked_in_the_grid(site: dict) -> None:
+    cells, html = site["gen"].cells, site["html"]
+    grid = html[html.index('id="grid"'):html.index('id="nights"')]
+    assert 'data-state="in_flight"' in _row(grid, f'data-cell="{cells["in_flight"]}"')
+    assert "in flight" in _row(grid, f'data-cell="{cells["in_flight"]}"')
+    assert "stale" in _row(grid, f'data-cell="{cells["stale"]}"')
+    assert "stale" not in _row(grid, f'data-cell="{cells["twin_on"]}"')
+
+
+def test_one_card_for_one_upstream_break(site: dict) -> None:
+    cells, html = site["gen"].cells, site["html"]
+    breaks = html[html.index('id="breaks"'):html.index('id="fixstory"')]
+    assert breaks.count(f'data-signature="{BREAK_SIG}"') == 1
+    assert breaks.count("<article") == 3, "the break, the release regression, the known issues; nothing per test"
+    card = _article(breaks, f'data-signature="{BREAK_SIG}"')
+    assert "40 tests in 3 cells" in card and "120 failing results" in card
+    assert all(cells[r] in card for r in ("break_cpu", "break_on", "break_off"))
+    assert "first bad</span>2026-11-28" in card and "last good</span>2026-11-27" in card
+    git = {d: hashlib.sha1(f"torch 2.16.0.dev{d}".encode()).hexdigest() for d in ("20261127", "20261128")}
+    assert f"https://github.com/pytorch/pytorch/compare/{git['20261127']}...{git['20261128']}" in card
+    assert f"<code>{git['20261127']}</code> → <code>{git['20261128']}</code>" in card, "the stack diff good -> bad"
+    assert f'href="{ISSUE_URL}"' in card
+    assert all(f'data-test="{t}"' in card.split("<details>")[1] for t in F8), "the tests are folded inside"
+    assert [b for b in site["data"]["breaks"] if b["signature"] == BREAK_SIG] == [{"signature": BREAK_SIG, "cells": sorted(
+        cells[r] for r in ("break_cpu", "break_on", "break_off")), "tests": 40}]
+
+
+def test_repro_is_pinned_to_the_stack_and_backend(site: dict) -> None:
+    card = _article(site["html"], f'data-signature="{escape(RELEASE_SIG)}"')
+    cell = site["gen"].cells["release_red"]
+    assert escape(f"--cell {cell} --test 'suites/test_tp.py::test_tp_loss[7]' --backend docker") in card
+    assert "pip install torch==2.14.1+cu130 torchao==0.18.0 triton==3.5.1 &amp;&amp; DISTCI_FIXES=all" in card
+    assert "triton</th><td><code>3.5.0</code> → <code>3.5.1</code>" in card
+
+
+def test_runs_link_ci_artifacts_and_their_logs(site: dict) -> None:
+    html, index = site["html"], site["index"]
+    base = f"{CI['server']}/{CI['repository']}/actions/runs/{CI['run_id']}"
+    assert f'href="{base}/attempts/2"' in html and f'href="{base}#artifacts"' in html
+    local = [a["href"] for t, a in site["tree"].elements if t == "a" and a.get("class") == "lnk"
+             and not a["href"].startswith("http")]
+    assert {Path(h).name for h in local} >= {"pytest.log", "stack.json", "rank0.log", "results.jsonl"}
+    assert all((index.parent / h).resolve().is_file() for h in local), "relative links reach the run directories"
+
+
+def test_fix_story_says_what_the_fixes_hide(site: dict) -> None:
+    cells, html = site["gen"].cells, site["html"]
+    story = _article(html, f'data-off="{cells["twin_off"]}"')
+    assert 'data-bugs="5"' in story and "hides <strong>5 upstream bugs</strong>" in story
+    assert all(k in story for k in HIDDEN_KNOWN) and all(f in story for f in HIDDEN_FIXES)
+    assert all(f'data-test="{t}"' in story for t in HIDDEN)
+    twin = _row(html[html.index('id="grid"'):], f'data-cell="{cells["twin_off"]}"')
+    assert "hides 5 upstream bugs" in twin and "35/40 · 5 known" in twin
+    audit = (site["index"].parent / "audit.html").read_text()
+    assert "fix_bug_0" in audit and "failed (0/1)" in audit and "obsolete since 2.13.0" in audit
+    assert "RuntimeError: upstream bug 0" in audit and "20261130-0900" in audit
+    assert "No fix audit recorded" not in audit
+
+
+def test_accessible_squares_details_and_contrast(site: dict) -> None:
+    html, tree = site["html"], site["tree"]
+    squares = re.findall(r'<span class="sq v-(\w+)" role="img" aria-label="([^"]+)" title="[^"]*">([^<]+)</span>', html)
+    assert len(squares) > 1000 and all(glyph.strip() for _, _, glyph in squares), "a glyph in every square"
+    assert {v for v, _, _ in squares} >= {"pass", "fail", "regression", "xfail", "infra", "none"}
+    assert len({g for v, _, g in squares if v in ("pass", "fail", "regression")}) == 3
+    titled = [a for t, a in tree.elements if "title" in a and t != "svg"]
+    assert all("aria-label" in a for a in titled), "no detail lives only in a title attribute"
+    assert sum(t == "details" for t, _ in tree.elements) > 50
+    assert "<path d=" not in html[html.index('id="nights"'):html.index('id="flaky"')].split("<figure")[0], \
+        "a heat-map, not a many-line chart"
+    css = (site["index"].parent / "assets" / "style.css").read_text()
+    pairs = contrast.check(css)
+    assert pairs and all(p.ok for p in pairs), [p.line() for p in pairs if not p.ok]
+    assert {p.where for p in pairs} >= {".v-pass", ".v-regression", ".v-none", ".muted", ".st-stale"}
+
+
+def test_contrast_check_fails_on_the_old_colours(tmp_path: Path) -> None:
+    old = ":root { --card: #ffffff; --bg: #f6f8fa; --pass: #2da44e; }\n.card { background: var(--card); }\n" \
+          ".v-pass { background: var(--pass); color: #fff; }\n.v-fail { background: #f47067; color: #fff; }\n" \
+          ".v-none { background: #f0f2f4; color: #8c959f; }\n"
+    bad = {p.where: p.ratio for p in contrast.check(old) if not p.ok}
+    assert round(bad[".v-pass"], 2) == 3.22 and round(bad[".v-fail"], 2) == 2.85 and round(bad[".v-none"], 2) == 2.71
+    (tmp_path / "old.css").write_text(old)
+    assert contrast.main([str(tmp_path / "old.css")]) == 1
+    assert contrast.main([]) == 0
+
+
+def test_page_stays_small(site: dict) -> None:
+    assert site["index"].stat().st_size < 1_500_000
+    assert not re.search(r'(src|href)="(https?:)?//(?!github\.com/)', site["html"]), "no remote resources"
+
+
+def _chromium(*args: str, profile: Path) -> subprocess.CompletedProcess[str]:
+    assert CHROMIUM is not None
+    return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True,
+                          timeout=180, check=True)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_release_view_in_headless_chromium(site: dict, tmp_path: Path) -> None:
+    index = site["index"]
+    dom = _chromium("--dump-dom", index.as_uri(), profile=tmp_path / "profile").stdout
+    assert 'data-status="BLOCKED"' in dom and dom.count(f'data-signature="{BREAK_SIG}"') == 1
+    keep = os.environ.get("DISTCI_DASHBOARD_SCREENSHOTS")
+    for page, name, size in (("index.html", "dashboard.png", "1440,2400"), ("audit.html", "dashboard-audit.png",
+                                                                            "1440,700")):
+        shot = tmp_path / name
+        _chromium(f"--window-size={size}", f"--screenshot={shot}", (index.parent / page).as_uri(),
+                  profile=tmp_path / "profile")
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+        if keep:
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(shot, Path(keep) / name)
