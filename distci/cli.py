@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=1)
     p.set_defaults(fn=_cmd_bench)
 
-    for module in ("store", "gate", "export", "dashboard", "audit", "bisect", "images", "runreport", "aggregate", "lint"):
+    for module in ("store", "gate", "export", "dashboard", "audit", "bisect", "images", "runreport", "aggregate", "lint",
+                   "notify"):
         try:
             mod = __import__(f"distci.{module}", fromlist=["add_parser"])
         except ImportError:
