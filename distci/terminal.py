@@ -133,17 +133,27 @@ def relay_pytest(proc: subprocess.Popen, log_file: Path, results_file: Path, log
     """
     assert proc.stdout is not None
     tail = ResultTail(results_file)
+    lock = threading.Lock()
     with Heartbeat("tests", log, interval_s=interval_s, probe=lambda: (tail.count, None)) as hb:
         say = hb.wrap(log)
-        reader = threading.Thread(target=_copy_output, args=(proc.stdout, log_file, say), daemon=True)
+
+        def drain() -> None:
+            with lock:
+                for r in tail.new():
+                    say(result_line(r))
+
+        def relay(line: str) -> None:
+            drain()  # a finished test's line comes before pytest's report of it
+            with lock:
+                say(line)
+
+        reader = threading.Thread(target=_copy_output, args=(proc.stdout, log_file, relay), daemon=True)
         reader.start()
         while reader.is_alive() or proc.poll() is None:
-            for r in tail.new():
-                say(result_line(r))
+            drain()
             reader.join(poll_s)
         code = proc.wait()
-        for r in tail.new():
-            say(result_line(r))
+        drain()
     return code
 
 
