@@ -107,14 +107,19 @@ class Heartbeat:
                 done = total = None
         return Tick(self.what, self.clock() - self.started, done, total)
 
+    def poll(self) -> bool:
+        """Logs a heartbeat if `interval_s` passed since the last line; whether it did."""
+        with self._lock:
+            due = self.clock() - self.last_line >= self.interval_s
+        if due:
+            self.log(self.tick().line())
+            self.ticks += 1
+            self.beat()
+        return due
+
     def _run(self) -> None:
         while not self._stop.wait(min(1.0, self.interval_s / 4)):
-            with self._lock:
-                due = self.clock() - self.last_line >= self.interval_s
-            if due:
-                self.log(self.tick().line())
-                self.ticks += 1
-                self.beat()
+            self.poll()
 
     def __enter__(self) -> "Heartbeat":
         self._thread = threading.Thread(target=self._run, name=f"heartbeat: {self.what}", daemon=True)
