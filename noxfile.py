@@ -83,7 +83,9 @@ def ingest(session: nox.Session) -> None:
 
 @nox.session
 def gate(session: nox.Session) -> None:
-    """Release gate: `-- --tier release [--candidate CELL]`; exits non-zero listing the blocking tests."""
+    """Release gate: `-- --tier release [--candidate CELL] [--max-age 36h] [--waive CELL --reason TEXT]`.
+
+    Exit 0 PASSED, 1 BLOCKED, 3 INCOMPLETE (a cell missing, stale, infra-only or in flight)."""
     _distci(session, "gate")
 
 
