@@ -53,9 +53,9 @@ def _install(session: nox.Session, *args: str) -> None:
         stamp.touch()
 
 
-def _distci(session: nox.Session, command: str, extras: str = "") -> None:
+def _distci(session: nox.Session, command: str, extras: str = "", *packages: str) -> None:
     """Install distci (controller side) and run one `python -m distci` command with the posargs."""
-    _install(session, "-e", f".[{extras}]" if extras else ".")
+    _install(session, "-e", f".[{extras}]" if extras else ".", *packages)
     session.run("python", "-m", "distci", command, *session.posargs)
 
 
@@ -65,7 +65,9 @@ def dist_tests(session: nox.Session) -> None:
 
     distci's exit code (0 ok, 1 a test failed, 3 only infrastructure failed) is kept: the
     session's last line names it, and `.nox/dist_tests/tmp/distci-exit.json` holds it."""
-    _install(session, "-e", ".[docker]")
+    # pytest: the controller launches external suites through the harness's outcome and
+    # launch machinery (distci.harness imports pytest), on every cell with `external`.
+    _install(session, "-e", ".[docker]", "pytest")
     exit_file = Path(session.create_tmp()) / "distci-exit.json"
     exit_file.unlink(missing_ok=True)
     session.run("python", "-m", "distci", "run", *session.posargs, env={"DISTCI_EXIT_FILE": str(exit_file)},
@@ -119,7 +121,9 @@ def ingest(session: nox.Session) -> None:
 
 @nox.session
 def gate(session: nox.Session) -> None:
-    """Release gate: `-- --tier release [--candidate CELL]`; exits non-zero listing the blocking tests."""
+    """Release gate: `-- --tier release [--candidate CELL] [--max-age 36h] [--waive CELL --reason TEXT]`.
+
+    Exit 0 PASSED, 1 BLOCKED, 3 INCOMPLETE (a cell missing, stale, infra-only or in flight)."""
     _distci(session, "gate")
 
 

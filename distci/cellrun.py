@@ -18,6 +18,7 @@ import fnmatch
 import json
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -220,6 +221,30 @@ def finish_run(cell: Cell, info: RunInfo, run_dir: Path, exit_code: int | None) 
     return CellRun(info, run_dir, results)
 
 
+def missing_accelerator(accelerator: str, dev: Path = Path("/dev")) -> str | None:
+    """Why this machine cannot run a cell of `accelerator`, or None when it can.
+
+    Cheap on purpose (device nodes, then `nvidia-smi -L`): it runs before anything is
+    resolved or downloaded, so a CUDA cell on a CPU-only runner costs seconds, not a
+    wheelhouse. Containers given a GPU see its /dev/nvidia<N> node; NPUs are /dev/davinci<N>.
+    """
+    if accelerator == "cpu":
+        return None
+    nodes = {"cuda": "nvidia[0-9]*", "npu": "davinci[0-9]*"}
+    if accelerator not in nodes:
+        return f"cell needs {accelerator}, which distci cannot detect"
+    if any(dev.glob(nodes[accelerator])):
+        return None
+    if accelerator == "cuda" and shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+            if out.returncode == 0 and "GPU" in out.stdout:
+                return None
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return f"cell needs {accelerator}; this runner has none"
+
+
 def run_cell(
     cell: Cell,
     *,
@@ -233,6 +258,10 @@ def run_cell(
 ) -> CellRun:
     externals = external_plan(cell, tests or [], external_suites)  # a bad selection fails before any run
     info, run_dir = start_run(cell, runs_root, tier=tier, log=log)
+    absent = missing_accelerator(cell.accelerator)
+    if absent:
+        log(f"[{cell.id}] infra: {absent}")
+        return infra_run(cell, info, run_dir, InfraError(absent), None)
     try:
         env = provision(cell, run_dir, log=log)
     except (InfraError, SourceError, ConfigError) as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -77,6 +78,39 @@ def test_unresolvable_cell_is_infra_not_failure(tmp_path):
     assert record["outcome"] == "error" and record["failure_kind"] == "infra"
     assert record["stack"]["partial"] is True and record["stack"]["declared"]["torch"] == "0.0.1"
     assert "torch==0.0.1" in record["message"]
+
+
+def test_cell_whose_accelerator_is_absent_is_one_infra_result_before_any_download(tmp_path):
+    """A CUDA cell on a machine without a GPU: one infra record in seconds, nothing resolved."""
+    from distci.cellrun import missing_accelerator
+
+    if missing_accelerator("cuda") is None:
+        pytest.skip("this machine has a GPU")
+    matrix = tmp_path / "matrix.toml"
+    matrix.write_text(
+        'schema = 1\n[accelerators.cuda]\nbackend = "nccl"\nrunner = ["gpu"]\narchs = ["x86_64"]\n'
+        'variants = ["cu130"]\n[tiers.pr]\n[[matrix]]\naccelerator = "cuda"\ntorch = "0.0.1"\n'
+        'torchao = "none"\ntiers = ["pr"]\n'
+    )
+    started = time.monotonic()
+    proc = distci("--matrix", str(matrix), "run", "--tier", "pr", "--runs-root", str(tmp_path / "runs"))
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert time.monotonic() - started < 30
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    (record,) = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert record["failure_kind"] == "infra" and record["test_id"] == "<infra>::" + record["cell_id"]
+    assert "cell needs cuda; this runner has none" in record["message"]
+    assert not (run_dir / "provision.json").exists()  # torch==0.0.1 was never even resolved
+    assert json.loads((run_dir / "run.json").read_text())["ended_at"]
+
+
+def test_accelerator_detection_reads_device_nodes(tmp_path):
+    from distci.cellrun import missing_accelerator
+
+    assert missing_accelerator("cpu", dev=tmp_path) is None
+    assert missing_accelerator("npu", dev=tmp_path) == "cell needs npu; this runner has none"
+    (tmp_path / "davinci0").touch()
+    assert missing_accelerator("npu", dev=tmp_path) is None
 
 
 def test_matrix_json_is_an_actions_include_list():

@@ -22,30 +22,89 @@ from distci import export, gate
 from distci.errors import SelectionError
 from distci.store import Store, ingest
 
-T0 = datetime(2026, 3, 1, 2, 0, tzinfo=timezone.utc)
-RELEASE = "cuda-cu128-torch_release-ao_release-ws2-fix_on"
-CANDIDATE = "cuda-cu128-torch_test-ao_release-ws2-fix_on"
+NOW = datetime.now(timezone.utc).replace(microsecond=0)
+T0 = NOW - timedelta(days=1, hours=2)  # night 2 started two hours ago: fresh
+RELEASE = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on"
+CANDIDATE = "cpu-cpu-torch_test2.15.0-ao_0.18.0-ws2-fix_on"
+CUDA = "cuda-cu130-torch_2.14.1-ao_0.18.0-ws2-fix_on"
 TP = "suites/test_tp.py::test_tp_loss_matches_reference[colwise-rowwise]"
 F8 = "suites/test_float8.py::test_float8_tp_grads[rowwise]"
 WAIT = "suites/regressions/test_pytorch125932_rowwise_parallel_wait.py::test_rowwise_output_wait_compiled"
 ASYNC = "suites/test_async_tp.py::test_async_tp_fused_ops[float8-full-ac]"
 
-OLD = stack("2.10.0+cu128", "449b1768410104d3ed79d3bcfe4ba1d65c7f22c0")
-NEW = stack("2.10.1+cu128", "9b3a4c1f2e7d8a6b5c4d3e2f1a0b9c8d7e6f5a4b")
+OLD = stack("2.13.0+cpu", "449b1768410104d3ed79d3bcfe4ba1d65c7f22c0")
+NEW = stack("2.13.1+cpu", "9b3a4c1f2e7d8a6b5c4d3e2f1a0b9c8d7e6f5a4b")
+
+MATRIX_HEAD = """\
+schema = 1
+
+[defaults]
+tiers = ["release"]
+
+[accelerators.cpu]
+backend = "gloo"
+runner = ["ubuntu-latest"]
+archs = ["x86_64"]
+variants = ["cpu"]
+
+[accelerators.cuda]
+backend = "nccl"
+runner = ["gpu-2"]
+archs = ["x86_64"]
+variants = ["cu130"]
+
+[tiers.nightly]
+blocking_suites = []
+"""
+
+ONE_CELL = MATRIX_HEAD + """
+[[matrix]]
+accelerator = "cpu"
+torch = "2.13.0"
+torchao = "0.18.0"
+
+[tiers.release]
+blocking_suites = ["suites"]
+"""
+
+MATRIX = MATRIX_HEAD + """
+[[matrix]]
+accelerator = "cpu"
+torch = ["2.13.0", "test:2.15.0"]
+torchao = "0.18.0"
+
+[[matrix]]
+accelerator = "cuda"
+torch = "2.14.1"
+torchao = "0.18.0"
+
+[tiers.release]
+blocking_suites = ["suites/test_tp.py", "suites/regressions"]
+"""
 
 
 def failed(test: str, message: str = "AssertionError: loss mismatch 0.0123 > 1e-05", kind: str = "assert") -> dict:
     return {"test_id": test, "outcome": "failed", "failure_kind": kind, "message": message}
 
 
+def matrix_file(root: Path, text: str = ONE_CELL) -> Path:
+    path = root / "matrix.toml"
+    path.write_text(text)
+    return path
+
+
 def two_nights(root: Path, night2: list[dict], night1: list[dict] | None = None) -> Path:
-    """A release cell: night 1 (torch 2.10.0), night 2 (torch 2.10.1); returns the store."""
+    """A release cell: night 1 (torch 2.13.0), night 2 (torch 2.13.1); returns the store."""
     night1 = night1 or [{"test_id": t} for t in (TP, F8, WAIT, ASYNC)]
     write_run(root / "runs", "n1", RELEASE, night1, started_at=T0, stack=OLD, tier="release")
     write_run(root / "runs", "n2", RELEASE, night2, started_at=T0 + timedelta(days=1), stack=NEW, tier="release")
     db = root / "store.sqlite"
     ingest([root / "runs"], db)
     return db
+
+
+def cli(db: Path, matrix: Path, *args: str) -> int:
+    return gate.main(["--tier", "release", "--store", str(db), "--matrix", str(matrix), *args])
 
 
 def test_green_then_red_blocks_and_lists_the_test(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,16 +123,17 @@ def test_green_then_red_blocks_and_lists_the_test(tmp_path: Path, monkeypatch: p
             {"test_id": F8},
         ],
     )
+    matrix = matrix_file(tmp_path)
     with Store(db) as s:
-        result = gate.gate(s, "release")
-    assert not result.ok
+        result = gate.evaluate(s, "release", matrix_path=matrix)
+    assert result.status == "BLOCKED" and not result.ok
     assert [(i.test_id, i.verdict) for i in result.blocking] == [(TP, "regression")]
     assert [(i.test_id, i.verdict) for i in result.warnings] == [(ASYNC, "infra")]
     assert [(i.test_id, i.verdict) for i in result.fixed] == [(WAIT, "fixed")]
 
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    assert gate.main(["--tier", "release", "--store", str(db), "--matrix", str(tmp_path / "none.toml")]) == 1
+    assert cli(db, matrix) == gate.EXIT_CODES["BLOCKED"] == 1
     text = summary.read_text()
     assert "gate blocked" in text and TP in text and "Warnings" in text and ASYNC in text
 
@@ -87,40 +147,16 @@ def test_fixed_and_infra_do_not_block(
         night1=[{"test_id": TP}, failed(WAIT), {"test_id": F8}],
         night2=[{"test_id": TP}, {"test_id": WAIT}, failed(F8, "InfraError: device lost", "infra")],
     )
-    assert gate.main(["--tier", "release", "--store", str(db), "--matrix", str(tmp_path / "none.toml")]) == 0
+    assert cli(db, matrix_file(tmp_path)) == 0
     out = capsys.readouterr().out
     assert "PASSED" in out and f"fixed: [fixed] {RELEASE} :: {WAIT}" in out and "[infra]" in out
-
-
-MATRIX = """\
-schema = 1
-
-[defaults]
-tiers = ["release"]
-
-[accelerators.cpu]
-backend = "gloo"
-runner = ["ubuntu-latest"]
-archs = ["x86_64"]
-variants = ["cpu"]
-
-[[matrix]]
-accelerator = "cpu"
-torch = "2.13.0"
-torchao = "0.18.0"
-
-[tiers.release]
-blocking_suites = ["suites/test_tp.py", "suites/regressions"]
-
-[tiers.nightly]
-blocking_suites = []
-"""
+    # each cell's last run time, torch version and git hash
+    assert f"cell {RELEASE}: ok  last run " in out and "torch 2.13.1+cpu" in out and NEW["torch_git"] in out
 
 
 def test_only_release_blocking_suites_block(tmp_path: Path) -> None:
     db = two_nights(tmp_path, night2=[{"test_id": TP}, failed(F8), {"test_id": WAIT}, {"test_id": ASYNC}])
-    matrix = tmp_path / "matrix.toml"
-    matrix.write_text(MATRIX)
+    matrix = matrix_file(tmp_path, MATRIX)
     suites = gate.blocking_suites_from_matrix("release", matrix)
     assert suites == ["suites/test_tp.py", "suites/regressions"]
     assert gate.blocking_suites_from_matrix("nightly", matrix) == []
@@ -128,12 +164,67 @@ def test_only_release_blocking_suites_block(tmp_path: Path) -> None:
     with pytest.raises(SelectionError, match="weekly"):
         gate.blocking_suites_from_matrix("weekly", matrix)
     with Store(db) as s:
-        result = gate.gate(s, "release", blocking_suites=suites)
+        result = gate.evaluate_cells(s, "release", [RELEASE], blocking_suites=suites)
         assert result.ok and [i.test_id for i in result.not_blocking] == [F8]
-        assert not gate.gate(s, "release", blocking_suites=["suites"]).ok
-        assert not gate.gate(s, "release").ok
-    assert gate.main(["--tier", "release", "--store", str(db), "--matrix", str(matrix)]) == 0
-    assert gate.main(["--tier", "release", "--store", str(db), "--blocking-suite", "float8"]) == 1
+        assert gate.evaluate_cells(s, "release", [RELEASE], blocking_suites=["suites"]).status == "BLOCKED"
+        assert gate.evaluate_cells(s, "release", [RELEASE], blocking_suites=None).status == "BLOCKED"
+    assert cli(db, matrix_file(tmp_path)) == 1  # ONE_CELL: every suite blocks
+
+
+def test_the_gate_knows_which_cells_should_exist(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Missing, infra-only, stale and in-flight cells make the gate INCOMPLETE (exit 3),
+    never PASSED; a waiver by name (with its reason, printed) accepts one."""
+    db = two_nights(tmp_path, night2=[{"test_id": TP}, {"test_id": WAIT}])
+    matrix = matrix_file(tmp_path, MATRIX)
+    infra = [{"test_id": "<infra>::" + CANDIDATE, "outcome": "error", "failure_kind": "infra",
+              "error_signature": "InfraError: cell needs cuda; this runner has none"}]
+    write_run(tmp_path / "runs", "rc", CANDIDATE, infra, started_at=NOW - timedelta(hours=1), stack={}, tier="release")
+    ingest([tmp_path / "runs"], db)
+    with Store(db) as s:
+        result = gate.evaluate(s, "release", matrix_path=matrix, now=NOW)
+        states = {c.cell_id: c.state for c in result.cells}
+        assert result.status == "INCOMPLETE" and not result.blocking
+        assert states == {RELEASE: "ok", CANDIDATE: "infra_only", CUDA: "missing"}
+        assert {c.cell_id: c.reason for c in result.cells}[CANDIDATE] == infra[0]["error_signature"]
+        ok = {c.cell_id: c for c in result.cells}[RELEASE]
+        assert ok.torch_version == NEW["torch"] and ok.torch_git == NEW["torch_git"] and ok.last_run.run_id == "n2"
+        assert 2 * 3600 - 60 < ok.age_s < 2 * 3600 + 60
+
+        later = gate.evaluate(s, "release", matrix_path=matrix, now=NOW + timedelta(hours=35))
+        assert {c.cell_id: c.state for c in later.cells}[RELEASE] == "stale"
+        longer = gate.evaluate(s, "release", matrix_path=matrix, now=NOW + timedelta(hours=35),
+                               max_age=timedelta(hours=48))
+        assert {c.cell_id: c.state for c in longer.cells}[RELEASE] == "ok"
+
+        waived = gate.evaluate(s, "release", matrix_path=matrix, now=NOW,
+                               waivers={CANDIDATE: "rc wheels not published yet", CUDA: "no GPU runner this week"})
+        assert waived.status == "PASSED" and {c.state for c in waived.cells} == {"ok", "waived"}
+        with pytest.raises(SelectionError, match="did you mean"):
+            gate.evaluate(s, "release", matrix_path=matrix, waivers={CUDA[:-1]: "typo"})
+
+    assert cli(db, matrix) == gate.EXIT_CODES["INCOMPLETE"] == 3
+    out = capsys.readouterr().out
+    assert out.startswith("gate INCOMPLETE") and f"incomplete: {CUDA} is missing" in out
+    assert cli(db, matrix, "--waive", CUDA, "--reason", "no GPU runner", "--waive", CANDIDATE, "--reason", "rc") == 0
+    out = capsys.readouterr().out
+    assert f"waived: {CUDA}: no GPU runner" in out and out.startswith("gate PASSED")
+    assert cli(db, matrix, "--waive", CUDA) == 2  # a waiver needs its reason
+    assert cli(db, matrix, "--max-age", "1h") == 3
+
+    # a run that has not ended (run.json without ended_at) is in flight
+    run_json = tmp_path / "runs" / "rc" / "run.json"
+    data = json.loads(run_json.read_text())
+    data["ended_at"] = ""
+    run_json.write_text(json.dumps(data))
+    ingest([tmp_path / "runs"], db)
+    with Store(db) as s:
+        states = {c.cell_id: c.state for c in gate.evaluate(s, "release", matrix_path=matrix, now=NOW).cells}
+    assert states[CANDIDATE] == "in_flight"
+
+
+@pytest.mark.parametrize("text, hours", [("36h", 36), ("90m", 1.5), ("2d", 48), ("3600s", 1), ("12", 12)])
+def test_max_age_durations(text: str, hours: float) -> None:
+    assert gate.parse_duration(text) == timedelta(hours=hours)
 
 
 @pytest.mark.parametrize(
@@ -162,20 +253,21 @@ def test_release_candidate_is_judged_against_its_baseline(tmp_path: Path) -> Non
         CANDIDATE,
         [failed(TP), {"test_id": F8}],
         started_at=T0 + timedelta(hours=3),
-        stack=stack("2.11.0", "1f0e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c"),
+        stack=stack("2.15.0", "1f0e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c"),
         tier="release",
         baseline_cell=RELEASE,
     )
     db = tmp_path / "store.sqlite"
     ingest([tmp_path / "runs"], db)
+    matrix = matrix_file(tmp_path, MATRIX)
     with Store(db) as s:
-        result = gate.gate(s, "release", candidate="torch_test")
+        result = gate.evaluate_candidate(s, "torch_test", matrix_path=matrix)
         assert [r.cell_id for r in result.runs] == [CANDIDATE]
         assert [(i.test_id, i.verdict) for i in result.blocking] == [(TP, "regression")]
         with pytest.raises(SelectionError, match="torch_nope"):
-            gate.gate(s, "release", candidate="torch_nope")
-    assert gate.main(["--candidate", CANDIDATE, "--store", str(db), "--matrix", str(tmp_path / "none.toml")]) == 1
-    assert gate.main(["--candidate", "torch_nope", "--store", str(db)]) == 2
+            gate.evaluate_candidate(s, "torch_nope", matrix_path=matrix)
+    assert gate.main(["--candidate", CANDIDATE, "--store", str(db), "--matrix", str(matrix)]) == 1
+    assert gate.main(["--candidate", "torch_nope", "--store", str(db), "--matrix", str(matrix)]) == 2
 
 
 def test_hud_rows_carry_the_relay_inputs_and_triage(tmp_path: Path) -> None:
