@@ -17,6 +17,7 @@ from distci.dashboard.model import Page, build_page, page_json
 from distci.store import DEFAULT_AUDIT_DIR, Store
 
 HERE = Path(__file__).parent
+DEFAULT_MATRIX = Path("matrix.toml")
 
 
 def _environment() -> jinja2.Environment:
@@ -46,13 +47,14 @@ def render_dashboard(
     title: str = "distci",
     audit_dir: Path | None = DEFAULT_AUDIT_DIR,
     history_runs: int = 14,
-    matrix_path: Path | None = None,
+    matrix_path: Path | None = DEFAULT_MATRIX,
     now: datetime | None = None,
     issues: dict[str, str] | None = None,
 ) -> Path:
     """Writes the site (index.html, audit.html, assets/, data.json) into out_dir; returns index.html.
 
-    `matrix_path` turns on the release view; `issues` maps error signatures to filed issues.
+    `matrix_path` gives the release view its tiers (default: ./matrix.toml, as the CLI's
+    --matrix; no file, no release view); `issues` maps error signatures to filed issues.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
