@@ -121,17 +121,6 @@ class Change:
 
 
 @dataclass
-class SignatureGroup:
-    signature: str
-    verdict: str
-    items: list[ResultRow]
-
-    @property
-    def cells(self) -> list[str]:
-        return sorted({r.cell_id for r in self.items})
-
-
-@dataclass
 class FlakyTest:
     test_id: str
     cells: list[str]
@@ -170,7 +159,6 @@ class Page:
     cells: list[CellView]
     suites: list[str]
     changes: list[Change]
-    signatures: list[SignatureGroup]
     flaky: list[FlakyTest]
     nights: list[str]
     night_rates: dict[str, list[float | None]]
@@ -412,13 +400,6 @@ def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = 
                 changes.append(Change(r, run, store.run(r.compared_run) if r.compared_run else None))
     changes.sort(key=lambda c: (c.result.verdict != "regression", c.result.cell_id, c.result.test_id))
 
-    groups: dict[str, list[ResultRow]] = defaultdict(list)
-    for rs in latest_results.values():
-        for r in rs:
-            if r.verdict in BLOCKING or r.verdict in ("xfail", "infra"):
-                groups[r.error_signature or r.verdict_reason or r.verdict].append(r)
-    signatures = [SignatureGroup(sig, worst(r.verdict for r in rs) or "", rs) for sig, rs in groups.items()]
-    signatures.sort(key=lambda g: (SEVERITY.get(g.verdict, 99), -len(g.items), g.signature))
 
     all_runs = store.runs()
     nights = sorted({r.night for r in all_runs if r.night})[-history_runs:]
@@ -451,7 +432,6 @@ def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = 
         cells=cells,
         suites=suites,
         changes=changes,
-        signatures=signatures,
         flaky=_flaky(store, nights),
         nights=nights,
         night_rates=night_rates,

@@ -108,11 +108,12 @@ class _History:
 
 def break_cards(store: Store, latest: Mapping[str, list[ResultRow]], *, issues: Mapping[str, str] | None = None,
                 ) -> list[BreakCard]:
-    """One card per error signature of the failures in the latest runs (infra apart)."""
+    """One card per error signature of the failures in the latest runs, infra ones included
+    (a cell whose environment never came up is the release view's, not a card)."""
     groups: dict[str, list[ResultRow]] = defaultdict(list)
     for rows in latest.values():
         for r in rows:
-            if r.verdict in FAILING and not is_environment(r.test_id):
+            if (r.verdict in FAILING or r.verdict == "infra") and not is_environment(r.test_id):
                 groups[r.error_signature or r.verdict_reason or r.verdict].append(r)
     history = _History(store)
     cards = []
