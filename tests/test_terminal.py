@@ -97,49 +97,51 @@ def test_tick_eta_and_install_probe(tmp_path: Path) -> None:
     assert installed_probe(tmp_path, "cell", 17)() == (2, 17)
 
 
-SLOW_SUITE = '''
-import time
-
-def test_first():
-    pass
-
-def test_slow_then_fails():
-    time.sleep(2.5)
-    assert False, "[bold]not markup[/bold]"
-'''
+# A child that behaves as pytest with the harness does: progress dots without a newline,
+# one results.jsonl record per finished test (through distci.results, as the recorder
+# writes them), a silence, then its report. Standard library only, so it starts fast.
+CHILD = """
+import sys, time
+from distci.results import Result, ResultWriter
+w = ResultWriter(sys.argv[1])
+print("collected 2 items"); sys.stdout.write("t.py ."); sys.stdout.flush()
+w.write(Result(run_id="r", cell_id="c", test_id="t.py::test_first", outcome="passed", stack={}, duration_s=0.1))
+time.sleep(2.5)
+w.write(Result(run_id="r", cell_id="c", test_id="t.py::test_slow[[bold]x[/bold]]", outcome="failed", stack={},
+               failure_kind="assert", duration_s=2.5))
+print("F [100%]"); print("FAILED t.py::test_slow - [bold]not markup[/bold]")
+sys.exit(1)
+"""
 
 
 def test_relay_prints_each_test_as_it_finishes_and_beats_in_silence(tmp_path: Path) -> None:
-    """A real pytest with the harness's recorder: each finished test reaches the log while
-    pytest still runs, the heartbeat fills the sleep, pytest.log fills as it goes."""
-    (tmp_path / "test_slow.py").write_text(SLOW_SUITE)
+    """Each finished test reaches the log while the child still runs, the heartbeat fills
+    the silence, the child's bytes fill pytest.log as they come, progress dots are dropped."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-q",
-           f"--rootdir={tmp_path}", f"--distci-run-dir={run_dir}", "--distci-cell=c1", str(tmp_path / "test_slow.py")]
     lines: list[tuple[float, str, int]] = []
     log_file = run_dir / "pytest.log"
 
     def log(m: str) -> None:
         lines.append((time.monotonic(), m, log_file.stat().st_size if log_file.exists() else 0))
 
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(run_dir)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
     code = relay_pytest(proc, log_file, run_dir / "results.jsonl", log, interval_s=1.0, poll_s=0.1)
     ended = time.monotonic()
     assert code == 1
     text = [m for _, m, _ in lines]
-    first = next(i for i, m in enumerate(text) if m.startswith("PASSED") and "test_first" in m)
-    failed = next(i for i, m in enumerate(text) if m.startswith("FAILED") and "test_slow_then_fails" in m)
+    first = text.index("PASSED      0s  t.py::test_first")
+    failed = text.index("FAILED      2s  t.py::test_slow[[bold]x[/bold]]  [assert]")
     beats = [i for i, m in enumerate(text) if m.startswith("tests: still running after")]
     assert any(first < b < failed for b in beats), text
-    assert ended - lines[first][0] > 2.0, "test_first was printed when it finished, not when pytest ended"
-    assert lines[first][2] > 0, "pytest.log had pytest's header before pytest ended"
-    assert any("[bold]not markup[/bold]" in m for m in text)
-    assert not any(m.strip(".F ") == "" or m.endswith("%]") for m in text), "progress dots are not relayed"
-    records = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()]
-    assert [r["outcome"] for r in records] == ["passed", "failed"]
+    assert ended - lines[first][0] > 2.0, "test_first was printed when it finished, not when the child ended"
+    assert lines[first][2] > 0, "pytest.log had the child's first bytes before it ended"
+    assert failed < text.index("FAILED t.py::test_slow - [bold]not markup[/bold]"), "a test's line precedes the report"
+    assert "collected 2 items" in text and not any("[100%]" in m or m.startswith("t.py .") for m in text)
+    assert log_file.read_text().startswith("collected 2 items\nt.py .F [100%]")
 
 
 KNOWN = '''
@@ -168,6 +170,7 @@ def test_run_at_80_columns_shows_counts_known_tag_and_exit_code(tmp_path: Path) 
     assert proc.returncode == 0, out[-4000:] + proc.stderr[-2000:]
     tid = "tests/harness_cases/test_literal.py::test_known_break[[bold]float32[/bold]]"
     assert f"[{DEFAULT_CELL}] FAILED " in out and tid in out
+    assert out.index(f"[{DEFAULT_CELL}] PASSED ") < out.index("= FAILURES ="), "per-test lines as tests finish"
     summary = out[out.index("distci results"):].splitlines()
     assert summary[summary.index(DEFAULT_CELL) + 1] == "  OK: 1 passed, 0 failed, 1 known, 0 skipped, 0 infra, " + \
         summary[summary.index(DEFAULT_CELL) + 1].rsplit(", ", 1)[1]
