@@ -42,8 +42,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         runs = [run_cell(c, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k, tier=args.tier)
                 for c in cells]
     print_summary(runs)
+    unselected = [r.selection_error for r in runs if getattr(r, "selection_error", "")]
+    for line in unselected:
+        print(f"distci: {line}", file=sys.stderr)
     if any(r.failed for r in runs):
         return 1
+    if unselected:
+        return 2
     if any(r.infra for r in runs):
         return 3
     return 0
@@ -79,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=1)
     p.set_defaults(fn=_cmd_bench)
 
-    for module in ("store", "gate", "export", "dashboard", "audit", "bisect", "images", "runreport", "aggregate", "lint"):
+    for module in ("ingest", "gate", "export", "dashboard", "audit", "bisect", "images", "runreport", "aggregate", "lint"):
         try:
             mod = __import__(f"distci.{module}", fromlist=["add_parser"])
         except ImportError:

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .cellrun import CellRun
+from .rundir import RunDir
 
 
 def print_summary(runs: list[CellRun], console: Console | None = None) -> None:
@@ -20,7 +21,7 @@ def print_summary(runs: list[CellRun], console: Console | None = None) -> None:
         failed = len(run.failed)
         style = "red" if failed else ("yellow" if infra else "green")
         table.add_row(run.info.cell_id, str(run.count("passed")), str(failed), str(known),
-                      str(run.count("skipped")), str(infra), f"{secs:.0f}s", _relative(run.run_dir / "results.jsonl"),
+                      str(run.count("skipped")), str(infra), f"{secs:.0f}s", _relative(RunDir(run.run_dir).results_path),
                       style=style)
     console.print(table)
     for run in runs:

@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from distci.store import BisectRow, FixAuditRow, ResultRow, RunRow, Store, is_environment, read_fix_audit
+from distci.ingest import read_fix_audit
+from distci.store import BisectRow, FixAuditRow, ResultRow, RunRow, Store, is_environment
 from distci.verdicts import BLOCKING, SEVERITY, worst
 
 STACK_KEYS = (
