@@ -48,8 +48,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from distci.errors import ConfigError, DistciError, InfraError, SelectionError, StoreError
-from distci.results import JUNIT_FILE, RESULTS_FILE, STACK_FILE, Result, ResultWriter, error_signature
-from distci.store import RUN_FILE, Store, find_run_dirs, nightly_date_of
+from distci.results import Result, error_signature
+from distci.rundir import JUNIT_FILE, RESULTS_FILE, RUN_FILE, RUN_FILES, STACK_FILE, RunDir, find_run_dirs
+from distci.store import Store, nightly_date_of
 from distci.verdicts import ENV_KEYS
 
 DATA_BRANCH = "distci-data"
@@ -57,7 +58,6 @@ ISSUE_LABEL = "distci-regression"
 LABEL_COLOR = "b60205"
 BISECT_WORKFLOW = "bisect.yml"
 BISECT_AXES = ("torch", "torchao", "torchtitan", "torch_npu")
-RUN_FILES = (RESULTS_FILE, RUN_FILE, STACK_FILE, JUNIT_FILE)
 DEFAULT_API_URL = "https://api.github.com"
 API_VERSION = "2022-11-28"
 MAX_BODY = 60_000
@@ -474,7 +474,7 @@ def missing_cell_runs(expected: Sequence[Mapping[str, Any]], present: set[str], 
         run_id = f"missing-{origin}-{cell}"
         run_dir = out / run_id
         stack = {"partial": True, "declared": dict(entry), "runner": ",".join(entry.get("runner", []))}
-        ResultWriter(run_dir).write(Result(
+        RunDir(run_dir).append(Result(
             run_id=run_id, cell_id=cell, test_id=f"<infra>::{cell}", outcome="error", failure_kind="infra",
             error_signature=error_signature("MissingRun", "no results were uploaded for this cell"),
             message=f"no results were uploaded for this cell: {reason}", stack=stack,

@@ -21,6 +21,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from distci.rundir import RunDir
+
 REPO = Path(__file__).resolve().parents[1]
 TRIVIAL = "tests/harness_cases/test_trivial.py"
 FIRST_SUITE = "suites/test_tp_mlp.py"
@@ -44,8 +46,7 @@ def time_pytest(target: str, mode: str) -> Timing:
         start = time.monotonic()
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
         wall = time.monotonic() - start
-        lines = (Path(tmp) / "results.jsonl").read_text().splitlines() if (Path(tmp) / "results.jsonl").exists() else []
-        records = [json.loads(line) for line in lines]
+        records = [r.to_dict() for r in RunDir(Path(tmp)).results()]
         if proc.returncode not in (0, 1):
             raise RuntimeError(f"pytest failed ({proc.returncode}) on {target} in {mode} mode:\n{proc.stdout[-3000:]}")
     durations = [r["duration_s"] for r in records if r["outcome"] == "passed"]

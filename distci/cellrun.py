@@ -12,7 +12,6 @@ run directory holds one cell's whole story whichever runner produced each Result
 
 from __future__ import annotations
 
-import datetime
 import difflib
 import fnmatch
 import json
@@ -24,7 +23,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -33,8 +32,8 @@ from .envs import ensure_env
 from .errors import ConfigError, InfraError, SelectionError, SourceError
 from .external.spec import SuiteSpec, load_suites
 from .matrix import EXTERNAL_SUITES, Cell
-from .results import (JUNIT_FILE, RESULTS_FILE, STACK_FILE, Result, ResultWriter, error_signature, read_results,
-                      write_junit)
+from .results import Result
+from .rundir import RunDir, RunInfo, infra_result as _infra_result, now as _now
 from .selfwheels import REPO, build_all
 from .sources import IndexConfig, pip_args, redact_url, requirement_lines, resolve_sources
 from .progress import Heartbeat, downloaded_probe, installed_probe
@@ -44,29 +43,9 @@ from .wheelhouse import ensure_wheelhouse
 
 # What the harness needs inside every cell environment besides the cell's own stack.
 HARNESS_REQUIREMENTS = ("pytest", "packaging", "numpy")
-RUN_FILE = "run.json"
 EXTERNAL_PREFIX = "external/"
 
 Log = Callable[[str], None]
-
-
-@dataclass
-class RunInfo:
-    run_id: str
-    cell_id: str
-    started_at: str
-    ended_at: str = ""
-    runner: str = ""
-    backend: str = "venv"
-    image_digest: str | None = None
-    image: str | None = None
-    tier: str | None = None
-    nightly_date: str | None = None
-    cell: dict = field(default_factory=dict)
-    pytest_exit: int | None = None
-    command: str = ""
-    ci: dict = field(default_factory=dict)  # GitHub's run coordinates (ci_block), for the dashboard's links
-    exit_code: int | None = None  # this cell's part of `distci run`'s exit code (distci.terminal.EXIT_CODES)
 
 
 @dataclass
@@ -74,6 +53,8 @@ class CellRun:
     info: RunInfo
     run_dir: Path
     results: list[Result]
+    selection_error: str = ""
+    """Set when pytest selected no test (exit 5): a typo in -k / --test is an error, not a green run."""
 
     def count(self, outcome: str) -> int:
         return sum(r.outcome == outcome for r in self.results)
@@ -97,10 +78,6 @@ def ci_block(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return block if {"server", "repository", "run_id"} <= block.keys() else {}
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
 def new_run_id(cell: Cell) -> str:
     return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:6]}-{cell.id}"
 
@@ -122,20 +99,9 @@ def infra_result(run_id: str, cell: Cell, exc: Exception, log_path: Path | None,
 
     `stack` is the captured Stack when the environment did come up; otherwise the partial one.
     """
-    log = getattr(exc, "log", "") or ""
-    return Result(
-        run_id=run_id,
-        cell_id=cell.id,
-        test_id=test_id or f"<infra>::{cell.id}",
-        outcome="error",
-        failure_kind="infra",
-        error_signature=error_signature(type(exc).__name__, str(exc)),
-        message=f"{type(exc).__name__}: {exc}\n{log}"[:20000],
-        stack=stack if stack is not None else partial_stack(cell, error=str(exc)),
-        repro=f"nox -s dist_tests -- --cell {cell.id}" + (f" --test {shlex.quote(test_id)}" if test_id else ""),
-        started_at=_now(),
-        log_path=str(log_path) if log_path else "",
-    )
+    return _infra_result(run_id, cell.id, str(exc), exc_type=type(exc).__name__, log=getattr(exc, "log", "") or "",
+                         stack=stack if stack is not None else partial_stack(cell, error=str(exc)),
+                         test_id=test_id, log_path=log_path)
 
 
 def pytest_command(cell: Cell, python: Path, run_dir: Path, run_id: str, *, tests: list[str], keyword: str | None,
@@ -184,40 +150,41 @@ def start_run(cell: Cell, runs_root: Path, *, tier: str | None, backend: str = "
               log: Log = print) -> tuple[RunInfo, Path]:
     """Create the run directory and its run.json; every backend starts a run this way."""
     run_id = new_run_id(cell)
-    run_dir = Path(runs_root).resolve() / run_id
-    run_dir.mkdir(parents=True)
-    info = RunInfo(run_id=run_id, cell_id=cell.id, started_at=_now(), tier=tier, cell=cell.as_dict(),
+    rundir = RunDir.create(runs_root, run_id)
+    info = RunInfo(run_id=run_id, cell_id=cell.id, started_at=_now(), tier=tier or "", cell=cell.as_dict(),
                    backend=backend, runner=os.environ.get("DISTCI_RUNNER") or socket.gethostname(), ci=ci_block())
-    write_info(run_dir, info)
+    rundir.write_info(info)
+    run_dir = rundir.path
     log(f"[{cell.id}] run {run_id}")
     return info, run_dir
 
 
 def infra_run(cell: Cell, info: RunInfo, run_dir: Path, exc: Exception, log_path: Path | None) -> CellRun:
     """Close a run whose environment never came up: one `infra` Result instead of test outcomes."""
+    rundir = RunDir(run_dir)
     result = infra_result(info.run_id, cell, exc, log_path)
-    ResultWriter(run_dir).write(result)
-    write_junit([result], run_dir / JUNIT_FILE, suite_name=cell.id)
+    rundir.append(result)
+    rundir.write_junit(cell.id)
     info.ended_at = _now()
-    write_info(run_dir, info)
+    rundir.write_info(info)
     return CellRun(info, run_dir, [result])
 
 
 def finish_run(cell: Cell, info: RunInfo, run_dir: Path, exit_code: int | None) -> CellRun:
     """Collect what pytest recorded; a pytest that died before recording anything is `infra`."""
+    rundir = RunDir(run_dir)
     info.pytest_exit = exit_code
     info.ended_at = _now()
-    results_file = run_dir / "results.jsonl"
-    results = list(read_results(results_file)) if results_file.exists() else []
+    results = rundir.results()
     if not results and exit_code not in (0, 5):
-        log_file = run_dir / "pytest.log"
+        log_file = rundir.pytest_log
         exc = InfraError(f"pytest exited with {exit_code} and recorded no result",
                          log=log_file.read_text()[-6000:] if log_file.exists() else "")
         result = infra_result(info.run_id, cell, exc, log_file)
-        ResultWriter(run_dir).write(result)
+        rundir.append(result)
         results = [result]
-        write_junit(results, run_dir / JUNIT_FILE, suite_name=cell.id)
-    write_info(run_dir, info)
+        rundir.write_junit(cell.id)
+    rundir.write_info(info)
     return CellRun(info, run_dir, results)
 
 
@@ -266,7 +233,7 @@ def run_cell(
         env = provision(cell, run_dir, log=log)
     except (InfraError, SourceError, ConfigError) as exc:
         log(f"[{cell.id}] infra: {exc}")
-        return infra_run(cell, info, run_dir, exc, run_dir / "provision.log")
+        return infra_run(cell, info, run_dir, exc, RunDir(run_dir).provision_log)
     return run_in_env(cell, Path(env.python), info, run_dir, tests=tests, keyword=keyword, tier=tier,
                       extra_pytest_args=extra_pytest_args, external_suites=external_suites, externals=externals,
                       log=log)
@@ -303,17 +270,30 @@ def run_in_env(
         child_env = {**os.environ, **cell_environment(cell, tier), "PYTHONUNBUFFERED": "1"}
         child_env.pop("PYTHONPATH", None)
         log(f"[{cell.id}] $ {info.command}")
+        rundir = RunDir(run_dir)
         proc = subprocess.Popen(cmd, cwd=REPO, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        code = relay_pytest(proc, run_dir / "pytest.log", run_dir / RESULTS_FILE, lambda m: log(f"[{cell.id}] {m}"))
+        code = relay_pytest(proc, rundir.pytest_log, rundir.results_path, lambda m: log(f"[{cell.id}] {m}"))
         run = finish_run(cell, info, run_dir, code)
+        if code == PYTEST_NO_TESTS and not externals:
+            run.selection_error = no_test_message(cell, native, keyword)
         if not externals:
             return run
     run_external_suites(cell, python, info, run_dir, externals, select=external, keyword=keyword,
                         suites_path=external_suites, log=log)
     info.ended_at = _now()
-    write_info(run_dir, info)
-    results_file = run_dir / RESULTS_FILE
-    return CellRun(info, run_dir, list(read_results(results_file)) if results_file.exists() else [])
+    RunDir(run_dir).write_info(info)
+    return CellRun(info, run_dir, RunDir(run_dir).results())
+
+
+PYTEST_NO_TESTS = 5
+
+
+def no_test_message(cell: Cell, tests: list[str], keyword: str | None) -> str:
+    """The one line a run that selected nothing prints (pytest's exit 5)."""
+    what = [f"-k {shlex.quote(keyword)}"] if keyword else []
+    what += [f"--test {shlex.quote(t)}" for t in tests]
+    chosen = " ".join(what) or f"suites {' '.join(cell.suites)}"
+    return f"no test selected by {chosen} in cell {cell.id}"
 
 
 def split_tests(tests: list[str]) -> tuple[list[str], list[str]]:
@@ -381,13 +361,13 @@ def run_external_suites(cell: Cell, python: Path, info: RunInfo, run_dir: Path, 
         return run_external(suites, run, world_size=cell.world_size, log=lambda m: log(f"[{cell.id}] {m}"))
     except (InfraError, SourceError, ConfigError) as exc:
         log(f"[{cell.id}] infra: external {', '.join(names)}: {exc}")
-        writer = ResultWriter(run_dir)
-        stack = _read_stack(run_dir)
+        rundir = RunDir(run_dir)
+        stack = rundir.read_stack()
         results = [infra_result(info.run_id, cell, exc, None, test_id=f"{EXTERNAL_PREFIX}{n}", stack=stack)
                    for n in names]
         for result in results:
-            writer.write(result)
-        write_junit(read_results(writer.path), run_dir / JUNIT_FILE, suite_name=cell.id)
+            rundir.append(result)
+        rundir.write_junit(cell.id)
         return results
 
 
@@ -412,23 +392,8 @@ def provision(cell: Cell, run_dir: Path, *, log: Log = print):
                    probe=installed_probe(envs_root(), cell.id, len(wheelhouse.wheels) + len(own))) as hb:
         env = ensure_env(cell, wheelhouse, extra_wheels=own, log=hb.wrap(say))
     log(f"[{cell.id}] environment ready in {time.monotonic() - started:.1f}s: {env.path}")
-    (run_dir / "provision.json").write_text(json.dumps({
+    RunDir(run_dir).provision_file.write_text(json.dumps({
         "wheelhouse": str(wheelhouse.path), "wheelhouse_key": wheelhouse.key, "env": str(env.path),
         "sources": {s.package: {"declared": s.declared, "resolved": getattr(s, "resolved", None)} for s in sources},
         "requirements": reqs, "pip_args": [redact_url(a) if "://" in a else a for a in args]}, indent=1))
     return env
-
-
-def _read_stack(run_dir: Path) -> dict | None:
-    """The Stack the run's pytest captured (stack.json), if it got that far."""
-    try:
-        return json.loads((run_dir / STACK_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def write_info(run_dir: Path, info: RunInfo) -> None:
-    """run.json, replaced atomically so a reader never sees half of it."""
-    tmp = run_dir / (RUN_FILE + ".tmp")
-    tmp.write_text(json.dumps(asdict(info), indent=1, sort_keys=True))
-    tmp.replace(run_dir / RUN_FILE)

@@ -29,8 +29,9 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .cellrun import run_cell, write_info
+    from .cellrun import run_cell
     from .matrix import load_matrix
+    from .rundir import RunDir
     from .terminal import EXIT_FILE_ENV, exit_code, exit_line, print_summary, write_exit_file
 
     # A pipe (nox, CI) would otherwise hold the per-test lines in a block buffer.
@@ -46,10 +47,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         runs = [run_cell(c, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k, tier=args.tier,
                          extra_pytest_args=extra) for c in cells]
     print_summary(runs)
+    for run in runs:
+        if getattr(run, "selection_error", ""):
+            print(f"distci: {run.selection_error}", file=sys.stderr)
     code = exit_code(runs)
     for run in runs:
         run.info.exit_code = exit_code([run])
-        write_info(run.run_dir, run.info)
+        RunDir(run.run_dir).write_info(run.info)
     if os.environ.get(EXIT_FILE_ENV):
         write_exit_file(os.environ[EXIT_FILE_ENV], code, runs)
     print(exit_line(code))
@@ -88,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=1)
     p.set_defaults(fn=_cmd_bench)
 
-    for module in ("store", "gate", "export", "dashboard", "audit", "bisect", "images", "runreport", "aggregate", "lint",
+    for module in ("ingest", "gate", "export", "dashboard", "audit", "bisect", "images", "runreport", "aggregate", "lint",
                    "notify"):
         try:
             mod = __import__(f"distci.{module}", fromlist=["add_parser"])

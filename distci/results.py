@@ -4,6 +4,7 @@ The JSONL file of a run is the source of truth: it is appended to while the run 
 (one line per finished test, flushed and fsync'd, so a crash loses nothing already
 finished) and never rewritten afterwards. The SQLite store and the dashboard are
 indexes over these files. JUnit is written alongside for CI systems that read it.
+Where these files live, and reading and appending them, is distci.rundir's job.
 
 This module runs inside cell environments too (the harness writes results), so it uses
 the standard library only.
@@ -23,10 +24,6 @@ SCHEMA_VERSION = 1
 
 OUTCOMES = ("passed", "failed", "error", "skipped")
 FAILURE_KINDS = ("assert", "exception", "timeout", "hang", "crash", "infra")
-
-RESULTS_FILE = "results.jsonl"
-JUNIT_FILE = "junit.xml"
-STACK_FILE = "stack.json"
 
 
 @dataclass
@@ -58,6 +55,7 @@ class Result:
     duration_s: float = 0.0
     reruns: int = 0
     rerun_outcomes: list[str] = field(default_factory=list)
+    rerun_messages: list[str] = field(default_factory=list)
     ranks: list[RankExcerpt] = field(default_factory=list)
     repro: str = ""
     known_issue: str | None = None
@@ -79,8 +77,27 @@ class Result:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Result":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        """A Result from one JSONL record; anything else (not an object, an unknown or
+        missing field, a bad outcome) is a TypeError / ValueError naming what is wrong."""
+        if not isinstance(data, dict):
+            raise TypeError(f"a Result is a JSON object, not {type(data).__name__}")
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise TypeError(f"unknown field(s) {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+    @property
+    def attempts(self) -> list[tuple[str, str]]:
+        """(outcome, message) of the first try and each rerun, in order."""
+        messages = [self.message, *self.rerun_messages]
+        tries = [self.outcome, *self.rerun_outcomes]
+        return [(o, messages[i] if i < len(messages) else "") for i, o in enumerate(tries)]
+
+    @property
+    def flaky(self) -> bool:
+        """Passed on one try and failed on another in this run."""
+        tries = {o for o, _ in self.attempts}
+        return "passed" in tries and bool(tries & {"failed", "error"})
 
 
 _SIGNATURE_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -108,79 +125,76 @@ def error_signature(exc_type: str, message: str) -> str:
     return f"{exc_type}: {text.strip()}"[:300]
 
 
-class ResultWriter:
-    """Appends Results to a run's results.jsonl, one durable line per test."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.run_dir / RESULTS_FILE
-
-    def write(self, result: Result) -> None:
-        line = json.dumps(result.to_dict(), sort_keys=True, default=str)
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-
-
-def read_results(path: Path) -> Iterator[Result]:
-    """Yields the Results of a results.jsonl file (or a run directory holding one).
-
-    A torn last line (the writer died mid-write) is skipped, not fatal: every complete
-    line before it is still good.
-    """
-    path = Path(path)
-    if path.is_dir():
-        path = path / RESULTS_FILE
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            yield Result.from_dict(data)
-
-
 def stack_summary(stack: dict[str, Any]) -> dict[str, str]:
     """The few stack fields worth a JUnit property on every testcase."""
     keys = ("torch", "torch_git", "torchao", "torchtitan", "torch_npu", "python", "device_name", "image_digest")
     return {k: str(stack[k]) for k in keys if stack.get(k)}
 
 
-def write_junit(results: Iterable[Result], path: Path, *, suite_name: str = "distci") -> Path:
-    """Writes JUnit XML; every testcase carries its cell id and stack summary as properties."""
+def test_location(test_id: str, root: Path | None = None) -> tuple[str, int]:
+    """(file, line) of a test id for JUnit: the file part of the node id, and the line of
+    its `def` when the file is found under `root` (0 when it is not: external suites,
+    environment records)."""
+    path, _, rest = test_id.partition("::")
+    name = rest.rpartition("::")[2].split("[", 1)[0]
+    if root is None or not name or path.startswith("<"):
+        return path, 0
+    try:
+        text = (Path(root) / path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return path, 0
+    m = re.search(rf"^[ \t]*(?:async[ \t]+)?def[ \t]+{re.escape(name)}\b", text, re.MULTILINE)
+    return path, (text.count("\n", 0, m.start()) + 1) if m else 0
+
+
+def _junit_kind(r: Result) -> str:
+    """How a Result shows in JUnit, agreeing with the gate: known issues are skipped
+    (pytest.xfail), a pass on a rerun passes (with its flaky failures), infra is an error."""
+    if r.outcome == "failed" and r.known_issue:
+        return "xfail"
+    if r.flaky:
+        return "flaky"
+    return r.outcome
+
+
+def write_junit(results: Iterable[Result], path: Path, *, suite_name: str = "distci", root: Path | None = None) -> Path:
+    """Writes JUnit XML; every testcase carries file and line, its cell id and stack summary
+    as properties. `root` is where test files are looked up for their line (default: cwd).
+
+    Known issues are `<skipped type="pytest.xfail">` with the id as the `known_issue`
+    property; a pass on a rerun carries one `<flakyFailure>` per failed try, a failure
+    on every try one `<rerunFailure>` per rerun (the Maven surefire elements GitHub's
+    JUnit reporters read).
+    """
     results = list(results)
-    failures = sum(r.outcome == "failed" for r in results)
-    errors = sum(r.outcome == "error" for r in results)
-    skipped = sum(r.outcome == "skipped" for r in results)
-    total_time = sum(r.duration_s for r in results)
+    root = Path.cwd() if root is None else Path(root)
+    kinds = [_junit_kind(r) for r in results]
     suites = ET.Element("testsuites")
     suite = ET.SubElement(
         suites,
         "testsuite",
         name=suite_name,
         tests=str(len(results)),
-        failures=str(failures),
-        errors=str(errors),
-        skipped=str(skipped),
-        time=f"{total_time:.3f}",
+        failures=str(kinds.count("failed")),
+        errors=str(kinds.count("error")),
+        skipped=str(kinds.count("skipped") + kinds.count("xfail")),
+        time=f"{sum(r.duration_s for r in results):.3f}",
     )
     if results:
         props = ET.SubElement(suite, "properties")
         for key, value in sorted(results[0].stack.items()):
             if isinstance(value, (str, int, float, bool)):
                 ET.SubElement(props, "property", name=f"stack.{key}", value=str(value))
-    for r in results:
+    for r, kind in zip(results, kinds):
         classname, _, name = r.test_id.rpartition("::")
+        file, line = test_location(r.test_id, root)
         case = ET.SubElement(
             suite,
             "testcase",
             classname=classname.replace("/", ".").removesuffix(".py") or "distci",
             name=name or r.test_id,
+            file=file,
+            line=str(line),
             time=f"{r.duration_s:.3f}",
         )
         cprops = ET.SubElement(case, "properties")
@@ -190,16 +204,27 @@ def write_junit(results: Iterable[Result], path: Path, *, suite_name: str = "dis
             ET.SubElement(cprops, "property", name=f"stack.{key}", value=value)
         if r.failure_kind:
             ET.SubElement(cprops, "property", name="failure_kind", value=r.failure_kind)
+        if r.known_issue:
+            ET.SubElement(cprops, "property", name="known_issue", value=r.known_issue)
         if r.repro:
             ET.SubElement(cprops, "property", name="repro", value=r.repro)
         body = "\n".join(f"--- rank {x.rank} ({x.outcome}) ---\n{x.excerpt}" for x in r.ranks)
-        if r.outcome == "failed":
-            el = ET.SubElement(case, "failure", message=r.error_signature or r.message[:200], type=r.failure_kind or "")
+        summary = r.error_signature or r.message[:200]
+        if kind == "xfail":
+            ET.SubElement(case, "skipped", type="pytest.xfail", message=f"known issue {r.known_issue}: {summary}")
+        elif kind == "flaky":
+            for outcome, message in r.attempts:
+                if outcome in ("failed", "error"):
+                    el = ET.SubElement(case, "flakyFailure", message=message[:200], type=r.failure_kind or "")
+                    el.text = message
+        elif kind in ("failed", "error"):
+            el = ET.SubElement(case, "failure" if kind == "failed" else "error", message=summary,
+                               type=r.failure_kind or "")
             el.text = r.message + ("\n" + body if body else "")
-        elif r.outcome == "error":
-            el = ET.SubElement(case, "error", message=r.error_signature or r.message[:200], type=r.failure_kind or "")
-            el.text = r.message + ("\n" + body if body else "")
-        elif r.outcome == "skipped":
+            for outcome, message in r.attempts[1:]:
+                rerun = ET.SubElement(case, "rerunFailure", message=message[:200], type=r.failure_kind or "")
+                rerun.text = message
+        elif kind == "skipped":
             ET.SubElement(case, "skipped", message=r.message[:500])
     path = Path(path)
     ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, TextIO
 
 from .progress import DEFAULT_INTERVAL_S, Heartbeat, format_duration
 from .results import Result
+from .rundir import RunDir
 
 if TYPE_CHECKING:
     from .cellrun import CellRun
@@ -39,7 +40,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INFRA, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 EXIT_CODES = {
     EXIT_OK: "no test failed (passed, skipped or a known issue)",
     EXIT_FAILED: "a test failed (not explained by a known issue)",
-    EXIT_USAGE: "distci could not start: a usage or configuration error",
+    EXIT_USAGE: "a usage or configuration error (or a selection that chose no test)",
     EXIT_INFRA: "only infrastructure failed: no test failed, but a cell or suite could not run",
     EXIT_INTERRUPTED: "interrupted",
 }
@@ -50,10 +51,13 @@ _PROGRESS = re.compile(r"^(\S+\.py )?[.sSxXFEfpP]+ *(\[ *\d+%\])?$")
 
 
 def exit_code(runs: Iterable["CellRun"]) -> int:
-    """1 when a test failed, else 3 when something could not run, else 0."""
+    """1 when a test failed, else 2 when a selection chose no test, else 3 when something
+    could not run, else 0."""
     runs = list(runs)
     if any(r.failed for r in runs):
         return EXIT_FAILED
+    if any(getattr(r, "selection_error", "") for r in runs):
+        return EXIT_USAGE
     if any(r.infra for r in runs):
         return EXIT_INFRA
     return EXIT_OK
@@ -222,7 +226,7 @@ def print_summary(runs: list["CellRun"], out: TextIO | None = None) -> None:
         state = "FAILED" if counts.failed else ("INFRA" if counts.infra else "OK")
         emit(f"{run.info.cell_id}")
         emit(f"  {state}: {counts.line()}")
-        emit(f"  results: {_relative(run.run_dir / 'results.jsonl')}")
+        emit(f"  results: {_relative(RunDir(run.run_dir).results_path)}")
         for r in run.results:
             if r.outcome in ("failed", "error"):
                 emit(f"  {r.outcome.upper()} {r.test_id}")

@@ -7,6 +7,15 @@ once the known-issues registry names it, `infra` when the environment never came
 up (rule 4: never a regression, never a red cell), `flaky` when the same environment
 gave both answers.
 
+Flakiness is judged over a window of the cell's runs, not only the previous one: the
+nightly's stack changes every night, so "same environment" alone would call every flip
+of a 50/50 test a `regression`. A test is known-flaky in a cell when, over its last
+FLAKY_WINDOW outcomes there (whatever the stack), it flipped between pass and fail at
+least FLAKY_FLIPS times, or passed on a rerun after failing, or passed with exactly this
+stack. A known-flaky failure is `flaky`, never `regression` or a blocking `fail`,
+unless it failed on every rerun in this run: a test that fails every time it is tried is
+failing, whatever its past.
+
 This module is pure: it sees runs as `RunHistory` values and returns `Verdict`s. The
 store feeds it a cell's runs in history order at every ingest, and can recompute all
 verdicts at any time, so a run that arrives late (an artifact uploaded after the next
@@ -28,6 +37,13 @@ SEVERITY = {v: i for i, v in enumerate(("regression", "fail", "flaky", "infra", 
 """Lower is worse: a group of results (a suite in a cell) shows its worst verdict."""
 
 _FAILED = ("failed", "error")
+
+FLAKY_WINDOW = 10
+"""How many earlier outcomes of a test in a cell the flakiness judgement looks at."""
+
+FLAKY_FLIPS = 3
+"""Pass<->fail flips (the current outcome included) that make a test known-flaky. Two
+flips are a break and its fix (P P F P); three are no longer a story about one change."""
 
 # Stack keys that define an environment. Two runs whose values agree ran the same
 # software on the same kind of device, so an outcome that differs between them is
@@ -89,6 +105,11 @@ class Observation:
         return self.outcome in _FAILED
 
     @property
+    def failed_every_rerun(self) -> bool:
+        """Failed the first attempt and every rerun (there was at least one rerun)."""
+        return self.failed and bool(self.rerun_outcomes) and all(o in _FAILED for o in self.rerun_outcomes)
+
+    @property
     def informative(self) -> bool:
         """Whether this outcome says something about the code: not skipped, infra or flaky."""
         return self.outcome != "skipped" and not self.is_infra and not self.is_flaky
@@ -114,13 +135,37 @@ class Verdict:
 _Seen = tuple[RunHistory, Observation]
 
 
-def judge(obs: Observation, env: str, previous: _Seen | None, baseline: _Seen | None) -> Verdict:
+def flaky_evidence(obs: Observation, env: str, window: Sequence[_Seen]) -> str | None:
+    """Why the test is known-flaky in this cell, or None (see the module doc).
+
+    `window` is the test's earlier outcomes in the cell, oldest first (skips and infra
+    left out, in-run flaky ones kept): the last FLAKY_WINDOW of them count.
+    """
+    seen = list(window)[-FLAKY_WINDOW:]
+    for run, o in reversed(seen):
+        if o.is_flaky:
+            return f"passed on a rerun after failing in run {run.run_id}"
+    if obs.failed:
+        same = next((run for run, o in reversed(seen) if run.env == env and o.outcome == "passed"), None)
+        if same is not None:
+            return f"passed in run {same.run_id} with the same stack"
+    marks = [o.outcome == "passed" for _, o in seen if not o.is_flaky] + [obs.outcome == "passed"]
+    flips = sum(a != b for a, b in zip(marks, marks[1:]))
+    if flips >= FLAKY_FLIPS:
+        return f"flipped between pass and fail {flips} times in its last {len(marks)} runs in this cell"
+    return None
+
+
+def judge(
+    obs: Observation, env: str, previous: _Seen | None, baseline: _Seen | None, window: Sequence[_Seen] = ()
+) -> Verdict:
     """The verdict of one outcome.
 
     `previous` is the last informative outcome of the same test in an earlier run of the
     same cell; `baseline` the latest informative one in the declared baseline cell, used
     only when the cell has no history of its own for the test (a new cell, a release
-    candidate judged against the release it replaces).
+    candidate judged against the release it replaces); `window` the test's earlier
+    outcomes in the cell, for flakiness (flaky_evidence).
     """
     if obs.outcome == "skipped":
         return Verdict("skip")
@@ -133,22 +178,34 @@ def judge(obs: Observation, env: str, previous: _Seen | None, baseline: _Seen | 
     ref, where = (previous, "the previous run") if previous else (baseline, "the baseline cell")
     ref_run, ref_obs = ref if ref else (None, None)
     same_env = ref_run is not None and previous is not None and ref_run.env == env
+    ref_id = ref_run.run_id if ref_run else None
 
     if obs.outcome == "passed":
         if obs.known_issue:
             return Verdict("fixed", reason=f"XPASS: known issue {obs.known_issue} did not reproduce")
         if ref_obs is not None and ref_obs.failed:
             if same_env:
-                return Verdict("flaky", ref_run.run_id, f"failed in run {ref_run.run_id} with the same stack")
-            return Verdict("fixed", ref_run.run_id, f"failed in {where} ({ref_run.run_id})")
-        return Verdict("pass", ref_run.run_id if ref_run else None)
+                return Verdict("flaky", ref_id, f"failed in run {ref_id} with the same stack")
+            evidence = flaky_evidence(obs, env, window)
+            if evidence:
+                return Verdict("flaky", ref_id, f"known flaky in this cell: {evidence}")
+            return Verdict("fixed", ref_id, f"failed in {where} ({ref_id})")
+        return Verdict("pass", ref_id)
 
     if obs.known_issue:
         return Verdict("xfail", reason=f"known issue {obs.known_issue}")
+    if obs.failed_every_rerun:
+        tries = len(obs.rerun_outcomes) + 1
+        if ref_obs is not None and ref_obs.outcome == "passed":
+            if same_env:
+                return Verdict("fail", ref_id, f"failed all {tries} tries; run {ref_id} passed with the same stack")
+            return Verdict("regression", ref_id, f"failed all {tries} tries; passed in {where} ({ref_id})")
+    else:
+        evidence = flaky_evidence(obs, env, window)
+        if evidence:
+            return Verdict("flaky", ref_id, f"known flaky in this cell: {evidence}")
     if ref_obs is not None and ref_obs.outcome == "passed":
-        if same_env:
-            return Verdict("flaky", ref_run.run_id, f"passed in run {ref_run.run_id} with the same stack")
-        return Verdict("regression", ref_run.run_id, f"passed in {where} ({ref_run.run_id})")
+        return Verdict("regression", ref_id, f"passed in {where} ({ref_id})")
     if ref_obs is not None:
         return Verdict("fail", ref_run.run_id, f"also failing in {where} ({ref_run.run_id})")
     return Verdict("fail", reason="no green history")
@@ -169,6 +226,7 @@ def judge_history(
     """
     verdicts: dict[tuple[str, str], Verdict] = {}
     last: dict[str, _Seen] = {}
+    window: dict[str, list[_Seen]] = {}
     base_last: dict[str, _Seen] = {}
     base = _order(baseline_runs)
     b = 0
@@ -179,8 +237,13 @@ def judge_history(
                     base_last[test_id] = (base[b], obs)
             b += 1
         for test_id, obs in run.results.items():
-            verdicts[(run.run_id, test_id)] = judge(obs, run.env, last.get(test_id), base_last.get(test_id))
+            verdicts[(run.run_id, test_id)] = judge(
+                obs, run.env, last.get(test_id), base_last.get(test_id), window.get(test_id, ())
+            )
         for test_id, obs in run.results.items():
             if obs.informative:
                 last[test_id] = (run, obs)
+            if obs.outcome != "skipped" and not obs.is_infra:
+                window.setdefault(test_id, []).append((run, obs))
+                del window[test_id][:-FLAKY_WINDOW]
     return verdicts

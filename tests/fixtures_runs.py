@@ -1,5 +1,5 @@
 """Helpers that write run directories the way a runner does (results.jsonl through
-distci.results.ResultWriter, plus run.json and stack.json), and a realistic seed of
+distci.rundir.RunDir, plus run.json and stack.json), and a realistic seed of
 five nights over five cells for the store, gate and dashboard tests."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from distci.results import STACK_FILE, RankExcerpt, Result, ResultWriter, write_junit
+from distci.results import RankExcerpt, Result, write_junit
+from distci.rundir import STACK_FILE, RunDir
 
 TP_LOSS = "suites/test_tp.py::test_tp_loss_matches_reference[colwise-rowwise]"
 TP_SP = "suites/test_tp.py::test_tp_loss_matches_reference[sequence_parallel]"
@@ -107,21 +108,22 @@ def write_run(
 
     Dict results are keyword arguments of `result()`; run, cell, stack and start times
     (one second apart) are filled in. `durable=False` skips the per-line fsync of
-    ResultWriter (same bytes, written at once) for tests that write thousands of results.
+    RunDir.append (same bytes, written at once) for tests that write thousands of results.
     """
     run_dir = Path(root) / run_id
-    writer = ResultWriter(run_dir)
+    writer = RunDir(run_dir)
     written = []
     t = started_at
     for r in results:
         if isinstance(r, dict):
             r = result(**{"run_id": run_id, "cell_id": cell_id, "stack": stack, "started_at": t.isoformat(), **r})
         if durable:
-            writer.write(r)
+            writer.append(r)
         written.append(r)
         t += timedelta(seconds=max(r.duration_s, 1.0))
     if not durable:
-        with open(writer.path, "a", encoding="utf-8") as fh:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with open(writer.results_path, "a", encoding="utf-8") as fh:
             fh.writelines(json.dumps(r.to_dict(), sort_keys=True, default=str) + "\n" for r in written)
     write_junit(written, run_dir / "junit.xml")
     (run_dir / STACK_FILE).write_text(json.dumps(stack, sort_keys=True))
@@ -257,7 +259,7 @@ def seed_nights(root: Path, nights: int = 5) -> Seeded:
 
 def ingest_after_barrier(args: tuple[str, str, Any]) -> int:
     """A multiprocessing worker: wait for the others, then ingest one run directory."""
-    from distci.store import ingest
+    from distci.ingest import ingest
 
     run_dir, store_path, barrier = args
     barrier.wait()

@@ -23,7 +23,8 @@ import pytest
 from conftest import REPO
 from distci.aggregate import AggregateOptions, History, aggregate, bisect_record, record_bisect
 from distci.errors import ConfigError
-from distci.results import Result, ResultWriter
+from distci.results import Result
+from distci.rundir import RunDir
 from distci.store import Store
 
 DEFAULT_CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on"
@@ -298,10 +299,10 @@ def write_run(root: Path, cell: str, night: str, torch: str, outcomes: dict[str,
     run_id = f"{night.replace('-', '')}T011700Z-000000-{cell}"
     run_dir = root / f"run-{cell}" / run_id
     stack = {"torch": torch, "torchao": "0.19.0", "python": "3.11.7", "device_name": "H200"}
-    writer = ResultWriter(run_dir)
+    writer = RunDir(run_dir)
     for test, outcome in outcomes.items():
         failed = outcome == "failed"
-        writer.write(Result(
+        writer.append(Result(
             run_id=run_id, cell_id=cell, test_id=f"suites/test_tp.py::{test}", outcome=outcome, stack=stack,
             failure_kind="exception" if failed else None,
             error_signature="RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:N, unhandled cuda error" if failed

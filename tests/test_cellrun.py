@@ -240,7 +240,8 @@ def test_external_selection_and_suites_that_cannot_start(tmp_path, external_cell
     """`--test external/...` picks suites; a suites file gone at run time is `infra`, pytest's results stay."""
     from distci.cellrun import external_plan, run_external_suites, start_run
     from distci.errors import SelectionError
-    from distci.results import Result, ResultWriter
+    from distci.results import Result
+    from distci.rundir import RunDir
 
     cell, suites = external_cell
     assert external_plan(cell, [], suites) == ["tinyup", "nosource"]
@@ -250,7 +251,7 @@ def test_external_selection_and_suites_that_cannot_start(tmp_path, external_cell
         external_plan(cell, ["external/tinyupp/dist/x.py::f"], suites)
 
     info, run_dir = start_run(cell, tmp_path / "runs", tier=None, log=lambda m: None)
-    ResultWriter(run_dir).write(Result(run_id=info.run_id, cell_id=cell.id, test_id="suites/test_a.py::test_a",
+    RunDir(run_dir).append(Result(run_id=info.run_id, cell_id=cell.id, test_id="suites/test_a.py::test_a",
                                        outcome="passed", stack={"torch": "2.13.0"}))
     added = run_external_suites(cell, Path(sys.executable), info, run_dir, ["tinyup"], select=[], keyword=None,
                                 suites_path=tmp_path / "gone.toml", log=lambda m: None)

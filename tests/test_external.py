@@ -25,7 +25,7 @@ from distci.errors import ConfigError
 from distci.external import readers
 from distci.external.runner import ExternalRun, run_external
 from distci.external.spec import load_suites
-from distci.results import read_results
+from distci.rundir import read_results
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,8 @@ from fixtures_runs import (
 
 from distci import export, gate
 from distci.errors import SelectionError
-from distci.store import Store, ingest
+from distci.ingest import ingest
+from distci.store import Store
 
 NOW = datetime.now(timezone.utc).replace(microsecond=0)
 T0 = NOW - timedelta(days=1, hours=2)  # night 2 started two hours ago: fresh

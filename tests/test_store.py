@@ -22,18 +22,10 @@ from fixtures_runs import (
     write_run,
 )
 
-from distci.results import ResultWriter
-from distci.store import (
-    DEFAULT_STORE,
-    BisectRow,
-    RunInfo,
-    Store,
-    StoreError,
-    default_store_path,
-    ingest,
-    rebuild,
-    suite_of,
-)
+from distci.rundir import RunDir
+from distci.ingest import ingest, rebuild
+from distci.rundir import RunInfo
+from distci.store import DEFAULT_STORE, BisectRow, Store, StoreError, default_store_path, suite_of
 
 T0 = datetime(2026, 3, 1, 2, 0, tzinfo=timezone.utc)
 
@@ -161,7 +153,7 @@ def test_appended_run_is_reindexed(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path, "r1", "cpu-ws2", [{"test_id": t} for t in ALL_TESTS[:3]], started_at=T0, stack=st)
     db = tmp_path / "s.sqlite"
     assert ingest([run_dir], db).added == ["r1"]
-    ResultWriter(run_dir).write(
+    RunDir(run_dir).append(
         result(ALL_TESTS[3], "failed", run_id="r1", cell_id="cpu-ws2", stack=st, message="boom")
     )
     report = ingest([run_dir], db)

@@ -98,16 +98,17 @@ def test_tick_eta_and_install_probe(tmp_path: Path) -> None:
 
 
 # A child that behaves as pytest with the harness does: progress dots without a newline,
-# one results.jsonl record per finished test (through distci.results, as the recorder
+# one results.jsonl record per finished test (through distci.rundir, as the recorder
 # writes them), a silence, then its report. Standard library only, so it starts fast.
 CHILD = """
 import sys, time
-from distci.results import Result, ResultWriter
-w = ResultWriter(sys.argv[1])
+from distci.results import Result
+from distci.rundir import RunDir
+w = RunDir(sys.argv[1])
 print("collected 2 items"); sys.stdout.write("t.py ."); sys.stdout.flush()
-w.write(Result(run_id="r", cell_id="c", test_id="t.py::test_first", outcome="passed", stack={}, duration_s=0.1))
+w.append(Result(run_id="r", cell_id="c", test_id="t.py::test_first", outcome="passed", stack={}, duration_s=0.1))
 time.sleep(2.5)
-w.write(Result(run_id="r", cell_id="c", test_id="t.py::test_slow[[bold]x[/bold]]", outcome="failed", stack={},
+w.append(Result(run_id="r", cell_id="c", test_id="t.py::test_slow[[bold]x[/bold]]", outcome="failed", stack={},
                failure_kind="assert", duration_s=2.5))
 print("F [100%]"); print("FAILED t.py::test_slow - [bold]not markup[/bold]")
 sys.exit(1)

@@ -28,7 +28,7 @@ def hist(*nights: tuple[str, ...] | str, env_prefix: str = "torch-", test: str =
         if first != "passed" and kind is None and first != "skipped":
             kind = "assert"
         obs = Observation(test, first, kind, tuple(reruns), known)
-        runs.append(RunHistory(f"run{i}", f"2026-03-0{i + 1}T02:00:00+00:00", env, {test: obs}))
+        runs.append(RunHistory(f"run{i}", f"2026-03-{i + 1:02d}T02:00:00+00:00", env, {test: obs}))
     return runs
 
 
@@ -70,8 +70,54 @@ def test_flaky_when_same_environment_gives_both_answers() -> None:
 
 
 def test_flaky_results_are_not_history() -> None:
-    """A flaky night says nothing about the code: the next red compares with the last green."""
-    assert verdicts(hist("passed", "failed+passed", "failed")) == ["pass", "flaky", "regression"]
+    """A flaky night says nothing about the code: the next red compares with the last green,
+    and is flaky itself (the test is known-flaky) unless it fails on every rerun."""
+    runs = hist("passed", "failed+passed", "failed+failed")
+    got = judge_history(runs)
+    assert [got[(r.run_id, T)].verdict for r in runs] == ["pass", "flaky", "regression"]
+    assert got[("run2", T)].compared_run == "run0"
+    assert verdicts(hist("passed", "failed+passed", "failed")) == ["pass", "flaky", "flaky"]
+
+
+# The flaky window: histories of one test in one cell, as data. `passed`/`failed` on a new
+# stack every night (a nightly cell) unless pinned to an env; `failed+failed` failed its
+# rerun too; `failed+passed` passed on the rerun.
+NIGHTLY_5050 = ("passed", "failed", "passed", "failed", "passed", "failed", "failed", "passed")
+
+
+@pytest.mark.parametrize(
+    "nights, expected",
+    [
+        # a 50/50 test on a nightly cell: the flips, not the changing stack, decide
+        (NIGHTLY_5050, ["pass", "regression", "fixed", "flaky", "flaky", "flaky", "flaky", "flaky"]),
+        # ... and once known-flaky, a failure on every rerun is still a failure
+        (NIGHTLY_5050[:5] + ("failed+failed",), ["pass", "regression", "fixed", "flaky", "flaky", "regression"]),
+        (NIGHTLY_5050[:6] + ("failed+failed",), ["pass", "regression", "fixed", "flaky", "flaky", "flaky", "fail"]),
+        # a 50/50 test on a fixed stack never becomes a blocking `fail` by failing twice
+        (tuple(("passed" if c == "P" else "failed", "env-a") for c in "PFFPFF"),
+         ["pass", "flaky", "flaky", "flaky", "flaky", "flaky"]),
+        # a fixed stack, failing every rerun although the same stack passed: blocking fail
+        ((("passed", "env-a"), ("failed+failed", "env-a")), ["pass", "fail"]),
+        # a rerun pass makes the test known-flaky for the window
+        (("passed", "failed+passed", "passed", "failed"), ["pass", "flaky", "pass", "flaky"]),
+        # one break and its fix are not flakiness
+        (("passed", "passed", "failed", "failed", "passed"), ["pass", "pass", "regression", "fail", "fixed"]),
+        # a real regression stays red night after night
+        (("passed",) * 3 + ("failed",) * 4, ["pass"] * 3 + ["regression", "fail", "fail", "fail"]),
+    ],
+)
+def test_flaky_window(nights: tuple, expected: list[str]) -> None:
+    assert verdicts(hist(*nights)) == expected
+
+
+def test_flaky_window_forgets() -> None:
+    """Evidence older than FLAKY_WINDOW outcomes no longer makes a failure flaky."""
+    from distci.verdicts import FLAKY_WINDOW
+
+    nights = ("passed", "failed+passed") + ("passed",) * FLAKY_WINDOW + ("failed",)
+    assert verdicts(hist(*nights))[-1] == "regression"
+    nights = ("passed", "failed+passed") + ("passed",) * (FLAKY_WINDOW - 2) + ("failed",)
+    assert verdicts(hist(*nights))[-1] == "flaky"
 
 
 def test_baseline_cell_judges_a_cell_without_history() -> None:

@@ -376,7 +376,8 @@ def _culprit(result: BisectResult[Any], commits: dict[str, str] | None) -> str |
 
 
 def _to_store(args: argparse.Namespace, report: Path, log: Callable[[str], None]) -> None:
-    from distci.store import Store, read_bisect
+    from distci.ingest import read_bisect
+    from distci.store import Store
 
     with Store(args.store) as store:
         store.add_bisects(read_bisect(report))

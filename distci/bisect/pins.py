@@ -22,8 +22,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from distci.errors import ConfigError
+from distci.rundir import STACK_FILE
 
-STACK_FILE = "stack.json"
 OWN = frozenset({"distci", "distci-fixes"})
 # What `python -m pytest -p distci.harness` needs besides torch, when a stack lacks it.
 HARNESS_NEEDS = ("pytest", "packaging")

@@ -39,6 +39,7 @@ from distci.bisect.candidates import CommitCandidate, WheelCandidate
 from distci.bisect.engine import ProbeOutcome
 from distci.bisect.overlay import OverlayPlan, lay_python_over
 from distci.bisect.state import BisectError
+from distci.rundir import RunDir
 from distci.wheelhouse import file_lock
 
 SKIP_CODE = 125
@@ -124,7 +125,7 @@ class PytestCheck(CommandCheck):
     def run(self, venv: Path) -> tuple[str, str]:
         """As CommandCheck; with `run_dir` (the harness's --distci-run-dir) the detail
         starts with what the harness recorded: each test's outcome and error."""
-        results = self.run_dir / "results.jsonl" if self.run_dir else None
+        results = RunDir(self.run_dir).results_path if self.run_dir else None
         offset = results.stat().st_size if results and results.exists() else 0
         outcome, detail = super().run(venv)
         if results and results.exists():

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from distci.rundir import repro_line
 from distci.store import RunRow
 
 # Upstream repositories of the packages whose commits a stack can name.
@@ -102,13 +103,12 @@ def pinned_requirements(stack: Mapping[str, Any]) -> list[str]:
 def repro_lines(run: RunRow, test_id: str, *, world_size: int | None = None) -> list[str]:
     """Commands that rerun `test_id` on the stack this run had, not on what resolves today.
 
-    The first goes through distci with the run's backend (a nightly or specifier cell
-    re-resolves, so it names the run's stack next to it); the second pins every version
-    (or the image digest) and runs the harness directly.
+    The first is rundir's repro line with the run's backend (a nightly or specifier cell
+    re-resolves through it); the second pins every version (or the image digest) and
+    runs the harness directly.
     """
     cell = run.cell_id
-    backend = run.backend or "venv"
-    first = f"nox -s dist_tests -- --cell {cell} --test {shlex.quote(test_id)} --backend {backend}"
+    first = repro_line(cell, test_id, backend=run.backend or "venv")
     fixes = "none" if cell.endswith("fix_off") else "all"
     m = re.search(r"-ws(\d+)-", cell)
     ws = world_size or (int(m.group(1)) if m else 2)

@@ -16,7 +16,8 @@ from typing import Any
 from distci.dashboard.links import Link, run_links
 from distci.dashboard.release import TierView, age_text, release_views
 from distci.dashboard.story import BreakCard, FixStory, break_cards, fix_stories
-from distci.store import BisectRow, ResultRow, RunRow, Store, is_environment, read_fix_audit
+from distci.ingest import read_fix_audit
+from distci.store import BisectRow, ResultRow, RunRow, Store, is_environment
 from distci.verdicts import BLOCKING, SEVERITY, worst
 
 STACK_KEYS = (

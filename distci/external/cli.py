@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Sequence
 
 from distci.errors import ConfigError, DistciError
+from distci.rundir import RunDir, RunInfo
 
 from .spec import DEFAULT_PATH, load_suites
 
@@ -84,12 +85,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (Interrupted, KeyboardInterrupt) as exc:
         print(f"distci: external run stopped ({exc or 'SIGINT'}); what ran is in {run.run_dir}", file=sys.stderr)
         return 130 if isinstance(exc, KeyboardInterrupt) else 143
-    info_path = run.run_dir / "run.json"
-    if not info_path.exists():
-        info = {"run_id": run_id, "cell_id": cell_id, "started_at": started, "ended_at": _now(),
-                "runner": os.environ.get("DISTCI_RUNNER") or socket.gethostname(), "backend": "external",
-                "command": " ".join(sys.argv)}
-        info_path.write_text(json.dumps(info, indent=1, sort_keys=True))
+    rundir = RunDir(run.run_dir)
+    if not rundir.info_path.exists():
+        rundir.write_info(RunInfo(run_id=run_id, cell_id=cell_id, started_at=started, ended_at=_now(),
+                                  runner=os.environ.get("DISTCI_RUNNER") or socket.gethostname(), backend="external",
+                                  command=" ".join(sys.argv)))
     counts = {o: sum(r.outcome == o for r in results) for o in ("passed", "failed", "error", "skipped")}
     print(f"external: {len(results)} results in {run.run_dir}: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
     if any(r.outcome in ("failed", "error") and r.failure_kind != "infra" and not r.known_issue for r in results):

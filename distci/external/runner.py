@@ -26,7 +26,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from distci.errors import ConfigError, InfraError, SourceError
 from distci.harness.outcome import Combined
-from distci.results import JUNIT_FILE, STACK_FILE, Result, ResultWriter, error_signature, read_results, write_junit
+from distci.results import Result, error_signature
+from distci.rundir import RunDir, repro_line
 
 from .adapters import adapter
 from .fetch import Checkout, UpstreamRef, default_root, ensure_checkout, explicit_directory, upstream_ref
@@ -90,7 +91,7 @@ def _now() -> str:
 
 def repro(cell_id: str, test_id: str) -> str:
     if cell_id and cell_id != "local":
-        return f"nox -s dist_tests -- --cell {cell_id} --test {shlex.quote(test_id)}"
+        return repro_line(cell_id, test_id)
     return f"python -m distci.external run --test {shlex.quote(test_id)}"
 
 
@@ -167,7 +168,7 @@ class Recorder:
     def __init__(self, run: ExternalRun, stack: dict[str, Any]) -> None:
         self.run = run
         self.stack = stack
-        self.writer = ResultWriter(run.run_dir)
+        self.writer = RunDir(run.run_dir)
         self.results: list[Result] = []
         self.registry = None
         if run.known_issues and Path(run.known_issues).exists():
@@ -195,7 +196,7 @@ class Recorder:
             repro=repro(self.run.cell_id, test_id), known_issue=known, started_at=started,
             log_path=_relative(log_path, self.run.run_dir),
         )
-        self.writer.write(result)
+        self.writer.append(result)
         self.results.append(result)
         return result
 
@@ -230,8 +231,7 @@ def run_external(suites: Sequence[SuiteSpec], run: ExternalRun, *, world_size: i
         return recorder.results
     stack = found["stack"]
     stack["external_fix_packages"] = [Path(p).name for p in run.fix_packages]
-    if not (run.run_dir / STACK_FILE).exists():
-        (run.run_dir / STACK_FILE).write_text(json.dumps(stack, indent=1, sort_keys=True, default=str))
+    RunDir(run.run_dir).write_stack(stack, keep=True)
     slots = run.slots if run.slots is not None else slots_of(stack, run.device_type, world_size)
     missing = set(found.get("missing_modules", []))
     recorder = Recorder(run, stack)
@@ -247,9 +247,9 @@ def run_external(suites: Sequence[SuiteSpec], run: ExternalRun, *, world_size: i
 
 
 def _finish(run: ExternalRun) -> None:
-    results_file = run.run_dir / "results.jsonl"
-    if results_file.exists():
-        write_junit(read_results(results_file), run.run_dir / JUNIT_FILE, suite_name=run.cell_id)
+    rundir = RunDir(run.run_dir)
+    if rundir.results_path.exists():
+        rundir.write_junit(run.cell_id)
 
 
 def _run_suite(suite: SuiteSpec, run: ExternalRun, base: LaunchEnv, installed: Mapping[str, Any] | None,

@@ -8,7 +8,6 @@ the rest are classified from pytest's own report.
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import shlex
 import time
@@ -18,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from ..results import JUNIT_FILE, STACK_FILE, RankExcerpt, Result, ResultWriter, error_signature, read_results, write_junit
+from ..results import RankExcerpt, Result, error_signature
+from ..rundir import RunDir
 from .outcome import Combined
 
 
@@ -39,7 +39,7 @@ class Recorder:
         self.combined: dict[str, Combined] = {}
         self.reports: dict[str, list[pytest.TestReport]] = {}
         self.started: dict[str, str] = {}
-        self.writer: ResultWriter | None = None
+        self.writer: RunDir | None = None
         self.known_issues = None
         self.current: str | None = None  # the test in flight
         self.current_start = 0.0
@@ -56,8 +56,8 @@ class Recorder:
         from .. import stack
 
         self.stack = stack.capture()
-        self.writer = ResultWriter(self.run_dir)
-        (self.run_dir / STACK_FILE).write_text(json.dumps(self.stack, indent=1, sort_keys=True, default=str))
+        self.writer = RunDir(self.run_dir)
+        self.writer.write_stack(self.stack)
         registry = self.config.getoption("--distci-known-issues")
         if registry and Path(registry).exists():
             from .known_issues import load_registry
@@ -75,7 +75,7 @@ class Recorder:
         self.current = None
         if self.writer is None:
             return
-        self.writer.write(self.result_for(nodeid))
+        self.writer.append(self.result_for(nodeid))
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo) -> None:
         """The run was stopped (Ctrl-C, or SIGTERM/SIGHUP through the plugin): the test in
@@ -87,7 +87,7 @@ class Recorder:
         self.reports.pop(nodeid, None)
         self.combined.pop(nodeid, None)
         message = f"Interrupted: the run was stopped ({self.stopped_by}) during this test, before it finished"
-        self.writer.write(Result(
+        self.writer.append(Result(
             run_id=self.run_id, cell_id=self.cell, test_id=nodeid, outcome="error", stack=self.stack,
             failure_kind="infra", error_signature=f"Interrupted: stopped by {self.stopped_by}", message=message,
             duration_s=round(time.monotonic() - self.current_start, 3),
@@ -146,9 +146,9 @@ class Recorder:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if self.writer is None or not self.writer.path.exists():
+        if self.writer is None or not self.writer.results_path.exists():
             return
-        write_junit(read_results(self.writer.path), self.run_dir / JUNIT_FILE, suite_name=self.cell)
+        self.writer.write_junit(self.cell)
 
 
 def _skip_reason(rep: pytest.TestReport) -> str:

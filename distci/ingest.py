@@ -1,0 +1,377 @@
+"""Ingest: run directories (and bisect / fix-audit reports) into the store.
+
+Damage stays where it is: a results.jsonl line that is not a Result is counted and
+reported with its file:line, a run directory that cannot be read as a run is rejected on
+its own (by path, with why), and every good run is indexed. `ingest` ends with a summary
+of what it skipped.
+
+A run already indexed with the same content is skipped. A run whose results.jsonl grew
+(it was ingested while it was still being appended to) is re-indexed: the old content is
+a prefix of the new one, which is what append-only allows. A run whose indexed content is
+NOT a prefix of the new file was rewritten, which the format forbids; that run is
+reported by id and path (StoreError, after everything else is indexed) and left as it was.
+
+Known issues are matched here as well as when results are recorded (rule: one registry,
+suites/known_issues.toml): editing the registry and running `ingest --rebuild` re-judges
+every stored run. Verdicts (distci.verdicts) are then computed, in history order, for
+every cell the ingest touched and the cells that use it as their baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import sqlite3
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from distci.errors import ConfigError, StoreError
+from distci.results import Result, error_signature
+from distci.rundir import RESULTS_FILE, RunContents, RunDirError, find_run_dirs, read_run, utc
+from distci.store import (DEFAULT_AUDIT_DIR, DEFAULT_BISECT_DIR, DEFAULT_RUNS_ROOT, DEFAULT_STORE, STORE_ENV, BisectRow, FixAuditRow, Store,
+                          default_store_path, nightly_date_of, suite_of)
+
+DEFAULT_KNOWN_ISSUES = Path("suites") / "known_issues.toml"
+EXCERPT_CHARS = 4000
+RANK_EXCERPT_CHARS = 1500
+SHOWN_PROBLEMS = 20
+
+
+@dataclass
+class IngestReport:
+    added: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+    """Run directories not indexed, each as `path: why`."""
+    bad_lines: list[str] = field(default_factory=list)
+    """results.jsonl lines not indexed, each as `file:line: why`."""
+    results: int = 0
+
+    def summary(self) -> str:
+        text = (
+            f"{len(self.added)} runs added, {len(self.updated)} re-indexed, "
+            f"{len(self.skipped)} unchanged, {self.results} results indexed"
+        )
+        if self.conflicts:
+            text += f", {len(self.conflicts)} rejected as rewritten"
+        if not (self.rejected or self.bad_lines):
+            return text
+        text += f"; skipped {len(self.rejected)} unreadable runs and {len(self.bad_lines)} bad lines:"
+        shown = [*self.rejected, *self.bad_lines]
+        lines = [f"  {p}" for p in shown[:SHOWN_PROBLEMS]]
+        if len(shown) > SHOWN_PROBLEMS:
+            lines.append(f"  ... and {len(shown) - SHOWN_PROBLEMS} more")
+        return "\n".join([text, *lines])
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def load_known_issues(path: Path | None) -> Any:
+    """The known-issues registry at `path` (None: no index-time matching)."""
+    if path is None:
+        return None
+    from distci.harness.known_issues import RegistryError, load_registry
+
+    try:
+        return load_registry(Path(path))
+    except (OSError, RegistryError) as exc:
+        raise ConfigError(f"cannot read the known-issues registry: {exc}", where=str(path)) from exc
+
+
+def known_issue_of(r: Result, registry: Any) -> str | None:
+    """The known issue a Result matches by today's registry (the recorder's rule: a
+    failure matches an entry by test, signature and stack; a pass where an entry applies
+    names it, so the verdict is `fixed`). Without a registry, what was recorded."""
+    if registry is None or r.failure_kind == "infra":
+        return r.known_issue
+    if r.outcome == "failed":
+        return registry.match(r.test_id, r.error_signature or "", r.message, r.stack)
+    if r.outcome == "passed":
+        applicable = registry.applicable(r.test_id, r.stack)
+        return applicable[0].id if applicable else None
+    return r.known_issue
+
+
+def ingest_runs(store: Store, paths: Iterable[Path | str], *, known_issues: Path | None = None) -> IngestReport:
+    """Indexes every run directory under `paths` into `store`; idempotent.
+
+    Raises StoreError after indexing everything else when some runs contradict what is
+    already indexed (their JSONL was rewritten); `exc.report` has the report.
+    """
+    report = IngestReport()
+    registry = load_known_issues(known_issues)
+    dirs = find_run_dirs(Path(p) for p in paths)
+    runs: list[RunContents] = []
+    for d in dirs:
+        try:
+            run = read_run(d)
+        except RunDirError as exc:
+            report.rejected.append(str(exc))
+            report.bad_lines += [str(p) for p in exc.problems]
+            continue
+        except OSError as exc:
+            report.rejected.append(f"{d}: {exc}")
+            continue
+        report.bad_lines += [str(p) for p in run.problems]
+        runs.append(run)
+    problems: list[str] = []
+    with store.transaction() as conn:
+        touched: set[str] = set()
+        for run in runs:
+            state = _index_run(conn, run, registry)
+            if state == "conflict":
+                row = conn.execute("SELECT source_path FROM runs WHERE run_id = ?", (run.info.run_id,)).fetchone()
+                problems.append(
+                    f"run {run.info.run_id}: {run.path / RESULTS_FILE} is not an append-only "
+                    f"continuation of the indexed {row['source_path']}/{RESULTS_FILE}"
+                )
+                report.conflicts.append(run.info.run_id)
+                continue
+            getattr(report, state).append(run.info.run_id)
+            if state != "skipped":
+                report.results += len(run.results)
+                touched.add(run.info.cell_id)
+        store.recompute_in(conn, touched)
+    if problems:
+        err = StoreError("; ".join(problems) + " (JSONL files are never rewritten: give the run a new id)")
+        err.report = report  # type: ignore[attr-defined]
+        raise err
+    return report
+
+
+def _index_run(conn: sqlite3.Connection, run: RunContents, registry: Any) -> str:
+    info = run.info
+    content_hash, meta_hash = _sha(run.raw), _sha(run.meta)
+    old = conn.execute(
+        "SELECT content_hash, content_size, meta_hash FROM runs WHERE run_id = ?", (info.run_id,)
+    ).fetchone()
+    if old is not None:
+        if old["content_hash"] == content_hash and old["meta_hash"] == meta_hash:
+            return "skipped"
+        prefix = run.raw[: old["content_size"]]
+        if len(run.raw) < old["content_size"] or _sha(prefix) != old["content_hash"]:
+            return "conflict"
+        conn.execute("DELETE FROM runs WHERE run_id = ?", (info.run_id,))
+    conn.execute(
+        """INSERT INTO runs (run_id, cell_id, started_at, ended_at, runner, backend, image_digest,
+            tier, nightly_date, baseline_cell, torch_git, stack_json, source_path, content_hash,
+            content_size, meta_hash, n_results, ingested_at)
+           VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+        (
+            info.run_id, info.cell_id, info.started_at, info.ended_at, info.runner, info.backend,
+            info.image_digest, info.tier or "", info.nightly_date or nightly_date_of(run.stack.get("torch")),
+            info.baseline_cell, run.stack.get("torch_git"), json.dumps(run.stack, sort_keys=True, default=str),
+            str(run.path), content_hash, len(run.raw), meta_hash, len(run.results), _now(),
+        ),
+    )
+    conn.executemany(
+        """INSERT OR REPLACE INTO results (run_id, test_id, cell_id, suite, outcome, duration_s,
+            failure_kind, error_signature, excerpt, repro, known_issue, reruns, rerun_outcomes,
+            started_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+        [
+            (
+                r.run_id, r.test_id, r.cell_id, suite_of(r.test_id), r.outcome, r.duration_s, r.failure_kind,
+                _signature(r), _excerpt(r), r.repro, known_issue_of(r, registry), r.reruns,
+                json.dumps(r.rerun_outcomes), utc(r.started_at),
+            )
+            for r in run.results
+        ],
+    )
+    return "added" if old is None else "updated"
+
+
+def _excerpt(r: Result) -> str:
+    text = r.message.strip()[:EXCERPT_CHARS]
+    for rank in r.ranks:
+        if rank.outcome != "passed" and rank.excerpt.strip():
+            text += f"\n--- rank {rank.rank} ({rank.outcome}) ---\n" + rank.excerpt.strip()[-RANK_EXCERPT_CHARS:]
+    return text
+
+
+_EXC_RE = re.compile(r"\s*([A-Za-z_][\w.]*(?:Error|Exception|Failure|Interrupt|Exit))\s*:\s*(.*)", re.DOTALL)
+
+
+def _signature(r: Result) -> str | None:
+    """The harness's signature, else one made the same way from the message."""
+    if r.error_signature:
+        return r.error_signature
+    if r.outcome not in ("failed", "error") or not r.message.strip():
+        return None
+    m = _EXC_RE.match(r.message)
+    return error_signature(m.group(1), m.group(2)) if m else error_signature(r.failure_kind or r.outcome, r.message)
+
+
+def _text(v: Any) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return str(v)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StoreError(f"not valid JSON ({exc})", where=str(path)) from exc
+
+
+def read_fix_audit(path: Path) -> list[FixAuditRow]:
+    """Rows of a fix audit file: a list of rows, or {"rows": [...]} with optional
+    top-level `cell_id`/`version` defaults. Each row: fix, version, present, applied,
+    off, on, verdict (booleans are shown as yes/no)."""
+    data = _read_json(Path(path))
+    defaults = data if isinstance(data, dict) else {}
+    rows = data.get("rows", []) if isinstance(data, dict) else data
+    out = []
+    for row in rows:
+        if not isinstance(row, dict) or "fix" not in row:
+            raise StoreError("a fix audit row needs at least `fix`", where=str(path))
+        out.append(
+            FixAuditRow(
+                fix=str(row["fix"]),
+                version=str(row.get("version", defaults.get("version", ""))),
+                present=_text(row.get("present")),
+                applied=_text(row.get("applied")),
+                off=_text(row.get("off")),
+                on=_text(row.get("on")),
+                verdict=_text(row.get("verdict")),
+                cell_id=str(row.get("cell_id", defaults.get("cell_id", ""))),
+                source_path=str(path),
+            )
+        )
+    return out
+
+
+def read_bisect(path: Path) -> list[BisectRow]:
+    """Rows of a bisect report: one object (or a list) with test_id, axis, good, bad and
+    optionally culprit, cell_id, status, created_at. Other JSON files are ignored."""
+    data = _read_json(Path(path))
+    items = data if isinstance(data, list) else [data]
+    out = []
+    for d in items:
+        if not isinstance(d, dict) or not {"test_id", "axis", "good", "bad"} <= d.keys():
+            continue
+        out.append(
+            BisectRow(
+                test_id=str(d["test_id"]),
+                axis=str(d["axis"]),
+                good=str(d["good"]),
+                bad=str(d["bad"]),
+                culprit=_text(d.get("culprit")),
+                report_path=str(d.get("report_path") or path),
+                cell_id=str(d.get("cell_id", "")),
+                status=str(d.get("status", "")),
+                created_at=str(d.get("created_at", "")),
+            )
+        )
+    return out
+
+
+def ingest(
+    paths: Iterable[Path | str], store_path: Path | str | None = None, *, known_issues: Path | None = None
+) -> IngestReport:
+    """Indexes run directories (or parents of many) into the store; idempotent."""
+    with Store(store_path) as store:
+        return ingest_runs(store, paths, known_issues=known_issues)
+
+
+def rebuild(
+    store_path: Path | str | None = None,
+    runs_root: Path | str | None = None,
+    *,
+    audit_dir: Path | str | None = None,
+    bisect_dir: Path | str | None = None,
+    known_issues: Path | None = None,
+) -> IngestReport:
+    """Deletes the store and re-indexes it from the files; same answers as before.
+
+    The new index is built beside the old one and moved into place, so a failed
+    rebuild leaves the old store. Do not run it while another process ingests.
+    """
+    store_path = Path(store_path) if store_path is not None else default_store_path()
+    runs_root = Path(runs_root) if runs_root is not None else DEFAULT_RUNS_ROOT
+    audit_dir = Path(audit_dir) if audit_dir is not None else DEFAULT_AUDIT_DIR
+    bisect_dir = Path(bisect_dir) if bisect_dir is not None else DEFAULT_BISECT_DIR
+    tmp = store_path.with_name(store_path.name + ".rebuild")
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{tmp}{suffix}").unlink(missing_ok=True)
+    with Store(tmp) as store:
+        report = ingest_runs(store, [runs_root], known_issues=known_issues) if runs_root.exists() else IngestReport()
+        if audit_dir.is_dir():
+            store.import_fix_audit(audit_dir)
+        if bisect_dir.is_dir():
+            store.import_bisects(bisect_dir)
+        store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        store.conn.execute("PRAGMA journal_mode = DELETE")
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{store_path}{suffix}").unlink(missing_ok=True)
+    os.replace(tmp, store_path)
+    return report
+
+
+# ------------------------------------------------------------------- CLI
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Registers `ingest` on an argparse subparsers object."""
+    p = subparsers.add_parser(
+        "ingest",
+        help="index run directories into the results store",
+        description="Index run directories (or parents holding many) into the SQLite store. "
+        "Idempotent; safe to run from many processes at once.",
+    )
+    p.add_argument(
+        "paths", nargs="*", type=Path, help=f"run directories or parents of many (default {DEFAULT_RUNS_ROOT})"
+    )
+    p.add_argument("--store", type=Path, default=None, help=f"store file (default ${STORE_ENV} or {DEFAULT_STORE})")
+    p.add_argument("--rebuild", action="store_true", help="delete the store and re-index it from the files")
+    p.add_argument("--audit-dir", type=Path, default=DEFAULT_AUDIT_DIR, help="fix audit JSON files to index")
+    p.add_argument("--bisect-dir", type=Path, default=DEFAULT_BISECT_DIR, help="bisect report JSON files to index")
+    p.add_argument("--known-issues", type=Path, default=DEFAULT_KNOWN_ISSUES,
+                   help=f"registry matched at index time (default {DEFAULT_KNOWN_ISSUES}; ignored when absent)")
+    p.set_defaults(fn=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    registry = args.known_issues if args.known_issues.exists() else None
+    if args.rebuild:
+        if len(args.paths) > 1:
+            raise StoreError("--rebuild takes one runs root")
+        root = args.paths[0] if args.paths else DEFAULT_RUNS_ROOT
+        report = rebuild(args.store, root, audit_dir=args.audit_dir, bisect_dir=args.bisect_dir, known_issues=registry)
+    else:
+        with Store(args.store) as store:
+            report = ingest_runs(store, args.paths or [DEFAULT_RUNS_ROOT], known_issues=registry)
+            if args.audit_dir.is_dir():
+                store.import_fix_audit(args.audit_dir)
+            if args.bisect_dir.is_dir():
+                store.import_bisects(args.bisect_dir)
+    print(report.summary())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m distci.ingest` is `python -m distci ingest`."""
+    from .cli import main_for
+
+    return main_for("ingest", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,391 @@
+"""The run directory: the one module that knows its layout.
+
+    <runs root>/<run id>/
+        results.jsonl    one Result per line (distci.results), appended as each test ends,
+                         never rewritten: the source of truth
+        run.json         RunInfo: what the runner knows that the results do not say
+        stack.json       the Stack the cell's pytest captured (distci.stack)
+        junit.xml        JUnit, rewritten from results.jsonl by each runner when it ends
+        pytest.log, provision.log, provision.json, ranks/   logs, for people
+
+Every writer (cell runs, the harness, external suites, images, the aggregate) and every
+reader (the store, run reports, bisect) goes through here, so the layout changes in one
+place. Reading is damage-isolating: a line that is not a Result is reported with its
+file:line and skipped, and the run's other lines still count.
+
+Runs inside cell environments too (the harness records through it): standard library
+and distci.results only.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shlex
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from .errors import StoreError
+from .results import Result, error_signature, write_junit
+
+RESULTS_FILE = "results.jsonl"
+JUNIT_FILE = "junit.xml"
+STACK_FILE = "stack.json"
+RUN_FILE = "run.json"
+PYTEST_LOG = "pytest.log"
+PROVISION_LOG = "provision.log"
+PROVISION_FILE = "provision.json"
+RUN_FILES = (RESULTS_FILE, RUN_FILE, STACK_FILE, JUNIT_FILE)
+"""The files that make a run: what a history keeps and an ingest reads."""
+
+INFRA_PREFIX = "<infra>::"
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def utc(ts: str | None) -> str:
+    """An ISO timestamp normalized to UTC so runs from many runners sort by string."""
+    if not ts:
+        return ""
+    try:
+        dt = datetime.datetime.fromisoformat(ts.replace("Z", "+00:00"))
+    except ValueError:
+        return ts
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=datetime.timezone.utc)
+    return dt.astimezone(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class RunInfo:
+    """run.json: what the runner knows about a run that its results do not say.
+
+    `baseline_cell` is the cell this one is compared with when it has no history of its
+    own (declared in matrix.toml; the runner copies it here so verdicts can be recomputed
+    from the files alone). `ended_at` stays empty while the run goes: a run.json without
+    it is a run in flight, or one whose controller died.
+    """
+
+    run_id: str
+    cell_id: str
+    started_at: str = ""
+    ended_at: str = ""
+    runner: str = ""
+    backend: str = ""
+    image_digest: str | None = None
+    image: str | None = None
+    tier: str = ""
+    nightly_date: str | None = None
+    baseline_cell: str | None = None
+    cell: dict[str, Any] = field(default_factory=dict)
+    pytest_exit: int | None = None
+    command: str = ""
+    ci: dict[str, str] = field(default_factory=dict)  # GitHub's run coordinates: the dashboard links the job
+    exit_code: int | None = None  # this cell's part of `distci run`'s exit code (distci.terminal.EXIT_CODES)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunInfo":
+        """Tolerates unknown keys (run.json grows) and nulls where text is expected."""
+        out = cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+        for f in fields(cls):
+            if f.default == "" and getattr(out, f.name) is None:
+                setattr(out, f.name, "")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class LineProblem:
+    """A line of results.jsonl that is not a Result: skipped, counted, reported."""
+
+    path: str
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.reason}"
+
+
+def parse_results(path: Path, problems: list[LineProblem] | None = None) -> Iterator[Result]:
+    """The Results of a results.jsonl file (or of a run directory); see numbered_results."""
+    for _, result in numbered_results(path, problems):
+        yield result
+
+
+def numbered_results(path: Path, problems: list[LineProblem] | None = None) -> Iterator[tuple[int, Result]]:
+    """(line number, Result) of each good line of a results.jsonl file (or of a run directory).
+
+    A line that does not decode, is not JSON, or is JSON but not a Result (`[1,2,3]`, an
+    object with unknown fields or a bad outcome) is appended to `problems` (when given)
+    and skipped: one bad line never hides the good ones. A torn last line (the writer
+    died mid-write) is reported the same way.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / RESULTS_FILE
+    with open(path, "rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            try:
+                data = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                reason = f"not UTF-8 ({exc.reason} at byte {exc.start})"
+            except json.JSONDecodeError as exc:
+                reason = f"not JSON ({exc.msg}, column {exc.colno})"
+            else:
+                try:
+                    yield n, Result.from_dict(data)
+                    continue
+                except (TypeError, ValueError) as exc:
+                    reason = f"not a Result ({exc})"
+            if problems is not None:
+                problems.append(LineProblem(str(path), n, reason))
+
+
+def read_results(path: Path) -> list[Result]:
+    """The good Results of a results.jsonl file or run directory (bad lines skipped)."""
+    return list(parse_results(path))
+
+
+class RunDir:
+    """One run directory: where each of its files is, and the writes every runner does."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    @classmethod
+    def create(cls, runs_root: Path, run_id: str) -> "RunDir":
+        path = Path(runs_root).resolve() / run_id
+        path.mkdir(parents=True)
+        return cls(path)
+
+    results_path = property(lambda self: self.path / RESULTS_FILE)
+    junit_path = property(lambda self: self.path / JUNIT_FILE)
+    stack_path = property(lambda self: self.path / STACK_FILE)
+    info_path = property(lambda self: self.path / RUN_FILE)
+    pytest_log = property(lambda self: self.path / PYTEST_LOG)
+    provision_log = property(lambda self: self.path / PROVISION_LOG)
+    provision_file = property(lambda self: self.path / PROVISION_FILE)
+
+    def append(self, result: Result) -> None:
+        """One durable line per Result: flushed and fsync'd, so a crash loses nothing finished."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        line = json.dumps(result.to_dict(), sort_keys=True, default=str)
+        with open(self.results_path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def results(self, problems: list[LineProblem] | None = None) -> list[Result]:
+        return list(parse_results(self.results_path, problems)) if self.results_path.exists() else []
+
+    def write_junit(self, suite_name: str) -> Path:
+        """junit.xml from everything results.jsonl holds (every runner's Results)."""
+        return write_junit(self.results(), self.junit_path, suite_name=suite_name)
+
+    def write_info(self, info: RunInfo) -> None:
+        """run.json, replaced atomically: a reader sees the old or the new one, never half."""
+        tmp = self.path / (RUN_FILE + ".tmp")
+        tmp.write_text(json.dumps(info.to_dict(), indent=1, sort_keys=True, default=str))
+        tmp.replace(self.info_path)
+
+    def read_info(self) -> RunInfo | None:
+        try:
+            data = json.loads(self.info_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return RunInfo.from_dict(data) if isinstance(data, dict) and "run_id" in data and "cell_id" in data else None
+
+    def write_stack(self, stack: Any, *, keep: bool = False) -> None:
+        """stack.json; `keep` leaves one that a runner before this one wrote."""
+        if keep and self.stack_path.exists():
+            return
+        data = stack.to_dict() if hasattr(stack, "to_dict") else stack
+        self.stack_path.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
+
+    def read_stack(self) -> dict[str, Any] | None:
+        """The Stack the run captured, if it got that far."""
+        try:
+            data = json.loads(self.stack_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+
+def repro_line(cell_id: str | None, test_id: str | None = None, *, backend: str | None = None) -> str:
+    """The command that reruns a cell (or one test of it): printed and stored with every failure."""
+    if not cell_id:
+        return f"python -m pytest -p distci.harness {shlex.quote(test_id or '')}".rstrip()
+    cmd = f"nox -s dist_tests -- --cell {cell_id}"
+    if test_id:
+        cmd += f" --test {shlex.quote(test_id)}"
+    if backend and backend != "venv":
+        cmd += f" --backend {backend}"
+    return cmd
+
+
+def infra_result(
+    run_id: str,
+    cell_id: str,
+    message: str,
+    *,
+    exc_type: str = "InfraError",
+    log: str = "",
+    stack: dict[str, Any],
+    test_id: str | None = None,
+    log_path: Path | None = None,
+    backend: str | None = None,
+) -> Result:
+    """An `infra` Result: for the whole cell (`<infra>::<cell id>`), or for `test_id`.
+
+    Rule 2 of the design: it carries the cell id and a stack (the captured one when the
+    environment came up, else the partial one the caller builds) and the log tail.
+    """
+    return Result(
+        run_id=run_id,
+        cell_id=cell_id,
+        test_id=test_id or f"{INFRA_PREFIX}{cell_id}",
+        outcome="error",
+        failure_kind="infra",
+        error_signature=error_signature(exc_type, message),
+        message=f"{exc_type}: {message}\n{log}"[:20000],
+        stack=stack,
+        repro=repro_line(cell_id, test_id, backend=backend),
+        started_at=now(),
+        log_path=str(log_path) if log_path else "",
+    )
+
+
+def find_run_dirs(paths: Iterable[Path]) -> list[Path]:
+    """Run directories under the given paths: a run directory itself, or any parent of many."""
+    found: set[Path] = set()
+    for p in paths:
+        p = Path(p)
+        if not p.exists():
+            raise StoreError("no such file or directory", where=str(p))
+        if p.is_file():
+            p = p.parent
+        for root, dirs, files in os.walk(p):
+            dirs.sort()
+            if RESULTS_FILE in files or RUN_FILE in files:
+                found.add(Path(root))
+    return sorted(found)
+
+
+class RunDirError(ValueError):
+    """A run directory that cannot be read as one run (reported by path, never fatal to others)."""
+
+    def __init__(self, message: str, where: Path, problems: list[LineProblem] | None = None) -> None:
+        super().__init__(f"{where}: {message}")
+        self.where = str(where)
+        self.problems = list(problems or [])
+
+
+@dataclass
+class RunContents:
+    """A run directory read from disk: its info, stack, good Results and the bad lines skipped.
+
+    `raw` is results.jsonl's bytes (the append-only check compares prefixes of it);
+    `meta` is stack.json and run.json's bytes (a change of either re-indexes the run).
+    """
+
+    path: Path
+    info: RunInfo
+    stack: dict[str, Any]
+    results: list[Result]
+    problems: list[LineProblem]
+    raw: bytes
+    meta: bytes
+
+
+def _derive_info(run_dir: Path, results: list[Result]) -> RunInfo:
+    """A RunInfo for a run without run.json, from its results."""
+    first = results[0] if results else None
+    starts = sorted(utc(r.started_at) for r in results if r.started_at)
+    ends = []
+    for r in results:
+        try:
+            t = datetime.datetime.fromisoformat(utc(r.started_at)).timestamp() + r.duration_s
+        except ValueError:
+            continue
+        ends.append(datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="seconds"))
+    return RunInfo(
+        run_id=first.run_id if first else run_dir.name,
+        cell_id=first.cell_id if first else "",
+        started_at=starts[0] if starts else "",
+        ended_at=max(ends) if ends else "",
+    )
+
+
+def read_run(run_dir: Path) -> RunContents:
+    """Reads one run directory consistently, or raises RunDirError naming what is wrong.
+
+    Results of another run or cell than the run's own are problems of their lines, not
+    of the run. The results file is re-read until two reads agree (a run still appending).
+    """
+    run_dir = Path(run_dir)
+    rd = RunDir(run_dir)
+    for _ in range(5):
+        raw = rd.results_path.read_bytes() if rd.results_path.exists() else b""
+        problems: list[LineProblem] = []
+        results = list(numbered_results(rd.results_path, problems)) if rd.results_path.exists() else []
+        after = rd.results_path.read_bytes() if rd.results_path.exists() else b""
+        if after == raw:
+            break
+        time.sleep(0.05)
+    else:
+        raise RunDirError(f"{RESULTS_FILE} keeps changing while it is read", run_dir)
+    try:
+        return _read_meta(rd, results, problems, raw)
+    except RunDirError as exc:
+        exc.problems = problems + exc.problems
+        raise
+
+
+def _read_meta(rd: RunDir, numbered: list[tuple[int, Result]], problems: list[LineProblem],
+               raw: bytes) -> RunContents:
+    run_dir = rd.path
+    results = [r for _, r in numbered]
+    meta = b""
+    stack: dict[str, Any] = {}
+    if rd.stack_path.exists():
+        meta += rd.stack_path.read_bytes()
+        stack = _json_object(rd.stack_path)
+    elif results:
+        stack = dict(results[0].stack)
+    info = _derive_info(run_dir, results)
+    if rd.info_path.exists():
+        meta += b"\0" + rd.info_path.read_bytes()
+        info = RunInfo.from_dict({"run_id": info.run_id, "cell_id": info.cell_id, **_json_object(rd.info_path)})
+    if not info.run_id or not info.cell_id:
+        raise RunDirError("run has no run id or cell id (no run.json and no readable result)", run_dir)
+    kept = []
+    for n, r in numbered:
+        if r.run_id != info.run_id or r.cell_id != info.cell_id:
+            problems.append(LineProblem(str(rd.results_path), n, f"result {r.test_id} belongs to run {r.run_id} "
+                                        f"of cell {r.cell_id}, not run {info.run_id} of cell {info.cell_id}"))
+            continue
+        kept.append(r)
+    info.started_at = utc(info.started_at) or min((utc(r.started_at) for r in kept if r.started_at), default="")
+    info.ended_at = utc(info.ended_at)
+    if info.image_digest is None:
+        info.image_digest = stack.get("image_digest")
+    return RunContents(run_dir, info, stack, kept, problems, raw, meta)
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RunDirError(f"not valid JSON ({exc})", path) from exc
+    if not isinstance(data, dict):
+        raise RunDirError("not a JSON object", path)
+    return data
