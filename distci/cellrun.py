@@ -36,7 +36,7 @@ from .results import Result
 from .rundir import RunDir, RunInfo, infra_result as _infra_result, now as _now
 from .selfwheels import REPO, build_all
 from .sources import IndexConfig, pip_args, redact_url, requirement_lines, resolve_sources
-from .progress import Heartbeat, downloaded_probe, installed_probe
+from .progress import Heartbeat, StatusLine, downloaded_probe, installed_probe
 from .terminal import relay_pytest
 from .wheelhouse import default_root as wheelhouse_root
 from .wheelhouse import ensure_wheelhouse
@@ -272,7 +272,8 @@ def run_in_env(
         log(f"[{cell.id}] $ {info.command}")
         rundir = RunDir(run_dir)
         proc = subprocess.Popen(cmd, cwd=REPO, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        code = relay_pytest(proc, rundir.pytest_log, rundir.results_path, lambda m: log(f"[{cell.id}] {m}"))
+        code = relay_pytest(proc, rundir.pytest_log, rundir.results_path, lambda m: log(f"[{cell.id}] {m}"),
+                            status=StatusLine.for_stdout(f"[{cell.id}] ") if log is print else None)
         run = finish_run(cell, info, run_dir, code)
         if code == PYTEST_NO_TESTS and not externals:
             run.selection_error = no_test_message(cell, native, keyword)
@@ -384,11 +385,13 @@ def provision(cell: Cell, run_dir: Path, *, log: Log = print):
     sources, reqs, args = stack_inputs(cell)
     started = time.monotonic()
     say = lambda m: log(f"[{cell.id}] {m}")  # noqa: E731
-    with Heartbeat(f"wheelhouse: {len(reqs)} requirements", say, probe=downloaded_probe(wheelhouse_root())) as hb:
+    status = StatusLine.for_stdout(f"[{cell.id}] ") if log is print else None
+    with Heartbeat(f"wheelhouse: {len(reqs)} requirements", say, probe=downloaded_probe(wheelhouse_root()),
+                   status=status) as hb:
         wheelhouse = ensure_wheelhouse(reqs, args, log=hb.wrap(say))
-    with Heartbeat("distci's own wheels", say) as hb:
+    with Heartbeat("distci's own wheels", say, status=status) as hb:
         own = build_all(Path(".distci") / "selfwheels", log=hb.wrap(say))
-    with Heartbeat(f"environment: installing {len(wheelhouse.wheels) + len(own)} wheels", say,
+    with Heartbeat(f"environment: installing {len(wheelhouse.wheels) + len(own)} wheels", say, status=status,
                    probe=installed_probe(envs_root(), cell.id, len(wheelhouse.wheels) + len(own))) as hb:
         env = ensure_env(cell, wheelhouse, extra_wheels=own, log=hb.wrap(say))
     log(f"[{cell.id}] environment ready in {time.monotonic() - started:.1f}s: {env.path}")

@@ -7,17 +7,19 @@ code itself stays as it is) and, whenever `interval_s` passes without a line, lo
 what is running, for how long, and, when a probe can count the work (wheels installed
 so far out of the wheelhouse's), the counts and an ETA.
 
-Lines, not a redrawn progress bar: the same output reads right on a terminal, in a CI
-log and through the `[cell-id]` prefixer, and every line is flushed as it is written.
+Lines first: the same output reads right in a CI log and through the `[cell-id]`
+prefixer. On a terminal (`StatusLine`, when stdout is a TTY) a live line under them is
+redrawn every second with the same counts and ETA, and cleared before the next line.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, TextIO
 
 Log = Callable[[str], None]
 # (done, total or None): what a probe reports about the step it watches.
@@ -65,6 +67,34 @@ class Tick:
         return text
 
 
+class StatusLine:
+    """One redrawn line at the bottom of a terminal (`\r`, erase to end of line)."""
+
+    def __init__(self, stream: TextIO, prefix: str = "") -> None:
+        self.stream = stream
+        self.prefix = prefix
+        self.shown = False
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_stdout(cls, prefix: str = "") -> "StatusLine | None":
+        """A status line on stdout when it is a terminal; None in CI logs and pipes."""
+        return cls(sys.stdout, prefix) if sys.stdout.isatty() else None
+
+    def show(self, text: str) -> None:
+        with self._lock:
+            self.stream.write(f"\r\x1b[K{self.prefix}{text}")
+            self.stream.flush()
+            self.shown = True
+
+    def clear(self) -> None:
+        with self._lock:
+            if self.shown:
+                self.stream.write("\r\x1b[K")
+                self.stream.flush()
+                self.shown = False
+
+
 class Heartbeat:
     """`with Heartbeat("installing 17 wheels", log, probe=...) as hb:` around a long step.
 
@@ -74,8 +104,10 @@ class Heartbeat:
     """
 
     def __init__(self, what: str, log: Log, *, interval_s: float = DEFAULT_INTERVAL_S,
-                 probe: Probe | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 probe: Probe | None = None, clock: Callable[[], float] = time.monotonic,
+                 status: StatusLine | None = None) -> None:
         self.what = what
+        self.status = status
         self.log = log
         self.interval_s = interval_s
         self.probe = probe
@@ -92,8 +124,10 @@ class Heartbeat:
             self.last_line = self.clock()
 
     def wrap(self, log: Log) -> Log:
-        """`log`, noting each line as a sign of life."""
+        """`log`, noting each line as a sign of life (and clearing the status line first)."""
         def logged(message: str) -> None:
+            if self.status is not None:
+                self.status.clear()
             log(message)
             self.beat()
         return logged
@@ -112,14 +146,20 @@ class Heartbeat:
         with self._lock:
             due = self.clock() - self.last_line >= self.interval_s
         if due:
+            if self.status is not None:
+                self.status.clear()
             self.log(self.tick().line())
             self.ticks += 1
             self.beat()
+        elif self.status is not None:
+            self.status.show(self.tick().line())
         return due
 
     def _run(self) -> None:
         while not self._stop.wait(min(1.0, self.interval_s / 4)):
             self.poll()
+        if self.status is not None:
+            self.status.clear()
 
     def __enter__(self) -> "Heartbeat":
         self._thread = threading.Thread(target=self._run, name=f"heartbeat: {self.what}", daemon=True)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, TextIO
 
-from .progress import DEFAULT_INTERVAL_S, Heartbeat, format_duration
+from .progress import DEFAULT_INTERVAL_S, Heartbeat, StatusLine, format_duration
 from .results import Result
 from .rundir import RunDir
 
@@ -127,18 +127,19 @@ class ResultTail:
 
 
 def relay_pytest(proc: subprocess.Popen, log_file: Path, results_file: Path, log: Log, *,
-                 interval_s: float = DEFAULT_INTERVAL_S, poll_s: float = 0.5) -> int:
+                 interval_s: float = DEFAULT_INTERVAL_S, poll_s: float = 0.5, status: StatusLine | None = None) -> int:
     """Waits for a pytest started with stdout=PIPE; returns its exit code.
 
     pytest's bytes go to `log_file` as they arrive (flushed); its complete lines go to
     `log` except the progress-dot lines, which say nothing a per-test line does not;
     each result the harness records becomes one `result_line`; and a heartbeat speaks
-    when `interval_s` passes without any of these.
+    when `interval_s` passes without any of these (and, given a terminal's `status`, a
+    live line of the counts is redrawn in between).
     """
     assert proc.stdout is not None
     tail = ResultTail(results_file)
     lock = threading.Lock()
-    with Heartbeat("tests", log, interval_s=interval_s, probe=lambda: (tail.count, None)) as hb:
+    with Heartbeat("tests", log, interval_s=interval_s, probe=lambda: (tail.count, None), status=status) as hb:
         say = hb.wrap(log)
 
         def drain() -> None:

@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO
 
 from distci.cellrun import CellRun, RunInfo
-from distci.progress import Heartbeat, Tick, installed_probe
+from distci.progress import Heartbeat, StatusLine, Tick, installed_probe
 from distci.results import RankExcerpt, Result
 from distci.terminal import (EXIT_CODES, EXIT_FAILED, EXIT_INFRA, EXIT_OK, exit_code, exit_line, print_summary,
                              relay_pytest, result_line)
@@ -78,6 +78,20 @@ def test_heartbeat_speaks_only_into_silence() -> None:
     assert hb.poll() and lines[-1] == "installing: still running after 1m15s, 3/12, about 3m45s left"
     now[0] += 15.0
     assert hb.poll() and hb.ticks == 2 and lines.count("working") == 6
+
+
+def test_terminal_status_line_is_redrawn_and_cleared_before_each_line() -> None:
+    now = [0.0]
+    screen = io.StringIO()
+    lines: list[str] = []
+    hb = Heartbeat("installing", lines.append, interval_s=15.0, probe=lambda: (4, 17), clock=lambda: now[0],
+                   status=StatusLine(screen, "[cell] "))
+    now[0] = 2.0
+    assert not hb.poll() and screen.getvalue() == "\r\x1b[K[cell] installing: still running after 2s, 4/17, about 6s left"
+    hb.wrap(lines.append)("pip: done")
+    assert screen.getvalue().endswith("\r\x1b[K") and lines == ["pip: done"]
+    now[0] = 20.0
+    assert hb.poll() and lines[-1].startswith("installing: still running after 20s")
 
 
 def test_heartbeat_thread_fills_a_real_silence() -> None:
