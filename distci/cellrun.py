@@ -392,7 +392,7 @@ def provision(cell: Cell, run_dir: Path, *, log: Log = print):
     with Heartbeat("distci's own wheels", say, status=status) as hb:
         own = build_all(Path(".distci") / "selfwheels", log=hb.wrap(say))
     with Heartbeat(f"environment: installing {len(wheelhouse.wheels) + len(own)} wheels", say, status=status,
-                   probe=installed_probe(envs_root(), cell.id, len(wheelhouse.wheels) + len(own))) as hb:
+                   probe=installed_probe(envs_root(), len(wheelhouse.wheels) + len(own))) as hb:
         env = ensure_env(cell, wheelhouse, extra_wheels=own, log=hb.wrap(say))
     log(f"[{cell.id}] environment ready in {time.monotonic() - started:.1f}s: {env.path}")
     RunDir(run_dir).provision_file.write_text(json.dumps({

@@ -177,11 +177,11 @@ def count_matching(directories: Callable[[], Iterable[Path]], pattern: str) -> i
     return sum(1 for d in directories() if d.is_dir() for _ in d.glob(pattern))
 
 
-def installed_probe(envs_root: Path, name: str, total: int) -> Probe:
-    """Counts the distributions installed so far (`*.dist-info`) in the newest `<name>-*` venv
-    under `envs_root`: the one being built (envs.py owns the venv's exact path)."""
+def installed_probe(envs_root: Path, total: int) -> Probe:
+    """Counts the distributions installed so far (`*.dist-info`) in the newest venv under
+    `envs_root`: the one being built (envs.py owns how venvs are named and keyed)."""
     def probe() -> tuple[int, int | None]:
-        envs = sorted(Path(envs_root).glob(f"{name}-*"), key=lambda p: p.stat().st_mtime)
+        envs = sorted((p for p in Path(envs_root).iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
         if not envs:
             return 0, total
         done = count_matching(lambda: envs[-1].glob("lib/python*/site-packages"), "*.dist-info")

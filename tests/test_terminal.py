@@ -104,11 +104,16 @@ def test_heartbeat_thread_fills_a_real_silence() -> None:
 def test_tick_eta_and_install_probe(tmp_path: Path) -> None:
     assert Tick("x", 60.0, 3, 12).eta_s() == 180.0 and Tick("x", 60.0, 0, 12).eta_s() is None
     assert Tick("x", 125.0, 5, None).line() == "x: still running after 2m05s, 5 so far"
-    site = tmp_path / "cell-abc" / "lib" / "python3.12" / "site-packages"
+    old = tmp_path / "old-env" / "lib" / "python3.12" / "site-packages"
+    old.mkdir(parents=True)
+    for i in range(20):
+        (old / f"pkg{i}-1.0.dist-info").mkdir()
+    os.utime(tmp_path / "old-env", (1, 1))
+    site = tmp_path / "new-env" / "lib" / "python3.12" / "site-packages"
     site.mkdir(parents=True)
     for name in ("torch-2.13.0.dist-info", "numpy-2.0.dist-info", "torch"):
         (site / name).mkdir()
-    assert installed_probe(tmp_path, "cell", 17)() == (2, 17)
+    assert installed_probe(tmp_path, 17)() == (2, 17), "the venv being built: the newest"
 
 
 # A child that behaves as pytest with the harness does: progress dots without a newline,
