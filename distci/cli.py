@@ -35,7 +35,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .terminal import EXIT_FILE_ENV, exit_code, exit_line, print_summary, write_exit_file
 
     # A pipe (nox, CI) would otherwise hold the per-test lines in a block buffer.
-    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)
     matrix = load_matrix(args.matrix)
     cells = matrix.select(cell_ids=args.cell or None, tier=None if args.cell else args.tier)
     if args.backend == "docker":

@@ -1,0 +1,85 @@
+"""The noxfile's own logic: installs skipped while unchanged, distci's exit code kept visible.
+
+nox itself is not installed in the test environment; a stand-in module gives the
+noxfile its decorators, and a stand-in session records what the noxfile asks of nox.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+
+class _Session:
+    def __init__(self, location: Path, posargs: list[str] | None = None) -> None:
+        self.virtualenv = types.SimpleNamespace(location=str(location))
+        self.posargs = posargs or []
+        self.installed: list[tuple[str, ...]] = []
+        self.runs: list[tuple[tuple[str, ...], dict]] = []
+        self.logged: list[str] = []
+        self.exit_code = 0
+
+    def install(self, *args: str) -> None:
+        self.installed.append(args)
+
+    def log(self, message: str) -> None:
+        self.logged.append(message)
+
+    def create_tmp(self) -> str:
+        tmp = Path(self.virtualenv.location) / "tmp"
+        tmp.mkdir(exist_ok=True)
+        return str(tmp)
+
+    def run(self, *args: str, env: dict | None = None, success_codes: list[int] | None = None) -> None:
+        self.runs.append((args, {"env": env, "success_codes": success_codes}))
+        if env and "DISTCI_EXIT_FILE" in env:
+            Path(env["DISTCI_EXIT_FILE"]).write_text(json.dumps({"exit_code": self.exit_code, "meaning": "only infra"}))
+
+    def error(self, message: str) -> None:
+        raise RuntimeError(message)
+
+
+@pytest.fixture
+def noxfile(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    stub = types.ModuleType("nox")
+    stub.options = types.SimpleNamespace()
+    stub.Session = _Session
+    stub.session = lambda fn=None, **kw: fn if fn is not None else (lambda f: f)
+    monkeypatch.setitem(sys.modules, "nox", stub)
+    spec = importlib.util.spec_from_file_location("distci_noxfile_under_test", REPO / "noxfile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    (tmp_path / "venv").mkdir()
+    return module
+
+
+def test_install_is_skipped_while_args_and_pyproject_are_unchanged(noxfile, tmp_path: Path) -> None:
+    session = _Session(tmp_path / "venv")
+    noxfile._install(session, "-e", ".")
+    noxfile._install(session, "-e", ".")
+    assert session.installed == [("-e", ".")] and "unchanged" in session.logged[0]
+    noxfile._install(session, "-e", ".[docker]")
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\nversion = '2'\n")
+    noxfile._install(session, "-e", ".")
+    assert session.installed == [("-e", "."), ("-e", ".[docker]"), ("-e", ".")]
+    assert noxfile._install(_Session(tmp_path / "other"), "-e", ".") is None, "a new venv installs"
+
+
+def test_dist_tests_keeps_distci_exit_codes_visible(noxfile, tmp_path: Path) -> None:
+    session = _Session(tmp_path / "venv", ["--cell", "c"])
+    session.exit_code = 3
+    with pytest.raises(RuntimeError, match="^distci exit 3: only infra$"):
+        noxfile.dist_tests(session)
+    (args, kw), = session.runs
+    assert args == ("python", "-m", "distci", "run", "--cell", "c") and kw["success_codes"] == [0, 1, 3]
+    session = _Session(tmp_path / "venv")
+    noxfile.dist_tests(session)
+    assert session.installed == [], "the second session run reuses the install"
