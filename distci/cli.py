@@ -39,8 +39,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         runs = run_cells_in_docker(cells, args)
     else:
-        runs = [run_cell(c, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k, tier=args.tier)
-                for c in cells]
+        runs = [run_cell(c, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k, tier=args.tier,
+                         python=args.python) for c in cells]
     print_summary(runs)
     if any(r.failed for r in runs):
         return 1
@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--test", action="append", help="a test node id to run (repeatable)")
     p.add_argument("--backend", choices=("venv", "docker"), default="venv")
     p.add_argument("--runs-root", default=".distci/runs")
+    p.add_argument("--python", default=None, help="run on this interpreter's preinstalled stack: no download, "
+                   "no stack venv (docs/installed-stack.md)")
     p.set_defaults(fn=_cmd_run)
 
     p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm builds)")

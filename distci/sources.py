@@ -101,7 +101,7 @@ class Source:
     ``latest`` is the newest final release on the index at run time, so a cell follows
     releases without an edit of matrix.toml. ``installed`` is whatever the interpreter
     a run is given already has: nothing is downloaded or installed for it
-    (distci.installed), and the Stack records the version found with source=installed.
+    (distci.envs.installed_env), and the Stack records the version found with source=installed.
     """
 
     package: str

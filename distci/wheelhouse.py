@@ -237,24 +237,57 @@ def _tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
+FAILURE_LINE_MAX = 600
+
+
 def failure_line(output: str) -> str:
-    """The line of a pip log that says what went wrong (its last ERROR line, else its last line)."""
-    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("ERROR:")]
-    return (errors or lines or ["no output"])[-1]
+    """One line that says why pip (or uv) failed: the cause, not the last words.
+
+    pip ends a failed resolution with ``ResolutionImpossible: for help visit ...``; the
+    cause is earlier: its first ERROR block, and the "The conflict is caused by:" lines
+    (``The user requested (constraint) torch<=2.14.1``). uv writes ``error:`` and
+    ``╰─▶`` hint lines. All joined with "; ", capped at FAILURE_LINE_MAX characters.
+    """
+    lines = output.splitlines()
+    stripped = [line.strip() for line in lines]
+    parts: list[str] = []
+    first = next((i for i, line in enumerate(stripped) if line.startswith(("ERROR:", "error:"))), None)
+    if first is not None:
+        parts.append(stripped[first])
+        for line in stripped[first + 1:]:
+            if not line or line.startswith(("ERROR:", "error:")) or "The conflict is caused by" in line:
+                break
+            parts.append(line.lstrip("╰─▶ ").strip())
+    cause = next((i for i, line in enumerate(stripped) if line.startswith("The conflict is caused by")), None)
+    if cause is not None:
+        caused = []
+        for line in stripped[cause + 1:]:
+            if not line:
+                break
+            caused.append(line)
+        if caused:
+            parts.append("caused by: " + "; ".join(caused))
+    if not parts:
+        parts = [line for line in stripped if line][-1:] or ["no output"]
+    text = "; ".join(dict.fromkeys(parts))
+    return text if len(text) <= FAILURE_LINE_MAX else text[:FAILURE_LINE_MAX - 3] + "..."
 
 
 def _redacted_args(args: Sequence[str]) -> list[str]:
     return [redact_url(a) if "://" in a else a for a in args]
 
 
-def run_pip(cmd: list[str], log_path: Path, log: Log) -> tuple[int, str]:
-    """Run pip with its output going to `log_path`; report each real download as it starts."""
+def run_pip(cmd: list[str], log_path: Path, log: Log, *, environ: Mapping[str, str] | None = None) -> tuple[int, str]:
+    """Run pip (or uv) with its output going to `log_path`; report each real download as it starts.
+
+    `environ` replaces the process environment (distci.envs passes one without pip config).
+    """
     lines = []
     with log_path.open("a") as out:
         out.write("$ " + " ".join(_redacted_args(cmd)) + "\n")
         out.flush()
-        env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1", "PYTHONUNBUFFERED": "1"}
+        env = {**(os.environ if environ is None else environ), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+               "PIP_NO_INPUT": "1", "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         assert proc.stdout is not None
         for line in proc.stdout:
