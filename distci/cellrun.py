@@ -39,6 +39,8 @@ from .wheelhouse import ensure_wheelhouse
 
 # What the harness needs inside every cell environment besides the cell's own stack.
 HARNESS_REQUIREMENTS = ("pytest", "packaging", "numpy")
+# On a preinstalled stack numpy is used when present (the harness seeds it), never required.
+INSTALLED_HARNESS_REQUIREMENTS = ("pytest", "packaging")
 RUN_FILE = "run.json"
 EXTERNAL_PREFIX = "external/"
 
@@ -371,12 +373,14 @@ def uses_installed(cell: Cell, python: str | None) -> bool:
     return python is not None or any(s.kind == "installed" for s in cell.sources)
 
 
-def provision(cell: Cell, run_dir: Path, *, python: str | None = None, log: Log = print):
+def provision(cell: Cell, run_dir: Path, *, python: str | None = None, wheelhouse_root: Path | None = None,
+              env_root: Path | None = None, log: Log = print):
     """Wheelhouse (download once) + the stack's env (shared by every cell of that stack) + distci's wheels.
 
     With `python` (or a source declared 'installed') nothing is downloaded: that
     interpreter's stack is used as it is (distci.envs.installed_env). Every line logged
-    also goes to the run's provision.log, the log an infra Result points at.
+    also goes to the run's provision.log, the log an infra Result points at. The roots
+    default to DISTCI_WHEELHOUSE_ROOT / DISTCI_ENV_ROOT (else under .distci/).
     """
     def say(message: str) -> None:
         with open(run_dir / PROVISION_LOG, "a") as out:
@@ -384,12 +388,12 @@ def provision(cell: Cell, run_dir: Path, *, python: str | None = None, log: Log 
         log(f"[{cell.id}] {message}")
 
     if uses_installed(cell, python):
-        return provision_installed(cell, run_dir, python or sys.executable, log=say)
+        return provision_installed(cell, run_dir, python or sys.executable, env_root=env_root, log=say)
     sources, reqs, args = stack_inputs(cell)
     started = time.monotonic()
-    wheelhouse = ensure_wheelhouse(reqs, args, log=say)
+    wheelhouse = ensure_wheelhouse(reqs, args, wheelhouse_root, log=say)
     own = build_all(Path(".distci") / "selfwheels", log=say)
-    env = ensure_env(wheelhouse, extra_wheels=own, log=say)
+    env = ensure_env(wheelhouse, root=env_root, extra_wheels=own, log=say)
     say(f"environment ready in {time.monotonic() - started:.1f}s: {env.path}")
     (run_dir / "provision.json").write_text(json.dumps({
         "wheelhouse": str(wheelhouse.path), "wheelhouse_key": wheelhouse.key, "env": str(env.path),
@@ -411,15 +415,16 @@ def installed_requirements(cell: Cell) -> list[str]:
         elif source.kind != "none":
             raise ConfigError(f"cell {cell.id}: {source.package} = '{source.declared}' cannot run on an installed "
                               "stack; declare it 'installed' or a release version")
-    return lines + list(cell.requirements) + list(HARNESS_REQUIREMENTS)
+    return lines + list(cell.requirements) + list(INSTALLED_HARNESS_REQUIREMENTS)
 
 
-def provision_installed(cell: Cell, run_dir: Path, python: str, *, log: Log = print):
+def provision_installed(cell: Cell, run_dir: Path, python: str, *, env_root: Path | None = None, log: Log = print):
     """The interpreter's own stack plus distci's wheels; sources recorded with source=installed."""
     started = time.monotonic()
     reqs = installed_requirements(cell)
     own = build_all(Path(".distci") / "selfwheels", log=log)
-    env, found = installed_env(python, reqs, find_links=IndexConfig.from_env().find_links, extra_wheels=own, log=log)
+    env, found = installed_env(python, reqs, find_links=IndexConfig.from_env().find_links, root=env_root,
+                               extra_wheels=own, log=log)
     for source in cell.sources:
         if source.kind == "installed" and not found.versions.get(source.package):
             raise InfraError(f"{source.package} = 'installed' but {found.executable} has no {source.package}")

@@ -76,9 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "no stack venv (docs/installed-stack.md)")
     p.set_defaults(fn=_cmd_run)
 
-    p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm builds)")
-    p.add_argument("what", choices=("harness", "images"))
+    p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm "
+                       "builds), `provision` (a cell's env, cold and warm)")
+    p.add_argument("what", choices=("harness", "images", "provision"))
     p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--pip", action="store_true", help="provision: also time the pip fallback install")
+    p.add_argument("--keep", action="store_true", help="provision: keep the bench's wheelhouse and envs")
     p.set_defaults(fn=_cmd_bench)
 
     for module in ("store", "gate", "export", "dashboard", "audit", "bisect", "images", "runreport", "aggregate", "lint"):

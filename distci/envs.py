@@ -353,7 +353,7 @@ def installed_env(
                              log=_tail(env.log_path.read_text()))
         site_dir = next(path.glob("lib/python*/site-packages"), None) or path / "Lib" / "site-packages"
         (site_dir / INSTALLED_PTH).write_text(
-            f"import site; [site.addsitedir(p) for p in {list(found.path)!r}]\n")
+            f"import site; list(map(site.addsitedir, {list(found.path)!r}))\n")
         if missing:
             links = [arg for loc in find_links for arg in ("--find-links", loc)]
             _install(env, sys.executable, None, ["--no-index", *links, *missing], log)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from distci.envs import BASE_MARKER, MARKER, ensure_env, find_uv, stack_env
+from distci.envs import BASE_MARKER, MARKER, ensure_env, find_uv, installed_env, stack_env
 from distci.errors import InfraError
 from distci.wheelhouse import (MANIFEST, ensure_wheelhouse, failure_line, interpreter_tags,
                                resolution_environment, wheelhouse_key)
@@ -235,3 +235,30 @@ def test_env_install_failure_is_infra_with_log(tmp_path: Path, links: Path, inst
     env_dir = next((tmp_path / "envs").glob("stack-*"))
     assert "HASH" in (env_dir / "distci-install.log").read_text().upper()
     assert not (env_dir / MARKER).exists() and not (env_dir / BASE_MARKER).exists()
+
+
+def test_installed_stack_is_used_as_it_is(tmp_path: Path, links: Path) -> None:
+    """A preinstalled interpreter (here: a venv with tinyapp 1.0 and tinydep) runs as it is;
+    what it lacks comes from local wheels, what it has at another version is an error."""
+    machine = stack_env(["tinyapp==1.0"], offline(links), wheelhouse_root=tmp_path / "wh",
+                        env_root=tmp_path / "machine", log=lambda m: None)
+    extra_links = tmp_path / "carried"
+    extra_links.mkdir()
+    write_wheel(extra_links, "tinyextra", "1.0")
+    messages: list[str] = []
+    env, found = installed_env(str(machine.python), ["tinyapp", "tinyextra==1.0"], find_links=[str(extra_links)],
+                               root=tmp_path / "envs", log=messages.append)
+    assert found.versions == {"tinyapp": "1.0", "tinyextra": None}
+    assert env.path.name.startswith("installed-") and env.python != machine.python
+    where = "import tinyapp, tinyextra; print(tinyapp.__version__, tinyapp.__file__.startswith(%r), tinyextra.__version__)"
+    assert run_python(env.python, where % str(machine.path)) == "1.0 True 1.0"
+    assert not any(p.name.startswith("tinyapp") for p in env.path.rglob("tinyapp*")), "tinyapp was copied"
+    messages.clear()
+    again, _ = installed_env(str(machine.python), ["tinyapp", "tinyextra==1.0"], find_links=[str(extra_links)],
+                             root=tmp_path / "envs", log=messages.append)
+    assert again == env and "reusing" in messages[0]
+
+    with pytest.raises(InfraError, match=r"has tinyapp 1\.0 \(the run needs tinyapp==2\.0\)"):
+        installed_env(str(machine.python), ["tinyapp==2.0"], root=tmp_path / "envs", log=lambda m: None)
+    with pytest.raises(InfraError, match="lacks tinyextra; put their wheels in a directory named by DISTCI_FIND_LINKS"):
+        installed_env(str(machine.python), ["tinyextra"], root=tmp_path / "envs", log=lambda m: None)
