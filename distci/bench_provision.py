@@ -46,13 +46,12 @@ SECOND_GOAL_S = 5.0
 class Phase:
     name: str
     seconds: float
-    detail: str = ""
 
 
-def _timed(name: str, fn, detail: str = "") -> tuple[Phase, object]:
+def _timed(name: str, fn) -> tuple[Phase, object]:
     started = time.monotonic()
     value = fn()
-    return Phase(name, round(time.monotonic() - started, 1), detail), value
+    return Phase(name, round(time.monotonic() - started, 1)), value
 
 
 def run_provision_bench(console: Console, *, with_pip: bool = False, keep: bool = False) -> int:
