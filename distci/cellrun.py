@@ -405,14 +405,12 @@ def provision(cell: Cell, run_dir: Path, *, python: str | None = None, wheelhous
 
 
 def installed_requirements(cell: Cell) -> list[str]:
-    """What a run on a preinstalled stack needs: its 'installed' packages by name, releases by specifier."""
+    """What a run on a preinstalled stack needs besides its 'installed' packages: releases by specifier."""
     lines = []
     for source in cell.sources:
-        if source.kind == "installed":
-            lines.append(source.package)
-        elif source.kind == "release":
+        if source.kind == "release":
             lines.append(f"{source.package}{source.spec}")
-        elif source.kind != "none":
+        elif source.kind not in ("none", "installed"):
             raise ConfigError(f"cell {cell.id}: {source.package} = '{source.declared}' cannot run on an installed "
                               "stack; declare it 'installed' or a release version")
     return lines + list(cell.requirements) + list(INSTALLED_HARNESS_REQUIREMENTS)
@@ -423,11 +421,9 @@ def provision_installed(cell: Cell, run_dir: Path, python: str, *, env_root: Pat
     started = time.monotonic()
     reqs = installed_requirements(cell)
     own = build_all(Path(".distci") / "selfwheels", log=log)
-    env, found = installed_env(python, reqs, find_links=IndexConfig.from_env().find_links, root=env_root,
-                               extra_wheels=own, log=log)
-    for source in cell.sources:
-        if source.kind == "installed" and not found.versions.get(source.package):
-            raise InfraError(f"{source.package} = 'installed' but {found.executable} has no {source.package}")
+    present = [s.package for s in cell.sources if s.kind == "installed"]
+    env, found = installed_env(python, reqs, find_links=IndexConfig.from_env().find_links, present=present,
+                               root=env_root, extra_wheels=own, log=log)
     log(f"environment ready in {time.monotonic() - started:.1f}s: {found.executable} as installed")
     sources = {s.package: {"declared": s.declared, "kind": s.kind, "resolved": found.versions.get(s.package),
                            "source": "installed", "python": found.executable}

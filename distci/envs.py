@@ -296,6 +296,7 @@ def installed_env(
     requirements: Sequence[str],
     *,
     find_links: Sequence[str] = (),
+    present: Sequence[str] = (),
     root: Path | None = None,
     extra_wheels: Sequence[Path] = (),
     installer: str | None = None,
@@ -305,7 +306,8 @@ def installed_env(
 
     `requirements` are what the run needs (``torch``, ``torchao==0.17.0``, ``pytest``). One
     installed at a version outside its specifier is an InfraError: an installed stack is
-    used, never changed. One missing is installed from the local `find_links` wheels only
+    used, never changed. One missing (unless named in `present`: those the interpreter must
+    have, e.g. torch declared 'installed') is installed from the local `find_links` wheels only
     (pip, which sees the interpreter's packages and so adds only what is missing). The env
     is a thin overlay ``<root>/installed-<key>/``: a venv of the same interpreter holding
     distci's own wheels and those additions, whose ``.pth`` puts the interpreter's whole
@@ -314,12 +316,15 @@ def installed_env(
     from packaging.requirements import Requirement
 
     wanted = [Requirement(r) for r in requirements]
-    found = probe_installed(python, [r.name for r in wanted])
+    found = probe_installed(python, list(dict.fromkeys([*(r.name for r in wanted), *present])))
     wrong = [f"{r.name} {found.versions[r.name]} (the run needs {r})" for r in wanted
              if found.versions.get(r.name) and not r.specifier.contains(found.versions[r.name], prereleases=True)]
     if wrong:
         raise InfraError(f"{python} has {', '.join(wrong)}; an installed stack is used as it is, so declare "
                          "that package 'installed' or use an interpreter that matches")
+    absent = [name for name in present if not found.versions.get(name)]
+    if absent:
+        raise InfraError(f"{python} has no {', '.join(absent)}, which the run takes as installed")
     missing = [str(r) for r in wanted if not found.versions.get(r.name)]
     if missing and not find_links:
         raise InfraError(f"{python} lacks {', '.join(missing)}; put their wheels in a directory named by "

@@ -262,3 +262,6 @@ def test_installed_stack_is_used_as_it_is(tmp_path: Path, links: Path) -> None:
         installed_env(str(machine.python), ["tinyapp==2.0"], root=tmp_path / "envs", log=lambda m: None)
     with pytest.raises(InfraError, match="lacks tinyextra; put their wheels in a directory named by DISTCI_FIND_LINKS"):
         installed_env(str(machine.python), ["tinyextra"], root=tmp_path / "envs", log=lambda m: None)
+    with pytest.raises(InfraError, match="has no tinytorch, which the run takes as installed"):
+        installed_env(str(machine.python), [], present=["tinyapp", "tinytorch"], find_links=[str(extra_links)],
+                      root=tmp_path / "envs", log=lambda m: None)
