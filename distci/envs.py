@@ -19,6 +19,8 @@ than reinstalling torch. Two marker files record progress and are written last: 
 the base marker the env is rebuilt from scratch; with it but stale extras only the extras
 are reinstalled. So an env whose build was interrupted is never mistaken for a ready one.
 Builders of one env serialize on a file lock; a reader of a ready env takes no lock.
+Checkouts with different distci sources should not share one DISTCI_ENV_ROOT: each
+would reinstall its own distci wheels into envs the other may be running.
 
 API (typed; no argparse namespaces)::
 
