@@ -184,6 +184,9 @@ def test_env_install_ignores_the_machines_pip_configuration(tmp_path: Path, link
     monkeypatch.setenv("PIP_CONSTRAINT", str(cap))
     monkeypatch.setenv("UV_CONSTRAINT", str(cap))
     monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    conf = tmp_path / "pip.conf"
+    conf.write_text(f"[global]\nconstraint = {cap}\n")
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
     env = ensure_env(wheelhouse, root=tmp_path / "envs", installer="pip", log=lambda m: None)
     assert run_python(env.python, "import tinyapp; print(tinyapp.__version__)") == "2.0"
 
