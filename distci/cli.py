@@ -46,7 +46,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     else:
         extra = [f"--distci-known-issues={Path(args.known_issues).resolve()}"] if args.known_issues else []
         runs = [run_cell(c, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k, tier=args.tier,
-                         extra_pytest_args=extra) for c in cells]
+                         extra_pytest_args=extra, python=args.python) for c in cells]
     print_summary(runs)
     for run in runs:
         if getattr(run, "selection_error", ""):
@@ -86,11 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-root", default=".distci/runs")
     p.add_argument("--known-issues", default=None,
                    help="a known-issues registry to match failures against instead of suites/known_issues.toml")
+    p.add_argument("--python", default=None, help="run on this interpreter's preinstalled stack: no download, "
+                   "no stack venv (docs/installed-stack.md)")
     p.set_defaults(fn=_cmd_run)
 
-    p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm builds)")
-    p.add_argument("what", choices=("harness", "images"))
+    p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm "
+                       "builds), `provision` (a cell's env, cold and warm)")
+    p.add_argument("what", choices=("harness", "images", "provision"))
     p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--pip", action="store_true", help="provision: also time the pip fallback install")
+    p.add_argument("--keep", action="store_true", help="provision: keep the bench's wheelhouse and envs")
     p.set_defaults(fn=_cmd_bench)
 
     for module in ("ingest", "gate", "export", "dashboard", "audit", "bisect", "images", "runreport", "aggregate", "lint",
