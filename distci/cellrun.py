@@ -34,6 +34,7 @@ from .external.spec import SuiteSpec, load_suites
 from .matrix import EXTERNAL_SUITES, Cell
 from .results import Result
 from .rundir import RunDir, RunInfo, infra_result as _infra_result, now as _now
+from .stack import KEYS as STACK_KEYS, Stack
 from .selfwheels import REPO, build_all
 from .sources import IndexConfig, pip_args, redact_url, requirement_lines, resolve_sources
 from .wheelhouse import ensure_wheelhouse
@@ -72,13 +73,11 @@ def new_run_id(cell: Cell) -> str:
 
 def partial_stack(cell: Cell, **extra) -> dict:
     """The provenance an infra record carries when the environment never came up."""
-    return {
-        "partial": True,
-        "declared": cell.as_dict(),
-        "python": sys.version.split()[0],
-        "runner": os.environ.get("DISTCI_RUNNER") or socket.gethostname(),
-        **extra,
-    }
+    known = {k: v for k, v in extra.items() if k in STACK_KEYS}
+    stack = Stack(partial=True, declared=cell.as_dict(), python=sys.version.split()[0],
+                  runner=os.environ.get("DISTCI_RUNNER") or socket.gethostname(), **known)
+    stack.extra.update({k: v for k, v in extra.items() if k not in STACK_KEYS})
+    return stack.to_dict()
 
 
 def infra_result(run_id: str, cell: Cell, exc: Exception, log_path: Path | None, *,
