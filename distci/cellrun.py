@@ -12,7 +12,6 @@ run directory holds one cell's whole story whichever runner produced each Result
 
 from __future__ import annotations
 
-import datetime
 import difflib
 import fnmatch
 import json
@@ -199,6 +198,18 @@ def missing_accelerator(accelerator: str, dev: Path = Path("/dev")) -> str | Non
     return f"cell needs {accelerator}; this runner has none"
 
 
+def absent_accelerator_run(cell: Cell, runs_root: Path, *, tier: str | None, backend: str = "venv",
+                           log: Log = print) -> CellRun | None:
+    """The one-infra-result run of a cell this machine has no accelerator for, or None
+    when it has one. Every backend calls it before resolving or building anything."""
+    absent = missing_accelerator(cell.accelerator)
+    if not absent:
+        return None
+    info, run_dir = start_run(cell, runs_root, tier=tier, backend=backend, log=log)
+    log(f"[{cell.id}] infra: {absent}")
+    return infra_run(cell, info, run_dir, InfraError(absent), None)
+
+
 def run_cell(
     cell: Cell,
     *,
@@ -211,11 +222,10 @@ def run_cell(
     log: Log = print,
 ) -> CellRun:
     externals = external_plan(cell, tests or [], external_suites)  # a bad selection fails before any run
+    skipped = absent_accelerator_run(cell, runs_root, tier=tier, log=log)
+    if skipped is not None:
+        return skipped
     info, run_dir = start_run(cell, runs_root, tier=tier, log=log)
-    absent = missing_accelerator(cell.accelerator)
-    if absent:
-        log(f"[{cell.id}] infra: {absent}")
-        return infra_run(cell, info, run_dir, InfraError(absent), None)
     try:
         env = provision(cell, run_dir, log=log)
     except (InfraError, SourceError, ConfigError) as exc:

@@ -12,13 +12,11 @@ the standard library only.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 SCHEMA_VERSION = 1
 
