@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from distci.errors import ConfigError, DistciError, InfraError, SelectionError, StoreError
 from distci.results import Result, error_signature
-from distci.rundir import JUNIT_FILE, RESULTS_FILE, RUN_FILE, RUN_FILES, STACK_FILE, RunDir, find_run_dirs
+from distci.rundir import RESULTS_FILE, RUN_FILE, RUN_FILES, STACK_FILE, RunDir, find_run_dirs
 from distci.store import Store, nightly_date_of
 from distci.verdicts import ENV_KEYS
 

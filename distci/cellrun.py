@@ -34,6 +34,7 @@ from .external.spec import SuiteSpec, load_suites
 from .matrix import EXTERNAL_SUITES, Cell
 from .results import Result
 from .rundir import RunDir, RunInfo, infra_result as _infra_result, now as _now
+from .stack import KEYS as STACK_KEYS, Stack
 from .selfwheels import REPO, build_all
 from .sources import IndexConfig, pip_args, redact_url, requirement_lines, resolve_sources
 from .progress import Heartbeat, StatusLine, downloaded_probe, installed_probe
@@ -86,13 +87,11 @@ def new_run_id(cell: Cell) -> str:
 
 def partial_stack(cell: Cell, **extra) -> dict:
     """The provenance an infra record carries when the environment never came up."""
-    return {
-        "partial": True,
-        "declared": cell.as_dict(),
-        "python": sys.version.split()[0],
-        "runner": os.environ.get("DISTCI_RUNNER") or socket.gethostname(),
-        **extra,
-    }
+    known = {k: v for k, v in extra.items() if k in STACK_KEYS}
+    stack = Stack(partial=True, declared=cell.as_dict(), python=sys.version.split()[0],
+                  runner=os.environ.get("DISTCI_RUNNER") or socket.gethostname(), **known)
+    stack.extra.update({k: v for k, v in extra.items() if k not in STACK_KEYS})
+    return stack.to_dict()
 
 
 def infra_result(run_id: str, cell: Cell, exc: Exception, log_path: Path | None, *,
@@ -214,6 +213,18 @@ def missing_accelerator(accelerator: str, dev: Path = Path("/dev")) -> str | Non
     return f"cell needs {accelerator}; this runner has none"
 
 
+def absent_accelerator_run(cell: Cell, runs_root: Path, *, tier: str | None, backend: str = "venv",
+                           log: Log = print) -> CellRun | None:
+    """The one-infra-result run of a cell this machine has no accelerator for, or None
+    when it has one. Every backend calls it before resolving or building anything."""
+    absent = missing_accelerator(cell.accelerator)
+    if not absent:
+        return None
+    info, run_dir = start_run(cell, runs_root, tier=tier, backend=backend, log=log)
+    log(f"[{cell.id}] infra: {absent}")
+    return infra_run(cell, info, run_dir, InfraError(absent), None)
+
+
 def run_cell(
     cell: Cell,
     *,
@@ -228,12 +239,11 @@ def run_cell(
 ) -> CellRun:
     """Run one cell. `python`: use that interpreter's preinstalled stack (see `provision`)."""
     externals = external_plan(cell, tests or [], external_suites)  # a bad selection fails before any run
+    skipped = absent_accelerator_run(cell, runs_root, tier=tier, log=log)
+    if skipped is not None:
+        return skipped
     info, run_dir = start_run(cell, runs_root, tier=tier, backend="installed" if uses_installed(cell, python)
                               else "venv", log=log)
-    absent = missing_accelerator(cell.accelerator)
-    if absent:
-        log(f"[{cell.id}] infra: {absent}")
-        return infra_run(cell, info, run_dir, InfraError(absent), None)
     try:
         env = provision(cell, run_dir, python=python, log=log)
     except (InfraError, SourceError, ConfigError) as exc:

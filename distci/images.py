@@ -49,6 +49,7 @@ from packaging.version import InvalidVersion, Version
 
 from .cellrun import (
     HARNESS_REQUIREMENTS,
+    absent_accelerator_run,
     CellRun,
     cell_environment,
     finish_run,
@@ -725,7 +726,8 @@ def run_cells_in_docker(cells: list[Cell], args: argparse.Namespace) -> list[Cel
             info, run_dir = start_run(cell, runs_root, tier=args.tier, backend="docker", log=lambda m: None)
             runs.append(infra_run(cell, info, run_dir, exc, None))
         return runs
-    return [run_cell_in_docker(cell, client, runs_root=runs_root, tests=args.test, keyword=args.k, tier=args.tier)
+    return [absent_accelerator_run(cell, runs_root, tier=args.tier, backend="docker")
+            or run_cell_in_docker(cell, client, runs_root=runs_root, tests=args.test, keyword=args.k, tier=args.tier)
             for cell in cells]
 
 

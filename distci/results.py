@@ -12,13 +12,11 @@ the standard library only.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
 SCHEMA_VERSION = 1
 
@@ -127,8 +125,9 @@ def error_signature(exc_type: str, message: str) -> str:
 
 def stack_summary(stack: dict[str, Any]) -> dict[str, str]:
     """The few stack fields worth a JUnit property on every testcase."""
-    keys = ("torch", "torch_git", "torchao", "torchtitan", "torch_npu", "python", "device_name", "image_digest")
-    return {k: str(stack[k]) for k in keys if stack.get(k)}
+    from .stack import SUMMARY_KEYS
+
+    return {k: str(stack[k]) for k in SUMMARY_KEYS if stack.get(k)}
 
 
 def test_location(test_id: str, root: Path | None = None) -> tuple[str, int]:

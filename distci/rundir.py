@@ -193,6 +193,7 @@ class RunDir:
 
     def write_info(self, info: RunInfo) -> None:
         """run.json, replaced atomically: a reader sees the old or the new one, never half."""
+        self.path.mkdir(parents=True, exist_ok=True)
         tmp = self.path / (RUN_FILE + ".tmp")
         tmp.write_text(json.dumps(info.to_dict(), indent=1, sort_keys=True, default=str))
         tmp.replace(self.info_path)
@@ -209,6 +210,7 @@ class RunDir:
         if keep and self.stack_path.exists():
             return
         data = stack.to_dict() if hasattr(stack, "to_dict") else stack
+        self.path.mkdir(parents=True, exist_ok=True)
         self.stack_path.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
 
     def read_stack(self) -> dict[str, Any] | None:

@@ -17,10 +17,88 @@ import os
 import platform
 import subprocess
 import sys
+from dataclasses import dataclass, field, fields
 from importlib import metadata
 from typing import Any, Callable
 
 TRACKED = ("torch", "torchao", "torchtitan", "torch_npu", "triton", "numpy", "pytest", "distci", "distci-fixes")
+
+
+def _key(*, env: bool = False, summary: bool = False, default: Any = None) -> Any:
+    """A Stack field. `env`: part of the environment fingerprint (two runs that agree on
+    every env key ran the same software on the same kind of device, so a different outcome
+    is flakiness; host names and capture times are deliberately not env keys). `summary`:
+    shown as a JUnit property on every testcase."""
+    meta = {"env": env, "summary": summary}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class Stack:
+    """What a cell resolved to, exactly; stored with every Result as a JSON object.
+
+    Its fields are the one list of stack keys (KEYS; ENV_KEYS and SUMMARY_KEYS are
+    derived from their metadata). Keys a reader does not know (a newer writer's, or what
+    a partial stack adds) are kept in `extra`, so a round trip loses nothing.
+    """
+
+    python: str | None = _key(env=True, summary=True)
+    implementation: str | None = _key()
+    platform: str | None = _key()
+    arch: str | None = _key()
+    hostname_label: str | None = _key()
+    image_digest: str | None = _key(env=True, summary=True)
+    fixes_mode: str | None = _key(env=True)
+    torch: str | None = _key(env=True, summary=True)
+    torch_git: str | None = _key(env=True, summary=True)
+    torchao: str | None = _key(env=True, summary=True)
+    torchtitan: str | None = _key(env=True, summary=True)
+    torch_npu: str | None = _key(env=True, summary=True)
+    triton: str | None = _key(env=True)
+    numpy: str | None = _key()
+    pytest: str | None = _key()
+    distci: str | None = _key()
+    distci_fixes: str | None = _key(env=True)
+    cuda: str | None = _key(env=True)
+    hip: str | None = _key(env=True)
+    cuda_available: bool = _key(default=False)
+    device_count: int | None = _key()
+    device_name: str | None = _key(env=True, summary=True)
+    device_capability: str | None = _key()
+    nccl: str | None = _key(env=True)
+    driver: str | None = _key(env=True)
+    cann: str | None = _key(env=True)
+    fixes: Any = _key(env=True)
+    packages: list[str] = _key(env=True, default=[])
+    torch_import_error: str | None = _key()
+    npu_import_error: str | None = _key()
+    # a partial stack: the environment never came up (distci.cellrun)
+    partial: bool = _key(default=False)
+    declared: dict[str, Any] | None = _key()
+    runner: str | None = _key()
+    error: str | None = _key()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object stored with results: every declared key, then `extra`'s."""
+        out = {k: getattr(self, k) for k in KEYS}
+        if not self.partial:
+            for k in ("partial", "declared", "runner", "error"):
+                out.pop(k)
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Stack":
+        known = {k: v for k, v in data.items() if k in KEYS}
+        return cls(**known, extra={k: v for k, v in data.items() if k not in KEYS})
+
+
+KEYS: tuple[str, ...] = tuple(f.name for f in fields(Stack) if f.name != "extra")
+ENV_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Stack) if f.metadata.get("env"))
+"""Stack keys that define an environment (see _key)."""
+SUMMARY_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Stack) if f.metadata.get("summary"))
 
 
 def _version(dist: str) -> str | None:
@@ -94,7 +172,12 @@ def _fixes() -> Any:
 
 
 def capture(*, import_torch: bool = True) -> dict[str, Any]:
-    """The Stack of the running interpreter, as a JSON-serializable dict."""
+    """The Stack of the running interpreter, as the JSON-serializable dict results carry."""
+    return capture_stack(import_torch=import_torch).to_dict()
+
+
+def capture_stack(*, import_torch: bool = True) -> Stack:
+    """The Stack of the running interpreter."""
     stack: dict[str, Any] = {
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
@@ -123,7 +206,7 @@ def capture(*, import_torch: bool = True) -> dict[str, Any]:
     stack["packages"] = sorted(
         f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions() if d.metadata["Name"]
     )
-    return stack
+    return Stack.from_dict(stack)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from distci.stack import ENV_KEYS
+
 VERDICTS = ("pass", "regression", "fail", "xfail", "fixed", "flaky", "infra", "skip")
 
 BLOCKING = frozenset({"regression", "fail"})
@@ -44,30 +46,6 @@ FLAKY_WINDOW = 10
 FLAKY_FLIPS = 3
 """Pass<->fail flips (the current outcome included) that make a test known-flaky. Two
 flips are a break and its fix (P P F P); three are no longer a story about one change."""
-
-# Stack keys that define an environment. Two runs whose values agree ran the same
-# software on the same kind of device, so an outcome that differs between them is
-# flakiness, not a change. Host names and capture times are deliberately absent.
-ENV_KEYS = (
-    "torch",
-    "torch_git",
-    "torchao",
-    "torchtitan",
-    "torch_npu",
-    "triton",
-    "distci_fixes",
-    "python",
-    "cuda",
-    "hip",
-    "nccl",
-    "cann",
-    "driver",
-    "device_name",
-    "image_digest",
-    "fixes_mode",
-    "fixes",
-    "packages",
-)
 
 
 def worst(verdicts: Iterable[str]) -> str | None:
