@@ -58,6 +58,7 @@ class Result:
     duration_s: float = 0.0
     reruns: int = 0
     rerun_outcomes: list[str] = field(default_factory=list)
+    rerun_messages: list[str] = field(default_factory=list)
     ranks: list[RankExcerpt] = field(default_factory=list)
     repro: str = ""
     known_issue: str | None = None

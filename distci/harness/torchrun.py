@@ -3,6 +3,11 @@
 For tests that create their own process group (torchtitan's trainer, upstream scripts)
 and for bisect probes, which must not depend on a long-lived pool. Slower than the pool
 (every launch imports torch and rendezvous anew) but with nothing shared between tests.
+
+It classifies a bug the way the pool does: each rank writes its own log
+(`torchrun-rank<N>.log`) and its report, and a rank that finished waits for its peers'
+reports before it leaves, as a pool rank would stay in the pool; so a rank that skipped
+a collective leaves its peer hung (`hang`), not failing on a vanished peer (`exception`).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from pathlib import Path
 
 from .outcome import Combined, RankState, combine
 from .pool import DUMP_SETTLE_S, dump_stack, worker_env
+from . import procs
 from .procs import kill_tree
 from .protocol import TestRequest
 
@@ -52,6 +58,8 @@ def launch(
     log_dir: Path,
     *,
     owns_process_group: bool,
+    pg_timeout_s: float | None = None,
+    token: str = "",
     python: str = sys.executable,
 ) -> Combined:
     log_dir = Path(log_dir)
@@ -59,20 +67,24 @@ def launch(
     work = Path(tempfile.mkdtemp(prefix="distci-torchrun-"))
     req_file = work / "request.pkl"
     with open(req_file, "wb") as fh:
-        pickle.dump({"request": request, "device_type": device_type, "owns_pg": owns_process_group}, fh)
+        pickle.dump({"request": request, "device_type": device_type, "owns_pg": owns_process_group,
+                     "pg_timeout_s": pg_timeout_s, "timeout_s": timeout_s, "log_dir": str(log_dir)}, fh)
     log_path = log_dir / "torchrun.log"
     offset = log_path.stat().st_size if log_path.exists() else 0
+    rank_logs = [log_dir / f"torchrun-rank{rank}.log" for rank in range(nproc)]
+    rank_offsets = [p.stat().st_size if p.exists() else 0 for p in rank_logs]
     cmd = [
         python, "-u", "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
         "-m", "distci.harness.torchrun_entry", str(req_file),
     ]
-    env = worker_env(device_type, nproc, log_dir)
+    token = token or procs.run_token()
+    env = worker_env(device_type, nproc, log_dir, token)
     start = time.monotonic()
     with open(log_path, "ab") as log:
         log.write(f"\n===== torchrun {request.nodeid} =====\n".encode())
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+        proc = procs.start_owned(cmd, env=env, token=token, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL)
     timed_out = False
     try:
         proc.wait(timeout=timeout_s)
@@ -88,11 +100,25 @@ def launch(
             st.exit_code = proc.returncode if proc.returncode else 1
     if timed_out:
         time.sleep(DUMP_SETTLE_S)
-        kill_tree(proc)
-    text = log_path.read_text(errors="replace")[offset:]
-    for st in states:
-        lines = [ln for ln in text.splitlines() if ln.startswith(f"[rank{st.rank}]")]
-        st.log = "\n".join(lines) or text[-4000:]
+    kill_tree(proc)
+    shutil.rmtree(work, ignore_errors=True)
+    agent = log_path.read_bytes()[offset:].decode("utf-8", "replace")
+    for st, path, at in zip(states, rank_logs, rank_offsets):
+        st.log = _read_from(path, at) or agent[-4000:]
         if st.stuck and not st.stack:
-            st.stack = text[-8000:]
+            st.stack = _faulthandler_part(st.log)
     return combine(states, time.monotonic() - start)
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _faulthandler_part(log: str) -> str:
+    found = [i for i in (log.find("Thread 0x"), log.find("Current thread 0x")) if i >= 0]
+    return log[min(found):] if found else ""
