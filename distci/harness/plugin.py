@@ -29,6 +29,7 @@ from .torchrun import launch
 
 DEFAULT_TIMEOUT_S = 300.0
 PG_TIMEOUT_MARGIN_S = 60.0
+PG_TIMEOUT_FLOOR_S = 5.0
 
 MARKERS = (
     "world_size(n): run the test body on n ranks of the rank pool",
@@ -230,16 +231,18 @@ class Harness:
 
     def pg_timeout_of(self, timeout: float) -> float:
         """The process-group timeout for a test of this timeout: the default class (below
-        the default test timeout) unless the test may wait longer than that in a collective."""
-        default = max(30.0, self.default_timeout - PG_TIMEOUT_MARGIN_S)
-        return max(default, timeout - PG_TIMEOUT_MARGIN_S)
+        the default test timeout) unless the test may wait longer than that in a collective;
+        always below the test's timeout, so a stuck collective raises before the deadline."""
+
+        def below(t: float) -> float:
+            return max(PG_TIMEOUT_FLOOR_S, t - min(PG_TIMEOUT_MARGIN_S, t / 4))
+
+        return max(below(self.default_timeout), below(timeout))
 
     def pool(self, world_size: int, pg_timeout: float) -> RankPool:
-        """The pool of this world size and process-group timeout class; the other classes of
-        that world size are shut down first (their ranks would hold the same devices)."""
+        """The pool of this world size and process-group timeout class. Classes are few (the
+        default, and one per long marker value), so each stays up for the session."""
         key = (world_size, pg_timeout)
-        for other in [k for k in self.pools if k[0] == world_size and k != key]:
-            self.pools.pop(other).shutdown()
         if key not in self.pools:
             if self.reaper is None:
                 self.reaper = procs.Reaper(self.token)

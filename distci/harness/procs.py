@@ -55,9 +55,13 @@ def _owned_child() -> None:  # preexec_fn: runs in the child between fork and ex
 
 
 def run_token() -> str:
-    """This run's token: inherited from the environment (a caller that wants to check for
-    leftovers sets it) or a new one."""
-    return os.environ.get(RUN_TOKEN_ENV) or uuid.uuid4().hex
+    """A new token for this run. A caller that wants to check for leftovers sets
+    DISTCI_RUN_TOKEN=T for the controller; the run's token is then `T.<new>`, which
+    `with_token(T, prefix=True)` finds, while the reaper kills only what carries `T.<new>`:
+    never other processes that happen to carry T (a shell that exported it)."""
+    fresh = uuid.uuid4().hex
+    inherited = os.environ.get(RUN_TOKEN_ENV)
+    return f"{inherited}.{fresh}" if inherited else fresh
 
 
 def start_owned(cmd: list[str], *, env: dict[str, str], token: str, **kwargs) -> subprocess.Popen:
@@ -91,15 +95,17 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def with_token(token: str, exclude: set[int] = frozenset()) -> list[int]:  # type: ignore[assignment]
-    """PIDs whose environment carries this run's token (processes of ours that are alive)."""
+def with_token(token: str, exclude: set[int] = frozenset(), *,  # type: ignore[assignment]
+               prefix: bool = False) -> list[int]:
+    """PIDs whose environment carries `token` (with `prefix`, also a run token made from it)."""
     needle = f"{RUN_TOKEN_ENV}={token}".encode()
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) in exclude:
             continue
         try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
+            env = (entry / "environ").read_bytes().split(b"\0")
+            if needle in env or (prefix and any(v.startswith(needle + b".") for v in env)):
                 found.append(int(entry.name))
         except OSError:
             continue
@@ -115,10 +121,29 @@ def kill_pids(pids: list[int]) -> None:
 
 
 def kill_descendants(pid: int, keep: set[int] = frozenset()) -> list[int]:  # type: ignore[assignment]
-    """SIGKILL everything under `pid` except `keep`; returns what was killed."""
+    """SIGKILL everything under `pid` except `keep`; returns what was killed. Called on
+    this process's own tree, it also reaps the dead (a subreaper inherits them as zombies)."""
     doomed = [p for p in descendants(pid) if p not in keep]
     kill_pids(doomed)
+    if pid == os.getpid():
+        _reap(doomed)
     return doomed
+
+
+def _reap(pids: list[int], settle_s: float = 1.0) -> None:
+    """Waits for those of `pids` that are (or, orphaned, become) this process's children."""
+    pending = set(pids)
+    deadline = time.monotonic() + settle_s
+    while pending and time.monotonic() < deadline:
+        for pid in list(pending):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    pending.discard(pid)
+            except ChildProcessError:
+                if not Path(f"/proc/{pid}").exists():
+                    pending.discard(pid)
+        if pending:
+            time.sleep(0.02)
 
 
 def kill_tree(proc: subprocess.Popen) -> None:

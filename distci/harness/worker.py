@@ -82,9 +82,15 @@ def _init(args: argparse.Namespace) -> DistContext:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.world_size))
     else:
         kind.device_module().set_device(args.rank)
+    # All ranks meet at the store first, with the start-up's patience; the process group
+    # (whose timeout may be a short test's few seconds) is created only once all are up.
+    store = dist.FileStore(args.init_file, args.world_size)
+    store.set_timeout(datetime.timedelta(seconds=args.start_timeout))
+    store.set(f"distci_up_{args.rank}", "1")
+    store.wait([f"distci_up_{r}" for r in range(args.world_size)])
     dist.init_process_group(
         kind.backend,
-        init_method=f"file://{args.init_file}",
+        store=store,
         rank=args.rank,
         world_size=args.world_size,
         timeout=datetime.timedelta(seconds=args.pg_timeout),
@@ -142,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, required=True, help="inherited socket to the controller")
     parser.add_argument("--dump-fd", type=int, default=-1, help="inherited socket: a byte asks for a flight-recorder dump")
     parser.add_argument("--pg-timeout", type=float, default=240.0)
+    parser.add_argument("--start-timeout", type=float, default=300.0)
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--trace-dir", default="")
     args = parser.parse_args(argv)
@@ -177,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"distci: ==== start {msg.nodeid} ====", flush=True)
             before = set(procs.descendants(os.getpid()))
             report = execute(msg, ctx)
+            if msg.isolate:  # at once, so the health check after the test sees a clean process too
+                isolation.restore_globals(saved.get("globals", {}))
             left = procs.kill_descendants(os.getpid(), keep=before)
             if left:
                 print(f"distci: killed {len(left)} process(es) the test left running: {left}", flush=True)
