@@ -118,7 +118,7 @@ class Recorder:
                 kind = combined.failure_kind
                 message = f"{combined.exc_type}: {combined.message}"
                 signature = combined.signature
-            duration = max(duration, combined.duration_s)
+            duration = combined.duration_s  # the ranks' time: a pool's start-up is not the test's
         known = None
         if self.known_issues is not None:
             if outcome == "failed":

@@ -162,12 +162,16 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         ctx = _init(args)
+        # Before the ranks report ready: snapshot() imports Dynamo and its configs, seconds
+        # of start-up that would otherwise be charged to the first test's timeout.
+        saved = isolation.snapshot()
+        import torch._dynamo  # noqa: F401 - reset() uses it before every test
+
         conn.send(_health(ctx, HealthCheck()))
     except BaseException as exc:  # noqa: BLE001 - start-up failure is infra, reported
         conn.send(RankReport(args.rank, "failed", kind="infra", exc_type=type(exc).__name__, message=str(exc)))
         return 2
 
-    saved = isolation.snapshot()
     while True:
         try:
             msg = conn.recv()
