@@ -18,6 +18,7 @@ import fnmatch
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -39,6 +40,7 @@ from .wheelhouse import ensure_wheelhouse
 
 # What the harness needs inside every cell environment besides the cell's own stack.
 HARNESS_REQUIREMENTS = ("pytest", "packaging", "numpy")
+CELL_RERUNS = 1  # a failed distributed test runs once more; a pass then is kept with the failure (flaky)
 RUN_FILE = "run.json"
 EXTERNAL_PREFIX = "external/"
 
@@ -136,7 +138,7 @@ def pytest_command(cell: Cell, python: Path, run_dir: Path, run_id: str, *, test
         str(python), "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-rfEs",
         *([] if outside else [f"--rootdir={root}"]), f"--distci-run-dir={run_dir}", f"--distci-cell={cell.id}", f"--distci-run-id={run_id}",
         f"--distci-world-size={cell.world_size}", f"--distci-device={cell.accelerator}",
-        f"--distci-timeout={cell.timeout}",
+        f"--distci-timeout={cell.timeout}", f"--distci-reruns={CELL_RERUNS}",
     ]
     registry = Path("suites") / "known_issues.toml"
     if (REPO / registry).exists():
@@ -258,14 +260,25 @@ def run_in_env(
         child_env = {**os.environ, **cell_environment(cell, tier)}
         child_env.pop("PYTHONPATH", None)
         log(f"[{cell.id}] $ {info.command}")
-        with open(run_dir / "pytest.log", "w") as out:
-            proc = subprocess.Popen(cmd, cwd=REPO, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, bufsize=1)
+        from .harness import procs  # the one owner of process trees (imports pytest: the controller has it)
+
+        with open(run_dir / "pytest.log", "w") as out, procs.stop_signals_raise():
+            # pytest dies with this controller; SIGTERM, so it still records the test in flight
+            proc = procs.start_owned(cmd, env=child_env, token=procs.run_token(), death_signal=signal.SIGTERM,
+                                     cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
             assert proc.stdout is not None
-            for line in proc.stdout:
-                out.write(line)
-                log(f"[{cell.id}] {line.rstrip()}")
-            code = proc.wait()
+            try:
+                for line in proc.stdout:
+                    out.write(line)
+                    log(f"[{cell.id}] {line.rstrip()}")
+                code = proc.wait()
+            except KeyboardInterrupt:  # Ctrl-C, SIGTERM: pytest records the test in flight, the run is closed
+                log(f"[{cell.id}] stopping the run")
+                code = procs.stop(proc)
+                from .summary import print_summary
+
+                print_summary([finish_run(cell, info, run_dir, code)])
+                raise
         run = finish_run(cell, info, run_dir, code)
         if not externals:
             return run

@@ -217,3 +217,44 @@ def test_a_stopped_controller_records_and_cleans_up_within_10s(tmp_path, sig):
     cases = ET.parse(run_dir / "junit.xml").getroot().findall(".//testcase")
     assert len(cases) == 1 and "test_pool_rank_leaves_processes" in cases[0].get("name", "")
     print(f"cleanup after {sig.name}: {cleanup:.1f} s")
+
+
+CELL_RUN = """
+import sys
+from pathlib import Path
+from distci.cellrun import run_in_env, start_run
+from distci.matrix import load_matrix
+
+cell = next(c for c in load_matrix(Path("matrix.toml")).cells if c.accelerator == "cpu")
+info, run_dir = start_run(cell, Path(sys.argv[1]), tier="pr")
+try:
+    run_in_env(cell, Path(sys.executable), info, run_dir, tier="pr", tests=[sys.argv[2]])
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def test_sigint_to_the_cell_run_closes_the_run_and_prints_its_summary(tmp_path):
+    """`python -m distci run` stopped by Ctrl-C: the test in flight recorded, run.json
+    closed with ended_at, the summary table printed, nothing left running."""
+    token = uuid.uuid4().hex
+    ready, runs = tmp_path / "ready", tmp_path / "runs"
+    ready.mkdir()
+    target = f"{CASES / 'test_leave_processes.py'}::test_pool_rank_leaves_processes"
+    proc = subprocess.Popen([sys.executable, "-c", CELL_RUN, str(runs), target], cwd=REPO,
+                            env=_env(token, DISTCI_FAULT_DIR=str(ready)), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(list(ready.glob("ready-rank*"))) < 2 and proc.poll() is None:
+        time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-3000:]
+    assert "distci results" in out, out[-3000:]
+    (run_dir,) = runs.iterdir()
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["ended_at"] and info["pytest_exit"] == 2, info
+    rec = _results(run_dir)["test_pool_rank_leaves_processes"]
+    assert rec["error_signature"] == "Interrupted: stopped by SIGINT", rec
+    left, _ = _leftovers_after(token)
+    assert left == [], left

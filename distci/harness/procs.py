@@ -49,9 +49,9 @@ def become_subreaper() -> bool:
     return _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
-def _owned_child() -> None:  # preexec_fn: runs in the child between fork and exec
+def _owned_child(death_signal: int = signal.SIGKILL) -> None:  # preexec_fn: in the child, before exec
     os.setsid()
-    die_with_parent()
+    die_with_parent(death_signal)
 
 
 def run_token() -> str:
@@ -64,12 +64,45 @@ def run_token() -> str:
     return f"{inherited}.{fresh}" if inherited else fresh
 
 
-def start_owned(cmd: list[str], *, env: dict[str, str], token: str, **kwargs) -> subprocess.Popen:
+def start_owned(cmd: list[str], *, env: dict[str, str], token: str, death_signal: int = signal.SIGKILL,
+                **kwargs) -> subprocess.Popen:
     """Start a process tree the run owns: own session (a Ctrl-C at the terminal reaches the
-    controller only, which then stops the tree in order), killed by the kernel if the
-    controller dies, carrying the run token."""
+    controller only, which then stops the tree in order), sent `death_signal` by the kernel
+    if the controller dies, carrying the run token."""
     env = dict(env, **{RUN_TOKEN_ENV: token})
-    return subprocess.Popen(cmd, env=env, preexec_fn=_owned_child, **kwargs)
+    return subprocess.Popen(cmd, env=env, preexec_fn=lambda: _owned_child(death_signal), **kwargs)
+
+
+class stop_signals_raise:
+    """Within this block SIGTERM and SIGHUP raise KeyboardInterrupt, like SIGINT, so one
+    handler stops the child in order (main thread only; elsewhere a no-op)."""
+
+    def __enter__(self) -> "stop_signals_raise":
+        import threading
+
+        self._saved: dict[int, object] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                self._saved[sig] = signal.signal(sig, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum: int, _frame) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGINT, grace_s: float = 60.0) -> int:
+    """Ask a child to stop (it records where it stopped), then kill its tree if it lingers."""
+    try:
+        proc.send_signal(sig)
+        return proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        return proc.returncode
 
 
 def _ppid(pid: int) -> int | None:
