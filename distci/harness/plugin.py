@@ -167,10 +167,19 @@ class Harness:
 
         def stop(signum: int, _frame: Any) -> None:
             self.recorder.stopped_by = signal.Signals(signum).name
+            self.kill_ranks_now()
             raise KeyboardInterrupt(self.recorder.stopped_by)
 
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             self._previous_handlers[sig] = signal.signal(sig, stop)
+
+    def kill_ranks_now(self) -> None:
+        """SIGKILL every pool rank's tree at once, touching no pool state (this runs in a
+        signal handler): the ranks are gone within the stop's first second, however long
+        pytest then takes to write its records. close() tidies up after."""
+        for pool in list(self.pools.values()):
+            for pid in pool.pids():
+                procs.kill_pids([*procs.descendants(pid), pid])
 
     def release_stop_signals(self) -> None:
         for sig, handler in self._previous_handlers.items():

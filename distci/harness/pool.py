@@ -236,10 +236,10 @@ class RankPool:
         for r in self.ranks:
             r.conn.send(request)
         self._wait(states, start + timeout_s)
-        duration = time.monotonic() - start
         stuck = [self._rank(s.rank) for s in states.values() if s.stuck]
         if stuck:
             self._dump_stacks(stuck, states)
+        duration = time.monotonic() - start  # until the outcome is known, stacks included
         for r in self.ranks:
             states[r.rank].log = _read_from(r.log_path, r.log_offset)
         combined = combine([states[i] for i in sorted(states)], duration)

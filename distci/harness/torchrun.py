@@ -29,6 +29,19 @@ from .procs import kill_tree
 from .protocol import TestRequest
 
 
+START_TIMEOUT_S = 300.0
+
+
+def _await_ready(proc: subprocess.Popen, work: Path, nproc: int, limit_s: float) -> None:
+    """Waits until every rank is in its test (torchrun, torch's import and the process
+    group's rendezvous are start-up, as a pool's are) or the launch ended."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if all((work / f"rank{rank}.ready").exists() for rank in range(nproc)):
+            return
+        time.sleep(0.1)
+
+
 def read_rank_reports(work: Path, nproc: int, timed_out: bool) -> list[RankState]:
     """Each rank's report from `work` (written by torchrun_entry); at a timeout, the ranks
     without one are marked stuck and asked for their stacks before anything is killed."""
@@ -39,14 +52,15 @@ def read_rank_reports(work: Path, nproc: int, timed_out: bool) -> list[RankState
         if rep_file.exists():
             with open(rep_file, "rb") as fh:
                 st.report = pickle.load(fh)
-        elif timed_out and pid_file.exists():
-            st.stuck = True
-            pid = int(pid_file.read_text())
-            try:
-                os.kill(pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
-            st.stack = dump_stack(pid)
+        elif timed_out:
+            st.stuck = True  # in its test, or never got there: either way not done in time
+            if pid_file.exists():
+                pid = int(pid_file.read_text())
+                try:
+                    os.kill(pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+                st.stack = dump_stack(pid)
     return states
 
 
@@ -87,6 +101,7 @@ def launch(
                                  stdin=subprocess.DEVNULL)
     timed_out = False
     try:
+        _await_ready(proc, work, nproc, START_TIMEOUT_S)
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True

@@ -39,8 +39,10 @@ def _await_peers(work: Path, world_size: int, deadline: float) -> None:
         time.sleep(0.1)
 
 
+PEER_GRACE_S = 30.0  # past the test's timeout: by then the controller has judged and killed the launch
+
+
 def main() -> int:
-    start = time.monotonic()
     req_file = Path(sys.argv[1])
     with open(req_file, "rb") as fh:
         spec = pickle.load(fh)
@@ -65,13 +67,15 @@ def main() -> int:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.world_size))
     if not spec["owns_pg"]:
         ctx.init(spec.get("pg_timeout_s"))
+    start = time.monotonic()
+    (req_file.parent / f"rank{rank}.ready").write_text("")  # the test's time starts now (as in the pool)
     report = execute(spec["request"], ctx)
     tmp = req_file.parent / f"rank{rank}.report.tmp"
     with open(tmp, "wb") as fh:
         pickle.dump(report, fh)
     tmp.rename(req_file.parent / f"rank{rank}.report.pkl")
     print(f"distci: ==== end {spec['request'].nodeid}: {report.outcome} (rank {rank}) ====", flush=True)
-    _await_peers(req_file.parent, world_size, start + float(spec.get("timeout_s") or 0))
+    _await_peers(req_file.parent, world_size, start + float(spec.get("timeout_s") or 0) + PEER_GRACE_S)
     procs.kill_descendants(os.getpid())
     try:
         import torch.distributed as dist
