@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 
+from conftest import REPO
 from distci.harness import isolation, procs
 from distci.harness.outcome import RankState, combine, in_collective
 
@@ -120,7 +121,7 @@ def test_reaper_kills_token_carriers_when_its_controller_dies(tmp_path):
         "print('ready', flush=True)\n"
         "time.sleep(600)\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     controller = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
     assert controller.stdout.readline().strip() == "ready"  # type: ignore[union-attr]
     assert len(procs.with_token(token)) == 1
