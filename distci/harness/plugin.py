@@ -239,9 +239,10 @@ class Harness:
         )
 
     def pg_timeout_of(self, timeout: float) -> float:
-        """The process-group timeout for a test of this timeout: the default class (below
-        the default test timeout) unless the test may wait longer than that in a collective;
-        always below the test's timeout, so a stuck collective raises before the deadline."""
+        """The process-group timeout for a test of this timeout. A test no longer than the
+        default shares the default class (below the default timeout; the test's own deadline
+        comes first and its stacks tell hang from slow); a longer marker gets a class of its
+        own below its timeout, so a long wait in a collective is not cut short as a hang."""
 
         def below(t: float) -> float:
             return max(PG_TIMEOUT_FLOOR_S, t - min(PG_TIMEOUT_MARGIN_S, t / 4))
