@@ -18,6 +18,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -38,7 +39,7 @@ from .stack import KEYS as STACK_KEYS, Stack
 from .selfwheels import REPO, build_all
 from .sources import IndexConfig, pip_args, redact_url, requirement_lines, resolve_sources
 from .progress import Heartbeat, StatusLine, downloaded_probe, installed_probe
-from .terminal import relay_pytest
+from .terminal import print_summary, relay_pytest
 from .wheelhouse import default_root as default_wheelhouse_root
 from .wheelhouse import ensure_wheelhouse
 
@@ -46,6 +47,7 @@ from .wheelhouse import ensure_wheelhouse
 HARNESS_REQUIREMENTS = ("pytest", "packaging", "numpy")
 # On a preinstalled stack numpy is used when present (the harness seeds it), never required.
 INSTALLED_HARNESS_REQUIREMENTS = ("pytest", "packaging")
+CELL_RERUNS = 1  # a failed distributed test runs once more; a pass then is kept with the failure (flaky)
 EXTERNAL_PREFIX = "external/"
 
 Log = Callable[[str], None]
@@ -119,7 +121,7 @@ def pytest_command(cell: Cell, python: Path, run_dir: Path, run_id: str, *, test
         str(python), "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-rfEs",
         *([] if outside else [f"--rootdir={root}"]), f"--distci-run-dir={run_dir}", f"--distci-cell={cell.id}", f"--distci-run-id={run_id}",
         f"--distci-world-size={cell.world_size}", f"--distci-device={cell.accelerator}",
-        f"--distci-timeout={cell.timeout}",
+        f"--distci-timeout={cell.timeout}", f"--distci-reruns={CELL_RERUNS}",
     ]
     registry = Path("suites") / "known_issues.toml"
     if (REPO / registry).exists():
@@ -286,10 +288,21 @@ def run_in_env(
                      "PYTHONUNBUFFERED": "1"}
         child_env.pop("PYTHONPATH", None)
         log(f"[{cell.id}] $ {info.command}")
+        from .harness import procs  # the one owner of process trees (imports pytest: the controller has it)
+
         rundir = RunDir(run_dir)
-        proc = subprocess.Popen(cmd, cwd=REPO, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        code = relay_pytest(proc, rundir.pytest_log, rundir.results_path, lambda m: log(f"[{cell.id}] {m}"),
-                            status=StatusLine.for_stdout(f"[{cell.id}] ") if log is print else None)
+        with procs.stop_signals_raise():
+            # pytest dies with this controller; SIGTERM, so it still records the test in flight
+            proc = procs.start_owned(cmd, env=child_env, token=procs.run_token(), death_signal=signal.SIGTERM,
+                                     cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            try:
+                code = relay_pytest(proc, rundir.pytest_log, rundir.results_path, lambda m: log(f"[{cell.id}] {m}"),
+                                    status=StatusLine.for_stdout(f"[{cell.id}] ") if log is print else None)
+            except KeyboardInterrupt:  # Ctrl-C, SIGTERM: pytest records the test in flight, the run is closed
+                log(f"[{cell.id}] stopping the run")
+                code = procs.stop(proc)
+                print_summary([finish_run(cell, info, run_dir, code)])
+                raise
         run = finish_run(cell, info, run_dir, code)
         if code == PYTEST_NO_TESTS and not externals:
             run.selection_error = no_test_message(cell, native, keyword)

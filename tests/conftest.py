@@ -14,7 +14,7 @@ CASES = Path(__file__).parent / "harness_cases"
 
 # The harness cases are distributed tests run by test_harness.py through the plugin;
 # collected directly they would have no rank workers.
-collect_ignore = ["harness_cases"]
+collect_ignore = ["harness_cases", "faults"]
 
 
 def run_pytest(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 600,

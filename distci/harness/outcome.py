@@ -6,10 +6,16 @@ The rules, in order:
 - a rank raised                                         -> failed / assert | exception
 - ranks still running at the deadline:
     some rank already returned, or a stuck rank's main
-    thread sits in a collective (waiting for a peer)    -> failed / hang
+    thread has a torch.distributed frame (waiting for
+    a peer in a collective)                             -> failed / hang
     otherwise (plain slow compute)                      -> failed / timeout
 - every rank skipped (or some skipped, none failed)     -> skipped
 - every rank passed                                     -> passed
+then, by the pool: a test that passed but left the pool broken (process group
+destroyed, an un-waited collective) -> failed / exception `PoolLeftBroken`.
+
+Only the FILE of each stack frame counts as evidence of a collective: a test named
+`test_broadcast_*` spinning in pure Python is slow, not hung.
 """
 
 from __future__ import annotations
@@ -21,10 +27,9 @@ from dataclasses import dataclass, field
 from ..results import RankExcerpt, error_signature
 from .protocol import RankReport
 
-COLLECTIVE_FRAMES = re.compile(
-    r"torch/distributed/|_functional_collectives|c10d|wait_tensor|all_reduce|all_gather|"
-    r"reduce_scatter|barrier|broadcast|symmetric_memory"
-)
+# Where a frame's file is named: faulthandler `File "PATH", line N in FN`, py-spy `FN (PATH:N)`.
+FRAME_FILES = re.compile(r'File "([^"]+)", line \d+|\(([^()\s]+\.py):\d+\)')
+COLLECTIVE_FILE = re.compile(r"(?:^|/)torch/distributed/|(?:^|/)torch_npu/distributed/")
 COLLECTIVE_TIMEOUT = re.compile(
     r"timed out|timeout|Timed out|Watchdog caught collective operation timeout|"
     r"wait timeout|DistBackendError.*(?:timeout|Timed)", re.IGNORECASE
@@ -54,6 +59,18 @@ class Combined:
     ranks: list[RankExcerpt] = field(default_factory=list)
     duration_s: float = 0.0
     needs_rebuild: bool = False
+    attempts: list[tuple[str, str]] = field(default_factory=list)  # earlier runs: (outcome, message)
+
+    def charge_broken_pool(self, problem: str) -> None:
+        """The test left the pool unusable: it is failed for that (a passing one too), and
+        the pool is rebuilt, so the next test does not pay for it."""
+        self.needs_rebuild = True
+        if self.outcome in ("passed", "skipped"):
+            self.outcome, self.failure_kind, self.exc_type = "failed", "exception", "PoolLeftBroken"
+            self.message = f"the test {problem}"
+            self.signature = error_signature(self.exc_type, self.message)
+        else:
+            self.message = f"{self.message} (and the test {problem})"
 
     def render(self) -> str:
         """The failure text pytest shows: the outcome line, then each rank's excerpt."""
@@ -73,6 +90,15 @@ def _main_thread(stack: str) -> str:
     return stack
 
 
+def in_collective(stack: str) -> bool:
+    """Does the main thread of this stack dump stand in torch.distributed code?"""
+    for match in FRAME_FILES.finditer(_main_thread(stack)):
+        path = (match.group(1) or match.group(2) or "").replace("\\", "/")
+        if COLLECTIVE_FILE.search(path):
+            return True
+    return False
+
+
 def describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -87,19 +113,21 @@ def _tail(text: str, limit: int = 6000) -> str:
 
 
 def _excerpt(state: RankState) -> RankExcerpt:
+    who = f"rank {state.rank}"
     if state.exit_code is not None:
         outcome = "crash"
-        body = f"rank process {describe_exit(state.exit_code)}\n{_tail(state.log)}"
+        body = f"{who} process {describe_exit(state.exit_code)}\n{_tail(state.log)}"
     elif state.stuck:
         outcome = "stuck"
-        body = f"{_tail(state.stack or '(no stack captured)', 8000)}\n--- log ---\n{_tail(state.log, 2000)}"
+        body = (f"{who} still running at the deadline; its stack:\n{_tail(state.stack or '(no stack captured)', 8000)}"
+                f"\n--- {who} log ---\n{_tail(state.log, 2000)}")
     elif state.report is None:
-        outcome, body = "unknown", _tail(state.log)
+        outcome, body = "unknown", f"{who} sent no report\n{_tail(state.log)}"
     else:
         outcome = state.report.outcome
         body = state.report.traceback or state.report.message
         if state.report.outcome != "passed":
-            body = f"{_tail(body)}\n--- log ---\n{_tail(state.log, 2000)}"
+            body = f"{who} {outcome}:\n{_tail(body)}\n--- {who} log ---\n{_tail(state.log, 2000)}"
         else:
             body = ""
     return RankExcerpt(rank=state.rank, outcome=outcome, excerpt=body.strip())
@@ -135,9 +163,9 @@ def combine(states: list[RankState], duration_s: float) -> Combined:
         assert rep is not None
         return done("failed", rep.kind or "exception", rep.exc_type, rep.message)
     if stuck:
-        in_collective = any(COLLECTIVE_FRAMES.search(_main_thread(s.stack)) for s in stuck)
+        collective = any(in_collective(s.stack) for s in stuck)
         which = ", ".join(str(s.rank) for s in stuck)
-        if returned or in_collective:
+        if returned or collective:
             return done("failed", "hang", "RankHang", f"rank(s) {which} stuck in a collective past the test timeout")
         return done("failed", "timeout", "TestTimeout", f"rank(s) {which} still running at the test timeout")
     skipped = [s for s in states if s.report is not None and s.report.outcome == "skipped"]

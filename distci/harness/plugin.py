@@ -21,6 +21,7 @@ import pytest
 
 from .devices import detect_device_type, device_capability, device_kind
 from .outcome import Combined
+from . import procs
 from .pool import PoolStartError, RankPool
 from .protocol import TestRequest
 from .recorder import Recorder
@@ -28,10 +29,11 @@ from .torchrun import launch
 
 DEFAULT_TIMEOUT_S = 300.0
 PG_TIMEOUT_MARGIN_S = 60.0
+PG_TIMEOUT_FLOOR_S = 5.0
 
 MARKERS = (
     "world_size(n): run the test body on n ranks of the rank pool",
-    "dist_timeout(seconds): per-test timeout (default 300 s); the process-group timeout stays below it",
+    "dist_timeout(seconds): per-test timeout (default 300 s); the process-group timeout follows it (stays below it)",
     "requires_accelerator(name): skip unless the run's accelerator is `name` (cpu|cuda|npu)",
     "requires_sm(major_minor): skip unless the CUDA device capability is at least this (e.g. 90)",
     "torchrun(nproc=2): launch the test with torchrun; the test owns its process group",
@@ -54,6 +56,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--distci-cell", default=None, help="cell id recorded with every result")
     group.addoption("--distci-run-id", default=None, help="run id recorded with every result")
     group.addoption("--distci-known-issues", default=None, help="known-issues registry (TOML) to match failures against")
+    group.addoption("--distci-reruns", type=int, default=0,
+                    help="rerun a failed distributed test up to N times on the same (rebuilt if needed) pool; "
+                         "a pass after a failure is recorded as passed with the earlier attempts (cell runs pass 1)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -114,7 +119,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function):
     if not is_distributed(pyfuncitem):
         return None
     harness: Harness = pyfuncitem.config._distci  # type: ignore[attr-defined]
-    combined = harness.run(pyfuncitem)
+    combined = harness.run_with_reruns(pyfuncitem)
     harness.recorder.remember(pyfuncitem.nodeid, combined)
     if combined.outcome == "passed":
         return True
@@ -140,18 +145,21 @@ class Harness:
         run_dir = opt("--distci-run-dir")
         self.run_dir = Path(run_dir) if run_dir else Path(config.rootpath) / ".distci" / "scratch"
         self.log_dir = self.run_dir / "logs"
-        self.pools: dict[int, RankPool] = {}
-        self.pool_errors: dict[int, PoolStartError] = {}
+        self.reruns = max(0, opt("--distci-reruns") or 0)
+        self.token = procs.run_token()
+        self.reaper: procs.Reaper | None = None
+        self.pools: dict[tuple[int, float], RankPool] = {}
         self.recorder = Recorder(config, self.run_dir)
         self._device_count: int | None = None
         self._previous_handlers: dict[int, Any] = {}
 
     def take_stop_signals(self) -> None:
-        """SIGTERM and SIGHUP (a CI or job timeout) stop the run the way Ctrl-C does.
+        """SIGINT, SIGTERM and SIGHUP (Ctrl-C, a CI or job timeout) all stop the run one way.
 
         pytest then ends the session properly: the test in flight is recorded as
         interrupted, JUnit is written and the ranks are killed. By default these signals
-        would end the controller on the spot and lose all three.
+        would end the controller on the spot and lose all three; SIGINT is taken too, as a
+        shell starts background jobs with SIGINT ignored (no KeyboardInterrupt at all).
         Only the main thread can take signals.
         """
         if threading.current_thread() is not threading.main_thread():
@@ -159,10 +167,19 @@ class Harness:
 
         def stop(signum: int, _frame: Any) -> None:
             self.recorder.stopped_by = signal.Signals(signum).name
+            self.kill_ranks_now()
             raise KeyboardInterrupt(self.recorder.stopped_by)
 
-        for sig in (signal.SIGTERM, signal.SIGHUP):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             self._previous_handlers[sig] = signal.signal(sig, stop)
+
+    def kill_ranks_now(self) -> None:
+        """SIGKILL every pool rank's tree at once, touching no pool state (this runs in a
+        signal handler): the ranks are gone within the stop's first second, however long
+        pytest then takes to write its records. close() tidies up after."""
+        for pool in list(self.pools.values()):
+            for pid in pool.pids():
+                procs.kill_pids([*procs.descendants(pid), pid])
 
     def release_stop_signals(self) -> None:
         for sig, handler in self._previous_handlers.items():
@@ -218,13 +235,41 @@ class Harness:
             kwargs=kwargs,
             sys_path=list(sys.path),
             isolate=self.isolate,
+            timeout_s=self.timeout_of(item),
         )
 
-    def pool(self, world_size: int) -> RankPool:
-        if world_size not in self.pools:
-            pg_timeout = max(30.0, self.default_timeout - PG_TIMEOUT_MARGIN_S)
-            self.pools[world_size] = RankPool(world_size, self.device_type, self.log_dir, pg_timeout_s=pg_timeout)
-        return self.pools[world_size]
+    def pg_timeout_of(self, timeout: float) -> float:
+        """The process-group timeout for a test of this timeout. A test no longer than the
+        default shares the default class (below the default timeout; the test's own deadline
+        comes first and its stacks tell hang from slow); a longer marker gets a class of its
+        own below its timeout, so a long wait in a collective is not cut short as a hang."""
+
+        def below(t: float) -> float:
+            return max(PG_TIMEOUT_FLOOR_S, t - min(PG_TIMEOUT_MARGIN_S, t / 4))
+
+        return max(below(self.default_timeout), below(timeout))
+
+    def pool(self, world_size: int, pg_timeout: float) -> RankPool:
+        """The pool of this world size and process-group timeout class. Classes are few (the
+        default, and one per long marker value), so each stays up for the session."""
+        key = (world_size, pg_timeout)
+        if key not in self.pools:
+            if self.reaper is None:
+                self.reaper = procs.Reaper(self.token)
+            self.pools[key] = RankPool(world_size, self.device_type, self.log_dir, pg_timeout_s=pg_timeout,
+                                       token=self.token)
+        return self.pools[key]
+
+    def run_with_reruns(self, item: pytest.Function) -> Combined:
+        """Run the test; a failure is run again (up to --distci-reruns times), the pool
+        rebuilt first if the failure broke it. The earlier attempts travel with the last."""
+        attempts: list[tuple[str, str]] = []
+        while True:
+            combined = self.run(item)
+            if combined.outcome != "failed" or len(attempts) >= self.reruns:
+                combined.attempts = attempts
+                return combined
+            attempts.append((combined.outcome, f"[{combined.failure_kind}] {combined.exc_type}: {combined.message}"))
 
     def run(self, item: pytest.Function) -> Combined:
         world_size = self.world_size_of(item)
@@ -235,9 +280,12 @@ class Harness:
             return Combined("error", "infra", "DeviceHealthError", problem, f"DeviceHealthError: {problem}")
         torchrun_marker = item.get_closest_marker("torchrun")
         if torchrun_marker or self.mode == "torchrun":
+            if self.reaper is None:
+                self.reaper = procs.Reaper(self.token)
             return launch(request, world_size, self.device_type, timeout, self.log_dir,
-                          owns_process_group=torchrun_marker is not None)
-        pool = self.pool(world_size)
+                          owns_process_group=torchrun_marker is not None,
+                          pg_timeout_s=self.pg_timeout_of(timeout), token=self.token)
+        pool = self.pool(world_size, self.pg_timeout_of(timeout))
         if not pool.alive:
             try:
                 pool.start()
@@ -253,6 +301,9 @@ class Harness:
             else:
                 pool.shutdown()
         self.pools.clear()
+        if self.reaper is not None:
+            self.reaper.close()
+            self.reaper = None
 
 
 __all__ = [

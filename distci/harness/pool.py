@@ -2,8 +2,11 @@
 
 Starting ranks (spawn Python, import torch, join a process group) costs seconds; a
 suite has hundreds of tests. The pool pays that once per world size and then only a
-message round-trip per test. When a test leaves the ranks unusable (a hang, a crash,
-a timeout) the pool is killed with killpg and rebuilt for the next test.
+message round-trip per test. After EVERY test the pool's health is checked (process
+group alive, the same number of collectives issued on every rank, one tiny all-reduce
+with a known answer): a test that leaves the ranks unusable (a hang, a crash, a
+timeout, a destroyed process group, an un-waited collective) is charged for it, and the
+pool is killed and rebuilt for the next test, which is judged on its own.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
-from .outcome import Combined, RankState, combine
+from . import procs
+from .outcome import Combined, RankState, combine, describe_exit
 from .protocol import HealthCheck, RankReport, Shutdown, TestRequest
 
 FAILURE_GRACE_S = 10.0  # other ranks' time to finish after one rank failed or died
@@ -54,8 +58,9 @@ def _read_from(path: Path, offset: int) -> str:
         return ""
 
 
-def worker_env(device_type: str, world_size: int, trace_dir: Path) -> dict[str, str]:
+def worker_env(device_type: str, world_size: int, trace_dir: Path, token: str = "") -> dict[str, str]:
     env = dict(os.environ)
+    env[procs.RUN_TOKEN_ENV] = token or procs.run_token()
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     env["WORLD_SIZE"] = str(world_size)
@@ -89,7 +94,9 @@ class RankPool:
         pg_timeout_s: float = 240.0,
         start_timeout_s: float = 300.0,
         python: str = sys.executable,
+        token: str = "",
     ) -> None:
+        self.token = token or procs.run_token()
         self.world_size = world_size
         self.device_type = device_type
         self.log_dir = Path(log_dir)
@@ -117,7 +124,7 @@ class RankPool:
         trace_dir.mkdir(exist_ok=True)
         init_dir = Path(tempfile.mkdtemp(prefix="distci-pg-"))
         init_file = init_dir / "store"
-        env = worker_env(self.device_type, self.world_size, trace_dir)
+        env = worker_env(self.device_type, self.world_size, trace_dir, self.token)
         for rank in range(self.world_size):
             ours, theirs = socket.socketpair()
             dump_ours, dump_theirs = socket.socketpair()
@@ -130,7 +137,7 @@ class RankPool:
                 "--rank", str(rank), "--world-size", str(self.world_size),
                 "--device-type", self.device_type, "--init-file", str(init_file),
                 "--fd", str(theirs.fileno()), "--dump-fd", str(dump_theirs.fileno()),
-                "--pg-timeout", str(self.pg_timeout_s), "--parent-pid", str(os.getpid()),
+                "--pg-timeout", str(self.pg_timeout_s), "--start-timeout", str(self.start_timeout_s), "--parent-pid", str(os.getpid()),
                 "--trace-dir", str(trace_dir),
             ]
             rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
@@ -180,7 +187,10 @@ class RankPool:
         raise PoolStartError(message, logs)
 
     def kill(self) -> None:
-        """SIGKILL the whole process group (ranks and anything they spawned)."""
+        """SIGKILL the ranks, their process group and every descendant (a rank is a child
+        subreaper, so what its tests started in sessions of their own is still under it)."""
+        for r in self.ranks:
+            procs.kill_descendants(r.proc.pid)
         if self.pgid is not None:
             try:
                 os.killpg(self.pgid, signal.SIGKILL)
@@ -226,17 +236,18 @@ class RankPool:
         for r in self.ranks:
             r.conn.send(request)
         self._wait(states, start + timeout_s)
-        duration = time.monotonic() - start
         stuck = [self._rank(s.rank) for s in states.values() if s.stuck]
         if stuck:
             self._dump_stacks(stuck, states)
+        duration = time.monotonic() - start  # until the outcome is known, stacks included
         for r in self.ranks:
             states[r.rank].log = _read_from(r.log_path, r.log_offset)
         combined = combine([states[i] for i in sorted(states)], duration)
+        if not combined.needs_rebuild:
+            problem = self.health_problem()
+            if problem:
+                combined.charge_broken_pool(problem)
         if combined.needs_rebuild:
-            self.kill()
-        elif combined.outcome == "failed" and not self._healthy():
-            combined.needs_rebuild = True
             self.kill()
         return combined
 
@@ -309,12 +320,47 @@ class RankPool:
                 return
             time.sleep(0.25)
 
-    def _healthy(self, timeout_s: float = 30.0) -> bool:
-        """After a failure, a tiny all-reduce proves the ranks are still in step."""
+    def health_problem(self, timeout_s: float = 30.0) -> str | None:
+        """What is wrong with the pool after a test, in words the test's record can carry;
+        None when the next test can use it."""
+        reports = self._ask_health(HealthCheck(collective=False), timeout_s)
+        if isinstance(reports, str):
+            return reports
+        destroyed = [rep.rank for rep in reports if rep.exc_type == "ProcessGroupDestroyed"]
+        if destroyed:
+            return f"left the process group destroyed (rank(s) {', '.join(map(str, destroyed))})"
+        seqs = {rep.rank: rep.info.get("seq") for rep in reports}
+        if None not in seqs.values() and len(set(seqs.values())) > 1:
+            top = max(seqs.values())
+            ahead = [rank for rank, seq in seqs.items() if seq == top]
+            return (f"left an un-waited collective: rank(s) {', '.join(map(str, ahead))} issued more "
+                    f"collectives than their peers (sequence numbers {seqs})")
+        reports = self._ask_health(HealthCheck(collective=True, timeout_s=min(timeout_s, 10.0)), timeout_s)
+        if isinstance(reports, str):
+            return reports
+        bad = [rep for rep in reports if rep.outcome != "passed"]
+        if bad:
+            return f"left the pool unusable: the health all-reduce on rank {bad[0].rank}: {bad[0].message}"
+        return None
+
+    def _ask_health(self, check: HealthCheck, timeout_s: float) -> list[RankReport] | str:
         try:
             for r in self.ranks:
-                r.conn.send(HealthCheck())
-            self._collect_health(timeout_s, "post-failure health check")
-            return True
-        except (PoolStartError, OSError):
-            return False
+                r.conn.send(check)
+        except OSError as exc:
+            return f"left the pool unusable: a rank stopped listening ({exc})"
+        reports: dict[int, RankReport] = {}
+        deadline = time.monotonic() + timeout_s
+        by_conn = {r.conn: r for r in self.ranks}
+        while len(reports) < len(self.ranks) and time.monotonic() < deadline:
+            waiting = [r.conn for r in self.ranks if r.rank not in reports]
+            for conn in wait(waiting, timeout=min(1.0, max(0.0, deadline - time.monotonic()))):
+                r = by_conn[conn]
+                try:
+                    reports[r.rank] = conn.recv()
+                except (EOFError, OSError):
+                    return f"left the pool unusable: rank {r.rank} died after the test ({describe_exit(self._exit_code(r))})"
+        if len(reports) < len(self.ranks):
+            missing = sorted(set(range(len(self.ranks))) - set(reports))
+            return f"left the pool unusable: rank(s) {missing} did not answer the health check within {timeout_s:.0f}s"
+        return [reports[i] for i in sorted(reports)]

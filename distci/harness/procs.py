@@ -1,34 +1,182 @@
-"""Killing a launch and everything under it.
+"""The one place that starts, watches and kills the process trees a run causes.
 
-torchrun's agent starts each rank in a session of its own, so killing the launch's
-process group alone would orphan the ranks; the tree is found through /proc instead.
+Three mechanisms, because each one alone leaves something running:
+- parent-death signals (`die_with_parent`): a rank worker, a torchrun agent and each of
+  its ranks get SIGKILL from the kernel the moment their parent dies, however it died;
+- child subreapers (`become_subreaper`): a rank adopts its orphaned descendants (a
+  daemon, a `start_new_session=True` grandchild whose parent exited), so walking the
+  rank's tree (`descendants`) finds them and they die with the test;
+- the run token (`RUN_TOKEN_ENV`) in every process's environment, and a reaper
+  (`Reaper`) that outlives the controller just long enough to kill every process still
+  carrying the token: the only mechanism that reaches a setsid grandchild whose rank
+  was SIGKILLed (nothing else is left to adopt it).
+
+Linux only where it matters (prctl, /proc); elsewhere the calls are no-ops.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import select
 import signal
 import subprocess
+import sys
+import time
+import uuid
 from pathlib import Path
+
+RUN_TOKEN_ENV = "DISTCI_RUN_TOKEN"
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send `sig` to this process when its parent thread dies."""
+    return _prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants of this process are re-parented to it instead of to init."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _owned_child(death_signal: int = signal.SIGKILL) -> None:  # preexec_fn: in the child, before exec
+    os.setsid()
+    die_with_parent(death_signal)
+
+
+def run_token() -> str:
+    """A new token for this run. A caller that wants to check for leftovers sets
+    DISTCI_RUN_TOKEN=T for the controller; the run's token is then `T.<new>`, which
+    `with_token(T, prefix=True)` finds, while the reaper kills only what carries `T.<new>`:
+    never other processes that happen to carry T (a shell that exported it)."""
+    fresh = uuid.uuid4().hex
+    inherited = os.environ.get(RUN_TOKEN_ENV)
+    return f"{inherited}.{fresh}" if inherited else fresh
+
+
+def start_owned(cmd: list[str], *, env: dict[str, str], token: str, death_signal: int = signal.SIGKILL,
+                **kwargs) -> subprocess.Popen:
+    """Start a process tree the run owns: own session (a Ctrl-C at the terminal reaches the
+    controller only, which then stops the tree in order), sent `death_signal` by the kernel
+    if the controller dies, carrying the run token."""
+    env = dict(env, **{RUN_TOKEN_ENV: token})
+    return subprocess.Popen(cmd, env=env, preexec_fn=lambda: _owned_child(death_signal), **kwargs)
+
+
+class stop_signals_raise:
+    """Within this block SIGTERM and SIGHUP raise KeyboardInterrupt, like SIGINT, so one
+    handler stops the child in order (main thread only; elsewhere a no-op)."""
+
+    def __enter__(self) -> "stop_signals_raise":
+        import threading
+
+        self._saved: dict[int, object] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                self._saved[sig] = signal.signal(sig, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum: int, _frame) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGINT, grace_s: float = 60.0) -> int:
+    """Ask a child to stop (it records where it stopped), then kill its tree if it lingers."""
+    try:
+        proc.send_signal(sig)
+        return proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        return proc.returncode
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def descendants(pid: int) -> list[int]:
     """Every process under `pid` (from /proc), children before grandchildren."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
+        if entry.name.isdigit():
+            ppid = _ppid(int(entry.name))
+            if ppid is not None:
+                children.setdefault(ppid, []).append(int(entry.name))
     found, queue = [], [pid]
     while queue:
         for child in children.get(queue.pop(0), []):
             found.append(child)
             queue.append(child)
     return found
+
+
+def with_token(token: str, exclude: set[int] = frozenset(), *,  # type: ignore[assignment]
+               prefix: bool = False) -> list[int]:
+    """PIDs whose environment carries `token` (with `prefix`, also a run token made from it)."""
+    needle = f"{RUN_TOKEN_ENV}={token}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in exclude:
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+            if needle in env or (prefix and any(v.startswith(needle + b".") for v in env)):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def kill_pids(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def kill_descendants(pid: int, keep: set[int] = frozenset()) -> list[int]:  # type: ignore[assignment]
+    """SIGKILL everything under `pid` except `keep`; returns what was killed. Called on
+    this process's own tree, it also reaps the dead (a subreaper inherits them as zombies)."""
+    doomed = [p for p in descendants(pid) if p not in keep]
+    kill_pids(doomed)
+    if pid == os.getpid():
+        _reap(doomed)
+    return doomed
+
+
+def _reap(pids: list[int], settle_s: float = 1.0) -> None:
+    """Waits for those of `pids` that are (or, orphaned, become) this process's children."""
+    pending = set(pids)
+    deadline = time.monotonic() + settle_s
+    while pending and time.monotonic() < deadline:
+        for pid in list(pending):
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    pending.discard(pid)
+            except ChildProcessError:
+                if not Path(f"/proc/{pid}").exists():
+                    pending.discard(pid)
+        if pending:
+            time.sleep(0.02)
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
@@ -40,3 +188,72 @@ def kill_tree(proc: subprocess.Popen) -> None:
             except (ProcessLookupError, PermissionError):
                 pass
     proc.wait()
+
+
+def reap_token(token: str, exclude: set[int], settle_s: float = 10.0) -> None:
+    """Kill every process carrying `token` until none is left (or `settle_s` passes)."""
+    deadline = time.monotonic() + settle_s
+    quiet = 0
+    while time.monotonic() < deadline and quiet < 3:
+        pids = with_token(token, exclude)
+        kill_pids(pids)
+        quiet = 0 if pids else quiet + 1
+        time.sleep(0.1)
+
+
+class Reaper:
+    """A small process that kills every token-carrying process once the controller is gone.
+
+    It holds the read end of a pipe whose write end only the controller has: end of file
+    means the controller ended (normally, or by any signal, SIGKILL included). `close()`
+    is the normal end: the reaper then sweeps once more and exits.
+    """
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        read_fd, self._write_fd = os.pipe()
+        env = {k: v for k, v in os.environ.items() if k != RUN_TOKEN_ENV}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "distci.harness.procs", token, str(os.getpid()), str(read_fd)],
+            env=env, pass_fds=(read_fd,), start_new_session=True,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        os.close(read_fd)
+
+    def close(self, timeout_s: float = 15.0) -> None:
+        if self._write_fd >= 0:
+            os.close(self._write_fd)
+            self._write_fd = -1
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def ancestors(pid: int) -> set[int]:
+    """`pid` and every process above it."""
+    found: set[int] = set()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        pid = _ppid(pid) or 0
+    return found
+
+
+def _reaper_main(token: str, controller: int, fd: int) -> int:
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    # The controller and whatever started it may carry the token too (a caller sets it
+    # to check for leftovers); those are not ours to kill.
+    spared = ancestors(os.getpid())
+    while True:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready and not os.read(fd, 64):
+            break
+        if _ppid(os.getpid()) != controller and not Path(f"/proc/{controller}").exists():
+            break
+    reap_token(token, spared)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_reaper_main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))

@@ -19,6 +19,7 @@ class TestRequest:
     sys_path: list[str]
     seed: int = 1234
     isolate: bool = True
+    timeout_s: float = 300.0
 
 
 @dataclass
@@ -42,4 +43,9 @@ class Shutdown:
 
 @dataclass
 class HealthCheck:
-    pass
+    """Is the pool fit for the next test? `collective=False` asks each rank about its own
+    process group only (alive, collectives issued); `collective=True` runs one tiny
+    all-reduce with a known answer, waited for at most `timeout_s`."""
+
+    collective: bool = True
+    timeout_s: float = 30.0

@@ -101,6 +101,7 @@ class Recorder:
         duration = sum(r.duration for r in reports)
         outcome, kind, message, signature = "passed", None, "", None
         ranks: list[RankExcerpt] = []
+        attempts = combined.attempts if combined is not None else []
         for rep in reports:
             if rep.skipped:
                 outcome = "skipped"
@@ -117,7 +118,7 @@ class Recorder:
                 kind = combined.failure_kind
                 message = f"{combined.exc_type}: {combined.message}"
                 signature = combined.signature
-            duration = max(duration, combined.duration_s)
+            duration = combined.duration_s  # the ranks' time: a pool's start-up is not the test's
         known = None
         if self.known_issues is not None:
             if outcome == "failed":
@@ -137,6 +138,9 @@ class Recorder:
             error_signature=signature,
             message=message[:20000],
             duration_s=round(duration, 3),
+            reruns=len(attempts),
+            rerun_outcomes=[outcome for outcome, _ in attempts],
+            rerun_messages=[text[:4000] for _, text in attempts],
             ranks=ranks,
             repro=_repro(self.cell if self.cell != "local" else None, nodeid),
             known_issue=known,

@@ -3,6 +3,11 @@
 For tests that create their own process group (torchtitan's trainer, upstream scripts)
 and for bisect probes, which must not depend on a long-lived pool. Slower than the pool
 (every launch imports torch and rendezvous anew) but with nothing shared between tests.
+
+It classifies a bug the way the pool does: each rank writes its own log
+(`torchrun-rank<N>.log`) and its report, and a rank that finished waits for its peers'
+reports before it leaves, as a pool rank would stay in the pool; so a rank that skipped
+a collective leaves its peer hung (`hang`), not failing on a vanished peer (`exception`).
 """
 
 from __future__ import annotations
@@ -19,8 +24,22 @@ from pathlib import Path
 
 from .outcome import Combined, RankState, combine
 from .pool import DUMP_SETTLE_S, dump_stack, worker_env
+from . import procs
 from .procs import kill_tree
 from .protocol import TestRequest
+
+
+START_TIMEOUT_S = 300.0
+
+
+def _await_ready(proc: subprocess.Popen, work: Path, nproc: int, limit_s: float) -> None:
+    """Waits until every rank is in its test (torchrun, torch's import and the process
+    group's rendezvous are start-up, as a pool's are) or the launch ended."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if all((work / f"rank{rank}.ready").exists() for rank in range(nproc)):
+            return
+        time.sleep(0.1)
 
 
 def read_rank_reports(work: Path, nproc: int, timed_out: bool) -> list[RankState]:
@@ -33,14 +52,15 @@ def read_rank_reports(work: Path, nproc: int, timed_out: bool) -> list[RankState
         if rep_file.exists():
             with open(rep_file, "rb") as fh:
                 st.report = pickle.load(fh)
-        elif timed_out and pid_file.exists():
-            st.stuck = True
-            pid = int(pid_file.read_text())
-            try:
-                os.kill(pid, signal.SIGUSR1)
-            except ProcessLookupError:
-                pass
-            st.stack = dump_stack(pid)
+        elif timed_out:
+            st.stuck = True  # in its test, or never got there: either way not done in time
+            if pid_file.exists():
+                pid = int(pid_file.read_text())
+                try:
+                    os.kill(pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+                st.stack = dump_stack(pid)
     return states
 
 
@@ -52,6 +72,8 @@ def launch(
     log_dir: Path,
     *,
     owns_process_group: bool,
+    pg_timeout_s: float | None = None,
+    token: str = "",
     python: str = sys.executable,
 ) -> Combined:
     log_dir = Path(log_dir)
@@ -59,22 +81,27 @@ def launch(
     work = Path(tempfile.mkdtemp(prefix="distci-torchrun-"))
     req_file = work / "request.pkl"
     with open(req_file, "wb") as fh:
-        pickle.dump({"request": request, "device_type": device_type, "owns_pg": owns_process_group}, fh)
+        pickle.dump({"request": request, "device_type": device_type, "owns_pg": owns_process_group,
+                     "pg_timeout_s": pg_timeout_s, "timeout_s": timeout_s, "log_dir": str(log_dir)}, fh)
     log_path = log_dir / "torchrun.log"
     offset = log_path.stat().st_size if log_path.exists() else 0
+    rank_logs = [log_dir / f"torchrun-rank{rank}.log" for rank in range(nproc)]
+    rank_offsets = [p.stat().st_size if p.exists() else 0 for p in rank_logs]
     cmd = [
         python, "-u", "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
         "-m", "distci.harness.torchrun_entry", str(req_file),
     ]
-    env = worker_env(device_type, nproc, log_dir)
+    token = token or procs.run_token()
+    env = worker_env(device_type, nproc, log_dir, token)
     start = time.monotonic()
     with open(log_path, "ab") as log:
         log.write(f"\n===== torchrun {request.nodeid} =====\n".encode())
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+        proc = procs.start_owned(cmd, env=env, token=token, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL)
     timed_out = False
     try:
+        _await_ready(proc, work, nproc, START_TIMEOUT_S)
         proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
@@ -88,11 +115,25 @@ def launch(
             st.exit_code = proc.returncode if proc.returncode else 1
     if timed_out:
         time.sleep(DUMP_SETTLE_S)
-        kill_tree(proc)
-    text = log_path.read_text(errors="replace")[offset:]
-    for st in states:
-        lines = [ln for ln in text.splitlines() if ln.startswith(f"[rank{st.rank}]")]
-        st.log = "\n".join(lines) or text[-4000:]
+    kill_tree(proc)
+    shutil.rmtree(work, ignore_errors=True)
+    agent = log_path.read_bytes()[offset:].decode("utf-8", "replace")
+    for st, path, at in zip(states, rank_logs, rank_offsets):
+        st.log = _read_from(path, at) or agent[-4000:]
         if st.stuck and not st.stack:
-            st.stack = text[-8000:]
+            st.stack = _faulthandler_part(st.log)
     return combine(states, time.monotonic() - start)
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _faulthandler_part(log: str) -> str:
+    found = [i for i in (log.find("Thread 0x"), log.find("Current thread 0x")) if i >= 0]
+    return log[min(found):] if found else ""

@@ -9,7 +9,6 @@ pytest session, even one killed with SIGKILL.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import datetime
 import faulthandler
 import os
@@ -19,7 +18,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from . import isolation
+from . import isolation, procs
 from .context import DistContext
 from .devices import device_kind
 from .execute import execute
@@ -27,15 +26,15 @@ from .protocol import HealthCheck, RankReport, Shutdown, TestRequest
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    """The kernel kills this rank when the controller dies; as a rank is a subreaper, what
+    its tests start (and leave orphaned) stays under it, where the pool can find it."""
+    procs.die_with_parent()
+    procs.become_subreaper()
 
     def watch() -> None:
         while True:
             if os.getppid() != parent_pid:
+                procs.kill_descendants(os.getpid())
                 os._exit(70)
             time.sleep(1.0)
 
@@ -83,9 +82,15 @@ def _init(args: argparse.Namespace) -> DistContext:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.world_size))
     else:
         kind.device_module().set_device(args.rank)
+    # All ranks meet at the store first, with the start-up's patience; the process group
+    # (whose timeout may be a short test's few seconds) is created only once all are up.
+    store = dist.FileStore(args.init_file, args.world_size)
+    store.set_timeout(datetime.timedelta(seconds=args.start_timeout))
+    store.set(f"distci_up_{args.rank}", "1")
+    store.wait([f"distci_up_{r}" for r in range(args.world_size)])
     dist.init_process_group(
         kind.backend,
-        init_method=f"file://{args.init_file}",
+        store=store,
         rank=args.rank,
         world_size=args.world_size,
         timeout=datetime.timedelta(seconds=args.pg_timeout),
@@ -100,20 +105,37 @@ def _init(args: argparse.Namespace) -> DistContext:
     )
 
 
-def _health(ctx: DistContext) -> RankReport:
+def _health(ctx: DistContext, check: HealthCheck) -> RankReport:
+    """This rank's answer to a HealthCheck (see there); `info` carries what the controller
+    compares across ranks: the process group's collective sequence number."""
     import torch
     import torch.distributed as dist
 
     start = time.monotonic()
-    t = torch.ones(1, device=ctx.device) * (ctx.rank + 1)
-    dist.all_reduce(t)
-    expected = ctx.world_size * (ctx.world_size + 1) / 2
-    info = {"device": str(ctx.device), "pid": os.getpid()}
+    info: dict = {"device": str(ctx.device), "pid": os.getpid()}
     if ctx.device_type == "cuda":
         info["device_name"] = torch.cuda.get_device_name(ctx.device)
-    if float(t.item()) != expected:
+    if not dist.is_initialized():
+        return RankReport(ctx.rank, "failed", kind="exception", exc_type="ProcessGroupDestroyed",
+                          message="the process group is destroyed", info=info)
+    try:
+        info["seq"] = int(dist.group.WORLD._get_sequence_number_for_group())
+    except Exception:  # noqa: BLE001 - a backend without sequence numbers: the all-reduce decides
+        info["seq"] = None
+    if not check.collective:
+        return RankReport(ctx.rank, "passed", info=info)
+    t = torch.ones(1, device=ctx.device) * (ctx.rank + 1)
+    expected = ctx.world_size * (ctx.world_size + 1) / 2
+    try:
+        work = dist.all_reduce(t, async_op=True)
+        work.wait(timeout=datetime.timedelta(seconds=check.timeout_s))
+        got = float(t.item())
+    except Exception as exc:  # noqa: BLE001
+        return RankReport(ctx.rank, "failed", kind="exception", exc_type=type(exc).__name__,
+                          message=f"health all_reduce failed: {str(exc)[:300]}", info=info)
+    if got != expected:
         return RankReport(ctx.rank, "failed", kind="exception", exc_type="HealthCheckError",
-                          message=f"all_reduce gave {t.item()}, expected {expected}", info=info)
+                          message=f"all_reduce gave {got}, expected {expected}", info=info)
     return RankReport(ctx.rank, "passed", duration_s=time.monotonic() - start, info=info)
 
 
@@ -126,11 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fd", type=int, required=True, help="inherited socket to the controller")
     parser.add_argument("--dump-fd", type=int, default=-1, help="inherited socket: a byte asks for a flight-recorder dump")
     parser.add_argument("--pg-timeout", type=float, default=240.0)
+    parser.add_argument("--start-timeout", type=float, default=300.0)
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--trace-dir", default="")
     args = parser.parse_args(argv)
 
     _die_with_parent(args.parent_pid)
+    faulthandler.enable(file=sys.stderr, all_threads=True)  # a SIGSEGV/SIGABRT leaves its Python stack in the rank log
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     conn = Connection(args.fd)
     if args.dump_fd >= 0 and args.trace_dir:
@@ -138,12 +162,16 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         ctx = _init(args)
-        conn.send(_health(ctx))
+        # Before the ranks report ready: snapshot() imports Dynamo and its configs, seconds
+        # of start-up that would otherwise be charged to the first test's timeout.
+        saved = isolation.snapshot()
+        import torch._dynamo  # noqa: F401 - reset() uses it before every test
+
+        conn.send(_health(ctx, HealthCheck()))
     except BaseException as exc:  # noqa: BLE001 - start-up failure is infra, reported
         conn.send(RankReport(args.rank, "failed", kind="infra", exc_type=type(exc).__name__, message=str(exc)))
         return 2
 
-    saved = isolation.snapshot()
     while True:
         try:
             msg = conn.recv()
@@ -152,13 +180,19 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(msg, Shutdown):
             break
         if isinstance(msg, HealthCheck):
-            conn.send(_health(ctx))
+            conn.send(_health(ctx, msg))
             continue
         if isinstance(msg, TestRequest):
             if msg.isolate:
                 isolation.reset(saved, msg.seed)
             print(f"distci: ==== start {msg.nodeid} ====", flush=True)
+            before = set(procs.descendants(os.getpid()))
             report = execute(msg, ctx)
+            if msg.isolate:  # at once, so the health check after the test sees a clean process too
+                isolation.restore_globals(saved.get("globals", {}))
+            left = procs.kill_descendants(os.getpid(), keep=before)
+            if left:
+                print(f"distci: killed {len(left)} process(es) the test left running: {left}", flush=True)
             print(f"distci: ==== end {msg.nodeid}: {report.outcome} ====", flush=True)
             sys.stdout.flush()
             sys.stderr.flush()

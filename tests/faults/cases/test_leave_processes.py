@@ -1,0 +1,57 @@
+"""Fault cases that leave processes behind: each rank starts a child, which starts a
+grandchild in a session of its own (`start_new_session=True`, as daemons do), then
+everything sleeps. tests/test_faults.py stops or kills the controller meanwhile and
+checks that no process carrying the run's token survives.
+
+`DISTCI_FAULT_DIR`, when set, is where each rank says it is ready.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+_GRANDCHILD = "import time; time.sleep(3600)"
+_CHILD = (
+    "import subprocess, sys, time; "
+    f"subprocess.Popen([sys.executable, '-c', {_GRANDCHILD!r}], start_new_session=True); "
+    "time.sleep(3600)"
+)
+
+
+def _spawn_and_sleep(rank: int, tmp_path: Path) -> None:
+    subprocess.Popen([sys.executable, "-c", _CHILD])
+    ready = Path(os.environ.get("DISTCI_FAULT_DIR") or tmp_path)
+    time.sleep(1.0)  # the child has had time to start its grandchild
+    (ready / f"ready-rank{rank}").write_text(str(os.getpid()))
+    time.sleep(3600)
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.dist_timeout(3600)
+def test_pool_rank_leaves_processes(dist, tmp_path):
+    _spawn_and_sleep(dist.rank, tmp_path)
+
+
+@pytest.mark.torchrun(nproc=2)
+@pytest.mark.dist_timeout(3600)
+def test_torchrun_rank_leaves_processes(dist, tmp_path):
+    _spawn_and_sleep(dist.rank, tmp_path)
+
+
+@pytest.mark.world_size(2)
+def test_rank_leaves_processes_and_passes(dist, tmp_path):
+    """A passing test whose rank leaves a child and a setsid grandchild: they die with the test."""
+    subprocess.Popen([sys.executable, "-c", _CHILD])
+    time.sleep(1.0)
+
+
+@pytest.mark.world_size(2)
+def test_after_leaves_processes(dist):
+    """Nothing the previous test started is still under this rank (a child subreaper)."""
+    from distci.harness import procs
+
+    assert procs.descendants(os.getpid()) == [], f"rank {dist.rank} still has the last test's processes"

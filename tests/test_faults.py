@@ -1,0 +1,261 @@
+"""The fault-injection suite: tests/faults/cases run through the harness, judged from outside.
+
+Each case's classification is asserted, the case after it must pass, and no process
+carrying the run's token (DISTCI_RUN_TOKEN) may remain 15 s after the controller ended,
+however it ended (normal end, SIGINT, SIGKILL). The cases are device-agnostic; this
+driver runs them on CPU. docs/reliability.md has the command that runs them on any backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from distci.harness import procs
+
+pytestmark = pytest.mark.slow
+
+CASES = Path(__file__).parent / "faults" / "cases"
+LEFTOVER_LIMIT_S = 15.0
+
+
+def _env(token: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, **extra)
+    env[procs.RUN_TOKEN_ENV] = token
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return env
+
+
+def _cmd(run_dir: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-q",
+            f"--distci-run-dir={run_dir}", "--distci-cell=cpu-faults-ws2", *args]
+
+
+def _leftovers_after(token: str, limit_s: float = LEFTOVER_LIMIT_S, exclude: set[int] = frozenset()
+                     ) -> tuple[list[int], float]:  # type: ignore[assignment]
+    """Waits up to `limit_s` for every token-carrying process to go; (what is left, seconds waited)."""
+    start = time.monotonic()
+    spared = {os.getpid(), *exclude}
+    left = procs.with_token(token, spared, prefix=True)
+    while left and time.monotonic() - start < limit_s:
+        time.sleep(0.1)
+        left = procs.with_token(token, spared, prefix=True)
+    return left, time.monotonic() - start
+
+
+def _results(run_dir: Path) -> dict[str, dict]:
+    out = {}
+    for line in (run_dir / "results.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        out[rec["test_id"].split("::", 1)[1]] = rec
+    return out
+
+
+def _run(tmp_path: Path, *args: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess, dict, str]:
+    token = uuid.uuid4().hex
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(_cmd(run_dir, *args), cwd=REPO, env=_env(token), capture_output=True, text=True,
+                          timeout=timeout)
+    left, _ = _leftovers_after(token)
+    assert left == [], f"processes of the run still alive {LEFTOVER_LIMIT_S:.0f} s after it ended: {left}"
+    return proc, _results(run_dir), token
+
+
+@pytest.fixture(scope="module")
+def pool_run(tmp_path_factory):
+    """Every pool-mode fault case, one controller, a 12 s default timeout (9 s process group)."""
+    proc, results, _ = _run(tmp_path_factory.mktemp("faults"), str(CASES / "test_pool_faults.py"),
+                            "--distci-timeout=12")
+    return proc, results
+
+
+def _outcome(rec: dict) -> tuple[str, str | None]:
+    return rec["outcome"], rec["failure_kind"]
+
+
+@pytest.mark.parametrize("case, outcome, words", [
+    ("test_destroys_group", ("failed", "exception"), "left the process group destroyed"),
+    ("test_unwaited_collective", ("failed", "exception"), "left an un-waited collective"),
+    ("test_long_marker", ("passed", None), ""),
+    ("test_broadcast_spin", ("failed", "timeout"), "still running at the test timeout"),
+    ("test_skipped_collective", ("failed", "hang"), "stuck in a collective"),
+    ("test_segfault", ("failed", "crash"), "rank 1 killed by SIGSEGV"),
+])
+def test_fault_is_classified_and_the_next_test_passes(pool_run, case, outcome, words):
+    _proc, results = pool_run
+    rec = results[case]
+    assert _outcome(rec) == outcome, rec["message"][:2000]
+    assert words in rec["message"]
+    after = case.replace("test_", "test_after_", 1)
+    assert _outcome(results[after]) == ("passed", None), results[after]["message"][:2000]
+
+
+def test_a_broken_pool_is_charged_to_the_test_that_broke_it(pool_run):
+    _proc, results = pool_run
+    for case in ("test_destroys_group", "test_unwaited_collective"):
+        assert results[case]["error_signature"].startswith("PoolLeftBroken: "), results[case]
+
+
+def test_hang_is_reported_within_timeout_plus_30s_with_every_ranks_stack(pool_run):
+    rec = pool_run[1]["test_skipped_collective"]
+    assert rec["duration_s"] <= 6 + 30, rec["duration_s"]
+    rank0, rank1 = rec["ranks"]
+    assert (rank0["rank"], rank0["outcome"], rank1["rank"], rank1["outcome"]) == (0, "stuck", 1, "passed")
+    assert rank0["excerpt"].startswith("rank 0 ") and "torch/distributed/" in rank0["excerpt"]
+
+
+def test_crash_is_reported_within_2s_with_the_crash_site(pool_run):
+    rec = pool_run[1]["test_segfault"]
+    assert rec["duration_s"] <= 2.0, rec["duration_s"]
+    crashed = rec["ranks"][1]
+    assert crashed["rank"] == 1 and crashed["outcome"] == "crash"
+    assert "Segmentation fault" in crashed["excerpt"], crashed["excerpt"][-2000:]
+    assert "in _crash_here" in crashed["excerpt"] and "in test_segfault" in crashed["excerpt"]
+
+
+LEAKED = ("default_dtype", "default_device", "num_threads", "deterministic", "grad_mode", "inference_mode",
+          "autocast", "matmul_precision", "environ", "cwd", "warnings_filters")
+
+
+@pytest.fixture(scope="module")
+def leaky_run(tmp_path_factory):
+    """The same leak cases without isolation: proves each `sees` case can fail."""
+    proc, results, _ = _run(tmp_path_factory.mktemp("leaky"), str(CASES / "test_pool_faults.py"),
+                            "-k", "test_global", "--distci-no-isolation")
+    return proc, results
+
+
+@pytest.mark.parametrize("name", LEAKED)
+def test_isolation_restores(pool_run, leaky_run, name):
+    isolated, leaky = pool_run[1], leaky_run[1]
+    assert _outcome(isolated[f"test_global[{name}-leak]"]) == ("passed", None)
+    assert _outcome(isolated[f"test_global[{name}-sees]"]) == ("passed", None), isolated[f"test_global[{name}-sees]"]
+    assert _outcome(leaky[f"test_global[{name}-leak]"]) == ("passed", None), leaky[f"test_global[{name}-leak]"]
+    seen = leaky[f"test_global[{name}-sees]"]
+    assert _outcome(seen) == ("failed", "assert") and "leaked from the previous test" in seen["message"], seen
+
+
+def test_torchrun_mode_agrees_with_the_pool(pool_run, tmp_path):
+    """The same skipped-collective bug: `hang` in both modes, each rank's excerpt its own."""
+    _proc, results, _ = _run(tmp_path, str(CASES / "test_pool_faults.py"), "--distci-timeout=12",
+                             "--distci-mode=torchrun", "-k", "skipped_collective")
+    pooled, launched = pool_run[1]["test_skipped_collective"], results["test_skipped_collective"]
+    assert _outcome(launched) == _outcome(pooled) == ("failed", "hang"), launched["message"]
+    assert [r["outcome"] for r in launched["ranks"]] == [r["outcome"] for r in pooled["ranks"]] == ["stuck", "passed"]
+    stuck = launched["ranks"][0]
+    assert stuck["excerpt"].startswith("rank 0 ") and "torch/distributed/" in stuck["excerpt"], stuck["excerpt"][:3000]
+    assert "(rank 1)" not in stuck["excerpt"], "rank 0's excerpt holds rank 1's log"
+    assert _outcome(results["test_after_skipped_collective"]) == ("passed", None)
+
+
+def test_reruns_and_processes_left_by_a_passing_test(tmp_path):
+    _proc, results, _ = _run(tmp_path, str(CASES / "test_reruns.py"), str(CASES / "test_leave_processes.py"),
+                             "-k", "not pool_rank and not torchrun_rank", "--distci-reruns=1")
+    flaky = results["test_fails_first_time"]
+    assert _outcome(flaky) == ("passed", None)
+    assert (flaky["reruns"], flaky["rerun_outcomes"]) == (1, ["failed"])
+    assert len(flaky["rerun_messages"]) == 1 and "first attempt on rank" in flaky["rerun_messages"][0]
+    always = results["test_always_fails"]
+    assert _outcome(always) == ("failed", "assert") and always["rerun_outcomes"] == ["failed"]
+    assert _outcome(results["test_after_reruns"]) == ("passed", None)
+    assert _outcome(results["test_rank_leaves_processes_and_passes"]) == ("passed", None)
+    after = results["test_after_leaves_processes"]
+    assert _outcome(after) == ("passed", None), after["message"]
+
+
+def _start_and_wait_ready(tmp_path: Path, target: str, token: str) -> tuple[subprocess.Popen, Path]:
+    ready, run_dir = tmp_path / "ready", tmp_path / "run"
+    ready.mkdir()
+    proc = subprocess.Popen(_cmd(run_dir, f"{CASES / 'test_leave_processes.py'}::{target}"), cwd=REPO,
+                            env=_env(token, DISTCI_FAULT_DIR=str(ready)), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(list(ready.glob("ready-rank*"))) < 2:
+        assert proc.poll() is None, proc.stdout.read()[-3000:]  # type: ignore[union-attr]
+        time.sleep(0.3)
+    assert len(list(ready.glob("ready-rank*"))) == 2, "the ranks never got ready"
+    return proc, run_dir
+
+
+@pytest.mark.parametrize("target", ["test_pool_rank_leaves_processes", "test_torchrun_rank_leaves_processes"])
+def test_sigkill_of_the_controller_leaves_nothing(tmp_path, target):
+    """Ranks (and torchrun's agent) die by their parent-death signal; a rank's child and its
+    setsid grandchild are found by the run token and killed by the reaper."""
+    token = uuid.uuid4().hex
+    proc, _ = _start_and_wait_ready(tmp_path, target, token)
+    ours = procs.with_token(token, {os.getpid(), proc.pid}, prefix=True)
+    assert len(ours) >= 6, f"expected 2 ranks, 2 children, 2 grandchildren; found {ours}"
+    proc.kill()
+    proc.wait()
+    left, waited = _leftovers_after(token)
+    assert left == [], f"alive {LEFTOVER_LIMIT_S:.0f} s after SIGKILL of the controller: {left}"
+    print(f"cleanup after SIGKILL ({target}): {waited:.1f} s")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM])  # SIGINT: the cell-run case below sends it
+def test_a_stopped_controller_records_and_cleans_up_within_10s(tmp_path, sig):
+    token = uuid.uuid4().hex
+    proc, run_dir = _start_and_wait_ready(tmp_path, "test_pool_rank_leaves_processes", token)
+    stopped = time.monotonic()
+    proc.send_signal(sig)
+    owned, cleanup = _leftovers_after(token, exclude={proc.pid})  # everything the controller started
+    out, _ = proc.communicate(timeout=60)
+    left, _ = _leftovers_after(token)
+    assert owned == [] and left == [] and proc.returncode == 2, out[-3000:]
+    assert cleanup <= 10.0, cleanup
+    rec = _results(run_dir)["test_pool_rank_leaves_processes"]
+    assert _outcome(rec) == ("error", "infra") and rec["error_signature"] == f"Interrupted: stopped by {sig.name}"
+    cases = ET.parse(run_dir / "junit.xml").getroot().findall(".//testcase")
+    assert len(cases) == 1 and "test_pool_rank_leaves_processes" in cases[0].get("name", "")
+    print(f"cleanup after {sig.name}: {cleanup:.1f} s (the controller's own exit: {time.monotonic() - stopped:.1f} s)")
+
+
+CELL_RUN = """
+import sys
+from pathlib import Path
+from distci.cellrun import run_in_env, start_run
+from distci.matrix import load_matrix
+
+cell = next(c for c in load_matrix(Path("matrix.toml")).cells if c.accelerator == "cpu")
+info, run_dir = start_run(cell, Path(sys.argv[1]), tier="pr")
+try:
+    run_in_env(cell, Path(sys.executable), info, run_dir, tier="pr", tests=[sys.argv[2]])
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def test_sigint_to_the_cell_run_closes_the_run_and_prints_its_summary(tmp_path):
+    """`python -m distci run` stopped by Ctrl-C: the test in flight recorded, run.json
+    closed with ended_at, the summary table printed, nothing left running."""
+    token = uuid.uuid4().hex
+    ready, runs = tmp_path / "ready", tmp_path / "runs"
+    ready.mkdir()
+    target = f"{CASES / 'test_leave_processes.py'}::test_pool_rank_leaves_processes"
+    proc = subprocess.Popen([sys.executable, "-c", CELL_RUN, str(runs), target], cwd=REPO,
+                            env=_env(token, DISTCI_FAULT_DIR=str(ready)), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(list(ready.glob("ready-rank*"))) < 2 and proc.poll() is None:
+        time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-3000:]
+    assert "distci results" in out, out[-3000:]
+    (run_dir,) = runs.iterdir()
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["ended_at"] and info["pytest_exit"] == 2, info
+    rec = _results(run_dir)["test_pool_rank_leaves_processes"]
+    assert rec["error_signature"] == "Interrupted: stopped by SIGINT", rec
+    left, _ = _leftovers_after(token)
+    assert left == [], left

@@ -1,0 +1,133 @@
+"""The pieces behind the fault suite, in-process: frame-based hang detection, global-state
+restore, process-group timeout classes, run tokens and the reaper."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+import warnings
+
+import pytest
+
+from conftest import REPO
+from distci.harness import isolation, procs
+from distci.harness.outcome import RankState, combine, in_collective
+
+FAULTHANDLER_SPIN = """Current thread 0x00007f (most recent call first):
+  File "/repo/tests/faults/cases/test_pool_faults.py", line 77 in test_broadcast_spin
+  File "/repo/distci/harness/execute.py", line 45 in execute
+"""
+FAULTHANDLER_COLLECTIVE = """Current thread 0x00007f (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2501 in all_reduce
+  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 81 in wrapper
+  File "/repo/tests/test_x.py", line 9 in test_plain
+"""
+PYSPY_COLLECTIVE = """Thread 4242 (idle): "MainThread"
+    wait (torch/distributed/_functional_collectives.py:140)
+    test_plain (tests/test_x.py:9)
+"""
+
+
+@pytest.mark.parametrize("stack, expected", [
+    (FAULTHANDLER_SPIN, False),
+    (FAULTHANDLER_COLLECTIVE, True),
+    (PYSPY_COLLECTIVE, True),
+    ('Current thread 0x1 (most recent call first):\n  File "/repo/all_reduce_broadcast_barrier.py", line 1 in broadcast\n', False),
+])
+def test_only_torch_distributed_files_count_as_a_collective(stack, expected):
+    assert in_collective(stack) is expected
+
+
+def test_a_spin_in_a_test_named_broadcast_is_a_timeout():
+    states = [RankState(r, stuck=True, stack=FAULTHANDLER_SPIN) for r in (0, 1)]
+    assert combine(states, 4.0).failure_kind == "timeout"
+    states[0].stack = FAULTHANDLER_COLLECTIVE
+    assert combine(states, 4.0).failure_kind == "hang"
+
+
+def test_every_rank_excerpt_names_its_rank():
+    states = [RankState(0, stuck=True, stack=FAULTHANDLER_COLLECTIVE, log="zero"), RankState(1, exit_code=-11, log="one")]
+    combined = combine(states, 1.0)
+    assert [r.excerpt.split()[:2] for r in combined.ranks] == [["rank", "0"], ["rank", "1"]]
+
+
+def _leak_everything(tmp_path):
+    import torch
+
+    torch.set_default_dtype(torch.float64)
+    torch.set_default_device("meta")
+    torch.set_num_threads(torch.get_num_threads() + 1)
+    torch.use_deterministic_algorithms(True)
+    torch.set_grad_enabled(False)
+    torch.set_autocast_enabled("cpu", True)
+    torch.set_float32_matmul_precision("medium" if torch.get_float32_matmul_precision() != "medium" else "high")
+    os.environ["DISTCI_UNIT_LEAK"] = "1"
+    os.chdir(tmp_path)
+    warnings.simplefilter("error", ResourceWarning)
+
+
+def test_restore_globals_undoes_every_leak(tmp_path):
+    saved = isolation.snapshot_globals()
+    cwd = os.getcwd()
+    try:
+        _leak_everything(tmp_path)
+        cm = __import__("torch").inference_mode()
+        cm.__enter__()
+        restored = isolation.restore_globals(saved)
+        assert isolation.snapshot_globals() == saved
+        for name in ("default dtype", "default device", "num threads", "deterministic algorithms",
+                     "inference mode", "autocast", "matmul precision", "os.environ", "cwd", "warnings filters"):
+            assert name in restored  # (leaving inference mode switched grad mode back on: not listed)
+        assert isolation.restore_globals(saved) == []  # nothing left to set back
+        __import__("torch").set_grad_enabled(False)
+        assert isolation.restore_globals(saved) == ["grad mode"]
+    finally:
+        os.chdir(cwd)
+        isolation.restore_globals(saved)
+
+
+def test_pg_timeout_classes_follow_the_marker():
+    from distci.harness.plugin import Harness
+
+    h = Harness.__new__(Harness)
+    h.default_timeout = 300.0
+    assert h.pg_timeout_of(8) == h.pg_timeout_of(300) == 240.0  # short tests share the default class
+    assert h.pg_timeout_of(900) == 840.0 and h.pg_timeout_of(900) < 900
+    h.default_timeout = 12.0
+    assert (h.pg_timeout_of(12), h.pg_timeout_of(40)) == (9.0, 30.0)
+
+
+def test_run_token_extends_the_callers(monkeypatch):
+    monkeypatch.setenv(procs.RUN_TOKEN_ENV, "caller")
+    token = procs.run_token()
+    assert token.startswith("caller.") and token != procs.run_token()
+    monkeypatch.delenv(procs.RUN_TOKEN_ENV)
+    assert "." not in procs.run_token()
+
+
+def test_reaper_kills_token_carriers_when_its_controller_dies(tmp_path):
+    """A controller (here a child python) starts a reaper and a setsid sleeper carrying the
+    token, then is SIGKILLed: the sleeper is gone soon after."""
+    token = uuid.uuid4().hex
+    script = (
+        "import os, subprocess, sys, time\n"
+        "from distci.harness import procs\n"
+        f"r = procs.Reaper({token!r})\n"
+        f"env = dict(os.environ, {procs.RUN_TOKEN_ENV}={token!r})\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], env=env, start_new_session=True)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    controller = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    assert controller.stdout.readline().strip() == "ready"  # type: ignore[union-attr]
+    assert len(procs.with_token(token)) == 1
+    controller.kill()
+    controller.wait()
+    deadline = time.monotonic() + 15
+    while procs.with_token(token) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert procs.with_token(token) == []
