@@ -116,8 +116,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def aggregate(session: nox.Session) -> None:
     """`-- nightly ARTIFACTS... [--dry-run]`: history, store, verdicts, issues, bisects, dashboard."""
-    session.install("-e", ".")
-    session.run("python", "-m", "distci.aggregate", *session.posargs)
+    _distci(session, "aggregate")
 
 
 @nox.session

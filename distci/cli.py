@@ -1,12 +1,16 @@
 """`python -m distci ...`: the commands nox sessions call.
 
-Each subcommand is registered by the module that owns it (add_parser + run); this file
-only wires them and turns DistciError into one line on stderr with exit code 2.
+Each subcommand is registered by the module that owns it (its `add_parser(sub)`);
+`REGISTRY` below lists those modules explicitly, and a module that fails to import is
+an error naming it (exit 2), never a command that silently vanishes from `--help`.
+This file only wires them and turns DistciError into one line on stderr with exit code
+2. It is the top of the import graph: no module imports it at import time.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -35,9 +39,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     matrix = load_matrix(args.matrix)
     cells = matrix.select(cell_ids=args.cell or None, tier=None if args.cell else args.tier)
     if args.backend == "docker":
-        from .images import run_cells_in_docker  # issue 5
+        from .images import run_cells_in_docker
 
-        runs = run_cells_in_docker(cells, args)
+        runs = run_cells_in_docker(cells, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k,
+                                   tier=args.tier)
     else:
         runs = [run_cell(c, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k, tier=args.tier)
                 for c in cells]
@@ -55,7 +60,26 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args.what, args)
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The modules that register subcommands (each has add_parser(sub)), in --help order.
+REGISTRY = (
+    "distci.store",        # ingest
+    "distci.gate",         # gate
+    "distci.export",       # export
+    "distci.dashboard",    # dashboard
+    "distci.audit",        # fixes-audit
+    "distci.bisect",       # bisect
+    "distci.images",       # images, teardown
+    "distci.runreport",    # runreport
+    "distci.ci",           # aggregate
+    "distci.lint",         # lint
+)
+
+
+class CommandImportError(RuntimeError):
+    """A registered command module does not import: distci is broken, not the user's input."""
+
+
+def build_parser(registry: tuple[str, ...] = REGISTRY) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="distci", description=__doc__.splitlines()[0])
     parser.add_argument("--matrix", default="matrix.toml", help="the matrix file (default: matrix.toml)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -79,23 +103,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=1)
     p.set_defaults(fn=_cmd_bench)
 
-    for module in ("store", "gate", "export", "dashboard", "audit", "bisect", "images", "runreport", "aggregate", "lint"):
+    for module in registry:
         try:
-            mod = __import__(f"distci.{module}", fromlist=["add_parser"])
-        except ImportError:
-            continue
-        if hasattr(mod, "add_parser"):
-            mod.add_parser(sub)
+            mod = importlib.import_module(module)
+        except ImportError as exc:
+            raise CommandImportError(f"cannot load the commands of {module}: {exc}") from exc
+        register = getattr(mod, "add_parser", None)
+        if register is None:
+            raise CommandImportError(f"{module} is in distci.cli.REGISTRY but has no add_parser(sub)")
+        register(sub)
     return parser
 
 
 def main_for(command: str, argv=None) -> int:
-    """Lets `python -m distci.<module>` behave exactly like `python -m distci <command>`."""
+    """Lets `python -m distci.<module>` behave exactly like `python -m distci <command>`.
+
+    Kept for the modules that still offer `python -m distci.<module>` (gate, store,
+    dashboard); new entry points are `python -m distci <command>` only.
+    """
     return main([command, *(argv if argv is not None else sys.argv[1:])])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except CommandImportError as exc:
+        print(f"distci: error: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     try:
         return args.fn(args)

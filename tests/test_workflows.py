@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from conftest import REPO
-from distci.aggregate import BISECT_AXES, BisectPlan, cell_outputs
+from distci.ci.actions import cell_outputs
+from distci.ci.regressions import BISECT_AXES, BisectPlan
 from distci.matrix import load_matrix
 
 WORKFLOWS = REPO / ".github" / "workflows"
