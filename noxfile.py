@@ -7,7 +7,7 @@
     nox -s tests                 distci's own tests
     nox -s bench -- harness | images
     nox -s images -- --cell ID | --tier NAME
-    nox -s ingest | gate | export | dashboard | bisect | lint | aggregate
+    nox -s ingest | gate | export | dashboard | bisect | lint | aggregate | teardown
 """
 
 from __future__ import annotations
@@ -38,6 +38,12 @@ def _distci(session: nox.Session, command: str, extras: str = "") -> None:
 def dist_tests(session: nox.Session) -> None:
     """Provision each selected cell and run its distributed suites; results under .distci/runs/."""
     _distci(session, "run", extras="docker")
+
+
+@nox.session
+def teardown(session: nox.Session) -> None:
+    """Remove this job's containers by their labels (`-- [--cell ID] [--job ID]`): the always-run last step."""
+    _distci(session, "teardown", extras="docker")
 
 
 @nox.session

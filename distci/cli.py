@@ -24,7 +24,15 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     matrix = load_matrix(args.matrix)
     if args.json:
         tier = args.tier or "nightly"
-        print(json.dumps({"include": matrix.actions_include(tier)}))
+        include = matrix.actions_include(tier)
+        print(json.dumps({"include": include}))
+        if args.github_output:
+            from .ci.actions import append_step_summary, write_outputs
+
+            write_outputs({"matrix": json.dumps({"include": include}, separators=(",", ":")),
+                           "cells": str(len(include)), "tier": tier})
+            append_step_summary(f"### {tier}: {len(include)} cells\n" + "".join(
+                f"- `{e['cell']}` on `{', '.join(e['runner'])}`\n" for e in include))
         return 0
     for cell in matrix.select(tier=args.tier):
         print(f"{cell.id:70s} tiers={','.join(cell.tiers)} runner={','.join(cell.runner)}")
@@ -87,6 +95,8 @@ def build_parser(registry: tuple[str, ...] = REGISTRY) -> argparse.ArgumentParse
     p = sub.add_parser("matrix", help="list the cells, or print them as a GitHub Actions include list")
     p.add_argument("--json", action="store_true", help="print {'include': [...]} for a GitHub Actions matrix")
     p.add_argument("--tier", default=None)
+    p.add_argument("--github-output", action="store_true",
+                   help="with --json: also write matrix=, cells=, tier= to $GITHUB_OUTPUT and a step summary")
     p.set_defaults(fn=_cmd_matrix)
 
     p = sub.add_parser("run", help="provision cells and run their distributed suites")

@@ -6,6 +6,7 @@ Arguments are parsed here once and handed to the library as typed values.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 from pathlib import Path
@@ -15,6 +16,7 @@ from distci.ci.actions import cell_outputs, default_remote, workflow_run_url, wr
 from distci.ci.github import DEFAULT_API_URL
 from distci.ci.history import DATA_BRANCH, History
 from distci.ci.nightly import AggregateOptions, aggregate, bisect_record, record_bisect
+from distci.ci.regressions import expected_cells_of
 from distci.errors import SelectionError
 from distci.results import STACK_FILE
 
@@ -41,9 +43,11 @@ def build_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--site", type=Path, default=None, help="render the dashboard into this directory")
     p.add_argument("--expect", type=Path, default=None,
                    help="`distci matrix --json` output: cells without a run get an infra result")
+    p.add_argument("--expect-json", default=None, help="the same, given as the JSON text itself")
     p.add_argument("--tier", default="nightly")
     p.add_argument("--ref", default=None, help="ref bisect.yml is dispatched on (default $GITHUB_REF_NAME or main)")
-    p.add_argument("--no-issues", action="store_true", help="do not open issues or dispatch bisects")
+    p.add_argument("--issues", action=argparse.BooleanOptionalAction, default=True,
+                   help="open issues and dispatch bisects for new regressions (default: yes)")
     p.add_argument("--max-bisects", type=int, default=4, help="bisects dispatched per night at most (default 4)")
     p.add_argument("--report", type=Path, default=None, help="write the aggregate report as JSON here")
     p.add_argument("--title", default="distci")
@@ -74,7 +78,8 @@ def _cmd_nightly(args: argparse.Namespace) -> int:
     opts = AggregateOptions(
         artifacts=list(args.artifacts), data=args.data, data_remote=default_remote(args.data_remote),
         data_branch=args.data_branch, store=args.store, site=args.site, expect=args.expect, tier=args.tier,
-        dry_run=args.dry_run, issues=not args.no_issues, ref=args.ref or os.environ.get("GITHUB_REF_NAME") or "main",
+        expect_cells=expected_cells_of(json.loads(args.expect_json)) if args.expect_json else None,
+        dry_run=args.dry_run, issues=args.issues, ref=args.ref or os.environ.get("GITHUB_REF_NAME") or "main",
         repo=args.repo, api_url=args.api_url, max_bisects=args.max_bisects, title=args.title, report=args.report,
     )
     aggregate(opts)

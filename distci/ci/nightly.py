@@ -68,6 +68,7 @@ class AggregateOptions:
     store: Path = Path(".distci") / "aggregate" / "store.sqlite"
     site: Path | None = None
     expect: Path | None = None
+    expect_cells: list[dict[str, Any]] | None = None
     tier: str = "nightly"
     dry_run: bool = False
     issues: bool = True
@@ -115,10 +116,12 @@ def collect(opts: AggregateOptions, scratch: Path, *, log: Log = print) -> Colle
     """Tonight's run directories from the artifacts; an infra run for each expected cell missing."""
     run_dirs = find_run_dirs(opts.artifacts) if opts.artifacts else []
     missing: list[Path] = []
-    if opts.expect is not None:
+    expected = opts.expect_cells if opts.expect_cells is not None else (
+        expected_cells(opts.expect) if opts.expect is not None else None)
+    if expected is not None:
         reason = ("the runner died, timed out or the job was cancelled before the run started; "
                   f"see {workflow_run_url() or 'the workflow run'}")
-        missing = missing_cell_runs(expected_cells(opts.expect), {cell_of(d) for d in run_dirs}, scratch,
+        missing = missing_cell_runs(expected, {cell_of(d) for d in run_dirs}, scratch,
                                     tier=opts.tier, reason=reason)
     log(f"aggregate: {len(run_dirs) + len(missing)} runs in the artifacts, {len(missing)} cells without results")
     run_dirs += missing

@@ -23,8 +23,12 @@ BISECT_AXES = ("torch", "torchao", "torchtitan", "torch_npu")
 
 
 def expected_cells(matrix_json: Path) -> list[dict[str, Any]]:
-    """The include entries of a `distci matrix --json` output."""
-    data = json.loads(Path(matrix_json).read_text())
+    """The include entries of a `distci matrix --json` output file."""
+    return expected_cells_of(json.loads(Path(matrix_json).read_text()))
+
+
+def expected_cells_of(data: Any) -> list[dict[str, Any]]:
+    """The include entries of a `distci matrix --json` output (`{"include": [...]}` or the list)."""
     return list(data.get("include", data) if isinstance(data, dict) else data)
 
 
