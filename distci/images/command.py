@@ -23,7 +23,7 @@ def _cmd_images(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .matrix import load_matrix
+    from distci.matrix import load_matrix
 
     matrix = load_matrix(args.matrix)
     cells = matrix.select(cell_ids=args.cell or None, tier=args.tier if not args.cell else None)
@@ -84,7 +84,7 @@ def bench_images(cell_id: str | None = None, matrix_path: str = "matrix.toml", *
     from rich.console import Console
     from rich.table import Table
 
-    from .matrix import load_matrix
+    from distci.matrix import load_matrix
 
     matrix = load_matrix(matrix_path)
     cell = matrix.cell(cell_id) if cell_id else next(c for c in matrix.select(tier="pr") if c.accelerator == "cpu")
