@@ -108,8 +108,9 @@ def dashboard(session: nox.Session) -> None:
 @nox.session
 def bisect(session: nox.Session) -> None:
     """`-- TEST_ID|--command CMD --good X --bad Y [--axis torch|torchao|torchtitan] [--find-fix] [--stack stack.json|--cell ID|--base-env VENV]`;
-    `-- --from-regression RUN_ID::TEST_ID`; `-- --list-regressions`; `-- --compiler --command CMD [--bad X]`; rerun to resume."""
-    _distci(session, "bisect")
+    `-- --from-regression RUN_ID::TEST_ID`; `-- --list-regressions`; `-- --compiler --command CMD [--bad X]`; rerun to resume;
+    `-- --backend docker --image-cell CELL ...` runs it in the cell's image."""
+    _distci(session, "bisect", extras="docker")
 
 
 @nox.session

@@ -208,13 +208,15 @@ def sigterm_stops() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _stop_and_remove(container, log: Log) -> None:
+def _stop_and_remove(container, log: Log, *, graceful: bool = True) -> None:
+    """Stop (SIGTERM, then SIGKILL after STOP_TIMEOUT_S) and remove; `graceful=False` kills at once."""
     from docker.errors import DockerException
 
-    try:
-        container.stop(timeout=STOP_TIMEOUT_S)
-    except DockerException:
-        pass
+    if graceful:
+        try:
+            container.stop(timeout=STOP_TIMEOUT_S)
+        except DockerException:
+            pass
     try:
         container.remove(force=True)
     except DockerException as exc:
@@ -330,7 +332,7 @@ def teardown(client, *, job: str | None = None, cell: str | None = None, run: st
     for container in found:
         log(f"teardown: removing container {container.short_id} ({container.labels.get(LABEL_CELL, '?')}, "
             f"run {container.labels.get(LABEL_RUN, '?')})")
-        _stop_and_remove(container, log)
+        _stop_and_remove(container, log, graceful=False)  # its controller is gone: nobody reads its results
         removed.append(container.id)
     log(f"teardown: {len(removed)} container(s) of {', '.join(f'{k}={v}' for k, v in selector.items())} removed")
     return Teardown(removed=removed, selector=selector)
