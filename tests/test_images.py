@@ -393,3 +393,35 @@ def test_sigterm_stops_and_removes_the_cells_container(docker_client, tmp_path):
     assert records["tests/harness_cases/test_stoppable.py::test_finishes"]["outcome"] == "passed"
     stopped = records[target]
     assert (stopped["outcome"], stopped["failure_kind"]) == ("error", "infra"), stopped
+
+
+def test_an_image_wheelhouse_targets_the_cells_python_from_any_controller(tmp_path):
+    """A controller of another Python downloads the wheels the image's interpreter installs (and only those)."""
+    import platform
+
+    from distci.images import split_stack
+    from distci.wheelhouse import WheelTarget
+
+    here = "%d.%d" % sys.version_info[:2]
+    other = "3.12" if here != "3.12" else "3.13"
+    machine = platform.machine()
+    links = tmp_path / "links"
+    links.mkdir()
+    write_wheel(links, "tinypure", "1.0", requires=(f"tinybin; python_version >= '{other}'",))
+    for version in (here, other):
+        tag = "cp" + version.replace(".", "")
+        plain = write_wheel(links, "tinybin", "1.0")
+        plain.rename(links / f"tinybin-1.0-{tag}-{tag}-manylinux_2_17_{machine}.whl")
+    target = WheelTarget(other, machine)
+    assert WheelTarget.for_interpreter_or_none(here, machine) is None
+    assert WheelTarget.for_interpreter_or_none(other, machine) == target
+    wheelhouse = ensure_wheelhouse(["tinypure"], ["--no-index", "--find-links", str(links)], tmp_path / "wh",
+                                   target=target, log=lambda m: None)
+    other_tag = "cp" + other.replace(".", "")
+    assert sorted(wheelhouse.wheels) == ["tinybin-1.0-%s-%s-manylinux_2_17_%s.whl" % (other_tag, other_tag, machine),
+                                         "tinypure-1.0-py3-none-any.whl"]
+    assert (wheelhouse.manifest["python"], wheelhouse.manifest["platform"]) == (f"cpython{other_tag[2:]}",
+                                                                                 f"linux-{machine}")
+    # The stack layer follows the marker as the target reads it (this interpreter would not).
+    stack, _ = split_stack(wheelhouse, roots=("tinypure",), env=target.marker_env())
+    assert [w["name"] for w in stack] == ["tinybin", "tinypure"]

@@ -186,17 +186,18 @@ def ensure_image(cell: Cell, client, *, force: bool = False, nocache: bool = Fal
         log(f"[{cell.id}] image {ref}: exists, not rebuilt")
         return BuiltImage(tag=ref, id=image.id, built=False, labels=dict(image.labels or {}))
     prefix = f"[{cell.id}] "
-    wheelhouse = ensure_wheelhouse(plan.requirements, plan.pip_args, python=plan.python,
+    wheelhouse = ensure_wheelhouse(plan.requirements, plan.pip_args, python=plan.python, target=plan.target,
                                    log=lambda m: log(prefix + m))
     own = build_all(Path(".distci") / "selfwheels", log=lambda m: log(prefix + m))
-    cann = check_npu_pairing(split_stack(wheelhouse)[0]) if plan.family == "npu" else None
+    marker_env = plan.target.marker_env() if plan.target else None
+    cann = check_npu_pairing(split_stack(wheelhouse, env=marker_env)[0]) if plan.family == "npu" else None
     if cann and cell.variant != cann_variant(cann):
         raise ConfigError(f"cell {cell.id}: its torch_npu pairs with CANN {cann}, so its variant must be "
                           f"{cann_variant(cann)}, not {cell.variant} (matrix.toml [accelerators.npu] variants)")
     IMAGES_DIR.mkdir(parents=True, exist_ok=True)
     context = Path(tempfile.mkdtemp(prefix=f"context-{plan.family}-", dir=IMAGES_DIR)) / "context"
     try:
-        layers = render_context(plan, wheelhouse, own, context, touch_fixes=touch_fixes)
+        layers = render_context(plan, wheelhouse, own, context, touch_fixes=touch_fixes, marker_env=marker_env)
         buildargs = {
             "DISTCI_CELL": cell.id,
             "DISTCI_INPUTS": plan.inputs_hash,

@@ -90,7 +90,7 @@ def bench_images(cell_id: str | None = None, matrix_path: str = "matrix.toml", *
     cell = matrix.cell(cell_id) if cell_id else next(c for c in matrix.select(tier="pr") if c.accelerator == "cpu")
     client = connect()
     plan = plan_image(cell, client, log=log)
-    ensure_wheelhouse(plan.requirements, plan.pip_args, log=log)
+    ensure_wheelhouse(plan.requirements, plan.pip_args, python=plan.python, target=plan.target, log=log)
     build_all(Path(".distci") / "selfwheels", log=log)
     nonce = uuid.uuid4().hex[:8]
     tags = [f"{plan.tag}-bench-cold-{nonce}", f"{plan.tag}-bench-warm-{nonce}"]

@@ -10,50 +10,34 @@ from __future__ import annotations
 
 import os
 import shutil
-import zipfile
 from pathlib import Path
 from typing import Iterable
 
 from packaging.markers import default_environment
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from distci.cellrun import HARNESS_REQUIREMENTS
 from distci.images.base import DOCKER_DIR
 from distci.images.plan import PROXY_FILES, ImagePlan
 from distci.selfwheels import REPO
-from distci.wheelhouse import Wheelhouse, sha256_file
+from distci.wheelhouse import Wheelhouse, sha256_file, wheel_requires
 
 # The torch-stack layer holds these and everything they need; the rest of the
 # wheelhouse (torchao, torchtitan and their own dependencies) is the layer above.
 STACK_ROOTS = ("torch", "torch-npu", *HARNESS_REQUIREMENTS)
 
 
-def _wheel_requires(path: Path) -> list[Requirement]:
-    with zipfile.ZipFile(path) as zf:
-        name = next((n for n in zf.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1), None)
-        text = zf.read(name).decode("utf-8", "replace") if name else ""
-    found = []
-    for line in text.splitlines():
-        if not line.strip():
-            break
-        if line.startswith("Requires-Dist:"):
-            try:
-                found.append(Requirement(line.split(":", 1)[1].strip()))
-            except InvalidRequirement:
-                continue
-    return found
-
-
-def split_stack(wheelhouse: Wheelhouse, roots: Iterable[str] = STACK_ROOTS) -> tuple[list[dict], list[dict]]:
+def split_stack(wheelhouse: Wheelhouse, roots: Iterable[str] = STACK_ROOTS,
+                env: dict[str, str] | None = None) -> tuple[list[dict], list[dict]]:
     """The wheelhouse's wheels as (torch stack, the rest): the closure of `roots`, then what is left.
 
-    Dependencies come from each wheel's METADATA with markers evaluated for this
-    interpreter (the wheelhouse was built for it) and requested extras followed (torch
-    asks for ``cuda-toolkit[cublas,...]``), so each lock is complete on its own.
+    Dependencies come from each wheel's METADATA with markers evaluated for the
+    interpreter the wheelhouse is for (`env`: a WheelTarget's markers; default this one)
+    and requested extras followed (torch asks for ``cuda-toolkit[cublas,...]``), so each
+    lock is complete on its own.
     """
     wheels = {canonicalize_name(w["name"]): w for w in wheelhouse.manifest["wheels"]}
-    env = default_environment()
+    env = env or default_environment()
     wanted: dict[str, set[str]] = {}
     todo = [(canonicalize_name(r), frozenset()) for r in roots if canonicalize_name(r) in wheels]
     while todo:
@@ -62,7 +46,7 @@ def split_stack(wheelhouse: Wheelhouse, roots: Iterable[str] = STACK_ROOTS) -> t
         if seen is not None and extras <= seen:
             continue
         wanted[name] = (seen or set()) | extras
-        for req in _wheel_requires(wheelhouse.path / wheels[name]["filename"]):
+        for req in wheel_requires(wheelhouse.path / wheels[name]["filename"]):
             active = req.marker is None or any(req.marker.evaluate({**env, "extra": e})
                                                for e in ("", *sorted(wanted[name])))
             dep = canonicalize_name(req.name)
@@ -99,14 +83,14 @@ def own_entry(wheel: Path) -> dict:
 
 
 def render_context(plan: ImagePlan, wheelhouse: Wheelhouse, own_wheels: list[Path], dest: Path,
-                   *, touch_fixes: str | None = None) -> dict[str, list[str]]:
+                   *, touch_fixes: str | None = None, marker_env: dict[str, str] | None = None) -> dict[str, list[str]]:
     """Write the build context of `plan` into `dest`; return the wheels of each layer.
 
     `touch_fixes` adds a file to the fix-package layer, as an edit of fixes/ would (the
     bench and the layer-reuse test use it without touching the checkout).
     """
     shutil.copytree(DOCKER_DIR / plan.family, dest, ignore=shutil.ignore_patterns("*.md", "__pycache__"))
-    stack, rest = split_stack(wheelhouse)
+    stack, rest = split_stack(wheelhouse, env=marker_env)
     _write_wheels(dest / "wheels" / "stack", wheelhouse.path, stack)
     _write_wheels(dest / "wheels" / "top", wheelhouse.path, rest)
     by_name = {canonicalize_name(own_entry(w)["name"]): w for w in own_wheels}

@@ -22,7 +22,7 @@ from distci.errors import ConfigError
 from distci.images.base import DOCKER_DIR, FAMILIES, INPUTS_LENGTH, image_exists, resolve_base
 from distci.matrix import Cell
 from distci.selfwheels import REPO, SOURCES, source_hash
-from distci.wheelhouse import interpreter_tags, sha256_file, wheelhouse_key
+from distci.wheelhouse import WheelTarget, interpreter_tags, sha256_file, wheelhouse_key
 
 Log = Callable[[str], None]
 
@@ -43,6 +43,7 @@ class ImagePlan:
     pip_args: list[str]
     python: str
     inputs: dict[str, Any]
+    target: WheelTarget | None = None  # the wheelhouse is downloaded for the cell's Python, not built by `python`
 
 
 def image_tag(family: str, cell_id: str, inputs_hash: str) -> str:
@@ -72,24 +73,35 @@ def _proxy_inputs() -> dict[str, str]:
     return found
 
 
-def _check_target(cell: Cell, tags: dict[str, str], python: str) -> None:
-    """The wheelhouse is built by `python` on this host: it must match the image's Python and arch."""
-    wanted = "cpython" + cell.python.replace(".", "")
-    if tags["python"] != wanted:
-        raise ConfigError(f"cell {cell.id} needs Python {cell.python} wheels, but {python} is {tags['python']}; "
-                          f"set DISTCI_IMAGE_PYTHON to a Python {cell.python} interpreter")
-    if not tags["platform"].endswith(cell.arch):
-        raise ConfigError(f"cell {cell.id} is for {cell.arch}, but this host builds {tags['platform']} wheels; "
+def wheel_target(cell: Cell) -> tuple[str, WheelTarget | None]:
+    """Who makes the image's wheelhouse: (interpreter, None) when it is the cell's Python, else a target.
+
+    DISTCI_IMAGE_PYTHON names an interpreter of the cell's Python (it then resolves and
+    builds, sdists included); without it a controller of another Python (>= 3.9)
+    downloads the wheels for the cell's Python and arch (wheels only). The arch must be
+    this host's: images are built where they run.
+    """
+    python = os.environ.get("DISTCI_IMAGE_PYTHON") or sys.executable
+    here = interpreter_tags(python)
+    if not here["platform"].endswith(cell.arch):
+        raise ConfigError(f"cell {cell.id} is for {cell.arch}, but this host is {here['platform']}; "
                           f"build its image on a {cell.arch} runner")
+    wanted = "cpython" + cell.python.replace(".", "")
+    if here["python"] == wanted:
+        return python, None
+    if os.environ.get("DISTCI_IMAGE_PYTHON"):
+        raise ConfigError(f"cell {cell.id} needs Python {cell.python}, but DISTCI_IMAGE_PYTHON={python} is "
+                          f"{here['python']}")
+    return python, WheelTarget(cell.python, cell.arch)
 
 
 def plan_image(cell: Cell, client, *, log: Log = print) -> ImagePlan:
     """Resolve a cell's stack and hash every input of its image into its tag."""
     family = family_of(cell)
-    python = os.environ.get("DISTCI_IMAGE_PYTHON") or sys.executable
-    tags = interpreter_tags(python)
-    _check_target(cell, tags, python)
-    _, requirements, pip_args = stack_inputs(cell, python=python)
+    python, target = wheel_target(cell)
+    tags = target.tags() if target else interpreter_tags(python)
+    _, requirements, pip_args = stack_inputs(cell, python=python,
+                                             tags=target.packaging_tags() if target else None)
     base = resolve_base(family, cell.python, client, log=log)
     base_id = client.images.get(base).id if image_exists(client, base) else None
     inputs = {
@@ -107,5 +119,6 @@ def plan_image(cell: Cell, client, *, log: Log = print) -> ImagePlan:
     }
     digest = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:INPUTS_LENGTH]
     return ImagePlan(cell=cell, family=family, tag=image_tag(family, cell.id, digest), inputs_hash=digest,
-                     base_image=base, requirements=requirements, pip_args=pip_args, python=python, inputs=inputs)
+                     base_image=base, requirements=requirements, pip_args=pip_args, python=python, inputs=inputs,
+                     target=target)
 
