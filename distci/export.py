@@ -364,3 +364,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"{sha[:12]}  {verdict}")
     print(f"wrote {len(rows)} rows to {args.out}")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m distci.export` is `python -m distci export`."""
+    from .cli import main_for
+
+    return main_for("export", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
