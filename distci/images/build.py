@@ -111,6 +111,14 @@ def _stream_lines(chunks: Iterable[dict]) -> Iterator[tuple[str, str | None]]:
         yield pending, None
 
 
+def _as_root(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """Context entries as the image gets them (root-owned): the layer cache then does not
+    depend on which user rendered the context (the daemon checksums the tar headers)."""
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    return info
+
+
 def tar_stream(path: Path, chunk: int = 1 << 20) -> Iterator[bytes]:
     """The build context as a tar stream, made while it is sent.
 
@@ -124,7 +132,7 @@ def tar_stream(path: Path, chunk: int = 1 << 20) -> Iterator[bytes]:
         try:
             with os.fdopen(write_fd, "wb") as out, tarfile.open(fileobj=out, mode="w|") as tar:
                 for entry in sorted(path.rglob("*")):
-                    tar.add(entry, arcname=str(entry.relative_to(path)), recursive=False)
+                    tar.add(entry, arcname=str(entry.relative_to(path)), recursive=False, filter=_as_root)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the reading thread
             failure.append(exc)
 
