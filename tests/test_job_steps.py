@@ -34,7 +34,7 @@ from dockerd import docker_client  # noqa: F401 - the session fixture
 from jobsteps import PASS_THROUGH, SYSTEM_PATH, Runner
 
 CPU_CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on"
-SELECT = "test_tp_mlp and eager and sgd"
+SELECT = "test_tp_mlp[eager-sgd]"
 USER_VAR = "DISTCI_CI_USER"
 
 pytestmark = pytest.mark.docker
@@ -138,8 +138,9 @@ def test_the_nightly_jobs_steps_in_order(docker_client, actions_root):
     assert container["labels"]["distci.job"] == f"gh{runner.run_id}-1"
     results = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     assert results and all(r["outcome"] == "passed" for r in results), results
-    assert all("eager-sgd" in r["test_id"] for r in results)
-    assert os.stat(run_dir / "results.jsonl").st_uid != 0 or os.geteuid() != 0  # written as the user
+    assert [r["test_id"] for r in results] == ["suites/test_tp_mlp.py::test_tp_mlp[eager-sgd]"]
+    written = next((cpu.temp / "runs").glob("*/results.jsonl"))
+    assert os.stat(written).st_uid == pwd.getpwnam(user).pw_uid  # by the non-root user, through the mount
     assert docker_client.containers.list(all=True, filters={"label": f"distci.job=gh{runner.run_id}-1"}) == []
     gpu = [leg for cell, leg in by_cell.items() if cell != CPU_CELL]
     assert gpu and all(leg.result == "no-runner" for leg in gpu)
