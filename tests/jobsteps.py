@@ -54,7 +54,12 @@ def wrap(value: Any) -> Any:
 
 
 def _to_python(expr: str) -> str:
-    out = expr
+    """An Actions expression as Python: operators and literals outside the '...' strings."""
+    parts = re.split(r"('(?:[^']|'')*')", expr)
+    return "".join(part if i % 2 else _code_to_python(part) for i, part in enumerate(parts))
+
+
+def _code_to_python(out: str) -> str:
     out = re.sub(r"\.([A-Za-z_][\w]*(?:-[\w-]+)+)", lambda m: f"[{m.group(1)!r}]", out)  # a.b-c -> a['b-c']
     out = out.replace("&&", " and ").replace("||", " or ")
     out = re.sub(r"!(?!=)", " not ", out)
