@@ -95,6 +95,7 @@ def test_the_nightly_jobs_steps_in_order(docker_client, actions_root):
     subprocess.run(["git", "init", "-q", "--bare", str(remote_root / "distci" / "distci.git")], check=True)
     home = root / "home"
     home.mkdir()
+    (root / "toolcache").mkdir()
     if os.geteuid() == 0:
         subprocess.run(["chown", "-R", f"{user}:{user}", str(root)], check=True)
 
@@ -106,6 +107,7 @@ def test_the_nightly_jobs_steps_in_order(docker_client, actions_root):
         "GITHUB_EVENT_NAME": "workflow_dispatch", "GITHUB_REF": "refs/heads/distci-test",
         "GITHUB_REF_NAME": "distci-test", "GITHUB_RUN_ATTEMPT": "1", "GITHUB_WORKFLOW": "nightly",
         "RUNNER_OS": "Linux", "RUNNER_ARCH": "X64", "RUNNER_NAME": "distci-test-runner",
+        "RUNNER_TOOL_CACHE": str(root / "toolcache"),
     })
     runner = Runner(workspace / ".github" / "workflows" / "nightly.yml", workspace, root, user=user,
                     labels={"ubuntu-latest"}, inputs={"tier": "release", "issues": False, "select": SELECT},
@@ -113,6 +115,10 @@ def test_the_nightly_jobs_steps_in_order(docker_client, actions_root):
     started = time.monotonic()
     jobs = runner.run_all()
     print(f"job steps: {time.monotonic() - started:.0f}s")
+    for name, legs in jobs.items():
+        for leg in legs:
+            print(f"  {name} {leg.leg.get('cell', '')} {leg.result}: "
+                  + ", ".join(f"{s.name} {s.seconds:.0f}s" for s in leg.steps if s.seconds >= 1))
 
     def show(job) -> str:
         return "\n".join(f"--- {s.name} (rc {s.rc}, {s.seconds:.0f}s)\n{s.output[-2500:]}" for s in job.steps)
