@@ -7,13 +7,15 @@
     nox -s tests                 distci's own tests
     nox -s bench -- harness | images
     nox -s images -- --cell ID | --tier NAME
-    nox -s ingest | gate | export | dashboard | bisect | lint | aggregate
+    nox -s ingest | gate | export | dashboard | bisect | lint | aggregate | teardown
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 import nox
@@ -53,42 +55,63 @@ def _install(session: nox.Session, *args: str) -> None:
         stamp.touch()
 
 
-def _distci(session: nox.Session, command: str, extras: str = "", *packages: str) -> None:
-    """Install distci (controller side) and run one `python -m distci` command with the posargs."""
-    _install(session, "-e", f".[{extras}]" if extras else ".", *packages)
-    session.run("python", "-m", "distci", command, *session.posargs)
+# The controller sessions (the ones below that only run `python -m distci CMD`) share one
+# venv: a nightly job calls six of them, and one install instead of six is minutes on a
+# runner. It is made with the Python running nox, and refreshed when pyproject.toml changes
+# (distci itself is installed editable, so source edits need nothing).
+CONTROLLER = Path(".nox") / "_controller"
+controller = nox.session(venv_backend="none")
+CONTROLLER_INSTALL = ("-e", ".[docker]", "pytest")  # pytest: external suites and index-time known issues
 
 
-@nox.session
+def _distci(session: nox.Session, command: str, args: list[str] | None = None, **run_kwargs) -> None:
+    """Run one `python -m distci` command (default arguments: the posargs) in the shared controller venv."""
+    python = CONTROLLER / "bin" / "python"
+    stamp = CONTROLLER / "distci-install.sha256"
+    wanted = hashlib.sha256(Path("pyproject.toml").read_bytes() + sys.version.encode()
+                            + json.dumps(CONTROLLER_INSTALL).encode()).hexdigest()
+    CONTROLLER.parent.mkdir(parents=True, exist_ok=True)
+    with open(CONTROLLER.parent / "_controller.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not python.exists() or not stamp.exists() or stamp.read_text() != wanted:
+            session.run(sys.executable, "-m", "venv", "--clear", str(CONTROLLER), external=True)
+            session.run(str(python), "-m", "pip", "install", "--quiet", *CONTROLLER_INSTALL, external=True)
+            stamp.write_text(wanted)
+    session.run(str(python), "-m", "distci", command, *(session.posargs if args is None else args), external=True,
+                **run_kwargs)
+
+
+@controller
 def dist_tests(session: nox.Session) -> None:
     """Provision each selected cell and run its distributed suites; results under .distci/runs/.
 
     distci's exit code (0 ok, 1 a test failed, 3 only infrastructure failed) is kept: the
-    session's last line names it, and `.nox/dist_tests/tmp/distci-exit.json` holds it."""
-    # pytest: the controller launches external suites through the harness's outcome and
-    # launch machinery (distci.harness imports pytest), on every cell with `external`.
-    _install(session, "-e", ".[docker]", "pytest")
-    exit_file = Path(session.create_tmp()) / "distci-exit.json"
+    session's last line names it, and `.nox/distci-exit.json` holds it."""
+    exit_file = CONTROLLER.parent / "distci-exit.json"
     exit_file.unlink(missing_ok=True)
-    session.run("python", "-m", "distci", "run", *session.posargs, env={"DISTCI_EXIT_FILE": str(exit_file)},
-                success_codes=[0, 1, 3])
+    _distci(session, "run", env={"DISTCI_EXIT_FILE": str(exit_file.resolve())}, success_codes=[0, 1, 3])
     if exit_file.exists():
         result = json.loads(exit_file.read_text())
         if result["exit_code"]:
             session.error(f"distci exit {result['exit_code']}: {result['meaning']}")
 
 
-@nox.session
+@controller
+def teardown(session: nox.Session) -> None:
+    """Remove this job's containers by their labels (`-- [--cell ID] [--job ID]`): the always-run last step."""
+    _distci(session, "teardown")
+
+
+@controller
 def matrix(session: nox.Session) -> None:
     """List the matrix's cells; `-- --json [--tier T]` prints a GitHub Actions include list."""
     _distci(session, "matrix")
 
 
-@nox.session
+@controller
 def images(session: nox.Session) -> None:
     """Build cell images with the Docker SDK: `-- --cell ID | --tier NAME` (default: the pr tier)."""
-    _install(session, "-e", ".[docker]")
-    session.run("python", "-m", "distci", "images", *(session.posargs or ["--tier", "pr"]))
+    _distci(session, "images", session.posargs or ["--tier", "pr"])
 
 
 @nox.session
@@ -107,20 +130,19 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "distci", "bench", *(session.posargs or ["harness"]))
 
 
-@nox.session
+@controller
 def fixes_audit(session: nox.Session) -> None:
     """Each fix's regression test with fixes off and on, per torch version (CPU): `-- --torch 2.5.1,2.6.0,...`."""
     _distci(session, "fixes-audit")
 
 
-@nox.session
+@controller
 def ingest(session: nox.Session) -> None:
     """Index run directories (`-- PATH...`; default .distci/runs) into the SQLite store; idempotent, `--rebuild`."""
-    # pytest: known issues are matched at index time through the harness's registry reader.
-    _distci(session, "ingest", "", "pytest")
+    _distci(session, "ingest")
 
 
-@nox.session
+@controller
 def gate(session: nox.Session) -> None:
     """Release gate: `-- --tier release [--candidate CELL] [--max-age 36h] [--waive CELL --reason TEXT]`.
 
@@ -128,22 +150,23 @@ def gate(session: nox.Session) -> None:
     _distci(session, "gate")
 
 
-@nox.session
+@controller
 def export(session: nox.Session) -> None:
     """`-- --hud`: per-upstream-SHA rows in the shape of PyTorch HUD's cross-repo CI relay."""
     _distci(session, "export")
 
 
-@nox.session
+@controller
 def dashboard(session: nox.Session) -> None:
     """Render the static release-blocking dashboard from the store into .distci/site/."""
     _distci(session, "dashboard")
 
 
-@nox.session
+@controller
 def bisect(session: nox.Session) -> None:
     """`-- TEST_ID|--command CMD --good X --bad Y [--axis torch|torchao|torchtitan] [--find-fix] [--stack stack.json|--cell ID|--base-env VENV]`;
-    `-- --from-regression RUN_ID::TEST_ID`; `-- --list-regressions`; `-- --compiler --command CMD [--bad X]`; rerun to resume."""
+    `-- --from-regression RUN_ID::TEST_ID`; `-- --list-regressions`; `-- --compiler --command CMD [--bad X]`; rerun to resume;
+    `-- --backend docker --image-cell CELL ...` runs it in the cell's image."""
     _distci(session, "bisect")
 
 
@@ -154,11 +177,10 @@ def lint(session: nox.Session) -> None:
     session.run("python", "-m", "distci.lint", *session.posargs)
 
 
-@nox.session
+@controller
 def aggregate(session: nox.Session) -> None:
     """`-- nightly ARTIFACTS... [--dry-run]`: history, store, verdicts, issues, bisects, dashboard."""
-    _install(session, "-e", ".")
-    session.run("python", "-m", "distci.aggregate", *session.posargs)
+    _distci(session, "aggregate")
 
 
 @nox.session

@@ -401,10 +401,13 @@ def run_external_suites(cell: Cell, python: Path, info: RunInfo, run_dir: Path, 
         return results
 
 
-def stack_inputs(cell: Cell, python: str = sys.executable) -> tuple[list, list[str], list[str]]:
-    """A cell's resolved sources, its requirement lines and pip arguments: what keys its wheelhouse."""
+def stack_inputs(cell: Cell, python: str = sys.executable, tags=None) -> tuple[list, list[str], list[str]]:
+    """A cell's resolved sources, its requirement lines and pip arguments: what keys its wheelhouse.
+
+    `tags`: the wheel tags sources resolve for (default: `python`'s; an image's target's).
+    """
     config = IndexConfig.from_env()
-    sources = resolve_sources(cell.sources, config, variant=cell.variant, python=python)
+    sources = resolve_sources(cell.sources, config, variant=cell.variant, tags=tags, python=python)
     reqs = requirement_lines(sources) + list(cell.requirements) + list(HARNESS_REQUIREMENTS)
     return sources, reqs, pip_args(sources, config, variant=cell.variant)
 

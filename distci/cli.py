@@ -1,12 +1,16 @@
 """`python -m distci ...`: the commands nox sessions call.
 
-Each subcommand is registered by the module that owns it (add_parser + run); this file
-only wires them and turns DistciError into one line on stderr with exit code 2.
+Each subcommand is registered by the module that owns it (its `add_parser(sub)`);
+`REGISTRY` below lists those modules explicitly, and a module that fails to import is
+an error naming it (exit 2), never a command that silently vanishes from `--help`.
+This file only wires them and turns DistciError into one line on stderr with exit code
+2. It is the top of the import graph: no module imports it at import time.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -21,7 +25,15 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     matrix = load_matrix(args.matrix)
     if args.json:
         tier = args.tier or "nightly"
-        print(json.dumps({"include": matrix.actions_include(tier)}))
+        include = matrix.actions_include(tier)
+        print(json.dumps({"include": include}))
+        if args.github_output:
+            from .ci.actions import append_step_summary, write_outputs
+
+            write_outputs({"matrix": json.dumps({"include": include}, separators=(",", ":")),
+                           "cells": str(len(include)), "tier": tier})
+            append_step_summary(f"### {tier}: {len(include)} cells\n" + "".join(
+                f"- `{e['cell']}` on `{', '.join(e['runner'])}`\n" for e in include))
         return 0
     for cell in matrix.select(tier=args.tier):
         print(f"{cell.id:70s} tiers={','.join(cell.tiers)} runner={','.join(cell.runner)}")
@@ -40,9 +52,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     matrix = load_matrix(args.matrix)
     cells = matrix.select(cell_ids=args.cell or None, tier=None if args.cell else args.tier)
     if args.backend == "docker":
-        from .images import run_cells_in_docker  # issue 5
+        from .images import run_cells_in_docker
 
-        runs = run_cells_in_docker(cells, args)
+        runs = run_cells_in_docker(cells, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k,
+                                   tier=args.tier)
     else:
         extra = [f"--distci-known-issues={Path(args.known_issues).resolve()}"] if args.known_issues else []
         runs = [run_cell(c, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k, tier=args.tier,
@@ -67,7 +80,27 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args.what, args)
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The modules that register subcommands (each has add_parser(sub)), in --help order.
+REGISTRY = (
+    "distci.ingest",       # ingest
+    "distci.gate",         # gate
+    "distci.export",       # export
+    "distci.dashboard",    # dashboard
+    "distci.audit",        # fixes-audit
+    "distci.bisect",       # bisect
+    "distci.images",       # images, teardown
+    "distci.runreport",    # runreport
+    "distci.ci",           # aggregate
+    "distci.lint",         # lint
+    "distci.notify",       # notify
+)
+
+
+class CommandImportError(RuntimeError):
+    """A registered command module does not import: distci is broken, not the user's input."""
+
+
+def build_parser(registry: tuple[str, ...] = REGISTRY) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="distci", description=__doc__.splitlines()[0])
     parser.add_argument("--matrix", default="matrix.toml", help="the matrix file (default: matrix.toml)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -75,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("matrix", help="list the cells, or print them as a GitHub Actions include list")
     p.add_argument("--json", action="store_true", help="print {'include': [...]} for a GitHub Actions matrix")
     p.add_argument("--tier", default=None)
+    p.add_argument("--github-output", action="store_true",
+                   help="with --json: also write matrix=, cells=, tier= to $GITHUB_OUTPUT and a step summary")
     p.set_defaults(fn=_cmd_matrix)
 
     p = sub.add_parser("run", help="provision cells and run their distributed suites")
@@ -98,24 +133,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="provision: keep the bench's wheelhouse and envs")
     p.set_defaults(fn=_cmd_bench)
 
-    for module in ("ingest", "gate", "export", "dashboard", "audit", "bisect", "images", "runreport", "aggregate", "lint",
-                   "notify"):
+    for module in registry:
         try:
-            mod = __import__(f"distci.{module}", fromlist=["add_parser"])
-        except ImportError:
-            continue
-        if hasattr(mod, "add_parser"):
-            mod.add_parser(sub)
+            mod = importlib.import_module(module)
+        except ImportError as exc:
+            raise CommandImportError(f"cannot load the commands of {module}: {exc}") from exc
+        register = getattr(mod, "add_parser", None)
+        if register is None:
+            raise CommandImportError(f"{module} is in distci.cli.REGISTRY but has no add_parser(sub)")
+        register(sub)
     return parser
 
 
 def main_for(command: str, argv=None) -> int:
-    """Lets `python -m distci.<module>` behave exactly like `python -m distci <command>`."""
+    """Lets `python -m distci.<module>` behave exactly like `python -m distci <command>`.
+
+    Kept for the modules that still offer `python -m distci.<module>` (gate, store, export,
+    dashboard); new entry points are `python -m distci <command>` only.
+    """
     return main([command, *(argv if argv is not None else sys.argv[1:])])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except CommandImportError as exc:
+        print(f"distci: error: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     try:
         return args.fn(args)

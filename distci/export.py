@@ -72,6 +72,7 @@ class HudRow:
     failed_tests_detail: list[dict[str, Any]]
     triage_verdict: dict[str, Any] | None
     distci: dict[str, Any] = field(default_factory=dict)
+    artifact_url: str = ""
     status: str = "completed"
     upstream_repo: str = UPSTREAM_REPO
     schema_version: int = 1
@@ -195,8 +196,22 @@ def _triage(store: Store, run: RunRow, results: list[ResultRow]) -> dict[str, An
     return verdict
 
 
-def hud_row(store: Store, run: RunRow) -> HudRow | None:
-    """The relay row of one run, or None when the run has no upstream SHA to key it by."""
+# Tiers whose runs are scheduled (cron): HUD lists `nightly` rows on its nightly page, and
+# a release-tier run is a scheduled run of the same workflow, so it is `nightly` too.
+SCHEDULED_TIERS = ("nightly", "release")
+
+
+def event_type(run: RunRow) -> str:
+    return "nightly" if run.tier in SCHEDULED_TIERS or run.nightly_date else "periodic"
+
+
+def hud_row(store: Store, run: RunRow, *, artifact_url: str = "") -> HudRow | None:
+    """The relay row of one run, or None when the run has no upstream SHA to key it by.
+
+    The conclusion follows the gate's words: a blocking verdict is `failure`; a known
+    issue (xfail) or a flaky test does not block; a run with infra results and nothing
+    blocking is `neutral` (the gate calls it INCOMPLETE, never PASSED).
+    """
     if not run.torch_git:
         return None
     results = store.results(run_id=run.run_id)
@@ -210,7 +225,7 @@ def hud_row(store: Store, run: RunRow) -> HudRow | None:
         conclusion = "success"
     return HudRow(
         delivery_id=run.torch_git,
-        event_type="nightly" if run.tier == "nightly" or run.nightly_date else "periodic",
+        event_type=event_type(run),
         job_name=run.cell_id,
         conclusion=conclusion,
         test_results={
@@ -223,6 +238,7 @@ def hud_row(store: Store, run: RunRow) -> HudRow | None:
         },
         failed_tests_detail=[_detail(r) for r in results if r.outcome in ("failed", "error")][:MAX_DETAILS],
         triage_verdict=_triage(store, run, results),
+        artifact_url=artifact_url,
         distci={
             "run_id": run.run_id,
             "cell_id": run.cell_id,
@@ -237,7 +253,8 @@ def hud_row(store: Store, run: RunRow) -> HudRow | None:
 
 
 def hud_rows(
-    store: Store, since: str | None = None, cell: str | None = None, left_out: list[str] | None = None
+    store: Store, since: str | None = None, cell: str | None = None, left_out: list[str] | None = None,
+    artifact_url: str = "",
 ) -> list[HudRow]:
     """Rows for every run (started on or after `since`, of cells containing `cell`).
 
@@ -250,7 +267,7 @@ def hud_rows(
             continue
         if cell and cell not in run.cell_id:
             continue
-        row = hud_row(store, run)
+        row = hud_row(store, run, artifact_url=artifact_url)
         if row is not None:
             rows.append(row)
         elif left_out is not None:
@@ -297,17 +314,45 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--store", type=Path, default=None, help="store file (default $DISTCI_STORE or .distci/store.sqlite)"
     )
+    p.add_argument("--artifact-url", default=None,
+                   help="URL of the run's logs and reports (default: this Actions run's page, when in Actions)")
+    p.add_argument("--github-output", action="store_true",
+                   help="write the newest row of --cell as the relay action's inputs to $GITHUB_OUTPUT "
+                        "(post=false when there is none)")
     p.set_defaults(fn=run)
     return p
 
 
+def action_inputs(row: HudRow | None) -> dict[str, str]:
+    """One row as cross-repo-ci-relay-callback's inputs (JSON values on one line each)."""
+    if row is None:
+        return {"post": "false"}
+    compact = {"separators": (",", ":"), "sort_keys": True}
+    return {
+        "post": "true", "status": row.status, "conclusion": row.conclusion, "delivery-id": row.delivery_id,
+        "event-type": row.event_type, "job-name": row.job_name, "artifact-url": row.artifact_url,
+        "test-results": json.dumps(row.test_results, **compact),
+        "failed-tests-detail": json.dumps(row.failed_tests_detail, **compact),
+        "triage-verdict": json.dumps(row.triage_verdict, **compact) if row.triage_verdict else "",
+    }
+
+
 def run(args: argparse.Namespace) -> int:
+    from distci.ci.actions import workflow_run_url, write_outputs
+
     store_path = args.store or default_store_path()
     if not Path(store_path).exists():
         raise SelectionError(f"no store at {store_path}; run `nox -s ingest -- PATH...` first")
     left_out: list[str] = []
     with Store(store_path) as store:
-        rows = hud_rows(store, since=args.since, cell=args.cell, left_out=left_out)
+        rows = hud_rows(store, since=args.since, cell=args.cell, left_out=left_out,
+                        artifact_url=args.artifact_url or workflow_run_url())
+    if args.github_output:
+        if not args.cell:
+            raise SelectionError("--github-output writes one row: give its --cell")
+        mine = sorted((r for r in rows if r.job_name == args.cell), key=lambda r: r.distci.get("started_at") or "")
+        print(write_outputs(action_inputs(mine[-1] if mine else None)), end="")
+        return 0
     if left_out:
         print(f"left out {len(left_out)} runs without a torch commit: {', '.join(left_out)}", file=sys.stderr)
     if str(args.out) == "-":

@@ -44,10 +44,12 @@ import sys
 import sysconfig
 import tempfile
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from distci.errors import ConfigError, InfraError
@@ -97,6 +99,114 @@ def interpreter_tags(python: str = sys.executable) -> dict[str, str]:
     if proc.returncode != 0:
         raise InfraError(f"cannot run the target interpreter {python}", log=proc.stderr)
     return json.loads(proc.stdout)
+
+
+# manylinux glibc levels a target accepts, newest first (pip needs each one named).
+MANYLINUX_MINORS = tuple(range(39, 16, -1))
+
+
+@dataclass(frozen=True)
+class WheelTarget:
+    """A CPython and Linux architecture wheels are downloaded for, other than the controller's.
+
+    An image's Python need not be the controller's: `pip download --only-binary=:all:
+    --python-version X.Y --platform ...` fetches exactly the wheels that interpreter
+    would install, from any controller Python >= 3.9. Only wheels: an sdist or a git
+    source would have to be built by the target interpreter (build the image where one
+    runs, or set DISTCI_IMAGE_PYTHON to it).
+    """
+
+    python: str   # "3.11"
+    machine: str  # "x86_64" | "aarch64"
+
+    @property
+    def nodot(self) -> str:
+        return self.python.replace(".", "")
+
+    def tags(self) -> dict[str, str]:
+        """The identity the wheelhouse key records: the same as interpreter_tags() of that interpreter."""
+        return {"python": f"cpython{self.nodot}", "platform": f"linux-{self.machine}"}
+
+    def platforms(self) -> list[str]:
+        return [*(f"manylinux_2_{m}_{self.machine}" for m in MANYLINUX_MINORS), f"manylinux2014_{self.machine}",
+                f"linux_{self.machine}"]
+
+    def pip_args(self) -> list[str]:
+        args = ["--only-binary=:all:", "--python-version", self.python, "--implementation", "cp",
+                "--abi", f"cp{self.nodot}", "--abi", "abi3", "--abi", "none"]
+        for platform in self.platforms():
+            args += ["--platform", platform]
+        return args
+
+    def packaging_tags(self) -> list:
+        """The wheel tags this interpreter accepts, best first (for reading an index's file list)."""
+        from packaging.tags import compatible_tags, cpython_tags
+
+        version = tuple(int(x) for x in self.python.split("."))
+        return [*cpython_tags(version, platforms=self.platforms()),
+                *compatible_tags(version, f"cp{self.nodot}", platforms=self.platforms())]
+
+    def marker_env(self) -> dict[str, str]:
+        """PEP 508 marker values of the target (for reading its wheels' Requires-Dist)."""
+        from packaging.markers import default_environment
+
+        return {**default_environment(), "python_version": self.python, "python_full_version": f"{self.python}.0",
+                "platform_machine": self.machine, "sys_platform": "linux", "platform_system": "Linux",
+                "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+
+    @classmethod
+    def for_interpreter_or_none(cls, python: str, machine: str, controller: str = sys.executable) -> "WheelTarget | None":
+        """None when `controller` is that interpreter already (then it builds the wheelhouse itself)."""
+        here = interpreter_tags(controller)
+        target = cls(python, machine)
+        return None if here == target.tags() else target
+
+
+def wheel_requires(path: Path) -> list[Requirement]:
+    """A wheel's Requires-Dist, from its METADATA."""
+    with zipfile.ZipFile(path) as zf:
+        name = next((n for n in zf.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1), None)
+        text = zf.read(name).decode("utf-8", "replace") if name else ""
+    found = []
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        if line.startswith("Requires-Dist:"):
+            try:
+                found.append(Requirement(line.split(":", 1)[1].strip()))
+            except InvalidRequirement:
+                continue
+    return found
+
+
+def _complete_for(target: WheelTarget, directory: Path, cmd: list[str], log_path: Path, log: Log) -> None:
+    """Download what the target's markers ask for and pip skipped.
+
+    `pip download --python-version` matches wheel tags for the target but evaluates
+    dependency markers for the interpreter running pip, so a dependency behind
+    `python_version >= "3.12"` is missed from a 3.11 controller. Each round reads the
+    downloaded wheels' Requires-Dist with the target's markers and fetches what is missing.
+    """
+    env = target.marker_env()
+    for _ in range(20):
+        have = {canonicalize_name(parse_wheel_filename(w.name)[0]) for w in directory.glob("*.whl")}
+        missing = sorted({str(Requirement(f"{r.name}{r.specifier}"))
+                          for w in directory.glob("*.whl") for r in wheel_requires(w)
+                          if canonicalize_name(r.name) not in have
+                          and (r.marker is None or r.marker.evaluate({**env, "extra": ""}))})
+        if not missing:
+            return
+        log(f"  for CPython {target.python}: also {', '.join(missing)}")
+        code, output = run_pip([*cmd, *missing], log_path, log)
+        if code != 0:
+            raise InfraError(f"pip download for CPython {target.python} failed: {failure_line(output)}",
+                             log=_tail(output))
+    raise InfraError("dependencies of the target did not converge after 20 rounds")
+
+
+def tags_of_here() -> str:
+    here = interpreter_tags(sys.executable)
+    return f"{here['python']} {here['platform']}"
 
 
 def wheelhouse_key(requirements: Sequence[str], pip_args: Sequence[str], tags: dict[str, str],
@@ -307,6 +417,7 @@ def ensure_wheelhouse(
     python: str = sys.executable,
     extra_wheels: Sequence[Path] = (),
     max_gb: float | None = None,
+    target: WheelTarget | None = None,
     log: Log = print,
 ) -> Wheelhouse:
     """Return the wheelhouse for these inputs, building it (with pip, once) if needed.
@@ -318,13 +429,15 @@ def ensure_wheelhouse(
     them does not re-download torch. Sdists and direct references are built into wheels
     here, so environments never build anything. Failures raise InfraError with pip's log.
     `max_gb` caps the root's size (default: DISTCI_WHEELHOUSE_MAX_GB; unset: no cap).
+    `target`: download the wheels for another interpreter (WheelTarget); the key is the
+    one that interpreter would get, so either way of making a wheelhouse serves both.
     """
     root = Path(root) if root is not None else default_root()
     extra = [Path(p) for p in extra_wheels]
     for wheel in extra:
         if not wheel.is_file():
             raise InfraError(f"extra wheel {wheel} does not exist")
-    tags = interpreter_tags(python)
+    tags = target.tags() if target is not None else interpreter_tags(python)
     environment = resolution_environment(python)
     full_key = wheelhouse_key(requirements, pip_args, tags, [sha256_file(w) for w in extra], environment)
     key = full_key[:KEY_LENGTH]
@@ -347,7 +460,7 @@ def ensure_wheelhouse(
                 log(f"wheelhouse {key}: {final} is incomplete or damaged; rebuilding it")
                 shutil.rmtree(final)
             found = _build(list(requirements), list(pip_args), final, full_key, tags, python, extra, log,
-                           environment)
+                           environment, target)
     return _used(found, root, cap, log)
 
 
@@ -480,7 +593,7 @@ def _remove_unlocked(root: Path, path: Path) -> bool:
 
 def _build(requirements: list[str], pip_args: list[str], final: Path, full_key: str,
            tags: dict[str, str], python: str, extra: list[Path], log: Log,
-           environment: Mapping[str, str]) -> Wheelhouse:
+           environment: Mapping[str, str], target: WheelTarget | None = None) -> Wheelhouse:
     key = final.name
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-{key}-", dir=final.parent))
     try:
@@ -497,9 +610,16 @@ def _build(requirements: list[str], pip_args: list[str], final: Path, full_key: 
             find_links = ["--find-links", str(local)]
         # `pip wheel` (not `pip download`): a wheel on the index is saved as is, an sdist
         # or a git reference is built once here, so installs from the wheelhouse never build.
-        cmd = [python, "-m", "pip", "wheel", "--prefer-binary", "--wheel-dir", str(tmp),
-               *pip_args, *find_links, "-r", str(req_file)]
+        if target is None:
+            cmd = [python, "-m", "pip", "wheel", "--prefer-binary", "--wheel-dir", str(tmp),
+                   *pip_args, *find_links, "-r", str(req_file)]
+        else:
+            log(f"wheelhouse {key}: for CPython {target.python} on {target.machine} (this is {tags_of_here()})")
+            cmd = [sys.executable, "-m", "pip", "download", "--dest", str(tmp), *target.pip_args(),
+                   *pip_args, *find_links, "-r", str(req_file)]
         code, output = run_pip(cmd, tmp / PIP_LOG, log)
+        if code == 0 and target is not None:
+            _complete_for(target, tmp, cmd[: cmd.index("-r")], tmp / f"more-{PIP_LOG}", log)
         if code != 0:
             kept = final.parent / f"{key}.failed.log"
             shutil.copyfile(tmp / PIP_LOG, kept)

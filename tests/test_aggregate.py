@@ -1,6 +1,6 @@
 """The nightly aggregate, run locally: history branch, store, verdicts, issues, bisects, dashboard.
 
-GitHub is a small fake REST server on 127.0.0.1 (the endpoints distci.aggregate uses,
+GitHub is a small fake REST server on 127.0.0.1 (the endpoints distci.ci uses,
 with GitHub's pagination and auth behaviour); the history branch lives in a bare git
 repository in tmp_path. The first test aggregates the artifacts of two real cell runs.
 """
@@ -21,7 +21,8 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from conftest import REPO
-from distci.aggregate import AggregateOptions, History, aggregate, bisect_record, record_bisect
+from distci.ci.history import History
+from distci.ci.nightly import AggregateOptions, aggregate, bisect_record, record_bisect
 from distci.errors import ConfigError
 from distci.results import Result
 from distci.rundir import RunDir
@@ -51,15 +52,18 @@ class FakeGitHub:
         self.requests: list[tuple[str, str]] = []
         self.page_size = page_size
         self.read_only = False
+        self.rate_limited_writes = 0  # the next N writes get GitHub's secondary-rate-limit 403
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def _send(self, status: int, body: Any = None, link: str = "") -> None:
+            def _send(self, status: int, body: Any = None, link: str = "", retry_after: str = "") -> None:
                 data = b"" if body is None else json.dumps(body).encode()
                 self.send_response(status)
+                if retry_after:
+                    self.send_header("Retry-After", retry_after)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 if link:
@@ -69,8 +73,12 @@ class FakeGitHub:
 
             def _handle(self, method: str) -> None:
                 fake.requests.append((method, self.path))
-                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                if self.headers.get("Authorization") not in (f"Bearer {TOKEN}", f"token {TOKEN}"):
                     return self._send(401, {"message": "Bad credentials"})
+                if self.command != "GET" and fake.rate_limited_writes > 0:
+                    fake.rate_limited_writes -= 1
+                    return self._send(403, {"message": "You have exceeded a secondary rate limit. Please wait "
+                                                       "a few minutes before you try again."}, retry_after="1")
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
                 url = urlparse(self.path)
@@ -163,6 +171,7 @@ def github(monkeypatch, tmp_path):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("GITHUB_API_URL", fake.url)
     monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+    monkeypatch.setenv("DISTCI_GITHUB_WRITE_INTERVAL", "0")
     monkeypatch.setenv("GITHUB_REPOSITORY", REPO_SLUG)
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "summary.md"))
     yield fake
@@ -378,6 +387,22 @@ def test_one_issue_per_signature_across_cells_and_nights(tmp_path, github):
     again = aggregate(options(tmp_path, "rerun", tmp_path / "artifacts-2026-11-21", remote, site=None))
     assert len(again.regressions) == 2 and github.writes() == before
     assert sum(f.endswith("results.jsonl") for f in remote_files(remote)) == 9
+
+
+def test_a_secondary_rate_limit_is_waited_out_and_the_issue_opened_once(tmp_path, github):
+    """GitHub answers bursts of writes with 403 + Retry-After; the client waits and retries."""
+    remote = bare_remote(tmp_path)
+    a, b = tmp_path / "artifacts-a", tmp_path / "artifacts-b"
+    write_run(a, CELL_A, "2026-11-19", nightly("2026-11-19"), {"test_tp_loss": "passed"})
+    write_run(b, CELL_A, "2026-11-20", nightly("2026-11-20"), {"test_tp_loss": "failed"})
+    aggregate(options(tmp_path, "a", a, remote, site=None))
+    github.labels.add("distci-regression")
+    github.rate_limited_writes = 2
+    report = aggregate(options(tmp_path, "b", b, remote, site=None))
+    assert github.rate_limited_writes == 0
+    assert report.filing.opened and len(distci_issues(github)) == 1
+    posts = [r for r in github.requests if r == ("POST", f"/repos/{REPO_SLUG}/issues")]
+    assert len(posts) == 3  # two refused with 403, the third created it
 
 
 def test_missing_permission_is_one_line_that_names_it(tmp_path, github):

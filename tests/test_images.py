@@ -2,9 +2,11 @@
 
 Tests marked `docker` need dockerd: the session fixture starts it when docker.io is
 installed and nothing answers (and stops it, by pid, at the end), and skips otherwise.
-The local debootstrap base image is made once per machine and reused by tag; the cpu
-image builds from it and the default cell's wheelhouse (torch 2.13.0). The no-daemon
-test and the small unit tests need no daemon and run everywhere.
+Nothing can be pulled here, so they build with DISTCI_BASE_IMAGE=local: the debootstrap
+base, made once per machine and reused by tag, tagged under the public base's name (the
+build then takes the same path as FROM the pulled image). The cpu image builds from it
+and the default cell's wheelhouse (torch 2.13.0). The no-daemon test and the small unit
+tests need no daemon and run everywhere.
 """
 
 from __future__ import annotations
@@ -13,14 +15,17 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO
+from dockerd import docker_client  # noqa: F401 - the session fixture
 from distci.errors import ConfigError, InfraError
 from distci.wheelhouse import ensure_wheelhouse
 from test_wheelhouse_envs import write_wheel
@@ -32,7 +37,7 @@ NPU_MATRIX = """schema = 1
 backend = "hccl"
 runner = ["self-hosted", "npu"]
 archs = ["x86_64"]
-variants = ["cann8"]
+variants = ["cann9.2"]
 family = "npu"
 [tiers.nightly]
 [[matrix]]
@@ -46,47 +51,6 @@ tiers = ["nightly"]
 def distci(*args: str, env: dict[str, str] | None = None, timeout: float = 1500) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "distci", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout, env={**os.environ, **(env or {})})
-
-
-def _ping() -> bool:
-    import docker
-
-    try:
-        docker.from_env(timeout=5).ping()
-        return True
-    except Exception:  # noqa: BLE001 - any failure means: no daemon answering
-        return False
-
-
-@pytest.fixture(scope="session")
-def docker_client(tmp_path_factory):
-    """A client of a running dockerd; started here (and stopped by pid) when installed but not running."""
-    docker = pytest.importorskip("docker", reason="the Docker SDK is not installed (pip install 'distci[docker]')")
-    if shutil.which("dockerd") is None:
-        pytest.skip("docker.io is not installed (apt-get install docker.io)")
-    proc = None
-    if not _ping():
-        if os.geteuid() != 0:
-            pytest.skip("dockerd is installed but not running, and starting it needs root")
-        log = tmp_path_factory.mktemp("dockerd") / "dockerd.log"
-        with log.open("w") as out:
-            proc = subprocess.Popen(["dockerd"], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while not _ping():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.skip(f"dockerd did not start: {log.read_text()[-500:]}")
-            time.sleep(0.5)
-    try:
-        yield docker.from_env(timeout=3600)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def build_steps(log_path: Path) -> dict[str, tuple[bool, str]]:
@@ -167,8 +131,11 @@ def test_npu_pairing_follows_ascends_table():
 
     assert check_npu_pairing([{"name": "torch", "version": "2.7.1+cpu"},
                               {"name": "torch_npu", "version": "2.7.1.post8"}]) == "9.1.0"
-    assert check_npu_pairing([{"name": "torch", "version": "2.13.0"},
-                              {"name": "torch-npu", "version": "2.13.0"}]) is None
+    for release in ("2.13.0", "2.14.0"):  # torch_npu 26.2.0 release notes: CANN 9.2.0
+        assert check_npu_pairing([{"name": "torch", "version": release},
+                                  {"name": "torch-npu", "version": release}]) == "9.2.0"
+    assert check_npu_pairing([{"name": "torch", "version": "2.15.0"},
+                              {"name": "torch-npu", "version": "2.15.0"}]) is None
     with pytest.raises(ConfigError, match=r"torch_npu 2\.13\.0 pairs with torch 2\.13\.0, not torch 2\.12\.0"):
         check_npu_pairing([{"name": "torch", "version": "2.12.0"}, {"name": "torch-npu", "version": "2.13.0"}])
 
@@ -268,7 +235,7 @@ def test_npu_image_installs_the_torch_npu_paired_with_torch(docker_client, tmp_p
     matrix = tmp_path / "matrix.toml"
     matrix.write_text(NPU_MATRIX)
     base = ensure_local_base(docker_client, log=lambda m: None)
-    cell = "npu-cann8-torch_2.13.0-ao_none-npu_compat2.13.0-ws2-fix_on"
+    cell = "npu-cann9.2-torch_2.13.0-ao_none-npu_compat2.13.0-ws2-fix_on"
     proc = distci("--matrix", str(matrix), "images", "--cell", cell, env={"DISTCI_NPU_BASE_IMAGE": base})
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]
     built = sorted((i for i in docker_client.images.list(name="distci/npu") if any(f":{cell}-" in t for t in i.tags)),
@@ -278,7 +245,7 @@ def test_npu_image_installs_the_torch_npu_paired_with_torch(docker_client, tmp_p
     stack = json.loads(labels["distci.stack"])
     assert labels["distci.family"] == "npu" and labels["distci.cell"] == cell
     assert stack["torch-npu"].startswith("2.13.0") and stack["torch"].startswith("2.13.0")
-    assert labels["org.opencontainers.image.base.name"] == base and "distci.cann.expected" in labels
+    assert labels["org.opencontainers.image.base.name"] == base and labels["distci.cann.expected"] == "9.2.0"
     code = "import importlib.metadata as m; print(m.version('torch_npu'), m.version('torch'), m.version('pyyaml'))"
     out = docker_client.containers.run(tag, ["sh", "-c", f"python -c \"{code}\" && (python -m pip check || true)"],
                                        network_mode="none", remove=True).decode().strip().splitlines()
@@ -286,3 +253,175 @@ def test_npu_image_installs_the_torch_npu_paired_with_torch(docker_client, tmp_p
     assert versions[0] == stack["torch-npu"] and versions[1] == stack["torch"], out
     # distci's controller dependencies (rich, jinja2) are deliberately not in cell images.
     assert all(line.startswith("distci ") or line == "No broken requirements found." for line in out[1:]), out
+
+
+# --------------------------------------------------------------------------- bases, NPU, teardown
+
+
+def test_public_bases_are_pinned_by_digest_in_one_table():
+    from distci.images import PUBLIC_BASES
+
+    for (family, python), base in PUBLIC_BASES.items():
+        if family in ("cpu", "cuda"):
+            assert re.fullmatch(r"sha256:[0-9a-f]{64}", base.digest or ""), (family, base)
+            assert base.ref == f"{base.name}@{base.digest}"
+        assert re.fullmatch(r"\d+\.\d+", python)
+    for family in ("cpu", "cuda", "npu"):  # the Dockerfiles name no base of their own: no second copy
+        text = (REPO / "docker" / family / "Dockerfile").read_text()
+        assert re.search(r"^ARG BASE_IMAGE$", text, re.M) and not re.search(r"^ARG BASE_IMAGE=", text, re.M)
+
+
+def test_base_overrides_per_runner(monkeypatch):
+    from distci.images import PUBLIC_BASES, resolve_base
+
+    for var in ("DISTCI_BASE_IMAGE", "DISTCI_CPU_BASE_IMAGE", "DISTCI_CUDA_BASE_IMAGE", "DISTCI_NPU_BASE_IMAGE"):
+        monkeypatch.delenv(var, raising=False)
+    assert resolve_base("cpu", "3.11", None) == PUBLIC_BASES[("cpu", "3.11")].ref
+    monkeypatch.setenv("DISTCI_BASE_IMAGE", "registry.invalid/any:1")
+    assert resolve_base("cuda", "3.11", None) == "registry.invalid/any:1"
+    monkeypatch.setenv("DISTCI_CUDA_BASE_IMAGE", "registry.invalid/cuda:2")
+    assert resolve_base("cuda", "3.11", None) == "registry.invalid/cuda:2"
+    assert resolve_base("npu", "3.11", None) == PUBLIC_BASES[("npu", "3.11")].ref  # DISTCI_BASE_IMAGE is not npu's
+    with pytest.raises(ConfigError, match="no public base image for the cpu family with Python 3.7"):
+        monkeypatch.delenv("DISTCI_BASE_IMAGE")
+        resolve_base("cpu", "3.7", None)
+
+
+def test_npu_variant_is_named_after_the_cann_and_a_different_cann_is_infra():
+    from distci.images.npu import CANN_FOR_TORCH_NPU, cann_variant, check_cann
+    from distci.matrix import load_matrix
+
+    npu = [c for c in load_matrix(REPO / "matrix.toml").cells if c.accelerator == "npu"]
+    assert npu
+    for cell in npu:
+        npu_source = next(s for s in cell.sources if s.package == "torch_npu")
+        paired = CANN_FOR_TORCH_NPU[npu_source.declared.lstrip("~=")]
+        assert cell.variant == cann_variant(paired), (cell.id, paired)
+    assert cann_variant("8.3.RC1") == "cann8.3"
+    check_cann("9.1.X", "9.1.1", image="img")
+    check_cann("9.2.0", "9.2.0", image="img")
+    with pytest.raises(InfraError, match=r"built for CANN 9\.2\.0, but the run used CANN 9\.1\.0"):
+        check_cann("9.2.0", "9.1.0", image="img")
+    with pytest.raises(InfraError, match="no CANN was found"):
+        check_cann("9.2.0", "", image="img")
+
+
+def test_npu_device_group_is_configurable(monkeypatch):
+    from distci.images.run import PROFILES, device_gids
+
+    monkeypatch.setenv("DISTCI_NPU_DEVICE_GROUP", "root, 4242")
+    assert device_gids(PROFILES["npu"]) == [0, 4242]
+    monkeypatch.setenv("DISTCI_NPU_DEVICE_GROUP", "")
+    assert device_gids(PROFILES["npu"]) == []
+    monkeypatch.setenv("DISTCI_NPU_DEVICE_GROUP", "distci-no-such-group")
+    with pytest.raises(InfraError, match="'distci-no-such-group'.*set DISTCI_NPU_DEVICE_GROUP"):
+        device_gids(PROFILES["npu"])
+    assert device_gids(PROFILES["cpu"]) == []
+
+
+def test_job_label_comes_from_the_actions_run():
+    from distci.images.run import job_label
+
+    assert job_label({"GITHUB_RUN_ID": "77", "GITHUB_RUN_ATTEMPT": "2"}) == "gh77-2"
+    assert job_label({"DISTCI_JOB": "mine", "GITHUB_RUN_ID": "77"}) == "mine"
+    assert job_label({}) == "local"
+
+
+def _sleeper(client, base: str, job: str, cell: str):
+    labels = {"distci.job": job, "distci.cell": cell, "distci.run": uuid.uuid4().hex[:8]}
+    return client.containers.run(base, ["sleep", "600"], detach=True, network_mode="none", labels=labels)
+
+
+@pytest.mark.docker
+def test_local_base_is_tagged_under_the_public_name(docker_client, monkeypatch):
+    from distci.images import PUBLIC_BASES, ensure_local_base, resolve_base
+
+    monkeypatch.setenv("DISTCI_BASE_IMAGE", "local")
+    monkeypatch.delenv("DISTCI_CPU_BASE_IMAGE", raising=False)
+    ref = resolve_base("cpu", "3.11", docker_client, log=lambda m: None)
+    assert ref == PUBLIC_BASES[("cpu", "3.11")].name
+    local = ensure_local_base(docker_client, log=lambda m: None)
+    assert docker_client.images.get(ref).id == docker_client.images.get(local).id
+
+
+@pytest.mark.docker
+def test_teardown_removes_only_the_containers_of_its_job_and_cell(docker_client):
+    from distci.images import ensure_local_base
+
+    base = ensure_local_base(docker_client, log=lambda m: None)
+    job, other = f"test-{uuid.uuid4().hex[:8]}", f"test-{uuid.uuid4().hex[:8]}"
+    mine = _sleeper(docker_client, base, job, "cell-a")
+    same_job_other_cell = _sleeper(docker_client, base, job, "cell-b")
+    theirs = _sleeper(docker_client, base, other, "cell-a")
+    try:
+        proc = distci("teardown", "--job", job, "--cell", "cell-a", timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "1 container(s)" in proc.stdout
+        left = {c.id for c in docker_client.containers.list(all=True, filters={"label": f"distci.job={job}"})}
+        assert left == {same_job_other_cell.id}
+        assert theirs.id in {c.id for c in docker_client.containers.list(filters={"label": f"distci.job={other}"})}
+        assert mine.id not in left
+    finally:
+        for c in (same_job_other_cell, theirs):
+            c.remove(force=True)
+
+
+@pytest.mark.docker
+def test_sigterm_stops_and_removes_the_cells_container(docker_client, tmp_path):
+    """A cancelled job SIGTERMs the controller: the container stops, the run is recorded, nothing is left."""
+    job = f"test-{uuid.uuid4().hex[:8]}"
+    target = "tests/harness_cases/test_stoppable.py::test_sleeps_in_the_pool"
+    proc = subprocess.Popen([sys.executable, "-m", "distci", "run", "--backend", "docker", "--cell", DEFAULT_CELL,
+                             "--test", "tests/harness_cases/test_stoppable.py::test_finishes", "--test", target,
+                             "--runs-root", str(tmp_path)], cwd=REPO, env={**os.environ, "DISTCI_JOB": job},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    label = {"label": f"distci.job={job}"}
+    deadline = time.monotonic() + 900
+    results = lambda: next(tmp_path.glob("*/results.jsonl"), None)  # noqa: E731
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = results()
+        if docker_client.containers.list(filters=label) and found and "test_finishes" in found.read_text():
+            break
+        time.sleep(1)
+    assert proc.poll() is None, proc.communicate()[0][-3000:]
+    time.sleep(3)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert "stopped by signal SIGTERM: stopping the container" in out, out[-3000:]
+    assert docker_client.containers.list(all=True, filters=label) == []
+    records = {r["test_id"]: r for r in map(json.loads, results().read_text().splitlines())}
+    assert records["tests/harness_cases/test_stoppable.py::test_finishes"]["outcome"] == "passed"
+    stopped = records[target]
+    assert (stopped["outcome"], stopped["failure_kind"]) == ("error", "infra"), stopped
+
+
+def test_an_image_wheelhouse_targets_the_cells_python_from_any_controller(tmp_path):
+    """A controller of another Python downloads the wheels the image's interpreter installs (and only those)."""
+    import platform
+
+    from distci.images import split_stack
+    from distci.wheelhouse import WheelTarget
+
+    here = "%d.%d" % sys.version_info[:2]
+    other = "3.12" if here != "3.12" else "3.13"
+    machine = platform.machine()
+    links = tmp_path / "links"
+    links.mkdir()
+    write_wheel(links, "tinypure", "1.0", requires=(f"tinybin; python_version >= '{other}'",))
+    for version in (here, other):
+        tag = "cp" + version.replace(".", "")
+        plain = write_wheel(links, "tinybin", "1.0")
+        plain.rename(links / f"tinybin-1.0-{tag}-{tag}-manylinux_2_17_{machine}.whl")
+    target = WheelTarget(other, machine)
+    assert WheelTarget.for_interpreter_or_none(here, machine) is None
+    assert WheelTarget.for_interpreter_or_none(other, machine) == target
+    wheelhouse = ensure_wheelhouse(["tinypure"], ["--no-index", "--find-links", str(links)], tmp_path / "wh",
+                                   target=target, log=lambda m: None)
+    other_tag = "cp" + other.replace(".", "")
+    assert sorted(wheelhouse.wheels) == ["tinybin-1.0-%s-%s-manylinux_2_17_%s.whl" % (other_tag, other_tag, machine),
+                                         "tinypure-1.0-py3-none-any.whl"]
+    assert (wheelhouse.manifest["python"], wheelhouse.manifest["platform"]) == (f"cpython{other_tag[2:]}",
+                                                                                 f"linux-{machine}")
+    # The stack layer follows the marker as the target reads it (this interpreter would not).
+    stack, _ = split_stack(wheelhouse, roots=("tinypure",), env=target.marker_env())
+    assert [w["name"] for w in stack] == ["tinybin", "tinypure"]

@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from conftest import REPO
-from distci.aggregate import BISECT_AXES, BisectPlan, cell_outputs
+from distci.ci.actions import cell_outputs
+from distci.ci.regressions import BISECT_AXES, BisectPlan
 from distci.matrix import load_matrix
 
 WORKFLOWS = REPO / ".github" / "workflows"
@@ -61,7 +62,8 @@ def is_self_hosted_capable(runs_on: Any) -> bool:
 def test_nightly_matrix_comes_from_matrix_toml():
     wf = load("nightly.yml")
     jobs = wf["jobs"]
-    (cells_name, cells), = [(n, j) for n, j in jobs.items() if "strategy" in j]
+    cells = jobs["cells"]
+    assert {n for n, j in jobs.items() if "strategy" in j} == {"cells", "hud"}  # hud: one relay call per cell
     expr = re.fullmatch(r"\$\{\{\s*fromJSON\(needs\.([\w-]+)\.outputs\.matrix\)\s*\}\}", cells["strategy"]["matrix"])
     assert expr, cells["strategy"]["matrix"]
     producer_name = expr.group(1)
@@ -71,7 +73,7 @@ def test_nightly_matrix_comes_from_matrix_toml():
     assert producer["runs-on"] == "ubuntu-latest"
     step_id = re.fullmatch(r"\$\{\{\s*steps\.([\w-]+)\.outputs\.matrix\s*\}\}", producer["outputs"]["matrix"]).group(1)
     (step,) = [s for s in steps(producer) if s.get("id") == step_id]
-    assert re.search(r"nox -s matrix -- --json --tier \"\$TIER\"", step["run"])
+    assert step["run"] == 'nox -s matrix -- --json --tier "$TIER" --github-output'
     assert step["env"]["TIER"] == "${{ inputs.tier || 'nightly' }}"
 
     assert cells["runs-on"] == "${{ matrix.runner }}"
@@ -79,6 +81,7 @@ def test_nightly_matrix_comes_from_matrix_toml():
     runs = "\n".join(s.get("run", "") for s in steps(cells))
     assert 'nox -s images -- --cell "$CELL"' in runs
     assert 'nox -s dist_tests -- --cell "$CELL" --backend docker --tier "$TIER"' in runs
+    assert jobs["hud"]["strategy"]["matrix"] == cells["strategy"]["matrix"]
     (upload,) = [s for s in steps(cells) if s.get("uses", "").startswith("actions/upload-artifact@")]
     assert "${{ matrix.cell }}" in upload["with"]["name"]
 
@@ -163,7 +166,9 @@ def test_every_action_is_pinned_by_commit_sha():
                     assert SHA_PIN.match(step["uses"]), (path.name, step["uses"])
         for line in path.read_text().splitlines():
             if re.match(r"\s*(- )?uses:", line):
-                assert re.search(r"@[0-9a-f]{40} # v\d+\.\d+\.\d+$", line), (path.name, line)
+                # pytorch/test-infra tags no releases of its actions: its pin names the branch.
+                version = r"main" if "pytorch/test-infra/" in line else r"v\d+\.\d+\.\d+"
+                assert re.search(rf"@[0-9a-f]{{40}} # {version}$", line), (path.name, line)
 
 
 def test_permissions_timeouts_concurrency_and_retention():
@@ -188,10 +193,26 @@ def test_no_expression_is_interpolated_into_scripts():
                 assert "${{" not in step.get("run", ""), (name, step.get("name"))
 
 
+# The one index a workflow names: hosted CPU jobs take torch from PyTorch's CPU index
+# (PyPI's torch is the CUDA build), the rest from PyPI; everything else is configuration.
+PR_INDEXES = {"DISTCI_INDEX_URL": "https://download.pytorch.org/whl/cpu",
+              "DISTCI_EXTRA_INDEX_URLS": "https://pypi.org/simple"}
+
+
 def test_index_urls_are_repository_variables():
     config = yaml.safe_load((REPO / ".github" / "actionlint.yaml").read_text())
+    pr = load("pr.yml")
+    assert pr["env"]["DISTCI_INDEX_URL"] == PR_INDEXES["DISTCI_INDEX_URL"]
+    assert pr["env"]["DISTCI_EXTRA_INDEX_URLS"] == PR_INDEXES["DISTCI_EXTRA_INDEX_URLS"]
+    tests_env = next(s for s in steps(pr["jobs"]["tests"]) if s.get("run") == "nox -s tests")["env"]
+    assert tests_env == {"PIP_INDEX_URL": "${{ env.DISTCI_INDEX_URL }}",
+                         "PIP_EXTRA_INDEX_URL": "${{ env.DISTCI_EXTRA_INDEX_URLS }}"}
     for path in sorted(WORKFLOWS.glob("*.y*ml")):
-        assert not re.search(r"https?://", path.read_text()), path.name
+        text = path.read_text()
+        if path.name == "pr.yml":
+            for url in PR_INDEXES.values():
+                text = text.replace(url, "")
+        assert not re.search(r"https?://", text), path.name
         for job in yaml.safe_load(path.read_text())["jobs"].values():
             for key, value in job.get("env", {}).items():
                 if key.startswith("DISTCI_") and ("URL" in key or key.endswith(("FIND_LINKS", "IMAGE"))):
@@ -210,12 +231,12 @@ def test_bisect_workflow_takes_what_the_aggregate_dispatches():
     jobs = wf["jobs"]
     assert jobs["bisect"]["runs-on"] == "${{ fromJSON(needs.resolve.outputs.runner) }}"
     (lookup,) = [s for s in steps(jobs["resolve"]) if s.get("id") == "cell"]
-    assert 'python -m distci.aggregate cell -- "$CELL"' in lookup["run"]
+    assert 'python -m distci aggregate cell -- "$CELL"' in lookup["run"]
     assert jobs["resolve"]["outputs"]["runner"] == "${{ steps.cell.outputs.runner }}"
     bisect_runs = "\n".join(s.get("run", "") for s in steps(jobs["bisect"]))
     assert "nox -s bisect --" in bisect_runs and '-- "$TEST_ID"' in bisect_runs
     record_runs = "\n".join(s.get("run", "") for s in steps(jobs["record"]))
-    assert "python -m distci.aggregate bisect-result" in record_runs
+    assert "python -m distci aggregate bisect-result" in record_runs
 
 
 @pytest.mark.parametrize("cell", [c.id for c in MATRIX.cells])
@@ -223,3 +244,61 @@ def test_bisect_runs_on_the_runner_of_its_cell(cell):
     out = cell_outputs(cell, REPO / "matrix.toml")
     assert json.loads(out["runner"]) == list(MATRIX.cell(cell).runner)
     assert out["variant"] == MATRIX.cell(cell).variant
+
+
+def _is_always(step: dict[str, Any]) -> bool:
+    return str(step.get("if", "")).replace(" ", "") in ("${{always()}}", "always()")
+
+
+def test_every_self_hosted_job_ends_by_removing_its_containers():
+    for name, wf in workflows().items():
+        for job_name, job in wf["jobs"].items():
+            if not is_self_hosted_capable(job["runs-on"]):
+                continue
+            last = list(steps(job))[-1]
+            assert _is_always(last), (name, job_name, last)
+            assert last["run"] == 'nox -s teardown -- --cell "$CELL"', (name, job_name)
+            assert "CELL" in {**job.get("env", {}), **last.get("env", {})}, (name, job_name)
+
+
+def test_the_tier_gate_is_a_job_of_its_own_whose_failure_fails_the_run():
+    jobs = load("nightly.yml")["jobs"]
+    gate = jobs["gate"]
+    assert "aggregate" in gate["needs"] and gate["runs-on"] == "ubuntu-latest"
+    assert gate["env"]["TIER"] == "${{ needs.matrix.outputs.tier }}"
+    (step,) = [s for s in steps(gate) if "nox -s gate" in s.get("run", "")]
+    assert step["run"].startswith('nox -s gate -- --tier "$TIER" --store ')
+    assert not step.get("continue-on-error") and "if" not in step
+    assert "continue-on-error" not in gate
+
+
+def test_only_the_hud_and_pages_jobs_may_mint_an_oidc_token():
+    for name, wf in workflows().items():
+        for job_name, job in wf["jobs"].items():
+            if job.get("permissions", {}).get("id-token") == "write":
+                assert (name, job_name) in {("nightly.yml", "hud"), ("nightly.yml", "deploy")}, (name, job_name)
+                assert not is_self_hosted_capable(job["runs-on"])
+    hud = load("nightly.yml")["jobs"]["hud"]
+    (relay,) = [s for s in steps(hud) if "cross-repo-ci-relay-callback" in s.get("uses", "")]
+    assert set(relay["with"]) >= {"status", "conclusion", "delivery-id", "event-type", "job-name", "test-results",
+                                  "failed-tests-detail", "triage-verdict", "artifact-url"}
+    for key, value in relay["with"].items():
+        assert value == "completed" or value == f"${{{{ steps.row.outputs.{key} }}}}", key
+
+
+def test_nightly_and_pr_steps_are_thin():
+    """Every step that does work calls a nox session or a script of this repository, on one line."""
+    for name in ("nightly.yml", "pr.yml"):
+        for job_name, job in load(name)["jobs"].items():
+            for step in steps(job):
+                if "run" in step:
+                    run = step["run"].strip()
+                    assert "\n" not in run and run.startswith(("nox -s ", "tools/ci/")), (name, job_name, run)
+
+
+def test_the_pr_tier_caches_its_wheelhouse_and_pip_downloads():
+    job = load("pr.yml")["jobs"]["pr-tier"]
+    (cache,) = [s for s in steps(job) if s.get("uses", "").startswith("actions/cache@")]
+    assert ".distci/wheelhouse" in cache["with"]["path"] and "~/.cache/pip" in cache["with"]["path"]
+    assert job["env"]["DISTCI_WHEELHOUSE_ROOT"] == "${{ github.workspace }}/.distci/wheelhouse"
+    assert "hashFiles('matrix.toml'" in cache["with"]["key"]

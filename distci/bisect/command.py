@@ -39,6 +39,8 @@ from distci.bisect.candidates import (
     wheelhouse_candidates,
 )
 from distci.bisect.compiler import compiler_bisect
+from distci.bisect.docker import add_options as add_backend_options
+from distci.bisect.docker import run_in_image
 from distci.bisect.engine import BisectRefused, BisectResult, bisect
 from distci.bisect.pins import Pins, load_stack
 from distci.bisect.probes import (
@@ -107,6 +109,7 @@ def add_parser(sub: Any) -> None:
                    "failure (in the --bad candidate's environment, else --in-env, else here)")
     p.add_argument("--in-env", help="with --compiler: the failing environment (a venv)")
     p.add_argument("--compiler-backend", help="with --compiler: start at this backend (e.g. inductor)")
+    add_backend_options(p)
     p.set_defaults(fn=run)
 
 
@@ -128,6 +131,11 @@ class Question:
 
 
 def run(args: argparse.Namespace, *, log: Callable[[str], None] = print) -> int:
+    if args.backend == "docker":
+        cell = args.image_cell or args.cell
+        if not cell:
+            raise ConfigError("--backend docker runs the bisect in a cell's image: give --image-cell or --cell")
+        return run_in_image(cell, _raw_argv(), log=log)
     if args.list_regressions:
         return _list_regressions(args, log)
     question = _question(args, log)
@@ -470,6 +478,12 @@ def _argv(args: argparse.Namespace) -> list[str]:
         for item in getattr(args, name):
             out += [f"--{name.replace('_', '-')}", item]
     return out
+
+
+def _raw_argv() -> list[str]:
+    """This process's bisect arguments as given (the container reruns them)."""
+    argv = sys.argv[1:]
+    return argv[argv.index("bisect") + 1:] if "bisect" in argv else argv
 
 
 def _shown(path: Path) -> str:

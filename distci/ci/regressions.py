@@ -1,0 +1,155 @@
+"""Tonight's regressions and the bisects they ask for; `infra` runs for cells that sent nothing.
+
+A regression's bisect plan is the first package axis whose version differs between the
+good run it was compared with and tonight's bad run (rule 8: bisect searches one package
+between two points; the other packages stay pinned to the bad run's stack).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from distci.ci.ids import key, now
+from distci.results import Result, error_signature
+from distci.rundir import RUN_FILE, RunDir
+from distci.store import Store, nightly_date_of
+from distci.verdicts import ENV_KEYS
+
+BISECT_AXES = ("torch", "torchao", "torchtitan", "torch_npu")
+
+
+def expected_cells(matrix_json: Path) -> list[dict[str, Any]]:
+    """The include entries of a `distci matrix --json` output file."""
+    return expected_cells_of(json.loads(Path(matrix_json).read_text()))
+
+
+def expected_cells_of(data: Any) -> list[dict[str, Any]]:
+    """The include entries of a `distci matrix --json` output (`{"include": [...]}` or the list)."""
+    return list(data.get("include", data) if isinstance(data, dict) else data)
+
+
+def missing_cell_runs(expected: Sequence[Mapping[str, Any]], present: set[str], out: Path, *,
+                      tier: str, reason: str) -> list[Path]:
+    """An `infra` run for each expected cell that uploaded no run (rule 4: infra, never a pass).
+
+    In Actions its id is made of the workflow run's id, so re-running the aggregate
+    job does not add a second one.
+    """
+    made = []
+    origin = f"gh{os.environ['GITHUB_RUN_ID']}" if os.environ.get("GITHUB_RUN_ID") else \
+        time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for entry in expected:
+        cell = str(entry["cell"])
+        if cell in present:
+            continue
+        run_id = f"missing-{origin}-{cell}"
+        run_dir = out / run_id
+        stack = {"partial": True, "declared": dict(entry), "runner": ",".join(entry.get("runner", []))}
+        RunDir(run_dir).append(Result(
+            run_id=run_id, cell_id=cell, test_id=f"<infra>::{cell}", outcome="error", failure_kind="infra",
+            error_signature=error_signature("MissingRun", "no results were uploaded for this cell"),
+            message=f"no results were uploaded for this cell: {reason}", stack=stack,
+            repro=f"nox -s dist_tests -- --cell {cell} --backend docker", started_at=now(),
+        ))
+        (run_dir / RUN_FILE).write_text(json.dumps({
+            "run_id": run_id, "cell_id": cell, "started_at": now(), "ended_at": now(), "tier": tier,
+            "runner": stack["runner"], "backend": "docker"}, indent=1, sort_keys=True))
+        made.append(run_dir)
+    return made
+
+
+
+@dataclass(frozen=True)
+class BisectPlan:
+    """What bisect.yml is asked: the first bad point of one package between two stacks."""
+
+    cell_id: str
+    test_id: str
+    axis: str
+    good: str
+    bad: str
+    run_id: str = ""
+
+    @property
+    def key(self) -> str:
+        """The question asked: the same range of one package in one cell (per issue, so per signature)."""
+        return key(self.cell_id, self.axis, self.good, self.bad)
+
+    def inputs(self, issue: int) -> dict[str, str]:
+        return {"test_id": self.test_id, "good": self.good, "bad": self.bad, "axis": self.axis,
+                "cell": self.cell_id, "run": self.run_id, "issue": str(issue) if issue > 0 else ""}
+
+
+def bisect_point(version: str) -> str:
+    """A stack version as bisect takes it: a nightly's date, else the public version."""
+    return nightly_date_of(version) or version.split("+", 1)[0]
+
+
+def stack_changes(good: Mapping[str, Any], bad: Mapping[str, Any]) -> list[str]:
+    """What differs between two stacks, as `key: old -> new` lines (environment keys only)."""
+    lines = []
+    for name in ENV_KEYS:
+        if name == "packages":
+            continue
+        if good.get(name) != bad.get(name):
+            lines.append(f"{name}: {good.get(name)} -> {bad.get(name)}")
+    old, new = set(good.get("packages") or []), set(bad.get("packages") or [])
+    if old != new:
+        lines.append(f"packages: {len(new - old)} pins changed ({', '.join(sorted(new - old)[:5])})")
+    return lines
+
+
+@dataclass(frozen=True)
+class Regression:
+    """A result of tonight whose verdict is `regression`, with what the issue and bisect need."""
+
+    cell_id: str
+    run_id: str
+    test_id: str
+    signature: str
+    reason: str
+    excerpt: str
+    repro: str
+    compared_run: str | None
+    good_stack: Mapping[str, Any]
+    bad_stack: Mapping[str, Any]
+
+    @property
+    def key(self) -> str:
+        return key(self.signature)
+
+    @property
+    def occurrence(self) -> str:
+        return key(self.run_id, self.test_id)
+
+    def bisect_plan(self) -> BisectPlan | None:
+        for axis in BISECT_AXES:
+            good, bad = self.good_stack.get(axis), self.bad_stack.get(axis)
+            if good and bad and good != bad and bisect_point(str(good)) != bisect_point(str(bad)):
+                return BisectPlan(self.cell_id, self.test_id, axis, bisect_point(str(good)), bisect_point(str(bad)),
+                                  self.run_id)
+        return None
+
+
+def regressions(store: Store, run_ids: Iterable[str]) -> list[Regression]:
+    """Tonight's regressions, in cell then test order."""
+    found = []
+    for run_id in sorted(set(run_ids)):
+        run = store.run(run_id)
+        if run is None:
+            continue
+        for r in store.results(run_id=run_id, verdicts=["regression"]):
+            base = store.run(r.compared_run) if r.compared_run else None
+            found.append(Regression(
+                cell_id=r.cell_id, run_id=run_id, test_id=r.test_id,
+                signature=r.error_signature or f"{r.failure_kind or r.outcome}: {r.test_id}",
+                reason=r.verdict_reason, excerpt=r.excerpt, repro=r.repro, compared_run=r.compared_run,
+                good_stack=base.stack if base else {}, bad_stack=run.stack,
+            ))
+    return sorted(found, key=lambda g: (g.cell_id, g.test_id, g.run_id))
+
