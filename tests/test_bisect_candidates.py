@@ -28,7 +28,9 @@ from distci.bisect.candidates import (
     release_candidates,
     wheelhouse_candidates,
 )
-from distci.bisect.probes import CommandCheck, EnvCache, WheelProbe
+from distci.bisect.checks import CommandCheck
+from distci.bisect.install import EnvCache
+from distci.bisect.probes import WheelProbe
 from distci.bisect.report import format_result, result_to_dict
 from distci.errors import SourceError
 

@@ -27,7 +27,7 @@ from test_bisect_candidates import PACKAGE, write_wheel
 
 from distci import cli
 from distci.bisect.pins import Pins, load_stack
-from distci.bisect.probes import link_base_tree
+from distci.bisect.install import link_base_tree
 from distci.bisect.regression import changed_axis, find_regression
 from distci.bisect.state import BisectError
 from distci.errors import ConfigError
