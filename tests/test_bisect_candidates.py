@@ -40,6 +40,12 @@ BROKEN_ON = dt.date(2026, 3, 8)
 CHECK = f"python -c 'import sys, {MODULE} as m; sys.exit(0 if m.add(2, 2) == 4 else 1)'"
 
 
+@pytest.fixture(autouse=True)
+def _archive(tmp_path, monkeypatch):
+    """Probes download into the wheelhouse archive: a test's own, not the checkout's."""
+    monkeypatch.setenv("DISTCI_WHEELHOUSE_ROOT", str(tmp_path / "wheelhouse"))
+
+
 def write_wheel(directory: Path, version: str, source: str, tag: str = "py3-none-any") -> Path:
     """A minimal valid wheel of the demo package (METADATA, WHEEL, RECORD with hashes)."""
     dist_info = f"{MODULE}-{version}.dist-info"

@@ -22,6 +22,12 @@ from distci.bisect.report import format_result, result_to_dict
 from test_bisect_git import PYPROJECT, Repo
 
 
+@pytest.fixture(autouse=True)
+def _archive(tmp_path, monkeypatch):
+    """Probes download into the wheelhouse archive: a test's own, not the checkout's."""
+    monkeypatch.setenv("DISTCI_WHEELHOUSE_ROOT", str(tmp_path / "wheelhouse"))
+
+
 class Flaky:
     """Candidates below `boundary` are good, from it on bad, except that `liar` answers
     the wrong way on its `lie_on`-th call (1-based)."""

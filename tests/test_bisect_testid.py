@@ -43,6 +43,12 @@ import torch.distributed as td
 import distci_probe_demo as demo
 
 
+@pytest.fixture(autouse=True)
+def _archive(tmp_path, monkeypatch):
+    """Probes download into the wheelhouse archive: a test's own, not the checkout's."""
+    monkeypatch.setenv("DISTCI_WHEELHOUSE_ROOT", str(tmp_path / "wheelhouse"))
+
+
 @pytest.mark.world_size(2)
 def test_sum_over_ranks(dist):
     total = torch.tensor([float(demo.add(dist.rank, 1))])

@@ -85,9 +85,9 @@ def below_nightly(result: BisectResult[Any], q: Any, cache: EnvCache, check: Com
     commits = git_candidates(repo, first=good_main, last=bad_main)
     classes = [classify_commit(repo, c.commit) for c in commits]
     plans = plan_overlays(classes)
-    native = [c.commit for c, k in zip(commits, classes) if k.kind == "native"]
+    native = [c.commit for c, k in zip(commits[1:], classes[1:]) if k.kind == "native"]
     log(f"below the nightly: main {good_main[:12]} .. {bad_main[:12]}: {len(commits) - 1} commits, "
-        f"{sum(k.kind == 'python' for k in classes)} Python-only, {len(native)} native, "
+        f"{sum(k.kind == 'python' for k in classes[1:])} Python-only, {len(native)} native, "
         f"{sum(p.binary is None for p in plans)} without a matching binary")
     probe = OverlayProbe(check, cache, repo, good=(good_main, old_env), bad=(bad_main, new_env),
                          plans=plans)
