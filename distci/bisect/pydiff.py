@@ -11,7 +11,7 @@ k relevant changes among n.
 
 A mixed overlay can fail for reasons of its own (a hunk that needs another hunk: an
 ImportError). A probe counts as failing only when it fails the same way the bad build
-does (same exit code and last line of output); any other failure is unresolved, which
+does (same exit code and last line of output, numbers blanked); any other failure is unresolved, which
 ddmin treats as "not this subset", so it cannot send the search to a wrong change.
 
 The answer names the file and the hunk and prints `git log -S` terms: the hunk's most
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -265,7 +266,8 @@ def run_python_diff(args: Any, q: Any, log: Log) -> int:
 
 
 def _signature(detail: str) -> tuple[str, str]:
-    lines = [line for line in detail.strip().splitlines() if line.strip()]
+    """(exit line, last line of output) with numbers blanked: pids and times vary."""
+    lines = [re.sub(r"\d+", "#", line) for line in detail.strip().splitlines() if line.strip()]
     return (lines[0] if lines else "", lines[-1] if len(lines) > 1 else "")
 
 
