@@ -71,40 +71,40 @@ def test_compiler_bisector_names_backend_subsystem_and_op(tmp_path, monkeypatch,
     assert report["torch"].startswith("2.") and report["runs"] >= 5
 
 
-# A fullgraph model whose failure is inductor's: the lowering of aten.sigmoid is broken
-# (it raises, as a lowering bug does at compile time). Eager, aot_eager and the
-# decompositions are fine; the bisector must name inductor, its `lowerings` subsystem
-# and the node. fullgraph=True: the pre-check must not depend on TORCH_COMPILE_DISABLE,
-# under which torch refuses a fullgraph compile that compiled nothing.
-LOWERING_REPRO = """\
+# A fullgraph model whose failure is inductor's: a joint-graph pass is broken (it raises,
+# as a pass bug does at compile time). Eager, aot_eager and the decompositions are fine;
+# the bisector must name inductor, its `joint_graph_passes` subsystem and the pass.
+# fullgraph=True: the pre-check must not depend on TORCH_COMPILE_DISABLE, under which
+# torch refuses a fullgraph compile that compiled nothing.
+PASS_REPRO = """\
 import sys
 
 import torch
-import torch._inductor.lowering as lowering
-
-aten = torch.ops.aten
+import torch._inductor.config as inductor_config
 
 
-def broken_sigmoid(x):
-    raise RuntimeError("broken lowering of aten.sigmoid")
+def broken_pass(graph):
+    raise RuntimeError("broken joint-graph pass")
 
 
-lowering.lowerings[aten.sigmoid.default] = broken_sigmoid
+inductor_config.joint_custom_pre_pass = broken_pass
+torch.manual_seed(0)
+linear = torch.nn.Linear(8, 8)
 
 
 @torch.compile(fullgraph=True)
 def f(x):
-    return torch.sigmoid(x) * 2
+    return torch.sigmoid(linear(x)) * 2
 
 
-x = torch.randn(16)
-sys.exit(0 if torch.allclose(f(x), torch.sigmoid(x) * 2) else 1)
+x = torch.randn(4, 8)
+sys.exit(0 if torch.allclose(f(x), torch.sigmoid(linear(x)) * 2) else 1)
 """
 
 
 @pytest.mark.slow
-def test_a_fullgraph_model_with_a_broken_lowering_is_inductors_lowerings(tmp_path, monkeypatch, capsys):
-    (tmp_path / "repro.py").write_text(LOWERING_REPRO)
+def test_a_fullgraph_model_with_a_broken_pass_is_inductors(tmp_path, monkeypatch, capsys):
+    (tmp_path / "repro.py").write_text(PASS_REPRO)
     monkeypatch.chdir(tmp_path)
     argv = ["bisect", "--compiler", "--command", "python repro.py", "--compiler-backend", "inductor",
             "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--timeout", "300"]
@@ -112,10 +112,10 @@ def test_a_fullgraph_model_with_a_broken_lowering_is_inductors_lowerings(tmp_pat
     out = capsys.readouterr().out
     assert "with torch.compile as an identity the command exits 0" in out
     report = json.loads(Path(re.search(r"^report: (.+)$", out, re.MULTILINE).group(1)).read_text())
-    assert (report["backend"], report["subsystem"]) == ("inductor", "lowerings")
-    assert "sigmoid" in report["debug_info"]
+    assert (report["backend"], report["subsystem"]) == ("inductor", "joint_graph_passes")
+    assert report["debug_info"] == "joint_custom_pre_pass"
 
 
 def test_compiler_bisect_refuses_a_failure_that_is_not_the_compilers(tmp_path):
-    with pytest.raises(BisectError, match="replaced by an identity too, and with the eager backend"):
+    with pytest.raises(BisectError, match=r"replaced by an identity \(exit 3\) and with the eager backend"):
         compiler_bisect("exit 3", python=sys.executable, cwd=tmp_path, log=lambda line: None)

@@ -27,10 +27,11 @@ hooks `import torch`:
 - while bisecting it keeps a custom backend callable (distci's scenarios count graphs with
   one that delegates to a named backend) and makes the backend it delegates to the one
   the bisector is trying; torch itself would replace the callable and lose the counts.
-A command that fails both with the identity and with the first backend tried (eager) is
-not the compiler's: the tool says so instead of blaming Dynamo. One that fails with the
-identity only (it checks that graphs were compiled) is bisected: eager passing shows the
-failure needs a compile.
+- when the identity run fails (the command may check that graphs were compiled), once
+  more with every compile on the first backend the bisector would try (eager unless
+  --compiler-backend says otherwise), custom backends keeping their counts.
+A command that fails both ways is not the compiler's: the tool says so at once instead of
+blaming Dynamo. One that fails with the identity only is bisected.
 
 The driver half imports only the standard library and torch: it runs inside cell
 environments, torch 2.6 .. newest.
@@ -84,20 +85,23 @@ def _patch(torch, mode):
     if mode == "identity":
         def compile(model=None, **kwargs):
             return model if model is not None else (lambda fn: fn)
-    elif mode == "bisect":
+    elif mode == "bisect" or mode.startswith("backend:"):
         from torch._dynamo.backends import registry
         from torch._inductor.compiler_bisector import CompilerBisector
 
         lookup = registry.lookup_backend
+        fixed = mode.partition(":")[2]
 
         def lookup_backend(name):
-            wanted = CompilerBisector.get_backend()
+            wanted = fixed or CompilerBisector.get_backend()
             return lookup(wanted if wanted and isinstance(name, str) else name)
 
         registry.lookup_backend = lookup_backend
 
         def compile(model=None, **kwargs):
             if isinstance(kwargs.get("backend", "inductor"), str):
+                if fixed:
+                    kwargs["backend"] = fixed
                 return original(model, **kwargs)
             get = CompilerBisector.__dict__["get_backend"]
             CompilerBisector.get_backend = classmethod(lambda cls: None)
@@ -173,7 +177,8 @@ def compiler_bisect(command: str, *, python: str = sys.executable, cwd: Path | s
         shim.mkdir()
         (shim / "sitecustomize.py").write_text(SHIM)
         base["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), base.get("PYTHONPATH", "")) if p)
-        eager_ok = _precheck(command, cwd, base, timeout, log) if precheck else True
+        if precheck:
+            _precheck(command, cwd, base, timeout, start_backend or "eager", log)
         base[SHIM_ENV] = "bisect"
         out = Path(tmp) / "finding.json"
         argv = [python, "-m", "distci.bisect.compiler", "--out", str(out)]
@@ -195,23 +200,23 @@ def compiler_bisect(command: str, *, python: str = sys.executable, cwd: Path | s
         data = json.loads(out.read_text())
         data["seconds"] = round(time.monotonic() - started, 1)
         data["log"] = "\n".join(line[len("[bisector] "):] for line in lines)
-        finding = CompilerFinding(**data)
-    first = start_backend or "eager"
-    if not eager_ok and finding.backend == first and finding.subsystem is None:
-        raise BisectError(f"the command fails with torch.compile replaced by an identity too, and "
-                          f"with the {first} backend: the failure is not the compiler's; bisect "
-                          "versions instead")
-    return finding
+        return CompilerFinding(**data)
 
 
-def _precheck(command: str, cwd, env: Mapping[str, str], timeout: float | None,
-              log: Callable[[str], None]) -> bool:
-    """Whether the command passes with torch.compile replaced by an identity (its models
-    run eagerly). (That it fails as it is, the bisector's first step shows: a command that
-    passes everywhere ends with no backend.)"""
+def _precheck(command: str, cwd, env: Mapping[str, str], timeout: float | None, first: str,
+              log: Callable[[str], None]) -> None:
+    """Is the failure the compiler's? (That it fails as it is, the bisector's first step
+    shows: a command that passes everywhere ends with no backend.)"""
     eager = _run(command, cwd, dict(env, **{SHIM_ENV: "identity"}), timeout)
     log(f"compiler bisector: with torch.compile as an identity the command exits {eager}")
-    return eager == 0
+    if eager == 0:
+        return
+    simplest = _run(command, cwd, dict(env, **{SHIM_ENV: f"backend:{first}"}), timeout)
+    log(f"compiler bisector: with every compile on the {first} backend the command exits {simplest}")
+    if simplest != 0:
+        raise BisectError(f"the command fails with torch.compile replaced by an identity (exit "
+                          f"{eager}) and with the {first} backend (exit {simplest}): the failure is "
+                          "not the compiler's; bisect versions instead")
 
 
 def _run(command: str | Sequence[str], cwd, env: Mapping[str, str], timeout: float | None) -> int:
