@@ -9,6 +9,7 @@ culprit is the finding, so the dashboard shows it next to the failure.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from dataclasses import replace
@@ -40,6 +41,10 @@ def run_compiler(args: BisectArgs, q: Any, log: Callable[[str], None]) -> int:
         python = str(env_python(Path(args.in_env)))
     else:
         python = sys.executable
+        if importlib.util.find_spec("torch") is None:
+            raise BisectError("this interpreter has no torch: name the failing environment with "
+                              "--in-env VENV (it needs pytest for a test id), or --bad X (with "
+                              "--stack or --base-env) to build it")
     env["PYTHONPATH"] = str(harness_path(cache or EnvCache(Path(args.cache)), log))
     if q.test_id:
         command = harness_command(q.test_id)

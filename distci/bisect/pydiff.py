@@ -272,8 +272,11 @@ def _signature(detail: str) -> tuple[str, str]:
 
 
 def _quote(text: str) -> str:
+    """Shell-quoted, in double quotes when that reads better (Python source has ' often)."""
     import shlex
 
+    if "'" in text and not any(c in text for c in '"$`\\!'):
+        return f'"{text}"'
     return shlex.quote(text)
 
 
