@@ -142,9 +142,17 @@ class PythonDiff:
         self._memo: dict[str, bool] = {}
 
     def endpoints(self, good_env: Path, bad_env: Path) -> None:
-        good, _, _ = self.check.run(good_env)
-        outcome, _, detail = self.check.run(bad_env)
-        self.probes += 2
+        said = []
+        for name, env in (("good build", good_env), ("bad build", bad_env)):
+            started = time.monotonic()
+            outcome, _, detail = self.check.run(env)
+            self.probes += 1
+            seconds = round(time.monotonic() - started, 1)
+            self.log(f"probe {self.probes}: {name}: {outcome} ({seconds}s)")
+            self.records.append({"probe": self.probes, "overlay": name, "outcome": outcome,
+                                 "seconds": seconds})
+            said.append(outcome)
+        good, outcome = said
         if good != "good" or outcome != "bad":
             raise BisectError(f"the endpoints do not differ as asked: good build probes {good}, "
                               f"bad build probes {outcome}")
