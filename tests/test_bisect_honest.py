@@ -56,12 +56,14 @@ def test_a_lucky_first_run_next_to_the_boundary_is_caught_by_the_confirmation():
 
 def test_confirmation_reprobes_both_sides_once_and_agrees_with_a_steady_probe():
     probe = Flaky(boundary=11, liar=-1, lie_on=0)
-    result = bisect(range(32), probe, confirm=True)
+    events = []
+    result = bisect(range(32), probe, confirm=True, on_event=events.append)
     assert (result.kind, result.last_good, result.first_bad) == ("boundary", 10, 11)
     assert probe.calls[10] == 2 and probe.calls[11] == 2
     assert sum(n == 2 for n in probe.calls.values()) == 2
-    phases = {r.key: r.phase for r in result.probes}
-    assert phases["10"] == phases["11"] == "confirm"
+    assert [str(e).split(": ")[0] for e in events if "[confirm]" in str(e) and e.outcome] == [
+        "step 7 of about 7 [confirm] 10", "step 7 of about 7 [confirm] 11"]
+    assert {r.key: r.phase for r in result.probes}["10"] == "bisect"  # the record keeps why it began
 
 
 def test_a_timeout_is_counted_and_shown_and_steps_around_as_a_skip():

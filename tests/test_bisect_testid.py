@@ -35,18 +35,19 @@ from distci.store import Store
 
 pytestmark = pytest.mark.slow
 
+
+@pytest.fixture(autouse=True)
+def _archive(tmp_path, monkeypatch):
+    """Probes download into the wheelhouse archive: a test's own, not the checkout's."""
+    monkeypatch.setenv("DISTCI_WHEELHOUSE_ROOT", str(tmp_path / "wheelhouse"))
+
+
 TEST_FILE = """\
 import pytest
 import torch
 import torch.distributed as td
 
 import distci_probe_demo as demo
-
-
-@pytest.fixture(autouse=True)
-def _archive(tmp_path, monkeypatch):
-    """Probes download into the wheelhouse archive: a test's own, not the checkout's."""
-    monkeypatch.setenv("DISTCI_WHEELHOUSE_ROOT", str(tmp_path / "wheelhouse"))
 
 
 @pytest.mark.world_size(2)
@@ -81,7 +82,7 @@ TEST_FILE_NAME = TEST_ID.split("::")[0]
 
 def common(root: Path) -> list[str]:
     return ["--wheelhouse", str(root / "wheelhouse"), "--base-env", sys.prefix, "--cache", str(root / "cache"),
-            "--out", str(root / "out"), "--timeout", "240"]
+            "--out", str(root / "out"), "--timeout", "240", "--no-confirm"]
 
 
 def test_a_test_id_is_bisected_through_the_harness_in_torchrun_mode(work, monkeypatch, capsys):

@@ -366,9 +366,23 @@ class _Search(Generic[C]):
                     continue
                 record.runs.append(run)
                 self._emit(record, run)
-        elif runs is not None:
-            record.phase = phase
-        while record.outcome != "flaky" and len(record.runs) < (runs or self.repeats):
+        first_phase = record.phase
+        record.phase = phase  # the events say why this run happens; the record keeps its first
+        try:
+            self._probe_until(record, key, runs or self.repeats)
+        finally:
+            record.phase = first_phase
+        if record.outcome == "flaky":
+            raise _Stop(self._result(
+                "flaky", flaky=record,
+                reason=f"{self._label(index)} is flaky: {len(record.runs)} runs answered "
+                       f"{', '.join(record.outcomes)}; no boundary can be trusted"))
+        if record.outcome == "skip":
+            return _SKIP
+        return _NEW if record.outcome == self.new_outcome else _OLD
+
+    def _probe_until(self, record: ProbeRecord[C], key: str, runs: int) -> None:
+        while record.outcome != "flaky" and len(record.runs) < runs:
             self._emit(record, None)
             started = time.monotonic()
             answer = self.probe(record.candidate)
@@ -380,14 +394,6 @@ class _Search(Generic[C]):
             record.runs.append(run)
             self.state.record(key, run)
             self._emit(record, run)
-        if record.outcome == "flaky":
-            raise _Stop(self._result(
-                "flaky", flaky=record,
-                reason=f"{self._label(index)} is flaky: {len(record.runs)} runs answered "
-                       f"{', '.join(record.outcomes)}; no boundary can be trusted"))
-        if record.outcome == "skip":
-            return _SKIP
-        return _NEW if record.outcome == self.new_outcome else _OLD
 
     def _emit(self, record: ProbeRecord[C], run: ProbeRun | None) -> None:
         if self.on_event is None:
