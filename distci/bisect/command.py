@@ -409,7 +409,9 @@ def _named_files(command: str) -> dict[str, str]:
 
 
 def _resolved(path: str | None) -> str:
-    return str(Path(path).resolve()) if path else ""
+    """Absolute, links kept: a venv's python is a link to the base interpreter, and two
+    venvs must not read as one."""
+    return os.path.abspath(path) if path else ""
 
 
 def _shown(path: Path) -> str:
