@@ -3,6 +3,8 @@
 `harness`: the same tests through the persistent rank pool and through one torchrun
 launch per test. The pool exists because a launch (spawn, import torch, rendezvous)
 costs seconds while a test message costs milliseconds; this measures both.
+
+`provision`: the default CPU cell's environment, cold and warm (distci.bench_provision).
 """
 
 from __future__ import annotations
@@ -92,6 +94,11 @@ def run_bench(what: str, args: argparse.Namespace) -> int:
         ok = trivial["pool_per_test_s"] <= 0.5 and trivial["speedup"] >= 5
         console.print("goals (per-test overhead <= 0.5 s, pool >= 5x torchrun): " + ("met" if ok else "NOT met"))
         return 0 if ok else 1
+    if what == "provision":
+        from .bench_provision import run_provision_bench
+
+        return run_provision_bench(console, with_pip=bool(getattr(args, "pip", False)),
+                                   keep=bool(getattr(args, "keep", False)))
     if what == "images":
         from .images import bench_images
 

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .envs import ensure_env
+from .envs import ensure_env, installed_env
 from .errors import ConfigError, InfraError, SelectionError, SourceError
 from .external.spec import SuiteSpec, load_suites
 from .matrix import EXTERNAL_SUITES, Cell
@@ -39,6 +39,8 @@ from .wheelhouse import ensure_wheelhouse
 
 # What the harness needs inside every cell environment besides the cell's own stack.
 HARNESS_REQUIREMENTS = ("pytest", "packaging", "numpy")
+# On a preinstalled stack numpy is used when present (the harness seeds it), never required.
+INSTALLED_HARNESS_REQUIREMENTS = ("pytest", "packaging")
 RUN_FILE = "run.json"
 EXTERNAL_PREFIX = "external/"
 
@@ -214,15 +216,18 @@ def run_cell(
     tier: str | None = None,
     extra_pytest_args: list[str] | None = None,
     external_suites: Path = EXTERNAL_SUITES,
+    python: str | None = None,
     log: Log = print,
 ) -> CellRun:
+    """Run one cell. `python`: use that interpreter's preinstalled stack (see `provision`)."""
     externals = external_plan(cell, tests or [], external_suites)  # a bad selection fails before any run
-    info, run_dir = start_run(cell, runs_root, tier=tier, log=log)
+    info, run_dir = start_run(cell, runs_root, tier=tier, backend="installed" if uses_installed(cell, python)
+                              else "venv", log=log)
     try:
-        env = provision(cell, run_dir, log=log)
+        env = provision(cell, run_dir, python=python, log=log)
     except (InfraError, SourceError, ConfigError) as exc:
         log(f"[{cell.id}] infra: {exc}")
-        return infra_run(cell, info, run_dir, exc, run_dir / "provision.log")
+        return infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
     return run_in_env(cell, Path(env.python), info, run_dir, tests=tests, keyword=keyword, tier=tier,
                       extra_pytest_args=extra_pytest_args, external_suites=external_suites, externals=externals,
                       log=log)
@@ -255,7 +260,7 @@ def run_in_env(
         cmd = pytest_command(cell, python, run_dir, info.run_id, tests=native, keyword=keyword,
                              extra_args=extra_pytest_args or [])
         info.command = shlex.join(cmd)
-        child_env = {**os.environ, **cell_environment(cell, tier)}
+        child_env = {**os.environ, **cell_environment(cell, tier), **provenance_environment(run_dir)}
         child_env.pop("PYTHONPATH", None)
         log(f"[{cell.id}] $ {info.command}")
         with open(run_dir / "pytest.log", "w") as out:
@@ -356,23 +361,96 @@ def stack_inputs(cell: Cell, python: str = sys.executable) -> tuple[list, list[s
     """A cell's resolved sources, its requirement lines and pip arguments: what keys its wheelhouse."""
     config = IndexConfig.from_env()
     sources = resolve_sources(cell.sources, config, variant=cell.variant, python=python)
-    reqs = requirement_lines(sources) + list(HARNESS_REQUIREMENTS)
+    reqs = requirement_lines(sources) + list(cell.requirements) + list(HARNESS_REQUIREMENTS)
     return sources, reqs, pip_args(sources, config, variant=cell.variant)
 
 
-def provision(cell: Cell, run_dir: Path, *, log: Log = print):
-    """Wheelhouse (download once) + venv (install offline) + distci's own wheels."""
+PROVISION_LOG = "provision.log"
+
+
+def uses_installed(cell: Cell, python: str | None) -> bool:
+    """A run uses an interpreter's preinstalled stack when given one, or when a source says 'installed'."""
+    return python is not None or any(s.kind == "installed" for s in cell.sources)
+
+
+def provision(cell: Cell, run_dir: Path, *, python: str | None = None, wheelhouse_root: Path | None = None,
+              env_root: Path | None = None, log: Log = print):
+    """Wheelhouse (download once) + the stack's env (shared by every cell of that stack) + distci's wheels.
+
+    With `python` (or a source declared 'installed') nothing is downloaded: that
+    interpreter's stack is used as it is (distci.envs.installed_env). Every line logged
+    also goes to the run's provision.log, the log an infra Result points at. The roots
+    default to DISTCI_WHEELHOUSE_ROOT / DISTCI_ENV_ROOT (else under .distci/).
+    """
+    def say(message: str) -> None:
+        with open(run_dir / PROVISION_LOG, "a") as out:
+            out.write(message + "\n")
+        log(f"[{cell.id}] {message}")
+
+    if uses_installed(cell, python):
+        return provision_installed(cell, run_dir, python or sys.executable, env_root=env_root, log=say)
     sources, reqs, args = stack_inputs(cell)
     started = time.monotonic()
-    wheelhouse = ensure_wheelhouse(reqs, args, log=lambda m: log(f"[{cell.id}] {m}"))
-    own = build_all(Path(".distci") / "selfwheels", log=lambda m: log(f"[{cell.id}] {m}"))
-    env = ensure_env(cell, wheelhouse, extra_wheels=own, log=lambda m: log(f"[{cell.id}] {m}"))
-    log(f"[{cell.id}] environment ready in {time.monotonic() - started:.1f}s: {env.path}")
+    wheelhouse = ensure_wheelhouse(reqs, args, wheelhouse_root, log=say)
+    own = build_all(Path(".distci") / "selfwheels", log=say)
+    env = ensure_env(wheelhouse, root=env_root, extra_wheels=own, log=say)
+    say(f"environment ready in {time.monotonic() - started:.1f}s: {env.path}")
     (run_dir / "provision.json").write_text(json.dumps({
         "wheelhouse": str(wheelhouse.path), "wheelhouse_key": wheelhouse.key, "env": str(env.path),
-        "sources": {s.package: {"declared": s.declared, "resolved": getattr(s, "resolved", None)} for s in sources},
+        "env_key": env.key, "installer": env.installer,
+        "sources": {s.package: {"declared": s.declared, "kind": s.kind, "resolved": s.resolved or None,
+                                "source": "wheelhouse"} for s in sources},
         "requirements": reqs, "pip_args": [redact_url(a) if "://" in a else a for a in args]}, indent=1))
     return env
+
+
+def installed_requirements(cell: Cell) -> list[str]:
+    """What a run on a preinstalled stack needs besides its 'installed' packages: releases by specifier."""
+    lines = []
+    for source in cell.sources:
+        if source.kind == "release":
+            lines.append(f"{source.package}{source.spec}")
+        elif source.kind not in ("none", "installed"):
+            raise ConfigError(f"cell {cell.id}: {source.package} = '{source.declared}' cannot run on an installed "
+                              "stack; declare it 'installed' or a release version")
+    return lines + list(cell.requirements) + list(INSTALLED_HARNESS_REQUIREMENTS)
+
+
+def provision_installed(cell: Cell, run_dir: Path, python: str, *, env_root: Path | None = None, log: Log = print):
+    """The interpreter's own stack plus distci's wheels; sources recorded with source=installed."""
+    started = time.monotonic()
+    reqs = installed_requirements(cell)
+    own = build_all(Path(".distci") / "selfwheels", log=log)
+    present = [s.package for s in cell.sources if s.kind == "installed"]
+    env, found = installed_env(python, reqs, find_links=IndexConfig.from_env().find_links, present=present,
+                               root=env_root, extra_wheels=own, log=log)
+    log(f"environment ready in {time.monotonic() - started:.1f}s: {found.executable} as installed")
+    sources = {s.package: {"declared": s.declared, "kind": s.kind, "resolved": found.versions.get(s.package),
+                           "source": "installed", "python": found.executable}
+               for s in cell.sources if s.kind != "none"}
+    (run_dir / "provision.json").write_text(json.dumps({
+        "installed": found.executable, "python_version": found.version, "env": str(env.path), "env_key": env.key,
+        "installer": env.installer, "sources": sources, "requirements": reqs}, indent=1))
+    return env
+
+
+def provenance_environment(run_dir: Path) -> dict[str, str]:
+    """DISTCI_SOURCES for the cell's processes: each source as declared and as resolved, into the Stack."""
+    try:
+        sources = json.loads((run_dir / "provision.json").read_text())["sources"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {"DISTCI_SOURCES": json.dumps(sources, sort_keys=True)}
+
+
+def record_failure(run_dir: Path, exc: Exception) -> Path:
+    """Append a provisioning failure (its one line and its log tail) to provision.log; return that path."""
+    path = run_dir / PROVISION_LOG
+    with open(path, "a") as out:
+        out.write(f"{type(exc).__name__}: {exc}\n")
+        if getattr(exc, "log", ""):
+            out.write(str(exc.log).rstrip() + "\n")
+    return path
 
 
 def _read_stack(run_dir: Path) -> dict | None:

@@ -39,8 +39,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         runs = run_cells_in_docker(cells, args)
     else:
-        runs = [run_cell(c, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k, tier=args.tier)
-                for c in cells]
+        runs = [run_cell(c, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k, tier=args.tier,
+                         python=args.python) for c in cells]
     print_summary(runs)
     if any(r.failed for r in runs):
         return 1
@@ -72,11 +72,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--test", action="append", help="a test node id to run (repeatable)")
     p.add_argument("--backend", choices=("venv", "docker"), default="venv")
     p.add_argument("--runs-root", default=".distci/runs")
+    p.add_argument("--python", default=None, help="run on this interpreter's preinstalled stack: no download, "
+                   "no stack venv (docs/installed-stack.md)")
     p.set_defaults(fn=_cmd_run)
 
-    p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm builds)")
-    p.add_argument("what", choices=("harness", "images"))
+    p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm "
+                       "builds), `provision` (a cell's env, cold and warm)")
+    p.add_argument("what", choices=("harness", "images", "provision"))
     p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--pip", action="store_true", help="provision: also time the pip fallback install")
+    p.add_argument("--keep", action="store_true", help="provision: keep the bench's wheelhouse and envs")
     p.set_defaults(fn=_cmd_bench)
 
     for module in ("store", "gate", "export", "dashboard", "audit", "bisect", "images", "runreport", "aggregate", "lint"):

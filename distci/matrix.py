@@ -22,7 +22,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from packaging.requirements import InvalidRequirement, Requirement
+
 from distci.errors import MatrixError, SelectionError
+from distci.tomlloc import Locator as _Locator, suggest as _suggest
 from distci.external.spec import DEFAULT_PATH as EXTERNAL_PATH, load_suites
 from distci.sources import Source
 
@@ -39,10 +42,10 @@ SOURCE_AXES = ("torch", "torchao", "torchtitan", "torch_npu")
 # Product axes: each list-valued one multiplies the cells of its block; they make the id.
 AXES = ("accelerator", "arch", "variant", *SOURCE_AXES, "fixes", "world_size")
 # Attributes: carried by every cell of the block, never part of the id.
-ATTRIBUTES = ("suites", "tiers", "python", "timeout", "external")
+ATTRIBUTES = ("suites", "tiers", "python", "timeout", "external", "requirements")
 BLOCK_KEYS = AXES + ATTRIBUTES
-DEFAULT_KEYS = ("python", "world_size", "suites", "timeout", "tiers", "external", "fixes", "torch", "torchao",
-                "torchtitan")
+DEFAULT_KEYS = ("python", "world_size", "suites", "timeout", "tiers", "external", "requirements", "fixes", "torch",
+                "torchao", "torchtitan")
 TOP_KEYS = ("schema", "defaults", "accelerators", "matrix", "exclude", "include", "tiers")
 ACCELERATOR_KEYS = ("backend", "runner", "archs", "variants", "family", "description")
 TIER_KEYS = ("description", "blocking_suites")
@@ -58,6 +61,7 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
     "timeout": 300,
     "tiers": [],
     "external": [],
+    "requirements": [],
     "fixes": "on",
     "torchao": "none",
     "torchtitan": "none",
@@ -103,6 +107,7 @@ class Cell:
     timeout: int = 300
     family: str = ""
     external: tuple[str, ...] = ()  # suites of suites/external.toml, run after `suites`
+    requirements: tuple[str, ...] = ()  # extra pip requirement lines installed with the stack
 
     @property
     def id(self) -> str:
@@ -140,6 +145,7 @@ class Cell:
             "python": self.python,
             "timeout": self.timeout,
             "external": list(self.external),
+            "requirements": list(self.requirements),
         }
 
 
@@ -195,68 +201,6 @@ class Matrix:
 
 
 # --------------------------------------------------------------------------- errors
-
-
-def _suggest(word: str, allowed: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(allowed), n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-class _Locator:
-    """Finds the line of a section or key in the raw TOML text, for error messages."""
-
-    def __init__(self, path: Path, text: str) -> None:
-        self.path = path
-        self.lines = text.splitlines()
-
-    def _headers(self) -> list[tuple[int, str, bool]]:
-        found = []
-        for number, line in enumerate(self.lines, 1):
-            match = re.match(r"\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$", line)
-            if match:
-                name = re.sub(r"\s*\.\s*", ".", match.group(2)).replace('"', "").replace("'", "")
-                found.append((number, name, match.group(1) == "[["))
-        return found
-
-    def section(self, name: str, index: int = 0) -> tuple[int, int] | None:
-        """(first, last) line numbers of the index-th ``[name]`` / ``[[name]]`` section."""
-        headers = self._headers()
-        hits = [i for i, (_, n, _) in enumerate(headers) if n == name]
-        if index >= len(hits):
-            return None
-        i = hits[index]
-        start = headers[i][0]
-        end = headers[i + 1][0] - 1 if i + 1 < len(headers) else len(self.lines)
-        return start, end
-
-    def line_of(self, section: tuple[str, int] | None, key: str | None) -> int | None:
-        pattern = re.compile(rf"(^|[\s{{,])[\"']?{re.escape(key)}[\"']?\s*=") if key else None
-        headers = self._headers()
-        if section is None:
-            if key is None:
-                return None
-            first, last = 1, (headers[0][0] - 1 if headers else len(self.lines))
-        else:
-            span = self.section(*section)
-            if span is None:
-                return None
-            first, last = span
-            if key is None:
-                return first
-        for number in range(first, last + 1):
-            if pattern.search(self.lines[number - 1].split("#", 1)[0]):
-                return number
-        if section is None:
-            for number, name, _ in headers:
-                if name == key or name.startswith(key + "."):
-                    return number
-            return None
-        return first
-
-    def error(self, message: str, section: tuple[str, int] | None = None, key: str | None = None) -> MatrixError:
-        line = self.line_of(section, key)
-        where = f"{self.path}:{line}" if line else str(self.path)
-        return MatrixError(message, where=where)
 
 
 # --------------------------------------------------------------------------- loading
@@ -434,6 +378,17 @@ class _Loader:
                 raise self.loc.error(f"{label}: unknown external suite '{name}'{hint}", section, "external")
         return names
 
+    def _requirements(self, value: Any, label: str, section: tuple[str, int]) -> tuple[str, ...]:
+        lines = self._strings(value, "requirements", label, section)
+        for line in lines:
+            try:
+                Requirement(line)
+            except InvalidRequirement as exc:
+                why = str(exc).splitlines()[0]
+                raise self.loc.error(f"{label}: requirements entry {line!r} is not a pip requirement ({why})",
+                                     section, "requirements") from None
+        return lines
+
     def _positive_int(self, value: Any, key: str, label: str, section: tuple[str, int]) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise self.loc.error(f"{label}: '{key}' must be a positive integer (got {value!r})", section, key)
@@ -462,6 +417,8 @@ class _Loader:
                 self._strings(value, key, label, section, allow_empty=False)
             elif key == "external":
                 self._external(value, label, section)
+            elif key == "requirements":
+                self._requirements(value, label, section)
             elif key in ("world_size", "timeout"):
                 for v in listed:
                     self._positive_int(v, key, label, section)
@@ -497,6 +454,7 @@ class _Loader:
         suites = self._strings(merged["suites"], "suites", label, section, allow_empty=False)
         cell_tiers = self._tier_names(merged["tiers"], label, section, tiers)
         external = self._external(merged["external"], label, section)
+        requirements = self._requirements(merged["requirements"], label, section)
         python = merged["python"]
         if not isinstance(python, str) or not python:
             raise self.loc.error(f"{label}: 'python' must be a string like \"3.11\"", section, "python")
@@ -542,7 +500,7 @@ class _Loader:
                     accelerator=acc_name, arch=arch, variant=variant, torch=torch, torchao=ao,
                     torchtitan=titan, torch_npu=npu, fixes=fix, world_size=ws, suites=suites,
                     tiers=cell_tiers, runner=acc.runner, backend=acc.backend, python=python,
-                    timeout=timeout, family=acc.family, external=external,
+                    timeout=timeout, family=acc.family, external=external, requirements=requirements,
                 ))
         return cells
 

@@ -117,6 +117,9 @@ def capture(*, import_torch: bool = True) -> dict[str, Any]:
     else:
         stack["torch"] = _version("torch")
     stack["fixes"] = _fixes()
+    # Each source as the controller declared and resolved it (source=installed for a
+    # preinstalled stack, the version a 'latest' or 'nightly' source meant tonight).
+    stack["sources"] = _safe(lambda: json.loads(os.environ["DISTCI_SOURCES"])) if os.environ.get("DISTCI_SOURCES") else None
     stack["packages"] = sorted(
         f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions() if d.metadata["Name"]
     )

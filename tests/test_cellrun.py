@@ -77,6 +77,35 @@ def test_unresolvable_cell_is_infra_not_failure(tmp_path):
     assert record["outcome"] == "error" and record["failure_kind"] == "infra"
     assert record["stack"]["partial"] is True and record["stack"]["declared"]["torch"] == "0.0.1"
     assert "torch==0.0.1" in record["message"]
+    # The one-line message names pip's cause, and the log it points at exists.
+    assert "torch==0.0.1" in record["message"].splitlines()[0] and "ERROR:" in record["message"].splitlines()[0]
+    assert Path(record["log_path"]).is_file() and "torch==0.0.1" in Path(record["log_path"]).read_text()
+
+
+def test_installed_stack_runs_through_distci_run(tmp_path):
+    """`--python` runs a cell on that interpreter's preinstalled stack: no wheelhouse, the
+    stack's sources marked source=installed (here: the test session's own torch)."""
+    matrix = tmp_path / "matrix.toml"
+    matrix.write_text(
+        'schema = 1\n[accelerators.cpu]\nbackend = "gloo"\nrunner = ["ubuntu-latest"]\n'
+        'archs = ["x86_64"]\nvariants = ["cpu"]\n[tiers.pr]\n[[matrix]]\naccelerator = "cpu"\n'
+        'torch = "installed"\ntorchao = "installed"\nfixes = "off"\ntiers = []\n'
+    )
+    cell = "cpu-cpu-torch_installed-ao_installed-ws2-fix_off"
+    proc = distci("--matrix", str(matrix), "run", "--cell", cell, "--python", sys.executable,
+                  "--runs-root", str(tmp_path / "runs"), "--test", "tests/harness_cases/test_trivial.py::test_trivial[3]")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "wheelhouse" not in proc.stdout
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    (record,) = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert record["outcome"] == "passed" and record["stack"]["fixes_mode"] == "none"
+    import torch
+
+    sources = record["stack"]["sources"]
+    assert sources["torch"] == {"declared": "installed", "kind": "installed", "resolved": torch.__version__,
+                                "source": "installed", "python": sys.executable}
+    assert record["stack"]["torch"] == torch.__version__
+    assert json.loads((run_dir / "run.json").read_text())["backend"] == "installed"
 
 
 def test_matrix_json_is_an_actions_include_list():

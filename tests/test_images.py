@@ -128,7 +128,7 @@ def declare_extras(wheel: Path, extras: tuple[str, ...]) -> None:
 
 
 def test_no_daemon_is_one_line_infra_per_cell(tmp_path):
-    proc = distci("run", "--backend", "docker", "--cell", "cpu-*", "--runs-root", str(tmp_path),
+    proc = distci("run", "--backend", "docker", "--cell", "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_*", "--runs-root", str(tmp_path),
                   env={"DOCKER_HOST": f"unix://{tmp_path}/dead.sock"}, timeout=120)
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Traceback" not in proc.stdout + proc.stderr

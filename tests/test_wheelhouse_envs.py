@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from distci.envs import BASE_MARKER, MARKER, ensure_env
+from distci.envs import BASE_MARKER, MARKER, ensure_env, find_uv, installed_env, stack_env
 from distci.errors import InfraError
-from distci.wheelhouse import MANIFEST, ensure_wheelhouse, interpreter_tags, wheelhouse_key
+from distci.wheelhouse import (MANIFEST, ensure_wheelhouse, failure_line, interpreter_tags,
+                               resolution_environment, wheelhouse_key)
 
 
 def write_wheel(directory: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
@@ -123,47 +124,147 @@ def run_python(python: Path, code: str) -> str:
     return subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def test_env_from_wheelhouse_with_extra_wheels(tmp_path: Path, links: Path) -> None:
+INSTALLERS = ["pip", pytest.param("uv", marks=pytest.mark.skipif(find_uv() is None, reason="uv is not installed"))]
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_env_from_wheelhouse_with_extra_wheels(tmp_path: Path, links: Path, installer: str) -> None:
     wheelhouse = ensure_wheelhouse(["tinyapp==2.0"], offline(links), tmp_path / "wh", log=lambda m: None)
     extras = tmp_path / "extras"
     extras.mkdir()
     extra = write_wheel(extras, "tinyextra", "1.0")
     messages: list[str] = []
-    env = ensure_env("cell-a", wheelhouse, root=tmp_path / "envs", extra_wheels=[extra], log=messages.append)
-    assert env.path.name == f"cell-a-{env.key}" and env.python == env.path / "bin" / "python"
+    kw = dict(root=tmp_path / "envs", installer=installer)
+    env = ensure_env(wheelhouse, extra_wheels=[extra], log=messages.append, **kw)
+    assert env.path.name == f"stack-{env.key}" and env.python == env.path / "bin" / "python"
+    assert env.installer == installer
     code = "import tinyapp, tinydep, tinyextra; print(tinyapp.__version__, tinydep.__version__, tinyextra.__version__)"
     assert run_python(env.python, code) == "2.0 1.0 1.0"
     assert "creating venv" in messages[0] and env.log_path.is_file()
 
     messages.clear()
-    assert ensure_env("cell-a", wheelhouse, root=tmp_path / "envs", extra_wheels=[extra], log=messages.append) == env
+    assert ensure_env(wheelhouse, extra_wheels=[extra], log=messages.append, **kw) == env
     assert messages == [f"env {env.path.name}: reusing {env.path}"]
 
     # A new build of an extra wheel reinstalls only the extras.
     extra.unlink()
     newer = write_wheel(extras, "tinyextra", "1.1")
     messages.clear()
-    ensure_env("cell-a", wheelhouse, root=tmp_path / "envs", extra_wheels=[newer], log=messages.append)
+    ensure_env(wheelhouse, extra_wheels=[newer], log=messages.append, **kw)
     assert not any("creating venv" in m for m in messages)
     assert run_python(env.python, "import tinyextra; print(tinyextra.__version__)") == "1.1"
 
     # An env whose base install never finished is rebuilt from scratch.
     (env.path / BASE_MARKER).unlink()
     messages.clear()
-    ensure_env("cell-a", wheelhouse, root=tmp_path / "envs", extra_wheels=[newer], log=messages.append)
+    ensure_env(wheelhouse, extra_wheels=[newer], log=messages.append, **kw)
     assert "creating venv" in messages[0]
     assert run_python(env.python, code) == "2.0 1.0 1.1"
 
 
-def test_env_install_failure_is_infra_with_log(tmp_path: Path, links: Path) -> None:
-    wheelhouse = ensure_wheelhouse(["tinydep"], offline(links), tmp_path / "wh", log=lambda m: None)
-    wheel = wheelhouse.path / wheelhouse.wheels[0]
-    wheel.write_bytes(wheel.read_bytes() + b"corrupted")
+def test_one_env_per_stack_whoever_asks(tmp_path: Path, links: Path) -> None:
+    """Two cells of one stack (fix_on / fix_off), an audit or a bisect probe: the same inputs, one env."""
+    kw = dict(wheelhouse_root=tmp_path / "wh", env_root=tmp_path / "envs", log=lambda m: None)
+    first = stack_env(["tinyapp==2.0"], offline(links), **kw)
+    messages: list[str] = []
+    second = stack_env(["tinyapp==2.0"], offline(links), **{**kw, "log": messages.append})
+    assert second == first and messages[-1] == f"env {first.path.name}: reusing {first.path}"
+    other = stack_env(["tinyapp==1.0"], offline(links), **kw)
+    assert other.path != first.path
+    assert sorted(p.name for p in (tmp_path / "envs").iterdir() if not p.name.startswith(".")) == sorted(
+        [first.path.name, other.path.name])
+
+
+def test_env_install_ignores_the_machines_pip_configuration(tmp_path: Path, links: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wheelhouse decided the versions; a configured cap must not veto the install."""
+    wheelhouse = ensure_wheelhouse(["tinyapp==2.0"], offline(links), tmp_path / "wh", log=lambda m: None)
+    cap = tmp_path / "cap.txt"
+    cap.write_text("tinyapp<2\n")
+    monkeypatch.setenv("PIP_CONSTRAINT", str(cap))
+    monkeypatch.setenv("UV_CONSTRAINT", str(cap))
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    conf = tmp_path / "pip.conf"
+    conf.write_text(f"[global]\nconstraint = {cap}\n")
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
+    env = ensure_env(wheelhouse, root=tmp_path / "envs", installer="pip", log=lambda m: None)
+    assert run_python(env.python, "import tinyapp; print(tinyapp.__version__)") == "2.0"
+
+
+def test_resolution_environment_keys_the_wheelhouse(tmp_path: Path) -> None:
+    empty_a, empty_b, cap = tmp_path / "a.txt", tmp_path / "b.txt", tmp_path / "cap.txt"
+    empty_a.write_text("")
+    empty_b.write_text("")
+    cap.write_text("torch<=2.14.1\n")
+    configured = {"global.constraint": str(cap), "global.cert": "/etc/ca.pem", "global.timeout": "60"}
+    capped = resolution_environment(environ={}, config=configured)
+    assert list(capped) == ["pip.conf:global.constraint"] and capped["pip.conf:global.constraint"].startswith("sha256:")
+    lifted = resolution_environment(environ={"PIP_CONSTRAINT": str(empty_a)}, config=configured)
+    assert lifted == resolution_environment(environ={"PIP_CONSTRAINT": str(empty_b)}, config=configured)
+    assert lifted != capped and "pip.conf:global.constraint" not in lifted
+    indexed = resolution_environment(environ={"PIP_EXTRA_INDEX_URL": "https://x/simple", "UV_INDEX_URL": "https://y",
+                                              "PIP_DEFAULT_TIMEOUT": "180"}, config={})
+    assert indexed == {"env:PIP_EXTRA_INDEX_URL": "https://x/simple", "env:UV_INDEX_URL": "https://y"}
+    tags = {"python": "cp311", "platform": "linux-x86_64"}
+    keys = {wheelhouse_key(["torch==2.15.0"], [], tags, environment=e) for e in (capped, lifted, indexed, {})}
+    assert len(keys) == 4
+
+
+def test_resolution_failure_names_its_cause(tmp_path: Path, links: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cap = tmp_path / "cap.txt"
+    cap.write_text("tinyapp<2\n")
+    monkeypatch.setenv("PIP_CONSTRAINT", str(cap))
     with pytest.raises(InfraError) as err:
-        ensure_env("cell-b", wheelhouse, root=tmp_path / "envs", log=lambda m: None)
+        ensure_wheelhouse(["tinyapp==2.0"], offline(links), tmp_path / "wh", log=lambda m: None)
     message = str(err.value)
-    assert "\n" not in message and "pip install failed" in message
+    assert "\n" not in message
+    assert "caused by: The user requested tinyapp==2.0; The user requested (constraint) tinyapp<2" in message, message
+    assert failure_line("Collecting x\nERROR: No matching distribution found for x==9\n") == (
+        "ERROR: No matching distribution found for x==9")
+
+
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_env_install_failure_is_infra_with_log(tmp_path: Path, links: Path, installer: str) -> None:
+    wheelhouse = ensure_wheelhouse(["tinydep"], offline(links), tmp_path / "wh", log=lambda m: None)
+    # A valid wheel of the same name and version, other bytes: only the recorded hash tells.
+    swapped = tmp_path / "swapped"
+    swapped.mkdir()
+    (wheelhouse.path / wheelhouse.wheels[0]).write_bytes(write_wheel(swapped, "tinydep", "1.0", ("six",)).read_bytes())
+    with pytest.raises(InfraError) as err:
+        ensure_env(wheelhouse, root=tmp_path / "envs", installer=installer, log=lambda m: None)
+    message = str(err.value)
+    assert "\n" not in message and "install failed" in message and "hash" in message.lower()
     assert "HASH" in err.value.log.upper()
-    env_dir = next((tmp_path / "envs").glob("cell-b-*"))
-    assert "THESE PACKAGES DO NOT MATCH THE HASHES" in (env_dir / "distci-install.log").read_text()
+    env_dir = next((tmp_path / "envs").glob("stack-*"))
+    assert "HASH" in (env_dir / "distci-install.log").read_text().upper()
     assert not (env_dir / MARKER).exists() and not (env_dir / BASE_MARKER).exists()
+
+
+def test_installed_stack_is_used_as_it_is(tmp_path: Path, links: Path) -> None:
+    """A preinstalled interpreter (here: a venv with tinyapp 1.0 and tinydep) runs as it is;
+    what it lacks comes from local wheels, what it has at another version is an error."""
+    machine = stack_env(["tinyapp==1.0"], offline(links), wheelhouse_root=tmp_path / "wh",
+                        env_root=tmp_path / "machine", log=lambda m: None)
+    extra_links = tmp_path / "carried"
+    extra_links.mkdir()
+    write_wheel(extra_links, "tinyextra", "1.0")
+    messages: list[str] = []
+    env, found = installed_env(str(machine.python), ["tinyapp", "tinyextra==1.0"], find_links=[str(extra_links)],
+                               root=tmp_path / "envs", log=messages.append)
+    assert found.versions == {"tinyapp": "1.0", "tinyextra": None}
+    assert env.path.name.startswith("installed-") and env.python != machine.python
+    where = "import tinyapp, tinyextra; print(tinyapp.__version__, tinyapp.__file__.startswith(%r), tinyextra.__version__)"
+    assert run_python(env.python, where % str(machine.path)) == "1.0 True 1.0"
+    assert not any(p.name.startswith("tinyapp") for p in env.path.rglob("tinyapp*")), "tinyapp was copied"
+    messages.clear()
+    again, _ = installed_env(str(machine.python), ["tinyapp", "tinyextra==1.0"], find_links=[str(extra_links)],
+                             root=tmp_path / "envs", log=messages.append)
+    assert again == env and "reusing" in messages[0]
+
+    with pytest.raises(InfraError, match=r"has tinyapp 1\.0 \(the run needs tinyapp==2\.0\)"):
+        installed_env(str(machine.python), ["tinyapp==2.0"], root=tmp_path / "envs", log=lambda m: None)
+    with pytest.raises(InfraError, match="lacks tinyextra; put their wheels in a directory named by DISTCI_FIND_LINKS"):
+        installed_env(str(machine.python), ["tinyextra"], root=tmp_path / "envs", log=lambda m: None)
+    with pytest.raises(InfraError, match="has no tinytorch, which the run takes as installed"):
+        installed_env(str(machine.python), [], present=["tinyapp", "tinytorch"], find_links=[str(extra_links)],
+                      root=tmp_path / "envs", log=lambda m: None)

@@ -1,0 +1,77 @@
+"""Where in a TOML file a section or key is: the file:line of matrix.toml's one-line errors.
+
+tomllib gives values, not positions, so an error about ``[[matrix]] #3: torch = ...``
+would name no line; the Locator finds it in the raw text, and `suggest` adds the "did you
+mean" hint. Split out of distci.matrix, which uses both for every error it raises.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Iterable
+
+from distci.errors import MatrixError
+
+
+def suggest(word: str, allowed: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(allowed), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+class Locator:
+    """Finds the line of a section or key in the raw TOML text, for error messages."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.path = path
+        self.lines = text.splitlines()
+
+    def _headers(self) -> list[tuple[int, str, bool]]:
+        found = []
+        for number, line in enumerate(self.lines, 1):
+            match = re.match(r"\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$", line)
+            if match:
+                name = re.sub(r"\s*\.\s*", ".", match.group(2)).replace('"', "").replace("'", "")
+                found.append((number, name, match.group(1) == "[["))
+        return found
+
+    def section(self, name: str, index: int = 0) -> tuple[int, int] | None:
+        """(first, last) line numbers of the index-th ``[name]`` / ``[[name]]`` section."""
+        headers = self._headers()
+        hits = [i for i, (_, n, _) in enumerate(headers) if n == name]
+        if index >= len(hits):
+            return None
+        i = hits[index]
+        start = headers[i][0]
+        end = headers[i + 1][0] - 1 if i + 1 < len(headers) else len(self.lines)
+        return start, end
+
+    def line_of(self, section: tuple[str, int] | None, key: str | None) -> int | None:
+        pattern = re.compile(rf"(^|[\s{{,])[\"']?{re.escape(key)}[\"']?\s*=") if key else None
+        headers = self._headers()
+        if section is None:
+            if key is None:
+                return None
+            first, last = 1, (headers[0][0] - 1 if headers else len(self.lines))
+        else:
+            span = self.section(*section)
+            if span is None:
+                return None
+            first, last = span
+            if key is None:
+                return first
+        for number in range(first, last + 1):
+            if pattern.search(self.lines[number - 1].split("#", 1)[0]):
+                return number
+        if section is None:
+            for number, name, _ in headers:
+                if name == key or name.startswith(key + "."):
+                    return number
+            return None
+        return first
+
+    def error(self, message: str, section: tuple[str, int] | None = None, key: str | None = None) -> MatrixError:
+        line = self.line_of(section, key)
+        where = f"{self.path}:{line}" if line else str(self.path)
+        return MatrixError(message, where=where)
