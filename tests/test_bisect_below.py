@@ -32,6 +32,7 @@ CHECK = "python -c 'import sys, torch; sys.exit(0 if torch.scale(3) == 6 else 1)
 @pytest.fixture(autouse=True)
 def _archive(tmp_path, monkeypatch):
     monkeypatch.setenv("DISTCI_WHEELHOUSE_ROOT", str(tmp_path / "wheelhouse"))
+    monkeypatch.setenv("DISTCI_ENV_ROOT", str(tmp_path / "envs"))
 
 
 def torch_wheel(directory: Path, version: str, files: dict[str, str]) -> Path:

@@ -44,6 +44,7 @@ CHECK = f"python -c 'import sys, {MODULE} as m; sys.exit(0 if m.add(2, 2) == 4 e
 def _archive(tmp_path, monkeypatch):
     """Probes download into the wheelhouse archive: a test's own, not the checkout's."""
     monkeypatch.setenv("DISTCI_WHEELHOUSE_ROOT", str(tmp_path / "wheelhouse"))
+    monkeypatch.setenv("DISTCI_ENV_ROOT", str(tmp_path / "envs"))
 
 
 def write_wheel(directory: Path, version: str, source: str, tag: str = "py3-none-any") -> Path:

@@ -26,6 +26,7 @@ from test_bisect_git import PYPROJECT, Repo
 def _archive(tmp_path, monkeypatch):
     """Probes download into the wheelhouse archive: a test's own, not the checkout's."""
     monkeypatch.setenv("DISTCI_WHEELHOUSE_ROOT", str(tmp_path / "wheelhouse"))
+    monkeypatch.setenv("DISTCI_ENV_ROOT", str(tmp_path / "envs"))
 
 
 class Flaky:

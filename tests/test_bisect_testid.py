@@ -40,6 +40,7 @@ pytestmark = pytest.mark.slow
 def _archive(tmp_path, monkeypatch):
     """Probes download into the wheelhouse archive: a test's own, not the checkout's."""
     monkeypatch.setenv("DISTCI_WHEELHOUSE_ROOT", str(tmp_path / "wheelhouse"))
+    monkeypatch.setenv("DISTCI_ENV_ROOT", str(tmp_path / "envs"))
 
 
 TEST_FILE = """\

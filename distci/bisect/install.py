@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from distci.bisect.candidates import CommitCandidate, WheelCandidate
-from distci.envs import ensure_env, env_python
+from distci.envs import MARKER as ENV_MARKER
+from distci.envs import default_root as env_default_root
+from distci.envs import ensure_env, env_key, env_python, isolated_environ, stack_env
 from distci.errors import InfraError
 from distci.wheelhouse import Wheelhouse, ensure_wheelhouse, file_lock, install_args
 
@@ -68,13 +70,16 @@ class EnvCache:
     """Candidate venvs (and the base) under `root`, reused across bisects.
 
     `pip_args` say where pip finds things (indexes, find-links), for downloads into the
-    wheelhouse archive `wheelhouse_root` (None: the default archive)."""
+    wheelhouse archive `wheelhouse_root` (None: the default archive). A base made from
+    requirements is distci.envs' env of that stack (under `env_root`, None: the default
+    env root), the very env a cell of the same stack runs in."""
 
     root: Path
     python: str = sys.executable
     base: Base = field(default_factory=Base)
     pip_args: Sequence[str] = ()
     wheelhouse_root: Path | None = None
+    env_root: Path | None = None
     log: Callable[[str], None] = print
 
     def __post_init__(self) -> None:
@@ -97,11 +102,9 @@ class EnvCache:
             return None
         if self._base_env is None:
             try:
-                house = ensure_wheelhouse(list(self.base.requirements),
-                                          [*self.pip_args, *self.base.install_args],
-                                          self.wheelhouse_root, python=self.python, log=self.log)
-                env = ensure_env(f"bisect-base-{self.salt}", house, root=self.root / "base",
-                                 python=self.python, log=self.log)
+                env = stack_env(list(self.base.requirements), [*self.pip_args, *self.base.install_args],
+                                python=self.python, wheelhouse_root=self.wheelhouse_root,
+                                env_root=self.env_root, log=self.log)
             except InfraError as exc:
                 raise InstallFailed(f"the base env cannot be built: {exc}", exc.log) from None
             self._base_env = env.path
@@ -124,7 +127,32 @@ class EnvCache:
     def existing(self, key: str) -> Path | None:
         """The venv of candidate `key` if a probe has built it, else None."""
         path = self._path(key)
-        return path if (path / READY).exists() else None
+        if (path / READY).exists():
+            return path
+        stack = _read(self._stack_note(key)).get("env")
+        return Path(stack) if stack and env_python(Path(stack)).exists() else None
+
+    def stack(self, candidate: WheelCandidate) -> tuple[Path, bool]:
+        """The env of the stack "candidate + the base's requirements", made by distci.envs
+        (the env a cell of that stack gets, shared with it); (path, warm). For a base given
+        as requirements or none: with --base-env, `ensure` lays the candidate over it."""
+        requirements = [candidate.requirement, *self.base.requirements]
+        try:
+            house = ensure_wheelhouse(requirements, [*candidate.pip_args(), *self.pip_args,
+                                                     *self.base.install_args],
+                                      self.wheelhouse_root, python=self.python, log=self.log)
+            root = (self.env_root or env_default_root()).resolve()
+            warm = (root / f"stack-{env_key(house, self.python)}" / ENV_MARKER).exists()
+            env = ensure_env(house, root=root, python=self.python, log=self.log)
+        except InfraError as exc:
+            raise InstallFailed(f"{candidate.requirement}: {exc}", exc.log) from None
+        note = self._stack_note(candidate.key)
+        note.parent.mkdir(parents=True, exist_ok=True)
+        note.write_text(json.dumps({"env": str(env.path), "requirements": requirements}))
+        return env.path, warm
+
+    def _stack_note(self, key: str) -> Path:
+        return self.root / "stacks" / f"{_safe(key)}-{_digest([key, self.salt])}.json"
 
     def _path(self, key: str) -> Path:
         return self.root / "envs" / f"{_safe(key)}-{_digest([key, self.salt])}"
@@ -155,9 +183,9 @@ class EnvCache:
                 pth = site_packages(path) / "_distci_base.pth"
                 pth.unlink(missing_ok=True)  # may be a hard link into another env
                 pth.write_text(f"import site; site.addsitedir({str(site_packages(base))!r})\n")
-            if install:
+            if install:  # what to install is decided (a wheel, a lock): no pip config may veto it
                 _run([sys.executable, "-m", "pip", "--python", str(env_python(path)),
-                      "install", "--no-input", *install], "pip install")
+                      "install", "--no-input", *install], "pip install", env=isolated_environ())
             if base is not None:
                 link_base_tree(site_packages(base), site_packages(path))
         except InstallFailed:
@@ -277,6 +305,13 @@ def _extract(archive: tarfile.TarFile, dest: Path) -> None:
         archive.extractall(dest, filter="data")
     else:  # Python < 3.11.4: git archive output of a local clone
         archive.extractall(dest)
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _digest(parts: Sequence[str]) -> str:

@@ -22,13 +22,16 @@ from distci.bisect.overlay import OverlayPlan, lay_python_over
 
 
 class WheelProbe:
-    """Installs a release / nightly / wheelhouse candidate, then runs the check."""
+    """Installs a release / nightly / wheelhouse candidate, then runs the check: in the env
+    of its stack (the candidate with the pins), or laid over --base-env."""
 
     def __init__(self, check: CommandCheck, cache: EnvCache) -> None:
         self.check = check
         self.cache = cache
 
     def __call__(self, candidate: WheelCandidate) -> ProbeOutcome:
+        if self.cache.base.env is None:  # a stack: the env distci.envs makes for it
+            return run_probe(self.check, lambda: self.cache.stack(candidate))
         return run_probe(self.check, lambda: self.cache.ensure(
             candidate.key, lambda: self.cache.wheel_install(candidate)))
 
