@@ -197,3 +197,23 @@ def test_wheelhouse_candidates_order_versions_and_dates(tmp_path):
     assert by_version[0].pip_args() == ["--no-index", "--find-links", str(house.resolve())]
     by_date = wheelhouse_candidates(house, PACKAGE, first="2026-03-01", last="2026-03-02")
     assert [c.date.day for c in by_date] == [1, 2]
+
+
+def test_a_nightly_gone_from_the_index_is_still_a_candidate_from_the_wheelhouse_archive(nightly_index, tmp_path):
+    """The index has no 2026-03-06 build (any more); distci downloaded it once into the
+    archive (here: from a directory that is gone afterwards), so it is still bisected."""
+    from distci.wheelhouse import archived, ensure_wheelhouse
+
+    kept = tmp_path / "once"
+    kept.mkdir()
+    write_wheel(kept, "1.0.dev20260306", nightly_source(dt.date(2026, 3, 6)))
+    archive = tmp_path / "archive"
+    ensure_wheelhouse([f"{PACKAGE}==1.0.dev20260306"], ["--no-index", "--find-links", str(kept)], archive,
+                      log=lambda line: None)
+    for wheel in kept.iterdir():
+        wheel.unlink()
+    found = nightly_candidates(nightly_index, PACKAGE, first="2026-03-05", last="2026-03-08",
+                               archive=archived(archive, PACKAGE))
+    assert [(c.date.day, c.source) for c in found] == [(5, "nightly"), (6, "wheelhouse"), (8, "nightly")]
+    probe = WheelProbe(CommandCheck(CHECK, cwd=tmp_path, timeout=60), EnvCache(tmp_path / "bisect"))
+    assert probe(found[1]).outcome == "good"
