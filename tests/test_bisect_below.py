@@ -120,6 +120,9 @@ def test_below_the_nightly_the_cli_names_the_main_commit(pytorch, tmp_path, monk
     below = report["below_nightly"]
     assert below["status"] == "boundary" and below["culprit"] == main[3]
     assert below["native"] == [main[2]]
+    assert [(c["subject"], c["kind"], c["binary"]) for c in below["list"]] == [
+        ("python: add util", "python", "good"), ("native: new kernel", "native", "bad"),
+        ("python: faster scale", "python", "bad"), ("docs", "inert", "bad")]
     assert report["commits"] == {"last_old": _nightly(repo, "2026-03-02"), "first_new": _nightly(repo, "2026-03-03")}
 
 

@@ -96,7 +96,9 @@ def below_nightly(result: BisectResult[Any], q: Any, cache: EnvCache, check: Com
     traceback = _bad_detail(result)
     section: dict[str, Any] = {"good_main": good_main, "bad_main": bad_main,
                                "compare": COMPARE_URL.format(good=good_main, bad=bad_main),
-                               "commits": len(commits) - 1, "native": native}
+                               "commits": len(commits) - 1, "native": native,
+                               "list": [{"commit": c.commit, "subject": c.subject, "kind": k.kind,
+                                         "binary": p.binary} for c, k, p in zip(commits, classes, plans)][1:]}
     try:
         found = bisect(commits, probe, find_fix=result.mode == "fix", state=state,
                        on_event=lambda event: log(f"  below: {event}"))
