@@ -162,7 +162,7 @@ def question_meta(args: BisectArgs, q: Question, cache: EnvCache, check: Command
                 "release", "nightly") else "", "wheelhouse": _resolved(args.wheelhouse),
             "builder": _resolved(builder.builder) if builder else "",
             "build_env": sorted(args.build_env), "timeout": args.timeout,
-            "on_timeout": args.on_timeout, "fixes": q.fixes_mode or ""}
+            "on_timeout": args.on_timeout, "fixes": q.fixes_mode or "none"}
 
 
 def _report(args: BisectArgs, q: Question, cache: EnvCache, result: BisectResult[Any],
