@@ -441,6 +441,7 @@ def _cmd(args: argparse.Namespace) -> int:
         print_table(audit)
         if args.report:
             Path(args.report).write_text(to_markdown(audit))
+        _bisect(args, audit)
         return 0
     audit = run_audit(_versions(args.torch), Path(args.cache), Path(args.out),
                       set(args.fix) if args.fix else None, _extra_env(args.env), args.timeout,
@@ -448,7 +449,22 @@ def _cmd(args: argparse.Namespace) -> int:
     print_table(audit)
     if args.report:
         Path(args.report).write_text(to_markdown(audit))
+    _bisect(args, audit)
     return 1 if any(r.verdict in ("broken", "infra") for r in audit.rows) else 0
+
+
+def _bisect(args: argparse.Namespace, audit: Audit) -> None:
+    """--bisect: which upstream change made each obsolete fix obsolete (distci.bisect.fix_audit)."""
+    if not args.bisect:
+        return
+    from distci.bisect.fix_audit import bisect_audit
+    from distci.bisect.fix_audit import to_markdown as bisect_table
+
+    table = bisect_table(bisect_audit(audit.rows, out=Path(args.out)))
+    print(table)
+    if args.report:
+        with Path(args.report).open("a") as fh:
+            fh.write("\n" + table)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -467,6 +483,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--render", default=None, metavar="DIR",
                    help="print (and with --report write) the table of an earlier audit directory; runs nothing")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per pytest run")
+    p.add_argument("--bisect", action="store_true", help="then bisect the releases between each obsolete "
+                   "fix's last present and first absent version: which change made it obsolete")
     p.set_defaults(fn=_cmd)
     return p
 

@@ -481,6 +481,22 @@ def install_args(wheelhouse: Wheelhouse, *, find_links: str | None = None, lock_
             "-r", lock_file or str(wheelhouse.lock_file)]
 
 
+def archived(root: Path | None, package: str) -> list[Path]:
+    """The complete wheelhouses under `root` holding a wheel of `package`: where bisect
+    finds builds (old nightlies) that have since left their index."""
+    root = Path(root) if root is not None else default_root()
+    name = canonicalize_name(package)
+    found = []
+    for manifest in sorted(root.glob(f"*/{MANIFEST}")):
+        try:
+            wheels = json.loads(manifest.read_text()).get("wheels", [])
+        except (OSError, ValueError):
+            continue
+        if any(canonicalize_name(w.get("name", "")) == name for w in wheels):
+            found.append(manifest.parent)
+    return found
+
+
 def verify(wheelhouse: Wheelhouse) -> list[str]:
     """Wheels whose bytes no longer match the hash recorded at download (empty when intact)."""
     return [w["filename"] for w in wheelhouse.manifest.get("wheels", [])

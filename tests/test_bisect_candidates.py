@@ -28,7 +28,9 @@ from distci.bisect.candidates import (
     release_candidates,
     wheelhouse_candidates,
 )
-from distci.bisect.probes import CommandCheck, EnvCache, WheelProbe
+from distci.bisect.checks import CommandCheck
+from distci.bisect.install import EnvCache
+from distci.bisect.probes import WheelProbe
 from distci.bisect.report import format_result, result_to_dict
 from distci.errors import SourceError
 
@@ -36,6 +38,13 @@ PACKAGE = "distci-probe-demo"
 MODULE = "distci_probe_demo"
 BROKEN_ON = dt.date(2026, 3, 8)
 CHECK = f"python -c 'import sys, {MODULE} as m; sys.exit(0 if m.add(2, 2) == 4 else 1)'"
+
+
+@pytest.fixture(autouse=True)
+def _archive(tmp_path, monkeypatch):
+    """Probes download into the wheelhouse archive: a test's own, not the checkout's."""
+    monkeypatch.setenv("DISTCI_WHEELHOUSE_ROOT", str(tmp_path / "wheelhouse"))
+    monkeypatch.setenv("DISTCI_ENV_ROOT", str(tmp_path / "envs"))
 
 
 def write_wheel(directory: Path, version: str, source: str, tag: str = "py3-none-any") -> Path:
@@ -188,3 +197,23 @@ def test_wheelhouse_candidates_order_versions_and_dates(tmp_path):
     assert by_version[0].pip_args() == ["--no-index", "--find-links", str(house.resolve())]
     by_date = wheelhouse_candidates(house, PACKAGE, first="2026-03-01", last="2026-03-02")
     assert [c.date.day for c in by_date] == [1, 2]
+
+
+def test_a_nightly_gone_from_the_index_is_still_a_candidate_from_the_wheelhouse_archive(nightly_index, tmp_path):
+    """The index has no 2026-03-06 build (any more); distci downloaded it once into the
+    archive (here: from a directory that is gone afterwards), so it is still bisected."""
+    from distci.wheelhouse import archived, ensure_wheelhouse
+
+    kept = tmp_path / "once"
+    kept.mkdir()
+    write_wheel(kept, "1.0.dev20260306", nightly_source(dt.date(2026, 3, 6)))
+    archive = tmp_path / "archive"
+    ensure_wheelhouse([f"{PACKAGE}==1.0.dev20260306"], ["--no-index", "--find-links", str(kept)], archive,
+                      log=lambda line: None)
+    for wheel in kept.iterdir():
+        wheel.unlink()
+    found = nightly_candidates(nightly_index, PACKAGE, first="2026-03-05", last="2026-03-08",
+                               archive=archived(archive, PACKAGE))
+    assert [(c.date.day, c.source) for c in found] == [(5, "nightly"), (6, "wheelhouse"), (8, "nightly")]
+    probe = WheelProbe(CommandCheck(CHECK, cwd=tmp_path, timeout=60), EnvCache(tmp_path / "bisect"))
+    assert probe(found[1]).outcome == "good"

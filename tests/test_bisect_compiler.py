@@ -61,7 +61,7 @@ def test_compiler_bisector_names_backend_subsystem_and_op(tmp_path, monkeypatch,
             "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--timeout", "300"]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
-    assert "with TORCH_COMPILE_DISABLE=1 the command exits 0" in out
+    assert "with torch.compile as an identity the command exits 0" in out
     assert "[bisector] run 1: backend=aot_eager subsystem=- -> pass" in out
     assert "[bisector] run 2: backend=aot_eager_decomp_partition subsystem=- -> fail" in out
     report = json.loads(Path(re.search(r"^report: (.+)$", out, re.MULTILINE).group(1)).read_text())
@@ -71,6 +71,52 @@ def test_compiler_bisector_names_backend_subsystem_and_op(tmp_path, monkeypatch,
     assert report["torch"].startswith("2.") and report["runs"] >= 5
 
 
+# A fullgraph model whose failure is inductor's: a joint-graph pass is broken (it raises,
+# as a pass bug does at compile time). Eager, aot_eager and the decompositions are fine;
+# the bisector must name inductor, its `joint_graph_passes` subsystem and the pass.
+# fullgraph=True: the pre-check must not depend on TORCH_COMPILE_DISABLE, under which
+# torch refuses a fullgraph compile that compiled nothing. One linear layer: inductor
+# calls the extern addmm, so the passing runs need no C++ compile (CI time).
+PASS_REPRO = """\
+import sys
+
+import torch
+import torch._inductor.config as inductor_config
+
+
+def broken_pass(graph):
+    raise RuntimeError("broken joint-graph pass")
+
+
+inductor_config.joint_custom_pre_pass = broken_pass
+torch.manual_seed(0)
+linear = torch.nn.Linear(8, 8)
+
+
+@torch.compile(fullgraph=True)
+def f(x):
+    return linear(x)
+
+
+x = torch.randn(4, 8)
+sys.exit(0 if torch.allclose(f(x), linear(x)) else 1)
+"""
+
+
+@pytest.mark.slow
+def test_a_fullgraph_model_with_a_broken_pass_is_inductors(tmp_path, monkeypatch, capsys):
+    (tmp_path / "repro.py").write_text(PASS_REPRO)
+    monkeypatch.chdir(tmp_path)
+    argv = ["bisect", "--compiler", "--command", "python repro.py", "--compiler-backend", "inductor",
+            "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--timeout", "300"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "with torch.compile as an identity the command exits 0" in out
+    report = json.loads(Path(re.search(r"^report: (.+)$", out, re.MULTILINE).group(1)).read_text())
+    assert (report["backend"], report["subsystem"]) == ("inductor", "joint_graph_passes")
+    assert report["debug_info"] == "joint_custom_pre_pass"
+
+
 def test_compiler_bisect_refuses_a_failure_that_is_not_the_compilers(tmp_path):
-    with pytest.raises(BisectError, match="fails with torch.compile disabled too .*bisect versions"):
+    with pytest.raises(BisectError, match=r"replaced by an identity \(exit 3\) and with the eager backend"):
         compiler_bisect("exit 3", python=sys.executable, cwd=tmp_path, log=lambda line: None)

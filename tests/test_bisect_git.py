@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from distci.bisect import BisectError, BisectState, bisect
-from distci.bisect.candidates import git_candidates
+from distci.bisect.candidates import SwappedEndpoints, git_candidates
 from distci.bisect.nightly_map import (
     NightlyCommit,
     main_commit_of_nightly,
@@ -34,13 +34,9 @@ from distci.bisect.overlay import (
     lay_python_over,
     plan_overlays,
 )
-from distci.bisect.probes import (
-    CommandCheck,
-    CommitProbe,
-    EnvCache,
-    OverlayProbe,
-    outcome_from_exit,
-)
+from distci.bisect.checks import CommandCheck, outcome_from_exit
+from distci.bisect.install import CommitBuilder, EnvCache
+from distci.bisect.probes import CommitProbe, OverlayProbe
 from distci.bisect.report import result_to_dict
 from distci.bisect.suspects import rank_suspects, traceback_files
 from distci.errors import SourceError
@@ -117,7 +113,8 @@ def test_commit_bisect_installs_each_commit_and_skips_a_broken_build(demo_repo, 
     assert candidates[5].subject == "faster scale"
 
     cache = EnvCache(tmp_path / "cache")
-    probe = CommitProbe(CommandCheck(CHECK, cwd=tmp_path, timeout=60), cache)
+    probe = CommitProbe(CommandCheck(CHECK, cwd=tmp_path, timeout=60), cache,
+                        CommitBuilder(cache.root, sys.executable))
     cold = bisect(candidates, probe, state=BisectState.open(tmp_path / "state.json"))
     assert cold.kind == "boundary"
     assert (cold.last_good.commit, cold.first_bad.commit) == (shas[4], shas[5])
@@ -151,8 +148,10 @@ def test_commit_list_follows_the_first_parent_chain(tmp_path):
     assert [c.commit for c in git_candidates(repo.path, first=side[0], last=bad)] == [side[0], merge, bad]
     assert [c.commit for c in git_candidates(repo.path, last=bad)] == [root, good, merge, bad]
     assert [c.commit for c in git_candidates(repo.path, last=bad, limit=2)] == [merge, bad]
-    with pytest.raises(BisectError, match="not an ancestor .*git merge-base"):
+    with pytest.raises(SwappedEndpoints, match="is an ancestor of"):
         git_candidates(repo.path, first=bad, last=good)
+    with pytest.raises(BisectError, match="not an ancestor .*git merge-base"):
+        git_candidates(repo.path, first=side[1], last=good)
     with pytest.raises(SourceError, match="'v9' is not a commit"):
         git_candidates(repo.path, first="v9", last=bad)
 
@@ -170,15 +169,17 @@ def test_exit_code_above_127_aborts(tmp_path):
         CommandCheck("kill -SEGV $$").run(tmp_path)
 
 
-def test_check_runs_in_the_venv_and_a_timeout_is_bad_and_leaves_nothing(tmp_path):
+def test_check_runs_in_the_venv_and_a_timeout_is_its_own_outcome_and_leaves_nothing(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     check = CommandCheck('test "$(command -v python)" = "$VIRTUAL_ENV/bin/python"')
     assert check.run(venv)[0] == "good"
     pid_file = tmp_path / "child.pid"
     hang = CommandCheck(f"sleep 60 & echo $! > {pid_file}; wait", timeout=1)
-    outcome, detail = hang.run(venv)
-    assert outcome == "bad" and detail.startswith("timeout after 1")
+    outcome, reason, detail = hang.run(venv)
+    assert (outcome, reason) == ("skip", "timeout") and detail.startswith("timeout after 1")
+    hang.on_timeout = "bad"
+    assert hang.run(venv)[:2] == ("bad", "timeout")
     child = int(pid_file.read_text())
     deadline = time.monotonic() + 5  # SIGKILL is delivered asynchronously; give it a moment
     while alive(child) and time.monotonic() < deadline:

@@ -27,13 +27,21 @@ from test_bisect_candidates import PACKAGE, write_wheel
 
 from distci import cli
 from distci.bisect.pins import Pins, load_stack
-from distci.bisect.probes import link_base_tree
+from distci.bisect.install import link_base_tree
 from distci.bisect.regression import changed_axis, find_regression
 from distci.bisect.state import BisectError
 from distci.errors import ConfigError
 from distci.store import Store
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _archive(tmp_path, monkeypatch):
+    """Probes download into the wheelhouse archive: a test's own, not the checkout's."""
+    monkeypatch.setenv("DISTCI_WHEELHOUSE_ROOT", str(tmp_path / "wheelhouse"))
+    monkeypatch.setenv("DISTCI_ENV_ROOT", str(tmp_path / "envs"))
+
 
 TEST_FILE = """\
 import pytest
@@ -75,7 +83,7 @@ TEST_FILE_NAME = TEST_ID.split("::")[0]
 
 def common(root: Path) -> list[str]:
     return ["--wheelhouse", str(root / "wheelhouse"), "--base-env", sys.prefix, "--cache", str(root / "cache"),
-            "--out", str(root / "out"), "--timeout", "240"]
+            "--out", str(root / "out"), "--timeout", "240", "--no-confirm"]
 
 
 def test_a_test_id_is_bisected_through_the_harness_in_torchrun_mode(work, monkeypatch, capsys):

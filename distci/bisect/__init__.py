@@ -2,14 +2,19 @@
 
 The engine (engine.py) is a pure search over an ordered candidate list with a probe
 `candidate -> good | bad | skip`; candidates.py lists candidates (releases, nightlies,
-wheelhouse, git commits); probes.py installs a candidate into a cached environment over
-the rest of the stack (pins.py: the bad cell's versions) and runs a check (a command, or
-one test id through the harness in torchrun mode); state.py makes a bisect resumable;
-report.py writes what happened (and the store's record of it); regression.py turns a
-regression verdict of the store into a bisect question; command.py is
-`python -m distci bisect`. Below the nightly: nightly_map.py (nightly -> main commit),
-overlay.py (Python-only commits over a nightly binary), suspects.py. Inside torch.compile:
-compiler.py drives torch's compiler bisector from outside the failing processes.
+wheelhouse and the wheelhouse archive, git commits); install.py puts a candidate into a
+cached environment over the rest of the stack (a base env from distci.envs, wheels from
+the distci.wheelhouse archive, commit wheels), checks.py runs the check through a Runner
+(the seam for running probes elsewhere, e.g. a cell's image), probes.py joins the two;
+pins.py reads the bad cell's versions; state.py makes a bisect resumable; report.py
+writes what happened (and the store's record of it); regression.py turns a regression
+verdict of the store into a bisect question; args.py parses the command line once into
+BisectArgs and command.py is `python -m distci bisect`. Below the nightly: below.py (the
+stage), nightly_map.py (nightly -> main commit), overlay.py (Python-only commits over a
+nightly binary), suspects.py. Between two builds: pydiff.py (delta debugging of their
+Python). Inside torch.compile: compiler.py drives torch's compiler bisector from outside
+the failing processes, compiler_command.py is `--compiler`. fix_audit.py answers the fix
+audit's "obsolete since which change".
 """
 
 from distci.bisect.engine import (

@@ -19,7 +19,7 @@ import re
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable, Literal, Sequence
 
 from packaging.tags import Tag, sys_tags
 from packaging.version import InvalidVersion, Version
@@ -95,6 +95,10 @@ class CommitCandidate:
         return {"commit": self.commit, "subject": self.subject, "committed": self.committed}
 
 
+class SwappedEndpoints(BisectError):
+    """The old endpoint is newer than the new one: the caller names the roles (good/bad)."""
+
+
 # -- wheels ------------------------------------------------------------------------------
 
 
@@ -118,19 +122,29 @@ def release_candidates(index_url: str, package: str, *, last: str, first: str | 
 
 def nightly_candidates(index_url: str, package: str, *, last: str, first: str | None = None,
                        tags: Iterable[Tag] | None = None, limit: int | None = None,
-                       ca_bundle: str = "") -> list[WheelCandidate]:
+                       ca_bundle: str = "", archive: Sequence[Path] = ()) -> list[WheelCandidate]:
     """One candidate per nightly date on the index from `first` to `last`.
 
     Endpoints are dates (``2026-11-20``, ``20261120``) or nightly versions
     (``2.12.0.dev20261120+cu130``). A date with several versions (the day the version
-    was bumped) is the highest of them.
+    was bumped) is the highest of them. `archive` lists wheel directories (distci's
+    wheelhouse archive, see distci.wheelhouse.archived): a nightly found there but no
+    longer on the index is still a candidate, installed from the archive.
     """
     entries = [e for e in list_index_versions(index_url, package, ca_bundle=ca_bundle)
                if e.date is not None]
     groups = _group(_installable(entries, tags), lambda e: e.date)
-    return _bounded([_wheel(package, "nightly", index_url, files) for files in groups],
-                    first, last, by=lambda c: c.date, parse=_date, what=f"{package} nightly",
-                    where=index_url, limit=limit)
+    found = [_wheel(package, "nightly", index_url, files) for files in groups]
+    dates = {c.date for c in found}
+    for directory in archive:
+        location = str(Path(directory).resolve())
+        kept = [e for e in list_find_links(location, package) if e.date is not None]
+        for files in _group(_installable(kept, tags), lambda e: e.date):
+            if files[0].date not in dates:
+                dates.add(files[0].date)
+                found.append(_wheel(package, "wheelhouse", location, files))
+    return _bounded(found, first, last, by=lambda c: c.date, parse=_date,
+                    what=f"{package} nightly", where=index_url, limit=limit)
 
 
 def wheelhouse_candidates(directory: Path | str, package: str, *, last: str,
@@ -191,9 +205,10 @@ def _bounded(found: list, first: str | None, last: str, *, by, parse, what: str,
 
     end = index_of(last, "last")
     start = index_of(first, "first") if first is not None else 0
-    if start >= end:
-        raise BisectError(f"{what} {first} is not older than {last}: the oldest endpoint comes "
-                          "first (for a fix, the bad end is the oldest)")
+    if start > end:
+        raise SwappedEndpoints(f"{what} {first} is newer than {last}")
+    if start == end:
+        raise BisectError(f"both endpoints are {what} {last}")
     if first is None and limit is not None:
         start = max(0, end + 1 - limit)
     return found[start:end + 1]
@@ -280,8 +295,9 @@ def git_candidates(repo: Path | str, *, last: str, first: str | None = None,
     base = _rev_parse(repo, first, "first")
     if base == head:
         raise BisectError(f"first and last endpoints are the same commit {base[:12]}")
-    if subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", base, head],
-                      capture_output=True).returncode != 0:
+    if _is_ancestor(repo, head, base):
+        raise SwappedEndpoints(f"{last} ({head[:12]}) is an ancestor of {first} ({base[:12]})")
+    if not _is_ancestor(repo, base, head):
         raise BisectError(f"{first} is not an ancestor of {last}; "
                           "bisect needs a chain: use the merge-base with main "
                           f"(git merge-base {first} {last}) as the old endpoint")
@@ -293,6 +309,11 @@ def git_candidates(repo: Path | str, *, last: str, first: str | None = None,
     descendants = set(_git(repo, "rev-list", "--ancestry-path", f"{base}..{head}"))
     chain = [line for line in mainline if line.split("\x1f", 1)[0] in descendants]
     return [_commit(repo, line) for line in start + chain]
+
+
+def _is_ancestor(repo: Path, older: str, newer: str) -> bool:
+    return subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", older, newer],
+                          capture_output=True).returncode == 0
 
 
 def _commit(repo: Path, line: str) -> CommitCandidate:

@@ -18,9 +18,20 @@ state in environment variables and files under a private TORCHINDUCTOR_CACHE_DIR
 swaps its backend and disables subsystems accordingly. The FX graph cache is bypassed
 while the bisector is on, so a cached graph cannot hide a pass.
 
-Before bisecting, the controller checks the question: the command must pass with
-TORCH_COMPILE_DISABLE=1, else the failure is not the compiler's and this tool has
-nothing to say.
+Every process of the command runs with a small sitecustomize (SHIM, on PYTHONPATH) that
+hooks `import torch`:
+- in the pre-check it swaps `torch.compile` for an identity, so the command runs its
+  models eagerly. TORCH_COMPILE_DISABLE cannot serve: with it, a `fullgraph=True` compile
+  raises ("found no compiled frames") and every fullgraph model, distci's scenarios
+  included, would look broken without the compiler.
+- while bisecting it keeps a custom backend callable (distci's scenarios count graphs with
+  one that delegates to a named backend) and makes the backend it delegates to the one
+  the bisector is trying; torch itself would replace the callable and lose the counts.
+- when the identity run fails (the command may check that graphs were compiled), once
+  more with every compile on the first backend the bisector would try (eager unless
+  --compiler-backend says otherwise), custom backends keeping their counts.
+A command that fails both ways is not the compiler's: the tool says so at once instead of
+blaming Dynamo. One that fails with the identity only is bisected.
 
 The driver half imports only the standard library and torch: it runs inside cell
 environments, torch 2.6 .. newest.
@@ -41,8 +52,71 @@ from typing import Callable, Mapping, Sequence
 
 from distci.bisect.state import BisectError
 
-DISABLE_ENV = "TORCH_COMPILE_DISABLE"
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+SHIM_ENV = "DISTCI_COMPILE_SHIM"
+SHIM = """\
+import importlib.machinery
+import os
+import sys
+
+
+class _TorchHook:
+    \"\"\"distci compiler bisect: adjust torch.compile once torch is imported.\"\"\"
+
+    def find_spec(self, name, path, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            _patch(module, os.environ.get("DISTCI_COMPILE_SHIM", ""))
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _patch(torch, mode):
+    original = torch.compile
+    if mode == "identity":
+        def compile(model=None, **kwargs):
+            return model if model is not None else (lambda fn: fn)
+    elif mode == "bisect" or mode.startswith("backend:"):
+        from torch._dynamo.backends import registry
+        from torch._inductor.compiler_bisector import CompilerBisector
+
+        lookup = registry.lookup_backend
+        fixed = mode.partition(":")[2]
+
+        def lookup_backend(name):
+            wanted = fixed or CompilerBisector.get_backend()
+            return lookup(wanted if wanted and isinstance(name, str) else name)
+
+        registry.lookup_backend = lookup_backend
+
+        def compile(model=None, **kwargs):
+            if isinstance(kwargs.get("backend", "inductor"), str):
+                if fixed:
+                    kwargs["backend"] = fixed
+                return original(model, **kwargs)
+            get = CompilerBisector.__dict__["get_backend"]
+            CompilerBisector.get_backend = classmethod(lambda cls: None)
+            try:
+                return original(model, **kwargs)
+            finally:
+                CompilerBisector.get_backend = get
+    else:
+        return
+    compile.__wrapped__ = original
+    torch.compile = compile
+
+
+sys.meta_path.insert(0, _TorchHook())
+"""
 
 
 @dataclass
@@ -99,8 +173,13 @@ def compiler_bisect(command: str, *, python: str = sys.executable, cwd: Path | s
     base.pop("PYTHONHOME", None)
     with tempfile.TemporaryDirectory(prefix="distci-compiler-bisect-") as tmp:
         base[CACHE_ENV] = str(Path(tmp) / "inductor")
+        shim = Path(tmp) / "shim"
+        shim.mkdir()
+        (shim / "sitecustomize.py").write_text(SHIM)
+        base["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), base.get("PYTHONPATH", "")) if p)
         if precheck:
-            _precheck(command, cwd, base, timeout, log)
+            _precheck(command, cwd, base, timeout, start_backend or "eager", log)
+        base[SHIM_ENV] = "bisect"
         out = Path(tmp) / "finding.json"
         argv = [python, "-m", "distci.bisect.compiler", "--out", str(out)]
         if start_backend:
@@ -124,16 +203,20 @@ def compiler_bisect(command: str, *, python: str = sys.executable, cwd: Path | s
         return CompilerFinding(**data)
 
 
-def _precheck(command: str, cwd, env: Mapping[str, str], timeout: float | None,
+def _precheck(command: str, cwd, env: Mapping[str, str], timeout: float | None, first: str,
               log: Callable[[str], None]) -> None:
-    """The command must pass with torch.compile disabled. (That it fails as it is, the
-    bisector's first step shows: a command that passes everywhere ends with no backend.)"""
-    eager = _run(command, cwd, dict(env, **{DISABLE_ENV: "1"}), timeout)
-    log(f"compiler bisector: with {DISABLE_ENV}=1 the command exits {eager}")
-    if eager != 0:
-        raise BisectError(f"the command fails with torch.compile disabled too ({DISABLE_ENV}=1, "
-                          f"exit {eager}): the failure is not the compiler's; bisect versions "
-                          "instead")
+    """Is the failure the compiler's? (That it fails as it is, the bisector's first step
+    shows: a command that passes everywhere ends with no backend.)"""
+    eager = _run(command, cwd, dict(env, **{SHIM_ENV: "identity"}), timeout)
+    log(f"compiler bisector: with torch.compile as an identity the command exits {eager}")
+    if eager == 0:
+        return
+    simplest = _run(command, cwd, dict(env, **{SHIM_ENV: f"backend:{first}"}), timeout)
+    log(f"compiler bisector: with every compile on the {first} backend the command exits {simplest}")
+    if simplest != 0:
+        raise BisectError(f"the command fails with torch.compile replaced by an identity (exit "
+                          f"{eager}) and with the {first} backend (exit {simplest}): the failure is "
+                          "not the compiler's; bisect versions instead")
 
 
 def _run(command: str | Sequence[str], cwd, env: Mapping[str, str], timeout: float | None) -> int:

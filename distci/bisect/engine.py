@@ -23,8 +23,16 @@ What the engine guarantees:
   with a `flaky` result naming the candidate and what it answered. A boundary is reported
   only when both candidates around it answered the same way every time, so a wrong boundary
   needs one of those two to give the same wrong answer r times in a row.
+- With `confirm`, the two candidates around the answer are probed once more than
+  `repeats` before it is given; a disagreement is a `flaky` result with the outcomes, so
+  even `repeats=1` cannot name a wrong boundary from one lucky run of either side.
 - Every run goes through the optional BisectState before and after the probe, so a state
-  file makes an interrupted bisect resume where it stopped.
+  file makes an interrupted bisect resume where it stopped. A skip whose reason is
+  `infra` (the environment could not be built) is not replayed from the state: the next
+  bisect probes that candidate again, since the infrastructure may have been fixed.
+- A probe run may carry a reason (`timeout`, `infra`, `native`); the result counts them
+  (`reasons`), so a summary says how many probes timed out instead of hiding them in
+  skip or bad.
 """
 
 from __future__ import annotations
@@ -51,6 +59,7 @@ class ProbeOutcome:
     cached: bool | None = None
     detail: str = ""
     setup_seconds: float | None = None
+    reason: str = ""
 
 
 ProbeFn = Callable[[Any], Union[str, ProbeOutcome]]
@@ -110,6 +119,12 @@ class BisectResult(Generic[C]):
     flaky: ProbeRecord[C] | None = None
     reason: str = ""
     repeats: int = 1
+
+    @property
+    def reasons(self) -> dict[str, int]:
+        """Probe runs by reason (timeout, infra, native), this session's and resumed."""
+        counted = Counter(run.reason for record in self.probes for run in record.runs if run.reason)
+        return dict(sorted(counted.items()))
 
     @property
     def first_bad(self) -> C | None:
@@ -182,6 +197,7 @@ def bisect(
     find_fix: bool = False,
     lone_end: bool = False,
     repeats: int = 1,
+    confirm: bool = False,
     state: BisectState | None = None,
     on_event: Callable[[Progress], None] | None = None,
     key: Callable[[C], str] | None = None,
@@ -193,10 +209,11 @@ def bisect(
     steps backward from it. `key` names candidates in the state and the report and must be
     unique (default: the candidate's `key` attribute, else `str`). Raises BisectRefused
     when the endpoints do not allow an answer; returns a `flaky` result, never a boundary,
-    when repeated probes disagree.
+    when repeated probes disagree, and with `confirm` re-probes the two candidates around
+    the answer once more first.
     """
     search = _Search(list(candidates), probe, find_fix=find_fix, repeats=repeats,
-                     state=state or BisectState(), on_event=on_event,
+                     confirm=confirm, state=state or BisectState(), on_event=on_event,
                      key=key or candidate_key)
     try:
         return search.run(lone_end)
@@ -208,7 +225,7 @@ def bisect(
 
 class _Search(Generic[C]):
     def __init__(self, candidates: list[C], probe: ProbeFn, *, find_fix: bool, repeats: int,
-                 state: BisectState, on_event: Callable[[Progress], None] | None,
+                 confirm: bool, state: BisectState, on_event: Callable[[Progress], None] | None,
                  key: Callable[[C], str]) -> None:
         if repeats < 1:
             raise BisectError(f"repeats must be at least 1, got {repeats}")
@@ -221,6 +238,7 @@ class _Search(Generic[C]):
         self.mode: Literal["regression", "fix"] = "fix" if find_fix else "regression"
         self.new_outcome = "good" if find_fix else "bad"
         self.repeats = repeats
+        self.confirm = confirm
         self.state = state
         self.on_event = on_event
         self.records: dict[int, ProbeRecord[C]] = {}
@@ -242,6 +260,10 @@ class _Search(Generic[C]):
             self._verify_ends(0, newest)
             lo, hi = 0, newest
         lo, hi = self._narrow(lo, hi)
+        if self.confirm:
+            self.about = len(self.records)
+            for index in (lo, hi):
+                self._observe(index, "confirm", runs=self.repeats + 1)
         return self._result(
             "boundary" if hi == lo + 1 else "range",
             last_old=self.candidates[lo], first_new=self.candidates[hi],
@@ -332,27 +354,24 @@ class _Search(Generic[C]):
 
     # -- probing ----------------------------------------------------------------------
 
-    def _observe(self, index: int, phase: str) -> str:
-        """Probe candidate `index` until it has `repeats` runs; old, new or skip."""
+    def _observe(self, index: int, phase: str, runs: int | None = None) -> str:
+        """Probe candidate `index` until it has `runs` (default `repeats`) runs; old, new or
+        skip."""
         key = self.keys[index]
         record = self.records.get(index)
         if record is None:
             record = self.records[index] = ProbeRecord(key, self.candidates[index], index, phase)
             for run in self.state.runs(key):
+                if run.reason == "infra":
+                    continue
                 record.runs.append(run)
                 self._emit(record, run)
-        while record.outcome != "flaky" and len(record.runs) < self.repeats:
-            self._emit(record, None)
-            started = time.monotonic()
-            answer = self.probe(record.candidate)
-            seconds = time.monotonic() - started
-            if not isinstance(answer, ProbeOutcome):
-                answer = ProbeOutcome(answer)  # type: ignore[arg-type]
-            run = ProbeRun(answer.outcome, round(seconds, 3), answer.cached, answer.detail,
-                           answer.setup_seconds)
-            record.runs.append(run)
-            self.state.record(key, run)
-            self._emit(record, run)
+        first_phase = record.phase
+        record.phase = phase  # the events say why this run happens; the record keeps its first
+        try:
+            self._probe_until(record, key, runs or self.repeats)
+        finally:
+            record.phase = first_phase
         if record.outcome == "flaky":
             raise _Stop(self._result(
                 "flaky", flaky=record,
@@ -361,6 +380,20 @@ class _Search(Generic[C]):
         if record.outcome == "skip":
             return _SKIP
         return _NEW if record.outcome == self.new_outcome else _OLD
+
+    def _probe_until(self, record: ProbeRecord[C], key: str, runs: int) -> None:
+        while record.outcome != "flaky" and len(record.runs) < runs:
+            self._emit(record, None)
+            started = time.monotonic()
+            answer = self.probe(record.candidate)
+            seconds = time.monotonic() - started
+            if not isinstance(answer, ProbeOutcome):
+                answer = ProbeOutcome(answer)  # type: ignore[arg-type]
+            run = ProbeRun(answer.outcome, round(seconds, 3), answer.cached, answer.detail,
+                           answer.setup_seconds, reason=answer.reason)
+            record.runs.append(run)
+            self.state.record(key, run)
+            self._emit(record, run)
 
     def _emit(self, record: ProbeRecord[C], run: ProbeRun | None) -> None:
         if self.on_event is None:

@@ -129,7 +129,7 @@ def lay_python_over(repo: Path | str, base: str, commit: str, installed: Path,
     repo = Path(repo)
     write, delete = python_changes(repo, base, commit)
     shutil.rmtree(target, ignore_errors=True)
-    shutil.copytree(installed, target, copy_function=_link_or_copy, symlinks=True)
+    shutil.copytree(installed, target, copy_function=link_or_copy, symlinks=True)
     for path in delete:
         (target / PurePosixPath(path)).unlink(missing_ok=True)
     for path in write:
@@ -142,7 +142,7 @@ def lay_python_over(repo: Path | str, base: str, commit: str, installed: Path,
     return sorted(write + delete)
 
 
-def _link_or_copy(src: str, dst: str) -> None:
+def link_or_copy(src: str, dst: str) -> None:
     try:
         os.link(src, dst)
     except OSError:  # another filesystem

@@ -45,6 +45,7 @@ def result_to_dict(result: BisectResult[Any], *, meta: dict[str, Any] | None = N
         "repeats": result.repeats,
         "distinct_probes": len(result.probes),
         "probe_runs": sum(len(r.runs) for r in result.probes),
+        "reasons": result.reasons,
         "timing": timing(result.probes),
         "probes": [_record(r) for r in result.probes],
         "meta": meta or {},
@@ -151,6 +152,10 @@ def format_result(result: BisectResult[Any]) -> str:
     for name, bucket in timing(result.probes).items():
         lines.append(f"  {name}: {bucket['runs']:g} runs, {bucket['seconds']:.1f}s "
                      f"(mean {bucket['mean_seconds']:.1f}s)")
+    if result.reasons:
+        lines.append("  " + ", ".join(f"{reason}: {count} runs" for reason, count in result.reasons.items())
+                     + " (timeout: the check ran past --timeout; infra: the environment could not "
+                     "be built, retried on the next run)")
     return "\n".join(lines)
 
 
@@ -197,6 +202,8 @@ def to_markdown(data: dict[str, Any], *, command: str | None = None) -> str:
         lines.append(f"| {step} | {probe['phase']} | {_label(probe)} | {probe['outcome']} | "
                      f"{probe['seconds']:.1f} | {'' if setup is None else f'{setup:.1f}'} | {env} |")
     lines.append("")
+    for reason, count in (data.get("reasons") or {}).items():
+        lines.append(f"- {reason}: {count} runs")
     for name, bucket in data["timing"].items():
         lines.append(f"- {name}: {bucket['runs']:g} runs, {bucket['seconds']:.1f} s "
                      f"(mean {bucket['mean_seconds']:.1f} s)")

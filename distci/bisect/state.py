@@ -32,7 +32,9 @@ class ProbeRun:
     """One run of a probe on one candidate.
 
     `cached` is the probe's word on whether its environment was already built (warm), or
-    None when it does not say. `resumed` marks a run read back from a state file instead of
+    None when it does not say. `reason` says why a run answered as it did when the
+    answer is not the check's verdict: `timeout`, `infra` (the environment could not be
+    built), `native` (no binary can hold the candidate). `resumed` marks a run read back from a state file instead of
     executed in this session; it is not saved, since in the file every run is just a run.
     """
 
@@ -41,6 +43,7 @@ class ProbeRun:
     cached: bool | None = None
     detail: str = ""
     setup_seconds: float | None = None
+    reason: str = ""
     resumed: bool = False
 
     def __post_init__(self) -> None:

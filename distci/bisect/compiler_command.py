@@ -1,0 +1,77 @@
+"""`distci bisect --compiler`: torch's compiler bisector on a command or a test id.
+
+The failing environment is the bad candidate's (built like a probe's), else --in-env,
+else this interpreter's. A test id runs through the harness in torchrun mode, like a
+probe; the finding (backend, subsystem, pass or op) is written as a report under
+--out/compiler and, for a test id, attached to the store as a bisect record whose
+culprit is the finding, so the dashboard shows it next to the failure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from distci.bisect.args import BisectArgs
+from distci.bisect.compiler import compiler_bisect
+from distci.bisect.install import EnvCache, InstallFailed
+from distci.bisect.state import BisectError
+from distci.envs import env_python
+
+
+def run_compiler(args: BisectArgs, q: Any, log: Callable[[str], None]) -> int:
+    from distci.bisect.command import _digest, candidates_of, env_cache, harness_command, harness_path
+
+    env: dict[str, str] = {}
+    cache = env_cache(args, q, log) if args.bad is not None or q.pins is not None else None
+    if args.bad is not None and q.source != "git":
+        bad = candidates_of(args, replace(q, first=None), first=None, last=args.bad)[-1]
+        log(f"compiler bisect in the environment of {bad.label}")
+        try:
+            venv, _ = cache.ensure(bad.key, lambda: cache.wheel_install(bad))  # type: ignore[union-attr]
+        except InstallFailed as failed:
+            raise BisectError(f"the failing environment cannot be built: {failed}") from None
+        python = str(env_python(venv))
+    elif args.in_env:
+        python = str(env_python(Path(args.in_env)))
+    else:
+        python = sys.executable
+        if importlib.util.find_spec("torch") is None:
+            raise BisectError("this interpreter has no torch: name the failing environment with "
+                              "--in-env VENV (it needs pytest for a test id), or --bad X (with "
+                              "--stack or --base-env) to build it")
+    env["PYTHONPATH"] = str(harness_path(cache or EnvCache(Path(args.cache)), log))
+    if q.test_id:
+        command = harness_command(q.test_id)
+        env["DISTCI_FIXES"] = q.fixes_mode or "none"
+    else:
+        command = q.command or ""
+    finding = compiler_bisect(command, python=python, cwd=Path.cwd(), env=env,
+                              start_backend=args.compiler_backend, timeout=args.timeout, log=log)
+    log(f"compiler bisector ({finding.runs} runs, {finding.seconds:.0f}s, torch {finding.torch}): "
+        f"{finding.describe()}")
+    report = Path(args.report) if args.report else Path(args.out) / "compiler" / (
+        _digest([command, python]) + ".json")
+    report.parent.mkdir(parents=True, exist_ok=True)
+    data = {"kind": "compiler", "command": command, "test": q.test_id, "regression": q.regression,
+            **finding.to_dict()}
+    if q.test_id:  # the store's bisect keys: the dashboard shows the finding with the test
+        data.update(test_id=q.test_id, axis="compiler", good="", bad=args.bad or "",
+                    culprit=finding.describe(), cell_id=q.cell_id, status="compiler",
+                    created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    report_path=str(report))
+    report.write_text(json.dumps(data, indent=1) + "\n")
+    log(f"report: {report}")
+    if q.test_id and (q.regression or args.store):
+        from distci.ingest import read_bisect
+        from distci.store import Store
+
+        with Store(args.store) as store:
+            store.add_bisects(read_bisect(report))
+        log("store: compiler finding recorded")
+    return 0 if finding.backend else 1
