@@ -195,6 +195,12 @@ class Scenario:
         return self.world_size // self.tp_degree
 
     @property
+    def data_parallel_max(self) -> int:
+        """Data-parallel ranks of the widest layout the row trains in (resume rows: two)."""
+        resumed = {"none": 1, "single": 1, "tp_sp": 1, "fsdp": self.world_size}[self.resume]
+        return max(self.dp_degree, resumed)
+
+    @property
     def mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """(shape, dim names) of the device mesh this row trains on."""
         if self.parallel == "fsdp_tp":

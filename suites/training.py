@@ -99,7 +99,7 @@ def batches(scenario: Scenario, seed: int = SEED) -> list[tuple[torch.Tensor, to
     microbatch draws exactly what the table's first rows always drew.
     """
     args = scenario.model_args
-    rows = BATCH * scenario.dp_degree * scenario.accum
+    rows = BATCH * scenario.data_parallel_max * scenario.accum
     gen = torch.Generator().manual_seed(seed + 1)
     out = []
     for step in range(scenario.steps):
@@ -168,7 +168,7 @@ def _gather_expert_grads(model: nn.Module, ep: par.ExpertParallel, out: dict) ->
 
 def placement_name(placement: Any) -> str:
     """S<dim>, R or P: a spelling that does not change with torch's placement reprs."""
-    if placement.is_shard():
+    if placement.is_shard() or type(placement).__name__ == "_StridedShard":  # FSDP2 over TP: strided
         return f"S{placement.dim}"
     if placement.is_replicate():
         return "R"
@@ -218,18 +218,18 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
     """Steps of data-parallel, accumulated training; records the global loss and full grads."""
     import torch.distributed as dist
 
-    rows = BATCH * scenario.accum
     for step in steps:
         tokens, labels = data[step]
+        mb = tokens.shape[0] // (layout.dp_size * scenario.accum)  # rows per microbatch
         ctx = on_step(step) if on_step else contextlib.nullcontext()
         with ctx:
             opt.zero_grad(set_to_none=True)
             total = torch.zeros((), dtype=torch.float32, device=device)
             for micro in range(scenario.accum):
-                start = layout.dp_rank * rows + micro * BATCH
+                start = (layout.dp_rank * scenario.accum + micro) * mb
                 with _loss_context(scenario):
-                    loss = _loss(layout.runnable(tokens[start:start + BATCH].to(device)),
-                                 labels[start:start + BATCH].to(device)) / scenario.accum
+                    loss = _loss(layout.runnable(tokens[start:start + mb].to(device)),
+                                 labels[start:start + mb].to(device)) / scenario.accum
                     loss.backward()
                 total += _value(loss).detach().float()
             if layout.dp_size > 1:
