@@ -186,8 +186,12 @@ class CompileCounter:
         return run
 
 
-def apply_compile(model: Transformer, mode: str, backend: Callable | str) -> nn.Module:
-    """`block`: each block compiled on its own (torchtitan's default); `model`: one graph."""
+def apply_compile(model: Transformer, mode: str, backend: Callable | str, fullgraph: bool = True) -> nn.Module:
+    """`block`: each block compiled on its own (torchtitan's default); `model`: one graph.
+
+    `fullgraph=False` only for a whole model under FSDP2, whose hooks Dynamo may not
+    trace (they are torch._dynamo.disable'd): the graph breaks there, by design.
+    """
     if mode == "none":
         return model
     if mode == "block":
@@ -195,7 +199,7 @@ def apply_compile(model: Transformer, mode: str, backend: Callable | str) -> nn.
             model.layers.register_module(name, torch.compile(block, backend=backend, fullgraph=True))
         return model
     if mode == "model":
-        return torch.compile(model, backend=backend, fullgraph=True)
+        return torch.compile(model, backend=backend, fullgraph=fullgraph)
     raise ValueError(f"unknown compile mode {mode!r}; known: none, block, model")
 
 
@@ -228,6 +232,9 @@ class PostGradOpCounter:
         for node in graph.nodes:
             if node.op == "call_function":
                 self.ops[op_name(node.target)] += 1
+
+
+FSDP_LAYOUTS = ("fsdp", "fsdp_tp")
 
 
 def fsdp_api() -> tuple[Callable, type]:

@@ -84,6 +84,7 @@ class Mutation:
     after_parallelize: Callable[[nn.Module], None] | None = None
     fsdp_reshard: bool = True
     dynamo_config: dict[str, Any] | None = None
+    skip_checkpoint_load: bool = False
 
 
 def clean_name(name: str) -> str:
@@ -375,8 +376,9 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
     par.apply_ac(model, scenario.ac)
     if scenario.compiled:
         layout.counter = par.CompileCounter(scenario.backend)
-        layout.runnable = par.apply_compile(model, scenario.compile, layout.counter)
-    if parallel in ("fsdp", "fsdp_tp"):
+        layout.runnable = par.apply_compile(model, scenario.compile, layout.counter,
+                                            fullgraph=not (scenario.compile == "model" and parallel in par.FSDP_LAYOUTS))
+    if parallel in par.FSDP_LAYOUTS:
         par.apply_fsdp(model, dp_mesh, scenario.mp, reshard=mutation.fsdp_reshard)
     if mutation.after_parallelize:
         mutation.after_parallelize(model)
@@ -434,7 +436,8 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
                 ckpt.save(layout.model, opt, path)
                 layout = build_layout(scenario, scenario.resume, meshes, device, dtype, evidence, mutation)
                 opt = make_optimizer(layout.model.parameters(), scenario.optim)
-                ckpt.load(layout.model, opt, path)
+                if not mutation.skip_checkpoint_load:
+                    ckpt.load(layout.model, opt, path)
             train(layout, range(RESUME_AT, scenario.steps), opt)
         counter = layout.counter
         if counter is not None:
