@@ -15,7 +15,7 @@ Columns:
             fsdp_tp: 2-D mesh (dp_shard = ws/2, tp = 2), TP (sequence parallel) inside,
             FSDP2 outside, as torchtitan composes them;
             ep: expert parallel (MoE only): experts split over the ranks, tokens moved by
-            all-to-all, the rest FSDP2-sharded over the same ranks
+            all-to-all; dense weights replicated, data parallel (gradients averaged)
   compile   none | model | block             (always fullgraph=True)
   backend   eager | aot_eager | inductor     (`-` when compile is none)
   ac        none | full | selective          (checkpoint_wrapper; selective = torchtitan's op policy)
@@ -181,7 +181,7 @@ class Scenario:
 
     @property
     def fsdp(self) -> bool:
-        return self.parallel in ("fsdp", "fsdp_tp", "ep")
+        return self.parallel in ("fsdp", "fsdp_tp")
 
     @property
     def tp_degree(self) -> int:
