@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .model_args import ModelArgs
-from .models import SHARDED_WEIGHTS
-from .scenarios import Scenario, Tolerance
+from .models import sharded_weights
+from .scenarios import MAX_VARLEN_GRAPHS_PER_REGION, Scenario, Tolerance
 
 MAX_LISTED = 100  # the known-issues registry must see every problem to explain a failure
 
@@ -49,7 +49,8 @@ def _finite(t: torch.Tensor) -> bool:
 
 
 def check_numerics(ref, run, tol: Tolerance) -> list[str]:
-    """Losses and gradients of `run` against `ref` (TrainRecords), step by step."""
+    """Losses and gradients of `run` against `ref` (TrainRecords), step by step; then the
+    eval forward's loss and logits when the scenario has one."""
     problems: list[str] = []
     if len(run.losses) != len(ref.losses):
         return [f"ran {len(run.losses)} steps, the reference {len(ref.losses)}"]
@@ -68,6 +69,41 @@ def check_numerics(ref, run, tol: Tolerance) -> list[str]:
             problems.append(f"step {step}: parameters differ from the reference: missing {missing}, extra {extra}")
         for name in sorted(set(grads) & set(ref_grads)):
             problems.extend(f"step {step}: {name}: {p}" for p in _grad_problems(grads[name], ref_grads[name], tol))
+    if ref.eval_loss is not None:
+        problems.extend(_eval_problems(ref, run, tol))
+    return problems
+
+
+def _eval_problems(ref, run, tol: Tolerance) -> list[str]:
+    if run.eval_loss is None:
+        return ["the eval step did not run"]
+    problems = []
+    a, b = run.eval_loss, ref.eval_loss
+    if not math.isfinite(a) or abs(a - b) > tol.loss_atol + tol.loss_rtol * abs(b):
+        problems.append(f"eval: loss {a:.7g} vs reference {b:.7g}")
+    if run.eval_logits is None or run.eval_logits.shape != ref.eval_logits.shape:
+        problems.append("eval: logits missing or of another shape than the reference's")
+    else:
+        db = sqnr(ref.eval_logits, run.eval_logits)
+        if db < tol.grad_min_sqnr:
+            problems.append(f"eval: logits SQNR {db:.1f} dB < {tol.grad_min_sqnr:g} dB")
+    return problems
+
+
+def check_routing(ref) -> list[str]:
+    """A MoE reference must exercise what real routers do: an imbalanced load in which
+    some expert gets no token in some microbatch (the empty-expert path), while every
+    expert gets tokens somewhere (so every expert's gradient is compared)."""
+    if not ref.expert_tokens:
+        return []
+    problems = []
+    counts = torch.tensor(ref.expert_tokens)
+    if not bool((counts == 0).any()):
+        problems.append(f"routing: every expert got tokens in every microbatch (min {int(counts.min())}): "
+                        "the empty-expert path was not exercised")
+    starved = [e for e in range(counts.shape[1]) if not bool(counts[:, e].any())]
+    if starved:
+        problems.append(f"routing: experts {starved} never got a token: their gradients are not tested")
     return problems
 
 
@@ -101,12 +137,34 @@ class GraphExpectation:
     graphs: tuple[int, int] = (0, 0)
     recompiles: int = 0
     graph_breaks: int = 0
+    min_calls_per_step: int = 0
+    """Compiled-graph runs each step must show (0 for a step: it ran eager)."""
+    eval_graphs: int | None = None
+    """Most new graphs the eval forward may compile (a grad-mode guard: one per region)."""
+    fsdp_all_gathers: int | None = None
+    fsdp_reduce_scatters: int | None = None
+    float8_all_gather_weights: int = 0
+    trainable: tuple[str, ...] | None = None
+    """Exactly these parameters train (the frozen rows); None: every parameter."""
+    default_placement: str | None = None
+    """Prefix every parameter's placement must start with (FSDP2: `S0`, sharded on dp)."""
     min_scaled_mm: int = 0
     forbid_scaled_mm: bool = False
     post_grad_scaled_mm: bool = False
     fused_async_tp: bool = False
     float8_linears: int = 0
     sharded: dict[str, int] = field(default_factory=dict)
+
+
+FSDP_ALL_GATHER = "FSDP::all_gather"
+FSDP_REDUCE_SCATTER = "FSDP::post_backward_reduce"
+"""FSDP2's own profiler labels, one per unit and collective (`FSDP::all_gather (layers.0)`,
+the root's without a name): eager DTensor TP collectives use the same c10d ops, so the
+op names cannot tell FSDP's from TP's on a 2-D mesh."""
+
+
+def _count_labelled(ops: Counter, label: str) -> int:
+    return sum(n for name, n in ops.items() if name == label or name.startswith(label + " ("))
 
 
 def block_graphs(n_layers: int) -> tuple[int, int]:
@@ -120,21 +178,67 @@ def block_graphs(n_layers: int) -> tuple[int, int]:
     return (1, n_layers)
 
 
-def expected_graph(scenario: Scenario, args: ModelArgs) -> GraphExpectation:
+def final_layout(scenario: Scenario) -> str:
+    """The layout the run ends in (what the last step's evidence shows)."""
+    return scenario.parallel if scenario.resume == "none" else scenario.resume
+
+
+def fsdp_units(args: ModelArgs, reshard: bool = True) -> tuple[int, int]:
+    """(all-gathers, units with a reduce-scatter) of one FSDP2 microbatch, as
+    parallelize.apply_fsdp wraps: every block plus the root gathers in forward; blocks
+    that reshard after forward gather again in backward."""
+    from .parallelize import resharded_blocks
+
+    return args.n_layers + 1 + sum(resharded_blocks(args.n_layers, reshard)), args.n_layers + 1
+
+
+def expected_graph(scenario: Scenario, args: ModelArgs | None = None) -> GraphExpectation:
     """The evidence a correct run of `scenario` leaves behind."""
+    from .models import frozen_by_default
+
+    args = scenario.model_args
+    layout = final_layout(scenario)
     exp = GraphExpectation()
-    if scenario.compile == "model":
+    if scenario.compile == "model" and layout in ("fsdp", "fsdp_tp"):
+        # Not fullgraph: Dynamo breaks the graph at FSDP2's (disabled) hooks, before and
+        # after every unit; more pieces than that, or any recompile, is a regression.
+        pieces = 2 * (args.n_layers + 1) + 1
+        exp.graphs, exp.graph_breaks = (1, pieces), pieces - 1
+    elif scenario.compile == "model":
         exp.graphs = (1, 1)
     elif scenario.compile == "block":
         exp.graphs = block_graphs(args.n_layers)
+    if scenario.compiled:
+        regions = 1 if scenario.compile == "model" else args.n_layers
+        exp.min_calls_per_step = regions * scenario.accum
+        if scenario.shapes == "varlen":
+            exp.recompiles = (MAX_VARLEN_GRAPHS_PER_REGION - 1) * exp.graphs[1]
+        if scenario.eval != "none":
+            exp.eval_graphs = exp.graphs[1]
     if scenario.float8 != "none":
         exp.float8_linears = 7 * args.n_layers
         exp.min_scaled_mm = exp.float8_linears * FLOAT8_MMS_PER_LINEAR[scenario.float8]
         exp.post_grad_scaled_mm = scenario.uses_inductor
+        if scenario.fsdp_float8_all_gather:
+            exp.float8_all_gather_weights = exp.float8_linears
     else:
         exp.forbid_scaled_mm = True
     exp.fused_async_tp = scenario.async_tp
-    exp.sharded = dict(SHARDED_WEIGHTS)
+    if layout in ("fsdp", "fsdp_tp"):
+        gathers, units = fsdp_units(args)
+        if scenario.train == "frozen":
+            units -= 1  # the root holds only frozen weights: nothing to reduce
+        exp.fsdp_all_gathers = gathers * scenario.accum
+        exp.fsdp_reduce_scatters = units * scenario.accum
+        exp.default_placement = "S0"
+    if layout in ("tp", "tp_sp"):
+        exp.sharded = {k: f"S{d}" for k, d in sharded_weights(args).items()}
+    elif layout == "fsdp_tp":
+        exp.sharded = {k: f"S0,S{d}" for k, d in sharded_weights(args).items()}
+    if scenario.train == "frozen":
+        from .models import build_model  # the names only: a meta-device-free tiny build
+
+        exp.trainable = tuple(sorted(n for n, _ in build_model(args, 0).named_parameters() if not frozen_by_default(n)))
     return exp
 
 
@@ -155,6 +259,36 @@ def check_graph(exp: GraphExpectation, ev) -> list[str]:
         problems.append(f"{ev.recompiles} recompiles after the first step, expected {exp.recompiles}")
     if ev.graph_breaks > exp.graph_breaks:
         problems.append(f"{ev.graph_breaks} graph breaks, expected {exp.graph_breaks}")
+    for step, calls in enumerate(ev.graph_calls):
+        if calls < exp.min_calls_per_step:
+            problems.append(f"step {step} ran {calls} compiled graphs, expected at least {exp.min_calls_per_step}: "
+                            "it fell back to eager (a recompile limit, or Dynamo gave up on the frame)")
+    if exp.eval_graphs is not None:
+        if ev.eval_calls == 0:
+            problems.append("the eval forward ran no compiled graph: it fell back to eager")
+        if ev.eval_graphs > exp.eval_graphs:
+            problems.append(f"the eval forward compiled {ev.eval_graphs} new graphs, expected at most {exp.eval_graphs}")
+    if exp.fsdp_all_gathers is not None:
+        ag = _count_labelled(ev.runtime_ops, FSDP_ALL_GATHER)
+        if ag != exp.fsdp_all_gathers:
+            problems.append(f"the last step ran {ag} FSDP all-gathers, expected {exp.fsdp_all_gathers} "
+                            "(every unit in forward, the resharded ones again in backward)")
+    if exp.fsdp_reduce_scatters is not None:
+        rs = _count_labelled(ev.runtime_ops, FSDP_REDUCE_SCATTER)
+        if rs != exp.fsdp_reduce_scatters:
+            problems.append(f"the last step ran {rs} FSDP reduce-scatters, expected {exp.fsdp_reduce_scatters}")
+    if exp.float8_all_gather_weights and ev.float8_all_gather_weights != exp.float8_all_gather_weights:
+        problems.append(f"{ev.float8_all_gather_weights} FSDP weights all-gather in float8, expected "
+                        f"{exp.float8_all_gather_weights}: the all-gathers move high-precision weights")
+    if exp.trainable is not None:
+        extra = sorted(set(ev.trainable) - set(exp.trainable))
+        missing = sorted(set(exp.trainable) - set(ev.trainable))
+        if extra:
+            problems.append(f"frozen parameters require grad: {extra}")
+        if missing:
+            problems.append(f"adapter parameters do not require grad: {missing}")
+    if ev.frozen_with_grad:
+        problems.append(f"frozen parameters got a gradient: {ev.frozen_with_grad}")
     scaled = _count(ev.runtime_ops, SCALED_MM)
     if exp.float8_linears and ev.float8_linears != exp.float8_linears:
         problems.append(f"{ev.float8_linears} Float8Linear modules after conversion, expected {exp.float8_linears}")
@@ -180,9 +314,11 @@ def check_graph(exp: GraphExpectation, ev) -> list[str]:
             problems.append("async TP did not fuse the reduce-scatter side: 0 fused matmul reduce-scatters in "
                             f"the post-grad graphs (the all-gather side fused {ag})")
     for name, placement in sorted(ev.placements.items()):
-        for suffix, dim in exp.sharded.items():
-            if name.endswith(suffix) and placement != f"S{dim}":
-                problems.append(f"{name} is {placement}, the plan shards it on dim {dim}")
+        for suffix, want in exp.sharded.items():
+            if name.endswith(suffix) and placement != want:
+                problems.append(f"{name} is {placement}, the plan places it {want}")
+        if exp.default_placement and not placement.startswith(exp.default_placement):
+            problems.append(f"{name} is {placement}, FSDP2 shards every parameter {exp.default_placement}")
     return problems
 
 

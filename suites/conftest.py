@@ -10,7 +10,8 @@ Tiers: every scenario carries `tier_<name>` markers for its own tier and every l
 Without a tier every test runs. Device requirements (CUDA for async TP, an SM for real
 float8 kernels, float8 collectives that gloo lacks) are turned into the harness's
 `requires_accelerator` / `requires_sm` markers or a skip with the reason, for the
-accelerator this run uses; Float8 scenarios skip in a cell without torchao.
+accelerator this run uses; Float8 scenarios skip in a cell without torchao, expert-parallel
+ones where torch has no differentiable all-to-all.
 """
 
 from __future__ import annotations
@@ -56,6 +57,17 @@ def _device_type(config: pytest.Config) -> str:
     return detect_device_type()
 
 
+def _expert_parallel_missing() -> str | None:
+    """Why this torch cannot run the expert-parallel rows (None: it can)."""
+    try:
+        from torch.distributed import _functional_collectives as funcol
+    except ImportError as exc:
+        return f"expert parallel needs torch.distributed's functional collectives ({exc})"
+    if not hasattr(funcol, "all_to_all_single_autograd"):
+        return "expert parallel needs a differentiable all-to-all (all_to_all_single_autograd), which this torch lacks"
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tier = selected_tier(config)
     if tier is not None:
@@ -67,12 +79,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             items[:] = keep
     device_type = _device_type(config)
     has_torchao = importlib.util.find_spec("torchao") is not None
+    ep_missing = _expert_parallel_missing()
     for item in items:
         callspec = getattr(item, "callspec", None)
         scenario = callspec.params.get("scenario") if callspec else None
         if isinstance(scenario, Scenario):
             if scenario.float8 != "none" and not has_torchao:
                 item.add_marker(pytest.mark.skip(reason="Float8 needs torchao, which this cell does not install"))
+            if scenario.parallel == "ep" and ep_missing:
+                item.add_marker(pytest.mark.skip(reason=ep_missing))
             for name, args, why in scenario.needs(device_type):
                 if name == "skip":
                     item.add_marker(pytest.mark.skip(reason=why))

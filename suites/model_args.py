@@ -17,6 +17,12 @@ class ModelArgs:
     max_seq_len: int = 32
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    lora_rank: int = 0
+    """> 0: LoRA-style adapters (rank r) beside wq, wv and feed_forward.w1 (the `frozen` rows)."""
+    n_experts: int = 0
+    """> 0: every block's feed-forward is a mixture of experts (router, top-k, experts)."""
+    top_k: int = 2
+    expert_hidden: int = 64
 
     @property
     def head_dim(self) -> int:
@@ -30,6 +36,7 @@ class ModelArgs:
             ("ffn_hidden", self.ffn_hidden),
             ("vocab_size", self.vocab_size),
             ("max_seq_len", self.max_seq_len),
+            *((("expert_hidden", self.expert_hidden),) if self.n_experts else ()),
         ):
             if value % tp:
                 raise ValueError(f"ModelArgs.{name}={value} is not divisible by TP degree {tp}")

@@ -1,11 +1,19 @@
 """A small llama-style model and torchtitan-style tensor-parallel plans for it.
 
 The model has the parts where TP, compile, AC and Float8 interact in real training
-stacks: RMSNorm, attention through SDPA with rotary embeddings and grouped KV heads,
-a SwiGLU feed-forward, several blocks, module names as in torchtitan's llama3
+stacks, built from the modules production models use so their own DTensor sharding
+rules and compile paths are what gets tested: `nn.RMSNorm` (F.rms_norm, as torchtitan's
+llama3), attention through SDPA with rotary embeddings and grouped KV heads,
+`nn.Embedding`, a SwiGLU feed-forward, several blocks, module names as in torchtitan's llama3
 (`layers.0.attention.wq`, `feed_forward.w1`, ...), so a plan written for torchtitan
 reads the same here. The dims are tiny (CPU compiles stay fast) and chosen so every
 sharded matmul dim stays a multiple of 16 for TP=2 and TP=4 (float8 kernels need it).
+
+Two variants real jobs run: LoRA-style adapters beside the column-parallel linears (the
+`frozen` rows freeze everything else, embeddings included, so the first block's input
+does not require grad), and a mixture-of-experts feed-forward (a router, top-k routing,
+several experts; tokens are dispatched by index, so an expert that gets no token runs
+on an empty batch as in real MoE code).
 
 Attention and the feed-forward infer their local head count and width from the shapes
 they get, as torchtitan's do, so the same module runs unsharded and column-sharded.
@@ -21,19 +29,8 @@ import torch.nn.functional as F
 
 from .model_args import ModelArgs
 
-__all__ = ["ModelArgs", "Transformer", "build_model", "tp_plan", "TPStyles", "SHARDED_WEIGHTS"]
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
+__all__ = ["ModelArgs", "Transformer", "MoE", "Adapter", "build_model", "tp_plan", "TPStyles", "SHARDED_WEIGHTS",
+           "ADAPTED", "frozen_by_default"]
 
 
 def rope_cache(args: ModelArgs) -> torch.Tensor:
@@ -63,12 +60,19 @@ class Attention(nn.Module):
         self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        if args.lora_rank:
+            self.wq_adapter = Adapter(args.dim, args.n_heads * args.head_dim, args.lora_rank)
+            self.wv_adapter = Adapter(args.dim, args.n_kv_heads * args.head_dim, args.lora_rank)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         bs, seq, _ = x.shape
-        q = self.wq(x).view(bs, seq, -1, self.head_dim)
+        q, v = self.wq(x), self.wv(x)
+        if hasattr(self, "wq_adapter"):
+            q = q + self.wq_adapter(x)
+            v = v + self.wv_adapter(x)
+        q = q.view(bs, seq, -1, self.head_dim)
         k = self.wk(x).view(bs, seq, -1, self.head_dim)
-        v = self.wv(x).view(bs, seq, -1, self.head_dim)
+        v = v.view(bs, seq, -1, self.head_dim)
         q, k = apply_rope(q, rope), apply_rope(k, rope)
         n_rep = q.shape[2] // k.shape[2]
         if n_rep > 1:
@@ -78,24 +82,81 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
 
 
-class FeedForward(nn.Module):
-    def __init__(self, args: ModelArgs) -> None:
+class Adapter(nn.Module):
+    """LoRA: x -> b(a(x)), rank r; `b` is sharded like the linear it sits beside."""
+
+    def __init__(self, dim_in: int, dim_out: int, rank: int) -> None:
         super().__init__()
-        self.w1 = nn.Linear(args.dim, args.ffn_hidden, bias=False)
-        self.w2 = nn.Linear(args.ffn_hidden, args.dim, bias=False)
-        self.w3 = nn.Linear(args.dim, args.ffn_hidden, bias=False)
+        self.a = nn.Linear(dim_in, rank, bias=False)
+        self.b = nn.Linear(rank, dim_out, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.b(self.a(x))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs, hidden: int | None = None) -> None:
+        super().__init__()
+        hidden = hidden or args.ffn_hidden
+        self.w1 = nn.Linear(args.dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, args.dim, bias=False)
+        self.w3 = nn.Linear(args.dim, hidden, bias=False)
+        if args.lora_rank and hidden == args.ffn_hidden:
+            self.w1_adapter = Adapter(args.dim, hidden, args.lora_rank)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h1 = self.w1(x)
+        if hasattr(self, "w1_adapter"):
+            h1 = h1 + self.w1_adapter(x)
+        return self.w2(F.silu(h1) * self.w3(x))
+
+
+class MoE(nn.Module):
+    """Token-choice top-k mixture of experts, dispatched by index.
+
+    The router's softmax picks top_k experts per token; each expert runs on exactly the
+    tokens routed to it (an empty batch when it got none) and its output is scaled by
+    the renormalized router weight and added back at the tokens' positions. The router
+    has a bias (initialized in build_model) that makes the load imbalanced, as trained
+    routers are: some expert gets no token in some microbatches.
+    """
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.top_k = args.top_k
+        self.router = nn.Linear(args.dim, args.n_experts, bias=True)
+        self.experts = nn.ModuleList(FeedForward(args, args.expert_hidden) for _ in range(args.n_experts))
+        self.dispatch = None
+        """None: every expert local; else a callable (moe, tokens, weights, chosen) -> output
+        that moves tokens to experts elsewhere (suites.parallelize.ExpertParallel)."""
+
+    def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, chosen experts), each (tokens, top_k)."""
+        scores = F.softmax(self.router(tokens).float(), dim=-1)
+        weights, chosen = scores.topk(self.top_k, dim=-1)
+        return (weights / weights.sum(-1, keepdim=True)).type_as(tokens), chosen
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])
+        weights, chosen = self.route(tokens)
+        if self.dispatch is not None:
+            return self.dispatch(self, tokens, weights, chosen).view(shape)
+        out = torch.zeros_like(tokens)
+        for e, expert in enumerate(self.experts):
+            token_idx, slot = torch.where(chosen == e)
+            y = expert(tokens[token_idx]) * weights[token_idx, slot].unsqueeze(-1)
+            out = out.index_add(0, token_idx, y)
+        return out.view(shape)
 
 
 class TransformerBlock(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
         self.attention = Attention(args)
-        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
-        self.feed_forward = FeedForward(args)
+        self.ffn_norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
+        self.feed_forward = MoE(args) if args.n_experts else FeedForward(args)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), rope)
@@ -108,7 +169,7 @@ class Transformer(nn.Module):
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
-        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
         self.register_buffer("rope", rope_cache(args), persistent=False)
 
@@ -117,6 +178,18 @@ class Transformer(nn.Module):
         for layer in self.layers.values():
             h = layer(h, self.rope)
         return self.output(self.norm(h))
+
+
+ROUTER_BIAS = torch.tensor([0.4, 0.2, 0.0, -0.3, -0.5, -0.7, -0.9, -1.1])
+"""A router bias that skews the load: the last experts get few tokens, some microbatches none."""
+
+ADAPTED = ("attention.wq", "attention.wv", "feed_forward.w1")
+"""The linears the LoRA adapters sit beside (`<name>_adapter`)."""
+
+
+def frozen_by_default(name: str) -> bool:
+    """Whether a parameter is frozen in a `frozen` (LoRA-style) run: all but the adapters."""
+    return "_adapter." not in name
 
 
 def build_model(args: ModelArgs, seed: int) -> Transformer:
@@ -131,6 +204,8 @@ def build_model(args: ModelArgs, seed: int) -> Transformer:
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
+            elif name.endswith("router.bias"):
+                p.copy_(ROUTER_BIAS[: p.numel()])
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
             if name.endswith(("wo.weight", "w2.weight")):
@@ -169,58 +244,65 @@ class TPStyles:
         return TPStyles(ColwiseParallel, RowwiseParallel, PrepareModuleInput)
 
 
-def tp_plan(plan: str, styles: TPStyles) -> tuple[dict, dict]:
+def tp_plan(plan: str, styles: TPStyles, args: ModelArgs | None = None,
+            loss_parallel: bool = False) -> tuple[dict, dict]:
     """(top-level plan, per-block plan) as torchtitan's llama3 `apply_tp` writes them.
 
     `tp`: Megatron-style column/row sharding, activations replicated between blocks.
     `tp_sp`: the same plus sequence parallelism: norms and residuals sharded on the
     sequence dim, all-gather before and reduce-scatter after each sharded region.
+    `loss_parallel`: the output projection keeps its vocab shards (Shard(-1) DTensor
+    logits) for a vocab-parallel cross entropy, as torchtitan's `loss_parallel` does.
+    Adapters (args.lora_rank) get their `b` column-sharded like the linear beside them,
+    behind a PrepareModuleInput that hands the adapter a local replicated input (its `a`
+    stays a plain replicated weight). Experts (args.n_experts) are column/row sharded
+    one by one; the router stays replicated (the `tp` plan only: the router sees a
+    replicated plain tensor there).
     """
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
 
     try:
         from torch.distributed.tensor import Replicate, Shard
     except ImportError:  # torch < 2.5 spelled it _tensor
         from torch.distributed._tensor import Replicate, Shard
 
-    if plan == "tp":
-        top = {
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate()),
-            "output": ColwiseParallel(output_layouts=Replicate()),
-        }
-        block = {
-            "attention.wq": styles.colwise(),
-            "attention.wk": styles.colwise(),
-            "attention.wv": styles.colwise(),
-            "attention.wo": styles.rowwise(),
-            "feed_forward.w1": styles.colwise(),
-            "feed_forward.w2": styles.rowwise(),
-            "feed_forward.w3": styles.colwise(),
-        }
-        return top, block
-    if plan == "tp_sp":
-        top = {
-            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-            "norm": SequenceParallel(),
-            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
-        }
-        block = {
-            "attention_norm": SequenceParallel(),
-            "attention": styles.prepare_input(
-                input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
-            ),
-            "attention.wq": styles.colwise(),
-            "attention.wk": styles.colwise(),
-            "attention.wv": styles.colwise(),
-            "attention.wo": styles.rowwise(output_layouts=Shard(1)),
-            "ffn_norm": SequenceParallel(),
-            "feed_forward": styles.prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": styles.colwise(),
-            "feed_forward.w2": styles.rowwise(output_layouts=Shard(1)),
-            "feed_forward.w3": styles.colwise(),
-        }
-        return top, block
-    raise ValueError(f"unknown TP plan {plan!r}; known: tp, tp_sp")
+    args = args or ModelArgs()
+    sp = plan == "tp_sp"
+    if plan not in ("tp", "tp_sp"):
+        raise ValueError(f"unknown TP plan {plan!r}; known: tp, tp_sp")
+    if sp and args.n_experts:
+        raise ValueError("the MoE block has a TP plan for `tp` only (its router takes a plain replicated input)")
+    seq = Shard(1) if sp else Replicate()
+    output = ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1), use_local_output=False) if loss_parallel \
+        else ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
+    top = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
+        "output": output,
+    }
+    if sp:
+        top["norm"] = SequenceParallel()
+    block = {
+        "attention.wq": styles.colwise(),
+        "attention.wk": styles.colwise(),
+        "attention.wv": styles.colwise(),
+        "attention.wo": styles.rowwise(output_layouts=Shard(1)) if sp else styles.rowwise(),
+    }
+    if sp:
+        block["attention_norm"] = SequenceParallel()
+        block["attention"] = styles.prepare_input(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None))
+        block["ffn_norm"] = SequenceParallel()
+        block["feed_forward"] = styles.prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    ffn = [f"feed_forward.experts.{e}" for e in range(args.n_experts)] if args.n_experts else ["feed_forward"]
+    for prefix in ffn:
+        block[f"{prefix}.w1"] = styles.colwise()
+        block[f"{prefix}.w2"] = styles.rowwise(output_layouts=Shard(1)) if sp else styles.rowwise()
+        block[f"{prefix}.w3"] = styles.colwise()
+    if args.lora_rank:
+        for name in ADAPTED:
+            block[f"{name}_adapter"] = PrepareModuleInput(
+                input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),), use_local_output=True)
+            block[f"{name}_adapter.b"] = ColwiseParallel()
+    return top, block
 
 
 SHARDED_WEIGHTS = {
@@ -235,3 +317,15 @@ SHARDED_WEIGHTS = {
     "feed_forward.w3.weight": 0,
 }
 """Name suffix -> the dim each plan shards that weight on; every other parameter is replicated."""
+
+
+def sharded_weights(args: ModelArgs) -> dict[str, int]:
+    """SHARDED_WEIGHTS for this model variant: experts one by one, adapters' `b` on dim 0."""
+    out = dict(SHARDED_WEIGHTS)
+    if args.n_experts:
+        for i, dim in ((1, 0), (2, 1), (3, 0)):
+            del out[f"feed_forward.w{i}.weight"]
+            out.update({f"feed_forward.experts.{e}.w{i}.weight": dim for e in range(args.n_experts)})
+    if args.lora_rank:
+        out.update({f"{name}_adapter.b.weight": 0 for name in ADAPTED})
+    return out

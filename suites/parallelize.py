@@ -1,8 +1,9 @@
 """Applies a scenario's features to a model in torchtitan's order and with its code paths.
 
 torchtitan's `parallelize_llama` does: Float8 conversion (a model converter, before
-parallelizing), tensor parallel (+ async TP), activation checkpointing per block, then
-torch.compile per block or whole model. Bugs live in how these compose, so we compose
+parallelizing), tensor parallel (+ async TP), activation checkpointing per block,
+torch.compile per block or whole model, then FSDP2 (fully_shard per block, then the
+root) on the data-parallel mesh dim. Bugs live in how these compose, so we compose
 them the same way, with the same upstream APIs (parallelize_module, checkpoint_wrapper,
 create_selective_checkpoint_contexts, torchao's convert_to_float8_training and Float8
 TP styles, symmetric memory).
@@ -16,46 +17,76 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-from .models import TPStyles, Transformer, tp_plan
+from .models import MoE, TPStyles, Transformer, tp_plan
 
 FLOAT8_SKIP_FQNS = ("output",)
 """Linears left in high precision, as torchtitan's default `filter_fqns`."""
 
 
-def float8_config(recipe: str):
-    """torchao's Float8LinearConfig for a recipe name, across torchao releases."""
+def float8_config(recipe: str, fsdp_float8_all_gather: bool = False):
+    """torchao's Float8LinearConfig for a recipe name, across torchao releases.
+
+    `fsdp_float8_all_gather` (tensorwise only): FSDP2 all-gathers the weights in float8,
+    torchtitan's `enable_fsdp_float8_all_gather`.
+    """
+    import dataclasses
+
     from torchao.float8 import Float8LinearConfig
 
     if hasattr(Float8LinearConfig, "from_recipe_name"):
-        return Float8LinearConfig.from_recipe_name(recipe)
-    if recipe == "tensorwise":
-        return Float8LinearConfig()
-    from torchao.float8.config import recipe_name_to_linear_config  # torchao < 0.10
+        config = Float8LinearConfig.from_recipe_name(recipe)
+    elif recipe == "tensorwise":
+        config = Float8LinearConfig()
+    else:
+        from torchao.float8.config import recipe_name_to_linear_config  # torchao < 0.10
 
-    return recipe_name_to_linear_config(recipe)
+        config = recipe_name_to_linear_config(recipe)
+    if fsdp_float8_all_gather:
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
+    return config
 
 
 def default_float8_filter(module: nn.Module, fqn: str) -> bool:
     return isinstance(module, nn.Linear) and not any(fqn == s or fqn.endswith("." + s) for s in FLOAT8_SKIP_FQNS)
 
 
-def convert_float8(model: nn.Module, recipe: str, module_filter: Callable[[nn.Module, str], bool] | None = None) -> int:
+def convert_float8(model: nn.Module, recipe: str, module_filter: Callable[[nn.Module, str], bool] | None = None,
+                   fsdp_float8_all_gather: bool = False) -> int:
     """Swaps eligible nn.Linear for torchao Float8Linear; returns how many were swapped."""
     from torchao.float8 import convert_to_float8_training
 
-    convert_to_float8_training(model, config=float8_config(recipe), module_filter_fn=module_filter or default_float8_filter)
+    convert_to_float8_training(model, config=float8_config(recipe, fsdp_float8_all_gather),
+                               module_filter_fn=module_filter or default_float8_filter)
     return count_float8_linears(model)
+
+
+def precompute_float8_scales(model: nn.Module) -> None:
+    """After each optimizer step: one all-reduce of every float8 weight's amax (torchtitan's
+    `precompute_float8_dynamic_scale_for_fsdp`) instead of one per weight per all-gather."""
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    precompute_float8_dynamic_scale_for_fsdp(model)
+
+
+def count_float8_all_gather_weights(model: nn.Module) -> int:
+    """Parameters whose FSDP2 shards are torchao's float8-all-gathering weight subclass."""
+    n = 0
+    for p in model.parameters():
+        local = getattr(p, "_local_tensor", p)
+        n += type(local).__name__ == "WeightWithDynamicFloat8CastTensor"
+    return n
 
 
 def count_float8_linears(model: nn.Module) -> int:
     return sum(type(m).__name__ == "Float8Linear" for m in model.modules())
 
 
-def apply_tp(model: Transformer, mesh: Any, plan: str, float8: str, block_overrides: dict | None = None) -> None:
+def apply_tp(model: Transformer, mesh: Any, plan: str, float8: str, block_overrides: dict | None = None,
+             loss_parallel: bool = False) -> None:
     """Shards `model` in place with the plan; `block_overrides` replaces per-block entries."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    top, block = tp_plan(plan, TPStyles.for_float8(float8))
+    top, block = tp_plan(plan, TPStyles.for_float8(float8), model.args, loss_parallel)
     block = {**block, **(block_overrides or {})}
     parallelize_module(model, mesh, top)
     for layer in model.layers.values():
@@ -131,7 +162,9 @@ class CompileCounter:
 
     One call per graph Dynamo compiles: a graph break adds one, a recompile adds one, a
     silent fallback to eager adds none. Counting at the backend works on every torch
-    version, unlike the names inside torch._dynamo.utils.counters.
+    version, unlike the names inside torch._dynamo.utils.counters. `calls` counts the
+    compiled graphs' (forward) runs: a step whose frames fell back to eager (a recompile
+    limit hit) adds none.
     """
 
     def __init__(self, backend: str) -> None:
@@ -140,14 +173,25 @@ class CompileCounter:
         self.name = backend
         self.inner = lookup_backend(backend)
         self.graphs = 0
+        self.calls = 0
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         self.graphs += 1
-        return self.inner(gm, example_inputs)
+        compiled = self.inner(gm, example_inputs)
+
+        def run(*args: Any) -> Any:
+            self.calls += 1
+            return compiled(*args)
+
+        return run
 
 
-def apply_compile(model: Transformer, mode: str, backend: Callable | str) -> nn.Module:
-    """`block`: each block compiled on its own (torchtitan's default); `model`: one graph."""
+def apply_compile(model: Transformer, mode: str, backend: Callable | str, fullgraph: bool = True) -> nn.Module:
+    """`block`: each block compiled on its own (torchtitan's default); `model`: one graph.
+
+    `fullgraph=False` only for a whole model under FSDP2, whose hooks Dynamo may not
+    trace (they are torch._dynamo.disable'd): the graph breaks there, by design.
+    """
     if mode == "none":
         return model
     if mode == "block":
@@ -155,7 +199,7 @@ def apply_compile(model: Transformer, mode: str, backend: Callable | str) -> nn.
             model.layers.register_module(name, torch.compile(block, backend=backend, fullgraph=True))
         return model
     if mode == "model":
-        return torch.compile(model, backend=backend, fullgraph=True)
+        return torch.compile(model, backend=backend, fullgraph=fullgraph)
     raise ValueError(f"unknown compile mode {mode!r}; known: none, block, model")
 
 
@@ -188,3 +232,96 @@ class PostGradOpCounter:
         for node in graph.nodes:
             if node.op == "call_function":
                 self.ops[op_name(node.target)] += 1
+
+
+FSDP_LAYOUTS = ("fsdp", "fsdp_tp")
+
+
+def fsdp_api() -> tuple[Callable, type]:
+    """(fully_shard, MixedPrecisionPolicy) where this torch keeps them (public since 2.6)."""
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+    return fully_shard, MixedPrecisionPolicy
+
+
+def resharded_blocks(n_layers: int, reshard: bool = True) -> list[bool]:
+    """Per block: does FSDP2 free its unsharded weights after forward (re-gathered in
+    backward)? torchtitan's default: every block but the last, whose backward starts
+    right after its forward. The root module is not resharded either."""
+    return [reshard and i < n_layers - 1 for i in range(n_layers)]
+
+
+def apply_fsdp(model: Transformer, mesh: Any, mp: str, reshard: bool = True) -> None:
+    """FSDP2 as torchtitan's apply_fsdp: fully_shard every block, then the root.
+
+    mp `bf16`: parameters all-gathered and computed in bf16, gradients reduce-scattered
+    in float32 (torchtitan's mixed_precision_param / mixed_precision_reduce defaults).
+    `reshard=False` is a mutation: no block ever frees its unsharded weights.
+    """
+    fully_shard, MixedPrecisionPolicy = fsdp_api()
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mp == "bf16" \
+        else MixedPrecisionPolicy()
+    blocks = list(model.layers.named_children())
+    for (name, block), again in zip(blocks, resharded_blocks(len(blocks), reshard)):
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=again)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+
+
+class ExpertParallel:
+    """Expert-parallel dispatch for a MoE block: each rank owns n_experts / ws experts.
+
+    Tokens are sorted by the expert they were routed to, sent to the experts' owners with
+    one all-to-all (uneven splits: the counts are exchanged first), run through the local
+    experts and sent back with a second all-to-all, as torchtitan's expert parallel does.
+    Uses the differentiable functional all_to_all_single; torch builds without it
+    cannot run EP rows. Dense weights stay replicated (data parallel, gradients
+    averaged by the runner); experts' gradients come from every rank's tokens.
+    """
+
+    def __init__(self, group: Any, rank: int, size: int, n_experts: int) -> None:
+        if n_experts % size:
+            raise ValueError(f"{n_experts} experts cannot be split over {size} ranks")
+        self.group, self.rank, self.size = group, rank, size
+        self.local = n_experts // size
+        self.n_experts = n_experts
+
+    def owns(self, expert: int) -> bool:
+        return expert // self.local == self.rank
+
+    def __call__(self, moe: MoE, tokens: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+        from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+        flat = chosen.flatten()
+        order = flat.argsort(stable=True)
+        token_idx = order // chosen.shape[1]
+        gate = weights.flatten()[order].unsqueeze(-1)
+        counts = torch.bincount(flat, minlength=self.n_experts)
+        recv_counts = torch.empty_like(counts)
+        dist.all_to_all_single(recv_counts, counts, group=self.group)  # [src][local expert]
+        send_split = counts.view(self.size, self.local).sum(1).tolist()
+        recv_matrix = recv_counts.view(self.size, self.local)
+        recv_split = recv_matrix.sum(1).tolist()
+        received = all_to_all_single_autograd(tokens[token_idx], recv_split, send_split, self.group)
+        chunks = list(received.split(recv_matrix.flatten().tolist()))
+        outs = [None] * len(chunks)
+        for e in range(self.local):
+            expert = moe.experts[self.rank * self.local + e]
+            mine = [src * self.local + e for src in range(self.size)]
+            y = expert(torch.cat([chunks[i] for i in mine]))
+            for i, part in zip(mine, y.split([chunks[i].shape[0] for i in mine])):
+                outs[i] = part
+        returned = all_to_all_single_autograd(torch.cat(outs), send_split, recv_split, self.group)
+        return torch.zeros_like(tokens).index_add(0, token_idx, returned * gate)
+
+
+def apply_ep(model: Transformer, group: Any) -> ExpertParallel:
+    """Switches every MoE block to expert-parallel dispatch over `group`."""
+    import torch.distributed as dist
+
+    ep = ExpertParallel(group, dist.get_rank(group), dist.get_world_size(group), model.args.n_experts)
+    for block in model.layers.values():
+        block.feed_forward.dispatch = ep
+    return ep

@@ -1,21 +1,38 @@
-"""The scenario table: every TP x compile x AC x Float8 x async-TP combination we run.
+"""The scenario table: every parallelism x compile x AC x Float8 x training-mode combination we run.
 
 Declared as data, one row per scenario, in the spirit of torchtitan's integration-test
 definitions; one runner (suites/training.py) executes any row, and the checks
 (suites/checks.py) judge it by numbers and graphs. A scenario's pytest id is built from
-its columns, e.g. `tp_sp-compile_block-ac_full-f8_rowwise-asynctp`: default values
-(inductor backend, no AC, no Float8, world size 2, SGD) are left out of the id.
+its columns, e.g. `fsdp_tp-compile_block-ac_full-mp_bf16-ga2-ws4`: default values
+(inductor backend, no AC, no Float8, world size 2, SGD, full training, static shapes,
+...) are left out of the id, so the rows that existed before a column was added keep
+their ids.
 
 Columns:
-  plan      tp | tp_sp                       (torchtitan's llama3 plan, sequence parallel or not)
+  parallel  tp | tp_sp | fsdp | fsdp_tp | ep
+            tp / tp_sp: torchtitan's llama3 TP plan, sequence parallel or not, TP = ws;
+            fsdp: FSDP2 fully_shard per block + root, dp = ws;
+            fsdp_tp: 2-D mesh (dp_shard = ws/2, tp = 2), TP (sequence parallel) inside,
+            FSDP2 outside, as torchtitan composes them;
+            ep: expert parallel (MoE only): experts split over the ranks, tokens moved by
+            all-to-all; dense weights replicated, data parallel (gradients averaged)
   compile   none | model | block             (always fullgraph=True)
   backend   eager | aot_eager | inductor     (`-` when compile is none)
   ac        none | full | selective          (checkpoint_wrapper; selective = torchtitan's op policy)
   float8    none | tensorwise | rowwise | rowwise_with_gw_hp
+            (tensorwise under FSDP2: float8 all-gather with precomputed scales)
   async_tp  micro-pipeline TP over symmetric memory (CUDA + inductor + tp_sp only)
-  ws        world size (= TP degree)
+  ws        world size (4-rank rows get a 4-rank pool; skipped where fewer devices)
   optim     sgd | adamw
   tier      pr (CPU subset for every PR, <= 10 min on 2 cores) | nightly (the rest)
+  model     dense | moe                      (moe: router + top-k + experts in every block)
+  train     full | frozen                    (frozen: LoRA-style adapters train, the rest is frozen)
+  shapes    static | varlen                  (varlen: the sequence length changes every step)
+  mp        none | bf16                      (FSDP2 MixedPrecisionPolicy: bf16 params, fp32 reduce)
+  accum     microbatches per step (gradient accumulation)
+  eval      none | no_grad | inference       (an eval forward of the trained model)
+  loss      plain | parallel                 (vocab-parallel cross entropy, `loss_parallel()`)
+  resume    none | single | fsdp | tp_sp     (DCP: save mid-run, load under that layout, go on)
 """
 
 from __future__ import annotations
@@ -24,7 +41,7 @@ from dataclasses import dataclass
 
 from .model_args import ModelArgs
 
-PLANS = ("tp", "tp_sp")
+PARALLELS = ("tp", "tp_sp", "fsdp", "fsdp_tp", "ep")
 COMPILES = ("none", "model", "block")
 BACKENDS = ("none", "eager", "aot_eager", "inductor")
 ACS = ("none", "full", "selective")
@@ -32,17 +49,37 @@ FLOAT8S = ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp")
 OPTIMS = ("sgd", "adamw")
 TIERS = ("pr", "nightly", "release")
 """Ordered: a run of tier T selects every scenario whose tier is T or earlier."""
+MODELS = ("dense", "moe")
+TRAINS = ("full", "frozen")
+SHAPES = ("static", "varlen")
+MPS = ("none", "bf16")
+EVALS = ("none", "no_grad", "inference")
+LOSSES = ("plain", "parallel")
+RESUMES = ("none", "single", "fsdp", "tp_sp")
 
 MODEL = ModelArgs()
+MOE_MODEL = ModelArgs(n_experts=4, top_k=2, expert_hidden=64)
+LORA_MODEL = ModelArgs(lora_rank=8)
 STEPS = 3
 BATCH = 2
 SEED = 20251130
 LR = {"sgd": 0.1, "adamw": 1e-3}
+VARLEN_SEQ = (32, 24, 32, 18)
+"""Sequence length per step of a `varlen` row: a new shape, one seen before, and 18,
+whose sequence-parallel shards (9 per rank at TP 2, 5/5/4/4 at TP 4) are odd or uneven
+where the others are even. The static rows use ModelArgs.max_seq_len every step."""
+RESUME_AT = 2
+"""A `resume` row trains this many steps, saves, loads under the other layout, goes on."""
+MAX_VARLEN_GRAPHS_PER_REGION = 2
+"""Recompile budget of a varlen row: the static graph of the first shape plus one
+dynamic graph (automatic dynamic shapes) for every later length; more is a recompile
+storm, fewer with all steps compiled is fine."""
+TP_DEGREE_2D = 2
 
 
 @dataclass(frozen=True)
 class Scenario:
-    plan: str
+    parallel: str
     compile: str
     backend: str
     ac: str
@@ -51,16 +88,31 @@ class Scenario:
     world_size: int
     optim: str
     tier: str
+    model: str = "dense"
+    train: str = "full"
+    shapes: str = "static"
+    mp: str = "none"
+    accum: int = 1
+    eval: str = "none"
+    loss: str = "plain"
+    resume: str = "none"
 
     def __post_init__(self) -> None:
         for value, allowed, column in (
-            (self.plan, PLANS, "plan"),
+            (self.parallel, PARALLELS, "parallel"),
             (self.compile, COMPILES, "compile"),
             (self.backend, BACKENDS, "backend"),
             (self.ac, ACS, "ac"),
             (self.float8, FLOAT8S, "float8"),
             (self.optim, OPTIMS, "optim"),
             (self.tier, TIERS, "tier"),
+            (self.model, MODELS, "model"),
+            (self.train, TRAINS, "train"),
+            (self.shapes, SHAPES, "shapes"),
+            (self.mp, MPS, "mp"),
+            (self.eval, EVALS, "eval"),
+            (self.loss, LOSSES, "loss"),
+            (self.resume, RESUMES, "resume"),
         ):
             if value not in allowed:
                 raise ValueError(f"scenario column {column}={value!r}; allowed: {', '.join(allowed)}")
@@ -70,11 +122,28 @@ class Scenario:
         if self.async_tp and (self.plan != "tp_sp" or self.compile == "none" or self.backend != "inductor"):
             raise ValueError(f"{self.id}: async TP is an inductor pass over sequence-parallel TP: "
                              "it needs plan tp_sp, compile model|block and backend inductor")
-        MODEL.check_tp(self.world_size)
+        if self.mp != "none" and not self.fsdp:
+            raise ValueError(f"{self.id}: mixed precision is FSDP2's MixedPrecisionPolicy: it needs fsdp or fsdp_tp")
+        if self.parallel == "ep" and self.model != "moe":
+            raise ValueError(f"{self.id}: expert parallel needs the moe model")
+        if self.model == "moe" and self.parallel in ("tp_sp", "fsdp_tp"):
+            raise ValueError(f"{self.id}: the MoE block has a TP plan for `tp` only")
+        if self.loss == "parallel" and self.plan is None:
+            raise ValueError(f"{self.id}: loss parallel shards the logits over a TP dim: it needs tp, tp_sp or fsdp_tp")
+        if self.parallel == "fsdp_tp" and self.world_size % TP_DEGREE_2D:
+            raise ValueError(f"{self.id}: fsdp_tp needs a world size divisible by its TP degree {TP_DEGREE_2D}")
+        if self.accum < 1:
+            raise ValueError(f"{self.id}: accum={self.accum} microbatches")
+        if self.resume != "none" and self.steps <= RESUME_AT:
+            raise ValueError(f"{self.id}: a resume row needs more than {RESUME_AT} steps")
+        if self.tp_degree > 1:
+            self.model_args.check_tp(self.tp_degree)
 
     @property
     def id(self) -> str:
-        parts = [self.plan]
+        parts = [self.parallel]
+        if self.model != "dense":
+            parts.append(self.model)
         if self.compile == "none":
             parts.append("eager")
         else:
@@ -85,11 +154,73 @@ class Scenario:
             parts.append(f"f8_{self.float8}")
         if self.async_tp:
             parts.append("asynctp")
+        if self.train != "full":
+            parts.append(self.train)
+        if self.shapes != "static":
+            parts.append(self.shapes)
+        if self.mp != "none":
+            parts.append(f"mp_{self.mp}")
+        if self.accum != 1:
+            parts.append(f"ga{self.accum}")
+        if self.loss != "plain":
+            parts.append("loss_parallel")
+        if self.eval != "none":
+            parts.append(f"eval_{self.eval}")
+        if self.resume != "none":
+            parts.append(f"dcp_to_{self.resume}")
         if self.world_size != 2:
             parts.append(f"ws{self.world_size}")
         if self.optim != "sgd":
             parts.append(self.optim)
         return "-".join(parts)
+
+    @property
+    def plan(self) -> str | None:
+        """The TP plan applied on the TP mesh dim (None: no TP)."""
+        return {"tp": "tp", "tp_sp": "tp_sp", "fsdp_tp": "tp_sp"}.get(self.parallel)
+
+    @property
+    def fsdp(self) -> bool:
+        return self.parallel in ("fsdp", "fsdp_tp")
+
+    @property
+    def tp_degree(self) -> int:
+        if self.parallel in ("tp", "tp_sp"):
+            return self.world_size
+        return TP_DEGREE_2D if self.parallel == "fsdp_tp" else 1
+
+    @property
+    def dp_degree(self) -> int:
+        """Data-parallel ranks: each sees its own slice of the global batch."""
+        return self.world_size // self.tp_degree
+
+    @property
+    def data_parallel_max(self) -> int:
+        """Data-parallel ranks of the widest layout the row trains in (resume rows: two)."""
+        resumed = {"none": 1, "single": 1, "tp_sp": 1, "fsdp": self.world_size}[self.resume]
+        return max(self.dp_degree, resumed)
+
+    @property
+    def mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """(shape, dim names) of the device mesh this row trains on."""
+        if self.parallel == "fsdp_tp":
+            return (self.dp_degree, self.tp_degree), ("dp_shard", "tp")
+        return (self.world_size,), ("tp",) if self.plan else ("dp_shard",)
+
+    @property
+    def model_args(self) -> ModelArgs:
+        if self.model == "moe":
+            return MOE_MODEL
+        return LORA_MODEL if self.train == "frozen" else MODEL
+
+    @property
+    def steps(self) -> int:
+        if self.shapes == "varlen":
+            return len(VARLEN_SEQ)
+        return RESUME_AT + 2 if self.resume != "none" else STEPS
+
+    def seq_len(self, step: int) -> int:
+        return VARLEN_SEQ[step] if self.shapes == "varlen" else self.model_args.max_seq_len
 
     @property
     def compiled(self) -> bool:
@@ -100,10 +231,20 @@ class Scenario:
         return self.compiled and self.backend == "inductor"
 
     @property
+    def train_dtype_override(self) -> str | None:
+        """Mixed-precision rows keep float32 parameters on every device (bf16 is FSDP's cast)."""
+        return "float32" if self.mp != "none" else None
+
+    @property
+    def fsdp_float8_all_gather(self) -> bool:
+        """FSDP2 all-gathers tensorwise Float8 weights in float8 (torchao's precomputed scales)."""
+        return self.float8 == "tensorwise" and self.fsdp
+
+    @property
     def float8_all_gather(self) -> bool:
         """Whether float8 bytes cross the wire: torchao's Float8 TP styles all-gather the
-        float8 activation under sequence parallelism."""
-        return self.float8 == "tensorwise" and self.plan == "tp_sp"
+        float8 activation under sequence parallelism, FSDP2 the float8 weights."""
+        return self.float8 == "tensorwise" and (self.plan == "tp_sp" or self.fsdp)
 
     def needs(self, device_type: str) -> list[tuple[str, tuple, str]]:
         """Markers (name, args, why) this scenario needs on `device_type`.
@@ -121,16 +262,24 @@ class Scenario:
         if self.float8 != "none" and device.float8_min_sm:
             needs.append(("requires_sm", (device.float8_min_sm[self.float8],), f"float8 {self.float8} _scaled_mm kernels"))
         if self.float8_all_gather and not device.float8_collectives:
-            needs.append(("skip", (), f"tensorwise Float8 with sequence parallel all-gathers float8 tensors, "
-                                      f"which the {device_type} process-group backend cannot carry"))
+            what = "FSDP2's float8 all-gather of the weights" if self.fsdp else \
+                "tensorwise Float8 with sequence parallel all-gathers float8 tensors"
+            needs.append(("skip", (), f"{what}, which the {device_type} process-group backend cannot carry"))
         return needs
 
     def in_tier(self, tier: str) -> bool:
         return TIERS.index(self.tier) <= TIERS.index(tier)
 
 
-def _row(plan, compile, backend, ac, float8, async_tp, ws, optim, tier) -> Scenario:
-    return Scenario(plan, compile, "none" if backend == "-" else backend, ac, float8, async_tp == "async", ws, optim, tier)
+def _row(plan, compile, backend, ac, float8, async_tp, ws, optim, tier, **more) -> Scenario:
+    return Scenario(plan, compile, "none" if backend == "-" else backend, ac, float8, async_tp == "async", ws, optim,
+                    tier, **more)
+
+
+def _new(parallel: str, compile: str = "none", backend: str = "-", *, ac: str = "none", float8: str = "none",
+         ws: int = 2, optim: str = "sgd", tier: str = "nightly", **more) -> Scenario:
+    """A row of the newer columns, written by keyword (the defaults are the id's defaults)."""
+    return _row(parallel, compile, backend, ac, float8, "-", ws, optim, tier, **more)
 
 
 # fmt: off
@@ -190,6 +339,70 @@ TABLE = [_row(*r) for r in (
     ("tp_sp", "model", "inductor",  "none",      "rowwise",            "async", 2, "adamw", "nightly"),
 )]
 # fmt: on
+
+# The rows of the newer columns (parallel beyond TP, train, shapes, model, mp, accum, eval,
+# loss, resume), by keyword. 4-rank rows are what fsdp_tp is (dp_shard 2 x tp 2).
+NEW_TABLE = [
+    # FSDP2 alone: fully_shard per block + root, torchtitan's mixed precision and accumulation
+    _new("fsdp", tier="pr"),
+    _new("fsdp", mp="bf16"),
+    _new("fsdp", mp="bf16", accum=2),
+    _new("fsdp", accum=2, optim="adamw"),
+    _new("fsdp", ac="full"),
+    _new("fsdp", float8="rowwise"),
+    _new("fsdp", "block", "inductor"),
+    _new("fsdp", "block", "aot_eager", ac="selective"),
+    _new("fsdp", "model", "aot_eager"),
+    _new("fsdp", "block", "inductor", float8="tensorwise"),
+    # 2-D: FSDP2 outside sequence-parallel TP (dp_shard 2 x tp 2), torchtitan's default
+    _new("fsdp_tp", ws=4, tier="pr"),
+    _new("fsdp_tp", ws=4, mp="bf16", accum=2),
+    _new("fsdp_tp", "block", "inductor", ws=4),
+    _new("fsdp_tp", "block", "inductor", ws=4, mp="bf16"),
+    _new("fsdp_tp", "block", "aot_eager", ws=4, ac="full"),
+    _new("fsdp_tp", "model", "aot_eager", ws=4),
+    _new("fsdp_tp", ws=4, float8="rowwise"),
+    _new("fsdp_tp", "block", "inductor", ws=4, float8="tensorwise", ac="full"),
+    # frozen weights, LoRA-style adapters on the column-parallel linears
+    _new("tp", train="frozen", tier="pr"),
+    _new("tp_sp", train="frozen"),
+    _new("tp", "block", "aot_eager", train="frozen"),
+    _new("tp_sp", "block", "inductor", train="frozen"),
+    _new("tp_sp", "model", "inductor", train="frozen"),
+    _new("fsdp_tp", ws=4, train="frozen"),
+    # a new sequence length every step: numbers and the recompile budget
+    _new("tp_sp", shapes="varlen", tier="pr"),
+    _new("tp", "model", "inductor", shapes="varlen"),
+    _new("tp_sp", "model", "aot_eager", shapes="varlen"),
+    _new("tp_sp", "block", "inductor", shapes="varlen"),
+    _new("fsdp", "block", "aot_eager", shapes="varlen"),
+    # an eval forward of the trained, compiled model under no_grad / inference_mode
+    _new("tp", "model", "inductor", eval="no_grad"),
+    _new("tp_sp", "block", "inductor", eval="inference"),
+    _new("tp_sp", "model", "aot_eager", eval="inference"),
+    _new("fsdp_tp", "block", "inductor", ws=4, eval="no_grad"),
+    # mixture of experts: experts TP-sharded, FSDP-sharded, or expert-parallel (all-to-all)
+    _new("tp", model="moe", tier="pr"),
+    _new("tp", "block", "aot_eager", model="moe"),
+    _new("tp", "block", "inductor", model="moe"),
+    _new("tp", model="moe", ac="full"),
+    _new("fsdp", model="moe", mp="bf16"),
+    _new("fsdp", "block", "inductor", model="moe", accum=2),
+    _new("ep", model="moe"),
+    _new("ep", model="moe", ws=4, accum=2),
+    # distributed checkpoint: save under one layout, load under another, train on
+    _new("tp_sp", resume="fsdp", tier="pr"),
+    _new("tp_sp", resume="single"),
+    _new("fsdp", resume="tp_sp", optim="adamw"),
+    _new("fsdp_tp", ws=4, resume="tp_sp"),
+    _new("fsdp_tp", ws=4, resume="fsdp", optim="adamw"),
+    # loss parallel: vocab-parallel cross entropy over Shard(-1) logits
+    _new("tp", loss="parallel"),
+    _new("tp_sp", loss="parallel", tier="pr"),
+    _new("tp_sp", "model", "inductor", loss="parallel"),
+    _new("fsdp_tp", ws=4, loss="parallel"),
+]
+TABLE = TABLE + NEW_TABLE
 
 SCENARIOS: dict[str, Scenario] = {}
 for _s in TABLE:

@@ -1,9 +1,12 @@
-"""One runner for every scenario: train the TP model and its single-process reference.
+"""One runner for every scenario: train the parallel model and its single-process reference.
 
-Both start from the same seed-built weights and see the same batches. The reference is
-the unsharded model in eager mode with no AC (with the scenario's Float8 recipe when it
-has one: Float8 is judged against Float8, as torchao does). The TP run applies the
-scenario (parallelize.py). Each step records the loss and every gradient (DTensor
+Both start from the same seed-built weights and see the same global batches. The
+reference is the unsharded model in eager mode with no AC (with the scenario's Float8
+recipe when it has one: Float8 is judged against Float8, as torchao does), one step per
+global batch. The parallel run applies the scenario (parallelize.py): data-parallel
+ranks take their slice of the global batch, split it into `accum` microbatches and
+accumulate, so a correct run matches the reference's full-batch step; a `resume` row
+saves a DCP checkpoint mid-run and goes on under another layout (checkpoint.py). Each step records the loss and every gradient (DTensor
 gradients gathered with full_tensor()), and the TP run also records what the compiler
 and the step really did: graphs compiled, graph breaks, recompiles, the post-grad ops
 inductor emitted, the ops the last step executed, and the parameters' placements.
@@ -20,34 +23,49 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import checkpoint as ckpt
 from . import parallelize as par
-from .models import ModelArgs, build_model
-from .scenarios import BATCH, LR, MODEL, SEED, STEPS, Scenario
+from .models import ModelArgs, build_model, frozen_by_default
+from .scenarios import BATCH, LR, RESUME_AT, SEED, Scenario
 
 _WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
+
+Meshes = Callable[..., Any]
+"""mesh(shape, names) -> DeviceMesh over all ranks (the harness's DistContext.mesh)."""
 
 
 @dataclass
 class TrainRecord:
-    """Per-step losses and gradients (float32, on CPU, full/unsharded)."""
+    """Per-step losses and gradients (float32, on CPU, full/unsharded); eval results; and,
+    for MoE references, tokens per expert per (step, block, microbatch)."""
 
     losses: list[float] = field(default_factory=list)
     grads: list[dict[str, torch.Tensor | None]] = field(default_factory=list)
+    eval_loss: float | None = None
+    eval_logits: torch.Tensor | None = None
+    expert_tokens: list[list[int]] = field(default_factory=list)
 
 
 @dataclass
 class Evidence:
-    """What the TP run's compiler and kernels did; judged by checks.check_graph."""
+    """What the parallel run's compiler, kernels and collectives did; judged by checks.check_graph."""
 
     compiled: bool = False
     graphs_after_first_step: int = 0
     graphs_total: int = 0
     graph_breaks: int = 0
+    graph_calls: list[int] = field(default_factory=list)
+    """Compiled-graph calls (forward) per training step: 0 is a step that ran eager."""
+    eval_graphs: int = 0
+    eval_calls: int = 0
     post_grad_graphs: int = 0
     post_grad_ops: Counter = field(default_factory=Counter)
     runtime_ops: Counter = field(default_factory=Counter)
     float8_linears: int = 0
+    float8_all_gather_weights: int = 0
     placements: dict[str, str] = field(default_factory=dict)
+    trainable: list[str] = field(default_factory=list)
+    frozen_with_grad: list[str] = field(default_factory=list)
 
     @property
     def recompiles(self) -> int:
@@ -64,6 +82,9 @@ class Mutation:
     block_plan_overrides: dict[str, Any] | None = None
     float8_filter: Callable[[nn.Module, str], bool] | None = None
     after_parallelize: Callable[[nn.Module], None] | None = None
+    fsdp_reshard: bool = True
+    dynamo_config: dict[str, Any] | None = None
+    skip_checkpoint_load: bool = False
 
 
 def clean_name(name: str) -> str:
@@ -72,25 +93,37 @@ def clean_name(name: str) -> str:
     return name
 
 
-def batches(args: ModelArgs, steps: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Token ids and labels per step, from a private generator (identical on every rank)."""
+def batches(scenario: Scenario, seed: int = SEED) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The global batch of every step: BATCH rows per data-parallel rank and microbatch.
+
+    From a private generator (identical on every rank). A TP-only row with one
+    microbatch draws exactly what the table's first rows always drew.
+    """
+    args = scenario.model_args
+    rows = BATCH * scenario.data_parallel_max * scenario.accum
     gen = torch.Generator().manual_seed(seed + 1)
     out = []
-    for _ in range(steps):
-        tokens = torch.randint(0, args.vocab_size, (BATCH, args.max_seq_len), generator=gen)
-        labels = torch.randint(0, args.vocab_size, (BATCH, args.max_seq_len), generator=gen)
+    for step in range(scenario.steps):
+        shape = (rows, scenario.seq_len(step))
+        tokens = torch.randint(0, args.vocab_size, shape, generator=gen)
+        labels = torch.randint(0, args.vocab_size, shape, generator=gen)
         out.append((tokens, labels))
     return out
 
 
+def eval_batch(args: ModelArgs, seed: int = SEED) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed + 2)
+    return torch.randint(0, args.vocab_size, (BATCH, args.max_seq_len), generator=gen)
+
+
 def make_optimizer(params, optim: str) -> torch.optim.Optimizer:
-    """SGD or AdamW with DTensor and plain parameters in separate groups.
+    """SGD or AdamW over the trainable parameters, DTensor and plain ones in separate groups.
 
     The `tp` plan leaves the norms' weights plain tensors beside DTensor linears; the
     foreach kernels (the default on CUDA) cannot mix the two in one group. Grouping does
     not change the arithmetic, so the single-group reference stays comparable.
     """
-    params = list(params)
+    params = [p for p in params if p.requires_grad]
     groups = [g for g in ([p for p in params if hasattr(p, "placements")],
                           [p for p in params if not hasattr(p, "placements")]) if g]
     param_groups = [{"params": g} for g in groups]
@@ -99,20 +132,44 @@ def make_optimizer(params, optim: str) -> torch.optim.Optimizer:
     return torch.optim.AdamW(param_groups, lr=LR["adamw"], weight_decay=0.01)
 
 
-def full_grads(model: nn.Module) -> dict[str, torch.Tensor | None]:
-    """Every parameter's gradient as a full float32 CPU tensor (collective for DTensors)."""
+def freeze(model: nn.Module) -> None:
+    """The `frozen` rows: only the LoRA adapters train (embeddings, norms, linears frozen)."""
+    for name, p in model.named_parameters():
+        if frozen_by_default(clean_name(name)):
+            p.requires_grad_(False)
+
+
+def full_grads(model: nn.Module, ep: par.ExpertParallel | None = None) -> dict[str, torch.Tensor | None]:
+    """Every parameter's gradient as a full float32 CPU tensor (collective for DTensors;
+    under expert parallel, each expert's gradient comes from the rank that owns it)."""
     out: dict[str, torch.Tensor | None] = {}
     for name, p in model.named_parameters():
         g = p.grad
         if g is not None and hasattr(g, "full_tensor"):
             g = g.full_tensor()
         out[clean_name(name)] = None if g is None else g.detach().float().cpu().clone()
+    if ep is not None:
+        _gather_expert_grads(model, ep, out)
     return out
+
+
+def _gather_expert_grads(model: nn.Module, ep: par.ExpertParallel, out: dict) -> None:
+    import torch.distributed as dist
+
+    for name, p in model.named_parameters():
+        key = clean_name(name)
+        if ".experts." not in key:
+            continue
+        expert = int(key.split(".experts.")[1].split(".")[0])
+        owner = expert // ep.local
+        g = p.grad.detach().clone() if ep.owns(expert) and p.grad is not None else torch.zeros_like(p)
+        dist.broadcast(g, src=dist.get_global_rank(ep.group, owner) if ep.group is not None else owner, group=ep.group)
+        out[key] = g.float().cpu()
 
 
 def placement_name(placement: Any) -> str:
     """S<dim>, R or P: a spelling that does not change with torch's placement reprs."""
-    if placement.is_shard():
+    if placement.is_shard() or type(placement).__name__ == "_StridedShard":  # FSDP2 over TP: strided
         return f"S{placement.dim}"
     if placement.is_replicate():
         return "R"
@@ -128,24 +185,88 @@ def placements(model: nn.Module) -> dict[str, str]:
     return out
 
 
+def _value(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
-def _train(model: nn.Module, params_of: nn.Module, data, device, optim: str,
-           on_step: Callable[[int], contextlib.AbstractContextManager] | None = None) -> TrainRecord:
-    record = TrainRecord()
-    opt = make_optimizer(params_of.parameters(), optim)
-    for step, (tokens, labels) in enumerate(data):
+def _loss_context(scenario: Scenario):
+    if scenario.loss != "parallel":
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
+@dataclass
+class Layout:
+    """How one phase of a run is parallelized: the module it runs, its data slice."""
+
+    runnable: nn.Module
+    model: nn.Module
+    dp_rank: int = 0
+    dp_size: int = 1
+    dp_group: Any = None
+    ep: par.ExpertParallel | None = None
+    counter: par.CompileCounter | None = None
+
+
+def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device, record: TrainRecord,
+                 opt: torch.optim.Optimizer, on_step: Callable[[int], Any] | None = None) -> None:
+    """Steps of data-parallel, accumulated training; records the global loss and full grads."""
+    import torch.distributed as dist
+
+    for step in steps:
+        tokens, labels = data[step]
+        mb = tokens.shape[0] // (layout.dp_size * scenario.accum)  # rows per microbatch
         ctx = on_step(step) if on_step else contextlib.nullcontext()
         with ctx:
             opt.zero_grad(set_to_none=True)
-            loss = _loss(model(tokens.to(device)), labels.to(device))
-            loss.backward()
-        record.losses.append(float(loss.detach().float().cpu()))
-        record.grads.append(full_grads(params_of))
+            total = torch.zeros((), dtype=torch.float32, device=device)
+            for micro in range(scenario.accum):
+                start = (layout.dp_rank * scenario.accum + micro) * mb
+                with _loss_context(scenario):
+                    loss = _loss(layout.runnable(tokens[start:start + mb].to(device)),
+                                 labels[start:start + mb].to(device)) / scenario.accum
+                    loss.backward()
+                total += _value(loss).detach().float()
+            if layout.dp_size > 1:
+                dist.all_reduce(total, group=layout.dp_group)
+                total /= layout.dp_size
+            if layout.ep is not None:
+                _average_ep_grads(layout.model, layout.dp_group, layout.dp_size)
+        record.losses.append(float(total.cpu()))
+        record.grads.append(full_grads(layout.model, layout.ep))
         opt.step()
-    return record
+        if scenario.fsdp_float8_all_gather:
+            par.precompute_float8_scales(layout.model)
+
+
+def _average_ep_grads(model: nn.Module, group: Any, size: int) -> None:
+    """Expert parallel's data-parallel half: dense gradients averaged over the ranks; an
+    expert's gradient already sums every rank's tokens, so it is divided by the ranks."""
+    import torch.distributed as dist
+
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        if ".experts." not in name:
+            dist.all_reduce(p.grad, group=group)
+        p.grad.div_(size)
+
+
+def _eval(scenario: Scenario, runnable: nn.Module, device) -> tuple[float, torch.Tensor]:
+    mode = torch.inference_mode() if scenario.eval == "inference" else torch.no_grad()
+    tokens = eval_batch(scenario.model_args)
+    gen = torch.Generator().manual_seed(SEED + 3)
+    labels = torch.randint(0, scenario.model_args.vocab_size, tokens.shape, generator=gen)
+    with mode, _loss_context(scenario):
+        logits = runnable(tokens.to(device))
+        loss = _loss(logits, labels.to(device))
+        return float(_value(loss).float().cpu()), _value(logits).float().cpu().clone()
 
 
 def _graph_breaks() -> int:
@@ -173,48 +294,164 @@ def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
+def _routing_hook(record: TrainRecord, chunks: int):
+    """Counts tokens per expert in every microbatch of every data-parallel rank (eager)."""
+    def hook(module, inputs) -> None:
+        with torch.no_grad():
+            for part in inputs[0].chunk(chunks, dim=0):
+                _, chosen = module.route(part.reshape(-1, part.shape[-1]))
+                record.expert_tokens.append(torch.bincount(chosen.flatten(), minlength=len(module.experts)).tolist())
+    return hook
+
+
 def run_reference(scenario: Scenario, device: torch.device, dtype: str) -> TrainRecord:
     """The unsharded model on one process, eager, no AC; Float8 only when the scenario has it."""
-    model = build_model(MODEL, SEED).to(device=device, dtype=_dtype(dtype))
+    args = scenario.model_args
+    model = build_model(args, SEED).to(device=device, dtype=_dtype(scenario.train_dtype_override or dtype))
+    if scenario.train == "frozen":
+        freeze(model)
     if scenario.float8 != "none":
         par.convert_float8(model, scenario.float8)
-    return _train(model, model, batches(MODEL, STEPS, SEED), device, scenario.optim)
+    record = TrainRecord()
+    if args.n_experts:
+        for block in model.layers.values():
+            block.feed_forward.register_forward_pre_hook(_routing_hook(record, scenario.dp_degree * scenario.accum))
+    data = batches(scenario)
+    opt = make_optimizer(model.parameters(), scenario.optim)
+    for tokens, labels in data:
+        opt.zero_grad(set_to_none=True)
+        loss = _loss(model(tokens.to(device)), labels.to(device))
+        loss.backward()
+        record.losses.append(float(loss.detach().float().cpu()))
+        record.grads.append(full_grads(model))
+        opt.step()
+    if scenario.eval != "none":
+        record.eval_loss, record.eval_logits = _eval(scenario, model, device)
+    return record
+
+
+def _as_meshes(mesh: Any) -> Meshes:
+    """A mesh factory from the harness's `dist.mesh`, or from one DeviceMesh (1-D rows)."""
+    if callable(mesh) and not hasattr(mesh, "mesh_dim_names"):
+        return mesh
+    return lambda shape=None, names=None: mesh
+
+
+def _mesh_for(meshes: Meshes, parallel: str, world_size: int) -> Any:
+    if parallel == "fsdp_tp":
+        return meshes((world_size // 2, 2), ("dp_shard", "tp"))
+    return meshes((world_size,), ("tp",) if parallel in ("tp", "tp_sp") else ("dp_shard",))
+
+
+def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtype: str, evidence: Evidence,
+                 mutation: Mutation) -> Layout:
+    """A fresh seed-built model, parallelized as `parallel` (or not at all: `single`)."""
+    import torch.distributed as dist
+
+    model = build_model(scenario.model_args, SEED).to(device=device, dtype=_dtype(dtype))
+    if scenario.train == "frozen":
+        freeze(model)
+    if scenario.float8 != "none":
+        evidence.float8_linears = par.convert_float8(model, scenario.float8, mutation.float8_filter,
+                                                     fsdp_float8_all_gather=scenario.fsdp_float8_all_gather)
+    layout = Layout(runnable=model, model=model)
+    if parallel == "single":
+        return layout
+    world = dist.get_world_size()
+    mesh = _mesh_for(meshes, parallel, world)
+    tp_mesh = mesh["tp"] if parallel == "fsdp_tp" else mesh
+    dp_mesh = mesh["dp_shard"] if parallel == "fsdp_tp" else mesh
+    if parallel in ("tp", "tp_sp", "fsdp_tp"):
+        plan = "tp_sp" if parallel == "fsdp_tp" else parallel
+        par.apply_tp(model, tp_mesh, plan, scenario.float8, mutation.block_plan_overrides,
+                     loss_parallel=scenario.loss == "parallel")
+        if scenario.async_tp:
+            par.enable_async_tp(tp_mesh)
+    if parallel in ("fsdp", "fsdp_tp", "ep"):
+        layout.dp_group = dp_mesh.get_group()
+        layout.dp_rank = dp_mesh.get_local_rank()
+        layout.dp_size = dp_mesh.size()
+    if parallel == "ep":
+        layout.ep = par.apply_ep(model, layout.dp_group)
+    par.apply_ac(model, scenario.ac)
+    if scenario.compiled:
+        layout.counter = par.CompileCounter(scenario.backend)
+        layout.runnable = par.apply_compile(model, scenario.compile, layout.counter,
+                                            fullgraph=not (scenario.compile == "model" and parallel in par.FSDP_LAYOUTS))
+    if parallel in par.FSDP_LAYOUTS:
+        par.apply_fsdp(model, dp_mesh, scenario.mp, reshard=mutation.fsdp_reshard)
+    if mutation.after_parallelize:
+        mutation.after_parallelize(model)
+    evidence.placements = placements(model)
+    evidence.trainable = sorted(clean_name(n) for n, p in model.named_parameters() if p.requires_grad)
+    evidence.float8_all_gather_weights = par.count_float8_all_gather_weights(model) if scenario.float8 != "none" else 0
+    return layout
 
 
 def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str,
                  mutation: Mutation | None = None) -> tuple[TrainRecord, Evidence]:
-    """The scenario's TP run, with the evidence of what compiled and what executed."""
+    """The scenario's parallel run, with the evidence of what compiled and what executed.
+
+    `mesh`: the harness's `dist.mesh` (a factory: 2-D rows and resume rows need other
+    meshes than the 1-D one) or, for 1-D rows, a DeviceMesh.
+    """
     mutation = mutation or Mutation()
+    meshes = _as_meshes(mesh)
     evidence = Evidence(compiled=scenario.compiled)
-    model = build_model(MODEL, SEED).to(device=device, dtype=_dtype(dtype))
+    dtype = scenario.train_dtype_override or dtype
+    record = TrainRecord()
+    data = batches(scenario)
     with contextlib.ExitStack() as stack:
         stack.enter_context(_config_for(scenario, evidence))
-        if scenario.float8 != "none":
-            evidence.float8_linears = par.convert_float8(model, scenario.float8, mutation.float8_filter)
-        par.apply_tp(model, mesh, scenario.plan, scenario.float8, mutation.block_plan_overrides)
-        if scenario.async_tp:
-            par.enable_async_tp(mesh)
-        par.apply_ac(model, scenario.ac)
-        counter = par.CompileCounter(scenario.backend) if scenario.compiled else None
-        runnable = par.apply_compile(model, scenario.compile, counter) if counter else model
-        if mutation.after_parallelize:
-            mutation.after_parallelize(model)
-        evidence.placements = placements(model)
+        if mutation.dynamo_config:
+            import torch._dynamo.config as dynamo_config
+
+            stack.enter_context(dynamo_config.patch(mutation.dynamo_config))
+        layout = build_layout(scenario, scenario.parallel, meshes, device, dtype, evidence, mutation)
         breaks_before = _graph_breaks()
+        last = scenario.steps - 1
 
         def on_step(step: int):
+            counter = layout.counter
             if step == 1 and counter is not None:
                 evidence.graphs_after_first_step = counter.graphs
-            if step == STEPS - 1:
+            if counter is not None:
+                evidence.graph_calls.append(-counter.calls)
+            if step == last:
                 return count_executed_ops(evidence.runtime_ops)
             return contextlib.nullcontext()
 
-        record = _train(runnable, model, batches(MODEL, STEPS, SEED), device, scenario.optim, on_step)
+        def train(layout: Layout, steps: range, opt) -> None:
+            for step in steps:
+                _train_steps(scenario, layout, data, range(step, step + 1), device, record, opt, on_step)
+                if layout.counter is not None:
+                    evidence.graph_calls[-1] += layout.counter.calls
+
+        opt = make_optimizer(layout.model.parameters(), scenario.optim)
+        if scenario.resume == "none":
+            train(layout, range(scenario.steps), opt)
+        else:
+            train(layout, range(RESUME_AT), opt)
+            with ckpt.shared_dir() as path:
+                ckpt.save(layout.model, opt, path)
+                layout = build_layout(scenario, scenario.resume, meshes, device, dtype, evidence, mutation)
+                opt = make_optimizer(layout.model.parameters(), scenario.optim)
+                if not mutation.skip_checkpoint_load:
+                    ckpt.load(layout.model, opt, path)
+            train(layout, range(RESUME_AT, scenario.steps), opt)
+        counter = layout.counter
         if counter is not None:
             evidence.graphs_total = counter.graphs
-            if STEPS == 1:
+            if scenario.steps == 1:
                 evidence.graphs_after_first_step = counter.graphs
         evidence.graph_breaks = _graph_breaks() - breaks_before
+        evidence.frozen_with_grad = sorted(n for n, g in record.grads[-1].items()
+                                           if g is not None and scenario.train == "frozen" and frozen_by_default(n))
+        if scenario.eval != "none":
+            graphs, calls = (counter.graphs, counter.calls) if counter else (0, 0)
+            record.eval_loss, record.eval_logits = _eval(scenario, layout.runnable, device)
+            if counter is not None:
+                evidence.eval_graphs, evidence.eval_calls = counter.graphs - graphs, counter.calls - calls
     return record, evidence
 
 

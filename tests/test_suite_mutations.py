@@ -6,9 +6,21 @@ trains to completion without raising; the check must then report it:
   - a dropped gradient: w1's gradient silently zeroed,
   - a Float8 conversion that did not happen (a filter that rejects every Linear),
   - async TP whose fusion did not happen (post-grad graphs without the fused ops; the
-    checker is fed the evidence directly, as async TP itself needs CUDA).
+    checker is fed the evidence directly, as async TP itself needs CUDA),
+  - FSDP2 blocks that never reshard (fewer all-gathers than the plan implies),
+  - a frozen weight that trains again (it requires grad and gets a gradient),
+  - a MoE expert whose output is dropped,
+  - a resumed run whose checkpoint load did nothing,
+  - varlen training without automatic dynamic shapes (a recompile per shape: over the
+    budget),
+and, fed evidence or records directly (what CPU cannot produce or is cheap to state):
+FSDP2 float8 weight all-gathers that move high precision, a step that ran eager (a
+recompile limit hit without fullgraph, as the FSDP2 whole-model rows compile; with
+fullgraph=True Dynamo raises instead), an eval forward that ran
+eager, compiled new graphs, or computed other numbers, missing reduce-scatters, a
+parameter FSDP2 left unsharded, a router that never leaves an expert idle or starves one.
 Unmutated controls run through the same checks and must pass, so a failure is the
-mutation's doing. All real runs share one spawn of two ranks (~30 s on 2 cores).
+mutation's doing. All real runs share one spawn of two ranks (~60 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -22,6 +34,9 @@ import pytest
 
 pytest.importorskip("torch")
 
+VARLEN = "tp-compile_model_eager-varlen"
+"""Not a table row: the cheapest compiled varlen run (Dynamo without AOTAutograd)."""
+
 RUNS = {
     # name: (scenario id, mutation)
     "control": ("tp-eager", None),
@@ -29,7 +44,25 @@ RUNS = {
     "dropped_grad": ("tp-eager", "zero_grad"),
     "control_f8": ("tp-eager-f8_rowwise", None),
     "no_float8": ("tp-eager-f8_rowwise", "no_conversion"),
+    "control_fsdp": ("fsdp-eager", None),
+    "fsdp_no_reshard": ("fsdp-eager", "no_reshard"),
+    "control_frozen": ("tp-eager-frozen", None),
+    "unfrozen": ("tp-eager-frozen", "unfreeze_embedding"),
+    "control_moe": ("tp-moe-eager", None),
+    "dropped_expert": ("tp-moe-eager", "drop_expert"),
+    "control_dcp": ("tp_sp-eager-dcp_to_fsdp", None),
+    "dcp_no_load": ("tp_sp-eager-dcp_to_fsdp", "skip_load"),
+    "control_varlen": (VARLEN, None),
+    "varlen_static": (VARLEN, "static_shapes"),
 }
+
+
+def _scenario(sid: str):
+    from suites.scenarios import SCENARIOS, Scenario
+
+    if sid == VARLEN:
+        return Scenario("tp", "model", "eager", "none", "none", False, 2, "sgd", "nightly", shapes="varlen")
+    return SCENARIOS[sid]
 
 
 def _mutation(kind: str | None):
@@ -49,6 +82,19 @@ def _mutation(kind: str | None):
         return Mutation(after_parallelize=zero_w1_grad)
     if kind == "no_conversion":
         return Mutation(float8_filter=lambda module, fqn: False)
+    if kind == "no_reshard":
+        return Mutation(fsdp_reshard=False)
+    if kind == "unfreeze_embedding":
+        return Mutation(after_parallelize=lambda model: model.tok_embeddings.weight.requires_grad_(True))
+    if kind == "drop_expert":
+        def drop(model) -> None:
+            model.layers["0"].feed_forward.experts[1].register_forward_hook(lambda mod, inp, out: out * 0)
+
+        return Mutation(after_parallelize=drop)
+    if kind == "skip_load":
+        return Mutation(skip_checkpoint_load=True)
+    if kind == "static_shapes":
+        return Mutation(dynamo_config={"automatic_dynamic_shapes": False})
     raise ValueError(kind)
 
 
@@ -58,26 +104,36 @@ def _rank_main(rank: int, world_size: int, out_dir: str) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from suites.checks import check_graph, check_numerics, expected_graph
-    from suites.scenarios import MODEL, SCENARIOS, tolerance
+    from suites.checks import check_graph, check_numerics, check_routing, expected_graph
+    from suites.scenarios import tolerance
     from suites.training import run_parallel, run_reference
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{out_dir}/pg", rank=rank, world_size=world_size)
-    mesh = init_device_mesh("cpu", (world_size,))
     device = torch.device("cpu")
     results = {}
+    meshes = {}
+
+    def mesh_for(shape=None, names=None):
+        key = (tuple(shape or (world_size,)), tuple(names or ()))
+        if key not in meshes:
+            meshes[key] = init_device_mesh("cpu", key[0], **({"mesh_dim_names": key[1]} if key[1] else {}))
+        return meshes[key]
+
     for name, (sid, kind) in RUNS.items():
-        scenario = SCENARIOS[sid]
+        scenario = _scenario(sid)
         try:
+            import torch._dynamo
+
+            torch._dynamo.reset()
             ref = run_reference(scenario, device, "float32")
-            run, evidence = run_parallel(scenario, mesh, device, "float32", _mutation(kind))
+            run, evidence = run_parallel(scenario, mesh_for, device, "float32", _mutation(kind))
         except Exception as exc:  # noqa: BLE001 - reported: a mutation must not raise
             results[name] = {"raised": f"{type(exc).__name__}: {exc}"}
             continue
         results[name] = {
-            "numerics": check_numerics(ref, run, tolerance("float32", scenario.float8)),
-            "graph": check_graph(expected_graph(scenario, MODEL), evidence),
+            "numerics": check_numerics(ref, run, tolerance("float32", scenario.float8)) + check_routing(ref),
+            "graph": check_graph(expected_graph(scenario), evidence),
         }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     dist.destroy_process_group()
@@ -101,7 +157,7 @@ def _problems(results: dict, name: str, which: str) -> list[str]:
 
 
 def test_controls_pass(mutated):
-    for name in ("control", "control_f8"):
+    for name in [n for n in RUNS if n.startswith("control")]:
         assert _problems(mutated, name, "numerics") == []
         assert _problems(mutated, name, "graph") == []
 
@@ -138,10 +194,119 @@ def _async_tp_evidence(fused: bool):
 
 def test_async_tp_without_fusion_fails_graph():
     from suites.checks import check_graph, expected_graph
-    from suites.scenarios import MODEL, SCENARIOS
+    from suites.scenarios import SCENARIOS
 
-    expect = expected_graph(SCENARIOS["tp_sp-compile_block-asynctp"], MODEL)
+    expect = expected_graph(SCENARIOS["tp_sp-compile_block-asynctp"])
     assert check_graph(expect, _async_tp_evidence(fused=True)) == []
     problems = check_graph(expect, _async_tp_evidence(fused=False))
     assert any("did not fuse the all-gather side" in p for p in problems), problems
     assert any("did not fuse the reduce-scatter side" in p for p in problems), problems
+
+
+def test_fsdp_block_that_never_reshards_fails_graph(mutated):
+    problems = _problems(mutated, "fsdp_no_reshard", "graph")
+    assert any("FSDP all-gathers" in p for p in problems), problems
+
+
+def test_frozen_weight_that_trains_fails(mutated):
+    graph = _problems(mutated, "unfrozen", "graph")
+    assert any("frozen parameters require grad: ['tok_embeddings.weight']" in p for p in graph), graph
+    assert any("frozen parameters got a gradient: ['tok_embeddings.weight']" in p for p in graph), graph
+    numerics = _problems(mutated, "unfrozen", "numerics")
+    assert any("tok_embeddings.weight: has a gradient the reference does not" in p for p in numerics), numerics
+
+
+def test_dropped_expert_fails_numerics(mutated):
+    problems = _problems(mutated, "dropped_expert", "numerics")
+    assert any("layers.0.feed_forward.experts.1.w2.weight" in p for p in problems), problems
+
+
+def test_checkpoint_that_loads_nothing_fails_numerics(mutated):
+    problems = _problems(mutated, "dcp_no_load", "numerics")
+    assert any(p.startswith("step 2: loss") for p in problems), problems
+    assert not any(p.startswith(("step 0", "step 1")) for p in problems), problems
+
+
+def test_varlen_without_dynamic_shapes_breaks_the_recompile_budget(mutated):
+    problems = _problems(mutated, "varlen_static", "graph")
+    assert any("recompiles after the first step" in p for p in problems), problems
+
+
+def test_step_that_ran_eager_fails_graph():
+    from suites.checks import check_graph, expected_graph
+    from suites.scenarios import SCENARIOS
+
+    expect = expected_graph(SCENARIOS["fsdp-compile_model_aot_eager"])
+    assert expect.min_calls_per_step == 1
+    fine = check_graph(expect, _evidence(graph_calls=[3, 3, 3]))
+    assert not any("fell back to eager" in p for p in fine), fine
+    problems = check_graph(expect, _evidence(graph_calls=[3, 0, 3]))
+    assert any("step 1 ran 0 compiled graphs" in p and "fell back to eager" in p for p in problems), problems
+
+
+def _evidence(**fields):
+    from suites.training import Evidence
+
+    base = dict(compiled=True, graphs_after_first_step=2, graphs_total=2, graph_calls=[2, 2, 2])
+    return Evidence(**{**base, **fields})
+
+
+def test_fsdp_float8_all_gather_in_high_precision_fails_graph():
+    from suites.checks import check_graph, expected_graph
+    from suites.scenarios import SCENARIOS
+
+    expect = expected_graph(SCENARIOS["fsdp-compile_block-f8_tensorwise"])
+    assert expect.float8_all_gather_weights == expect.float8_linears > 0
+    ok = check_graph(expect, _evidence(float8_linears=expect.float8_linears,
+                                       float8_all_gather_weights=expect.float8_linears))
+    assert not any("all-gather in float8" in p for p in ok), ok
+    problems = check_graph(expect, _evidence(float8_linears=expect.float8_linears, float8_all_gather_weights=0))
+    assert any("0 FSDP weights all-gather in float8" in p for p in problems), problems
+
+
+def test_fsdp_missing_reduce_scatter_and_unsharded_param_fail_graph():
+    from suites.checks import FSDP_ALL_GATHER, FSDP_REDUCE_SCATTER, check_graph, expected_graph
+    from suites.scenarios import SCENARIOS
+
+    expect = expected_graph(SCENARIOS["fsdp-compile_block"])
+    ops = Counter({f"{FSDP_ALL_GATHER} (layers.0)": expect.fsdp_all_gathers,
+                   f"{FSDP_REDUCE_SCATTER} (layers.0)": expect.fsdp_reduce_scatters})
+    assert check_graph(expect, _evidence(runtime_ops=ops, placements={"norm.weight": "S0"})) == []
+    ops[f"{FSDP_REDUCE_SCATTER} (layers.0)"] -= 1
+    problems = check_graph(expect, _evidence(runtime_ops=ops, placements={"norm.weight": "local"}))
+    assert any("FSDP reduce-scatters" in p for p in problems), problems
+    assert any("norm.weight is local, FSDP2 shards every parameter S0" in p for p in problems), problems
+
+
+def test_eval_that_ran_eager_or_recompiled_fails_graph():
+    from suites.checks import check_graph, expected_graph
+    from suites.scenarios import SCENARIOS
+
+    expect = expected_graph(SCENARIOS["tp-compile_model-eval_no_grad"])
+    shards = {"layers.0.attention.wq.weight": "S0"}
+    assert check_graph(expect, _evidence(eval_graphs=1, eval_calls=1, placements=shards,
+                                         graphs_after_first_step=1, graphs_total=1, graph_calls=[1, 1, 1])) == []
+    problems = check_graph(expect, _evidence(eval_graphs=3, eval_calls=0, placements=shards,
+                                             graphs_after_first_step=1, graphs_total=1, graph_calls=[1, 1, 1]))
+    assert any("the eval forward ran no compiled graph" in p for p in problems), problems
+    assert any("the eval forward compiled 3 new graphs" in p for p in problems), problems
+
+
+def test_eval_numbers_and_routing_are_judged():
+    import torch
+
+    from suites.checks import check_numerics, check_routing
+    from suites.scenarios import tolerance
+    from suites.training import TrainRecord
+
+    logits = torch.randn(2, 8, 16)
+    ref = TrainRecord(eval_loss=1.0, eval_logits=logits)
+    assert check_numerics(ref, TrainRecord(eval_loss=1.0, eval_logits=logits.clone()), tolerance("float32", "none")) == []
+    bad = check_numerics(ref, TrainRecord(eval_loss=1.5, eval_logits=logits * 0), tolerance("float32", "none"))
+    assert any(p.startswith("eval: loss") for p in bad) and any("eval: logits SQNR" in p for p in bad), bad
+    assert check_numerics(ref, TrainRecord(), tolerance("float32", "none")) == ["the eval step did not run"]
+    assert check_routing(TrainRecord(expert_tokens=[[5, 3, 0, 1], [4, 4, 1, 0]])) == []
+    busy = check_routing(TrainRecord(expert_tokens=[[5, 3, 2, 1], [4, 4, 1, 2]]))
+    assert any("empty-expert path was not exercised" in p for p in busy), busy
+    starved = check_routing(TrainRecord(expert_tokens=[[5, 3, 1, 0], [4, 4, 1, 0]]))
+    assert any("experts [3] never got a token" in p for p in starved), starved

@@ -107,6 +107,7 @@ class RankPool:
         self.pgid: int | None = None
         self.generation = 0
         self.health: list[RankReport] = []
+        self.init_dir: Path | None = None
 
     @property
     def alive(self) -> bool:
@@ -153,8 +154,10 @@ class RankPool:
             if self.pgid is None:
                 self.pgid = proc.pid
             self.ranks.append(_Rank(rank, proc, Connection(ours.detach()), dump_ours, log_path))
+        # The FileStore stays while the ranks live: every later new_group (a 2-D
+        # DeviceMesh's dim groups) creates its gloo/NCCL backend through it.
+        self.init_dir = init_dir
         self.health = self._collect_health(self.start_timeout_s, "start-up")
-        shutil.rmtree(init_dir, ignore_errors=True)
 
     def _collect_health(self, timeout_s: float, what: str) -> list[RankReport]:
         reports: dict[int, RankReport] = {}
@@ -210,6 +213,9 @@ class RankPool:
                 r.dump_sock.close()
         self.ranks = []
         self.pgid = None
+        if self.init_dir is not None:
+            shutil.rmtree(self.init_dir, ignore_errors=True)
+            self.init_dir = None
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         for r in self.ranks:

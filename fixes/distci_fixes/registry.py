@@ -21,6 +21,7 @@ BUILTIN = (
     "distci_fixes.fixes.float8_asynctp_ac_scale",
     "distci_fixes.fixes.asynctp_float8_sp_rows",
     "distci_fixes.fixes.torchtitan_asynctp_symm_mem",
+    "distci_fixes.fixes.sequence_parallel_frozen",
 )
 
 

@@ -1,0 +1,56 @@
+"""Distributed checkpoints for the `resume` rows: save under one layout, load under another.
+
+torch.distributed.checkpoint (DCP) with the state_dict helpers torchtitan uses
+(get/set_model_state_dict, get/set_optimizer_state_dict): the saved state is keyed by
+clean parameter FQNs and resharded on load, so a checkpoint written by 2-D FSDP2 + TP
+loads into plain TP of another degree, FSDP2 alone or an unsharded model on every rank.
+The directory is made by rank 0 and shared through the process group (the ranks of a
+run share a file system).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from typing import Any, Iterator
+
+import torch.nn as nn
+
+
+@contextlib.contextmanager
+def shared_dir() -> Iterator[str]:
+    """A fresh directory every rank sees, removed by rank 0 once every rank is done."""
+    import torch.distributed as dist
+
+    box = [tempfile.mkdtemp(prefix="distci-dcp-") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    try:
+        yield box[0]
+    finally:
+        dist.barrier()
+        if dist.get_rank() == 0:
+            shutil.rmtree(box[0], ignore_errors=True)
+
+
+def _state(model: nn.Module, opt: Any) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    return {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+
+
+def save(model: nn.Module, opt: Any, path: str) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(_state(model, opt), checkpoint_id=path)
+
+
+def load(model: nn.Module, opt: Any, path: str) -> None:
+    """Loads model and optimizer state saved under any layout into this one, in place."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    state = _state(model, opt)
+    dcp.load(state, checkpoint_id=path)
+    set_model_state_dict(model, state["model"])
+    set_optimizer_state_dict(model, opt, state["optim"])
