@@ -86,6 +86,7 @@ def _outcome(rec: dict) -> tuple[str, str | None]:
 @pytest.mark.parametrize("case, outcome, words", [
     ("test_destroys_group", ("failed", "exception"), "left the process group destroyed"),
     ("test_unwaited_collective", ("failed", "exception"), "left an un-waited collective"),
+    ("test_leaves_fake_mode", ("failed", "exception"), "left a dispatch mode active (FakeTensorMode)"),
     ("test_long_marker", ("passed", None), ""),
     ("test_broadcast_spin", ("failed", "timeout"), "still running at the test timeout"),
     ("test_skipped_collective", ("failed", "hang"), "stuck in a collective"),
@@ -102,7 +103,7 @@ def test_fault_is_classified_and_the_next_test_passes(pool_run, case, outcome, w
 
 def test_a_broken_pool_is_charged_to_the_test_that_broke_it(pool_run):
     _proc, results = pool_run
-    for case in ("test_destroys_group", "test_unwaited_collective"):
+    for case in ("test_destroys_group", "test_unwaited_collective", "test_leaves_fake_mode"):
         assert results[case]["error_signature"].startswith("PoolLeftBroken: "), results[case]
 
 

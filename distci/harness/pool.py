@@ -335,6 +335,10 @@ class RankPool:
         destroyed = [rep.rank for rep in reports if rep.exc_type == "ProcessGroupDestroyed"]
         if destroyed:
             return f"left the process group destroyed (rank(s) {', '.join(map(str, destroyed))})"
+        leaked = [rep for rep in reports if rep.exc_type == "LeakedDispatchMode"]
+        if leaked:
+            return (f"left a dispatch mode active ({leaked[0].message.split(': ', 1)[-1]}) on rank(s) "
+                    f"{', '.join(str(rep.rank) for rep in leaked)}")
         seqs = {rep.rank: rep.info.get("seq") for rep in reports}
         if None not in seqs.values() and len(set(seqs.values())) > 1:
             top = max(seqs.values())

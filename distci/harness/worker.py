@@ -105,6 +105,20 @@ def _init(args: argparse.Namespace) -> DistContext:
     )
 
 
+def _active_dispatch_modes() -> list[str]:
+    """The TorchDispatchModes (FakeTensorMode, ...) still entered on this rank. A test that
+    fails inside `with FakeTensorMode():` machinery can leave one active, and every later
+    test on the rank then fails with "Please convert all Tensors to FakeTensors first"."""
+    try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    except ImportError:  # a torch without the helper
+        return []
+    try:
+        return [type(mode).__name__ for mode in _get_current_dispatch_mode_stack()]
+    except Exception:  # noqa: BLE001 - a private API that changed: no evidence either way
+        return []
+
+
 def _health(ctx: DistContext, check: HealthCheck) -> RankReport:
     """This rank's answer to a HealthCheck (see there); `info` carries what the controller
     compares across ranks: the process group's collective sequence number."""
@@ -118,6 +132,10 @@ def _health(ctx: DistContext, check: HealthCheck) -> RankReport:
     if not dist.is_initialized():
         return RankReport(ctx.rank, "failed", kind="exception", exc_type="ProcessGroupDestroyed",
                           message="the process group is destroyed", info=info)
+    modes = _active_dispatch_modes()
+    if modes:
+        return RankReport(ctx.rank, "failed", kind="exception", exc_type="LeakedDispatchMode",
+                          message=f"a dispatch mode is still active: {', '.join(modes)}", info=info)
     try:
         info["seq"] = int(dist.group.WORLD._get_sequence_number_for_group())
     except Exception:  # noqa: BLE001 - a backend without sequence numbers: the all-reduce decides

@@ -54,6 +54,18 @@ def test_after_unwaited_collective(dist):
     _check_allreduce(dist)
 
 
+@pytest.mark.world_size(2)
+def test_leaves_fake_mode(dist):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    FakeTensorMode().__enter__()  # never exited, as after an exception inside AOTAutograd's tracing
+
+
+@pytest.mark.world_size(2)
+def test_after_leaves_fake_mode(dist):
+    _check_allreduce(dist)
+
+
 # -- process-group timeout follows the marker -----------------------------------------
 @pytest.mark.world_size(2)
 @pytest.mark.dist_timeout(40)
