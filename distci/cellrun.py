@@ -356,7 +356,7 @@ def stack_inputs(cell: Cell, python: str = sys.executable) -> tuple[list, list[s
     """A cell's resolved sources, its requirement lines and pip arguments: what keys its wheelhouse."""
     config = IndexConfig.from_env()
     sources = resolve_sources(cell.sources, config, variant=cell.variant, python=python)
-    reqs = requirement_lines(sources) + list(HARNESS_REQUIREMENTS)
+    reqs = requirement_lines(sources) + list(cell.requirements) + list(HARNESS_REQUIREMENTS)
     return sources, reqs, pip_args(sources, config, variant=cell.variant)
 
 

@@ -22,6 +22,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from packaging.requirements import InvalidRequirement, Requirement
+
 from distci.errors import MatrixError, SelectionError
 from distci.external.spec import DEFAULT_PATH as EXTERNAL_PATH, load_suites
 from distci.sources import Source
@@ -39,10 +41,10 @@ SOURCE_AXES = ("torch", "torchao", "torchtitan", "torch_npu")
 # Product axes: each list-valued one multiplies the cells of its block; they make the id.
 AXES = ("accelerator", "arch", "variant", *SOURCE_AXES, "fixes", "world_size")
 # Attributes: carried by every cell of the block, never part of the id.
-ATTRIBUTES = ("suites", "tiers", "python", "timeout", "external")
+ATTRIBUTES = ("suites", "tiers", "python", "timeout", "external", "requirements")
 BLOCK_KEYS = AXES + ATTRIBUTES
-DEFAULT_KEYS = ("python", "world_size", "suites", "timeout", "tiers", "external", "fixes", "torch", "torchao",
-                "torchtitan")
+DEFAULT_KEYS = ("python", "world_size", "suites", "timeout", "tiers", "external", "requirements", "fixes", "torch",
+                "torchao", "torchtitan")
 TOP_KEYS = ("schema", "defaults", "accelerators", "matrix", "exclude", "include", "tiers")
 ACCELERATOR_KEYS = ("backend", "runner", "archs", "variants", "family", "description")
 TIER_KEYS = ("description", "blocking_suites")
@@ -58,6 +60,7 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
     "timeout": 300,
     "tiers": [],
     "external": [],
+    "requirements": [],
     "fixes": "on",
     "torchao": "none",
     "torchtitan": "none",
@@ -103,6 +106,7 @@ class Cell:
     timeout: int = 300
     family: str = ""
     external: tuple[str, ...] = ()  # suites of suites/external.toml, run after `suites`
+    requirements: tuple[str, ...] = ()  # extra pip requirement lines installed with the stack
 
     @property
     def id(self) -> str:
@@ -140,6 +144,7 @@ class Cell:
             "python": self.python,
             "timeout": self.timeout,
             "external": list(self.external),
+            "requirements": list(self.requirements),
         }
 
 
@@ -434,6 +439,17 @@ class _Loader:
                 raise self.loc.error(f"{label}: unknown external suite '{name}'{hint}", section, "external")
         return names
 
+    def _requirements(self, value: Any, label: str, section: tuple[str, int]) -> tuple[str, ...]:
+        lines = self._strings(value, "requirements", label, section)
+        for line in lines:
+            try:
+                Requirement(line)
+            except InvalidRequirement as exc:
+                why = str(exc).splitlines()[0]
+                raise self.loc.error(f"{label}: requirements entry {line!r} is not a pip requirement ({why})",
+                                     section, "requirements") from None
+        return lines
+
     def _positive_int(self, value: Any, key: str, label: str, section: tuple[str, int]) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise self.loc.error(f"{label}: '{key}' must be a positive integer (got {value!r})", section, key)
@@ -462,6 +478,8 @@ class _Loader:
                 self._strings(value, key, label, section, allow_empty=False)
             elif key == "external":
                 self._external(value, label, section)
+            elif key == "requirements":
+                self._requirements(value, label, section)
             elif key in ("world_size", "timeout"):
                 for v in listed:
                     self._positive_int(v, key, label, section)
@@ -497,6 +515,7 @@ class _Loader:
         suites = self._strings(merged["suites"], "suites", label, section, allow_empty=False)
         cell_tiers = self._tier_names(merged["tiers"], label, section, tiers)
         external = self._external(merged["external"], label, section)
+        requirements = self._requirements(merged["requirements"], label, section)
         python = merged["python"]
         if not isinstance(python, str) or not python:
             raise self.loc.error(f"{label}: 'python' must be a string like \"3.11\"", section, "python")
@@ -542,7 +561,7 @@ class _Loader:
                     accelerator=acc_name, arch=arch, variant=variant, torch=torch, torchao=ao,
                     torchtitan=titan, torch_npu=npu, fixes=fix, world_size=ws, suites=suites,
                     tiers=cell_tiers, runner=acc.runner, backend=acc.backend, python=python,
-                    timeout=timeout, family=acc.family, external=external,
+                    timeout=timeout, family=acc.family, external=external, requirements=requirements,
                 ))
         return cells
 

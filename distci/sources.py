@@ -53,14 +53,14 @@ from packaging.version import InvalidVersion, Version
 
 from distci.errors import ConfigError, InfraError, MatrixError, SourceError
 
-KINDS = ("release", "nightly", "test", "wheelhouse", "git", "none")
+KINDS = ("release", "latest", "nightly", "test", "wheelhouse", "git", "installed", "none")
 
 # Short names used in cell ids; any other package uses its own (sanitized) name.
 ID_PREFIX = {"torch": "torch", "torchao": "ao", "torchtitan": "titan", "torch_npu": "npu"}
 
 ALLOWED_FORMS = (
-    "a version ('2.13.0'), a PEP 440 specifier ('>=2.13,<2.15'), 'nightly', "
-    "'nightly:YYYY-MM-DD', 'test:VERSION', 'wheelhouse:NAME', 'git:NAME@REV' or 'none'"
+    "a version ('2.13.0'), a PEP 440 specifier ('>=2.13,<2.15'), 'latest', 'nightly', "
+    "'nightly:YYYY-MM-DD', 'test:VERSION', 'wheelhouse:NAME', 'git:NAME@REV', 'installed' or 'none'"
 )
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
@@ -95,8 +95,13 @@ class Source:
 
     `spec` by kind: release/test -> a PEP 440 specifier (``==2.13.0``); nightly -> ``""``
     (newest) or a date ``YYYY-MM-DD``; wheelhouse -> the wheelhouse NAME; git ->
-    ``NAME@REV``; none -> ``""``. `resolved` is an exact version (or, for git, a
-    ``git+URL@SHA`` reference) and never part of the cell id.
+    ``NAME@REV``; latest, installed, none -> ``""``. `resolved` is an exact version (or,
+    for git, a ``git+URL@SHA`` reference) and never part of the cell id.
+
+    ``latest`` is the newest final release on the index at run time, so a cell follows
+    releases without an edit of matrix.toml. ``installed`` is whatever the interpreter
+    a run is given already has: nothing is downloaded or installed for it
+    (distci.installed), and the Stack records the version found with source=installed.
     """
 
     package: str
@@ -117,8 +122,8 @@ class Source:
             hint = f" (quote it: {package} = \"{value}\")" if isinstance(value, (int, float)) else ""
             raise bad(f"must be a string{hint}; allowed: {ALLOWED_FORMS}")
         text = value.strip()
-        if text == "none":
-            return cls(package, "none", "", value)
+        if text in ("none", "latest", "installed"):
+            return cls(package, text, "", value)
         if text == "nightly":
             return cls(package, "nightly", "", value)
         if text.startswith("nightly:"):
@@ -160,8 +165,8 @@ class Source:
         return f"{prefix}_{self._id_body()}"
 
     def _id_body(self) -> str:
-        if self.kind == "none":
-            return "none"
+        if self.kind in ("none", "latest", "installed"):
+            return self.kind
         if self.kind == "nightly":
             return "nightly" + self.spec.replace("-", "")
         if self.kind == "release":
@@ -190,7 +195,7 @@ class Source:
     @property
     def is_exact(self) -> bool:
         """True when pip can install this source without asking an index what is newest."""
-        if self.kind in ("none",) or self.resolved:
+        if self.kind in ("none", "installed") or self.resolved:
             return True
         if self.kind in ("release", "test"):
             return _exact_version(self.spec) is not None
@@ -336,7 +341,7 @@ def requirement_lines(sources: Iterable[Source]) -> list[str]:
     """pip requirement lines for the sources; nightly and git sources must be resolved first."""
     lines: list[str] = []
     for source in sources:
-        if source.kind == "none":
+        if source.kind in ("none", "installed"):
             continue
         if source.kind == "git":
             if not source.resolved:
@@ -347,7 +352,7 @@ def requirement_lines(sources: Iterable[Source]) -> list[str]:
             lines.append(f"{source.package} @ {source.resolved}")
         elif source.resolved:
             lines.append(f"{source.package}=={source.resolved}")
-        elif source.kind == "nightly":
+        elif source.kind in ("nightly", "latest"):
             raise SourceError(
                 f"{source.package} = '{source.declared}' is not resolved to a version; "
                 "call distci.sources.resolve_sources first"
@@ -592,7 +597,8 @@ def list_candidates(
 
     nightly -> dev builds on the nightly index compatible with `tags` (default: this
     interpreter), restricted to the declared date if any; release/test -> versions
-    matching the specifier; wheelhouse -> compatible wheels in its directory.
+    matching the specifier; latest -> final releases only (no pre-releases, no dev builds);
+    wheelhouse -> compatible wheels in its directory.
     """
     wanted = set(sys_tags()) if tags is None else set(tags)
     package = source.package
@@ -605,7 +611,7 @@ def list_candidates(
     if source.kind == "wheelhouse":
         entries = list_find_links(str(config.wheelhouse_dir(source)), package)
         return [e for e in entries if e.is_compatible(wanted)]
-    if source.kind in ("release", "test"):
+    if source.kind in ("release", "test", "latest"):
         specs = SpecifierSet(source.spec)
         if source.kind == "test":
             found = list_index_versions(config.index_for(source, variant), package, ca_bundle=config.ca_bundle)
@@ -653,7 +659,7 @@ def resolve(
     python: str = sys.executable,
 ) -> Source:
     """Pin a source to what it means today; the declared value (and so the cell id) stays."""
-    if source.resolved or source.kind == "none":
+    if source.resolved or source.kind in ("none", "installed"):
         return source
     where = f"{source.package} = '{source.declared}'"
     if source.kind == "git":

@@ -13,9 +13,13 @@ and ``manifest.json`` (what was asked, what was resolved, when, how long). It is
 in a temporary sibling directory and renamed into place only when complete, so a
 crash never leaves a half wheelhouse that looks finished.
 
-pip (never uv) does the work, so the machine's pip configuration (pip.conf, PIP_*
-variables, a proxy's CA bundle) applies to downloads. That configuration is not part of
-the key: a wheelhouse is local to the machine that built it.
+pip does the downloads, so the machine's pip configuration (pip.conf, PIP_* variables,
+a proxy's CA bundle) applies to them; installs from a finished wheelhouse use uv (see
+distci.envs), which needs no configuration at all. What of that configuration can change
+what resolves (indexes, find-links, constraints, --pre; their UV_* twins) is part of the
+key (`resolution_environment`): the same requirements under a torch<=2.14.1 constraint
+and without it are two wheelhouses, never one reused for the other. A constraints file
+is keyed by its content, not its path, so two empty files are the same input.
 
 Durable storage for runners: point ``DISTCI_WHEELHOUSE_ROOT`` at a disk that outlives
 jobs, and cap it with ``DISTCI_WHEELHOUSE_MAX_GB``. Every use stamps the wheelhouse
@@ -42,7 +46,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
@@ -96,7 +100,8 @@ def interpreter_tags(python: str = sys.executable) -> dict[str, str]:
 
 
 def wheelhouse_key(requirements: Sequence[str], pip_args: Sequence[str], tags: dict[str, str],
-                   extra_wheel_hashes: Sequence[str] = ()) -> str:
+                   extra_wheel_hashes: Sequence[str] = (), environment: Mapping[str, str] | None = None) -> str:
+    """The content address of a wheelhouse; `environment` is `resolution_environment()`'s answer."""
     payload = {
         "requirements": sorted(r.strip() for r in requirements),
         "pip_args": list(pip_args),
@@ -104,7 +109,79 @@ def wheelhouse_key(requirements: Sequence[str], pip_args: Sequence[str], tags: d
         "platform": tags["platform"],
         "extra_wheels": sorted(extra_wheel_hashes),
     }
+    if environment:
+        payload["environment"] = dict(sorted(environment.items()))
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+# pip options (config-file spelling) and uv variables that change what a resolution picks.
+# Options that only change how (timeouts, certificates, progress, cache) are left out.
+RESOLUTION_OPTIONS = ("index-url", "extra-index-url", "find-links", "no-index", "constraint", "pre",
+                      "only-binary", "no-binary", "prefer-binary", "upgrade-strategy", "use-feature",
+                      "use-deprecated", "platform", "python-version", "implementation", "abi")
+UV_RESOLUTION_VARS = ("UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX", "UV_FIND_LINKS",
+                      "UV_NO_INDEX", "UV_CONSTRAINT", "UV_OVERRIDE", "UV_BUILD_CONSTRAINT", "UV_PRERELEASE",
+                      "UV_INDEX_STRATEGY", "UV_RESOLUTION", "UV_EXCLUDE_NEWER", "UV_TORCH_BACKEND",
+                      "UV_NO_BINARY", "UV_ONLY_BINARY", "UV_CONFIG_FILE", "UV_NO_CONFIG")
+_FILE_OPTIONS = ("constraint", "UV_CONSTRAINT", "UV_OVERRIDE", "UV_BUILD_CONSTRAINT", "UV_CONFIG_FILE")
+
+
+def _pip_var(option: str) -> str:
+    return "PIP_" + option.upper().replace("-", "_")
+
+
+def _files_digest(value: str) -> str:
+    """Constraint files by content: ``sha256:...`` per file (``missing:PATH`` for an absent one)."""
+    parts = []
+    for item in value.split():
+        path = Path(item[len("file://"):] if item.startswith("file://") else item).expanduser()
+        parts.append(f"sha256:{sha256_file(path)}" if path.is_file() else f"missing:{item}")
+    return " ".join(parts)
+
+
+def pip_config_values(python: str = sys.executable) -> dict[str, str]:
+    """pip's configuration files as pip reads them (``pip config list``), environment excluded.
+
+    Keys are ``section.option`` (``global.constraint``); a later file overrides an earlier
+    one as in pip itself. An interpreter without pip has no configuration to honour.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    proc = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True, env=env)
+    values: dict[str, str] = {}
+    if proc.returncode != 0:
+        return values
+    for line in proc.stdout.splitlines():
+        name, sep, raw = line.partition("=")
+        if sep and not name.startswith(":env:"):
+            values[name.strip()] = raw.strip().strip("'\"")
+    return values
+
+
+def resolution_environment(python: str = sys.executable, environ: Mapping[str, str] | None = None,
+                           config: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The pip/uv settings outside our arguments that change what a download resolves to.
+
+    PIP_* variables override pip's config files (so ``PIP_CONSTRAINT=<empty file>`` lifts a
+    configured cap); the result names each setting where it came from (``env:PIP_CONSTRAINT``,
+    ``pip.conf:global.constraint``), with constraint files replaced by their content hash.
+    """
+    env = os.environ if environ is None else environ
+    conf = pip_config_values(python) if config is None else config
+    found: dict[str, str] = {}
+    for option in RESOLUTION_OPTIONS:
+        var = _pip_var(option)
+        if var in env:
+            value = env[var]
+            found[f"env:{var}"] = _files_digest(value) if option in _FILE_OPTIONS else value
+            continue
+        for name, value in conf.items():
+            section, _, key = name.partition(".")
+            if key == option and section in ("global", "install", "wheel", "download"):
+                found[f"pip.conf:{name}"] = _files_digest(value) if option in _FILE_OPTIONS else value
+    for var in UV_RESOLUTION_VARS:
+        if var in env:
+            found[f"env:{var}"] = _files_digest(env[var]) if var in _FILE_OPTIONS else env[var]
+    return found
 
 
 @contextlib.contextmanager
@@ -215,7 +292,8 @@ def ensure_wheelhouse(
         if not wheel.is_file():
             raise InfraError(f"extra wheel {wheel} does not exist")
     tags = interpreter_tags(python)
-    full_key = wheelhouse_key(requirements, pip_args, tags, [sha256_file(w) for w in extra])
+    environment = resolution_environment(python)
+    full_key = wheelhouse_key(requirements, pip_args, tags, [sha256_file(w) for w in extra], environment)
     key = full_key[:KEY_LENGTH]
     final = root / key
     root.mkdir(parents=True, exist_ok=True)
@@ -235,7 +313,8 @@ def ensure_wheelhouse(
             if final.exists():
                 log(f"wheelhouse {key}: {final} is incomplete or damaged; rebuilding it")
                 shutil.rmtree(final)
-            found = _build(list(requirements), list(pip_args), final, full_key, tags, python, extra, log)
+            found = _build(list(requirements), list(pip_args), final, full_key, tags, python, extra, log,
+                           environment)
     return _used(found, root, cap, log)
 
 
@@ -367,7 +446,8 @@ def _remove_unlocked(root: Path, path: Path) -> bool:
 
 
 def _build(requirements: list[str], pip_args: list[str], final: Path, full_key: str,
-           tags: dict[str, str], python: str, extra: list[Path], log: Log) -> Wheelhouse:
+           tags: dict[str, str], python: str, extra: list[Path], log: Log,
+           environment: Mapping[str, str]) -> Wheelhouse:
     key = final.name
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-{key}-", dir=final.parent))
     try:
@@ -413,6 +493,7 @@ def _build(requirements: list[str], pip_args: list[str], final: Path, full_key: 
             "python": tags["python"],
             "platform": tags["platform"],
             "extra_wheels": [w.name for w in extra],
+            "environment": {k: redact_url(v) if "://" in v else v for k, v in environment.items()},
             "wheels": wheels,
             "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "duration_s": round(duration, 1),

@@ -428,6 +428,28 @@ def test_repository_matrix() -> None:
     assert set(matrix.tiers) == {"pr", "nightly", "release"}
 
 
+def test_repository_matrix_tracks_the_new_releases() -> None:
+    matrix = load_matrix(REPO / "matrix.toml")
+    ids = {c.id for c in matrix.cells}
+    assert {"cpu-cpu-torch_2.15.0-ao_0.18.0-ws2-fix_on", "cpu-cpu-torch_2.15.0-ao_0.18.0-ws2-fix_off",
+            "cuda-cu132-torch_2.15.0-ao_0.18.0-ws2-fix_on", "cpu-cpu-torch_latest-ao_latest-ws2-fix_on",
+            "cpu-cpu-torch_2.13.0-ao_0.18.0-titan_0.3.0-ws2-fix_on"} <= ids
+    assert any(c.torch_npu and c.torch_npu.spec == "~=2.14.0" for c in matrix.cells)
+    titan = matrix.cell("cpu-cpu-torch_2.13.0-ao_0.18.0-titan_0.3.0-ws2-fix_on")
+    assert any(r.startswith("triton") for r in titan.requirements)
+    installed = [c for c in matrix.cells if c.torch.kind == "installed"]
+    assert installed and all(not c.tiers for c in installed)
+
+
+def test_requirements_attribute_is_validated(tmp_path: Path) -> None:
+    matrix = load_matrix(write(tmp_path, '[[matrix]]\naccelerator = "cpu"\ntorch = "2.12.0"\n'
+                                         'requirements = ["triton==3.7.1"]\n'))
+    (cell,) = [c for c in matrix.cells if c.requirements]
+    assert cell.requirements == ("triton==3.7.1",) and "requirements" in cell.as_dict()
+    message = error_of(tmp_path, '[[matrix]]\naccelerator = "cpu"\ntorch = "2.12.0"\nrequirements = ["triton=>3"]\n')
+    assert "requirements entry 'triton=>3' is not a pip requirement" in message
+
+
 # ----------------------------------------------------------------------------- external suites
 
 EXTERNAL = """\

@@ -152,7 +152,7 @@ def test_parse(package: str, value: str, kind: str, spec: str, fragment: str) ->
 @pytest.mark.parametrize(
     "value",
     [
-        "latest",
+        "newest",
         "2.13.0.banana",
         ">=>2",
         "",
@@ -304,6 +304,28 @@ def test_release_candidates_from_configured_index(index: Path) -> None:
     source = Source.parse("tinytorch", ">=0.1")
     assert [str(e.version) for e in list_candidates(source, config)] == ["0.9.0"]
     assert resolve(source, config).resolved == "0.9.0"
+
+
+def test_latest_is_the_newest_final_release(tmp_path: Path) -> None:
+    project = tmp_path / "simple" / "tinytorch"
+    project.mkdir(parents=True)
+    for version in ("1.0", "1.2", "1.10rc1", "1.3.dev20260101"):
+        write_wheel(project, "tinytorch", version)
+    config = IndexConfig.from_env({"DISTCI_INDEX_URL": (tmp_path / "simple").as_uri()})
+    latest = Source.parse("tinytorch", "latest")
+    assert not latest.is_exact
+    with pytest.raises(SourceError, match="resolve_sources"):
+        requirement_lines([latest])
+    (found,) = resolve_sources([latest], config)
+    assert (found.resolved, found.id_fragment, found.declared) == ("1.2", "tinytorch_latest", "latest")
+    assert requirement_lines([found]) == ["tinytorch==1.2"]
+
+
+def test_installed_needs_no_download() -> None:
+    installed = Source.parse("torch", "installed")
+    assert (installed.kind, installed.id_fragment, installed.is_exact) == ("installed", "torch_installed", True)
+    assert requirement_lines([installed, Source.parse("torchao", "0.17.0")]) == ["torchao==0.17.0"]
+    assert resolve(installed, IndexConfig.from_env({})) is installed
 
 
 def test_wheelhouse_source(tmp_path: Path) -> None:
