@@ -9,9 +9,23 @@ regression test twice through the harness: with `DISTCI_FIXES=none` and with
     needed             off fails, on passes: the fix earns its keep here
     obsolete since X   off passes here and on every later version from X on
     not affected       off passes here, but a later version needs the fix
+    absent in every audited version   off passes on every version audited
     broken             on fails (the fix does not fix, or breaks what worked)
     n/a                the test skipped itself on this stack
     infra              the environment or the run never came up
+
+X is the first audited version where the bug is absent after one where it was present,
+so it depends on the versions audited, never on which of them is the oldest.
+
+A fix whose target is a third-party package (torchtitan) is audited once per version of
+that package (`--package torchtitan==0.2.2 --package torchtitan==0.3.0`): the package is
+installed into a venv of its own next to each torch version's, for every torch version
+in the fix's range, and the rows are judged per package version.
+
+Venvs are built with uv when it is on PATH (it links wheels from its cache, so the
+per-package venvs cost seconds), else with pip; pip honours the machine's pip
+configuration (a constraints file capping torch needs PIP_CONSTRAINT pointed elsewhere
+for newer torch).
 
 Results go to .distci/audit/<stamp>/ (audit.json, audit.md) and the terminal (rich).
 `--report PATH` also writes the markdown table there (reports/fix-audit.md in the repo).
@@ -24,6 +38,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -36,7 +51,12 @@ from distci.errors import ConfigError, InfraError
 
 REPO = Path(__file__).resolve().parent.parent
 FIXES_DIR = REPO / "fixes"
-DEFAULT_VERSIONS = ("2.5.1", "2.6.0", "2.7.0", "2.8.0", "2.10.0", "2.13.0", "2.14.1")
+DEFAULT_VERSIONS = ("2.5.1", "2.6.0", "2.7.0", "2.8.0", "2.10.0", "2.13.0", "2.14.1", "2.15.0")
+DEFAULT_PACKAGES = ("torchtitan==0.2.2", "torchtitan==0.3.0")
+"""The third-party package versions a fix for that package is audited against."""
+PACKAGE_COMPANIONS = ("triton",)
+"""Installed with a third-party package: torchtitan 0.3 imports triton, which CPU torch builds lack
+(a CUDA build pins its own, and the resolver keeps that pin)."""
 VENV_PACKAGES = ("pytest", "packaging", "numpy")
 TORCH_INDEX_ENV = "DISTCI_TORCH_INDEX_URL"
 """Optional extra index for torch wheels (configuration, never committed)."""
@@ -49,6 +69,7 @@ build = TorchBuild.current()
 mode = sys.argv[1]
 only = [i for i in sys.argv[2].split(",") if i] or None
 out = {"torch": torch.__version__, "git_version": getattr(torch.version, "git_version", ""),
+       "targets": {f.id: f.target for f in distci_fixes.all_fixes()},
        "autoload_hook": hasattr(torch, "_import_device_backends"),
        "fixes_module": "distci_fixes" in sys.modules}
 if mode == "off":
@@ -84,12 +105,14 @@ class AuditRow:
     off: TestRun
     on: TestRun
     verdict: str = ""
+    package: str = ""  # the third-party package installed for this row ("torchtitan==0.3.0"), if any
 
 
 @dataclass
 class Audit:
     versions: list[str]
     rows: list[AuditRow] = field(default_factory=list)
+    packages: list[str] = field(default_factory=list)
     autoload: dict[str, bool] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     started: str = ""
@@ -99,8 +122,13 @@ class Audit:
 # --- environments ---------------------------------------------------------------------
 
 
-def venv_python(root: Path, version: str) -> Path:
-    return root / version / "bin" / "python"
+def venv_python(root: Path, name: str) -> Path:
+    return root / name / "bin" / "python"
+
+
+def venv_name(version: str, packages: Sequence[str] = ()) -> str:
+    """torch 2.13.0 alone: `2.13.0`; with torchtitan 0.3.0: `2.13.0+torchtitan-0.3.0`."""
+    return "+".join([version, *(p.replace("==", "-") for p in packages)])
 
 
 def _run(cmd: Sequence[str], *, env: Optional[dict] = None, timeout: float = 3600, cwd: Path = REPO
@@ -108,40 +136,69 @@ def _run(cmd: Sequence[str], *, env: Optional[dict] = None, timeout: float = 360
     return subprocess.run(list(map(str, cmd)), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def _installed_torch(python: Path) -> Optional[str]:
+def _installed(python: Path, dist: str = "torch") -> Optional[str]:
     if not python.exists():
         return None
-    proc = _run([python, "-c", "import importlib.metadata as m; print(m.version('torch'))"], timeout=120)
+    proc = _run([python, "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"], timeout=120)
     return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def _installed_torch(python: Path) -> Optional[str]:
+    return _installed(python, "torch")
 
 
 def _fixes_stamp() -> str:
     return hashlib.sha256((FIXES_DIR / "pyproject.toml").read_bytes()).hexdigest()[:16]
 
 
-def ensure_venv(root: Path, version: str, log=print) -> Path:
-    """The venv for `version` under root/<version>: reused when its torch matches.
+def _pinned(requirement: str) -> tuple[str, str]:
+    name, sep, version = requirement.partition("==")
+    if not sep or not name.strip() or not version.strip():
+        raise ConfigError(f"--package {requirement!r}: expected NAME==VERSION")
+    return name.strip(), version.strip()
+
+
+def _install(venv: Path, args: Sequence[str], what: str, timeout: float = 3600) -> None:
+    """Install into `venv` with uv (from its cache) when on PATH, else with the venv's pip."""
+    python = venv / "bin" / "python"
+    uv = shutil.which("uv")
+    cmd = [uv, "pip", "install", "-q", "--python", python, *args] if uv else [python, "-m", "pip", "install", "-q",
+                                                                              *args]
+    proc = _run(cmd, timeout=timeout)
+    if proc.returncode != 0:
+        raise InfraError(f"installing {what} failed", log=proc.stderr[-4000:])
+
+
+def ensure_venv(root: Path, version: str, log=print, packages: Sequence[str] = ()) -> Path:
+    """The venv for torch `version` (plus `packages`, NAME==VERSION lines) under root: reused when current.
 
     torch is installed once (the default index serves CUDA builds for old versions;
     they run on CPU). distci-fixes is installed editable, so fix edits need no
     reinstall; it is reinstalled when fixes/pyproject.toml (its entry points) changed.
     """
-    python = venv_python(root, version)
+    name = venv_name(version, packages)
+    path = root / name
+    python = venv_python(root, name)
     have = _installed_torch(python)
-    if have is None or have.split("+")[0] != version:
-        log(f"[{version}] creating venv (torch=={version}, a few GB for CUDA builds)")
-        proc = _run([sys.executable, "-m", "venv", "--clear", root / version], timeout=600)
+    current = have is not None and have.split("+")[0] == version and all(
+        _installed(python, n) == v for n, v in map(_pinned, packages))
+    if not current:
+        log(f"[{name}] creating venv (torch=={version}{''.join(', ' + p for p in packages)})")
+        uv = shutil.which("uv")
+        create = [uv, "venv", "-q", "--python", sys.executable, path] if uv else [sys.executable, "-m", "venv",
+                                                                                 "--clear", path]
+        if uv and path.exists():
+            shutil.rmtree(path)
+        proc = _run(create, timeout=600)
         if proc.returncode != 0:
             raise InfraError(f"venv for torch {version} failed", log=proc.stderr[-4000:])
         extra = ["--extra-index-url", os.environ[TORCH_INDEX_ENV]] if os.environ.get(TORCH_INDEX_ENV) else []
-        proc = _run([python, "-m", "pip", "install", "-q", f"torch=={version}", *VENV_PACKAGES, *extra], timeout=3600)
-        if proc.returncode != 0:
-            raise InfraError(f"pip install torch=={version} failed", log=proc.stderr[-4000:])
-    stamp_file = root / version / ".distci-fixes-stamp"
+        companions = list(PACKAGE_COMPANIONS) if packages else []
+        _install(path, [f"torch=={version}", *packages, *companions, *VENV_PACKAGES, *extra],
+                 f"torch=={version} {' '.join(packages)}".strip())
+    stamp_file = path / ".distci-fixes-stamp"
     if not stamp_file.exists() or stamp_file.read_text() != _fixes_stamp():
-        proc = _run([python, "-m", "pip", "install", "-q", "--no-deps", "-e", FIXES_DIR], timeout=600)
-        if proc.returncode != 0:
-            raise InfraError(f"installing distci-fixes into torch {version} failed", log=proc.stderr[-4000:])
+        _install(path, ["--no-deps", "-e", FIXES_DIR], f"distci-fixes into {name}", timeout=600)
         stamp_file.write_text(_fixes_stamp())
     return python
 
@@ -249,16 +306,26 @@ def _version_key(version: str) -> Any:
     return Version(version)
 
 
+ABSENT_EVERYWHERE = "absent in every audited version"
+
+
 def judge(rows: list[AuditRow]) -> None:
-    """Fill each row's verdict; needs all versions of a fix to place `obsolete since`."""
-    by_fix: dict[str, list[AuditRow]] = {}
+    """Fill each row's verdict; needs all versions of a fix (per package version) to place `obsolete since`.
+
+    `since` is the first version after the last one whose off run failed (the bug
+    present) whose off run passed; a fix whose off run failed nowhere is absent in every
+    audited version, which says nothing about versions before the oldest audited.
+    """
+    by_fix: dict[tuple[str, str], list[AuditRow]] = {}
     for row in rows:
-        by_fix.setdefault(row.fix, []).append(row)
+        by_fix.setdefault((row.fix, row.package), []).append(row)
     for fix_rows in by_fix.values():
         fix_rows.sort(key=lambda r: _version_key(r.torch))
         needed_at = [i for i, r in enumerate(fix_rows) if r.off.outcome == "failed"]
-        last_needed = needed_at[-1] if needed_at else -1
-        since = fix_rows[last_needed + 1].torch if last_needed + 1 < len(fix_rows) else None
+        last_needed = needed_at[-1] if needed_at else None
+        since = None
+        if last_needed is not None:
+            since = next((r.torch for r in fix_rows[last_needed + 1:] if r.off.outcome == "passed"), None)
         for i, row in enumerate(fix_rows):
             if "infra" in (row.off.outcome, row.on.outcome):
                 row.verdict = "infra"
@@ -268,6 +335,8 @@ def judge(rows: list[AuditRow]) -> None:
                 row.verdict = "broken"
             elif row.off.outcome == "failed":
                 row.verdict = "needed"
+            elif last_needed is None:
+                row.verdict = ABSENT_EVERYWHERE
             elif i < last_needed:
                 row.verdict = "not affected"
             else:
@@ -277,10 +346,36 @@ def judge(rows: list[AuditRow]) -> None:
 # --- the audit ------------------------------------------------------------------------
 
 
+def _target_package(target: str) -> str:
+    return target.split(".")[0]
+
+
+def _audit_fix(python: Path, version: str, fix_id: str, test: str, out: Path, extra_env: dict[str, str],
+               timeout: float, log, package: str = "", off: Optional[dict] = None,
+               on: Optional[dict] = None) -> AuditRow:
+    """One row: the fix's regression test off, then with only that fix on (probing first when not given)."""
+    if off is None or on is None:
+        off = probe(python, "none", extra_env, {fix_id})
+        on = probe(python, fix_id, extra_env)
+    record = {r["id"]: r for r in on["report"]}.get(fix_id, {})
+    out.mkdir(parents=True, exist_ok=True)
+    log(f"[{venv_name(version, [package] if package else [])}] {fix_id}: {test} with fixes off, "
+        f"then with {fix_id} on")
+    return AuditRow(fix=fix_id, torch=version, test=test, present=off["present"].get(fix_id),
+                    in_range=off["range"].get(fix_id), status=record.get("status", "?"),
+                    off=run_test(python, test, "none", out, extra_env, timeout),
+                    on=run_test(python, test, fix_id, out, extra_env, timeout), package=package)
+
+
 def audit_version(version: str, root: Optional[Path], out: Path, only: Optional[set[str]],
-                  extra_env: dict[str, str], timeout: float, log=print, python: Optional[Path] = None
-                  ) -> tuple[list[AuditRow], Optional[bool]]:
-    """Audit one torch: the managed venv root/<version>, or `python` as it is."""
+                  extra_env: dict[str, str], timeout: float, log=print, python: Optional[Path] = None,
+                  packages: Sequence[str] = ()) -> tuple[list[AuditRow], Optional[bool]]:
+    """Audit one torch: the managed venv root/<version>, or `python` as it is.
+
+    A fix whose target package is one of `packages`' names is audited once per such
+    package version instead, in root/<version>+<package>-<v> (managed venvs only),
+    for torch versions in its range.
+    """
     vout = out / version
     vout.mkdir(parents=True, exist_ok=True)
     try:
@@ -293,36 +388,59 @@ def audit_version(version: str, root: Optional[Path], out: Path, only: Optional[
         log(f"[{version}] infra: {exc}")
         (vout / "infra.log").write_text(exc.log)
         return [], None
-    statuses = {r["id"]: r for r in on["report"]}
+    by_name: dict[str, list[str]] = {}
+    for requirement in packages if root is not None else ():
+        by_name.setdefault(_pinned(requirement)[0], []).append(requirement)
     rows = []
     for fix_id, test in off["tests"].items():
         if only and fix_id not in only:
             continue
-        fout = vout / fix_id
-        fout.mkdir(exist_ok=True)
-        log(f"[{version}] {fix_id}: {test} with fixes off, then with {fix_id} on")
-        run_off = run_test(python, test, "none", fout, extra_env, timeout)
-        run_on = run_test(python, test, fix_id, fout, extra_env, timeout)
-        record = statuses.get(fix_id, {})
-        rows.append(AuditRow(fix=fix_id, torch=version, test=test, present=off["present"].get(fix_id),
-                             in_range=off["range"].get(fix_id), status=record.get("status", "?"),
-                             off=run_off, on=run_on))
+        wanted = by_name.get(_target_package(off.get("targets", {}).get(fix_id, "")), [])
+        if not wanted:
+            rows.append(_audit_fix(python, version, fix_id, test, vout / fix_id, extra_env, timeout, log,
+                                   off=off, on=on))
+            continue
+        for requirement in wanted:
+            fout = vout / f"{fix_id}+{requirement.replace('==', '-')}"
+            if off["range"].get(fix_id) is False:
+                not_run = TestRun("skipped", message=f"torch {version} is outside the fix's range: not run")
+                rows.append(AuditRow(fix=fix_id, torch=version, test=test, present=None, in_range=False,
+                                     status="out_of_range", off=not_run, on=not_run, package=requirement))
+                continue
+            try:
+                assert root is not None
+                with_package = ensure_venv(root, version, log, packages=[requirement])
+                rows.append(_audit_fix(with_package, version, fix_id, test, fout, extra_env, timeout, log,
+                                       package=requirement))
+            except InfraError as exc:
+                log(f"[{version} {requirement}] infra: {exc}")
+                fout.mkdir(parents=True, exist_ok=True)
+                (fout / "infra.log").write_text(exc.log)
+                infra = TestRun("infra", message=str(exc))
+                rows.append(AuditRow(fix=fix_id, torch=version, test=test, present=None, in_range=None,
+                                     status="?", off=infra, on=infra, package=requirement))
     return rows, bool(on.get("autoload_hook")) and bool(on.get("fixes_module"))
 
 
 def run_audit(versions: Sequence[str], root: Optional[Path], out_root: Path, only: Optional[set[str]] = None,
               extra_env: Optional[dict[str, str]] = None, timeout: float = 1800, log=print,
-              python: Optional[Path] = None) -> Audit:
-    """Audit `versions` in managed venvs under root, or (python given) that interpreter."""
+              python: Optional[Path] = None, packages: Sequence[str] = ()) -> Audit:
+    """Audit `versions` in managed venvs under root, or (python given) that interpreter.
+
+    `packages` (NAME==VERSION) are the third-party versions fixes for those packages are
+    audited against (managed venvs only: a given interpreter is audited as it is).
+    """
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = out_root / stamp
     out.mkdir(parents=True, exist_ok=True)
     if python is not None:
         versions = [_installed_torch(python) or "unknown"]
-    audit = Audit(versions=list(versions), started=stamp, env=dict(extra_env or {}))
+    audit = Audit(versions=list(versions), started=stamp, env=dict(extra_env or {}),
+                  packages=list(packages) if python is None else [])
     started = time.monotonic()
     for version in versions:
-        rows, autoload = audit_version(version, root, out, only, extra_env or {}, timeout, log, python)
+        rows, autoload = audit_version(version, root, out, only, extra_env or {}, timeout, log, python,
+                                       packages=audit.packages)
         audit.rows += rows
         if autoload is not None:
             audit.autoload[version] = autoload
@@ -350,6 +468,14 @@ def _outcome(run: TestRun) -> str:
     return f"{run.outcome} ({counts})" if run.outcome in ("passed", "failed") else run.outcome
 
 
+def _fix_label(row: AuditRow) -> str:
+    return f"{row.fix} ({row.package.replace('==', ' ')})" if row.package else row.fix
+
+
+def _row_dir(row: AuditRow) -> str:
+    return f"{row.fix}+{row.package.replace('==', '-')}" if row.package else row.fix
+
+
 def to_markdown(audit: Audit) -> str:
     lines = [
         "# Fix audit",
@@ -362,20 +488,23 @@ def to_markdown(audit: Audit) -> str:
         "",
         *([f"Added to every run's environment: {', '.join(f'`{k}={v}`' for k, v in audit.env.items())}.", ""]
           if audit.env else []),
+        *([f"Fixes for a third-party package ran once per version of it ({', '.join(audit.packages)}), in a "
+           "venv with that package next to each torch in the fix's range; `obsolete since` is judged per "
+           "package version.", ""] if audit.packages else []),
         "| fix | torch | bug present | fix applied | off | on | verdict |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in audit.rows:
-        lines.append(f"| {row.fix} | {row.torch} | {_yes_no(row.present)} | {row.status} | "
+        lines.append(f"| {_fix_label(row)} | {row.torch} | {_yes_no(row.present)} | {row.status} | "
                      f"{_outcome(row.off)} | {_outcome(row.on)} | {row.verdict} |")
     lines += ["", "## Upstream errors with fixes off", ""]
     for row in audit.rows:
         if row.off.outcome == "failed":
-            lines.append(f"- {row.fix} @ {row.torch}: `{row.off.message.replace('`', chr(39))}`")
+            lines.append(f"- {_fix_label(row)} @ {row.torch}: `{row.off.message.replace('`', chr(39))}`")
     broken = [r for r in audit.rows if r.verdict == "broken"]
     if broken:
         lines += ["", "## Failures with the fix on", ""]
-        lines += [f"- {r.fix} @ {r.torch}: `{r.on.message.replace('`', chr(39))}`" for r in broken]
+        lines += [f"- {_fix_label(r)} @ {r.torch}: `{r.on.message.replace('`', chr(39))}`" for r in broken]
     lines += ["", "## torch.backends entry point (fixes armed by `import torch`)", ""]
     lines += [f"- torch {v}: {'yes' if ok else 'NO: call distci_fixes.apply()'}" for v, ok in audit.autoload.items()]
     return "\n".join(lines) + "\n"
@@ -388,7 +517,7 @@ def reload(out: Path) -> Audit:
     for raw in data.pop("rows"):
         row = AuditRow(**{**raw, "off": TestRun(**raw["off"]), "on": TestRun(**raw["on"])})
         for run, mode in ((row.off, "none"), (row.on, row.fix)):
-            junit = out / row.torch / row.fix / f"junit-{mode}.xml"
+            junit = out / row.torch / _row_dir(row) / f"junit-{mode}.xml"
             if junit.exists() and run.outcome == "failed":
                 run.message = _first_line(_junit_counts(junit)[3])
         rows.append(row)
@@ -405,7 +534,7 @@ def print_table(audit: Audit) -> None:
     colours = {"needed": "green", "broken": "red", "infra": "yellow"}
     for row in audit.rows:
         colour = colours.get(row.verdict, "cyan" if row.verdict.startswith("obsolete") else "white")
-        table.add_row(row.fix, row.torch, _yes_no(row.present), row.status, _outcome(row.off), _outcome(row.on),
+        table.add_row(_fix_label(row), row.torch, _yes_no(row.present), row.status, _outcome(row.off), _outcome(row.on),
                       f"[{colour}]{row.verdict}[/{colour}]")
     Console().print(table)
 
@@ -442,9 +571,12 @@ def _cmd(args: argparse.Namespace) -> int:
         if args.report:
             Path(args.report).write_text(to_markdown(audit))
         return 0
+    packages = [p for p in (args.package or DEFAULT_PACKAGES) if p != "none"]
+    for requirement in packages:
+        _pinned(requirement)
     audit = run_audit(_versions(args.torch), Path(args.cache), Path(args.out),
                       set(args.fix) if args.fix else None, _extra_env(args.env), args.timeout,
-                      python=Path(args.python) if args.python else None)
+                      python=Path(args.python) if args.python else None, packages=packages)
     print_table(audit)
     if args.report:
         Path(args.report).write_text(to_markdown(audit))
@@ -457,6 +589,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                               description=__doc__.splitlines()[0])
     p.add_argument("--torch", default=",".join(DEFAULT_VERSIONS), help="comma-separated torch versions")
     p.add_argument("--fix", action="append", help="audit only this fix id (repeatable)")
+    p.add_argument("--package", action="append", default=None, metavar="NAME==VERSION",
+                   help="a version of a third-party package fixes target, audited against each torch "
+                        f"(repeatable; default: {' '.join(DEFAULT_PACKAGES)}; 'none' for none)")
     p.add_argument("--cache", default=str(REPO / ".distci" / "torch"),
                    help="venvs per torch version, reused across audits (default .distci/torch/<version>)")
     p.add_argument("--out", default=str(REPO / ".distci" / "audit"), help="where audit.json/audit.md go")

@@ -100,6 +100,7 @@ class RankPool:
         self.pgid: int | None = None
         self.generation = 0
         self.health: list[RankReport] = []
+        self._init_dir: Path | None = None
 
     @property
     def alive(self) -> bool:
@@ -115,7 +116,9 @@ class RankPool:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         trace_dir = self.log_dir / "traces"
         trace_dir.mkdir(exist_ok=True)
-        init_dir = Path(tempfile.mkdtemp(prefix="distci-pg-"))
+        # The FileStore lives as long as the ranks: every new process group a test creates
+        # (a 2-D mesh, torchtitan's own meshes) rendezvouses through it.
+        init_dir = self._init_dir = Path(tempfile.mkdtemp(prefix="distci-pg-"))
         init_file = init_dir / "store"
         env = worker_env(self.device_type, self.world_size, trace_dir)
         for rank in range(self.world_size):
@@ -147,7 +150,6 @@ class RankPool:
                 self.pgid = proc.pid
             self.ranks.append(_Rank(rank, proc, Connection(ours.detach()), dump_ours, log_path))
         self.health = self._collect_health(self.start_timeout_s, "start-up")
-        shutil.rmtree(init_dir, ignore_errors=True)
 
     def _collect_health(self, timeout_s: float, what: str) -> list[RankReport]:
         reports: dict[int, RankReport] = {}
@@ -200,6 +202,9 @@ class RankPool:
                 r.dump_sock.close()
         self.ranks = []
         self.pgid = None
+        if self._init_dir is not None:
+            shutil.rmtree(self._init_dir, ignore_errors=True)
+            self._init_dir = None
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
         for r in self.ranks:
