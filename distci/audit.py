@@ -43,7 +43,7 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -92,6 +92,7 @@ class TestRun:
     skipped: int = 0
     message: str = ""
     seconds: float = 0.0
+    same_as_off: bool = False  # the fix was not applied with it on, so the on run would be the off run
 
 
 @dataclass
@@ -224,11 +225,21 @@ def probe(python: Path, fixes: str, extra_env: dict[str, str], only: Optional[se
     raise InfraError(f"probe with DISTCI_FIXES={fixes} printed nothing", log=(proc.stdout + proc.stderr)[-4000:])
 
 
-def _junit_counts(path: Path) -> tuple[int, int, int, str]:
+def _module_of(test: str) -> str:
+    """pytest's JUnit classname prefix for a test file: suites/regressions/test_x.py -> suites.regressions.test_x."""
+    return (test[:-3] if test.endswith(".py") else test).replace("/", ".")
+
+
+def _junit_counts(path: Path, test: Optional[str] = None) -> tuple[int, int, int, str]:
+    """passed, failed, skipped and the first failure of the testcases (of `test`'s file only, if given)."""
     root = ET.parse(path).getroot()
+    module = _module_of(test) if test else None
     passed = failed = skipped = 0
     message = ""
     for case in root.iter("testcase"):
+        classname = case.get("classname", "")
+        if module and classname != module and not classname.startswith(module + "."):
+            continue
         bad = case.find("failure")
         if bad is None:
             bad = case.find("error")
@@ -243,37 +254,51 @@ def _junit_counts(path: Path) -> tuple[int, int, int, str]:
     return passed, failed, skipped, message
 
 
-def run_test(python: Path, test: str, fixes: str, out: Path, extra_env: dict[str, str],
-             timeout: float) -> TestRun:
-    """One pytest run of `test` through the harness with DISTCI_FIXES=fixes."""
+def run_tests(python: Path, tests: Sequence[str], fixes: str, out: Path, extra_env: dict[str, str],
+              timeout: float) -> dict[str, TestRun]:
+    """One pytest run of `tests` through the harness with DISTCI_FIXES=fixes: a TestRun per file.
+
+    One run for several files starts the rank pool once, which is most of a small test's cost.
+    """
+    out.mkdir(parents=True, exist_ok=True)
     junit = out / f"junit-{fixes.replace(',', '+')}.xml"
     log = out / f"pytest-{fixes.replace(',', '+')}.log"
     started = time.monotonic()
     cmd = [python, "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-q", "-rfEs",
-           test, f"--junitxml={junit}"]
+           *tests, f"--junitxml={junit}"]
+    budget = timeout * max(1, len(tests))
     try:
-        proc = _run(cmd, env=_env(fixes, extra_env), timeout=timeout)
+        proc = _run(cmd, env=_env(fixes, extra_env), timeout=budget)
         text = proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
-        text = f"timeout after {timeout:.0f}s\n{exc.stdout or ''}"
-        log.write_text(text)
-        return TestRun("infra", message=f"timeout after {timeout:.0f}s", seconds=time.monotonic() - started)
+        log.write_text(f"timeout after {budget:.0f}s\n{exc.stdout or ''}")
+        return {t: TestRun("infra", message=f"timeout after {budget:.0f}s", seconds=time.monotonic() - started)
+                for t in tests}
     log.write_text(text)
     seconds = time.monotonic() - started
     if not junit.exists():
-        return TestRun("infra", message=text.strip().splitlines()[-1] if text.strip() else "no output",
-                       seconds=seconds)
-    passed, failed, skipped, message = _junit_counts(junit)
-    if failed:
-        outcome = "failed"
-    elif passed:
-        outcome = "passed"
-    elif skipped:
-        outcome = "skipped"
-    else:
-        outcome = "infra"
-        message = message or "no test ran"
-    return TestRun(outcome, passed, failed, skipped, _first_line(message), seconds)
+        last = text.strip().splitlines()[-1] if text.strip() else "no output"
+        return {t: TestRun("infra", message=last, seconds=seconds) for t in tests}
+    runs = {}
+    for test in tests:
+        passed, failed, skipped, message = _junit_counts(junit, test)
+        if failed:
+            outcome = "failed"
+        elif passed:
+            outcome = "passed"
+        elif skipped:
+            outcome = "skipped"
+        else:
+            outcome = "infra"
+            message = message or "no test ran"
+        runs[test] = TestRun(outcome, passed, failed, skipped, _first_line(message), seconds)
+    return runs
+
+
+def run_test(python: Path, test: str, fixes: str, out: Path, extra_env: dict[str, str],
+             timeout: float) -> TestRun:
+    """One pytest run of `test` through the harness with DISTCI_FIXES=fixes."""
+    return run_tests(python, [test], fixes, out, extra_env, timeout)[test]
 
 
 _KIND_PREFIX = re.compile(r"(?:Failed: )?\[(?:assert|exception|timeout|hang|crash|infra)\] ")
@@ -350,21 +375,35 @@ def _target_package(target: str) -> str:
     return target.split(".")[0]
 
 
-def _audit_fix(python: Path, version: str, fix_id: str, test: str, out: Path, extra_env: dict[str, str],
-               timeout: float, log, package: str = "", off: Optional[dict] = None,
-               on: Optional[dict] = None) -> AuditRow:
-    """One row: the fix's regression test off, then with only that fix on (probing first when not given)."""
-    if off is None or on is None:
-        off = probe(python, "none", extra_env, {fix_id})
-        on = probe(python, fix_id, extra_env)
-    record = {r["id"]: r for r in on["report"]}.get(fix_id, {})
-    out.mkdir(parents=True, exist_ok=True)
-    log(f"[{venv_name(version, [package] if package else [])}] {fix_id}: {test} with fixes off, "
-        f"then with {fix_id} on")
-    return AuditRow(fix=fix_id, torch=version, test=test, present=off["present"].get(fix_id),
-                    in_range=off["range"].get(fix_id), status=record.get("status", "?"),
-                    off=run_test(python, test, "none", out, extra_env, timeout),
-                    on=run_test(python, test, fix_id, out, extra_env, timeout), package=package)
+NOT_APPLIED = ("out_of_range", "not_needed", "disabled")
+
+
+def _audit_fixes(python: Path, version: str, fixes: Sequence[tuple[str, str]], out: Path,
+                 extra_env: dict[str, str], timeout: float, log, off: dict, on: dict,
+                 package: str = "") -> list[AuditRow]:
+    """Rows for `fixes` (id, test) in one venv: every test with fixes off in one pytest run,
+    then each test with only its fix on, where that fix is applied (where it is not, the
+    process is the off one, and the off run stands for it: `same_as_off`)."""
+    if not fixes:
+        return []
+    where = venv_name(version, [package] if package else [])
+    tests = sorted({test for _, test in fixes})
+    log(f"[{where}] fixes off: {', '.join(tests)}")
+    offs = run_tests(python, tests, "none", out, extra_env, timeout)
+    statuses = {r["id"]: r.get("status", "?") for r in on["report"]}
+    rows = []
+    for fix_id, test in fixes:
+        status = statuses.get(fix_id, "?")
+        run_off = offs[test]
+        if status in NOT_APPLIED:
+            run_on = replace(run_off, same_as_off=True)
+        else:
+            log(f"[{where}] {fix_id} on: {test}")
+            run_on = run_test(python, test, fix_id, out / fix_id, extra_env, timeout)
+        rows.append(AuditRow(fix=fix_id, torch=version, test=test, present=off["present"].get(fix_id),
+                             in_range=off["range"].get(fix_id), status=status, off=run_off, on=run_on,
+                             package=package))
+    return rows
 
 
 def audit_version(version: str, root: Optional[Path], out: Path, only: Optional[set[str]],
@@ -391,16 +430,11 @@ def audit_version(version: str, root: Optional[Path], out: Path, only: Optional[
     by_name: dict[str, list[str]] = {}
     for requirement in packages if root is not None else ():
         by_name.setdefault(_pinned(requirement)[0], []).append(requirement)
-    rows = []
-    for fix_id, test in off["tests"].items():
-        if only and fix_id not in only:
-            continue
-        wanted = by_name.get(_target_package(off.get("targets", {}).get(fix_id, "")), [])
-        if not wanted:
-            rows.append(_audit_fix(python, version, fix_id, test, vout / fix_id, extra_env, timeout, log,
-                                   off=off, on=on))
-            continue
-        for requirement in wanted:
+    chosen = [(fix_id, test) for fix_id, test in off["tests"].items() if not only or fix_id in only]
+    own = [(f, t) for f, t in chosen if not by_name.get(_target_package(off.get("targets", {}).get(f, "")))]
+    rows = _audit_fixes(python, version, own, vout, extra_env, timeout, log, off, on)
+    for fix_id, test in chosen:
+        for requirement in by_name.get(_target_package(off.get("targets", {}).get(fix_id, "")), []):
             fout = vout / f"{fix_id}+{requirement.replace('==', '-')}"
             if off["range"].get(fix_id) is False:
                 not_run = TestRun("skipped", message=f"torch {version} is outside the fix's range: not run")
@@ -410,8 +444,10 @@ def audit_version(version: str, root: Optional[Path], out: Path, only: Optional[
             try:
                 assert root is not None
                 with_package = ensure_venv(root, version, log, packages=[requirement])
-                rows.append(_audit_fix(with_package, version, fix_id, test, fout, extra_env, timeout, log,
-                                       package=requirement))
+                package_off = probe(with_package, "none", extra_env, {fix_id})
+                package_on = probe(with_package, fix_id, extra_env)
+                rows += _audit_fixes(with_package, version, [(fix_id, test)], fout, extra_env, timeout, log,
+                                     package_off, package_on, package=requirement)
             except InfraError as exc:
                 log(f"[{version} {requirement}] infra: {exc}")
                 fout.mkdir(parents=True, exist_ok=True)
@@ -464,6 +500,8 @@ def _yes_no(value: Optional[bool]) -> str:
 
 
 def _outcome(run: TestRun) -> str:
+    if run.same_as_off:
+        return "= off (not applied)"
     counts = f"{run.passed}/{run.passed + run.failed + run.skipped}"
     return f"{run.outcome} ({counts})" if run.outcome in ("passed", "failed") else run.outcome
 
@@ -484,7 +522,9 @@ def to_markdown(audit: Audit) -> str:
         f"{audit.seconds / 60:.0f} min). Each fix's regression test ran through the harness with "
         "`DISTCI_FIXES=none` (off) and with only that fix on (on); off/on show passed/total test cases "
         "(a case that skips itself, such as a GPU-only one on CPU, counts in the total). "
-        "`bug present` is the fix's detect() with fixes off; `fix applied` its status with fixes on.",
+        "`bug present` is the fix's detect() with fixes off; `fix applied` its status with fixes on. "
+        "`= off (not applied)`: with it on the fix was not applied (out of range, or detect() found the bug "
+        "absent), so that process is the off one and the off run stands for the on run.",
         "",
         *([f"Added to every run's environment: {', '.join(f'`{k}={v}`' for k, v in audit.env.items())}.", ""]
           if audit.env else []),
@@ -516,12 +556,29 @@ def reload(out: Path) -> Audit:
     rows = []
     for raw in data.pop("rows"):
         row = AuditRow(**{**raw, "off": TestRun(**raw["off"]), "on": TestRun(**raw["on"])})
-        for run, mode in ((row.off, "none"), (row.on, row.fix)):
-            junit = out / row.torch / _row_dir(row) / f"junit-{mode}.xml"
-            if junit.exists() and run.outcome == "failed":
-                run.message = _first_line(_junit_counts(junit)[3])
+        base = out / row.torch / (_row_dir(row) if row.package else "")
+        for run, junit in ((row.off, base / "junit-none.xml"), (row.on, base / row.fix / f"junit-{row.fix}.xml")):
+            if junit.exists() and run.outcome == "failed" and not run.same_as_off:
+                run.message = _first_line(_junit_counts(junit, row.test)[3])
         rows.append(row)
     return Audit(rows=rows, **data)
+
+
+def merge(audits: Sequence[Audit]) -> Audit:
+    """One audit of several runs' rows (disjoint versions), judged together."""
+    if len(audits) == 1:
+        return audits[0]
+    merged = Audit(versions=sorted({v for a in audits for v in a.versions}, key=_version_key),
+                   packages=sorted({p for a in audits for p in a.packages}),
+                   started=", ".join(a.started for a in audits), seconds=max(a.seconds for a in audits),
+                   env={k: v for a in audits for k, v in a.env.items()})
+    for a in audits:
+        merged.rows += a.rows
+        merged.autoload.update(a.autoload)
+    merged.rows.sort(key=lambda r: (_version_key(r.torch), r.package))
+    merged.autoload = dict(sorted(merged.autoload.items(), key=lambda kv: _version_key(kv[0])))
+    judge(merged.rows)
+    return merged
 
 
 def print_table(audit: Audit) -> None:
@@ -566,7 +623,7 @@ def _extra_env(pairs: Optional[list[str]]) -> dict[str, str]:
 
 def _cmd(args: argparse.Namespace) -> int:
     if args.render:
-        audit = reload(Path(args.render))
+        audit = merge([reload(Path(d)) for d in args.render])
         print_table(audit)
         if args.report:
             Path(args.report).write_text(to_markdown(audit))
@@ -599,8 +656,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--env", action="append", help="KEY=VALUE added to the environment of every run (repeatable)")
     p.add_argument("--python", default=None,
                    help="audit this interpreter's torch as installed instead of managed venvs (--torch ignored)")
-    p.add_argument("--render", default=None, metavar="DIR",
-                   help="print (and with --report write) the table of an earlier audit directory; runs nothing")
+    p.add_argument("--render", action="append", default=None, metavar="DIR",
+                   help="print (and with --report write) the table of earlier audit directories (repeatable: "
+                        "audits of disjoint versions run side by side are merged and judged together); runs nothing")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per pytest run")
     p.set_defaults(fn=_cmd)
     return p
