@@ -79,7 +79,12 @@ def titan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         monkeypatch.syspath_prepend(str(root))
         import importlib
 
-        return importlib.import_module("torchtitan.distributed.tensor_parallel")
+        from distci_fixes.patching import restore
+
+        module = importlib.import_module("torchtitan.distributed.tensor_parallel")
+        if hasattr(module, titan_fix.FUNCTION):
+            restore(module, titan_fix.FUNCTION)  # where distci-fixes is installed, import torch armed the fix
+        return module
 
     yield make
     for name in [m for m in sys.modules if m == "torchtitan" or m.startswith("torchtitan.")]:
