@@ -26,7 +26,7 @@ def probe() -> str:
         from torchtitan.distributed import ParallelDims  # noqa: F401
         from torchtitan.models.llama3 import Transformer, llama3_args, parallelize_llama  # noqa: F401
         from torchtitan.protocols.model_converter import build_model_converters  # noqa: F401
-    except ImportError as err:
+    except Exception as err:  # noqa: BLE001 - a half-importable torchtitan is not this line either
         return f"{type(err).__name__}: {err}"
     params = list(inspect.signature(parallelize_llama).parameters)
     if params[:3] != PARALLELIZE_PARAMS:

@@ -46,7 +46,7 @@ def probe() -> str:
         from torchtitan.models.common.attention import ScaledDotProductAttention  # noqa: F401
         from torchtitan.models.llama3 import Llama3Model, llama3_configs, parallelize_llama  # noqa: F401
         from torchtitan.models.llama3.sharding import set_llama3_sharding_config  # noqa: F401
-    except ImportError as err:
+    except Exception as err:  # noqa: BLE001 - a half-importable torchtitan is not this line either
         return f"{type(err).__name__}: {err}"
     params = inspect.signature(parallelize_llama).parameters
     missing = [k for k in PARALLELIZE_KEYWORDS
