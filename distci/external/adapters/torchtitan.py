@@ -48,7 +48,8 @@ CONFIG = "./tests/integration_tests/base_config.toml"
 RUNNER_FAILED = "Integration test failed"  # run_tests.py re-raising a training run's failure
 NOTHING_RAN = "No tests were run for --test_name"  # run_tests.py's warning, with exit code 0
 LINE_02, LINE_03 = "0.2.x", "0.3.x"
-RUNNER_PARAMS = {LINE_02: ("test_flavor", "full_path", "output_dir"), LINE_03: ("test_flavor", "output_dir")}
+RUNNER_PARAMS = {LINE_02: ("full_path", "output_dir"), LINE_03: ("output_dir",)}
+"""run_single_test's parameters after the flavor, per API line."""
 
 
 # --------------------------------------------------------------------------- in the cell env
@@ -62,9 +63,9 @@ def _api_line() -> tuple[str, str]:
         return "", f"tests.integration_tests.run_tests does not import: {type(err).__name__}: {err}"
     params = tuple(inspect.signature(run_single_test).parameters)
     for line, expected in RUNNER_PARAMS.items():
-        if params[:len(expected)] == expected and (line != LINE_03 or "full_path" not in params):
+        if params[1:1 + len(expected)] == expected:
             return line, ""
-    known = "; ".join(f"{line}: {expected}" for line, expected in RUNNER_PARAMS.items())
+    known = "; ".join(f"{line}: (flavor, {', '.join(expected)}, ...)" for line, expected in RUNNER_PARAMS.items())
     return "", f"run_single_test{params} matches no runner this adapter knows ({known})"
 
 
