@@ -9,9 +9,23 @@ regression test twice through the harness: with `DISTCI_FIXES=none` and with
     needed             off fails, on passes: the fix earns its keep here
     obsolete since X   off passes here and on every later version from X on
     not affected       off passes here, but a later version needs the fix
+    absent in every audited version   off passes on every version audited
     broken             on fails (the fix does not fix, or breaks what worked)
     n/a                the test skipped itself on this stack
     infra              the environment or the run never came up
+
+X is the first audited version where the bug is absent after one where it was present,
+so it depends on the versions audited, never on which of them is the oldest.
+
+A fix whose target is a third-party package (torchtitan) is audited once per version of
+that package (`--package torchtitan==0.2.2 --package torchtitan==0.3.0`): the package is
+installed into a venv of its own next to each torch version's, for every torch version
+in the fix's range, and the rows are judged per package version.
+
+Venvs are built with uv when it is on PATH (it links wheels from its cache, so the
+per-package venvs cost seconds), else with pip; pip honours the machine's pip
+configuration (a constraints file capping torch needs PIP_CONSTRAINT pointed elsewhere
+for newer torch).
 
 Results go to .distci/audit/<stamp>/ (audit.json, audit.md) and the terminal (rich).
 `--report PATH` also writes the markdown table there (reports/fix-audit.md in the repo).
@@ -24,11 +38,12 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -36,7 +51,12 @@ from distci.errors import ConfigError, InfraError
 
 REPO = Path(__file__).resolve().parent.parent
 FIXES_DIR = REPO / "fixes"
-DEFAULT_VERSIONS = ("2.5.1", "2.6.0", "2.7.0", "2.8.0", "2.10.0", "2.13.0", "2.14.1")
+DEFAULT_VERSIONS = ("2.5.1", "2.6.0", "2.7.0", "2.8.0", "2.10.0", "2.13.0", "2.14.1", "2.15.0")
+DEFAULT_PACKAGES = ("torchtitan==0.2.2", "torchtitan==0.3.0")
+"""The third-party package versions a fix for that package is audited against."""
+PACKAGE_COMPANIONS = ("triton",)
+"""Installed with a third-party package: torchtitan 0.3 imports triton, which CPU torch builds lack
+(a CUDA build pins its own, and the resolver keeps that pin)."""
 VENV_PACKAGES = ("pytest", "packaging", "numpy")
 TORCH_INDEX_ENV = "DISTCI_TORCH_INDEX_URL"
 """Optional extra index for torch wheels (configuration, never committed)."""
@@ -49,6 +69,7 @@ build = TorchBuild.current()
 mode = sys.argv[1]
 only = [i for i in sys.argv[2].split(",") if i] or None
 out = {"torch": torch.__version__, "git_version": getattr(torch.version, "git_version", ""),
+       "targets": {f.id: f.target for f in distci_fixes.all_fixes()},
        "autoload_hook": hasattr(torch, "_import_device_backends"),
        "fixes_module": "distci_fixes" in sys.modules}
 if mode == "off":
@@ -71,6 +92,7 @@ class TestRun:
     skipped: int = 0
     message: str = ""
     seconds: float = 0.0
+    same_as_off: bool = False  # the fix was not applied with it on, so the on run would be the off run
 
 
 @dataclass
@@ -84,12 +106,14 @@ class AuditRow:
     off: TestRun
     on: TestRun
     verdict: str = ""
+    package: str = ""  # the third-party package installed for this row ("torchtitan==0.3.0"), if any
 
 
 @dataclass
 class Audit:
     versions: list[str]
     rows: list[AuditRow] = field(default_factory=list)
+    packages: list[str] = field(default_factory=list)
     autoload: dict[str, bool] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     started: str = ""
@@ -99,8 +123,13 @@ class Audit:
 # --- environments ---------------------------------------------------------------------
 
 
-def venv_python(root: Path, version: str) -> Path:
-    return root / version / "bin" / "python"
+def venv_python(root: Path, name: str) -> Path:
+    return root / name / "bin" / "python"
+
+
+def venv_name(version: str, packages: Sequence[str] = ()) -> str:
+    """torch 2.13.0 alone: `2.13.0`; with torchtitan 0.3.0: `2.13.0+torchtitan-0.3.0`."""
+    return "+".join([version, *(p.replace("==", "-") for p in packages)])
 
 
 def _run(cmd: Sequence[str], *, env: Optional[dict] = None, timeout: float = 3600, cwd: Path = REPO
@@ -108,40 +137,69 @@ def _run(cmd: Sequence[str], *, env: Optional[dict] = None, timeout: float = 360
     return subprocess.run(list(map(str, cmd)), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def _installed_torch(python: Path) -> Optional[str]:
+def _installed(python: Path, dist: str = "torch") -> Optional[str]:
     if not python.exists():
         return None
-    proc = _run([python, "-c", "import importlib.metadata as m; print(m.version('torch'))"], timeout=120)
+    proc = _run([python, "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"], timeout=120)
     return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def _installed_torch(python: Path) -> Optional[str]:
+    return _installed(python, "torch")
 
 
 def _fixes_stamp() -> str:
     return hashlib.sha256((FIXES_DIR / "pyproject.toml").read_bytes()).hexdigest()[:16]
 
 
-def ensure_venv(root: Path, version: str, log=print) -> Path:
-    """The venv for `version` under root/<version>: reused when its torch matches.
+def _pinned(requirement: str) -> tuple[str, str]:
+    name, sep, version = requirement.partition("==")
+    if not sep or not name.strip() or not version.strip():
+        raise ConfigError(f"--package {requirement!r}: expected NAME==VERSION")
+    return name.strip(), version.strip()
+
+
+def _install(venv: Path, args: Sequence[str], what: str, timeout: float = 3600) -> None:
+    """Install into `venv` with uv (from its cache) when on PATH, else with the venv's pip."""
+    python = venv / "bin" / "python"
+    uv = shutil.which("uv")
+    cmd = [uv, "pip", "install", "-q", "--python", python, *args] if uv else [python, "-m", "pip", "install", "-q",
+                                                                              *args]
+    proc = _run(cmd, timeout=timeout)
+    if proc.returncode != 0:
+        raise InfraError(f"installing {what} failed", log=proc.stderr[-4000:])
+
+
+def ensure_venv(root: Path, version: str, log=print, packages: Sequence[str] = ()) -> Path:
+    """The venv for torch `version` (plus `packages`, NAME==VERSION lines) under root: reused when current.
 
     torch is installed once (the default index serves CUDA builds for old versions;
     they run on CPU). distci-fixes is installed editable, so fix edits need no
     reinstall; it is reinstalled when fixes/pyproject.toml (its entry points) changed.
     """
-    python = venv_python(root, version)
+    name = venv_name(version, packages)
+    path = root / name
+    python = venv_python(root, name)
     have = _installed_torch(python)
-    if have is None or have.split("+")[0] != version:
-        log(f"[{version}] creating venv (torch=={version}, a few GB for CUDA builds)")
-        proc = _run([sys.executable, "-m", "venv", "--clear", root / version], timeout=600)
+    current = have is not None and have.split("+")[0] == version and all(
+        _installed(python, n) == v for n, v in map(_pinned, packages))
+    if not current:
+        log(f"[{name}] creating venv (torch=={version}{''.join(', ' + p for p in packages)})")
+        uv = shutil.which("uv")
+        create = [uv, "venv", "-q", "--python", sys.executable, path] if uv else [sys.executable, "-m", "venv",
+                                                                                 "--clear", path]
+        if uv and path.exists():
+            shutil.rmtree(path)
+        proc = _run(create, timeout=600)
         if proc.returncode != 0:
             raise InfraError(f"venv for torch {version} failed", log=proc.stderr[-4000:])
         extra = ["--extra-index-url", os.environ[TORCH_INDEX_ENV]] if os.environ.get(TORCH_INDEX_ENV) else []
-        proc = _run([python, "-m", "pip", "install", "-q", f"torch=={version}", *VENV_PACKAGES, *extra], timeout=3600)
-        if proc.returncode != 0:
-            raise InfraError(f"pip install torch=={version} failed", log=proc.stderr[-4000:])
-    stamp_file = root / version / ".distci-fixes-stamp"
+        companions = list(PACKAGE_COMPANIONS) if packages else []
+        _install(path, [f"torch=={version}", *packages, *companions, *VENV_PACKAGES, *extra],
+                 f"torch=={version} {' '.join(packages)}".strip())
+    stamp_file = path / ".distci-fixes-stamp"
     if not stamp_file.exists() or stamp_file.read_text() != _fixes_stamp():
-        proc = _run([python, "-m", "pip", "install", "-q", "--no-deps", "-e", FIXES_DIR], timeout=600)
-        if proc.returncode != 0:
-            raise InfraError(f"installing distci-fixes into torch {version} failed", log=proc.stderr[-4000:])
+        _install(path, ["--no-deps", "-e", FIXES_DIR], f"distci-fixes into {name}", timeout=600)
         stamp_file.write_text(_fixes_stamp())
     return python
 
@@ -167,11 +225,21 @@ def probe(python: Path, fixes: str, extra_env: dict[str, str], only: Optional[se
     raise InfraError(f"probe with DISTCI_FIXES={fixes} printed nothing", log=(proc.stdout + proc.stderr)[-4000:])
 
 
-def _junit_counts(path: Path) -> tuple[int, int, int, str]:
+def _module_of(test: str) -> str:
+    """pytest's JUnit classname prefix for a test file: suites/regressions/test_x.py -> suites.regressions.test_x."""
+    return (test[:-3] if test.endswith(".py") else test).replace("/", ".")
+
+
+def _junit_counts(path: Path, test: Optional[str] = None) -> tuple[int, int, int, str]:
+    """passed, failed, skipped and the first failure of the testcases (of `test`'s file only, if given)."""
     root = ET.parse(path).getroot()
+    module = _module_of(test) if test else None
     passed = failed = skipped = 0
     message = ""
     for case in root.iter("testcase"):
+        classname = case.get("classname", "")
+        if module and classname != module and not classname.startswith(module + "."):
+            continue
         bad = case.find("failure")
         if bad is None:
             bad = case.find("error")
@@ -186,37 +254,51 @@ def _junit_counts(path: Path) -> tuple[int, int, int, str]:
     return passed, failed, skipped, message
 
 
-def run_test(python: Path, test: str, fixes: str, out: Path, extra_env: dict[str, str],
-             timeout: float) -> TestRun:
-    """One pytest run of `test` through the harness with DISTCI_FIXES=fixes."""
+def run_tests(python: Path, tests: Sequence[str], fixes: str, out: Path, extra_env: dict[str, str],
+              timeout: float) -> dict[str, TestRun]:
+    """One pytest run of `tests` through the harness with DISTCI_FIXES=fixes: a TestRun per file.
+
+    One run for several files starts the rank pool once, which is most of a small test's cost.
+    """
+    out.mkdir(parents=True, exist_ok=True)
     junit = out / f"junit-{fixes.replace(',', '+')}.xml"
     log = out / f"pytest-{fixes.replace(',', '+')}.log"
     started = time.monotonic()
     cmd = [python, "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-q", "-rfEs",
-           test, f"--junitxml={junit}"]
+           *tests, f"--junitxml={junit}"]
+    budget = timeout * max(1, len(tests))
     try:
-        proc = _run(cmd, env=_env(fixes, extra_env), timeout=timeout)
+        proc = _run(cmd, env=_env(fixes, extra_env), timeout=budget)
         text = proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
-        text = f"timeout after {timeout:.0f}s\n{exc.stdout or ''}"
-        log.write_text(text)
-        return TestRun("infra", message=f"timeout after {timeout:.0f}s", seconds=time.monotonic() - started)
+        log.write_text(f"timeout after {budget:.0f}s\n{exc.stdout or ''}")
+        return {t: TestRun("infra", message=f"timeout after {budget:.0f}s", seconds=time.monotonic() - started)
+                for t in tests}
     log.write_text(text)
     seconds = time.monotonic() - started
     if not junit.exists():
-        return TestRun("infra", message=text.strip().splitlines()[-1] if text.strip() else "no output",
-                       seconds=seconds)
-    passed, failed, skipped, message = _junit_counts(junit)
-    if failed:
-        outcome = "failed"
-    elif passed:
-        outcome = "passed"
-    elif skipped:
-        outcome = "skipped"
-    else:
-        outcome = "infra"
-        message = message or "no test ran"
-    return TestRun(outcome, passed, failed, skipped, _first_line(message), seconds)
+        last = text.strip().splitlines()[-1] if text.strip() else "no output"
+        return {t: TestRun("infra", message=last, seconds=seconds) for t in tests}
+    runs = {}
+    for test in tests:
+        passed, failed, skipped, message = _junit_counts(junit, test)
+        if failed:
+            outcome = "failed"
+        elif passed:
+            outcome = "passed"
+        elif skipped:
+            outcome = "skipped"
+        else:
+            outcome = "infra"
+            message = message or "no test ran"
+        runs[test] = TestRun(outcome, passed, failed, skipped, _first_line(message), seconds)
+    return runs
+
+
+def run_test(python: Path, test: str, fixes: str, out: Path, extra_env: dict[str, str],
+             timeout: float) -> TestRun:
+    """One pytest run of `test` through the harness with DISTCI_FIXES=fixes."""
+    return run_tests(python, [test], fixes, out, extra_env, timeout)[test]
 
 
 _KIND_PREFIX = re.compile(r"(?:Failed: )?\[(?:assert|exception|timeout|hang|crash|infra)\] ")
@@ -249,16 +331,26 @@ def _version_key(version: str) -> Any:
     return Version(version)
 
 
+ABSENT_EVERYWHERE = "absent in every audited version"
+
+
 def judge(rows: list[AuditRow]) -> None:
-    """Fill each row's verdict; needs all versions of a fix to place `obsolete since`."""
-    by_fix: dict[str, list[AuditRow]] = {}
+    """Fill each row's verdict; needs all versions of a fix (per package version) to place `obsolete since`.
+
+    `since` is the first version after the last one whose off run failed (the bug
+    present) whose off run passed; a fix whose off run failed nowhere is absent in every
+    audited version, which says nothing about versions before the oldest audited.
+    """
+    by_fix: dict[tuple[str, str], list[AuditRow]] = {}
     for row in rows:
-        by_fix.setdefault(row.fix, []).append(row)
+        by_fix.setdefault((row.fix, row.package), []).append(row)
     for fix_rows in by_fix.values():
         fix_rows.sort(key=lambda r: _version_key(r.torch))
         needed_at = [i for i, r in enumerate(fix_rows) if r.off.outcome == "failed"]
-        last_needed = needed_at[-1] if needed_at else -1
-        since = fix_rows[last_needed + 1].torch if last_needed + 1 < len(fix_rows) else None
+        last_needed = needed_at[-1] if needed_at else None
+        since = None
+        if last_needed is not None:
+            since = next((r.torch for r in fix_rows[last_needed + 1:] if r.off.outcome == "passed"), None)
         for i, row in enumerate(fix_rows):
             if "infra" in (row.off.outcome, row.on.outcome):
                 row.verdict = "infra"
@@ -268,6 +360,8 @@ def judge(rows: list[AuditRow]) -> None:
                 row.verdict = "broken"
             elif row.off.outcome == "failed":
                 row.verdict = "needed"
+            elif last_needed is None:
+                row.verdict = ABSENT_EVERYWHERE
             elif i < last_needed:
                 row.verdict = "not affected"
             else:
@@ -277,10 +371,50 @@ def judge(rows: list[AuditRow]) -> None:
 # --- the audit ------------------------------------------------------------------------
 
 
+def _target_package(target: str) -> str:
+    return target.split(".")[0]
+
+
+NOT_APPLIED = ("out_of_range", "not_needed", "disabled")
+
+
+def _audit_fixes(python: Path, version: str, fixes: Sequence[tuple[str, str]], out: Path,
+                 extra_env: dict[str, str], timeout: float, log, off: dict, on: dict,
+                 package: str = "") -> list[AuditRow]:
+    """Rows for `fixes` (id, test) in one venv: every test with fixes off in one pytest run,
+    then each test with only its fix on, where that fix is applied (where it is not, the
+    process is the off one, and the off run stands for it: `same_as_off`)."""
+    if not fixes:
+        return []
+    where = venv_name(version, [package] if package else [])
+    tests = sorted({test for _, test in fixes})
+    log(f"[{where}] fixes off: {', '.join(tests)}")
+    offs = run_tests(python, tests, "none", out, extra_env, timeout)
+    statuses = {r["id"]: r.get("status", "?") for r in on["report"]}
+    rows = []
+    for fix_id, test in fixes:
+        status = statuses.get(fix_id, "?")
+        run_off = offs[test]
+        if status in NOT_APPLIED:
+            run_on = replace(run_off, same_as_off=True)
+        else:
+            log(f"[{where}] {fix_id} on: {test}")
+            run_on = run_test(python, test, fix_id, out / fix_id, extra_env, timeout)
+        rows.append(AuditRow(fix=fix_id, torch=version, test=test, present=off["present"].get(fix_id),
+                             in_range=off["range"].get(fix_id), status=status, off=run_off, on=run_on,
+                             package=package))
+    return rows
+
+
 def audit_version(version: str, root: Optional[Path], out: Path, only: Optional[set[str]],
-                  extra_env: dict[str, str], timeout: float, log=print, python: Optional[Path] = None
-                  ) -> tuple[list[AuditRow], Optional[bool]]:
-    """Audit one torch: the managed venv root/<version>, or `python` as it is."""
+                  extra_env: dict[str, str], timeout: float, log=print, python: Optional[Path] = None,
+                  packages: Sequence[str] = ()) -> tuple[list[AuditRow], Optional[bool]]:
+    """Audit one torch: the managed venv root/<version>, or `python` as it is.
+
+    A fix whose target package is one of `packages`' names is audited once per such
+    package version instead, in root/<version>+<package>-<v> (managed venvs only),
+    for torch versions in its range.
+    """
     vout = out / version
     vout.mkdir(parents=True, exist_ok=True)
     try:
@@ -293,42 +427,64 @@ def audit_version(version: str, root: Optional[Path], out: Path, only: Optional[
         log(f"[{version}] infra: {exc}")
         (vout / "infra.log").write_text(exc.log)
         return [], None
-    statuses = {r["id"]: r for r in on["report"]}
-    rows = []
-    for fix_id, test in off["tests"].items():
-        if only and fix_id not in only:
-            continue
-        fout = vout / fix_id
-        fout.mkdir(exist_ok=True)
-        log(f"[{version}] {fix_id}: {test} with fixes off, then with {fix_id} on")
-        run_off = run_test(python, test, "none", fout, extra_env, timeout)
-        run_on = run_test(python, test, fix_id, fout, extra_env, timeout)
-        record = statuses.get(fix_id, {})
-        rows.append(AuditRow(fix=fix_id, torch=version, test=test, present=off["present"].get(fix_id),
-                             in_range=off["range"].get(fix_id), status=record.get("status", "?"),
-                             off=run_off, on=run_on))
+    by_name: dict[str, list[str]] = {}
+    for requirement in packages if root is not None else ():
+        by_name.setdefault(_pinned(requirement)[0], []).append(requirement)
+    chosen = [(fix_id, test) for fix_id, test in off["tests"].items() if not only or fix_id in only]
+    own = [(f, t) for f, t in chosen if not by_name.get(_target_package(off.get("targets", {}).get(f, "")))]
+    rows = _audit_fixes(python, version, own, vout, extra_env, timeout, log, off, on)
+    for fix_id, test in chosen:
+        for requirement in by_name.get(_target_package(off.get("targets", {}).get(fix_id, "")), []):
+            fout = vout / f"{fix_id}+{requirement.replace('==', '-')}"
+            if off["range"].get(fix_id) is False:
+                not_run = TestRun("skipped", message=f"torch {version} is outside the fix's range: not run")
+                rows.append(AuditRow(fix=fix_id, torch=version, test=test, present=None, in_range=False,
+                                     status="out_of_range", off=not_run, on=not_run, package=requirement))
+                continue
+            try:
+                assert root is not None
+                with_package = ensure_venv(root, version, log, packages=[requirement])
+                package_off = probe(with_package, "none", extra_env, {fix_id})
+                package_on = probe(with_package, fix_id, extra_env)
+                rows += _audit_fixes(with_package, version, [(fix_id, test)], fout, extra_env, timeout, log,
+                                     package_off, package_on, package=requirement)
+            except InfraError as exc:
+                log(f"[{version} {requirement}] infra: {exc}")
+                fout.mkdir(parents=True, exist_ok=True)
+                (fout / "infra.log").write_text(exc.log)
+                infra = TestRun("infra", message=str(exc))
+                rows.append(AuditRow(fix=fix_id, torch=version, test=test, present=None, in_range=None,
+                                     status="?", off=infra, on=infra, package=requirement))
     return rows, bool(on.get("autoload_hook")) and bool(on.get("fixes_module"))
 
 
 def run_audit(versions: Sequence[str], root: Optional[Path], out_root: Path, only: Optional[set[str]] = None,
               extra_env: Optional[dict[str, str]] = None, timeout: float = 1800, log=print,
-              python: Optional[Path] = None) -> Audit:
-    """Audit `versions` in managed venvs under root, or (python given) that interpreter."""
+              python: Optional[Path] = None, packages: Sequence[str] = ()) -> Audit:
+    """Audit `versions` in managed venvs under root, or (python given) that interpreter.
+
+    `packages` (NAME==VERSION) are the third-party versions fixes for those packages are
+    audited against (managed venvs only: a given interpreter is audited as it is).
+    """
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = out_root / stamp
     out.mkdir(parents=True, exist_ok=True)
     if python is not None:
         versions = [_installed_torch(python) or "unknown"]
-    audit = Audit(versions=list(versions), started=stamp, env=dict(extra_env or {}))
+    audit = Audit(versions=list(versions), started=stamp, env=dict(extra_env or {}),
+                  packages=list(packages) if python is None else [])
     started = time.monotonic()
     for version in versions:
-        rows, autoload = audit_version(version, root, out, only, extra_env or {}, timeout, log, python)
+        rows, autoload = audit_version(version, root, out, only, extra_env or {}, timeout, log, python,
+                                       packages=audit.packages)
         audit.rows += rows
         if autoload is not None:
             audit.autoload[version] = autoload
     judge(audit.rows)
     audit.seconds = time.monotonic() - started
     (out / "audit.json").write_text(json.dumps(asdict(audit), indent=2) + "\n")
+    from distci.audit_report import to_markdown
+
     (out / "audit.md").write_text(to_markdown(audit))
     latest = out_root / "latest"
     if latest.is_symlink() or latest.exists():
@@ -336,78 +492,6 @@ def run_audit(versions: Sequence[str], root: Optional[Path], out_root: Path, onl
     latest.symlink_to(out.name)
     log(f"audit written to {out}")
     return audit
-
-
-# --- rendering ------------------------------------------------------------------------
-
-
-def _yes_no(value: Optional[bool]) -> str:
-    return {True: "yes", False: "no", None: "?"}[value]
-
-
-def _outcome(run: TestRun) -> str:
-    counts = f"{run.passed}/{run.passed + run.failed + run.skipped}"
-    return f"{run.outcome} ({counts})" if run.outcome in ("passed", "failed") else run.outcome
-
-
-def to_markdown(audit: Audit) -> str:
-    lines = [
-        "# Fix audit",
-        "",
-        f"Torch versions: {', '.join(audit.versions)} (CPU, gloo, 2 ranks; run {audit.started}, "
-        f"{audit.seconds / 60:.0f} min). Each fix's regression test ran through the harness with "
-        "`DISTCI_FIXES=none` (off) and with only that fix on (on); off/on show passed/total test cases "
-        "(a case that skips itself, such as a GPU-only one on CPU, counts in the total). "
-        "`bug present` is the fix's detect() with fixes off; `fix applied` its status with fixes on.",
-        "",
-        *([f"Added to every run's environment: {', '.join(f'`{k}={v}`' for k, v in audit.env.items())}.", ""]
-          if audit.env else []),
-        "| fix | torch | bug present | fix applied | off | on | verdict |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for row in audit.rows:
-        lines.append(f"| {row.fix} | {row.torch} | {_yes_no(row.present)} | {row.status} | "
-                     f"{_outcome(row.off)} | {_outcome(row.on)} | {row.verdict} |")
-    lines += ["", "## Upstream errors with fixes off", ""]
-    for row in audit.rows:
-        if row.off.outcome == "failed":
-            lines.append(f"- {row.fix} @ {row.torch}: `{row.off.message.replace('`', chr(39))}`")
-    broken = [r for r in audit.rows if r.verdict == "broken"]
-    if broken:
-        lines += ["", "## Failures with the fix on", ""]
-        lines += [f"- {r.fix} @ {r.torch}: `{r.on.message.replace('`', chr(39))}`" for r in broken]
-    lines += ["", "## torch.backends entry point (fixes armed by `import torch`)", ""]
-    lines += [f"- torch {v}: {'yes' if ok else 'NO: call distci_fixes.apply()'}" for v, ok in audit.autoload.items()]
-    return "\n".join(lines) + "\n"
-
-
-def reload(out: Path) -> Audit:
-    """An audit as written to `out` (audit.json), its messages re-read from the JUnit files."""
-    data = json.loads((out / "audit.json").read_text())
-    rows = []
-    for raw in data.pop("rows"):
-        row = AuditRow(**{**raw, "off": TestRun(**raw["off"]), "on": TestRun(**raw["on"])})
-        for run, mode in ((row.off, "none"), (row.on, row.fix)):
-            junit = out / row.torch / row.fix / f"junit-{mode}.xml"
-            if junit.exists() and run.outcome == "failed":
-                run.message = _first_line(_junit_counts(junit)[3])
-        rows.append(row)
-    return Audit(rows=rows, **data)
-
-
-def print_table(audit: Audit) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="fix audit")
-    for column in ("fix", "torch", "bug present", "fix applied", "off", "on", "verdict"):
-        table.add_column(column)
-    colours = {"needed": "green", "broken": "red", "infra": "yellow"}
-    for row in audit.rows:
-        colour = colours.get(row.verdict, "cyan" if row.verdict.startswith("obsolete") else "white")
-        table.add_row(row.fix, row.torch, _yes_no(row.present), row.status, _outcome(row.off), _outcome(row.on),
-                      f"[{colour}]{row.verdict}[/{colour}]")
-    Console().print(table)
 
 
 # --- command line ---------------------------------------------------------------------
@@ -436,16 +520,21 @@ def _extra_env(pairs: Optional[list[str]]) -> dict[str, str]:
 
 
 def _cmd(args: argparse.Namespace) -> int:
+    from distci.audit_report import merge, print_table, reload, to_markdown
+
     if args.render:
-        audit = reload(Path(args.render))
+        audit = merge([reload(Path(d)) for d in args.render])
         print_table(audit)
         if args.report:
             Path(args.report).write_text(to_markdown(audit))
         _bisect(args, audit)
         return 0
+    packages = [p for p in (args.package or DEFAULT_PACKAGES) if p != "none"]
+    for requirement in packages:
+        _pinned(requirement)
     audit = run_audit(_versions(args.torch), Path(args.cache), Path(args.out),
                       set(args.fix) if args.fix else None, _extra_env(args.env), args.timeout,
-                      python=Path(args.python) if args.python else None)
+                      python=Path(args.python) if args.python else None, packages=packages)
     print_table(audit)
     if args.report:
         Path(args.report).write_text(to_markdown(audit))
@@ -473,6 +562,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                               description=__doc__.splitlines()[0])
     p.add_argument("--torch", default=",".join(DEFAULT_VERSIONS), help="comma-separated torch versions")
     p.add_argument("--fix", action="append", help="audit only this fix id (repeatable)")
+    p.add_argument("--package", action="append", default=None, metavar="NAME==VERSION",
+                   help="a version of a third-party package fixes target, audited against each torch "
+                        f"(repeatable; default: {' '.join(DEFAULT_PACKAGES)}; 'none' for none)")
     p.add_argument("--cache", default=str(REPO / ".distci" / "torch"),
                    help="venvs per torch version, reused across audits (default .distci/torch/<version>)")
     p.add_argument("--out", default=str(REPO / ".distci" / "audit"), help="where audit.json/audit.md go")
@@ -480,8 +572,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--env", action="append", help="KEY=VALUE added to the environment of every run (repeatable)")
     p.add_argument("--python", default=None,
                    help="audit this interpreter's torch as installed instead of managed venvs (--torch ignored)")
-    p.add_argument("--render", default=None, metavar="DIR",
-                   help="print (and with --report write) the table of an earlier audit directory; runs nothing")
+    p.add_argument("--render", action="append", default=None, metavar="DIR",
+                   help="print (and with --report write) the table of earlier audit directories (repeatable: "
+                        "audits of disjoint versions run side by side are merged and judged together); runs nothing")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per pytest run")
     p.add_argument("--bisect", action="store_true", help="then bisect the releases between each obsolete "
                    "fix's last present and first absent version: which change made it obsolete")

@@ -61,7 +61,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "a pass after a failure is recorded as passed with the earlier attempts (cell runs pass 1)")
 
 
+def _check_fix_selection() -> None:
+    """An unknown id in DISTCI_FIXES is a configuration error here, before any rank starts
+    (`import torch` in the ranks would only warn and apply nothing)."""
+    try:
+        import distci_fixes
+    except ImportError:
+        return  # a stack without the fix package: DISTCI_FIXES means nothing in it
+    try:
+        distci_fixes.check_env()
+    except distci_fixes.UnknownFixError as err:
+        raise pytest.UsageError(str(err)) from None
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _check_fix_selection()
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
     config._distci = Harness(config)  # type: ignore[attr-defined]

@@ -14,11 +14,11 @@ from typing import Any, Dict, Iterable, List, Optional, Union
 from distci_fixes.build import TorchBuild, decide
 from distci_fixes.model import STATUSES, Applies, Fix, FixRecord
 from distci_fixes.patching import TargetMissing
-from distci_fixes.selection import ENV, Selection
+from distci_fixes.selection import ENV, Selection, UnknownFixError
 
 __all__ = [
     "ENV", "STATUSES", "Applies", "Fix", "FixRecord", "Selection", "TargetMissing",
-    "TorchBuild", "all_fixes", "apply", "decide", "detect_all", "report",
+    "TorchBuild", "UnknownFixError", "all_fixes", "apply", "check_env", "decide", "detect_all", "report",
 ]
 
 
@@ -37,19 +37,27 @@ def apply(only: Union[None, str, Iterable[str]] = None) -> List[Dict[str, Any]]:
     """Apply the selected fixes now (importing their targets) and return report().
 
     `only` is a DISTCI_FIXES-style string or a list of ids; None reads DISTCI_FIXES.
-    Unknown ids are a caller's mistake and raise ValueError. Idempotent.
+    Unknown ids are a caller's mistake and raise UnknownFixError (a ValueError). Idempotent.
     """
     engine = _engine()
     if only is None:
         selection = Selection.from_env()
     else:
         selection = Selection.parse(only if isinstance(only, str) else ",".join(only))
-    known = {f.id for f in engine.fixes()}
-    unknown = sorted((selection.ids or frozenset()) - known)
-    if unknown:
-        raise ValueError(f"unknown fix ids {unknown}; known: {sorted(known)}")
+    selection.check(f.id for f in engine.fixes())
     engine.arm(selection, TorchBuild.current(), eager=True)
     return report()
+
+
+def check_env() -> Selection:
+    """DISTCI_FIXES as a Selection; UnknownFixError when it names an id no package registers.
+
+    Controllers (the harness, distci's cell runs) call this before starting anything, so a
+    typo is a configuration error there; `import torch` itself only warns (it must not fail).
+    """
+    selection = Selection.from_env()
+    selection.check(f.id for f in _engine().fixes())
+    return selection
 
 
 def report(settle: bool = True) -> List[Dict[str, Any]]:

@@ -17,7 +17,25 @@ ORIGINAL = "__distci_original__"
 
 
 class TargetMissing(LookupError):
-    """The attribute a fix patches is not there in this torch."""
+    """The attribute a fix patches is not there in this version of its package."""
+
+
+def package_version(module_name: str) -> str:
+    """`torchtitan 0.3.0` for any module of torchtitan: the package a missing target belongs to."""
+    package = module_name.split(".")[0]
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return f"{package} {version(package)}"
+        except PackageNotFoundError:
+            pass
+    except ImportError:
+        pass
+    import sys
+
+    found = getattr(sys.modules.get(package), "__version__", None)
+    return f"{package} {found}" if found else package
 
 
 def lookup(module: ModuleType, path: str) -> Any:
@@ -28,7 +46,7 @@ def lookup(module: ModuleType, path: str) -> Any:
         try:
             obj = inspect.getattr_static(obj, name)
         except AttributeError:
-            raise TargetMissing(f"{walked}.{name} does not exist in this torch") from None
+            raise TargetMissing(f"{walked}.{name} does not exist in {package_version(module.__name__)}") from None
         walked = f"{walked}.{name}"
     return obj
 

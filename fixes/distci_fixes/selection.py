@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import FrozenSet, Optional
+from typing import FrozenSet, Iterable, Optional
 
 ENV = "DISTCI_FIXES"
+
+
+class UnknownFixError(ValueError):
+    """DISTCI_FIXES (or apply(only=...)) names a fix no installed package registers."""
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,18 @@ class Selection:
 
     def allows(self, fix_id: str) -> bool:
         return self.ids is None or fix_id in self.ids
+
+    def check(self, known: Iterable[str]) -> None:
+        """Raise UnknownFixError naming the known ids when this selection names another one.
+
+        A typo must not run a cell with no fix applied while its stack reads as if the fix
+        were selected.
+        """
+        known = sorted(set(known))
+        unknown = sorted((self.ids or frozenset()) - set(known))
+        if unknown:
+            raise UnknownFixError(f"{ENV}={self.text}: unknown fix id{'s' if len(unknown) > 1 else ''} "
+                                  f"{', '.join(unknown)}; known ids: {', '.join(known)} (or all, none)")
 
     @classmethod
     def parse(cls, text: Optional[str]) -> "Selection":

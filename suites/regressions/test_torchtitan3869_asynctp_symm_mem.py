@@ -8,10 +8,17 @@ cases had 0 fused all-gather matmuls and 0 fused matmul reduce-scatters. torch d
 `is_symm_mem_enabled_for_group` does not know, and only that deprecated call registers
 one. Fix: distci_fixes torchtitan_asynctp_symm_mem (upstream: torchtitan PR 4045).
 
-The test calls torchtitan's own `maybe_enable_async_tp` for an async-TP job on a 2-rank
-TP mesh (gloo on CPU is enough: the registration is host-side) and requires the group
-to be one the pass will fuse over. torchrun gives it fresh processes, because both the
-inductor flag and the registration are process-global.
+The test calls torchtitan's own async-TP switch (through suites/titan's adapter for the
+installed API line: 0.2.x `tensor_parallel.maybe_enable_async_tp(job_config, tp_mesh)`,
+0.3.x `compile._maybe_enable_async_tp(compile_config, tp_mesh)`, which carries upstream's
+fix) for an async-TP job on a 2-rank TP mesh (gloo on CPU is enough: the registration is
+host-side) and requires the group to be one the pass will fuse over. When the gate says
+no, the test registers the group itself, as upstream's fix does: if the gate then says
+yes, torchtitan left it off (the bug); if it still says no, symmetric memory is not
+available for this group on this device at all (torch 2.15's gate asks whether the
+current accelerator has a symmetric-memory backend; CPU has none), and the test skips.
+torchrun gives it fresh processes, because both the inductor flag and the registration
+are process-global.
 """
 
 from __future__ import annotations
@@ -34,23 +41,26 @@ pytestmark = [
 def test_async_tp_enables_symmetric_memory(dist) -> None:
     if dist.group is None:  # torchrun: this test owns its process group
         dist.init()
-    try:
-        from torchtitan.config import JobConfig
-        from torchtitan.distributed.tensor_parallel import maybe_enable_async_tp
-    except ImportError as err:
-        pytest.skip(f"this torchtitan has no maybe_enable_async_tp(job_config, tp_mesh): {err}")
+    import warnings
+
     from torch.distributed import _symmetric_memory as symm_mem
 
+    from ..titan import select_or_skip
+
+    line = select_or_skip()
     if not hasattr(symm_mem, "is_symm_mem_enabled_for_group"):
         pytest.skip("this torch has no symmetric-memory group registry")
-    jc = JobConfig()
-    jc.parallelism.tensor_parallel_degree = dist.world_size
-    jc.parallelism.enable_async_tensor_parallel = True
-    jc.compile.enable = True
-    jc.compile.components = ["model"]
     mesh = dist.mesh()
-    maybe_enable_async_tp(jc, mesh)
+    line.enable_async_tp(mesh)
     group = mesh.get_group().group_name
-    assert symm_mem.is_symm_mem_enabled_for_group(group), (
-        f"torchtitan's maybe_enable_async_tp left symmetric memory off for the TP group {group!r}: "
+    enabled = symm_mem.is_symm_mem_enabled_for_group(group)
+    if not enabled:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            symm_mem.enable_symm_mem_for_group(group)
+        if not symm_mem.is_symm_mem_enabled_for_group(group):
+            pytest.skip("symmetric memory is unavailable for this group here, even registered by hand "
+                        "(torch's gate asks for the accelerator's symmetric-memory backend): nothing to prove")
+    assert enabled, (
+        f"torchtitan's async-TP switch ({line.name} adapter) left symmetric memory off for the TP group {group!r}: "
         "inductor's micro-pipeline TP pass will fuse no all-gather or reduce-scatter (async TP is a no-op)")
