@@ -72,6 +72,8 @@ class Stack:
     cann: str | None = _key(env=True)
     fixes: Any = _key(env=True)
     packages: list[str] = _key(env=True, default=[])
+    # each source as declared and as resolved (release / nightly / installed ...), from the controller
+    sources: dict[str, Any] | None = _key()
     torch_import_error: str | None = _key()
     npu_import_error: str | None = _key()
     # a partial stack: the environment never came up (distci.cellrun)

@@ -36,8 +36,11 @@ class _Session:
         tmp.mkdir(exist_ok=True)
         return str(tmp)
 
-    def run(self, *args: str, env: dict | None = None, success_codes: list[int] | None = None) -> None:
+    def run(self, *args: str, env: dict | None = None, success_codes: list[int] | None = None,
+            external: bool = False) -> None:
         self.runs.append((args, {"env": env, "success_codes": success_codes}))
+        if args[1:3] == ("-m", "venv"):
+            Path(args[-1]).mkdir(parents=True, exist_ok=True)
         if env and "DISTCI_EXIT_FILE" in env:
             Path(env["DISTCI_EXIT_FILE"]).write_text(json.dumps({"exit_code": self.exit_code, "meaning": "only infra"}))
 
@@ -78,8 +81,12 @@ def test_dist_tests_keeps_distci_exit_codes_visible(noxfile, tmp_path: Path) -> 
     session.exit_code = 3
     with pytest.raises(RuntimeError, match="^distci exit 3: only infra$"):
         noxfile.dist_tests(session)
-    (args, kw), = session.runs
-    assert args == ("python", "-m", "distci", "run", "--cell", "c") and kw["success_codes"] == [0, 1, 3]
+    (*setup, (args, kw)) = session.runs
+    assert [a[1:3] for a, _ in setup] == [("-m", "venv"), ("-m", "pip")], "the controller venv is made first"
+    assert args[1:] == ("-m", "distci", "run", "--cell", "c") and kw["success_codes"] == [0, 1, 3]
+    python = tmp_path / noxfile.CONTROLLER / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.touch()  # the venv the first run made
     session = _Session(tmp_path / "venv")
     noxfile.dist_tests(session)
-    assert session.installed == [], "the second session run reuses the install"
+    assert len(session.runs) == 1, "the second session run reuses the controller venv's install"

@@ -25,6 +25,7 @@ mutation's doing. All real runs share one spawn of two ranks (~60 s on 2 cores).
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 from collections import Counter
@@ -109,7 +110,10 @@ def _rank_main(rank: int, world_size: int, out_dir: str) -> None:
     from suites.training import run_parallel, run_reference
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{out_dir}/pg", rank=rank, world_size=world_size)
+    # A bounded process-group timeout: a run that raises on one rank only must fail the
+    # other rank's next collective, never hang the module.
+    dist.init_process_group("gloo", init_method=f"file://{out_dir}/pg", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=180))
     device = torch.device("cpu")
     results = {}
     meshes = {}
