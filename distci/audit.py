@@ -230,6 +230,15 @@ def _module_of(test: str) -> str:
     return (test[:-3] if test.endswith(".py") else test).replace("/", ".")
 
 
+def _same_file(classname: str, module: str) -> bool:
+    """Is a JUnit classname (`pkg.test_x[.TestClass]`, rootdir-relative, so only the tail of
+    the dotted path for a test outside the checkout) one of `module`'s?"""
+    module = "." + module.strip(".")
+    without_class = classname.rsplit(".", 1)[0]
+    return any(module.endswith("." + name) for name in (classname, without_class)) or \
+        classname.startswith(module[1:] + ".")
+
+
 def _junit_counts(path: Path, test: Optional[str] = None) -> tuple[int, int, int, str]:
     """passed, failed, skipped and the first failure of the testcases (of `test`'s file only, if given)."""
     root = ET.parse(path).getroot()
@@ -238,7 +247,7 @@ def _junit_counts(path: Path, test: Optional[str] = None) -> tuple[int, int, int
     message = ""
     for case in root.iter("testcase"):
         classname = case.get("classname", "")
-        if module and classname != module and not classname.startswith(module + "."):
+        if module and not _same_file(classname, module):
             continue
         bad = case.find("failure")
         if bad is None:

@@ -324,12 +324,12 @@ def _flaky(store: Store, nights: list[str]) -> list[FlakyTest]:
 
 def _audit_lines(store: Store, audit_dir: Path | None) -> tuple[list[AuditLine], str]:
     """The latest fix audit: the newest `audit.json` under audit_dir (as `distci audit`
-    writes it, read by audit.reload), else the rows indexed in the store."""
+    writes it, read by audit_report.reload), else the rows indexed in the store."""
     if audit_dir is not None and Path(audit_dir).is_dir():
         found = sorted(Path(audit_dir).glob("*/audit.json")) + sorted(Path(audit_dir).glob("audit.json"))
         for path in reversed(found):
             try:
-                from distci.audit import reload
+                from distci.audit_report import reload
 
                 audit = reload(path.parent)
             except (OSError, ValueError, TypeError, KeyError):
