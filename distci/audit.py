@@ -231,12 +231,10 @@ def _module_of(test: str) -> str:
 
 
 def _same_file(classname: str, module: str) -> bool:
-    """Is a JUnit classname (`pkg.test_x[.TestClass]`, rootdir-relative, so only the tail of
-    the dotted path for a test outside the checkout) one of `module`'s?"""
+    """Is a JUnit classname (`pkg.test_x[.TestClass]`, rootdir-relative) one of `module`'s?"""
     module = "." + module.strip(".")
     without_class = classname.rsplit(".", 1)[0]
-    return any(module.endswith("." + name) for name in (classname, without_class)) or \
-        classname.startswith(module[1:] + ".")
+    return any(module.endswith("." + n) for n in (classname, without_class)) or classname.startswith(module[1:] + ".")
 
 
 def _junit_counts(path: Path, test: Optional[str] = None) -> tuple[int, int, int, str]:

@@ -145,15 +145,6 @@ def build_parser(registry: tuple[str, ...] = REGISTRY) -> argparse.ArgumentParse
     return parser
 
 
-def main_for(command: str, argv=None) -> int:
-    """Lets `python -m distci.<module>` behave exactly like `python -m distci <command>`.
-
-    Kept for the modules that still offer `python -m distci.<module>` (gate, store, export,
-    dashboard); new entry points are `python -m distci <command>` only.
-    """
-    return main([command, *(argv if argv is not None else sys.argv[1:])])
-
-
 def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()

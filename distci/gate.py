@@ -413,9 +413,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m distci.gate` is `python -m distci gate`."""
-    from .cli import main_for
+    from .command import run_module
 
-    return main_for("gate", argv)
+    return run_module(add_parser, argv)
 
 
 if __name__ == "__main__":

@@ -368,9 +368,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m distci.ingest` is `python -m distci ingest`."""
-    from .cli import main_for
+    from .command import run_module
 
-    return main_for("ingest", argv)
+    return run_module(add_parser, argv)
 
 
 if __name__ == "__main__":

@@ -174,9 +174,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m distci.notify` is `python -m distci notify`."""
-    from .cli import main_for
+    from .command import run_module
 
-    return main_for("notify", argv)
+    return run_module(add_parser, argv)
 
 
 if __name__ == "__main__":

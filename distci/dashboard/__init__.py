@@ -61,9 +61,9 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m distci.dashboard` is `python -m distci dashboard`."""
-    from ..cli import main_for
+    from ..command import run_module
 
-    return main_for("dashboard", argv)
+    return run_module(add_parser, argv)
 
 
 if __name__ == "__main__":
