@@ -37,7 +37,8 @@ from .results import Result
 from .rundir import RunDir, RunInfo, infra_result as _infra_result, now as _now
 from .stack import KEYS as STACK_KEYS, Stack
 from .selfwheels import REPO, build_all
-from .sources import IndexConfig, pip_args, redact_url, requirement_lines, resolve_sources
+from .index import redact_url
+from .sources import IndexConfig, pip_args, requirement_lines, resolve_sources
 from .progress import Heartbeat, StatusLine, downloaded_probe, installed_probe
 from .terminal import print_summary, relay_pytest
 from .wheelhouse import default_root as default_wheelhouse_root

@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from distci.errors import InfraError
-from distci.wheelhouse import (Log, Wheelhouse, ensure_wheelhouse, failure_line, file_lock, interpreter_tags,
-                               run_pip, sha256_file)
+from distci.wheelhouse import Log, Wheelhouse, ensure_wheelhouse, failure_line, file_lock, run_pip, sha256_file
+from distci.wheeltarget import interpreter_tags
 
 BASE_MARKER = "distci-base.json"
 MARKER = "distci-env.json"

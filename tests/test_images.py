@@ -400,7 +400,7 @@ def test_an_image_wheelhouse_targets_the_cells_python_from_any_controller(tmp_pa
     import platform
 
     from distci.images import split_stack
-    from distci.wheelhouse import WheelTarget
+    from distci.wheeltarget import WheelTarget
 
     here = "%d.%d" % sys.version_info[:2]
     other = "3.12" if here != "3.12" else "3.13"

@@ -23,11 +23,11 @@ from packaging.tags import Tag, sys_tags
 from packaging.version import Version
 
 from distci.errors import ConfigError, MatrixError, SourceError
+from distci.index import list_index_versions
 from distci.sources import (
     IndexConfig,
     Source,
     list_candidates,
-    list_index_versions,
     pip_args,
     requirement_lines,
     resolve,

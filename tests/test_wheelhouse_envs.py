@@ -14,8 +14,8 @@ import pytest
 
 from distci.envs import BASE_MARKER, MARKER, ensure_env, find_uv, installed_env, stack_env
 from distci.errors import InfraError
-from distci.wheelhouse import (MANIFEST, ensure_wheelhouse, failure_line, interpreter_tags,
-                               resolution_environment, wheelhouse_key)
+from distci.wheelhouse import MANIFEST, ensure_wheelhouse, failure_line, resolution_environment, wheelhouse_key
+from distci.wheeltarget import interpreter_tags
 
 
 def write_wheel(directory: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:

@@ -3,7 +3,7 @@
 Four kinds, matching the Source kinds: releases on an index, nightlies by date on a
 nightly index (PyTorch's, or any PEP 503 page of ``X.Y.devYYYYMMDD`` builds), the wheels
 of one package in a local wheelhouse directory, and the commits of a local git clone.
-Index pages are read by distci.sources.list_index_versions, the same code that resolves
+Index pages are read by distci.index.list_index_versions, the same code that resolves
 cells, so a bisect lists exactly what a cell could have installed.
 
 Every list is bounded by `first` (the oldest endpoint) and `last` (the newest), both
@@ -26,12 +26,8 @@ from packaging.version import InvalidVersion, Version
 
 from distci.bisect.state import BisectError
 from distci.errors import SourceError
-from distci.sources import (
-    IndexEntry,
-    list_find_links,
-    list_index_versions,
-    nightly_date,
-)
+from distci.index import IndexEntry, list_find_links, list_index_versions
+from distci.sources import nightly_date
 
 WheelSource = Literal["release", "nightly", "wheelhouse"]
 

@@ -32,7 +32,8 @@ from typing import Callable, Mapping
 from packaging.version import InvalidVersion, Version
 
 from distci.errors import ConfigError, InfraError, SourceError
-from distci.sources import env_var_name, redact_url
+from distci.index import redact_url
+from distci.sources import env_var_name
 from distci.wheelhouse import file_lock
 
 from .spec import SuiteSpec

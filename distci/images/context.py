@@ -20,7 +20,8 @@ from distci.cellrun import HARNESS_REQUIREMENTS
 from distci.images.base import DOCKER_DIR
 from distci.images.plan import PROXY_FILES, ImagePlan
 from distci.selfwheels import REPO
-from distci.wheelhouse import Wheelhouse, sha256_file, wheel_requires
+from distci.wheelhouse import Wheelhouse, sha256_file
+from distci.wheeltarget import wheel_requires
 
 # The torch-stack layer holds these and everything they need; the rest of the
 # wheelhouse (torchao, torchtitan and their own dependencies) is the layer above.

@@ -22,7 +22,8 @@ from distci.errors import ConfigError
 from distci.images.base import DOCKER_DIR, FAMILIES, INPUTS_LENGTH, image_exists, resolve_base
 from distci.matrix import Cell
 from distci.selfwheels import REPO, SOURCES, source_hash
-from distci.wheelhouse import WheelTarget, interpreter_tags, sha256_file, wheelhouse_key
+from distci.wheelhouse import sha256_file, wheelhouse_key
+from distci.wheeltarget import WheelTarget, interpreter_tags
 
 Log = Callable[[str], None]
 
