@@ -3,7 +3,8 @@
 Both start from the same seed-built weights and see the same global batches. The
 reference is the unsharded model in eager mode with no AC (with the scenario's Float8
 recipe when it has one: Float8 is judged against Float8, as torchao does), one step per
-global batch. The parallel run applies the scenario (parallelize.py): data-parallel
+global batch. A mixed-precision row's reference computes as FSDP2's bf16 policy does
+(bf16 compute per rank and microbatch, float32 reduction), so bf16 routing is judged by bf16 routing. The parallel run applies the scenario (parallelize.py): data-parallel
 ranks take their slice of the global batch, split it into `accum` microbatches and
 accumulate, so a correct run matches the reference's full-batch step; a `resume` row
 saves a DCP checkpoint mid-run and goes on under another layout (checkpoint.py). Each step records the loss and every gradient (DTensor
@@ -15,6 +16,7 @@ inductor emitted, the ops the last step executed, and the parameters' placements
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -37,13 +39,28 @@ Meshes = Callable[..., Any]
 @dataclass
 class TrainRecord:
     """Per-step losses and gradients (float32, on CPU, full/unsharded); eval results; and,
-    for MoE references, tokens per expert per (step, block, microbatch)."""
+    for MoE runs, tokens per expert per (step, block, microbatch): `expert_tokens` lists
+    the counts, `routing` keys them by (step, block, global microbatch index) so the
+    parallel run's routing can be compared with the reference's (eager runs only)."""
 
     losses: list[float] = field(default_factory=list)
     grads: list[dict[str, torch.Tensor | None]] = field(default_factory=list)
     eval_loss: float | None = None
     eval_logits: torch.Tensor | None = None
     expert_tokens: list[list[int]] = field(default_factory=list)
+    routing: dict[tuple[int, int, int], tuple[int, ...]] = field(default_factory=dict)
+
+
+@dataclass
+class RoutingClock:
+    """Where a routing hook is: the step, the global index of the microbatch it sees
+    first, and into how many microbatches its input splits."""
+
+    step: int = 0
+    chunk: int = 0
+    parts: int = 1
+    on: bool = True
+    """Off for the eval forward: only training steps are compared."""
 
 
 @dataclass
@@ -215,7 +232,8 @@ class Layout:
 
 
 def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device, record: TrainRecord,
-                 opt: torch.optim.Optimizer, on_step: Callable[[int], Any] | None = None) -> None:
+                 opt: torch.optim.Optimizer, on_step: Callable[[int], Any] | None = None,
+                 clock: RoutingClock | None = None) -> None:
     """Steps of data-parallel, accumulated training; records the global loss and full grads."""
     import torch.distributed as dist
 
@@ -228,6 +246,8 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
             total = torch.zeros((), dtype=torch.float32, device=device)
             for micro in range(scenario.accum):
                 start = (layout.dp_rank * scenario.accum + micro) * mb
+                if clock is not None:
+                    clock.step, clock.chunk = step, layout.dp_rank * scenario.accum + micro
                 with _loss_context(scenario):
                     loss = _loss(layout.runnable(tokens[start:start + mb].to(device)),
                                  labels[start:start + mb].to(device)) / scenario.accum
@@ -294,14 +314,35 @@ def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def _routing_hook(record: TrainRecord, chunks: int):
-    """Counts tokens per expert in every microbatch of every data-parallel rank (eager)."""
+def _routing_hook(record: TrainRecord, block: int, clock: RoutingClock):
+    """Counts tokens per expert in every microbatch the MoE block sees (eager)."""
     def hook(module, inputs) -> None:
+        if not clock.on:
+            return
         with torch.no_grad():
-            for part in inputs[0].chunk(chunks, dim=0):
+            for i, part in enumerate(_value(inputs[0]).chunk(clock.parts, dim=0)):
                 _, chosen = module.route(part.reshape(-1, part.shape[-1]))
-                record.expert_tokens.append(torch.bincount(chosen.flatten(), minlength=len(module.experts)).tolist())
+                counts = torch.bincount(_value(chosen).flatten().cpu(), minlength=len(module.experts)).tolist()
+                record.expert_tokens.append(counts)
+                record.routing[(clock.step, block, clock.chunk + i)] = tuple(counts)
     return hook
+
+
+def _watch_routing(model: nn.Module, record: TrainRecord, clock: RoutingClock) -> None:
+    for block, layer in enumerate(model.layers.values()):
+        layer.feed_forward.register_forward_pre_hook(_routing_hook(record, block, clock))
+
+
+def _gather_routing(record: TrainRecord, layout: Layout) -> None:
+    """Every data-parallel rank's routing into one table (each rank saw its own microbatches)."""
+    import torch.distributed as dist
+
+    if layout.dp_size == 1:
+        return
+    tables: list[Any] = [None] * layout.dp_size
+    dist.all_gather_object(tables, record.routing, group=layout.dp_group)
+    for table in tables:
+        record.routing.update(table)
 
 
 def run_reference(scenario: Scenario, device: torch.device, dtype: str) -> TrainRecord:
@@ -313,21 +354,62 @@ def run_reference(scenario: Scenario, device: torch.device, dtype: str) -> Train
     if scenario.float8 != "none":
         par.convert_float8(model, scenario.float8)
     record = TrainRecord()
-    if args.n_experts:
-        for block in model.layers.values():
-            block.feed_forward.register_forward_pre_hook(_routing_hook(record, scenario.dp_degree * scenario.accum))
+    clock = RoutingClock(parts=scenario.dp_degree * scenario.accum)
+    if args.n_experts and scenario.mp == "none":
+        _watch_routing(model, record, clock)
     data = batches(scenario)
     opt = make_optimizer(model.parameters(), scenario.optim)
-    for tokens, labels in data:
+    for clock.step, (tokens, labels) in enumerate(data):
         opt.zero_grad(set_to_none=True)
-        loss = _loss(model(tokens.to(device)), labels.to(device))
-        loss.backward()
+        if scenario.mp == "bf16":
+            loss = _mixed_precision_grads(scenario, model, tokens, labels, device, record, clock)
+        else:
+            loss = _loss(model(tokens.to(device)), labels.to(device))
+            loss.backward()
         record.losses.append(float(loss.detach().float().cpu()))
         record.grads.append(full_grads(model))
         opt.step()
     if scenario.eval != "none":
+        clock.on = False
         record.eval_loss, record.eval_logits = _eval(scenario, model, device)
     return record
+
+
+def _mixed_precision_grads(scenario: Scenario, model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor,
+                           device, record: TrainRecord, clock: RoutingClock) -> torch.Tensor:
+    """FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) on one process.
+
+    A float32 reference cannot judge a bf16 run of a router: a token whose top-k scores
+    lie within bf16 rounding picks another expert, and that expert's gradient differs
+    wholly. So, as FSDP2 does, each data-parallel rank's microbatch runs on a bf16 cast
+    of the float32 parameters (buffers stay float32), its bf16 gradients are cast to
+    float32, summed over microbatches and averaged over ranks into the float32 master's
+    `.grad`. Returns the global loss (the mean over ranks of the accumulated loss).
+    """
+    shadow = copy.deepcopy(model)
+    for p in shadow.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    shadow_clock = RoutingClock(step=clock.step)
+    if scenario.model_args.n_experts:
+        _watch_routing(shadow, record, shadow_clock)
+    ranks, accum = scenario.dp_degree, scenario.accum
+    rows = tokens.shape[0] // (ranks * accum)
+    grads: dict[str, torch.Tensor] = {}
+    total = torch.zeros((), dtype=torch.float32)
+    for chunk in range(ranks * accum):
+        shadow_clock.chunk = chunk
+        shadow.zero_grad(set_to_none=True)
+        part = slice(chunk * rows, (chunk + 1) * rows)
+        loss = _loss(shadow(tokens[part].to(device)), labels[part].to(device)) / accum
+        loss.backward()
+        total += loss.detach().float().cpu() / ranks
+        for name, p in shadow.named_parameters():
+            if p.grad is not None:
+                g = p.grad.float() / ranks
+                grads[name] = grads[name] + g if name in grads else g
+    for name, p in model.named_parameters():
+        p.grad = grads.get(name)
+    return total
 
 
 def _as_meshes(mesh: Any) -> Meshes:
@@ -421,9 +503,14 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
                 return count_executed_ops(evidence.runtime_ops)
             return contextlib.nullcontext()
 
+        clock = None
+        if scenario.model_args.n_experts and not scenario.compiled and scenario.resume == "none":
+            clock = RoutingClock()  # the routing of an eager MoE run is compared with the reference's
+            _watch_routing(layout.model, record, clock)
+
         def train(layout: Layout, steps: range, opt) -> None:
             for step in steps:
-                _train_steps(scenario, layout, data, range(step, step + 1), device, record, opt, on_step)
+                _train_steps(scenario, layout, data, range(step, step + 1), device, record, opt, on_step, clock)
                 if layout.counter is not None:
                     evidence.graph_calls[-1] += layout.counter.calls
 
@@ -439,6 +526,9 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
                 if not mutation.skip_checkpoint_load:
                     ckpt.load(layout.model, opt, path)
             train(layout, range(RESUME_AT, scenario.steps), opt)
+        if clock is not None:
+            clock.on = False
+            _gather_routing(record, layout)
         counter = layout.counter
         if counter is not None:
             evidence.graphs_total = counter.graphs

@@ -314,3 +314,38 @@ def test_eval_numbers_and_routing_are_judged():
     assert any("empty-expert path was not exercised" in p for p in busy), busy
     starved = check_routing(TrainRecord(expert_tokens=[[5, 3, 1, 0], [4, 4, 1, 0]]))
     assert any("experts [3] never got a token" in p for p in starved), starved
+
+
+def test_rerouted_steps_are_judged_by_loss_within_a_budget():
+    """A token moved by rounding skips that step's gradients; a broken router fails."""
+    import torch
+
+    from suites.checks import check_numerics, compare_routing
+    from suites.scenarios import tolerance
+    from suites.training import TrainRecord
+
+    tol = tolerance("float32", "none")
+    same = {(s, 0, c): (60, 50, 18, 0) for s in range(3) for c in range(2)}
+    one_moved = dict(same) | {(1, 0, 1): (59, 51, 18, 0)}
+    grad = {"w": torch.ones(4)}
+    ref = TrainRecord(losses=[1.0] * 3, grads=[grad] * 3, routing=same)
+    # step 1's gradient is wildly off, but step 1 routed one token elsewhere: loss only
+    run = TrainRecord(losses=[1.0] * 3, grads=[grad, {"w": -torch.ones(4)}, grad], routing=one_moved)
+    assert compare_routing(ref, run) == ({1: "block 0: 1 of 256 token-expert assignments differ from the reference's"}, [])
+    assert check_numerics(ref, run, tol) == []
+    # the same gradient error where routing agrees is a failure
+    agreed = TrainRecord(losses=[1.0] * 3, grads=[grad, {"w": -torch.ones(4)}, grad], routing=same)
+    assert any(p.startswith("step 1: w: gradient SQNR") for p in check_numerics(ref, agreed, tol))
+    # a router that sends many tokens elsewhere (e.g. unsynchronized router weights)
+    broken = dict(same) | {(0, 0, 0): (30, 80, 18, 0)}
+    _, problems = compare_routing(ref, TrainRecord(routing=broken))
+    assert problems == ["step 0: routing: block 0: 30 of 256 token-expert assignments differ from the "
+                        "reference's (more than 2)"], problems
+    # rounding moves a token now and then, not in every step
+    drifting = dict(same) | {(s, 0, 0): (59, 51, 18, 0) for s in range(3)}
+    _, problems = compare_routing(ref, TrainRecord(routing=drifting))
+    assert any("routing differs from the reference in 3 steps" in p for p in problems), problems
+    # a run that recorded no routing where the reference did (a block skipped)
+    partial = {k: v for k, v in same.items() if k[2] == 0}
+    _, problems = compare_routing(ref, TrainRecord(routing=partial))
+    assert any("recorded no routing" in p for p in problems), problems
