@@ -271,6 +271,50 @@ def test_public_bases_are_pinned_by_digest_in_one_table():
         assert re.search(r"^ARG BASE_IMAGE$", text, re.M) and not re.search(r"^ARG BASE_IMAGE=", text, re.M)
 
 
+def test_cuda_base_is_nvidias_runtime_image_for_the_cuda_cells_python():
+    from distci.images import PUBLIC_BASES
+    from distci.matrix import load_matrix
+
+    cuda = [c for c in load_matrix(REPO / "matrix.toml").cells if c.accelerator == "cuda"]
+    assert cuda and {c.python for c in cuda} == {"3.12"}
+    base = PUBLIC_BASES[("cuda", "3.12")]
+    assert base.name.startswith("nvidia/cuda:") and "-runtime-ubuntu24.04" in base.name
+    assert {"python3", "python3-venv", "python3-dev", "gcc"} <= set(base.prepare)
+
+
+def test_prepared_base_tag_follows_base_packages_and_recipe():
+    from distci.images.base import prepared_tag
+
+    a = prepared_tag("nvidia/cuda:13.0.1-runtime-ubuntu24.04", ("python3", "gcc"))
+    assert re.fullmatch(r"distci/base-prepared:[0-9a-f]{12}", a)
+    assert a == prepared_tag("nvidia/cuda:13.0.1-runtime-ubuntu24.04", ("python3", "gcc"))
+    assert a != prepared_tag("nvidia/cuda:13.0.2-runtime-ubuntu24.04", ("python3", "gcc"))
+    assert a != prepared_tag("nvidia/cuda:13.0.1-runtime-ubuntu24.04", ("python3", "gcc", "g++"))
+
+
+@pytest.mark.docker
+def test_cuda_base_is_prepared_once_from_the_public_name(docker_client, monkeypatch):
+    """The air-gapped path: the local base tagged as NVIDIA's image goes through the same
+    prepare build (it already has python3 and gcc, so nothing is installed, no network)."""
+    from distci.images import PUBLIC_BASES, resolve_base
+
+    monkeypatch.setenv("DISTCI_BASE_IMAGE", "local")
+    monkeypatch.delenv("DISTCI_CUDA_BASE_IMAGE", raising=False)
+    public = PUBLIC_BASES[("cuda", "3.12")]
+    logs: list[str] = []
+    ref = resolve_base("cuda", "3.12", docker_client, log=logs.append)
+    assert ref.startswith("distci/base-prepared:"), ref
+    image = docker_client.images.get(ref)
+    assert image.labels["distci.prepared-from"] == public.name
+    assert "python3-dev" in image.labels["distci.prepared-packages"]
+    out = docker_client.containers.run(ref, ["sh", "-c", "python3 -m venv /tmp/v && gcc --version | head -1"],
+                                       network_mode="none", remove=True).decode()
+    assert "gcc" in out
+    again: list[str] = []
+    assert resolve_base("cuda", "3.12", docker_client, log=again.append) == ref
+    assert not any("adding" in line for line in again), again  # once per runner and base
+
+
 def test_base_overrides_per_runner(monkeypatch):
     from distci.images import PUBLIC_BASES, resolve_base
 

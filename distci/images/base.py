@@ -42,22 +42,35 @@ class PublicBase:
     name: str            # repository:tag, what the local fallback is tagged as
     digest: str | None   # sha256:..., the pin; None where no digest could be verified
     why: str
+    prepare: tuple[str, ...] = ()
+    """Distribution packages the image lacks for a cell build (NVIDIA's CUDA runtime images
+    have no Python and no compiler): added once per runner and base by a networked build of
+    docker/base/prepare.Dockerfile (ensure_prepared); the cell build stays offline."""
 
     @property
     def ref(self) -> str:
         return f"{self.name}@{self.digest}" if self.digest else self.name
 
 
-# (family, python) -> base. Full python images, not -slim: Inductor compiles C++ on CPU
-# and Triton compiles its launchers in C, and an offline build cannot apt-get a compiler.
-# CUDA uses the same image: PyPI's CUDA wheels bring the CUDA runtime (nvidia-* wheels)
-# and the driver comes from the host through the NVIDIA container toolkit; NVIDIA's
-# runtime images have neither Python nor a C compiler. NPU: Ascend's CANN image with the
+# (family, python) -> base. CPU: a full python image, not -slim: Inductor compiles C++ on
+# CPU and Triton compiles its launchers in C, and an offline build cannot apt-get a
+# compiler. CUDA: NVIDIA's CUDA runtime image (Ubuntu 24.04, so Python 3.12: the CUDA
+# cells' Python), which sets up what the NVIDIA container toolkit expects; it has neither
+# Python nor gcc, which `prepare` adds once. PyPI's CUDA wheels bring their own CUDA
+# libraries (nvidia-* wheels); the driver comes from the host. A CUDA cell pinned to
+# Python 3.11 builds FROM the python image instead. NPU: Ascend's CANN image with the
 # CANN that torch_npu's compatibility table pairs with the cell's torch_npu (npu.py).
+# Digests are the multi-arch index digests of the tags (`docker buildx imagetools
+# inspect NAME` prints them); a runner that mirrors images overrides them (BASE_VARS).
 PUBLIC_BASES: dict[tuple[str, str], PublicBase] = {
     ("cpu", "3.11"): PublicBase(
         "python:3.11-bookworm", "sha256:a8f8fbe1a0edc9e4dddafa64ba73f7e04be7be5ebc23f332362e779e0a2e4e52",
         "Debian bookworm + CPython 3.11 with gcc/g++ and headers"),
+    ("cuda", "3.12"): PublicBase(
+        "nvidia/cuda:13.0.1-runtime-ubuntu24.04",
+        "sha256:c3fde347d52d578c84fd644bc177bc7ec333feaf11550d990da4084d7612e4c7",
+        "NVIDIA's CUDA 13.0 runtime on Ubuntu 24.04; Python 3.12 and gcc added once (prepare)",
+        prepare=("python3", "python3-venv", "python3-dev", "gcc", "g++", "ca-certificates")),
     ("cuda", "3.11"): PublicBase(
         "python:3.11-bookworm", "sha256:a8f8fbe1a0edc9e4dddafa64ba73f7e04be7be5ebc23f332362e779e0a2e4e52",
         "CPython 3.11 + gcc; CUDA runtime from the torch wheels, driver from the host"),
@@ -129,7 +142,7 @@ def resolve_base(family: str, python: str, client, *, log: Log = print) -> str:
         return chosen
     public = public_base(family, python)
     if chosen != LOCAL:
-        return public.ref
+        return ensure_prepared(client, public.ref, public.prepare, log=log) if public.prepare else public.ref
     if family == "npu":
         raise ConfigError("DISTCI_NPU_BASE_IMAGE=local: there is no air-gapped CANN base; "
                           "load Ascend's CANN image into the daemon and name it")
@@ -138,7 +151,43 @@ def resolve_base(family: str, python: str, client, *, log: Log = print) -> str:
     repository, _, tag = public.name.rpartition(":")
     if public.name not in (image.tags or []):
         image.tag(repository, tag)
-    return public.name
+    return ensure_prepared(client, public.name, public.prepare, log=log) if public.prepare else public.name
+
+
+PREPARE_RECIPE = DOCKER_DIR / "base" / "prepare.Dockerfile"
+
+
+def prepared_tag(base: str, packages: tuple[str, ...]) -> str:
+    """The tag of `base` with `packages` added: changes with the base, the list and the recipe."""
+    import hashlib
+
+    key = "\n".join([base, " ".join(packages), sha256_file(PREPARE_RECIPE)])
+    return f"distci/base-prepared:{hashlib.sha256(key.encode()).hexdigest()[:INPUTS_LENGTH]}"
+
+
+def ensure_prepared(client, base: str, packages: tuple[str, ...], *, log: Log = print) -> str:
+    """`base` with the packages a cell build needs, built once per runner (the only build
+    step with network: apt-get from the base's own distribution; skipped when the base
+    already has Python with venv and headers and gcc). Returns the tag to build FROM."""
+    tag = prepared_tag(base, packages)
+    if client is None or image_exists(client, tag):
+        return tag
+    from docker.errors import APIError, BuildError, DockerException
+
+    log(f"base image {base}: adding {' '.join(packages)} once for this runner -> {tag}")
+    started = time.monotonic()
+    try:
+        client.images.build(path=str(PREPARE_RECIPE.parent), dockerfile=PREPARE_RECIPE.name, tag=tag, rm=True,
+                            forcerm=True, buildargs={"BASE_IMAGE": base, "PACKAGES": " ".join(packages)})
+    except BuildError as exc:
+        tail = "\n".join(str(item.get("stream") or item.get("error") or "").rstrip() for item in exc.build_log)[-3000:]
+        raise InfraError(f"preparing base image {base} failed ({exc.msg}); it needs the base pullable and its "
+                         f"distribution's package mirror reachable once, or set a base that has python3 + gcc",
+                         log=tail) from None
+    except (APIError, DockerException) as exc:
+        raise InfraError(f"preparing base image {base} failed: {' '.join(str(exc).split())[:300]}") from None
+    log(f"base image {tag}: ready in {time.monotonic() - started:.0f}s")
+    return tag
 
 
 def local_base_tag() -> str:
