@@ -120,3 +120,32 @@ def test_a_fullgraph_model_with_a_broken_pass_is_inductors(tmp_path, monkeypatch
 def test_compiler_bisect_refuses_a_failure_that_is_not_the_compilers(tmp_path):
     with pytest.raises(BisectError, match=r"replaced by an identity \(exit 3\) and with the eager backend"):
         compiler_bisect("exit 3", python=sys.executable, cwd=tmp_path, log=lambda line: None)
+
+
+PASS_TEST = PASS_REPRO.replace("import sys\n\n", "").split("\nx = torch.randn")[0] + '''
+
+def test_linear_compiles():
+    x = torch.randn(4, 8)
+    assert torch.allclose(f(x), linear(x))
+'''
+
+
+@pytest.mark.slow
+def test_a_test_id_is_bisected_in_the_pr_cells_stack_env(tmp_path, monkeypatch, capsys):
+    """`nox -s bisect -- TEST_ID --compiler` from the controller venv (no torch there):
+    with no --in-env the failing env is the pr cell's stack env, as its runs build it."""
+    from distci.selfwheels import REPO
+
+    (tmp_path / "test_broken_pass.py").write_text(PASS_TEST)
+    monkeypatch.chdir(tmp_path)
+    # the checkout's caches: the same wheelhouse and env the pr tier's run uses
+    monkeypatch.setenv("DISTCI_WHEELHOUSE_ROOT", str(REPO / ".distci" / "wheelhouse"))
+    monkeypatch.setenv("DISTCI_ENV_ROOT", str(REPO / ".distci" / "envs"))
+    argv = ["bisect", "test_broken_pass.py::test_linear_compiles", "--compiler", "--compiler-backend", "inductor",
+            "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--timeout", "300"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"compiler bisect in the stack env of cell cpu-\S+ \(--cell CELL or --in-env VENV", out), out
+    report = json.loads(Path(re.search(r"^report: (.+)$", out, re.MULTILINE).group(1)).read_text())
+    assert (report["backend"], report["subsystem"]) == ("inductor", "joint_graph_passes"), report
+    assert report["python"].startswith(str(REPO / ".distci" / "envs")), report["python"]

@@ -147,7 +147,8 @@ def add_parser(sub: Any, description: str, fn: Any) -> argparse.ArgumentParser:
                    "parts are interchangeable, bisect the differing Python files and hunks")
     p.add_argument("--compiler", action="store_true", help="run torch's compiler bisector on the "
                    "failure (in the --bad candidate's environment, else --in-env, else here)")
-    p.add_argument("--in-env", help="with --compiler: the failing environment (a venv)")
+    p.add_argument("--in-env", help="with --compiler: the failing environment (a venv); default for a test "
+                   "id: the stack env of --cell, else of the pr tier's cell")
     p.add_argument("--compiler-backend", help="with --compiler: start at this backend (e.g. inductor)")
     p.set_defaults(fn=fn)
     return p

@@ -229,7 +229,7 @@ def _question(args: BisectArgs, log: Log) -> Question:
     elif args.stack:
         stack = load_stack(args.stack)
         pins, fixes_mode = Pins.from_stack(stack, where=args.stack), stack.get("fixes_mode")
-    elif args.cell:
+    elif args.cell and not args.compiler:  # with --compiler the cell names the env (compiler_command.py)
         from distci.store import Store
 
         with Store(args.store) as store:

@@ -1,7 +1,9 @@
 """`distci bisect --compiler`: torch's compiler bisector on a command or a test id.
 
-The failing environment is the bad candidate's (built like a probe's), else --in-env,
-else this interpreter's. A test id runs through the harness in torchrun mode, like a
+The failing environment is the bad candidate's (built like a probe's), else --in-env;
+for a test id with neither, the stack env of --cell (default: the pr tier's cell), built
+or reused as a cell run builds it, so `nox -s bisect -- TEST_ID --compiler` works from
+the controller's venv, which has no torch; for a command, this interpreter's. A test id runs through the harness in torchrun mode, like a
 probe; the finding (backend, subsystem, pass or op) is written as a report under
 --out/compiler and, for a test id, attached to the store as a bisect record whose
 culprit is the finding, so the dashboard shows it next to the failure.
@@ -24,6 +26,29 @@ from distci.bisect.state import BisectError
 from distci.envs import env_python
 
 
+def cell_env_python(cell_id: str | None, out: Path, log: Callable[[str], None]) -> tuple[str, Path]:
+    """(cell id, the interpreter of its stack env): one env per stack, shared with its runs."""
+    from distci.cellrun import provision
+    from distci.errors import DistciError
+    from distci.matrix import load_matrix
+    from distci.selfwheels import REPO
+
+    matrix = load_matrix(REPO / "matrix.toml")
+    if cell_id:
+        cell = matrix.cell(cell_id)
+    else:
+        cell = next((c for c in matrix.cells if "pr" in c.tiers), None)
+        if cell is None:
+            raise BisectError("no cell in the pr tier: name the failing stack with --cell CELL or --in-env VENV")
+    log(f"compiler bisect in the stack env of cell {cell.id} (--cell CELL or --in-env VENV for another)")
+    where = out / "compiler" / "provision" / cell.id
+    where.mkdir(parents=True, exist_ok=True)
+    try:
+        return cell.id, Path(provision(cell, where, log=log).python)
+    except DistciError as exc:
+        raise BisectError(f"the stack env of cell {cell.id} cannot be built: {exc} (log: {where})") from None
+
+
 def run_compiler(args: BisectArgs, q: Any, log: Callable[[str], None]) -> int:
     from distci.bisect.command import _digest, candidates_of, env_cache, harness_command, harness_path
 
@@ -39,6 +64,9 @@ def run_compiler(args: BisectArgs, q: Any, log: Callable[[str], None]) -> int:
         python = str(env_python(venv))
     elif args.in_env:
         python = str(env_python(Path(args.in_env)))
+    elif q.test_id:
+        cell_id, env_path = cell_env_python(args.cell, Path(args.out), log)
+        python, q = str(env_path), replace(q, cell_id=cell_id)
     else:
         python = sys.executable
         if importlib.util.find_spec("torch") is None:
@@ -58,7 +86,7 @@ def run_compiler(args: BisectArgs, q: Any, log: Callable[[str], None]) -> int:
     report = Path(args.report) if args.report else Path(args.out) / "compiler" / (
         _digest([command, python]) + ".json")
     report.parent.mkdir(parents=True, exist_ok=True)
-    data = {"kind": "compiler", "command": command, "test": q.test_id, "regression": q.regression,
+    data = {"kind": "compiler", "command": command, "test": q.test_id, "regression": q.regression, "python": python,
             **finding.to_dict()}
     if q.test_id:  # the store's bisect keys: the dashboard shows the finding with the test
         data.update(test_id=q.test_id, axis="compiler", good="", bad=args.bad or "",
