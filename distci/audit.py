@@ -487,6 +487,10 @@ def run_audit(versions: Sequence[str], root: Optional[Path], out_root: Path, onl
         audit.rows += rows
         if autoload is not None:
             audit.autoload[version] = autoload
+        # after every version, so a crash or a deadline loses nothing already run
+        judge(audit.rows)
+        audit.seconds = time.monotonic() - started
+        (out / "audit.json").write_text(json.dumps(asdict(audit), indent=2) + "\n")
     judge(audit.rows)
     audit.seconds = time.monotonic() - started
     (out / "audit.json").write_text(json.dumps(asdict(audit), indent=2) + "\n")
