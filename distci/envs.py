@@ -272,6 +272,30 @@ print(json.dumps({"executable": sys.executable, "version": "%d.%d.%d" % sys.vers
 INSTALLED_PTH = "_distci_installed.pth"
 
 
+def overlay_venv(path: Path, python: str, log_path: Path) -> Path:
+    """An empty venv of `python` (no pip: the controller's pip installs into it with
+    ``--python``); returns its site-packages. With `add_import_path` it becomes an overlay:
+    its own packages first, then another environment's, imported where they are installed.
+    Used by installed stacks here and by bisect's candidate envs (distci/bisect/install.py)."""
+    cmd = [python, "-m", "venv", "--without-pip", str(path)]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a") as out:
+        out.write("$ " + " ".join(cmd) + "\n")
+        out.flush()
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=isolated_environ())
+    if proc.returncode != 0 or not env_python(path).exists():
+        raise InfraError(f"env {path.name}: cannot make a venv of {python} (log: {log_path})",
+                         log=_tail(log_path.read_text()))
+    return next(path.glob("lib/python*/site-packages"), None) or path / "Lib" / "site-packages"
+
+
+def add_import_path(site_dir: Path, sites: Sequence[str], name: str) -> None:
+    """A .pth file `name` in `site_dir` appending `sites` (after the venv's own packages)."""
+    pth = site_dir / name
+    pth.unlink(missing_ok=True)  # may be a hard link into another env
+    pth.write_text(f"import site; list(map(site.addsitedir, {[str(s) for s in sites]!r}))\n")
+
+
 @dataclass(frozen=True)
 class InstalledStack:
     """What an interpreter already has: its import path and the versions of the packages asked about."""
@@ -350,17 +374,7 @@ def installed_env(
         path.mkdir(parents=True)
         log(f"env {path.name}: {found.executable} as installed"
             + (f", adding {', '.join(missing)} from local wheels" if missing else ""))
-        cmd = [python, "-m", "venv", "--without-pip", str(path)]
-        with env.log_path.open("a") as out:
-            out.write("$ " + " ".join(cmd) + "\n")
-            out.flush()
-            proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=isolated_environ())
-        if proc.returncode != 0 or not env.python.exists():
-            raise InfraError(f"env {path.name}: cannot make an overlay of {python} (log: {env.log_path})",
-                             log=_tail(env.log_path.read_text()))
-        site_dir = next(path.glob("lib/python*/site-packages"), None) or path / "Lib" / "site-packages"
-        (site_dir / INSTALLED_PTH).write_text(
-            f"import site; list(map(site.addsitedir, {list(found.path)!r}))\n")
+        add_import_path(overlay_venv(path, python, env.log_path), found.path, INSTALLED_PTH)
         if missing:
             links = [arg for loc in find_links for arg in ("--find-links", loc)]
             _install(env, sys.executable, None, ["--no-index", *links, *missing], log)

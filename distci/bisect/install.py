@@ -8,7 +8,8 @@ says whether it found the environment warm; the report shows cold and warm times
 Each candidate environment is a small venv holding only the candidate. The rest of the
 stack (every other package pinned to the bad cell's versions) lives in one base env, made
 by distci.envs (THE venv primitive: the same env a cell of that stack gets) from a
-wheelhouse of the pins, or given as --base-env. A .pth file puts the base after the
+wheelhouse of the pins, or given as --base-env; each candidate env is an overlay venv
+(distci.envs.overlay_venv + add_import_path): a .pth file puts the base after the
 candidate's own site-packages: the candidate wins over any copy in the base, and torch is
 installed once, not once per commit. pip runs from the controller (``pip --python``).
 
@@ -36,7 +37,7 @@ from typing import Callable, Mapping, Sequence
 from distci.bisect.candidates import CommitCandidate, WheelCandidate
 from distci.envs import MARKER as ENV_MARKER
 from distci.envs import default_root as env_default_root
-from distci.envs import ensure_env, env_key, env_python, isolated_environ, stack_env
+from distci.envs import add_import_path, ensure_env, env_key, env_python, isolated_environ, overlay_venv, stack_env
 from distci.errors import InfraError
 from distci.wheelhouse import Wheelhouse, ensure_wheelhouse, file_lock, install_args
 
@@ -176,13 +177,14 @@ class EnvCache:
         shutil.rmtree(path, ignore_errors=True)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            _run([self.python, "-m", "venv", "--without-pip", str(path)], "venv")
+            try:
+                overlay_venv(path, self.python, path.with_name(f".{path.name}.log"))
+            except InfraError as exc:
+                raise InstallFailed(str(exc), exc.log) from None
             if populate is not None:
                 populate(path)
             if base is not None:
-                pth = site_packages(path) / "_distci_base.pth"
-                pth.unlink(missing_ok=True)  # may be a hard link into another env
-                pth.write_text(f"import site; site.addsitedir({str(site_packages(base))!r})\n")
+                add_import_path(site_packages(path), [str(site_packages(base))], "_distci_base.pth")
             if install:  # what to install is decided (a wheel, a lock): no pip config may veto it
                 _run([sys.executable, "-m", "pip", "--python", str(env_python(path)),
                       "install", "--no-input", *install], "pip install", env=isolated_environ())
