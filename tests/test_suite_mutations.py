@@ -10,6 +10,8 @@ trains to completion without raising; the check must then report it:
   - FSDP2 blocks that never reshard (fewer all-gathers than the plan implies),
   - a frozen weight that trains again (it requires grad and gets a gradient),
   - a MoE expert whose output is dropped,
+  - a router that sends tokens elsewhere than the reference's (a skewed bias: the
+    routing comparison, not only the gradients, must say so),
   - a resumed run whose checkpoint load did nothing,
   - varlen training without automatic dynamic shapes (a recompile per shape: over the
     budget),
@@ -51,6 +53,7 @@ RUNS = {
     "unfrozen": ("tp-eager-frozen", "unfreeze_embedding"),
     "control_moe": ("tp-moe-eager", None),
     "dropped_expert": ("tp-moe-eager", "drop_expert"),
+    "misrouted": ("tp-moe-eager", "skew_router"),
     "control_dcp": ("tp_sp-eager-dcp_to_fsdp", None),
     "dcp_no_load": ("tp_sp-eager-dcp_to_fsdp", "skip_load"),
     "control_varlen": (VARLEN, None),
@@ -92,6 +95,15 @@ def _mutation(kind: str | None):
             model.layers["0"].feed_forward.experts[1].register_forward_hook(lambda mod, inp, out: out * 0)
 
         return Mutation(after_parallelize=drop)
+    if kind == "skew_router":
+        import torch
+
+        def skew(model) -> None:
+            bias = model.layers["0"].feed_forward.router.bias
+            with torch.no_grad():
+                (bias.to_local() if hasattr(bias, "to_local") else bias)[0] += 3.0
+
+        return Mutation(after_parallelize=skew)
     if kind == "skip_load":
         return Mutation(skip_checkpoint_load=True)
     if kind == "static_shapes":
@@ -349,3 +361,10 @@ def test_rerouted_steps_are_judged_by_loss_within_a_budget():
     partial = {k: v for k, v in same.items() if k[2] == 0}
     _, problems = compare_routing(ref, TrainRecord(routing=partial))
     assert any("recorded no routing" in p for p in problems), problems
+
+
+def test_misrouted_tokens_fail_the_routing_comparison(mutated):
+    for name in ("misrouted", "misrouted@rank1"):
+        problems = _problems(mutated, name, "numerics")
+        assert any(p.startswith("step 0: routing: block 0:") and "token-expert assignments differ" in p
+                   for p in problems), problems
