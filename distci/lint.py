@@ -6,7 +6,7 @@
 - zizmor: workflow security (template injection, credentials persisted by checkout,
   unpinned actions, excessive permissions, dangerous triggers); `--offline`, so it
   needs no token. Findings at or above `--zizmor-severity` (default high) fail.
-- hadolint: the Dockerfiles under docker/*/; findings at or above
+- hadolint: the Dockerfiles under docker/*/ (and docker/*/*.Dockerfile); findings at or above
   `--hadolint-threshold` (default error) fail, the rest are printed.
 
 All three come from PyPI (see INSTALL), so a runner needs nothing but pip. Each tool's
@@ -58,7 +58,8 @@ def workflow_files(root: Path) -> list[Path]:
 
 
 def dockerfiles(root: Path) -> list[Path]:
-    return sorted((root / "docker").glob("*/Dockerfile"))
+    """Every Dockerfile distci builds: the families' and the base recipes (*.Dockerfile)."""
+    return sorted([*(root / "docker").glob("*/Dockerfile"), *(root / "docker").glob("*/*.Dockerfile")])
 
 
 def _run(tool: str, args: list[str], root: Path) -> ToolRun:
