@@ -34,11 +34,9 @@ Results go to .distci/audit/<stamp>/ (audit.json, audit.md) and the terminal (ri
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -47,10 +45,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from distci.errors import ConfigError, InfraError
+from distci.errors import ConfigError, DistciError, InfraError
 
 REPO = Path(__file__).resolve().parent.parent
-FIXES_DIR = REPO / "fixes"
 DEFAULT_VERSIONS = ("2.5.1", "2.6.0", "2.7.0", "2.8.0", "2.10.0", "2.13.0", "2.14.1", "2.15.0")
 DEFAULT_PACKAGES = ("torchtitan==0.2.2", "torchtitan==0.3.0")
 """The third-party package versions a fix for that package is audited against."""
@@ -123,10 +120,6 @@ class Audit:
 # --- environments ---------------------------------------------------------------------
 
 
-def venv_python(root: Path, name: str) -> Path:
-    return root / name / "bin" / "python"
-
-
 def venv_name(version: str, packages: Sequence[str] = ()) -> str:
     """torch 2.13.0 alone: `2.13.0`; with torchtitan 0.3.0: `2.13.0+torchtitan-0.3.0`."""
     return "+".join([version, *(p.replace("==", "-") for p in packages)])
@@ -148,10 +141,6 @@ def _installed_torch(python: Path) -> Optional[str]:
     return _installed(python, "torch")
 
 
-def _fixes_stamp() -> str:
-    return hashlib.sha256((FIXES_DIR / "pyproject.toml").read_bytes()).hexdigest()[:16]
-
-
 def _pinned(requirement: str) -> tuple[str, str]:
     name, sep, version = requirement.partition("==")
     if not sep or not name.strip() or not version.strip():
@@ -159,49 +148,33 @@ def _pinned(requirement: str) -> tuple[str, str]:
     return name.strip(), version.strip()
 
 
-def _install(venv: Path, args: Sequence[str], what: str, timeout: float = 3600) -> None:
-    """Install into `venv` with uv (from its cache) when on PATH, else with the venv's pip."""
-    python = venv / "bin" / "python"
-    uv = shutil.which("uv")
-    cmd = [uv, "pip", "install", "-q", "--python", python, *args] if uv else [python, "-m", "pip", "install", "-q",
-                                                                              *args]
-    proc = _run(cmd, timeout=timeout)
-    if proc.returncode != 0:
-        raise InfraError(f"installing {what} failed", log=proc.stderr[-4000:])
-
-
 def ensure_venv(root: Path, version: str, log=print, packages: Sequence[str] = ()) -> Path:
-    """The venv for torch `version` (plus `packages`, NAME==VERSION lines) under root: reused when current.
+    """The interpreter of the env for torch `version` (plus `packages`, NAME==VERSION lines).
 
-    torch is installed once (the default index serves CUDA builds for old versions;
-    they run on CPU). distci-fixes is installed editable, so fix edits need no
-    reinstall; it is reinstalled when fixes/pyproject.toml (its entry points) changed.
+    It is distci.envs' env of that stack (one venv primitive: a cell or a bisect probe of
+    the same requirements gets the same env), built under `root` from a wheelhouse
+    downloaded once (the default index serves CUDA builds for old versions; they run on
+    CPU), with the distci-fixes wheel of this checkout installed last (an edit of fixes/
+    reinstalls only that wheel).
     """
+    from distci.envs import stack_env
+    from distci.selfwheels import build_wheel
+
     name = venv_name(version, packages)
-    path = root / name
-    python = venv_python(root, name)
-    have = _installed_torch(python)
-    current = have is not None and have.split("+")[0] == version and all(
-        _installed(python, n) == v for n, v in map(_pinned, packages))
-    if not current:
-        log(f"[{name}] creating venv (torch=={version}{''.join(', ' + p for p in packages)})")
-        uv = shutil.which("uv")
-        create = [uv, "venv", "-q", "--python", sys.executable, path] if uv else [sys.executable, "-m", "venv",
-                                                                                 "--clear", path]
-        if uv and path.exists():
-            shutil.rmtree(path)
-        proc = _run(create, timeout=600)
-        if proc.returncode != 0:
-            raise InfraError(f"venv for torch {version} failed", log=proc.stderr[-4000:])
-        extra = ["--extra-index-url", os.environ[TORCH_INDEX_ENV]] if os.environ.get(TORCH_INDEX_ENV) else []
-        companions = list(PACKAGE_COMPANIONS) if packages else []
-        _install(path, [f"torch=={version}", *packages, *companions, *VENV_PACKAGES, *extra],
-                 f"torch=={version} {' '.join(packages)}".strip())
-    stamp_file = path / ".distci-fixes-stamp"
-    if not stamp_file.exists() or stamp_file.read_text() != _fixes_stamp():
-        _install(path, ["--no-deps", "-e", FIXES_DIR], f"distci-fixes into {name}", timeout=600)
-        stamp_file.write_text(_fixes_stamp())
-    return python
+    extra = ["--extra-index-url", os.environ[TORCH_INDEX_ENV]] if os.environ.get(TORCH_INDEX_ENV) else []
+    companions = list(PACKAGE_COMPANIONS) if packages else []
+    cache = Path(".distci") / "selfwheels"
+    cache.mkdir(parents=True, exist_ok=True)
+    fixes = build_wheel("distci_fixes", cache, log=log)
+    log(f"[{name}] env: torch=={version}{''.join(', ' + p for p in packages)}")
+    try:
+        env = stack_env([f"torch=={version}", *packages, *companions, *VENV_PACKAGES], extra,
+                        extra_wheels=[fixes], env_root=root, log=lambda line: log(f"[{name}] {line}"))
+    except InfraError:
+        raise
+    except DistciError as exc:  # a resolution the index cannot satisfy: this version's row is infra
+        raise InfraError(f"env for torch {version} failed: {exc}") from None
+    return env.python
 
 
 # --- probing and running --------------------------------------------------------------
@@ -560,7 +533,11 @@ def _bisect(args: argparse.Namespace, audit: Audit) -> None:
     from distci.bisect.fix_audit import bisect_audit
     from distci.bisect.fix_audit import to_markdown as bisect_table
 
-    table = bisect_table(bisect_audit(audit.rows, out=Path(args.out)))
+    def package_env(change) -> Path:  # the audit's env of that torch with the newer package version
+        python = ensure_venv(Path(args.cache), change.torch, packages=[f"{change.axis}=={change.first_absent}"])
+        return python.parent.parent
+
+    table = bisect_table(bisect_audit(audit.rows, out=Path(args.out), package_env=package_env))
     print(table)
     if args.report:
         with Path(args.report).open("a") as fh:
@@ -577,7 +554,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="a version of a third-party package fixes target, audited against each torch "
                         f"(repeatable; default: {' '.join(DEFAULT_PACKAGES)}; 'none' for none)")
     p.add_argument("--cache", default=str(REPO / ".distci" / "torch"),
-                   help="venvs per torch version, reused across audits (default .distci/torch/<version>)")
+                   help="root of the audit's stack envs (distci.envs, one per stack), reused across audits "
+                   "(default .distci/torch)")
     p.add_argument("--out", default=str(REPO / ".distci" / "audit"), help="where audit.json/audit.md go")
     p.add_argument("--report", default=None, help="also write the markdown table here (e.g. reports/fix-audit.md)")
     p.add_argument("--env", action="append", help="KEY=VALUE added to the environment of every run (repeatable)")
