@@ -1,7 +1,8 @@
 """Fix audit: for every torch version and every fix, is the bug there and does the fix work?
 
-For each version the audit reuses (or creates once) a venv with that torch and
-distci-fixes installed, asks the fix package in that venv what it sees (detect() with
+For each version the audit reuses (or creates once) the stack env (distci.envs: the
+same env a cell or a bisect probe of that stack gets) with that torch and the
+distci-fixes wheel, asks the fix package in that venv what it sees (detect() with
 fixes off, the range decision, the status with fixes on), and runs each fix's
 regression test twice through the harness: with `DISTCI_FIXES=none` and with
 `DISTCI_FIXES=<that fix only>`. The verdict per fix and version:
@@ -19,13 +20,12 @@ so it depends on the versions audited, never on which of them is the oldest.
 
 A fix whose target is a third-party package (torchtitan) is audited once per version of
 that package (`--package torchtitan==0.2.2 --package torchtitan==0.3.0`): the package is
-installed into a venv of its own next to each torch version's, for every torch version
-in the fix's range, and the rows are judged per package version.
+installed in a stack env of its own (torch + that package), for every torch version in
+the fix's range, and the rows are judged per package version.
 
-Venvs are built with uv when it is on PATH (it links wheels from its cache, so the
-per-package venvs cost seconds), else with pip; pip honours the machine's pip
-configuration (a constraints file capping torch needs PIP_CONSTRAINT pointed elsewhere
-for newer torch).
+Envs come from a wheelhouse downloaded once per stack (pip, which honours the machine's
+pip configuration: a constraints file capping torch needs PIP_CONSTRAINT pointed
+elsewhere for newer torch) and are installed with uv when it is on PATH.
 
 Results go to .distci/audit/<stamp>/ (audit.json, audit.md) and the terminal (rich).
 `--report PATH` also writes the markdown table there (reports/fix-audit.md in the repo).
