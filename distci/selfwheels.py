@@ -41,6 +41,7 @@ def build_wheel(name: str, cache: Path, *, log=print) -> Path:
     root, parts = SOURCES[name]
     if not (root / "pyproject.toml").exists():
         raise InfraError(f"cannot build {name}: {root / 'pyproject.toml'} is missing")
+    Path(cache).mkdir(parents=True, exist_ok=True)
     out = Path(cache) / f"{name}-{source_hash(root, parts)}"
     found = sorted(out.glob("*.whl"))
     if found:
@@ -53,7 +54,14 @@ def build_wheel(name: str, cache: Path, *, log=print) -> Path:
         cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp), str(build_dir / "src")]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise InfraError(f"building the {name} wheel failed", log=(proc.stdout + proc.stderr)[-4000:])
+            output = proc.stdout + proc.stderr
+            hint = ""
+            if "invalid command 'bdist_wheel'" in output:  # setuptools < 70.1 without the `wheel` package
+                hint = (f": {sys.executable}'s setuptools cannot build wheels; install `wheel` (or setuptools>=70.1) "
+                        "there, or run distci through nox, whose venv has them")
+            elif "No module named" in output and "setuptools" in output:
+                hint = f": {sys.executable} has no setuptools; pip install setuptools"
+            raise InfraError(f"building the {name} wheel failed{hint}", log=output[-4000:])
         shutil.rmtree(out, ignore_errors=True)
         tmp.rename(out)
     finally:
