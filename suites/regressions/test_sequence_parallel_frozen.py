@@ -7,8 +7,12 @@ fine-tuning. `SequenceParallel._replicate_module_fn` re-creates the parameter as
 weight gets a gradient and an optimizer over trainable parameters updates it.
 ColwiseParallel / RowwiseParallel kept the flag since pytorch PR 171709 (issue 171523);
 SequenceParallel did not (torch 2.13.0 and 2.14.1 fail with fixes off).
-Fix: distci_fixes sequence_parallel_frozen. The control (ColwiseParallel, fixed
-upstream) passes everywhere, so a failure of the first case is SequenceParallel's.
+Fix: distci_fixes sequence_parallel_frozen. The second case (ColwiseParallel) is the
+control where torch has PR 171709: it passes there, so a failure of the first case is
+SequenceParallel's. On torch releases from before that PR (the fix audit found 2.5.1 to
+2.8.0) ColwiseParallel loses the flag too (pytorch#171523 itself): the case fails with
+fixes off and the fix, which covers Colwise/RowwiseParallel where they lack it, makes it
+pass.
 Found by suites/test_scenarios.py's `tp_sp-eager-frozen` and `fsdp_tp-eager-frozen-ws4`.
 """
 
