@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from distci.audit import Audit, AuditRow, TestRun, _first_line, _junit_counts, _version_key, judge
 
@@ -82,16 +82,21 @@ def reload(out: Path) -> Audit:
 
 
 def merge(audits: Sequence[Audit]) -> Audit:
-    """One audit of several runs' rows (disjoint versions), judged together."""
+    """One audit of several runs' rows, judged together. Runs side by side cover disjoint
+    versions; a later re-audit of some fixes (`--fix ID`, after a fix changed) replaces
+    the earlier rows of the same (fix, torch, package): audits are given oldest first."""
     if len(audits) == 1:
         return audits[0]
     merged = Audit(versions=sorted({v for a in audits for v in a.versions}, key=_version_key),
                    packages=sorted({p for a in audits for p in a.packages}),
                    started=", ".join(a.started for a in audits), seconds=max(a.seconds for a in audits),
                    env={k: v for a in audits for k, v in a.env.items()})
+    rows: dict[tuple[str, str, str], Any] = {}
     for a in audits:
-        merged.rows += a.rows
+        for row in a.rows:
+            rows[(row.fix, row.torch, row.package)] = row
         merged.autoload.update(a.autoload)
+    merged.rows = list(rows.values())
     merged.rows.sort(key=lambda r: (_version_key(r.torch), r.package))
     merged.autoload = dict(sorted(merged.autoload.items(), key=lambda kv: _version_key(kv[0])))
     judge(merged.rows)

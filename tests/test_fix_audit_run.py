@@ -28,3 +28,23 @@ def test_audit_of_one_fix_on_the_local_torch(tmp_path, monkeypatch):
     assert row["off"]["outcome"] == "failed" and row["on"]["outcome"] == "passed"
     envs = [p.name for p in cache.iterdir() if p.is_dir()]
     assert any(name.startswith("stack-") for name in envs), envs  # distci.envs' env, not a private venv
+
+
+def test_a_later_reaudit_replaces_the_rows_it_covers():
+    from distci.audit import Audit, AuditRow, TestRun
+    from distci.audit_report import merge
+
+    def row(fix, torch, on):
+        return AuditRow(fix=fix, torch=torch, test="t.py", present=True, in_range=True, status="applied",
+                        off=TestRun("failed"), on=TestRun(on))
+
+    first = Audit(versions=["2.6.0", "2.7.0"], rows=[row("a", "2.6.0", "failed"), row("b", "2.6.0", "passed"),
+                                                     row("a", "2.7.0", "failed")])
+    side = Audit(versions=["2.13.0"], rows=[row("a", "2.13.0", "passed")])
+    again = Audit(versions=["2.6.0", "2.7.0"], rows=[row("a", "2.6.0", "passed"), row("a", "2.7.0", "passed")])
+    merged = merge([first, side, again])
+    verdicts = {(r.fix, r.torch): r.verdict for r in merged.rows}
+    assert verdicts == {("a", "2.6.0"): "needed", ("a", "2.7.0"): "needed", ("a", "2.13.0"): "needed",
+                        ("b", "2.6.0"): "needed"}, verdicts
+    assert len(merged.rows) == 4 and not any(r.verdict == "broken" for r in merged.rows)
+    assert merged.versions == ["2.6.0", "2.7.0", "2.13.0"]
