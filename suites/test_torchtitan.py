@@ -177,7 +177,8 @@ def test_torchtitan_llama3(dist, case: TitanCase) -> None:
     if counter is not None:
         evidence.graphs_total = counter.graphs
 
-    expect = GraphExpectation(graphs=block_graphs(N_LAYERS) if case.compile else (0, 0), sharded=dict(line.sharded))
+    expect = GraphExpectation(graphs=block_graphs(N_LAYERS) if case.compile else (0, 0),
+                              sharded={k: f"S{d}" for k, d in line.sharded.items()})  # placements read as "S<dim>"
     if case.float8 != "none":
         expect.float8_linears = 7 * N_LAYERS
         expect.min_scaled_mm = expect.float8_linears * FLOAT8_MMS_PER_LINEAR[case.float8]
