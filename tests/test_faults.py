@@ -236,16 +236,20 @@ except KeyboardInterrupt:
 """
 
 
-def test_sigint_to_the_cell_run_closes_the_run_and_prints_its_summary(tmp_path):
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_sigint_to_the_cell_run_closes_the_run_and_prints_its_summary(tmp_path, inherited):
     """`python -m distci run` stopped by Ctrl-C: the test in flight recorded, run.json
-    closed with ended_at, the summary table printed, nothing left running."""
+    closed with ended_at, the summary table printed, nothing left running. Also when the
+    controller was started with SIGINT ignored (a background job of a non-interactive
+    shell, as CI wrappers launch it): a cancel's SIGINT must still stop the run."""
     token = uuid.uuid4().hex
     ready, runs = tmp_path / "ready", tmp_path / "runs"
     ready.mkdir()
     target = f"{CASES / 'test_leave_processes.py'}::test_pool_rank_leaves_processes"
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if inherited == "ignored" else None
     proc = subprocess.Popen([sys.executable, "-c", CELL_RUN, str(runs), target], cwd=REPO,
                             env=_env(token, DISTCI_FAULT_DIR=str(ready)), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=ignore)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and len(list(ready.glob("ready-rank*"))) < 2 and proc.poll() is None:
         time.sleep(0.3)

@@ -51,6 +51,10 @@ def become_subreaper() -> bool:
 
 def _owned_child(death_signal: int = signal.SIGKILL) -> None:  # preexec_fn: in the child, before exec
     os.setsid()
+    # A controller started with SIGINT ignored (a background job of a non-interactive
+    # shell) must still be able to stop its child with SIGINT: default dispositions.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
     die_with_parent(death_signal)
 
 
@@ -74,15 +78,17 @@ def start_owned(cmd: list[str], *, env: dict[str, str], token: str, death_signal
 
 
 class stop_signals_raise:
-    """Within this block SIGTERM and SIGHUP raise KeyboardInterrupt, like SIGINT, so one
-    handler stops the child in order (main thread only; elsewhere a no-op)."""
+    """Within this block SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt, so one handler
+    stops the child in order (main thread only; elsewhere a no-op). SIGINT is set here
+    too: a process started with SIGINT ignored (a background job of a non-interactive
+    shell, as some CI wrappers launch) would otherwise never see Ctrl-C or a cancel."""
 
     def __enter__(self) -> "stop_signals_raise":
         import threading
 
         self._saved: dict[int, object] = {}
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGHUP):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 self._saved[sig] = signal.signal(sig, self._raise)
         return self
 
