@@ -254,7 +254,12 @@ def test_sigint_to_the_cell_run_closes_the_run_and_prints_its_summary(tmp_path, 
     while time.monotonic() < deadline and len(list(ready.glob("ready-rank*"))) < 2 and proc.poll() is None:
         time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=120)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:  # a controller that ignored the signal must not outlive the test
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert proc.returncode == 130, out[-3000:]
     assert "distci results" in out, out[-3000:]
     (run_dir,) = runs.iterdir()
