@@ -307,8 +307,8 @@ def test_cuda_base_is_prepared_once_from_the_public_name(docker_client, monkeypa
     image = docker_client.images.get(ref)
     assert image.labels["distci.prepared-from"] == public.name
     assert "python3-dev" in image.labels["distci.prepared-packages"]
-    out = docker_client.containers.run(ref, ["sh", "-c", "python3 -m venv /tmp/v && gcc --version | head -1"],
-                                       network_mode="none", remove=True).decode()
+    check = 'python3 -m venv "$(mktemp -d)/v" && gcc --version | head -1'
+    out = docker_client.containers.run(ref, ["sh", "-c", check], network_mode="none", remove=True).decode()
     assert "gcc" in out
     again: list[str] = []
     assert resolve_base("cuda", "3.12", docker_client, log=again.append) == ref
