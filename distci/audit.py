@@ -163,9 +163,7 @@ def ensure_venv(root: Path, version: str, log=print, packages: Sequence[str] = (
     name = venv_name(version, packages)
     extra = ["--extra-index-url", os.environ[TORCH_INDEX_ENV]] if os.environ.get(TORCH_INDEX_ENV) else []
     companions = list(PACKAGE_COMPANIONS) if packages else []
-    cache = Path(".distci") / "selfwheels"
-    cache.mkdir(parents=True, exist_ok=True)
-    fixes = build_wheel("distci_fixes", cache, log=log)
+    fixes = build_wheel("distci_fixes", Path(".distci") / "selfwheels", log=log)
     log(f"[{name}] env: torch=={version}{''.join(', ' + p for p in packages)}")
     try:
         env = stack_env([f"torch=={version}", *packages, *companions, *VENV_PACKAGES], extra,
