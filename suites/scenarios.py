@@ -22,9 +22,9 @@ Columns (generated from COLUMNS):
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
+from .columns import REQUIRED, Column, Rule, ScenarioError, describe, with_columns
 from .model_args import ModelArgs
 
 MODEL = ModelArgs()
@@ -45,48 +45,6 @@ MAX_VARLEN_GRAPHS_PER_REGION = 2
 dynamic graph (automatic dynamic shapes) for every later length; more is a recompile
 storm, fewer with all steps compiled is fine."""
 TP_DEGREE_2D = 2
-REQUIRED = object()
-"""The default of a column every row must name."""
-
-
-class ScenarioError(ValueError):
-    """A scenario row names an unknown column, a value its column does not allow, or a
-    combination of columns RULES forbids; the message names the row and the fix."""
-
-
-@dataclass(frozen=True)
-class Column:
-    """One column of the scenario table, declared once.
-
-    fragment: what the column adds to the scenario id when its value is not the
-    default: a format string (`{}` is the value), a {value: fragment} mapping, or a
-    callable (scenario) -> fragment | None for columns whose spelling depends on others.
-    axis: False for bookkeeping (the tier), which is no point of the configuration space.
-    """
-
-    name: str
-    values: tuple
-    default: Any
-    fragment: str | dict | Callable[[Any], str | None] | None
-    doc: str
-    title: str
-    axis: bool = True
-
-    @property
-    def type(self) -> type:
-        return type(self.values[0])
-
-    def id_part(self, scenario: Any) -> str | None:
-        value = getattr(scenario, self.name)
-        if callable(self.fragment):
-            return self.fragment(scenario)
-        if value == self.default or self.fragment is None:
-            return None
-        if isinstance(self.fragment, dict):
-            return self.fragment.get(value, str(value))
-        return self.fragment.format(value)
-
-
 def _compile_part(s: Any) -> str:
     if s.compile == "none":
         return "eager"
@@ -98,10 +56,11 @@ TIERS = ("pr", "nightly", "release")
 
 # fmt: off
 COLUMNS: tuple[Column, ...] = (
-    Column("parallel", ("tp", "tp_sp", "fsdp", "fsdp_tp", "ep"), REQUIRED, "{}",
+    Column("parallel", ("tp", "tp_sp", "fsdp", "fsdp_tp", "ep", "hsdp"), REQUIRED, "{}",
            "tp / tp_sp: torchtitan's llama3 TP plan (sequence parallel or not), TP = ws; fsdp: FSDP2 "
            "fully_shard per block + root, dp = ws; fsdp_tp: 2-D mesh (dp_shard = ws/2, tp = 2), TP (SP) inside, "
-           "FSDP2 outside; ep: experts split over the ranks, tokens moved by all-to-all", "Parallel"),
+           "FSDP2 outside; ep: experts split over the ranks, tokens moved by all-to-all; hsdp: FSDP2 on a 2-D "
+           "(dp_replicate 2 x dp_shard ws/2) mesh", "Parallel"),
     Column("model", ("dense", "moe"), "dense", "{}", "moe: router + top-k + experts in every block", "Model"),
     Column("compile", ("none", "model", "block"), "none", _compile_part,
            "torch.compile per block (torchtitan's default) or of the whole model, fullgraph", "Compile"),
@@ -115,19 +74,42 @@ COLUMNS: tuple[Column, ...] = (
            "Float8"),
     Column("async_tp", (False, True), False, {True: "asynctp"},
            "micro-pipeline TP over symmetric memory (CUDA + inductor + tp_sp only)", "Async TP"),
-    Column("train", ("full", "frozen"), "full", "{}",
-           "frozen: LoRA-style adapters train, the rest (embeddings, norms, linears) is frozen", "Train"),
+    Column("train", ("full", "frozen", "frozen_embed", "frozen_norms"), "full", "{}",
+           "frozen: LoRA-style adapters train, the rest is frozen; frozen_embed: the token embeddings are frozen "
+           "(the first block's input needs no grad); frozen_norms: every RMSNorm weight is frozen", "Train"),
     Column("shapes", ("static", "varlen"), "static", "{}",
            "varlen: the sequence length changes every step (numbers and the recompile budget)", "Shapes"),
     Column("mp", ("none", "bf16"), "none", "mp_{}",
            "FSDP2 MixedPrecisionPolicy: bf16 params, fp32 reduce", "MP"),
     Column("accum", (1, 2, 3, 4), 1, "ga{}", "microbatches per step (gradient accumulation)", "Accum"),
+    Column("loss", ("ce", "smooth_ce", "soft_ce", "z_loss"), "ce", "{}",
+           "cross entropy; with label smoothing 0.1; against a teacher's soft labels (distillation, through "
+           "log_softmax); plus a z-loss on logsumexp(logits)", "Loss"),
+    Column("loss_compile", (False, True), False, {True: "loss_compiled"},
+           "the loss function torch.compile'd with the row's backend (torchtitan's compile.components loss)",
+           "Loss compiled"),
     Column("loss_parallel", (False, True), False, {True: "loss_parallel"},
            "vocab-parallel cross entropy over Shard(-1) logits, under `loss_parallel()`", "Loss parallel"),
     Column("eval", ("none", "no_grad", "inference"), "none", "eval_{}",
            "an eval forward of the trained model under no_grad / inference_mode", "Eval"),
     Column("resume", ("none", "single", "fsdp", "tp_sp"), "none", "dcp_to_{}",
            "DCP: save mid-run, load under that layout, train on", "Resume (DCP)"),
+    Column("dcp", ("sync", "async"), "sync", {"async": "dcp_async"},
+           "how the resume row saves: dcp.save, or dcp.async_save (waited on before loading)", "DCP save"),
+    Column("clip", ("none", "norm", "foreach", "mesh"), "none", "clip_{}",
+           "gradient clipping at a max norm every step: clip_grad_norm_, its foreach form, or torchtitan's "
+           "per-mesh form (a norm per mesh, combined)", "Clip"),
+    Column("sched", ("const", "warmup_cosine"), "const", "lr_{}",
+           "LR schedule: constant, or linear warmup + cosine with two parameter groups (no weight decay on norms "
+           "and biases)", "LR schedule"),
+    Column("offload", (False, True), False, {True: "offload"}, "FSDP2 CPUOffloadPolicy (sharded params and grads "
+           "on CPU, the optimizer steps there)", "Offload"),
+    Column("reshard", ("titan", "true", "false", "int2"), "titan", "raf_{}",
+           "FSDP2 reshard_after_forward per block: torchtitan's (all but the last block), True, False, or 2 (to "
+           "2-rank groups)", "Reshard"),
+    Column("routing", ("natural", "empty_first", "empty_middle", "empty_last", "one_expert"), "natural", "route_{}",
+           "MoE routing edges: the router's own imbalance; an expert that gets no token in the first / a middle / "
+           "the last microbatch of every step; every token to one expert", "Routing"),
     Column("world_size", (2, 4), 2, "ws{}", "ranks (4-rank rows get a 4-rank pool; skipped where fewer devices)",
            "WS"),
     Column("optim", ("sgd", "adamw"), "sgd", "{}", "the optimizer", "Optim"),
@@ -137,14 +119,6 @@ COLUMNS: tuple[Column, ...] = (
 )
 # fmt: on
 COLUMN = {c.name: c for c in COLUMNS}
-
-
-@dataclass(frozen=True)
-class Rule:
-    """An invalid combination: `broken(scenario)` is True when the row breaks the rule."""
-
-    broken: Callable[[Any], bool]
-    message: str
 
 
 RULES: tuple[Rule, ...] = (
@@ -162,19 +136,26 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda s: s.parallel == "fsdp_tp" and s.world_size % TP_DEGREE_2D,
          f"fsdp_tp needs a world size divisible by its TP degree {TP_DEGREE_2D}"),
     Rule(lambda s: s.resume != "none" and s.steps <= RESUME_AT, f"a resume row needs more than {RESUME_AT} steps"),
+    Rule(lambda s: s.parallel == "hsdp" and s.world_size != 4, "hsdp is a 2 x 2 mesh: it needs world_size=4"),
+    Rule(lambda s: (s.offload or s.reshard != "titan") and not s.fsdp,
+         "offload and reshard are FSDP2 settings: they need fsdp, fsdp_tp or hsdp"),
+    Rule(lambda s: s.reshard == "int2" and not (s.parallel == "fsdp" and s.world_size == 4),
+         "reshard_after_forward=2 must divide the shard group and be smaller: it needs fsdp on 4 ranks"),
+    Rule(lambda s: s.dcp != "sync" and s.resume == "none", "dcp=async is how a resume row saves: it needs resume"),
+    Rule(lambda s: s.loss_compile and not s.compiled, "loss_compile uses the row's backend: it needs compile"),
+    Rule(lambda s: s.routing != "natural" and (s.model != "moe" or s.compiled or s.resume != "none"),
+         "routing edges steer an eager MoE router: they need model=moe, compile=none, resume=none"),
+    Rule(lambda s: s.routing == "empty_middle" and s.dp_degree * s.accum < 3,
+         "a middle microbatch needs at least 3 (data-parallel ranks x accum)"),
+    Rule(lambda s: s.train == "frozen" and s.model == "moe", "the LoRA adapters exist in the dense model only"),
+    Rule(lambda s: s.sched != "const" and s.resume != "none",
+         "the LR scheduler's state is not part of the resume row's checkpoint: sched needs resume=none"),
+    Rule(lambda s: s.parallel == "ep" and s.clip in ("norm", "foreach"),
+         "EP's experts live on their owners only: a plain clip_grad_norm_ sees one rank's; use clip=mesh"),
 )
 
 
-def _with_columns(cls: type) -> type:
-    """Makes `cls` a frozen dataclass whose fields are COLUMNS, in their order."""
-    cls.__annotations__ = {c.name: c.type.__name__ for c in COLUMNS}
-    for c in COLUMNS:
-        if c.default is not REQUIRED:
-            setattr(cls, c.name, c.default)
-    return dataclass(frozen=True)(cls)
-
-
-@_with_columns
+@with_columns(COLUMNS)
 class Scenario:
     """One row of the table: a value for every column of COLUMNS (fields in that order)."""
 
@@ -218,7 +199,7 @@ class Scenario:
 
     @property
     def fsdp(self) -> bool:
-        return self.parallel in ("fsdp", "fsdp_tp")
+        return self.parallel in ("fsdp", "fsdp_tp", "hsdp")
 
     @property
     def tp_degree(self) -> int:
@@ -242,6 +223,8 @@ class Scenario:
         """(shape, dim names) of the device mesh this row trains on."""
         if self.parallel == "fsdp_tp":
             return (self.dp_degree, self.tp_degree), ("dp_shard", "tp")
+        if self.parallel == "hsdp":
+            return (2, self.world_size // 2), ("dp_replicate", "dp_shard")
         return (self.world_size,), ("tp",) if self.plan else ("dp_shard",)
 
     @property
@@ -308,8 +291,7 @@ class Scenario:
         return TIERS.index(self.tier) <= TIERS.index(tier)
 
 
-__doc__ += "\n".join(f"  {c.name:<14}{' | '.join(map(str, c.values))}  (default {c.default if c.default is not REQUIRED else '-'})"
-                     f"\n                {c.doc}" for c in COLUMNS)
+__doc__ += describe(COLUMNS)
 
 
 def row(parallel: str, compile: str = "none", backend: str = "none", **columns: Any) -> Scenario:
@@ -432,6 +414,110 @@ TABLE: list[Scenario] = [
     row("fsdp_tp", loss_parallel=True, world_size=4),
 ]
 # fmt: on
+
+
+def _training_step_rows() -> list[Scenario]:
+    """The step users train (issue: suites that find bugs they were not written for):
+    clipping, loss variants, HSDP, FSDP2's offload and reshard settings, LR schedules,
+    async checkpoints, fine-tuning's frozen parts and MoE routing edges, each crossed with
+    the parallelisms users combine it with."""
+    rows = [
+        # clipping at max_norm: torch's clip_grad_norm_, its foreach form, torchtitan's per-mesh form
+        row("fsdp", clip="norm", tier="pr"),
+        row("fsdp", clip="foreach"),
+        row("fsdp", clip="mesh"),
+        row("fsdp", mp="bf16", accum=2, clip="norm"),
+        row("fsdp", "block", "inductor", clip="norm"),
+        row("fsdp", model="moe", mp="bf16", clip="norm"),
+        row("fsdp_tp", world_size=4, clip="norm"),
+        row("fsdp_tp", world_size=4, clip="foreach"),
+        row("fsdp_tp", world_size=4, clip="mesh"),
+        row("fsdp_tp", "block", "inductor", world_size=4, mp="bf16", clip="norm"),
+        row("tp", clip="norm"),
+        row("tp_sp", clip="norm"),
+        row("tp_sp", clip="mesh"),
+        row("ep", model="moe", clip="mesh"),
+        row("ep", model="moe", world_size=4, accum=2, clip="mesh"),
+        row("hsdp", world_size=4, clip="norm"),
+        # cross entropy compiled (torchtitan compiles the loss), plain and loss-parallel
+        row("tp_sp", "block", "inductor", loss_compile=True),
+        row("tp", "model", "aot_eager", loss_compile=True, loss_parallel=True),
+        # HSDP: replicate x shard (2 x 2)
+        row("hsdp", world_size=4),
+        row("hsdp", world_size=4, mp="bf16"),
+        row("hsdp", world_size=4, mp="bf16", accum=2),
+        row("hsdp", "block", "inductor", world_size=4),
+        row("hsdp", world_size=4, train="frozen_embed"),
+        row("hsdp", world_size=4, sched="warmup_cosine", optim="adamw"),
+        # FSDP2 CPU offload and reshard_after_forward
+        row("fsdp", offload=True),
+        row("fsdp", offload=True, mp="bf16"),
+        row("fsdp", offload=True, clip="norm", optim="adamw"),
+        row("fsdp_tp", world_size=4, offload=True),
+        row("hsdp", world_size=4, offload=True),
+        row("fsdp", reshard="true"),
+        row("fsdp", reshard="false"),
+        row("fsdp", world_size=4, reshard="int2"),
+        row("fsdp", "block", "inductor", reshard="false"),
+        row("fsdp", "block", "inductor", reshard="true", mp="bf16"),
+        row("fsdp_tp", world_size=4, reshard="false"),
+        row("hsdp", world_size=4, reshard="true"),
+        # warmup + cosine LR, two parameter groups (no weight decay on norms and biases)
+        row("tp", sched="warmup_cosine", optim="adamw"),
+        row("fsdp", sched="warmup_cosine"),
+        row("fsdp", sched="warmup_cosine", optim="adamw", tier="pr"),
+        row("fsdp_tp", world_size=4, sched="warmup_cosine", optim="adamw", clip="norm"),
+        row("tp_sp", "block", "inductor", sched="warmup_cosine", optim="adamw"),
+        # async DCP save, then resume under another layout
+        row("tp_sp", resume="fsdp", dcp="async"),
+        row("fsdp", resume="tp_sp", dcp="async", optim="adamw"),
+        row("fsdp_tp", world_size=4, resume="fsdp", dcp="async"),
+        # a frozen base with LoRA adapters under FSDP2
+        row("fsdp", train="frozen"),
+        row("fsdp", "block", "inductor", train="frozen"),
+        row("fsdp", "model", "aot_eager", train="frozen"),
+        row("fsdp_tp", "block", "inductor", world_size=4, train="frozen"),
+        row("tp", "block", "inductor", train="frozen_embed"),
+    ]
+    # loss variants: plain, under loss_parallel(), compiled (with and without loss parallel)
+    for loss in ("smooth_ce", "soft_ce", "z_loss"):
+        rows += [
+            row("tp", loss=loss),
+            row("fsdp", loss=loss),
+            row("tp", loss=loss, loss_parallel=True),
+            row("tp_sp", loss=loss, loss_parallel=True),
+            row("fsdp_tp", world_size=4, loss=loss, loss_parallel=True),
+            row("tp_sp", "block", "inductor", loss=loss, loss_compile=True),
+            row("tp_sp", "block", "aot_eager", loss=loss, loss_compile=True, loss_parallel=True),
+        ]
+    # frozen the way fine-tuning freezes: x per-block and whole-model compile x SP x FSDP2
+    for train in ("frozen_embed", "frozen_norms"):
+        rows += [
+            row("tp_sp", train=train),
+            row("tp_sp", "block", "inductor", train=train),
+            row("tp_sp", "model", "inductor", train=train),
+            row("tp_sp", "block", "aot_eager", train=train),
+            row("fsdp", train=train),
+            row("fsdp", "block", "inductor", train=train),
+            row("fsdp", "model", "aot_eager", train=train),
+            row("fsdp", mp="bf16", train=train),
+            row("fsdp_tp", world_size=4, train=train),
+            row("fsdp_tp", "block", "inductor", world_size=4, train=train),
+        ]
+    # MoE routing edges x mixed precision x accumulation x FSDP2 and EP
+    for edge in ("empty_first", "empty_middle", "empty_last", "one_expert"):
+        rows += [
+            row("fsdp", model="moe", accum=2, routing=edge),
+            row("fsdp", model="moe", accum=2, mp="bf16", routing=edge),
+            row("ep", model="moe", accum=2, routing=edge),
+        ]
+        if edge != "one_expert":
+            rows.append(row("tp", model="moe", accum=3, routing=edge))
+    rows.append(row("ep", model="moe", world_size=4, accum=2, routing="empty_middle", clip="mesh"))
+    return rows
+
+
+TABLE += _training_step_rows()
 
 SCENARIOS: dict[str, Scenario] = {}
 for _s in TABLE:
