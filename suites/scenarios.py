@@ -1,20 +1,15 @@
 """The scenario table: every parallelism x compile x AC x Float8 x training-step combination we run.
 
 Declared as data, in the spirit of torchtitan's integration-test definitions: COLUMNS
-declares every column once (name, allowed values, default, id fragment, one line of
-doc); the Scenario record, its validation, its pytest id, the README coverage table and
-the column list below are all derived from it. RULES says which combinations of columns
-are invalid, as (predicate, message) data. TABLE holds the rows, one notation:
-`row(parallel, compile, backend, column=value, ...)`. One runner (suites/training.py)
-executes any row, and the checks (suites/checks.py) judge it by numbers and graphs.
-
-A scenario's pytest id is built from its columns in declaration order, e.g.
-`fsdp_tp-compile_block-ac_full-mp_bf16-ga2-ws4`: a column at its default value adds
-nothing (except `compile`, whose default spells `eager`), so the rows that existed
-before a column was added keep their ids.
-
-Adding a column: declare it in COLUMNS (and any RULES it implies), write the rows that
-use it, implement it in training.py / parallelize.py and its expectation in checks.py.
+declares every column once (name, values, default, id fragment, doc); the Scenario record,
+its validation, its pytest id, the README coverage table and the column list below derive
+from it. RULES: the invalid combinations, as (predicate, message). TABLE: the rows, in one
+notation, `row(parallel, compile, backend, column=value, ...)`. One runner (training.py)
+executes any row; the checks (checks.py) judge it by numbers and graphs. An id is built
+from the columns in declaration order, e.g. `fsdp_tp-compile_block-ac_full-mp_bf16-ga2-ws4`;
+a column at its default adds nothing (`compile` spells `eager`), so old rows keep their
+ids when a column is added (declare it and its RULES here, write its rows, implement it
+in training.py / step.py / parallelize.py, its expectation in checks.py).
 
 Columns (generated from COLUMNS):
 """
@@ -45,6 +40,8 @@ MAX_VARLEN_GRAPHS_PER_REGION = 2
 dynamic graph (automatic dynamic shapes) for every later length; more is a recompile
 storm, fewer with all steps compiled is fine."""
 TP_DEGREE_2D = 2
+
+
 def _compile_part(s: Any) -> str:
     if s.compile == "none":
         return "eager"
@@ -219,15 +216,6 @@ class Scenario:
         return max(self.dp_degree, resumed)
 
     @property
-    def mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        """(shape, dim names) of the device mesh this row trains on."""
-        if self.parallel == "fsdp_tp":
-            return (self.dp_degree, self.tp_degree), ("dp_shard", "tp")
-        if self.parallel == "hsdp":
-            return (2, self.world_size // 2), ("dp_replicate", "dp_shard")
-        return (self.world_size,), ("tp",) if self.plan else ("dp_shard",)
-
-    @property
     def model_args(self) -> ModelArgs:
         if self.model == "moe":
             return MOE_MODEL
@@ -267,25 +255,10 @@ class Scenario:
         return self.float8 == "tensorwise" and (self.plan == "tp_sp" or self.fsdp)
 
     def needs(self, device_type: str) -> list[tuple[str, tuple, str]]:
-        """Markers (name, args, why) this scenario needs on `device_type`.
+        """Markers (name, args, why) this scenario needs on `device_type` (devices.scenario_needs)."""
+        from .devices import scenario_needs
 
-        Names are the harness's requires_accelerator / requires_sm, or `skip` for what the
-        accelerator's process-group backend cannot do at all.
-        """
-        from .devices import suite_device
-
-        device = suite_device(device_type)
-        needs: list[tuple[str, tuple, str]] = []
-        if self.async_tp:
-            needs.append(("requires_accelerator", ("cuda",), "async TP fuses collectives over CUDA symmetric memory"))
-            needs.append(("requires_sm", (90,), "symmetric-memory async TP kernels need SM90"))
-        if self.float8 != "none" and device.float8_min_sm:
-            needs.append(("requires_sm", (device.float8_min_sm[self.float8],), f"float8 {self.float8} _scaled_mm kernels"))
-        if self.float8_all_gather and not device.float8_collectives:
-            what = "FSDP2's float8 all-gather of the weights" if self.fsdp else \
-                "tensorwise Float8 with sequence parallel all-gathers float8 tensors"
-            needs.append(("skip", (), f"{what}, which the {device_type} process-group backend cannot carry"))
-        return needs
+        return scenario_needs(self, device_type)
 
     def in_tier(self, tier: str) -> bool:
         return TIERS.index(self.tier) <= TIERS.index(tier)
@@ -524,10 +497,3 @@ for _s in TABLE:
     if _s.id in SCENARIOS:
         raise ScenarioError(f"two scenario rows share the id {_s.id!r}")
     SCENARIOS[_s.id] = _s
-
-
-def select(tier: str) -> list[Scenario]:
-    """The scenarios a run of `tier` executes (a tier includes every earlier tier)."""
-    if tier not in TIERS:
-        raise ValueError(f"unknown tier {tier!r}; known: {', '.join(TIERS)}")
-    return [s for s in TABLE if s.in_tier(tier)]
