@@ -69,8 +69,9 @@ def cut(model: nn.Module, stage: int, n_stages: int) -> nn.Module:
 
 
 def build(schedule: str, build_model: Callable[[], nn.Module], loss_fn: Callable, n_microbatches: int,
-          device: torch.device, group: Any = None) -> tuple[Pipeline, list[nn.Module]]:
-    """This rank's stages (fresh seed-built models, cut) and the schedule over them."""
+          device: torch.device, group: Any = None, sum_microbatches: bool = False) -> tuple[Pipeline, list[nn.Module]]:
+    """This rank's stages (fresh seed-built models, cut) and the schedule over them.
+    `sum_microbatches` is a mutation: the microbatches' gradients are summed, not averaged."""
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, schedules
 
@@ -83,7 +84,10 @@ def build(schedule: str, build_model: Callable[[], nn.Module], loss_fn: Callable
     cls = getattr(schedules, name)
     kwargs: dict[str, Any] = {"n_microbatches": n_microbatches, "loss_fn": loss_fn}
     if "scale_grads" not in inspect.signature(cls.__init__).parameters:  # older torch: sums the microbatches
-        kwargs["loss_fn"] = lambda out, target: loss_fn(out, target) / n_microbatches
+        if not sum_microbatches:
+            kwargs["loss_fn"] = lambda out, target: loss_fn(out, target) / n_microbatches
+    elif sum_microbatches:
+        kwargs["scale_grads"] = False
     runner = cls(stages[0] if per_rank == 1 else stages, **kwargs)
     n_layers = len(build_model().layers)
     owner = {n: stage_of(n, n_layers, n_stages) % ranks for n, _ in build_model().named_parameters()}

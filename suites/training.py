@@ -103,6 +103,8 @@ class Mutation:
     """FSDP2 reduces gradients in this dtype, whatever the MixedPrecisionPolicy says."""
     clip_local_norm: bool = False
     """Clipping measures each rank's local shards' norm, never reduced over the ranks."""
+    pp_sum_microbatches: bool = False
+    """The pipeline schedule sums its microbatches' gradients instead of averaging them."""
 
 
 def clean_name(name: str) -> str:
@@ -312,7 +314,7 @@ def _gathered(table: dict) -> dict:
     return dict(sorted(out.items()))
 
 
-def _build_pipeline(scenario: Scenario, device, dtype: str, evidence: Evidence) -> Layout:
+def _build_pipeline(scenario: Scenario, device, dtype: str, evidence: Evidence, mutation: "Mutation") -> Layout:
     from . import pipeline
 
     def fresh() -> nn.Module:
@@ -320,7 +322,8 @@ def _build_pipeline(scenario: Scenario, device, dtype: str, evidence: Evidence) 
         freeze(model, scenario.train)
         return model
 
-    pipe, modules = pipeline.build(scenario.schedule, fresh, stp.build_loss(scenario), scenario.accum, device)
+    pipe, modules = pipeline.build(scenario.schedule, fresh, stp.build_loss(scenario), scenario.accum, device,
+                                   sum_microbatches=mutation.pp_sum_microbatches)
     stages = pipeline.Stages(modules)
     evidence.placements = _gathered(placements(stages))
     evidence.trainable = sorted(_gathered({clean_name(n): 1 for n, p in stages.named_parameters() if p.requires_grad}))
@@ -397,7 +400,7 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
     import torch.distributed as dist
 
     if parallel == "pp":
-        return _build_pipeline(scenario, device, dtype, evidence)
+        return _build_pipeline(scenario, device, dtype, evidence, mutation)
     model = build_model(scenario.model_args, SEED).to(device=device, dtype=_dtype(dtype))
     freeze(model, scenario.train)
     if scenario.float8 != "none":
