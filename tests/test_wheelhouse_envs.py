@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from distci.envs import BASE_MARKER, MARKER, ensure_env, find_uv, installed_env, stack_env
+from distci.provision.envs import BASE_MARKER, MARKER, ensure_env, find_uv, installed_env, stack_env
 from distci.errors import InfraError
-from distci.wheelhouse import MANIFEST, ensure_wheelhouse, failure_line, resolution_environment, wheelhouse_key
-from distci.wheeltarget import interpreter_tags
+from distci.provision.wheelhouse import ensure_wheelhouse, failure_line, wheelhouse_key
+from distci.provision.files import MANIFEST
+from distci.provision.pipconfig import resolution_environment
+from distci.provision.wheeltarget import interpreter_tags
 
 
 def write_wheel(directory: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:

@@ -15,16 +15,8 @@ from pathlib import Path
 import pytest
 
 from distci.errors import ConfigError
-from distci.wheelhouse import (
-    LAST_USED,
-    ensure_wheelhouse,
-    entries,
-    evict,
-    install_args,
-    max_bytes,
-    tree_size,
-    verify,
-)
+from distci.provision.wheelhouse import ensure_wheelhouse, install_args, verify
+from distci.provision.lru import LAST_USED, entries, evict, max_bytes, tree_size
 from test_wheelhouse_envs import write_wheel
 
 HOUR = 3600.0

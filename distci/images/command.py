@@ -13,8 +13,8 @@ from distci.images.base import connect, image_exists
 from distci.images.build import ensure_image
 from distci.images.plan import plan_image
 from distci.images.run import teardown
-from distci.selfwheels import build_all
-from distci.wheelhouse import ensure_wheelhouse
+from distci.provision.selfwheels import build_all
+from distci.provision.wheelhouse import ensure_wheelhouse
 
 Log = Callable[[str], None]
 

@@ -43,8 +43,8 @@ from typing import Any, Iterable, Sequence
 
 from distci import __version__
 from distci.errors import SelectionError
-from distci.store import ResultRow, RunRow, Store, default_store_path
-from distci.verdicts import BLOCKING, ENV_KEYS
+from distci.judge.store import ResultRow, RunRow, Store, default_store_path
+from distci.judge.verdicts import BLOCKING, ENV_KEYS
 
 UPSTREAM_REPO = "pytorch/pytorch"
 CATEGORIES = ("upstream", "backend", "unknown", "infra", "flake")
@@ -367,8 +367,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m distci.export` is `python -m distci export`."""
-    from .command import run_module
+    """`python -m distci.judge.export` is `python -m distci export`."""
+    from distci.command import run_module
 
     return run_module(add_parser, argv)
 
