@@ -1,4 +1,4 @@
-"""Benchmarks that justify design choices, run by `nox -s bench -- <what>`.
+"""`nox -s bench -- harness`: the rank pool against one torchrun launch per test; and the bench dispatcher.
 
 `harness`: the same tests through the persistent rank pool and through one torchrun
 launch per test. The pool exists because a launch (spawn, import torch, rendezvous)
