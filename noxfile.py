@@ -136,7 +136,8 @@ def tests_quick(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """`-- harness`: rank pool vs one torchrun per test; `-- images`: cold vs warm image builds."""
+    """`-- harness`: rank pool vs one torchrun per test; `-- images`: cold vs warm image builds;
+    `-- provision`: a cell's env, cold and warm; `-- pr`: the pr tier's phases, cold then warm."""
     _install(session, TORCH)
     _install(session, "-e", ".[test,docker]", "torchao==0.18.0")
     session.run("python", "-m", "distci", "bench", *(session.posargs or ["harness"]))

@@ -100,6 +100,11 @@ def run_bench(what: str, args: argparse.Namespace) -> int:
 
         return run_provision_bench(console, with_pip=bool(getattr(args, "pip", False)),
                                    keep=bool(getattr(args, "keep", False)))
+    if what == "pr":
+        from distci.bench.pr import run_pr_bench
+
+        repeat = int(getattr(args, "repeat", 1) or 1)
+        return run_pr_bench(console, runs=repeat if repeat > 1 else 2)
     if what == "images":
         from distci.images import bench_images
 
