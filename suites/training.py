@@ -214,6 +214,8 @@ class Layout:
     counter: par.CompileCounter | None = None
     pipe: Any = None
     """A pp row's suites.pipeline.Pipeline (this rank's stages and their schedule)."""
+    watch: tuple[int, Counter] | None = None
+    """(step, counter): record that step's collectives (forward + backward) into counter."""
 
 
 @dataclass
@@ -266,11 +268,13 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
         with ctx:
             step_parts.opt.zero_grad(set_to_none=True)
             total = torch.zeros((), dtype=torch.float32, device=device)
+            watched = layout.watch is not None and layout.watch[0] == step
             for micro in range(scenario.accum):
                 start = (layout.dp_rank * scenario.accum + micro) * mb
                 if clock is not None:
                     clock.step, clock.chunk = step, layout.dp_rank * scenario.accum + micro
-                with _loss_context(scenario):
+                with _loss_context(scenario), \
+                        record_collectives(layout.watch[1]) if watched else contextlib.nullcontext():
                     loss = step_parts.loss(layout.runnable(tokens[start:start + mb].to(device)),
                                            labels[start:start + mb].to(device)) / scenario.accum
                     loss.backward()
@@ -467,16 +471,12 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
         last = scenario.steps - 1
 
         final = scenario.parallel if scenario.resume == "none" else scenario.resume
-        watch_collectives = final in par.FSDP_LAYOUTS and scenario.float8 == "none"
+        watch = (last, evidence.collectives) if final in par.FSDP_LAYOUTS and not scenario.fsdp_float8_all_gather \
+            else None  # FSDP2's collective dtypes, judged by checks.py
 
         @contextlib.contextmanager
         def last_step():
-            # The collective recorder only where its check applies (FSDP2's dtypes): under a
-            # dispatch mode torchao's Float8 tensorwise linears computed another last-step
-            # loss (8e-4 off on torch 2.13.0 / torchao 0.18.0 CPU).
-            with count_executed_ops(evidence.runtime_ops), contextlib.ExitStack() as more:
-                if watch_collectives:
-                    more.enter_context(record_collectives(evidence.collectives))
+            with count_executed_ops(evidence.runtime_ops):
                 yield
 
         def on_step(step: int):
@@ -494,6 +494,7 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
             steer(layout.model, scenario.routing, scenario.dp_degree * scenario.accum, clock)
 
         def train(layout: Layout, steps: range, parts: Step) -> None:
+            layout.watch = watch
             for step in steps:
                 _train_steps(scenario, layout, data, range(step, step + 1), device, record, parts, mutation,
                              on_step, clock)
