@@ -28,6 +28,10 @@ from distci.audit.model import TestRun as AuditRun
 from distci.dashboard import contrast, render_dashboard
 from distci.judge.store import Store
 from distci.judge.ingest import ingest_runs
+from distci.provision.sources import IndexConfig
+
+INDEX = IndexConfig(extra_index_urls=("https://download.example/whl/{variant}",),
+                    nightly_index_url="https://download.example/nightly/{variant}")
 
 
 class _Tree(HTMLParser):
@@ -57,7 +61,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> dict:
     with Store(root / "store.sqlite") as store:
         ingest_runs(store, [gen.root])
         index = render_dashboard(store, root / "site", matrix_path=gen.matrix, now=NOW, issues=gen.issues,
-                                 audit_dir=root / "audit")
+                                 audit_dir=root / "audit", known_issues=gen.known_issues, index=INDEX)
     html = index.read_text()
     tree = _Tree()
     tree.feed(html)
@@ -126,7 +130,12 @@ def test_repro_is_pinned_to_the_stack_and_backend(site: dict) -> None:
     card = _article(site["html"], f'data-signature="{escape(RELEASE_SIG)}"')
     cell = site["gen"].cells["release_red"]
     assert escape(f"--cell {cell} --test 'suites/test_tp.py::test_tp_loss[7]' --backend docker") in card
-    assert "pip install torch==2.14.1+cu130 torchao==0.18.0 triton==3.5.1 &amp;&amp; DISTCI_FIXES=all" in card
+    assert ("pip install --extra-index-url https://download.example/whl/cu130 torch==2.14.1+cu130 torchao==0.18.0 "
+            "triton==3.5.1 &amp;&amp; DISTCI_FIXES=all") in card, "the index a +cu130 build is on"
+    nightly = _article(site["html"], f'data-signature="{BREAK_SIG}"')
+    assert re.search(r"pip install --extra-index-url https://download.example/whl/cpu "
+                     r"--extra-index-url https://download.example/nightly/cpu --pre torch==2.16.0.dev202611\d\d\+cpu ",
+                     nightly), "a nightly needs the nightly index and --pre"
     assert "triton</th><td><code>3.5.0</code> → <code>3.5.1</code>" in card
 
 
@@ -135,9 +144,36 @@ def test_runs_link_ci_artifacts_and_their_logs(site: dict) -> None:
     base = f"{CI['server']}/{CI['repository']}/actions/runs/{CI['run_id']}"
     assert f'href="{base}/attempts/2"' in html and f'href="{base}#artifacts"' in html
     local = [a["href"] for t, a in site["tree"].elements if t == "a" and a.get("class") == "lnk"
-             and not a["href"].startswith("http")]
+             and not a["href"].startswith(("http", "#"))]
     assert {Path(h).name for h in local} >= {"pytest.log", "stack.json", "rank0.log", "results.jsonl"}
-    assert all((index.parent / h).resolve().is_file() for h in local), "relative links reach the run directories"
+    assert all(h.startswith("runs/") and ".." not in h for h in local), "published inside the site"
+    assert all((index.parent / h).is_file() for h in local), "the run files are in the site (GitHub Pages serves them)"
+    assert "javascript:" not in html, "a run.json's ci.server never becomes a link"
+    stale = _row(html[html.index('id="grid"'):], f'data-cell="{site["gen"].cells["stale"]}"')
+    assert "CI run" not in stale and "pytest.log" in stale
+
+
+def test_the_page_is_the_same_rendered_from_another_directory(site: dict, tmp_path: Path, monkeypatch) -> None:
+    """The store keeps absolute run paths: from any cwd the CI, artifact and log links are there."""
+    monkeypatch.chdir(tmp_path)
+    with Store(site["index"].parent.parent / "store.sqlite") as store:
+        again = render_dashboard(store, tmp_path / "elsewhere", matrix_path=site["gen"].matrix, now=NOW,
+                                 issues=site["gen"].issues, audit_dir=None, known_issues=site["gen"].known_issues,
+                                 index=INDEX)
+    links = lambda html: sorted(re.findall(r'class="lnk" href="([^"]+)"', html))  # noqa: E731
+    assert links(again.read_text()) == links(site["html"]) and len(links(site["html"])) > 20
+
+
+def test_known_issue_chips_link_upstream_and_tests_sort_naturally(site: dict) -> None:
+    from fixtures_dashboard import UPSTREAM
+
+    story = _article(site["html"], f'data-off="{site["gen"].cells["twin_off"]}"')
+    for k in HIDDEN_KNOWN[:4]:
+        assert f'<a class="tag known" href="{UPSTREAM[k]}">{k}</a>' in story
+    assert f'<span class="tag known">{HIDDEN_KNOWN[4]}</span>' in story, "a javascript: upstream is no link"
+    card = _article(site["html"], f'data-signature="{BREAK_SIG}"')
+    order = [m.group(1) for m in re.finditer(r'data-test="suites/test_float8.py::test_float8_grads\[(\d+)\]"', card)]
+    assert order[:12] == [str(i) for i in range(12)], order[:12]
 
 
 def test_fix_story_says_what_the_fixes_hide(site: dict) -> None:

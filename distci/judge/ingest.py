@@ -175,7 +175,7 @@ def _index_run(conn: sqlite3.Connection, run: RunContents, registry: Any) -> str
             info.run_id, info.cell_id, info.started_at, info.ended_at, info.runner, info.backend,
             info.image_digest, info.tier or "", info.nightly_date or nightly_date_of(run.stack.get("torch")),
             info.baseline_cell, run.stack.get("torch_git"), json.dumps(run.stack, sort_keys=True, default=str),
-            str(run.path), content_hash, len(run.raw), meta_hash, len(run.results), _now(),
+            str(run.path.resolve()), content_hash, len(run.raw), meta_hash, len(run.results), _now(),
         ),
     )
     conn.executemany(
