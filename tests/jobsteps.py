@@ -63,6 +63,9 @@ class Ctx(dict):
     def __getattr__(self, name: str) -> Any:
         return wrap(self.get(name, ""))
 
+    def __getitem__(self, name: str) -> Any:
+        return wrap(self.get(name, ""))
+
 
 def wrap(value: Any) -> Any:
     if isinstance(value, dict) and not isinstance(value, Ctx):

@@ -244,3 +244,44 @@ def test_release_view_in_headless_chromium(site: dict, tmp_path: Path) -> None:
         if keep:
             Path(keep).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(shot, Path(keep) / name)
+
+
+def test_a_blocker_says_since_when_what_changed_and_what_to_do(site: dict) -> None:
+    """The release view's blocking item: first-bad date, stack diff from the last good run,
+    pasteable repro lines, and a link to the card of its break."""
+    import html as htmllib
+    import shlex
+
+    cell = site["gen"].cells["release_red"]
+    start = site["html"].index(f'data-blocking="{cell}::{TP[7]}"')
+    item = site["html"][start: site["html"].index("</li>", start)]
+    assert 'data-since="2026-11-30"' in item and "last good 2026-11-29" in item
+    assert "triton <code>3.5.0</code> → <code>3.5.1</code>" in item
+    card = re.search(r'href="#(break-[0-9a-f]+)">its break card', item).group(1)
+    assert f'id="{card}" data-signature="{escape(RELEASE_SIG)}"' in site["html"]
+    lines = [htmllib.unescape(x) for x in re.findall(r'<code class="copy">(.*?)</code>', item)]
+    assert shlex.split(lines[0]) == ["nox", "-s", "dist_tests", "--", "--cell", cell, "--test", TP[7], "--backend",
+                                     "docker"]
+    pip = shlex.split(lines[1].split(" && ")[0])
+    assert pip[:4] == ["pip", "install", "--extra-index-url", "https://download.example/whl/cu130"]
+    assert "torch==2.14.1+cu130" in pip and "triton==3.5.1" in pip
+
+
+def test_the_gate_step_summary_says_the_same(site: dict) -> None:
+    from distci.dashboard.release import explain
+    from distci.judge.gate import evaluate, evaluate_cells, explain_blocking
+
+    cells = site["gen"].cells
+    with Store(site["index"].parent.parent / "store.sqlite") as store:
+        release = explain_blocking(store, evaluate(store, "release", matrix_path=site["gen"].matrix, now=NOW))
+        broken = explain_blocking(store, evaluate_cells(store, "nightly", [cells["break_cpu"]], blocking_suites=None,
+                                                        now=NOW))
+        blockers = explain(store, broken.blocking, index=INDEX)
+    md = release.to_markdown()
+    row = next(line for line in md.splitlines() if f"`{TP[7]}`" in line and line.startswith("| regression"))
+    assert "2026-11-30" in row and "triton `3.5.0` → `3.5.1`" in row
+    assert f"--cell {cells['release_red']} --test 'suites/test_tp.py::test_tp_loss[7]'" in md
+    git = {d: hashlib.sha1(f"torch 2.16.0.dev{d}".encode()).hexdigest() for d in ("20261127", "20261128")}
+    compare = f"https://github.com/pytorch/pytorch/compare/{git['20261127']}...{git['20261128']}"
+    assert f"]({compare})" in broken.to_markdown() and "2026-11-28" in broken.to_markdown()
+    assert blockers[0].since == "2026-11-28" and blockers[0].onset.compare[0][1] == compare, "the page agrees"
