@@ -285,3 +285,18 @@ def test_the_gate_step_summary_says_the_same(site: dict) -> None:
     compare = f"https://github.com/pytorch/pytorch/compare/{git['20261127']}...{git['20261128']}"
     assert f"]({compare})" in broken.to_markdown() and "2026-11-28" in broken.to_markdown()
     assert blockers[0].since == "2026-11-28" and blockers[0].onset.compare[0][1] == compare, "the page agrees"
+
+
+def test_ci_links_need_no_run_directory(site: dict, tmp_path: Path) -> None:
+    """The store keeps run.json's ci block: a store copied elsewhere (the `store` artifact)
+    still links every run's CI job and artifacts, and only the run files drop out."""
+    copy = tmp_path / "store.sqlite"
+    with Store(site["index"].parent.parent / "store.sqlite") as store:
+        store.conn.execute("VACUUM INTO ?", (str(copy),))
+    with Store(copy) as store:
+        store.conn.execute("UPDATE runs SET source_path = '/nonexistent/' || run_id")
+        index = render_dashboard(store, tmp_path / "site", matrix_path=None, audit_dir=None, known_issues=None)
+    html = index.read_text()
+    base = f"{CI['server']}/{CI['repository']}/actions/runs/{CI['run_id']}"
+    assert f'href="{base}/attempts/2"' in html and f'href="{base}#artifacts"' in html
+    assert "pytest.log" not in html and "javascript:" not in html

@@ -1,8 +1,8 @@
 """Where a person goes from a run: its CI job, its logs, the upstream diff, a pinned repro.
 
-Every link is computed from what a run recorded (run.json's `ci` block, read through
-distci.rundir.RunDir, stack.json, the run directory the store indexed by its absolute
-path), never guessed: a link that is not known is left out, and so is one that would
+Every link is computed from what a run recorded (run.json's `ci` block and image, which
+the store keeps; stack.json; the run directory the store indexed, by its absolute path),
+never guessed: a link that is not known is left out, and so is one that would
 not be http(s) (a `ci.server` of `javascript:...` in a run.json never becomes a link).
 The run files a page links are published into the site (`runs/<run-id>/`), so every
 link is relative inside the site or http(s): they resolve on GitHub Pages, from file://
@@ -25,7 +25,7 @@ from distci.errors import ConfigError
 from distci.judge.history import compare_urls
 from distci.judge.store import RunRow
 from distci.provision.sources import IndexConfig, format_url
-from distci.rundir import PYTEST_LOG, RESULTS_FILE, STACK_FILE, RunDir, RunInfo, repro_line
+from distci.rundir import PYTEST_LOG, RESULTS_FILE, STACK_FILE, repro_line
 
 MAX_RANK_LOGS = 8
 MAX_PUBLISHED_BYTES = 4 << 20  # a bigger log stays in the run's Actions artifact (linked)
@@ -65,11 +65,6 @@ def ci_links(ci: Mapping[str, Any]) -> list[Link]:
     return [Link(label, run), Link("artifacts", f"{base}#artifacts")]
 
 
-def run_info(run: RunRow) -> RunInfo | None:
-    """run.json of the indexed run directory, when it is still there (keys the store drops)."""
-    return RunDir(Path(run.source_path)).read_info() if run.source_path else None
-
-
 def publish(source: Path, site: Path, run_id: str, name: str) -> str | None:
     """Copies one run file into the site; its href relative to the site, or None when it
     cannot be published (too big, an odd run id)."""
@@ -84,8 +79,7 @@ def publish(source: Path, site: Path, run_id: str, name: str) -> str | None:
 def run_links(run: RunRow, site: Path | None) -> list[Link]:
     """CI run and artifacts, then the run's files (pytest.log, stack.json, rank logs),
     published into the site when `site` is given."""
-    info = run_info(run)
-    links = ci_links(info.ci if info else {})
+    links = ci_links(run.ci)
     if site is None or not run.source_path:
         return links
     run_dir = Path(run.source_path)
@@ -172,8 +166,7 @@ def repro_lines(run: RunRow, test_id: str, *, world_size: int | None = None,
                f"--distci-device={accelerator} {shlex.quote(test_id)}")
     digest = run.image_digest or run.stack.get("image_digest")
     if digest:
-        info = run_info(run)
-        image = (info.image if info else None) or "IMAGE"
+        image = run.image or "IMAGE"
         return [first, f"docker run --rm {image}@{digest} {harness}" if "@" not in str(image)
                 else f"docker run --rm {image} {harness}"]
     pins = pinned_requirements(run.stack)
