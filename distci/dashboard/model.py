@@ -447,7 +447,7 @@ def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = 
         bisects=store.bisects(),
         totals=dict(totals),
         tiers=tiers,
-        cards=break_cards(store, latest_results, issues=issues, upstream=upstream, index=index),
+        cards=break_cards(store, latest_results, issues=issues, index=index),
         stories=stories,
         heat=_heat(sorted(latest), nights, window, verdicts_by_run),
         audit_source=audit_source,

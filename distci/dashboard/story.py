@@ -37,7 +37,6 @@ class BreakCard:
     issue: Link | None
     repro: list[str]
     known_issue: str | None
-    known: list[Link] = field(default_factory=list)
 
     @property
     def cells(self) -> list[str]:
@@ -79,15 +78,6 @@ def card_anchor(signature: str) -> str:
     return "break-" + hashlib.sha1(signature.encode()).hexdigest()[:12]
 
 
-def known_issue_links(ids: str | None, upstream: Mapping[str, str]) -> list[Link]:
-    """One chip per known issue id (a result may match several, comma-joined): a link to
-    its upstream issue when the registry gives an http(s) one, else the bare id."""
-    out = []
-    for issue in filter(None, (ids or "").split(",")):
-        out.append(Link(issue, web_url(upstream.get(issue)) or ""))
-    return out
-
-
 class _History:
     """One cell's results by test, in run order, read from the store once per cell."""
 
@@ -114,7 +104,7 @@ class _History:
 
 
 def break_cards(store: Store, latest: Mapping[str, list[ResultRow]], *, issues: Mapping[str, str] | None = None,
-                upstream: Mapping[str, str] | None = None, index: IndexConfig | None = None) -> list[BreakCard]:
+                index: IndexConfig | None = None) -> list[BreakCard]:
     """One card per error signature of the failures in the latest runs, infra ones included
     (a cell whose environment never came up is the release view's, not a card)."""
     groups: dict[str, list[ResultRow]] = defaultdict(list)
@@ -144,7 +134,6 @@ def break_cards(store: Store, latest: Mapping[str, list[ResultRow]], *, issues: 
             issue=Link("filed issue", url) if url else None,
             repro=repro_lines(latest_run, sample.test_id, index=index) if latest_run else [],
             known_issue=known,
-            known=known_issue_links(known, upstream or {}),
         ))
     cards.sort(key=lambda c: (SEVERITY.get(c.verdict, 99), -len(c.items), c.signature))
     return cards
