@@ -26,7 +26,7 @@ from test_dashboard import CHROMIUM, FLAGS
 from distci.audit.model import Audit, AuditRow
 from distci.audit.model import TestRun as AuditRun
 from distci.dashboard import contrast, render_dashboard
-from distci.judge.store import Store
+from distci.judge.store import BisectRow, Store
 from distci.judge.ingest import ingest_runs
 from distci.provision.sources import IndexConfig
 
@@ -272,7 +272,12 @@ def test_the_gate_step_summary_says_the_same(site: dict) -> None:
     from distci.judge.gate import evaluate, evaluate_cells, explain_blocking
 
     cells = site["gen"].cells
+    copy = site["index"].parent.parent / "store-with-bisect.sqlite"
     with Store(site["index"].parent.parent / "store.sqlite") as store:
+        store.conn.execute("VACUUM INTO ?", (str(copy),))
+    with Store(copy) as store:
+        store.add_bisects([BisectRow(TP[7], "triton", "3.5.0", "3.5.1", "triton==3.5.1", "", cells["release_red"],
+                                     "found", "2026-11-30T09:00:00+00:00")])
         release = explain_blocking(store, evaluate(store, "release", matrix_path=site["gen"].matrix, now=NOW))
         broken = explain_blocking(store, evaluate_cells(store, "nightly", [cells["break_cpu"]], blocking_suites=None,
                                                         now=NOW))
@@ -281,6 +286,7 @@ def test_the_gate_step_summary_says_the_same(site: dict) -> None:
     row = next(line for line in md.splitlines() if f"`{TP[7]}`" in line and line.startswith("| regression"))
     assert "2026-11-30" in row and "triton `3.5.0` → `3.5.1`" in row
     assert f"--cell {cells['release_red']} --test 'suites/test_tp.py::test_tp_loss[7]'" in md
+    assert "bisect triton 3.5.0..3.5.1: `triton==3.5.1`" in md
     git = {d: hashlib.sha1(f"torch 2.16.0.dev{d}".encode()).hexdigest() for d in ("20261127", "20261128")}
     compare = f"https://github.com/pytorch/pytorch/compare/{git['20261127']}...{git['20261128']}"
     assert f"]({compare})" in broken.to_markdown() and "2026-11-28" in broken.to_markdown()

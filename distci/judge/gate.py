@@ -39,7 +39,7 @@ from typing import Any, Iterable, Sequence
 
 from distci.errors import SelectionError
 from distci.judge.history import Onset, onset
-from distci.judge.store import ResultRow, RunRow, Store, default_store_path, suite_of
+from distci.judge.store import BisectRow, ResultRow, RunRow, Store, default_store_path, suite_of
 from distci.judge.verdicts import BLOCKING
 from distci.rundir import repro_line
 
@@ -107,6 +107,7 @@ class GateResult:
     cells: list[CellState] = field(default_factory=list)
     waivers: dict[str, str] = field(default_factory=dict)
     onsets: dict[tuple[str, str], Onset] = field(default_factory=dict)  # (cell, test) -> since when, what changed
+    bisects: dict[tuple[str, str], BisectRow] = field(default_factory=dict)  # (cell, test) -> its latest bisect
 
     @property
     def incomplete(self) -> list[CellState]:
@@ -211,18 +212,26 @@ class GateResult:
         for it in self.blocking:
             o = self.onsets.get((it.cell_id, it.test_id))
             compare = ", ".join(f"[{label}]({url})" for label, url in (o.compare if o else []))
-            out.append(f"- `{it.test_id}` in `{it.cell_id}`" + (f": upstream {compare}" if compare else ""))
+            b = self.bisects.get((it.cell_id, it.test_id))
+            found = f"bisect {b.axis} {b.good}..{b.bad}: " + (f"`{b.culprit}`" if b.culprit else b.status or "no answer") \
+                if b else ""
+            out.append(f"- `{it.test_id}` in `{it.cell_id}`" + "".join(
+                f"; {part}" for part in (f"upstream {compare}" if compare else "", found) if part))
             if it.repro:
                 out += ["", "  ```sh", f"  {it.repro}", "  ```"]
         out.append("")
 
 
 def explain_blocking(store: Store, result: GateResult, limit: int = 50) -> GateResult:
-    """Fills `result.onsets` for its first `limit` blocking tests (distci.judge.history), and
-    gives each the repro line of today's CLI with its run's backend (a stored one may be
-    of an older distci)."""
+    """Fills `result.onsets` (distci.judge.history) and `result.bisects` for its first `limit`
+    blocking tests, and gives each the repro line of today's CLI with its run's backend (a
+    stored one may be of an older distci)."""
     backends = {r.run_id: r.backend for r in result.runs}
+    bisects = store.bisects()
     for it in result.blocking[:limit]:
+        found = [b for b in bisects if b.test_id == it.test_id and b.cell_id in ("", it.cell_id)]
+        if found:
+            result.bisects[(it.cell_id, it.test_id)] = found[-1]
         r = store.result(it.run_id, it.test_id)
         if r is not None:
             result.onsets[(it.cell_id, it.test_id)] = onset(store, r)
