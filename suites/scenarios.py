@@ -9,13 +9,15 @@ its columns, e.g. `fsdp_tp-compile_block-ac_full-mp_bf16-ga2-ws4`: default value
 their ids.
 
 Columns:
-  parallel  tp | tp_sp | fsdp | fsdp_tp | ep
+  parallel  tp | tp_sp | fsdp | fsdp_tp | ep | single
             tp / tp_sp: torchtitan's llama3 TP plan, sequence parallel or not, TP = ws;
             fsdp: FSDP2 fully_shard per block + root, dp = ws;
             fsdp_tp: 2-D mesh (dp_shard = ws/2, tp = 2), TP (sequence parallel) inside,
             FSDP2 outside, as torchtitan composes them;
             ep: expert parallel (MoE only): experts split over the ranks, tokens moved by
             all-to-all; dense weights replicated, data parallel (gradients averaged)
+            single: one device, no mesh (world size 1): the rows suites/single_device.py
+            derives from the table, so a one-GPU runner trains every row's kernels
   compile   none | model | block             (always fullgraph=True)
   backend   eager | aot_eager | inductor     (`-` when compile is none)
   ac        none | full | selective          (checkpoint_wrapper; selective = torchtitan's op policy)
@@ -28,7 +30,8 @@ Columns:
   model     dense | moe                      (moe: router + top-k + experts in every block)
   train     full | frozen                    (frozen: LoRA-style adapters train, the rest is frozen)
   shapes    static | varlen                  (varlen: the sequence length changes every step)
-  mp        none | bf16                      (FSDP2 MixedPrecisionPolicy: bf16 params, fp32 reduce)
+  mp        none | bf16                      (FSDP2 MixedPrecisionPolicy: bf16 params, fp32 reduce;
+                                             single: torch.autocast bf16, as torchtitan without FSDP)
   accum     microbatches per step (gradient accumulation)
   eval      none | no_grad | inference       (an eval forward of the trained model)
   loss      plain | parallel                 (vocab-parallel cross entropy, `loss_parallel()`)
@@ -41,7 +44,7 @@ from dataclasses import dataclass
 
 from .model_args import ModelArgs
 
-PARALLELS = ("tp", "tp_sp", "fsdp", "fsdp_tp", "ep")
+PARALLELS = ("tp", "tp_sp", "fsdp", "fsdp_tp", "ep", "single")
 COMPILES = ("none", "model", "block")
 BACKENDS = ("none", "eager", "aot_eager", "inductor")
 ACS = ("none", "full", "selective")
@@ -122,8 +125,11 @@ class Scenario:
         if self.async_tp and (self.plan != "tp_sp" or self.compile == "none" or self.backend != "inductor"):
             raise ValueError(f"{self.id}: async TP is an inductor pass over sequence-parallel TP: "
                              "it needs plan tp_sp, compile model|block and backend inductor")
-        if self.mp != "none" and not self.fsdp:
-            raise ValueError(f"{self.id}: mixed precision is FSDP2's MixedPrecisionPolicy: it needs fsdp or fsdp_tp")
+        if self.mp != "none" and not (self.fsdp or self.parallel == "single"):
+            raise ValueError(f"{self.id}: mixed precision is FSDP2's MixedPrecisionPolicy (autocast on one device): "
+                             "it needs fsdp, fsdp_tp or single")
+        if (self.parallel == "single") != (self.world_size == 1):
+            raise ValueError(f"{self.id}: parallel single is world size 1, and world size 1 is parallel single")
         if self.parallel == "ep" and self.model != "moe":
             raise ValueError(f"{self.id}: expert parallel needs the moe model")
         if self.model == "moe" and self.parallel in ("tp_sp", "fsdp_tp"):

@@ -1,0 +1,129 @@
+"""The world-size-1 slice of the scenario table: what one GPU (or one CPU) can check.
+
+Most of what a row of the table (suites/scenarios.py) trains runs on every rank the same
+way it would run on one device: inductor's code for a block under AC, Float8's scaled
+matmuls and casts, bf16 autocast, the optimizer step, recompiles on a new sequence
+length. `single_device_slice()` projects every row onto one device, resetting the columns
+only a mesh gives (the parallel layout, world size, async TP, a DCP resume into another
+layout, loss parallel) to their one-device values, and keeps one row per resulting id,
+in the earliest tier of the rows it came from. A row added to the table joins the slice
+by itself: nothing here names a row.
+
+A slice row is judged against what one device computes without any of the row's
+features: the same model and data, eager, float32, no Float8, no mixed precision, no AC
+(`reference_of`), with the same checks and graph evidence as the table's rows (no graph
+break, no recompile past the budget, no step that fell back to eager, scaled matmuls in
+the post-grad graph for compiled Float8). One exception: a MoE row that computes in
+reduced precision is judged against the same precision, eager, because routing is
+discontinuous (a token whose top-k scores tie within bf16 rounding picks another
+expert, and that expert's gradient is then wholly another sum; checks.compare_routing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from .scenarios import TABLE, TIERS, Scenario, Tolerance, tolerance
+
+ONE_DEVICE = {"parallel": "single", "world_size": 1, "async_tp": False, "resume": "none"}
+"""The columns only a mesh gives, at their one-device value (loss parallel: see on_one_device)."""
+
+TRUTH_TOLERANCES: dict[tuple[str, str], Tolerance] = {
+    # Compiled / AC'd float32 against eager float32: inductor only reorders sums (as TP
+    # does): the table's own float32 numbers apply.
+    ("float32", "none"): tolerance("float32", "none"),
+    # bf16 (parameters on CUDA, autocast for mp rows) against float32: every matmul
+    # rounds inputs to 8 mantissa bits; measured in reports/gpu/*-1gpu-tier.md. A dropped
+    # gradient, a missing recompute under AC or a wrong cast (0 dB or less) fail.
+    ("bfloat16", "none"): Tolerance(loss_rtol=2e-2, loss_atol=1e-3, grad_min_sqnr=20.0),
+    # Float8 against float32 without Float8: e4m3 keeps 3 mantissa bits (about 25 dB per
+    # quantized operand, worse where gradients are e5m2); a wrong scale, a transposed
+    # scale or a scale from the wrong amax is near 0 dB.
+    ("float32", "tensorwise"): Tolerance(loss_rtol=3e-2, loss_atol=1e-3, grad_min_sqnr=12.0),
+    ("float32", "rowwise"): Tolerance(loss_rtol=3e-2, loss_atol=1e-3, grad_min_sqnr=12.0),
+    ("float32", "rowwise_with_gw_hp"): Tolerance(loss_rtol=3e-2, loss_atol=1e-3, grad_min_sqnr=12.0),
+    ("bfloat16", "tensorwise"): Tolerance(loss_rtol=3e-2, loss_atol=1e-3, grad_min_sqnr=12.0),
+    ("bfloat16", "rowwise"): Tolerance(loss_rtol=3e-2, loss_atol=1e-3, grad_min_sqnr=12.0),
+    ("bfloat16", "rowwise_with_gw_hp"): Tolerance(loss_rtol=3e-2, loss_atol=1e-3, grad_min_sqnr=12.0),
+}
+
+
+def on_one_device(row: Scenario) -> Scenario | None:
+    """`row` on one device (parallel `single`, world size 1); None when a column that is
+    left needs a mesh (the table's validation says which)."""
+    changes: dict = dict(ONE_DEVICE)
+    if row.loss == "parallel":  # vocab-parallel CE is plain CE on one shard
+        changes["loss"] = "plain"
+    try:
+        return dataclasses.replace(row, **changes)
+    except ValueError:
+        return None
+
+
+def single_device_slice(table: list[Scenario] = TABLE) -> list[Scenario]:
+    """One row per distinct one-device projection of `table`, in its earliest source tier."""
+    rows: dict[str, Scenario] = {}
+    for source in table:
+        row = on_one_device(source)
+        if row is None:
+            continue
+        seen = rows.get(row.id)
+        if seen is None or TIERS.index(row.tier) < TIERS.index(seen.tier):
+            rows[row.id] = row
+    return list(rows.values())
+
+
+def compute_dtype(row: Scenario, device_dtype: str) -> str:
+    """What the row's matmuls compute in: bf16 under mixed precision, else the device's dtype."""
+    return "bfloat16" if row.mp == "bf16" else device_dtype
+
+
+def reference_of(row: Scenario, device_dtype: str) -> tuple[Scenario, str, Tolerance]:
+    """(the reference row, the dtype it trains in, the tolerance the run is held to)."""
+    plain = dict(compile="none", backend="none", ac="none", mp="none")
+    precision = compute_dtype(row, device_dtype)
+    if row.model_args.n_experts and precision != "float32":
+        return dataclasses.replace(row, **plain), precision, tolerance(precision, row.float8)
+    return dataclasses.replace(row, float8="none", **plain), "float32", TRUTH_TOLERANCES[(precision, row.float8)]
+
+
+def scaled_mm_missing(recipe: str, device: torch.device) -> str | None:
+    """Why this torch's `_scaled_mm` cannot run `recipe` on `device` (None: it can).
+
+    Probed with a call of the scale layout the recipe uses (one scale per tensor, or per
+    row of A and per column of B), never inferred from a version: CPU `_scaled_mm` took
+    only per-tensor scales until torch 2.13, and other backends differ again.
+    """
+    rowwise = recipe.startswith("rowwise")
+    a = torch.zeros(16, 32, device=device).to(torch.float8_e4m3fn)
+    b = torch.zeros(16, 32, device=device).to(torch.float8_e4m3fn).t()
+    if rowwise:
+        sa, sb = torch.ones(16, 1, device=device), torch.ones(1, 16, device=device)
+    else:
+        sa, sb = torch.ones((), device=device), torch.ones((), device=device)
+    try:
+        torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"this torch's {device.type} _scaled_mm does not run {recipe} scales: {first}"
+    return None
+
+
+def numbers(ref, run) -> str:
+    """The run's distance from its reference, for the report: worst loss difference and
+    least gradient SQNR (step and parameter)."""
+    from .checks import sqnr
+
+    loss = max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(run.losses, ref.losses)), default=math.nan)
+    worst = (math.inf, "-")
+    for step, (grads, ref_grads) in enumerate(zip(run.grads, ref.grads)):
+        for name, g in grads.items():
+            r = ref_grads.get(name)
+            if g is not None and r is not None and g.shape == r.shape:
+                db = sqnr(r, g)
+                if db < worst[0]:
+                    worst = (db, f"step {step} {name}")
+    return f"loss max rel diff {loss:.3g}; grad min SQNR {worst[0]:.1f} dB ({worst[1]})"
