@@ -26,29 +26,28 @@ import math
 
 import torch
 
-from .scenarios import TABLE, TIERS, Scenario, Tolerance, tolerance
+from .scenarios import FLOAT8S, TABLE, TIERS, Scenario, Tolerance, tolerance
 
 ONE_DEVICE = {"parallel": "single", "world_size": 1, "async_tp": False, "resume": "none"}
 """The columns only a mesh gives, at their one-device value (loss parallel: see on_one_device)."""
 
 TRUTH_TOLERANCES: dict[tuple[str, str], Tolerance] = {
     # Compiled / AC'd float32 against eager float32: inductor only reorders sums (as TP
-    # does): the table's own float32 numbers apply.
+    # does): the table's own float32 numbers apply (CPU, torch 2.13: >= 124 dB).
     ("float32", "none"): tolerance("float32", "none"),
     # bf16 (parameters on CUDA, autocast for mp rows) against float32: every matmul
-    # rounds inputs to 8 mantissa bits; measured in reports/gpu/*-1gpu-tier.md. A dropped
-    # gradient, a missing recompute under AC or a wrong cast (0 dB or less) fail.
-    ("bfloat16", "none"): Tolerance(loss_rtol=2e-2, loss_atol=1e-3, grad_min_sqnr=20.0),
-    # Float8 against float32 without Float8: e4m3 keeps 3 mantissa bits (about 25 dB per
-    # quantized operand, worse where gradients are e5m2); a wrong scale, a transposed
-    # scale or a scale from the wrong amax is near 0 dB.
-    ("float32", "tensorwise"): Tolerance(loss_rtol=3e-2, loss_atol=1e-3, grad_min_sqnr=12.0),
-    ("float32", "rowwise"): Tolerance(loss_rtol=3e-2, loss_atol=1e-3, grad_min_sqnr=12.0),
-    ("float32", "rowwise_with_gw_hp"): Tolerance(loss_rtol=3e-2, loss_atol=1e-3, grad_min_sqnr=12.0),
-    ("bfloat16", "tensorwise"): Tolerance(loss_rtol=3e-2, loss_atol=1e-3, grad_min_sqnr=12.0),
-    ("bfloat16", "rowwise"): Tolerance(loss_rtol=3e-2, loss_atol=1e-3, grad_min_sqnr=12.0),
-    ("bfloat16", "rowwise_with_gw_hp"): Tolerance(loss_rtol=3e-2, loss_atol=1e-3, grad_min_sqnr=12.0),
+    # rounds its inputs to 8 mantissa bits. Measured on one H200 (torch 2.11, 3 steps):
+    # gradient SQNR >= 33.3 dB, loss within 8.7e-5 (reports/gpu/2026-12-01-1gpu-tier.md);
+    # autocast on CPU 41 dB. A dropped gradient, a recompute under AC that computes
+    # something else, or a wrong cast (10 dB or less) fail.
+    ("bfloat16", "none"): Tolerance(loss_rtol=5e-3, loss_atol=1e-4, grad_min_sqnr=20.0),
+    # Float8 against float32 without Float8: e4m3 keeps 3 mantissa bits. Measured: >= 17.1
+    # dB on the H200 (the norms' weight gradients are the worst), >= 18.2 dB on CPU; loss
+    # within 9.3e-4. A wrong, transposed or stale scale is near 0 dB.
 }
+for _compute in ("float32", "bfloat16"):
+    for _recipe in (r for r in FLOAT8S if r != "none"):
+        TRUTH_TOLERANCES[(_compute, _recipe)] = Tolerance(loss_rtol=1e-2, loss_atol=1e-4, grad_min_sqnr=12.0)
 
 
 FIRST_TIER = "nightly"

@@ -4,15 +4,20 @@
 #   python3 -m distci run --cell cuda-cu130-torch_installed-ao_0.17.0-ws1-fix_on --tier nightly --python python3
 # What the interpreter lacks comes from carried wheels in .whl/ (torchao for the cell's
 # overlay through DISTCI_FIND_LINKS; setuptools/packaging for the controller, installed
-# only when missing or too old). The run directory's records, the printed summary, the
-# per-row numbers and what is left running afterwards are copied into $OUT (a remote
-# runner brings back a few files, not a tree).
-# Usage: [CELL=...] [TIER=nightly] [BUDGET_S=530] [DISTCI_TEST_TIMEOUT_CAP=150] tools/gpu_1gpu_tier.sh [-k EXPR]
+# only when missing or too old). Into $OUT (a remote runner brings back a few files, not
+# a tree): NAME.log (the printed summary), NAME.tgz (the run directory: results.jsonl,
+# junit.xml, stack.json, run.json, rank logs with each row's numbers) and NAME-machine.txt
+# (the GPU, and what is left running afterwards).
+# Usage: [NAME=tier] [CELL=...] [TIER=nightly] [BUDGET_S=530] [DISTCI_TEST_TIMEOUT_CAP=150]
+#        tools/gpu_1gpu_tier.sh [-k EXPR]
+# Two calls with disjoint -k selections may run at once on one GPU (compiles are CPU-bound):
+# start the second once the first printed "environment ready" (they share the overlay).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 cell=${CELL:-cuda-cu130-torch_installed-ao_0.17.0-ws1-fix_on}
 py=$(command -v python3)
 wheels="$PWD/.whl"
+name=${NAME:-tier}
 out=${OUT:-.distci/gpu-out}
 runs=$(mktemp -d)
 mkdir -p "$out"
@@ -37,24 +42,20 @@ if [ -n "$need" ]; then
   "$py" -m pip install -q --no-index --find-links "$wheels" $need || { echo "gpu_1gpu_tier: controller deps missing"; exit 90; }
 fi
 
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; "$py" -V; } > "$out/machine.txt" 2>&1
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; "$py" -V; } > "$out/$name-machine.txt" 2>&1
 start=$(date +%s)
 export DISTCI_TEST_TIMEOUT_CAP=${DISTCI_TEST_TIMEOUT_CAP:-150}
 # SIGINT at the end of the budget: distci stops its workers and records what finished.
 timeout --signal=INT --kill-after=30 "${BUDGET_S:-530}" \
-  "$py" -m distci run --cell "$cell" --tier "${TIER:-nightly}" --python "$py" --runs-root "$runs" "$@" 2>&1 | tee "$out/run.log"
+  "$py" -m distci run --cell "$cell" --tier "${TIER:-nightly}" --python "$py" --runs-root "$runs" "$@" 2>&1 | tee "$out/$name.log"
 code=${PIPESTATUS[0]}
-echo "gpu_1gpu_tier: distci run exit $code in $(( $(date +%s) - start ))s" | tee -a "$out/run.log"
+echo "gpu_1gpu_tier: distci run exit $code in $(( $(date +%s) - start ))s" | tee -a "$out/$name.log"
 
 run=$(find "$runs" -mindepth 1 -maxdepth 1 -type d | sort | tail -n 1)
 if [ -n "$run" ]; then
-  for f in results.jsonl junit.xml stack.json run.json; do
-    [ -f "$run/$f" ] && cp "$run/$f" "$out/"
-  done
-  grep -rh "distci-numbers:" "$run/logs" 2>/dev/null | sort -u > "$out/numbers.txt"
-  tar czf "$out/logs.tgz" -C "$run" --exclude=results.jsonl --exclude=junit.xml .
+  tar czf "$out/$name.tgz" -C "$run" .
 fi
 # Nothing may be left running: the harness's workers and the GPU's compute processes.
 { echo "after the run:"; nvidia-smi --query-compute-apps=pid,name --format=csv,noheader 2>&1
-  pgrep -af "distci.harness" || echo "no distci.harness process"; } >> "$out/machine.txt"
+  pgrep -af "distci.harness" || echo "no distci.harness process"; } >> "$out/$name-machine.txt"
 exit "$code"
