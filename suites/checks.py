@@ -20,7 +20,8 @@ import torch
 
 from .model_args import ModelArgs
 from .models import sharded_weights
-from .scenarios import MAX_VARLEN_GRAPHS_PER_REGION, Scenario, Tolerance
+from .scenarios import MAX_VARLEN_GRAPHS_PER_REGION, Scenario
+from .tolerances import Tolerance
 
 MAX_LISTED = 100  # the known-issues registry must see every problem to explain a failure
 

@@ -26,28 +26,12 @@ import math
 
 import torch
 
-from .scenarios import FLOAT8S, TABLE, TIERS, Scenario, Tolerance, tolerance
+from .scenarios import TABLE, TIERS, Scenario
+from .tolerances import Tolerance, tolerance, truth_tolerance
 
-ONE_DEVICE = {"parallel": "single", "world_size": 1, "async_tp": False, "resume": "none"}
-"""The columns only a mesh gives, at their one-device value (loss parallel: see on_one_device)."""
-
-TRUTH_TOLERANCES: dict[tuple[str, str], Tolerance] = {
-    # Compiled / AC'd float32 against eager float32: inductor only reorders sums (as TP
-    # does): the table's own float32 numbers apply (CPU, torch 2.13: >= 124 dB).
-    ("float32", "none"): tolerance("float32", "none"),
-    # bf16 (parameters on CUDA, autocast for mp rows) against float32: every matmul
-    # rounds its inputs to 8 mantissa bits. Measured on one H200 (torch 2.11, 3 steps):
-    # gradient SQNR >= 33.3 dB, loss within 8.7e-5 (reports/gpu/2026-12-01-1gpu-tier.md);
-    # autocast on CPU 41 dB. A dropped gradient, a recompute under AC that computes
-    # something else, or a wrong cast (10 dB or less) fail.
-    ("bfloat16", "none"): Tolerance(loss_rtol=5e-3, loss_atol=1e-4, grad_min_sqnr=20.0),
-    # Float8 against float32 without Float8: e4m3 keeps 3 mantissa bits. Measured: >= 17.1
-    # dB on the H200 (the norms' weight gradients are the worst), >= 18.2 dB on CPU; loss
-    # within 9.3e-4. A wrong, transposed or stale scale is near 0 dB.
-}
-for _compute in ("float32", "bfloat16"):
-    for _recipe in (r for r in FLOAT8S if r != "none"):
-        TRUTH_TOLERANCES[(_compute, _recipe)] = Tolerance(loss_rtol=1e-2, loss_atol=1e-4, grad_min_sqnr=12.0)
+ONE_DEVICE = {"parallel": "single", "world_size": 1, "async_tp": False, "resume": "none", "loss_parallel": False}
+"""The columns only a mesh gives, at their one-device value (vocab-parallel cross entropy
+is plain cross entropy on one shard)."""
 
 
 FIRST_TIER = "nightly"
@@ -58,11 +42,8 @@ belong to the table's own rows, which a slice row only repeats without a mesh.""
 def on_one_device(row: Scenario) -> Scenario | None:
     """`row` on one device (parallel `single`, world size 1); None when a column that is
     left needs a mesh (the table's validation says which)."""
-    changes: dict = dict(ONE_DEVICE)
-    if row.loss == "parallel":  # vocab-parallel CE is plain CE on one shard
-        changes["loss"] = "plain"
     try:
-        return dataclasses.replace(row, **changes)
+        return dataclasses.replace(row, **ONE_DEVICE)
     except ValueError:
         return None
 
@@ -94,7 +75,7 @@ def reference_of(row: Scenario, device_dtype: str) -> tuple[Scenario, str, Toler
     precision = compute_dtype(row, device_dtype)
     if row.model_args.n_experts and precision != "float32":
         return dataclasses.replace(row, **plain), precision, tolerance(precision, row.float8)
-    return dataclasses.replace(row, float8="none", **plain), "float32", TRUTH_TOLERANCES[(precision, row.float8)]
+    return dataclasses.replace(row, float8="none", **plain), "float32", truth_tolerance(precision, row.float8)
 
 
 def scaled_mm_missing(recipe: str, device: torch.device) -> str | None:

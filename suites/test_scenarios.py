@@ -15,7 +15,8 @@ import pytest
 from .checks import check_graph, check_numerics, check_routing, expected_graph, require
 from .conftest import tier_marks
 from .devices import suite_device
-from .scenarios import TABLE, Scenario, tolerance
+from .scenarios import TABLE, Scenario
+from .tolerances import tolerance
 from .training import run_parallel, run_reference
 
 TIMEOUT_S = {"none": 180, "eager": 300, "aot_eager": 300, "inductor": 900}

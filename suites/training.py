@@ -211,7 +211,7 @@ def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def _loss_context(scenario: Scenario):
-    if scenario.loss != "parallel":
+    if not scenario.loss_parallel:
         return contextlib.nullcontext()
     from torch.distributed.tensor.parallel import loss_parallel
 
@@ -454,7 +454,7 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
     if parallel in ("tp", "tp_sp", "fsdp_tp"):
         plan = "tp_sp" if parallel == "fsdp_tp" else parallel
         par.apply_tp(model, tp_mesh, plan, scenario.float8, mutation.block_plan_overrides,
-                     loss_parallel=scenario.loss == "parallel")
+                     loss_parallel=scenario.loss_parallel)
         if scenario.async_tp:
             par.enable_async_tp(tp_mesh)
     if parallel in ("fsdp", "fsdp_tp", "ep"):

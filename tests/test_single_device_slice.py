@@ -15,7 +15,8 @@ import pytest
 pytest.importorskip("torch")
 
 from suites import single_device as sd  # noqa: E402
-from suites.scenarios import SCENARIOS, TABLE, TIERS, Scenario  # noqa: E402
+from suites.scenarios import SCENARIOS, TABLE, TIERS, Scenario, row  # noqa: E402
+from suites.tolerances import truth_tolerance  # noqa: E402
 
 
 def test_every_slice_row_is_one_device_and_unique():
@@ -23,7 +24,7 @@ def test_every_slice_row_is_one_device_and_unique():
     assert rows, "the slice is empty"
     assert len({r.id for r in rows}) == len(rows)
     for r in rows:
-        assert (r.parallel, r.world_size, r.async_tp, r.resume, r.loss) == ("single", 1, False, "none", "plain"), r.id
+        assert (r.parallel, r.world_size, r.async_tp, r.resume, r.loss_parallel) == ("single", 1, False, "none", False), r.id
         assert TIERS.index(r.tier) >= TIERS.index(sd.FIRST_TIER), r.id
 
 
@@ -42,8 +43,8 @@ def test_every_table_row_is_represented_in_its_earliest_tier():
 
 
 def test_a_new_table_row_joins_the_slice_and_collapses_with_its_twins():
-    new = Scenario("tp_sp", "model", "inductor", "selective", "rowwise", True, 2, "adamw", "nightly", accum=2)
-    twin = dataclasses.replace(new, parallel="fsdp", async_tp=False, world_size=2, tier="release")
+    new = row("tp_sp", "model", "inductor", ac="selective", float8="rowwise", async_tp=True, optim="adamw", accum=2)
+    twin = dataclasses.replace(new, parallel="fsdp", async_tp=False, tier="release")
     rows = sd.single_device_slice([new, twin])
     assert [r.id for r in rows] == ["single-compile_model-ac_sel-f8_rowwise-ga2-ws1-adamw"]
     assert rows[0].tier == "nightly"
@@ -59,7 +60,7 @@ def test_reference_is_eager_float32_without_the_rows_features():
     ref, dtype, tol = sd.reference_of(row, "bfloat16")
     assert (ref.compile, ref.backend, ref.ac, ref.float8, ref.mp, dtype) == ("none", "none", "none", "none", "none",
                                                                              "float32")
-    assert tol == sd.TRUTH_TOLERANCES[("bfloat16", "rowwise")]
+    assert tol == truth_tolerance("bfloat16", "rowwise")
     moe = next(r for r in sd.single_device_slice() if r.model == "moe" and r.compiled)
     ref, dtype, _ = sd.reference_of(moe, "bfloat16")
     assert dtype == "bfloat16" and not ref.compiled, "a bf16 router is judged by a bf16 router"
@@ -121,8 +122,8 @@ def test_mixed_precision_on_one_device_computes_in_bf16():
 
     row = _row("single-eager-mp_bf16-ws1")
     ref_row, ref_dtype, tol = sd.reference_of(row, "float32")
-    assert tol == sd.TRUTH_TOLERANCES[("bfloat16", "none")]
+    assert tol == truth_tolerance("bfloat16", "none")
     reference = run_reference(ref_row, torch.device("cpu"), ref_dtype)
     run, _ = run_parallel(row, None, torch.device("cpu"), "float32")
     assert check_numerics(reference, run, tol) == []
-    assert check_numerics(reference, run, sd.TRUTH_TOLERANCES[("float32", "none")]), "the run did not compute in bf16"
+    assert check_numerics(reference, run, truth_tolerance("float32", "none")), "the run did not compute in bf16"

@@ -65,7 +65,7 @@ def _scenario(sid: str):
     from suites.scenarios import SCENARIOS, Scenario
 
     if sid == VARLEN:
-        return Scenario("tp", "model", "eager", "none", "none", False, 2, "sgd", "nightly", shapes="varlen")
+        return Scenario(parallel="tp", compile="model", backend="eager", shapes="varlen")
     return SCENARIOS[sid]
 
 
@@ -118,7 +118,7 @@ def _rank_main(rank: int, world_size: int, out_dir: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from suites.checks import check_graph, check_numerics, check_routing, expected_graph
-    from suites.scenarios import tolerance
+    from suites.tolerances import tolerance
     from suites.training import run_parallel, run_reference
 
     torch.set_num_threads(1)
@@ -312,7 +312,7 @@ def test_eval_numbers_and_routing_are_judged():
     import torch
 
     from suites.checks import check_numerics, check_routing
-    from suites.scenarios import tolerance
+    from suites.tolerances import tolerance
     from suites.training import TrainRecord
 
     logits = torch.randn(2, 8, 16)
@@ -333,7 +333,7 @@ def test_rerouted_steps_are_judged_by_loss_within_a_budget():
     import torch
 
     from suites.checks import check_numerics, compare_routing
-    from suites.scenarios import tolerance
+    from suites.tolerances import tolerance
     from suites.training import TrainRecord
 
     tol = tolerance("float32", "none")
