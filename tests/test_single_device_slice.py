@@ -68,6 +68,18 @@ def test_reference_is_eager_float32_without_the_rows_features():
     assert dtype == "float32"
 
 
+def test_only_compiled_reduced_precision_moe_rows_are_judged_at_the_first_step():
+    from suites.training import TrainRecord
+
+    rows = sd.single_device_slice()
+    flagged = {r.id for r in rows if sd.routing_unobservable(r, "bfloat16")}
+    assert flagged == {r.id for r in rows if r.model == "moe" and r.compiled}
+    assert not any(sd.routing_unobservable(r, "float32") for r in rows if r.mp == "none")
+    record = TrainRecord(losses=[1.0, 2.0, 3.0], grads=[{"w": None}, {"w": None}, {"w": None}])
+    cut = sd.first_step_gradients(record)
+    assert (cut.losses, len(cut.grads), len(record.grads)) == ([1.0, 2.0, 3.0], 1, 3)
+
+
 def _row(sid: str) -> Scenario:
     return {r.id: r for r in sd.single_device_slice()}[sid]
 
