@@ -57,5 +57,7 @@ if [ -n "$run" ]; then
 fi
 # Nothing may be left running: the harness's workers and the GPU's compute processes.
 { echo "after the run:"; nvidia-smi --query-compute-apps=pid,name --format=csv,noheader 2>&1
-  pgrep -af "distci.harness" || echo "no distci.harness process"; } >> "$out/$name-machine.txt"
+  # Workers run as `python -u -m distci.harness.worker` (torchrun: `-m distci.harness.torchrun_entry`);
+  # the pattern names the interpreter flag so it never matches a shell whose text merely mentions it.
+  pgrep -af -- "-m distci[.]harness[.](worker|torchrun_entry)" || echo "no distci.harness worker"; } >> "$out/$name-machine.txt"
 exit "$code"
