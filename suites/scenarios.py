@@ -1,20 +1,15 @@
 """The scenario table: every parallelism x compile x AC x Float8 x training-step combination we run.
 
 Declared as data, in the spirit of torchtitan's integration-test definitions: COLUMNS
-declares every column once (name, allowed values, default, id fragment, one line of
-doc); the Scenario record, its validation, its pytest id, the README coverage table and
-the column list below are all derived from it. RULES says which combinations of columns
-are invalid, as (predicate, message) data. TABLE holds the rows, one notation:
-`row(parallel, compile, backend, column=value, ...)`. One runner (suites/training.py)
-executes any row, and the checks (suites/checks.py) judge it by numbers and graphs.
-
-A scenario's pytest id is built from its columns in declaration order, e.g.
-`fsdp_tp-compile_block-ac_full-mp_bf16-ga2-ws4`: a column at its default value adds
-nothing (except `compile`, whose default spells `eager`), so the rows that existed
-before a column was added keep their ids.
-
-Adding a column: declare it in COLUMNS (and any RULES it implies), write the rows that
-use it, implement it in training.py / parallelize.py and its expectation in checks.py.
+declares every column once (name, values, default, id fragment, doc); the Scenario record,
+its validation, its pytest id, the README coverage table and the column list below derive
+from it. RULES: the invalid combinations, as (predicate, message). TABLE: the rows, in one
+notation, `row(parallel, compile, backend, column=value, ...)`. One runner (training.py)
+executes any row; the checks (checks.py) judge it by numbers and graphs. An id is built
+from the columns in declaration order, e.g. `fsdp_tp-compile_block-ac_full-mp_bf16-ga2-ws4`;
+a column at its default adds nothing (`compile` spells `eager`), so old rows keep their
+ids when a column is added (declare it and its RULES here, write its rows, implement it
+in training.py / step.py / parallelize.py, its expectation in checks.py).
 
 Columns (generated from COLUMNS):
 """
@@ -22,14 +17,16 @@ Columns (generated from COLUMNS):
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
+from .columns import REQUIRED, Column, Rule, ScenarioError, describe, with_columns
 from .model_args import ModelArgs
 
 MODEL = ModelArgs()
 MOE_MODEL = ModelArgs(n_experts=4, top_k=2, expert_hidden=64)
 LORA_MODEL = ModelArgs(lora_rank=8)
+PP_MODEL = ModelArgs(n_layers=4)
+"""Four blocks: one per stage of the interleaved schedules (2 ranks x 2 stages)."""
 STEPS = 3
 BATCH = 2
 SEED = 20251130
@@ -45,46 +42,6 @@ MAX_VARLEN_GRAPHS_PER_REGION = 2
 dynamic graph (automatic dynamic shapes) for every later length; more is a recompile
 storm, fewer with all steps compiled is fine."""
 TP_DEGREE_2D = 2
-REQUIRED = object()
-"""The default of a column every row must name."""
-
-
-class ScenarioError(ValueError):
-    """A scenario row names an unknown column, a value its column does not allow, or a
-    combination of columns RULES forbids; the message names the row and the fix."""
-
-
-@dataclass(frozen=True)
-class Column:
-    """One column of the scenario table, declared once.
-
-    fragment: what the column adds to the scenario id when its value is not the
-    default: a format string (`{}` is the value), a {value: fragment} mapping, or a
-    callable (scenario) -> fragment | None for columns whose spelling depends on others.
-    axis: False for bookkeeping (the tier), which is no point of the configuration space.
-    """
-
-    name: str
-    values: tuple
-    default: Any
-    fragment: str | dict | Callable[[Any], str | None] | None
-    doc: str
-    title: str
-    axis: bool = True
-
-    @property
-    def type(self) -> type:
-        return type(self.values[0])
-
-    def id_part(self, scenario: Any) -> str | None:
-        value = getattr(scenario, self.name)
-        if callable(self.fragment):
-            return self.fragment(scenario)
-        if value == self.default or self.fragment is None:
-            return None
-        if isinstance(self.fragment, dict):
-            return self.fragment.get(value, str(value))
-        return self.fragment.format(value)
 
 
 def _compile_part(s: Any) -> str:
@@ -98,11 +55,15 @@ TIERS = ("pr", "nightly", "release")
 
 # fmt: off
 COLUMNS: tuple[Column, ...] = (
-    Column("parallel", ("tp", "tp_sp", "fsdp", "fsdp_tp", "ep", "single"), REQUIRED, "{}",
+    Column("parallel", ("tp", "tp_sp", "fsdp", "fsdp_tp", "ep", "hsdp", "pp", "single"), REQUIRED, "{}",
            "tp / tp_sp: torchtitan's llama3 TP plan (sequence parallel or not), TP = ws; fsdp: FSDP2 "
            "fully_shard per block + root, dp = ws; fsdp_tp: 2-D mesh (dp_shard = ws/2, tp = 2), TP (SP) inside, "
-           "FSDP2 outside; ep: experts split over the ranks, tokens moved by all-to-all; single: one device, "
-           "no mesh (the world-size-1 slice suites/single_device.py derives from the table)", "Parallel"),
+           "FSDP2 outside; ep: experts split over the ranks, tokens moved by all-to-all; hsdp: FSDP2 on a 2-D "
+           "(dp_replicate 2 x dp_shard ws/2) mesh; pp: torch.distributed.pipelining over the blocks; single: one device, no mesh (the "
+           "world-size-1 slice suites/single_device.py derives from the table)", "Parallel"),
+    Column("schedule", ("none", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"), "none", "{}",
+           "the pipeline schedule of a pp row (interleaved ones: two stages per rank); microbatches = accum",
+           "PP schedule"),
     Column("model", ("dense", "moe"), "dense", "{}", "moe: router + top-k + experts in every block", "Model"),
     Column("compile", ("none", "model", "block"), "none", _compile_part,
            "torch.compile per block (torchtitan's default) or of the whole model, fullgraph", "Compile"),
@@ -116,19 +77,42 @@ COLUMNS: tuple[Column, ...] = (
            "Float8"),
     Column("async_tp", (False, True), False, {True: "asynctp"},
            "micro-pipeline TP over symmetric memory (CUDA + inductor + tp_sp only)", "Async TP"),
-    Column("train", ("full", "frozen"), "full", "{}",
-           "frozen: LoRA-style adapters train, the rest (embeddings, norms, linears) is frozen", "Train"),
+    Column("train", ("full", "frozen", "frozen_embed", "frozen_norms"), "full", "{}",
+           "frozen: LoRA-style adapters train, the rest is frozen; frozen_embed: the token embeddings are frozen "
+           "(the first block's input needs no grad); frozen_norms: every RMSNorm weight is frozen", "Train"),
     Column("shapes", ("static", "varlen"), "static", "{}",
            "varlen: the sequence length changes every step (numbers and the recompile budget)", "Shapes"),
     Column("mp", ("none", "bf16"), "none", "mp_{}",
            "FSDP2 MixedPrecisionPolicy: bf16 params, fp32 reduce (single: torch.autocast bf16)", "MP"),
     Column("accum", (1, 2, 3, 4), 1, "ga{}", "microbatches per step (gradient accumulation)", "Accum"),
+    Column("loss", ("ce", "smooth_ce", "soft_ce", "z_loss"), "ce", "{}",
+           "cross entropy; with label smoothing 0.1; against a teacher's soft labels (distillation, through "
+           "log_softmax); plus a z-loss on logsumexp(logits)", "Loss"),
+    Column("loss_compile", (False, True), False, {True: "loss_compiled"},
+           "the loss function torch.compile'd with the row's backend (torchtitan's compile.components loss)",
+           "Loss compiled"),
     Column("loss_parallel", (False, True), False, {True: "loss_parallel"},
            "vocab-parallel cross entropy over Shard(-1) logits, under `loss_parallel()`", "Loss parallel"),
     Column("eval", ("none", "no_grad", "inference"), "none", "eval_{}",
            "an eval forward of the trained model under no_grad / inference_mode", "Eval"),
     Column("resume", ("none", "single", "fsdp", "tp_sp"), "none", "dcp_to_{}",
            "DCP: save mid-run, load under that layout, train on", "Resume (DCP)"),
+    Column("dcp", ("sync", "async"), "sync", {"async": "dcp_async"},
+           "how the resume row saves: dcp.save, or dcp.async_save (waited on before loading)", "DCP save"),
+    Column("clip", ("none", "norm", "foreach", "mesh"), "none", "clip_{}",
+           "gradient clipping at a max norm every step: clip_grad_norm_, its foreach form, or torchtitan's "
+           "per-mesh form (a norm per mesh, combined)", "Clip"),
+    Column("sched", ("const", "warmup_cosine"), "const", "lr_{}",
+           "LR schedule: constant, or linear warmup + cosine with two parameter groups (no weight decay on norms "
+           "and biases)", "LR schedule"),
+    Column("offload", (False, True), False, {True: "offload"}, "FSDP2 CPUOffloadPolicy (sharded params and grads "
+           "on CPU, the optimizer steps there)", "Offload"),
+    Column("reshard", ("titan", "true", "false", "int2"), "titan", "raf_{}",
+           "FSDP2 reshard_after_forward per block: torchtitan's (all but the last block), True, False, or 2 (to "
+           "2-rank groups)", "Reshard"),
+    Column("routing", ("natural", "empty_first", "empty_middle", "empty_last", "one_expert"), "natural", "route_{}",
+           "MoE routing edges: the router's own imbalance; an expert that gets no token in the first / a middle / "
+           "the last microbatch of every step; every token to one expert", "Routing"),
     Column("world_size", (1, 2, 4), 2, "ws{}", "ranks (4-rank rows get a 4-rank pool; skipped where fewer devices)",
            "WS"),
     Column("optim", ("sgd", "adamw"), "sgd", "{}", "the optimizer", "Optim"),
@@ -138,14 +122,6 @@ COLUMNS: tuple[Column, ...] = (
 )
 # fmt: on
 COLUMN = {c.name: c for c in COLUMNS}
-
-
-@dataclass(frozen=True)
-class Rule:
-    """An invalid combination: `broken(scenario)` is True when the row breaks the rule."""
-
-    broken: Callable[[Any], bool]
-    message: str
 
 
 RULES: tuple[Rule, ...] = (
@@ -166,19 +142,32 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda s: s.parallel == "fsdp_tp" and s.world_size % TP_DEGREE_2D,
          f"fsdp_tp needs a world size divisible by its TP degree {TP_DEGREE_2D}"),
     Rule(lambda s: s.resume != "none" and s.steps <= RESUME_AT, f"a resume row needs more than {RESUME_AT} steps"),
+    Rule(lambda s: s.parallel == "hsdp" and s.world_size != 4, "hsdp is a 2 x 2 mesh: it needs world_size=4"),
+    Rule(lambda s: (s.offload or s.reshard != "titan") and not s.fsdp,
+         "offload and reshard are FSDP2 settings: they need fsdp, fsdp_tp or hsdp"),
+    Rule(lambda s: s.reshard == "int2" and not (s.parallel == "fsdp" and s.world_size == 4),
+         "reshard_after_forward=2 must divide the shard group and be smaller: it needs fsdp on 4 ranks"),
+    Rule(lambda s: s.dcp != "sync" and s.resume == "none", "dcp=async is how a resume row saves: it needs resume"),
+    Rule(lambda s: s.loss_compile and not s.compiled, "loss_compile uses the row's backend: it needs compile"),
+    Rule(lambda s: s.routing != "natural" and (s.model != "moe" or s.compiled or s.resume != "none"),
+         "routing edges steer an eager MoE router: they need model=moe, compile=none, resume=none"),
+    Rule(lambda s: s.routing == "empty_middle" and s.dp_degree * s.accum < 3,
+         "a middle microbatch needs at least 3 (data-parallel ranks x accum)"),
+    Rule(lambda s: (s.parallel == "pp") != (s.schedule != "none"), "a schedule is named exactly for parallel=pp"),
+    Rule(lambda s: s.parallel == "pp" and (s.model != "dense" or s.compiled or s.ac != "none" or s.float8 != "none"
+                                           or s.eval != "none" or s.resume != "none" or s.train == "frozen"),
+         "pp rows run the dense model eager, without AC, Float8, eval, resume or LoRA"),
+    Rule(lambda s: s.parallel == "pp" and (s.accum < 2 or s.accum % 2),
+         "pp microbatches (accum) must be a multiple of the 2 ranks, at least 2"),
+    Rule(lambda s: s.train == "frozen" and s.model == "moe", "the LoRA adapters exist in the dense model only"),
+    Rule(lambda s: s.sched != "const" and s.resume != "none",
+         "the LR scheduler's state is not part of the resume row's checkpoint: sched needs resume=none"),
+    Rule(lambda s: s.parallel == "ep" and s.clip in ("norm", "foreach"),
+         "EP's experts live on their owners only: a plain clip_grad_norm_ sees one rank's; use clip=mesh"),
 )
 
 
-def _with_columns(cls: type) -> type:
-    """Makes `cls` a frozen dataclass whose fields are COLUMNS, in their order."""
-    cls.__annotations__ = {c.name: c.type.__name__ for c in COLUMNS}
-    for c in COLUMNS:
-        if c.default is not REQUIRED:
-            setattr(cls, c.name, c.default)
-    return dataclass(frozen=True)(cls)
-
-
-@_with_columns
+@with_columns(COLUMNS)
 class Scenario:
     """One row of the table: a value for every column of COLUMNS (fields in that order)."""
 
@@ -222,7 +211,7 @@ class Scenario:
 
     @property
     def fsdp(self) -> bool:
-        return self.parallel in ("fsdp", "fsdp_tp")
+        return self.parallel in ("fsdp", "fsdp_tp", "hsdp")
 
     @property
     def tp_degree(self) -> int:
@@ -242,16 +231,11 @@ class Scenario:
         return max(self.dp_degree, resumed)
 
     @property
-    def mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        """(shape, dim names) of the device mesh this row trains on."""
-        if self.parallel == "fsdp_tp":
-            return (self.dp_degree, self.tp_degree), ("dp_shard", "tp")
-        return (self.world_size,), ("tp",) if self.plan else ("dp_shard",)
-
-    @property
     def model_args(self) -> ModelArgs:
         if self.model == "moe":
             return MOE_MODEL
+        if self.parallel == "pp":
+            return PP_MODEL
         return LORA_MODEL if self.train == "frozen" else MODEL
 
     @property
@@ -288,32 +272,16 @@ class Scenario:
         return self.float8 == "tensorwise" and (self.plan == "tp_sp" or self.fsdp)
 
     def needs(self, device_type: str) -> list[tuple[str, tuple, str]]:
-        """Markers (name, args, why) this scenario needs on `device_type`.
+        """Markers (name, args, why) this scenario needs on `device_type` (devices.scenario_needs)."""
+        from .devices import scenario_needs
 
-        Names are the harness's requires_accelerator / requires_sm, or `skip` for what the
-        accelerator's process-group backend cannot do at all.
-        """
-        from .devices import suite_device
-
-        device = suite_device(device_type)
-        needs: list[tuple[str, tuple, str]] = []
-        if self.async_tp:
-            needs.append(("requires_accelerator", ("cuda",), "async TP fuses collectives over CUDA symmetric memory"))
-            needs.append(("requires_sm", (90,), "symmetric-memory async TP kernels need SM90"))
-        if self.float8 != "none" and device.float8_min_sm:
-            needs.append(("requires_sm", (device.float8_min_sm[self.float8],), f"float8 {self.float8} _scaled_mm kernels"))
-        if self.float8_all_gather and not device.float8_collectives:
-            what = "FSDP2's float8 all-gather of the weights" if self.fsdp else \
-                "tensorwise Float8 with sequence parallel all-gathers float8 tensors"
-            needs.append(("skip", (), f"{what}, which the {device_type} process-group backend cannot carry"))
-        return needs
+        return scenario_needs(self, device_type)
 
     def in_tier(self, tier: str) -> bool:
         return TIERS.index(self.tier) <= TIERS.index(tier)
 
 
-__doc__ += "\n".join(f"  {c.name:<14}{' | '.join(map(str, c.values))}  (default {c.default if c.default is not REQUIRED else '-'})"
-                     f"\n                {c.doc}" for c in COLUMNS)
+__doc__ += describe(COLUMNS)
 
 
 def row(parallel: str, compile: str = "none", backend: str = "none", **columns: Any) -> Scenario:
@@ -437,15 +405,118 @@ TABLE: list[Scenario] = [
 ]
 # fmt: on
 
+
+def _training_step_rows() -> list[Scenario]:
+    """The step users train (issue: suites that find bugs they were not written for):
+    clipping, loss variants, HSDP, FSDP2's offload and reshard settings, LR schedules,
+    async checkpoints, fine-tuning's frozen parts and MoE routing edges, each crossed with
+    the parallelisms users combine it with."""
+    rows = [
+        # clipping at max_norm: torch's clip_grad_norm_, its foreach form, torchtitan's per-mesh form
+        row("fsdp", clip="norm", tier="pr"),
+        row("fsdp", clip="foreach"),
+        row("fsdp", clip="mesh"),
+        row("fsdp", mp="bf16", accum=2, clip="norm"),
+        row("fsdp", "block", "inductor", clip="norm"),
+        row("fsdp", model="moe", mp="bf16", clip="norm"),
+        row("fsdp_tp", world_size=4, clip="norm"),
+        row("fsdp_tp", world_size=4, clip="foreach"),
+        row("fsdp_tp", world_size=4, clip="mesh"),
+        row("fsdp_tp", "block", "inductor", world_size=4, mp="bf16", clip="norm"),
+        row("tp", clip="norm"),
+        row("tp_sp", clip="norm"),
+        row("tp_sp", clip="mesh"),
+        row("ep", model="moe", clip="mesh"),
+        row("ep", model="moe", world_size=4, accum=2, clip="mesh"),
+        row("hsdp", world_size=4, clip="norm"),
+        # cross entropy compiled (torchtitan compiles the loss), plain and loss-parallel
+        row("tp_sp", "block", "inductor", loss_compile=True),
+        row("tp", "model", "aot_eager", loss_compile=True, loss_parallel=True),
+        # HSDP: replicate x shard (2 x 2)
+        row("hsdp", world_size=4),
+        row("hsdp", world_size=4, mp="bf16"),
+        row("hsdp", world_size=4, mp="bf16", accum=2),
+        row("hsdp", "block", "inductor", world_size=4),
+        row("hsdp", world_size=4, train="frozen_embed"),
+        row("hsdp", world_size=4, sched="warmup_cosine", optim="adamw"),
+        # FSDP2 CPU offload and reshard_after_forward
+        row("fsdp", offload=True),
+        row("fsdp", offload=True, mp="bf16"),
+        row("fsdp", offload=True, clip="norm", optim="adamw"),
+        row("fsdp_tp", world_size=4, offload=True),
+        row("hsdp", world_size=4, offload=True),
+        row("fsdp", reshard="true"),
+        row("fsdp", reshard="false"),
+        row("fsdp", world_size=4, reshard="int2"),
+        row("fsdp", "block", "inductor", reshard="false"),
+        row("fsdp", "block", "inductor", reshard="true", mp="bf16"),
+        row("fsdp_tp", world_size=4, reshard="false"),
+        row("hsdp", world_size=4, reshard="true"),
+        # warmup + cosine LR, two parameter groups (no weight decay on norms and biases)
+        row("tp", sched="warmup_cosine", optim="adamw"),
+        row("fsdp", sched="warmup_cosine"),
+        row("fsdp", sched="warmup_cosine", optim="adamw", tier="pr"),
+        row("fsdp_tp", world_size=4, sched="warmup_cosine", optim="adamw", clip="norm"),
+        row("tp_sp", "block", "inductor", sched="warmup_cosine", optim="adamw"),
+        # async DCP save, then resume under another layout
+        row("tp_sp", resume="fsdp", dcp="async"),
+        row("fsdp", resume="tp_sp", dcp="async", optim="adamw"),
+        row("fsdp_tp", world_size=4, resume="fsdp", dcp="async"),
+        # a frozen base with LoRA adapters under FSDP2
+        row("fsdp", train="frozen"),
+        row("fsdp", "block", "inductor", train="frozen"),
+        row("fsdp", "model", "aot_eager", train="frozen"),
+        row("fsdp_tp", "block", "inductor", world_size=4, train="frozen"),
+        row("tp", "block", "inductor", train="frozen_embed"),
+    ]
+    # loss variants: plain, under loss_parallel(), compiled (with and without loss parallel)
+    for loss in ("smooth_ce", "soft_ce", "z_loss"):
+        rows += [
+            row("tp", loss=loss),
+            row("fsdp", loss=loss),
+            row("tp", loss=loss, loss_parallel=True),
+            row("tp_sp", loss=loss, loss_parallel=True),
+            row("fsdp_tp", world_size=4, loss=loss, loss_parallel=True),
+            row("tp_sp", "block", "inductor", loss=loss, loss_compile=True),
+            row("tp_sp", "block", "aot_eager", loss=loss, loss_compile=True, loss_parallel=True),
+        ]
+    # frozen the way fine-tuning freezes: x per-block and whole-model compile x SP x FSDP2
+    for train in ("frozen_embed", "frozen_norms"):
+        rows += [
+            row("tp_sp", train=train),
+            row("tp_sp", "block", "inductor", train=train),
+            row("tp_sp", "model", "inductor", train=train),
+            row("tp_sp", "block", "aot_eager", train=train),
+            row("fsdp", train=train),
+            row("fsdp", "block", "inductor", train=train),
+            row("fsdp", "model", "aot_eager", train=train),
+            row("fsdp", mp="bf16", train=train),
+            row("fsdp_tp", world_size=4, train=train),
+            row("fsdp_tp", "block", "inductor", world_size=4, train=train),
+        ]
+    # MoE routing edges x mixed precision x accumulation x FSDP2 and EP
+    for edge in ("empty_first", "empty_middle", "empty_last", "one_expert"):
+        rows += [
+            row("fsdp", model="moe", accum=2, routing=edge),
+            row("fsdp", model="moe", accum=2, mp="bf16", routing=edge),
+            row("ep", model="moe", accum=2, routing=edge),
+        ]
+        if edge != "one_expert":
+            rows.append(row("tp", model="moe", accum=3, routing=edge))
+    rows.append(row("ep", model="moe", world_size=4, accum=2, routing="empty_middle", clip="mesh"))
+    # pipeline parallel: every schedule, microbatches, clipping across stages, frozen parts
+    for schedule in ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"):
+        rows += [row("pp", schedule=schedule, accum=2), row("pp", schedule=schedule, accum=4, clip="mesh")]
+    rows += [row("pp", schedule="1f1b", accum=2, optim="adamw", sched="warmup_cosine"),
+             row("pp", schedule="interleaved_1f1b", accum=2, train="frozen_embed"),
+             row("pp", schedule="gpipe", accum=2, loss="z_loss")]
+    return rows
+
+
+TABLE += _training_step_rows()
+
 SCENARIOS: dict[str, Scenario] = {}
 for _s in TABLE:
     if _s.id in SCENARIOS:
         raise ScenarioError(f"two scenario rows share the id {_s.id!r}")
     SCENARIOS[_s.id] = _s
-
-
-def select(tier: str) -> list[Scenario]:
-    """The scenarios a run of `tier` executes (a tier includes every earlier tier)."""
-    if tier not in TIERS:
-        raise ValueError(f"unknown tier {tier!r}; known: {', '.join(TIERS)}")
-    return [s for s in TABLE if s.in_tier(tier)]

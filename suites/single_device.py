@@ -25,14 +25,14 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import torch
-
 from .scenarios import TABLE, TIERS, Scenario
 from .tolerances import Tolerance, tolerance, truth_tolerance
 
-ONE_DEVICE = {"parallel": "single", "world_size": 1, "async_tp": False, "resume": "none", "loss_parallel": False}
-"""The columns only a mesh gives, at their one-device value (vocab-parallel cross entropy
-is plain cross entropy on one shard)."""
+ONE_DEVICE = {"parallel": "single", "world_size": 1, "async_tp": False, "resume": "none", "dcp": "sync",
+              "loss_parallel": False, "schedule": "none", "offload": False, "reshard": "titan"}
+"""The columns only a mesh gives, at their one-device value: no layout to resume into,
+vocab-parallel cross entropy is plain cross entropy on one shard, no pipeline schedule,
+no FSDP2 offload or resharding."""
 
 
 FIRST_TIER = "nightly"
@@ -72,7 +72,7 @@ def compute_dtype(row: Scenario, device_dtype: str) -> str:
 
 def reference_of(row: Scenario, device_dtype: str) -> tuple[Scenario, str, Tolerance]:
     """(the reference row, the dtype it trains in, the tolerance the run is held to)."""
-    plain = dict(compile="none", backend="none", ac="none", mp="none")
+    plain = dict(compile="none", backend="none", loss_compile=False, ac="none", mp="none")
     precision = compute_dtype(row, device_dtype)
     if row.model_args.n_experts and precision != "float32":
         return dataclasses.replace(row, **plain), precision, tolerance(precision, row.float8)
@@ -97,28 +97,6 @@ def routing_unobservable(row: Scenario, device_dtype: str) -> bool:
 def first_step_gradients(record):
     """`record` (a training.TrainRecord) with every loss but only the first step's gradients."""
     return dataclasses.replace(record, grads=record.grads[:1])
-
-
-def scaled_mm_missing(recipe: str, device: torch.device) -> str | None:
-    """Why this torch's `_scaled_mm` cannot run `recipe` on `device` (None: it can).
-
-    Probed with a call of the scale layout the recipe uses (one scale per tensor, or per
-    row of A and per column of B), never inferred from a version: CPU `_scaled_mm` took
-    only per-tensor scales until torch 2.13, and other backends differ again.
-    """
-    rowwise = recipe.startswith("rowwise")
-    a = torch.zeros(16, 32, device=device).to(torch.float8_e4m3fn)
-    b = torch.zeros(16, 32, device=device).to(torch.float8_e4m3fn).t()
-    if rowwise:
-        sa, sb = torch.ones(16, 1, device=device), torch.ones(1, 16, device=device)
-    else:
-        sa, sb = torch.ones((), device=device), torch.ones((), device=device)
-    try:
-        torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
-    except (RuntimeError, NotImplementedError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return f"this torch's {device.type} _scaled_mm does not run {recipe} scales: {first}"
-    return None
 
 
 def numbers(ref, run) -> str:

@@ -17,7 +17,9 @@ from .conftest import tier_marks
 from .devices import suite_device
 from .scenarios import TABLE, Scenario
 from .tolerances import tolerance
-from .training import run_parallel, run_reference
+from .reference import run_reference
+from .routing import edge_problems
+from .training import run_parallel
 
 TIMEOUT_S = {"none": 180, "eager": 300, "aot_eager": 300, "inductor": 900}
 """Per-test timeout by compile backend: CPU inductor compiles (C++) of both ranks share
@@ -57,6 +59,7 @@ def test_scenario(dist, scenario: Scenario) -> None:
     run, evidence = run_parallel(scenario, dist.mesh, dist.device, dtype)
     problems = check_numerics(reference, run, tolerance_of(scenario, dtype))
     problems += check_routing(reference)
-    problems += check_graph(expected_graph(scenario), evidence)
+    problems += edge_problems(reference, scenario.routing, scenario.dp_degree * scenario.accum)
+    problems += check_graph(expected_graph(scenario, scenario.train_dtype_override or dtype), evidence)
     require(problems, f"{scenario.id} on {dist.world_size} {dist.device_type} ranks "
                       f"({scenario.train_dtype_override or dtype}{', mp bf16' if scenario.mp == 'bf16' else ''})")

@@ -6,7 +6,7 @@ checks of the table's rows: graphs compiled, no break, no eager fallback, scaled
 at runtime and in inductor's post-grad graph for Float8). On a one-GPU runner these are
 the real kernels (inductor's Triton code, `_scaled_mm` on SM89/SM90, bf16); a CPU cell runs
 the same rows as controls, a Float8 recipe that this CPU `_scaled_mm` lacks skipping
-with the probe's reason.
+with the probe's reason (suites/capabilities.py, applied by suites/conftest.py).
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from .checks import check_graph, check_numerics, check_routing, expected_graph, 
 from .conftest import tier_marks
 from .devices import suite_device
 from .scenarios import Scenario
-from .single_device import (first_step_gradients, numbers, reference_of, routing_unobservable, scaled_mm_missing,
-                            single_device_slice)
+from .single_device import first_step_gradients, numbers, reference_of, routing_unobservable, single_device_slice
 from .test_scenarios import timeout_of
-from .training import run_parallel, run_reference
+from .reference import run_reference
+from .routing import edge_problems
+from .training import run_parallel
 
 SLICE = single_device_slice()
 
@@ -33,10 +34,6 @@ def params() -> list:
 @pytest.mark.parametrize("scenario", params())
 def test_single_device(dist, scenario: Scenario) -> None:
     device = dist.device
-    if scenario.float8 != "none":
-        missing = scaled_mm_missing(scenario.float8, device)
-        if missing:
-            pytest.skip(missing)
     dtype = suite_device(dist.device_type).dtype
     ref_row, ref_dtype, tol = reference_of(scenario, dtype)
     reference = run_reference(ref_row, device, ref_dtype)
@@ -48,6 +45,7 @@ def test_single_device(dist, scenario: Scenario) -> None:
           flush=True)
     problems = check_numerics(reference, run, tol)
     problems += check_routing(reference)
-    problems += check_graph(expected_graph(scenario), evidence)
+    problems += edge_problems(reference, scenario.routing, scenario.accum)
+    problems += check_graph(expected_graph(scenario, scenario.train_dtype_override or dtype), evidence)
     require(problems, f"{scenario.id} on one {device.type} device ({scenario.train_dtype_override or dtype}"
                       f"{', autocast bf16' if scenario.mp == 'bf16' else ''}) vs eager {ref_dtype}")
