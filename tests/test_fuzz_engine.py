@@ -1,0 +1,141 @@
+"""The fuzzer's space and engine without torch: validity, the table's rows as points, seeded
+draws, pairwise coverage, and shrinking against bugs declared as predicates over axes."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from suites import scenarios as sc
+from suites.fuzz import Fuzzer, Outcome
+from suites.space import AXES, Drawer, Space, key, pairs_of, point_of, scenario, smaller
+
+
+def test_every_table_row_is_a_valid_point():
+    space = Space(device_type=None)
+    for row in sc.TABLE:
+        point = point_of(row)
+        assert space.problems(point) == [], row.id
+        assert scenario(point, tier=row.tier) == row
+        assert key(point) == row.id
+
+
+def test_the_rules_agree_with_the_scenario_constructor():
+    """Every point the rules accept builds a Scenario; every point they refuse is refused
+    by the constructor too, or is one only the rules know (none yet)."""
+    space = Space(device_type=None)
+    drawer = Drawer(space, "agree")
+    accepted = refused = 0
+    for _ in range(3000):
+        point = {a.name: drawer.rng.choice(a.values) for a in AXES}
+        rules_ok = all(r.holds(point) for r in space.rules)
+        try:
+            scenario(point)
+            built = True
+        except ValueError:
+            built = False
+        assert not (rules_ok and not built), f"the rules let through what Scenario refuses: {point}"
+        accepted += rules_ok
+        refused += not rules_ok
+    assert accepted > 100 and refused > 100
+
+
+def test_device_rules_keep_cpu_draws_runnable():
+    space = Space(device_type="cpu")
+    drawer = Drawer(space, "cpu")
+    for _ in range(60):
+        s = scenario(drawer.draw())
+        assert not s.async_tp
+        assert not s.float8_all_gather, s.id
+
+
+def test_same_seed_same_draws_and_another_seed_other_draws():
+    a = [key(Drawer(Space(), "2026-12-01").draw()) for _ in range(1)]
+    one, two, other = Drawer(Space(), "2026-12-01"), Drawer(Space(), "2026-12-01"), Drawer(Space(), "2026-12-02")
+    first = [key(one.draw()) for _ in range(30)]
+    assert first == [key(two.draw()) for _ in range(30)]
+    assert first[0] == a[0]
+    assert first != [key(other.draw()) for _ in range(30)]
+    assert len(set(first)) == 30
+
+
+def test_pairwise_bias_covers_pairs_faster_than_plain_sampling():
+    space = Space().restrict({"parallel": ["tp", "fsdp"], "compile": ["none"], "backend": ["none"],
+                              "world_size": [2], "resume": ["none"], "model": ["dense"], "mp": ["none"]})
+    biased, plain = Drawer(space, "p"), Drawer(space, "p", candidates=1)
+    for _ in range(12):
+        biased.draw()
+        plain.draw()
+    assert len(biased.tried) > len(plain.tried)
+
+
+def test_restrict_names_a_bad_value():
+    with pytest.raises(ValueError, match="--space ac: sometimes not among none, full, selective"):
+        Space().restrict({"ac": ["sometimes"]})
+    with pytest.raises(ValueError, match="unknown axis"):
+        Space().restrict({"acc": ["none"]})
+
+
+def test_smaller_resets_dependents_with_the_axis():
+    point = {**point_of(sc.SCENARIOS["tp_sp-compile_block-ac_full"])}
+    keys = [key(p) for p in smaller(Space(), point)]
+    assert "tp-compile_block-ac_full" in keys
+    assert "tp_sp-eager-ac_full" in keys  # compile -> none took the backend with it
+    assert "tp_sp-compile_block" in keys
+
+
+def _oracle(bug):
+    """A batch runner whose configurations fail with one signature exactly where `bug(point)`."""
+    calls = []
+
+    def run(points):
+        calls.append([key(p) for p in points])
+        return [Outcome(p, "failed" if bug(p) else "passed", "AssertionError: bug" if bug(p) else None, 1.0)
+                for p in points]
+    run.calls = calls
+    return run
+
+
+BUGS = {
+    "fsdp x ac full": (lambda p: p["parallel"] == "fsdp" and p["ac"] == "full", {"parallel": "fsdp", "ac": "full"}),
+    "accumulation": (lambda p: p["accum"] >= 2, {"accum": 2}),
+    "rowwise cast under sp": (lambda p: p["float8"] == "rowwise" and p["parallel"] == "tp_sp",
+                              {"parallel": "tp_sp", "float8": "rowwise"}),
+}
+
+
+@pytest.mark.parametrize("name", list(BUGS))
+def test_a_failure_shrinks_to_the_axes_the_bug_needs(name):
+    bug, needs = BUGS[name]
+    space = Space()
+    report = Fuzzer(space, "shrink", _oracle(bug), max_configs=40, log=lambda m: None).run()
+    assert report.finds, f"{name}: 40 draws never hit it"
+    find = report.finds[0]
+    assert space.non_default(find.shrunk.point) == needs
+    assert find.complete
+
+
+def test_the_same_seed_replays_draws_and_shrink_path():
+    bug = BUGS["fsdp x ac full"][0]
+    runs = [_oracle(bug), _oracle(bug)]
+    reports = [Fuzzer(Space(), "replay", r, max_configs=20, log=lambda m: None).run() for r in runs]
+    assert runs[0].calls == runs[1].calls
+    assert [o.key for o in reports[0].tried] == [o.key for o in reports[1].tried]
+
+
+def test_a_known_issue_and_a_repeat_are_not_shrunk_again():
+    def run(points):
+        return [Outcome(p, "failed", "E: same", 1.0, known_issue="ki-1" if p["optim"] == "adamw" else None)
+                for p in points]
+    report = Fuzzer(Space(), "k", run, max_configs=8, batch_size=4, shrink=False, log=lambda m: None).run()
+    assert len(report.finds) == 1
+    assert len(report.known) + len(report.repeats) == 7
+
+
+def test_the_budget_stops_a_shrink_and_says_so():
+    ticks = itertools.count()
+    report = Fuzzer(Space(), "b", _oracle(BUGS["accumulation"][0]), budget_s=3, batch_size=40,
+                    clock=lambda: next(ticks), log=lambda m: None).run()
+    assert report.finds and not report.finds[0].complete
+    assert report.finds[0].shrunk.failed
