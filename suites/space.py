@@ -267,7 +267,8 @@ def smaller(space: Space, point: Point) -> list[dict[str, Any]]:
     """The one-step simplifications of `point`, simplest first, each valid.
 
     For each axis off its default, in axis order: the axis back at its default; a size
-    halfway toward it (4 -> 2 microbatches before 4 -> 1). An axis whose reset breaks a
+    halfway toward it (4 -> 2 microbatches after 4 -> 1); another value an earlier one
+    (parallel fsdp_tp -> fsdp). An axis whose reset breaks a
     rule takes the rule's dependents back to their defaults too (compile -> none resets
     the backend), when that makes the point valid. `space.fixed` axes never move.
     """
@@ -281,6 +282,8 @@ def smaller(space: Space, point: Point) -> list[dict[str, Any]]:
         if a.size:
             between = [v for v in a.values if _between(v, a.default, full[a.name])]
             targets += sorted(between, key=lambda v: abs(v - a.default))
+        else:  # toward the front: fsdp_tp -> fsdp before giving up on FSDP
+            targets += [v for v in a.values[:a.values.index(full[a.name])] if v != a.default]
         for value in targets:
             candidate = _repaired(space, {**full, a.name: value}, moved=a.name)
             if candidate is not None and key(candidate) not in seen:

@@ -1,0 +1,77 @@
+"""Runs configurations the fuzzer drew (points of suites/space.py) as ordinary tests on the rank pool.
+
+Not collected with `suites/` (the file name is not test_*.py): `python -m distci fuzz`
+names it, with the configurations in $DISTCI_FUZZ_CONFIGS (a JSON file: a list of points)
+or $DISTCI_FUZZ_CONFIG (inline JSON: one point, axes at their defaults left out), e.g.
+
+    DISTCI_FUZZ_CONFIG='{"parallel": "fsdp", "ac": "full"}' \\
+        python -m distci run --cell CELL --test suites/fuzz_entry.py
+
+Each one is judged exactly as a table row (suites/test_scenarios.py): the same reference,
+checks and tolerances. The failure's first line leads with its most specific problem (a
+gradient names its parameter) so the Result's error signature tells bugs apart: the
+fuzzer shrinks while that signature persists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from .checks import check_graph, check_numerics, check_routing, expected_graph
+from .devices import suite_device
+from .fuzz_plants import planted
+from .space import Space, scenario
+from .test_scenarios import marks_of, tolerance_of
+from .training import run_parallel, run_reference
+
+CONFIGS_ENV = "DISTCI_FUZZ_CONFIGS"
+CONFIG_ENV = "DISTCI_FUZZ_CONFIG"
+
+
+def configs() -> list[dict]:
+    """The points to run, from the environment (none: nothing is collected)."""
+    if os.environ.get(CONFIGS_ENV):
+        raw = json.loads(Path(os.environ[CONFIGS_ENV]).read_text())
+    elif os.environ.get(CONFIG_ENV):
+        raw = json.loads(os.environ[CONFIG_ENV])
+    else:
+        return []
+    points = raw if isinstance(raw, list) else [raw]
+    space = Space(device_type=None)
+    return [space.complete(p) for p in points]
+
+
+def params() -> list:
+    out = []
+    for point in configs():
+        s = scenario(point)
+        out.append(pytest.param(s, id=s.id, marks=marks_of(s)))
+    return out
+
+
+def lead(problems: list[str]) -> str:
+    """The problem that names the bug best: the first gradient problem, else the first graph
+    or routing problem, else the first (a loss off is what every numeric bug shows)."""
+    grads = [p for p in problems if ": gradient" in p or "no gradient" in p or "has a gradient" in p]
+    others = [p for p in problems if not p.startswith("step ") or "loss" not in p]
+    return (grads or others or problems)[0]
+
+
+@pytest.mark.parametrize("scenario", params())
+def test_fuzz_config(dist, scenario) -> None:
+    if dist.group is None:  # torchrun mode (async TP): this test owns its process group
+        dist.init()
+    dtype = suite_device(dist.device_type).dtype
+    reference = run_reference(scenario, dist.device, dtype)
+    run, evidence = run_parallel(scenario, dist.mesh, dist.device, dtype, planted(scenario))
+    problems = check_numerics(reference, run, tolerance_of(scenario, dtype))
+    problems += check_routing(reference)
+    problems += check_graph(expected_graph(scenario), evidence)
+    if problems:
+        # the first line is the signature: nothing in it may name the configuration
+        raise AssertionError(f"{lead(problems)} ({len(problems)} problem(s))\n  {scenario.id} on "
+                             f"{dist.world_size} {dist.device_type} ranks\n  " + "\n  ".join(problems[:100]))
