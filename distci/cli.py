@@ -93,6 +93,7 @@ REGISTRY = (
     "distci.ci",           # aggregate
     "distci.lint",         # lint
     "distci.notify",       # notify
+    "distci.run.fuzz",     # fuzz
 )
 
 

@@ -32,6 +32,11 @@ from typing import Any, Callable
 from .space import Drawer, Space, key, smaller
 
 FAILED = ("failed", "error")
+ENTRY_TEST = "suites/fuzz_entry.py"
+CONFIGS_ENV = "DISTCI_FUZZ_CONFIGS"
+"""A JSON file: the list of points one batch runs (suites/fuzz_entry.py reads it)."""
+CONFIG_ENV = "DISTCI_FUZZ_CONFIG"
+"""Inline JSON: one point (axes at their defaults left out), for a repro."""
 
 
 @dataclass(frozen=True)
@@ -110,10 +115,21 @@ class Fuzzer:
             return None
         return self.max_configs - len(self.report.drawn)
 
+    def _fits(self) -> int:
+        """Configurations the time left holds at the mean time per configuration so far
+        (at least one): a batch started near the end should not overrun by a whole batch."""
+        done = [o.seconds for o in self.report.tried]
+        if not done:
+            return self.batch_size
+        mean = max(sum(done) / len(done), 1e-3)
+        return max(1, int(self.left_s() // mean))
+
     def run(self) -> Report:
         """Draw and run batches until the budget (time or configurations) is spent."""
         while self.left_s() > 0 and (self._room() is None or self._room() > 0):
-            size = self.batch_size if self._room() is None else min(self.batch_size, self._room())
+            size = min(self.batch_size, self._fits())
+            if self._room() is not None:
+                size = min(size, self._room())
             points = []
             for _ in range(size):
                 point = self.drawer.draw()

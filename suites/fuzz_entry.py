@@ -23,13 +23,12 @@ import pytest
 
 from .checks import check_graph, check_numerics, check_routing, expected_graph
 from .devices import suite_device
+from .fuzz import CONFIG_ENV, CONFIGS_ENV
 from .fuzz_plants import planted
 from .space import Space, scenario
 from .test_scenarios import marks_of, tolerance_of
 from .training import run_parallel, run_reference
 
-CONFIGS_ENV = "DISTCI_FUZZ_CONFIGS"
-CONFIG_ENV = "DISTCI_FUZZ_CONFIG"
 
 
 def configs() -> list[dict]:

@@ -1,0 +1,1 @@
+"""Running suites in a cell's environment: the scenario fuzzer (fuzz)."""
