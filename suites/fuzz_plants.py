@@ -24,6 +24,8 @@ def _accum_drop(scenario):
 
     def plant(model) -> None:
         param = model.layers["0"].feed_forward.w1.weight
+        if not param.requires_grad:  # frozen rows: nothing accumulates into it
+            return
 
         def drop_later_microbatches(grad):
             return grad * 0 if param.grad is not None else grad

@@ -31,6 +31,8 @@ from ..errors import FuzzSpecError
 from ..rundir import RunDir, now as _now
 
 FUZZ_DIR = "fuzz"
+RESULT_WORDS = ("PASSED", "FAILED", "ERROR", "SKIPPED")
+"""The first word of the harness's per-test line (distci.terminal.result_line)."""
 BUDGET = re.compile(r"^(\d+(?:\.\d+)?)([smh]?)$")
 
 
@@ -121,9 +123,18 @@ class BatchRunner:
         self.log(f"batch {self.batches}: {len(points)} configuration(s)")
         before = {r.test_id for r in RunDir(self.run_dir).results()}
         quiet = self.run_dir / FUZZ_DIR / "pytest-relay.log"
+
+        def relay_line(message: str, relay) -> None:
+            """pytest's lines go to a file; each finished configuration's one line is shown as it ends."""
+            relay.write(message + "\n")
+            relay.flush()
+            text = message.split("] ", 1)[-1]
+            if f"{ENTRY_TEST}::test_fuzz_config[" in text and text.split(" ", 1)[0] in RESULT_WORDS:
+                self.log(text.replace(f"{ENTRY_TEST}::test_fuzz_config[", "").rstrip("]"))
+
         with _environ(**{CONFIGS_ENV: str(batch)}), open(quiet, "a") as relay:
             run_in_env(self.cell, self.python, self.info, self.run_dir, tests=[ENTRY_TEST],
-                       extra_pytest_args=self.extra_args, log=lambda m: relay.write(m + "\n"))
+                       extra_pytest_args=self.extra_args, log=lambda m: relay_line(m, relay))
         by_id = {r.test_id: r for r in RunDir(self.run_dir).results() if r.test_id not in before}
         out = []
         for p in points:
@@ -133,7 +144,10 @@ class BatchRunner:
             else:
                 self.stack = self.stack or r.stack
                 o = Outcome(p, r.outcome, r.error_signature, r.duration_s, r.known_issue, r.message[:2000], r.test_id)
-            self.log(f"{o.key:70s} {o.outcome:7s} {o.seconds:7.1f}s" + (f"  {o.signature}" if o.failed else ""))
+            if o.failed:
+                self.log(f"    {o.key}: {o.signature}")
+            elif o.outcome == "infra":
+                self.log(f"INFRA   {o.key}: {o.message}")
             out.append(o)
         return out
 
@@ -232,6 +246,19 @@ def list_draws(space, seed: str, count: int) -> list[str]:
     return out
 
 
+def public_command(argv: list[str]) -> str:
+    """The command as reports quote it: no machine's paths (an absolute path keeps its last part)."""
+    out = []
+    for i, arg in enumerate(argv):
+        if i and argv[i - 1] == "--python":
+            out.append("PYTHON")
+        elif arg.startswith("/"):
+            out.append(f".../{Path(arg).name}")
+        else:
+            out.append(arg)
+    return shlex.join(out)
+
+
 def _cmd_fuzz(args: argparse.Namespace) -> int:
     from ..matrix import load_matrix
 
@@ -245,7 +272,7 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
         for line in list_draws(build_space(cells[0].accelerator, args.space), seed, args.max_configs or 20):
             print(line)
         return 0
-    command = shlex.join(["python", "-m", "distci", *sys.argv[1:]])
+    command = public_command(["python", "-m", "distci", *sys.argv[1:]])
     return fuzz_cell(cells[0], seed=seed, budget_s=parse_budget(args.budget), space_specs=args.space,
                      max_configs=args.max_configs, batch_size=args.batch, shrink=not args.no_shrink,
                      python=args.python, runs_root=Path(args.runs_root), replay=args.replay,

@@ -1,0 +1,98 @@
+"""The fuzzer finds planted bugs and shrinks each to the axes the bug needs, end to end.
+
+Each test runs `python -m distci fuzz` for real (this interpreter's stack, 2 gloo ranks)
+with one bug of suites/fuzz_plants.py planted, in a space restricted to a few axes and a
+budget of a few draws so it fits CI (each well under 3 minutes on 2 idle cores). The
+bug is only visible in a combination (accumulation; a Float8 recipe; FSDP x full AC),
+the draws carry distractor axes, and the shrunk configuration must keep exactly the
+axes the bug needs, no more. A seed replays: the same command twice runs the same
+configurations, which `--list` prints beforehand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parents[1]
+CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_off"
+"""Only its id and fixes mode are read: the configurations run on this interpreter's stack."""
+
+EAGER_2RANK = ["compile=none", "backend=none", "world_size=2", "resume=none", "model=dense", "shapes=static",
+               "eval=none", "loss=plain"]
+
+CASES = {
+    # plant: (space beyond EAGER_2RANK, the axes the shrunk configuration must have)
+    "accum_drop": (["parallel=tp,fsdp", "float8=none", "mp=none", "accum=1,2,4"], {"accum": 2}),
+    "float8_scale": (["parallel=tp", "float8=none,rowwise", "mp=none", "accum=1", "train=full"],
+                     {"float8": "rowwise"}),
+    "ac_all_gather": (["parallel=tp,fsdp", "float8=none", "ac=none,full", "accum=1,2"],
+                      {"parallel": "fsdp", "ac": "full"}),
+}
+
+
+def fuzz(tmp: Path, *args: str, plant: str = "", timeout: int = 600) -> tuple[subprocess.CompletedProcess, dict]:
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    env.pop("DISTCI_FUZZ_PLANT", None)
+    if plant:
+        env["DISTCI_FUZZ_PLANT"] = plant
+    runs = tmp / "runs"
+    cmd = [sys.executable, "-m", "distci", "fuzz", "--cell", CELL, "--python", sys.executable,
+           "--runs-root", str(runs), *args]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    reports = sorted(runs.glob("*/fuzz/report.json"))
+    assert reports, f"no report.json:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc, json.loads(reports[-1].read_text())
+
+
+def _space_args(space: list[str]) -> list[str]:
+    return [a for s in EAGER_2RANK + space for a in ("--space", s)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plant", list(CASES))
+def test_a_planted_bug_is_found_and_shrunk_to_what_it_needs(tmp_path, plant):
+    from suites.space import Space
+
+    space, needs = CASES[plant]
+    proc, report = fuzz(tmp_path, "--seed", "plant", "--max-configs", "6", "--budget", "10m",
+                        "--report", str(tmp_path / "report.md"), *_space_args(space), plant=plant)
+    out = proc.stdout
+    assert proc.returncode == 1, out[-3000:]
+    assert len(report["finds"]) >= 1, out[-3000:]
+    shrunk = report["finds"][0]["shrunk"]
+    assert Space().non_default(shrunk["point"]) == needs, out[-3000:]
+    assert report["finds"][0]["complete"]
+    # printed as a row ready to paste, its id and a repro that names the configuration
+    assert f"  id:     {shrunk['id']}" in out
+    assert "  row:    _new(" in out
+    assert f"--cell {CELL} --test suites/fuzz_entry.py" in out
+    # one line per configuration, and every configuration an ordinary Result of the run
+    for o in report["tried"]:
+        assert o["id"] in out
+    results = [json.loads(line) for line in next((tmp_path / "runs").glob("*/results.jsonl")).read_text().splitlines()]
+    ids = {r["test_id"] for r in results}
+    assert {o["test_id"] for o in report["tried"]} <= ids
+    failed = next(r for r in results if r["test_id"] == shrunk["test_id"])
+    assert failed["outcome"] == "failed" and failed["cell_id"] == CELL and failed["stack"].get("torch")
+    assert (tmp_path / "report.md").read_text().count("| shrink |") + (tmp_path / "report.md").read_text().count(
+        "| drawn |") == len(report["tried"])
+
+
+@pytest.mark.slow
+def test_the_same_seed_runs_the_same_configurations(tmp_path):
+    args = ["--seed", "replay", "--max-configs", "3", "--no-shrink", "--budget", "5m",
+            *_space_args(["parallel=tp", "float8=none", "mp=none", "accum=1,2", "ac=none,full"])]
+    listed = subprocess.run([sys.executable, "-m", "distci", "fuzz", "--cell", CELL, "--list", *args], cwd=REPO,
+                            capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    _, first = fuzz(tmp_path / "one", *args)
+    _, second = fuzz(tmp_path / "two", *args)
+    assert first["drawn"] == second["drawn"] == listed
+    assert [o["id"] for o in first["tried"]] == [o["id"] for o in second["tried"]]
