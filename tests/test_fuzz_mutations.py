@@ -2,7 +2,7 @@
 
 Each test runs `python -m distci fuzz` for real (this interpreter's stack, 2 gloo ranks)
 with one bug of suites/fuzz_plants.py planted, in a space restricted to a few axes and a
-budget of a few draws so it fits CI (each well under 3 minutes on 2 idle cores). The
+budget of a few draws and no reruns (the plants are deterministic) so it fits CI. The
 bug is only visible in a combination (accumulation; a Float8 recipe; FSDP x full AC),
 the draws carry distractor axes, and the shrunk configuration must keep exactly the
 axes the bug needs, no more. A seed replays: the same command twice runs the same
@@ -31,7 +31,7 @@ EAGER_2RANK = ["compile=none", "backend=none", "world_size=2", "resume=none", "m
 CASES = {
     # plant: (space beyond EAGER_2RANK, the axes the shrunk configuration must have)
     "accum_drop": (["parallel=tp,fsdp", "float8=none", "mp=none", "accum=1,2,4"], {"accum": 2}),
-    "float8_scale": (["parallel=tp", "float8=none,rowwise", "mp=none", "accum=1", "train=full"],
+    "float8_scale": (["parallel=tp", "float8=none,rowwise", "mp=none", "ac=none", "accum=1,2", "train=full"],
                      {"float8": "rowwise"}),
     "ac_all_gather": (["parallel=tp,fsdp", "float8=none", "ac=none,full", "accum=1,2"],
                       {"parallel": "fsdp", "ac": "full"}),
@@ -62,7 +62,8 @@ def test_a_planted_bug_is_found_and_shrunk_to_what_it_needs(tmp_path, plant):
     from suites.space import Space
 
     space, needs = CASES[plant]
-    proc, report = fuzz(tmp_path, "--seed", "plant", "--max-configs", "6", "--budget", "10m",
+    draws = "4" if plant == "float8_scale" else "6"  # a Float8 run costs ~5 eager ones on CPU
+    proc, report = fuzz(tmp_path, "--seed", "plant", "--max-configs", draws, "--budget", "10m", "--reruns", "0",
                         "--report", str(tmp_path / "report.md"), *_space_args(space), plant=plant)
     out = proc.stdout
     assert proc.returncode == 1, out[-3000:]

@@ -156,7 +156,7 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
               batch_size: int = 6, shrink: bool = True, python: str | None = None,
               runs_root: Path = Path(".distci/runs"), replay: str | None = None, known_issues: str | None = None,
               report_path: Path | None = None, coverage_path: Path | None = None, command: str = "",
-              log=print) -> int:
+              reruns: int | None = None, log=print) -> int:
     """Fuzz one cell; returns the exit code (see the module docstring)."""
     from suites.fuzz import Fuzzer, Report
     from suites.fuzz_plants import PLANT_ENV
@@ -180,6 +180,8 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
         infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
         return EXIT_INFRA
     extra = [f"--distci-known-issues={Path(known_issues).resolve()}"] if known_issues else []
+    if reruns is not None:  # after the cell's own --distci-reruns: the last one counts
+        extra.append(f"--distci-reruns={reruns}")
     runner = BatchRunner(cell, Path(env.python), info, run_dir, extra, log)
     started = _now()
     if point is not None:
@@ -277,7 +279,7 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
                      max_configs=args.max_configs, batch_size=args.batch, shrink=not args.no_shrink,
                      python=args.python, runs_root=Path(args.runs_root), replay=args.replay,
                      known_issues=args.known_issues, report_path=args.report, coverage_path=args.coverage,
-                     command=command)
+                     command=command, reruns=args.reruns)
 
 
 def add_parser(sub) -> None:
@@ -293,6 +295,8 @@ def add_parser(sub) -> None:
     p.add_argument("--no-shrink", action="store_true", help="report failures as drawn")
     p.add_argument("--list", action="store_true", help="print the configurations the seed draws and exit")
     p.add_argument("--replay", default=None, metavar="JSON", help="run this one configuration (a find's JSON)")
+    p.add_argument("--reruns", type=int, default=None, help="reruns of a failing configuration (default: the "
+                   "cell run's; a rerun that passes marks the find flaky)")
     p.add_argument("--python", default=None, help="run on this interpreter's preinstalled stack")
     p.add_argument("--runs-root", default=".distci/runs")
     p.add_argument("--known-issues", default=None, help="registry to match failures against "
