@@ -21,13 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from .checks import check_graph, check_numerics, check_routing, expected_graph
-from .devices import suite_device
 from .fuzz import CONFIG_ENV, CONFIGS_ENV
 from .fuzz_plants import planted
 from .space import Space, scenario
-from .test_scenarios import marks_of, tolerance_of
-from .training import run_parallel, run_reference
+from .test_scenarios import marks_of, scenario_problems
 
 
 
@@ -62,14 +59,7 @@ def lead(problems: list[str]) -> str:
 
 @pytest.mark.parametrize("scenario", params())
 def test_fuzz_config(dist, scenario) -> None:
-    if dist.group is None:  # torchrun mode (async TP): this test owns its process group
-        dist.init()
-    dtype = suite_device(dist.device_type).dtype
-    reference = run_reference(scenario, dist.device, dtype)
-    run, evidence = run_parallel(scenario, dist.mesh, dist.device, dtype, planted(scenario))
-    problems = check_numerics(reference, run, tolerance_of(scenario, dtype))
-    problems += check_routing(reference)
-    problems += check_graph(expected_graph(scenario), evidence)
+    problems = scenario_problems(dist, scenario, planted(scenario))
     if problems:
         # the first line is the signature: nothing in it may name the configuration
         raise AssertionError(f"{lead(problems)} ({len(problems)} problem(s))\n  {scenario.id} on "

@@ -1,11 +1,11 @@
 """The configuration space the scenario table's rows are points of (the fuzzer draws and shrinks in it).
 
-A point is one value per axis; an axis is a column of the scenario table (its ordered
-values and its default, the value the id leaves out). Which combinations make sense is
-written as data, `Rule`s of the form "when these axes take these values, those axes must
-take those": an invalid draw is never run, and `Scenario`'s own constructor stays the
-last word (a test holds the two in agreement). A point becomes a `Scenario` with
-`scenario(point)`; every row of the fixed table is `point_of(row)`, a named point.
+A point is one value per axis; the axes are the table's columns (suites/scenarios.py's
+COLUMNS, every column but the tier): their ordered values and their defaults (the value
+the id leaves out), so a column added there is an axis here with nothing else to write.
+Which combinations are valid is the table's own RULES, applied by building the Scenario,
+plus what this accelerator cannot run (`Scenario.needs`): an invalid draw is never run.
+Every row of the fixed table is `point_of(row)`, a named point.
 
 Importable without torch: the controller draws and shrinks here, the cell's environment
 runs what it drew.
@@ -26,8 +26,9 @@ Point = Mapping[str, Any]
 
 @dataclass(frozen=True)
 class Axis:
-    """One column: its values in order (shrinking walks toward `default`, then toward the
-    front), and whether it is a size (a number the shrinker halves toward the default)."""
+    """One column as the fuzzer sees it: its values in order (shrinking walks toward
+    `default`, then toward the front), and whether it is a size (a number the shrinker
+    halves toward the default)."""
 
     name: str
     values: tuple
@@ -39,66 +40,21 @@ class Axis:
             raise ValueError(f"axis {self.name}: default {self.default!r} is not one of {self.values}")
 
 
-@dataclass(frozen=True)
-class Rule:
-    """When every `when` axis holds one of its values, every `then` axis must hold one of its values."""
-
-    why: str
-    when: Mapping[str, tuple]
-    then: Mapping[str, tuple]
-
-    def applies(self, point: Point) -> bool:
-        return all(point[a] in vs for a, vs in self.when.items())
-
-    def holds(self, point: Point) -> bool:
-        return not self.applies(point) or all(point[a] in vs for a, vs in self.then.items())
+def _axis(column: sc.Column) -> Axis:
+    """A column's axis; a column every row must name (parallel) shrinks toward its first value."""
+    default = column.values[0] if column.default is sc.REQUIRED else column.default
+    return Axis(column.name, tuple(column.values), default, size=column.type is int)
 
 
-COMPILED = ("model", "block")
-BACKENDS = tuple(b for b in sc.BACKENDS if b != "none")
-WORLD_SIZES = (2, 4)
-ACCUMS = (1, 2, 4)
-
-AXES: tuple[Axis, ...] = (
-    Axis("parallel", sc.PARALLELS, "tp"),
-    Axis("compile", sc.COMPILES, "none"),
-    Axis("backend", sc.BACKENDS, "none"),
-    Axis("ac", sc.ACS, "none"),
-    Axis("float8", sc.FLOAT8S, "none"),
-    Axis("async_tp", (False, True), False),
-    Axis("world_size", WORLD_SIZES, 2, size=True),
-    Axis("optim", sc.OPTIMS, "sgd"),
-    Axis("model", sc.MODELS, "dense"),
-    Axis("train", sc.TRAINS, "full"),
-    Axis("shapes", sc.SHAPES, "static"),
-    Axis("mp", sc.MPS, "none"),
-    Axis("accum", ACCUMS, 1, size=True),
-    Axis("eval", sc.EVALS, "none"),
-    Axis("loss", sc.LOSSES, "plain"),
-    Axis("resume", sc.RESUMES, "none"),
-)
-
-RULES: tuple[Rule, ...] = (
-    Rule("a backend is named exactly when something is compiled", {"compile": ("none",)}, {"backend": ("none",)}),
-    Rule("a compiled row names its backend", {"compile": COMPILED}, {"backend": BACKENDS}),
-    Rule("async TP is inductor's pass over sequence-parallel TP", {"async_tp": (True,)},
-         {"parallel": ("tp_sp", "fsdp_tp"), "compile": COMPILED, "backend": ("inductor",)}),
-    Rule("mixed precision is FSDP2's MixedPrecisionPolicy", {"mp": ("bf16",)}, {"parallel": ("fsdp", "fsdp_tp")}),
-    Rule("expert parallel needs the moe model", {"parallel": ("ep",)}, {"model": ("moe",)}),
-    Rule("the MoE block has a TP plan for `tp` only", {"model": ("moe",)}, {"parallel": ("tp", "fsdp", "ep")}),
-    Rule("loss parallel shards the logits over a TP dim", {"loss": ("parallel",)},
-         {"parallel": ("tp", "tp_sp", "fsdp_tp")}),
-    Rule("fsdp_tp is dp_shard x tp 2: four ranks", {"parallel": ("fsdp_tp",)}, {"world_size": (4,)}),
-    Rule("the LoRA adapters exist on the dense model only", {"train": ("frozen",)}, {"model": ("dense",)}),
-)
+AXES: tuple[Axis, ...] = tuple(_axis(c) for c in sc.COLUMNS if c.axis)
+AXIS_VALUES = {a.name: a.values for a in AXES}
 
 
 @dataclass(frozen=True)
 class Space:
-    """Axes (some restricted to fewer values) and the rules between them."""
+    """Axes (some restricted to fewer values); validity is the table's RULES plus the device."""
 
     axes: tuple[Axis, ...] = AXES
-    rules: tuple[Rule, ...] = RULES
     device_type: str | None = "cpu"
     """Points this accelerator cannot run (a `skip` need, another accelerator) are invalid
     here; None: any accelerator (the table's rows span all of them)."""
@@ -121,22 +77,19 @@ class Space:
         if unknown:
             raise ValueError(f"unknown axis {', '.join(sorted(unknown))}; axes: {', '.join(self.names)}")
         full = {a.name: point.get(a.name, self.fixed.get(a.name, a.default)) for a in self.axes}
-        for a in self.axes:
-            if full[a.name] not in a.values and full[a.name] not in AXIS_VALUES[a.name]:
-                raise ValueError(f"{a.name}={full[a.name]!r} is not a value of that axis; values: "
-                                 f"{', '.join(map(str, AXIS_VALUES[a.name]))}")
+        for name, value in full.items():
+            if value not in AXIS_VALUES[name] or type(value) is not type(AXIS_VALUES[name][0]):
+                raise ValueError(f"{name}={value!r} is not a value of that axis; values: "
+                                 f"{', '.join(map(str, AXIS_VALUES[name]))}")
         return full
 
     def problems(self, point: Point) -> list[str]:
         """Why `point` cannot run here (empty: it can)."""
-        full = self.complete(point)
-        out = [f"{r.why} ({_describe(r)})" for r in self.rules if not r.holds(full)]
-        if out:
-            return out
         try:
-            s = scenario(full)
-        except ValueError as exc:
+            s = scenario(self.complete(point))
+        except ValueError as exc:  # ScenarioError: the table's RULES
             return [str(exc)]
+        out = []
         for kind, args, why in s.needs(self.device_type) if self.device_type else ():
             if kind == "skip" or (kind == "requires_accelerator" and self.device_type not in args):
                 out.append(why)
@@ -148,44 +101,36 @@ class Space:
     def non_default(self, point: Point) -> dict[str, Any]:
         """The axes of `point` off their default: what a shrunk failure needs."""
         full = self.complete(point)
-        return {a.name: full[a.name] for a in self.axes if full[a.name] != a.default}
+        return {a.name: full[a.name] for a in AXES if full[a.name] != a.default}
 
     def restrict(self, values: Mapping[str, Iterable]) -> "Space":
         """A smaller space: each named axis keeps only `values[name]` (a one-value axis is fixed).
         A default left out moves to the first value kept."""
+        unknown = set(values) - set(self.names)
+        if unknown:
+            raise ValueError(f"--space: unknown axis {', '.join(sorted(unknown))}; axes: {', '.join(self.names)}")
         axes = []
         fixed = dict(self.fixed)
         for a in self.axes:
             if a.name not in values:
                 axes.append(a)
                 continue
-            keep = tuple(v for v in a.values if v in tuple(values[a.name]))
-            wrong = [v for v in values[a.name] if v not in a.values]
+            wanted = tuple(values[a.name])
+            keep = tuple(v for v in a.values if v in wanted)
+            wrong = [v for v in wanted if v not in a.values]
             if wrong or not keep:
                 raise ValueError(f"--space {a.name}: {', '.join(map(str, wrong)) or 'no value'} not among "
                                  f"{', '.join(map(str, a.values))}")
             axes.append(Axis(a.name, keep, a.default if a.default in keep else keep[0], a.size))
             if len(keep) == 1:
                 fixed[a.name] = keep[0]
-        unknown = set(values) - set(self.names)
-        if unknown:
-            raise ValueError(f"--space: unknown axis {', '.join(sorted(unknown))}; axes: {', '.join(self.names)}")
-        return Space(tuple(axes), self.rules, self.device_type, fixed)
-
-
-AXIS_VALUES = {a.name: a.values for a in AXES}
-
-
-def _describe(rule: Rule) -> str:
-    when = ", ".join(f"{a}={'|'.join(map(str, vs))}" for a, vs in rule.when.items())
-    then = ", ".join(f"{a}={'|'.join(map(str, vs))}" for a, vs in rule.then.items())
-    return f"{when} needs {then}"
+        return Space(tuple(axes), self.device_type, fixed)
 
 
 def scenario(point: Point, tier: str = "nightly") -> sc.Scenario:
-    """The Scenario of a (complete or partial) point; ValueError when the table's own rules refuse it."""
+    """The Scenario of a (complete or partial) point; ScenarioError when the table's RULES refuse it."""
     full = {a.name: point.get(a.name, a.default) for a in AXES}
-    return sc.Scenario(tier=tier, **full)
+    return sc.Scenario.from_dict({**full, "tier": tier})
 
 
 def point_of(row: sc.Scenario) -> dict[str, Any]:
@@ -232,7 +177,10 @@ class Drawer:
         self.rng = random.Random(f"distci-fuzz:{self.seed}")
 
     def _sample(self) -> dict[str, Any] | None:
-        for _ in range(400):
+        """A random valid point: each axis drawn, then, while the table's rules refuse the
+        point, one drawn axis (in a random order) back at its default. Rejecting whole points
+        instead would take ~100 tries per valid one with two dozen axes."""
+        for _ in range(50):
             point = {}
             for a in self.space.axes:
                 if a.name in self.space.fixed or len(a.values) == 1:
@@ -240,6 +188,11 @@ class Drawer:
                     continue
                 others = [v for v in a.values if v != a.default]
                 point[a.name] = a.default if self.rng.random() < self.p_default else self.rng.choice(others)
+            moved = [a for a in self.space.axes if point[a.name] != a.default and a.name not in self.space.fixed]
+            self.rng.shuffle(moved)
+            while not self.space.valid(point) and moved:
+                a = moved.pop()
+                point[a.name] = a.default
             if self.space.valid(point):
                 return point
         return None
@@ -268,9 +221,9 @@ def smaller(space: Space, point: Point) -> list[dict[str, Any]]:
 
     For each axis off its default, in axis order: the axis back at its default; a size
     halfway toward it (4 -> 2 microbatches after 4 -> 1); another value an earlier one
-    (parallel fsdp_tp -> fsdp). An axis whose reset breaks a
-    rule takes the rule's dependents back to their defaults too (compile -> none resets
-    the backend), when that makes the point valid. `space.fixed` axes never move.
+    (parallel fsdp_tp -> fsdp). A move the table's rules refuse takes the fewest other
+    axes back to their defaults with it (compile -> none resets the backend), when that
+    makes the point valid. `space.fixed` axes never move.
     """
     full = space.complete(point)
     out: list[dict[str, Any]] = []
@@ -296,22 +249,15 @@ def _between(v: Any, low: Any, high: Any) -> bool:
     return min(low, high) < v < max(low, high)
 
 
-def _repaired(space: Space, point: dict[str, Any], moved: str) -> dict[str, Any] | None:
+def _repaired(space: Space, point: dict[str, Any], moved: str, most: int = 2) -> dict[str, Any] | None:
+    """`point`, or the first valid point with up to `most` other axes back at their defaults
+    (fewest first, in axis order), or None."""
     if space.valid(point):
         return point
-    fixed = dict(point)
-    for _ in range(len(space.axes)):
-        broken = [r for r in space.rules if not r.holds(fixed)]
-        if not broken:
-            break
-        changed = False
-        for r in broken:
-            # turn off what needs the rule (its `when` side) before what it needs
-            for axis in [*r.when, *r.then]:
-                if axis != moved and axis not in space.fixed and fixed[axis] != space.axis(axis).default:
-                    fixed[axis] = space.axis(axis).default
-                    changed = True
-                    break
-        if not changed:
-            return None
-    return fixed if space.valid(fixed) else None
+    others = [a for a in space.axes if a.name != moved and a.name not in space.fixed and point[a.name] != a.default]
+    for n in range(1, most + 1):
+        for group in combinations(others, n):
+            candidate = {**point, **{a.name: a.default for a in group}}
+            if space.valid(candidate):
+                return candidate
+    return None

@@ -17,7 +17,7 @@ from distci.run import fuzz as cmd
 from distci.run.fuzz_report import FuzzRun, render_report, repro, table_row, update_coverage
 from suites import scenarios as sc
 from suites.fuzz import ENTRY_TEST, Find, Outcome, Report
-from suites.space import Space, key
+from suites.space import Space, key, point_of
 
 from fixtures_runs import stack, write_run
 
@@ -51,12 +51,10 @@ def test_space_values_parse_by_their_type():
 
 def test_a_printed_row_pastes_into_the_table_as_the_same_scenario():
     space = Space()
-    for sid in ("fsdp-compile_block_aot_eager-ac_sel", "fsdp_tp-eager-mp_bf16-ga2-ws4", "tp_sp-eager-loss_parallel",
-                "fsdp-eager-dcp_to_tp_sp-adamw", "ep-moe-eager-ga2-ws4"):
-        point = {a.name: getattr(sc.SCENARIOS[sid], a.name) for a in space.axes}
-        row = table_row(space, point)
-        built = eval(row.rstrip(","), {"_new": sc._new})  # noqa: S307 - our own printed row
-        assert built.id == sid, row
+    for row in sc.TABLE:
+        printed = table_row(space, point_of(row))
+        built = eval(printed.rstrip(","), {"row": sc.row})  # noqa: S307 - our own printed row
+        assert built.id == row.id, printed
 
 
 def test_a_repro_is_a_command_that_selects_the_configuration():
@@ -98,7 +96,7 @@ def test_report_lists_every_configuration_and_the_coverage_section_is_replaced(t
     run = FuzzRun(CELL, "s", 60, Space(), "/x/run-1", {"torch": "2.13.0", "python": "3.11"})
     text = render_report(run, report, "2026-12-01T00:00:00Z", "python -m distci fuzz")
     assert text.count("| drawn |") == 2 and text.count("| shrink |") == 1
-    assert "_new('fsdp', ac='full')," in text and "torch 2.13.0" in text
+    assert "row('fsdp', ac='full')," in text and "torch 2.13.0" in text
     page = tmp_path / "fuzz-coverage.md"
     update_coverage(page, run, report.tried)
     update_coverage(page, run, report.tried[:1])

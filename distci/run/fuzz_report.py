@@ -14,8 +14,6 @@ from typing import Any
 from suites.fuzz import ENTRY_TEST, Find, Outcome, Report
 from suites.space import Space
 
-NEW_KEYWORDS = {"world_size": "ws"}
-"""Space axis -> the keyword scenarios._new spells it with."""
 
 
 @dataclass(frozen=True)
@@ -32,18 +30,13 @@ class FuzzRun:
 
 
 def table_row(space: Space, point: dict[str, Any]) -> str:
-    """The point as a line of suites/scenarios.py's NEW_TABLE (its `_new(...)` notation)."""
+    """The point as a line of suites/scenarios.py's TABLE (its `row(parallel, compile, backend, ...)`)."""
     extra = space.non_default(point)
-    if extra.get("async_tp"):
-        return "# async TP row: add it to TABLE's tuple rows: " + json.dumps(extra)
     args = [repr(point["parallel"])]
     if point["compile"] != "none":
         args += [repr(point["compile"]), repr(point["backend"])]
-    for name, value in extra.items():
-        if name in ("parallel", "compile", "backend"):
-            continue
-        args.append(f"{NEW_KEYWORDS.get(name, name)}={value!r}")
-    return f"_new({', '.join(args)}),"
+    args += [f"{name}={value!r}" for name, value in extra.items() if name not in ("parallel", "compile", "backend")]
+    return f"row({', '.join(args)}),"
 
 
 def config_json(space: Space, point: dict[str, Any]) -> str:
