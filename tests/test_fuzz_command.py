@@ -145,3 +145,17 @@ def test_the_aggregate_files_a_fuzz_find_by_its_signature(tmp_path):
         found = regressions(store, ["fuzz-run"])
     assert [(g.test_id, g.signature) for g in found] == [
         (f"{ENTRY_TEST}::test_fuzz_config[fsdp-eager-ac_full]", sig)]  # a table test without history is not filed
+
+
+def test_known_issues_of_the_table_explain_the_same_scenario_fuzzed(tmp_path):
+    from distci.harness.known_issues import load_registry
+
+    out = cmd.fuzz_registry(REPO / "suites" / "known_issues.toml", tmp_path / "ki.toml")
+    table, fuzzed = load_registry(REPO / "suites" / "known_issues.toml"), load_registry(out)
+    assert len(table.entries) == len(fuzzed.entries)
+    for entry in table.entries:
+        for pattern in entry.tests:
+            if pattern.startswith("suites/test_scenarios.py::test_scenario?"):
+                twin = pattern.replace("suites/test_scenarios.py::test_scenario", f"{ENTRY_TEST}::test_fuzz_config")
+                assert twin in next(e for e in fuzzed.entries if e.id == entry.id).tests
+    assert any(p.startswith(ENTRY_TEST) for e in fuzzed.entries for p in e.tests)

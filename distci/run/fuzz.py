@@ -100,6 +100,21 @@ def _environ(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
+TABLE_PATTERN = re.compile(r'"suites/test_scenarios\.py::test_scenario(\?[^"]*)"')
+
+
+def fuzz_registry(source: Path, target: Path) -> Path:
+    """The known-issues registry with every pattern over the table's test ids also written over
+    the fuzzer's: a configuration with a row's scenario id is that scenario, so the same
+    known issue explains its failure (and a fuzz find it explains is not new)."""
+    from suites.fuzz import ENTRY_TEST
+
+    fuzz_id = f"{ENTRY_TEST}::test_fuzz_config"
+    text = TABLE_PATTERN.sub(lambda m: f'{m.group(0)}, "{fuzz_id}{m.group(1)}"', source.read_text())
+    target.write_text(text)
+    return target
+
+
 class BatchRunner:
     """Runs a batch of points as one pytest session in the started run; returns their Outcomes."""
 
@@ -179,7 +194,13 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
         log(f"[{cell.id}] infra: {exc}")
         infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
         return EXIT_INFRA
-    extra = [f"--distci-known-issues={Path(known_issues).resolve()}"] if known_issues else []
+    from ..cellrun import REPO
+
+    registry = Path(known_issues) if known_issues else REPO / "suites" / "known_issues.toml"
+    extra = []
+    if registry.exists():
+        (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
+        extra.append(f"--distci-known-issues={fuzz_registry(registry, run_dir / FUZZ_DIR / 'known_issues.toml')}")
     if reruns is not None:  # after the cell's own --distci-reruns: the last one counts
         extra.append(f"--distci-reruns={reruns}")
     runner = BatchRunner(cell, Path(env.python), info, run_dir, extra, log)
