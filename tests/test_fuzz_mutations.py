@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,8 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
+
+from distci.harness import procs  # noqa: E402 - after the torch check, as the harness needs it
 
 REPO = Path(__file__).resolve().parents[1]
 CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_off"
@@ -44,7 +47,15 @@ def fuzz(tmp: Path, *args: str, plant: str = "", timeout: int = 600) -> tuple[su
     runs = tmp / "runs"
     cmd = [sys.executable, "-m", "distci", "fuzz", "--cell", CELL, "--python", sys.executable,
            "--runs-root", str(runs), *args]
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    # owned: the command and its ranks die with this test, however it ends
+    child = procs.start_owned(cmd, env=env, token=procs.run_token(), death_signal=signal.SIGTERM, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = child.communicate(timeout=timeout)
+    finally:
+        if child.poll() is None:
+            procs.stop(child)
+    proc = subprocess.CompletedProcess(cmd, child.returncode, out, err)
     reports = sorted(runs.glob("*/fuzz/report.json"))
     assert reports, f"no report.json:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc, json.loads(reports[-1].read_text())
@@ -73,7 +84,7 @@ def test_a_planted_bug_is_found_and_shrunk_to_what_it_needs(tmp_path, plant):
     assert report["finds"][0]["complete"]
     # printed as a row ready to paste, its id and a repro that names the configuration
     assert f"  id:     {shrunk['id']}" in out
-    assert "  row:    _new(" in out
+    assert "  row:    row(" in out
     assert f"--cell {CELL} --test suites/fuzz_entry.py" in out
     # one line per configuration, and every configuration an ordinary Result of the run
     for o in report["tried"]:

@@ -145,7 +145,7 @@ class BatchRunner:
             relay.flush()
             text = message.split("] ", 1)[-1]
             if f"{ENTRY_TEST}::test_fuzz_config[" in text and text.split(" ", 1)[0] in RESULT_WORDS:
-                self.log(text.replace(f"{ENTRY_TEST}::test_fuzz_config[", "").rstrip("]"))
+                self.log(re.sub(r"\](?=\s|$)", "", text.replace(f"{ENTRY_TEST}::test_fuzz_config[", ""), count=1))
 
         with _environ(**{CONFIGS_ENV: str(batch)}), open(quiet, "a") as relay:
             run_in_env(self.cell, self.python, self.info, self.run_dir, tests=[ENTRY_TEST],
