@@ -16,11 +16,11 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import DistciError
+from distci.errors import DistciError
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
-    from .matrix import load_matrix
+    from distci.matrix import load_matrix
 
     matrix = load_matrix(args.matrix)
     if args.json:
@@ -28,7 +28,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         include = matrix.actions_include(tier)
         print(json.dumps({"include": include}))
         if args.github_output:
-            from .ci.actions import append_step_summary, write_outputs
+            from distci.ci.actions import append_step_summary, write_outputs
 
             write_outputs({"matrix": json.dumps({"include": include}, separators=(",", ":")),
                            "cells": str(len(include)), "tier": tier})
@@ -41,10 +41,10 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .cellrun import run_cell
-    from .matrix import load_matrix
-    from .rundir import RunDir
-    from .terminal import EXIT_FILE_ENV, exit_code, exit_line, print_summary, write_exit_file
+    from distci.run.cellrun import run_cell
+    from distci.matrix import load_matrix
+    from distci.rundir import RunDir
+    from distci.run.terminal import EXIT_FILE_ENV, exit_code, exit_line, print_summary, write_exit_file
 
     # A pipe (nox, CI) would otherwise hold the per-test lines in a block buffer.
     if hasattr(sys.stdout, "reconfigure"):
@@ -52,7 +52,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     matrix = load_matrix(args.matrix)
     cells = matrix.select(cell_ids=args.cell or None, tier=None if args.cell else args.tier)
     if args.backend == "docker":
-        from .images import run_cells_in_docker
+        from distci.images import run_cells_in_docker
 
         runs = run_cells_in_docker(cells, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k,
                                    tier=args.tier)
@@ -75,25 +75,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import run_bench
+    from distci.bench.harness import run_bench
 
     return run_bench(args.what, args)
 
 
 # The modules that register subcommands (each has add_parser(sub)), in --help order.
 REGISTRY = (
-    "distci.ingest",       # ingest
-    "distci.gate",         # gate
-    "distci.export",       # export
+    "distci.judge.ingest",       # ingest
+    "distci.judge.gate",         # gate
+    "distci.judge.export",       # export
     "distci.dashboard",    # dashboard
-    "distci.audit",        # fixes-audit
+    "distci.audit.run",        # fixes-audit
     "distci.bisect",       # bisect
     "distci.images",       # images, teardown
-    "distci.runreport",    # runreport
+    "distci.run.runreport",    # runreport
     "distci.ci",           # aggregate
-    "distci.lint",         # lint
-    "distci.notify",       # notify
-    "distci.run.fuzz",     # fuzz
+    "distci.judge.notify",       # notify
+    "distci.run.fuzz",           # fuzz
 )
 
 
@@ -127,9 +126,9 @@ def build_parser(registry: tuple[str, ...] = REGISTRY) -> argparse.ArgumentParse
     p.set_defaults(fn=_cmd_run)
 
     p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm "
-                       "builds), `provision` (a cell's env, cold and warm)")
-    p.add_argument("what", choices=("harness", "images", "provision"))
-    p.add_argument("--repeat", type=int, default=1)
+                       "builds), `provision` (a cell's env, cold and warm), `pr` (the pr tier's phases, cold then warm)")
+    p.add_argument("what", choices=("harness", "images", "provision", "pr"))
+    p.add_argument("--repeat", type=int, default=1, help="pr: how many runs of the tier (default 2: cold, then warm)")
     p.add_argument("--pip", action="store_true", help="provision: also time the pip fallback install")
     p.add_argument("--keep", action="store_true", help="provision: keep the bench's wheelhouse and envs")
     p.set_defaults(fn=_cmd_bench)
@@ -166,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
 def _exit(args: argparse.Namespace, code: int) -> int:
     """`run` names its exit code on its last line whichever way it ends."""
     if args.command == "run":
-        from .terminal import exit_line
+        from distci.run.terminal import exit_line
 
         print(exit_line(code), file=sys.stderr)
     return code

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any, Callable, Sequence
 
-from .errors import DistciError
+from distci.errors import DistciError
 
 
 def run_module(add_parser: Callable[[Any], Any], argv: Sequence[str] | None = None) -> int:

@@ -8,14 +8,12 @@ instead, because a CI matrix that silently drops a cell is worse than one that f
 
 from __future__ import annotations
 
-import difflib
-import fnmatch
 import itertools
 import re
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -24,13 +22,14 @@ else:  # pragma: no cover
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from distci.errors import MatrixError, SelectionError
+from distci.errors import MatrixError
 from distci.tomlloc import Locator as _Locator, suggest as _suggest
 from distci.external.spec import DEFAULT_PATH as EXTERNAL_PATH, load_suites
-from distci.sources import Source
+from distci.provision.sources import PACKAGE_AXES, Source
+from distci.cells import Accelerator, Cell, Matrix, Tier
 
 SCHEMA = 1
-# The checkout's external suites: the file cell runs read (distci.cellrun), so names are
+# The checkout's external suites: the file cell runs read (distci.run.cellrun), so names are
 # checked against what will run, wherever the matrix file itself lives.
 EXTERNAL_SUITES = Path(__file__).resolve().parents[1] / EXTERNAL_PATH
 
@@ -38,9 +37,8 @@ KNOWN_ACCELERATORS = ("cpu", "cuda", "npu")
 BACKENDS = ("gloo", "nccl", "hccl")
 FIXES = ("on", "off")
 
-SOURCE_AXES = ("torch", "torchao", "torchtitan", "torch_npu")
 # Product axes: each list-valued one multiplies the cells of its block; they make the id.
-AXES = ("accelerator", "arch", "variant", *SOURCE_AXES, "fixes", "world_size")
+AXES = ("accelerator", "arch", "variant", *PACKAGE_AXES, "fixes", "world_size")
 # Attributes: carried by every cell of the block, never part of the id.
 ATTRIBUTES = ("suites", "tiers", "python", "timeout", "external", "requirements")
 BLOCK_KEYS = AXES + ATTRIBUTES
@@ -66,138 +64,6 @@ BUILTIN_DEFAULTS: dict[str, Any] = {
     "torchao": "none",
     "torchtitan": "none",
 }
-
-
-@dataclass(frozen=True)
-class Accelerator:
-    name: str
-    backend: str
-    runner: tuple[str, ...]
-    archs: tuple[str, ...]
-    variants: tuple[str, ...]
-    family: str
-    description: str = ""
-
-
-@dataclass(frozen=True)
-class Tier:
-    name: str
-    description: str = ""
-    blocking_suites: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One point of the matrix. `id` depends only on the declared axes."""
-
-    accelerator: str
-    arch: str
-    variant: str
-    torch: Source
-    torchao: Source
-    torchtitan: Source
-    torch_npu: Source | None
-    fixes: str
-    world_size: int
-    suites: tuple[str, ...]
-    tiers: tuple[str, ...]
-    runner: tuple[str, ...]
-    backend: str
-    python: str
-    timeout: int = 300
-    family: str = ""
-    external: tuple[str, ...] = ()  # suites of suites/external.toml, run after `suites`
-    requirements: tuple[str, ...] = ()  # extra pip requirement lines installed with the stack
-
-    @property
-    def id(self) -> str:
-        parts = [self.accelerator, self.variant]
-        if self.arch != "x86_64":
-            parts.append(self.arch)
-        parts += [self.torch.id_fragment, self.torchao.id_fragment]
-        if self.torchtitan.kind != "none":
-            parts.append(self.torchtitan.id_fragment)
-        if self.torch_npu is not None:
-            parts.append(self.torch_npu.id_fragment)
-        parts += [f"ws{self.world_size}", f"fix_{self.fixes}"]
-        return "-".join(parts)
-
-    @property
-    def sources(self) -> tuple[Source, ...]:
-        found = (self.torch, self.torchao, self.torchtitan, self.torch_npu)
-        return tuple(s for s in found if s is not None)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The declared cell as plain data (JSON-able), for provenance and listings."""
-        return {
-            "id": self.id,
-            "accelerator": self.accelerator,
-            "arch": self.arch,
-            "variant": self.variant,
-            **{a: (s.declared if (s := getattr(self, a)) is not None else None) for a in SOURCE_AXES},
-            "fixes": self.fixes,
-            "world_size": self.world_size,
-            "suites": list(self.suites),
-            "tiers": list(self.tiers),
-            "runner": list(self.runner),
-            "backend": self.backend,
-            "family": self.family,
-            "python": self.python,
-            "timeout": self.timeout,
-            "external": list(self.external),
-            "requirements": list(self.requirements),
-        }
-
-
-@dataclass(frozen=True)
-class Matrix:
-    path: Path
-    cells: tuple[Cell, ...]
-    tiers: dict[str, Tier]
-    accelerators: dict[str, Accelerator]
-
-    def cell(self, cell_id: str) -> Cell:
-        return self.select([cell_id])[0]
-
-    def select(self, cell_ids: Sequence[str] | None = None, tier: str | None = None) -> list[Cell]:
-        """Cells by id (shell globs allowed) and/or tier; all cells when neither is given."""
-        cells = list(self.cells)
-        if tier is not None:
-            if tier not in self.tiers:
-                raise SelectionError(f"unknown tier '{tier}'{_suggest(tier, self.tiers)}; "
-                                     f"tiers: {', '.join(self.tiers)}", where=str(self.path))
-            cells = [c for c in cells if tier in c.tiers]
-        if not cell_ids:
-            return cells
-        chosen: dict[str, Cell] = {}
-        for pattern in cell_ids:
-            matched = [c for c in cells if fnmatch.fnmatchcase(c.id, pattern)]
-            if not matched:
-                raise SelectionError(self._no_cell_message(pattern, cells, tier), where=str(self.path))
-            chosen.update((c.id, c) for c in matched)
-        return list(chosen.values())
-
-    def _no_cell_message(self, pattern: str, cells: list[Cell], tier: str | None) -> str:
-        if tier is not None and any(fnmatch.fnmatchcase(c.id, pattern) for c in self.cells):
-            return f"cell '{pattern}' is not in tier '{tier}'"
-        close = difflib.get_close_matches(pattern, [c.id for c in cells], n=3, cutoff=0.5)
-        hint = f" (did you mean: {', '.join(close)}?)" if close else ""
-        return f"no cell '{pattern}'{hint}; list the cells with `nox -s matrix`"
-
-    def actions_include(self, tier: str) -> list[dict[str, Any]]:
-        """The GitHub Actions ``strategy.matrix.include`` entries of a tier."""
-        return [
-            {
-                "cell": c.id,
-                "accelerator": c.accelerator,
-                "family": c.family,
-                "runner": list(c.runner),
-                "world_size": c.world_size,
-                "python": c.python,
-                "tier": tier,
-            }
-            for c in self.select(tier=tier)
-        ]
 
 
 # --------------------------------------------------------------------------- errors
@@ -425,7 +291,7 @@ class _Loader:
             elif key == "fixes":
                 for v in listed:
                     self._fixes(v, label, section)
-            elif key in SOURCE_AXES:
+            elif key in PACKAGE_AXES:
                 for v in listed:
                     self._source(key, v, label, section)
             elif key == "python" and (not isinstance(value, str) or not value):
@@ -517,7 +383,7 @@ class _Loader:
                 hint = _suggest(axis, AXES) or f"; match on: {', '.join(AXES)}"
                 raise self.loc.error(f"{label}: unknown key '{key_prefix}{axis}'{hint}", section, axis)
             listed = value if isinstance(value, list) else [value]
-            if axis in SOURCE_AXES:
+            if axis in PACKAGE_AXES:
                 wanted[axis] = [self._source(axis, v, label, section).id_fragment for v in listed]
             elif axis == "accelerator":
                 for v in listed:
@@ -535,7 +401,7 @@ class _Loader:
         def matches(cell: Cell) -> bool:
             for axis, accepted in wanted.items():
                 value = getattr(cell, axis)
-                if axis in SOURCE_AXES:
+                if axis in PACKAGE_AXES:
                     value = value.id_fragment if value is not None else None
                 if value not in accepted:
                     return False

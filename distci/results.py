@@ -38,7 +38,7 @@ class Result:
     """One test's outcome in one run of one cell, with full provenance.
 
     `outcome` is what happened; the verdict (what it means against history and known
-    issues) is computed later by distci.verdicts and is not part of this record, except
+    issues) is computed later by distci.judge.verdicts and is not part of this record, except
     `known_issue`, the id of the registry entry the harness matched, if any.
     """
 
@@ -125,7 +125,7 @@ def error_signature(exc_type: str, message: str) -> str:
 
 def stack_summary(stack: dict[str, Any]) -> dict[str, str]:
     """The few stack fields worth a JUnit property on every testcase."""
-    from .stack import SUMMARY_KEYS
+    from distci.stack import SUMMARY_KEYS
 
     return {k: str(stack[k]) for k in SUMMARY_KEYS if stack.get(k)}
 

@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from .errors import StoreError
-from .results import Result, error_signature, write_junit
+from distci.errors import StoreError
+from distci.results import Result, error_signature, write_junit
 
 RESULTS_FILE = "results.jsonl"
 JUNIT_FILE = "junit.xml"
@@ -86,7 +86,7 @@ class RunInfo:
     pytest_exit: int | None = None
     command: str = ""
     ci: dict[str, str] = field(default_factory=dict)  # GitHub's run coordinates: the dashboard links the job
-    exit_code: int | None = None  # this cell's part of `distci run`'s exit code (distci.terminal.EXIT_CODES)
+    exit_code: int | None = None  # this cell's part of `distci run`'s exit code (distci.run.terminal.EXIT_CODES)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunInfo":
@@ -391,3 +391,24 @@ def _json_object(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise RunDirError("not a JSON object", path)
     return data
+
+
+@dataclass
+class CellRun:
+    info: RunInfo
+    run_dir: Path
+    results: list[Result]
+    selection_error: str = ""
+    """Set when pytest selected no test (exit 5): a typo in -k / --test is an error, not a green run."""
+
+    def count(self, outcome: str) -> int:
+        return sum(r.outcome == outcome for r in self.results)
+
+    @property
+    def infra(self) -> bool:
+        return any(r.failure_kind == "infra" for r in self.results)
+
+    @property
+    def failed(self) -> list[Result]:
+        return [r for r in self.results if r.outcome in ("failed", "error") and r.failure_kind != "infra"
+                and not r.known_issue]

@@ -76,7 +76,7 @@ class Stack:
     sources: dict[str, Any] | None = _key()
     torch_import_error: str | None = _key()
     npu_import_error: str | None = _key()
-    # a partial stack: the environment never came up (distci.cellrun)
+    # a partial stack: the environment never came up (distci.run.cellrun)
     partial: bool = _key(default=False)
     declared: dict[str, Any] | None = _key()
     runner: str | None = _key()

@@ -23,7 +23,7 @@ ASYNC_TP = "suites/test_async_tp.py::test_async_tp_fused_ops[float8-full-ac]"
 REG_WAIT = "suites/regressions/test_pytorch125932_rowwise_parallel_wait.py::test_rowwise_output_wait_compiled"
 REG_F8_AC = "suites/regressions/test_pytorch147042_float8_asynctp_ac_scale.py::test_float8_asynctp_full_ac"
 REG_TANGENT = "suites/regressions/test_pytorch170211_act_tangent_coercion.py::test_compiled_tp_backward_tangent"
-INFRA = "<infra>::"  # + cell id: the record distci.cellrun leaves when an environment never came up
+INFRA = "<infra>::"  # + cell id: the record distci.run.cellrun leaves when an environment never came up
 
 ALL_TESTS = (TP_LOSS, TP_SP, COMPILE_AC, F8_TENSORWISE, F8_ROWWISE, ASYNC_TP, REG_WAIT, REG_F8_AC, REG_TANGENT)
 
@@ -259,7 +259,7 @@ def seed_nights(root: Path, nights: int = 5) -> Seeded:
 
 def ingest_after_barrier(args: tuple[str, str, Any]) -> int:
     """A multiprocessing worker: wait for the others, then ingest one run directory."""
-    from distci.ingest import ingest
+    from distci.judge.ingest import ingest
 
     run_dir, store_path, barrier = args
     barrier.wait()

@@ -26,7 +26,7 @@ from distci.ci.nightly import AggregateOptions, aggregate, bisect_record, record
 from distci.errors import ConfigError
 from distci.results import Result
 from distci.rundir import RunDir
-from distci.store import Store
+from distci.judge.store import Store
 
 DEFAULT_CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on"
 TOKEN = "test-token-not-a-secret"

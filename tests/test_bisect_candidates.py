@@ -116,6 +116,7 @@ def nightly_index(tmp_path, monkeypatch):
     thread.join()
 
 
+@pytest.mark.slow
 def test_nightly_bisect_over_a_local_pep503_index_lands_on_the_date(nightly_index, tmp_path, capsys):
     candidates = nightly_candidates(nightly_index, PACKAGE, first="2026-03-01", last="1.0.dev20260312")
     dates = [c.date.day for c in candidates]
@@ -202,7 +203,7 @@ def test_wheelhouse_candidates_order_versions_and_dates(tmp_path):
 def test_a_nightly_gone_from_the_index_is_still_a_candidate_from_the_wheelhouse_archive(nightly_index, tmp_path):
     """The index has no 2026-03-06 build (any more); distci downloaded it once into the
     archive (here: from a directory that is gone afterwards), so it is still bisected."""
-    from distci.wheelhouse import archived, ensure_wheelhouse
+    from distci.provision.wheelhouse import archived, ensure_wheelhouse
 
     kept = tmp_path / "once"
     kept.mkdir()

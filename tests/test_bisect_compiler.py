@@ -134,7 +134,7 @@ def test_linear_compiles():
 def test_a_test_id_is_bisected_in_the_pr_cells_stack_env(tmp_path, monkeypatch, capsys):
     """`nox -s bisect -- TEST_ID --compiler` from the controller venv (no torch there):
     with no --in-env the failing env is the pr cell's stack env, as its runs build it."""
-    from distci.selfwheels import REPO
+    from distci.provision.selfwheels import REPO
 
     (tmp_path / "test_broken_pass.py").write_text(PASS_TEST)
     monkeypatch.chdir(tmp_path)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from distci.audit import AuditRow, TestRun
+from distci.audit.model import AuditRow, TestRun
 from distci.bisect.fix_audit import FixBisect, FixChange, changes, to_markdown
 
 

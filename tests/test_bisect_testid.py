@@ -31,7 +31,8 @@ from distci.bisect.install import link_base_tree
 from distci.bisect.regression import changed_axis, find_regression
 from distci.bisect.state import BisectError
 from distci.errors import ConfigError
-from distci.store import Store
+from distci.judge.ingest import import_bisects, ingest_runs
+from distci.judge.store import Store
 
 pytestmark = pytest.mark.slow
 
@@ -107,7 +108,7 @@ def test_a_test_id_is_bisected_through_the_harness_in_torchrun_mode(work, monkey
     assert details["1.2"].startswith(f"{TEST_ID}: passed\nexit 0\n") and "1 passed" in details["1.2"]
     assert "--distci-mode=torchrun" in report["meta"]["check"]
     assert (report_path.parent / "harness" / "logs" / "torchrun.log").exists()
-    # the keys the store indexes (distci.store.read_bisect)
+    # the keys the store indexes (distci.judge.store.read_bisect)
     assert {k: report[k] for k in ("test_id", "axis", "good", "bad", "status")} == {
         "test_id": TEST_ID, "axis": f"{PACKAGE}-wheelhouse", "good": "1.2", "bad": "1.3", "status": "boundary"}
 
@@ -123,7 +124,7 @@ def test_from_regression_takes_the_question_from_the_store_and_records_the_answe
     write_run(runs, "night2", cell, [{"test_id": TEST_ID, "outcome": "failed", "message": "AssertionError: 5.0"}],
               started_at=datetime(2026, 3, 2, tzinfo=timezone.utc), stack=red)
     with Store(db) as store:
-        store.ingest([runs])
+        ingest_runs(store, [runs])
         assert find_regression(store, TEST_ID).ident == f"night2::{TEST_ID}"
         assert find_regression(store, "night2").ident == f"night2::{TEST_ID}"
         with pytest.raises(BisectError, match="verdict 'pass', not 'regression'"):
@@ -141,7 +142,7 @@ def test_from_regression_takes_the_question_from_the_store_and_records_the_answe
         [row] = store.bisects()
     assert (row.test_id, row.cell_id, row.good, row.bad, row.status) == (TEST_ID, cell, "1.2", "1.3", "boundary")
     with Store(work / "rebuilt.sqlite") as store:  # the reports alone give the same row
-        assert store.import_bisects(work / "out") == 2  # 1.0..1.3 and 1.2..1.3: one answer
+        assert import_bisects(store, work / "out") == 2  # 1.0..1.3 and 1.2..1.3: one answer
         assert [(b.good, b.bad, b.report_path) for b in store.bisects()] == [("1.2", "1.3", row.report_path)]
 
 

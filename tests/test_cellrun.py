@@ -111,7 +111,7 @@ def test_installed_stack_runs_through_distci_run(tmp_path):
 
 def test_cell_whose_accelerator_is_absent_is_one_infra_result_before_any_download(tmp_path):
     """A CUDA cell on a machine without a GPU: one infra record in seconds, nothing resolved."""
-    from distci.cellrun import missing_accelerator
+    from distci.run.cellrun import missing_accelerator
 
     if missing_accelerator("cuda") is None:
         pytest.skip("this machine has a GPU")
@@ -134,7 +134,7 @@ def test_cell_whose_accelerator_is_absent_is_one_infra_result_before_any_downloa
 
 
 def test_accelerator_detection_reads_device_nodes(tmp_path):
-    from distci.cellrun import missing_accelerator
+    from distci.run.cellrun import missing_accelerator
 
     assert missing_accelerator("cpu", dev=tmp_path) is None
     assert missing_accelerator("npu", dev=tmp_path) == "cell needs npu; this runner has none"
@@ -227,7 +227,7 @@ def external_cell(tmp_path, monkeypatch):
 
 def test_cell_run_records_pytest_and_external_results_together(tmp_path, external_cell):
     """The cell's python (here this one) runs pytest, then the external suites, into one run."""
-    from distci.cellrun import run_in_env, start_run
+    from distci.run.cellrun import run_in_env, start_run
 
     cell, suites = external_cell
     info, run_dir = start_run(cell, tmp_path / "runs", tier="nightly", log=lambda m: None)
@@ -267,7 +267,7 @@ def test_cell_run_records_pytest_and_external_results_together(tmp_path, externa
 
 def test_external_selection_and_suites_that_cannot_start(tmp_path, external_cell):
     """`--test external/...` picks suites; a suites file gone at run time is `infra`, pytest's results stay."""
-    from distci.cellrun import external_plan, run_external_suites, start_run
+    from distci.run.cellrun import external_plan, run_external_suites, start_run
     from distci.errors import SelectionError
     from distci.results import Result
     from distci.rundir import RunDir

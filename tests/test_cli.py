@@ -14,7 +14,7 @@ def test_every_registered_module_registers_its_commands():
     parser = cli.build_parser()
     commands = set(parser._subparsers._group_actions[0].choices)  # argparse keeps them here
     assert {"matrix", "run", "images", "teardown", "aggregate", "gate", "export", "dashboard", "ingest",
-            "bisect", "lint"} <= commands
+            "bisect"} <= commands
 
 
 def test_a_module_that_does_not_import_is_an_error_naming_it():

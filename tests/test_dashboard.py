@@ -19,7 +19,8 @@ from fixtures_runs import F8_ROWWISE, NIGHTLY_OFF, NIGHTLY_ON, REG_F8_AC, REG_TA
 
 from distci.dashboard import render_dashboard
 from distci.dashboard.model import build_page
-from distci.store import BisectRow, Store
+from distci.judge.store import BisectRow, Store
+from distci.judge.ingest import ingest_runs
 
 CHROMIUM = os.environ.get("DISTCI_CHROMIUM") or next(
     filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"))), None
@@ -72,7 +73,7 @@ def seeded_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     db = root / "store.sqlite"
     with Store(db) as s:
-        s.ingest([seeded.root])
+        ingest_runs(s, [seeded.root])
         s.add_bisects(
             [
                 BisectRow(

@@ -23,10 +23,11 @@ from fixtures_dashboard import (BREAK_SIG, CI, F8, HIDDEN, HIDDEN_FIXES, HIDDEN_
                                 generate)
 from test_dashboard import CHROMIUM, FLAGS
 
-from distci.audit import Audit, AuditRow
-from distci.audit import TestRun as AuditRun
+from distci.audit.model import Audit, AuditRow
+from distci.audit.model import TestRun as AuditRun
 from distci.dashboard import contrast, render_dashboard
-from distci.store import Store
+from distci.judge.store import Store
+from distci.judge.ingest import ingest_runs
 
 
 class _Tree(HTMLParser):
@@ -54,7 +55,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> dict:
     ], started="20261130-0900")
     (audit_dir / "audit.json").write_text(json.dumps(asdict(audit)))
     with Store(root / "store.sqlite") as store:
-        store.ingest([gen.root])
+        ingest_runs(store, [gen.root])
         index = render_dashboard(store, root / "site", matrix_path=gen.matrix, now=NOW, issues=gen.issues,
                                  audit_dir=root / "audit")
     html = index.read_text()

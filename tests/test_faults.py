@@ -224,7 +224,7 @@ def test_a_stopped_controller_records_and_cleans_up_within_10s(tmp_path, sig):
 CELL_RUN = """
 import sys
 from pathlib import Path
-from distci.cellrun import run_in_env, start_run
+from distci.run.cellrun import run_in_env, start_run
 from distci.matrix import load_matrix
 
 cell = next(c for c in load_matrix(Path("matrix.toml")).cells if c.accelerator == "cpu")

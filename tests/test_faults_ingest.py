@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from fixtures_runs import result, stack, write_run
 
-from distci import ingest as ingest_mod
-from distci.ingest import ingest, rebuild
+from distci.judge import ingest as ingest_mod
+from distci.judge.ingest import ingest, rebuild
 from distci.results import write_junit
 from distci.rundir import RESULTS_FILE, parse_results
-from distci.store import Store
+from distci.judge.store import Store
 
 T0 = datetime(2026, 11, 20, 2, 0, tzinfo=timezone.utc)
 CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on"

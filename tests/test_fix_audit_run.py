@@ -1,4 +1,4 @@
-"""The fix audit end to end on the local torch: its env comes from distci.envs (the one
+"""The fix audit end to end on the local torch: its env comes from distci.provision.envs (the one
 venv primitive, keyed by the stack), and the verdict comes from real off/on runs."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from distci.selfwheels import REPO
+from distci.provision.selfwheels import REPO
 
 
 @pytest.mark.slow
 def test_audit_of_one_fix_on_the_local_torch(tmp_path, monkeypatch):
-    from distci.audit import main
+    from distci.audit.run import main
 
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("DISTCI_WHEELHOUSE_ROOT", str(REPO / ".distci" / "wheelhouse"))
@@ -27,12 +27,12 @@ def test_audit_of_one_fix_on_the_local_torch(tmp_path, monkeypatch):
                                                                           "needed")
     assert row["off"]["outcome"] == "failed" and row["on"]["outcome"] == "passed"
     envs = [p.name for p in cache.iterdir() if p.is_dir()]
-    assert any(name.startswith("stack-") for name in envs), envs  # distci.envs' env, not a private venv
+    assert any(name.startswith("stack-") for name in envs), envs  # distci.provision.envs' env, not a private venv
 
 
 def test_a_later_reaudit_replaces_the_rows_it_covers():
-    from distci.audit import Audit, AuditRow, TestRun
-    from distci.audit_report import merge
+    from distci.audit.model import Audit, AuditRow, TestRun
+    from distci.audit.report import merge
 
     def row(fix, torch, on):
         return AuditRow(fix=fix, torch=torch, test="t.py", present=True, in_range=True, status="applied",

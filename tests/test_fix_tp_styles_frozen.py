@@ -13,7 +13,7 @@ import types
 
 import pytest
 
-from distci.selfwheels import REPO
+from distci.provision.selfwheels import REPO
 
 sys.path.insert(0, str(REPO / "fixes"))  # as tests/test_fixes.py: installed or not
 torch = pytest.importorskip("torch")

@@ -1,4 +1,4 @@
-"""The fix package (fixes/, import distci_fixes) and the fix audit (distci/audit.py).
+"""The fix package (fixes/, import distci_fixes) and the fix audit (distci/audit/run.py).
 
 Processes that must see `import torch` load the fixes do so through a real
 `torch.backends` entry point: the child's PYTHONPATH carries fixes/ and a dist-info
@@ -270,7 +270,7 @@ def test_second_package_fix_is_applied_through_its_entry_point(site: Path, team_
 
 @pytest.mark.slow
 def test_second_package_fix_is_audited(site: Path, team_site: Path, tmp_path: Path) -> None:
-    from distci import audit
+    from distci.audit import run as audit
 
     env = {"PYTHONPATH": _child_env(site, None, team_site)["PYTHONPATH"]}
     result = audit.run_audit([], None, tmp_path / "audit", only={"team_answer"}, extra_env=env,
@@ -285,7 +285,7 @@ def test_second_package_fix_is_audited(site: Path, team_site: Path, tmp_path: Pa
 def test_act_tangent_regression_fails_off_and_passes_on(site: Path, tmp_path: Path) -> None:
     """CI's proof on its torch: the regression test fails with fixes off (the upstream
     error) and passes with act_tangent_coercion on."""
-    from distci import audit
+    from distci.audit import run as audit
 
     if decide(act_tangent_coercion.FIX.applies, TorchBuild.current()).in_range is False:
         pytest.skip("torch outside act_tangent_coercion's range")

@@ -129,7 +129,7 @@ def test_the_nightly_fuzz_job_runs_a_matrix_cell_and_feeds_the_aggregate():
 
 def test_the_aggregate_files_a_fuzz_find_by_its_signature(tmp_path):
     from distci.ci.regressions import FUZZ_TESTS, regressions
-    from distci.store import Store
+    from distci.judge.store import Store
 
     assert FUZZ_TESTS == f"{ENTRY_TEST}::"
     sig = "AssertionError: the last step ran N FSDP all-gathers"

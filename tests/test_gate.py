@@ -18,10 +18,10 @@ from fixtures_runs import (
     write_run,
 )
 
-from distci import export, gate
+from distci.judge import export, gate
 from distci.errors import SelectionError
-from distci.ingest import ingest
-from distci.store import Store
+from distci.judge.ingest import ingest
+from distci.judge.store import Store
 
 NOW = datetime.now(timezone.utc).replace(microsecond=0)
 T0 = NOW - timedelta(days=1, hours=2)  # night 2 started two hours ago: fresh

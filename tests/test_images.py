@@ -27,7 +27,7 @@ import pytest
 from conftest import REPO
 from dockerd import docker_client  # noqa: F401 - the session fixture
 from distci.errors import ConfigError, InfraError
-from distci.wheelhouse import ensure_wheelhouse
+from distci.provision.wheelhouse import ensure_wheelhouse
 from test_wheelhouse_envs import write_wheel
 
 DEFAULT_CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on"
@@ -444,7 +444,7 @@ def test_an_image_wheelhouse_targets_the_cells_python_from_any_controller(tmp_pa
     import platform
 
     from distci.images import split_stack
-    from distci.wheeltarget import WheelTarget
+    from distci.provision.wheeltarget import WheelTarget
 
     here = "%d.%d" % sys.version_info[:2]
     other = "3.12" if here != "3.12" else "3.13"

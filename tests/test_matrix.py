@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from distci.errors import MatrixError, SelectionError
-from distci.matrix import Cell, load_matrix
+from distci.matrix import load_matrix
+from distci.cells import Cell
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -17,8 +17,9 @@ from fixtures_dashboard import MATRIX, TP, _cells
 from fixtures_runs import write_run
 
 from distci.errors import ConfigError, InfraError
-from distci.notify import WebhookConfig, notify, post
-from distci.store import Store
+from distci.judge.notify import WebhookConfig, notify, post
+from distci.judge.store import Store
+from distci.judge.ingest import ingest_runs
 
 SIG = "AssertionError: loss differs by N"
 
@@ -65,7 +66,7 @@ def store(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
                       started_at=now - timedelta(hours=30 - 12 * n), stack={"torch": "2.14.1", "triton": triton})
     db = tmp_path / "store.sqlite"
     with Store(db) as s:
-        s.ingest([tmp_path / "runs"])
+        ingest_runs(s, [tmp_path / "runs"])
     return db, matrix, cells
 
 

@@ -23,16 +23,9 @@ from packaging.tags import Tag, sys_tags
 from packaging.version import Version
 
 from distci.errors import ConfigError, MatrixError, SourceError
-from distci.index import list_index_versions
-from distci.sources import (
-    IndexConfig,
-    Source,
-    list_candidates,
-    pip_args,
-    requirement_lines,
-    resolve,
-    resolve_sources,
-)
+from distci.provision.index import list_index_versions
+from distci.provision.sources import IndexConfig, Source, pip_args, requirement_lines
+from distci.provision.resolve import list_candidates, resolve, resolve_sources
 
 
 def write_wheel(directory: Path, name: str, version: str, tag: str = "py3-none-any") -> Path:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from distci.stack import ENV_KEYS, KEYS, SUMMARY_KEYS, Stack, capture
-from distci.verdicts import env_key
+from distci.judge.verdicts import env_key
 
 
 def test_capture_is_a_stack_and_round_trips() -> None:

@@ -23,9 +23,10 @@ from fixtures_runs import (
 )
 
 from distci.rundir import RunDir
-from distci.ingest import ingest, rebuild
+from distci.judge.ingest import ingest, rebuild
 from distci.rundir import RunInfo
-from distci.store import DEFAULT_STORE, BisectRow, Store, StoreError, default_store_path, suite_of
+from distci.judge.store import DEFAULT_STORE, BisectRow, Store, StoreError, default_store_path, suite_of
+from distci.judge.ingest import ingest_runs, import_bisects, import_fix_audit
 
 T0 = datetime(2026, 3, 1, 2, 0, tzinfo=timezone.utc)
 
@@ -55,6 +56,7 @@ def test_ingest_twice_changes_nothing(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+@pytest.mark.slow
 def test_eight_parallel_ingests_of_1000_results_lose_none(tmp_path: Path) -> None:
     dirs = []
     for i in range(8):
@@ -132,10 +134,10 @@ def test_delete_and_rebuild_gives_the_same_answers(tmp_path: Path) -> None:
     db = tmp_path / "store.sqlite"
     run_dirs = sorted(seeded.root.iterdir())
     with Store(db) as s:
-        s.ingest(run_dirs[len(run_dirs) // 2 :])  # later nights arrive first
-        s.ingest(run_dirs[: len(run_dirs) // 2])
-        s.import_fix_audit(audit)
-        s.import_bisects(tmp_path / "bisect")
+        ingest_runs(s, run_dirs[len(run_dirs) // 2 :])  # later nights arrive first
+        ingest_runs(s, run_dirs[: len(run_dirs) // 2])
+        import_fix_audit(s, audit)
+        import_bisects(s, tmp_path / "bisect")
         before = s.snapshot()
     assert before["fix_audit"][0]["present"] == "yes" and before["bisects"][0]["culprit"] == "0e797b5a6acf"
     assert {r["verdict"] for r in before["results"]} >= {"pass", "regression", "fail", "xfail", "infra", "skip"}
@@ -188,7 +190,7 @@ def test_run_without_run_json_is_derived_from_its_results(tmp_path: Path) -> Non
         tmp_path, "r9", "cuda-nightly", [{"test_id": t} for t in ALL_TESTS[:2]], started_at=T0, stack=st, run_json=False
     )
     with Store(tmp_path / "s.sqlite") as s:
-        s.ingest([tmp_path])
+        ingest_runs(s, [tmp_path])
         run = s.run("r9")
     assert run is not None
     assert (run.run_id, run.cell_id, run.nightly_date) == ("r9", "cuda-nightly", "2026-03-02")
@@ -204,7 +206,7 @@ def test_run_json_tolerates_unknown_fields() -> None:
 def test_infra_never_regresses_and_environment_failures_are_stored(tmp_path: Path) -> None:
     seeded = seed_nights(tmp_path / "runs", nights=3)
     with Store(tmp_path / "s.sqlite") as s:
-        s.ingest([seeded.root])
+        ingest_runs(s, [seeded.root])
         infra = s.results(verdicts=["infra"])
         assert {(r.cell_id, r.test_id) for r in infra} >= {(RELEASE_NPU, INFRA + RELEASE_NPU)}
         assert all(r.verdict != "regression" for r in s.results() if r.failure_kind == "infra")
@@ -239,7 +241,7 @@ def test_suite_of(test_id: str, suite: str) -> None:
 def test_verdicts_are_recomputable(tmp_path: Path) -> None:
     seeded = seed_nights(tmp_path / "runs", nights=3)
     with Store(tmp_path / "s.sqlite") as s:
-        s.ingest([seeded.root])
+        ingest_runs(s, [seeded.root])
         before = s.snapshot()
         s.conn.execute("UPDATE results SET verdict = 'pass', compared_run = NULL, verdict_reason = ''")
         assert s.snapshot() != before

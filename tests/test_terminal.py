@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from distci.cellrun import CellRun, RunInfo
-from distci.progress import Heartbeat, StatusLine, Tick, installed_probe
+from distci.run.cellrun import RunInfo
+
+from distci.rundir import CellRun
+from distci.run.progress import Heartbeat, StatusLine, Tick, installed_probe
 from distci.results import RankExcerpt, Result
-from distci.terminal import (EXIT_CODES, EXIT_FAILED, EXIT_INFRA, EXIT_OK, exit_code, exit_line, print_summary,
+from distci.run.terminal import (EXIT_CODES, EXIT_FAILED, EXIT_INFRA, EXIT_OK, exit_code, exit_line, print_summary,
                              relay_pytest, result_line)
 
 CELL = "cuda-cu130-torch_nightly-ao_nightly-ws2-fix_on"

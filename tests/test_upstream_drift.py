@@ -227,14 +227,14 @@ def test_external_torchtitan_adapter_tells_the_runner_line(tmp_path: Path, line:
 
 
 def _rows(*offs: tuple[str, str], package: str = ""):
-    from distci.audit import AuditRow, TestRun
+    from distci.audit.model import AuditRow, TestRun
 
     return [AuditRow("f", v, "t", None, None, "?", TestRun(off), TestRun("passed" if off != "skipped" else off),
                      package=package) for v, off in offs]
 
 
 def test_obsolete_since_is_the_first_absent_version_after_a_present_one() -> None:
-    from distci.audit import judge
+    from distci.audit.model import judge
 
     rows = _rows(("2.14.1", "passed"), ("2.5.1", "failed"), ("2.6.0", "skipped"), ("2.7.0", "passed"))
     judge(rows)
@@ -243,7 +243,7 @@ def test_obsolete_since_is_the_first_absent_version_after_a_present_one() -> Non
 
 
 def test_a_bug_never_seen_is_absent_in_every_audited_version_not_obsolete_since_the_oldest() -> None:
-    from distci.audit import judge
+    from distci.audit.model import judge
 
     rows = _rows(("2.14.1", "passed"), ("2.15.0", "passed"))
     judge(rows)
@@ -251,7 +251,7 @@ def test_a_bug_never_seen_is_absent_in_every_audited_version_not_obsolete_since_
 
 
 def test_package_versions_are_judged_apart() -> None:
-    from distci.audit import judge
+    from distci.audit.model import judge
 
     old = _rows(("2.13.0", "failed"), ("2.15.0", "passed"), package="torchtitan==0.2.2")
     new = _rows(("2.13.0", "passed"), ("2.15.0", "passed"), package="torchtitan==0.3.0")

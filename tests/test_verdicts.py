@@ -1,4 +1,4 @@
-"""Verdicts against history: the rules of distci.verdicts, on histories written as data."""
+"""Verdicts against history: the rules of distci.judge.verdicts, on histories written as data."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from distci.verdicts import Observation, RunHistory, judge_history, worst
+from distci.judge.verdicts import Observation, RunHistory, judge_history, worst
 
 T = "suites/test_tp.py::test_tp_loss"
 
@@ -112,7 +112,7 @@ def test_flaky_window(nights: tuple, expected: list[str]) -> None:
 
 def test_flaky_window_forgets() -> None:
     """Evidence older than FLAKY_WINDOW outcomes no longer makes a failure flaky."""
-    from distci.verdicts import FLAKY_WINDOW
+    from distci.judge.verdicts import FLAKY_WINDOW
 
     nights = ("passed", "failed+passed") + ("passed",) * FLAKY_WINDOW + ("failed",)
     assert verdicts(hist(*nights))[-1] == "regression"

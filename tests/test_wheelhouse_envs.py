@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from distci.envs import BASE_MARKER, MARKER, ensure_env, find_uv, installed_env, stack_env
+from distci.provision.envs import BASE_MARKER, MARKER, ensure_env, find_uv, installed_env, stack_env
 from distci.errors import InfraError
-from distci.wheelhouse import MANIFEST, ensure_wheelhouse, failure_line, resolution_environment, wheelhouse_key
-from distci.wheeltarget import interpreter_tags
+from distci.provision.wheelhouse import ensure_wheelhouse, failure_line, wheelhouse_key
+from distci.provision.files import MANIFEST
+from distci.provision.pipconfig import resolution_environment
+from distci.provision.wheeltarget import interpreter_tags
 
 
 def write_wheel(directory: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
@@ -127,6 +129,7 @@ def run_python(python: Path, code: str) -> str:
 INSTALLERS = ["pip", pytest.param("uv", marks=pytest.mark.skipif(find_uv() is None, reason="uv is not installed"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("installer", INSTALLERS)
 def test_env_from_wheelhouse_with_extra_wheels(tmp_path: Path, links: Path, installer: str) -> None:
     wheelhouse = ensure_wheelhouse(["tinyapp==2.0"], offline(links), tmp_path / "wh", log=lambda m: None)

@@ -15,16 +15,8 @@ from pathlib import Path
 import pytest
 
 from distci.errors import ConfigError
-from distci.wheelhouse import (
-    LAST_USED,
-    ensure_wheelhouse,
-    entries,
-    evict,
-    install_args,
-    max_bytes,
-    tree_size,
-    verify,
-)
+from distci.provision.wheelhouse import ensure_wheelhouse, install_args, verify
+from distci.provision.lru import LAST_USED, entries, evict, max_bytes, tree_size
 from test_wheelhouse_envs import write_wheel
 
 HOUR = 3600.0
@@ -72,6 +64,7 @@ def test_least_recently_used_goes_first_and_fresh_ones_stay(tmp_path: Path, link
     assert "over the" in messages[-1] and "in use" in messages[-1]
 
 
+@pytest.mark.slow
 def test_using_a_wheelhouse_refreshes_it_and_the_cap_applies_after_each_use(
         tmp_path: Path, links: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DISTCI_WHEELHOUSE_MAX_GB", raising=False)

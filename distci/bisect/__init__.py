@@ -3,8 +3,8 @@
 The engine (engine.py) is a pure search over an ordered candidate list with a probe
 `candidate -> good | bad | skip`; candidates.py lists candidates (releases, nightlies,
 wheelhouse and the wheelhouse archive, git commits); install.py puts a candidate into a
-cached environment over the rest of the stack (a base env from distci.envs, wheels from
-the distci.wheelhouse archive, commit wheels), checks.py runs the check through a Runner
+cached environment over the rest of the stack (a base env from distci.provision.envs, wheels from
+the distci.provision.wheelhouse archive, commit wheels), checks.py runs the check through a Runner
 (the seam for running probes elsewhere, e.g. a cell's image), probes.py joins the two;
 pins.py reads the bad cell's versions; state.py makes a bisect resumable; report.py
 writes what happened (and the store's record of it); regression.py turns a regression

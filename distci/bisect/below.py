@@ -34,7 +34,7 @@ from distci.bisect.overlay import classify_commit, classify_files, plan_overlays
 from distci.bisect.probes import OverlayProbe
 from distci.bisect.state import BisectState
 from distci.bisect.suspects import rank_suspects
-from distci.envs import env_python
+from distci.provision.envs import env_python
 
 REPO_ENV = "DISTCI_GIT_PYTORCH"
 API_ENV = "DISTCI_GITHUB_API"

@@ -3,7 +3,7 @@
 Four kinds, matching the Source kinds: releases on an index, nightlies by date on a
 nightly index (PyTorch's, or any PEP 503 page of ``X.Y.devYYYYMMDD`` builds), the wheels
 of one package in a local wheelhouse directory, and the commits of a local git clone.
-Index pages are read by distci.index.list_index_versions, the same code that resolves
+Index pages are read by distci.provision.index.list_index_versions, the same code that resolves
 cells, so a bisect lists exactly what a cell could have installed.
 
 Every list is bounded by `first` (the oldest endpoint) and `last` (the newest), both
@@ -26,8 +26,8 @@ from packaging.version import InvalidVersion, Version
 
 from distci.bisect.state import BisectError
 from distci.errors import SourceError
-from distci.index import IndexEntry, list_find_links, list_index_versions
-from distci.sources import nightly_date
+from distci.provision.index import IndexEntry, list_find_links, list_index_versions
+from distci.provision.index import nightly_date
 
 WheelSource = Literal["release", "nightly", "wheelhouse"]
 
@@ -124,7 +124,7 @@ def nightly_candidates(index_url: str, package: str, *, last: str, first: str | 
     Endpoints are dates (``2026-11-20``, ``20261120``) or nightly versions
     (``2.12.0.dev20261120+cu130``). A date with several versions (the day the version
     was bumped) is the highest of them. `archive` lists wheel directories (distci's
-    wheelhouse archive, see distci.wheelhouse.archived): a nightly found there but no
+    wheelhouse archive, see distci.provision.wheelhouse.archived): a nightly found there but no
     longer on the index is still a candidate, installed from the archive.
     """
     entries = [e for e in list_index_versions(index_url, package, ca_bundle=ca_bundle)

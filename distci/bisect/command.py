@@ -22,65 +22,32 @@ store indexes: a test-id bisect lands on the dashboard); environments under --ca
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
 import re
 import shlex
 import sys
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from distci.bisect.args import BisectArgs
 from distci.bisect.args import add_parser as _add_parser
-from distci.bisect.candidates import (
-    SwappedEndpoints,
-    WheelCandidate,
-    git_candidates,
-    nightly_candidates,
-    release_candidates,
-    wheelhouse_candidates,
-)
-from distci.bisect.checks import CommandCheck, PytestCheck
+from distci.bisect.checks import PytestCheck
 from distci.bisect.docker import add_options as add_backend_options
 from distci.bisect.docker import run_in_image
 from distci.bisect.engine import BisectRefused, BisectResult, bisect
-from distci.bisect.install import Base, CommitBuilder, EnvCache, InstallFailed
-from distci.bisect.pins import Pins, load_stack
+from distci.bisect.install import EnvCache
 from distci.bisect.probes import CommitProbe, WheelProbe
 from distci.bisect.report import format_result, store_record, to_markdown, write_report
 from distci.bisect.state import BisectError, BisectState
-from distci.envs import env_python
-from distci.errors import ConfigError, InfraError
-from distci.wheelhouse import archived
-
-SELFWHEELS = Path(".distci") / "selfwheels"
-_NIGHTLY_LIKE = re.compile(r"^\d{4}-?\d{2}-?\d{2}$|\.dev\d{8}")
-Log = Callable[[str], None]
+from distci.errors import ConfigError
+from distci.bisect.question import Question, commit_builder, question_candidates, args_digest, build_question, env_cache, make_check, question_meta
+from distci.bisect.question import Log
 
 
 def add_parser(sub: Any) -> None:
     p = _add_parser(sub, __doc__.split("\n\n")[0], run)
     add_backend_options(p)
-
-
-@dataclass
-class Question:
-    """What is bisected, after --from-regression filled in what the store knows."""
-
-    axis: str
-    source: str
-    first: str | None
-    last: str | None
-    test_id: str | None
-    command: str | None
-    pins: Pins | None = None
-    fixes_mode: str | None = None
-    cell_id: str = ""
-    regression: str | None = None
-    argv: list[str] = field(default_factory=list)
 
 
 def run(ns: argparse.Namespace, *, log: Log = print) -> int:
@@ -95,7 +62,7 @@ def run(ns: argparse.Namespace, *, log: Log = print) -> int:
 def main(args: BisectArgs, *, log: Log = print) -> int:
     if args.list_regressions:
         return _list_regressions(args, log)
-    question = _question(args, log)
+    question = build_question(args, log)
     if args.compiler:
         from distci.bisect.compiler_command import run_compiler
 
@@ -107,15 +74,15 @@ def main(args: BisectArgs, *, log: Log = print) -> int:
         from distci.bisect.pydiff import run_python_diff
 
         return run_python_diff(args, question, log)
-    candidates = _candidates(args, question)
+    candidates = question_candidates(args, question)
     if question.test_id and question.pins is None and not args.base_env:
         log("note: no --stack, --cell or --base-env: nothing is pinned; each candidate gets its own "
             "dependencies from pip, and pytest and packaging come unpinned")
     cache = env_cache(args, question, log)
     check = make_check(args, question, cache, log)
-    builder = _builder(args, question, cache)
+    builder = commit_builder(args, question, cache)
     meta = question_meta(args, question, cache, check, builder)
-    state_path = Path(args.state) if args.state else Path(args.out) / "runs" / _digest(
+    state_path = Path(args.state) if args.state else Path(args.out) / "runs" / args_digest(
         [json.dumps(meta, sort_keys=True)]) / "state.json"
     if args.fresh:
         state_path.unlink(missing_ok=True)
@@ -161,19 +128,6 @@ def main(args: BisectArgs, *, log: Log = print) -> int:
     return 1 if result.kind == "flaky" else 0
 
 
-def question_meta(args: BisectArgs, q: Question, cache: EnvCache, check: CommandCheck,
-                  builder: CommitBuilder | None) -> dict[str, Any]:
-    """Every input that changes a probe's answer: the state file is keyed on it."""
-    return {"axis": q.axis, "source": q.source, "check": check.command,
-            "check_files": _named_files(check.command), "repo": _resolved(args.repo),
-            "base_env": _resolved(args.base_env), "pins": _digest(cache.base.requirements),
-            "python": _resolved(args.python), "index": _index_url(args, q) if q.source in (
-                "release", "nightly") else "", "wheelhouse": _resolved(args.wheelhouse),
-            "builder": _resolved(builder.builder) if builder else "",
-            "build_env": sorted(args.build_env), "timeout": args.timeout,
-            "on_timeout": args.on_timeout, "fixes": q.fixes_mode or "none"}
-
-
 def _report(args: BisectArgs, q: Question, cache: EnvCache, result: BisectResult[Any],
             meta: dict[str, Any], path: Path, resume: str,
             extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -200,165 +154,6 @@ def _report(args: BisectArgs, q: Question, cache: EnvCache, result: BisectResult
 # -- the question ------------------------------------------------------------------------
 
 
-def _question(args: BisectArgs, log: Log) -> Question:
-    test_id, command = args.test_id, args.command
-    axis, good, bad, source = args.axis, args.good, args.bad, args.source
-    pins: Pins | None = None
-    fixes_mode = None
-    cell_id = args.cell or ""
-    regression = None
-    if args.from_regression:
-        if test_id or good or bad:
-            raise BisectError("--from-regression takes the test and both endpoints from the store; "
-                              "leave out TEST_ID, --good and --bad")
-        from distci.bisect.regression import changed_axis, find_regression
-        from distci.store import Store
-
-        with Store(args.store) as store:
-            found = find_regression(store, args.from_regression, args.cell)
-        change = changed_axis(found.good_run.stack, found.bad_run.stack, prefer=axis)
-        axis, good, bad = change.package, change.good, change.bad
-        if source is None and change.source == "git":
-            source = "git"
-        test_id = found.result.test_id if not command else None
-        cell_id, regression = found.result.cell_id, found.ident
-        pins = Pins.from_stack(found.bad_run.stack, where=f"run {found.bad_run.run_id}")
-        fixes_mode = found.bad_run.stack.get("fixes_mode")
-        log(f"regression {found.ident} in {cell_id}: {axis} {change.good_version} (green, run "
-            f"{found.good_run.run_id}) -> {change.bad_version} (red, run {found.bad_run.run_id})")
-    elif args.stack:
-        stack = load_stack(args.stack)
-        pins, fixes_mode = Pins.from_stack(stack, where=args.stack), stack.get("fixes_mode")
-    elif args.cell and not args.compiler:  # with --compiler the cell names the env (compiler_command.py)
-        from distci.store import Store
-
-        with Store(args.store) as store:
-            runs = store.runs(cell_id=args.cell)
-        if not runs:
-            raise BisectError(f"no run of cell {args.cell} in the store: its stack gives the pins")
-        pins = Pins.from_stack(runs[-1].stack, where=f"run {runs[-1].run_id}")
-        fixes_mode = runs[-1].stack.get("fixes_mode")
-    if bool(test_id) == bool(command):
-        raise BisectError("give a TEST_ID or --command (not both)")
-    axis = axis or "torch"
-    first, last = (bad, good) if args.find_fix else (good, bad)
-    source = source or _infer_source(args, good, bad)
-    return Question(axis, source, first, last, test_id, command, pins, fixes_mode, cell_id,
-                    regression, args.to_argv())
-
-
-def _infer_source(args: BisectArgs, good: str | None, bad: str | None) -> str:
-    if args.repo:
-        return "git"
-    if args.wheelhouse:
-        return "wheelhouse"
-    if any(_NIGHTLY_LIKE.search(v or "") for v in (good, bad)):
-        return "nightly"
-    return "release"
-
-
-def _candidates(args: BisectArgs, q: Question) -> list:
-    """The candidate list; swapped endpoints are called swapped, with the roles named."""
-    try:
-        return candidates_of(args, q)
-    except SwappedEndpoints as swapped:
-        older, newer = ("--bad", "--good") if args.find_fix else ("--good", "--bad")
-        hint = ("without --find-fix to find where it broke" if args.find_fix
-                else "with --find-fix to find where it was fixed")
-        raise BisectError(f"the endpoints are swapped: {swapped}, but {older} must be the older "
-                          f"end; swap --good and --bad, or rerun {hint}") from None
-
-
-def candidates_of(args: BisectArgs, q: Question, *, first: str | None = None,
-                  last: str | None = None) -> list:
-    first, last = first or q.first, last or q.last
-    assert last is not None
-    if q.source == "git":
-        if not args.repo:
-            raise ConfigError("--source git needs --repo PATH (a local clone)")
-        return git_candidates(args.repo, first=first, last=last, limit=args.limit)
-    if q.source == "wheelhouse":
-        if not args.wheelhouse:
-            raise ConfigError("--source wheelhouse needs --wheelhouse DIR")
-        return wheelhouse_candidates(args.wheelhouse, q.axis, first=first, last=last, limit=args.limit)
-    url = _index_url(args, q)
-    ca = os.environ.get("DISTCI_CA_BUNDLE", "")
-    if q.source == "nightly":
-        return nightly_candidates(url, q.axis, first=first, last=last, limit=args.limit,
-                                  ca_bundle=ca, archive=archived(None, q.axis))
-    return release_candidates(url, q.axis, first=first, last=last, limit=args.limit, ca_bundle=ca)
-
-
-def _index_url(args: BisectArgs, q: Question) -> str:
-    variable = "DISTCI_NIGHTLY_INDEX_URL" if q.source == "nightly" else "DISTCI_INDEX_URL"
-    url = (args.index_url or os.environ.get(variable, "")).strip().replace("{variant}", args.variant)
-    if not url:
-        raise ConfigError(f"{variable} is not set: --source {q.source} needs the index URL (or --index-url)")
-    return url
-
-
-def env_cache(args: BisectArgs, q: Question, log: Log = print) -> EnvCache:
-    """The probes' environments: the candidate alone, over a base holding the rest of the
-    stack (--base-env as it is, or an env of the pins made by distci.envs)."""
-    pip_args = [arg for d in args.find_links for arg in ("--find-links", str(Path(d).resolve()))]
-    if q.source == "wheelhouse" and args.wheelhouse:
-        pip_args += ["--find-links", str(Path(args.wheelhouse).resolve())]
-    if args.no_index:
-        pip_args.append("--no-index")
-    if args.base_env:
-        base = Base(env=Path(args.base_env))
-    elif q.pins is not None:
-        # a stack lists every installed distribution: install it as it is, no resolution
-        base = Base(requirements=tuple(q.pins.harness_requirements(q.axis) if q.test_id
-                                       else q.pins.requirements(q.axis)), install_args=("--no-deps",))
-    elif q.test_id:
-        base = Base(requirements=("pytest", "packaging"))
-    else:
-        base = Base()
-    return EnvCache(Path(args.cache), python=args.python, base=base, pip_args=pip_args, log=log)
-
-
-def _builder(args: BisectArgs, q: Question, cache: EnvCache) -> CommitBuilder | None:
-    """How commits are built (git source only): by --builder, else by the interpreter of the
-    env the commit is installed into (the base env: it has what setup.py imports)."""
-    if q.source != "git":
-        return None
-    builder = args.builder
-    if builder is None:
-        try:
-            base = cache.base_env()
-        except InstallFailed as failed:
-            raise BisectError(f"{failed}: {failed.log[-2000:]}") from None
-        builder = str(env_python(base)) if base is not None else args.python
-    return CommitBuilder(cache.root, builder, args.build_env_pairs())
-
-
-def make_check(args: BisectArgs, q: Question, cache: EnvCache, log: Log) -> CommandCheck:
-    on_timeout = "bad" if args.on_timeout == "bad" else "skip"
-    if q.command:
-        return CommandCheck(q.command, cwd=Path.cwd(), timeout=args.timeout, on_timeout=on_timeout)
-    env = {"PYTHONPATH": str(harness_path(cache, log)), "DISTCI_FIXES": q.fixes_mode or "none"}
-    return PytestCheck(harness_command(q.test_id or ""), cwd=Path.cwd(), timeout=args.timeout,
-                       env=env, on_timeout=on_timeout)
-
-
-def harness_command(test_id: str) -> str:
-    """One test id through the harness in torchrun mode: nothing outlives the probe."""
-    return shlex.join(["python", "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider",
-                       "-q", "-x", "--distci-mode=torchrun", test_id])
-
-
-def harness_path(cache: EnvCache, log: Log = print) -> Path:
-    """A directory holding distci (and distci-fixes) for PYTHONPATH inside the candidate
-    environments: this checkout's wheels, so probes run the harness of today."""
-    from distci.selfwheels import build_all
-
-    try:
-        return cache.tools(build_all(SELFWHEELS, log=log))
-    except (InfraError, InstallFailed) as exc:
-        raise BisectError(f"cannot build distci's own wheels for the probes: {exc}") from None
-
-
 # -- after the search -------------------------------------------------------------------
 
 
@@ -378,8 +173,8 @@ def _culprit(result: BisectResult[Any], extra: dict[str, Any]) -> str | None:
 
 
 def _to_store(args: BisectArgs, report: Path, log: Log) -> None:
-    from distci.ingest import read_bisect
-    from distci.store import Store
+    from distci.judge.ingest import read_bisect
+    from distci.judge.store import Store
 
     with Store(args.store) as store:
         store.add_bisects(read_bisect(report))
@@ -389,7 +184,7 @@ def _to_store(args: BisectArgs, report: Path, log: Log) -> None:
 
 def _list_regressions(args: BisectArgs, log: Log) -> int:
     from distci.bisect.regression import list_regressions
-    from distci.store import Store
+    from distci.judge.store import Store
 
     with Store(args.store) as store:
         rows = list_regressions(store, args.cell)
@@ -401,27 +196,6 @@ def _list_regressions(args: BisectArgs, log: Log) -> int:
 
 
 # -- helpers ----------------------------------------------------------------------------
-
-
-def _named_files(command: str) -> dict[str, str]:
-    """Digests of the files a check command names (its script): editing the check script
-    changes the question."""
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        return {}
-    found = {}
-    for word in words:
-        path = Path(word)
-        if len(word) < 256 and path.suffix and path.is_file():
-            found[word] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-    return found
-
-
-def _resolved(path: str | None) -> str:
-    """Absolute, links kept: a venv's python is a link to the base interpreter, and two
-    venvs must not read as one."""
-    return os.path.abspath(path) if path else ""
 
 
 def _raw_argv() -> list[str]:
@@ -438,5 +212,3 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def _digest(parts: Any) -> str:
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]

@@ -23,23 +23,21 @@ from distci.bisect.args import BisectArgs
 from distci.bisect.compiler import compiler_bisect
 from distci.bisect.install import EnvCache, InstallFailed
 from distci.bisect.state import BisectError
-from distci.envs import env_python
+from distci.provision.envs import env_python
 
 
 def cell_env_python(cell_id: str | None, out: Path, log: Callable[[str], None]) -> tuple[str, Path]:
     """(cell id, the interpreter of its stack env): one env per stack, shared with its runs."""
-    from distci.cellrun import provision
+    from distci.run.cellrun import provision
     from distci.errors import DistciError
     from distci.matrix import load_matrix
-    from distci.selfwheels import REPO
+    from distci.provision.selfwheels import REPO
 
     matrix = load_matrix(REPO / "matrix.toml")
     if cell_id:
         cell = matrix.cell(cell_id)
     else:
-        cell = next((c for c in matrix.cells if "pr" in c.tiers), None)
-        if cell is None:
-            raise BisectError("no cell in the pr tier: name the failing stack with --cell CELL or --in-env VENV")
+        cell = matrix.default_cell()
     log(f"compiler bisect in the stack env of cell {cell.id} (--cell CELL or --in-env VENV for another)")
     where = out / "compiler" / "provision" / cell.id
     where.mkdir(parents=True, exist_ok=True)
@@ -50,7 +48,7 @@ def cell_env_python(cell_id: str | None, out: Path, log: Callable[[str], None]) 
 
 
 def run_compiler(args: BisectArgs, q: Any, log: Callable[[str], None]) -> int:
-    from distci.bisect.command import _digest, candidates_of, env_cache, harness_command, harness_path
+    from distci.bisect.question import args_digest, candidates_of, env_cache, harness_command, harness_path
 
     env: dict[str, str] = {}
     cache = env_cache(args, q, log) if args.bad is not None or q.pins is not None else None
@@ -84,7 +82,7 @@ def run_compiler(args: BisectArgs, q: Any, log: Callable[[str], None]) -> int:
     log(f"compiler bisector ({finding.runs} runs, {finding.seconds:.0f}s, torch {finding.torch}): "
         f"{finding.describe()}")
     report = Path(args.report) if args.report else Path(args.out) / "compiler" / (
-        _digest([command, python]) + ".json")
+        args_digest([command, python]) + ".json")
     report.parent.mkdir(parents=True, exist_ok=True)
     data = {"kind": "compiler", "command": command, "test": q.test_id, "regression": q.regression, "python": python,
             **finding.to_dict()}
@@ -96,8 +94,8 @@ def run_compiler(args: BisectArgs, q: Any, log: Callable[[str], None]) -> int:
     report.write_text(json.dumps(data, indent=1) + "\n")
     log(f"report: {report}")
     if q.test_id and (q.regression or args.store):
-        from distci.ingest import read_bisect
-        from distci.store import Store
+        from distci.judge.ingest import read_bisect
+        from distci.judge.store import Store
 
         with Store(args.store) as store:
             store.add_bisects(read_bisect(report))

@@ -8,7 +8,7 @@ checkout and every existing absolute path of the arguments mounted at their own 
 the cell's devices and device group (distci.images.run.container_options), the network
 (candidates are downloaded), the runner's uid. Probe environments are made from the
 image's interpreter (`--python /venv/bin/python`), so each candidate sees the cell's
-CANN / CUDA and Python. Inside, `python -m distci.bisect.docker` parses the bisect
+CANN / CUDA and Python. Inside, `python -m distci.bisect` parses the bisect
 arguments alone: the image carries distci without its controller dependencies.
 
 The container carries the job's labels (distci.images.run.run_labels), so SIGTERM stops
@@ -22,7 +22,7 @@ import hashlib
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 Log = Callable[[str], None]
 
@@ -85,7 +85,7 @@ def run_in_image(cell_id: str, argv: Sequence[str], *, matrix_path: str = "matri
     image = ensure_image(cell, client, log=log)
     options["network_mode"] = "host"  # candidates are downloaded from the indexes
     volumes = {**options.pop("volumes", {}), **path_mounts(argv, Path.cwd())}
-    inner = [str(IMAGE_PYTHON), "-m", "distci.bisect.docker", *in_image_argv(argv, str(IMAGE_PYTHON))]
+    inner = [str(IMAGE_PYTHON), "-m", "distci.bisect", *in_image_argv(argv, str(IMAGE_PYTHON))]
     env = {k: v for k, v in os.environ.items() if k.startswith(("DISTCI_", "PIP_")) or k.lower().endswith("_proxy")}
     env.update(HOME=os.environ.get("HOME", "/tmp") if os.geteuid() == 0 else "/tmp", PYTHONUNBUFFERED="1")
     run_id = "bisect-" + hashlib.sha256("\0".join(argv).encode()).hexdigest()[:12]
@@ -110,22 +110,3 @@ def run_in_image(cell_id: str, argv: Sequence[str], *, matrix_path: str = "matri
                 container.remove(force=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The bisect command alone (in an image: distci without its controller dependencies)."""
-    from distci.bisect.command import add_parser
-    from distci.errors import DistciError
-
-    parser = argparse.ArgumentParser(prog="distci")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args: Any = parser.parse_args(["bisect", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.fn(args)
-    except DistciError as exc:
-        print(f"distci: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

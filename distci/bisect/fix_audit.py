@@ -1,6 +1,6 @@
 """The fix audit's "obsolete since WHICH upstream change": a find-fix bisect per fix.
 
-The audit (distci/audit.py) says a fix is obsolete since version X: its regression test
+The audit (distci/audit/run.py) says a fix is obsolete since version X: its regression test
 fails with fixes off on the last audited version before X and passes from X on. Between
 those two audited versions lie releases the audit did not run; `bisect_audit` runs a
 find-fix bisect of the fix's regression test (fixes off, through the harness, as bisect
@@ -114,7 +114,7 @@ def bisect_audit(rows: Sequence[Any], *, out: Path, log: Log = print, extra: Seq
 
     from distci.bisect.args import BisectArgs
     from distci.bisect.command import main
-    from distci.sources import env_var_name
+    from distci.provision.sources import env_var_name
 
     answers = []
     for change in changes(rows):

@@ -7,13 +7,13 @@ says whether it found the environment warm; the report shows cold and warm times
 
 Each candidate environment is a small venv holding only the candidate. The rest of the
 stack (every other package pinned to the bad cell's versions) lives in one base env, made
-by distci.envs (THE venv primitive: the same env a cell of that stack gets) from a
+by distci.provision.envs (THE venv primitive: the same env a cell of that stack gets) from a
 wheelhouse of the pins, or given as --base-env; each candidate env is an overlay venv
-(distci.envs.overlay_venv + add_import_path): a .pth file puts the base after the
+(distci.provision.envs.overlay_venv + add_import_path): a .pth file puts the base after the
 candidate's own site-packages: the candidate wins over any copy in the base, and torch is
 installed once, not once per commit. pip runs from the controller (``pip --python``).
 
-Wheels come from the wheelhouse archive (distci.wheelhouse): a release or nightly is
+Wheels come from the wheelhouse archive (distci.provision.wheelhouse): a release or nightly is
 downloaded into it once and installed from it, so a nightly that has left its index stays
 installable. Commits are built into wheels here, keyed by commit, build environment and
 builder (a wheel built with other flags is another wheel).
@@ -35,11 +35,12 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from distci.bisect.candidates import CommitCandidate, WheelCandidate
-from distci.envs import MARKER as ENV_MARKER
-from distci.envs import default_root as env_default_root
-from distci.envs import add_import_path, ensure_env, env_key, env_python, isolated_environ, overlay_venv, stack_env
+from distci.provision.envs import MARKER as ENV_MARKER
+from distci.provision.envs import default_root as env_default_root
+from distci.provision.envs import add_import_path, ensure_env, env_key, env_python, isolated_environ, overlay_venv, stack_env
 from distci.errors import InfraError
-from distci.wheelhouse import Wheelhouse, ensure_wheelhouse, file_lock, install_args
+from distci.provision.wheelhouse import Wheelhouse, ensure_wheelhouse, install_args
+from distci.provision.files import file_lock
 
 READY = "distci-env.json"
 
@@ -55,7 +56,7 @@ class InstallFailed(Exception):
 @dataclass(frozen=True)
 class Base:
     """The rest of the stack: an existing venv (`env`), or `requirements` to make one from
-    (through the wheelhouse and distci.envs), or nothing. `install_args` go to the base
+    (through the wheelhouse and distci.provision.envs), or nothing. `install_args` go to the base
     install (``--no-deps`` for a complete set of pins)."""
 
     env: Path | None = None
@@ -72,7 +73,7 @@ class EnvCache:
 
     `pip_args` say where pip finds things (indexes, find-links), for downloads into the
     wheelhouse archive `wheelhouse_root` (None: the default archive). A base made from
-    requirements is distci.envs' env of that stack (under `env_root`, None: the default
+    requirements is distci.provision.envs' env of that stack (under `env_root`, None: the default
     env root), the very env a cell of the same stack runs in."""
 
     root: Path
@@ -134,7 +135,7 @@ class EnvCache:
         return Path(stack) if stack and env_python(Path(stack)).exists() else None
 
     def stack(self, candidate: WheelCandidate) -> tuple[Path, bool]:
-        """The env of the stack "candidate + the base's requirements", made by distci.envs
+        """The env of the stack "candidate + the base's requirements", made by distci.provision.envs
         (the env a cell of that stack gets, shared with it); (path, warm). For a base given
         as requirements or none: with --base-env, `ensure` lays the candidate over it."""
         requirements = [candidate.requirement, *self.base.requirements]

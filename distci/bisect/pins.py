@@ -7,7 +7,7 @@ those pins, less the bisected package and distci's own wheels, build the shared 
 environment of the probes.
 
 distci and distci-fixes are not pinned: they are installed apart, from the wheels of
-this checkout (distci.selfwheels), so a probe runs today's harness against yesterday's
+this checkout (distci.provision.selfwheels), so a probe runs today's harness against yesterday's
 torch (their versions never change, their code does).
 """
 

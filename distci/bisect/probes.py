@@ -30,7 +30,7 @@ class WheelProbe:
         self.cache = cache
 
     def __call__(self, candidate: WheelCandidate) -> ProbeOutcome:
-        if self.cache.base.env is None:  # a stack: the env distci.envs makes for it
+        if self.cache.base.env is None:  # a stack: the env distci.provision.envs makes for it
             return run_probe(self.check, lambda: self.cache.stack(candidate))
         return run_probe(self.check, lambda: self.cache.ensure(
             candidate.key, lambda: self.cache.wheel_install(candidate)))

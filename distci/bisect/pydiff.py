@@ -235,7 +235,7 @@ def run_python_diff(args: Any, q: Any, log: Log) -> int:
     """`distci bisect --python-diff`: install both endpoints as probes would, then diff."""
     import json
 
-    from distci.bisect.command import candidates_of, env_cache, make_check
+    from distci.bisect.question import candidates_of, env_cache, make_check
 
     if q.axis != "torch":
         raise BisectError("--python-diff compares two torch builds (--axis torch)")

@@ -22,9 +22,10 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from distci.bisect.state import BisectError
-from distci.store import ResultRow, RunRow, Store
+from distci.provision.sources import PACKAGE_AXES
+from distci.judge.store import ResultRow, RunRow, Store
 
-AXES = ("torch", "torchao", "torchtitan", "torch_npu")
+AXES = PACKAGE_AXES
 _GIT_LOCAL = re.compile(r"(?:^|[.+])g?(?:it)?([0-9a-f]{7,40})$")
 
 

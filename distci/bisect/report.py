@@ -24,7 +24,7 @@ def result_to_dict(result: BisectResult[Any], *, meta: dict[str, Any] | None = N
     """The report of one bisect as JSON data.
 
     `record` (from store_record) goes in at the top level: the store reads those keys
-    (distci.store.read_bisect), so a report under .distci/bisect is a dashboard row.
+    (distci.judge.store.read_bisect), so a report under .distci/bisect is a dashboard row.
     """
     key = _key_or_none
     names = ("last_good", "first_bad") if result.mode == "regression" else ("last_bad", "first_good")
@@ -57,7 +57,7 @@ def result_to_dict(result: BisectResult[Any], *, meta: dict[str, Any] | None = N
 def store_record(result: BisectResult[Any], *, test_id: str | None, axis: str, cell_id: str = "",
                  report_path: str = "", culprit: str | None = None,
                  created_at: str = "") -> dict[str, Any] | None:
-    """The keys distci.store.read_bisect indexes, or None without a test id (a user's
+    """The keys distci.judge.store.read_bisect indexes, or None without a test id (a user's
     command is not a test of the matrix).
 
     `good` and `bad` are the two candidates around the change as the search left them

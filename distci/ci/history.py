@@ -181,7 +181,7 @@ The history of distci's scheduled runs, written by the `aggregate` job of
     runs/<run-id>/run.json        cell, tier, runner, image
     runs/<run-id>/stack.json      what the cell resolved to
     runs/<run-id>/junit.xml
-    bisect/*.json                 bisect results (read by distci.store.read_bisect)
+    bisect/*.json                 bisect results (read by distci.judge.store.read_bisect)
 
 The SQLite store is an index over these files: `python -m distci ingest runs --bisect-dir bisect`.
 """

@@ -30,9 +30,10 @@ from distci.ci.ids import marker, now
 from distci.ci.issues import FilingReport, Issue, Tracker, code, file_regressions
 from distci.ci.regressions import BisectPlan, Regression, expected_cells, missing_cell_runs, regressions
 from distci.errors import ConfigError, StoreError
-from distci.ingest import DEFAULT_KNOWN_ISSUES
+from distci.judge.ingest import DEFAULT_KNOWN_ISSUES
 from distci.rundir import find_run_dirs
-from distci.store import Store
+from distci.judge.store import Store
+from distci.judge.ingest import ingest_runs, import_bisects
 
 Log = Callable[[str], None]
 
@@ -150,11 +151,11 @@ def judge(opts: AggregateOptions, recorded: Recorded, *, log: Log = print) -> Ju
     with Store(opts.store) as store:
         if history.runs_dir.is_dir():
             try:
-                log("aggregate: store: " + store.ingest([history.runs_dir], known_issues=DEFAULT_KNOWN_ISSUES).summary())
+                log("aggregate: store: " + ingest_runs(store, [history.runs_dir], known_issues=DEFAULT_KNOWN_ISSUES).summary())
             except StoreError as exc:
                 log(f"aggregate: store: {exc}")
         if history.bisect_dir.is_dir():
-            store.import_bisects(history.bisect_dir)
+            import_bisects(store, history.bisect_dir)
         found = regressions(store, recorded.collected.tonight)
         site = None
         if opts.site is not None:
@@ -256,7 +257,7 @@ def record_bisect(record: dict[str, Any], *, data: Path, data_remote: str | None
     history.fetch()
     path = history.add_bisect(record)
     with Store(store) as db:
-        if not db.import_bisects(history.bisect_dir):
+        if not import_bisects(db, history.bisect_dir):
             raise StoreError("the bisect record was not indexed", where=str(path))
     if dry_run:
         log(f"aggregate: would push {path.name} to {data_branch}")

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from distci.dashboard.render import render_dashboard
 from distci.errors import SelectionError
-from distci.store import DEFAULT_AUDIT_DIR, Store, default_store_path
+from distci.judge.store import DEFAULT_AUDIT_DIR, Store, default_store_path
 
 DEFAULT_OUT = Path(".distci") / "site"
 
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m distci.dashboard` is `python -m distci dashboard`."""
-    from ..command import run_module
+    from distci.command import run_module
 
     return run_module(add_parser, argv)
 

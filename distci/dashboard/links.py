@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from distci.rundir import repro_line
-from distci.store import RunRow
+from distci.judge.store import RunRow
 
 # Upstream repositories of the packages whose commits a stack can name.
 UPSTREAM = {"torch": "pytorch/pytorch", "torchao": "pytorch/ao", "torchtitan": "pytorch/torchtitan"}

@@ -16,9 +16,9 @@ from typing import Any
 from distci.dashboard.links import Link, run_links
 from distci.dashboard.release import TierView, age_text, release_views
 from distci.dashboard.story import BreakCard, FixStory, break_cards, fix_stories
-from distci.ingest import read_fix_audit
-from distci.store import BisectRow, ResultRow, RunRow, Store, is_environment
-from distci.verdicts import BLOCKING, SEVERITY, worst
+from distci.judge.ingest import read_fix_audit
+from distci.judge.store import BisectRow, ResultRow, RunRow, Store, is_environment
+from distci.judge.verdicts import BLOCKING, SEVERITY, worst
 
 STACK_KEYS = (
     "torch",
@@ -329,7 +329,7 @@ def _audit_lines(store: Store, audit_dir: Path | None) -> tuple[list[AuditLine],
         found = sorted(Path(audit_dir).glob("*/audit.json")) + sorted(Path(audit_dir).glob("audit.json"))
         for path in reversed(found):
             try:
-                from distci.audit_report import reload
+                from distci.audit.report import reload
 
                 audit = reload(path.parent)
             except (OSError, ValueError, TypeError, KeyError):

@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from distci.progress import format_duration
-from distci.store import Store
+from distci.run.progress import format_duration
+from distci.judge.store import Store
 
 # The order a release manager reads tiers in; tiers matrix.toml adds come after.
 TIER_ORDER = ("release", "pr", "nightly")
@@ -29,7 +29,7 @@ STATE_LABELS = {
 
 
 def _evaluate(store: Store, tier: str, matrix_path: Path, now: datetime) -> Any:
-    from distci.gate import evaluate
+    from distci.judge.gate import evaluate
 
     return evaluate(store, tier, matrix_path=matrix_path, now=now)
 

@@ -14,7 +14,7 @@ import jinja2
 
 from distci.dashboard import charts
 from distci.dashboard.model import Page, build_page, page_json
-from distci.store import DEFAULT_AUDIT_DIR, Store
+from distci.judge.store import DEFAULT_AUDIT_DIR, Store
 
 HERE = Path(__file__).parent
 DEFAULT_MATRIX = Path("matrix.toml")

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from distci.dashboard.links import Link, compare_links, repro_lines
-from distci.store import ResultRow, RunRow, Store, is_environment
-from distci.verdicts import BLOCKING, SEVERITY, worst
+from distci.judge.store import ResultRow, RunRow, Store, is_environment
+from distci.judge.verdicts import BLOCKING, SEVERITY, worst
 
 FAILING = BLOCKING | {"xfail"}
 PASSING = frozenset({"pass", "fixed"})

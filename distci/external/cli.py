@@ -28,7 +28,7 @@ from typing import Sequence
 from distci.errors import ConfigError, DistciError
 from distci.rundir import RunDir, RunInfo
 
-from .spec import DEFAULT_PATH, load_suites
+from distci.external.spec import DEFAULT_PATH, load_suites
 
 
 def _pairs(values: Sequence[str] | None, flag: str) -> dict[str, str]:
@@ -64,7 +64,7 @@ def _now() -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .runner import ExternalRun, Interrupted, run_external
+    from distci.external.runner import ExternalRun, Interrupted, run_external
 
     suites = _select(load_suites(args.suites), args.suite)
     cell_id = args.cell_id or os.environ.get("DISTCI_CELL") or "local"
@@ -97,7 +97,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from .fetch import UpstreamRef, prepared_record, ensure_checkout, prepare, upstream_ref
+    from distci.external.fetch import UpstreamRef, prepared_record, ensure_checkout, prepare, upstream_ref
 
     (suite,) = _select(load_suites(args.suites), [args.name])
     if args.ref:

@@ -32,11 +32,11 @@ from typing import Callable, Mapping
 from packaging.version import InvalidVersion, Version
 
 from distci.errors import ConfigError, InfraError, SourceError
-from distci.index import redact_url
-from distci.sources import env_var_name
-from distci.wheelhouse import file_lock
+from distci.provision.index import redact_url
+from distci.provision.sources import env_var_name
+from distci.provision.files import file_lock
 
-from .spec import SuiteSpec
+from distci.external.spec import SuiteSpec
 
 MANIFEST = "manifest.json"
 PREPARED = "UPSTREAM.json"

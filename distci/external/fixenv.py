@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from distci.errors import ConfigError, InfraError
-from distci.wheelhouse import file_lock, sha256_file
+from distci.provision.files import file_lock, sha256_file
 
 Log = Callable[[str], None]
 _SKIP_PARTS = {"__pycache__", "build", ".git", ".distci", ".nox"}

@@ -34,7 +34,7 @@ from distci.harness.pool import DUMP_SETTLE_S, dump_stack, worker_env
 from distci.harness.protocol import TestRequest
 from distci.harness.torchrun import read_rank_reports
 
-from . import readers
+from distci.external import readers
 
 DISTCI_ROOT = str(Path(distci.__file__).resolve().parents[1])
 

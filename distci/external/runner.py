@@ -29,11 +29,11 @@ from distci.harness.outcome import Combined
 from distci.results import Result, error_signature
 from distci.rundir import RunDir, repro_line
 
-from .adapters import adapter
-from .fetch import Checkout, UpstreamRef, default_root, ensure_checkout, explicit_directory, upstream_ref
-from .fixenv import ensure_fix_site, fixes_env
-from .launch import CaseContext, LaunchEnv
-from .spec import Case, SuiteSpec
+from distci.external.adapters import adapter
+from distci.external.fetch import Checkout, UpstreamRef, default_root, ensure_checkout, explicit_directory, upstream_ref
+from distci.external.fixenv import ensure_fix_site, fixes_env
+from distci.external.launch import CaseContext, LaunchEnv
+from distci.external.spec import Case, SuiteSpec
 
 Log = Callable[[str], None]
 

@@ -4,7 +4,7 @@ See plugin.py for how tests are dispatched, pool.py for the rank pool, outcome.p
 how hangs, crashes and timeouts are told apart.
 """
 
-from .plugin import (  # noqa: F401 - pytest finds hooks and fixtures by name here
+from distci.harness.plugin import (  # noqa: F401 - pytest finds hooks and fixtures by name here
     dist,
     pytest_addoption,
     pytest_configure,
@@ -12,4 +12,4 @@ from .plugin import (  # noqa: F401 - pytest finds hooks and fixtures by name he
     pytest_runtest_setup,
     pytest_unconfigure,
 )
-from .context import DistContext  # noqa: F401
+from distci.harness.context import DistContext  # noqa: F401

@@ -11,8 +11,8 @@ import sys
 import time
 import traceback
 
-from .context import DistContext
-from .protocol import RankReport, TestRequest
+from distci.harness.context import DistContext
+from distci.harness.protocol import RankReport, TestRequest
 
 
 def load_function(request: TestRequest):

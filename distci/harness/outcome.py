@@ -24,8 +24,8 @@ import re
 import signal
 from dataclasses import dataclass, field
 
-from ..results import RankExcerpt, error_signature
-from .protocol import RankReport
+from distci.results import RankExcerpt, error_signature
+from distci.harness.protocol import RankReport
 
 # Where a frame's file is named: faulthandler `File "PATH", line N in FN`, py-spy `FN (PATH:N)`.
 FRAME_FILES = re.compile(r'File "([^"]+)", line \d+|\(([^()\s]+\.py):\d+\)')

@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from .devices import detect_device_type, device_capability, device_kind
-from .outcome import Combined
-from . import procs
-from .pool import PoolStartError, RankPool
-from .protocol import TestRequest
-from .recorder import Recorder
-from .torchrun import launch
+from distci.harness.devices import detect_device_type, device_capability, device_kind
+from distci.harness.outcome import Combined
+from distci.harness import procs
+from distci.harness.pool import PoolStartError, RankPool
+from distci.harness.protocol import TestRequest
+from distci.harness.recorder import Recorder
+from distci.harness.torchrun import launch
 
 DEFAULT_TIMEOUT_S = 300.0
 PG_TIMEOUT_MARGIN_S = 60.0

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
-from . import procs
-from .outcome import Combined, RankState, combine, describe_exit
-from .protocol import HealthCheck, RankReport, Shutdown, TestRequest
+from distci.harness import procs
+from distci.harness.outcome import Combined, RankState, combine, describe_exit
+from distci.harness.protocol import HealthCheck, RankReport, Shutdown, TestRequest
 
 FAILURE_GRACE_S = 10.0  # other ranks' time to finish after one rank failed or died
 DUMP_SETTLE_S = 1.5

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from ..results import RankExcerpt, Result, error_signature
-from ..rundir import RunDir
-from .outcome import Combined
+from distci.results import RankExcerpt, Result, error_signature
+from distci.rundir import RunDir
+from distci.harness.outcome import Combined
 
 
 def _repro(cell: str | None, nodeid: str) -> str:
@@ -53,14 +53,14 @@ class Recorder:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         if not self.enabled:
             return
-        from .. import stack
+        from distci import stack
 
         self.stack = stack.capture()
         self.writer = RunDir(self.run_dir)
         self.writer.write_stack(self.stack)
         registry = self.config.getoption("--distci-known-issues")
         if registry and Path(registry).exists():
-            from .known_issues import load_registry
+            from distci.harness.known_issues import load_registry
 
             self.known_issues = load_registry(Path(registry))
 

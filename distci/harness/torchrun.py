@@ -22,11 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from .outcome import Combined, RankState, combine
-from .pool import DUMP_SETTLE_S, dump_stack, worker_env
-from . import procs
-from .procs import kill_tree
-from .protocol import TestRequest
+from distci.harness.outcome import Combined, RankState, combine
+from distci.harness.pool import DUMP_SETTLE_S, dump_stack, worker_env
+from distci.harness import procs
+from distci.harness.procs import kill_tree
+from distci.harness.protocol import TestRequest
 
 
 START_TIMEOUT_S = 300.0

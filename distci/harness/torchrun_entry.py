@@ -16,10 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-from . import procs
-from .context import DistContext
-from .devices import device_kind
-from .execute import execute
+from distci.harness import procs
+from distci.harness.context import DistContext
+from distci.harness.devices import device_kind
+from distci.harness.execute import execute
 
 
 def _own_log(log_dir: str, rank: int) -> None:

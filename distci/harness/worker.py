@@ -18,11 +18,11 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from . import isolation, procs
-from .context import DistContext
-from .devices import device_kind
-from .execute import execute
-from .protocol import HealthCheck, RankReport, Shutdown, TestRequest
+from distci.harness import isolation, procs
+from distci.harness.context import DistContext
+from distci.harness.devices import device_kind
+from distci.harness.execute import execute
+from distci.harness.protocol import HealthCheck, RankReport, Shutdown, TestRequest
 
 
 def _die_with_parent(parent_pid: int) -> None:

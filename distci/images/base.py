@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Callable
 
 from distci.errors import ConfigError, InfraError
-from distci.selfwheels import REPO
-from distci.wheelhouse import sha256_file
+from distci.provision.selfwheels import REPO
+from distci.provision.files import sha256_file
 
 Log = Callable[[str], None]
 

@@ -23,9 +23,9 @@ from distci.images.base import IMAGES_DIR, image_exists
 from distci.images.context import render_context, split_stack, stack_label
 from distci.images.npu import cann_variant, check_npu_pairing
 from distci.images.plan import plan_image
-from distci.matrix import Cell
-from distci.selfwheels import build_all
-from distci.wheelhouse import ensure_wheelhouse
+from distci.cells import Cell
+from distci.provision.selfwheels import build_all
+from distci.provision.wheelhouse import ensure_wheelhouse
 
 Log = Callable[[str], None]
 

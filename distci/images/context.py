@@ -16,12 +16,13 @@ from typing import Iterable
 from packaging.markers import default_environment
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from distci.cellrun import HARNESS_REQUIREMENTS
+from distci.run.cellrun import HARNESS_REQUIREMENTS
 from distci.images.base import DOCKER_DIR
 from distci.images.plan import PROXY_FILES, ImagePlan
-from distci.selfwheels import REPO
-from distci.wheelhouse import Wheelhouse, sha256_file
-from distci.wheeltarget import wheel_requires
+from distci.provision.selfwheels import REPO
+from distci.provision.wheelhouse import Wheelhouse
+from distci.provision.files import sha256_file
+from distci.provision.wheeltarget import wheel_requires
 
 # The torch-stack layer holds these and everything they need; the rest of the
 # wheelhouse (torchao, torchtitan and their own dependencies) is the layer above.

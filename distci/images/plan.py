@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from distci.cellrun import stack_inputs
+from distci.run.cellrun import stack_inputs
 from distci.errors import ConfigError
 from distci.images.base import DOCKER_DIR, FAMILIES, INPUTS_LENGTH, image_exists, resolve_base
-from distci.matrix import Cell
-from distci.selfwheels import REPO, SOURCES, source_hash
-from distci.wheelhouse import sha256_file, wheelhouse_key
-from distci.wheeltarget import WheelTarget, interpreter_tags
+from distci.cells import Cell
+from distci.provision.selfwheels import REPO, SOURCES, source_hash
+from distci.provision.wheelhouse import wheelhouse_key
+from distci.provision.files import sha256_file
+from distci.provision.wheeltarget import WheelTarget, interpreter_tags
 
 Log = Callable[[str], None]
 

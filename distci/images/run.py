@@ -1,6 +1,6 @@
 """The docker run backend: a cell's suites in a container of its image.
 
-The container runs the same pytest command as a venv run (distci.cellrun), with the run
+The container runs the same pytest command as a venv run (distci.run.cellrun), with the run
 directory mounted at its own path, so results.jsonl, junit.xml and stack.json land where
 a venv run puts them. The image id goes into the stack (``DISTCI_IMAGE_DIGEST``) and
 run.json. Device access per family is `PROFILES`; on NPU runners the container joins the
@@ -29,15 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator
 
-from distci.cellrun import (CellRun, absent_accelerator_run, cell_environment, finish_run, infra_run, pytest_command,
-                            start_run)
+from distci.run.cellrun import absent_accelerator_run, cell_environment, finish_run, infra_run, pytest_command, start_run
+
+from distci.rundir import CellRun
 from distci.errors import ConfigError, InfraError, SourceError
 from distci.images.base import connect
 from distci.images.build import BuiltImage, ensure_image
 from distci.images.npu import CANN_PROBE, check_cann
 from distci.images.plan import family_of
-from distci.matrix import Cell
-from distci.selfwheels import REPO
+from distci.cells import Cell
+from distci.provision.selfwheels import REPO
 
 Log = Callable[[str], None]
 

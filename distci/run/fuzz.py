@@ -27,8 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import FuzzSpecError
-from ..rundir import RunDir, now as _now
+from distci.errors import FuzzSpecError
+from distci.rundir import RunDir, now as _now
 
 FUZZ_DIR = "fuzz"
 RESULT_WORDS = ("PASSED", "FAILED", "ERROR", "SKIPPED")
@@ -130,7 +130,7 @@ class BatchRunner:
         from suites.fuzz import CONFIGS_ENV, ENTRY_TEST
         from suites.space import key
 
-        from ..cellrun import run_in_env
+        from distci.run.cellrun import run_in_env
 
         self.batches += 1
         batch = self.run_dir / FUZZ_DIR / f"batch-{self.batches:03d}.json"
@@ -176,10 +176,10 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
     from suites.fuzz import Fuzzer, Report
     from suites.fuzz_plants import PLANT_ENV
 
-    from ..cellrun import absent_accelerator_run, infra_run, provision, record_failure, start_run, uses_installed
-    from ..errors import ConfigError, InfraError, SourceError
-    from ..terminal import EXIT_INFRA
-    from .fuzz_report import FuzzRun, find_lines, render_report, update_coverage
+    from distci.run.cellrun import absent_accelerator_run, infra_run, provision, record_failure, start_run, uses_installed
+    from distci.errors import ConfigError, InfraError, SourceError
+    from distci.run.terminal import EXIT_INFRA
+    from distci.run.fuzz_report import FuzzRun, find_lines, render_report, update_coverage
 
     space = build_space(cell.accelerator, space_specs)
     point = parse_replay(space, replay) if replay else None
@@ -194,7 +194,7 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
         log(f"[{cell.id}] infra: {exc}")
         infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
         return EXIT_INFRA
-    from ..cellrun import REPO
+    from distci.run.cellrun import REPO
 
     registry = Path(known_issues) if known_issues else REPO / "suites" / "known_issues.toml"
     extra = []
@@ -283,7 +283,7 @@ def public_command(argv: list[str]) -> str:
 
 
 def _cmd_fuzz(args: argparse.Namespace) -> int:
-    from ..matrix import load_matrix
+    from distci.matrix import load_matrix
 
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)

@@ -21,10 +21,10 @@ import re
 
 from distci.harness.outcome import Combined
 
-from .. import readers
-from ..fetch import Checkout
-from ..launch import CaseContext, launch_command, launch_ranks
-from ..spec import Case, CaseSpec, SuiteSpec
+from distci.external import readers
+from distci.external.fetch import Checkout
+from distci.external.launch import CaseContext, launch_command, launch_ranks
+from distci.external.spec import Case, CaseSpec, SuiteSpec
 
 DEFAULT_SETUP = "setup_distributed"
 

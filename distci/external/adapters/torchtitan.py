@@ -131,7 +131,7 @@ def expand(suite, checkout, where) -> list:
 
     from distci.errors import InfraError
 
-    from ..spec import Case
+    from distci.external.spec import Case
 
     cases = []
     cmd = [where.python, "-m", "distci.external.adapters.torchtitan", "list", *suite.upstream]
@@ -192,8 +192,8 @@ def _tidy(out: Path, passed: bool) -> None:
 
 
 def run(case, ctx) -> list:
-    from .. import readers
-    from ..launch import launch_command
+    from distci.external import readers
+    from distci.external.launch import launch_command
 
     out = ctx.out_dir
     shutil.rmtree(out, ignore_errors=True)

@@ -24,25 +24,27 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from .envs import default_root as envs_root
-from .envs import ensure_env, installed_env
-from .errors import ConfigError, InfraError, SelectionError, SourceError
-from .external.spec import SuiteSpec, load_suites
-from .matrix import EXTERNAL_SUITES, Cell
-from .results import Result
-from .rundir import RunDir, RunInfo, infra_result as _infra_result, now as _now
-from .stack import KEYS as STACK_KEYS, Stack
-from .selfwheels import REPO, build_all
-from .index import redact_url
-from .sources import IndexConfig, pip_args, requirement_lines, resolve_sources
-from .progress import Heartbeat, StatusLine, downloaded_probe, installed_probe
-from .terminal import print_summary, relay_pytest
-from .wheelhouse import default_root as default_wheelhouse_root
-from .wheelhouse import ensure_wheelhouse
+from distci.provision.envs import default_root as envs_root
+from distci.provision.envs import ensure_env, installed_env
+from distci.errors import ConfigError, InfraError, SelectionError, SourceError
+from distci.external.spec import SuiteSpec, load_suites
+from distci.matrix import EXTERNAL_SUITES
+from distci.cells import Cell
+from distci.results import Result
+from distci.rundir import RunDir, RunInfo, infra_result as _infra_result, now as _now
+from distci.stack import KEYS as STACK_KEYS, Stack
+from distci.provision.selfwheels import REPO, build_all
+from distci.provision.index import redact_url
+from distci.provision.sources import IndexConfig, pip_args, requirement_lines
+from distci.provision.resolve import resolve_sources
+from distci.run.progress import Heartbeat, StatusLine, downloaded_probe, installed_probe
+from distci.run.terminal import print_summary, relay_pytest
+from distci.provision.wheelhouse import default_root as default_wheelhouse_root
+from distci.provision.wheelhouse import ensure_wheelhouse
+from distci.rundir import CellRun
 
 # What the harness needs inside every cell environment besides the cell's own stack.
 HARNESS_REQUIREMENTS = ("pytest", "packaging", "numpy")
@@ -52,27 +54,6 @@ CELL_RERUNS = 1  # a failed distributed test runs once more; a pass then is kept
 EXTERNAL_PREFIX = "external/"
 
 Log = Callable[[str], None]
-
-
-@dataclass
-class CellRun:
-    info: RunInfo
-    run_dir: Path
-    results: list[Result]
-    selection_error: str = ""
-    """Set when pytest selected no test (exit 5): a typo in -k / --test is an error, not a green run."""
-
-    def count(self, outcome: str) -> int:
-        return sum(r.outcome == outcome for r in self.results)
-
-    @property
-    def infra(self) -> bool:
-        return any(r.failure_kind == "infra" for r in self.results)
-
-    @property
-    def failed(self) -> list[Result]:
-        return [r for r in self.results if r.outcome in ("failed", "error") and r.failure_kind != "infra"
-                and not r.known_issue]
 
 
 def ci_block(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -289,7 +270,7 @@ def run_in_env(
                      "PYTHONUNBUFFERED": "1"}
         child_env.pop("PYTHONPATH", None)
         log(f"[{cell.id}] $ {info.command}")
-        from .harness import procs  # the one owner of process trees (imports pytest: the controller has it)
+        from distci.harness import procs  # the one owner of process trees (imports pytest: the controller has it)
 
         rundir = RunDir(run_dir)
         with procs.stop_signals_raise():
@@ -375,7 +356,7 @@ def run_external_suites(cell: Cell, python: Path, info: RunInfo, run_dir: Path, 
     extra fix package is laid over it. Whatever stops the suites from running at all
     becomes one `infra` Result per suite, never a lost run.
     """
-    from .external.runner import ExternalRun, run_external  # the harness's launch machinery: load on use
+    from distci.external.runner import ExternalRun, run_external  # the harness's launch machinery: load on use
 
     try:
         declared = {s.name: s for s in load_suites(suites_path)}
@@ -423,7 +404,7 @@ def provision(cell: Cell, run_dir: Path, *, python: str | None = None, wheelhous
     """Wheelhouse (download once) + the stack's env (shared by every cell of that stack) + distci's wheels.
 
     With `python` (or a source declared 'installed') nothing is downloaded: that
-    interpreter's stack is used as it is (distci.envs.installed_env). Every line logged
+    interpreter's stack is used as it is (distci.provision.envs.installed_env). Every line logged
     also goes to the run's provision.log, the log an infra Result points at. The roots
     default to DISTCI_WHEELHOUSE_ROOT / DISTCI_ENV_ROOT (else under .distci/).
     """

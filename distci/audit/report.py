@@ -1,4 +1,4 @@
-"""Rendering of a fix audit (distci/audit.py): the markdown table, the terminal table, and
+"""Rendering of a fix audit (distci/audit/run.py): the markdown table, the terminal table, and
 re-reading (and merging) audits written to disk. Kept apart so the audit itself stays one
 screenful of orchestration.
 """
@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from distci.audit import Audit, AuditRow, TestRun, _first_line, _junit_counts, _version_key, judge
+from distci.audit.model import Audit, AuditRow, TestRun, first_line, junit_counts, version_key, judge
 
 
 def _yes_no(value: Optional[bool]) -> str:
@@ -76,7 +76,7 @@ def reload(out: Path) -> Audit:
         base = out / row.torch / (_row_dir(row) if row.package else "")
         for run, junit in ((row.off, base / "junit-none.xml"), (row.on, base / row.fix / f"junit-{row.fix}.xml")):
             if junit.exists() and run.outcome == "failed" and not run.same_as_off:
-                run.message = _first_line(_junit_counts(junit, row.test)[3])
+                run.message = first_line(junit_counts(junit, row.test)[3])
         rows.append(row)
     return Audit(rows=rows, **data)
 
@@ -87,7 +87,7 @@ def merge(audits: Sequence[Audit]) -> Audit:
     the earlier rows of the same (fix, torch, package): audits are given oldest first."""
     if len(audits) == 1:
         return audits[0]
-    merged = Audit(versions=sorted({v for a in audits for v in a.versions}, key=_version_key),
+    merged = Audit(versions=sorted({v for a in audits for v in a.versions}, key=version_key),
                    packages=sorted({p for a in audits for p in a.packages}),
                    started=", ".join(a.started for a in audits), seconds=max(a.seconds for a in audits),
                    env={k: v for a in audits for k, v in a.env.items()})
@@ -97,8 +97,8 @@ def merge(audits: Sequence[Audit]) -> Audit:
             rows[(row.fix, row.torch, row.package)] = row
         merged.autoload.update(a.autoload)
     merged.rows = list(rows.values())
-    merged.rows.sort(key=lambda r: (_version_key(r.torch), r.package))
-    merged.autoload = dict(sorted(merged.autoload.items(), key=lambda kv: _version_key(kv[0])))
+    merged.rows.sort(key=lambda r: (version_key(r.torch), r.package))
+    merged.autoload = dict(sorted(merged.autoload.items(), key=lambda kv: version_key(kv[0])))
     judge(merged.rows)
     return merged
 

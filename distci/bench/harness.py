@@ -1,10 +1,10 @@
-"""Benchmarks that justify design choices, run by `nox -s bench -- <what>`.
+"""`nox -s bench -- harness`: the rank pool against one torchrun launch per test; and the bench dispatcher.
 
 `harness`: the same tests through the persistent rank pool and through one torchrun
 launch per test. The pool exists because a launch (spawn, import torch, rendezvous)
 costs seconds while a test message costs milliseconds; this measures both.
 
-`provision`: the default CPU cell's environment, cold and warm (distci.bench_provision).
+`provision`: the default CPU cell's environment, cold and warm (distci.bench.provision).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from rich.table import Table
 
 from distci.rundir import RunDir
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TRIVIAL = "tests/harness_cases/test_trivial.py"
 FIRST_SUITE = "suites/test_tp_mlp.py"
 
@@ -96,12 +96,17 @@ def run_bench(what: str, args: argparse.Namespace) -> int:
         console.print("goals (per-test overhead <= 0.5 s, pool >= 5x torchrun): " + ("met" if ok else "NOT met"))
         return 0 if ok else 1
     if what == "provision":
-        from .bench_provision import run_provision_bench
+        from distci.bench.provision import run_provision_bench
 
         return run_provision_bench(console, with_pip=bool(getattr(args, "pip", False)),
                                    keep=bool(getattr(args, "keep", False)))
+    if what == "pr":
+        from distci.bench.pr import run_pr_bench
+
+        repeat = int(getattr(args, "repeat", 1) or 1)
+        return run_pr_bench(console, runs=repeat if repeat > 1 else 2)
     if what == "images":
-        from .images import bench_images
+        from distci.images import bench_images
 
         bench_images()
         return 0

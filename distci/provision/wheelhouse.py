@@ -15,7 +15,7 @@ crash never leaves a half wheelhouse that looks finished.
 
 pip does the downloads, so the machine's pip configuration (pip.conf, PIP_* variables,
 a proxy's CA bundle) applies to them; installs from a finished wheelhouse use uv (see
-distci.envs), which needs no configuration at all. What of that configuration can change
+distci.provision.envs), which needs no configuration at all. What of that configuration can change
 what resolves (indexes, find-links, constraints, --pre; their UV_* twins) is part of the
 key (`resolution_environment`): the same requirements under a torch<=2.14.1 constraint
 and without it are two wheelhouses, never one reused for the other. A constraints file
@@ -32,9 +32,7 @@ they are installed: `install_args` puts pip in ``--require-hashes`` mode.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
-import fcntl
 import hashlib
 import json
 import os
@@ -45,23 +43,22 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from distci.errors import ConfigError, InfraError
-from distci.index import redact_url
-from distci.wheeltarget import WheelTarget, interpreter_tags, wheel_requires
+from distci.errors import InfraError
+from distci.provision.index import redact_url
+from distci.provision.wheeltarget import WheelTarget, interpreter_tags, wheel_requires
+from distci.provision.lru import evict, max_bytes, touch
+from distci.provision.pipconfig import resolution_environment
+from distci.provision.files import MANIFEST, file_lock, sha256_file
 
-MANIFEST = "manifest.json"
 LOCK_FILE = "requirements.lock"
 PIP_LOG = "pip.log"
 KEY_LENGTH = 16
 LOG_TAIL_LINES = 40
-LAST_USED = ".last-used"
-MAX_GB_VAR = "DISTCI_WHEELHOUSE_MAX_GB"
-MIN_IDLE_S = 600.0
 
 Log = Callable[[str], None]
 
@@ -77,14 +74,6 @@ class Wheelhouse:
 
 def default_root() -> Path:
     return Path(os.environ.get("DISTCI_WHEELHOUSE_ROOT") or Path(".distci") / "wheelhouse")
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _complete_for(target: WheelTarget, directory: Path, cmd: list[str], log_path: Path, log: Log) -> None:
@@ -130,88 +119,6 @@ def wheelhouse_key(requirements: Sequence[str], pip_args: Sequence[str], tags: d
     if environment:
         payload["environment"] = dict(sorted(environment.items()))
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-
-
-# pip options (config-file spelling) and uv variables that change what a resolution picks.
-# Options that only change how (timeouts, certificates, progress, cache) are left out.
-RESOLUTION_OPTIONS = ("index-url", "extra-index-url", "find-links", "no-index", "constraint", "pre",
-                      "only-binary", "no-binary", "prefer-binary", "upgrade-strategy", "use-feature",
-                      "use-deprecated", "platform", "python-version", "implementation", "abi")
-UV_RESOLUTION_VARS = ("UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX", "UV_FIND_LINKS",
-                      "UV_NO_INDEX", "UV_CONSTRAINT", "UV_OVERRIDE", "UV_BUILD_CONSTRAINT", "UV_PRERELEASE",
-                      "UV_INDEX_STRATEGY", "UV_RESOLUTION", "UV_EXCLUDE_NEWER", "UV_TORCH_BACKEND",
-                      "UV_NO_BINARY", "UV_ONLY_BINARY", "UV_CONFIG_FILE", "UV_NO_CONFIG")
-_FILE_OPTIONS = ("constraint", "UV_CONSTRAINT", "UV_OVERRIDE", "UV_BUILD_CONSTRAINT", "UV_CONFIG_FILE")
-
-
-def _pip_var(option: str) -> str:
-    return "PIP_" + option.upper().replace("-", "_")
-
-
-def _files_digest(value: str) -> str:
-    """Constraint files by content: ``sha256:...`` per file (``missing:PATH`` for an absent one)."""
-    parts = []
-    for item in value.split():
-        path = Path(item[len("file://"):] if item.startswith("file://") else item).expanduser()
-        parts.append(f"sha256:{sha256_file(path)}" if path.is_file() else f"missing:{item}")
-    return " ".join(parts)
-
-
-def pip_config_values(python: str = sys.executable) -> dict[str, str]:
-    """pip's configuration files as pip reads them (``pip config list``), environment excluded.
-
-    Keys are ``section.option`` (``global.constraint``); a later file overrides an earlier
-    one as in pip itself. An interpreter without pip has no configuration to honour.
-    """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    proc = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True, env=env)
-    values: dict[str, str] = {}
-    if proc.returncode != 0:
-        return values
-    for line in proc.stdout.splitlines():
-        name, sep, raw = line.partition("=")
-        if sep and not name.startswith(":env:"):
-            values[name.strip()] = raw.strip().strip("'\"")
-    return values
-
-
-def resolution_environment(python: str = sys.executable, environ: Mapping[str, str] | None = None,
-                           config: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The pip/uv settings outside our arguments that change what a download resolves to.
-
-    PIP_* variables override pip's config files (so ``PIP_CONSTRAINT=<empty file>`` lifts a
-    configured cap); the result names each setting where it came from (``env:PIP_CONSTRAINT``,
-    ``pip.conf:global.constraint``), with constraint files replaced by their content hash.
-    """
-    env = os.environ if environ is None else environ
-    conf = pip_config_values(python) if config is None else config
-    found: dict[str, str] = {}
-    for option in RESOLUTION_OPTIONS:
-        var = _pip_var(option)
-        if var in env:
-            value = env[var]
-            found[f"env:{var}"] = _files_digest(value) if option in _FILE_OPTIONS else value
-            continue
-        for name, value in conf.items():
-            section, _, key = name.partition(".")
-            if key == option and section in ("global", "install", "wheel", "download"):
-                found[f"pip.conf:{name}"] = _files_digest(value) if option in _FILE_OPTIONS else value
-    for var in UV_RESOLUTION_VARS:
-        if var in env:
-            found[f"env:{var}"] = _files_digest(env[var]) if var in _FILE_OPTIONS else env[var]
-    return found
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """Serialize builders of the same directory across processes (two nox runs at once)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _load(path: Path, key: str) -> Wheelhouse | None:
@@ -298,7 +205,7 @@ def _redacted_args(args: Sequence[str]) -> list[str]:
 def run_pip(cmd: list[str], log_path: Path, log: Log, *, environ: Mapping[str, str] | None = None) -> tuple[int, str]:
     """Run pip (or uv) with its output going to `log_path`; report each real download as it starts.
 
-    `environ` replaces the process environment (distci.envs passes one without pip config).
+    `environ` replaces the process environment (distci.provision.envs passes one without pip config).
     """
     lines = []
     with log_path.open("a") as out:
@@ -331,7 +238,7 @@ def ensure_wheelhouse(
     """Return the wheelhouse for these inputs, building it (with pip, once) if needed.
 
     `requirements` are pip requirement lines (``torch==2.13.0``, ``pytest``, direct
-    references ``name @ git+URL@SHA``); `pip_args` come from distci.sources.pip_args.
+    references ``name @ git+URL@SHA``); `pip_args` come from distci.provision.sources.pip_args.
     `extra_wheels` are local wheels the requirements may need (made available to pip
     and copied in); distci's own wheels belong to ensure_env instead, so rebuilding
     them does not re-download torch. Sdists and direct references are built into wheels
@@ -413,106 +320,6 @@ def verify(wheelhouse: Wheelhouse) -> list[str]:
 
 
 # --------------------------------------------------------------------------- size cap (LRU)
-
-
-def max_bytes(max_gb: float | None = None) -> int | None:
-    """The root's size cap: `max_gb`, else DISTCI_WHEELHOUSE_MAX_GB, else None (no cap)."""
-    if max_gb is None:
-        raw = os.environ.get(MAX_GB_VAR, "").strip()
-        if not raw:
-            return None
-        try:
-            max_gb = float(raw)
-        except ValueError:
-            raise ConfigError(f"{MAX_GB_VAR}={raw!r} is not a number of gigabytes (e.g. 50)") from None
-    if max_gb <= 0:
-        raise ConfigError(f"{MAX_GB_VAR} must be positive (got {max_gb})")
-    return int(max_gb * 1e9)
-
-
-def touch(path: Path) -> None:
-    """Stamp a wheelhouse as used now (the LRU clock)."""
-    stamp = path / LAST_USED
-    stamp.touch()
-    os.utime(stamp)
-
-
-def last_used(path: Path) -> float:
-    for candidate in (path / LAST_USED, path / MANIFEST, path):
-        with contextlib.suppress(OSError):
-            return candidate.stat().st_mtime
-    return 0.0
-
-
-def tree_size(path: Path) -> int:
-    total = 0
-    for entry in path.rglob("*"):
-        with contextlib.suppress(OSError):
-            if entry.is_file() and not entry.is_symlink():
-                total += entry.stat().st_size
-    return total
-
-
-@dataclass(frozen=True)
-class Entry:
-    path: Path
-    size: int
-    last_used: float
-
-
-def entries(root: Path) -> list[Entry]:
-    """Complete wheelhouses under `root`, least recently used first."""
-    found = [Entry(p, tree_size(p), last_used(p)) for p in root.iterdir()
-             if p.is_dir() and not p.name.startswith(".") and (p / MANIFEST).is_file()] if root.is_dir() else []
-    return sorted(found, key=lambda e: e.last_used)
-
-
-def evict(root: Path, cap: int, *, keep: Sequence[Path] = (), min_idle_s: float = MIN_IDLE_S,
-          now: float | None = None, log: Log = print) -> list[Path]:
-    """Delete least-recently-used wheelhouses until `root` holds at most `cap` bytes.
-
-    Skips `keep`, wheelhouses used within `min_idle_s` and ones whose builder holds their
-    lock. A deleted wheelhouse is renamed away first, so no reader sees it half gone.
-    """
-    root = Path(root)
-    now = time.time() if now is None else now
-    kept = {Path(p).resolve() for p in keep}
-    evicted: list[Path] = []
-    with file_lock(root / ".evict.lock"):
-        found = entries(root)
-        total = sum(e.size for e in found)
-        for entry in found:
-            if total <= cap:
-                break
-            if entry.path.resolve() in kept or now - entry.last_used < min_idle_s:
-                continue
-            if _remove_unlocked(root, entry.path):
-                total -= entry.size
-                evicted.append(entry.path)
-                log(f"wheelhouse {entry.path.name}: evicted ({entry.size / 1e9:.2f} GB, least recently used)")
-        if total > cap:
-            log(f"wheelhouse root {root}: {total / 1e9:.2f} GB is over the {cap / 1e9:.2f} GB cap "
-                f"({MAX_GB_VAR}); what remains is in use")
-    return evicted
-
-
-def _remove_unlocked(root: Path, path: Path) -> bool:
-    lock_path = root / f".{path.name}.lock"
-    with lock_path.open("a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        try:
-            doomed = root / f".evicting-{os.getpid()}-{path.name}"
-            try:
-                os.rename(path, doomed)
-            except OSError:
-                return False
-            shutil.rmtree(doomed, ignore_errors=True)
-            return True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _build(requirements: list[str], pip_args: list[str], final: Path, full_key: str,

@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from distci.errors import SelectionError
-from distci.store import ResultRow, RunRow, Store, default_store_path, suite_of
-from distci.verdicts import BLOCKING
+from distci.judge.store import ResultRow, RunRow, Store, default_store_path, suite_of
+from distci.judge.verdicts import BLOCKING
 
 WARN = ("infra", "flaky")
 SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
@@ -412,8 +412,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m distci.gate` is `python -m distci gate`."""
-    from .command import run_module
+    """`python -m distci.judge.gate` is `python -m distci gate`."""
+    from distci.command import run_module
 
     return run_module(add_parser, argv)
 

@@ -1,6 +1,6 @@
 """Fix audit: for every torch version and every fix, is the bug there and does the fix work?
 
-For each version the audit reuses (or creates once) the stack env (distci.envs: the
+For each version the audit reuses (or creates once) the stack env (distci.provision.envs: the
 same env a cell or a bisect probe of that stack gets) with that torch and the
 distci-fixes wheel, asks the fix package in that venv what it sees (detect() with
 fixes off, the range decision, the status with fixes on), and runs each fix's
@@ -36,18 +36,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ET
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from distci.errors import ConfigError, DistciError, InfraError
+from distci.audit.model import Audit, AuditRow, NOT_APPLIED, TestRun, first_line, junit_counts, target_package, judge
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VERSIONS = ("2.5.1", "2.6.0", "2.7.0", "2.8.0", "2.10.0", "2.13.0", "2.14.1", "2.15.0")
 DEFAULT_PACKAGES = ("torchtitan==0.2.2", "torchtitan==0.3.0")
 """The third-party package versions a fix for that package is audited against."""
@@ -77,44 +76,6 @@ else:
     out["report"] = distci_fixes.report(settle=True)
 print("DISTCI_PROBE " + json.dumps(out))
 """
-
-
-@dataclass
-class TestRun:
-    """One pytest run of a regression test file in one mode."""
-
-    outcome: str  # passed | failed | skipped | infra
-    passed: int = 0
-    failed: int = 0
-    skipped: int = 0
-    message: str = ""
-    seconds: float = 0.0
-    same_as_off: bool = False  # the fix was not applied with it on, so the on run would be the off run
-
-
-@dataclass
-class AuditRow:
-    fix: str
-    torch: str
-    test: str
-    present: Optional[bool]
-    in_range: Optional[bool]
-    status: str
-    off: TestRun
-    on: TestRun
-    verdict: str = ""
-    package: str = ""  # the third-party package installed for this row ("torchtitan==0.3.0"), if any
-
-
-@dataclass
-class Audit:
-    versions: list[str]
-    rows: list[AuditRow] = field(default_factory=list)
-    packages: list[str] = field(default_factory=list)
-    autoload: dict[str, bool] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=dict)
-    started: str = ""
-    seconds: float = 0.0
 
 
 # --- environments ---------------------------------------------------------------------
@@ -151,14 +112,14 @@ def _pinned(requirement: str) -> tuple[str, str]:
 def ensure_venv(root: Path, version: str, log=print, packages: Sequence[str] = ()) -> Path:
     """The interpreter of the env for torch `version` (plus `packages`, NAME==VERSION lines).
 
-    It is distci.envs' env of that stack (one venv primitive: a cell or a bisect probe of
+    It is distci.provision.envs' env of that stack (one venv primitive: a cell or a bisect probe of
     the same requirements gets the same env), built under `root` from a wheelhouse
     downloaded once (the default index serves CUDA builds for old versions; they run on
     CPU), with the distci-fixes wheel of this checkout installed last (an edit of fixes/
     reinstalls only that wheel).
     """
-    from distci.envs import stack_env
-    from distci.selfwheels import build_wheel
+    from distci.provision.envs import stack_env
+    from distci.provision.selfwheels import build_wheel
 
     name = venv_name(version, packages)
     extra = ["--extra-index-url", os.environ[TORCH_INDEX_ENV]] if os.environ.get(TORCH_INDEX_ENV) else []
@@ -196,42 +157,6 @@ def probe(python: Path, fixes: str, extra_env: dict[str, str], only: Optional[se
     raise InfraError(f"probe with DISTCI_FIXES={fixes} printed nothing", log=(proc.stdout + proc.stderr)[-4000:])
 
 
-def _module_of(test: str) -> str:
-    """pytest's JUnit classname prefix for a test file: suites/regressions/test_x.py -> suites.regressions.test_x."""
-    return (test[:-3] if test.endswith(".py") else test).replace("/", ".")
-
-
-def _same_file(classname: str, module: str) -> bool:
-    """Is a JUnit classname (`pkg.test_x[.TestClass]`, rootdir-relative) one of `module`'s?"""
-    module = "." + module.strip(".")
-    without_class = classname.rsplit(".", 1)[0]
-    return any(module.endswith("." + n) for n in (classname, without_class)) or classname.startswith(module[1:] + ".")
-
-
-def _junit_counts(path: Path, test: Optional[str] = None) -> tuple[int, int, int, str]:
-    """passed, failed, skipped and the first failure of the testcases (of `test`'s file only, if given)."""
-    root = ET.parse(path).getroot()
-    module = _module_of(test) if test else None
-    passed = failed = skipped = 0
-    message = ""
-    for case in root.iter("testcase"):
-        classname = case.get("classname", "")
-        if module and not _same_file(classname, module):
-            continue
-        bad = case.find("failure")
-        if bad is None:
-            bad = case.find("error")
-        if bad is not None:
-            failed += 1
-            if not message:
-                message = f"{case.get('name')}: {(bad.get('message') or bad.text or '').strip()}"
-        elif case.find("skipped") is not None:
-            skipped += 1
-        else:
-            passed += 1
-    return passed, failed, skipped, message
-
-
 def run_tests(python: Path, tests: Sequence[str], fixes: str, out: Path, extra_env: dict[str, str],
               timeout: float) -> dict[str, TestRun]:
     """One pytest run of `tests` through the harness with DISTCI_FIXES=fixes: a TestRun per file.
@@ -259,7 +184,7 @@ def run_tests(python: Path, tests: Sequence[str], fixes: str, out: Path, extra_e
         return {t: TestRun("infra", message=last, seconds=seconds) for t in tests}
     runs = {}
     for test in tests:
-        passed, failed, skipped, message = _junit_counts(junit, test)
+        passed, failed, skipped, message = junit_counts(junit, test)
         if failed:
             outcome = "failed"
         elif passed:
@@ -269,7 +194,7 @@ def run_tests(python: Path, tests: Sequence[str], fixes: str, out: Path, extra_e
         else:
             outcome = "infra"
             message = message or "no test ran"
-        runs[test] = TestRun(outcome, passed, failed, skipped, _first_line(message), seconds)
+        runs[test] = TestRun(outcome, passed, failed, skipped, first_line(message), seconds)
     return runs
 
 
@@ -279,81 +204,10 @@ def run_test(python: Path, test: str, fixes: str, out: Path, extra_env: dict[str
     return run_tests(python, [test], fixes, out, extra_env, timeout)[test]
 
 
-_KIND_PREFIX = re.compile(r"(?:Failed: )?\[(?:assert|exception|timeout|hang|crash|infra)\] ")
-
-
-def _first_line(message: str, limit: int = 240) -> str:
-    """The error as one line: a message's first sentence, its wrapped lines joined."""
-    words: list[str] = []
-    for line in message.splitlines():
-        line = _KIND_PREFIX.sub("", line).strip()
-        if line.startswith(("---", "Traceback", "[rank")):
-            break
-        if not line:
-            if words:
-                break
-            continue
-        words.append(line)
-        text = " ".join(words)
-        if len(text) >= limit or text.endswith((".", ")")):
-            break
-    return " ".join(" ".join(words).split())[:limit]
-
-
 # --- verdicts -------------------------------------------------------------------------
 
 
-def _version_key(version: str) -> Any:
-    from packaging.version import Version
-
-    return Version(version)
-
-
-ABSENT_EVERYWHERE = "absent in every audited version"
-
-
-def judge(rows: list[AuditRow]) -> None:
-    """Fill each row's verdict; needs all versions of a fix (per package version) to place `obsolete since`.
-
-    `since` is the first version after the last one whose off run failed (the bug
-    present) whose off run passed; a fix whose off run failed nowhere is absent in every
-    audited version, which says nothing about versions before the oldest audited.
-    """
-    by_fix: dict[tuple[str, str], list[AuditRow]] = {}
-    for row in rows:
-        by_fix.setdefault((row.fix, row.package), []).append(row)
-    for fix_rows in by_fix.values():
-        fix_rows.sort(key=lambda r: _version_key(r.torch))
-        needed_at = [i for i, r in enumerate(fix_rows) if r.off.outcome == "failed"]
-        last_needed = needed_at[-1] if needed_at else None
-        since = None
-        if last_needed is not None:
-            since = next((r.torch for r in fix_rows[last_needed + 1:] if r.off.outcome == "passed"), None)
-        for i, row in enumerate(fix_rows):
-            if "infra" in (row.off.outcome, row.on.outcome):
-                row.verdict = "infra"
-            elif row.on.outcome == "skipped" and row.off.outcome == "skipped":
-                row.verdict = "n/a"
-            elif row.on.outcome == "failed":
-                row.verdict = "broken"
-            elif row.off.outcome == "failed":
-                row.verdict = "needed"
-            elif last_needed is None:
-                row.verdict = ABSENT_EVERYWHERE
-            elif i < last_needed:
-                row.verdict = "not affected"
-            else:
-                row.verdict = f"obsolete since {since}"
-
-
 # --- the audit ------------------------------------------------------------------------
-
-
-def _target_package(target: str) -> str:
-    return target.split(".")[0]
-
-
-NOT_APPLIED = ("out_of_range", "not_needed", "disabled")
 
 
 def _audit_fixes(python: Path, version: str, fixes: Sequence[tuple[str, str]], out: Path,
@@ -409,10 +263,10 @@ def audit_version(version: str, root: Optional[Path], out: Path, only: Optional[
     for requirement in packages if root is not None else ():
         by_name.setdefault(_pinned(requirement)[0], []).append(requirement)
     chosen = [(fix_id, test) for fix_id, test in off["tests"].items() if not only or fix_id in only]
-    own = [(f, t) for f, t in chosen if not by_name.get(_target_package(off.get("targets", {}).get(f, "")))]
+    own = [(f, t) for f, t in chosen if not by_name.get(target_package(off.get("targets", {}).get(f, "")))]
     rows = _audit_fixes(python, version, own, vout, extra_env, timeout, log, off, on)
     for fix_id, test in chosen:
-        for requirement in by_name.get(_target_package(off.get("targets", {}).get(fix_id, "")), []):
+        for requirement in by_name.get(target_package(off.get("targets", {}).get(fix_id, "")), []):
             fout = vout / f"{fix_id}+{requirement.replace('==', '-')}"
             if off["range"].get(fix_id) is False:
                 not_run = TestRun("skipped", message=f"torch {version} is outside the fix's range: not run")
@@ -465,7 +319,7 @@ def run_audit(versions: Sequence[str], root: Optional[Path], out_root: Path, onl
     judge(audit.rows)
     audit.seconds = time.monotonic() - started
     (out / "audit.json").write_text(json.dumps(asdict(audit), indent=2) + "\n")
-    from distci.audit_report import to_markdown
+    from distci.audit.report import to_markdown
 
     (out / "audit.md").write_text(to_markdown(audit))
     latest = out_root / "latest"
@@ -502,7 +356,7 @@ def _extra_env(pairs: Optional[list[str]]) -> dict[str, str]:
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from distci.audit_report import merge, print_table, reload, to_markdown
+    from distci.audit.report import merge, print_table, reload, to_markdown
 
     if args.render:
         audit = merge([reload(Path(d)) for d in args.render])
@@ -552,7 +406,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="a version of a third-party package fixes target, audited against each torch "
                         f"(repeatable; default: {' '.join(DEFAULT_PACKAGES)}; 'none' for none)")
     p.add_argument("--cache", default=str(REPO / ".distci" / "torch"),
-                   help="root of the audit's stack envs (distci.envs, one per stack), reused across audits "
+                   help="root of the audit's stack envs (distci.provision.envs, one per stack), reused across audits "
                    "(default .distci/torch)")
     p.add_argument("--out", default=str(REPO / ".distci" / "audit"), help="where audit.json/audit.md go")
     p.add_argument("--report", default=None, help="also write the markdown table here (e.g. reports/fix-audit.md)")
@@ -570,7 +424,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distci.audit")
+    parser = argparse.ArgumentParser(prog="python -m distci.audit.run")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["fixes-audit", *(argv if argv is not None else sys.argv[1:])])
     return args.fn(args)

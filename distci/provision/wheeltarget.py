@@ -2,7 +2,7 @@
 
 An image's Python need not be the controller's, so a wheelhouse may be downloaded for a
 target interpreter (WheelTarget) and its wheels' dependencies read with that target's
-markers (wheel_requires). distci.wheelhouse downloads; this module only describes targets.
+markers (wheel_requires). distci.provision.wheelhouse downloads; this module only describes targets.
 """
 
 from __future__ import annotations

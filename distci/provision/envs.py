@@ -43,8 +43,9 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from distci.errors import InfraError
-from distci.wheelhouse import Log, Wheelhouse, ensure_wheelhouse, failure_line, file_lock, run_pip, sha256_file
-from distci.wheeltarget import interpreter_tags
+from distci.provision.wheelhouse import Log, Wheelhouse, ensure_wheelhouse, failure_line, run_pip
+from distci.provision.files import file_lock, sha256_file
+from distci.provision.wheeltarget import interpreter_tags
 
 BASE_MARKER = "distci-base.json"
 MARKER = "distci-env.json"
@@ -201,7 +202,7 @@ def stack_env(
 ) -> Env:
     """The env of a stack given as requirement lines: wheelhouse (download once) + `ensure_env`.
 
-    `requirements` and `pip_args` are what distci.sources gives (``torch==2.13.0``,
+    `requirements` and `pip_args` are what distci.provision.sources gives (``torch==2.13.0``,
     ``--extra-index-url ...``); the same inputs map to the same wheelhouse and so to the
     same env, whoever asks (a cell, the fix audit, a bisect probe).
     """

@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distci.lint", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.lint", description=__doc__.splitlines()[0])
     _arguments(parser)
     args = parser.parse_args(argv)
     try:

@@ -25,14 +25,11 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, TextIO
+from typing import Callable, Iterable, TextIO
 
-from .progress import DEFAULT_INTERVAL_S, Heartbeat, StatusLine, format_duration
-from .results import Result
-from .rundir import RunDir
-
-if TYPE_CHECKING:
-    from .cellrun import CellRun
+from distci.run.progress import DEFAULT_INTERVAL_S, Heartbeat, StatusLine, format_duration
+from distci.results import Result
+from distci.rundir import CellRun, RunDir
 
 Log = Callable[[str], None]
 
@@ -50,7 +47,7 @@ EXIT_FILE_ENV = "DISTCI_EXIT_FILE"
 _PROGRESS = re.compile(r"^(\S+\.py )?[.sSxXFEfpP]+ *(\[ *\d+%\])?$")
 
 
-def exit_code(runs: Iterable["CellRun"]) -> int:
+def exit_code(runs: Iterable[CellRun]) -> int:
     """1 when a test failed, else 2 when a selection chose no test, else 3 when something
     could not run, else 0."""
     runs = list(runs)
@@ -67,7 +64,7 @@ def exit_line(code: int) -> str:
     return f"distci: exit {code}: {EXIT_CODES.get(code, 'unknown exit code')}"
 
 
-def write_exit_file(path: Path | str, code: int, runs: Iterable["CellRun"]) -> None:
+def write_exit_file(path: Path | str, code: int, runs: Iterable[CellRun]) -> None:
     """The exit code, its meaning and each run's directory as JSON, for a CI step to read."""
     data = {"exit_code": code, "meaning": EXIT_CODES.get(code, ""),
             "runs": [{"run_id": r.info.run_id, "cell_id": r.info.cell_id, "run_dir": str(r.run_dir),
@@ -196,7 +193,7 @@ class Counts:
     seconds: float
 
     @classmethod
-    def of(cls, run: "CellRun") -> "Counts":
+    def of(cls, run: CellRun) -> "Counts":
         rs = run.results
         return cls(
             passed=run.count("passed"),
@@ -212,7 +209,7 @@ class Counts:
                 f"{self.infra} infra, {format_duration(self.seconds)}")
 
 
-def print_summary(runs: list["CellRun"], out: TextIO | None = None) -> None:
+def print_summary(runs: list[CellRun], out: TextIO | None = None) -> None:
     """Per cell: its id on one line, counts below, then every failure with its tag and repro."""
     out = out or sys.stdout
 

@@ -13,7 +13,7 @@ reported by id and path (StoreError, after everything else is indexed) and left 
 
 Known issues are matched here as well as when results are recorded (rule: one registry,
 suites/known_issues.toml): editing the registry and running `ingest --rebuild` re-judges
-every stored run. Verdicts (distci.verdicts) are then computed, in history order, for
+every stored run. Verdicts (distci.judge.verdicts) are then computed, in history order, for
 every cell the ingest touched and the cells that use it as their baseline.
 """
 
@@ -34,8 +34,8 @@ from typing import Any, Iterable, Sequence
 from distci.errors import ConfigError, StoreError
 from distci.results import Result, error_signature
 from distci.rundir import RESULTS_FILE, RunContents, RunDirError, find_run_dirs, read_run, utc
-from distci.store import (DEFAULT_AUDIT_DIR, DEFAULT_BISECT_DIR, DEFAULT_RUNS_ROOT, DEFAULT_STORE, STORE_ENV, BisectRow, FixAuditRow, Store,
-                          default_store_path, nightly_date_of, suite_of)
+from distci.judge.store import DEFAULT_AUDIT_DIR, DEFAULT_BISECT_DIR, DEFAULT_RUNS_ROOT, DEFAULT_STORE, STORE_ENV, BisectRow, FixAuditRow, Store, default_store_path, suite_of
+from distci.provision.index import nightly_date_of
 
 DEFAULT_KNOWN_ISSUES = Path("suites") / "known_issues.toml"
 EXCERPT_CHARS = 4000
@@ -313,9 +313,9 @@ def rebuild(
     with Store(tmp) as store:
         report = ingest_runs(store, [runs_root], known_issues=known_issues) if runs_root.exists() else IngestReport()
         if audit_dir.is_dir():
-            store.import_fix_audit(audit_dir)
+            import_fix_audit(store, audit_dir)
         if bisect_dir.is_dir():
-            store.import_bisects(bisect_dir)
+            import_bisects(store, bisect_dir)
         store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         store.conn.execute("PRAGMA journal_mode = DELETE")
     for suffix in ("", "-wal", "-shm"):
@@ -359,19 +359,33 @@ def run(args: argparse.Namespace) -> int:
         with Store(args.store) as store:
             report = ingest_runs(store, args.paths or [DEFAULT_RUNS_ROOT], known_issues=registry)
             if args.audit_dir.is_dir():
-                store.import_fix_audit(args.audit_dir)
+                import_fix_audit(store, args.audit_dir)
             if args.bisect_dir.is_dir():
-                store.import_bisects(args.bisect_dir)
+                import_bisects(store, args.bisect_dir)
     print(report.summary())
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m distci.ingest` is `python -m distci ingest`."""
-    from .command import run_module
+    """`python -m distci.judge.ingest` is `python -m distci ingest`."""
+    from distci.command import run_module
 
     return run_module(add_parser, argv)
 
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def import_fix_audit(store: Store, audit_dir: Path) -> int:
+    """Indexes every `*.json` fix audit file of a directory (see read_fix_audit)."""
+    rows = [row for p in sorted(Path(audit_dir).glob("*.json")) for row in read_fix_audit(p)]
+    store.add_fix_audit(rows)
+    return len(rows)
+
+
+def import_bisects(store: Store, bisect_dir: Path) -> int:
+    """Indexes every bisect report (`*.json`, any depth) of a directory (see read_bisect)."""
+    rows = [row for p in sorted(Path(bisect_dir).rglob("*.json")) for row in read_bisect(p)]
+    store.add_bisects(rows)
+    return len(rows)

@@ -11,7 +11,7 @@ Typical flow of a runner::
     sources = resolve_sources(cell.sources, config, variant=cell.variant)
     requirements = requirement_lines(sources) + ["pytest", "packaging"]
     args = pip_args(sources, config, variant=cell.variant)
-    # -> distci.wheelhouse.ensure_wheelhouse(requirements, args, ...)
+    # -> distci.provision.wheelhouse.ensure_wheelhouse(requirements, args, ...)
 
 Sources that pip cannot pin by itself (a nightly, a nightly date, a git branch) must go
 through `resolve_sources` first: the wheelhouse is content-addressed by its requirement
@@ -27,25 +27,21 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
-import subprocess
-import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
-from urllib.parse import urlparse
-from urllib.request import url2pathname
+from typing import Iterable, Mapping
 
 from packaging.specifiers import InvalidSpecifier, Specifier, SpecifierSet
-from packaging.tags import Tag, sys_tags
 from packaging.version import InvalidVersion, Version
 
 from distci.errors import ConfigError, MatrixError, SourceError
-from distci.index import IndexEntry, list_find_links, list_index_versions, redact_url
 
 KINDS = ("release", "latest", "nightly", "test", "wheelhouse", "git", "installed", "none")
 
 # Short names used in cell ids; any other package uses its own (sanitized) name.
 ID_PREFIX = {"torch": "torch", "torchao": "ao", "torchtitan": "titan", "torch_npu": "npu"}
+PACKAGE_AXES = tuple(ID_PREFIX)
+"""The matrix axes that name a package Source, in cell-id order: the one spelling of that list."""
 
 ALLOWED_FORMS = (
     "a version ('2.13.0'), a PEP 440 specifier ('>=2.13,<2.15'), 'latest', 'nightly', "
@@ -86,7 +82,7 @@ class Source:
     ``latest`` is the newest final release on the index at run time, so a cell follows
     releases without an edit of matrix.toml. ``installed`` is whatever the interpreter
     a run is given already has: nothing is downloaded or installed for it
-    (distci.envs.installed_env), and the Stack records the version found with source=installed.
+    (distci.provision.envs.installed_env), and the Stack records the version found with source=installed.
     """
 
     package: str
@@ -183,7 +179,7 @@ class Source:
         if self.kind in ("none", "installed") or self.resolved:
             return True
         if self.kind in ("release", "test"):
-            return _exact_version(self.spec) is not None
+            return exact_version(self.spec) is not None
         return False
 
     def pin(self, resolved: str) -> "Source":
@@ -205,7 +201,7 @@ def _parse_specifier(text: str) -> str | None:
     return str(specs) if len(specs) > 1 else candidate.replace(" ", "")
 
 
-def _exact_version(spec: str) -> str | None:
+def exact_version(spec: str) -> str | None:
     specs = list(SpecifierSet(spec))
     if len(specs) == 1 and specs[0].operator in ("==", "===") and "*" not in specs[0].version:
         return specs[0].version
@@ -281,7 +277,7 @@ class IndexConfig:
                 f"{var} is not set: {source.package} = '{source.declared}' needs the {what} "
                 f"simple index URL (it may contain {{variant}}, e.g. .../{{variant}})"
             )
-        return _format_url(url, variant, var)
+        return format_url(url, variant, var)
 
     def wheelhouse_dir(self, source: Source) -> Path:
         var = env_var_name("DISTCI_WHEELHOUSE_", source.spec)
@@ -314,7 +310,7 @@ class IndexConfig:
         return "git+" + path.resolve().as_uri()
 
 
-def _format_url(url: str, variant: str | None, var: str) -> str:
+def format_url(url: str, variant: str | None, var: str) -> str:
     if "{variant}" not in url:
         return url
     if not variant:
@@ -332,7 +328,7 @@ def requirement_lines(sources: Iterable[Source]) -> list[str]:
             if not source.resolved:
                 raise SourceError(
                     f"{source.package} = '{source.declared}' is not resolved to a commit; "
-                    "call distci.sources.resolve_sources first"
+                    "call distci.provision.resolve.resolve_sources first"
                 )
             lines.append(f"{source.package} @ {source.resolved}")
         elif source.resolved:
@@ -340,7 +336,7 @@ def requirement_lines(sources: Iterable[Source]) -> list[str]:
         elif source.kind in ("nightly", "latest"):
             raise SourceError(
                 f"{source.package} = '{source.declared}' is not resolved to a version; "
-                "call distci.sources.resolve_sources first"
+                "call distci.provision.resolve.resolve_sources first"
             )
         elif source.kind == "wheelhouse":
             lines.append(source.package)
@@ -358,11 +354,11 @@ def pip_args(sources: Iterable[Source], config: IndexConfig, *, variant: str | N
     """
     pairs: list[tuple[str, str]] = []
     if config.index_url:
-        pairs.append(("--index-url", _format_url(config.index_url, variant, "DISTCI_INDEX_URL")))
+        pairs.append(("--index-url", format_url(config.index_url, variant, "DISTCI_INDEX_URL")))
     for url in config.extra_index_urls:
-        pairs.append(("--extra-index-url", _format_url(url, variant, "DISTCI_EXTRA_INDEX_URLS")))
+        pairs.append(("--extra-index-url", format_url(url, variant, "DISTCI_EXTRA_INDEX_URLS")))
     for loc in config.find_links:
-        pairs.append(("--find-links", _format_url(loc, variant, "DISTCI_FIND_LINKS")))
+        pairs.append(("--find-links", format_url(loc, variant, "DISTCI_FIND_LINKS")))
     pre = False
     for source in sources:
         if source.kind in ("nightly", "test"):
@@ -381,133 +377,3 @@ def pip_args(sources: Iterable[Source], config: IndexConfig, *, variant: str | N
 # --------------------------------------------------------------------------- nightly dates
 
 
-def nightly_date(version: Version) -> _dt.date | None:
-    dev = version.dev
-    if dev is None or not 19000101 <= dev <= 29991231:
-        return None
-    try:
-        return _dt.datetime.strptime(str(dev), "%Y%m%d").date()
-    except ValueError:
-        return None
-
-
-def _pip_index_versions(package: str, config: IndexConfig, python: str) -> list[IndexEntry]:
-    """Versions as pip's own configuration sees them (used when DISTCI_INDEX_URL is empty)."""
-    args = [python, "-m", "pip", "index", "versions", "--pre", "--disable-pip-version-check", package]
-    for url in config.extra_index_urls:
-        args += ["--extra-index-url", url]
-    for loc in config.find_links:
-        args += ["--find-links", loc]
-    proc = subprocess.run(args, capture_output=True, text=True)
-    match = re.search(r"Available versions:\s*(.*)", proc.stdout)
-    if proc.returncode != 0 or not match:
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
-        raise SourceError(f"pip index versions {package} found nothing: {' | '.join(tail)}")
-    versions = []
-    for text in match.group(1).split(","):
-        try:
-            versions.append(Version(text.strip()))
-        except InvalidVersion:
-            continue
-    return [IndexEntry(v, "", "") for v in sorted(versions)]
-
-
-def list_candidates(
-    source: Source,
-    config: IndexConfig,
-    *,
-    variant: str | None = None,
-    tags: Iterable[Tag] | None = None,
-    python: str = sys.executable,
-) -> list[IndexEntry]:
-    """The files a source could install here, oldest first.
-
-    nightly -> dev builds on the nightly index compatible with `tags` (default: this
-    interpreter), restricted to the declared date if any; release/test -> versions
-    matching the specifier; latest -> final releases only (no pre-releases, no dev builds);
-    wheelhouse -> compatible wheels in its directory.
-    """
-    wanted = set(sys_tags()) if tags is None else set(tags)
-    package = source.package
-    if source.kind == "nightly":
-        entries = list_index_versions(config.index_for(source, variant), package, ca_bundle=config.ca_bundle)
-        entries = [e for e in entries if e.date is not None and e.is_compatible(wanted) and not e.yanked]
-        if source.nightly_date:
-            entries = [e for e in entries if e.date == source.nightly_date]
-        return entries
-    if source.kind == "wheelhouse":
-        entries = list_find_links(str(config.wheelhouse_dir(source)), package)
-        return [e for e in entries if e.is_compatible(wanted)]
-    if source.kind in ("release", "test", "latest"):
-        specs = SpecifierSet(source.spec)
-        if source.kind == "test":
-            found = list_index_versions(config.index_for(source, variant), package, ca_bundle=config.ca_bundle)
-        elif config.index_url:
-            found = []
-            for url in (config.index_url, *config.extra_index_urls):
-                found += list_index_versions(_format_url(url, variant, "DISTCI_INDEX_URL"), package,
-                                             ca_bundle=config.ca_bundle)
-            for loc in config.find_links:
-                found += list_find_links(loc, package, ca_bundle=config.ca_bundle)
-        else:
-            found = _pip_index_versions(package, config, python)
-        pre = source.kind == "test" or bool(specs.prereleases)
-        keep = [
-            e for e in found
-            if not e.yanked
-            and specs.contains(e.version, prereleases=pre)
-            and (not e.filename or not e.is_wheel or e.is_compatible(wanted))
-        ]
-        return sorted(keep, key=lambda e: (e.version, e.filename))
-    raise SourceError(f"{package} = '{source.declared}': {source.kind} sources have no candidate list")
-
-
-def _git_commit(url: str, rev: str, where: str) -> str:
-    if re.fullmatch(r"[0-9a-f]{40}", rev):
-        return rev
-    if url.startswith("git+file://"):
-        path = url2pathname(urlparse(url[len("git+"):]).path)
-        cmd = ["git", "-C", path, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"]
-    else:
-        cmd = ["git", "ls-remote", url[len("git+"):], rev]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    sha = proc.stdout.split()[0] if proc.returncode == 0 and proc.stdout.split() else ""
-    if not re.fullmatch(r"[0-9a-f]{40}", sha):
-        raise SourceError(f"{where}: revision '{rev}' not found in {redact_url(url)}")
-    return sha
-
-
-def resolve(
-    source: Source,
-    config: IndexConfig,
-    *,
-    variant: str | None = None,
-    tags: Iterable[Tag] | None = None,
-    python: str = sys.executable,
-) -> Source:
-    """Pin a source to what it means today; the declared value (and so the cell id) stays."""
-    if source.resolved or source.kind in ("none", "installed"):
-        return source
-    where = f"{source.package} = '{source.declared}'"
-    if source.kind == "git":
-        url = config.git_url(source)
-        return source.pin(f"{url}@{_git_commit(url, source.git_rev, where)}")
-    if source.kind in ("release", "test") and _exact_version(source.spec):
-        return source
-    candidates = list_candidates(source, config, variant=variant, tags=tags, python=python)
-    if not candidates:
-        if source.kind == "nightly" and source.nightly_date:
-            raise SourceError(f"{where}: no nightly of that date for this platform on the nightly index")
-        raise SourceError(f"{where}: no matching version found")
-    return source.pin(str(candidates[-1].version))
-
-
-def resolve_sources(
-    sources: Sequence[Source],
-    config: IndexConfig,
-    *,
-    variant: str | None = None,
-    tags: Iterable[Tag] | None = None,
-    python: str = sys.executable,
-) -> list[Source]:
-    return [resolve(s, config, variant=variant, tags=tags, python=python) for s in sources]

@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .rundir import STACK_FILE, read_results
+from distci.rundir import STACK_FILE, read_results
 
 STACK_KEYS = ("torch", "torch_git", "torchao", "torchtitan", "torch_npu", "python", "cuda", "nccl", "driver",
               "device_name", "device_count", "device_capability", "platform", "fixes_mode", "image_digest")

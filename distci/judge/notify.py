@@ -11,7 +11,7 @@ in the repository names an endpoint:
 `python -m distci notify [--tier release ...]` reads the store: regressions are the
 latest runs' results with verdict `regression` (new since the run before, by
 definition), the gate is the release view's answer per tier (distci.dashboard.release,
-which asks distci.gate). A message that cannot be delivered is an InfraError: the
+which asks distci.judge.gate). A message that cannot be delivered is an InfraError: the
 job that asked for it fails and says why.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from distci.errors import ConfigError, InfraError, SelectionError
-from distci.store import ResultRow, Store, default_store_path
+from distci.judge.store import ResultRow, Store, default_store_path
 
 URL_ENV = "DISTCI_WEBHOOK_URL"
 EVENTS_ENV = "DISTCI_WEBHOOK_EVENTS"
@@ -173,8 +173,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m distci.notify` is `python -m distci notify`."""
-    from .command import run_module
+    """`python -m distci.judge.notify` is `python -m distci notify`."""
+    from distci.command import run_module
 
     return run_module(add_parser, argv)
 

@@ -15,9 +15,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .errors import InfraError
+from distci.errors import InfraError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SOURCES = {
     "distci": (REPO, ("pyproject.toml", "distci")),
     "distci_fixes": (REPO / "fixes", ("pyproject.toml", "distci_fixes")),

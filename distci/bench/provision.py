@@ -29,13 +29,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .cellrun import provision, stack_inputs
-from .envs import ensure_env
-from .matrix import load_matrix
-from .selfwheels import build_all
-from .wheelhouse import ensure_wheelhouse
+from distci.run.cellrun import provision, stack_inputs
+from distci.provision.envs import ensure_env
+from distci.matrix import load_matrix
+from distci.provision.selfwheels import build_all
+from distci.provision.wheelhouse import ensure_wheelhouse
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on"
 TWIN = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_off"
 ENV_GOAL_S = 30.0

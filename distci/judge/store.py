@@ -9,7 +9,7 @@ same files and gives the same answers.
 Writes are safe from many processes at once (artifacts of many runners arrive together):
 the database is in WAL mode, each write holds one `BEGIN IMMEDIATE` transaction and
 waits for others through busy_timeout. Reading run directories into it is
-distci.ingest's job; verdicts are recomputed here, in history order, for every cell an
+distci.judge.ingest's job; verdicts are recomputed here, in history order, for every cell an
 ingest touched (and the cells that use it as their baseline).
 """
 
@@ -22,17 +22,12 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
-from packaging.version import InvalidVersion, Version
 
-from distci import verdicts as _verdicts
+from distci.judge import verdicts as _verdicts
 from distci.errors import StoreError
 from distci.rundir import RunInfo
-from distci.sources import nightly_date
-
-if TYPE_CHECKING:
-    from distci.ingest import IngestReport
 
 SCHEMA_VERSION = 1
 DEFAULT_STORE = Path(".distci") / "store.sqlite"
@@ -71,15 +66,6 @@ def suite_of(test_id: str) -> str:
         return parts[0]
     stem = parts[0].rsplit(".", 1)[0] if parts else test_id
     return stem[5:] if stem.startswith("test_") else stem
-
-
-def nightly_date_of(version: str | None) -> str | None:
-    """The nightly date of a torch version like `2.10.0.dev20250901+cu130`, else None."""
-    try:
-        day = nightly_date(Version(version or ""))
-    except InvalidVersion:
-        return None
-    return day.isoformat() if day else None
 
 
 @dataclass
@@ -292,14 +278,6 @@ class Store:
             raise
         self.conn.execute("COMMIT")
 
-    # ---------------------------------------------------------------- ingest
-
-    def ingest(self, paths: Iterable[Path | str], *, known_issues: Path | None = None) -> "IngestReport":
-        """Indexes every run directory under `paths`; idempotent (see distci.ingest)."""
-        from distci.ingest import ingest_runs
-
-        return ingest_runs(self, paths, known_issues=known_issues)
-
     # -------------------------------------------------------------- verdicts
 
     def recompute_verdicts(self, cells: Iterable[str] | None = None) -> None:
@@ -385,22 +363,6 @@ class Store:
                     for a in rows
                 ],
             )
-
-    def import_fix_audit(self, audit_dir: Path) -> int:
-        """Indexes every `*.json` fix audit file of a directory (see read_fix_audit)."""
-        from distci.ingest import read_fix_audit
-
-        rows = [row for p in sorted(Path(audit_dir).glob("*.json")) for row in read_fix_audit(p)]
-        self.add_fix_audit(rows)
-        return len(rows)
-
-    def import_bisects(self, bisect_dir: Path) -> int:
-        """Indexes every bisect report (`*.json`, any depth) of a directory (see read_bisect)."""
-        from distci.ingest import read_bisect
-
-        rows = [row for p in sorted(Path(bisect_dir).rglob("*.json")) for row in read_bisect(p)]
-        self.add_bisects(rows)
-        return len(rows)
 
     # --------------------------------------------------------------- queries
 

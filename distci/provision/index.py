@@ -1,6 +1,6 @@
 """The package-index reader: PEP 503 / 691 pages and find-links locations, as IndexEntry rows.
 
-Used by distci.sources (which versions a Source may resolve to) and by bisect (the
+Used by distci.provision.sources (which versions a Source may resolve to) and by bisect (the
 candidates between two endpoints). Reading only: nothing here decides what to install.
 """
 
@@ -60,7 +60,6 @@ class IndexEntry:
     @property
     def date(self) -> _dt.date | None:
         """The build date of a nightly (``2.12.0.dev20260301+cpu`` -> 2026-03-01)."""
-        from distci.sources import nightly_date  # nightly dates have one owner
 
         return nightly_date(self.version)
 
@@ -195,3 +194,22 @@ def list_find_links(location: str, package: str, *, ca_bundle: str = "") -> list
     """Files of `package` in a find-links location (a directory or an HTML page of links)."""
     entries = _entries_at(location, package, ca_bundle=ca_bundle)
     return sorted(entries, key=lambda e: (e.version, e.filename))
+
+
+def nightly_date(version: Version) -> _dt.date | None:
+    dev = version.dev
+    if dev is None or not 19000101 <= dev <= 29991231:
+        return None
+    try:
+        return _dt.datetime.strptime(str(dev), "%Y%m%d").date()
+    except ValueError:
+        return None
+
+
+def nightly_date_of(version: str | None) -> str | None:
+    """The nightly date of a torch version like `2.10.0.dev20250901+cu130`, else None."""
+    try:
+        day = nightly_date(Version(version or ""))
+    except InvalidVersion:
+        return None
+    return day.isoformat() if day else None

@@ -1,0 +1,157 @@
+"""The matrix's records: an Accelerator, a Tier, a Cell (one point of the matrix, its id made
+of the DECLARED axes), and the expanded Matrix that selects cells by id or tier.
+matrix.py loads and validates matrix.toml into these.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from distci.errors import SelectionError
+from distci.provision.sources import PACKAGE_AXES, Source
+from distci.tomlloc import suggest as _suggest
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    name: str
+    backend: str
+    runner: tuple[str, ...]
+    archs: tuple[str, ...]
+    variants: tuple[str, ...]
+    family: str
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    description: str = ""
+    blocking_suites: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the matrix. `id` depends only on the declared axes."""
+
+    accelerator: str
+    arch: str
+    variant: str
+    torch: Source
+    torchao: Source
+    torchtitan: Source
+    torch_npu: Source | None
+    fixes: str
+    world_size: int
+    suites: tuple[str, ...]
+    tiers: tuple[str, ...]
+    runner: tuple[str, ...]
+    backend: str
+    python: str
+    timeout: int = 300
+    family: str = ""
+    external: tuple[str, ...] = ()  # suites of suites/external.toml, run after `suites`
+    requirements: tuple[str, ...] = ()  # extra pip requirement lines installed with the stack
+
+    @property
+    def id(self) -> str:
+        parts = [self.accelerator, self.variant]
+        if self.arch != "x86_64":
+            parts.append(self.arch)
+        parts += [self.torch.id_fragment, self.torchao.id_fragment]
+        if self.torchtitan.kind != "none":
+            parts.append(self.torchtitan.id_fragment)
+        if self.torch_npu is not None:
+            parts.append(self.torch_npu.id_fragment)
+        parts += [f"ws{self.world_size}", f"fix_{self.fixes}"]
+        return "-".join(parts)
+
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        found = (self.torch, self.torchao, self.torchtitan, self.torch_npu)
+        return tuple(s for s in found if s is not None)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The declared cell as plain data (JSON-able), for provenance and listings."""
+        return {
+            "id": self.id,
+            "accelerator": self.accelerator,
+            "arch": self.arch,
+            "variant": self.variant,
+            **{a: (s.declared if (s := getattr(self, a)) is not None else None) for a in PACKAGE_AXES},
+            "fixes": self.fixes,
+            "world_size": self.world_size,
+            "suites": list(self.suites),
+            "tiers": list(self.tiers),
+            "runner": list(self.runner),
+            "backend": self.backend,
+            "family": self.family,
+            "python": self.python,
+            "timeout": self.timeout,
+            "external": list(self.external),
+            "requirements": list(self.requirements),
+        }
+
+
+@dataclass(frozen=True)
+class Matrix:
+    path: Path
+    cells: tuple[Cell, ...]
+    tiers: dict[str, Tier]
+    accelerators: dict[str, Accelerator]
+
+    def cell(self, cell_id: str) -> Cell:
+        return self.select([cell_id])[0]
+
+    def default_cell(self) -> Cell:
+        """The cell a command means when none is named: the pr tier's first CPU cell (it runs on
+        any machine), else the pr tier's first cell. The one answer to "which cell by default"."""
+        pr = [c for c in self.cells if "pr" in c.tiers]
+        if not pr:
+            raise SelectionError("no cell in the pr tier to default to: name one with --cell CELL "
+                                 "(list them with `nox -s matrix`)", where=str(self.path))
+        return next((c for c in pr if c.accelerator == "cpu"), pr[0])
+
+    def select(self, cell_ids: Sequence[str] | None = None, tier: str | None = None) -> list[Cell]:
+        """Cells by id (shell globs allowed) and/or tier; all cells when neither is given."""
+        cells = list(self.cells)
+        if tier is not None:
+            if tier not in self.tiers:
+                raise SelectionError(f"unknown tier '{tier}'{_suggest(tier, self.tiers)}; "
+                                     f"tiers: {', '.join(self.tiers)}", where=str(self.path))
+            cells = [c for c in cells if tier in c.tiers]
+        if not cell_ids:
+            return cells
+        chosen: dict[str, Cell] = {}
+        for pattern in cell_ids:
+            matched = [c for c in cells if fnmatch.fnmatchcase(c.id, pattern)]
+            if not matched:
+                raise SelectionError(self._no_cell_message(pattern, cells, tier), where=str(self.path))
+            chosen.update((c.id, c) for c in matched)
+        return list(chosen.values())
+
+    def _no_cell_message(self, pattern: str, cells: list[Cell], tier: str | None) -> str:
+        if tier is not None and any(fnmatch.fnmatchcase(c.id, pattern) for c in self.cells):
+            return f"cell '{pattern}' is not in tier '{tier}'"
+        close = difflib.get_close_matches(pattern, [c.id for c in cells], n=3, cutoff=0.5)
+        hint = f" (did you mean: {', '.join(close)}?)" if close else ""
+        return f"no cell '{pattern}'{hint}; list the cells with `nox -s matrix`"
+
+    def actions_include(self, tier: str) -> list[dict[str, Any]]:
+        """The GitHub Actions ``strategy.matrix.include`` entries of a tier."""
+        return [
+            {
+                "cell": c.id,
+                "accelerator": c.accelerator,
+                "family": c.family,
+                "runner": list(c.runner),
+                "world_size": c.world_size,
+                "python": c.python,
+                "tier": tier,
+            }
+            for c in self.select(tier=tier)
+        ]
