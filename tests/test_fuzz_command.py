@@ -129,6 +129,7 @@ def test_the_nightly_fuzz_job_runs_a_matrix_cell_and_feeds_the_aggregate():
 
 def test_the_aggregate_files_a_fuzz_find_by_its_signature(tmp_path):
     from distci.ci.regressions import FUZZ_TESTS, regressions
+    from distci.judge.ingest import ingest_runs
     from distci.judge.store import Store
 
     assert FUZZ_TESTS == f"{ENTRY_TEST}::"
@@ -141,7 +142,7 @@ def test_the_aggregate_files_a_fuzz_find_by_its_signature(tmp_path):
          "failure_kind": "assert", "error_signature": "AssertionError: other", "message": "other"},
     ], started_at=datetime(2026, 12, 1, tzinfo=timezone.utc), stack=stack(torch="2.13.0"))
     with Store(tmp_path / "store.sqlite") as store:
-        store.ingest([tmp_path / "runs"])
+        ingest_runs(store, [tmp_path / "runs"])
         found = regressions(store, ["fuzz-run"])
     assert [(g.test_id, g.signature) for g in found] == [
         (f"{ENTRY_TEST}::test_fuzz_config[fsdp-eager-ac_full]", sig)]  # a table test without history is not filed

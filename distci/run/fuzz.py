@@ -32,7 +32,7 @@ from distci.rundir import RunDir, now as _now
 
 FUZZ_DIR = "fuzz"
 RESULT_WORDS = ("PASSED", "FAILED", "ERROR", "SKIPPED")
-"""The first word of the harness's per-test line (distci.terminal.result_line)."""
+"""The first word of the harness's per-test line (distci.run.terminal.result_line)."""
 BUDGET = re.compile(r"^(\d+(?:\.\d+)?)([smh]?)$")
 
 
