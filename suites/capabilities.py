@@ -17,9 +17,6 @@ import functools
 import importlib.util
 from typing import Any
 
-SCHEDULES = ("ScheduleGPipe", "Schedule1F1B", "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble")
-
-
 @functools.cache
 def torchao() -> str | None:
     if importlib.util.find_spec("torchao") is None:
@@ -90,13 +87,16 @@ def clip_by_norm_parts() -> str | None:
 
 
 @functools.cache
-def pipelining_schedules() -> str | None:
+def pipelining_schedule(schedule: str) -> str | None:
+    """The pp row's schedule class is present in torch.distributed.pipelining."""
+    from .pipeline import SCHEDULES
+
     try:
         from torch.distributed.pipelining import schedules
     except ImportError as exc:
         return f"no torch.distributed.pipelining ({exc})"
-    missing = [n for n in SCHEDULES if not hasattr(schedules, n)]
-    return f"this torch's pipelining lacks {', '.join(missing)}" if missing else None
+    name = SCHEDULES[schedule][0]
+    return None if hasattr(schedules, name) else f"this torch's pipelining has no {name}"
 
 
 def missing(scenario: Any, device_type: str) -> list[str]:
@@ -112,6 +112,8 @@ def missing(scenario: Any, device_type: str) -> list[str]:
         reasons.append(fsdp2_offload())
     if scenario.dcp == "async":
         reasons.append(dcp_async_save())
+    if scenario.parallel == "pp":
+        reasons.append(pipelining_schedule(scenario.schedule))
     if scenario.clip == "mesh":
         reasons.append(clip_by_norm_parts())
     return list(dict.fromkeys(r for r in reasons if r))

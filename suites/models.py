@@ -181,10 +181,11 @@ class Transformer(nn.Module):
         self.register_buffer("rope", rope_cache(args), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(tokens)
+        # A pipeline stage (suites/pipeline.py) holds some blocks and maybe neither end.
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for layer in self.layers.values():
             h = layer(h, self.rope)
-        return self.output(self.norm(h))
+        return self.output(self.norm(h)) if self.output is not None else h
 
 
 ROUTER_BIAS = torch.tensor([0.4, 0.2, 0.0, -0.3, -0.5, -0.7, -0.9, -1.1])

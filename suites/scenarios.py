@@ -25,6 +25,8 @@ from .model_args import ModelArgs
 MODEL = ModelArgs()
 MOE_MODEL = ModelArgs(n_experts=4, top_k=2, expert_hidden=64)
 LORA_MODEL = ModelArgs(lora_rank=8)
+PP_MODEL = ModelArgs(n_layers=4)
+"""Four blocks: one per stage of the interleaved schedules (2 ranks x 2 stages)."""
 STEPS = 3
 BATCH = 2
 SEED = 20251130
@@ -53,11 +55,14 @@ TIERS = ("pr", "nightly", "release")
 
 # fmt: off
 COLUMNS: tuple[Column, ...] = (
-    Column("parallel", ("tp", "tp_sp", "fsdp", "fsdp_tp", "ep", "hsdp"), REQUIRED, "{}",
+    Column("parallel", ("tp", "tp_sp", "fsdp", "fsdp_tp", "ep", "hsdp", "pp"), REQUIRED, "{}",
            "tp / tp_sp: torchtitan's llama3 TP plan (sequence parallel or not), TP = ws; fsdp: FSDP2 "
            "fully_shard per block + root, dp = ws; fsdp_tp: 2-D mesh (dp_shard = ws/2, tp = 2), TP (SP) inside, "
            "FSDP2 outside; ep: experts split over the ranks, tokens moved by all-to-all; hsdp: FSDP2 on a 2-D "
-           "(dp_replicate 2 x dp_shard ws/2) mesh", "Parallel"),
+           "(dp_replicate 2 x dp_shard ws/2) mesh; pp: torch.distributed.pipelining over the blocks", "Parallel"),
+    Column("schedule", ("none", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"), "none", "{}",
+           "the pipeline schedule of a pp row (interleaved ones: two stages per rank); microbatches = accum",
+           "PP schedule"),
     Column("model", ("dense", "moe"), "dense", "{}", "moe: router + top-k + experts in every block", "Model"),
     Column("compile", ("none", "model", "block"), "none", _compile_part,
            "torch.compile per block (torchtitan's default) or of the whole model, fullgraph", "Compile"),
@@ -144,6 +149,12 @@ RULES: tuple[Rule, ...] = (
          "routing edges steer an eager MoE router: they need model=moe, compile=none, resume=none"),
     Rule(lambda s: s.routing == "empty_middle" and s.dp_degree * s.accum < 3,
          "a middle microbatch needs at least 3 (data-parallel ranks x accum)"),
+    Rule(lambda s: (s.parallel == "pp") != (s.schedule != "none"), "a schedule is named exactly for parallel=pp"),
+    Rule(lambda s: s.parallel == "pp" and (s.model != "dense" or s.compiled or s.ac != "none" or s.float8 != "none"
+                                           or s.eval != "none" or s.resume != "none" or s.train == "frozen"),
+         "pp rows run the dense model eager, without AC, Float8, eval, resume or LoRA"),
+    Rule(lambda s: s.parallel == "pp" and (s.accum < 2 or s.accum % 2),
+         "pp microbatches (accum) must be a multiple of the 2 ranks, at least 2"),
     Rule(lambda s: s.train == "frozen" and s.model == "moe", "the LoRA adapters exist in the dense model only"),
     Rule(lambda s: s.sched != "const" and s.resume != "none",
          "the LR scheduler's state is not part of the resume row's checkpoint: sched needs resume=none"),
@@ -219,6 +230,8 @@ class Scenario:
     def model_args(self) -> ModelArgs:
         if self.model == "moe":
             return MOE_MODEL
+        if self.parallel == "pp":
+            return PP_MODEL
         return LORA_MODEL if self.train == "frozen" else MODEL
 
     @property
@@ -487,6 +500,12 @@ def _training_step_rows() -> list[Scenario]:
         if edge != "one_expert":
             rows.append(row("tp", model="moe", accum=3, routing=edge))
     rows.append(row("ep", model="moe", world_size=4, accum=2, routing="empty_middle", clip="mesh"))
+    # pipeline parallel: every schedule, microbatches, clipping across stages, frozen parts
+    for schedule in ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"):
+        rows += [row("pp", schedule=schedule, accum=2), row("pp", schedule=schedule, accum=4, clip="mesh")]
+    rows += [row("pp", schedule="1f1b", accum=2, optim="adamw", sched="warmup_cosine"),
+             row("pp", schedule="interleaved_1f1b", accum=2, train="frozen_embed"),
+             row("pp", schedule="gpipe", accum=2, loss="z_loss")]
     return rows
 
 

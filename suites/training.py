@@ -103,6 +103,8 @@ class Mutation:
     """FSDP2 reduces gradients in this dtype, whatever the MixedPrecisionPolicy says."""
     clip_local_norm: bool = False
     """Clipping measures each rank's local shards' norm, never reduced over the ranks."""
+    pp_sum_microbatches: bool = False
+    """The pipeline schedule sums its microbatches' gradients instead of averaging them."""
 
 
 def clean_name(name: str) -> str:
@@ -210,6 +212,8 @@ class Layout:
     dp_group: Any = None
     ep: par.ExpertParallel | None = None
     counter: par.CompileCounter | None = None
+    pipe: Any = None
+    """A pp row's suites.pipeline.Pipeline (this rank's stages and their schedule)."""
 
 
 @dataclass
@@ -231,8 +235,10 @@ def _clip(scenario: Scenario, layout: Layout, record: TrainRecord, mutation: "Mu
     if scenario.clip == "none":
         return
     params = [p for p in layout.model.parameters() if p.requires_grad]
-    experts = [p for n, p in layout.model.named_parameters() if ".experts." in n] if layout.ep else []
-    norm = stp.clip_grads(params, scenario.clip, local_params=experts, group=layout.dp_group,
+    local = [p for n, p in layout.model.named_parameters() if ".experts." in n] if layout.ep else []
+    if layout.pipe is not None:
+        local = params  # every gradient lives on the rank of its stage only
+    norm = stp.clip_grads(params, scenario.clip, local_params=local, group=layout.dp_group,
                           local_norm=mutation.clip_local_norm)
     record.grad_norms.append(float(norm.cpu()))
 
@@ -251,6 +257,10 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
 
     for step in steps:
         tokens, labels = data[step]
+        if layout.pipe is not None:
+            _pipeline_step(scenario, layout, tokens, labels, device, record, step_parts, mutation,
+                           on_step(step) if on_step else contextlib.nullcontext())
+            continue
         mb = tokens.shape[0] // (layout.dp_size * scenario.accum)  # rows per microbatch
         ctx = on_step(step) if on_step else contextlib.nullcontext()
         with ctx:
@@ -276,6 +286,48 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
         _finish_step(step_parts)
         if scenario.fsdp_float8_all_gather:
             par.precompute_float8_scales(layout.model)
+
+
+def _pipeline_step(scenario: Scenario, layout: Layout, tokens, labels, device, record: TrainRecord,
+                   step_parts: Step, mutation: "Mutation", ctx: Any) -> None:
+    """One step of a pp row: the schedule runs every microbatch through the stages."""
+    from . import pipeline
+
+    with ctx:
+        step_parts.opt.zero_grad(set_to_none=True)
+        total = pipeline.step(layout.pipe, tokens.to(device), labels.to(device))
+    _clip(scenario, layout, record, mutation)
+    record.losses.append(float(total.cpu()))
+    record.grads.append(_gathered(full_grads(layout.model)))
+    _finish_step(step_parts)
+
+
+def _gathered(table: dict) -> dict:
+    """Every rank's entries in one dict (a pp rank holds its stages' parameters only)."""
+    import torch.distributed as dist
+
+    tables: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(tables, table)
+    out: dict = {}
+    for t in tables:
+        out.update({k: v for k, v in t.items() if v is not None or k not in out})
+    return dict(sorted(out.items()))
+
+
+def _build_pipeline(scenario: Scenario, device, dtype: str, evidence: Evidence, mutation: "Mutation") -> Layout:
+    from . import pipeline
+
+    def fresh() -> nn.Module:
+        model = build_model(scenario.model_args, SEED).to(device=device, dtype=_dtype(dtype))
+        freeze(model, scenario.train)
+        return model
+
+    pipe, modules = pipeline.build(scenario.schedule, fresh, stp.build_loss(scenario), scenario.accum, device,
+                                   sum_microbatches=mutation.pp_sum_microbatches)
+    stages = pipeline.Stages(modules)
+    evidence.placements = _gathered(placements(stages))
+    evidence.trainable = sorted(_gathered({clean_name(n): 1 for n, p in stages.named_parameters() if p.requires_grad}))
+    return Layout(runnable=stages, model=stages, pipe=pipe)
 
 
 def _average_ep_grads(model: nn.Module, group: Any, size: int) -> None:
@@ -347,6 +399,8 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
     """A fresh seed-built model, parallelized as `parallel` (or not at all: `single`)."""
     import torch.distributed as dist
 
+    if parallel == "pp":
+        return _build_pipeline(scenario, device, dtype, evidence, mutation)
     model = build_model(scenario.model_args, SEED).to(device=device, dtype=_dtype(dtype))
     freeze(model, scenario.train)
     if scenario.float8 != "none":
@@ -467,7 +521,8 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
             if scenario.steps == 1:
                 evidence.graphs_after_first_step = counter.graphs
         evidence.graph_breaks = _graph_breaks() - breaks_before
-        evidence.trainable_end = sorted(clean_name(n) for n, p in layout.model.named_parameters() if p.requires_grad)
+        trainable_end = {clean_name(n): 1 for n, p in layout.model.named_parameters() if p.requires_grad}
+        evidence.trainable_end = sorted(_gathered(trainable_end) if layout.pipe is not None else trainable_end)
         evidence.frozen_with_grad = sorted(n for n, g in record.grads[-1].items()
                                            if g is not None and is_frozen(n, scenario.train))
         if scenario.eval != "none":

@@ -59,7 +59,7 @@ def test_every_rule_is_kept_by_every_row_and_has_a_message():
 
 
 def test_the_coverage_table_has_a_column_per_declared_column():
-    from distci.coverage import render
+    from tools.coverage import render
 
     header = render(TABLE).splitlines()[4]
     assert header.count("|") == len(COLUMNS) + 1 + 3 + 1  # id, columns, three devices

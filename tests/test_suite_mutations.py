@@ -24,7 +24,8 @@ parameter FSDP2 left unsharded, a router that never leaves an expert idle or sta
 a routing edge (an expert starved in one microbatch) that did not happen. The structural
 checks of the training step run for real too: FSDP2 gradient reductions in bf16 where the
 MixedPrecisionPolicy says float32 (numbers alone stay inside the bf16 tolerance),
-clipping by each rank's local norm, a parameter that stops requiring grad.
+clipping by each rank's local norm, a parameter that stops requiring grad, a pipeline schedule
+that sums its microbatches' gradients.
 Unmutated controls run through the same checks and must pass, so a failure is the
 mutation's doing. All real runs share one spawn of two ranks (~60 s on 2 cores).
 """
@@ -67,6 +68,8 @@ RUNS = {
     "control_clip": ("fsdp-eager-clip_norm", None),
     "clip_local_norm": ("fsdp-eager-clip_norm", "clip_local_norm"),
     "lost_requires_grad": ("fsdp-eager", "lose_requires_grad"),
+    "control_pp": ("pp-gpipe-eager-ga2", None),
+    "pp_summed": ("pp-gpipe-eager-ga2", "pp_sum_microbatches"),
 }
 
 
@@ -123,6 +126,8 @@ def _mutation(kind: str | None):
         return Mutation(fsdp_reduce_dtype=torch.bfloat16)
     if kind == "clip_local_norm":
         return Mutation(clip_local_norm=True)
+    if kind == "pp_sum_microbatches":
+        return Mutation(pp_sum_microbatches=True)
     if kind == "lose_requires_grad":
         return Mutation(after_parallelize=lambda model: model.norm.weight.requires_grad_(False))
     raise ValueError(kind)
@@ -420,4 +425,15 @@ def test_a_routing_edge_that_did_not_happen_fails():
     assert problems == ["routing edge empty_last: expert 1 got 2 tokens in step 0 block 0 microbatch 1, "
                         "where it must get none"], problems
     assert edge_problems(starved, "one_expert", 2)  # expert 0 did not get every token
+
+
+def test_pipeline_that_sums_its_microbatches_fails_numerics(mutated):
+    """A schedule that adds the microbatches' gradients (no scale_grads): every stage's
+    gradients are twice the reference's; the first step's loss is unchanged (the later
+    ones move with the doubled updates)."""
+    problems = _problems(mutated, "pp_summed", "numerics")
+    assert not any(p.startswith("step 0: loss") for p in problems), problems
+    assert any(p.startswith("step 0: tok_embeddings.weight: gradient SQNR -0.0 dB") for p in problems), problems
+    for stage_param in ("tok_embeddings.weight", "layers.3.feed_forward.w2.weight", "output.weight"):
+        assert any(p.startswith("step 0: " + stage_param) for p in problems), (stage_param, problems)
 
