@@ -6,7 +6,10 @@ or $DISTCI_FUZZ_CONFIG (inline JSON: one point, axes at their defaults left out)
 
     DISTCI_FUZZ_CONFIG='{"parallel": "fsdp", "ac": "full"}' \\
         python -m distci run --cell CELL --test suites/fuzz_entry.py
+    python -m distci run --cell CELL --test 'suites/fuzz_entry.py::test_fuzz_config[fsdp-eager-ac_full]'
 
+(a test id alone names its configuration, so a rerun or a bisect probe of a find needs
+nothing else).
 Each one is judged exactly as a table row (suites/test_scenarios.py): the same reference,
 checks and tolerances. The failure's first line leads with its most specific problem (a
 gradient names its parameter) so the Result's error signature tells bugs apart: the
@@ -24,7 +27,7 @@ import pytest
 
 from .fuzz import CONFIG_ENV, CONFIGS_ENV
 from .fuzz_plants import planted
-from .space import Space, scenario
+from .space import Space, point_from_id, scenario
 from .test_scenarios import marks_of, scenario_problems
 
 
@@ -32,25 +35,33 @@ from .test_scenarios import marks_of, scenario_problems
 SIGNED_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w.])")
 
 
-def configs() -> list[dict]:
-    """The points to run, from the environment (none: nothing is collected)."""
+def configs(args: list[str] | None = None) -> list[dict]:
+    """The points to run: from the environment, else from test ids on the command line
+    (`suites/fuzz_entry.py::test_fuzz_config[<scenario id>]`: the id names the point)."""
     if os.environ.get(CONFIGS_ENV):
         raw = json.loads(Path(os.environ[CONFIGS_ENV]).read_text())
     elif os.environ.get(CONFIG_ENV):
         raw = json.loads(os.environ[CONFIG_ENV])
     else:
-        return []
+        ids = [a.split("::test_fuzz_config[", 1)[1].rsplit("]", 1)[0] for a in args or []
+               if "::test_fuzz_config[" in a]
+        return [point_from_id(i) for i in ids]
     points = raw if isinstance(raw, list) else [raw]
     space = Space(device_type=None)
     return [space.complete(p) for p in points]
 
 
-def params() -> list:
+def params(args: list[str] | None = None) -> list:
     out = []
-    for point in configs():
+    for point in configs(args):
         s = scenario(point)
         out.append(pytest.param(s, id=s.id, marks=marks_of(s)))
     return out
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.function.__name__ == "test_fuzz_config":
+        metafunc.parametrize("scenario", params(list(metafunc.config.args)))
 
 
 def lead(problems: list[str]) -> str:
@@ -61,7 +72,6 @@ def lead(problems: list[str]) -> str:
     return (grads or others or problems)[0]
 
 
-@pytest.mark.parametrize("scenario", params())
 def test_fuzz_config(dist, scenario) -> None:
     problems = scenario_problems(dist, scenario, planted(scenario))
     if problems:

@@ -261,3 +261,44 @@ def _repaired(space: Space, point: dict[str, Any], moved: str, most: int = 2) ->
             if space.valid(candidate):
                 return candidate
     return None
+
+
+def point_from_id(sid: str) -> dict[str, Any]:
+    """The point whose scenario id is `sid` (the inverse of `key`), so a fuzz test id alone,
+    `suites/fuzz_entry.py::test_fuzz_config[<id>]`, names its configuration (a rerun, a
+    bisect probe). ValueError when no valid point has that id."""
+    options: dict[str, list[dict[str, Any]]] = {}
+    for c in sc.COLUMNS:
+        if not c.axis or c.fragment is None or callable(c.fragment):
+            continue
+        for v in c.values:
+            if v != c.default:
+                token = c.fragment.get(v, str(v)) if isinstance(c.fragment, dict) else c.fragment.format(v)
+                options.setdefault(token, []).append({c.name: v})
+    for compile_ in AXIS_VALUES["compile"]:
+        for backend in AXIS_VALUES["backend"]:
+            probe = {"compile": compile_, "backend": backend}
+            if (compile_ == "none") == (backend == "none"):
+                token = next(p for c in sc.COLUMNS if c.name == "compile"
+                             for p in [c.fragment(type("S", (), probe)())])
+                options.setdefault(token, []).append(probe)
+    tokens = sid.split("-")
+    unknown = [t for t in tokens if t not in options]
+    if unknown:
+        raise ValueError(f"{sid!r} is no scenario id: {', '.join(unknown)} is no column's fragment")
+    for choice in _product([options[t] for t in tokens]):
+        point: dict[str, Any] = {}
+        for part in choice:
+            point.update(part)
+        try:
+            if key(point) == sid:
+                return {a.name: point.get(a.name, a.default) for a in AXES}
+        except ValueError:
+            continue
+    raise ValueError(f"{sid!r} names no valid configuration (the table's rules refuse it)")
+
+
+def _product(lists: list[list]) -> Iterable[tuple]:
+    from itertools import product
+
+    return product(*lists)

@@ -59,9 +59,19 @@ def test_a_printed_row_pastes_into_the_table_as_the_same_scenario():
 
 def test_a_repro_is_a_command_that_selects_the_configuration():
     point = Space().complete({"parallel": "fsdp", "ac": "full"})
-    line = repro(Space(), CELL, point)
-    assert line == (f"DISTCI_FUZZ_CONFIG='{{\"ac\": \"full\", \"parallel\": \"fsdp\"}}' nox -s dist_tests -- "
-                    f"--cell {CELL} --test {ENTRY_TEST}")
+    assert repro(Space(), CELL, point) == (f"nox -s dist_tests -- --cell {CELL} "
+                                           f"--test '{ENTRY_TEST}::test_fuzz_config[fsdp-eager-ac_full]'")
+
+
+def test_a_scenario_id_names_its_point():
+    from suites.space import point_from_id
+
+    for row in sc.TABLE:
+        assert point_from_id(row.id) == point_of(row), row.id
+    with pytest.raises(ValueError, match="no column's fragment"):
+        point_from_id("tp-eager-ac_sometimes")
+    with pytest.raises(ValueError, match="names no valid configuration"):
+        point_from_id("tp-eager-mp_bf16")
 
 
 @pytest.mark.slow  # imports torch
@@ -76,6 +86,8 @@ def test_the_entry_reads_the_repro_config(monkeypatch):
     assert param.id == "fsdp-eager-ac_full"
     monkeypatch.delenv(fuzz_entry.CONFIG_ENV)
     assert fuzz_entry.params() == []
+    (param,) = fuzz_entry.params(["-q", f"{ENTRY_TEST}::test_fuzz_config[tp-eager-loss_parallel-eval_inference]"])
+    assert param.values[0].loss_parallel and param.values[0].eval == "inference"
 
 
 def test_public_command_keeps_no_machine_path():

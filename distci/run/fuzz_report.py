@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from suites.fuzz import ENTRY_TEST, Find, Outcome, Report
-from suites.space import Space
+from suites.space import Space, key
 
 
 
@@ -44,11 +44,11 @@ def config_json(space: Space, point: dict[str, Any]) -> str:
 
 
 def repro(space: Space, cell_id: str, point: dict[str, Any], plant: str = "") -> str:
-    """One line that runs this configuration alone through a normal cell run."""
-    env = f"DISTCI_FUZZ_CONFIG={shlex.quote(config_json(space, point))}"
-    if plant:
-        env = f"DISTCI_FUZZ_PLANT={plant} {env}"
-    return f"{env} nox -s dist_tests -- --cell {cell_id} --test {ENTRY_TEST}"
+    """One line that runs this configuration alone through a normal cell run: its test id
+    names it (suites/fuzz_entry.py reads the point back from the scenario id)."""
+    test = shlex.quote(f"{ENTRY_TEST}::test_fuzz_config[{key(point)}]")
+    env = f"DISTCI_FUZZ_PLANT={plant} " if plant else ""
+    return f"{env}nox -s dist_tests -- --cell {cell_id} --test {test}"
 
 
 def find_lines(run: FuzzRun, find: Find) -> list[str]:
@@ -60,6 +60,7 @@ def find_lines(run: FuzzRun, find: Find) -> list[str]:
         f"  row:    {table_row(run.space, s.point)}",
         f"  id:     {s.key}",
         f"  repro:  {repro(run.space, run.cell_id, s.point, run.plant)}",
+        f"  replay: nox -s fuzz -- --cell {run.cell_id} --replay {shlex.quote(config_json(run.space, s.point))}",
     ]
 
 
