@@ -54,7 +54,7 @@ def configs(args: list[str] | None = None) -> list[dict]:
 def params(args: list[str] | None = None) -> list:
     out = []
     for point in configs(args):
-        s = scenario(point)
+        s = scenario(point, tier="pr")  # named explicitly: selected whatever tier the run is
         out.append(pytest.param(s, id=s.id, marks=marks_of(s)))
     return out
 
