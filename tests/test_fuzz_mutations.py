@@ -41,7 +41,7 @@ Each seed's third draw at the latest fails with two or more distractor axes on, 
 shrinker has work to do (`--list` with the same arguments shows the draws)."""
 
 
-def fuzz(tmp: Path, *args: str, plant: str = "", timeout: int = 600) -> tuple[subprocess.CompletedProcess, dict]:
+def fuzz(tmp: Path, *args: str, plant: str = "", timeout: int = 900) -> tuple[subprocess.CompletedProcess, dict]:
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
     env.pop("DISTCI_FUZZ_PLANT", None)
     if plant:
