@@ -88,7 +88,7 @@ def test_a_planted_bug_is_found_and_shrunk_to_what_it_needs(tmp_path, plant):
     # printed as a row ready to paste, its id and a repro that names the configuration
     assert f"  id:     {shrunk['id']}" in out
     assert "  row:    row(" in out
-    assert f"--cell {CELL} --test suites/fuzz_entry.py" in out
+    assert f"--cell {CELL} --test 'suites/fuzz_entry.py::test_fuzz_config[{shrunk['id']}]'" in out
     # one line per configuration, and every configuration an ordinary Result of the run
     for o in report["tried"]:
         assert o["id"] in out
