@@ -6,6 +6,7 @@
     nox -s matrix -- --json [--tier nightly]
     nox -s tests                 distci's own tests (all tiers); nox -s tests_quick: the quick tier
     nox -s bench -- harness | images
+    nox -s fuzz -- --cell ID --budget 30m --seed S   draw configurations, shrink what fails
     nox -s images -- --cell ID | --tier NAME
     nox -s ingest | gate | export | dashboard | bisect | lint | aggregate | teardown
 """
@@ -141,6 +142,13 @@ def bench(session: nox.Session) -> None:
     _install(session, TORCH)
     _install(session, "-e", ".[test,docker]", "torchao==0.18.0")
     session.run("python", "-m", "distci", "bench", *(session.posargs or ["harness"]))
+
+
+@controller
+def fuzz(session: nox.Session) -> None:
+    """Draw scenario configurations on one cell, run them, shrink what fails:
+    `-- --cell ID [--budget 30m] [--seed S] [--space AXIS=V1,V2] [--list] [--replay JSON]`."""
+    _distci(session, "fuzz")
 
 
 @controller

@@ -138,14 +138,21 @@ class Regression:
         return None
 
 
+FUZZ_TESTS = "suites/fuzz_entry.py::"
+"""The fuzzer's configurations (suites.fuzz.ENTRY_TEST): each is new, so it has no green
+history to regress from; a failing one (verdict `fail`) is filed like a regression, by
+its signature, so only a new signature opens an issue."""
+
+
 def regressions(store: Store, run_ids: Iterable[str]) -> list[Regression]:
-    """Tonight's regressions, in cell then test order."""
+    """Tonight's regressions and fuzz finds, in cell then test order."""
     found = []
     for run_id in sorted(set(run_ids)):
         run = store.run(run_id)
         if run is None:
             continue
-        for r in store.results(run_id=run_id, verdicts=["regression"]):
+        fuzzed = [r for r in store.results(run_id=run_id, verdicts=["fail"]) if r.test_id.startswith(FUZZ_TESTS)]
+        for r in [*store.results(run_id=run_id, verdicts=["regression"]), *fuzzed]:
             base = store.run(r.compared_run) if r.compared_run else None
             found.append(Regression(
                 cell_id=r.cell_id, run_id=run_id, test_id=r.test_id,
