@@ -361,7 +361,7 @@ def test_the_pool_stops_restarting_after_n_failed_starts(tmp_path):
     for rec in records[2:]:
         assert rec["error_signature"] == "PoolStartsExhausted: 2-rank pool", rec
         assert "failed to start 2 times in a row (--distci-max-pool-starts=2)" in rec["message"], rec["message"]
-        assert "exited with code 3 during start-up" in rec["message"], rec["message"]
+        assert "during start-up (it exited with code 3)" in rec["message"], rec["message"]
         assert rec["duration_s"] < 1.0
     assert _leftovers_after(token)[0] == []
 

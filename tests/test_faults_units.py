@@ -131,3 +131,47 @@ def test_reaper_kills_token_carriers_when_its_controller_dies(tmp_path):
     while procs.with_token(token) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert procs.with_token(token) == []
+
+
+def test_an_unknown_fix_id_stops_import_torch_naming_the_known_ids(monkeypatch):
+    """The entry point torch calls at `import torch` raises for a typo (torch aborts the
+    import with it as the cause): in a cell env, not only under the harness, a typo is an
+    error, never a RuntimeWarning with the other fixes applied."""
+    sys.path.insert(0, str(REPO / "fixes"))
+    try:
+        from distci_fixes import UnknownFixError
+        from distci_fixes._autoload import autoload
+    finally:
+        sys.path.remove(str(REPO / "fixes"))
+    monkeypatch.setenv("DISTCI_FIXES", "act_tangent_coercion,nonexistent")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning instead of the error
+        with pytest.raises(UnknownFixError, match="unknown fix id nonexistent; known ids: act_tangent_coercion"):
+            autoload()
+        monkeypatch.setenv("DISTCI_FIXES", "none")
+        autoload()
+
+
+@pytest.mark.parametrize("value, fixes", [("none", ["off"]), ("NONE", ["off"]), ("all", ["on"]), ("", ["on", "off"])])
+def test_distci_fixes_overrides_the_cells_mode_and_its_id(value, fixes):
+    from distci.matrix import load_matrix
+    from distci.run.cellrun import cell_environment, fixes_override
+
+    cells = [c for c in load_matrix(REPO / "matrix.toml").cells if c.accelerator == "cpu"][:1]
+    twin = [c for c in load_matrix(REPO / "matrix.toml").cells if c.id == cells[0].id.replace("fix_on", "fix_off")]
+    chosen = fixes_override(cells + twin, {"DISTCI_FIXES": value} if value else {})
+    assert sorted(c.fixes for c in chosen) == sorted(fixes)
+    for cell in chosen:
+        assert cell.id.endswith(f"-fix_{cell.fixes}")
+        assert cell_environment(cell, None)["DISTCI_FIXES"] == ("all" if cell.fixes == "on" else "none")
+
+
+@pytest.mark.parametrize("value", ["nonexistent", "act_tangent_coercion", "all,none"])
+def test_distci_fixes_ids_are_refused_by_a_cell_run(value):
+    from distci.errors import ConfigError
+    from distci.matrix import load_matrix
+    from distci.run.cellrun import fixes_override
+
+    cells = load_matrix(REPO / "matrix.toml").cells[:1]
+    with pytest.raises(ConfigError, match=rf"DISTCI_FIXES: '{value}': a cell run takes `all` or `none`"):
+        fixes_override(cells, {"DISTCI_FIXES": value})

@@ -204,7 +204,12 @@ class Harness:
         if threading.current_thread() is not threading.main_thread():
             return
 
+        stopping: list[int] = []
+
         def stop(signum: int, _frame: Any) -> None:
+            if stopping:  # the same stop again (see procs.stop_signals_raise): let pytest close
+                return
+            stopping.append(signum)
             self.recorder.stopped_by = signal.Signals(signum).name
             self.kill_ranks_now()
             raise KeyboardInterrupt(self.recorder.stopped_by)

@@ -172,7 +172,7 @@ class RankPool:
                 try:
                     reports[r.rank] = conn.recv()
                 except (EOFError, OSError):
-                    self._fail_start(f"rank {r.rank} died during {what}")
+                    self._fail_start(f"rank {r.rank} died during {what} (it {describe_exit(self._exit_code(r))})")
             for r in self.ranks:
                 if r.rank not in reports and r.proc.poll() is not None:
                     self._fail_start(f"rank {r.rank} exited with code {r.proc.returncode} during {what}")

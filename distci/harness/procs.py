@@ -81,20 +81,30 @@ class stop_signals_raise:
     """Within this block SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt, so one handler
     stops the child in order (main thread only; elsewhere a no-op). SIGINT is set here
     too: a process started with SIGINT ignored (a background job of a non-interactive
-    shell, as some CI wrappers launch) would otherwise never see Ctrl-C or a cancel."""
+    shell, as some CI wrappers launch) would otherwise never see Ctrl-C or a cancel.
+
+    Only the first stop raises: the same stop often arrives twice (a terminal's Ctrl-C
+    reaches the whole foreground group, and nox hands it on as well; a CI cancel follows
+    SIGINT with SIGTERM), and a second KeyboardInterrupt inside the closing would leave
+    the run without its summary, JUnit and end time."""
 
     def __enter__(self) -> "stop_signals_raise":
         import threading
 
         self._saved: dict[int, object] = {}
+        self.stopped_by: str | None = None
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 self._saved[sig] = signal.signal(sig, self._raise)
         return self
 
-    @staticmethod
-    def _raise(signum: int, _frame) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
+    def _raise(self, signum: int, _frame) -> None:
+        if self.stopped_by is not None:
+            print(f"distci: {signal.Signals(signum).name} while stopping ({self.stopped_by}): "
+                  "still closing the run", file=sys.stderr, flush=True)
+            return
+        self.stopped_by = signal.Signals(signum).name
+        raise KeyboardInterrupt(self.stopped_by)
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._saved.items():
