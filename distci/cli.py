@@ -41,7 +41,8 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from distci.run.cellrun import fixes_override, run_cell
+    from distci.run.cellrun import run_cell
+    from distci.run.fixesmode import fixes_override
     from distci.matrix import load_matrix
     from distci.rundir import RunDir
     from distci.run.terminal import EXIT_FILE_ENV, exit_code, exit_line, print_summary, write_exit_file

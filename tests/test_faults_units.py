@@ -155,7 +155,8 @@ def test_an_unknown_fix_id_stops_import_torch_naming_the_known_ids(monkeypatch):
 @pytest.mark.parametrize("value, fixes", [("none", ["off"]), ("NONE", ["off"]), ("all", ["on"]), ("", ["on", "off"])])
 def test_distci_fixes_overrides_the_cells_mode_and_its_id(value, fixes):
     from distci.matrix import load_matrix
-    from distci.run.cellrun import cell_environment, fixes_override
+    from distci.run.cellrun import cell_environment
+    from distci.run.fixesmode import fixes_override
 
     cells = [c for c in load_matrix(REPO / "matrix.toml").cells if c.accelerator == "cpu"][:1]
     twin = [c for c in load_matrix(REPO / "matrix.toml").cells if c.id == cells[0].id.replace("fix_on", "fix_off")]
@@ -170,7 +171,7 @@ def test_distci_fixes_overrides_the_cells_mode_and_its_id(value, fixes):
 def test_distci_fixes_ids_are_refused_by_a_cell_run(value):
     from distci.errors import ConfigError
     from distci.matrix import load_matrix
-    from distci.run.cellrun import fixes_override
+    from distci.run.fixesmode import fixes_override
 
     cells = load_matrix(REPO / "matrix.toml").cells[:1]
     with pytest.raises(ConfigError, match=rf"DISTCI_FIXES: '{value}': a cell run takes `all` or `none`"):
