@@ -176,3 +176,19 @@ def test_distci_fixes_ids_are_refused_by_a_cell_run(value):
     cells = load_matrix(REPO / "matrix.toml").cells[:1]
     with pytest.raises(ConfigError, match=rf"DISTCI_FIXES: '{value}': a cell run takes `all` or `none`"):
         fixes_override(cells, {"DISTCI_FIXES": value})
+
+
+@pytest.mark.slow  # a pytest child process: ~20 s on a loaded 2-core machine
+def test_the_harness_lives_in_config_stash(tmp_path):
+    """Plugin state in config.stash (pytest's own plugins' way), not an attribute of config."""
+    (tmp_path / "test_stash.py").write_text(
+        "from distci.harness.plugin import HARNESS, harness_of\n"
+        "def test_stash(request):\n"
+        "    assert harness_of(request.config) is request.config.stash[HARNESS]\n"
+        "    assert harness_of(request.config).device_type == 'cpu'\n"
+        "    assert not hasattr(request.config, '_distci')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-q",
+                           "--distci-device=cpu", str(tmp_path / "test_stash.py")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:]
