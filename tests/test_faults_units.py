@@ -192,3 +192,16 @@ def test_the_harness_lives_in_config_stash(tmp_path):
                            "--distci-device=cpu", str(tmp_path / "test_stash.py")], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:]
+
+
+@pytest.mark.parametrize("state, message", [
+    (RankState(1, exit_code=-11), "rank 1 killed by SIGSEGV"),
+    (RankState(1, exit_code=None, channel="EOFError on the socket"),
+     "rank 1 lost its control channel to the controller (EOFError on the socket) while its process was still running"),
+    (RankState(1, exit_code=75, channel="EOFError on the socket"),
+     "rank 1 lost its control channel to the controller (EOFError on the socket) and the rank exited"),
+])
+def test_a_lost_rank_is_named_by_what_happened_never_a_made_up_signal(state, message):
+    combined = combine([RankState(0), state], 1.0)
+    assert (combined.outcome, combined.failure_kind, combined.message) == ("failed", "crash", message)
+    assert combined.needs_rebuild and "SIGHUP" not in combined.render()

@@ -126,7 +126,7 @@ def _excerpt(state: RankState) -> RankExcerpt:
     who = f"rank {state.rank}"
     if state.exit_code is not None or state.channel:
         outcome = "crash"
-        body = f"{who} {_death(state)}\n{_tail(state.log)}"
+        body = f"{who} {'' if state.channel else 'process '}{_death(state)}\n{_tail(state.log)}"
     elif state.stuck:
         outcome = "stuck"
         body = (f"{who} still running at the deadline; its stack:\n{_tail(state.stack or '(no stack captured)', 8000)}"
@@ -148,7 +148,7 @@ def _death(state: RankState) -> str:
     if state.channel and state.exit_code in (None, CHANNEL_BROKEN_EXIT):
         still = "while its process was still running" if state.exit_code is None else "and the rank exited"
         return f"lost its control channel to the controller ({state.channel}) {still}"
-    return f"process {describe_exit(state.exit_code)}"
+    return describe_exit(state.exit_code)
 
 
 def leaks_of(states: list[RankState]) -> dict[str, tuple[list[int], bool]]:
