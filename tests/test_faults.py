@@ -299,8 +299,11 @@ def test_a_test_that_changed_the_process_is_blamed_and_the_next_test_passes(stat
     assert rec["error_signature"].startswith("LeakedState: the test changed the process for later tests"), rec
     assert words in rec["message"], rec["message"][:2000]
     assert ("(the pool is rebuilt)" if rebuilt else "(set back; later tests run without it)") in rec["message"]
-    after = case.replace("test_", "test_after_", 1)
+    after = NEXT_PASSING.get(case, case.replace("test_", "test_after_", 1))
     assert _outcome(state_run[1][after]) == ("passed", None), state_run[1][after]["message"][:2000]
+
+
+NEXT_PASSING = {"test_ignores_sigusr1": "test_after_hangs_after_sigusr1_ignored"}  # a real hang comes between
 
 
 def test_every_patched_attribute_and_module_is_named(state_run):
