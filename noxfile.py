@@ -13,9 +13,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -82,6 +85,46 @@ def _distci(session: nox.Session, command: str, args: list[str] | None = None, *
                 **run_kwargs)
 
 
+# A stop (Ctrl-C in a terminal, a CI job's cancel: SIGINT, SIGTERM, SIGHUP) goes to the
+# controller, and nox waits while the controller closes its run (the test in flight
+# recorded, summary, JUnit, run.json ended, exit file). Left alone, nox SIGTERMs the
+# controller 0.3 s after a Ctrl-C and SIGKILLs it 0.2 s later, and dies at once of a SIGTERM.
+STOP_GRACE_S = 180.0  # the controller gives pytest 60 s, then kills its tree
+
+
+def _children(pid: int) -> list[int]:
+    """The direct children of `pid` (Linux /proc; elsewhere none: a terminal's Ctrl-C
+    still reaches them, as they share its process group)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+@contextlib.contextmanager
+def _stops_handed_to_the_controller():
+    stopping: list[int] = []
+
+    def hand_off(signum: int, _frame) -> None:
+        for pid in _children(os.getpid()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+        if not stopping:  # nox then waits for the controller (interrupt_timeout)
+            stopping.append(signum)
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    saved = {sig: signal.signal(sig, hand_off) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
 @controller
 def dist_tests(session: nox.Session) -> None:
     """Provision each selected cell and run its distributed suites; results under .distci/runs/.
@@ -90,7 +133,9 @@ def dist_tests(session: nox.Session) -> None:
     session's last line names it, and `.nox/distci-exit.json` holds it."""
     exit_file = CONTROLLER.parent / "distci-exit.json"
     exit_file.unlink(missing_ok=True)
-    _distci(session, "run", env={"DISTCI_EXIT_FILE": str(exit_file.resolve())}, success_codes=[0, 1, 3])
+    with _stops_handed_to_the_controller():
+        _distci(session, "run", env={"DISTCI_EXIT_FILE": str(exit_file.resolve())}, success_codes=[0, 1, 3],
+                interrupt_timeout=STOP_GRACE_S, terminate_timeout=10.0)
     if exit_file.exists():
         result = json.loads(exit_file.read_text())
         if result["exit_code"]:

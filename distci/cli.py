@@ -42,6 +42,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from distci.run.cellrun import run_cell
+    from distci.run.fixesmode import fixes_override
     from distci.matrix import load_matrix
     from distci.rundir import RunDir
     from distci.run.terminal import EXIT_FILE_ENV, exit_code, exit_line, print_summary, write_exit_file
@@ -50,7 +51,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)
     matrix = load_matrix(args.matrix)
-    cells = matrix.select(cell_ids=args.cell or None, tier=None if args.cell else args.tier)
+    cells = fixes_override(matrix.select(cell_ids=args.cell or None, tier=None if args.cell else args.tier))
     if args.backend == "docker":
         from distci.images import run_cells_in_docker
 
@@ -165,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
 def _exit(args: argparse.Namespace, code: int) -> int:
     """`run` names its exit code on its last line whichever way it ends."""
     if args.command == "run":
-        from distci.run.terminal import exit_line
+        from distci.run.terminal import EXIT_FILE_ENV, exit_line, write_exit_file
 
+        if os.environ.get(EXIT_FILE_ENV):  # a stopped run's exit file too: CI steps read it
+            write_exit_file(os.environ[EXIT_FILE_ENV], code, [])
         print(exit_line(code), file=sys.stderr)
     return code

@@ -280,9 +280,11 @@ def run_in_env(
             try:
                 code = relay_pytest(proc, rundir.pytest_log, rundir.results_path, lambda m: log(f"[{cell.id}] {m}"),
                                     status=StatusLine.for_stdout(f"[{cell.id}] ") if log is print else None)
-            except KeyboardInterrupt:  # Ctrl-C, SIGTERM: pytest records the test in flight, the run is closed
+            except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM: pytest records the test in flight, the run is closed
                 log(f"[{cell.id}] stopping the run")
-                code = procs.stop(proc)
+                # the signal that stopped this run stops pytest, so its record names the real one
+                code = procs.stop(proc, getattr(signal, str(stop), signal.SIGINT) if str(stop).startswith("SIG")
+                                  else signal.SIGINT)
                 print_summary([finish_run(cell, info, run_dir, code)])
                 raise
         run = finish_run(cell, info, run_dir, code)
