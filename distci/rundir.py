@@ -68,7 +68,10 @@ class RunInfo:
     `baseline_cell` is the cell this one is compared with when it has no history of its
     own (declared in matrix.toml; the runner copies it here so verdicts can be recomputed
     from the files alone). `ended_at` stays empty while the run goes: a run.json without
-    it is a run in flight, or one whose controller died.
+    it is a run in flight, or one whose controller died. `selection` is how the run was
+    narrowed (`-k EXPR`, `--test ID`: see `selection_of`); empty for a run of the cell's
+    whole suites. The gate takes the expected tests of a cell only from runs that were not
+    narrowed; a narrowed run adds evidence for the tests it ran.
     """
 
     run_id: str
@@ -87,6 +90,12 @@ class RunInfo:
     command: str = ""
     ci: dict[str, str] = field(default_factory=dict)  # GitHub's run coordinates: the dashboard links the job
     exit_code: int | None = None  # this cell's part of `distci run`'s exit code (distci.run.terminal.EXIT_CODES)
+    selection: list[str] = field(default_factory=list)
+
+    @property
+    def partial(self) -> bool:
+        """Whether the run ran a selection of the cell's tests rather than all of them."""
+        return bool(self.selection)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunInfo":
@@ -220,6 +229,11 @@ class RunDir:
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
+
+
+def selection_of(tests: Iterable[str] | None, keyword: str | None) -> list[str]:
+    """The narrowing of a run as run.json records it: `-k EXPR` then each selected test id."""
+    return ([f"-k {keyword}"] if keyword else []) + list(tests or [])
 
 
 def repro_line(cell_id: str | None, test_id: str | None = None, *, backend: str | None = None) -> str:

@@ -133,8 +133,8 @@ def test_delete_and_rebuild_gives_the_same_answers(tmp_path: Path) -> None:
     db = tmp_path / "store.sqlite"
     run_dirs = sorted(seeded.root.iterdir())
     with Store(db) as s:
-        s.ingest(run_dirs[len(run_dirs) // 2 :])  # later nights arrive first
-        s.ingest(run_dirs[: len(run_dirs) // 2])
+        ingest_runs(s, run_dirs[len(run_dirs) // 2 :])  # later nights arrive first
+        ingest_runs(s, run_dirs[: len(run_dirs) // 2])
         import_fix_audit(s, audit)
         import_bisects(s, tmp_path / "bisect")
         before = s.snapshot()

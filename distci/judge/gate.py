@@ -2,14 +2,25 @@
 
 The gate knows what should exist: the cells matrix.toml declares for the tier (or every
 cell whose id contains `--candidate`: a release candidate is a `test:<version>` Source of
-torch, so its cells have their own ids). Each expected cell gets a CellState from its
-latest run in the store:
+torch, so its cells have their own ids). It judges coverage, not "the latest run":
 
-    ok          a finished run within --max-age in which some test ran
+- a cell's expected tests are those of its latest *complete* run of the tier (one that
+  ended and was not narrowed by `-k` / `--test`: run.json's `selection` is empty), plus
+  any test a later run added;
+- each expected test is judged by its latest result since that run (infra results are
+  not results of the test: they never replace one), so a narrowed rerun adds evidence and
+  never hides a failure it did not re-run;
+- a test with no result on the current stack (that of the latest run that ran a test) is
+  missing: the cell is `partial` and the gate names the test.
+
+Each expected cell gets a CellState:
+
+    ok          a complete run within --max-age and a result on the current stack for every expected test
     missing     no run of the cell at all
-    stale       the latest run started longer than --max-age ago
+    stale       the complete run the expected tests come from started longer than --max-age ago
     infra_only  the latest run ran no test (only `infra` records, or nothing but skips)
     in_flight   the latest run has not ended yet
+    partial     no complete run of the tier, or expected tests without a result on the current stack
     waived      not ok, but waived by name (`--waive CELL --reason TEXT`)
 
 A test blocks when its verdict is `regression` or `fail` in a release-blocking suite
@@ -18,11 +29,13 @@ block but are listed. The answer, and the exit code of `nox -s gate`:
 
     PASSED      0   every expected cell is ok (or waived) and nothing blocks
     BLOCKED     1   a release-blocking test regressed or fails
-    INCOMPLETE  3   nothing blocks, but a cell is missing, stale, infra-only or in flight:
-                    a gate never says PASSED about tests that did not run
+    INCOMPLETE  3   nothing blocks, but a cell is missing, stale, infra-only, in flight or
+                    partial: a gate never says PASSED about tests that did not run
     (2 is a usage or configuration error, as for every distci command)
 
-BLOCKED wins over INCOMPLETE: a known regression is a definite "no".
+BLOCKED wins over INCOMPLETE: a known regression is a definite "no". `evaluate` is the
+judgement the dashboard's release view shows; `tally` is how the HUD export counts one
+run's results the same way.
 """
 
 from __future__ import annotations
@@ -38,8 +51,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from distci.errors import SelectionError
-from distci.judge.store import ResultRow, RunRow, Store, default_store_path, suite_of
-from distci.judge.verdicts import BLOCKING
+from distci.judge.store import ResultRow, RunRow, Store, default_store_path, is_environment, suite_of
+from distci.judge.verdicts import BLOCKING, env_key
 
 WARN = ("infra", "flaky")
 SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
@@ -47,7 +60,8 @@ DEFAULT_MAX_AGE = timedelta(hours=36)
 
 STATUSES = ("PASSED", "BLOCKED", "INCOMPLETE")
 EXIT_CODES = {"PASSED": 0, "BLOCKED": 1, "INCOMPLETE": 3}
-CELL_STATES = ("ok", "missing", "stale", "infra_only", "in_flight", "waived")
+CELL_STATES = ("ok", "missing", "stale", "infra_only", "in_flight", "partial", "waived")
+SHOWN_MISSING = 10
 COMPLETE_STATES = frozenset({"ok", "waived"})
 
 
@@ -80,6 +94,10 @@ class CellState:
     torch_version: str | None = None
     torch_git: str | None = None
     reason: str = ""
+    missing_tests: list[str] = field(default_factory=list)
+    """Expected tests with no result on the current stack (state `partial`)."""
+    evidence_runs: list[str] = field(default_factory=list)
+    """The runs whose results the gate judged this cell by, oldest first."""
 
     def to_text(self) -> str:
         if self.last_run is None:
@@ -142,6 +160,9 @@ class GateResult:
         lines += [f"  waived: {cell}: {why}" for cell, why in sorted(self.waivers.items())]
         for c in self.incomplete:
             lines.append(f"  incomplete: {c.cell_id} is {c.state}: {c.reason}")
+            lines += [f"      missing: {t}" for t in c.missing_tests[:SHOWN_MISSING]]
+            if len(c.missing_tests) > SHOWN_MISSING:
+                lines.append(f"      ... and {len(c.missing_tests) - SHOWN_MISSING} more")
         for title, items in (
             ("blocking", self.blocking),
             ("warning (does not block)", self.warnings),
@@ -201,7 +222,15 @@ def evaluate(
     matrix = load_matrix(matrix_path)
     cells = [c.id for c in matrix.select(tier=tier)]
     suites = list(matrix.tiers[tier].blocking_suites)
-    return evaluate_cells(store, tier, cells, blocking_suites=suites, now=now, max_age=max_age, waivers=waivers)
+    return evaluate_cells(store, tier, cells, blocking_suites=suites, now=now, max_age=max_age, waivers=waivers,
+                          covering_tiers=covering_tiers(list(matrix.tiers), tier))
+
+
+def covering_tiers(declared: Sequence[str], tier: str) -> tuple[str, ...]:
+    """The tiers whose complete runs define `tier`'s expected tests: itself and those
+    declared after it. matrix.toml declares tiers narrowest first, and a scenario of one
+    tier runs in every later tier too (suites/conftest.py), so a nightly run covers pr."""
+    return tuple(declared[declared.index(tier):]) if tier in declared else (tier,)
 
 
 def evaluate_candidate(
@@ -225,7 +254,8 @@ def evaluate_candidate(
     if not cells:
         raise SelectionError(f"--candidate {candidate!r} matches no cell of the matrix", where=str(matrix_path))
     suites = list(matrix.tiers[tier].blocking_suites)
-    out = evaluate_cells(store, tier, cells, blocking_suites=suites, now=now, max_age=max_age, waivers=waivers)
+    out = evaluate_cells(store, tier, cells, blocking_suites=suites, now=now, max_age=max_age, waivers=waivers,
+                         covering_tiers=covering_tiers(list(matrix.tiers), tier))
     out.candidate = candidate
     return out
 
@@ -239,10 +269,12 @@ def evaluate_cells(
     now: datetime | None = None,
     max_age: timedelta = DEFAULT_MAX_AGE,
     waivers: dict[str, str] | None = None,
+    covering_tiers: Sequence[str] = (),
 ) -> GateResult:
-    """Judges the latest run of each expected cell. `blocking_suites=None` means every
-    suite blocks. A waiver naming a cell that is not expected is an error (a typo must
-    not waive nothing silently)."""
+    """Judges each expected cell by coverage (see the module doc). `covering_tiers`: the
+    tiers whose complete runs count for `tier` (default: `tier` only). `blocking_suites=None`
+    means every suite blocks. A waiver naming a cell that is not expected is an error (a
+    typo must not waive nothing silently)."""
     now = now or datetime.now(timezone.utc)
     waivers = dict(waivers or {})
     for cell in waivers:
@@ -253,18 +285,14 @@ def evaluate_cells(
     suites = sorted(set(blocking_suites)) if blocking_suites is not None else None
     out = GateResult(tier, None, [], suites, waivers=waivers)
     for cell in sorted(set(cells)):
-        runs = store.runs(cell_id=cell)
-        last = runs[-1] if runs else None
-        results = store.results(run_id=last.run_id) if last else []
-        state = _cell_state(cell, last, results, now, max_age)
+        state, judged = judge_cell(store, cell, tier, now=now, max_age=max_age, covering_tiers=covering_tiers)
         if state.state not in COMPLETE_STATES and cell in waivers:
             state.reason = f"{state.state}: {state.reason}; waived: {waivers[cell]}"
             state.state = "waived"
         out.cells.append(state)
-        if last is None:
-            continue
-        out.runs.append(last)
-        for r in results:
+        if state.last_run is not None:
+            out.runs.append(state.last_run)
+        for r in judged:
             if r.verdict in BLOCKING:
                 blocks = suites is None or any(in_suite(r.test_id, s) for s in suites)
                 (out.blocking if blocks else out.not_blocking).append(GateItem.of(r))
@@ -275,38 +303,112 @@ def evaluate_cells(
     return out
 
 
+def judge_cell(
+    store: Store, cell: str, tier: str, *, now: datetime, max_age: timedelta = DEFAULT_MAX_AGE,
+    covering_tiers: Sequence[str] = (),
+) -> tuple[CellState, list[ResultRow]]:
+    """One cell's state and the results it is judged by: each test's latest result since
+    the cell's latest complete run of `tier` (infra only where the test has nothing else)."""
+    runs = store.runs(cell_id=cell)
+    if not runs:
+        return CellState(cell, "missing", reason="no run of this cell in the store"), []
+    last = runs[-1]
+    results = {r.run_id: store.results(run_id=r.run_id) for r in runs}
+    tiers = {tier, "", *covering_tiers}
+    base = next((r for r in reversed(runs) if _is_complete(r, tiers, results[r.run_id])), None)
+    since = runs[runs.index(base):] if base is not None else runs
+    latest: dict[str, ResultRow] = {}
+    on_stack: dict[str, set[str]] = {}
+    current_env: str | None = None
+    for run in since:
+        env = env_key(run.stack)
+        rows = results[run.run_id]
+        if any(_ran(r) for r in rows):
+            current_env = env
+        for r in rows:
+            if r.verdict == "infra" and r.test_id in latest and latest[r.test_id].verdict != "infra":
+                continue  # not a result of the test: it never replaces one
+            latest[r.test_id] = r
+            if r.verdict != "infra":
+                on_stack.setdefault(r.test_id, set()).add(env)
+    judged = [latest[t] for t in sorted(latest)]
+
+    def age_of(run: RunRow) -> float | None:
+        started = _parse_time(run.started_at)
+        return (now - started).total_seconds() if started else None
+
+    age = age_of(base or last)
+    state = CellState(cell, "ok", last, age_of(last), last.stack.get("torch"), last.torch_git or last.stack.get("torch_git"),
+                      evidence_runs=[r.run_id for r in since])
+    last_rows = results[last.run_id]
+    if not last.ended_at:
+        state.state, state.reason = "in_flight", "the latest run has not ended"
+    elif not any(_ran(r) for r in last_rows):
+        state.state = "infra_only"
+        infra = [r for r in last_rows if r.verdict == "infra"]
+        if infra:
+            lines = infra[0].excerpt.strip().splitlines()
+            state.reason = infra[0].error_signature or (lines[0] if lines else "the environment never came up")
+        else:
+            state.reason = f"no test ran ({len(last_rows)} skipped)" if last_rows else "the run recorded no result"
+    elif age is None or age > max_age.total_seconds():
+        state.state = "stale"
+        what = "the latest complete run" if base is not None else "the latest run"
+        state.reason = f"{what} is older than {format_duration(max_age)}" if age is not None else "no start time"
+    elif base is None:
+        state.state = "partial"
+        state.reason = (f"no complete run of tier {tier!r} or a wider one (every run was narrowed by -k / --test, "
+                        f"or of a narrower tier): the expected tests are unknown")
+    else:
+        expected = {r.test_id for r in results[base.run_id] if not is_environment(r.test_id)} | set(latest)
+        expected = {t for t in expected if not is_environment(t)}
+        state.missing_tests = sorted(t for t in expected if current_env not in on_stack.get(t, set()))
+        if state.missing_tests:
+            state.state = "partial"
+            state.reason = (f"{len(state.missing_tests)} of {len(expected)} expected tests have no result on the "
+                            f"current stack (torch {state.torch_version or '?'}); rerun the cell")
+    return state, judged
+
+
+def _ran(r: ResultRow) -> bool:
+    return r.verdict not in ("infra", "skip")
+
+
+def _is_complete(run: RunRow, tiers: set[str], rows: list[ResultRow]) -> bool:
+    """A run that may define a cell's expected tests: ended, not narrowed, of a covering
+    tier (or of none: a run without a tier runs every test), and some test ran in it."""
+    return bool(run.ended_at) and not run.selection and run.tier in tiers and any(_ran(r) for r in rows)
+
+
+def tally(results: Sequence[ResultRow]) -> dict[str, int]:
+    """One run's results counted by what they mean, as the gate counts them: a known issue
+    (`xfail`) is `known`, never `failed`; a flaky failure is `flaky`; infra is `infra`."""
+    out = {"total": len(results), "passed": 0, "failed": 0, "errors": 0, "skipped": 0, "known": 0, "flaky": 0,
+           "infra": 0}
+    for r in results:
+        if r.verdict == "xfail":
+            out["known"] += 1
+        elif r.verdict == "flaky" and r.outcome in ("failed", "error"):
+            out["flaky"] += 1
+        elif r.verdict == "infra":
+            out["infra"] += 1
+        elif r.outcome == "failed":
+            out["failed"] += 1
+        elif r.outcome == "error":
+            out["errors"] += 1
+        elif r.outcome == "skipped":
+            out["skipped"] += 1
+        else:
+            out["passed"] += 1
+    return out
+
+
 def _parse_time(ts: str) -> datetime | None:
     try:
         dt = datetime.fromisoformat(ts.replace("Z", "+00:00"))
     except ValueError:
         return None
     return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
-
-
-def _cell_state(
-    cell: str, run: RunRow | None, results: list[ResultRow], now: datetime, max_age: timedelta
-) -> CellState:
-    if run is None:
-        return CellState(cell, "missing", reason="no run of this cell in the store")
-    started = _parse_time(run.started_at)
-    age = (now - started).total_seconds() if started else None
-    state = CellState(cell, "ok", run, age, run.stack.get("torch"), run.torch_git or run.stack.get("torch_git"))
-    ran = [r for r in results if r.verdict not in ("infra", "skip")]
-    if age is None or age > max_age.total_seconds():
-        state.state = "stale"
-        state.reason = f"latest run is older than {format_duration(max_age)}" if age is not None else "no start time"
-    elif not run.ended_at:
-        state.state, state.reason = "in_flight", "the latest run has not ended"
-    elif not ran:
-        infra = [r for r in results if r.verdict == "infra"]
-        state.state = "infra_only"
-        if infra:
-            first = infra[0]
-            lines = first.excerpt.strip().splitlines()
-            state.reason = first.error_signature or (lines[0] if lines else "the environment never came up")
-        else:
-            state.reason = f"no test ran ({len(results)} skipped)" if results else "the run recorded no result"
-    return state
 
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")

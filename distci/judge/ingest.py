@@ -35,6 +35,7 @@ from distci.errors import ConfigError, StoreError
 from distci.results import Result, error_signature
 from distci.rundir import RESULTS_FILE, RunContents, RunDirError, find_run_dirs, read_run, utc
 from distci.judge.store import (DEFAULT_AUDIT_DIR, DEFAULT_BISECT_DIR, DEFAULT_RUNS_ROOT, DEFAULT_STORE, STORE_ENV, BisectRow, FixAuditRow, Store,
+                          storable,
                           default_store_path, nightly_date_of, suite_of)
 
 DEFAULT_KNOWN_ISSUES = Path("suites") / "known_issues.toml"
@@ -106,8 +107,11 @@ def known_issue_of(r: Result, registry: Any) -> str | None:
     return r.known_issue
 
 
-def ingest_runs(store: Store, paths: Iterable[Path | str], *, known_issues: Path | None = None) -> IngestReport:
-    """Indexes every run directory under `paths` into `store`; idempotent.
+def ingest_runs(store: Store, paths: Iterable[Path | str], *, known_issues: Path | None = None,
+                defer_verdicts: bool = False) -> IngestReport:
+    """Indexes every run directory under `paths` into `store`, each in its own transaction
+    with its cell's verdicts; idempotent. `defer_verdicts` recomputes verdicts once at the
+    end instead (a rebuild into a fresh file, which is only moved into place when whole).
 
     Raises StoreError after indexing everything else when some runs contradict what is
     already indexed (their JSONL was rewritten); `exc.report` has the report.
@@ -129,23 +133,33 @@ def ingest_runs(store: Store, paths: Iterable[Path | str], *, known_issues: Path
         report.bad_lines += [str(p) for p in run.problems]
         runs.append(run)
     problems: list[str] = []
-    with store.transaction() as conn:
-        touched: set[str] = set()
-        for run in runs:
-            state = _index_run(conn, run, registry)
-            if state == "conflict":
-                row = conn.execute("SELECT source_path FROM runs WHERE run_id = ?", (run.info.run_id,)).fetchone()
-                problems.append(
-                    f"run {run.info.run_id}: {run.path / RESULTS_FILE} is not an append-only "
-                    f"continuation of the indexed {row['source_path']}/{RESULTS_FILE}"
-                )
-                report.conflicts.append(run.info.run_id)
-                continue
-            getattr(report, state).append(run.info.run_id)
-            if state != "skipped":
-                report.results += len(run.results)
-                touched.add(run.info.cell_id)
-        store.recompute_in(conn, touched)
+    touched: set[str] = set()
+    for run in runs:
+        # One transaction per run: a run that cannot be indexed is reported by its path and
+        # why, and every other run of the call still lands (the nightly ingests all at once).
+        try:
+            with store.transaction() as conn:
+                state = _index_run(conn, run, registry)
+                if state == "conflict":
+                    row = conn.execute("SELECT source_path FROM runs WHERE run_id = ?", (run.info.run_id,)).fetchone()
+                elif state != "skipped" and not defer_verdicts:
+                    store.recompute_in(conn, {run.info.cell_id})
+        except (sqlite3.Error, ValueError, TypeError) as exc:
+            report.rejected.append(f"{run.path}: not indexed ({type(exc).__name__}: {exc})")
+            continue
+        if state == "conflict":
+            problems.append(
+                f"run {run.info.run_id}: {run.path / RESULTS_FILE} is not an append-only "
+                f"continuation of the indexed {row['source_path']}/{RESULTS_FILE}"
+            )
+            report.conflicts.append(run.info.run_id)
+            continue
+        getattr(report, state).append(run.info.run_id)
+        if state != "skipped":
+            report.results += len(run.results)
+            touched.add(run.info.cell_id)
+    if defer_verdicts and touched:
+        store.recompute_verdicts(touched)
     if problems:
         err = StoreError("; ".join(problems) + " (JSONL files are never rewritten: give the run a new id)")
         err.report = report  # type: ignore[attr-defined]
@@ -169,25 +183,26 @@ def _index_run(conn: sqlite3.Connection, run: RunContents, registry: Any) -> str
     conn.execute(
         """INSERT INTO runs (run_id, cell_id, started_at, ended_at, runner, backend, image_digest,
             tier, nightly_date, baseline_cell, torch_git, stack_json, source_path, content_hash,
-            content_size, meta_hash, n_results, ingested_at)
-           VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
-        (
+            content_size, meta_hash, n_results, ingested_at, selection_json)
+           VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+        tuple(storable(v) if isinstance(v, str) else v for v in (
             info.run_id, info.cell_id, info.started_at, info.ended_at, info.runner, info.backend,
             info.image_digest, info.tier or "", info.nightly_date or nightly_date_of(run.stack.get("torch")),
             info.baseline_cell, run.stack.get("torch_git"), json.dumps(run.stack, sort_keys=True, default=str),
             str(run.path), content_hash, len(run.raw), meta_hash, len(run.results), _now(),
-        ),
+            json.dumps(info.selection or []),
+        )),
     )
     conn.executemany(
         """INSERT OR REPLACE INTO results (run_id, test_id, cell_id, suite, outcome, duration_s,
             failure_kind, error_signature, excerpt, repro, known_issue, reruns, rerun_outcomes,
             started_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
         [
-            (
+            tuple(storable(v) if isinstance(v, str) else v for v in (
                 r.run_id, r.test_id, r.cell_id, suite_of(r.test_id), r.outcome, r.duration_s, r.failure_kind,
                 _signature(r), _excerpt(r), r.repro, known_issue_of(r, registry), r.reruns,
                 json.dumps(r.rerun_outcomes), utc(r.started_at),
-            )
+            ))
             for r in run.results
         ],
     )
@@ -311,7 +326,8 @@ def rebuild(
     for suffix in ("", "-wal", "-shm"):
         Path(f"{tmp}{suffix}").unlink(missing_ok=True)
     with Store(tmp) as store:
-        report = ingest_runs(store, [runs_root], known_issues=known_issues) if runs_root.exists() else IngestReport()
+        report = (ingest_runs(store, [runs_root], known_issues=known_issues, defer_verdicts=True)
+                  if runs_root.exists() else IngestReport())
         if audit_dir.is_dir():
             import_fix_audit(store, audit_dir)
         if bisect_dir.is_dir():

@@ -8,7 +8,9 @@ same files and gives the same answers.
 
 Writes are safe from many processes at once (artifacts of many runners arrive together):
 the database is in WAL mode, each write holds one `BEGIN IMMEDIATE` transaction and
-waits for others through busy_timeout. Reading run directories into it is
+waits for others at most DISTCI_STORE_LOCK_TIMEOUT seconds (default 60), then fails
+naming the holder (each writer records pid, host and command in `<store>.writer`). Text
+is stored losslessly: what UTF-8 cannot encode is escaped (`storable`). Reading run directories into it is
 distci.judge.ingest's job; verdicts are recomputed here, in history order, for every cell an
 ingest touched (and the cells that use it as their baseline).
 """
@@ -17,10 +19,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -31,18 +36,51 @@ from distci.errors import StoreError
 from distci.rundir import RunInfo
 from distci.provision.index import nightly_date
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+_MIGRATIONS = {1: ('ALTER TABLE runs ADD COLUMN selection_json TEXT NOT NULL DEFAULT \'[]\'',)}
+"""Schema upgrades in place: the statements that take a store of version N to N + 1."""
 DEFAULT_STORE = Path(".distci") / "store.sqlite"
 DEFAULT_RUNS_ROOT = Path(".distci") / "runs"
 DEFAULT_AUDIT_DIR = Path(".distci") / "audit"
 DEFAULT_BISECT_DIR = Path(".distci") / "bisect"
 STORE_ENV = "DISTCI_STORE"
-BUSY_TIMEOUT_MS = 120_000
+LOCK_TIMEOUT_ENV = "DISTCI_STORE_LOCK_TIMEOUT"
+DEFAULT_LOCK_TIMEOUT_S = 60.0
+"""How long a writer waits for another writer's transaction before giving up (and saying
+who holds the store): a nightly aggregate must not hang silently behind a stuck ingest."""
+WRITER_SUFFIX = ".writer"
+
+
+def lock_timeout_s() -> float:
+    """DISTCI_STORE_LOCK_TIMEOUT (seconds), else DEFAULT_LOCK_TIMEOUT_S."""
+    raw = os.environ.get(LOCK_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_LOCK_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise StoreError(f"{LOCK_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise StoreError(f"{LOCK_TIMEOUT_ENV}={raw!r} must be above 0 seconds")
+    return value
 
 
 def default_store_path() -> Path:
     """DISTCI_STORE if set, else .distci/store.sqlite under the current directory."""
     return Path(os.environ.get(STORE_ENV) or DEFAULT_STORE)
+
+
+def storable(text: str | None) -> str | None:
+    """Text SQLite can hold, losing nothing: characters UTF-8 cannot encode (the lone
+    surrogates a rank's raw non-UTF-8 bytes decode to) become backslash escapes
+    (`\\udc80`), so one odd byte in a message never costs the run its place in the store."""
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def is_environment(test_id: str) -> bool:
@@ -171,7 +209,8 @@ _SCHEMA = (
         content_size INTEGER NOT NULL,
         meta_hash TEXT NOT NULL,
         n_results INTEGER NOT NULL DEFAULT 0,
-        ingested_at TEXT NOT NULL DEFAULT ''
+        ingested_at TEXT NOT NULL DEFAULT '',
+        selection_json TEXT NOT NULL DEFAULT '[]'
     )""",
     "CREATE INDEX IF NOT EXISTS runs_by_cell ON runs(cell_id, started_at)",
     """CREATE TABLE IF NOT EXISTS results (
@@ -229,7 +268,10 @@ class Store:
     def __init__(self, path: Path | str | None = None) -> None:
         self.path = Path(path) if path is not None else default_store_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        self.lock_timeout_s = lock_timeout_s()
+        self.writer_file = self.path.with_name(self.path.name + WRITER_SUFFIX)
+        # Short waits inside SQLite; the overall bound is _retry_locked's deadline.
+        self.conn = sqlite3.connect(str(self.path), timeout=min(self.lock_timeout_s, 1.0), isolation_level=None)
         self.conn.row_factory = sqlite3.Row
         try:
             self._setup()
@@ -242,12 +284,16 @@ class Store:
             raise
 
     def _setup(self) -> None:
-        self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        self.conn.execute(f"PRAGMA busy_timeout = {int(min(self.lock_timeout_s, 1.0) * 1000)}")
         self._retry_locked(lambda: self.conn.execute("PRAGMA journal_mode = WAL"))
         self.conn.execute("PRAGMA foreign_keys = ON")
         self.conn.execute("PRAGMA synchronous = NORMAL")
         with self.transaction():
             version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+            while version in _MIGRATIONS:
+                for stmt in _MIGRATIONS[version]:
+                    self.conn.execute(stmt)
+                version += 1
             if version not in (0, SCHEMA_VERSION):
                 raise StoreError(
                     f"store schema {version} is not {SCHEMA_VERSION}; delete it and run "
@@ -267,27 +313,77 @@ class Store:
     def close(self) -> None:
         self.conn.close()
 
-    @staticmethod
-    def _retry_locked(fn: Any, attempts: int = 200) -> Any:
-        for i in range(attempts):
+    def _retry_locked(self, fn: Any) -> Any:
+        """Runs `fn`, retrying while another writer holds the store, for at most
+        lock_timeout_s; then a StoreError that names the holder (pid, host, command, since)."""
+        deadline = time.monotonic() + self.lock_timeout_s
+        while True:
             try:
                 return fn()
             except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) and "busy" not in str(exc) or i == attempts - 1:
+                if "locked" not in str(exc) and "busy" not in str(exc):
                     raise
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        f"the store is locked by another writer ({self.holder()}); gave up after "
+                        f"{self.lock_timeout_s:g} s (set {LOCK_TIMEOUT_ENV} to wait longer, or stop that process)",
+                        where=str(self.path),
+                    ) from None
                 time.sleep(0.05)
+
+    def holder(self) -> str:
+        """Who holds the write lock, as its writer file says (every transaction writes one)."""
+        try:
+            data = json.loads(self.writer_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return "holder unknown: no writer file, not a distci process"
+        if not isinstance(data, dict):
+            return "holder unknown"
+        alive = ""
+        if data.get("host") == socket.gethostname() and isinstance(data.get("pid"), int):
+            try:
+                os.kill(data["pid"], 0)
+            except ProcessLookupError:
+                alive = ", no longer running: its lock is SQLite's to release"
+            except PermissionError:
+                pass
+        return (f"pid {data.get('pid')} on {data.get('host')}, `{data.get('command', '?')}`, "
+                f"since {data.get('since', '?')}{alive}")
+
+    def _claim(self) -> None:
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv)[:300],
+                  "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        try:
+            tmp = self.writer_file.with_name(self.writer_file.name + f".{os.getpid()}")
+            tmp.write_text(json.dumps(record), encoding="utf-8")
+            tmp.replace(self.writer_file)
+        except OSError:
+            pass  # who holds the lock is a courtesy to a waiting writer, never a reason to fail
+
+    def _release(self) -> None:
+        try:
+            data = json.loads(self.writer_file.read_text(encoding="utf-8"))
+            if isinstance(data, dict) and data.get("pid") == os.getpid() and data.get("host") == socket.gethostname():
+                self.writer_file.unlink()
+        except (OSError, ValueError):
+            pass
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One write transaction; BEGIN IMMEDIATE takes the write lock up front so two
-        ingests never both read, then both fail to upgrade (busy_timeout makes it wait)."""
+        ingests never both read, then both fail to upgrade (_retry_locked bounds the wait)."""
         self._retry_locked(lambda: self.conn.execute("BEGIN IMMEDIATE"))
+        self._claim()
         try:
             yield self.conn
         except BaseException:
             self.conn.execute("ROLLBACK")
+            self._release()
             raise
-        self.conn.execute("COMMIT")
+        try:
+            self._retry_locked(lambda: self.conn.execute("COMMIT"))
+        finally:
+            self._release()
 
     # -------------------------------------------------------------- verdicts
 
@@ -453,6 +549,7 @@ class Store:
     def _run_row(r: sqlite3.Row) -> RunRow:
         d = dict(r)
         stack = json.loads(d.pop("stack_json"))
+        d["selection"] = json.loads(d.pop("selection_json"))
         for k in ("content_size", "meta_hash", "ingested_at"):
             d.pop(k)
         return RunRow(stack=stack, **d)

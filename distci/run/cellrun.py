@@ -34,7 +34,7 @@ from distci.external.spec import SuiteSpec, load_suites
 from distci.matrix import EXTERNAL_SUITES
 from distci.cells import Cell
 from distci.results import Result
-from distci.rundir import RunDir, RunInfo, infra_result as _infra_result, now as _now
+from distci.rundir import RunDir, RunInfo, infra_result as _infra_result, now as _now, selection_of
 from distci.stack import KEYS as STACK_KEYS, Stack
 from distci.provision.selfwheels import REPO, build_all
 from distci.provision.index import redact_url
@@ -259,6 +259,7 @@ def run_in_env(
     `external_plan` (made here when not given).
     """
     native, external = split_tests(tests or [])
+    info.selection = selection_of(tests, keyword)  # a narrowed run never defines a cell's expected tests
     if externals is None:
         externals = external_plan(cell, tests or [], external_suites)
     if native or not external:
