@@ -183,11 +183,8 @@ class Recorder:
             (f"{combined.exc_type}: {combined.message}" if combined.exc_type else combined.message)
         known = None
         if self.registry is not None:
-            if combined.outcome == "failed":
-                known = self.registry.match(test_id, combined.signature or "", message, stack)
-            elif combined.outcome == "passed":
-                applicable = self.registry.applicable(test_id, stack)
-                known = applicable[0].id if applicable else None
+            known = self.registry.known_issue_of(test_id, combined.outcome, signature=combined.signature,
+                                                 message=message, stack=stack, failure_kind=combined.failure_kind)
         result = Result(
             run_id=self.run.run_id, cell_id=self.run.cell_id, test_id=test_id, outcome=combined.outcome,
             stack=stack, failure_kind=combined.failure_kind if combined.outcome in ("failed", "error") else None,

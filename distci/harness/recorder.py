@@ -121,13 +121,8 @@ class Recorder:
             duration = combined.duration_s  # the ranks' time: a pool's start-up is not the test's
         known = None
         if self.known_issues is not None:
-            if outcome == "failed":
-                known = self.known_issues.match(nodeid, signature or "", message, self.stack)
-            elif outcome == "passed":
-                # A pass where a known issue applies: the verdict becomes `fixed`, telling
-                # the team the entry (or its fix) can be retired.
-                applicable = self.known_issues.applicable(nodeid, self.stack)
-                known = applicable[0].id if applicable else None
+            known = self.known_issues.known_issue_of(nodeid, outcome, signature=signature, message=message,
+                                                     stack=self.stack, failure_kind=kind)
         return Result(
             run_id=self.run_id,
             cell_id=self.cell,

@@ -26,14 +26,14 @@ import os
 import re
 import sqlite3
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from distci.errors import ConfigError, StoreError
-from distci.results import Result, error_signature
-from distci.rundir import RESULTS_FILE, RunContents, RunDirError, find_run_dirs, read_run, utc
+from distci.results import Result, error_signature, write_junit
+from distci.rundir import JUNIT_FILE, RESULTS_FILE, RunContents, RunDirError, find_run_dirs, read_run, utc
 from distci.judge.store import (DEFAULT_AUDIT_DIR, DEFAULT_BISECT_DIR, DEFAULT_RUNS_ROOT, DEFAULT_STORE, STORE_ENV, BisectRow, FixAuditRow, Store,
                           storable,
                           default_store_path, nightly_date_of, suite_of)
@@ -55,6 +55,8 @@ class IngestReport:
     bad_lines: list[str] = field(default_factory=list)
     """results.jsonl lines not indexed, each as `file:line: why`."""
     results: int = 0
+    junit: list[str] = field(default_factory=list)
+    """Runs whose junit.xml was rewritten from the judged verdicts (--junit)."""
 
     def summary(self) -> str:
         text = (
@@ -63,6 +65,8 @@ class IngestReport:
         )
         if self.conflicts:
             text += f", {len(self.conflicts)} rejected as rewritten"
+        if self.junit:
+            text += f", {len(self.junit)} junit.xml rewritten from the verdicts"
         if not (self.rejected or self.bad_lines):
             return text
         text += f"; skipped {len(self.rejected)} unreadable runs and {len(self.bad_lines)} bad lines:"
@@ -94,24 +98,22 @@ def load_known_issues(path: Path | None) -> Any:
 
 
 def known_issue_of(r: Result, registry: Any) -> str | None:
-    """The known issue a Result matches by today's registry (the recorder's rule: a
-    failure matches an entry by test, signature and stack; a pass where an entry applies
-    names it, so the verdict is `fixed`). Without a registry, what was recorded."""
-    if registry is None or r.failure_kind == "infra":
+    """The known issue a Result matches by today's registry, through the one matcher the
+    harness and the external runner use (Registry.known_issue_of). Without a registry,
+    what was recorded."""
+    if registry is None:
         return r.known_issue
-    if r.outcome == "failed":
-        return registry.match(r.test_id, r.error_signature or "", r.message, r.stack)
-    if r.outcome == "passed":
-        applicable = registry.applicable(r.test_id, r.stack)
-        return applicable[0].id if applicable else None
-    return r.known_issue
+    return registry.known_issue_of(r.test_id, r.outcome, signature=r.error_signature, message=r.message,
+                                   stack=r.stack, failure_kind=r.failure_kind)
 
 
 def ingest_runs(store: Store, paths: Iterable[Path | str], *, known_issues: Path | None = None,
-                defer_verdicts: bool = False) -> IngestReport:
+                defer_verdicts: bool = False, rewrite_junit: bool = False) -> IngestReport:
     """Indexes every run directory under `paths` into `store`, each in its own transaction
     with its cell's verdicts; idempotent. `defer_verdicts` recomputes verdicts once at the
     end instead (a rebuild into a fresh file, which is only moved into place when whole).
+    `rewrite_junit` rewrites each indexed run's junit.xml from its judged verdicts (see
+    rewrite_run_junit), so JUnit says what the gate, dashboard and HUD export say.
 
     Raises StoreError after indexing everything else when some runs contradict what is
     already indexed (their JSONL was rewritten); `exc.report` has the report.
@@ -160,6 +162,15 @@ def ingest_runs(store: Store, paths: Iterable[Path | str], *, known_issues: Path
             touched.add(run.info.cell_id)
     if defer_verdicts and touched:
         store.recompute_verdicts(touched)
+    if rewrite_junit:
+        indexed = set(report.added) | set(report.updated) | set(report.skipped)
+        for run in runs:
+            if run.info.run_id in indexed:
+                try:
+                    rewrite_run_junit(store, run)
+                    report.junit.append(run.info.run_id)
+                except OSError as exc:
+                    report.rejected.append(f"{run.path / JUNIT_FILE}: not rewritten ({exc})")
     if problems:
         err = StoreError("; ".join(problems) + " (JSONL files are never rewritten: give the run a new id)")
         err.report = report  # type: ignore[attr-defined]
@@ -207,6 +218,16 @@ def _index_run(conn: sqlite3.Connection, run: RunContents, registry: Any) -> str
         ],
     )
     return "added" if old is None else "updated"
+
+
+def rewrite_run_junit(store: Store, run: RunContents) -> Path:
+    """The run's junit.xml again, from its Results and the store's judgement of them: a
+    known issue the registry matches today is skipped with its id (and one it no longer
+    matches is a failure again), a failure judged flaky from history is a flakyFailure."""
+    rows = {r.test_id: r for r in store.results(run_id=run.info.run_id)}
+    results = [replace(r, known_issue=rows[r.test_id].known_issue) if r.test_id in rows else r for r in run.results]
+    verdicts = {t: row.verdict for t, row in rows.items()}
+    return write_junit(results, run.path / JUNIT_FILE, suite_name=run.info.cell_id, verdicts=verdicts)
 
 
 def _excerpt(r: Result) -> str:
@@ -358,6 +379,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--rebuild", action="store_true", help="delete the store and re-index it from the files")
     p.add_argument("--audit-dir", type=Path, default=DEFAULT_AUDIT_DIR, help="fix audit JSON files to index")
     p.add_argument("--bisect-dir", type=Path, default=DEFAULT_BISECT_DIR, help="bisect report JSON files to index")
+    p.add_argument("--junit", action="store_true",
+                   help="rewrite each run's junit.xml from the judged verdicts (known issues skipped with their id, "
+                        "flaky failures as flakyFailure), so JUnit says what the gate says")
     p.add_argument("--known-issues", type=Path, default=DEFAULT_KNOWN_ISSUES,
                    help=f"registry matched at index time (default {DEFAULT_KNOWN_ISSUES}; ignored when absent)")
     p.set_defaults(fn=run)
@@ -373,7 +397,8 @@ def run(args: argparse.Namespace) -> int:
         report = rebuild(args.store, root, audit_dir=args.audit_dir, bisect_dir=args.bisect_dir, known_issues=registry)
     else:
         with Store(args.store) as store:
-            report = ingest_runs(store, args.paths or [DEFAULT_RUNS_ROOT], known_issues=registry)
+            report = ingest_runs(store, args.paths or [DEFAULT_RUNS_ROOT], known_issues=registry,
+                                 rewrite_junit=args.junit)
             if args.audit_dir.is_dir():
                 import_fix_audit(store, args.audit_dir)
             if args.bisect_dir.is_dir():
