@@ -179,20 +179,9 @@ class Recorder:
     def record(self, test_id: str, combined: Combined, *, started: str, log_path: Path | None,
                stack: dict[str, Any] | None = None) -> Result:
         stack = stack or self.stack
-        message = combined.message if combined.outcome == "skipped" else \
-            (f"{combined.exc_type}: {combined.message}" if combined.exc_type else combined.message)
-        known = None
-        if self.registry is not None:
-            known = self.registry.known_issue_of(test_id, combined.outcome, signature=combined.signature,
-                                                 message=message, stack=stack, failure_kind=combined.failure_kind)
-        result = Result(
-            run_id=self.run.run_id, cell_id=self.run.cell_id, test_id=test_id, outcome=combined.outcome,
-            stack=stack, failure_kind=combined.failure_kind if combined.outcome in ("failed", "error") else None,
-            error_signature=combined.signature if combined.outcome in ("failed", "error") else None,
-            message=message[:20000], duration_s=round(combined.duration_s, 3), ranks=list(combined.ranks),
-            repro=repro(self.run.cell_id, test_id), known_issue=known, started_at=started,
-            log_path=_relative(log_path, self.run.run_dir),
-        )
+        result = combined.to_result(run_id=self.run.run_id, cell_id=self.run.cell_id, test_id=test_id, stack=stack,
+                                    repro=repro(self.run.cell_id, test_id), started_at=started,
+                                    log_path=_relative(log_path, self.run.run_dir), registry=self.registry)
         self.writer.append(result)
         self.results.append(result)
         return result

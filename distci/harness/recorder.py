@@ -96,51 +96,29 @@ class Recorder:
         ))
 
     def result_for(self, nodeid: str) -> Result:
+        """The Result of a finished test: what the ranks said (a distributed test's Combined)
+        where they failed, else pytest's own reports, built by Combined.to_result."""
         reports = self.reports.pop(nodeid, [])
         combined = self.combined.pop(nodeid, None)
-        duration = sum(r.duration for r in reports)
-        outcome, kind, message, signature = "passed", None, "", None
-        ranks: list[RankExcerpt] = []
-        attempts = combined.attempts if combined is not None else []
-        for rep in reports:
-            if rep.skipped:
-                outcome = "skipped"
-                message = _skip_reason(rep)
-            elif rep.failed:
-                outcome = "failed" if rep.when == "call" else "error"
-                message = rep.longreprtext
-                kind, signature = _classify(rep)
-                break
-        if combined is not None:
-            ranks = combined.ranks
-            if combined.outcome in ("failed", "error"):
-                outcome = combined.outcome
-                kind = combined.failure_kind
-                message = f"{combined.exc_type}: {combined.message}"
-                signature = combined.signature
-            duration = combined.duration_s  # the ranks' time: a pool's start-up is not the test's
-        known = None
-        if self.known_issues is not None:
-            known = self.known_issues.known_issue_of(nodeid, outcome, signature=signature, message=message,
-                                                     stack=self.stack, failure_kind=kind)
-        return Result(
-            run_id=self.run_id,
-            cell_id=self.cell,
-            test_id=nodeid,
-            outcome=outcome,
-            stack=self.stack,
-            failure_kind=kind,
-            error_signature=signature,
-            message=message[:20000],
-            duration_s=round(duration, 3),
-            reruns=len(attempts),
-            rerun_outcomes=[outcome for outcome, _ in attempts],
-            rerun_messages=[text[:4000] for _, text in attempts],
-            ranks=ranks,
+        if combined is None or combined.outcome not in ("failed", "error"):
+            outcome, kind, message, signature = "passed", None, "", None
+            for rep in reports:
+                if rep.skipped:
+                    outcome = "skipped"
+                    message = _skip_reason(rep)
+                elif rep.failed:
+                    outcome = "failed" if rep.when == "call" else "error"
+                    message = rep.longreprtext
+                    kind, signature = _classify(rep)
+                    break
+            # the ranks' time where they ran it: a pool's start-up is not the test's
+            duration = combined.duration_s if combined is not None else sum(r.duration for r in reports)
+            combined = Combined(outcome, kind, "", message, signature, ranks=combined.ranks if combined else [],
+                                duration_s=duration, attempts=combined.attempts if combined else [])
+        return combined.to_result(
+            run_id=self.run_id, cell_id=self.cell, test_id=nodeid, stack=self.stack,
             repro=_repro(self.cell if self.cell != "local" else None, nodeid),
-            known_issue=known,
-            started_at=self.started.get(nodeid, ""),
-            log_path=str(self.run_dir / "logs"),
+            started_at=self.started.get(nodeid, ""), log_path=str(self.run_dir / "logs"), registry=self.known_issues,
         )
 
     @pytest.hookimpl(trylast=True)
