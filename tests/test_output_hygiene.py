@@ -61,3 +61,51 @@ def test_slack_text_is_escaped() -> None:
         not_ok: list = []
 
     assert "E: &lt;b&gt;" in gate_message(View())["blocks"][1]["text"]["text"]
+
+
+MATRIX_HEAD = """\
+schema = 1
+
+[accelerators.cpu]
+backend = "gloo"
+runner = ["ubuntu-latest"]
+archs = ["x86_64"]
+variants = ["cpu"]
+"""
+
+
+def _matrix(tmp_path: Path, container: str) -> Path:
+    path = tmp_path / "matrix.toml"
+    path.write_text(MATRIX_HEAD + container + '\n[[matrix]]\naccelerator = "cpu"\ntorch = "2.13.0"\n'
+                    'torchao = "0.18.0"\n\n[tiers.nightly]\nblocking_suites = []\n')
+    return path
+
+
+def test_container_limits_come_from_the_matrix_per_accelerator(tmp_path: Path) -> None:
+    """memory, pids and CPUs (capped at this host's count) per accelerator; CPU cells get
+    no network; a bad value is an error at its file:line naming what is allowed."""
+    pytest.importorskip("docker")
+    import os
+
+    from distci.images.run import UNPRIVILEGED_USER, container_options, container_user
+    from distci.matrix import MatrixError, load_matrix
+
+    path = _matrix(tmp_path, '\n[accelerators.cpu.container]\nmemory = "12g"\npids = 2048\ncpus = 512\n')
+    cell = load_matrix(path).cells[0]
+    assert (cell.container.memory, cell.container.pids, cell.container.cpus) == ("12g", 2048, 512.0)
+    assert cell.as_dict()["container"]["memory"] == "12g"  # recorded in run.json with the cell
+    options = container_options("cpu", cell.container)
+    assert options["mem_limit"] == "12g" and options["pids_limit"] == 2048 and options["network_mode"] == "none"
+    assert options["nano_cpus"] == (os.cpu_count() or 1) * 10**9
+    assert container_user(cell.container) == (UNPRIVILEGED_USER if os.geteuid() == 0
+                                              else f"{os.getuid()}:{os.getgid()}")
+    # the repository's own matrix confines every accelerator
+    repo = load_matrix(Path(__file__).resolve().parents[1] / "matrix.toml")
+    for acc in repo.accelerators.values():
+        assert acc.container.memory and acc.container.pids and acc.container.cpus, acc.name
+    for bad, why in (('memory = "lots"', "is not a size"), ("pids = -1", "whole number"),
+                     ('user = "nobody"', "UID:GID"), ('network = "wifi"', "none, host, bridge"),
+                     ("swap = 1", r"unknown key\(s\) swap")):
+        with pytest.raises(MatrixError, match=why) as exc:
+            load_matrix(_matrix(tmp_path, f"\n[accelerators.cpu.container]\n{bad}\n"))
+        assert f"{tmp_path / 'matrix.toml'}:" in str(exc.value)
