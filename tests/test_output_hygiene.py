@@ -4,6 +4,7 @@ $GITHUB_OUTPUT entries, Slack mrkdwn, and the matrix JSON on stdout."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,26 @@ def test_container_limits_come_from_the_matrix_per_accelerator(tmp_path: Path) -
         with pytest.raises(MatrixError, match=why) as exc:
             load_matrix(_matrix(tmp_path, f"\n[accelerators.cpu.container]\n{bad}\n"))
         assert f"{tmp_path / 'matrix.toml'}:" in str(exc.value)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("shutil").which("nox") is None, reason="nox is not installed")
+def test_nox_matrix_json_prints_only_json_on_a_fresh_clones_first_run(tmp_path: Path) -> None:
+    """`nox -s matrix -- --json | python -m json.tool` on a fresh clone: the first run
+    installs the controller venv, and nothing of that reaches stdout."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(repo), str(clone)], check=True, timeout=120)
+    # the working tree as it is (uncommitted edits included), so the test checks this code
+    for name in ("noxfile.py", "pyproject.toml", "matrix.toml"):
+        (clone / name).write_bytes((repo / name).read_bytes())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NOX", "VIRTUAL_ENV"))}
+    proc = subprocess.run(["nox", "-s", "matrix", "--", "--json", "--tier", "nightly"], cwd=clone, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (clone / ".nox" / "_controller" / "bin" / "python").exists(), "the first run made the controller venv"
+    data = json.loads(proc.stdout)  # only JSON: no pip or nox line before it
+    assert data["include"] and all("cell" in entry for entry in data["include"])
+    assert "pip" in proc.stderr or "nox >" in proc.stderr

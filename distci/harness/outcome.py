@@ -36,6 +36,8 @@ COLLECTIVE_TIMEOUT = re.compile(
     r"timed out|timeout|Timed out|Watchdog caught collective operation timeout|"
     r"wait timeout|DistBackendError.*(?:timeout|Timed)", re.IGNORECASE
 )
+DISK_FULL = re.compile(r"\[Errno (?:27|28|122)\]|No space left on device|File too large|Disk quota exceeded")
+"""A failure that says the disk (or a file-size or quota limit) is full: `infra`."""
 MESSAGE_CHARS = 20000
 RERUN_MESSAGE_CHARS = 4000
 PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET", re.IGNORECASE)
@@ -84,6 +86,8 @@ class Combined:
         failing = self.outcome in ("failed", "error")
         message = f"{self.exc_type}: {self.message}" if failing and self.exc_type else self.message
         kind = self.failure_kind if failing else None
+        if failing and DISK_FULL.search(message):
+            kind = "infra"  # the machine ran out of room, not the code under test
         signature = self.signature if failing else None
         known = None
         if registry is not None:
