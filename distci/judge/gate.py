@@ -320,11 +320,12 @@ def judge_cell(
     latest: dict[str, ResultRow] = {}
     on_stack: dict[str, set[str]] = {}
     current_env: str | None = None
+    current_run = ""
     for run in since:
         env = env_key(run.stack)
         rows = results[run.run_id]
         if any(_ran(r) for r in rows):
-            current_env = env
+            current_env, current_run = env, run.run_id
         for r in rows:
             if r.verdict == "infra" and r.test_id in latest and latest[r.test_id].verdict != "infra":
                 continue  # not a result of the test: it never replaces one
@@ -366,7 +367,7 @@ def judge_cell(
         if state.missing_tests:
             state.state = "partial"
             state.reason = (f"{len(state.missing_tests)} of {len(expected)} expected tests have no result on the "
-                            f"current stack (torch {state.torch_version or '?'}); rerun the cell")
+                            f"current stack (that of run {current_run}); rerun the cell")
     return state, judged
 
 
