@@ -68,7 +68,12 @@ def test_junit_escapes_what_xml_forbids_as_pytest_does(tmp_path: Path) -> None:
     run = write_run(runs, "r", CELL, [_failed(A), {"test_id": B, "outcome": "skipped", "message": "no \x0c GPU"}],
                     started_at=T0, stack={**S, "device_name": "cpu\x00"})
     ET.parse(run / JUNIT_FILE)  # parses: plain ElementTree wrote NUL and ESC raw before
-    # pytest itself agrees: its junit of the same text is valid XML too
+
+
+@pytest.mark.slow
+def test_our_junit_escapes_like_pytests_own(tmp_path: Path) -> None:
+    """pytest's --junitxml of the same hostile message escapes it the way ours does."""
+    run = write_run(tmp_path / "runs", "r", CELL, [_failed(A)], started_at=T0, stack=S)
     test = tmp_path / "test_hostile.py"
     test.write_text(f"def test_x():\n    raise RuntimeError({HOSTILE!r})\n")
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test),
@@ -99,6 +104,7 @@ def test_a_run_that_cannot_be_indexed_is_reported_and_the_others_land(tmp_path: 
     assert f"{runs / 'r2'}: not indexed" in report.summary()
 
 
+@pytest.mark.slow
 def test_a_lock_wait_is_bounded_and_names_the_holder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Another writer holding the store (here a child process in a transaction) makes an
     ingest give up after DISTCI_STORE_LOCK_TIMEOUT with who holds it, not wait for hours."""

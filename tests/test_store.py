@@ -56,6 +56,7 @@ def test_ingest_twice_changes_nothing(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+@pytest.mark.slow
 def test_eight_parallel_ingests_of_1000_results_lose_none(tmp_path: Path) -> None:
     dirs = []
     for i in range(8):

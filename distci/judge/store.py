@@ -19,22 +19,18 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sqlite3
-import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from packaging.version import InvalidVersion, Version
 
 from distci.judge import verdicts as _verdicts
+from distci.judge.storelock import LOCK_TIMEOUT_ENV, WRITER_SUFFIX, claim, holder_of, lock_timeout_s, release
 from distci.errors import StoreError
 from distci.rundir import RunInfo
-from distci.provision.index import nightly_date
 
 SCHEMA_VERSION = 2
 _MIGRATIONS = {1: ('ALTER TABLE runs ADD COLUMN selection_json TEXT NOT NULL DEFAULT \'[]\'',)}
@@ -44,27 +40,6 @@ DEFAULT_RUNS_ROOT = Path(".distci") / "runs"
 DEFAULT_AUDIT_DIR = Path(".distci") / "audit"
 DEFAULT_BISECT_DIR = Path(".distci") / "bisect"
 STORE_ENV = "DISTCI_STORE"
-LOCK_TIMEOUT_ENV = "DISTCI_STORE_LOCK_TIMEOUT"
-DEFAULT_LOCK_TIMEOUT_S = 60.0
-"""How long a writer waits for another writer's transaction before giving up (and saying
-who holds the store): a nightly aggregate must not hang silently behind a stuck ingest."""
-WRITER_SUFFIX = ".writer"
-
-
-def lock_timeout_s() -> float:
-    """DISTCI_STORE_LOCK_TIMEOUT (seconds), else DEFAULT_LOCK_TIMEOUT_S."""
-    raw = os.environ.get(LOCK_TIMEOUT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_LOCK_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise StoreError(f"{LOCK_TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
-    if value <= 0:
-        raise StoreError(f"{LOCK_TIMEOUT_ENV}={raw!r} must be above 0 seconds")
-    return value
-
-
 def default_store_path() -> Path:
     """DISTCI_STORE if set, else .distci/store.sqlite under the current directory."""
     return Path(os.environ.get(STORE_ENV) or DEFAULT_STORE)
@@ -106,15 +81,6 @@ def suite_of(test_id: str) -> str:
         return parts[0]
     stem = parts[0].rsplit(".", 1)[0] if parts else test_id
     return stem[5:] if stem.startswith("test_") else stem
-
-
-def nightly_date_of(version: str | None) -> str | None:
-    """The nightly date of a torch version like `2.10.0.dev20250901+cu130`, else None."""
-    try:
-        day = nightly_date(Version(version or ""))
-    except InvalidVersion:
-        return None
-    return day.isoformat() if day else None
 
 
 @dataclass
@@ -333,57 +299,24 @@ class Store:
 
     def holder(self) -> str:
         """Who holds the write lock, as its writer file says (every transaction writes one)."""
-        try:
-            data = json.loads(self.writer_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return "holder unknown: no writer file, not a distci process"
-        if not isinstance(data, dict):
-            return "holder unknown"
-        alive = ""
-        if data.get("host") == socket.gethostname() and isinstance(data.get("pid"), int):
-            try:
-                os.kill(data["pid"], 0)
-            except ProcessLookupError:
-                alive = ", no longer running: its lock is SQLite's to release"
-            except PermissionError:
-                pass
-        return (f"pid {data.get('pid')} on {data.get('host')}, `{data.get('command', '?')}`, "
-                f"since {data.get('since', '?')}{alive}")
-
-    def _claim(self) -> None:
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "command": " ".join(sys.argv)[:300],
-                  "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        try:
-            tmp = self.writer_file.with_name(self.writer_file.name + f".{os.getpid()}")
-            tmp.write_text(json.dumps(record), encoding="utf-8")
-            tmp.replace(self.writer_file)
-        except OSError:
-            pass  # who holds the lock is a courtesy to a waiting writer, never a reason to fail
-
-    def _release(self) -> None:
-        try:
-            data = json.loads(self.writer_file.read_text(encoding="utf-8"))
-            if isinstance(data, dict) and data.get("pid") == os.getpid() and data.get("host") == socket.gethostname():
-                self.writer_file.unlink()
-        except (OSError, ValueError):
-            pass
+        return holder_of(self.writer_file)
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One write transaction; BEGIN IMMEDIATE takes the write lock up front so two
         ingests never both read, then both fail to upgrade (_retry_locked bounds the wait)."""
         self._retry_locked(lambda: self.conn.execute("BEGIN IMMEDIATE"))
-        self._claim()
+        claim(self.writer_file)
         try:
             yield self.conn
         except BaseException:
             self.conn.execute("ROLLBACK")
-            self._release()
+            release(self.writer_file)
             raise
         try:
             self._retry_locked(lambda: self.conn.execute("COMMIT"))
         finally:
-            self._release()
+            release(self.writer_file)
 
     # -------------------------------------------------------------- verdicts
 
