@@ -266,6 +266,25 @@ def test_a_one_test_rerun_of_another_test_never_hides_a_failure(tmp_path: Path) 
     assert cli(db, matrix) == 0
 
 
+def test_markdown_names_missing_tests_and_a_narrowed_run_is_neutral_on_hud(tmp_path: Path) -> None:
+    """The step summary lists what is missing (a backtick in an id cannot end its code span);
+    the HUD row of a narrowed rerun with nothing blocking is `neutral`, never `success`."""
+    odd = "suites/test_tp.py::test_x[a`b]"
+    runs, db, matrix = tmp_path / "runs", tmp_path / "store.sqlite", matrix_file(tmp_path)
+    write_run(runs, "full", RELEASE, [{"test_id": TP}, {"test_id": odd}], started_at=T0 + timedelta(days=1),
+              stack=OLD, tier="release")
+    write_run(runs, "rerun", RELEASE, [{"test_id": TP}], started_at=T0 + timedelta(days=1, hours=1), stack=NEW,
+              tier="release", selection=[TP])
+    ingest([runs], db)
+    with Store(db) as s:
+        md = gate.evaluate(s, "release", matrix_path=matrix, now=NOW).to_markdown()
+        rows = {r.distci["run_id"]: r for r in export.hud_rows(s)}
+    assert f"Missing on the current stack of `{RELEASE}` (1):" in md and "- ``suites/test_tp.py::test_x[a`b]``" in md
+    assert rows["full"].conclusion == "success" and rows["rerun"].conclusion == "neutral"
+    assert rows["rerun"].distci["selection"] == [TP]
+    assert gate.md_code("`x") == "`` `x ``" and gate.md_code("plain") == "`plain`"
+
+
 def test_a_narrowed_run_alone_is_not_a_complete_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Without a complete run of the tier the expected tests are unknown: partial, never PASSED;
     a test a later narrowed run added is expected too, and a failure there blocks."""

@@ -212,7 +212,8 @@ def hud_row(store: Store, run: RunRow, *, artifact_url: str = "") -> HudRow | No
 
     The conclusion follows the gate's words: a blocking verdict is `failure`; a known
     issue (xfail) or a flaky test does not block; a run with infra results and nothing
-    blocking is `neutral` (the gate calls it INCOMPLETE, never PASSED). Counts are the
+    blocking is `neutral` (the gate calls it INCOMPLETE, never PASSED), and so is a run
+    narrowed by `-k` / `--test` with nothing blocking (it covers part of the cell). Counts are the
     gate's (`gate.tally`): a known issue is `known`, never `failed`.
     """
     if not run.torch_git:
@@ -221,8 +222,8 @@ def hud_row(store: Store, run: RunRow, *, artifact_url: str = "") -> HudRow | No
     verdicts = Counter(r.verdict for r in results)
     if any(v in BLOCKING for v in verdicts):
         conclusion = "failure"
-    elif verdicts.get("infra"):
-        conclusion = "neutral"
+    elif verdicts.get("infra") or run.selection:
+        conclusion = "neutral"  # a narrowed rerun (-k / --test) never says a whole cell passed
     else:
         conclusion = "success"
     return HudRow(
@@ -243,6 +244,7 @@ def hud_row(store: Store, run: RunRow, *, artifact_url: str = "") -> HudRow | No
             "started_at": run.started_at,
             "ended_at": run.ended_at,
             "runner": run.runner,
+            "selection": list(run.selection or []),
             "stack": {k: run.stack.get(k) for k in ENV_KEYS if run.stack.get(k) is not None},
         },
     )

@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -161,6 +162,13 @@ class GateResult:
         out.append("")
         if self.waivers:
             out += [f"- waived `{cell}`: {why}" for cell, why in sorted(self.waivers.items())] + [""]
+        for c in self.incomplete:
+            if c.missing_tests:
+                out += [f"Missing on the current stack of `{c.cell_id}` ({len(c.missing_tests)}):", ""]
+                out += [f"- {md_code(t)}" for t in c.missing_tests[:SHOWN_MISSING]]
+                if len(c.missing_tests) > SHOWN_MISSING:
+                    out.append(f"- ... and {len(c.missing_tests) - SHOWN_MISSING} more")
+                out.append("")
 
         def table(title: str, items: list[GateItem]) -> None:
             if not items:
@@ -170,7 +178,7 @@ class GateResult:
             )
             for it in items:
                 sig = (it.error_signature or it.reason or "").replace("|", "\\|")
-                out.append(f"| {it.verdict} | `{it.cell_id}` | `{it.test_id}` | {sig} |")
+                out.append(f"| {it.verdict} | `{it.cell_id}` | {md_code(it.test_id).replace('|', chr(92) + '|')} | {sig} |")
             out.append("")
 
         table("Blocking", self.blocking)
@@ -178,6 +186,13 @@ class GateResult:
         table("Failing outside release-blocking suites", self.not_blocking)
         table("Fixed", self.fixed)
         return "\n".join(out) + "\n"
+
+
+def md_code(text: str) -> str:
+    """`text` as a Markdown code span that a backtick inside cannot end (CommonMark: a longer fence)."""
+    fence = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def evaluate(
