@@ -162,3 +162,22 @@ def test_ingest_rewrites_junit_from_the_judged_verdicts(tmp_path: Path) -> None:
     assert {p.get("name"): p.get("value") for p in a.iter("property")}["known_issue"] == "upstream-123"
     assert b.find("failure") is None and b.find("flakyFailure") is not None
     assert after.find("testsuite").get("failures") == "0" and after.find("testsuite").get("skipped") == "1"
+
+
+def test_an_older_store_is_upgraded_in_place(tmp_path: Path) -> None:
+    """A store of schema 1 (before run.json's ci block) or 2 (before `selection`) opens as
+    the current schema with its runs kept: the index is upgraded, never thrown away."""
+    runs, db = tmp_path / "runs", tmp_path / "store.sqlite"
+    write_run(runs, "r1", CELL, [{"test_id": A}], started_at=T0, stack=S)
+    ingest([runs], db)
+    for version, dropped in ((2, ("selection_json",)), (1, ("selection_json", "ci_json", "image"))):
+        conn = sqlite3.connect(db)
+        for column in dropped:
+            if column in {r[1] for r in conn.execute("PRAGMA table_info(runs)")}:
+                conn.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+        conn.execute(f"PRAGMA user_version = {version}")
+        conn.commit()
+        conn.close()
+        with Store(db) as s:
+            assert [r.run_id for r in s.runs()] == ["r1"] and s.runs()[0].selection == []
+            assert s.conn.execute("PRAGMA user_version").fetchone()[0] == 3

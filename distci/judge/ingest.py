@@ -35,7 +35,7 @@ from distci.errors import ConfigError, StoreError
 from distci.results import Result, error_signature, write_junit
 from distci.rundir import JUNIT_FILE, RESULTS_FILE, RunContents, RunDirError, find_run_dirs, read_run, utc
 from distci.judge.store import (DEFAULT_AUDIT_DIR, DEFAULT_BISECT_DIR, DEFAULT_RUNS_ROOT, DEFAULT_STORE, STORE_ENV,
-                                BisectRow, FixAuditRow, Store, default_store_path, storable, suite_of)
+                                BisectRow, FixAuditRow, Store, default_store_path, suite_of)
 from distci.provision.index import nightly_date_of
 
 DEFAULT_KNOWN_ISSUES = Path("suites") / "known_issues.toml"
@@ -75,6 +75,19 @@ class IngestReport:
         if len(shown) > SHOWN_PROBLEMS:
             lines.append(f"  ... and {len(shown) - SHOWN_PROBLEMS} more")
         return "\n".join([text, *lines])
+
+
+def storable(text: str | None) -> str | None:
+    """Text SQLite can hold, losing nothing: characters UTF-8 cannot encode (the lone
+    surrogates a rank's raw non-UTF-8 bytes decode to) become backslash escapes
+    (`\\udc80`), so one odd byte in a message never costs the run its place in the store."""
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def _sha(data: bytes) -> str:
@@ -194,14 +207,14 @@ def _index_run(conn: sqlite3.Connection, run: RunContents, registry: Any) -> str
     conn.execute(
         """INSERT INTO runs (run_id, cell_id, started_at, ended_at, runner, backend, image_digest,
             tier, nightly_date, baseline_cell, torch_git, stack_json, source_path, content_hash,
-            content_size, meta_hash, n_results, ingested_at, selection_json)
-           VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+            content_size, meta_hash, n_results, ingested_at, ci_json, image, selection_json)
+           VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
         tuple(storable(v) if isinstance(v, str) else v for v in (
             info.run_id, info.cell_id, info.started_at, info.ended_at, info.runner, info.backend,
             info.image_digest, info.tier or "", info.nightly_date or nightly_date_of(run.stack.get("torch")),
             info.baseline_cell, run.stack.get("torch_git"), json.dumps(run.stack, sort_keys=True, default=str),
-            str(run.path), content_hash, len(run.raw), meta_hash, len(run.results), _now(),
-            json.dumps(info.selection or []),
+            str(run.path.resolve()), content_hash, len(run.raw), meta_hash, len(run.results), _now(),
+            json.dumps(info.ci or {}, sort_keys=True, default=str), info.image, json.dumps(info.selection or []),
         )),
     )
     conn.executemany(

@@ -9,9 +9,9 @@ same files and gives the same answers.
 Writes are safe from many processes at once (artifacts of many runners arrive together):
 the database is in WAL mode, each write holds one `BEGIN IMMEDIATE` transaction and
 waits for others at most DISTCI_STORE_LOCK_TIMEOUT seconds (default 60), then fails
-naming the holder (each writer records pid, host and command in `<store>.writer`). Text
-is stored losslessly: what UTF-8 cannot encode is escaped (`storable`). Reading run directories into it is
-distci.judge.ingest's job; verdicts are recomputed here, in history order, for every cell an
+naming the holder (each writer records pid, host and command in `<store>.writer`).
+Reading run directories into it, text losslessly (`storable`), is distci.judge.ingest's
+job; verdicts are recomputed here, in history order, for every cell an
 ingest touched (and the cells that use it as their baseline).
 """
 
@@ -32,8 +32,11 @@ from distci.judge.storelock import LOCK_TIMEOUT_ENV, WRITER_SUFFIX, claim, holde
 from distci.errors import StoreError
 from distci.rundir import RunInfo
 
-SCHEMA_VERSION = 2
-_MIGRATIONS = {1: ('ALTER TABLE runs ADD COLUMN selection_json TEXT NOT NULL DEFAULT \'[]\'',)}
+SCHEMA_VERSION = 3  # 2: runs keep run.json's ci block and image (links need no run directory); 3: selection
+_MIGRATIONS = {
+    1: ("ALTER TABLE runs ADD COLUMN ci_json TEXT NOT NULL DEFAULT '{}'", "ALTER TABLE runs ADD COLUMN image TEXT"),
+    2: ("ALTER TABLE runs ADD COLUMN selection_json TEXT NOT NULL DEFAULT '[]'",),
+}
 """Schema upgrades in place: the statements that take a store of version N to N + 1."""
 DEFAULT_STORE = Path(".distci") / "store.sqlite"
 DEFAULT_RUNS_ROOT = Path(".distci") / "runs"
@@ -43,19 +46,6 @@ STORE_ENV = "DISTCI_STORE"
 def default_store_path() -> Path:
     """DISTCI_STORE if set, else .distci/store.sqlite under the current directory."""
     return Path(os.environ.get(STORE_ENV) or DEFAULT_STORE)
-
-
-def storable(text: str | None) -> str | None:
-    """Text SQLite can hold, losing nothing: characters UTF-8 cannot encode (the lone
-    surrogates a rank's raw non-UTF-8 bytes decode to) become backslash escapes
-    (`\\udc80`), so one odd byte in a message never costs the run its place in the store."""
-    if text is None:
-        return None
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
 
 
 def is_environment(test_id: str) -> bool:
@@ -89,7 +79,7 @@ class RunRow(RunInfo):
 
     stack: dict[str, Any] = field(default_factory=dict)
     torch_git: str | None = None
-    source_path: str = ""
+    source_path: str = ""  # the run directory's absolute path, resolved at ingest
     content_hash: str = ""
     n_results: int = 0
 
@@ -176,6 +166,8 @@ _SCHEMA = (
         meta_hash TEXT NOT NULL,
         n_results INTEGER NOT NULL DEFAULT 0,
         ingested_at TEXT NOT NULL DEFAULT '',
+        ci_json TEXT NOT NULL DEFAULT '{}',
+        image TEXT,
         selection_json TEXT NOT NULL DEFAULT '[]'
     )""",
     "CREATE INDEX IF NOT EXISTS runs_by_cell ON runs(cell_id, started_at)",
@@ -482,7 +474,8 @@ class Store:
     def _run_row(r: sqlite3.Row) -> RunRow:
         d = dict(r)
         stack = json.loads(d.pop("stack_json"))
-        d["selection"] = json.loads(d.pop("selection_json"))
+        d["ci"] = json.loads(d.pop("ci_json") or "{}")
+        d["selection"] = json.loads(d.pop("selection_json") or "[]")
         for k in ("content_size", "meta_hash", "ingested_at"):
             d.pop(k)
         return RunRow(stack=stack, **d)
