@@ -217,6 +217,17 @@ class RunDir:
                     pass
                 raise RecordError(self.results_path, result.test_id, exc) from exc
 
+    def append_closing(self, results: list[Result], suite_name: str) -> OSError | None:
+        """Appends a run's closing Results (infra records) and rewrites junit.xml; on a full
+        disk returns the error instead of raising: the caller still reports them."""
+        try:
+            for result in results:
+                self.append(result)
+            self.write_junit(suite_name)
+        except OSError as exc:
+            return exc
+        return None
+
     def results(self, problems: list[LineProblem] | None = None) -> list[Result]:
         return list(parse_results(self.results_path, problems)) if self.results_path.exists() else []
 

@@ -64,3 +64,28 @@ def test_a_file_size_limit_keeps_results_whole_and_ends_the_run_as_infra(tmp_pat
     infra = next(c for c in cases if (c.get("classname"), c.get("name")) == ("<infra>", "cpu-limit-test")).find("error")
     assert infra is not None and infra.get("type") == "infra" and "cannot record" in infra.get("message")
     assert len(cases) == len(kept) + 1  # every kept result, and the infra record JUnit alone could hold
+
+
+CHILD = '''
+import resource, sys
+from pathlib import Path
+from distci.rundir import RunDir, infra_result
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+rd = RunDir(Path(sys.argv[1]))
+small = infra_result("r", "c", "small", stack={})
+big = infra_result("r", "c", "x" * 8000, stack={})
+assert rd.append_closing([small], "c") is None
+err = rd.append_closing([big], "c")
+print(type(err).__name__, err)
+'''
+
+
+def test_a_closing_record_that_does_not_fit_is_reported_not_raised(tmp_path: Path) -> None:
+    """What a controller appends when it closes a run (an infra record) on a full disk: the
+    error comes back to be printed, the file keeps its whole records, JUnit stays valid."""
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("RecordError [Errno 27] cannot record <infra>::c"), proc.stdout
+    problems: list[LineProblem] = []
+    assert len(list(numbered_results(tmp_path / RESULTS_FILE, problems))) == 1 and problems == []
+    ET.parse(tmp_path / "junit.xml")

@@ -165,13 +165,9 @@ def finish_run(cell: Cell, info: RunInfo, run_dir: Path, exit_code: int | None) 
     if exit_code == RECORD_LOST_EXIT and not any(r.test_id == f"{INFRA_PREFIX}{cell.id}" for r in results):
         # the harness could not write a Result (disk full, file-size limit): the run is infra
         exc = InfraError("the harness could not record every result (disk full or a file-size limit); see pytest.log")
-        result = infra_result(info.run_id, cell, exc, rundir.pytest_log)
-        try:
-            rundir.append(result)
-            rundir.write_junit(cell.id)
-        except OSError as err:
+        results.append(infra_result(info.run_id, cell, exc, rundir.pytest_log))
+        if err := rundir.append_closing(results[-1:], cell.id):
             print(f"[{cell.id}] {err}", file=sys.stderr, flush=True)
-        results.append(result)
     if not results and exit_code not in (0, 5):
         log_file = rundir.pytest_log
         exc = InfraError(f"pytest exited with {exit_code} and recorded no result",
@@ -392,9 +388,8 @@ def run_external_suites(cell: Cell, python: Path, info: RunInfo, run_dir: Path, 
         stack = rundir.read_stack()
         results = [infra_result(info.run_id, cell, exc, None, test_id=f"{EXTERNAL_PREFIX}{n}", stack=stack)
                    for n in names]
-        for result in results:
-            rundir.append(result)
-        rundir.write_junit(cell.id)
+        if err := rundir.append_closing(results, cell.id):  # a full disk: the summary still says infra
+            log(f"[{cell.id}] {err}")
         return results
 
 
