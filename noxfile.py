@@ -78,8 +78,10 @@ def _distci(session: nox.Session, command: str, args: list[str] | None = None, *
     with open(CONTROLLER.parent / "_controller.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not python.exists() or not stamp.exists() or stamp.read_text() != wanted:
-            session.run(sys.executable, "-m", "venv", "--clear", str(CONTROLLER), external=True)
-            session.run(str(python), "-m", "pip", "install", "--quiet", *CONTROLLER_INSTALL, external=True)
+            # Installs report on stderr: stdout is the command's (`nox -s matrix -- --json | jq`).
+            session.run(sys.executable, "-m", "venv", "--clear", str(CONTROLLER), external=True, stdout=sys.stderr)
+            session.run(str(python), "-m", "pip", "install", "--quiet", *CONTROLLER_INSTALL, external=True,
+                        stdout=sys.stderr)
             stamp.write_text(wanted)
     session.run(str(python), "-m", "distci", command, *(session.posargs if args is None else args), external=True,
                 **run_kwargs)
@@ -151,7 +153,7 @@ def teardown(session: nox.Session) -> None:
 @controller
 def matrix(session: nox.Session) -> None:
     """List the matrix's cells; `-- --json [--tier T]` prints a GitHub Actions include list."""
-    _distci(session, "matrix")
+    _distci(session, "matrix", stderr=sys.stderr)  # stdout: only the listing (nox merges stderr into it)
 
 
 @controller
