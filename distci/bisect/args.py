@@ -59,6 +59,8 @@ class BisectArgs:
     fresh: bool = False
     below_nightly: bool = False
     python_diff: bool = False
+    check_requires: list[str] = field(default_factory=list)
+    narrow: bool = True
     compiler: bool = False
     in_env: str | None = None
     compiler_backend: str | None = None
@@ -145,6 +147,11 @@ def add_parser(sub: Any, description: str, fn: Any) -> argparse.ArgumentParser:
                    "on two adjacent nightlies, go on over the main commits between them")
     p.add_argument("--python-diff", action="store_true", help="torch: between two builds whose native "
                    "parts are interchangeable, bisect the differing Python files and hunks")
+    p.add_argument("--check-requires", action="append", default=[], metavar="REQ",
+                   help="with --python-diff: what the check imports besides torch (e.g. numpy), "
+                   "resolved with the bad build's dependencies into the shared base; repeatable")
+    p.add_argument("--narrow", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --python-diff: cut each hunk found to the lines that matter (default on)")
     p.add_argument("--compiler", action="store_true", help="run torch's compiler bisector on the "
                    "failure (in the --bad candidate's environment, else --in-env, else here)")
     p.add_argument("--in-env", help="with --compiler: the failing environment (a venv); default for a test "

@@ -71,7 +71,7 @@ def main(args: BisectArgs, *, log: Log = print) -> int:
     if question.last is None:
         raise BisectError(f"{newest} is required: it is the newest end, where the search starts")
     if args.python_diff:
-        from distci.bisect.pydiff import run_python_diff
+        from distci.bisect.pydiff_command import run_python_diff
 
         return run_python_diff(args, question, log)
     candidates = question_candidates(args, question)
