@@ -32,6 +32,7 @@ from typing import Any
 
 from distci.bisect.args import BisectArgs
 from distci.bisect.args import add_parser as _add_parser
+from distci.bisect.args import parse_bisect
 from distci.bisect.checks import PytestCheck
 from distci.bisect.docker import add_options as add_backend_options
 from distci.bisect.docker import run_in_image
@@ -46,17 +47,21 @@ from distci.bisect.question import Log
 
 
 def add_parser(sub: Any) -> None:
-    p = _add_parser(sub, __doc__.split("\n\n")[0], run)
-    add_backend_options(p)
+    _add_parser(sub, __doc__.split("\n\n")[0], run)
 
 
 def run(ns: argparse.Namespace, *, log: Log = print) -> int:
-    if getattr(ns, "backend", "host") == "docker":
-        cell = ns.image_cell or ns.cell
+    argv = list(getattr(ns, "bisect_argv", []))
+    if not argv or argv[0] in ("-h", "--help"):
+        print(getattr(ns, "bisect_help", ""))
+        return 0 if argv else 2
+    args, options = parse_bisect(argv, extra=add_backend_options)
+    if getattr(options, "backend", "host") == "docker":
+        cell = options.image_cell or options.cell
         if not cell:
             raise ConfigError("--backend docker runs the bisect in a cell's image: give --image-cell or --cell")
         return run_in_image(cell, _raw_argv(), log=log)
-    return main(BisectArgs.from_namespace(ns), log=log)
+    return main(args, log=log)
 
 
 def main(args: BisectArgs, *, log: Log = print) -> int:
@@ -116,7 +121,8 @@ def main(args: BisectArgs, *, log: Log = print) -> int:
     if args.below_nightly:
         from distci.bisect.below import below_nightly
 
-        extra["below_nightly"] = below_nightly(result, question, cache, check, state_path.parent, log)
+        extra["below_nightly"] = below_nightly(result, question, cache, check, state_path.parent, log,
+                                               repeats=args.repeats, confirm=args.confirm)
     record = _report(args, question, cache, result, meta, report_path, resume, extra)
     log(format_result(result))
     commits = record.get("commits")
@@ -125,7 +131,12 @@ def main(args: BisectArgs, *, log: Log = print) -> int:
     log(f"report: {report_path}")
     if record.get("test_id") and (question.regression or args.store):
         _to_store(args, report_path, log)
-    return 1 if result.kind == "flaky" else 0
+    below = extra.get("below_nightly") or {}
+    if result.kind == "flaky" or below.get("status") == "flaky":
+        reason = result.reason if result.kind == "flaky" else below.get("reason", "")
+        print(f"distci: bisect: no answer named (flaky): {reason}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _report(args: BisectArgs, q: Question, cache: EnvCache, result: BisectResult[Any],

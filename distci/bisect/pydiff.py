@@ -188,13 +188,15 @@ class PythonDiff:
     `repeats` times, every run recorded in `state` under the overlay's content key."""
 
     def __init__(self, check: CommandCheck, cache: EnvCache, good_env: Path, bad_env: Path,
-                 log: Log = print, *, repeats: int = 1, state: BisectState | None = None) -> None:
+                 log: Log = print, *, repeats: int = 1, state: BisectState | None = None,
+                 keep_overlays: bool = False) -> None:
         if repeats < 1:
             raise BisectError(f"repeats must be at least 1, got {repeats}")
         self.check, self.cache, self.log = check, cache, log
         self.good_env, self.bad_env = good_env, bad_env
         self.good_site, self.bad_site = site_packages(good_env), site_packages(bad_env)
         self.repeats = repeats
+        self.keep_overlays = keep_overlays  # keep overlay envs warm (cheap: hard links)
         self.state = state or BisectState()
         self.probes = 0  # distinct overlays probed (endpoints included)
         self.runs = 0  # check runs this session
@@ -296,7 +298,8 @@ class PythonDiff:
             except InstallFailed as failed:
                 raise BisectError(f"overlay failed: {failed}") from None
 
-        return self.observe(f"pydiff-{key}", label, make, runs, phase) == FAILS
+        return self.observe(f"pydiff-{key}", label, make, runs, phase,
+                            one_off=not self.keep_overlays) == FAILS
 
     def partial(self, kind: str, reason: str, **found: Any) -> PyDiffResult:
         return PyDiffResult(kind, found.get("files", []), found.get("hunks", []),
@@ -332,12 +335,14 @@ def _label(prefix: str, items: Sequence[Any], name: Callable[[Any], str]) -> str
 
 def python_diff(check: CommandCheck, cache: EnvCache, good_env: Path, bad_env: Path,
                 log: Log = print, *, repeats: int = 1, confirm: bool = True,
-                state: BisectState | None = None, narrow: bool = True) -> PyDiffResult:
+                state: BisectState | None = None, narrow: bool = True,
+                keep_overlays: bool = False) -> PyDiffResult:
     """ddmin over the differing Python files, then the hunks of the files kept, then the
     lines of each hunk kept; with `confirm` the answer is re-probed before it is given.
     Raises PyDiffStop (with what was learned) when there is no confirmed answer."""
     started = time.monotonic()
-    probe = PythonDiff(check, cache, good_env, bad_env, log, repeats=repeats, state=state)
+    probe = PythonDiff(check, cache, good_env, bad_env, log, repeats=repeats, state=state,
+                       keep_overlays=keep_overlays)
     found: dict[str, Any] = {}
 
     def stop(kind: str, reason: str) -> PyDiffStop:
