@@ -203,6 +203,7 @@ class PythonDiff:
         self.records: list[dict[str, Any]] = []
         self.signature: tuple[str, str] | None = None
         self._seen: dict[str, list[str]] = {}
+        self._number: dict[str, int] = {}
 
     # -- one overlay, `runs` times ------------------------------------------------------
 
@@ -216,10 +217,11 @@ class PythonDiff:
         if verdicts is None:
             verdicts = self._seen[key] = []
             self.probes += 1
+            self._number[key] = self.probes
             for run in self.state.runs(key):
                 verdicts.append(self._verdict(run.outcome, run.detail))
-                self.log(f"probe {self.probes}: {label}: {verdicts[-1]} (from state)")
-                self.records.append({"probe": self.probes, "overlay": label, "phase": phase,
+                self.log(f"probe {self._number[key]}: {label}: {verdicts[-1]} (from state)")
+                self.records.append({"probe": self._number[key], "overlay": label, "phase": phase,
                                      "outcome": verdicts[-1], "seconds": run.seconds, "resumed": True})
         env: Path | None = None
         try:
@@ -233,9 +235,9 @@ class PythonDiff:
                 self.state.record(key, ProbeRun(outcome, seconds, detail=detail[-2000:], reason=reason))
                 verdicts.append(self._verdict(outcome, detail))
                 run_no = f" (run {len(verdicts)}/{wanted})" if wanted > 1 else ""
-                self.log(f"probe {self.probes}: {label}{run_no}: {verdicts[-1]} ({seconds}s)"
+                self.log(f"probe {self._number[key]}: {label}{run_no}: {verdicts[-1]} ({seconds}s)"
                          + ("" if outcome != "skip" else "\n" + _indented(detail)))
-                self.records.append({"probe": self.probes, "overlay": label, "phase": phase,
+                self.records.append({"probe": self._number[key], "overlay": label, "phase": phase,
                                      "outcome": verdicts[-1], "seconds": seconds})
         finally:
             if env is not None and one_off:
@@ -313,20 +315,56 @@ def overlay_key(changes: dict[str, str | None]) -> str:
                         + "|" + ",".join(sorted(p for p, t in changes.items() if t is None)))
 
 
-def line_edits(hunk: Hunk) -> list[Hunk]:
-    """A hunk split into one-line edits: each removed line, each added line (added lines
-    are placed where the hunk starts, after the removed lines that stay)."""
-    edits = [Hunk(hunk.path, hunk.a0 + i, hunk.a0 + i + 1, (line,), ()) for i, line in enumerate(hunk.old)]
-    edits += [Hunk(hunk.path, hunk.a1, hunk.a1, (), (line,)) for line in hunk.new]
-    return edits
+@dataclass(frozen=True)
+class LineEdit:
+    """One edit inside a hunk: old line `i` becomes new line `j` (a pair of similar lines),
+    old line `i` goes (j None), or new line `j` comes (i None)."""
+
+    i: int | None
+    j: int | None
+
+    def name(self, hunk: Hunk) -> str:
+        return f"-{hunk.a0 + self.i + 1}" if self.j is None else f"+{hunk.a0 + (self.i or 0) + 1}" if (
+            self.i is None) else f"~{hunk.a0 + self.i + 1}"
 
 
-def apply_edits(hunk: Hunk, edits: Sequence[Hunk]) -> Hunk:
-    """The part of `hunk` that `edits` (from line_edits) make: one hunk, same span."""
-    removed = {e.a0 for e in edits if e.old}
-    added = [e.new[0] for e in edits if e.new]
-    kept = tuple(line for i, line in enumerate(hunk.old) if hunk.a0 + i not in removed)
-    return Hunk(hunk.path, hunk.a0, hunk.a1, hunk.old, kept + tuple(added))
+PAIR_RATIO = 0.5  # lines this alike are one edit: a changed line, not a deletion and an addition
+
+
+def line_edits(hunk: Hunk) -> list[LineEdit]:
+    """A hunk split into one-line edits, in order. An old line and the new line most like it
+    (in order, ratio >= PAIR_RATIO) are one edit, so a narrowed answer never reads as "this
+    line deleted" when the line was changed."""
+    pairs: dict[int, int] = {}
+    start = 0
+    for i, line in enumerate(hunk.old):
+        scored = [(difflib.SequenceMatcher(None, line, hunk.new[j]).ratio(), j) for j in range(start, len(hunk.new))]
+        best = max(scored, default=(0.0, -1), key=lambda rj: (rj[0], -rj[1]))
+        if best[0] >= PAIR_RATIO:
+            pairs[i], start = best[1], best[1] + 1
+    edits, nj = [], 0
+    for i in range(len(hunk.old)):
+        if i in pairs:
+            edits += [LineEdit(None, j) for j in range(nj, pairs[i])]
+            edits.append(LineEdit(i, pairs[i]))
+            nj = pairs[i] + 1
+        else:
+            edits.append(LineEdit(i, None))
+    return edits + [LineEdit(None, j) for j in range(nj, len(hunk.new))]
+
+
+def apply_edits(hunk: Hunk, edits: Sequence[LineEdit]) -> Hunk:
+    """The part of `hunk` that `edits` (from line_edits) make, over the hunk's whole span."""
+    chosen = set(edits)
+    block: list[str] = []
+    for edit in line_edits(hunk):
+        if edit.i is None:
+            block += [hunk.new[edit.j]] if edit in chosen else []
+        elif edit.j is None:
+            block += [] if edit in chosen else [hunk.old[edit.i]]
+        else:
+            block.append(hunk.new[edit.j] if edit in chosen else hunk.old[edit.i])
+    return Hunk(hunk.path, hunk.a0, hunk.a1, hunk.old, tuple(block))
 
 
 def _label(prefix: str, items: Sequence[Any], name: Callable[[Any], str]) -> str:
@@ -402,7 +440,7 @@ def _narrow(probe: PythonDiff, hunk: Hunk, others: list[Hunk],
         return hunk
     kept = ddmin(edits, lambda subset: probe.fails(
         with_hunks([*others, apply_edits(hunk, subset)]), _label(f"lines of {hunk.key}", subset,
-                                                                   lambda e: f"{'-' if e.old else '+'}{e.a0 + 1}")))
+                                                                   lambda e: e.name(hunk))))
     if len(kept) == len(edits):
         return hunk
     probe.log(f"python diff: {hunk.key}: {len(kept)} of {len(edits)} changed lines matter")
