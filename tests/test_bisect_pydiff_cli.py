@@ -14,16 +14,12 @@ import base64
 import hashlib
 import json
 import re
-import threading
 import zipfile
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from distci import cli
-from distci.bisect.pydiff import Hunk
-from distci.bisect.upstream import git_version, pointer_upstream
 
 GOOD_GIT, BAD_GIT = "1" * 40, "2" * 40
 OPS = "import math\n\n\ndef scale(x):\n    # one\n    # two\n    y = 0\n    return {scale}\n\n\nPI = {pi}\n"
@@ -121,51 +117,3 @@ def test_swapped_endpoints_and_a_flaky_check_say_so_and_exit_non_zero(house, tmp
     report = json.loads(next((tmp_path / "out").rglob("pydiff-*.json")).read_text())
     assert report["status"] == "flaky" and report["log"]  # what was learned so far is reported
     assert (tmp_path / "flaky.md").exists()
-
-
-class _FakeGitHub(BaseHTTPRequestHandler):
-    routes: dict[str, object] = {}
-    seen: list[str] = []
-
-    def do_GET(self) -> None:
-        self.seen.append(self.path.split("?")[0])
-        body = self.routes.get(self.path.split("?")[0])
-        self.send_response(200 if body is not None else 404)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(json.dumps(body if body is not None else {"message": "Not Found"}).encode())
-
-    def log_message(self, *args) -> None:
-        pass
-
-
-def test_the_pull_requests_touching_the_lines_come_from_the_github_client(tmp_path):
-    for name, git in (("good", GOOD_GIT), ("bad", BAD_GIT)):
-        (tmp_path / name / "torch").mkdir(parents=True)
-        (tmp_path / name / "torch" / "version.py").write_text(f"git_version = '{git}'\n")
-    assert git_version(tmp_path / "good") == GOOD_GIT
-    repo = "/repos/pytorch/pytorch"
-    _FakeGitHub.routes = {
-        f"{repo}/compare/{GOOD_GIT}...{BAD_GIT}": {"commits": [{"sha": "a" * 40}, {"sha": "b" * 40}, {"sha": "c" * 40}]},
-        f"{repo}/commits/{'a' * 40}": {"files": [{"filename": "torch/other.py", "patch": "+    return 2 * x"}]},
-        f"{repo}/commits/{'b' * 40}": {"files": [{"filename": "torch/ops.py", "patch": "@@ -8 +8 @@\n-    return 2 * x\n+    return x + x + (x == 3)"}]},
-        f"{repo}/commits/{'c' * 40}": {"files": [{"filename": "torch/ops.py", "patch": "+# unrelated\n"}]},
-        f"{repo}/commits/{'b' * 40}/pulls": [{"number": 4242, "title": "scale: faster", "merged_at": "2026-11-01T00:00:00Z",
-                                             "html_url": "https://github.com/pytorch/pytorch/pull/4242"},
-                                            {"number": 4243, "title": "not merged", "merged_at": None, "html_url": ""}],
-    }
-    _FakeGitHub.seen = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeGitHub)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        hunk = Hunk("torch/ops.py", 7, 8, ("    return 2 * x\n",), ("    return x + x + (x == 3)\n",))
-        pointer = pointer_upstream(tmp_path / "good", tmp_path / "bad", [hunk], log=lambda line: None,
-                                   environ={"GITHUB_TOKEN": "t0ken", "DISTCI_GITHUB_API": f"http://127.0.0.1:{server.server_port}"})
-        without = pointer_upstream(tmp_path / "good", tmp_path / "bad", [hunk], environ={}, log=lambda line: None)
-    finally:
-        server.shutdown()
-    assert [(p.number, p.title, p.commit) for p in pointer.pulls] == [(4242, "scale: faster", "b" * 40)]
-    assert f"{repo}/commits/{'c' * 40}/pulls" not in _FakeGitHub.seen  # its patch misses the lines
-    assert "pull request #4242: scale: faster" in "\n".join(pointer.lines())
-    assert without.pulls == [] and "set GITHUB_TOKEN" in without.pulls_note
-    assert without.compare == f"https://github.com/pytorch/pytorch/compare/{GOOD_GIT}...{BAD_GIT}"

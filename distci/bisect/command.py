@@ -1,12 +1,13 @@
-"""`python -m distci bisect`: list candidates, build the probe, run the engine, report.
+"""`python -m distci bisect MODE`: list candidates, build the probe, run the engine, report.
 
-    distci bisect TEST_ID --good X --bad Y [--axis torch] [--source nightly] [--find-fix]
-    distci bisect --from-regression RUN_ID::TEST_ID        (the store says the rest)
-    distci bisect --command 'python check.py' --bad 2026-11-20 --source nightly
-    distci bisect --command 'python repro.py' --good v0.9.0 --bad main --axis torchao --repo ../ao
-    distci bisect TEST_ID --axis torch --source nightly --good D1 --bad D2 --below-nightly
-    distci bisect --command 'python check.py' --good 2.14.0 --bad 2.14.1 --python-diff
-    distci bisect TEST_ID --compiler                         (which compile pass breaks it)
+    distci bisect versions TEST_ID --good X --bad Y [--axis torch] [--source nightly] [--find-fix]
+    distci bisect versions --from-regression RUN_ID::TEST_ID   (the store says the rest)
+    distci bisect versions --command 'python check.py' --bad 2026-11-20 --source nightly
+    distci bisect commits --command 'python repro.py' --good v0.9.0 --bad main --axis torchao --repo ../ao
+    distci bisect below-nightly TEST_ID --good D1 --bad D2
+    distci bisect python-diff --command 'python check.py' --good 2.14.0 --bad 2.14.1
+    distci bisect compiler TEST_ID                            (which compile pass breaks it)
+    distci bisect list                                        (the store's regressions)
 
 A TEST_ID runs through the harness in torchrun mode inside each candidate's environment
 (every other package pinned to the bad cell's stack: --stack, --cell, or the regression's

@@ -161,10 +161,11 @@ class CompilerFinding:
 
 def compiler_bisect(command: str, *, python: str = sys.executable, cwd: Path | str | None = None,
                     env: Mapping[str, str] | None = None, start_backend: str | None = None,
-                    timeout: float | None = None, precheck: bool = True,
-                    log: Callable[[str], None] = print) -> CompilerFinding:
+                    timeout: float | None = None, precheck: bool = True, repeats: int = 1,
+                    confirm: bool = True, log: Callable[[str], None] = print) -> CompilerFinding:
     """Run torch's compiler bisector on `command` (a shell command: exit 0 = pass) with
-    `python`, the failing environment's interpreter, whose PATH comes first.
+    `python`, the failing environment's interpreter, whose PATH comes first; `repeats`
+    and `confirm` as in every bisect mode (see `drive`).
 
     `env` is added to the command's environment (PYTHONPATH must make distci importable
     by `python`). `start_backend` skips the backends before it (torch's own tests do the

@@ -115,7 +115,7 @@ def run_python_diff(args: BisectArgs, q: Any, log: Log) -> int:
 
 def endpoints(args: BisectArgs, q: Any) -> tuple[WheelCandidate, WheelCandidate]:
     """(good build, bad build); swapped versions are refused before any download."""
-    from distci.bisect.question import candidates_of, index_url
+    from distci.bisect.question import index_url
 
     first, last = q.first, q.last
     if q.source == "release" and not args.wheelhouse:
