@@ -125,9 +125,9 @@ def build_parser(registry: tuple[str, ...] = REGISTRY) -> argparse.ArgumentParse
     p.set_defaults(fn=_cmd_run)
 
     p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm "
-                       "builds), `provision` (a cell's env, cold and warm)")
-    p.add_argument("what", choices=("harness", "images", "provision"))
-    p.add_argument("--repeat", type=int, default=1)
+                       "builds), `provision` (a cell's env, cold and warm), `pr` (the pr tier's phases, cold then warm)")
+    p.add_argument("what", choices=("harness", "images", "provision", "pr"))
+    p.add_argument("--repeat", type=int, default=1, help="pr: how many runs of the tier (default 2: cold, then warm)")
     p.add_argument("--pip", action="store_true", help="provision: also time the pip fallback install")
     p.add_argument("--keep", action="store_true", help="provision: keep the bench's wheelhouse and envs")
     p.set_defaults(fn=_cmd_bench)
