@@ -7,9 +7,11 @@ mode's test also runs the same liar without the contract (repeats 1, no confirm)
 shows that it does fool the search there, so the contract is what the test measures.
 
 Modes: the engine's candidate lists (versions, nightlies, commits, below-nightly main
-commits: all one engine), python-diff (overlays of two fake builds), the compiler
-(torch's own CompilerBisector driven by distci.bisect.compiler.drive), and the commits
-mode end to end through the CLI.
+commits: one engine, which every one of those modes calls with the --repeats and --confirm
+it was given), python-diff (overlays of two fake builds, the check answered through the
+Runner seam), and the compiler (torch's own CompilerBisector driven by
+distci.bisect.compiler.drive). That the CLI hands the options down is tested where each
+mode's CLI is (test_bisect_pydiff_cli.py: a flaky check exits 1 with its report).
 """
 
 from __future__ import annotations
