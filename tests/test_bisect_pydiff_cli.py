@@ -95,7 +95,7 @@ def test_a_cold_run_installs_the_bad_builds_dependencies_and_names_the_lines(hou
     # the same command again: every probe from the state
     assert cli.main(_argv(tmp_path, house, "--good", "9.1.0", "--bad", "9.1.1")) == 0
     again = capsys.readouterr().out
-    assert "(from state)" in again and re.search(r"\(\d+ check runs this session", again).group(0) == "(0 check runs this session"
+    assert "plan: from" in again and "(from state)" in again and re.search(r"\(\d+ check runs this session", again).group(0) == "(0 check runs this session"
 
 
 @pytest.mark.slow

@@ -111,6 +111,27 @@ def plan_builds(good: str, bad: str, extra: Sequence[str], pip_args: Sequence[st
     return BuildPlan(sorted(set(pins), key=str.lower), downloads, round(time.monotonic() - started, 1))
 
 
+def cached_plan(path: Path, make: Callable[[], BuildPlan], log: Log = print) -> BuildPlan:
+    """The plan saved at `path` (keyed by the caller on every input of the resolution),
+    else `make()` saved there: a rerun does not resolve again."""
+    try:
+        data = json.loads(path.read_text())
+        plan = BuildPlan(data["base_requirements"], [Planned(**p) for p in data["downloads"]],
+                         data["resolve_seconds"])
+        log(f"plan: from {path}")
+        return plan
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    plan = make()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"base_requirements": plan.base_requirements,
+                               "downloads": [vars(p) for p in plan.downloads],
+                               "resolve_seconds": plan.resolve_seconds}))
+    tmp.replace(path)
+    return plan
+
+
 def check_disk(plan: BuildPlan, where: Path, log: Log = print) -> None:
     """Refuse to start downloads the disk cannot hold (with what was found and a way out)."""
     where.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 import sys
 import time
@@ -32,7 +33,7 @@ from typing import Any, Callable
 from packaging.version import InvalidVersion, Version
 
 from distci.bisect.args import BisectArgs
-from distci.bisect.builds import BuildPlan, check_disk, plan_builds
+from distci.bisect.builds import BuildPlan, cached_plan, check_disk, plan_builds
 from distci.bisect.candidates import WheelCandidate
 from distci.bisect.install import Base, EnvCache, InstallFailed
 from distci.bisect.pydiff import PyDiffResult, PyDiffStop, python_diff, quote_term
@@ -59,8 +60,16 @@ def run_python_diff(args: BisectArgs, q: Any, log: Log) -> int:
     else:
         log(f"plan: resolving {bad.requirement}'s dependencies from its own metadata "
             f"(pip's configuration{', ' + index_setting(args, q) if index_setting(args, q) else ''})")
-        plan = plan_builds(good.requirement, bad.requirement, args.check_requires,
-                           [*_index_args(good), *base_cache.pip_args], python=args.python, log=log)
+        pip_args = [*_index_args(good), *base_cache.pip_args]
+        from distci.provision.pipconfig import resolution_environment
+
+        key = _digest(json.dumps([good.requirement, bad.requirement, sorted(args.check_requires), pip_args,
+                                  os.path.abspath(args.python), resolution_environment(args.python)]))
+        saved = Path(args.cache) / "plans" / f"{key}.json"
+        if args.fresh:
+            saved.unlink(missing_ok=True)
+        plan = cached_plan(saved, lambda: plan_builds(
+            good.requirement, bad.requirement, args.check_requires, pip_args, python=args.python, log=log), log)
         log(f"plan: {len(plan.base_requirements)} dependencies shared by both builds and every "
             f"overlay ({plan.resolve_seconds:.0f}s to resolve)")
         log(plan.describe())
