@@ -312,8 +312,13 @@ def python_diff(check: CommandCheck, cache: EnvCache, good_env: Path, bad_env: P
         found["lines"] = lines
         if confirm:
             _confirm(probe, lines, with_hunks, stop)
-    except PyDiffStop as stopped:
-        stopped.result.seconds = round(time.monotonic() - started, 1)
+    except PyDiffStop as stopped:  # report what was learned before it stopped
+        learned = stopped.result
+        learned.files = learned.files or found.get("files", [])
+        learned.hunks = learned.hunks or found.get("hunks", [])
+        learned.lines = learned.lines or found.get("lines", [])
+        learned.differing_files = learned.differing_files or found.get("differing", 0)
+        learned.seconds = round(time.monotonic() - started, 1)
         raise
     return PyDiffResult("found", files, kept, len(paths), probe.probes, round(time.monotonic() - started, 1),
                         probe.records, lines=lines, runs=probe.runs)
