@@ -299,17 +299,22 @@ def drive(cb: Any, run: Callable[[dict], int], environ: Mapping[str, str], *, re
           confirm: bool = True, log: Callable[[str], None] = print) -> CompilerFinding:
     """torch's `cb.CompilerBisector.do_bisect` over `run(env) -> exit code`, under the
     honesty contract of every bisect mode: each step runs `repeats` times and runs that
-    disagree end it as `flaky`; with `confirm` the finding's pair is run `repeats + 1`
-    times more (the backend before it passes, it fails; a subsystem found: that backend
-    with the subsystem disabled passes) and a contradiction makes it `unconfirmed`."""
+    disagree end it as `flaky`; with `confirm` the finding's pair is brought to `repeats +
+    1` runs (the backend before it passes, it fails; a subsystem found: that backend with
+    the subsystem disabled passes), the search's own runs of those configurations
+    counted, and a contradiction makes it `unconfirmed`."""
     bisector = cb.CompilerBisector
     runs = 0
     started = time.monotonic()
 
-    def steady(env: dict, label: str, times: int) -> bool:
+    seen: dict[tuple, list[bool]] = {}  # fixed configurations -> every run's pass/fail
+
+    def steady(env: dict, label: str, times: int, key: tuple | None = None) -> bool:
+        """Run until `times` runs of this configuration agree (runs the search already
+        made of a fixed configuration count); raise _Flaky when they do not."""
         nonlocal runs
-        passed = []
-        for _ in range(times):
+        passed = seen.setdefault(key, []) if key is not None else []
+        while len(passed) < times:
             runs += 1
             began = time.monotonic()
             code = run(env)
@@ -335,8 +340,9 @@ def drive(cb: Any, run: Callable[[dict], int], environ: Mapping[str, str], *, re
     def check() -> bool:
         backend, subsystem = bisector.get_backend(), bisector.get_subsystem()
         disabled = bool(subsystem) and bisector.get_run_state(backend, subsystem) == "test_disable"
+        fixed = (backend, subsystem, disabled) if not subsystem or disabled else None  # not a bisect step
         return steady(env_of(backend, subsystem, disabled), f"backend={backend} subsystem={subsystem or '-'}",
-                      repeats)
+                      repeats, fixed)
 
     order = list(cb.BACKENDS)
     bisector.bisection_enabled = True
@@ -356,7 +362,8 @@ def drive(cb: Any, run: Callable[[dict], int], environ: Mapping[str, str], *, re
                 pairs.append((finding.backend, finding.subsystem, True, True))
             for backend, subsystem, disabled, should_pass in pairs:
                 label = f"confirm: backend={backend} subsystem={subsystem or '-'}" + (" disabled" if disabled else "")
-                if steady(env_of(backend, subsystem, disabled), label, times) != should_pass:
+                if steady(env_of(backend, subsystem, disabled), label, times,
+                          (backend, subsystem, disabled)) != should_pass:
                     finding.status = "unconfirmed"
                     finding.reason = (f"{label} {'fails' if should_pass else 'passes'} when run again: "
                                       "the finding does not hold; the command is not steady")
