@@ -232,10 +232,10 @@ def dashboard(session: nox.Session) -> None:
 
 @controller
 def bisect(session: nox.Session) -> None:
-    """`-- TEST_ID|--command CMD --good X --bad Y [--axis torch|torchao|torchtitan] [--find-fix] [--stack stack.json|--cell ID|--base-env VENV]`;
-    `-- --from-regression RUN_ID::TEST_ID`; `-- --list-regressions`; `-- TEST_ID|--command CMD --compiler [--in-env VENV|--bad X]`;
-    torch: `--below-nightly` (main commits between two adjacent nightlies), `--python-diff` (between two builds); rerun to resume;
-    `-- --backend docker --image-cell CELL ...` runs it in the cell's image."""
+    """`-- MODE ...`, MODE one of versions, commits, below-nightly, python-diff, compiler, list
+    (`-- MODE --help` lists its options), e.g. `-- versions TEST_ID|--command CMD --good X --bad Y [--stack stack.json]`,
+    `-- python-diff --command CMD --good 2.14.0 --bad 2.14.1`; rerun to resume;
+    `-- MODE --backend docker --image-cell CELL ...` runs it in the cell's image."""
     _distci(session, "bisect")
 
 
