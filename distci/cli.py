@@ -41,14 +41,26 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from distci.run.cellrun import run_cell
-    from distci.matrix import load_matrix
-    from distci.rundir import RunDir
-    from distci.run.terminal import EXIT_FILE_ENV, exit_code, exit_line, print_summary, write_exit_file
+    """Run the cells; every line fits the terminal's width (distci.run.terminal)."""
+    from distci.exitfile import write_exit_file
+    from distci.run.terminal import EXIT_CODES, exit_line, fitted_output, run_records
 
     # A pipe (nox, CI) would otherwise hold the per-test lines in a block buffer.
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)
+    with fitted_output():
+        code, runs = _run_cells(args)
+        write_exit_file("run", code, EXIT_CODES[code], runs=run_records(runs))
+        print(exit_line(code))
+    return code
+
+
+def _run_cells(args: argparse.Namespace) -> tuple[int, list]:
+    from distci.run.cellrun import run_cell
+    from distci.matrix import load_matrix
+    from distci.rundir import RunDir
+    from distci.run.terminal import exit_code, print_summary
+
     matrix = load_matrix(args.matrix)
     cells = matrix.select(cell_ids=args.cell or None, tier=None if args.cell else args.tier)
     if args.backend == "docker":
@@ -68,10 +80,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for run in runs:
         run.info.exit_code = exit_code([run])
         RunDir(run.run_dir).write_info(run.info)
-    if os.environ.get(EXIT_FILE_ENV):
-        write_exit_file(os.environ[EXIT_FILE_ENV], code, runs)
-    print(exit_line(code))
-    return code
+    return code, runs
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -162,9 +171,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _exit(args: argparse.Namespace, code: int) -> int:
-    """`run` names its exit code on its last line whichever way it ends."""
-    if args.command == "run":
-        from distci.run.terminal import exit_line
+    """`run` names its exit code on its last line whichever way it ends; every command's
+    usage error (2) or interruption reaches the exit file (distci.exitfile)."""
+    from distci.exitfile import write_exit_file
+    from distci.run.terminal import EXIT_CODES, exit_line
 
+    if args.command == "run":
         print(exit_line(code), file=sys.stderr)
+    write_exit_file(args.command, code, EXIT_CODES.get(code, ""))
     return code

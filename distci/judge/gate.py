@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from distci.errors import SelectionError
+from distci.exitfile import write_exit_file
 from distci.judge.store import ResultRow, RunRow, Store, default_store_path, suite_of
 from distci.judge.verdicts import BLOCKING
 
@@ -47,6 +48,11 @@ DEFAULT_MAX_AGE = timedelta(hours=36)
 
 STATUSES = ("PASSED", "BLOCKED", "INCOMPLETE")
 EXIT_CODES = {"PASSED": 0, "BLOCKED": 1, "INCOMPLETE": 3}
+STATUS_MEANINGS = {
+    "PASSED": "every expected cell ran and nothing blocks",
+    "BLOCKED": "a release-blocking test regressed or fails",
+    "INCOMPLETE": "nothing blocks, but an expected cell is missing, stale, infra-only or in flight",
+}
 CELL_STATES = ("ok", "missing", "stale", "infra_only", "in_flight", "waived")
 COMPLETE_STATES = frozenset({"ok", "waived"})
 
@@ -408,6 +414,9 @@ def run(args: argparse.Namespace) -> int:
             result = evaluate(store, args.tier, **opts)
     print(result.to_text())
     write_step_summary(result)
+    write_exit_file("gate", result.exit_code, f"{result.status}: {STATUS_MEANINGS[result.status]}",
+                    status=result.status, tier=result.tier, candidate=result.candidate,
+                    incomplete=[c.cell_id for c in result.incomplete], blocking=len(result.blocking))
     return result.exit_code
 
 

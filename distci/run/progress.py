@@ -14,6 +14,7 @@ redrawn every second with the same counts and ETA, and cleared before the next l
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 import time
@@ -82,8 +83,10 @@ class StatusLine:
         return cls(sys.stdout, prefix) if sys.stdout.isatty() else None
 
     def show(self, text: str) -> None:
+        """Redraws the line, cut to the terminal's width: a wrapped line could not be erased."""
+        width = shutil.get_terminal_size((80, 24)).columns - 1
         with self._lock:
-            self.stream.write(f"\r\x1b[K{self.prefix}{text}")
+            self.stream.write(f"\r\x1b[K{(self.prefix + text)[:width]}")
             self.stream.flush()
             self.shown = True
 
