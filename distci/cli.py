@@ -134,11 +134,12 @@ def build_parser(registry: tuple[str, ...] = REGISTRY) -> argparse.ArgumentParse
     p.set_defaults(fn=_cmd_run)
 
     p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm "
-                       "builds), `provision` (a cell's env, cold and warm)")
-    p.add_argument("what", choices=("harness", "images", "provision"))
+                       "builds), `provision` (a cell's env, cold and warm), `store` (ingest, gate, dashboard at 1/10/100x)")
+    p.add_argument("what", choices=("harness", "images", "provision", "store"))
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--pip", action="store_true", help="provision: also time the pip fallback install")
-    p.add_argument("--keep", action="store_true", help="provision: keep the bench's wheelhouse and envs")
+    p.add_argument("--keep", action="store_true", help="provision, store: keep what the bench generated")
+    p.add_argument("--scales", default="1,10,100", help="store: the scales to measure (default 1,10,100)")
     p.set_defaults(fn=_cmd_bench)
 
     for module in registry:

@@ -5,6 +5,9 @@ launch per test. The pool exists because a launch (spawn, import torch, rendezvo
 costs seconds while a test message costs milliseconds; this measures both.
 
 `provision`: the default CPU cell's environment, cold and warm (distci.bench.provision).
+
+`store`: ingest, gate and dashboard on a generated history at 1x, 10x and 100x today
+(distci.bench.store).
 """
 
 from __future__ import annotations
@@ -100,6 +103,11 @@ def run_bench(what: str, args: argparse.Namespace) -> int:
 
         return run_provision_bench(console, with_pip=bool(getattr(args, "pip", False)),
                                    keep=bool(getattr(args, "keep", False)))
+    if what == "store":
+        from distci.bench.store import run_store_bench
+
+        scales = tuple(int(x) for x in str(getattr(args, "scales", "1,10,100")).split(",") if x.strip())
+        return run_store_bench(console, scales=scales, keep=bool(getattr(args, "keep", False)))
     if what == "images":
         from distci.images import bench_images
 

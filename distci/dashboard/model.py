@@ -54,12 +54,14 @@ def cell_status(verdicts: list[str]) -> str:
     return "none"
 
 
-def green_rate(verdicts: list[str]) -> float | None:
-    """Percent of judged tests (not skipped, not infra) that are not failing."""
-    judged = [v for v in verdicts if v not in ("skip", "infra")]
+def green_rate(verdicts: list[str] | dict[str, int]) -> float | None:
+    """Percent of judged tests (not skipped, not infra) that are not failing; `verdicts`
+    as a list, or as counts (verdict -> how many) for a year of runs."""
+    counts = verdicts if isinstance(verdicts, dict) else {v: verdicts.count(v) for v in set(verdicts)}
+    judged = sum(n for v, n in counts.items() if v not in ("skip", "infra"))
     if not judged:
         return None
-    return 100.0 * sum(v not in BLOCKING for v in judged) / len(judged)
+    return 100.0 * sum(n for v, n in counts.items() if v not in ("skip", "infra") and v not in BLOCKING) / judged
 
 
 @dataclass
@@ -84,10 +86,20 @@ class GridCell:
         return ", ".join(f"{n} {v}" for v, n in sorted(self.counts.items(), key=lambda kv: SEVERITY.get(kv[0], 99)))
 
 
+@dataclass(frozen=True)
+class Mark:
+    """One square of a history grid: a test's verdict in one run (a light row: a cell's
+    page draws thousands of them)."""
+
+    run_id: str
+    verdict: str
+    error_signature: str | None
+
+
 @dataclass
 class HistoryRow:
     test_id: str
-    marks: list[ResultRow | None]
+    marks: list[Mark | None]
     latest: str | None
 
 
@@ -110,6 +122,10 @@ class CellView:
     state: str = "ok"  # the gate's word for the cell (ok, stale, in_flight, infra_only, ...)
     links: list[Link] = field(default_factory=list)
     hides: int = 0  # upstream bugs the fix package hides here (a fix_off twin's failures)
+
+    @property
+    def file(self) -> str:
+        return page_file("cell", self.cell_id)
 
 
 @dataclass
@@ -136,6 +152,32 @@ class HeatRow:
 
     cell_id: str
     marks: list[tuple[str, str | None, float | None]]
+
+
+@dataclass
+class WeekView:
+    """One ISO week of nights: the heat of every cell, on its own page (week-<label>.html),
+    so a year of history is 52 small pages, not one page a year long."""
+
+    label: str  # 2026-W48
+    nights: list[str]
+    heat: list[HeatRow]
+    counts: dict[str, int]
+
+    @property
+    def file(self) -> str:
+        return page_file("week", self.label)
+
+    @property
+    def status(self) -> str:
+        return cell_status(list(self.counts))
+
+
+def page_file(kind: str, name: str) -> str:
+    """The file name of a split page: `cell-<id>.html`, `week-<label>.html`, `tier-<name>.html`,
+    beside index.html (one directory: every relative link works on file:// and on Pages)."""
+    safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in name)
+    return f"{kind}-{safe}.html"
 
 
 @dataclass
@@ -172,6 +214,7 @@ class Page:
     stories: list[FixStory] = field(default_factory=list)
     heat: list[HeatRow] = field(default_factory=list)
     audit_source: str = ""
+    weeks: list[WeekView] = field(default_factory=list)  # newest first
 
     @property
     def status_counts(self) -> dict[str, int]:
@@ -240,8 +283,9 @@ def _stack_items(stack: dict[str, Any]) -> list[tuple[str, str]]:
     return items
 
 
-def _cell_view(store: Store, run: RunRow, suites: list[str], history_runs: int) -> CellView:
-    latest = store.results(run_id=run.run_id)
+def _cell_view(store: Store, run: RunRow, latest: list[ResultRow], runs: list[RunRow], suites: list[str],
+               history_runs: int) -> CellView:
+    """A cell's latest run (`latest`) and the history of its last `history_runs` runs of `runs`."""
     by_suite: dict[str, list[str]] = defaultdict(list)
     for r in latest:
         if _is_test(r.test_id):
@@ -259,17 +303,15 @@ def _cell_view(store: Store, run: RunRow, suites: list[str], history_runs: int) 
     for r in latest:
         counts[r.verdict] += 1
 
-    runs = store.runs(cell_id=run.cell_id)
     shown = runs[-history_runs:]
-    cell_results = store.results(cell_id=run.cell_id, since=shown[0].started_at) if shown else []
-    marks: dict[str, dict[str, ResultRow]] = defaultdict(dict)
-    for r in cell_results:
-        marks[r.test_id][r.run_id] = r
+    marks: dict[str, dict[str, Mark]] = defaultdict(dict)
+    by_run: dict[str, list[str]] = defaultdict(list)
+    for test_id, run_id, verdict, signature in store.marks([x.run_id for x in shown]):
+        marks[test_id][run_id] = Mark(run_id, verdict, signature)
+        by_run[run_id].append(verdict)
     rows = []
     for test_id in sorted(marks, key=lambda t: (not _is_test(t), t)):
         row = [marks[test_id].get(x.run_id) for x in shown]
-        if all(m is None for m in row):
-            continue
         last = marks[test_id].get(run.run_id)
         rows.append(HistoryRow(test_id, row, last.verdict if last else None))
     hidden = 0
@@ -278,13 +320,6 @@ def _cell_view(store: Store, run: RunRow, suites: list[str], history_runs: int) 
         hidden = len(quiet)
         rows = [h for h in rows if h not in quiet]
     rows.sort(key=lambda h: (SEVERITY.get(h.latest or "", 99), h.test_id))
-
-    rates = []
-    by_run: dict[str, list[str]] = defaultdict(list)
-    for r in cell_results:
-        by_run[r.run_id].append(r.verdict)
-    for x in shown:
-        rates.append(green_rate(by_run.get(x.run_id, [])))
     return CellView(
         cell_id=run.cell_id,
         run=run,
@@ -297,14 +332,14 @@ def _cell_view(store: Store, run: RunRow, suites: list[str], history_runs: int) 
         history_runs=shown,
         history=rows,
         history_hidden=hidden,
-        rates=rates,
+        rates=[green_rate(by_run.get(x.run_id, [])) for x in shown],
         environment_failure=env_fail,
     )
 
 
-def _flaky(store: Store, nights: list[str]) -> list[FlakyTest]:
+def _flaky(store: Store, nights: list[str], all_runs: list[RunRow]) -> list[FlakyTest]:
     window = set(nights)
-    runs = {r.run_id: r for r in store.runs()}
+    runs = {r.run_id: r for r in all_runs}
     found: dict[str, list[ResultRow]] = defaultdict(list)
     for r in store.results(verdicts=["flaky"]):
         if runs[r.run_id].night in window:
@@ -356,10 +391,12 @@ def _run_text(run: Any) -> str:
 
 
 def _heat(cells: list[str], nights: list[str], window: list[RunRow],
-          verdicts_by_run: dict[str, list[str]]) -> list[HeatRow]:
-    by_cell_night: dict[tuple[str, str], list[str]] = {}
+          counts_by_run: dict[str, dict[str, int]]) -> list[HeatRow]:
+    by_cell_night: dict[tuple[str, str], dict[str, int]] = {}
     for run in window:
-        by_cell_night.setdefault((run.cell_id, run.night), []).extend(verdicts_by_run.get(run.run_id, []))
+        into = by_cell_night.setdefault((run.cell_id, run.night), {})
+        for v, n in counts_by_run.get(run.run_id, {}).items():
+            into[v] = into.get(v, 0) + n
     rows = []
     for cell in cells:
         marks = []
@@ -370,6 +407,33 @@ def _heat(cells: list[str], nights: list[str], window: list[RunRow],
     return rows
 
 
+def iso_week(night: str) -> str:
+    """`2026-11-30` -> `2026-W49`: the week a night's page is in."""
+    try:
+        year, week, _ = datetime.fromisoformat(night[:10]).isocalendar()
+    except ValueError:
+        return "undated"
+    return f"{year}-W{week:02d}"
+
+
+def _weeks(cells: list[str], all_runs: list[RunRow], counts_by_run: dict[str, dict[str, int]]) -> list[WeekView]:
+    """Every week of the history, newest first: the split pages of a year."""
+    by_week: dict[str, list[RunRow]] = defaultdict(list)
+    for run in all_runs:
+        if run.night:
+            by_week[iso_week(run.night)].append(run)
+    weeks = []
+    for label in sorted(by_week, reverse=True):
+        runs = by_week[label]
+        nights = sorted({r.night for r in runs})
+        counts: dict[str, int] = defaultdict(int)
+        for r in runs:
+            for v, n in counts_by_run.get(r.run_id, {}).items():
+                counts[v] += n
+        weeks.append(WeekView(label, nights, _heat(cells, nights, runs, counts_by_run), dict(counts)))
+    return weeks
+
+
 def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = None, history_runs: int = 14,
                matrix_path: Path | None = None, now: datetime | None = None, site: Path | None = None,
                issues: dict[str, str] | None = None) -> Page:
@@ -377,14 +441,18 @@ def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = 
     tier); `site` is where the page is written, for relative links to run logs; `issues`
     maps an error signature to the issue filed for it."""
     now = now or datetime.now(timezone.utc)
-    latest = store.latest_runs()
+    all_runs = store.runs()
+    runs_of: dict[str, list[RunRow]] = defaultdict(list)
+    for run in all_runs:
+        runs_of[run.cell_id].append(run)
+    latest = {cell: runs[-1] for cell, runs in sorted(runs_of.items())}
     latest_results = {c: store.results(run_id=r.run_id) for c, r in latest.items()}
     suites = sorted({r.suite for rs in latest_results.values() for r in rs if _is_test(r.test_id)})
     tiers = release_views(store, matrix_path, now)
     states = {c.cell_id: c.state for t in reversed(tiers) for c in t.cells}
     stories = fix_stories(latest, latest_results)
     hides = {s.off_cell: s.bugs for s in stories}
-    cells = [_cell_view(store, run, suites, history_runs) for run in latest.values()]
+    cells = [_cell_view(store, run, latest_results[c], runs_of[c], suites, history_runs) for c, run in latest.items()]
     for c in cells:
         started = _parse(c.run.started_at)
         c.age = age_text((now - started).total_seconds() if started else None)
@@ -402,24 +470,23 @@ def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = 
     changes.sort(key=lambda c: (c.result.verdict != "regression", c.result.cell_id, c.result.test_id))
 
 
-    all_runs = store.runs()
     nights = sorted({r.night for r in all_runs if r.night})[-history_runs:]
     window = [r for r in all_runs if r.night in nights]
-    verdicts_by_run: dict[str, list[str]] = defaultdict(list)
-    for r in store.results(since=min((w.started_at for w in window), default="")):
-        verdicts_by_run[r.run_id].append(r.verdict)
+    counts_by_run = store.verdict_counts()
     night_rates: dict[str, list[float | None]] = {}
-    per_night: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    per_night: dict[str, dict[str, dict[str, int]]] = defaultdict(dict)
     for run in window:
-        per_night[run.cell_id][run.night] = verdicts_by_run.get(run.run_id, [])
+        into = per_night[run.cell_id].setdefault(run.night, {})
+        for v, n in counts_by_run.get(run.run_id, {}).items():
+            into[v] = into.get(v, 0) + n
     for cell in sorted(per_night):
         night_rates[cell] = [green_rate(per_night[cell][n]) if n in per_night[cell] else None for n in nights]
     night_counts = []
     for n in nights:
         counts: dict[str, int] = defaultdict(int)
         for cell in per_night:
-            for v in per_night[cell].get(n, []):
-                counts[v] += 1
+            for v, k in per_night[cell].get(n, {}).items():
+                counts[v] += k
         night_counts.append(dict(counts))
 
     totals: dict[str, int] = defaultdict(int)
@@ -433,7 +500,7 @@ def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = 
         cells=cells,
         suites=suites,
         changes=changes,
-        flaky=_flaky(store, nights),
+        flaky=_flaky(store, nights, all_runs),
         nights=nights,
         night_rates=night_rates,
         night_counts=night_counts,
@@ -443,8 +510,9 @@ def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = 
         tiers=tiers,
         cards=break_cards(store, latest_results, issues=issues),
         stories=stories,
-        heat=_heat(sorted(latest), nights, window, verdicts_by_run),
+        heat=_heat(sorted(latest), nights, window, counts_by_run),
         audit_source=audit_source,
+        weeks=_weeks(sorted(latest), all_runs, counts_by_run),
     )
 
 

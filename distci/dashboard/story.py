@@ -74,29 +74,26 @@ def stack_diff(good: Mapping[str, Any], bad: Mapping[str, Any]) -> list[tuple[st
 
 
 class _History:
-    """One cell's results by test, in run order, read from the store once per cell."""
+    """The runs and each failing test's history, read from the store as first_bad walks back."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._cells: dict[str, dict[str, list[ResultRow]]] = {}
         self._runs: dict[str, RunRow] = {r.run_id: r for r in store.runs()}
-
-    def of(self, cell: str, test: str) -> list[ResultRow]:
-        if cell not in self._cells:
-            by_test: dict[str, list[ResultRow]] = defaultdict(list)
-            for r in self.store.results(cell_id=cell):
-                by_test[r.test_id].append(r)
-            self._cells[cell] = by_test
-        return self._cells[cell].get(test, [])
 
     def run(self, run_id: str | None) -> RunRow | None:
         return self._runs.get(run_id) if run_id else None
 
     def first_bad(self, r: ResultRow) -> tuple[RunRow | None, RunRow | None]:
-        """The run where this failure began (same signature, unbroken) and the pass before it."""
-        history = self.of(r.cell_id, r.test_id)
+        """The run where this failure began (same signature, unbroken) and the pass before it.
+
+        Walks the test's history newest first from `r`, so a year of history costs the
+        length of the failure, not the year."""
         first, good = r, None
-        for prev in reversed(history[: next((i for i, x in enumerate(history) if x.run_id == r.run_id), 0)]):
+        older = False
+        for prev in self.store.test_history(r.cell_id, r.test_id):
+            if not older:
+                older = prev.run_id == r.run_id
+                continue
             if prev.verdict in FAILING and prev.error_signature == r.error_signature:
                 first = prev
                 continue

@@ -1,0 +1,162 @@
+"""`nox -s bench -- store`: the store, the gate and the dashboard at 1x, 10x and 100x today.
+
+Today is 50 cells x 300 tests for about four nights (~55 k results); 100x is a year of
+nightly history (365 nights, ~5.5 M results). For each scale a history is generated
+(distci.bench.history) and then, timed with time.perf_counter:
+
+- ingest: the history but its last night, BATCH_NIGHTS nights per `ingest_runs` call
+  (as a backfill would; one call holds its batch in memory) -> results per second;
+- nightly ingest: the last night alone into the full store (what every night pays);
+- gate: the release tier (`evaluate`) against the full store;
+- dashboard: `render_dashboard` into a fresh directory, and its weight (the index,
+  the largest page, the whole site).
+
+Goals at 100x on 2 cores: ingest >= 20 k results/s, gate <= 2 s, dashboard <= 30 s.
+The figures and the load average during each scale go to .distci/bench-store.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from distci.bench.history import START, Shape, generate
+
+TODAY_NIGHTS = 3.65  # 100x today is a year
+SCALES = (1, 10, 100)
+BATCH_NIGHTS = 30
+GOALS = {"ingest_rate": 20_000.0, "gate_s": 2.0, "dashboard_s": 30.0}
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_ROOT = REPO / ".distci" / "bench-store"
+
+
+@dataclass
+class StoreFigures:
+    """One scale's measurements (seconds, bytes, results per second)."""
+
+    scale: int
+    nights: int
+    cells: int
+    tests: int
+    results: int
+    generate_s: float
+    ingest_s: float
+    ingest_rate: float
+    nightly_ingest_s: float
+    gate_s: float
+    gate_status: str
+    dashboard_s: float
+    index_bytes: int
+    largest_page_bytes: int
+    site_bytes: int
+    pages: int
+    store_bytes: int
+    peak_rss_mb: float
+    load: tuple[float, float]  # the 1-minute load average before and after the scale
+
+    def goals(self) -> dict[str, bool]:
+        return {"ingest_rate": self.ingest_rate >= GOALS["ingest_rate"], "gate_s": self.gate_s <= GOALS["gate_s"],
+                "dashboard_s": self.dashboard_s <= GOALS["dashboard_s"]}
+
+
+def nights_for(scale: int) -> int:
+    return max(1, round(TODAY_NIGHTS * scale))
+
+
+def _timed(fn):
+    started = time.perf_counter()
+    value = fn()
+    return value, time.perf_counter() - started
+
+
+def measure(root: Path, scale: int, *, cells: int = 50, tests: int = 300, console: Console | None = None) -> StoreFigures:
+    """Generates one scale's history under root and times ingest, gate and dashboard on it."""
+    from distci.dashboard.render import render_dashboard
+    from distci.judge.gate import evaluate
+    from distci.judge.ingest import ingest_runs
+    from distci.judge.store import Store
+
+    say = console.print if console is not None else (lambda *a: None)
+    load_before = os.getloadavg()[0]
+    shape = Shape(nights=nights_for(scale), cells=cells, tests=tests)
+    shutil.rmtree(root, ignore_errors=True)
+    say(f"store bench {scale}x: generating {shape.nights} nights x {cells} cells x {tests} tests "
+        f"({shape.results:,} results)")
+    history, generate_s = _timed(lambda: generate(root, shape))
+    groups = list(history.night_groups())
+    backfill, last = groups[:-1], groups[-1:]
+    ingested = 0
+    ingest_s = 0.0
+    with Store(root / "store.sqlite") as store:
+        for i in range(0, len(backfill), BATCH_NIGHTS):
+            batch = backfill[i:i + BATCH_NIGHTS]
+            report, took = _timed(lambda: ingest_runs(store, batch))
+            ingested += report.results
+            ingest_s += took
+            say(f"  ingest nights {i + 1}-{i + len(batch)}: {report.results:,} results in {took:.1f}s")
+        nightly, nightly_s = _timed(lambda: ingest_runs(store, last))
+        ingested += nightly.results
+        say(f"  nightly ingest (the last night, into the full store): {nightly.results:,} results in {nightly_s:.1f}s")
+        now = START + timedelta(days=shape.nights - 1, hours=12)
+        gate, gate_s = _timed(lambda: evaluate(store, "release", matrix_path=history.matrix, now=now))
+        say(f"  gate (release): {gate.status} in {gate_s:.2f}s")
+        site = root / "site"
+        _, dashboard_s = _timed(lambda: render_dashboard(store, site, matrix_path=history.matrix, now=now,
+                                                         audit_dir=None))
+        say(f"  dashboard: {dashboard_s:.1f}s")
+    pages = [p for p in site.rglob("*.html")]
+    figures = StoreFigures(
+        scale=scale, nights=shape.nights, cells=cells, tests=tests, results=ingested, generate_s=round(generate_s, 1),
+        ingest_s=round(ingest_s, 1), ingest_rate=round((ingested - nightly.results) / max(ingest_s, 1e-9)),
+        nightly_ingest_s=round(nightly_s, 2), gate_s=round(gate_s, 2), gate_status=gate.status,
+        dashboard_s=round(dashboard_s, 1), index_bytes=(site / "index.html").stat().st_size,
+        largest_page_bytes=max(p.stat().st_size for p in pages), pages=len(pages),
+        site_bytes=sum(p.stat().st_size for p in site.rglob("*") if p.is_file()),
+        store_bytes=sum(p.stat().st_size for p in root.glob("store.sqlite*")),
+        peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        load=(round(load_before, 1), round(os.getloadavg()[0], 1)),
+    )
+    return figures
+
+
+def run_store_bench(console: Console, *, scales: tuple[int, ...] = SCALES, root: Path = DEFAULT_ROOT,
+                    keep: bool = False, cells: int = 50, tests: int = 300) -> int:
+    """Measures every scale (each in its own directory, removed after unless `keep`);
+    0 when the goals hold at the largest scale measured, else 1."""
+    rows: list[StoreFigures] = []
+    for scale in scales:
+        where = Path(root) / f"x{scale}"
+        rows.append(measure(where, scale, cells=cells, tests=tests, console=console))
+        if not keep:
+            shutil.rmtree(where, ignore_errors=True)
+    table = Table(title=f"store: {cells} cells x {tests} tests, today = {TODAY_NIGHTS} nights")
+    for col in ("scale", "results", "ingest", "nightly ingest", "gate", "dashboard", "index / largest page / site",
+                "store", "peak RSS", "load"):
+        table.add_column(col)
+    for f in rows:
+        table.add_row(f"{f.scale}x ({f.nights} nights)", f"{f.results:,}", f"{f.ingest_rate:,.0f}/s ({f.ingest_s:.0f}s)",
+                      f"{f.nightly_ingest_s:.1f}s", f"{f.gate_s:.2f}s", f"{f.dashboard_s:.1f}s",
+                      f"{f.index_bytes / 1e3:.0f} kB / {f.largest_page_bytes / 1e3:.0f} kB / "
+                      f"{f.site_bytes / 1e6:.1f} MB ({f.pages} pages)",
+                      f"{f.store_bytes / 1e6:.0f} MB", f"{f.peak_rss_mb:.0f} MB", f"{f.load[0]} -> {f.load[1]}")
+    console.print(table)
+    out = REPO / ".distci" / "bench-store.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"measured_at": datetime.now().astimezone().isoformat(timespec="minutes"),
+                               "cpus": os.cpu_count(), "goals": GOALS,
+                               "scales": [asdict(f) | {"goals_met": f.goals()} for f in rows]}, indent=1))
+    console.print(f"written {out}")
+    largest = rows[-1]
+    met = largest.goals()
+    console.print(f"goals at {largest.scale}x (ingest >= 20k results/s, gate <= 2 s, dashboard <= 30 s): "
+                  + ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in met.items()))
+    return 0 if all(met.values()) else 1
