@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, TextIO
 
+from distci.durations import format_duration
+
 Log = Callable[[str], None]
 # (done, total or None): what a probe reports about the step it watches.
 Probe = Callable[[], "tuple[int, int | None]"]
@@ -29,18 +31,6 @@ Probe = Callable[[], "tuple[int, int | None]"]
 # Under half of the 30 s the issue allows between two lines, so a busy machine's
 # scheduling delays never stretch a silence past it.
 DEFAULT_INTERVAL_S = 15.0
-
-
-def format_duration(seconds: float) -> str:
-    """`42s`, `3m05s`, `1h02m`, `4d11h`: short enough for an 80-column line."""
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 2 * 86400:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, TextIO
 
-from distci.run.progress import DEFAULT_INTERVAL_S, Heartbeat, StatusLine, format_duration
+from distci.durations import format_duration
+from distci.run.progress import DEFAULT_INTERVAL_S, Heartbeat, StatusLine
 from distci.results import Result
 from distci.rundir import CellRun, RunDir
 
