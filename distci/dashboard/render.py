@@ -14,7 +14,8 @@ from pathlib import Path
 import jinja2
 
 from distci.dashboard import charts
-from distci.dashboard.model import Page, build_page, page_file, page_json
+from distci.dashboard.links import page_file
+from distci.dashboard.model import Page, build_page, page_json
 from distci.judge.store import DEFAULT_AUDIT_DIR, Store
 
 HERE = Path(__file__).parent
