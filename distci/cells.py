@@ -107,6 +107,15 @@ class Matrix:
     def cell(self, cell_id: str) -> Cell:
         return self.select([cell_id])[0]
 
+    def default_cell(self) -> Cell:
+        """The cell a command means when none is named: the pr tier's first CPU cell (it runs on
+        any machine), else the pr tier's first cell. The one answer to "which cell by default"."""
+        pr = [c for c in self.cells if "pr" in c.tiers]
+        if not pr:
+            raise SelectionError("no cell in the pr tier to default to: name one with --cell CELL "
+                                 "(list them with `nox -s matrix`)", where=str(self.path))
+        return next((c for c in pr if c.accelerator == "cpu"), pr[0])
+
     def select(self, cell_ids: Sequence[str] | None = None, tier: str | None = None) -> list[Cell]:
         """Cells by id (shell globs allowed) and/or tier; all cells when neither is given."""
         cells = list(self.cells)

@@ -41,7 +41,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     """Run the cells; every line fits the terminal's width (distci.run.terminal)."""
-    from distci.exitfile import write_exit_file
+    from distci.command import write_exit_file
     from distci.run.terminal import EXIT_CODES, exit_line, fitted_output, run_records
 
     # A pipe (nox, CI) would otherwise hold the per-test lines in a block buffer.
@@ -133,9 +133,10 @@ def build_parser(registry: tuple[str, ...] = REGISTRY) -> argparse.ArgumentParse
     p.set_defaults(fn=_cmd_run)
 
     p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm "
-                       "builds), `provision` (a cell's env, cold and warm), `store` (ingest, gate, dashboard at 1/10/100x)")
-    p.add_argument("what", choices=("harness", "images", "provision", "store"))
-    p.add_argument("--repeat", type=int, default=1)
+                       "builds), `provision` (a cell's env, cold and warm), `pr` (the pr tier's phases, cold then warm), "
+                       "`store` (ingest, gate, dashboard at 1/10/100x)")
+    p.add_argument("what", choices=("harness", "images", "provision", "pr", "store"))
+    p.add_argument("--repeat", type=int, default=1, help="pr: how many runs of the tier (default 2: cold, then warm)")
     p.add_argument("--pip", action="store_true", help="provision: also time the pip fallback install")
     p.add_argument("--keep", action="store_true", help="provision, store: keep what the bench generated")
     p.add_argument("--scales", default="1,10,100", help="store: the scales to measure (default 1,10,100)")
@@ -172,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _exit(args: argparse.Namespace, code: int) -> int:
     """`run` names its exit code on its last line whichever way it ends; every command's
-    usage error (2) or interruption reaches the exit file (distci.exitfile)."""
-    from distci.exitfile import write_exit_file
+    usage error (2) or interruption reaches the exit file (distci.command)."""
+    from distci.command import write_exit_file
     from distci.run.terminal import EXIT_CODES, exit_line
 
     if args.command == "run":

@@ -101,6 +101,19 @@ class Result:
 
 _RESULT_FIELDS = frozenset(f.name for f in fields(Result))
 
+
+def format_duration(seconds: float) -> str:
+    """`42s`, `3m05s`, `1h02m`, `4d11h`: the one way a run writes a duration (a test's, a
+    heartbeat's, a provisioning step's), short enough for an 80-column line."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 2 * 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+
 _SIGNATURE_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"0x[0-9a-fA-F]+"), "0x?"),
     (re.compile(r"(?:/[\w.+-]+)+/([\w.+-]+\.py)"), r"\1"),

@@ -3,6 +3,11 @@
 tomllib gives values, not positions, so an error about ``[[matrix]] #3: torch = ...``
 would name no line; the Locator finds it in the raw text, and `suggest` adds the "did you
 mean" hint. Split out of distci.matrix, which uses both for every error it raises.
+
+Why not tomlkit: it keeps a document's formatting but exposes no source position for a
+table or key (checked with tomlkit 0.15: its items carry trivia, no line), so finding the
+line would still need this scan over the text; values come from the standard library's
+tomllib, which needs no dependency inside cell environments.
 """
 
 from __future__ import annotations

@@ -16,6 +16,17 @@ CASES = Path(__file__).parent / "harness_cases"
 # collected directly they would have no rank workers.
 collect_ignore = ["harness_cases", "faults"]
 
+SLOW_FIXTURES = {"mutated"}
+"""Fixtures that start rank workers or build environments: a test that uses one is in the slow
+tier whether or not it says so, so a new test over a shared slow fixture cannot land in the
+quick tier by accident."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 
 def run_pytest(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 600,
                cwd: Path = REPO) -> subprocess.CompletedProcess:

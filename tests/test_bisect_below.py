@@ -104,6 +104,7 @@ def pytorch(tmp_path, monkeypatch):
     thread.join()
 
 
+@pytest.mark.slow
 def test_below_the_nightly_the_cli_names_the_main_commit(pytorch, tmp_path, monkeypatch, capsys):
     repo, main, index = pytorch
     monkeypatch.setenv("DISTCI_GIT_PYTORCH", str(repo.path))

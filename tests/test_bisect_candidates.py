@@ -116,6 +116,7 @@ def nightly_index(tmp_path, monkeypatch):
     thread.join()
 
 
+@pytest.mark.slow
 def test_nightly_bisect_over_a_local_pep503_index_lands_on_the_date(nightly_index, tmp_path, capsys):
     candidates = nightly_candidates(nightly_index, PACKAGE, first="2026-03-01", last="1.0.dev20260312")
     dates = [c.date.day for c in candidates]

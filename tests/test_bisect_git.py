@@ -106,6 +106,7 @@ def demo_repo(tmp_path) -> tuple[Repo, list[str]]:
     return repo, shas
 
 
+@pytest.mark.slow
 def test_commit_bisect_installs_each_commit_and_skips_a_broken_build(demo_repo, tmp_path):
     repo, shas = demo_repo
     candidates = git_candidates(repo.path, first=shas[0], last="main")

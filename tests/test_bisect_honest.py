@@ -149,6 +149,7 @@ def _bisect(tmp_path, repo, *extra: str) -> tuple[int, str]:
     return cli.main(argv), ""
 
 
+@pytest.mark.slow
 def test_a_changed_build_env_is_another_question_and_swapped_endpoints_are_called_swapped(
         tagged_repo, tmp_path, capsys):
     code, _ = _bisect(tmp_path, tagged_repo, "--good", "v1", "--bad", "v2")
@@ -175,6 +176,7 @@ def test_a_changed_build_env_is_another_question_and_swapped_endpoints_are_calle
     assert "the endpoints are swapped" in err and "with --find-fix" in err
 
 
+@pytest.mark.slow
 def test_timeout_is_a_skip_by_default_and_shown_in_the_summary(tagged_repo, tmp_path, capsys):
     slow = "python -c 'import sys, time, gdemo; r = gdemo.scale(3); r == 7 and time.sleep(30); sys.exit(r != 6)'"
     argv = ["bisect", "--command", slow, "--axis", "gdemo", "--repo", str(tagged_repo.path),

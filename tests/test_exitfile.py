@@ -1,4 +1,4 @@
-"""The exit file: a CI step under nox (which exits 1 for every failure) still learns distci's code.
+"""The exit file (distci.command): a CI step under nox (which exits 1 for every failure) still learns distci's code.
 
 Through `python -m distci gate` on a real store: INCOMPLETE (3), a usage error (2), PASSED
 (0); the noxfile's side (it fails the session and names the code) is tests/test_noxfile.py.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from conftest import REPO
 
-from distci.exitfile import read_exit_file, write_exit_file
+from distci.command import read_exit_file, write_exit_file
 from distci.judge.store import Store
 
 MATRIX = """\

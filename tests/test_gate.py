@@ -18,7 +18,7 @@ from fixtures_runs import (
     write_run,
 )
 
-from distci import export, gate
+from distci.judge import export, gate
 from distci.errors import SelectionError
 from distci.judge.ingest import ingest
 from distci.judge.store import Store

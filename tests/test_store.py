@@ -56,6 +56,7 @@ def test_ingest_twice_changes_nothing(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+@pytest.mark.slow
 def test_eight_parallel_ingests_of_1000_results_lose_none(tmp_path: Path) -> None:
     dirs = []
     for i in range(8):
@@ -133,8 +134,8 @@ def test_delete_and_rebuild_gives_the_same_answers(tmp_path: Path) -> None:
     db = tmp_path / "store.sqlite"
     run_dirs = sorted(seeded.root.iterdir())
     with Store(db) as s:
-        s.ingest(run_dirs[len(run_dirs) // 2 :])  # later nights arrive first
-        s.ingest(run_dirs[: len(run_dirs) // 2])
+        ingest_runs(s, run_dirs[len(run_dirs) // 2 :])  # later nights arrive first
+        ingest_runs(s, run_dirs[: len(run_dirs) // 2])
         import_fix_audit(s, audit)
         import_bisects(s, tmp_path / "bisect")
         before = s.snapshot()

@@ -129,6 +129,7 @@ def run_python(python: Path, code: str) -> str:
 INSTALLERS = ["pip", pytest.param("uv", marks=pytest.mark.skipif(find_uv() is None, reason="uv is not installed"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("installer", INSTALLERS)
 def test_env_from_wheelhouse_with_extra_wheels(tmp_path: Path, links: Path, installer: str) -> None:
     wheelhouse = ensure_wheelhouse(["tinyapp==2.0"], offline(links), tmp_path / "wh", log=lambda m: None)

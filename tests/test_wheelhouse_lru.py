@@ -64,6 +64,7 @@ def test_least_recently_used_goes_first_and_fresh_ones_stay(tmp_path: Path, link
     assert "over the" in messages[-1] and "in use" in messages[-1]
 
 
+@pytest.mark.slow
 def test_using_a_wheelhouse_refreshes_it_and_the_cap_applies_after_each_use(
         tmp_path: Path, links: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DISTCI_WHEELHOUSE_MAX_GB", raising=False)

@@ -1,4 +1,4 @@
-"""Benchmarks that justify design choices, run by `nox -s bench -- <what>`.
+"""`nox -s bench -- harness`: the rank pool against one torchrun launch per test; and the bench dispatcher.
 
 `harness`: the same tests through the persistent rank pool and through one torchrun
 launch per test. The pool exists because a launch (spawn, import torch, rendezvous)
@@ -103,6 +103,11 @@ def run_bench(what: str, args: argparse.Namespace) -> int:
 
         return run_provision_bench(console, with_pip=bool(getattr(args, "pip", False)),
                                    keep=bool(getattr(args, "keep", False)))
+    if what == "pr":
+        from distci.bench.pr import run_pr_bench
+
+        repeat = int(getattr(args, "repeat", 1) or 1)
+        return run_pr_bench(console, runs=repeat if repeat > 1 else 2)
     if what == "store":
         from distci.bench.store import run_store_bench
 

@@ -37,9 +37,7 @@ def cell_env_python(cell_id: str | None, out: Path, log: Callable[[str], None]) 
     if cell_id:
         cell = matrix.cell(cell_id)
     else:
-        cell = next((c for c in matrix.cells if "pr" in c.tiers), None)
-        if cell is None:
-            raise BisectError("no cell in the pr tier: name the failing stack with --cell CELL or --in-env VENV")
+        cell = matrix.default_cell()
     log(f"compiler bisect in the stack env of cell {cell.id} (--cell CELL or --in-env VENV for another)")
     where = out / "compiler" / "provision" / cell.id
     where.mkdir(parents=True, exist_ok=True)

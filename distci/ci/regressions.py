@@ -17,7 +17,8 @@ from typing import Any, Iterable, Mapping, Sequence
 from distci.ci.ids import key, now
 from distci.results import Result, error_signature
 from distci.rundir import RUN_FILE, RunDir
-from distci.judge.store import Store, nightly_date_of
+from distci.judge.store import Store
+from distci.provision.index import nightly_date_of
 from distci.judge.verdicts import ENV_KEYS
 from distci.provision.sources import PACKAGE_AXES
 

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from distci.durations import format_duration
+from distci.results import format_duration
 from distci.judge.store import Store
 
 # The order a release manager reads tiers in; tiers matrix.toml adds come after.

@@ -34,7 +34,7 @@ from distci.external.fetch import Checkout, UpstreamRef, default_root, ensure_ch
 from distci.external.fixenv import ensure_fix_site, fixes_env
 from distci.external.launch import CaseContext, LaunchEnv
 from distci.external.spec import Case, SuiteSpec
-from distci.durations import format_duration
+from distci.results import format_duration
 
 Log = Callable[[str], None]
 

@@ -32,7 +32,8 @@ else:  # pragma: no cover
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-_DEV_DATE = re.compile(r"\.dev(\d{8})")
+from distci.provision.index import nightly_date_of
+
 ENTRY_KEYS = {"id", "tests", "signature", "applies", "upstream", "fix", "title", "repro"}
 APPLIES_KEYS = {"torch", "torchao", "torchtitan", "nightly_from", "nightly_until", "git", "accelerators"}
 
@@ -59,8 +60,9 @@ class RegistryError(ValueError):
 
 
 def nightly_date(version: str) -> str | None:
-    m = _DEV_DATE.search(version)
-    return m.group(1) if m else None
+    """YYYYMMDD of a nightly build, from the one nightly-date parser (provision.index)."""
+    day = nightly_date_of(version)
+    return day.replace("-", "") if day else None
 
 
 def version_applies(version: str | None, spec: str | None, *, nightly_from: str | None = None,

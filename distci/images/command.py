@@ -87,7 +87,7 @@ def bench_images(cell_id: str | None = None, matrix_path: str = "matrix.toml", *
     from distci.matrix import load_matrix
 
     matrix = load_matrix(matrix_path)
-    cell = matrix.cell(cell_id) if cell_id else next(c for c in matrix.select(tier="pr") if c.accelerator == "cpu")
+    cell = matrix.cell(cell_id) if cell_id else matrix.default_cell()
     client = connect()
     plan = plan_image(cell, client, log=log)
     ensure_wheelhouse(plan.requirements, plan.pip_args, python=plan.python, target=plan.target, log=log)

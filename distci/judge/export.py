@@ -33,6 +33,7 @@ A SHA's verdict is the most serious category of its rows, in that order, else `p
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import sys
 from collections import Counter
@@ -256,7 +257,7 @@ def hud_rows(
     store: Store, since: str | None = None, cell: str | None = None, left_out: list[str] | None = None,
     artifact_url: str = "",
 ) -> list[HudRow]:
-    """Rows for every run (started on or after `since`, of cells containing `cell`).
+    """Rows for every run (started on or after `since`, of cells whose id matches `cell`: a cell id, shell globs allowed, as --cell means everywhere).
 
     Runs without a torch commit (their environment never came up far enough to import
     torch) cannot be keyed by an upstream SHA; their ids go to `left_out`.
@@ -265,7 +266,7 @@ def hud_rows(
     for run in store.runs():
         if since and run.started_at[:10] < since:
             continue
-        if cell and cell not in run.cell_id:
+        if cell and not fnmatch.fnmatchcase(run.cell_id, cell):
             continue
         row = hud_row(store, run, artifact_url=artifact_url)
         if row is not None:
@@ -310,7 +311,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--format", choices=("jsonl", "json"), default="jsonl", help="JSON lines, or one array (for a workflow matrix)"
     )
     p.add_argument("--since", default=None, help="only runs started on or after this date (YYYY-MM-DD)")
-    p.add_argument("--cell", default=None, help="only cells whose id contains this")
+    p.add_argument("--cell", default=None, help="only this cell (a cell id; shell globs select several)")
     p.add_argument(
         "--store", type=Path, default=None, help="store file (default $DISTCI_STORE or .distci/store.sqlite)"
     )

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from distci.errors import SelectionError
-from distci.exitfile import write_exit_file
+from distci.command import write_exit_file
 from distci.judge.store import ResultRow, RunRow, Store, default_store_path, suite_of
 from distci.judge.verdicts import BLOCKING
 

@@ -24,12 +24,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from packaging.version import InvalidVersion, Version
 
 from distci.judge import verdicts as _verdicts
 from distci.errors import StoreError
 from distci.rundir import RunInfo
-from distci.provision.index import nightly_date
 
 SCHEMA_VERSION = 1
 DEFAULT_STORE = Path(".distci") / "store.sqlite"
@@ -68,15 +66,6 @@ def suite_of(test_id: str) -> str:
         return parts[0]
     stem = parts[0].rsplit(".", 1)[0] if parts else test_id
     return stem[5:] if stem.startswith("test_") else stem
-
-
-def nightly_date_of(version: str | None) -> str | None:
-    """The nightly date of a torch version like `2.10.0.dev20250901+cu130`, else None."""
-    try:
-        day = nightly_date(Version(version or ""))
-    except InvalidVersion:
-        return None
-    return day.isoformat() if day else None
 
 
 @dataclass

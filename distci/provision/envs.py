@@ -46,7 +46,7 @@ from distci.errors import InfraError
 from distci.provision.wheelhouse import Log, Wheelhouse, ensure_wheelhouse, failure_line, run_pip
 from distci.provision.files import file_lock, sha256_file
 from distci.provision.wheeltarget import interpreter_tags
-from distci.durations import format_duration
+from distci.results import format_duration
 
 BASE_MARKER = "distci-base.json"
 MARKER = "distci-env.json"

@@ -5,10 +5,11 @@ manifest's name. The wheelhouse, its size cap and the pip-configuration digest u
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 from pathlib import Path
 from typing import Iterator
+
+from filelock import FileLock, Timeout
 
 MANIFEST = "manifest.json"
 
@@ -23,11 +24,21 @@ def sha256_file(path: Path) -> str:
 
 @contextlib.contextmanager
 def file_lock(path: Path) -> Iterator[None]:
-    """Serialize builders of the same directory across processes (two nox runs at once)."""
+    """Serialize builders of the same directory across processes (two nox runs at once).
+
+    filelock's Unix lock is flock(2) on the file, as the hand-made lock was, so a lock held
+    by an older distci still excludes this one."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with FileLock(str(path)):
+        yield
+
+
+def try_file_lock(path: Path) -> FileLock | None:
+    """The lock at `path` if nobody holds it (the caller releases it), else None: never waits."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return None
+    return lock

@@ -204,3 +204,12 @@ def nightly_date(version: Version) -> _dt.date | None:
         return _dt.datetime.strptime(str(dev), "%Y%m%d").date()
     except ValueError:
         return None
+
+
+def nightly_date_of(version: str | None) -> str | None:
+    """The nightly date of a torch version like `2.10.0.dev20250901+cu130`, else None."""
+    try:
+        day = nightly_date(Version(version or ""))
+    except InvalidVersion:
+        return None
+    return day.isoformat() if day else None

@@ -5,7 +5,6 @@ more than DISTCI_WHEELHOUSE_MAX_GB, never one in use (its lock is held) or used 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from distci.errors import ConfigError
-from distci.provision.files import MANIFEST, file_lock
+from distci.provision.files import MANIFEST, file_lock, try_file_lock
 
 Log = Callable[[str], None]
 
@@ -110,19 +109,16 @@ def evict(root: Path, cap: int, *, keep: Sequence[Path] = (), min_idle_s: float 
 
 
 def _remove_unlocked(root: Path, path: Path) -> bool:
-    lock_path = root / f".{path.name}.lock"
-    with lock_path.open("a") as handle:
+    lock = try_file_lock(root / f".{path.name}.lock")
+    if lock is None:
+        return False
+    try:
+        doomed = root / f".evicting-{os.getpid()}-{path.name}"
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            os.rename(path, doomed)
+        except OSError:
             return False
-        try:
-            doomed = root / f".evicting-{os.getpid()}-{path.name}"
-            try:
-                os.rename(path, doomed)
-            except OSError:
-                return False
-            shutil.rmtree(doomed, ignore_errors=True)
-            return True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        shutil.rmtree(doomed, ignore_errors=True)
+        return True
+    finally:
+        lock.release()

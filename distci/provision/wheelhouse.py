@@ -54,7 +54,7 @@ from distci.provision.wheeltarget import WheelTarget, interpreter_tags, wheel_re
 from distci.provision.lru import evict, max_bytes, touch
 from distci.provision.pipconfig import resolution_environment
 from distci.provision.files import MANIFEST, file_lock, sha256_file
-from distci.durations import format_duration
+from distci.results import format_duration
 
 LOCK_FILE = "requirements.lock"
 PIP_LOG = "pip.log"

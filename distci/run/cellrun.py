@@ -40,7 +40,7 @@ from distci.provision.selfwheels import REPO, build_all
 from distci.provision.index import redact_url
 from distci.provision.sources import IndexConfig, pip_args, requirement_lines
 from distci.provision.resolve import resolve_sources
-from distci.durations import format_duration
+from distci.results import format_duration
 from distci.run.progress import Heartbeat, StatusLine, downloaded_probe, installed_probe
 from distci.run.terminal import cell_tag, columns, command_lines, print_summary, relay_pytest, short_run_id
 from distci.provision.wheelhouse import default_root as default_wheelhouse_root

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, TextIO
 
-from distci.durations import format_duration
+from distci.results import format_duration
 
 Log = Callable[[str], None]
 # (done, total or None): what a probe reports about the step it watches.

@@ -21,7 +21,7 @@ Three promises to the person (or CI log) watching a run:
 
 The exit code is one of EXIT_CODES and the last line names it, so a CI step that only
 sees "failed" in nox's output still learns whether tests or infrastructure failed
-(under nox, `.nox/distci-exit.json`: distci.exitfile).
+(under nox, `.nox/distci-exit.json`: distci.command).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, TextIO
 
-from distci.durations import format_duration
+from distci.results import format_duration
 from distci.run.progress import DEFAULT_INTERVAL_S, Heartbeat, StatusLine
 from distci.results import Result
 from distci.rundir import CellRun, RunDir
