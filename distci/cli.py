@@ -140,6 +140,9 @@ def build_parser(registry: tuple[str, ...] = REGISTRY) -> argparse.ArgumentParse
     p.add_argument("--pip", action="store_true", help="provision: also time the pip fallback install")
     p.add_argument("--keep", action="store_true", help="provision, store: keep what the bench generated")
     p.add_argument("--scales", default="1,10,100", help="store: the scales to measure (default 1,10,100)")
+    p.add_argument("--ingest-up-to", type=int, default=None,
+                   help="store: scales above this are the largest ingested store grown in SQL (default: ingest all)")
+    p.add_argument("--root", default=None, help="store: where the histories and figures.json go (default .distci/bench-store)")
     p.set_defaults(fn=_cmd_bench)
 
     for module in registry:

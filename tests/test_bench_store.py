@@ -57,4 +57,13 @@ def test_store_bench_measures_ingest_gate_and_a_split_dashboard(tmp_path: Path) 
     assert len(list(site.glob("cell-*.html"))) == 50 and len(list(site.glob("tier-*.html"))) == 2
     assert list(site.glob("week-*.html")) and figures.pages == len(list(site.glob("*.html")))
     assert figures.index_bytes == (site / "index.html").stat().st_size < figures.site_bytes
-    assert set(figures.goals()) == {"ingest_rate", "gate_s", "dashboard_s"}
+    assert set(figures.goals()) == {"ingest_rate", "gate_s", "dashboard_s"} and figures.built == "ingested"
+    grown = measure(tmp_path / "x3", 3, grow_from=figures, source=tmp_path / "x1")
+    assert grown.built == "grown from 1x" and grown.nights == 3 * 4 + 1 and set(grown.goals()) == {"gate_s", "dashboard_s"}
+    assert 3 * figures.results < grown.results <= 3 * figures.results + 50 * 8, "three blocks and tonight"
+    with Store(tmp_path / "x3" / "store.sqlite") as store:
+        runs = store.runs()
+        assert len(runs) == 3 * 4 * 50 + 50 and len({r.run_id for r in runs}) == len(runs)
+        nights = sorted({r.night for r in runs})
+        assert len(nights) == 13 and nights[0] == "2025-12-01" and nights[-1] == "2025-12-13"
+    assert len(list((tmp_path / "x3" / "site").glob("week-*.html"))) == 2

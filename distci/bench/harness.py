@@ -109,10 +109,12 @@ def run_bench(what: str, args: argparse.Namespace) -> int:
         repeat = int(getattr(args, "repeat", 1) or 1)
         return run_pr_bench(console, runs=repeat if repeat > 1 else 2)
     if what == "store":
-        from distci.bench.store import run_store_bench
+        from distci.bench.store import DEFAULT_ROOT as DEFAULT_STORE_ROOT, run_store_bench
 
         scales = tuple(int(x) for x in str(getattr(args, "scales", "1,10,100")).split(",") if x.strip())
-        return run_store_bench(console, scales=scales, keep=bool(getattr(args, "keep", False)))
+        root = Path(getattr(args, "root", None) or DEFAULT_STORE_ROOT)
+        return run_store_bench(console, scales=scales, keep=bool(getattr(args, "keep", False)), root=root,
+                               ingest_up_to=int(getattr(args, "ingest_up_to", None) or max(scales)))
     if what == "images":
         from distci.images import bench_images
 
