@@ -98,6 +98,7 @@ def grow(store_path: Path, copies: int, nights: int) -> None:
         conn.execute("PRAGMA synchronous = OFF")
         for table in ("runs", "results"):
             columns = [r[1] for r in conn.execute(f"PRAGMA table_info({table})")]
+            last = conn.execute(f"SELECT MAX(rowid) FROM {table}").fetchone()[0] or 0  # the rows to repeat
             for k in range(1, copies + 1):
                 shift = f"'+{k * nights} days'"
                 moved = {
@@ -110,7 +111,7 @@ def grow(store_path: Path, copies: int, nights: int) -> None:
                 select = ", ".join(moved.get(c, c) for c in columns)
                 conn.execute("BEGIN")
                 conn.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {select} FROM {table} "
-                             "WHERE run_id NOT LIKE 'g%'")
+                             f"WHERE rowid <= {last}")
                 conn.execute("COMMIT")
     finally:
         conn.close()
