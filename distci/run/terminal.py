@@ -90,11 +90,6 @@ def shorten(text: str, width: int, *, head: float = 0.4) -> str:
     return text[:front] + ELLIPSIS + text[len(text) - (keep - front):]
 
 
-def fit(line: str, width: int | None = None) -> str:
-    """One line within `width` (default: columns()), shortened from the middle."""
-    return shorten(line, width or columns(), head=0.5)
-
-
 WRAP_INDENT = "    "
 
 
