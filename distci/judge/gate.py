@@ -39,8 +39,10 @@ from typing import Any, Iterable, Sequence
 
 from distci.errors import SelectionError
 from distci.command import write_exit_file
-from distci.judge.store import ResultRow, RunRow, Store, default_store_path, suite_of
+from distci.judge.history import Onset, onset
+from distci.judge.store import BisectRow, ResultRow, RunRow, Store, default_store_path, suite_of
 from distci.judge.verdicts import BLOCKING
+from distci.rundir import repro_line
 
 WARN = ("infra", "flaky")
 SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
@@ -110,6 +112,8 @@ class GateResult:
     fixed: list[GateItem] = field(default_factory=list)
     cells: list[CellState] = field(default_factory=list)
     waivers: dict[str, str] = field(default_factory=dict)
+    onsets: dict[tuple[str, str], Onset] = field(default_factory=dict)  # (cell, test) -> since when, what changed
+    bisects: dict[tuple[str, str], BisectRow] = field(default_factory=dict)  # (cell, test) -> its latest bisect
 
     @property
     def incomplete(self) -> list[CellState]:
@@ -185,11 +189,60 @@ class GateResult:
                 out.append(f"| {it.verdict} | `{it.cell_id}` | `{it.test_id}` | {sig} |")
             out.append("")
 
-        table("Blocking", self.blocking)
+        self._blocking_markdown(out)
         table("Warnings (do not block)", self.warnings)
         table("Failing outside release-blocking suites", self.not_blocking)
         table("Fixed", self.fixed)
         return "\n".join(out) + "\n"
+
+
+    def _blocking_markdown(self, out: list[str]) -> None:
+        """Each blocking test with since when (first bad run), what changed from the last good
+        run (stack diff, upstream compare links) and the command that reruns it."""
+        if not self.blocking:
+            return
+        out += [f"### Blocking ({len(self.blocking)})", "",
+                "| verdict | cell | test | error signature | since | changed from the last good run |",
+                "|---|---|---|---|---|---|"]
+        for it in self.blocking:
+            o = self.onsets.get((it.cell_id, it.test_id))
+            since = f"{o.first_bad.night} (`{o.first_bad.run_id}`)" if o and o.first_bad else ""
+            changed = "; ".join(f"{k} `{a}` → `{b}`" for k, a, b in o.diff) if o else ""
+            if o and o.last_good is None:
+                changed = "no passing run before it"
+            elif o and not o.diff:
+                changed = "nothing in the tracked stack"
+            sig = (it.error_signature or it.reason or "").replace("|", "\\|")
+            out.append(f"| {it.verdict} | `{it.cell_id}` | `{it.test_id}` | {sig} | {since} | {changed} |")
+        out += ["", "What to do:", ""]
+        for it in self.blocking:
+            o = self.onsets.get((it.cell_id, it.test_id))
+            compare = ", ".join(f"[{label}]({url})" for label, url in (o.compare if o else []))
+            b = self.bisects.get((it.cell_id, it.test_id))
+            found = f"bisect {b.axis} {b.good}..{b.bad}: " + (f"`{b.culprit}`" if b.culprit else b.status or "no answer") \
+                if b else ""
+            out.append(f"- `{it.test_id}` in `{it.cell_id}`" + "".join(
+                f"; {part}" for part in (f"upstream {compare}" if compare else "", found) if part))
+            if it.repro:
+                out += ["", "  ```sh", f"  {it.repro}", "  ```"]
+        out.append("")
+
+
+def explain_blocking(store: Store, result: GateResult, limit: int = 50) -> GateResult:
+    """Fills `result.onsets` (distci.judge.history) and `result.bisects` for its first `limit`
+    blocking tests, and gives each the repro line of today's CLI with its run's backend (a
+    stored one may be of an older distci)."""
+    backends = {r.run_id: r.backend for r in result.runs}
+    bisects = store.bisects()
+    for it in result.blocking[:limit]:
+        found = [b for b in bisects if b.test_id == it.test_id and b.cell_id in ("", it.cell_id)]
+        if found:
+            result.bisects[(it.cell_id, it.test_id)] = found[-1]
+        r = store.result(it.run_id, it.test_id)
+        if r is not None:
+            result.onsets[(it.cell_id, it.test_id)] = onset(store, r)
+        it.repro = repro_line(it.cell_id, it.test_id, backend=backends.get(it.run_id) or None)
+    return result
 
 
 def evaluate(
@@ -412,6 +465,7 @@ def run(args: argparse.Namespace) -> int:
             result = evaluate_candidate(store, args.candidate, tier=args.tier, **opts)
         else:
             result = evaluate(store, args.tier, **opts)
+        explain_blocking(store, result)
     print(result.to_text())
     write_step_summary(result)
     write_exit_file("gate", result.exit_code, f"{result.status}: {STATUS_MEANINGS[result.status]}",

@@ -169,13 +169,14 @@ def _index_run(conn: sqlite3.Connection, run: RunContents, registry: Any) -> str
     conn.execute(
         """INSERT INTO runs (run_id, cell_id, started_at, ended_at, runner, backend, image_digest,
             tier, nightly_date, baseline_cell, torch_git, stack_json, source_path, content_hash,
-            content_size, meta_hash, n_results, ingested_at)
-           VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+            content_size, meta_hash, n_results, ingested_at, ci_json, image)
+           VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
         (
             info.run_id, info.cell_id, info.started_at, info.ended_at, info.runner, info.backend,
             info.image_digest, info.tier or "", info.nightly_date or nightly_date_of(run.stack.get("torch")),
             info.baseline_cell, run.stack.get("torch_git"), json.dumps(run.stack, sort_keys=True, default=str),
-            str(run.path), content_hash, len(run.raw), meta_hash, len(run.results), _now(),
+            str(run.path.resolve()), content_hash, len(run.raw), meta_hash, len(run.results), _now(),
+            json.dumps(info.ci or {}, sort_keys=True, default=str), info.image,
         ),
     )
     conn.executemany(

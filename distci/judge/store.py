@@ -29,7 +29,7 @@ from distci.judge import verdicts as _verdicts
 from distci.errors import StoreError
 from distci.rundir import RunInfo
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: runs keep run.json's ci block and image (links need no run directory)
 DEFAULT_STORE = Path(".distci") / "store.sqlite"
 DEFAULT_RUNS_ROOT = Path(".distci") / "runs"
 DEFAULT_AUDIT_DIR = Path(".distci") / "audit"
@@ -74,7 +74,7 @@ class RunRow(RunInfo):
 
     stack: dict[str, Any] = field(default_factory=dict)
     torch_git: str | None = None
-    source_path: str = ""
+    source_path: str = ""  # the run directory's absolute path, resolved at ingest
     content_hash: str = ""
     n_results: int = 0
 
@@ -160,7 +160,9 @@ _SCHEMA = (
         content_size INTEGER NOT NULL,
         meta_hash TEXT NOT NULL,
         n_results INTEGER NOT NULL DEFAULT 0,
-        ingested_at TEXT NOT NULL DEFAULT ''
+        ingested_at TEXT NOT NULL DEFAULT '',
+        ci_json TEXT NOT NULL DEFAULT '{}',
+        image TEXT
     )""",
     "CREATE INDEX IF NOT EXISTS runs_by_cell ON runs(cell_id, started_at)",
     """CREATE TABLE IF NOT EXISTS results (
@@ -474,6 +476,7 @@ class Store:
     def _run_row(r: sqlite3.Row) -> RunRow:
         d = dict(r)
         stack = json.loads(d.pop("stack_json"))
+        d["ci"] = json.loads(d.pop("ci_json") or "{}")
         for k in ("content_size", "meta_hash", "ingested_at"):
             d.pop(k)
         return RunRow(stack=stack, **d)
