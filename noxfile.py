@@ -5,7 +5,7 @@
     nox -s dist_tests -- --cell ID [--tier NAME] [-k EXPR] [--test NODEID] [--backend docker]
     nox -s matrix -- --json [--tier nightly]
     nox -s tests                 distci's own tests (all tiers); nox -s tests_quick: the quick tier
-    nox -s bench -- harness | images
+    nox -s bench -- harness | images | provision | pr | store
     nox -s fuzz -- --cell ID --budget 30m --seed S   draw configurations, shrink what fails
     nox -s images -- --cell ID | --tier NAME
     nox -s ingest | gate | export | dashboard | bisect | lint | aggregate | teardown
@@ -127,21 +127,36 @@ def _stops_handed_to_the_controller():
             signal.signal(sig, handler)
 
 
+# nox ends every failed session with exit 1; distci's own code (1 a test failed or the gate
+# BLOCKED, 2 a usage error, 3 only infrastructure failed or the gate INCOMPLETE) is written
+# here for a CI step to read (`jq -r .exit_code .nox/distci-exit.json`; distci/command.py).
+EXIT_FILE = Path(".nox") / "distci-exit.json"
+DISTCI_EXIT_CODES = [0, 1, 2, 3]
+
+
+def _distci_keeping_exit(session: nox.Session, command: str, args: list[str] | None = None, **run_kwargs) -> None:
+    """`_distci` for a command whose exit code means something: the code goes to EXIT_FILE
+    and the session's failure line names it (`distci exit 3: INCOMPLETE: ...`)."""
+    exit_file = EXIT_FILE.resolve()
+    exit_file.unlink(missing_ok=True)
+    _distci(session, command, args, env={"DISTCI_EXIT_FILE": str(exit_file)}, success_codes=DISTCI_EXIT_CODES,
+            **run_kwargs)
+    if not exit_file.exists():
+        session.error(f"distci {command} ended without writing {EXIT_FILE}: it crashed (see above)")
+    result = json.loads(exit_file.read_text())
+    if result["exit_code"]:
+        session.error(f"distci exit {result['exit_code']}: {result['meaning']}")
+
+
 @controller
 def dist_tests(session: nox.Session) -> None:
     """Provision each selected cell and run its distributed suites; results under .distci/runs/.
 
-    distci's exit code (0 ok, 1 a test failed, 3 only infrastructure failed) is kept: the
-    session's last line names it, and `.nox/distci-exit.json` holds it."""
-    exit_file = CONTROLLER.parent / "distci-exit.json"
-    exit_file.unlink(missing_ok=True)
+    distci's exit code (0 ok, 1 a test failed, 2 usage, 3 only infrastructure failed) is
+    kept: the session's last line names it, and `.nox/distci-exit.json` holds it. A stop
+    (Ctrl-C, a job's cancel) is handed to the controller, which closes the run first."""
     with _stops_handed_to_the_controller():
-        _distci(session, "run", env={"DISTCI_EXIT_FILE": str(exit_file.resolve())}, success_codes=[0, 1, 3],
-                interrupt_timeout=STOP_GRACE_S, terminate_timeout=10.0)
-    if exit_file.exists():
-        result = json.loads(exit_file.read_text())
-        if result["exit_code"]:
-            session.error(f"distci exit {result['exit_code']}: {result['meaning']}")
+        _distci_keeping_exit(session, "run", interrupt_timeout=STOP_GRACE_S, terminate_timeout=10.0)
 
 
 @controller
@@ -214,8 +229,9 @@ def ingest(session: nox.Session) -> None:
 def gate(session: nox.Session) -> None:
     """Release gate: `-- --tier release [--candidate CELL] [--max-age 36h] [--waive CELL --reason TEXT]`.
 
-    Exit 0 PASSED, 1 BLOCKED, 3 INCOMPLETE (a cell missing, stale, infra-only or in flight)."""
-    _distci(session, "gate")
+    Exit 0 PASSED, 1 BLOCKED, 3 INCOMPLETE (a cell missing, stale, infra-only or in flight);
+    nox exits 1 for both, `.nox/distci-exit.json` keeps which."""
+    _distci_keeping_exit(session, "gate")
 
 
 @controller

@@ -410,10 +410,13 @@ def _read_meta(rd: RunDir, numbered: list[tuple[int, Result]], problems: list[Li
         stack = _json_object(rd.stack_path)
     elif results:
         stack = dict(results[0].stack)
-    info = _derive_info(run_dir, results)
-    if rd.info_path.exists():
+    if rd.info_path.exists():  # its times win; only the ids default to the results' (no pass over them)
         meta += b"\0" + rd.info_path.read_bytes()
-        info = RunInfo.from_dict({"run_id": info.run_id, "cell_id": info.cell_id, **_json_object(rd.info_path)})
+        first = results[0] if results else None
+        info = RunInfo.from_dict({"run_id": first.run_id if first else run_dir.name,
+                                  "cell_id": first.cell_id if first else "", **_json_object(rd.info_path)})
+    else:
+        info = _derive_info(run_dir, results)
     if not info.run_id or not info.cell_id:
         raise RunDirError("run has no run id or cell id (no run.json and no readable result)", run_dir)
     kept = []

@@ -23,7 +23,7 @@ class _Session:
         self.installed: list[tuple[str, ...]] = []
         self.runs: list[tuple[tuple[str, ...], dict]] = []
         self.logged: list[str] = []
-        self.exit_code = 0
+        self.exit_code: int | None = 0  # None: the command dies before writing the exit file
 
     def install(self, *args: str) -> None:
         self.installed.append(args)
@@ -43,7 +43,7 @@ class _Session:
                                  "stdout": stdout, "stderr": stderr}))
         if args[1:3] == ("-m", "venv"):
             Path(args[-1]).mkdir(parents=True, exist_ok=True)
-        if env and "DISTCI_EXIT_FILE" in env:
+        if env and "DISTCI_EXIT_FILE" in env and self.exit_code is not None:
             Path(env["DISTCI_EXIT_FILE"]).write_text(json.dumps({"exit_code": self.exit_code, "meaning": "only infra"}))
 
     def error(self, message: str) -> None:
@@ -86,8 +86,9 @@ def test_dist_tests_keeps_distci_exit_codes_visible(noxfile, tmp_path: Path) -> 
     (*setup, (args, kw)) = session.runs
     assert [a[1:3] for a, _ in setup] == [("-m", "venv"), ("-m", "pip")], "the controller venv is made first"
     assert all(kw["stdout"] is sys.stderr for _, kw in setup), "installs report on stderr, never stdout"
-    assert args[1:] == ("-m", "distci", "run", "--cell", "c") and kw["success_codes"] == [0, 1, 3]
+    assert args[1:] == ("-m", "distci", "run", "--cell", "c") and kw["success_codes"] == [0, 1, 2, 3]
     assert kw["interrupt_timeout"] == noxfile.STOP_GRACE_S, "nox waits for the controller to close a stopped run"
+    assert kw["env"]["DISTCI_EXIT_FILE"] == str((tmp_path / ".nox" / "distci-exit.json").resolve())
     python = tmp_path / noxfile.CONTROLLER / "bin" / "python"
     python.parent.mkdir(parents=True)
     python.touch()  # the venv the first run made
@@ -130,3 +131,24 @@ def test_a_stop_is_handed_to_the_controller_once_and_nox_then_waits(noxfile, tmp
     finally:
         child.kill()
         child.wait()
+
+
+def test_gate_under_nox_fails_the_session_and_keeps_incomplete_apart_from_blocked(noxfile, tmp_path: Path) -> None:
+    """nox exits 1 for any failed session; the exit file says 3 (INCOMPLETE) or 1 (BLOCKED)."""
+    python = tmp_path / noxfile.CONTROLLER / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.touch()
+    for code in (3, 1):
+        session = _Session(tmp_path / "venv", ["--tier", "release"])
+        session.exit_code = code
+        with pytest.raises(RuntimeError, match=f"^distci exit {code}: "):
+            noxfile.gate(session)
+        ((args, kw),) = [r for r in session.runs if "gate" in r[0]]
+        assert args[-3:] == ("gate", "--tier", "release") and kw["success_codes"] == [0, 1, 2, 3]
+        assert json.loads((tmp_path / ".nox" / "distci-exit.json").read_text())["exit_code"] == code
+    session = _Session(tmp_path / "venv")
+    noxfile.gate(session)  # PASSED: the session succeeds
+    session.exit_code = None
+    with pytest.raises(RuntimeError, match="without writing .nox/distci-exit.json"):
+        noxfile.gate(session)
+    assert not (tmp_path / ".nox" / "distci-exit.json").exists(), "a stale exit file never survives a crash"

@@ -35,6 +35,7 @@ from distci.external.fetch import Checkout, UpstreamRef, default_root, ensure_ch
 from distci.external.fixenv import ensure_fix_site, fixes_env
 from distci.external.launch import CaseContext, LaunchEnv
 from distci.external.spec import Case, SuiteSpec
+from distci.results import format_duration
 
 Log = Callable[[str], None]
 
@@ -306,4 +307,4 @@ def _run_suite(suite: SuiteSpec, run: ExternalRun, base: LaunchEnv, installed: M
         for test_id, combined in outcomes:
             result = recorder.record(test_id, combined, started=started, log_path=log_path, stack=suite_stack)
             tail = f" [{result.failure_kind}] {result.error_signature}" if result.failure_kind else ""
-            log(f"  {result.outcome.upper():7s} {test_id} ({result.duration_s:.1f}s){tail}")
+            log(f"  {result.outcome.upper():7s} {test_id} ({format_duration(result.duration_s)}){tail}")

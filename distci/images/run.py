@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator
 
+from distci.run.terminal import cell_tag
 from distci.run.cellrun import absent_accelerator_run, cell_environment, finish_run, infra_run, pytest_command, start_run
 
 from distci.rundir import CellRun, selection_of
@@ -276,7 +277,7 @@ def run_cell_in_docker(cell: Cell, client, *, runs_root: Path, tests: list[str] 
         if family == "npu":
             check_cann(image.labels.get("distci.cann.expected"), probe_cann(client, image, options), image=image.tag)
     except (InfraError, SourceError, ConfigError, DockerException) as exc:
-        log(f"[{cell.id}] infra: {exc}")
+        log(f"{cell_tag(cell.id)}infra: {exc}")
         return infra_run(cell, info, run_dir, exc, None)
     info.image, info.image_digest = image.tag, image.id
     info.selection = selection_of(tests, keyword)
@@ -286,7 +287,7 @@ def run_cell_in_docker(cell: Cell, client, *, runs_root: Path, tests: list[str] 
     # The run directory is mounted at its own path, so paths the harness records (logs) hold outside too.
     volumes = {**options.pop("volumes", {}), **checkout_mounts(tests or []),
                str(run_dir): {"bind": str(run_dir), "mode": "rw"}}
-    log(f"[{cell.id}] $ docker run {image.tag} {info.command}")
+    log(f"{cell_tag(cell.id)}$ docker run {image.tag} {info.command}")
     container = None
     user = container_user(cell.container)
     try:
@@ -302,10 +303,10 @@ def run_cell_in_docker(cell: Cell, client, *, runs_root: Path, tests: list[str] 
                                               environment=_container_env(cell, tier, image, family, user),
                                               labels=run_labels(info.run_id, cell.id), **options)
             _record_container(run_dir, container)
-            _follow_logs(container, run_dir / "pytest.log", lambda line: log(f"[{cell.id}] {line}"))
+            _follow_logs(container, run_dir / "pytest.log", lambda line: log(f"{cell_tag(cell.id)}{line}"))
             code = container.wait().get("StatusCode")
     except Stopped as exc:
-        log(f"[{cell.id}] {exc}: stopping the container")
+        log(f"{cell_tag(cell.id)}{exc}: stopping the container")
         if container is not None:
             _stop_and_remove(container, log)
             container = None
@@ -315,7 +316,7 @@ def run_cell_in_docker(cell: Cell, client, *, runs_root: Path, tests: list[str] 
         return run
     except DockerException as exc:
         error = InfraError(f"container of {image.tag} failed to run: {' '.join(str(exc).split())[:300]}")
-        log(f"[{cell.id}] infra: {error}")
+        log(f"{cell_tag(cell.id)}infra: {error}")
         return infra_run(cell, info, run_dir, error, None)
     finally:
         if container is not None:

@@ -53,6 +53,7 @@ from typing import Any, Iterable, Sequence
 from distci.errors import SelectionError
 from distci.judge.coverage import DEFAULT_MAX_AGE, CellState, judge_cell, parse_duration
 from distci.judge.coverage import format_duration, tally  # noqa: F401 - part of the gate's API (export, tests)
+from distci.command import write_exit_file
 from distci.judge.history import Onset, onset
 from distci.judge.store import BisectRow, ResultRow, RunRow, Store, default_store_path, suite_of
 from distci.judge.verdicts import BLOCKING
@@ -65,6 +66,11 @@ STATUSES = ("PASSED", "BLOCKED", "INCOMPLETE")
 EXIT_CODES = {"PASSED": 0, "BLOCKED": 1, "INCOMPLETE": 3}
 CELL_STATES = ("ok", "missing", "stale", "infra_only", "in_flight", "partial", "waived")
 SHOWN_MISSING = 10
+STATUS_MEANINGS = {
+    "PASSED": "every expected cell ran every expected test and nothing blocks",
+    "BLOCKED": "a release-blocking test regressed or fails",
+    "INCOMPLETE": "nothing blocks, but an expected cell or test is missing, stale, infra-only or in flight",
+}
 COMPLETE_STATES = frozenset({"ok", "waived"})
 
 
@@ -428,6 +434,9 @@ def run(args: argparse.Namespace) -> int:
         explain_blocking(store, result)
     print(result.to_text())
     write_step_summary(result)
+    write_exit_file("gate", result.exit_code, f"{result.status}: {STATUS_MEANINGS[result.status]}",
+                    status=result.status, tier=result.tier, candidate=result.candidate,
+                    incomplete=[c.cell_id for c in result.incomplete], blocking=len(result.blocking))
     return result.exit_code
 
 
