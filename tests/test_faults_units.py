@@ -72,6 +72,7 @@ def _leak_everything(tmp_path):
 def test_restore_globals_undoes_every_leak(tmp_path):
     saved = isolation.snapshot_globals()
     cwd = os.getcwd()
+    cm = None
     try:
         _leak_everything(tmp_path)
         cm = __import__("torch").inference_mode()
@@ -86,7 +87,10 @@ def test_restore_globals_undoes_every_leak(tmp_path):
         assert isolation.restore_globals(saved) == ["grad mode"]
     finally:
         os.chdir(cwd)
+        if cm is not None:  # this pytest process goes on: leave the mode the way it was entered
+            cm.__exit__(None, None, None)
         isolation.restore_globals(saved)
+        __import__("torch").set_grad_enabled(True)
 
 
 def test_pg_timeout_classes_follow_the_marker():
