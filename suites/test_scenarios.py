@@ -50,16 +50,23 @@ def params() -> list:
     return [pytest.param(s, id=s.id, marks=marks_of(s)) for s in TABLE]
 
 
-@pytest.mark.parametrize("scenario", params())
-def test_scenario(dist, scenario: Scenario) -> None:
+def scenario_problems(dist, scenario: Scenario, mutation=None) -> list[str]:
+    """Train `scenario` and its reference on this rank; every check's problems (the fuzzer's
+    entry, suites/fuzz_entry.py, judges its configurations with this too)."""
     if dist.group is None:  # torchrun mode: this test owns its process group
         dist.init()
     dtype = suite_device(dist.device_type).dtype
     reference = run_reference(scenario, dist.device, dtype)
-    run, evidence = run_parallel(scenario, dist.mesh, dist.device, dtype)
+    run, evidence = run_parallel(scenario, dist.mesh, dist.device, dtype, mutation)
     problems = check_numerics(reference, run, tolerance_of(scenario, dtype))
     problems += check_routing(reference)
     problems += edge_problems(reference, scenario.routing, scenario.dp_degree * scenario.accum)
     problems += check_graph(expected_graph(scenario, scenario.train_dtype_override or dtype), evidence)
-    require(problems, f"{scenario.id} on {dist.world_size} {dist.device_type} ranks "
-                      f"({scenario.train_dtype_override or dtype}{', mp bf16' if scenario.mp == 'bf16' else ''})")
+    return problems
+
+
+@pytest.mark.parametrize("scenario", params())
+def test_scenario(dist, scenario: Scenario) -> None:
+    dtype = suite_device(dist.device_type).dtype
+    require(scenario_problems(dist, scenario), f"{scenario.id} on {dist.world_size} {dist.device_type} ranks "
+            f"({scenario.train_dtype_override or dtype}{', mp bf16' if scenario.mp == 'bf16' else ''})")

@@ -212,6 +212,8 @@ class Layout:
     dp_group: Any = None
     ep: par.ExpertParallel | None = None
     counter: par.CompileCounter | None = None
+    autocast: bool = False
+    """bf16 autocast around forward and loss: mixed precision on one device (no FSDP2)."""
     pipe: Any = None
     """A pp row's suites.pipeline.Pipeline (this rank's stages and their schedule)."""
     watch: tuple[int, Counter] | None = None
@@ -275,8 +277,9 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
                     clock.step, clock.chunk = step, layout.dp_rank * scenario.accum + micro
                 with _loss_context(scenario), \
                         record_collectives(layout.watch[1]) if watched else contextlib.nullcontext():
-                    loss = step_parts.loss(layout.runnable(tokens[start:start + mb].to(device)),
-                                           labels[start:start + mb].to(device)) / scenario.accum
+                    with _autocast(layout, device):
+                        loss = step_parts.loss(layout.runnable(tokens[start:start + mb].to(device)),
+                                               labels[start:start + mb].to(device)) / scenario.accum
                     loss.backward()
                 total += _value(loss).detach().float()
             if layout.dp_size > 1:
@@ -290,6 +293,12 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
         _finish_step(step_parts)
         if scenario.fsdp_float8_all_gather:
             par.precompute_float8_scales(layout.model)
+
+
+def _autocast(layout: Layout, device):
+    if not layout.autocast:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
 
 def _pipeline_step(scenario: Scenario, layout: Layout, tokens, labels, device, record: TrainRecord,
@@ -410,13 +419,14 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
     if scenario.float8 != "none":
         evidence.float8_linears = par.convert_float8(model, scenario.float8, mutation.float8_filter,
                                                      fsdp_float8_all_gather=scenario.fsdp_float8_all_gather)
-    layout = Layout(runnable=model, model=model)
-    if parallel == "single":
-        return layout
-    world = dist.get_world_size()
-    mesh = _mesh_for(meshes, parallel, world)
-    tp_mesh = mesh["tp"] if parallel == "fsdp_tp" else mesh
-    dp_mesh = mesh["dp_shard"] if parallel == "fsdp_tp" else mesh
+    layout = Layout(runnable=model, model=model, autocast=parallel == "single" and scenario.mp == "bf16")
+    mesh = tp_mesh = dp_mesh = None
+    world = 1
+    if parallel != "single":  # one device (single rows, a resume row's last layout): no mesh, AC/compile below
+        world = dist.get_world_size()
+        mesh = _mesh_for(meshes, parallel, world)
+        tp_mesh = mesh["tp"] if parallel == "fsdp_tp" else mesh
+        dp_mesh = mesh["dp_shard"] if parallel == "fsdp_tp" else mesh
     if parallel in ("tp", "tp_sp", "fsdp_tp"):
         plan = "tp_sp" if parallel == "fsdp_tp" else parallel
         par.apply_tp(model, tp_mesh, plan, scenario.float8, mutation.block_plan_overrides,

@@ -191,7 +191,10 @@ def test_fix_story_says_what_the_fixes_hide(site: dict) -> None:
 
 
 def test_accessible_squares_details_and_contrast(site: dict) -> None:
-    html, tree = site["html"], site["tree"]
+    """Over the whole site: the per-test history squares live on the cells' pages."""
+    html = "".join(p.read_text() for p in sorted(site["index"].parent.glob("*.html")))
+    tree = _Tree()
+    tree.feed(html)
     squares = re.findall(r'<span class="sq v-(\w+)" role="img" aria-label="([^"]+)" title="[^"]*">([^<]+)</span>', html)
     assert len(squares) > 1000 and all(glyph.strip() for _, _, glyph in squares), "a glyph in every square"
     assert {v for v, _, _ in squares} >= {"pass", "fail", "regression", "xfail", "infra", "none"}
@@ -199,7 +202,8 @@ def test_accessible_squares_details_and_contrast(site: dict) -> None:
     titled = [a for t, a in tree.elements if "title" in a and t != "svg"]
     assert all("aria-label" in a for a in titled), "no detail lives only in a title attribute"
     assert sum(t == "details" for t, _ in tree.elements) > 50
-    assert "<path d=" not in html[html.index('id="nights"'):html.index('id="flaky"')].split("<figure")[0], \
+    index = site["html"]
+    assert "<path d=" not in index[index.index('id="nights"'):index.index('id="flaky"')].split("<figure")[0], \
         "a heat-map, not a many-line chart"
     css = (site["index"].parent / "assets" / "style.css").read_text()
     pairs = contrast.check(css)
@@ -219,8 +223,39 @@ def test_contrast_check_fails_on_the_old_colours(tmp_path: Path) -> None:
 
 
 def test_page_stays_small(site: dict) -> None:
-    assert site["index"].stat().st_size < 1_500_000
+    assert site["index"].stat().st_size < 400_000
     assert not re.search(r'(src|href)="(https?:)?//(?!github\.com/)', site["html"]), "no remote resources"
+
+
+def test_site_is_split_by_cell_week_and_tier_and_every_local_link_resolves(site: dict) -> None:
+    """index.html stays the size of one night; each cell, week and tier has its own page,
+    and every relative link of every page names a file that exists (and an id in it)."""
+    out, gen = site["index"].parent, site["gen"]
+    ran = [c for role, c in gen.cells.items() if role != "missing"]
+    assert sorted(p.name for p in out.glob("cell-*.html")) == sorted(f"cell-{c}.html" for c in ran)
+    assert [p.name for p in sorted(out.glob("week-*.html"))] == ["week-2026-W47.html", "week-2026-W48.html",
+                                                             "week-2026-W49.html"]
+    assert {p.name for p in out.glob("tier-*.html")} == {"tier-nightly.html", "tier-pr.html", "tier-release.html"}
+    release_red = (out / f"cell-{gen.cells['release_red']}.html").read_text()
+    assert f'data-test="{TP[7]}"' in release_red and 'id="stack"' in release_red and "3.5.1" in release_red
+    assert f'href="cell-{gen.cells["release_red"]}.html"' in site["html"], "the index links the cell's page"
+    week = (out / "week-2026-W48.html").read_text()
+    assert week.count('<tr><th scope="row" class="cellid">') == len(ran) and ">11-23<" in week and ">11-29<" in week
+    ids: dict[str, set[str]] = {}
+    hrefs: list[tuple[str, str]] = []
+    for page in out.glob("*.html"):
+        tree = _Tree()
+        tree.feed(page.read_text())
+        ids[page.name] = {a["id"] for _, a in tree.elements if "id" in a}
+        hrefs += [(page.name, a["href"]) for t, a in tree.elements if t == "a" and "href" in a]
+    local = [(p, h) for p, h in hrefs if not h.startswith(("http://", "https://"))]
+    assert local and len(ids) > 10
+    for page, href in local:
+        target, _, anchor = href.partition("#")
+        target = target or page
+        assert (out / target).exists(), f"{page}: {href}"
+        if anchor and target.endswith(".html"):
+            assert anchor in ids[target], f"{page}: {href}"
 
 
 def _chromium(*args: str, profile: Path) -> subprocess.CompletedProcess[str]:

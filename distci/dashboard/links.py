@@ -174,3 +174,10 @@ def repro_lines(run: RunRow, test_id: str, *, world_size: int | None = None,
     if not pins or index_args is None:
         return [first]
     return [first, f"pip install {' '.join(shlex.quote(a) for a in [*index_args, *pins])} && {harness}"]
+
+
+def page_file(kind: str, name: str) -> str:
+    """The file name of a split page: `cell-<id>.html`, `week-<label>.html`, `tier-<name>.html`,
+    beside index.html (one directory: every relative link works on file:// and on Pages)."""
+    safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in name)
+    return f"{kind}-{safe}.html"

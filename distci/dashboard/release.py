@@ -14,7 +14,6 @@ break).
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,9 +22,9 @@ from typing import Any, Mapping
 from distci.dashboard.links import Link, repro_lines, web_url
 from distci.dashboard.story import card_anchor
 from distci.judge.history import Onset, onset
-from distci.judge.store import BisectRow, ResultRow, Store
+from distci.judge.store import BisectRow, Store
 from distci.provision.sources import IndexConfig
-from distci.run.progress import format_duration
+from distci.results import format_duration
 
 MAX_EXPLAINED = 30  # blockers shown one by one; the rest are grouped under Breaks
 
@@ -105,18 +104,11 @@ def age_text(age_s: float | None) -> str:
 def explain(store: Store, items: list[Any], *, issues: Mapping[str, str] | None = None,
             index: IndexConfig | None = None) -> list[Blocker]:
     """A Blocker for each of the first MAX_EXPLAINED blocking items."""
-    histories: dict[str, dict[str, list[ResultRow]]] = {}
     runs = {r.run_id: r for r in store.runs()}
     bisects = store.bisects()
     out = []
     for item in items[:MAX_EXPLAINED]:
-        if item.cell_id not in histories:
-            by_test: dict[str, list[ResultRow]] = defaultdict(list)
-            for r in store.results(cell_id=item.cell_id):
-                by_test[r.test_id].append(r)
-            histories[item.cell_id] = by_test
-        history = histories[item.cell_id].get(item.test_id, [])
-        result = next((r for r in history if r.run_id == item.run_id), None)
+        result = store.result(item.run_id, item.test_id)  # its history is read by onset, as far as it goes
         run = runs.get(item.run_id)
         if result is None or run is None:
             continue
@@ -124,7 +116,7 @@ def explain(store: Store, items: list[Any], *, issues: Mapping[str, str] | None 
         url = web_url((issues or {}).get(signature))
         bisect = next((b for b in reversed(bisects) if b.test_id == item.test_id
                        and b.cell_id in ("", item.cell_id)), None)
-        out.append(Blocker(item, onset(store, result, history=history, runs=runs),
+        out.append(Blocker(item, onset(store, result, runs=runs),
                            repro_lines(run, item.test_id, index=index), Link("filed issue", url) if url else None,
                            bisect, card_anchor(signature)))
     return out

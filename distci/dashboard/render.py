@@ -1,4 +1,5 @@
-"""Writes the static site: index.html (Jinja2, server-side rendered), assets/, data.json.
+"""Writes the static site: index.html (Jinja2, server-side rendered), assets/, data.json,
+and the split pages (cell-*.html, week-*.html, tier-*.html) that keep a year of history fast.
 
 No server, no script, no CDN: the page works from file:// and from GitHub Pages, and
 a headless browser's --dump-dom sees everything.
@@ -13,6 +14,7 @@ from pathlib import Path
 import jinja2
 
 from distci.dashboard import charts
+from distci.dashboard.links import page_file
 from distci.dashboard.model import Page, build_page, page_json
 from distci.judge.store import DEFAULT_AUDIT_DIR, Store
 from distci.provision.sources import IndexConfig
@@ -20,6 +22,7 @@ from distci.provision.sources import IndexConfig
 HERE = Path(__file__).parent
 DEFAULT_MATRIX = Path("matrix.toml")
 DEFAULT_KNOWN_ISSUES = Path("suites") / "known_issues.toml"
+CARD_ITEMS = 60  # distinct tests a break card lists in index.html; the rest are on their cells' pages
 
 
 def _environment() -> jinja2.Environment:
@@ -34,12 +37,31 @@ def _environment() -> jinja2.Environment:
     env.filters["mmdd"] = lambda s: (s or "")[5:10]
     env.filters["pct"] = lambda v: "–" if v is None else f"{v:.0f}%"
     env.filters["when"] = lambda s: (s or "").replace("T", " ")[:16]
-    env.globals.update(charts=charts, colors=charts.VERDICT_COLORS)
+    env.globals.update(charts=charts, colors=charts.VERDICT_COLORS, page_file=page_file, card_items=CARD_ITEMS)
     return env
 
 
-def render_page(page: Page, template: str = "index.html.j2") -> str:
-    return _environment().get_template(template).render(page=page)
+def render_page(page: Page, template: str = "index.html.j2", env: jinja2.Environment | None = None, **extra) -> str:
+    return (env or _environment()).get_template(template).render(page=page, **extra)
+
+
+def write_split_pages(page: Page, out: Path, env: jinja2.Environment | None = None) -> list[Path]:
+    """One page per cell (its history and stack), per week of the history (the heat of
+    its nights) and per tier (every blocking test): a year of history stays many small
+    pages and index.html stays the size of one night. Pages of weeks or cells no longer
+    in the store are removed, so a stale page never stays reachable."""
+    env = env or _environment()
+    pages = [(out / c.file, "cell.html.j2", {"cell": c}) for c in page.cells]
+    pages += [(out / w.file, "week.html.j2", {"week": w}) for w in page.weeks]
+    pages += [(out / page_file("tier", t.tier), "tier.html.j2", {"tier": t}) for t in page.tiers]
+    keep = {path for path, _, _ in pages}
+    for kind in ("cell", "week", "tier"):
+        for old in out.glob(f"{kind}-*.html"):
+            if old not in keep:
+                old.unlink()
+    for path, template, extra in pages:
+        path.write_text(render_page(page, template, env, **extra), encoding="utf-8")
+    return [path for path, _, _ in pages]
 
 
 def render_dashboard(
@@ -73,7 +95,9 @@ def render_dashboard(
             shutil.copyfile(f, assets / f.name)
     (out / ".nojekyll").write_text("")
     (out / "data.json").write_text(page_json(page) + "\n", encoding="utf-8")
-    (out / "audit.html").write_text(render_page(page, "audit.html.j2"), encoding="utf-8")
+    env = _environment()
+    (out / "audit.html").write_text(render_page(page, "audit.html.j2", env), encoding="utf-8")
+    write_split_pages(page, out, env)
     index = out / "index.html"
-    index.write_text(render_page(page), encoding="utf-8")
+    index.write_text(render_page(page, env=env), encoding="utf-8")
     return index

@@ -47,6 +47,15 @@ class BreakCard:
         return sorted({r.test_id for r in self.items}, key=natural_key)
 
     @property
+    def by_test(self) -> list[tuple[str, list[ResultRow]]]:
+        """Each failing test once, in natural order, with its results (a cell each): the card
+        lists tests, not test x cell, so a break across 50 cells stays one line per test."""
+        groups: dict[str, list[ResultRow]] = defaultdict(list)
+        for r in self.items:
+            groups[r.test_id].append(r)
+        return [(t, groups[t]) for t in self.tests]
+
+    @property
     def anchor(self) -> str:
         return card_anchor(self.signature)
 
@@ -79,27 +88,19 @@ def card_anchor(signature: str) -> str:
 
 
 class _History:
-    """One cell's results by test, in run order, read from the store once per cell."""
+    """The runs and each failing test's history, read from the store as first_bad walks back."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self._cells: dict[str, dict[str, list[ResultRow]]] = {}
         self._runs: dict[str, RunRow] = {r.run_id: r for r in store.runs()}
-
-    def of(self, cell: str, test: str) -> list[ResultRow]:
-        if cell not in self._cells:
-            by_test: dict[str, list[ResultRow]] = defaultdict(list)
-            for r in self.store.results(cell_id=cell):
-                by_test[r.test_id].append(r)
-            self._cells[cell] = by_test
-        return self._cells[cell].get(test, [])
 
     def run(self, run_id: str | None) -> RunRow | None:
         return self._runs.get(run_id) if run_id else None
 
     def first_bad(self, r: ResultRow) -> tuple[RunRow | None, RunRow | None]:
-        """The run where this failure began (same signature, unbroken) and the pass before it."""
-        first, good = first_bad(self.of(r.cell_id, r.test_id), r)
+        """The run where this failure began (same signature, unbroken) and the pass before it
+        (distci.judge.history.first_bad, walking the test's history newest first)."""
+        first, good = first_bad(self.store.test_history(r.cell_id, r.test_id), r)
         return self.run(first.run_id), self.run(good.run_id) if good else None
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
 from distci.judge.store import ResultRow, RunRow, Store
 from distci.judge.verdicts import BLOCKING
@@ -67,12 +67,18 @@ def compare_urls(good: Mapping[str, Any], bad: Mapping[str, Any]) -> list[tuple[
     return out
 
 
-def first_bad(history: Sequence[ResultRow], r: ResultRow) -> tuple[ResultRow, ResultRow | None]:
-    """In one test's results of one cell (run order), the result where `r`'s failure began
-    (same signature, unbroken) and the pass just before it (None: no pass before)."""
-    at = next((i for i, x in enumerate(history) if x.run_id == r.run_id), 0)
+def first_bad(newest_first: Iterable[ResultRow], r: ResultRow) -> tuple[ResultRow, ResultRow | None]:
+    """In one test's results of one cell, newest first, the result where `r`'s failure began
+    (same signature, unbroken) and the pass just before it (None: no pass before).
+
+    The walk starts at `r` and stops at the first result that breaks the run, so given
+    Store.test_history (read as it goes) a year of history costs the length of the failure."""
     first, good = r, None
-    for prev in reversed(history[:at]):
+    older = False
+    for prev in newest_first:
+        if not older:
+            older = prev.run_id == r.run_id
+            continue
         if prev.verdict in FAILING and prev.error_signature == r.error_signature:
             first = prev
             continue
@@ -82,13 +88,10 @@ def first_bad(history: Sequence[ResultRow], r: ResultRow) -> tuple[ResultRow, Re
     return first, good
 
 
-def onset(store: Store, r: ResultRow, *, history: Sequence[ResultRow] | None = None,
-          runs: Mapping[str, RunRow] | None = None) -> Onset:
-    """The Onset of a failing result; `history` (the test's results in its cell) and `runs`
-    (run id -> RunRow) spare the queries when the caller already holds them."""
-    if history is None:
-        history = [x for x in store.results(cell_id=r.cell_id) if x.test_id == r.test_id]
-    first, good = first_bad(history, r)
+def onset(store: Store, r: ResultRow, *, runs: Mapping[str, RunRow] | None = None) -> Onset:
+    """The Onset of a failing result, from its test's history in its cell (newest first, read
+    as far as the failure goes); `runs` (run id -> RunRow) spares the run queries."""
+    first, good = first_bad(store.test_history(r.cell_id, r.test_id), r)
 
     def run(run_id: str) -> RunRow | None:
         return runs.get(run_id) if runs is not None else store.run(run_id)
