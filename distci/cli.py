@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -41,16 +40,29 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from distci.run.cellrun import run_cell
-    from distci.matrix import load_matrix
-    from distci.rundir import RunDir
-    from distci.run.terminal import EXIT_FILE_ENV, exit_code, exit_line, print_summary, write_exit_file
+    """Run the cells; every line fits the terminal's width (distci.run.terminal)."""
+    from distci.command import write_exit_file
+    from distci.run.terminal import EXIT_CODES, exit_line, fitted_output, run_records
 
     # A pipe (nox, CI) would otherwise hold the per-test lines in a block buffer.
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)
+    with fitted_output():
+        code, runs = _run_cells(args)
+        write_exit_file("run", code, EXIT_CODES[code], runs=run_records(runs))
+        print(exit_line(code))
+    return code
+
+
+def _run_cells(args: argparse.Namespace) -> tuple[int, list]:
+    from distci.run.cellrun import run_cell
+    from distci.run.fixesmode import fixes_override
+    from distci.matrix import load_matrix
+    from distci.rundir import RunDir
+    from distci.run.terminal import exit_code, print_summary
+
     matrix = load_matrix(args.matrix)
-    cells = matrix.select(cell_ids=args.cell or None, tier=None if args.cell else args.tier)
+    cells = fixes_override(matrix.select(cell_ids=args.cell or None, tier=None if args.cell else args.tier))
     if args.backend == "docker":
         from distci.images import run_cells_in_docker
 
@@ -68,10 +80,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for run in runs:
         run.info.exit_code = exit_code([run])
         RunDir(run.run_dir).write_info(run.info)
-    if os.environ.get(EXIT_FILE_ENV):
-        write_exit_file(os.environ[EXIT_FILE_ENV], code, runs)
-    print(exit_line(code))
-    return code
+    return code, runs
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -126,11 +135,16 @@ def build_parser(registry: tuple[str, ...] = REGISTRY) -> argparse.ArgumentParse
     p.set_defaults(fn=_cmd_run)
 
     p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm "
-                       "builds), `provision` (a cell's env, cold and warm), `pr` (the pr tier's phases, cold then warm)")
-    p.add_argument("what", choices=("harness", "images", "provision", "pr"))
+                       "builds), `provision` (a cell's env, cold and warm), `pr` (the pr tier's phases, cold then warm), "
+                       "`store` (ingest, gate, dashboard at 1/10/100x)")
+    p.add_argument("what", choices=("harness", "images", "provision", "pr", "store"))
     p.add_argument("--repeat", type=int, default=1, help="pr: how many runs of the tier (default 2: cold, then warm)")
     p.add_argument("--pip", action="store_true", help="provision: also time the pip fallback install")
-    p.add_argument("--keep", action="store_true", help="provision: keep the bench's wheelhouse and envs")
+    p.add_argument("--keep", action="store_true", help="provision, store: keep what the bench generated")
+    p.add_argument("--scales", default="1,10,100", help="store: the scales to measure (default 1,10,100)")
+    p.add_argument("--ingest-up-to", type=int, default=None,
+                   help="store: scales above this are the largest ingested store grown in SQL (default: ingest all)")
+    p.add_argument("--root", default=None, help="store: where the histories and figures.json go (default .distci/bench-store)")
     p.set_defaults(fn=_cmd_bench)
 
     for module in registry:
@@ -163,9 +177,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _exit(args: argparse.Namespace, code: int) -> int:
-    """`run` names its exit code on its last line whichever way it ends."""
-    if args.command == "run":
-        from distci.run.terminal import exit_line
+    """`run` names its exit code on its last line whichever way it ends; every command's
+    usage error (2) or interruption reaches the exit file (distci.command)."""
+    from distci.command import write_exit_file
+    from distci.run.terminal import EXIT_CODES, exit_line
 
+    if args.command == "run":
         print(exit_line(code), file=sys.stderr)
+    write_exit_file(args.command, code, EXIT_CODES.get(code, ""))
     return code

@@ -314,8 +314,8 @@ def expected_graph(scenario: Scenario, dtype: str | None = None) -> GraphExpecta
         exp.fsdp_all_gathers = gathers * scenario.accum
         exp.fsdp_reduce_scatters = units * scenario.accum
         exp.default_placement = "R,S0" if layout == "hsdp" else "S0"
-        if scenario.float8 != "none":
-            pass  # not recorded: see training.run_parallel (a dispatch mode moves Float8's numbers)
+        if scenario.fsdp_float8_all_gather:
+            pass  # float8 weights travel as torchao's subclass bytes: not recorded
         elif scenario.mp == "bf16":
             exp.fsdp_param_dtype, exp.fsdp_reduce_dtype = "bfloat16", "float32"
         elif dtype is not None:

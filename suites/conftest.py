@@ -50,7 +50,12 @@ def selected_tier(config: pytest.Config) -> str | None:
 
 
 def _device_type(config: pytest.Config) -> str:
-    harness = getattr(config, "_distci", None)
+    try:
+        from distci.harness.plugin import harness_of
+    except ImportError:  # the suites collected without distci installed
+        harness = None
+    else:
+        harness = harness_of(config)
     if harness is not None:
         return harness.device_type
     from .devices import detect_device_type

@@ -55,11 +55,12 @@ TIERS = ("pr", "nightly", "release")
 
 # fmt: off
 COLUMNS: tuple[Column, ...] = (
-    Column("parallel", ("tp", "tp_sp", "fsdp", "fsdp_tp", "ep", "hsdp", "pp"), REQUIRED, "{}",
+    Column("parallel", ("tp", "tp_sp", "fsdp", "fsdp_tp", "ep", "hsdp", "pp", "single"), REQUIRED, "{}",
            "tp / tp_sp: torchtitan's llama3 TP plan (sequence parallel or not), TP = ws; fsdp: FSDP2 "
            "fully_shard per block + root, dp = ws; fsdp_tp: 2-D mesh (dp_shard = ws/2, tp = 2), TP (SP) inside, "
            "FSDP2 outside; ep: experts split over the ranks, tokens moved by all-to-all; hsdp: FSDP2 on a 2-D "
-           "(dp_replicate 2 x dp_shard ws/2) mesh; pp: torch.distributed.pipelining over the blocks", "Parallel"),
+           "(dp_replicate 2 x dp_shard ws/2) mesh; pp: torch.distributed.pipelining over the blocks; single: one device, no mesh (the "
+           "world-size-1 slice suites/single_device.py derives from the table)", "Parallel"),
     Column("schedule", ("none", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"), "none", "{}",
            "the pipeline schedule of a pp row (interleaved ones: two stages per rank); microbatches = accum",
            "PP schedule"),
@@ -82,7 +83,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("shapes", ("static", "varlen"), "static", "{}",
            "varlen: the sequence length changes every step (numbers and the recompile budget)", "Shapes"),
     Column("mp", ("none", "bf16"), "none", "mp_{}",
-           "FSDP2 MixedPrecisionPolicy: bf16 params, fp32 reduce", "MP"),
+           "FSDP2 MixedPrecisionPolicy: bf16 params, fp32 reduce (single: torch.autocast bf16)", "MP"),
     Column("accum", (1, 2, 3, 4), 1, "ga{}", "microbatches per step (gradient accumulation)", "Accum"),
     Column("loss", ("ce", "smooth_ce", "soft_ce", "z_loss"), "ce", "{}",
            "cross entropy; with label smoothing 0.1; against a teacher's soft labels (distillation, through "
@@ -112,7 +113,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("routing", ("natural", "empty_first", "empty_middle", "empty_last", "one_expert"), "natural", "route_{}",
            "MoE routing edges: the router's own imbalance; an expert that gets no token in the first / a middle / "
            "the last microbatch of every step; every token to one expert", "Routing"),
-    Column("world_size", (2, 4), 2, "ws{}", "ranks (4-rank rows get a 4-rank pool; skipped where fewer devices)",
+    Column("world_size", (1, 2, 4), 2, "ws{}", "ranks (4-rank rows get a 4-rank pool; skipped where fewer devices)",
            "WS"),
     Column("optim", ("sgd", "adamw"), "sgd", "{}", "the optimizer", "Optim"),
     Column("tier", TIERS, "nightly", None,
@@ -129,8 +130,11 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda s: s.async_tp and (s.plan != "tp_sp" or s.compile == "none" or s.backend != "inductor"),
          "async TP is an inductor pass over sequence-parallel TP: it needs plan tp_sp, compile model|block "
          "and backend inductor"),
-    Rule(lambda s: s.mp != "none" and not s.fsdp,
-         "mixed precision is FSDP2's MixedPrecisionPolicy: it needs fsdp or fsdp_tp"),
+    Rule(lambda s: s.mp != "none" and not (s.fsdp or s.parallel == "single"),
+         "mixed precision is FSDP2's MixedPrecisionPolicy (autocast on one device): it needs fsdp, fsdp_tp "
+         "or single"),
+    Rule(lambda s: (s.parallel == "single") != (s.world_size == 1),
+         "parallel single is world size 1, and world size 1 is parallel single"),
     Rule(lambda s: s.parallel == "ep" and s.model != "moe", "expert parallel needs the moe model"),
     Rule(lambda s: s.model == "moe" and s.parallel in ("tp_sp", "fsdp_tp"), "the MoE block has a TP plan for `tp` only"),
     Rule(lambda s: s.loss_parallel and s.plan is None,

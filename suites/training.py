@@ -212,8 +212,12 @@ class Layout:
     dp_group: Any = None
     ep: par.ExpertParallel | None = None
     counter: par.CompileCounter | None = None
+    autocast: bool = False
+    """bf16 autocast around forward and loss: mixed precision on one device (no FSDP2)."""
     pipe: Any = None
     """A pp row's suites.pipeline.Pipeline (this rank's stages and their schedule)."""
+    watch: tuple[int, Counter] | None = None
+    """(step, counter): record that step's collectives (forward + backward) into counter."""
 
 
 @dataclass
@@ -266,13 +270,16 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
         with ctx:
             step_parts.opt.zero_grad(set_to_none=True)
             total = torch.zeros((), dtype=torch.float32, device=device)
+            watched = layout.watch is not None and layout.watch[0] == step
             for micro in range(scenario.accum):
                 start = (layout.dp_rank * scenario.accum + micro) * mb
                 if clock is not None:
                     clock.step, clock.chunk = step, layout.dp_rank * scenario.accum + micro
-                with _loss_context(scenario):
-                    loss = step_parts.loss(layout.runnable(tokens[start:start + mb].to(device)),
-                                           labels[start:start + mb].to(device)) / scenario.accum
+                with _loss_context(scenario), \
+                        record_collectives(layout.watch[1]) if watched else contextlib.nullcontext():
+                    with _autocast(layout, device):
+                        loss = step_parts.loss(layout.runnable(tokens[start:start + mb].to(device)),
+                                               labels[start:start + mb].to(device)) / scenario.accum
                     loss.backward()
                 total += _value(loss).detach().float()
             if layout.dp_size > 1:
@@ -286,6 +293,12 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
         _finish_step(step_parts)
         if scenario.fsdp_float8_all_gather:
             par.precompute_float8_scales(layout.model)
+
+
+def _autocast(layout: Layout, device):
+    if not layout.autocast:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
 
 
 def _pipeline_step(scenario: Scenario, layout: Layout, tokens, labels, device, record: TrainRecord,
@@ -406,13 +419,14 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
     if scenario.float8 != "none":
         evidence.float8_linears = par.convert_float8(model, scenario.float8, mutation.float8_filter,
                                                      fsdp_float8_all_gather=scenario.fsdp_float8_all_gather)
-    layout = Layout(runnable=model, model=model)
-    if parallel == "single":
-        return layout
-    world = dist.get_world_size()
-    mesh = _mesh_for(meshes, parallel, world)
-    tp_mesh = mesh["tp"] if parallel == "fsdp_tp" else mesh
-    dp_mesh = mesh["dp_shard"] if parallel == "fsdp_tp" else mesh
+    layout = Layout(runnable=model, model=model, autocast=parallel == "single" and scenario.mp == "bf16")
+    mesh = tp_mesh = dp_mesh = None
+    world = 1
+    if parallel != "single":  # one device (single rows, a resume row's last layout): no mesh, AC/compile below
+        world = dist.get_world_size()
+        mesh = _mesh_for(meshes, parallel, world)
+        tp_mesh = mesh["tp"] if parallel == "fsdp_tp" else mesh
+        dp_mesh = mesh["dp_shard"] if parallel == "fsdp_tp" else mesh
     if parallel in ("tp", "tp_sp", "fsdp_tp"):
         plan = "tp_sp" if parallel == "fsdp_tp" else parallel
         par.apply_tp(model, tp_mesh, plan, scenario.float8, mutation.block_plan_overrides,
@@ -467,16 +481,12 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
         last = scenario.steps - 1
 
         final = scenario.parallel if scenario.resume == "none" else scenario.resume
-        watch_collectives = final in par.FSDP_LAYOUTS and scenario.float8 == "none"
+        watch = (last, evidence.collectives) if final in par.FSDP_LAYOUTS and not scenario.fsdp_float8_all_gather \
+            else None  # FSDP2's collective dtypes, judged by checks.py
 
         @contextlib.contextmanager
         def last_step():
-            # The collective recorder only where its check applies (FSDP2's dtypes): under a
-            # dispatch mode torchao's Float8 tensorwise linears computed another last-step
-            # loss (8e-4 off on torch 2.13.0 / torchao 0.18.0 CPU).
-            with count_executed_ops(evidence.runtime_ops), contextlib.ExitStack() as more:
-                if watch_collectives:
-                    more.enter_context(record_collectives(evidence.collectives))
+            with count_executed_ops(evidence.runtime_ops):
                 yield
 
         def on_step(step: int):
@@ -494,6 +504,7 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
             steer(layout.model, scenario.routing, scenario.dp_degree * scenario.accum, clock)
 
         def train(layout: Layout, steps: range, parts: Step) -> None:
+            layout.watch = watch
             for step in steps:
                 _train_steps(scenario, layout, data, range(step, step + 1), device, record, parts, mutation,
                              on_step, clock)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -19,8 +20,8 @@ from distci.run.cellrun import RunInfo
 from distci.rundir import CellRun
 from distci.run.progress import Heartbeat, StatusLine, Tick, installed_probe
 from distci.results import RankExcerpt, Result
-from distci.run.terminal import (EXIT_CODES, EXIT_FAILED, EXIT_INFRA, EXIT_OK, exit_code, exit_line, print_summary,
-                             relay_pytest, result_line)
+from distci.run.terminal import (EXIT_CODES, EXIT_FAILED, EXIT_INFRA, EXIT_OK, FittedStream, cell_tag, exit_code,
+                                 exit_line, print_summary, relay_pytest, result_line, selected, shorten)
 
 CELL = "cuda-cu130-torch_nightly-ao_nightly-ws2-fix_on"
 MARKUP_ID = "suites/test_float8.py::test_f8[[bold]float32[/bold]-rowwise]"
@@ -34,6 +35,9 @@ def _run(results: list[Result], tmp_path: Path) -> CellRun:
     return CellRun(RunInfo(run_id="r1", cell_id=CELL, started_at=""), tmp_path / "r1", results)
 
 
+LONG_ID = "suites/regressions/test_pytorch149990_rowwise_float8_upcast.py::test_grads[rowwise-bf16-compile-ac-ws2]"
+
+
 def test_summary_prints_ids_and_tags_literally_within_80_columns(tmp_path: Path) -> None:
     results = [
         _r("suites/test_tp.py::test_tp[colwise]", duration_s=3.0),
@@ -42,17 +46,73 @@ def test_summary_prints_ids_and_tags_literally_within_80_columns(tmp_path: Path)
         _r("suites/test_tp.py::test_tp[sp]", "failed", failure_kind="hang",
            ranks=[RankExcerpt(0, "passed"), RankExcerpt(1, "failed")]),
         _r("suites/test_x.py::test_skip", "skipped"),
+        _r(LONG_ID, "failed", failure_kind="assert", error_signature="AssertionError: " + "loss differs " * 12,
+           repro=f"nox -s dist_tests -- --cell {CELL} --test {LONG_ID}"),
     ]
     out = io.StringIO()
-    print_summary([_run(results, tmp_path)], out)
+    print_summary([_run(results, tmp_path)], out, width=80)
     text = out.getvalue()
     assert MARKUP_ID in text and "[known pytorch149990-rowwise-upcast]" in text
     assert "RuntimeError: [red]scale[/red] mismatch" in text and "[hang]" in text
     lines = text.splitlines()
+    assert max(map(len, lines)) <= 80, [line for line in lines if len(line) > 80]
     assert CELL in lines, "the cell id stands on its own line"
-    counts = lines[lines.index(CELL) + 1]
-    assert counts == "  FAILED: 1 passed, 1 failed, 1 known, 1 skipped, 0 infra, 3s" and len(counts) <= 80
+    assert lines[lines.index(CELL) + 1] == "  FAILED: 1 passed, 2 failed, 1 known, 1 skipped, 0 infra, 3s"
+    assert f"  KNOWN {MARKUP_ID}" in lines and f"  FAILED {MARKUP_ID}" not in lines, "a known issue is KNOWN"
+    assert "  FAILED suites/test_tp.py::test_tp[sp]" in lines
+    assert "loss differs " * 4 in text.replace("\n    ", " "), "a long signature is wrapped, never cut"
+    pasted = [shlex.split(_command_at(lines, i + 1)) for i, line in enumerate(lines) if line == "    repro:"]
+    assert ["nox", "-s", "dist_tests", "--", "--cell", CELL, "--test", LONG_ID] in pasted, "the repro stays pasteable"
     assert result_line(results[2]).endswith("[hang] rank 1")
+
+
+def _command_at(lines: list[str], start: int) -> str:
+    """The shell command that starts at lines[start], as a shell joins its continuations."""
+    text = lines[start]
+    while text.endswith("\\"):
+        start += 1
+        text = text[:-1] + "\n" + lines[start]
+    return text.replace("\n", "")
+
+
+def test_per_test_lines_fit_80_columns_and_say_known_for_a_known_issue() -> None:
+    tag = cell_tag(CELL)
+    assert len(tag) <= 21 and tag.startswith("[cuda-c") and tag.endswith("fix_on] ")
+    width = 80 - len(tag)
+    known = _r(MARKUP_ID, "failed", failure_kind="exception", known_issue="pytorch149990-rowwise-upcast",
+               duration_s=62.0)
+    assert result_line(known, 120) == f"KNOWN    1m02s  {MARKUP_ID}  [pytorch149990-rowwise-upcast]"
+    line = result_line(known, width)
+    assert len(line) <= width and line.startswith("KNOWN    1m02s  suites/test_f") and line.endswith("-rowwise]")
+    long = _r(LONG_ID, "failed", failure_kind="assert", duration_s=3.0,
+              ranks=[RankExcerpt(0, "failed"), RankExcerpt(1, "failed")])
+    line = result_line(long, width)
+    assert len(line) == width and line.startswith("FAILED      3s  suites/regre")
+    assert line.endswith("-compile-ac-ws2]  [assert]"), "the parametrization and the failure kind are kept"
+    assert result_line(long, 120).endswith("  [assert] rank 0,1")
+    assert "..." in line
+    infra = _r("<infra>::" + CELL, "error", failure_kind="infra")
+    assert result_line(infra, width).startswith("INFRA       0s  <infra>::") and len(result_line(infra, width)) <= width
+    assert shorten("abcdefghij", 7) == "a...hij" and shorten("abc", 7) == "abc"
+
+
+def test_fitted_stream_wraps_what_it_did_not_format_and_lets_status_redraws_through() -> None:
+    screen = io.StringIO()
+    stream = FittedStream(screen, 40)
+    stream.write("short line\n" + "word " * 20 + "\n")
+    stream.write("\r\x1b[K[cell] tests: 3/12")
+    stream.write("unterminated " * 5)
+    stream.flush()
+    lines = screen.getvalue().replace("\r\x1b[K[cell] tests: 3/12", "").splitlines()
+    assert lines[0] == "short line" and max(map(len, lines)) <= 40
+    assert " ".join(" ".join(lines[1:]).split()) == " ".join(["word"] * 20 + ["unterminated"] * 5), "nothing is lost"
+    assert "\r\x1b[K[cell] tests: 3/12" in screen.getvalue()
+
+
+def test_selected_reads_pytests_collection_line() -> None:
+    assert selected("collected 42 items") == 42 and selected("collected 1 item") == 1
+    assert selected("collected 42 items / 30 deselected / 12 selected") == 12
+    assert selected("collected 42 items / 2 deselected") == 40 and selected("PASSED t.py::x") is None
 
 
 def test_exit_code_names_tests_before_infrastructure(tmp_path: Path) -> None:
@@ -131,7 +191,10 @@ w.append(Result(run_id="r", cell_id="c", test_id="t.py::test_first", outcome="pa
 time.sleep(2.5)
 w.append(Result(run_id="r", cell_id="c", test_id="t.py::test_slow[[bold]x[/bold]]", outcome="failed", stack={},
                failure_kind="assert", duration_s=2.5))
-print("F [100%]"); print("FAILED t.py::test_slow - [bold]not markup[/bold]")
+print("F [100%]"); print("---- Captured log call ----")
+print("DEBUG    torch.distributed:c10d.py:12 rank 0 says hello")
+print("FAILED t.py::test_slow - [bold]not markup[/bold]")
+print("==== 1 failed, 1 passed in 62.41s (0:01:02) ====")
 sys.exit(1)
 """
 
@@ -159,6 +222,10 @@ def test_relay_prints_each_test_as_it_finishes_and_beats_in_silence(tmp_path: Pa
     failed = text.index("FAILED      2s  t.py::test_slow[[bold]x[/bold]]  [assert]")
     beats = [i for i, m in enumerate(text) if m.startswith("tests: still running after")]
     assert any(first < b < failed for b in beats), text
+    assert all(", 1/2, about " in text[b] and text[b].endswith(" left") for b in beats if first < b < failed), \
+        "the heartbeat counts against pytest's collected total, with an ETA"
+    assert not any("DEBUG" in m for m in text), "DEBUG log lines stay in pytest.log"
+    assert "==== 1 failed, 1 passed in 1m02s ====" in text, "one duration format"
     assert ended - lines[first][0] > 2.0, "test_first was printed when it finished, not when the child ended"
     assert lines[first][2] > 0, "pytest.log had the child's first bytes before it ended"
     assert failed < text.index("FAILED t.py::test_slow - [bold]not markup[/bold]"), "a test's line precedes the report"
@@ -190,16 +257,28 @@ def test_run_at_80_columns_shows_counts_known_tag_and_exit_code(tmp_path: Path) 
     )
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:] + proc.stderr[-2000:]
+    wide = [line for line in (out + proc.stderr).splitlines() if len(line) > 80]
+    assert not wide, wide
     tid = "tests/harness_cases/test_literal.py::test_known_break[[bold]float32[/bold]]"
-    assert f"[{DEFAULT_CELL}] FAILED " in out and tid in out
-    assert out.index(f"[{DEFAULT_CELL}] PASSED ") < out.index("= FAILURES ="), "per-test lines as tests finish"
+    tag = cell_tag(DEFAULT_CELL)
+    assert f"cell {DEFAULT_CELL}" in out.splitlines(), "the full cell id has its own line"
+    known = [line for line in out.splitlines() if line.startswith(f"{tag}KNOWN ")]
+    assert len(known) == 1 and f"{tag}FAILED " not in out, known
+    shortened = result_line(Result(run_id="r", cell_id=DEFAULT_CELL, test_id=tid, outcome="failed", stack={},
+                                   known_issue="k"), 80 - len(tag)).rsplit("  ", 1)[-1]
+    assert known[0].endswith(shortened) and shortened.endswith("[[bold]float32[/bold]]"), "id shortened, kept"
+    assert out.index(f"{tag}PASSED ") < out.index("= FAILURES ="), "per-test lines as tests finish"
+    assert "DEBUG" not in out
     summary = out[out.index("distci results"):].splitlines()
     assert summary[summary.index(DEFAULT_CELL) + 1] == "  OK: 1 passed, 0 failed, 1 known, 0 skipped, 0 infra, " + \
         summary[summary.index(DEFAULT_CELL) + 1].rsplit(", ", 1)[1]
-    assert f"  ERROR {tid}" in summary or f"  FAILED {tid}" in summary
+    assert [line for line in summary if line.startswith("  KNOWN tests/harness_ca") and line.endswith("[/bold]]")], \
+        "the summary says KNOWN, as the count does"
+    assert not [line for line in summary if line.startswith("  FAILED ")]
     assert any(line.startswith("    [known distci-literal-known-break] RuntimeError: upstream break [red]")
                for line in summary)
     assert out.rstrip().splitlines()[-1] == exit_line(0)
-    assert json.loads((tmp_path / "exit.json").read_text())["exit_code"] == 0
+    exit_file = json.loads((tmp_path / "exit.json").read_text())
+    assert exit_file["command"] == "run" and exit_file["exit_code"] == 0 and exit_file["runs"][0]["exit_code"] == 0
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert json.loads((run_dir / "run.json").read_text())["exit_code"] == 0

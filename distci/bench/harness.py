@@ -5,6 +5,9 @@ launch per test. The pool exists because a launch (spawn, import torch, rendezvo
 costs seconds while a test message costs milliseconds; this measures both.
 
 `provision`: the default CPU cell's environment, cold and warm (distci.bench.provision).
+
+`store`: ingest, gate and dashboard on a generated history at 1x, 10x and 100x today
+(distci.bench.store).
 """
 
 from __future__ import annotations
@@ -105,6 +108,13 @@ def run_bench(what: str, args: argparse.Namespace) -> int:
 
         repeat = int(getattr(args, "repeat", 1) or 1)
         return run_pr_bench(console, runs=repeat if repeat > 1 else 2)
+    if what == "store":
+        from distci.bench.store import DEFAULT_ROOT as DEFAULT_STORE_ROOT, run_store_bench
+
+        scales = tuple(int(x) for x in str(getattr(args, "scales", "1,10,100")).split(",") if x.strip())
+        root = Path(getattr(args, "root", None) or DEFAULT_STORE_ROOT)
+        return run_store_bench(console, scales=scales, keep=bool(getattr(args, "keep", False)), root=root,
+                               ingest_up_to=int(getattr(args, "ingest_up_to", None) or max(scales)))
     if what == "images":
         from distci.images import bench_images
 

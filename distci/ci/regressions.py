@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from distci.ci.ids import key, now
 from distci.results import Result, error_signature
-from distci.rundir import RUN_FILE, RunDir
+from distci.rundir import RunDir, RunInfo
 from distci.judge.store import Store
 from distci.provision.index import nightly_date_of
 from distci.judge.verdicts import ENV_KEYS
@@ -58,9 +58,8 @@ def missing_cell_runs(expected: Sequence[Mapping[str, Any]], present: set[str], 
             message=f"no results were uploaded for this cell: {reason}", stack=stack,
             repro=f"nox -s dist_tests -- --cell {cell} --backend docker", started_at=now(),
         ))
-        (run_dir / RUN_FILE).write_text(json.dumps({
-            "run_id": run_id, "cell_id": cell, "started_at": now(), "ended_at": now(), "tier": tier,
-            "runner": stack["runner"], "backend": "docker"}, indent=1, sort_keys=True))
+        RunDir(run_dir).write_info(RunInfo(run_id=run_id, cell_id=cell, started_at=now(), ended_at=now(), tier=tier,
+                                           runner=stack["runner"], backend="docker"))
         made.append(run_dir)
     return made
 

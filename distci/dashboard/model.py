@@ -13,12 +13,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from distci.dashboard.links import Link, run_links
+from distci.dashboard.heat import HeatRow, WeekView, cell_status, green_rate, heat_rows, weeks
+from distci.dashboard.links import Link, page_file, run_links, web_url
 from distci.dashboard.release import TierView, age_text, release_views
-from distci.dashboard.story import BreakCard, FixStory, break_cards, fix_stories
+from distci.dashboard.story import BreakCard, FixStory, break_cards, fix_stories, natural_key
 from distci.judge.ingest import read_fix_audit
-from distci.judge.store import BisectRow, ResultRow, RunRow, Store, is_environment
-from distci.judge.verdicts import BLOCKING, SEVERITY, worst
+from distci.judge.store import Store
+from distci.judge.rows import BisectRow, ResultRow, RunRow, is_environment
+from distci.judge.verdicts import SEVERITY, worst
+from distci.provision.sources import IndexConfig
 
 STACK_KEYS = (
     "torch",
@@ -39,27 +42,6 @@ STACK_KEYS = (
     "fixes_mode",
 )
 ALWAYS_SHOW_TESTS = 40
-
-
-def cell_status(verdicts: list[str]) -> str:
-    """A cell's colour: red only for regression/fail (rule 4: infra never turns it red)."""
-    if any(v in BLOCKING for v in verdicts):
-        return "red"
-    if "flaky" in verdicts:
-        return "amber"
-    if "infra" in verdicts:
-        return "infra"
-    if any(v in ("pass", "fixed", "xfail") for v in verdicts):
-        return "green"
-    return "none"
-
-
-def green_rate(verdicts: list[str]) -> float | None:
-    """Percent of judged tests (not skipped, not infra) that are not failing."""
-    judged = [v for v in verdicts if v not in ("skip", "infra")]
-    if not judged:
-        return None
-    return 100.0 * sum(v not in BLOCKING for v in judged) / len(judged)
 
 
 @dataclass
@@ -84,10 +66,20 @@ class GridCell:
         return ", ".join(f"{n} {v}" for v, n in sorted(self.counts.items(), key=lambda kv: SEVERITY.get(kv[0], 99)))
 
 
+@dataclass(frozen=True)
+class Mark:
+    """One square of a history grid: a test's verdict in one run (a light row: a cell's
+    page draws thousands of them)."""
+
+    run_id: str
+    verdict: str
+    error_signature: str | None
+
+
 @dataclass
 class HistoryRow:
     test_id: str
-    marks: list[ResultRow | None]
+    marks: list[Mark | None]
     latest: str | None
 
 
@@ -111,6 +103,10 @@ class CellView:
     links: list[Link] = field(default_factory=list)
     hides: int = 0  # upstream bugs the fix package hides here (a fix_off twin's failures)
 
+    @property
+    def file(self) -> str:
+        return page_file("cell", self.cell_id)
+
 
 @dataclass
 class Change:
@@ -128,14 +124,6 @@ class FlakyTest:
     occurrences: int
     last_night: str
     reason: str
-
-
-@dataclass
-class HeatRow:
-    """One cell's nights: the worst verdict of each (None: no run that night) and its rate."""
-
-    cell_id: str
-    marks: list[tuple[str, str | None, float | None]]
 
 
 @dataclass
@@ -172,6 +160,8 @@ class Page:
     stories: list[FixStory] = field(default_factory=list)
     heat: list[HeatRow] = field(default_factory=list)
     audit_source: str = ""
+    weeks: list[WeekView] = field(default_factory=list)  # newest first
+    upstream: dict[str, str] = field(default_factory=dict)  # known issue id -> its upstream http(s) link
 
     @property
     def status_counts(self) -> dict[str, int]:
@@ -240,8 +230,9 @@ def _stack_items(stack: dict[str, Any]) -> list[tuple[str, str]]:
     return items
 
 
-def _cell_view(store: Store, run: RunRow, suites: list[str], history_runs: int) -> CellView:
-    latest = store.results(run_id=run.run_id)
+def _cell_view(store: Store, run: RunRow, latest: list[ResultRow], runs: list[RunRow], suites: list[str],
+               history_runs: int) -> CellView:
+    """A cell's latest run (`latest`) and the history of its last `history_runs` runs of `runs`."""
     by_suite: dict[str, list[str]] = defaultdict(list)
     for r in latest:
         if _is_test(r.test_id):
@@ -259,17 +250,15 @@ def _cell_view(store: Store, run: RunRow, suites: list[str], history_runs: int) 
     for r in latest:
         counts[r.verdict] += 1
 
-    runs = store.runs(cell_id=run.cell_id)
     shown = runs[-history_runs:]
-    cell_results = store.results(cell_id=run.cell_id, since=shown[0].started_at) if shown else []
-    marks: dict[str, dict[str, ResultRow]] = defaultdict(dict)
-    for r in cell_results:
-        marks[r.test_id][r.run_id] = r
+    marks: dict[str, dict[str, Mark]] = defaultdict(dict)
+    by_run: dict[str, list[str]] = defaultdict(list)
+    for test_id, run_id, verdict, signature in store.marks([x.run_id for x in shown]):
+        marks[test_id][run_id] = Mark(run_id, verdict, signature)
+        by_run[run_id].append(verdict)
     rows = []
-    for test_id in sorted(marks, key=lambda t: (not _is_test(t), t)):
+    for test_id in sorted(marks, key=lambda t: (not _is_test(t), natural_key(t))):
         row = [marks[test_id].get(x.run_id) for x in shown]
-        if all(m is None for m in row):
-            continue
         last = marks[test_id].get(run.run_id)
         rows.append(HistoryRow(test_id, row, last.verdict if last else None))
     hidden = 0
@@ -277,14 +266,7 @@ def _cell_view(store: Store, run: RunRow, suites: list[str], history_runs: int) 
         quiet = [h for h in rows if all(m is None or m.verdict in ("pass", "skip") for m in h.marks)]
         hidden = len(quiet)
         rows = [h for h in rows if h not in quiet]
-    rows.sort(key=lambda h: (SEVERITY.get(h.latest or "", 99), h.test_id))
-
-    rates = []
-    by_run: dict[str, list[str]] = defaultdict(list)
-    for r in cell_results:
-        by_run[r.run_id].append(r.verdict)
-    for x in shown:
-        rates.append(green_rate(by_run.get(x.run_id, [])))
+    rows.sort(key=lambda h: (SEVERITY.get(h.latest or "", 99), natural_key(h.test_id)))
     return CellView(
         cell_id=run.cell_id,
         run=run,
@@ -297,14 +279,14 @@ def _cell_view(store: Store, run: RunRow, suites: list[str], history_runs: int) 
         history_runs=shown,
         history=rows,
         history_hidden=hidden,
-        rates=rates,
+        rates=[green_rate(by_run.get(x.run_id, [])) for x in shown],
         environment_failure=env_fail,
     )
 
 
-def _flaky(store: Store, nights: list[str]) -> list[FlakyTest]:
+def _flaky(store: Store, nights: list[str], all_runs: list[RunRow]) -> list[FlakyTest]:
     window = set(nights)
-    runs = {r.run_id: r for r in store.runs()}
+    runs = {r.run_id: r for r in all_runs}
     found: dict[str, list[ResultRow]] = defaultdict(list)
     for r in store.results(verdicts=["flaky"]):
         if runs[r.run_id].night in window:
@@ -319,7 +301,7 @@ def _flaky(store: Store, nights: list[str]) -> list[FlakyTest]:
         )
         for t, rs in found.items()
     ]
-    return sorted(out, key=lambda f: (-f.occurrences, f.test_id))
+    return sorted(out, key=lambda f: (-f.occurrences, natural_key(f.test_id)))
 
 
 def _audit_lines(store: Store, audit_dir: Path | None) -> tuple[list[AuditLine], str]:
@@ -355,36 +337,29 @@ def _run_text(run: Any) -> str:
     return f"{run.outcome} ({run.passed}/{total})" if run.outcome in ("passed", "failed") else run.outcome
 
 
-def _heat(cells: list[str], nights: list[str], window: list[RunRow],
-          verdicts_by_run: dict[str, list[str]]) -> list[HeatRow]:
-    by_cell_night: dict[tuple[str, str], list[str]] = {}
-    for run in window:
-        by_cell_night.setdefault((run.cell_id, run.night), []).extend(verdicts_by_run.get(run.run_id, []))
-    rows = []
-    for cell in cells:
-        marks = []
-        for n in nights:
-            vs = by_cell_night.get((cell, n))
-            marks.append((n, (worst(vs) or "none") if vs is not None else None, green_rate(vs) if vs else None))
-        rows.append(HeatRow(cell, marks))
-    return rows
-
-
 def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = None, history_runs: int = 14,
                matrix_path: Path | None = None, now: datetime | None = None, site: Path | None = None,
-               issues: dict[str, str] | None = None) -> Page:
+               issues: dict[str, str] | None = None, known_issues: Path | None = None,
+               index: IndexConfig | None = None) -> Page:
     """Everything the page shows. `matrix_path` enables the release view (the gate per
-    tier); `site` is where the page is written, for relative links to run logs; `issues`
-    maps an error signature to the issue filed for it."""
+    tier); `site` is where the page is written (the run files it links are published
+    there); `issues` maps an error signature to the issue filed for it; `known_issues` is
+    the registry whose upstream links the known-issue chips take; `index` the package
+    indexes pinned repro lines name (default: the DISTCI_* index variables)."""
     now = now or datetime.now(timezone.utc)
-    latest = store.latest_runs()
+    upstream = upstream_links(known_issues)
+    all_runs = store.runs()
+    runs_of: dict[str, list[RunRow]] = defaultdict(list)
+    for run in all_runs:
+        runs_of[run.cell_id].append(run)
+    latest = {cell: runs[-1] for cell, runs in sorted(runs_of.items())}
     latest_results = {c: store.results(run_id=r.run_id) for c, r in latest.items()}
     suites = sorted({r.suite for rs in latest_results.values() for r in rs if _is_test(r.test_id)})
-    tiers = release_views(store, matrix_path, now)
+    tiers = release_views(store, matrix_path, now, issues=issues, index=index)
     states = {c.cell_id: c.state for t in reversed(tiers) for c in t.cells}
     stories = fix_stories(latest, latest_results)
     hides = {s.off_cell: s.bugs for s in stories}
-    cells = [_cell_view(store, run, suites, history_runs) for run in latest.values()]
+    cells = [_cell_view(store, run, latest_results[c], runs_of[c], suites, history_runs) for c, run in latest.items()]
     for c in cells:
         started = _parse(c.run.started_at)
         c.age = age_text((now - started).total_seconds() if started else None)
@@ -399,27 +374,26 @@ def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = 
         for r in latest_results[cell]:
             if r.verdict in ("regression", "fixed"):
                 changes.append(Change(r, run, store.run(r.compared_run) if r.compared_run else None))
-    changes.sort(key=lambda c: (c.result.verdict != "regression", c.result.cell_id, c.result.test_id))
+    changes.sort(key=lambda c: (c.result.verdict != "regression", c.result.cell_id, natural_key(c.result.test_id)))
 
 
-    all_runs = store.runs()
     nights = sorted({r.night for r in all_runs if r.night})[-history_runs:]
     window = [r for r in all_runs if r.night in nights]
-    verdicts_by_run: dict[str, list[str]] = defaultdict(list)
-    for r in store.results(since=min((w.started_at for w in window), default="")):
-        verdicts_by_run[r.run_id].append(r.verdict)
+    counts_by_run = store.verdict_counts()
     night_rates: dict[str, list[float | None]] = {}
-    per_night: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    per_night: dict[str, dict[str, dict[str, int]]] = defaultdict(dict)
     for run in window:
-        per_night[run.cell_id][run.night] = verdicts_by_run.get(run.run_id, [])
+        into = per_night[run.cell_id].setdefault(run.night, {})
+        for v, n in counts_by_run.get(run.run_id, {}).items():
+            into[v] = into.get(v, 0) + n
     for cell in sorted(per_night):
         night_rates[cell] = [green_rate(per_night[cell][n]) if n in per_night[cell] else None for n in nights]
     night_counts = []
     for n in nights:
         counts: dict[str, int] = defaultdict(int)
         for cell in per_night:
-            for v in per_night[cell].get(n, []):
-                counts[v] += 1
+            for v, k in per_night[cell].get(n, {}).items():
+                counts[v] += k
         night_counts.append(dict(counts))
 
     totals: dict[str, int] = defaultdict(int)
@@ -433,7 +407,7 @@ def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = 
         cells=cells,
         suites=suites,
         changes=changes,
-        flaky=_flaky(store, nights),
+        flaky=_flaky(store, nights, all_runs),
         nights=nights,
         night_rates=night_rates,
         night_counts=night_counts,
@@ -441,11 +415,22 @@ def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = 
         bisects=store.bisects(),
         totals=dict(totals),
         tiers=tiers,
-        cards=break_cards(store, latest_results, issues=issues),
+        cards=break_cards(store, latest_results, issues=issues, index=index),
         stories=stories,
-        heat=_heat(sorted(latest), nights, window, verdicts_by_run),
+        heat=heat_rows(sorted(latest), nights, window, counts_by_run),
         audit_source=audit_source,
+        weeks=weeks(sorted(latest), all_runs, counts_by_run),
+        upstream=upstream,
     )
+
+
+def upstream_links(registry: Path | None) -> dict[str, str]:
+    """Known issue id -> its upstream link (http(s) only) from the registry; none without one."""
+    if registry is None or not Path(registry).is_file():
+        return {}
+    from distci.judge.ingest import load_known_issues
+
+    return {e.id: url for e in load_known_issues(Path(registry)).entries if (url := web_url(e.upstream))}
 
 
 def _parse(ts: str) -> datetime | None:

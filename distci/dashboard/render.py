@@ -1,4 +1,5 @@
-"""Writes the static site: index.html (Jinja2, server-side rendered), assets/, data.json.
+"""Writes the static site: index.html (Jinja2, server-side rendered), assets/, data.json,
+and the split pages (cell-*.html, week-*.html, tier-*.html) that keep a year of history fast.
 
 No server, no script, no CDN: the page works from file:// and from GitHub Pages, and
 a headless browser's --dump-dom sees everything.
@@ -13,11 +14,15 @@ from pathlib import Path
 import jinja2
 
 from distci.dashboard import charts
+from distci.dashboard.links import page_file
 from distci.dashboard.model import Page, build_page, page_json
 from distci.judge.store import DEFAULT_AUDIT_DIR, Store
+from distci.provision.sources import IndexConfig
 
 HERE = Path(__file__).parent
 DEFAULT_MATRIX = Path("matrix.toml")
+DEFAULT_KNOWN_ISSUES = Path("suites") / "known_issues.toml"
+CARD_ITEMS = 60  # distinct tests a break card lists in index.html; the rest are on their cells' pages
 
 
 def _environment() -> jinja2.Environment:
@@ -32,12 +37,31 @@ def _environment() -> jinja2.Environment:
     env.filters["mmdd"] = lambda s: (s or "")[5:10]
     env.filters["pct"] = lambda v: "–" if v is None else f"{v:.0f}%"
     env.filters["when"] = lambda s: (s or "").replace("T", " ")[:16]
-    env.globals.update(charts=charts, colors=charts.VERDICT_COLORS)
+    env.globals.update(charts=charts, colors=charts.VERDICT_COLORS, page_file=page_file, card_items=CARD_ITEMS)
     return env
 
 
-def render_page(page: Page, template: str = "index.html.j2") -> str:
-    return _environment().get_template(template).render(page=page)
+def render_page(page: Page, template: str = "index.html.j2", env: jinja2.Environment | None = None, **extra) -> str:
+    return (env or _environment()).get_template(template).render(page=page, **extra)
+
+
+def write_split_pages(page: Page, out: Path, env: jinja2.Environment | None = None) -> list[Path]:
+    """One page per cell (its history and stack), per week of the history (the heat of
+    its nights) and per tier (every blocking test): a year of history stays many small
+    pages and index.html stays the size of one night. Pages of weeks or cells no longer
+    in the store are removed, so a stale page never stays reachable."""
+    env = env or _environment()
+    pages = [(out / c.file, "cell.html.j2", {"cell": c}) for c in page.cells]
+    pages += [(out / w.file, "week.html.j2", {"week": w}) for w in page.weeks]
+    pages += [(out / page_file("tier", t.tier), "tier.html.j2", {"tier": t}) for t in page.tiers]
+    keep = {path for path, _, _ in pages}
+    for kind in ("cell", "week", "tier"):
+        for old in out.glob(f"{kind}-*.html"):
+            if old not in keep:
+                old.unlink()
+    for path, template, extra in pages:
+        path.write_text(render_page(page, template, env, **extra), encoding="utf-8")
+    return [path for path, _, _ in pages]
 
 
 def render_dashboard(
@@ -50,16 +74,20 @@ def render_dashboard(
     matrix_path: Path | None = DEFAULT_MATRIX,
     now: datetime | None = None,
     issues: dict[str, str] | None = None,
+    known_issues: Path | None = DEFAULT_KNOWN_ISSUES,
+    index: IndexConfig | None = None,
 ) -> Path:
     """Writes the site (index.html, audit.html, assets/, data.json) into out_dir; returns index.html.
 
     `matrix_path` gives the release view its tiers (default: ./matrix.toml, as the CLI's
-    --matrix; no file, no release view); `issues` maps error signatures to filed issues.
+    --matrix; no file, no release view); `issues` maps error signatures to filed issues;
+    `known_issues` is the registry the known-issue chips link upstream from (default
+    ./suites/known_issues.toml, when there); `index` the indexes of pinned repro lines.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     page = build_page(store, title=title, audit_dir=audit_dir, history_runs=history_runs, matrix_path=matrix_path,
-                      now=now, site=out, issues=issues)
+                      now=now, site=out, issues=issues, known_issues=known_issues, index=index)
     assets = out / "assets"
     assets.mkdir(exist_ok=True)
     for f in (HERE / "assets").iterdir():
@@ -67,7 +95,9 @@ def render_dashboard(
             shutil.copyfile(f, assets / f.name)
     (out / ".nojekyll").write_text("")
     (out / "data.json").write_text(page_json(page) + "\n", encoding="utf-8")
-    (out / "audit.html").write_text(render_page(page, "audit.html.j2"), encoding="utf-8")
+    env = _environment()
+    (out / "audit.html").write_text(render_page(page, "audit.html.j2", env), encoding="utf-8")
+    write_split_pages(page, out, env)
     index = out / "index.html"
-    index.write_text(render_page(page), encoding="utf-8")
+    index.write_text(render_page(page, env=env), encoding="utf-8")
     return index

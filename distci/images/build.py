@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
+from distci.run.terminal import cell_tag
 from distci.errors import ConfigError, InfraError
 from distci.images.base import IMAGES_DIR, image_exists
 from distci.images.context import render_context, split_stack, stack_label
@@ -191,9 +192,9 @@ def ensure_image(cell: Cell, client, *, force: bool = False, nocache: bool = Fal
     ref = tag or plan.tag
     if not force and image_exists(client, ref):
         image = client.images.get(ref)
-        log(f"[{cell.id}] image {ref}: exists, not rebuilt")
+        log(f"{cell_tag(cell.id)}image {ref}: exists, not rebuilt")
         return BuiltImage(tag=ref, id=image.id, built=False, labels=dict(image.labels or {}))
-    prefix = f"[{cell.id}] "
+    prefix = f"{cell_tag(cell.id)}"
     wheelhouse = ensure_wheelhouse(plan.requirements, plan.pip_args, python=plan.python, target=plan.target,
                                    log=lambda m: log(prefix + m))
     own = build_all(Path(".distci") / "selfwheels", log=lambda m: log(prefix + m))

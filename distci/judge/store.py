@@ -8,8 +8,10 @@ same files and gives the same answers.
 
 Writes are safe from many processes at once (artifacts of many runners arrive together):
 the database is in WAL mode, each write holds one `BEGIN IMMEDIATE` transaction and
-waits for others through busy_timeout. Reading run directories into it is
-distci.judge.ingest's job; verdicts are recomputed here, in history order, for every cell an
+waits for others at most DISTCI_STORE_LOCK_TIMEOUT seconds (default 60), then fails
+naming the holder (each writer records pid, host and command in `<store>.writer`).
+Reading run directories into it, text losslessly (`storable`), is distci.judge.ingest's
+job; verdicts are recomputed here, in history order, for every cell an
 ingest touched (and the cells that use it as their baseline).
 """
 
@@ -20,125 +22,30 @@ import os
 import sqlite3
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 
 from distci.judge import verdicts as _verdicts
+from distci.judge.storelock import LOCK_TIMEOUT_ENV, WRITER_SUFFIX, claim, holder_of, lock_timeout_s, release
 from distci.errors import StoreError
-from distci.rundir import RunInfo
+from distci.judge.rows import BisectRow, FixAuditRow, ResultRow, RunRow
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3  # 2: runs keep run.json's ci block and image (links need no run directory); 3: selection
+_MIGRATIONS = {
+    1: ("ALTER TABLE runs ADD COLUMN ci_json TEXT NOT NULL DEFAULT '{}'", "ALTER TABLE runs ADD COLUMN image TEXT"),
+    2: ("ALTER TABLE runs ADD COLUMN selection_json TEXT NOT NULL DEFAULT '[]'",),
+}
+"""Schema upgrades in place: the statements that take a store of version N to N + 1."""
 DEFAULT_STORE = Path(".distci") / "store.sqlite"
 DEFAULT_RUNS_ROOT = Path(".distci") / "runs"
 DEFAULT_AUDIT_DIR = Path(".distci") / "audit"
 DEFAULT_BISECT_DIR = Path(".distci") / "bisect"
 STORE_ENV = "DISTCI_STORE"
-BUSY_TIMEOUT_MS = 120_000
-
-
 def default_store_path() -> Path:
     """DISTCI_STORE if set, else .distci/store.sqlite under the current directory."""
     return Path(os.environ.get(STORE_ENV) or DEFAULT_STORE)
-
-
-def is_environment(test_id: str) -> bool:
-    """Whether a result stands for the environment, not a test (`<infra>::<cell id>`:
-    the record a run leaves when its environment never came up)."""
-    return test_id.startswith("<")
-
-
-def suite_of(test_id: str) -> str:
-    """The suite a test belongs to, from its pytest node id: the dashboard's grid columns.
-
-    `suites/regressions/test_x.py::t` -> `regressions` (a directory of suites/ is a
-    suite); `suites/test_tp.py::t` -> `tp` (so is a top-level file, without `test_`);
-    `<infra>::cell` -> `<infra>`.
-    """
-    path = test_id.split("::", 1)[0]
-    if is_environment(test_id):
-        return path
-    parts = [p for p in path.split("/") if p and p != "."]
-    if parts and parts[0] == "suites":
-        parts = parts[1:]
-    if len(parts) > 1:
-        return parts[0]
-    stem = parts[0].rsplit(".", 1)[0] if parts else test_id
-    return stem[5:] if stem.startswith("test_") else stem
-
-
-@dataclass
-class RunRow(RunInfo):
-    """A run as the store holds it."""
-
-    stack: dict[str, Any] = field(default_factory=dict)
-    torch_git: str | None = None
-    source_path: str = ""
-    content_hash: str = ""
-    n_results: int = 0
-
-    @property
-    def night(self) -> str:
-        """The nightly date, or the day the run started: the column a history sits in."""
-        return self.nightly_date or self.started_at[:10]
-
-
-@dataclass
-class ResultRow:
-    """A result as the store holds it: the outcome, its verdict and why."""
-
-    run_id: str
-    test_id: str
-    cell_id: str
-    suite: str
-    outcome: str
-    verdict: str
-    compared_run: str | None
-    verdict_reason: str
-    duration_s: float
-    failure_kind: str | None
-    error_signature: str | None
-    excerpt: str
-    repro: str
-    known_issue: str | None
-    reruns: int
-    rerun_outcomes: list[str]
-    started_at: str
-
-
-@dataclass
-class BisectRow:
-    """One bisect result: the first bad point of `axis` between good and bad."""
-
-    test_id: str
-    axis: str
-    good: str
-    bad: str
-    culprit: str | None = None
-    report_path: str = ""
-    cell_id: str = ""
-    status: str = ""
-    created_at: str = ""
-
-
-@dataclass
-class FixAuditRow:
-    """One fix on one version: is the bug there, did the fix apply, what its test says.
-
-    `off`/`on` are the regression test's outcome with the fix disabled/enabled;
-    `verdict` is the audit's conclusion (e.g. needed, obsolete, broken, ineffective).
-    """
-
-    fix: str
-    version: str
-    present: str | None = None
-    applied: str | None = None
-    off: str | None = None
-    on: str | None = None
-    verdict: str | None = None
-    cell_id: str = ""
-    source_path: str = ""
 
 
 _SCHEMA = (
@@ -160,7 +67,10 @@ _SCHEMA = (
         content_size INTEGER NOT NULL,
         meta_hash TEXT NOT NULL,
         n_results INTEGER NOT NULL DEFAULT 0,
-        ingested_at TEXT NOT NULL DEFAULT ''
+        ingested_at TEXT NOT NULL DEFAULT '',
+        ci_json TEXT NOT NULL DEFAULT '{}',
+        image TEXT,
+        selection_json TEXT NOT NULL DEFAULT '[]'
     )""",
     "CREATE INDEX IF NOT EXISTS runs_by_cell ON runs(cell_id, started_at)",
     """CREATE TABLE IF NOT EXISTS results (
@@ -185,6 +95,9 @@ _SCHEMA = (
     )""",
     "CREATE INDEX IF NOT EXISTS results_by_cell ON results(cell_id, test_id)",
     "CREATE INDEX IF NOT EXISTS results_by_verdict ON results(verdict)",
+    # Covers Store.verdict_counts (the dashboard's one pass over a year): without it the
+    # GROUP BY visits every table row through the primary key, I/O bound at millions of rows.
+    "CREATE INDEX IF NOT EXISTS results_by_run_verdict ON results(run_id, verdict)",
     """CREATE TABLE IF NOT EXISTS bisects (
         test_id TEXT NOT NULL,
         axis TEXT NOT NULL,
@@ -218,7 +131,10 @@ class Store:
     def __init__(self, path: Path | str | None = None) -> None:
         self.path = Path(path) if path is not None else default_store_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        self.lock_timeout_s = lock_timeout_s()
+        self.writer_file = self.path.with_name(self.path.name + WRITER_SUFFIX)
+        # Short waits inside SQLite; the overall bound is _retry_locked's deadline.
+        self.conn = sqlite3.connect(str(self.path), timeout=min(self.lock_timeout_s, 1.0), isolation_level=None)
         self.conn.row_factory = sqlite3.Row
         try:
             self._setup()
@@ -231,12 +147,16 @@ class Store:
             raise
 
     def _setup(self) -> None:
-        self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        self.conn.execute(f"PRAGMA busy_timeout = {int(min(self.lock_timeout_s, 1.0) * 1000)}")
         self._retry_locked(lambda: self.conn.execute("PRAGMA journal_mode = WAL"))
         self.conn.execute("PRAGMA foreign_keys = ON")
         self.conn.execute("PRAGMA synchronous = NORMAL")
         with self.transaction():
             version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+            while version in _MIGRATIONS:
+                for stmt in _MIGRATIONS[version]:
+                    self.conn.execute(stmt)
+                version += 1
             if version not in (0, SCHEMA_VERSION):
                 raise StoreError(
                     f"store schema {version} is not {SCHEMA_VERSION}; delete it and run "
@@ -256,27 +176,44 @@ class Store:
     def close(self) -> None:
         self.conn.close()
 
-    @staticmethod
-    def _retry_locked(fn: Any, attempts: int = 200) -> Any:
-        for i in range(attempts):
+    def _retry_locked(self, fn: Any) -> Any:
+        """Runs `fn`, retrying while another writer holds the store, for at most
+        lock_timeout_s; then a StoreError that names the holder (pid, host, command, since)."""
+        deadline = time.monotonic() + self.lock_timeout_s
+        while True:
             try:
                 return fn()
             except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) and "busy" not in str(exc) or i == attempts - 1:
+                if "locked" not in str(exc) and "busy" not in str(exc):
                     raise
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        f"the store is locked by another writer ({self.holder()}); gave up after "
+                        f"{self.lock_timeout_s:g} s (set {LOCK_TIMEOUT_ENV} to wait longer, or stop that process)",
+                        where=str(self.path),
+                    ) from None
                 time.sleep(0.05)
+
+    def holder(self) -> str:
+        """Who holds the write lock, as its writer file says (every transaction writes one)."""
+        return holder_of(self.writer_file)
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One write transaction; BEGIN IMMEDIATE takes the write lock up front so two
-        ingests never both read, then both fail to upgrade (busy_timeout makes it wait)."""
+        ingests never both read, then both fail to upgrade (_retry_locked bounds the wait)."""
         self._retry_locked(lambda: self.conn.execute("BEGIN IMMEDIATE"))
+        claim(self.writer_file)
         try:
             yield self.conn
         except BaseException:
             self.conn.execute("ROLLBACK")
+            release(self.writer_file)
             raise
-        self.conn.execute("COMMIT")
+        try:
+            self._retry_locked(lambda: self.conn.execute("COMMIT"))
+        finally:
+            release(self.writer_file)
 
     # -------------------------------------------------------------- verdicts
 
@@ -415,6 +352,35 @@ class Store:
         rows = self.conn.execute(sql + " ORDER BY u.started_at, u.run_id, r.test_id", args)
         return [self._result_row(r) for r in rows]
 
+    def marks(self, run_ids: Sequence[str]) -> list[tuple[str, str, str, str | None]]:
+        """(test_id, run_id, verdict, error_signature) of every result of these runs: what a
+        history grid draws, without building a ResultRow per square (a year of them is slow)."""
+        out: list[tuple[str, str, str, str | None]] = []
+        ids = list(run_ids)
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            out += [tuple(r) for r in self.conn.execute(
+                f"SELECT test_id, run_id, verdict, error_signature FROM results WHERE run_id IN "
+                f"({','.join('?' * len(chunk))})", chunk)]
+        return out
+
+    def verdict_counts(self) -> dict[str, dict[str, int]]:
+        """run_id -> {verdict: how many}, for every run: one pass over the results table."""
+        out: dict[str, dict[str, int]] = {}
+        for run_id, verdict, n in self.conn.execute(
+                "SELECT run_id, verdict, COUNT(*) FROM results GROUP BY run_id, verdict"):
+            out.setdefault(run_id, {})[verdict] = n
+        return out
+
+    def test_history(self, cell_id: str, test_id: str) -> Iterator[ResultRow]:
+        """One test's results in one cell, newest first, read as the caller walks back (a
+        failure's first bad run is usually a few runs back, not a year)."""
+        rows = self.conn.execute(
+            "SELECT r.* FROM results r JOIN runs u USING (run_id) WHERE r.cell_id = ? AND r.test_id = ? "
+            "ORDER BY u.started_at DESC, u.run_id DESC", (cell_id, test_id))
+        for row in rows:
+            yield self._result_row(row)
+
     def bisects(self) -> list[BisectRow]:
         rows = self.conn.execute("SELECT * FROM bisects ORDER BY created_at DESC, test_id")
         return [BisectRow(**dict(r)) for r in rows]
@@ -442,6 +408,8 @@ class Store:
     def _run_row(r: sqlite3.Row) -> RunRow:
         d = dict(r)
         stack = json.loads(d.pop("stack_json"))
+        d["ci"] = json.loads(d.pop("ci_json") or "{}")
+        d["selection"] = json.loads(d.pop("selection_json") or "[]")
         for k in ("content_size", "meta_hash", "ingested_at"):
             d.pop(k)
         return RunRow(stack=stack, **d)

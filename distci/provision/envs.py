@@ -46,6 +46,7 @@ from distci.errors import InfraError
 from distci.provision.wheelhouse import Log, Wheelhouse, ensure_wheelhouse, failure_line, run_pip
 from distci.provision.files import file_lock, sha256_file
 from distci.provision.wheeltarget import interpreter_tags
+from distci.results import format_duration
 
 BASE_MARKER = "distci-base.json"
 MARKER = "distci-env.json"
@@ -184,7 +185,7 @@ def ensure_env(
             log(f"env {path.name}: installing {', '.join(w.name for w in extras)}")
             _install(env, python, uv, ["--no-deps", "--no-index", *_reinstall(uv), *map(str, extras)], log)
         _write_json(path / MARKER, wanted)
-        log(f"env {path.name}: ready in {time.monotonic() - started:.1f}s ({tool})")
+        log(f"env {path.name}: ready in {format_duration(time.monotonic() - started)} ({tool})")
     return env
 
 
@@ -382,5 +383,5 @@ def installed_env(
         if extras:
             _install(env, sys.executable, uv, ["--no-deps", "--no-index", *_reinstall(uv), *map(str, extras)], log)
         _write_json(path / MARKER, wanted_marker)
-        log(f"env {path.name}: ready in {time.monotonic() - started:.1f}s")
+        log(f"env {path.name}: ready in {format_duration(time.monotonic() - started)}")
     return env, found

@@ -54,6 +54,7 @@ from distci.provision.wheeltarget import WheelTarget, interpreter_tags, wheel_re
 from distci.provision.lru import evict, max_bytes, touch
 from distci.provision.pipconfig import resolution_environment
 from distci.provision.files import MANIFEST, file_lock, sha256_file
+from distci.results import format_duration
 
 LOCK_FILE = "requirements.lock"
 PIP_LOG = "pip.log"
@@ -389,6 +390,6 @@ def _build(requirements: list[str], pip_args: list[str], final: Path, full_key: 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     size_mb = sum(w["size"] for w in wheels) / 1e6
-    log(f"wheelhouse {key}: {len(wheels)} wheels, {size_mb:.0f} MB in {duration:.1f}s -> {final}")
+    log(f"wheelhouse {key}: {len(wheels)} wheels, {size_mb:.0f} MB in {format_duration(duration)} -> {final}")
     return Wheelhouse(key=key, path=final, wheels=[w["filename"] for w in wheels],
                       lock_file=final / LOCK_FILE, manifest=manifest)

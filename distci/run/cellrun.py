@@ -12,8 +12,6 @@ run directory holds one cell's whole story whichever runner produced each Result
 
 from __future__ import annotations
 
-import difflib
-import fnmatch
 import json
 import os
 import shlex
@@ -29,29 +27,29 @@ from typing import Callable, Mapping
 
 from distci.provision.envs import default_root as envs_root
 from distci.provision.envs import ensure_env, installed_env
-from distci.errors import ConfigError, InfraError, SelectionError, SourceError
-from distci.external.spec import SuiteSpec, load_suites
+from distci.errors import ConfigError, InfraError, SourceError
 from distci.matrix import EXTERNAL_SUITES
 from distci.cells import Cell
-from distci.results import Result
-from distci.rundir import RunDir, RunInfo, infra_result as _infra_result, now as _now
-from distci.stack import KEYS as STACK_KEYS, Stack
+from distci.rundir import (INFRA_PREFIX, RECORD_LOST_EXIT, RunDir, RunInfo, now as _now,
+                           selection_of)
 from distci.provision.selfwheels import REPO, build_all
 from distci.provision.index import redact_url
 from distci.provision.sources import IndexConfig, pip_args, requirement_lines
 from distci.provision.resolve import resolve_sources
+from distci.results import format_duration
 from distci.run.progress import Heartbeat, StatusLine, downloaded_probe, installed_probe
-from distci.run.terminal import print_summary, relay_pytest
+from distci.run.terminal import cell_tag, columns, command_lines, print_summary, relay_pytest, short_run_id
 from distci.provision.wheelhouse import default_root as default_wheelhouse_root
 from distci.provision.wheelhouse import ensure_wheelhouse
 from distci.rundir import CellRun
+from distci.run.externals import external_plan, run_external_suites, split_tests
+from distci.run.infra import infra_result
 
 # What the harness needs inside every cell environment besides the cell's own stack.
 HARNESS_REQUIREMENTS = ("pytest", "packaging", "numpy")
 # On a preinstalled stack numpy is used when present (the harness seeds it), never required.
 INSTALLED_HARNESS_REQUIREMENTS = ("pytest", "packaging")
 CELL_RERUNS = 1  # a failed distributed test runs once more; a pass then is kept with the failure (flaky)
-EXTERNAL_PREFIX = "external/"
 
 Log = Callable[[str], None]
 
@@ -67,26 +65,6 @@ def ci_block(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def new_run_id(cell: Cell) -> str:
     return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:6]}-{cell.id}"
-
-
-def partial_stack(cell: Cell, **extra) -> dict:
-    """The provenance an infra record carries when the environment never came up."""
-    known = {k: v for k, v in extra.items() if k in STACK_KEYS}
-    stack = Stack(partial=True, declared=cell.as_dict(), python=sys.version.split()[0],
-                  runner=os.environ.get("DISTCI_RUNNER") or socket.gethostname(), **known)
-    stack.extra.update({k: v for k, v in extra.items() if k not in STACK_KEYS})
-    return stack.to_dict()
-
-
-def infra_result(run_id: str, cell: Cell, exc: Exception, log_path: Path | None, *,
-                 test_id: str | None = None, stack: dict | None = None) -> Result:
-    """An `infra` Result: for the whole cell, or for `test_id` (one external suite) when given.
-
-    `stack` is the captured Stack when the environment did come up; otherwise the partial one.
-    """
-    return _infra_result(run_id, cell.id, str(exc), exc_type=type(exc).__name__, log=getattr(exc, "log", "") or "",
-                         stack=stack if stack is not None else partial_stack(cell, error=str(exc)),
-                         test_id=test_id, log_path=log_path)
 
 
 def pytest_command(cell: Cell, python: Path, run_dir: Path, run_id: str, *, tests: list[str], keyword: str | None,
@@ -140,7 +118,9 @@ def start_run(cell: Cell, runs_root: Path, *, tier: str | None, backend: str = "
                    backend=backend, runner=os.environ.get("DISTCI_RUNNER") or socket.gethostname(), ci=ci_block())
     rundir.write_info(info)
     run_dir = rundir.path
-    log(f"[{cell.id}] run {run_id}")
+    log(f"cell {cell.id}")
+    tag = cell_tag(cell.id)
+    log(f"{tag}run {short_run_id(run_id, cell.id, columns() - len(tag) - 4)}")
     return info, run_dir
 
 
@@ -161,6 +141,12 @@ def finish_run(cell: Cell, info: RunInfo, run_dir: Path, exit_code: int | None) 
     info.pytest_exit = exit_code
     info.ended_at = _now()
     results = rundir.results()
+    if exit_code == RECORD_LOST_EXIT and not any(r.test_id == f"{INFRA_PREFIX}{cell.id}" for r in results):
+        # the harness could not write a Result (disk full, file-size limit): the run is infra
+        exc = InfraError("the harness could not record every result (disk full or a file-size limit); see pytest.log")
+        results.append(infra_result(info.run_id, cell, exc, rundir.pytest_log))
+        if err := rundir.append_closing(results[-1:], cell.id):
+            print(f"[{cell.id}] {err}", file=sys.stderr, flush=True)
     if not results and exit_code not in (0, 5):
         log_file = rundir.pytest_log
         exc = InfraError(f"pytest exited with {exit_code} and recorded no result",
@@ -169,7 +155,10 @@ def finish_run(cell: Cell, info: RunInfo, run_dir: Path, exit_code: int | None) 
         rundir.append(result)
         results = [result]
         rundir.write_junit(cell.id)
-    rundir.write_info(info)
+    try:
+        rundir.write_info(info)
+    except OSError as err:  # a full disk: run.json stays as it was (whole), the summary still prints
+        print(f"[{cell.id}] cannot close {rundir.info_path}: {err}", file=sys.stderr, flush=True)
     return CellRun(info, run_dir, results)
 
 
@@ -205,7 +194,7 @@ def absent_accelerator_run(cell: Cell, runs_root: Path, *, tier: str | None, bac
     if not absent:
         return None
     info, run_dir = start_run(cell, runs_root, tier=tier, backend=backend, log=log)
-    log(f"[{cell.id}] infra: {absent}")
+    log(f"{cell_tag(cell.id)}infra: {absent}")
     return infra_run(cell, info, run_dir, InfraError(absent), None)
 
 
@@ -231,7 +220,7 @@ def run_cell(
     try:
         env = provision(cell, run_dir, python=python, log=log)
     except (InfraError, SourceError, ConfigError) as exc:
-        log(f"[{cell.id}] infra: {exc}")
+        log(f"{cell_tag(cell.id)}infra: {exc}")
         return infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
     return run_in_env(cell, Path(env.python), info, run_dir, tests=tests, keyword=keyword, tier=tier,
                       extra_pytest_args=extra_pytest_args, external_suites=external_suites, externals=externals,
@@ -259,6 +248,7 @@ def run_in_env(
     `external_plan` (made here when not given).
     """
     native, external = split_tests(tests or [])
+    info.selection = selection_of(tests, keyword)  # a narrowed run never defines a cell's expected tests
     if externals is None:
         externals = external_plan(cell, tests or [], external_suites)
     if native or not external:
@@ -266,10 +256,13 @@ def run_in_env(
                              extra_args=extra_pytest_args or [])
         info.command = shlex.join(cmd)
         # Unbuffered, so pytest.log fills as the run goes rather than when pytest exits.
+        width = columns() - len(cell_tag(cell.id))
+        # pytest's own lines (separators, reports) fit after the tag each relayed line gets.
         child_env = {**os.environ, **cell_environment(cell, tier), **provenance_environment(run_dir),
-                     "PYTHONUNBUFFERED": "1"}
+                     "PYTHONUNBUFFERED": "1", "COLUMNS": str(width)}
         child_env.pop("PYTHONPATH", None)
-        log(f"[{cell.id}] $ {info.command}")
+        for line in command_lines(cmd, width):
+            log(f"{cell_tag(cell.id)}{line}")
         from distci.harness import procs  # the one owner of process trees (imports pytest: the controller has it)
 
         rundir = RunDir(run_dir)
@@ -278,11 +271,14 @@ def run_in_env(
             proc = procs.start_owned(cmd, env=child_env, token=procs.run_token(), death_signal=signal.SIGTERM,
                                      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             try:
-                code = relay_pytest(proc, rundir.pytest_log, rundir.results_path, lambda m: log(f"[{cell.id}] {m}"),
-                                    status=StatusLine.for_stdout(f"[{cell.id}] ") if log is print else None)
-            except KeyboardInterrupt:  # Ctrl-C, SIGTERM: pytest records the test in flight, the run is closed
-                log(f"[{cell.id}] stopping the run")
-                code = procs.stop(proc)
+                code = relay_pytest(proc, rundir.pytest_log, rundir.results_path, lambda m: log(f"{cell_tag(cell.id)}{m}"),
+                                    status=StatusLine.for_stdout(cell_tag(cell.id)) if log is print else None,
+                                    width=width)
+            except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM: pytest records the test in flight, the run is closed
+                log(f"{cell_tag(cell.id)}stopping the run")
+                # the signal that stopped this run stops pytest, so its record names the real one
+                code = procs.stop(proc, getattr(signal, str(stop), signal.SIGINT) if str(stop).startswith("SIG")
+                                  else signal.SIGINT)
                 print_summary([finish_run(cell, info, run_dir, code)])
                 raise
         run = finish_run(cell, info, run_dir, code)
@@ -306,81 +302,6 @@ def no_test_message(cell: Cell, tests: list[str], keyword: str | None) -> str:
     what += [f"--test {shlex.quote(t)}" for t in tests]
     chosen = " ".join(what) or f"suites {' '.join(cell.suites)}"
     return f"no test selected by {chosen} in cell {cell.id}"
-
-
-def split_tests(tests: list[str]) -> tuple[list[str], list[str]]:
-    """(pytest node ids, external test ids): the two runners of a cell take their own."""
-    external = [t for t in tests if t.startswith(EXTERNAL_PREFIX)]
-    return [t for t in tests if t not in external], external
-
-
-def external_plan(cell: Cell, tests: list[str], suites_path: Path = EXTERNAL_SUITES) -> list[str]:
-    """The external suites a run of `cell` runs: all of the cell's when no test is selected,
-    else those the selected ``external/<suite>/...`` ids name (none for pytest ids only).
-
-    An explicit external id may name any declared suite (a repro, a bisect probe), not
-    only the cell's; a name declared nowhere is a SelectionError.
-    """
-    if not tests:
-        return list(cell.external)
-    _, selection = split_tests(tests)
-    if not selection:
-        return []
-    declared = [s.name for s in load_suites(suites_path)]
-    chosen: list[str] = []
-    for pattern in selection:
-        name = pattern[len(EXTERNAL_PREFIX):].split("/", 1)[0].split("::", 1)[0]
-        matched = [n for n in declared if fnmatch.fnmatchcase(n, name)]
-        if not matched:
-            close = difflib.get_close_matches(name, declared, n=1, cutoff=0.6)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise SelectionError(f"--test {pattern}: no external suite '{name}'{hint}; declared: "
-                                 f"{', '.join(declared)}", where=str(suites_path))
-        chosen += [n for n in matched if n not in chosen]
-    return chosen
-
-
-def _external_select(selection: list[str], names: list[str]) -> list[str]:
-    """The runner's patterns: a bare ``external/<suite>`` (an infra repro) selects the whole suite."""
-    return [f"{p}/*" if p in {EXTERNAL_PREFIX + n for n in names} else p for p in selection]
-
-
-def run_external_suites(cell: Cell, python: Path, info: RunInfo, run_dir: Path, names: list[str], *,
-                        select: list[str], keyword: str | None, suites_path: Path = EXTERNAL_SUITES,
-                        log: Log = print) -> list[Result]:
-    """Run the named external suites in the cell's environment; their Results join the run's.
-
-    The runner appends to the run's results.jsonl and rewrites junit.xml from all of it,
-    so pytest's records stay. distci-fixes is installed in the cell environment, so the
-    fixes load in every launch by their entry point as in the cell's pytest run; no
-    extra fix package is laid over it. Whatever stops the suites from running at all
-    becomes one `infra` Result per suite, never a lost run.
-    """
-    from distci.external.runner import ExternalRun, run_external  # the harness's launch machinery: load on use
-
-    try:
-        declared = {s.name: s for s in load_suites(suites_path)}
-        missing = [n for n in names if n not in declared]
-        if missing:
-            raise ConfigError(f"external suite {', '.join(missing)} is not declared", where=str(suites_path))
-        suites: list[SuiteSpec] = [declared[n] for n in names]
-        registry = REPO / "suites" / "known_issues.toml"
-        run = ExternalRun(run_dir=run_dir, run_id=info.run_id, cell_id=cell.id, device_type=cell.accelerator,
-                          python=str(python), fixes=cell.fixes, select=_external_select(select, names),
-                          keyword=keyword, known_issues=registry if registry.exists() else None,
-                          unset_env=("PYTHONPATH",))
-        log(f"[{cell.id}] external suites: {', '.join(names)}")
-        return run_external(suites, run, world_size=cell.world_size, log=lambda m: log(f"[{cell.id}] {m}"))
-    except (InfraError, SourceError, ConfigError) as exc:
-        log(f"[{cell.id}] infra: external {', '.join(names)}: {exc}")
-        rundir = RunDir(run_dir)
-        stack = rundir.read_stack()
-        results = [infra_result(info.run_id, cell, exc, None, test_id=f"{EXTERNAL_PREFIX}{n}", stack=stack)
-                   for n in names]
-        for result in results:
-            rundir.append(result)
-        rundir.write_junit(cell.id)
-        return results
 
 
 def stack_inputs(cell: Cell, python: str = sys.executable, tags=None) -> tuple[list, list[str], list[str]]:
@@ -411,13 +332,13 @@ def provision(cell: Cell, run_dir: Path, *, python: str | None = None, wheelhous
     def say(message: str) -> None:
         with open(RunDir(run_dir).provision_log, "a") as out:
             out.write(message + "\n")
-        log(f"[{cell.id}] {message}")
+        log(f"{cell_tag(cell.id)}{message}")
 
     if uses_installed(cell, python):
         return provision_installed(cell, run_dir, python or sys.executable, env_root=env_root, log=say)
     sources, reqs, args = stack_inputs(cell)
     started = time.monotonic()
-    status = StatusLine.for_stdout(f"[{cell.id}] ") if log is print else None
+    status = StatusLine.for_stdout(f"{cell_tag(cell.id)}") if log is print else None
     with Heartbeat(f"wheelhouse: {len(reqs)} requirements", say, probe=downloaded_probe(wheelhouse_root or
                    default_wheelhouse_root()), status=status) as hb:
         wheelhouse = ensure_wheelhouse(reqs, args, wheelhouse_root, log=hb.wrap(say))
@@ -426,7 +347,7 @@ def provision(cell: Cell, run_dir: Path, *, python: str | None = None, wheelhous
     with Heartbeat(f"environment: installing {len(wheelhouse.wheels) + len(own)} wheels", say, status=status,
                    probe=installed_probe(env_root or envs_root(), len(wheelhouse.wheels) + len(own))) as hb:
         env = ensure_env(wheelhouse, root=env_root, extra_wheels=own, log=hb.wrap(say))
-    say(f"environment ready in {time.monotonic() - started:.1f}s: {env.path}")
+    say(f"environment ready in {format_duration(time.monotonic() - started)}: {env.path}")
     RunDir(run_dir).provision_file.write_text(json.dumps({
         "wheelhouse": str(wheelhouse.path), "wheelhouse_key": wheelhouse.key, "env": str(env.path),
         "env_key": env.key, "installer": env.installer,
@@ -456,7 +377,7 @@ def provision_installed(cell: Cell, run_dir: Path, python: str, *, env_root: Pat
     present = [s.package for s in cell.sources if s.kind == "installed"]
     env, found = installed_env(python, reqs, find_links=IndexConfig.from_env().find_links, present=present,
                                root=env_root, extra_wheels=own, log=log)
-    log(f"environment ready in {time.monotonic() - started:.1f}s: {found.executable} as installed")
+    log(f"environment ready in {format_duration(time.monotonic() - started)}: {found.executable} as installed")
     sources = {s.package: {"declared": s.declared, "kind": s.kind, "resolved": found.versions.get(s.package),
                            "source": "installed", "python": found.executable}
                for s in cell.sources if s.kind != "none"}

@@ -14,12 +14,15 @@ redrawn every second with the same counts and ETA, and cleared before the next l
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, TextIO
+
+from distci.results import format_duration
 
 Log = Callable[[str], None]
 # (done, total or None): what a probe reports about the step it watches.
@@ -28,18 +31,6 @@ Probe = Callable[[], "tuple[int, int | None]"]
 # Under half of the 30 s the issue allows between two lines, so a busy machine's
 # scheduling delays never stretch a silence past it.
 DEFAULT_INTERVAL_S = 15.0
-
-
-def format_duration(seconds: float) -> str:
-    """`42s`, `3m05s`, `1h02m`, `4d11h`: short enough for an 80-column line."""
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 2 * 86400:
-        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
 
 
 @dataclass(frozen=True)
@@ -82,8 +73,10 @@ class StatusLine:
         return cls(sys.stdout, prefix) if sys.stdout.isatty() else None
 
     def show(self, text: str) -> None:
+        """Redraws the line, cut to the terminal's width: a wrapped line could not be erased."""
+        width = shutil.get_terminal_size((80, 24)).columns - 1
         with self._lock:
-            self.stream.write(f"\r\x1b[K{self.prefix}{text}")
+            self.stream.write(f"\r\x1b[K{(self.prefix + text)[:width]}")
             self.stream.flush()
             self.shown = True
 

@@ -9,10 +9,19 @@ Three promises to the person (or CI log) watching a run:
   pytest's output still goes to pytest.log, flushed as it arrives.
 - Text is printed literally. Test ids carry brackets (`test_x[float32]`) and so do our
   tags (`[known pytorch-149990]`); nothing here goes through a markup interpreter.
-- It reads at 80 columns: the cell id on its own line, the counts below it.
+- It reads at COLUMNS (80 when unknown): every line `run` writes is fitted to the width
+  (`fitted_output`), ids shortened from the middle so the file and the parametrization
+  stay; the cell id stands on its own line, lines about it carry a short `[cell] ` tag;
+  pytest is told the width left after that tag, so its own separators fit too.
+- One word per outcome everywhere: a failure the known-issues registry explains is
+  KNOWN on its per-test line, in the summary and in the counts, never FAILED; one whose
+  environment failed is INFRA. One duration format (format_duration) per run: pytest's
+  closing `in 1189.23s (0:19:49)` is relayed as `in 19m49s`. pytest's DEBUG log lines
+  (its captured-log sections) stay in pytest.log.
 
 The exit code is one of EXIT_CODES and the last line names it, so a CI step that only
-sees "failed" in nox's output still learns whether tests or infrastructure failed.
+sees "failed" in nox's output still learns whether tests or infrastructure failed
+(under nox, `.nox/distci-exit.json`: distci.command).
 """
 
 from __future__ import annotations
@@ -20,14 +29,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, TextIO
+from typing import Callable, Iterable, Iterator, TextIO
 
-from distci.run.progress import DEFAULT_INTERVAL_S, Heartbeat, StatusLine, format_duration
+from distci.results import format_duration
+from distci.run.progress import DEFAULT_INTERVAL_S, Heartbeat, StatusLine
 from distci.results import Result
 from distci.rundir import CellRun, RunDir
 
@@ -41,10 +54,158 @@ EXIT_CODES = {
     EXIT_INFRA: "only infrastructure failed: no test failed, but a cell or suite could not run",
     EXIT_INTERRUPTED: "interrupted",
 }
-EXIT_FILE_ENV = "DISTCI_EXIT_FILE"
 
 # A line of pytest's progress output: `path.py ..F.s  [ 40%]` or a continuation of dots.
 _PROGRESS = re.compile(r"^(\S+\.py )?[.sSxXFEfpP]+ *(\[ *\d+%\])?$")
+# pytest's collection line: `collected 42 items / 30 deselected / 12 selected` (or `collected 1 item`).
+_COLLECTED = re.compile(r"^collected (\d+) items?(?: / (\d+) deselected)?(?: / (\d+) selected)?")
+# A log record as pytest shows captured logs (`DEBUG    name:file.py:12 text`), a rank's prefix allowed.
+_DEBUG = re.compile(r"^(\[[^\]]*\]:?\s*)?DEBUG\b")
+# pytest's closing line: `==== 1 failed, 41 passed in 1189.23s (0:19:49) ====`.
+_PYTEST_TIME = re.compile(r" in (\d+(?:\.\d+)?)s(?: \(\d+:\d\d:\d\d\))?(?= =+$|$)")
+
+DEFAULT_COLUMNS = 80
+MIN_COLUMNS = 40
+CELL_TAG_CHARS = 18  # a cell id in a line's `[cell] ` tag; the full id has its own line
+ELLIPSIS = "..."  # ASCII: a CI log in a C locale must not fail on it
+
+
+def columns() -> int:
+    """The width every line is fitted to: $COLUMNS, else the terminal's, else 80."""
+    return max(MIN_COLUMNS, shutil.get_terminal_size((DEFAULT_COLUMNS, 24)).columns)
+
+
+def shorten(text: str, width: int, *, head: float = 0.4) -> str:
+    """`text` in at most `width` characters, its middle replaced by `...`.
+
+    The tail gets the larger share: a test id's parametrization (`[bf16-compile]`) and
+    a cell id's last axes are what tell two lines apart; the head keeps the file.
+    """
+    if len(text) <= width:
+        return text
+    if width <= len(ELLIPSIS):
+        return text[:width]
+    keep = width - len(ELLIPSIS)
+    front = int(keep * head)
+    return text[:front] + ELLIPSIS + text[len(text) - (keep - front):]
+
+
+WRAP_INDENT = "    "
+
+
+def wrap(line: str, width: int) -> list[str]:
+    """`line` as lines of at most `width`: broken at the last space that fits (else at
+    the width), continuations indented by WRAP_INDENT."""
+    out: list[str] = []
+    rest = line.rstrip()
+    while len(rest) > width:
+        start = len(rest) - len(rest.lstrip()) + 1  # a break leaves words on the line, not only indent
+        cut = rest.rfind(" ", start, width + 1)
+        if cut < start:
+            cut = width
+        out.append(rest[:cut].rstrip())
+        rest = WRAP_INDENT + rest[cut:].lstrip()
+    return out + [rest]
+
+
+def cell_tag(cell_id: str) -> str:
+    """`[cpu-cpu-t...-fix_on] `: the prefix of every line about one cell."""
+    return f"[{shorten(cell_id, CELL_TAG_CHARS)}] "
+
+
+def command_lines(cmd: list[str], width: int, *, indent: str = "", prompt: str = "$") -> list[str]:
+    """`$ cmd ...` as shell lines of at most `width`, joined by ` \\` continuations: a long
+    command stays pasteable. A word longer than a line is cut into quoted pieces joined
+    by a backslash-newline at column 0 (inside a word, leading spaces would split it),
+    which the shell puts back together."""
+    cont = indent + "    "
+    lines: list[str] = []
+    line = indent + prompt
+    for word in cmd:
+        quoted = shlex.quote(word)
+        sep = " " if line.strip() else ""
+        if len(line) + len(sep) + len(quoted) + 2 <= width:
+            line += sep + quoted
+            continue
+        if line.strip():
+            lines.append(line + " \\")
+            line, sep = cont, ""
+        if len(line) + len(quoted) + 2 <= width:
+            line += quoted
+            continue
+        rest = word
+        while rest:
+            room = width - len(line) - 1
+            n = max(1, room - 2)
+            while n > 1 and len(shlex.quote(rest[:n])) > room:
+                n -= 1
+            if n >= len(rest):
+                line += shlex.quote(rest)
+                break
+            lines.append(line + shlex.quote(rest[:n]) + "\\")
+            line, rest = "", rest[n:]
+    return lines + [line]
+
+
+def short_run_id(run_id: str, cell_id: str, width: int) -> str:
+    """A run id within `width`: past it, its cell part (printed on its own line) becomes
+    `*`, which a shell still expands to the one run directory."""
+    suffix = "-" + cell_id
+    if len(run_id) > width and run_id.endswith(suffix):
+        return run_id[: -len(suffix)] + "-*"
+    return run_id
+
+
+class FittedStream:
+    """A text stream that keeps each line it is given within a width.
+
+    Lines the terminal formats itself (per-test lines, the summary) already fit, their
+    ids shortened from the middle; anything longer that reaches the stream (a relayed
+    traceback line, an install error) is wrapped, not cut: what it says may be the only
+    clue, and the CI log keeps all of it. Writes that start with `\\r` (a StatusLine
+    redraw, which cuts itself) pass through.
+    """
+
+    def __init__(self, stream: TextIO, width: int) -> None:
+        self.stream = stream
+        self.width = width
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        if text.startswith("\r") and not self._pending:
+            self.stream.write(text)
+            return len(text)
+        *lines, self._pending = (self._pending + text).split("\n")
+        for line in lines:
+            self.stream.write("\n".join(wrap(line, self.width)) + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self.stream.write("\n".join(wrap(self._pending, self.width)))
+            self._pending = ""
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+@contextmanager
+def fitted_output(width: int | None = None) -> Iterator[int]:
+    """Within the block, every line printed to stdout and stderr fits `width` (default:
+    columns()); yields the width."""
+    width = width or columns()
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = FittedStream(sys.stdout, width), FittedStream(sys.stderr, width)
+    try:
+        yield width
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stdout, sys.stderr = saved
 
 
 def exit_code(runs: Iterable[CellRun]) -> int:
@@ -64,16 +225,28 @@ def exit_line(code: int) -> str:
     return f"distci: exit {code}: {EXIT_CODES.get(code, 'unknown exit code')}"
 
 
-def write_exit_file(path: Path | str, code: int, runs: Iterable[CellRun]) -> None:
-    """The exit code, its meaning and each run's directory as JSON, for a CI step to read."""
-    data = {"exit_code": code, "meaning": EXIT_CODES.get(code, ""),
-            "runs": [{"run_id": r.info.run_id, "cell_id": r.info.cell_id, "run_dir": str(r.run_dir),
-                      "exit_code": exit_code([r])} for r in runs]}
-    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+def run_records(runs: Iterable[CellRun]) -> list[dict]:
+    """Each run's id, cell, directory and exit code: what the exit file lists of a `run`."""
+    return [{"run_id": r.info.run_id, "cell_id": r.info.cell_id, "run_dir": str(r.run_dir),
+             "exit_code": exit_code([r])} for r in runs]
 
 
 def failed_ranks(r: Result) -> list[int]:
     return [x.rank for x in r.ranks if x.outcome not in ("passed", "skipped")]
+
+
+def is_known(r: Result) -> bool:
+    """A failure the known-issues registry explains (verdict xfail): KNOWN, never FAILED."""
+    return bool(r.known_issue) and r.outcome in ("failed", "error") and r.failure_kind != "infra"
+
+
+def label(r: Result) -> str:
+    """The one word for a test's outcome, the same on its line, in the summary and the counts."""
+    if r.failure_kind == "infra":
+        return "INFRA"
+    if is_known(r):
+        return "KNOWN"
+    return r.outcome.upper()
 
 
 def tag(r: Result) -> str:
@@ -85,15 +258,32 @@ def tag(r: Result) -> str:
     return f"[{r.failure_kind or r.outcome}]"
 
 
-def result_line(r: Result) -> str:
-    """One finished test: outcome, time, id, and for a failure its tag and failing ranks."""
-    line = f"{r.outcome.upper():7} {format_duration(r.duration_s):>6}  {r.test_id}"
+MIN_ID_CHARS = 40  # a test id keeps this much before a known issue's id is shortened
+MIN_WHY_CHARS = 12  # a known issue's id shorter than this is left out (the summary names it)
+
+
+def result_line(r: Result, width: int | None = None) -> str:
+    """One finished test: label, time, id, and for a failure why (the known issue's id,
+    or the failure kind) and its failing ranks; within `width` (unbounded by default).
+
+    The test id is shortened from the middle only when it must be, after the tag."""
+    head = f"{label(r):7} {format_duration(r.duration_s):>6}  "
+    why = ""
     if r.outcome in ("failed", "error"):
-        line += f"  {tag(r)}"
+        why = f"[{r.known_issue}]" if is_known(r) else tag(r)
         ranks = failed_ranks(r)
         if ranks:
-            line += f" rank {','.join(map(str, ranks))}"
-    return line
+            why += f" rank {','.join(map(str, ranks))}"
+        why = "  " + why
+    if width is None or len(head) + len(r.test_id) + len(why) <= width:
+        return head + r.test_id + why
+    room = width - len(head)
+    if not is_known(r) and room - len(why) < MIN_ID_CHARS:
+        why = f"  {tag(r)}"  # the failing ranks go first (the summary and the rank logs have them)
+    if is_known(r):  # KNOWN already says it; the issue's id gets what the test id leaves
+        left = room - max(min(len(r.test_id), MIN_ID_CHARS), room - len(why))
+        why = shorten(why, left) if left >= MIN_WHY_CHARS else ""
+    return head + shorten(r.test_id, max(MIN_WHY_CHARS, room - len(why))) + why
 
 
 class ResultTail:
@@ -123,31 +313,51 @@ class ResultTail:
         return out
 
 
+def selected(line: str) -> int | None:
+    """How many tests pytest's collection line says will run, or None for another line."""
+    m = _COLLECTED.match(line)
+    if not m:
+        return None
+    collected, deselected, chosen = (int(g) if g else None for g in m.groups())
+    return chosen if chosen is not None else collected - (deselected or 0)
+
+
 def relay_pytest(proc: subprocess.Popen, log_file: Path, results_file: Path, log: Log, *,
-                 interval_s: float = DEFAULT_INTERVAL_S, poll_s: float = 0.5, status: StatusLine | None = None) -> int:
+                 interval_s: float = DEFAULT_INTERVAL_S, poll_s: float = 0.5, status: StatusLine | None = None,
+                 width: int | None = None) -> int:
     """Waits for a pytest started with stdout=PIPE; returns its exit code.
 
     pytest's bytes go to `log_file` as they arrive (flushed); its complete lines go to
-    `log` except the progress-dot lines, which say nothing a per-test line does not;
-    each result the harness records becomes one `result_line`; and a heartbeat speaks
-    when `interval_s` passes without any of these (and, given a terminal's `status`, a
-    live line of the counts is redrawn in between).
+    `log` except the progress-dot lines, which say nothing a per-test line does not,
+    and DEBUG log records; each result the harness records becomes one `result_line`
+    (within `width`); and a heartbeat speaks when `interval_s` passes without any of
+    these, with done/total (the total from pytest's `collected ... selected` line) and
+    an ETA (and, given a terminal's `status`, a live line of the counts is redrawn in
+    between).
     """
     assert proc.stdout is not None
     tail = ResultTail(results_file)
     lock = threading.Lock()
-    with Heartbeat("tests", log, interval_s=interval_s, probe=lambda: (tail.count, None), status=status) as hb:
+    total: list[int | None] = [None]
+
+    def probe() -> tuple[int, int | None]:
+        return tail.count, total[0]
+
+    with Heartbeat("tests", log, interval_s=interval_s, probe=probe, status=status) as hb:
         say = hb.wrap(log)
 
         def drain() -> None:
             with lock:
                 for r in tail.new():
-                    say(result_line(r))
+                    say(result_line(r, width))
 
         def relay(line: str) -> None:
             drain()  # a finished test's line comes before pytest's report of it
+            chosen = selected(line)
+            if chosen is not None:
+                total[0] = chosen
             with lock:
-                say(line)
+                say(_PYTEST_TIME.sub(lambda m: f" in {format_duration(float(m.group(1)))}", line))
 
         reader = threading.Thread(target=_copy_output, args=(proc.stdout, log_file, relay), daemon=True)
         reader.start()
@@ -179,7 +389,7 @@ def _copy_output(stream, log_file: Path, log: Log) -> None:
 
 def _relay(raw: bytes, log: Log) -> None:
     line = raw.decode("utf-8", "replace").rstrip()
-    if line and not _PROGRESS.match(line):
+    if line and not _PROGRESS.match(line) and not _DEBUG.match(line):
         log(line)
 
 
@@ -198,7 +408,7 @@ class Counts:
         return cls(
             passed=run.count("passed"),
             failed=len(run.failed),
-            known=sum(bool(r.known_issue) and r.outcome in ("failed", "error") for r in rs),
+            known=sum(is_known(r) for r in rs),
             skipped=run.count("skipped"),
             infra=sum(r.failure_kind == "infra" for r in rs),
             seconds=sum(r.duration_s for r in rs),
@@ -209,12 +419,14 @@ class Counts:
                 f"{self.infra} infra, {format_duration(self.seconds)}")
 
 
-def print_summary(runs: list[CellRun], out: TextIO | None = None) -> None:
-    """Per cell: its id on one line, counts below, then every failure with its tag and repro."""
+def print_summary(runs: list[CellRun], out: TextIO | None = None, width: int | None = None) -> None:
+    """Per cell: its id on one line, counts below, then every failure (KNOWN ones too) with
+    its tag and repro; every line within `width` (default: columns())."""
     out = out or sys.stdout
+    width = width or columns()
 
     def emit(text: str = "") -> None:
-        out.write(text + "\n")
+        out.write("\n".join(wrap(text, width)) + "\n")
 
     emit()
     emit("distci results")
@@ -222,17 +434,37 @@ def print_summary(runs: list[CellRun], out: TextIO | None = None) -> None:
     for run in runs:
         counts = Counts.of(run)
         state = "FAILED" if counts.failed else ("INFRA" if counts.infra else "OK")
-        emit(f"{run.info.cell_id}")
+        emit(shorten(run.info.cell_id, width))
         emit(f"  {state}: {counts.line()}")
-        emit(f"  results: {_relative(RunDir(run.run_dir).results_path)}")
+        emit(f"  results: {results_path(run, width - len('  results: '))}")
         for r in run.results:
             if r.outcome in ("failed", "error"):
-                emit(f"  {r.outcome.upper()} {r.test_id}")
+                emit(f"  {label(r)} {shorten(r.test_id, width - 3 - len(label(r)))}")
                 emit(f"    {tag(r)} {r.error_signature or ''}".rstrip())
                 if r.repro:
-                    emit(f"    repro: {r.repro}")
+                    emit("    repro:")
+                    for line in _repro_lines(r.repro, width, "      "):
+                        out.write(line + "\n")  # fitted by construction; a wrap would break the paste
         emit()
     out.flush()
+
+
+def _repro_lines(repro: str, width: int, indent: str) -> list[str]:
+    """A repro command as pasteable lines within `width` (as it is, if it is not shell words)."""
+    try:
+        words = shlex.split(repro)
+    except ValueError:
+        return [indent + repro]
+    return command_lines(words, width, indent=indent, prompt="")
+
+
+def results_path(run: CellRun, width: int) -> str:
+    """The run's results.jsonl, relative when under the current directory; past `width`,
+    the run id's cell part (printed above it) becomes `*`: a glob a shell still opens."""
+    path = _relative(RunDir(run.run_dir).results_path)
+    if len(path) > width:
+        path = path.replace(run.info.run_id, short_run_id(run.info.run_id, run.info.cell_id, 0), 1)
+    return path
 
 
 def _relative(path: Path) -> str:
