@@ -31,8 +31,6 @@ from distci.errors import FuzzSpecError
 from distci.rundir import RunDir, now as _now
 
 FUZZ_DIR = "fuzz"
-RESULT_WORDS = ("PASSED", "FAILED", "ERROR", "SKIPPED")
-"""The first word of the harness's per-test line (distci.run.terminal.result_line)."""
 BUDGET = re.compile(r"^(\d+(?:\.\d+)?)([smh]?)$")
 
 
@@ -138,18 +136,25 @@ class BatchRunner:
         self.log(f"batch {self.batches}: {len(points)} configuration(s)")
         before = {r.test_id for r in RunDir(self.run_dir).results()}
         quiet = self.run_dir / FUZZ_DIR / "pytest-relay.log"
+        from distci.run.terminal import ResultTail, result_line
+
+        tail = ResultTail(self.run_dir / "results.jsonl")
+        tail.new()  # what earlier batches recorded
+        prefix = f"{ENTRY_TEST}::test_fuzz_config["
 
         def relay_line(message: str, relay) -> None:
-            """pytest's lines go to a file; each finished configuration's one line is shown as it ends."""
+            """pytest's lines go to a file; each configuration that finished gets its one line
+            (outcome, seconds, id: the full id, read off its Result, never a shortened one)."""
             relay.write(message + "\n")
             relay.flush()
-            text = message.split("] ", 1)[-1]
-            if f"{ENTRY_TEST}::test_fuzz_config[" in text and text.split(" ", 1)[0] in RESULT_WORDS:
-                self.log(re.sub(r"\](?=\s|$)", "", text.replace(f"{ENTRY_TEST}::test_fuzz_config[", ""), count=1))
+            for r in tail.new():
+                if r.test_id.startswith(prefix):
+                    self.log(re.sub(r"\](?=\s|$)", "", result_line(r).replace(prefix, ""), count=1))
 
         with _environ(**{CONFIGS_ENV: str(batch)}), open(quiet, "a") as relay:
             run_in_env(self.cell, self.python, self.info, self.run_dir, tests=[ENTRY_TEST],
                        extra_pytest_args=self.extra_args, log=lambda m: relay_line(m, relay))
+            relay_line("", relay)  # the last result, recorded after pytest's last line
         by_id = {r.test_id: r for r in RunDir(self.run_dir).results() if r.test_id not in before}
         out = []
         for p in points:
