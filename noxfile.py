@@ -6,6 +6,7 @@
     nox -s matrix -- --json [--tier nightly]
     nox -s tests                 distci's own tests (all tiers); nox -s tests_quick: the quick tier
     nox -s bench -- harness | images
+    nox -s fuzz -- --cell ID --budget 30m --seed S   draw configurations, shrink what fails
     nox -s images -- --cell ID | --tier NAME
     nox -s ingest | gate | export | dashboard | bisect | lint | aggregate | teardown
 """
@@ -77,8 +78,10 @@ def _distci(session: nox.Session, command: str, args: list[str] | None = None, *
     with open(CONTROLLER.parent / "_controller.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not python.exists() or not stamp.exists() or stamp.read_text() != wanted:
-            session.run(sys.executable, "-m", "venv", "--clear", str(CONTROLLER), external=True)
-            session.run(str(python), "-m", "pip", "install", "--quiet", *CONTROLLER_INSTALL, external=True)
+            # Installs report on stderr: stdout is the command's (`nox -s matrix -- --json | jq`).
+            session.run(sys.executable, "-m", "venv", "--clear", str(CONTROLLER), external=True, stdout=sys.stderr)
+            session.run(str(python), "-m", "pip", "install", "--quiet", *CONTROLLER_INSTALL, external=True,
+                        stdout=sys.stderr)
             stamp.write_text(wanted)
     session.run(str(python), "-m", "distci", command, *(session.posargs if args is None else args), external=True,
                 **run_kwargs)
@@ -150,7 +153,7 @@ def teardown(session: nox.Session) -> None:
 @controller
 def matrix(session: nox.Session) -> None:
     """List the matrix's cells; `-- --json [--tier T]` prints a GitHub Actions include list."""
-    _distci(session, "matrix")
+    _distci(session, "matrix", stderr=sys.stderr)  # stdout: only the listing (nox merges stderr into it)
 
 
 @controller
@@ -189,6 +192,13 @@ def bench(session: nox.Session) -> None:
 
 
 @controller
+def fuzz(session: nox.Session) -> None:
+    """Draw scenario configurations on one cell, run them, shrink what fails:
+    `-- --cell ID [--budget 30m] [--seed S] [--space AXIS=V1,V2] [--list] [--replay JSON]`."""
+    _distci(session, "fuzz")
+
+
+@controller
 def fixes_audit(session: nox.Session) -> None:
     """Each fix's regression test with fixes off and on, per torch version (CPU): `-- --torch 2.5.1,2.6.0,...`."""
     _distci(session, "fixes-audit")
@@ -222,10 +232,10 @@ def dashboard(session: nox.Session) -> None:
 
 @controller
 def bisect(session: nox.Session) -> None:
-    """`-- TEST_ID|--command CMD --good X --bad Y [--axis torch|torchao|torchtitan] [--find-fix] [--stack stack.json|--cell ID|--base-env VENV]`;
-    `-- --from-regression RUN_ID::TEST_ID`; `-- --list-regressions`; `-- TEST_ID|--command CMD --compiler [--in-env VENV|--bad X]`;
-    torch: `--below-nightly` (main commits between two adjacent nightlies), `--python-diff` (between two builds); rerun to resume;
-    `-- --backend docker --image-cell CELL ...` runs it in the cell's image."""
+    """`-- MODE ...`, MODE one of versions, commits, below-nightly, python-diff, compiler, list
+    (`-- MODE --help` lists its options), e.g. `-- versions TEST_ID|--command CMD --good X --bad Y [--stack stack.json]`,
+    `-- python-diff --command CMD --good 2.14.0 --bad 2.14.1`; rerun to resume;
+    `-- MODE --backend docker --image-cell CELL ...` runs it in the cell's image."""
     _distci(session, "bisect")
 
 

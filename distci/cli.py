@@ -93,6 +93,7 @@ REGISTRY = (
     "distci.run.runreport",    # runreport
     "distci.ci",           # aggregate
     "distci.judge.notify",       # notify
+    "distci.run.fuzz",           # fuzz
 )
 
 

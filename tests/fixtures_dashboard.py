@@ -99,6 +99,9 @@ HIDDEN_FIXES = [f"fix_bug_{i}" for i in range(5)]
 ISSUE_URL = "https://github.com/example/distci/issues/42"
 CI = {"server": "https://github.com", "repository": "example/distci", "run_id": "987654", "attempt": "2",
       "job": "cell"}
+HOSTILE_CI = dict(CI, server="javascript:alert(document.domain)//")  # a run.json nobody should trust
+UPSTREAM = {k: f"https://github.com/pytorch/pytorch/issues/1000{i:02d}" for i, k in enumerate(HIDDEN_KNOWN)}
+UPSTREAM[HIDDEN_KNOWN[4]] = "javascript:alert(1)"  # never a link
 
 
 @dataclass
@@ -110,6 +113,11 @@ class Generated:
     @property
     def issues(self) -> dict[str, str]:
         return {BREAK_SIG: ISSUE_URL}
+
+    @property
+    def known_issues(self) -> Path:
+        """The known-issues registry of the hidden failures (their upstream links)."""
+        return self.root.parent / "known_issues.toml"
 
 
 def _cells(matrix_path: Path) -> dict[str, str]:
@@ -176,6 +184,9 @@ def generate(root: Path) -> Generated:
     matrix = root / "matrix.toml"
     matrix.write_text(MATRIX)
     gen = Generated(root / "runs", matrix, _cells(matrix))
+    gen.known_issues.write_text("".join(
+        f'[[issue]]\nid = "{k}"\ntests = ["{HIDDEN[i]}"]\nsignature = "upstream bug {i}"\nupstream = "{UPSTREAM[k]}"\n\n'
+        for i, k in enumerate(HIDDEN_KNOWN)))
     for offset, (role, cell) in enumerate(gen.cells.items()):
         if role == "missing":
             continue
@@ -198,7 +209,7 @@ def generate(root: Path) -> Generated:
                                 runner="gpu-runner-1" if cell.startswith("cuda") else "ubuntu-2c",
                                 backend="docker" if cell.startswith("cuda") else "venv", durable=False)
             info = json.loads((run_dir / "run.json").read_text())
-            info["ci"] = CI
+            info["ci"] = HOSTILE_CI if role == "stale" else CI
             if role == "in_flight" and last:
                 info["ended_at"] = ""
             (run_dir / "run.json").write_text(json.dumps(info, indent=1))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from distci.results import RankExcerpt, Result, write_junit
-from distci.rundir import STACK_FILE, RunDir
+from distci.rundir import STACK_FILE, RunDir, repro_line
 
 TP_LOSS = "suites/test_tp.py::test_tp_loss_matches_reference[colwise-rowwise]"
 TP_SP = "suites/test_tp.py::test_tp_loss_matches_reference[sequence_parallel]"
@@ -82,7 +82,7 @@ def result(
         reruns=len(list(rerun_outcomes)),
         rerun_outcomes=list(rerun_outcomes),
         ranks=list(ranks),
-        repro=f"nox -s suite -- --cell {cell_id} -k '{test_id}'" if outcome in ("failed", "error") else "",
+        repro=repro_line(cell_id, test_id) if outcome in ("failed", "error") else "",
         known_issue=known_issue,
         started_at=started_at,
     )
@@ -103,6 +103,7 @@ def write_run(
     baseline_cell: str | None = None,
     run_json: bool = True,
     durable: bool = True,
+    selection: list[str] | None = None,
 ) -> Path:
     """Writes .../<run_id>/{results.jsonl, junit.xml, stack.json, run.json}; returns the dir.
 
@@ -141,6 +142,8 @@ def write_run(
         }
         if baseline_cell:
             info["baseline_cell"] = baseline_cell
+        if selection:
+            info["selection"] = list(selection)
         (run_dir / "run.json").write_text(json.dumps(info, indent=1))
     return run_dir
 

@@ -13,6 +13,11 @@ and upload-pages-artifact: directories), and any other action is recorded with i
 evaluated inputs (`Step.inputs`) instead of run: the relay callback needs an OIDC token
 only GitHub can mint. An expression this runner cannot evaluate is an error: the
 workflows must stay simple enough for it, which is the point of keeping them thin.
+
+`Cancel` cancels a job during one of its steps, as the Cancel button does: the step's
+processes get SIGINT, then SIGTERM after the runner's 7.5 s grace, then SIGKILL; the
+job's status becomes `cancelled`, so only steps whose `if:` holds then (`always()`,
+`cancelled()`) still run.
 """
 
 from __future__ import annotations
@@ -21,12 +26,13 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -40,10 +46,24 @@ class ExpressionError(Exception):
     pass
 
 
+@dataclass
+class Cancel:
+    """Cancel job `job` while its step `step` runs, once `when(RUNNER_TEMP)` holds."""
+
+    job: str
+    step: str
+    when: Callable[[Path], bool]
+    grace_s: float = 7.5  # the runner's wait between SIGINT and SIGTERM
+    timeout_s: float = 900.0  # the step ending first, or this, without `when`: no cancel happened
+
+
 class Ctx(dict):
     """A context object: `a.b` and `a['b-c']` both read keys; a missing key is '' (as in Actions: null)."""
 
     def __getattr__(self, name: str) -> Any:
+        return wrap(self.get(name, ""))
+
+    def __getitem__(self, name: str) -> Any:
         return wrap(self.get(name, ""))
 
 
@@ -75,6 +95,7 @@ class Step:
     kind: str  # run | uses | skipped
     rc: int = 0
     output: str = ""
+    cancelled: bool = False
     outputs: dict[str, str] = field(default_factory=dict)
     inputs: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
@@ -84,7 +105,7 @@ class Step:
 class Job:
     key: str
     leg: dict[str, Any]
-    result: str  # success | failure | skipped | no-runner
+    result: str  # success | failure | cancelled | skipped | no-runner
     steps: list[Step] = field(default_factory=list)
     outputs: dict[str, str] = field(default_factory=dict)
     temp: Path | None = None  # its RUNNER_TEMP
@@ -97,7 +118,8 @@ class Runner:
     """Runs one workflow's jobs on this machine for a `workflow_dispatch` event."""
 
     def __init__(self, workflow: Path, workspace: Path, root: Path, *, user: str | None, labels: set[str],
-                 inputs: dict[str, str], variables: dict[str, str], env: dict[str, str]) -> None:
+                 inputs: dict[str, str], variables: dict[str, str], env: dict[str, str],
+                 cancel: Cancel | None = None, env_override: dict[str, str] | None = None) -> None:
         self.wf = yaml.safe_load(workflow.read_text())
         self.workflow_file = workflow.name
         self.workspace = workspace
@@ -107,6 +129,8 @@ class Runner:
         self.inputs = inputs
         self.vars = variables
         self.base_env = env
+        self.cancel = cancel
+        self.env_override = dict(env_override or {})  # set after the workflow's env (a test machine's indexes)
         self.artifacts = root / "artifacts"
         self.artifacts.mkdir(parents=True, exist_ok=True)
         self.jobs: dict[str, list[Job]] = {}
@@ -118,7 +142,7 @@ class Runner:
         status = ctx.get("__status__", "success")
         functions = {
             "success": lambda: status == "success", "failure": lambda: status == "failure",
-            "always": lambda: True, "cancelled": lambda: False,
+            "always": lambda: True, "cancelled": lambda: status == "cancelled",
             "fromJSON": json.loads, "toJSON": json.dumps,
             "format": lambda f, *a: re.sub(r"\{(\d+)\}", lambda m: str(a[int(m.group(1))]), f),
             "hashFiles": lambda *a: "0" * 64,
@@ -160,7 +184,7 @@ class Runner:
         for name in needs:
             legs = self.jobs.get(name, [])
             results = {leg.result for leg in legs}
-            result = "failure" if "failure" in results else "success" if "success" in results else "skipped"
+            result = next((r for r in ("failure", "cancelled", "success") if r in results), "skipped")
             outputs = legs[0].outputs if len(legs) == 1 else {}
             ctx[name] = {"result": result, "outputs": outputs}
         return ctx
@@ -202,6 +226,7 @@ class Runner:
         env = {**self.base_env, "RUNNER_TEMP": str(temp), "GITHUB_RUN_ID": self.run_id, "GITHUB_JOB": key}
         for level in (self.wf.get("env") or {}, job.get("env") or {}):
             env.update({k: _text(self.render(v, dict(ctx, env=env))) for k, v in level.items()})
+        env.update(self.env_override)
         result = Job(key, leg, "success", temp=temp)
         steps_ctx: dict[str, Any] = {}
         status = "success"
@@ -221,8 +246,9 @@ class Runner:
                     **{k: _text(self.render(v, sctx)) for k, v in (step.get("env") or {}).items()}}
             senv["PATH"] = ":".join([*reversed(path_extra), env.get("PATH", SYSTEM_PATH)])
             started = time.monotonic()
+            cancel = self.cancel if self.cancel and (self.cancel.job, self.cancel.step) == (key, name) else None
             if "run" in step:
-                done = self.run_script(step["run"], senv, sctx, name)
+                done = self.run_script(step["run"], senv, sctx, name, cancel)
             else:
                 done = self.use(step, sctx, name)
             done.seconds = time.monotonic() - started
@@ -233,7 +259,9 @@ class Runner:
             if "id" in step:
                 steps_ctx[step["id"]] = {"outputs": done.outputs,
                                          "outcome": "success" if done.rc == 0 else "failure"}
-            if done.rc != 0 and not step.get("continue-on-error"):
+            if done.cancelled:
+                status = "cancelled"
+            elif done.rc != 0 and not step.get("continue-on-error") and status == "success":
                 status = "failure"
         result.result = status
         result.outputs = {k: _text(self.render(v, dict(ctx, steps=steps_ctx)))
@@ -246,7 +274,8 @@ class Runner:
         if self.user and os.geteuid() == 0:
             shutil.chown(path, self.user, self.user)
 
-    def run_script(self, script: str, env: dict[str, str], ctx: dict[str, Any], name: str) -> Step:
+    def run_script(self, script: str, env: dict[str, str], ctx: dict[str, Any], name: str,
+                   cancel: Cancel | None = None) -> Step:
         text = self.render(script, ctx)
         fd, path = tempfile.mkstemp(suffix=".sh", dir=env["RUNNER_TEMP"])
         with os.fdopen(fd, "w") as fh:
@@ -255,9 +284,10 @@ class Runner:
         cmd = ["bash", "--noprofile", "--norc", "-eo", "pipefail", path]
         if self.user and os.geteuid() == 0:
             cmd = ["runuser", "-u", self.user, "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()], *cmd]
-            proc = subprocess.run(cmd, cwd=self.workspace, capture_output=True, text=True)
-        else:
-            proc = subprocess.run(cmd, cwd=self.workspace, capture_output=True, text=True, env=env)
+            env = None  # runuser's `env -i` gives the step its environment
+        if cancel is not None:
+            return _cancelled_step(cmd, self.workspace, env, name, cancel, Path(ctx["runner"]["temp"]))
+        proc = subprocess.run(cmd, cwd=self.workspace, capture_output=True, text=True, env=env)
         return Step(name, "run", proc.returncode, proc.stdout + proc.stderr)
 
     def use(self, step: dict[str, Any], ctx: dict[str, Any], name: str) -> Step:
@@ -290,6 +320,33 @@ class Runner:
                 if self.user and os.geteuid() == 0 and target.exists() else None
             return done
         return done  # any other action: recorded, not run
+
+
+def _cancelled_step(cmd: list[str], cwd: Path, env: dict[str, str] | None, name: str, cancel: Cancel,
+                    temp: Path) -> Step:
+    """Runs a step and cancels it once `cancel.when` holds: SIGINT, SIGTERM, SIGKILL to its processes."""
+    log = temp / f"_cancel_{os.getpid()}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + cancel.timeout_s
+        while proc.poll() is None and not cancel.when(temp) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        cancelled = proc.poll() is None and cancel.when(temp)
+        if cancelled:
+            for sig, wait in ((signal.SIGINT, cancel.grace_s), (signal.SIGTERM, 2.5), (signal.SIGKILL, 10.0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return Step(name, "run", proc.returncode, log.read_text(errors="replace"), cancelled=cancelled)
 
 
 def _text(value: Any) -> str:

@@ -26,8 +26,12 @@ from test_dashboard import CHROMIUM, FLAGS
 from distci.audit.model import Audit, AuditRow
 from distci.audit.model import TestRun as AuditRun
 from distci.dashboard import contrast, render_dashboard
-from distci.judge.store import Store
+from distci.judge.store import BisectRow, Store
 from distci.judge.ingest import ingest_runs
+from distci.provision.sources import IndexConfig
+
+INDEX = IndexConfig(extra_index_urls=("https://download.example/whl/{variant}",),
+                    nightly_index_url="https://download.example/nightly/{variant}")
 
 
 class _Tree(HTMLParser):
@@ -57,7 +61,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> dict:
     with Store(root / "store.sqlite") as store:
         ingest_runs(store, [gen.root])
         index = render_dashboard(store, root / "site", matrix_path=gen.matrix, now=NOW, issues=gen.issues,
-                                 audit_dir=root / "audit")
+                                 audit_dir=root / "audit", known_issues=gen.known_issues, index=INDEX)
     html = index.read_text()
     tree = _Tree()
     tree.feed(html)
@@ -126,7 +130,12 @@ def test_repro_is_pinned_to_the_stack_and_backend(site: dict) -> None:
     card = _article(site["html"], f'data-signature="{escape(RELEASE_SIG)}"')
     cell = site["gen"].cells["release_red"]
     assert escape(f"--cell {cell} --test 'suites/test_tp.py::test_tp_loss[7]' --backend docker") in card
-    assert "pip install torch==2.14.1+cu130 torchao==0.18.0 triton==3.5.1 &amp;&amp; DISTCI_FIXES=all" in card
+    assert ("pip install --extra-index-url https://download.example/whl/cu130 torch==2.14.1+cu130 torchao==0.18.0 "
+            "triton==3.5.1 &amp;&amp; DISTCI_FIXES=all") in card, "the index a +cu130 build is on"
+    nightly = _article(site["html"], f'data-signature="{BREAK_SIG}"')
+    assert re.search(r"pip install --extra-index-url https://download.example/whl/cpu "
+                     r"--extra-index-url https://download.example/nightly/cpu --pre torch==2.16.0.dev202611\d\d\+cpu ",
+                     nightly), "a nightly needs the nightly index and --pre"
     assert "triton</th><td><code>3.5.0</code> → <code>3.5.1</code>" in card
 
 
@@ -135,9 +144,36 @@ def test_runs_link_ci_artifacts_and_their_logs(site: dict) -> None:
     base = f"{CI['server']}/{CI['repository']}/actions/runs/{CI['run_id']}"
     assert f'href="{base}/attempts/2"' in html and f'href="{base}#artifacts"' in html
     local = [a["href"] for t, a in site["tree"].elements if t == "a" and a.get("class") == "lnk"
-             and not a["href"].startswith("http")]
+             and not a["href"].startswith(("http", "#"))]
     assert {Path(h).name for h in local} >= {"pytest.log", "stack.json", "rank0.log", "results.jsonl"}
-    assert all((index.parent / h).resolve().is_file() for h in local), "relative links reach the run directories"
+    assert all(h.startswith("runs/") and ".." not in h for h in local), "published inside the site"
+    assert all((index.parent / h).is_file() for h in local), "the run files are in the site (GitHub Pages serves them)"
+    assert "javascript:" not in html, "a run.json's ci.server never becomes a link"
+    stale = _row(html[html.index('id="grid"'):], f'data-cell="{site["gen"].cells["stale"]}"')
+    assert "CI run" not in stale and "pytest.log" in stale
+
+
+def test_the_page_is_the_same_rendered_from_another_directory(site: dict, tmp_path: Path, monkeypatch) -> None:
+    """The store keeps absolute run paths: from any cwd the CI, artifact and log links are there."""
+    monkeypatch.chdir(tmp_path)
+    with Store(site["index"].parent.parent / "store.sqlite") as store:
+        again = render_dashboard(store, tmp_path / "elsewhere", matrix_path=site["gen"].matrix, now=NOW,
+                                 issues=site["gen"].issues, audit_dir=None, known_issues=site["gen"].known_issues,
+                                 index=INDEX)
+    links = lambda html: sorted(re.findall(r'class="lnk" href="([^"]+)"', html))  # noqa: E731
+    assert links(again.read_text()) == links(site["html"]) and len(links(site["html"])) > 20
+
+
+def test_known_issue_chips_link_upstream_and_tests_sort_naturally(site: dict) -> None:
+    from fixtures_dashboard import UPSTREAM
+
+    story = _article(site["html"], f'data-off="{site["gen"].cells["twin_off"]}"')
+    for k in HIDDEN_KNOWN[:4]:
+        assert f'<a class="tag known" href="{UPSTREAM[k]}">{k}</a>' in story
+    assert f'<span class="tag known">{HIDDEN_KNOWN[4]}</span>' in story, "a javascript: upstream is no link"
+    card = _article(site["html"], f'data-signature="{BREAK_SIG}"')
+    order = [m.group(1) for m in re.finditer(r'data-test="suites/test_float8.py::test_float8_grads\[(\d+)\]"', card)]
+    assert order[:12] == [str(i) for i in range(12)], order[:12]
 
 
 def test_fix_story_says_what_the_fixes_hide(site: dict) -> None:
@@ -208,3 +244,65 @@ def test_release_view_in_headless_chromium(site: dict, tmp_path: Path) -> None:
         if keep:
             Path(keep).mkdir(parents=True, exist_ok=True)
             shutil.copyfile(shot, Path(keep) / name)
+
+
+def test_a_blocker_says_since_when_what_changed_and_what_to_do(site: dict) -> None:
+    """The release view's blocking item: first-bad date, stack diff from the last good run,
+    pasteable repro lines, and a link to the card of its break."""
+    import html as htmllib
+    import shlex
+
+    cell = site["gen"].cells["release_red"]
+    start = site["html"].index(f'data-blocking="{cell}::{TP[7]}"')
+    item = site["html"][start: site["html"].index("</li>", start)]
+    assert 'data-since="2026-11-30"' in item and "last good 2026-11-29" in item
+    assert "triton <code>3.5.0</code> → <code>3.5.1</code>" in item
+    card = re.search(r'href="#(break-[0-9a-f]+)">its break card', item).group(1)
+    assert f'id="{card}" data-signature="{escape(RELEASE_SIG)}"' in site["html"]
+    lines = [htmllib.unescape(x) for x in re.findall(r'<code class="copy">(.*?)</code>', item)]
+    assert shlex.split(lines[0]) == ["nox", "-s", "dist_tests", "--", "--cell", cell, "--test", TP[7], "--backend",
+                                     "docker"]
+    pip = shlex.split(lines[1].split(" && ")[0])
+    assert pip[:4] == ["pip", "install", "--extra-index-url", "https://download.example/whl/cu130"]
+    assert "torch==2.14.1+cu130" in pip and "triton==3.5.1" in pip
+
+
+def test_the_gate_step_summary_says_the_same(site: dict) -> None:
+    from distci.dashboard.release import explain
+    from distci.judge.gate import evaluate, evaluate_cells, explain_blocking
+
+    cells = site["gen"].cells
+    copy = site["index"].parent.parent / "store-with-bisect.sqlite"
+    with Store(site["index"].parent.parent / "store.sqlite") as store:
+        store.conn.execute("VACUUM INTO ?", (str(copy),))
+    with Store(copy) as store:
+        store.add_bisects([BisectRow(TP[7], "triton", "3.5.0", "3.5.1", "triton==3.5.1", "", cells["release_red"],
+                                     "found", "2026-11-30T09:00:00+00:00")])
+        release = explain_blocking(store, evaluate(store, "release", matrix_path=site["gen"].matrix, now=NOW))
+        broken = explain_blocking(store, evaluate_cells(store, "nightly", [cells["break_cpu"]], blocking_suites=None,
+                                                        now=NOW))
+        blockers = explain(store, broken.blocking, index=INDEX)
+    md = release.to_markdown()
+    row = next(line for line in md.splitlines() if f"`{TP[7]}`" in line and line.startswith("| regression"))
+    assert "2026-11-30" in row and "triton `3.5.0` → `3.5.1`" in row
+    assert f"--cell {cells['release_red']} --test 'suites/test_tp.py::test_tp_loss[7]'" in md
+    assert "bisect triton 3.5.0..3.5.1: `triton==3.5.1`" in md
+    git = {d: hashlib.sha1(f"torch 2.16.0.dev{d}".encode()).hexdigest() for d in ("20261127", "20261128")}
+    compare = f"https://github.com/pytorch/pytorch/compare/{git['20261127']}...{git['20261128']}"
+    assert f"]({compare})" in broken.to_markdown() and "2026-11-28" in broken.to_markdown()
+    assert blockers[0].since == "2026-11-28" and blockers[0].onset.compare[0][1] == compare, "the page agrees"
+
+
+def test_ci_links_need_no_run_directory(site: dict, tmp_path: Path) -> None:
+    """The store keeps run.json's ci block: a store copied elsewhere (the `store` artifact)
+    still links every run's CI job and artifacts, and only the run files drop out."""
+    copy = tmp_path / "store.sqlite"
+    with Store(site["index"].parent.parent / "store.sqlite") as store:
+        store.conn.execute("VACUUM INTO ?", (str(copy),))
+    with Store(copy) as store:
+        store.conn.execute("UPDATE runs SET source_path = '/nonexistent/' || run_id")
+        index = render_dashboard(store, tmp_path / "site", matrix_path=None, audit_dir=None, known_issues=None)
+    html = index.read_text()
+    base = f"{CI['server']}/{CI['repository']}/actions/runs/{CI['run_id']}"
+    assert f'href="{base}/attempts/2"' in html and f'href="{base}#artifacts"' in html
+    assert "pytest.log" not in html and "javascript:" not in html

@@ -37,8 +37,10 @@ class _Session:
         return str(tmp)
 
     def run(self, *args: str, env: dict | None = None, success_codes: list[int] | None = None,
-            external: bool = False, interrupt_timeout: float | None = 0.3, terminate_timeout: float | None = 0.2) -> None:
-        self.runs.append((args, {"env": env, "success_codes": success_codes, "interrupt_timeout": interrupt_timeout}))
+            external: bool = False, interrupt_timeout: float | None = 0.3, terminate_timeout: float | None = 0.2,
+            stdout=None, stderr=None) -> None:
+        self.runs.append((args, {"env": env, "success_codes": success_codes, "interrupt_timeout": interrupt_timeout,
+                                 "stdout": stdout, "stderr": stderr}))
         if args[1:3] == ("-m", "venv"):
             Path(args[-1]).mkdir(parents=True, exist_ok=True)
         if env and "DISTCI_EXIT_FILE" in env:
@@ -83,6 +85,7 @@ def test_dist_tests_keeps_distci_exit_codes_visible(noxfile, tmp_path: Path) -> 
         noxfile.dist_tests(session)
     (*setup, (args, kw)) = session.runs
     assert [a[1:3] for a, _ in setup] == [("-m", "venv"), ("-m", "pip")], "the controller venv is made first"
+    assert all(kw["stdout"] is sys.stderr for _, kw in setup), "installs report on stderr, never stdout"
     assert args[1:] == ("-m", "distci", "run", "--cell", "c") and kw["success_codes"] == [0, 1, 3]
     assert kw["interrupt_timeout"] == noxfile.STOP_GRACE_S, "nox waits for the controller to close a stopped run"
     python = tmp_path / noxfile.CONTROLLER / "bin" / "python"

@@ -216,8 +216,120 @@ def test_index_urls_are_repository_variables():
         for job in yaml.safe_load(path.read_text())["jobs"].values():
             for key, value in job.get("env", {}).items():
                 if key.startswith("DISTCI_") and ("URL" in key or key.endswith(("FIND_LINKS", "IMAGE"))):
-                    assert value == f"${{{{ vars.{key} }}}}", (path.name, key)
-                    assert key in config["config-variables"], key
+                    assert path.name == "pr.yml" and "vars." not in str(value), (path.name, key)
+            for name in exported_vars(job):
+                assert name in config["config-variables"], (path.name, name)
+
+
+def exported_vars(job: dict[str, Any]) -> list[str]:
+    """The repository variables a job takes through tools/ci/export-vars.py."""
+    return [name for s in steps(job) if s.get("run", "").startswith(EXPORT) for name in s["run"].split()[1:]]
+
+
+EXPORT = "tools/ci/export-vars.py"
+# What a self-hosted runner's `.env` may set (docs/runners.md, "Caches that survive jobs" and
+# "Base images"): an unset repository variable must never override it with "".
+RUNNER_ENV = {"DISTCI_WHEELHOUSE_ROOT", "DISTCI_BASE_IMAGE", "DISTCI_CPU_BASE_IMAGE", "DISTCI_CUDA_BASE_IMAGE",
+              "DISTCI_NPU_BASE_IMAGE", "DISTCI_INDEX_URL", "DISTCI_EXTRA_INDEX_URLS", "DISTCI_FIND_LINKS"}
+
+
+def test_repository_variables_never_override_the_runner_env_with_empty_values():
+    """`env: X: ${{ vars.X }}` is "" when X is unset, which beats the runner's `.env`: no job
+    or step sets a variable from `vars.` directly; self-hosted jobs export the set ones."""
+    for name, wf in workflows().items():
+        for job_name, job in wf["jobs"].items():
+            scopes = [job.get("env", {})] + [s.get("env", {}) for s in steps(job)]
+            direct = [k for env in scopes for k, v in env.items() if re.search(r"\bvars\.", str(v))]
+            assert direct == [], (name, job_name, direct)
+            exporters = [s for s in steps(job) if s.get("run", "").startswith(EXPORT)]
+            for step in exporters:
+                assert step["env"] == {"VARS": "${{ toJSON(vars) }}"}, (name, job_name)
+            if is_self_hosted_capable(job["runs-on"]):
+                assert RUNNER_ENV <= set(exported_vars(job)), (name, job_name, RUNNER_ENV - set(exported_vars(job)))
+                first_work = next(i for i, s in enumerate(steps(job)) if "run" in s)
+                assert list(steps(job))[first_work]["run"].startswith(EXPORT), (name, job_name)
+
+
+def _export(tmp_path, variables: dict[str, str], names: list[str]) -> subprocess.CompletedProcess[str]:
+    env_file = tmp_path / "github_env"
+    env_file.write_text("")
+    env = {"PATH": "/usr/bin:/bin", "VARS": json.dumps(variables), "GITHUB_ENV": str(env_file)}
+    return subprocess.run([str(REPO / EXPORT), *names], env=env, capture_output=True, text=True, timeout=30)
+
+
+def test_export_vars_writes_only_the_set_variables(tmp_path):
+    from jobsteps import _read_outputs
+
+    proc = _export(tmp_path, {"DISTCI_WHEELHOUSE_ROOT": "", "DISTCI_INDEX_URL": "https://index.example/simple",
+                              "DISTCI_BASE_IMAGE": "a\nb", "OTHER": "x"},
+                   ["DISTCI_WHEELHOUSE_ROOT", "DISTCI_INDEX_URL", "DISTCI_BASE_IMAGE", "DISTCI_NPU_BASE_IMAGE"])
+    assert proc.returncode == 0, proc.stderr
+    assert _read_outputs(tmp_path / "github_env") == {"DISTCI_INDEX_URL": "https://index.example/simple",
+                                                      "DISTCI_BASE_IMAGE": "a\nb"}
+    assert "left to the runner's environment: DISTCI_WHEELHOUSE_ROOT DISTCI_NPU_BASE_IMAGE" in proc.stdout
+    refused = _export(tmp_path, {"PATH": "/evil"}, ["PATH"])
+    assert refused.returncode != 0 and "only DISTCI_* names" in refused.stderr
+
+
+def _upload_steps(job: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in steps(job) if s.get("uses", "").startswith("actions/upload-artifact@")]
+
+
+def test_cell_jobs_upload_their_runs_even_when_cancelled():
+    """Every job that runs suites uploads the runs root it gave them, `always()`: a cancelled
+    or timed-out job keeps its Interrupted record and JUnit (tests/test_job_cancel.py cancels one)."""
+    seen = 0
+    for name, wf in workflows().items():
+        for job_name, job in wf["jobs"].items():
+            runs = [s["run"] for s in steps(job) if "nox -s dist_tests" in s.get("run", "")]
+            if not runs:
+                continue
+            seen += 1
+            root = re.search(r'--runs-root "\$RUNNER_TEMP/(\w+)"', runs[0]).group(1)
+            (upload,) = _upload_steps(job)
+            assert _is_always(upload), (name, job_name, upload.get("if"))
+            assert upload["with"]["path"].rstrip("/") == f"${{{{ runner.temp }}}}/{root}", (name, job_name)
+    assert seen == 2  # nightly's cells, pr's pr-tier
+    bisect = load("bisect.yml")["jobs"]["bisect"]
+    assert all(_is_always(s) for s in _upload_steps(bisect))
+
+
+JUNIT_ACTION = "mikepenz/action-junit-report@"
+
+
+def test_junit_of_every_run_is_shown_in_the_run_ui():
+    """A pinned JUnit reporter reads the JUnit files where the jobs put them, from hosted
+    jobs only, without a check run (annotate_only: a fork's token cannot write checks)."""
+    from distci.rundir import JUNIT_FILE
+
+    where = {"pr.yml": ("pr-tier", "${{ runner.temp }}/runs/*/" + JUNIT_FILE),
+             "nightly.yml": ("aggregate", "${{ runner.temp }}/artifacts/*/*/" + JUNIT_FILE)}
+    for name, (job_name, path) in where.items():
+        job = load(name)["jobs"][job_name]
+        assert not is_self_hosted_capable(job["runs-on"])
+        (report,) = [s for s in steps(job) if s.get("uses", "").startswith(JUNIT_ACTION)]
+        assert _is_always(report) and report["with"]["report_paths"] == path, (name, report)
+        assert report["with"]["annotate_only"] is True and "checks" not in job["permissions"]
+    download = next(s for s in steps(load("nightly.yml")["jobs"]["aggregate"]) if "download-artifact" in s.get("uses", ""))
+    assert download["with"]["pattern"] == "run-*" and download["with"]["path"] == "${{ runner.temp }}/artifacts"
+
+
+def test_the_required_check_is_the_pr_workflows_gate_job():
+    """docs/runners.md names pr.yml's `gate` job as the required check; that job runs on pull
+    requests, always (a skipped required check counts as passed), and judges the pr tier."""
+    pr = load("pr.yml")
+    gate = pr["jobs"]["gate"]
+    assert "pull_request" in triggers(pr) and gate["name"] == "gate"
+    assert _is_always({"if": gate["if"]}) and gate["needs"] == "pr-tier"
+    runs = [s["run"] for s in steps(gate) if "run" in s]
+    assert 'nox -s gate -- --tier pr --store "$RUNNER_TEMP/store.sqlite"' in runs
+    (download,) = [s for s in steps(gate) if "download-artifact" in s.get("uses", "")]
+    (upload,) = _upload_steps(pr["jobs"]["pr-tier"])
+    assert download["with"]["name"] == upload["with"]["name"] and not download.get("continue-on-error")
+    doc = (REPO / "docs" / "runners.md").read_text()
+    assert "**Pull requests: require the check `gate`.**" in doc
+    assert "Never make nightly.yml's `gate` a\nrequired check" in doc
+    assert "make this job a **required check**" not in doc
 
 
 def test_bisect_workflow_takes_what_the_aggregate_dispatches():

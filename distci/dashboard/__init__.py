@@ -41,6 +41,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--title", default="distci", help="page title")
     p.add_argument("--issues", type=Path, default=None,
                    help="JSON object: error signature -> URL of the issue filed for it (linked from its card)")
+    p.add_argument("--known-issues", type=Path, default=None,
+                   help="known-issues registry the chips link upstream from (default suites/known_issues.toml)")
     p.add_argument("--matrix", default=argparse.SUPPRESS,
                    help="matrix file whose tiers the release view judges (default matrix.toml)")
     p.set_defaults(fn=run)
@@ -54,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     issues = json.loads(Path(args.issues).read_text()) if args.issues else None
     with Store(store_path) as store:
         index = render_dashboard(store, args.out, title=args.title, audit_dir=args.audit_dir, history_runs=args.history,
-                                 matrix_path=Path(getattr(args, "matrix", "matrix.toml")), issues=issues)
+                                 matrix_path=Path(getattr(args, "matrix", "matrix.toml")), issues=issues,
+                                 **({"known_issues": args.known_issues} if args.known_issues else {}))
     print(f"wrote {index}")
     return 0
 

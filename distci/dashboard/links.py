@@ -1,29 +1,37 @@
 """Where a person goes from a run: its CI job, its logs, the upstream diff, a pinned repro.
 
-Every link is computed from what a run recorded (run.json's `ci` block, stack.json, the
-run directory the store indexed), never guessed: a link that is not known is left out.
-Log links are relative paths from the site to the run directory, so they work when the
-site is built beside the runs (CI artifacts, a local `.distci/`) and from file://.
+Every link is computed from what a run recorded (run.json's `ci` block and image, which
+the store keeps; stack.json; the run directory the store indexed, by its absolute path),
+never guessed: a link that is not known is left out, and so is one that would
+not be http(s) (a `ci.server` of `javascript:...` in a run.json never becomes a link).
+The run files a page links are published into the site (`runs/<run-id>/`), so every
+link is relative inside the site or http(s): they resolve on GitHub Pages, from file://
+and wherever the site is copied, whatever directory it was rendered from.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shlex
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
-from distci.rundir import repro_line
+from packaging.version import InvalidVersion, Version
+
+from distci.errors import ConfigError
+from distci.judge.history import compare_urls
 from distci.judge.store import RunRow
+from distci.provision.sources import IndexConfig, format_url
+from distci.rundir import PYTEST_LOG, RESULTS_FILE, STACK_FILE, repro_line
 
-# Upstream repositories of the packages whose commits a stack can name.
-UPSTREAM = {"torch": "pytorch/pytorch", "torchao": "pytorch/ao", "torchtitan": "pytorch/torchtitan"}
-GITHUB = "https://github.com"
 MAX_RANK_LOGS = 8
-_GIT_IN_VERSION = re.compile(r"\+git([0-9a-f]{7,40})\b")
+MAX_PUBLISHED_BYTES = 4 << 20  # a bigger log stays in the run's Actions artifact (linked)
+PUBLISHED = "runs"  # the site's folder of run files
+_REPOSITORY = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
+_RUN_ID = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 
 @dataclass(frozen=True)
@@ -32,62 +40,62 @@ class Link:
     href: str
 
 
-def ci_links(ci: Mapping[str, str]) -> list[Link]:
-    """The workflow run (its attempt when rerun) and its artifacts list."""
+def web_url(url: Any) -> str | None:
+    """`url` without a trailing slash when it is an http(s) URL with a host, else None."""
+    if not isinstance(url, str):
+        return None
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return None
+    return url.strip().rstrip("/")
+
+
+def ci_links(ci: Mapping[str, Any]) -> list[Link]:
+    """The workflow run (its attempt when rerun) and its artifacts list; none unless the
+    server is http(s), the repository `owner/name` and the run id a number."""
     if not ci or not {"server", "repository", "run_id"} <= ci.keys():
         return []
-    base = f"{ci['server']}/{ci['repository']}/actions/runs/{ci['run_id']}"
-    run = base + (f"/attempts/{ci['attempt']}" if ci.get("attempt") not in (None, "", "1") else "")
-    label = f"CI run {ci['run_id']}" + (f" ({ci['job']})" if ci.get("job") else "")
+    server, repository, run_id = web_url(ci["server"]), str(ci["repository"]), str(ci["run_id"])
+    if server is None or not _REPOSITORY.match(repository) or not run_id.isdigit():
+        return []
+    base = f"{server}/{repository}/actions/runs/{run_id}"
+    attempt = str(ci.get("attempt") or "")
+    run = base + (f"/attempts/{attempt}" if attempt.isdigit() and attempt != "1" else "")
+    label = f"CI run {run_id}" + (f" ({ci['job']})" if ci.get("job") else "")
     return [Link(label, run), Link("artifacts", f"{base}#artifacts")]
 
 
-def read_run_json(run: RunRow) -> dict[str, Any]:
-    """run.json of the indexed run directory, when it is still there (keys the store drops)."""
-    try:
-        data = json.loads((Path(run.source_path) / "run.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _relative(target: Path, site: Path) -> str:
-    return Path(os.path.relpath(target.resolve(), site.resolve())).as_posix()
+def publish(source: Path, site: Path, run_id: str, name: str) -> str | None:
+    """Copies one run file into the site; its href relative to the site, or None when it
+    cannot be published (too big, an odd run id)."""
+    if not _RUN_ID.match(run_id) or source.stat().st_size > MAX_PUBLISHED_BYTES:
+        return None
+    target = site / PUBLISHED / run_id / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
+    return f"{PUBLISHED}/{run_id}/{name}"
 
 
 def run_links(run: RunRow, site: Path | None) -> list[Link]:
-    """CI run and artifacts, then the run's files (pytest.log, rank logs, stack.json)."""
-    links = ci_links(read_run_json(run).get("ci") or {})
+    """CI run and artifacts, then the run's files (pytest.log, stack.json, rank logs),
+    published into the site when `site` is given."""
+    links = ci_links(run.ci)
     if site is None or not run.source_path:
         return links
     run_dir = Path(run.source_path)
-    for name, label in (("pytest.log", "pytest.log"), ("stack.json", "stack.json"), ("results.jsonl", "results")):
-        if (run_dir / name).is_file():
-            links.append(Link(label, _relative(run_dir / name, site)))
+    files = [(run_dir / n, n, label) for n, label in ((PYTEST_LOG, PYTEST_LOG), (STACK_FILE, STACK_FILE),
+                                                      (RESULTS_FILE, "results"))]
     logs = sorted((run_dir / "logs").glob("*.log")) if (run_dir / "logs").is_dir() else []
-    for log in logs[:MAX_RANK_LOGS]:
-        links.append(Link(log.stem, _relative(log, site)))
+    files += [(log, f"logs/{log.name}", log.stem) for log in logs[:MAX_RANK_LOGS]]
+    for path, name, label in files:
+        if path.is_file() and (href := publish(path, Path(site), run.run_id, name)):
+            links.append(Link(label, href))
     return links
-
-
-def package_commit(stack: Mapping[str, Any], package: str) -> str | None:
-    """The upstream commit a stack names for a package: torch's git_version, a `<pkg>_git`
-    key, or a `+git<sha>` local version (source installs)."""
-    value = stack.get(f"{package}_git")
-    if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{7,40}", value):
-        return value
-    m = _GIT_IN_VERSION.search(str(stack.get(package) or ""))
-    return m.group(1) if m else None
 
 
 def compare_links(good: Mapping[str, Any], bad: Mapping[str, Any]) -> list[Link]:
     """`compare/<good>...<bad>` for each upstream package whose commit changed."""
-    out = []
-    for package, repo in UPSTREAM.items():
-        a, b = package_commit(good, package), package_commit(bad, package)
-        if a and b and a != b:
-            out.append(Link(f"{package} {a[:10]}…{b[:10]}", f"{GITHUB}/{repo}/compare/{a}...{b}"))
-    return out
+    return [Link(label, url) for label, url in compare_urls(good, bad)]
 
 
 def pinned_requirements(stack: Mapping[str, Any]) -> list[str]:
@@ -100,26 +108,69 @@ def pinned_requirements(stack: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def repro_lines(run: RunRow, test_id: str, *, world_size: int | None = None) -> list[str]:
-    """Commands that rerun `test_id` on the stack this run had, not on what resolves today.
+def _version(pin: str) -> Version | None:
+    try:
+        return Version(pin.partition("==")[2])
+    except InvalidVersion:
+        return None
 
-    The first is rundir's repro line with the run's backend (a nightly or specifier cell
-    re-resolves through it); the second pins every version (or the image digest) and
-    runs the harness directly.
+
+def pip_index_args(pins: list[str], config: IndexConfig, variant: str | None) -> list[str] | None:
+    """What `pip install` needs to find these exact versions: the configured indexes, the
+    nightly or test channel for a dev or release-candidate torch, `--pre` for any
+    pre-release. None when a pin needs an index the configuration does not name (a
+    `+cu130` build with no index configured is on no default index)."""
+    args: list[str] = []
+    try:
+        if config.index_url:
+            args += ["--index-url", format_url(config.index_url, variant, "DISTCI_INDEX_URL")]
+        for url in config.extra_index_urls:
+            args += ["--extra-index-url", format_url(url, variant, "DISTCI_EXTRA_INDEX_URLS")]
+        for loc in config.find_links:
+            args += ["--find-links", format_url(loc, variant, "DISTCI_FIND_LINKS")]
+        torch = next((_version(p) for p in pins if p.startswith("torch==")), None)
+        if torch is not None and torch.is_devrelease:
+            if not config.nightly_index_url:
+                return None
+            args += ["--extra-index-url", format_url(config.nightly_index_url, variant, "DISTCI_NIGHTLY_INDEX_URL")]
+        elif torch is not None and torch.is_prerelease:
+            if not config.test_index_url:
+                return None
+            args += ["--extra-index-url", format_url(config.test_index_url, variant, "DISTCI_TEST_INDEX_URL")]
+    except ConfigError:
+        return None
+    if not args and any((v := _version(p)) is not None and v.local for p in pins):
+        return None
+    if any((v := _version(p)) is not None and v.is_prerelease for p in pins):
+        args.append("--pre")
+    return args
+
+
+def repro_lines(run: RunRow, test_id: str, *, world_size: int | None = None,
+                index: IndexConfig | None = None) -> list[str]:
+    """Commands that rerun `test_id`, each pasteable as it stands.
+
+    The first is rundir's repro line with the run's backend (in a checkout; a nightly or
+    specifier cell re-resolves through it). The second reruns it on the stack this run
+    had: its image by digest, or `pip install` of every version with the indexes and
+    `--pre` they need (from `index`, default: the DISTCI_* index variables), then the
+    harness directly; left out when no configured index serves those versions.
     """
     cell = run.cell_id
     first = repro_line(cell, test_id, backend=run.backend or "venv")
     fixes = "none" if cell.endswith("fix_off") else "all"
     m = re.search(r"-ws(\d+)-", cell)
     ws = world_size or (int(m.group(1)) if m else 2)
+    accelerator, _, rest = cell.partition("-")
     harness = (f"DISTCI_FIXES={fixes} python -m pytest -p distci.harness --distci-world-size={ws} "
-               f"--distci-device={cell.split('-', 1)[0]} {shlex.quote(test_id)}")
+               f"--distci-device={accelerator} {shlex.quote(test_id)}")
     digest = run.image_digest or run.stack.get("image_digest")
     if digest:
-        image = read_run_json(run).get("image") or "IMAGE"
+        image = run.image or "IMAGE"
         return [first, f"docker run --rm {image}@{digest} {harness}" if "@" not in str(image)
                 else f"docker run --rm {image} {harness}"]
     pins = pinned_requirements(run.stack)
-    if not pins:
+    index_args = pip_index_args(pins, index or IndexConfig.from_env(), rest.partition("-")[0] or None)
+    if not pins or index_args is None:
         return [first]
-    return [first, f"pip install {' '.join(shlex.quote(p) for p in pins)} && {harness}"]
+    return [first, f"pip install {' '.join(shlex.quote(a) for a in [*index_args, *pins])} && {harness}"]

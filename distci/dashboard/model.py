@@ -13,12 +13,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from distci.dashboard.links import Link, run_links
+from distci.dashboard.links import Link, run_links, web_url
 from distci.dashboard.release import TierView, age_text, release_views
-from distci.dashboard.story import BreakCard, FixStory, break_cards, fix_stories
+from distci.dashboard.story import BreakCard, FixStory, break_cards, fix_stories, natural_key
 from distci.judge.ingest import read_fix_audit
 from distci.judge.store import BisectRow, ResultRow, RunRow, Store, is_environment
 from distci.judge.verdicts import BLOCKING, SEVERITY, worst
+from distci.provision.sources import IndexConfig
 
 STACK_KEYS = (
     "torch",
@@ -172,6 +173,7 @@ class Page:
     stories: list[FixStory] = field(default_factory=list)
     heat: list[HeatRow] = field(default_factory=list)
     audit_source: str = ""
+    upstream: dict[str, str] = field(default_factory=dict)  # known issue id -> its upstream http(s) link
 
     @property
     def status_counts(self) -> dict[str, int]:
@@ -266,7 +268,7 @@ def _cell_view(store: Store, run: RunRow, suites: list[str], history_runs: int) 
     for r in cell_results:
         marks[r.test_id][r.run_id] = r
     rows = []
-    for test_id in sorted(marks, key=lambda t: (not _is_test(t), t)):
+    for test_id in sorted(marks, key=lambda t: (not _is_test(t), natural_key(t))):
         row = [marks[test_id].get(x.run_id) for x in shown]
         if all(m is None for m in row):
             continue
@@ -277,7 +279,7 @@ def _cell_view(store: Store, run: RunRow, suites: list[str], history_runs: int) 
         quiet = [h for h in rows if all(m is None or m.verdict in ("pass", "skip") for m in h.marks)]
         hidden = len(quiet)
         rows = [h for h in rows if h not in quiet]
-    rows.sort(key=lambda h: (SEVERITY.get(h.latest or "", 99), h.test_id))
+    rows.sort(key=lambda h: (SEVERITY.get(h.latest or "", 99), natural_key(h.test_id)))
 
     rates = []
     by_run: dict[str, list[str]] = defaultdict(list)
@@ -319,7 +321,7 @@ def _flaky(store: Store, nights: list[str]) -> list[FlakyTest]:
         )
         for t, rs in found.items()
     ]
-    return sorted(out, key=lambda f: (-f.occurrences, f.test_id))
+    return sorted(out, key=lambda f: (-f.occurrences, natural_key(f.test_id)))
 
 
 def _audit_lines(store: Store, audit_dir: Path | None) -> tuple[list[AuditLine], str]:
@@ -372,15 +374,19 @@ def _heat(cells: list[str], nights: list[str], window: list[RunRow],
 
 def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = None, history_runs: int = 14,
                matrix_path: Path | None = None, now: datetime | None = None, site: Path | None = None,
-               issues: dict[str, str] | None = None) -> Page:
+               issues: dict[str, str] | None = None, known_issues: Path | None = None,
+               index: IndexConfig | None = None) -> Page:
     """Everything the page shows. `matrix_path` enables the release view (the gate per
-    tier); `site` is where the page is written, for relative links to run logs; `issues`
-    maps an error signature to the issue filed for it."""
+    tier); `site` is where the page is written (the run files it links are published
+    there); `issues` maps an error signature to the issue filed for it; `known_issues` is
+    the registry whose upstream links the known-issue chips take; `index` the package
+    indexes pinned repro lines name (default: the DISTCI_* index variables)."""
     now = now or datetime.now(timezone.utc)
+    upstream = upstream_links(known_issues)
     latest = store.latest_runs()
     latest_results = {c: store.results(run_id=r.run_id) for c, r in latest.items()}
     suites = sorted({r.suite for rs in latest_results.values() for r in rs if _is_test(r.test_id)})
-    tiers = release_views(store, matrix_path, now)
+    tiers = release_views(store, matrix_path, now, issues=issues, index=index)
     states = {c.cell_id: c.state for t in reversed(tiers) for c in t.cells}
     stories = fix_stories(latest, latest_results)
     hides = {s.off_cell: s.bugs for s in stories}
@@ -399,7 +405,7 @@ def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = 
         for r in latest_results[cell]:
             if r.verdict in ("regression", "fixed"):
                 changes.append(Change(r, run, store.run(r.compared_run) if r.compared_run else None))
-    changes.sort(key=lambda c: (c.result.verdict != "regression", c.result.cell_id, c.result.test_id))
+    changes.sort(key=lambda c: (c.result.verdict != "regression", c.result.cell_id, natural_key(c.result.test_id)))
 
 
     all_runs = store.runs()
@@ -441,11 +447,21 @@ def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = 
         bisects=store.bisects(),
         totals=dict(totals),
         tiers=tiers,
-        cards=break_cards(store, latest_results, issues=issues),
+        cards=break_cards(store, latest_results, issues=issues, index=index),
         stories=stories,
         heat=_heat(sorted(latest), nights, window, verdicts_by_run),
         audit_source=audit_source,
+        upstream=upstream,
     )
+
+
+def upstream_links(registry: Path | None) -> dict[str, str]:
+    """Known issue id -> its upstream link (http(s) only) from the registry; none without one."""
+    if registry is None or not Path(registry).is_file():
+        return {}
+    from distci.judge.ingest import load_known_issues
+
+    return {e.id: url for e in load_known_issues(Path(registry)).entries if (url := web_url(e.upstream))}
 
 
 def _parse(ts: str) -> datetime | None:

@@ -4,17 +4,30 @@ The dashboard never judges a release itself: `gate.evaluate` does (expected cell
 matrix.toml, states missing / stale / infra_only / in_flight, blocking tests), and this
 module only arranges its answer for the page. `_evaluate` is the one place that calls
 the gate, so a change of the gate's API touches one function here.
+
+Each blocking test says what a release manager acts on (`Blocker`): since when it fails
+(its first bad run and that run's night, distci.judge.history), what changed from the last
+good run (the stack diff, upstream compare links), and what to do (pasteable repro lines,
+the filed issue, the bisect that ran for it, the card that groups it with the rest of its
+break).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
+from distci.dashboard.links import Link, repro_lines, web_url
+from distci.dashboard.story import card_anchor
+from distci.judge.history import Onset, onset
+from distci.judge.store import BisectRow, ResultRow, Store
+from distci.provision.sources import IndexConfig
 from distci.run.progress import format_duration
-from distci.judge.store import Store
+
+MAX_EXPLAINED = 30  # blockers shown one by one; the rest are grouped under Breaks
 
 # The order a release manager reads tiers in; tiers matrix.toml adds come after.
 TIER_ORDER = ("release", "pr", "nightly")
@@ -51,6 +64,23 @@ class CellLine:
 
 
 @dataclass
+class Blocker:
+    """A blocking test with since when, what changed and what to do."""
+
+    item: Any  # the gate's GateItem
+    onset: Onset
+    repro: list[str]
+    issue: Link | None
+    bisect: BisectRow | None
+    card: str  # the id of its break card on the page
+
+    @property
+    def since(self) -> str:
+        run = self.onset.first_bad
+        return run.night if run else ""
+
+
+@dataclass
 class TierView:
     tier: str
     description: str
@@ -58,6 +88,7 @@ class TierView:
     blocking_suites: list[str] | None
     blocking: list[Any] = field(default_factory=list)
     cells: list[CellLine] = field(default_factory=list)
+    blockers: list[Blocker] = field(default_factory=list)
 
     def having(self, state: str) -> list[CellLine]:
         return [c for c in self.cells if c.state == state]
@@ -71,7 +102,36 @@ def age_text(age_s: float | None) -> str:
     return "never" if age_s is None else format_duration(age_s) + " ago"
 
 
-def release_views(store: Store, matrix_path: Path | None, now: datetime | None = None) -> list[TierView]:
+def explain(store: Store, items: list[Any], *, issues: Mapping[str, str] | None = None,
+            index: IndexConfig | None = None) -> list[Blocker]:
+    """A Blocker for each of the first MAX_EXPLAINED blocking items."""
+    histories: dict[str, dict[str, list[ResultRow]]] = {}
+    runs = {r.run_id: r for r in store.runs()}
+    bisects = store.bisects()
+    out = []
+    for item in items[:MAX_EXPLAINED]:
+        if item.cell_id not in histories:
+            by_test: dict[str, list[ResultRow]] = defaultdict(list)
+            for r in store.results(cell_id=item.cell_id):
+                by_test[r.test_id].append(r)
+            histories[item.cell_id] = by_test
+        history = histories[item.cell_id].get(item.test_id, [])
+        result = next((r for r in history if r.run_id == item.run_id), None)
+        run = runs.get(item.run_id)
+        if result is None or run is None:
+            continue
+        signature = result.error_signature or result.verdict_reason or result.verdict
+        url = web_url((issues or {}).get(signature))
+        bisect = next((b for b in reversed(bisects) if b.test_id == item.test_id
+                       and b.cell_id in ("", item.cell_id)), None)
+        out.append(Blocker(item, onset(store, result, history=history, runs=runs),
+                           repro_lines(run, item.test_id, index=index), Link("filed issue", url) if url else None,
+                           bisect, card_anchor(signature)))
+    return out
+
+
+def release_views(store: Store, matrix_path: Path | None, now: datetime | None = None, *,
+                  issues: Mapping[str, str] | None = None, index: IndexConfig | None = None) -> list[TierView]:
     """One TierView per tier of matrix.toml, release first; none without a matrix file."""
     if matrix_path is None or not Path(matrix_path).exists():
         return []
@@ -91,5 +151,6 @@ def release_views(store: Store, matrix_path: Path | None, now: datetime | None =
         order = {"missing": 0, "infra_only": 1, "stale": 2, "in_flight": 3, "waived": 4, "ok": 5}
         cells.sort(key=lambda c: (order.get(c.state, 9), c.cell_id))
         views.append(TierView(name, matrix.tiers[name].description, result.status, result.blocking_suites,
-                              list(result.blocking), cells))
+                              list(result.blocking), cells, explain(store, list(result.blocking), issues=issues,
+                                                                    index=index)))
     return views

@@ -15,9 +15,11 @@ import jinja2
 from distci.dashboard import charts
 from distci.dashboard.model import Page, build_page, page_json
 from distci.judge.store import DEFAULT_AUDIT_DIR, Store
+from distci.provision.sources import IndexConfig
 
 HERE = Path(__file__).parent
 DEFAULT_MATRIX = Path("matrix.toml")
+DEFAULT_KNOWN_ISSUES = Path("suites") / "known_issues.toml"
 
 
 def _environment() -> jinja2.Environment:
@@ -50,16 +52,20 @@ def render_dashboard(
     matrix_path: Path | None = DEFAULT_MATRIX,
     now: datetime | None = None,
     issues: dict[str, str] | None = None,
+    known_issues: Path | None = DEFAULT_KNOWN_ISSUES,
+    index: IndexConfig | None = None,
 ) -> Path:
     """Writes the site (index.html, audit.html, assets/, data.json) into out_dir; returns index.html.
 
     `matrix_path` gives the release view its tiers (default: ./matrix.toml, as the CLI's
-    --matrix; no file, no release view); `issues` maps error signatures to filed issues.
+    --matrix; no file, no release view); `issues` maps error signatures to filed issues;
+    `known_issues` is the registry the known-issue chips link upstream from (default
+    ./suites/known_issues.toml, when there); `index` the indexes of pinned repro lines.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     page = build_page(store, title=title, audit_dir=audit_dir, history_runs=history_runs, matrix_path=matrix_path,
-                      now=now, site=out, issues=issues)
+                      now=now, site=out, issues=issues, known_issues=known_issues, index=index)
     assets = out / "assets"
     assets.mkdir(exist_ok=True)
     for f in (HERE / "assets").iterdir():

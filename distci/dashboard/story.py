@@ -12,18 +12,17 @@ issues (xfail), so the twin looks green. `fix_stories` says it outright per pair
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from distci.dashboard.links import Link, compare_links, repro_lines
+from distci.dashboard.links import Link, compare_links, repro_lines, web_url
+from distci.judge.history import FAILING, PASSING, first_bad, stack_diff
 from distci.judge.store import ResultRow, RunRow, Store, is_environment
-from distci.judge.verdicts import BLOCKING, SEVERITY, worst
-
-FAILING = BLOCKING | {"xfail"}
-PASSING = frozenset({"pass", "fixed"})
-DIFF_KEYS = ("torch", "torch_git", "torchao", "torchtitan", "torch_npu", "triton", "cuda", "nccl", "driver",
-             "python", "image_digest")
+from distci.judge.verdicts import SEVERITY, worst
+from distci.provision.sources import IndexConfig
 
 
 @dataclass
@@ -45,7 +44,11 @@ class BreakCard:
 
     @property
     def tests(self) -> list[str]:
-        return sorted({r.test_id for r in self.items})
+        return sorted({r.test_id for r in self.items}, key=natural_key)
+
+    @property
+    def anchor(self) -> str:
+        return card_anchor(self.signature)
 
 
 @dataclass
@@ -64,13 +67,15 @@ class FixStory:
         return len(self.known_issues) + len(unexplained)
 
 
-def stack_diff(good: Mapping[str, Any], bad: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    out = []
-    for key in DIFF_KEYS:
-        a, b = good.get(key), bad.get(key)
-        if a != b and (a or b):
-            out.append((key, str(a if a is not None else "–"), str(b if b is not None else "–")))
-    return out
+def natural_key(text: str) -> list[Any]:
+    """Sorts `t[2]` before `t[19]` (numbers by value): re.split with a group alternates
+    text and digit runs, so equal positions always hold the same type."""
+    return [int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", text))]
+
+
+def card_anchor(signature: str) -> str:
+    """The id of a signature's card on the page (the release view links to it)."""
+    return "break-" + hashlib.sha1(signature.encode()).hexdigest()[:12]
 
 
 class _History:
@@ -94,20 +99,12 @@ class _History:
 
     def first_bad(self, r: ResultRow) -> tuple[RunRow | None, RunRow | None]:
         """The run where this failure began (same signature, unbroken) and the pass before it."""
-        history = self.of(r.cell_id, r.test_id)
-        first, good = r, None
-        for prev in reversed(history[: next((i for i, x in enumerate(history) if x.run_id == r.run_id), 0)]):
-            if prev.verdict in FAILING and prev.error_signature == r.error_signature:
-                first = prev
-                continue
-            if prev.verdict in PASSING:
-                good = prev
-            break
+        first, good = first_bad(self.of(r.cell_id, r.test_id), r)
         return self.run(first.run_id), self.run(good.run_id) if good else None
 
 
 def break_cards(store: Store, latest: Mapping[str, list[ResultRow]], *, issues: Mapping[str, str] | None = None,
-                ) -> list[BreakCard]:
+                index: IndexConfig | None = None) -> list[BreakCard]:
     """One card per error signature of the failures in the latest runs, infra ones included
     (a cell whose environment never came up is the release view's, not a card)."""
     groups: dict[str, list[ResultRow]] = defaultdict(list)
@@ -123,19 +120,20 @@ def break_cards(store: Store, latest: Mapping[str, list[ResultRow]], *, issues: 
             firsts, key=lambda f: (f[0][0].started_at if f[0][0] else "~", f[1].cell_id, f[1].test_id))
         diff = stack_diff(last_good.stack, first_bad.stack) if first_bad and last_good else []
         compare = compare_links(last_good.stack, first_bad.stack) if first_bad and last_good else []
-        url = (issues or {}).get(signature)
+        url = web_url((issues or {}).get(signature))
         latest_run = history.run(sample.run_id)
+        known = next((r.known_issue for r in items if r.known_issue), None)
         cards.append(BreakCard(
             signature=signature,
             verdict=worst(r.verdict for r in items) or "",
-            items=sorted(items, key=lambda r: (r.cell_id, r.test_id)),
+            items=sorted(items, key=lambda r: (r.cell_id, natural_key(r.test_id))),
             first_bad=first_bad,
             last_good=last_good,
             diff=diff,
             compare=compare,
             issue=Link("filed issue", url) if url else None,
-            repro=repro_lines(latest_run, sample.test_id) if latest_run else [],
-            known_issue=next((r.known_issue for r in items if r.known_issue), None),
+            repro=repro_lines(latest_run, sample.test_id, index=index) if latest_run else [],
+            known_issue=known,
         ))
     cards.sort(key=lambda c: (SEVERITY.get(c.verdict, 99), -len(c.items), c.signature))
     return cards
@@ -160,7 +158,7 @@ def fix_stories(latest_runs: Mapping[str, RunRow], latest: Mapping[str, list[Res
         stories.append(FixStory(
             on_cell=on,
             off_cell=off,
-            hidden=sorted(hidden, key=lambda r: r.test_id),
+            hidden=sorted(hidden, key=lambda r: natural_key(r.test_id)),
             known_issues=sorted({r.known_issue for r in hidden if r.known_issue}),
             fixes=fixes,
             signatures=sorted({r.error_signature for r in hidden if r.error_signature}),

@@ -24,7 +24,9 @@ import re
 import signal
 from dataclasses import dataclass, field
 
-from distci.results import RankExcerpt, error_signature
+from typing import Any
+
+from distci.results import RankExcerpt, Result, error_signature
 from distci.harness.protocol import CHANNEL_BROKEN_EXIT, RankReport
 
 # Where a frame's file is named: faulthandler `File "PATH", line N in FN`, py-spy `FN (PATH:N)`.
@@ -34,6 +36,10 @@ COLLECTIVE_TIMEOUT = re.compile(
     r"timed out|timeout|Timed out|Watchdog caught collective operation timeout|"
     r"wait timeout|DistBackendError.*(?:timeout|Timed)", re.IGNORECASE
 )
+DISK_FULL = re.compile(r"\[Errno (?:27|28|122)\]|No space left on device|File too large|Disk quota exceeded")
+"""A failure that says the disk (or a file-size or quota limit) is full: `infra`."""
+MESSAGE_CHARS = 20000
+RERUN_MESSAGE_CHARS = 4000
 PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET", re.IGNORECASE)
 
 
@@ -77,6 +83,29 @@ class Combined:
             self.signature = error_signature(self.exc_type, self.message)
         else:
             self.message = f"{self.message} (and the test {problem})"
+
+    def to_result(self, *, run_id: str, cell_id: str, test_id: str, stack: dict[str, Any], repro: str,
+                  started_at: str = "", log_path: str = "", registry: Any = None) -> Result:
+        """THE Combined -> Result builder (the harness's recorder and the external runner
+        both record through it): the failure text, its kind and signature only for a
+        failure, earlier attempts as reruns, and the known issue from the one matcher."""
+        failing = self.outcome in ("failed", "error")
+        message = f"{self.exc_type}: {self.message}" if failing and self.exc_type else self.message
+        kind = self.failure_kind if failing else None
+        if failing and DISK_FULL.search(message):
+            kind = "infra"  # the machine ran out of room, not the code under test
+        signature = self.signature if failing else None
+        known = None
+        if registry is not None:
+            known = registry.known_issue_of(test_id, self.outcome, signature=signature, message=message, stack=stack,
+                                            failure_kind=kind)
+        return Result(
+            run_id=run_id, cell_id=cell_id, test_id=test_id, outcome=self.outcome, stack=stack, failure_kind=kind,
+            error_signature=signature, message=message[:MESSAGE_CHARS], duration_s=round(self.duration_s, 3),
+            reruns=len(self.attempts), rerun_outcomes=[o for o, _ in self.attempts],
+            rerun_messages=[text[:RERUN_MESSAGE_CHARS] for _, text in self.attempts], ranks=list(self.ranks),
+            repro=repro, known_issue=known, started_at=started_at, log_path=log_path,
+        )
 
     def render(self) -> str:
         """The failure text pytest shows: the outcome line, then each rank's excerpt."""

@@ -1,0 +1,78 @@
+"""A cancelled cell job keeps its artifacts: pr.yml's pr-tier job, cancelled mid-run, as the
+Cancel button does it (tests/jobsteps.py's Cancel: SIGINT, SIGTERM after 7.5 s, SIGKILL).
+
+The job's steps run here in order (the pr tier's CPU cell in a venv; no Docker): once the
+run has recorded its first result the job is cancelled; the upload and the JUnit report
+steps (`always()`) still run, and the uploaded run directory holds the results so far,
+its run.json and stack.json, and, when the controller closed the run within the runner's
+10 s (SIGINT, 7.5 s, SIGTERM, 2.5 s, SIGKILL), the Interrupted record of the test in
+flight and a JUnit file that says the same. (Measured on a loaded 2-core machine the
+controller needs longer than that, so there it is killed first: reports/ says so.) Then the
+gate job, which runs always, refuses to pass on a cancelled pr tier.
+
+The workflow's PyTorch CPU index is replaced by this machine's pip configuration (index
+URLs are configuration; the test machine may reach no other index).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from jobsteps import PASS_THROUGH, SYSTEM_PATH, Cancel, Runner
+from test_job_steps import _copy_tree, actions_root  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.slow
+
+
+def _first_result(temp: Path) -> bool:
+    return any(p.stat().st_size > 0 for p in (temp / "runs").glob("*/results.jsonl"))
+
+
+def test_a_cancelled_pr_tier_job_uploads_its_run_and_junit(actions_root):
+    root = actions_root
+    workspace = root / "workspace"
+    workspace.mkdir()
+    _copy_tree(workspace)
+    home = root / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if PASS_THROUGH.match(k)}
+    env.update({"PATH": SYSTEM_PATH, "HOME": str(home), "LANG": "C.UTF-8", "CI": "true", "GITHUB_ACTIONS": "true",
+                "GITHUB_WORKSPACE": str(workspace), "GITHUB_REPOSITORY": "distci/distci",
+                "GITHUB_SERVER_URL": "https://github.com", "RUNNER_OS": "Linux", "RUNNER_NAME": "distci-test-runner"})
+    step = "nox -s dist_tests -- --tier pr"
+    runner = Runner(workspace / ".github" / "workflows" / "pr.yml", workspace, root, user=None,
+                    labels={"ubuntu-latest"}, inputs={}, variables={}, env=env,
+                    cancel=Cancel("pr-tier", step, _first_result),
+                    env_override={"DISTCI_INDEX_URL": "", "DISTCI_EXTRA_INDEX_URLS": ""})
+    jobs = runner.wf["jobs"]
+    started = time.monotonic()
+    runner.jobs["pr-tier"] = [tier] = runner.run_job("pr-tier", jobs["pr-tier"])
+    ran = tier.step(step)
+    print(f"pr-tier: {tier.result} after {time.monotonic() - started:.0f}s; {step}: rc {ran.rc}\n{ran.output[-3000:]}")
+    assert ran.cancelled, "the run ended before its first result: nothing was cancelled"
+    assert tier.result == "cancelled"
+    assert tier.step("Upload the runs").kind == "uses" and tier.step("Test report (JUnit)").kind == "uses"
+
+    (run_dir,) = (runner.artifacts / "pr-runs").iterdir()
+    results = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert results, "the results so far were uploaded"
+    print("uploaded:", [(r["test_id"].rpartition("::")[2], r["outcome"], r.get("error_signature")) for r in results])
+    interrupted = [r for r in results if (r.get("error_signature") or "").startswith("Interrupted")]
+    assert all(r["failure_kind"] == "infra" for r in interrupted), interrupted  # the test in flight, if one was
+    if (run_dir / "junit.xml").exists():  # written when the controller closed the run within the grace
+        cases = list(ET.parse(run_dir / "junit.xml").getroot().iter("testcase"))
+        assert len(cases) == len(results), "the JUnit file says what results.jsonl says"
+    else:
+        print("no junit.xml: the run was killed before it closed (SIGKILL 10 s after the cancel)")
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["cell_id"] and (run_dir / "stack.json").is_file()
+
+    runner.jobs["gate"] = [gate] = runner.run_job("gate", jobs["gate"])
+    print("\n".join(f"--- {s.name} rc {s.rc}\n{s.output[-1500:]}" for s in gate.steps))
+    assert gate.result == "failure" and gate.step("The pr tier ran to its end").rc == 1
