@@ -6,15 +6,19 @@
     nox -s matrix -- --json [--tier nightly]
     nox -s tests                 distci's own tests (all tiers); nox -s tests_quick: the quick tier
     nox -s bench -- harness | images | provision | pr | store
+    nox -s fuzz -- --cell ID --budget 30m --seed S   draw configurations, shrink what fails
     nox -s images -- --cell ID | --tier NAME
     nox -s ingest | gate | export | dashboard | bisect | lint | aggregate | teardown
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -74,11 +78,53 @@ def _distci(session: nox.Session, command: str, args: list[str] | None = None, *
     with open(CONTROLLER.parent / "_controller.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not python.exists() or not stamp.exists() or stamp.read_text() != wanted:
-            session.run(sys.executable, "-m", "venv", "--clear", str(CONTROLLER), external=True)
-            session.run(str(python), "-m", "pip", "install", "--quiet", *CONTROLLER_INSTALL, external=True)
+            # Installs report on stderr: stdout is the command's (`nox -s matrix -- --json | jq`).
+            session.run(sys.executable, "-m", "venv", "--clear", str(CONTROLLER), external=True, stdout=sys.stderr)
+            session.run(str(python), "-m", "pip", "install", "--quiet", *CONTROLLER_INSTALL, external=True,
+                        stdout=sys.stderr)
             stamp.write_text(wanted)
     session.run(str(python), "-m", "distci", command, *(session.posargs if args is None else args), external=True,
                 **run_kwargs)
+
+
+# A stop (Ctrl-C in a terminal, a CI job's cancel: SIGINT, SIGTERM, SIGHUP) goes to the
+# controller, and nox waits while the controller closes its run (the test in flight
+# recorded, summary, JUnit, run.json ended, exit file). Left alone, nox SIGTERMs the
+# controller 0.3 s after a Ctrl-C and SIGKILLs it 0.2 s later, and dies at once of a SIGTERM.
+STOP_GRACE_S = 180.0  # the controller gives pytest 60 s, then kills its tree
+
+
+def _children(pid: int) -> list[int]:
+    """The direct children of `pid` (Linux /proc; elsewhere none: a terminal's Ctrl-C
+    still reaches them, as they share its process group)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+@contextlib.contextmanager
+def _stops_handed_to_the_controller():
+    stopping: list[int] = []
+
+    def hand_off(signum: int, _frame) -> None:
+        for pid in _children(os.getpid()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+        if not stopping:  # nox then waits for the controller (interrupt_timeout)
+            stopping.append(signum)
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    saved = {sig: signal.signal(sig, hand_off) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 # nox ends every failed session with exit 1; distci's own code (1 a test failed or the gate
@@ -88,12 +134,13 @@ EXIT_FILE = Path(".nox") / "distci-exit.json"
 DISTCI_EXIT_CODES = [0, 1, 2, 3]
 
 
-def _distci_keeping_exit(session: nox.Session, command: str, args: list[str] | None = None) -> None:
+def _distci_keeping_exit(session: nox.Session, command: str, args: list[str] | None = None, **run_kwargs) -> None:
     """`_distci` for a command whose exit code means something: the code goes to EXIT_FILE
     and the session's failure line names it (`distci exit 3: INCOMPLETE: ...`)."""
     exit_file = EXIT_FILE.resolve()
     exit_file.unlink(missing_ok=True)
-    _distci(session, command, args, env={"DISTCI_EXIT_FILE": str(exit_file)}, success_codes=DISTCI_EXIT_CODES)
+    _distci(session, command, args, env={"DISTCI_EXIT_FILE": str(exit_file)}, success_codes=DISTCI_EXIT_CODES,
+            **run_kwargs)
     if not exit_file.exists():
         session.error(f"distci {command} ended without writing {EXIT_FILE}: it crashed (see above)")
     result = json.loads(exit_file.read_text())
@@ -106,8 +153,10 @@ def dist_tests(session: nox.Session) -> None:
     """Provision each selected cell and run its distributed suites; results under .distci/runs/.
 
     distci's exit code (0 ok, 1 a test failed, 2 usage, 3 only infrastructure failed) is
-    kept: the session's last line names it, and `.nox/distci-exit.json` holds it."""
-    _distci_keeping_exit(session, "run")
+    kept: the session's last line names it, and `.nox/distci-exit.json` holds it. A stop
+    (Ctrl-C, a job's cancel) is handed to the controller, which closes the run first."""
+    with _stops_handed_to_the_controller():
+        _distci_keeping_exit(session, "run", interrupt_timeout=STOP_GRACE_S, terminate_timeout=10.0)
 
 
 @controller
@@ -119,7 +168,7 @@ def teardown(session: nox.Session) -> None:
 @controller
 def matrix(session: nox.Session) -> None:
     """List the matrix's cells; `-- --json [--tier T]` prints a GitHub Actions include list."""
-    _distci(session, "matrix")
+    _distci(session, "matrix", stderr=sys.stderr)  # stdout: only the listing (nox merges stderr into it)
 
 
 @controller
@@ -158,6 +207,13 @@ def bench(session: nox.Session) -> None:
 
 
 @controller
+def fuzz(session: nox.Session) -> None:
+    """Draw scenario configurations on one cell, run them, shrink what fails:
+    `-- --cell ID [--budget 30m] [--seed S] [--space AXIS=V1,V2] [--list] [--replay JSON]`."""
+    _distci(session, "fuzz")
+
+
+@controller
 def fixes_audit(session: nox.Session) -> None:
     """Each fix's regression test with fixes off and on, per torch version (CPU): `-- --torch 2.5.1,2.6.0,...`."""
     _distci(session, "fixes-audit")
@@ -192,10 +248,10 @@ def dashboard(session: nox.Session) -> None:
 
 @controller
 def bisect(session: nox.Session) -> None:
-    """`-- TEST_ID|--command CMD --good X --bad Y [--axis torch|torchao|torchtitan] [--find-fix] [--stack stack.json|--cell ID|--base-env VENV]`;
-    `-- --from-regression RUN_ID::TEST_ID`; `-- --list-regressions`; `-- TEST_ID|--command CMD --compiler [--in-env VENV|--bad X]`;
-    torch: `--below-nightly` (main commits between two adjacent nightlies), `--python-diff` (between two builds); rerun to resume;
-    `-- --backend docker --image-cell CELL ...` runs it in the cell's image."""
+    """`-- MODE ...`, MODE one of versions, commits, below-nightly, python-diff, compiler, list
+    (`-- MODE --help` lists its options), e.g. `-- versions TEST_ID|--command CMD --good X --bad Y [--stack stack.json]`,
+    `-- python-diff --command CMD --good 2.14.0 --bad 2.14.1`; rerun to resume;
+    `-- MODE --backend docker --image-cell CELL ...` runs it in the cell's image."""
     _distci(session, "bisect")
 
 

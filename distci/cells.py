@@ -7,13 +7,61 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-from dataclasses import dataclass
+import re
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from distci.errors import SelectionError
 from distci.provision.sources import PACKAGE_AXES, Source
 from distci.tomlloc import suggest as _suggest
+
+
+CONTAINER_KEYS = ("memory", "pids", "cpus", "user", "network")
+NETWORKS = ("none", "host", "bridge")
+_MEMORY = re.compile(r"\d+(?:\.\d+)?[bkmg]?", re.IGNORECASE)
+_UID_GID = re.compile(r"\d+:\d+")
+
+
+@dataclass(frozen=True)
+class ContainerLimits:
+    """How a cell's container is confined: `[accelerators.<name>.container]` of matrix.toml.
+
+    `memory` is docker's memory limit ("16g"; empty: none), `pids` the most processes and
+    threads (0: none), `cpus` the CPUs it may use (0: all; capped at the host's count).
+    `user`: "auto" runs as the controller's uid:gid, or as UNPRIVILEGED_USER when the
+    controller is root; "root" opts out; "UID:GID" names one. `network`: "" keeps the
+    family's (CPU: none, since gloo runs over loopback; CUDA/NPU: host).
+    """
+
+    memory: str = ""
+    pids: int = 0
+    cpus: float = 0.0
+    user: str = "auto"
+    network: str = ""
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any]) -> "ContainerLimits":
+        """The limits of one table; ValueError naming the bad key, value and what is allowed."""
+        unknown = sorted(set(table) - set(CONTAINER_KEYS))
+        if unknown:
+            raise ValueError(f"unknown key(s) {', '.join(unknown)}; allowed: {', '.join(CONTAINER_KEYS)}")
+        memory = str(table.get("memory", ""))
+        if memory and not _MEMORY.fullmatch(memory):
+            raise ValueError(f"memory = {memory!r} is not a size like \"16g\" or \"512m\"")
+        pids = table.get("pids", 0)
+        if isinstance(pids, bool) or not isinstance(pids, int) or pids < 0:
+            raise ValueError(f"pids = {pids!r} is not a whole number >= 0 (0: no limit)")
+        cpus = table.get("cpus", 0)
+        if isinstance(cpus, bool) or not isinstance(cpus, (int, float)) or cpus < 0:
+            raise ValueError(f"cpus = {cpus!r} is not a number >= 0 (0: every CPU)")
+        user = str(table.get("user", "auto"))
+        if user not in ("auto", "root") and not _UID_GID.fullmatch(user):
+            raise ValueError(f"user = {user!r} is not \"auto\", \"root\" or \"UID:GID\"")
+        network = str(table.get("network", ""))
+        if network and network not in NETWORKS:
+            raise ValueError(f"network = {network!r} is not one of {', '.join(NETWORKS)}")
+        return cls(memory, pids, float(cpus), user, network)
 
 
 @dataclass(frozen=True)
@@ -25,6 +73,7 @@ class Accelerator:
     variants: tuple[str, ...]
     family: str
     description: str = ""
+    container: ContainerLimits = ContainerLimits()
 
 
 @dataclass(frozen=True)
@@ -56,6 +105,7 @@ class Cell:
     family: str = ""
     external: tuple[str, ...] = ()  # suites of suites/external.toml, run after `suites`
     requirements: tuple[str, ...] = ()  # extra pip requirement lines installed with the stack
+    container: ContainerLimits = ContainerLimits()  # its accelerator's; not part of the id
 
     @property
     def id(self) -> str:
@@ -94,6 +144,7 @@ class Cell:
             "timeout": self.timeout,
             "external": list(self.external),
             "requirements": list(self.requirements),
+            "container": asdict(self.container),
         }
 
 

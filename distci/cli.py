@@ -56,12 +56,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _run_cells(args: argparse.Namespace) -> tuple[int, list]:
     from distci.run.cellrun import run_cell
+    from distci.run.fixesmode import fixes_override
     from distci.matrix import load_matrix
     from distci.rundir import RunDir
     from distci.run.terminal import exit_code, print_summary
 
     matrix = load_matrix(args.matrix)
-    cells = matrix.select(cell_ids=args.cell or None, tier=None if args.cell else args.tier)
+    cells = fixes_override(matrix.select(cell_ids=args.cell or None, tier=None if args.cell else args.tier))
     if args.backend == "docker":
         from distci.images import run_cells_in_docker
 
@@ -100,6 +101,7 @@ REGISTRY = (
     "distci.run.runreport",    # runreport
     "distci.ci",           # aggregate
     "distci.judge.notify",       # notify
+    "distci.run.fuzz",           # fuzz
 )
 
 

@@ -50,3 +50,7 @@ class StoreError(DistciError):
 class BisectError(DistciError):
     """A bisect cannot start or go on: endpoints that agree, a bad state file, a range
     that is not a chain of commits. The message says what to change."""
+
+
+class FuzzSpecError(DistciError):
+    """A fuzz command's --space, --budget or --replay value is not one the space can take."""

@@ -26,7 +26,7 @@ from distci.errors import MatrixError
 from distci.tomlloc import Locator as _Locator, suggest as _suggest
 from distci.external.spec import DEFAULT_PATH as EXTERNAL_PATH, load_suites
 from distci.provision.sources import PACKAGE_AXES, Source
-from distci.cells import Accelerator, Cell, Matrix, Tier
+from distci.cells import Accelerator, Cell, ContainerLimits, Matrix, Tier
 
 SCHEMA = 1
 # The checkout's external suites: the file cell runs read (distci.run.cellrun), so names are
@@ -45,7 +45,7 @@ BLOCK_KEYS = AXES + ATTRIBUTES
 DEFAULT_KEYS = ("python", "world_size", "suites", "timeout", "tiers", "external", "requirements", "fixes", "torch",
                 "torchao", "torchtitan")
 TOP_KEYS = ("schema", "defaults", "accelerators", "matrix", "exclude", "include", "tiers")
-ACCELERATOR_KEYS = ("backend", "runner", "archs", "variants", "family", "description")
+ACCELERATOR_KEYS = ("backend", "runner", "archs", "variants", "family", "description", "container")
 TIER_KEYS = ("description", "blocking_suites")
 INCLUDE_SET_KEYS = ("tiers", "suites", "external", "runner", "timeout", "python")
 # List-valued attributes an [[include]] adds to, rather than replaces.
@@ -200,8 +200,18 @@ class _Loader:
                 variants=self._strings(spec["variants"], "variants", label, section, allow_empty=False),
                 family=str(spec.get("family", name)),
                 description=str(spec.get("description", "")),
+                container=self._container(spec.get("container", {}), label, section),
             )
         return result
+
+    def _container(self, table: Any, label: str, section: tuple[str, int]) -> ContainerLimits:
+        where = (f"{section[0]}.container", 0)
+        if not isinstance(table, dict):
+            raise self.loc.error(f"{label}: 'container' must be a table ([{section[0]}.container])", section, "container")
+        try:
+            return ContainerLimits.from_table(table)
+        except ValueError as exc:
+            raise self.loc.error(f"[{section[0]}.container]: {exc}", where, None) from None
 
     def _tiers(self) -> dict[str, Tier]:
         table = self._table(self.data, "tiers", "top level")
@@ -367,6 +377,7 @@ class _Loader:
                     torchtitan=titan, torch_npu=npu, fixes=fix, world_size=ws, suites=suites,
                     tiers=cell_tiers, runner=acc.runner, backend=acc.backend, python=python,
                     timeout=timeout, family=acc.family, external=external, requirements=requirements,
+                    container=acc.container,
                 ))
         return cells
 

@@ -12,6 +12,7 @@ the standard library only.
 
 from __future__ import annotations
 
+import os
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field, fields
@@ -162,9 +163,38 @@ def test_location(test_id: str, root: Path | None = None) -> tuple[str, int]:
     return path, (text.count("\n", 0, m.start()) + 1) if m else 0
 
 
-def _junit_kind(r: Result) -> str:
+_XML_ILLEGAL = re.compile("[^\u0009\u000a\u000d\u0020-\u007e\u0080-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def xml_text(text: object) -> str:
+    """Text XML 1.0 can hold, escaped the way pytest's junitxml does (`bin_xml_escape`): a
+    character XML forbids (NUL, ESC, BEL, a lone surrogate from undecodable bytes) becomes
+    `#xHH` / `#xHHHH`, so one odd byte in a rank's output never makes junit.xml unreadable."""
+    def repl(m: re.Match[str]) -> str:
+        i = ord(m.group())
+        return f"#x{i:02X}" if i <= 0xFF else f"#x{i:04X}"
+
+    return _XML_ILLEGAL.sub(repl, str(text))
+
+
+def _element(parent: ET.Element, tag: str, text: str | None = None, **attrs: str) -> ET.Element:
+    el = ET.SubElement(parent, tag, {k: xml_text(v) for k, v in attrs.items()})
+    if text is not None:
+        el.text = xml_text(text)
+    return el
+
+
+def _junit_kind(r: Result, verdict: str | None = None) -> str:
     """How a Result shows in JUnit, agreeing with the gate: known issues are skipped
-    (pytest.xfail), a pass on a rerun passes (with its flaky failures), infra is an error."""
+    (pytest.xfail), a pass on a rerun passes (with its flaky failures), infra is an error.
+    With the store's `verdict` (ingest rewrites JUnit from it), the verdict decides: an
+    `xfail` is skipped with its known issue, a `flaky` failure is a flakyFailure."""
+    if verdict is not None:
+        if verdict == "xfail":
+            return "xfail"
+        if verdict == "flaky" and r.outcome in ("failed", "error"):
+            return "flaky"
+        return "flaky" if r.flaky else r.outcome
     if r.outcome == "failed" and r.known_issue:
         return "xfail"
     if r.flaky:
@@ -172,20 +202,24 @@ def _junit_kind(r: Result) -> str:
     return r.outcome
 
 
-def write_junit(results: Iterable[Result], path: Path, *, suite_name: str = "distci", root: Path | None = None) -> Path:
+def write_junit(results: Iterable[Result], path: Path, *, suite_name: str = "distci", root: Path | None = None,
+                verdicts: dict[str, str] | None = None) -> Path:
     """Writes JUnit XML; every testcase carries file and line, its cell id and stack summary
     as properties. `root` is where test files are looked up for their line (default: cwd).
 
     Known issues are `<skipped type="pytest.xfail">` with the id as the `known_issue`
     property; a pass on a rerun carries one `<flakyFailure>` per failed try, a failure
     on every try one `<rerunFailure>` per rerun (the Maven surefire elements GitHub's
-    JUnit reporters read).
+    JUnit reporters read). `verdicts` (test id -> the store's verdict) makes the file say
+    what the gate says. Every character XML forbids is escaped (xml_text). The file is
+    written beside its place, fsync'd and renamed over it: a full disk leaves the old
+    file whole (or none), never a torn one.
     """
     results = list(results)
     root = Path.cwd() if root is None else Path(root)
-    kinds = [_junit_kind(r) for r in results]
+    kinds = [_junit_kind(r, verdicts.get(r.test_id) if verdicts else None) for r in results]
     suites = ET.Element("testsuites")
-    suite = ET.SubElement(
+    suite = _element(
         suites,
         "testsuite",
         name=suite_name,
@@ -196,14 +230,14 @@ def write_junit(results: Iterable[Result], path: Path, *, suite_name: str = "dis
         time=f"{sum(r.duration_s for r in results):.3f}",
     )
     if results:
-        props = ET.SubElement(suite, "properties")
+        props = _element(suite, "properties")
         for key, value in sorted(results[0].stack.items()):
             if isinstance(value, (str, int, float, bool)):
-                ET.SubElement(props, "property", name=f"stack.{key}", value=str(value))
+                _element(props, "property", name=f"stack.{key}", value=str(value))
     for r, kind in zip(results, kinds):
         classname, _, name = r.test_id.rpartition("::")
         file, line = test_location(r.test_id, root)
-        case = ET.SubElement(
+        case = _element(
             suite,
             "testcase",
             classname=classname.replace("/", ".").removesuffix(".py") or "distci",
@@ -212,35 +246,52 @@ def write_junit(results: Iterable[Result], path: Path, *, suite_name: str = "dis
             line=str(line),
             time=f"{r.duration_s:.3f}",
         )
-        cprops = ET.SubElement(case, "properties")
-        ET.SubElement(cprops, "property", name="cell_id", value=r.cell_id)
-        ET.SubElement(cprops, "property", name="run_id", value=r.run_id)
+        cprops = _element(case, "properties")
+        _element(cprops, "property", name="cell_id", value=r.cell_id)
+        _element(cprops, "property", name="run_id", value=r.run_id)
         for key, value in stack_summary(r.stack).items():
-            ET.SubElement(cprops, "property", name=f"stack.{key}", value=value)
+            _element(cprops, "property", name=f"stack.{key}", value=value)
         if r.failure_kind:
-            ET.SubElement(cprops, "property", name="failure_kind", value=r.failure_kind)
+            _element(cprops, "property", name="failure_kind", value=r.failure_kind)
         if r.known_issue:
-            ET.SubElement(cprops, "property", name="known_issue", value=r.known_issue)
+            _element(cprops, "property", name="known_issue", value=r.known_issue)
         if r.repro:
-            ET.SubElement(cprops, "property", name="repro", value=r.repro)
+            _element(cprops, "property", name="repro", value=r.repro)
         body = "\n".join(f"--- rank {x.rank} ({x.outcome}) ---\n{x.excerpt}" for x in r.ranks)
         summary = r.error_signature or r.message[:200]
         if kind == "xfail":
-            ET.SubElement(case, "skipped", type="pytest.xfail", message=f"known issue {r.known_issue}: {summary}")
+            _element(case, "skipped", type="pytest.xfail", message=f"known issue {r.known_issue}: {summary}")
         elif kind == "flaky":
             for outcome, message in r.attempts:
                 if outcome in ("failed", "error"):
-                    el = ET.SubElement(case, "flakyFailure", message=message[:200], type=r.failure_kind or "")
-                    el.text = message
+                    _element(case, "flakyFailure", message, message=message[:200], type=r.failure_kind or "")
         elif kind in ("failed", "error"):
-            el = ET.SubElement(case, "failure" if kind == "failed" else "error", message=summary,
-                               type=r.failure_kind or "")
-            el.text = r.message + ("\n" + body if body else "")
+            _element(case, "failure" if kind == "failed" else "error", r.message + ("\n" + body if body else ""),
+                     message=summary, type=r.failure_kind or "")
             for outcome, message in r.attempts[1:]:
-                rerun = ET.SubElement(case, "rerunFailure", message=message[:200], type=r.failure_kind or "")
-                rerun.text = message
+                _element(case, "rerunFailure", message, message=message[:200], type=r.failure_kind or "")
         elif kind == "skipped":
-            ET.SubElement(case, "skipped", message=r.message[:500])
+            _element(case, "skipped", message=r.message[:500])
     path = Path(path)
-    ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
+    data = ET.tostring(suites, encoding="utf-8", xml_declaration=True)
+    write_atomic(path, data)
     return path
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """`data` at `path`, or an OSError with `path` as it was: written to a temporary file
+    beside it, fsync'd, then renamed over it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise

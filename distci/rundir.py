@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from distci.errors import StoreError
-from distci.results import Result, error_signature, write_junit
+from distci.results import Result, error_signature, write_atomic, write_junit
 
 RESULTS_FILE = "results.jsonl"
 JUNIT_FILE = "junit.xml"
@@ -42,6 +42,8 @@ RUN_FILES = (RESULTS_FILE, RUN_FILE, STACK_FILE, JUNIT_FILE)
 """The files that make a run: what a history keeps and an ingest reads."""
 
 INFRA_PREFIX = "<infra>::"
+RECORD_LOST_EXIT = 75
+"""pytest's exit status (EX_TEMPFAIL) when the harness could not write a Result: the run is `infra`."""
 
 
 def now() -> str:
@@ -68,7 +70,10 @@ class RunInfo:
     `baseline_cell` is the cell this one is compared with when it has no history of its
     own (declared in matrix.toml; the runner copies it here so verdicts can be recomputed
     from the files alone). `ended_at` stays empty while the run goes: a run.json without
-    it is a run in flight, or one whose controller died.
+    it is a run in flight, or one whose controller died. `selection` is how the run was
+    narrowed (`-k EXPR`, `--test ID`: see `selection_of`); empty for a run of the cell's
+    whole suites. The gate takes the expected tests of a cell only from runs that were not
+    narrowed; a narrowed run adds evidence for the tests it ran.
     """
 
     run_id: str
@@ -87,6 +92,12 @@ class RunInfo:
     command: str = ""
     ci: dict[str, str] = field(default_factory=dict)  # GitHub's run coordinates: the dashboard links the job
     exit_code: int | None = None  # this cell's part of `distci run`'s exit code (distci.run.terminal.EXIT_CODES)
+    selection: list[str] = field(default_factory=list)
+
+    @property
+    def partial(self) -> bool:
+        """Whether the run ran a selection of the cell's tests rather than all of them."""
+        return bool(self.selection)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunInfo":
@@ -155,6 +166,16 @@ def read_results(path: Path) -> list[Result]:
     return list(parse_results(path))
 
 
+class RecordError(OSError):
+    """A Result could not be written (a full disk, a file-size limit). results.jsonl still
+    ends with its last whole record; the run must end as `infra`, not as test failures."""
+
+    def __init__(self, path: Path, test_id: str, cause: OSError) -> None:
+        super().__init__(cause.errno, f"cannot record {test_id} in {path}: {cause.strerror or cause} "
+                                      f"(results so far are kept whole; free space or raise the limit, then rerun)")
+        self.path, self.test_id = path, test_id
+
+
 class RunDir:
     """One run directory: where each of its files is, and the writes every runner does."""
 
@@ -176,13 +197,36 @@ class RunDir:
     provision_file = property(lambda self: self.path / PROVISION_FILE)
 
     def append(self, result: Result) -> None:
-        """One durable line per Result: flushed and fsync'd, so a crash loses nothing finished."""
+        """One durable line per Result: flushed and fsync'd, so a crash loses nothing finished.
+
+        A write that fails (a full disk, a file-size limit) is undone to the last whole
+        record and raised as RecordError: the file never holds a torn line."""
         self.path.mkdir(parents=True, exist_ok=True)
-        line = json.dumps(result.to_dict(), sort_keys=True, default=str)
-        with open(self.results_path, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        line = (json.dumps(result.to_dict(), sort_keys=True, default=str) + "\n").encode("utf-8")
+        with open(self.results_path, "ab", buffering=0) as fh:
+            end = fh.seek(0, os.SEEK_END)
+            try:
+                view = memoryview(line)
+                while view:
+                    view = view[fh.write(view):]
+                os.fsync(fh.fileno())
+            except OSError as exc:
+                try:
+                    fh.truncate(end)
+                except OSError:
+                    pass
+                raise RecordError(self.results_path, result.test_id, exc) from exc
+
+    def append_closing(self, results: list[Result], suite_name: str) -> OSError | None:
+        """Appends a run's closing Results (infra records) and rewrites junit.xml; on a full
+        disk returns the error instead of raising: the caller still reports them."""
+        try:
+            for result in results:
+                self.append(result)
+            self.write_junit(suite_name)
+        except OSError as exc:
+            return exc
+        return None
 
     def results(self, problems: list[LineProblem] | None = None) -> list[Result]:
         return list(parse_results(self.results_path, problems)) if self.results_path.exists() else []
@@ -194,9 +238,7 @@ class RunDir:
     def write_info(self, info: RunInfo) -> None:
         """run.json, replaced atomically: a reader sees the old or the new one, never half."""
         self.path.mkdir(parents=True, exist_ok=True)
-        tmp = self.path / (RUN_FILE + ".tmp")
-        tmp.write_text(json.dumps(info.to_dict(), indent=1, sort_keys=True, default=str))
-        tmp.replace(self.info_path)
+        write_atomic(self.info_path, json.dumps(info.to_dict(), indent=1, sort_keys=True, default=str).encode())
 
     def read_info(self) -> RunInfo | None:
         try:
@@ -211,7 +253,7 @@ class RunDir:
             return
         data = stack.to_dict() if hasattr(stack, "to_dict") else stack
         self.path.mkdir(parents=True, exist_ok=True)
-        self.stack_path.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
+        write_atomic(self.stack_path, json.dumps(data, indent=1, sort_keys=True, default=str).encode())
 
     def read_stack(self) -> dict[str, Any] | None:
         """The Stack the run captured, if it got that far."""
@@ -220,6 +262,11 @@ class RunDir:
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
+
+
+def selection_of(tests: Iterable[str] | None, keyword: str | None) -> list[str]:
+    """The narrowing of a run as run.json records it: `-k EXPR` then each selected test id."""
+    return ([f"-k {keyword}"] if keyword else []) + list(tests or [])
 
 
 def repro_line(cell_id: str | None, test_id: str | None = None, *, backend: str | None = None) -> str:

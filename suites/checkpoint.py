@@ -39,10 +39,16 @@ def _state(model: nn.Module, opt: Any) -> dict:
     return {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
 
 
-def save(model: nn.Module, opt: Any, path: str) -> None:
+def save(model: nn.Module, opt: Any, path: str, asynchronous: bool = False) -> None:
+    """dcp.save, or dcp.async_save waited on (torchtitan's async mode: training goes on
+    while the checkpoint is written; a resume must find it complete)."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(_state(model, opt), checkpoint_id=path)
+    if not asynchronous:
+        dcp.save(_state(model, opt), checkpoint_id=path)
+        return
+    future = dcp.async_save(_state(model, opt), checkpoint_id=path)
+    (future.upload_completion if hasattr(future, "upload_completion") else future).result()
 
 
 def load(model: nn.Module, opt: Any, path: str) -> None:

@@ -20,7 +20,9 @@ import torch
 
 from .model_args import ModelArgs
 from .models import sharded_weights
-from .scenarios import MAX_VARLEN_GRAPHS_PER_REGION, Scenario, Tolerance
+from .parallelize import FSDP_LAYOUTS
+from .scenarios import MAX_VARLEN_GRAPHS_PER_REGION, Scenario
+from .tolerances import Tolerance
 
 MAX_LISTED = 100  # the known-issues registry must see every problem to explain a failure
 
@@ -62,6 +64,7 @@ def check_numerics(ref, run, tol: Tolerance) -> list[str]:
         elif abs(a - b) > tol.loss_atol + tol.loss_rtol * abs(b):
             problems.append(f"step {step}: loss {a:.7g} vs reference {b:.7g} "
                             f"(|diff| {abs(a - b):.3g} > {tol.loss_atol:g} + {tol.loss_rtol:g}*|ref|)")
+    problems.extend(_norm_problems(ref, run, tol))
     rerouted, routing_problems = compare_routing(ref, run)
     problems.extend(routing_problems)
     for step, (grads, ref_grads) in enumerate(zip(run.grads, ref.grads)):
@@ -77,6 +80,19 @@ def check_numerics(ref, run, tol: Tolerance) -> list[str]:
     if ref.eval_loss is not None:
         problems.extend(_eval_problems(ref, run, tol))
     return problems
+
+
+def _norm_problems(ref, run, tol: Tolerance) -> list[str]:
+    """The total gradient norm clipping measured, against the reference's: relative error
+    within what the gradient SQNR bound allows (60 dB: 1e-3)."""
+    if not ref.grad_norms:
+        return []
+    if len(run.grad_norms) != len(ref.grad_norms):
+        return [f"clipping measured {len(run.grad_norms)} gradient norms, the reference {len(ref.grad_norms)}"]
+    rtol = 10 ** (-tol.grad_min_sqnr / 20)
+    return [f"step {step}: total gradient norm {a:.6g} vs reference {b:.6g} (relative error > {rtol:.2g})"
+            for step, (a, b) in enumerate(zip(run.grad_norms, ref.grad_norms))
+            if not math.isfinite(a) or abs(a - b) > rtol * abs(b)]
 
 
 def _eval_problems(ref, run, tol: Tolerance) -> list[str]:
@@ -194,7 +210,12 @@ class GraphExpectation:
     fsdp_reduce_scatters: int | None = None
     float8_all_gather_weights: int = 0
     trainable: tuple[str, ...] | None = None
-    """Exactly these parameters train (the frozen rows); None: every parameter."""
+    """Exactly these parameters require grad after parallelize / fully_shard / compile and
+    after the last step (what the `train` column freezes stays frozen, the rest trains)."""
+    fsdp_param_dtype: str | None = None
+    """The dtype every FSDP2 parameter all-gather must move (the policy's param_dtype)."""
+    fsdp_reduce_dtype: str | None = None
+    """The dtype every FSDP2 gradient reduce-scatter / all-reduce must run in (reduce_dtype)."""
     default_placement: str | None = None
     """Prefix every parameter's placement must start with (FSDP2: `S0`, sharded on dp)."""
     min_scaled_mm: int = 0
@@ -232,23 +253,36 @@ def final_layout(scenario: Scenario) -> str:
     return scenario.parallel if scenario.resume == "none" else scenario.resume
 
 
-def fsdp_units(args: ModelArgs, reshard: bool = True) -> tuple[int, int]:
+def fsdp_units(args: ModelArgs, reshard: bool = True, mode: str = "titan",
+               trainable: tuple[str, ...] | None = None) -> tuple[int, int]:
     """(all-gathers, units with a reduce-scatter) of one FSDP2 microbatch, as
     parallelize.apply_fsdp wraps: every block plus the root gathers in forward; blocks
-    that reshard after forward gather again in backward."""
+    that reshard after forward gather again in backward; a unit whose parameters are
+    all frozen has nothing to reduce."""
     from .parallelize import resharded_blocks
 
-    return args.n_layers + 1 + sum(resharded_blocks(args.n_layers, reshard)), args.n_layers + 1
+    gathers = args.n_layers + 1 + sum(resharded_blocks(args.n_layers, reshard, mode))
+    if trainable is None:
+        return gathers, args.n_layers + 1
+    units = {n.split(".")[1] if n.startswith("layers.") else "root" for n in trainable}
+    return gathers, len(units)
 
 
-def expected_graph(scenario: Scenario, args: ModelArgs | None = None) -> GraphExpectation:
-    """The evidence a correct run of `scenario` leaves behind."""
-    from .models import frozen_by_default
+def trainable_names(scenario: Scenario) -> tuple[str, ...]:
+    """The parameters a correct run of the row trains: all but what `train` freezes."""
+    from .models import build_model, is_frozen  # the names only: a tiny CPU build
 
+    return tuple(sorted(n for n, _ in build_model(scenario.model_args, 0).named_parameters()
+                        if not is_frozen(n, scenario.train)))
+
+
+def expected_graph(scenario: Scenario, dtype: str | None = None) -> GraphExpectation:
+    """The evidence a correct run of `scenario` leaves behind; `dtype`, the device's
+    training dtype, sets what FSDP2's collectives move when the row has no mp policy."""
     args = scenario.model_args
     layout = final_layout(scenario)
     exp = GraphExpectation()
-    if scenario.compile == "model" and layout in ("fsdp", "fsdp_tp"):
+    if scenario.compile == "model" and layout in FSDP_LAYOUTS:
         # Not fullgraph: Dynamo breaks the graph at FSDP2's (disabled) hooks, before and
         # after every unit; more pieces than that, or any recompile, is a regression.
         pieces = 2 * (args.n_layers + 1) + 1
@@ -273,21 +307,23 @@ def expected_graph(scenario: Scenario, args: ModelArgs | None = None) -> GraphEx
     else:
         exp.forbid_scaled_mm = True
     exp.fused_async_tp = scenario.async_tp
-    if layout in ("fsdp", "fsdp_tp"):
-        gathers, units = fsdp_units(args)
-        if scenario.train == "frozen":
-            units -= 1  # the root holds only frozen weights: nothing to reduce
+    exp.trainable = trainable_names(scenario)
+    if layout in FSDP_LAYOUTS:
+        mode = scenario.reshard if layout == scenario.parallel else "titan"
+        gathers, units = fsdp_units(args, mode=mode, trainable=exp.trainable)
         exp.fsdp_all_gathers = gathers * scenario.accum
         exp.fsdp_reduce_scatters = units * scenario.accum
-        exp.default_placement = "S0"
+        exp.default_placement = "R,S0" if layout == "hsdp" else "S0"
+        if scenario.fsdp_float8_all_gather:
+            pass  # float8 weights travel as torchao's subclass bytes: not recorded
+        elif scenario.mp == "bf16":
+            exp.fsdp_param_dtype, exp.fsdp_reduce_dtype = "bfloat16", "float32"
+        elif dtype is not None:
+            exp.fsdp_param_dtype = exp.fsdp_reduce_dtype = dtype
     if layout in ("tp", "tp_sp"):
         exp.sharded = {k: f"S{d}" for k, d in sharded_weights(args).items()}
     elif layout == "fsdp_tp":
         exp.sharded = {k: f"S0,S{d}" for k, d in sharded_weights(args).items()}
-    if scenario.train == "frozen":
-        from .models import build_model  # the names only: a meta-device-free tiny build
-
-        exp.trainable = tuple(sorted(n for n, _ in build_model(args, 0).named_parameters() if not frozen_by_default(n)))
     return exp
 
 
@@ -330,12 +366,16 @@ def check_graph(exp: GraphExpectation, ev) -> list[str]:
         problems.append(f"{ev.float8_all_gather_weights} FSDP weights all-gather in float8, expected "
                         f"{exp.float8_all_gather_weights}: the all-gathers move high-precision weights")
     if exp.trainable is not None:
-        extra = sorted(set(ev.trainable) - set(exp.trainable))
-        missing = sorted(set(exp.trainable) - set(ev.trainable))
-        if extra:
-            problems.append(f"frozen parameters require grad: {extra}")
-        if missing:
-            problems.append(f"adapter parameters do not require grad: {missing}")
+        for when, names in (("after parallelize", ev.trainable), ("after the last step", ev.trainable_end)):
+            if names is None:
+                continue  # evidence built by hand: not recorded
+            extra = sorted(set(names) - set(exp.trainable))
+            missing = sorted(set(exp.trainable) - set(names))
+            if extra:
+                problems.append(f"frozen parameters require grad: {extra} ({when})")
+            if missing:
+                problems.append(f"parameters that train do not require grad: {missing} ({when})")
+    problems.extend(_collective_dtype_problems(exp, ev.collectives))
     if ev.frozen_with_grad:
         problems.append(f"frozen parameters got a gradient: {ev.frozen_with_grad}")
     scaled = _count(ev.runtime_ops, SCALED_MM)
@@ -368,6 +408,24 @@ def check_graph(exp: GraphExpectation, ev) -> list[str]:
                 problems.append(f"{name} is {placement}, the plan places it {want}")
         if exp.default_placement and not placement.startswith(exp.default_placement):
             problems.append(f"{name} is {placement}, FSDP2 shards every parameter {exp.default_placement}")
+    return problems
+
+
+def _collective_dtype_problems(exp: GraphExpectation, collectives: Counter) -> list[str]:
+    """FSDP2's all-gathers in param_dtype, its gradient reductions in reduce_dtype."""
+    from .collectives import FSDP_ALL_GATHER_OPS, FSDP_REDUCE_OPS, dtypes_of
+
+    problems = []
+    for what, ops, want in (("parameter all-gathers", FSDP_ALL_GATHER_OPS, exp.fsdp_param_dtype),
+                            ("gradient reductions", FSDP_REDUCE_OPS, exp.fsdp_reduce_dtype)):
+        if want is None:
+            continue
+        seen = dtypes_of(collectives, ops)
+        if not seen:
+            problems.append(f"no FSDP {what} were recorded in the last step (expected them in {want})")
+        wrong = {d: n for d, n in seen.items() if d != want}
+        if wrong:
+            problems.append(f"FSDP {what} ran in {dict(sorted(wrong.items()))}, the MixedPrecisionPolicy says {want}")
     return problems
 
 

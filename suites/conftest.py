@@ -10,17 +10,18 @@ Tiers: every scenario carries `tier_<name>` markers for its own tier and every l
 Without a tier every test runs. Device requirements (CUDA for async TP, an SM for real
 float8 kernels, float8 collectives that gloo lacks) are turned into the harness's
 `requires_accelerator` / `requires_sm` markers or a skip with the reason, for the
-accelerator this run uses; Float8 scenarios skip in a cell without torchao, expert-parallel
-ones where torch has no differentiable all-to-all.
+accelerator this run uses; what the stack itself cannot do (torchao missing, CPU
+`_scaled_mm` without rowwise scales, no differentiable all-to-all, ...) is probed by
+suites/capabilities.py, and the row skips with the probe's reason.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import pytest
 
+from . import capabilities
 from .scenarios import TIERS, Scenario
 
 TIER_ENV = "DISTCI_TIER"
@@ -49,23 +50,17 @@ def selected_tier(config: pytest.Config) -> str | None:
 
 
 def _device_type(config: pytest.Config) -> str:
-    harness = getattr(config, "_distci", None)
+    try:
+        from distci.harness.plugin import harness_of
+    except ImportError:  # the suites collected without distci installed
+        harness = None
+    else:
+        harness = harness_of(config)
     if harness is not None:
         return harness.device_type
     from .devices import detect_device_type
 
     return detect_device_type()
-
-
-def _expert_parallel_missing() -> str | None:
-    """Why this torch cannot run the expert-parallel rows (None: it can)."""
-    try:
-        from torch.distributed import _functional_collectives as funcol
-    except ImportError as exc:
-        return f"expert parallel needs torch.distributed's functional collectives ({exc})"
-    if not hasattr(funcol, "all_to_all_single_autograd"):
-        return "expert parallel needs a differentiable all-to-all (all_to_all_single_autograd), which this torch lacks"
-    return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -78,16 +73,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             config.hook.pytest_deselected(items=drop)
             items[:] = keep
     device_type = _device_type(config)
-    has_torchao = importlib.util.find_spec("torchao") is not None
-    ep_missing = _expert_parallel_missing()
     for item in items:
         callspec = getattr(item, "callspec", None)
         scenario = callspec.params.get("scenario") if callspec else None
         if isinstance(scenario, Scenario):
-            if scenario.float8 != "none" and not has_torchao:
-                item.add_marker(pytest.mark.skip(reason="Float8 needs torchao, which this cell does not install"))
-            if scenario.parallel == "ep" and ep_missing:
-                item.add_marker(pytest.mark.skip(reason=ep_missing))
+            for why in capabilities.missing(scenario, device_type):
+                item.add_marker(pytest.mark.skip(reason=why))
             for name, args, why in scenario.needs(device_type):
                 if name == "skip":
                     item.add_marker(pytest.mark.skip(reason=why))

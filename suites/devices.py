@@ -10,6 +10,7 @@ unchanged on every accelerator (DESIGN.md rule 9).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from distci.harness.devices import DEVICES, detect_device_type, device_capability, device_kind
 
@@ -21,6 +22,7 @@ __all__ = [
     "device_capability",
     "device_kind",
     "suite_device",
+    "scenario_needs",
 ]
 
 
@@ -53,3 +55,25 @@ SUITE_DEVICES: dict[str, SuiteDevice] = {
 def suite_device(name: str) -> SuiteDevice:
     device_kind(name)
     return SUITE_DEVICES[name]
+
+
+def scenario_needs(scenario: Any, device_type: str) -> list[tuple[str, tuple, str]]:
+    """Markers (name, args, why) a scenario needs on `device_type`.
+
+    Names are the harness's requires_accelerator / requires_sm, or `skip` for what the
+    accelerator's process-group backend cannot do at all.
+    """
+    device = suite_device(device_type)
+    needs: list[tuple[str, tuple, str]] = []
+    if scenario.async_tp:
+        needs.append(("requires_accelerator", ("cuda",), "async TP fuses collectives over CUDA symmetric memory"))
+        needs.append(("requires_sm", (90,), "symmetric-memory async TP kernels need SM90"))
+    if scenario.float8 != "none" and device.float8_min_sm:
+        needs.append(("requires_sm", (device.float8_min_sm[scenario.float8],),
+                      f"float8 {scenario.float8} _scaled_mm kernels"))
+    if scenario.float8_all_gather and not device.float8_collectives:
+        what = "FSDP2's float8 all-gather of the weights" if scenario.fsdp else \
+            "tensorwise Float8 with sequence parallel all-gathers float8 tensors"
+        needs.append(("skip", (), f"{what}, which the {device_type} process-group backend cannot carry"))
+    return needs
+

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from .model_args import ModelArgs
 
 __all__ = ["ModelArgs", "Transformer", "MoE", "Adapter", "build_model", "tp_plan", "TPStyles", "SHARDED_WEIGHTS",
-           "ADAPTED", "frozen_by_default"]
+           "ADAPTED", "frozen_by_default", "is_frozen"]
 
 
 def rope_cache(args: ModelArgs) -> torch.Tensor:
@@ -126,13 +126,20 @@ class MoE(nn.Module):
         self.top_k = args.top_k
         self.router = nn.Linear(args.dim, args.n_experts, bias=True)
         self.experts = nn.ModuleList(FeedForward(args, args.expert_hidden) for _ in range(args.n_experts))
+        self.steer = None
+        """None, or a callable (n_experts) -> logit offset | None that steers the router to
+        a routing edge (suites.routing.steer)."""
         self.dispatch = None
         """None: every expert local; else a callable (moe, tokens, weights, chosen) -> output
         that moves tokens to experts elsewhere (suites.parallelize.ExpertParallel)."""
 
     def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights, chosen experts), each (tokens, top_k)."""
-        scores = F.softmax(self.router(tokens).float(), dim=-1)
+        logits = self.router(tokens).float()
+        offset = self.steer(logits.shape[-1]) if self.steer is not None else None
+        if offset is not None:
+            logits = logits + offset.to(logits.device)
+        scores = F.softmax(logits, dim=-1)
         weights, chosen = scores.topk(self.top_k, dim=-1)
         return (weights / weights.sum(-1, keepdim=True)).type_as(tokens), chosen
 
@@ -174,10 +181,11 @@ class Transformer(nn.Module):
         self.register_buffer("rope", rope_cache(args), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(tokens)
+        # A pipeline stage (suites/pipeline.py) holds some blocks and maybe neither end.
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for layer in self.layers.values():
             h = layer(h, self.rope)
-        return self.output(self.norm(h))
+        return self.output(self.norm(h)) if self.output is not None else h
 
 
 ROUTER_BIAS = torch.tensor([0.4, 0.2, 0.0, -0.3, -0.5, -0.7, -0.9, -1.1])
@@ -190,6 +198,19 @@ ADAPTED = ("attention.wq", "attention.wv", "feed_forward.w1")
 def frozen_by_default(name: str) -> bool:
     """Whether a parameter is frozen in a `frozen` (LoRA-style) run: all but the adapters."""
     return "_adapter." not in name
+
+
+def is_frozen(name: str, train: str) -> bool:
+    """Whether a parameter is frozen under the `train` column, as fine-tuning freezes:
+    `frozen` (a frozen base with LoRA adapters), `frozen_embed` (the token embeddings:
+    the first block's input then needs no grad), `frozen_norms` (every RMSNorm weight)."""
+    if train == "frozen":
+        return frozen_by_default(name)
+    if train == "frozen_embed":
+        return name.startswith("tok_embeddings.")
+    if train == "frozen_norms":
+        return name.rsplit(".", 1)[0].endswith("norm")
+    return False
 
 
 def build_model(args: ModelArgs, seed: int) -> Transformer:

@@ -234,7 +234,7 @@ class PostGradOpCounter:
                 self.ops[op_name(node.target)] += 1
 
 
-FSDP_LAYOUTS = ("fsdp", "fsdp_tp")
+FSDP_LAYOUTS = ("fsdp", "fsdp_tp", "hsdp")
 
 
 def fsdp_api() -> tuple[Callable, type]:
@@ -246,27 +246,51 @@ def fsdp_api() -> tuple[Callable, type]:
     return fully_shard, MixedPrecisionPolicy
 
 
-def resharded_blocks(n_layers: int, reshard: bool = True) -> list[bool]:
-    """Per block: does FSDP2 free its unsharded weights after forward (re-gathered in
-    backward)? torchtitan's default: every block but the last, whose backward starts
-    right after its forward. The root module is not resharded either."""
-    return [reshard and i < n_layers - 1 for i in range(n_layers)]
+def _cpu_offload_policy(device_type: str) -> Any:
+    try:
+        from torch.distributed.fsdp import CPUOffloadPolicy
+    except ImportError:
+        from torch.distributed._composable.fsdp import CPUOffloadPolicy
+    return CPUOffloadPolicy(pin_memory=device_type != "cpu")
 
 
-def apply_fsdp(model: Transformer, mesh: Any, mp: str, reshard: bool = True) -> None:
+def reshard_after_forward(n_layers: int, mode: str = "titan") -> list[bool | int]:
+    """Per block, FSDP2's reshard_after_forward for the `reshard` column. torchtitan's
+    default (`titan`): every block but the last, whose backward starts right after its
+    forward; `true` / `false`: every block; `int2`: reshard to 2-rank groups. The root
+    module is never resharded."""
+    if mode == "titan":
+        return [i < n_layers - 1 for i in range(n_layers)]
+    value = {"true": True, "false": False, "int2": 2}[mode]
+    return [value] * n_layers
+
+
+def resharded_blocks(n_layers: int, reshard: bool = True, mode: str = "titan") -> list[bool]:
+    """Per block: does FSDP2 free its unsharded weights after forward (so it all-gathers
+    again in backward)? `reshard=False` is the mutation of a block that never reshards."""
+    return [reshard and bool(r) for r in reshard_after_forward(n_layers, mode)]
+
+
+def apply_fsdp(model: Transformer, mesh: Any, mp: str, reshard: bool = True, mode: str = "titan",
+               offload: bool = False, reduce_dtype: torch.dtype | None = None) -> None:
     """FSDP2 as torchtitan's apply_fsdp: fully_shard every block, then the root.
 
     mp `bf16`: parameters all-gathered and computed in bf16, gradients reduce-scattered
     in float32 (torchtitan's mixed_precision_param / mixed_precision_reduce defaults).
-    `reshard=False` is a mutation: no block ever frees its unsharded weights.
+    A 2-D mesh (dp_replicate, dp_shard) is HSDP. `reshard=False` and `reduce_dtype` are
+    mutations: no block ever frees its unsharded weights; gradients reduce in that dtype.
     """
     fully_shard, MixedPrecisionPolicy = fsdp_api()
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mp == "bf16" \
-        else MixedPrecisionPolicy()
+    if mp == "bf16":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype or torch.float32)
+    else:
+        policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype) if reduce_dtype else MixedPrecisionPolicy()
+    extra = {"offload_policy": _cpu_offload_policy(mesh.device_type)} if offload else {}
     blocks = list(model.layers.named_children())
-    for (name, block), again in zip(blocks, resharded_blocks(len(blocks), reshard)):
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=again)
-    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    for (name, block), again, on in zip(blocks, reshard_after_forward(len(blocks), mode),
+                                        resharded_blocks(len(blocks), reshard, mode)):
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=again if on else False, **extra)
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False, **extra)
 
 
 class ExpertParallel:

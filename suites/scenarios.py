@@ -1,65 +1,32 @@
-"""The scenario table: every parallelism x compile x AC x Float8 x training-mode combination we run.
+"""The scenario table: every parallelism x compile x AC x Float8 x training-step combination we run.
 
-Declared as data, one row per scenario, in the spirit of torchtitan's integration-test
-definitions; one runner (suites/training.py) executes any row, and the checks
-(suites/checks.py) judge it by numbers and graphs. A scenario's pytest id is built from
-its columns, e.g. `fsdp_tp-compile_block-ac_full-mp_bf16-ga2-ws4`: default values
-(inductor backend, no AC, no Float8, world size 2, SGD, full training, static shapes,
-...) are left out of the id, so the rows that existed before a column was added keep
-their ids.
+Declared as data, in the spirit of torchtitan's integration-test definitions: COLUMNS
+declares every column once (name, values, default, id fragment, doc); the Scenario record,
+its validation, its pytest id, the README coverage table and the column list below derive
+from it. RULES: the invalid combinations, as (predicate, message). TABLE: the rows, in one
+notation, `row(parallel, compile, backend, column=value, ...)`. One runner (training.py)
+executes any row; the checks (checks.py) judge it by numbers and graphs. An id is built
+from the columns in declaration order, e.g. `fsdp_tp-compile_block-ac_full-mp_bf16-ga2-ws4`;
+a column at its default adds nothing (`compile` spells `eager`), so old rows keep their
+ids when a column is added (declare it and its RULES here, write its rows, implement it
+in training.py / step.py / parallelize.py, its expectation in checks.py).
 
-Columns:
-  parallel  tp | tp_sp | fsdp | fsdp_tp | ep
-            tp / tp_sp: torchtitan's llama3 TP plan, sequence parallel or not, TP = ws;
-            fsdp: FSDP2 fully_shard per block + root, dp = ws;
-            fsdp_tp: 2-D mesh (dp_shard = ws/2, tp = 2), TP (sequence parallel) inside,
-            FSDP2 outside, as torchtitan composes them;
-            ep: expert parallel (MoE only): experts split over the ranks, tokens moved by
-            all-to-all; dense weights replicated, data parallel (gradients averaged)
-  compile   none | model | block             (always fullgraph=True)
-  backend   eager | aot_eager | inductor     (`-` when compile is none)
-  ac        none | full | selective          (checkpoint_wrapper; selective = torchtitan's op policy)
-  float8    none | tensorwise | rowwise | rowwise_with_gw_hp
-            (tensorwise under FSDP2: float8 all-gather with precomputed scales)
-  async_tp  micro-pipeline TP over symmetric memory (CUDA + inductor + tp_sp only)
-  ws        world size (4-rank rows get a 4-rank pool; skipped where fewer devices)
-  optim     sgd | adamw
-  tier      pr (CPU subset for every PR, <= 10 min on 2 cores) | nightly (the rest)
-  model     dense | moe                      (moe: router + top-k + experts in every block)
-  train     full | frozen                    (frozen: LoRA-style adapters train, the rest is frozen)
-  shapes    static | varlen                  (varlen: the sequence length changes every step)
-  mp        none | bf16                      (FSDP2 MixedPrecisionPolicy: bf16 params, fp32 reduce)
-  accum     microbatches per step (gradient accumulation)
-  eval      none | no_grad | inference       (an eval forward of the trained model)
-  loss      plain | parallel                 (vocab-parallel cross entropy, `loss_parallel()`)
-  resume    none | single | fsdp | tp_sp     (DCP: save mid-run, load under that layout, go on)
+Columns (generated from COLUMNS):
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import difflib
+from typing import Any
 
+from .columns import REQUIRED, Column, Rule, ScenarioError, describe, with_columns
 from .model_args import ModelArgs
-
-PARALLELS = ("tp", "tp_sp", "fsdp", "fsdp_tp", "ep")
-COMPILES = ("none", "model", "block")
-BACKENDS = ("none", "eager", "aot_eager", "inductor")
-ACS = ("none", "full", "selective")
-FLOAT8S = ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp")
-OPTIMS = ("sgd", "adamw")
-TIERS = ("pr", "nightly", "release")
-"""Ordered: a run of tier T selects every scenario whose tier is T or earlier."""
-MODELS = ("dense", "moe")
-TRAINS = ("full", "frozen")
-SHAPES = ("static", "varlen")
-MPS = ("none", "bf16")
-EVALS = ("none", "no_grad", "inference")
-LOSSES = ("plain", "parallel")
-RESUMES = ("none", "single", "fsdp", "tp_sp")
 
 MODEL = ModelArgs()
 MOE_MODEL = ModelArgs(n_experts=4, top_k=2, expert_hidden=64)
 LORA_MODEL = ModelArgs(lora_rank=8)
+PP_MODEL = ModelArgs(n_layers=4)
+"""Four blocks: one per stage of the interleaved schedules (2 ranks x 2 stages)."""
 STEPS = 3
 BATCH = 2
 SEED = 20251130
@@ -77,102 +44,165 @@ storm, fewer with all steps compiled is fine."""
 TP_DEGREE_2D = 2
 
 
-@dataclass(frozen=True)
+def _compile_part(s: Any) -> str:
+    if s.compile == "none":
+        return "eager"
+    return f"compile_{s.compile}" + ("" if s.backend == "inductor" else f"_{s.backend}")
+
+
+TIERS = ("pr", "nightly", "release")
+"""Ordered: a run of tier T selects every scenario whose tier is T or earlier."""
+
+# fmt: off
+COLUMNS: tuple[Column, ...] = (
+    Column("parallel", ("tp", "tp_sp", "fsdp", "fsdp_tp", "ep", "hsdp", "pp", "single"), REQUIRED, "{}",
+           "tp / tp_sp: torchtitan's llama3 TP plan (sequence parallel or not), TP = ws; fsdp: FSDP2 "
+           "fully_shard per block + root, dp = ws; fsdp_tp: 2-D mesh (dp_shard = ws/2, tp = 2), TP (SP) inside, "
+           "FSDP2 outside; ep: experts split over the ranks, tokens moved by all-to-all; hsdp: FSDP2 on a 2-D "
+           "(dp_replicate 2 x dp_shard ws/2) mesh; pp: torch.distributed.pipelining over the blocks; single: one device, no mesh (the "
+           "world-size-1 slice suites/single_device.py derives from the table)", "Parallel"),
+    Column("schedule", ("none", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"), "none", "{}",
+           "the pipeline schedule of a pp row (interleaved ones: two stages per rank); microbatches = accum",
+           "PP schedule"),
+    Column("model", ("dense", "moe"), "dense", "{}", "moe: router + top-k + experts in every block", "Model"),
+    Column("compile", ("none", "model", "block"), "none", _compile_part,
+           "torch.compile per block (torchtitan's default) or of the whole model, fullgraph", "Compile"),
+    Column("backend", ("none", "eager", "aot_eager", "inductor"), "none", None,
+           "the torch.compile backend (`none` exactly when nothing is compiled); part of the compile fragment",
+           "Backend"),
+    Column("ac", ("none", "full", "selective"), "none", {"full": "ac_full", "selective": "ac_sel"},
+           "checkpoint_wrapper per block; selective = torchtitan's op policy", "AC"),
+    Column("float8", ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp"), "none", "f8_{}",
+           "torchao Float8 training recipe (tensorwise under FSDP2: float8 all-gather, precomputed scales)",
+           "Float8"),
+    Column("async_tp", (False, True), False, {True: "asynctp"},
+           "micro-pipeline TP over symmetric memory (CUDA + inductor + tp_sp only)", "Async TP"),
+    Column("train", ("full", "frozen", "frozen_embed", "frozen_norms"), "full", "{}",
+           "frozen: LoRA-style adapters train, the rest is frozen; frozen_embed: the token embeddings are frozen "
+           "(the first block's input needs no grad); frozen_norms: every RMSNorm weight is frozen", "Train"),
+    Column("shapes", ("static", "varlen"), "static", "{}",
+           "varlen: the sequence length changes every step (numbers and the recompile budget)", "Shapes"),
+    Column("mp", ("none", "bf16"), "none", "mp_{}",
+           "FSDP2 MixedPrecisionPolicy: bf16 params, fp32 reduce (single: torch.autocast bf16)", "MP"),
+    Column("accum", (1, 2, 3, 4), 1, "ga{}", "microbatches per step (gradient accumulation)", "Accum"),
+    Column("loss", ("ce", "smooth_ce", "soft_ce", "z_loss"), "ce", "{}",
+           "cross entropy; with label smoothing 0.1; against a teacher's soft labels (distillation, through "
+           "log_softmax); plus a z-loss on logsumexp(logits)", "Loss"),
+    Column("loss_compile", (False, True), False, {True: "loss_compiled"},
+           "the loss function torch.compile'd with the row's backend (torchtitan's compile.components loss)",
+           "Loss compiled"),
+    Column("loss_parallel", (False, True), False, {True: "loss_parallel"},
+           "vocab-parallel cross entropy over Shard(-1) logits, under `loss_parallel()`", "Loss parallel"),
+    Column("eval", ("none", "no_grad", "inference"), "none", "eval_{}",
+           "an eval forward of the trained model under no_grad / inference_mode", "Eval"),
+    Column("resume", ("none", "single", "fsdp", "tp_sp"), "none", "dcp_to_{}",
+           "DCP: save mid-run, load under that layout, train on", "Resume (DCP)"),
+    Column("dcp", ("sync", "async"), "sync", {"async": "dcp_async"},
+           "how the resume row saves: dcp.save, or dcp.async_save (waited on before loading)", "DCP save"),
+    Column("clip", ("none", "norm", "foreach", "mesh"), "none", "clip_{}",
+           "gradient clipping at a max norm every step: clip_grad_norm_, its foreach form, or torchtitan's "
+           "per-mesh form (a norm per mesh, combined)", "Clip"),
+    Column("sched", ("const", "warmup_cosine"), "const", "lr_{}",
+           "LR schedule: constant, or linear warmup + cosine with two parameter groups (no weight decay on norms "
+           "and biases)", "LR schedule"),
+    Column("offload", (False, True), False, {True: "offload"}, "FSDP2 CPUOffloadPolicy (sharded params and grads "
+           "on CPU, the optimizer steps there)", "Offload"),
+    Column("reshard", ("titan", "true", "false", "int2"), "titan", "raf_{}",
+           "FSDP2 reshard_after_forward per block: torchtitan's (all but the last block), True, False, or 2 (to "
+           "2-rank groups)", "Reshard"),
+    Column("routing", ("natural", "empty_first", "empty_middle", "empty_last", "one_expert"), "natural", "route_{}",
+           "MoE routing edges: the router's own imbalance; an expert that gets no token in the first / a middle / "
+           "the last microbatch of every step; every token to one expert", "Routing"),
+    Column("world_size", (1, 2, 4), 2, "ws{}", "ranks (4-rank rows get a 4-rank pool; skipped where fewer devices)",
+           "WS"),
+    Column("optim", ("sgd", "adamw"), "sgd", "{}", "the optimizer", "Optim"),
+    Column("tier", TIERS, "nightly", None,
+           "pr: the CPU subset every PR runs (goal <= 8 min warm on 2 cores); nightly: the rest", "Tier",
+           axis=False),
+)
+# fmt: on
+COLUMN = {c.name: c for c in COLUMNS}
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(lambda s: (s.compile == "none") != (s.backend == "none"),
+         "a backend is named exactly when something is compiled (compile none <=> backend none)"),
+    Rule(lambda s: s.async_tp and (s.plan != "tp_sp" or s.compile == "none" or s.backend != "inductor"),
+         "async TP is an inductor pass over sequence-parallel TP: it needs plan tp_sp, compile model|block "
+         "and backend inductor"),
+    Rule(lambda s: s.mp != "none" and not (s.fsdp or s.parallel == "single"),
+         "mixed precision is FSDP2's MixedPrecisionPolicy (autocast on one device): it needs fsdp, fsdp_tp "
+         "or single"),
+    Rule(lambda s: (s.parallel == "single") != (s.world_size == 1),
+         "parallel single is world size 1, and world size 1 is parallel single"),
+    Rule(lambda s: s.parallel == "ep" and s.model != "moe", "expert parallel needs the moe model"),
+    Rule(lambda s: s.model == "moe" and s.parallel in ("tp_sp", "fsdp_tp"), "the MoE block has a TP plan for `tp` only"),
+    Rule(lambda s: s.loss_parallel and s.plan is None,
+         "loss parallel shards the logits over a TP dim: it needs tp, tp_sp or fsdp_tp"),
+    Rule(lambda s: s.parallel == "fsdp_tp" and s.world_size % TP_DEGREE_2D,
+         f"fsdp_tp needs a world size divisible by its TP degree {TP_DEGREE_2D}"),
+    Rule(lambda s: s.resume != "none" and s.steps <= RESUME_AT, f"a resume row needs more than {RESUME_AT} steps"),
+    Rule(lambda s: s.parallel == "hsdp" and s.world_size != 4, "hsdp is a 2 x 2 mesh: it needs world_size=4"),
+    Rule(lambda s: (s.offload or s.reshard != "titan") and not s.fsdp,
+         "offload and reshard are FSDP2 settings: they need fsdp, fsdp_tp or hsdp"),
+    Rule(lambda s: s.reshard == "int2" and not (s.parallel == "fsdp" and s.world_size == 4),
+         "reshard_after_forward=2 must divide the shard group and be smaller: it needs fsdp on 4 ranks"),
+    Rule(lambda s: s.dcp != "sync" and s.resume == "none", "dcp=async is how a resume row saves: it needs resume"),
+    Rule(lambda s: s.loss_compile and not s.compiled, "loss_compile uses the row's backend: it needs compile"),
+    Rule(lambda s: s.routing != "natural" and (s.model != "moe" or s.compiled or s.resume != "none"),
+         "routing edges steer an eager MoE router: they need model=moe, compile=none, resume=none"),
+    Rule(lambda s: s.routing == "empty_middle" and s.dp_degree * s.accum < 3,
+         "a middle microbatch needs at least 3 (data-parallel ranks x accum)"),
+    Rule(lambda s: (s.parallel == "pp") != (s.schedule != "none"), "a schedule is named exactly for parallel=pp"),
+    Rule(lambda s: s.parallel == "pp" and (s.model != "dense" or s.compiled or s.ac != "none" or s.float8 != "none"
+                                           or s.eval != "none" or s.resume != "none" or s.train == "frozen"),
+         "pp rows run the dense model eager, without AC, Float8, eval, resume or LoRA"),
+    Rule(lambda s: s.parallel == "pp" and (s.accum < 2 or s.accum % 2),
+         "pp microbatches (accum) must be a multiple of the 2 ranks, at least 2"),
+    Rule(lambda s: s.train == "frozen" and s.model == "moe", "the LoRA adapters exist in the dense model only"),
+    Rule(lambda s: s.sched != "const" and s.resume != "none",
+         "the LR scheduler's state is not part of the resume row's checkpoint: sched needs resume=none"),
+    Rule(lambda s: s.parallel == "ep" and s.clip in ("norm", "foreach"),
+         "EP's experts live on their owners only: a plain clip_grad_norm_ sees one rank's; use clip=mesh"),
+)
+
+
+@with_columns(COLUMNS)
 class Scenario:
-    parallel: str
-    compile: str
-    backend: str
-    ac: str
-    float8: str
-    async_tp: bool
-    world_size: int
-    optim: str
-    tier: str
-    model: str = "dense"
-    train: str = "full"
-    shapes: str = "static"
-    mp: str = "none"
-    accum: int = 1
-    eval: str = "none"
-    loss: str = "plain"
-    resume: str = "none"
+    """One row of the table: a value for every column of COLUMNS (fields in that order)."""
 
     def __post_init__(self) -> None:
-        for value, allowed, column in (
-            (self.parallel, PARALLELS, "parallel"),
-            (self.compile, COMPILES, "compile"),
-            (self.backend, BACKENDS, "backend"),
-            (self.ac, ACS, "ac"),
-            (self.float8, FLOAT8S, "float8"),
-            (self.optim, OPTIMS, "optim"),
-            (self.tier, TIERS, "tier"),
-            (self.model, MODELS, "model"),
-            (self.train, TRAINS, "train"),
-            (self.shapes, SHAPES, "shapes"),
-            (self.mp, MPS, "mp"),
-            (self.eval, EVALS, "eval"),
-            (self.loss, LOSSES, "loss"),
-            (self.resume, RESUMES, "resume"),
-        ):
-            if value not in allowed:
-                raise ValueError(f"scenario column {column}={value!r}; allowed: {', '.join(allowed)}")
-        if (self.compile == "none") != (self.backend == "none"):
-            raise ValueError(f"scenario compile={self.compile!r} with backend={self.backend!r}: "
-                             "a backend is named exactly when something is compiled")
-        if self.async_tp and (self.plan != "tp_sp" or self.compile == "none" or self.backend != "inductor"):
-            raise ValueError(f"{self.id}: async TP is an inductor pass over sequence-parallel TP: "
-                             "it needs plan tp_sp, compile model|block and backend inductor")
-        if self.mp != "none" and not self.fsdp:
-            raise ValueError(f"{self.id}: mixed precision is FSDP2's MixedPrecisionPolicy: it needs fsdp or fsdp_tp")
-        if self.parallel == "ep" and self.model != "moe":
-            raise ValueError(f"{self.id}: expert parallel needs the moe model")
-        if self.model == "moe" and self.parallel in ("tp_sp", "fsdp_tp"):
-            raise ValueError(f"{self.id}: the MoE block has a TP plan for `tp` only")
-        if self.loss == "parallel" and self.plan is None:
-            raise ValueError(f"{self.id}: loss parallel shards the logits over a TP dim: it needs tp, tp_sp or fsdp_tp")
-        if self.parallel == "fsdp_tp" and self.world_size % TP_DEGREE_2D:
-            raise ValueError(f"{self.id}: fsdp_tp needs a world size divisible by its TP degree {TP_DEGREE_2D}")
-        if self.accum < 1:
-            raise ValueError(f"{self.id}: accum={self.accum} microbatches")
-        if self.resume != "none" and self.steps <= RESUME_AT:
-            raise ValueError(f"{self.id}: a resume row needs more than {RESUME_AT} steps")
+        for c in COLUMNS:
+            value = getattr(self, c.name)
+            if value not in c.values or type(value) is not c.type:
+                raise ScenarioError(f"scenario column {c.name}={value!r}; allowed: "
+                                    f"{', '.join(map(repr, c.values))}")
+        for rule in RULES:
+            if rule.broken(self):
+                raise ScenarioError(f"{self.id}: {rule.message}")
         if self.tp_degree > 1:
             self.model_args.check_tp(self.tp_degree)
 
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "Scenario":
+        """A scenario from {column: value}; omitted columns take their default."""
+        unknown = sorted(set(values) - set(COLUMN))
+        if unknown:
+            hints = {n: difflib.get_close_matches(n, COLUMN, n=1) for n in unknown}
+            said = ", ".join(f"{n!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for n, h in hints.items())
+            raise ScenarioError(f"unknown scenario column(s) {said}; columns: {', '.join(COLUMN)}")
+        missing = [c.name for c in COLUMNS if c.default is REQUIRED and c.name not in values]
+        if missing:
+            raise ScenarioError(f"a scenario must name {', '.join(missing)}")
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, Any]:
+        """{column: value} for every column, in declaration order."""
+        return {c.name: getattr(self, c.name) for c in COLUMNS}
+
     @property
     def id(self) -> str:
-        parts = [self.parallel]
-        if self.model != "dense":
-            parts.append(self.model)
-        if self.compile == "none":
-            parts.append("eager")
-        else:
-            parts.append(f"compile_{self.compile}" + ("" if self.backend == "inductor" else f"_{self.backend}"))
-        if self.ac != "none":
-            parts.append("ac_sel" if self.ac == "selective" else f"ac_{self.ac}")
-        if self.float8 != "none":
-            parts.append(f"f8_{self.float8}")
-        if self.async_tp:
-            parts.append("asynctp")
-        if self.train != "full":
-            parts.append(self.train)
-        if self.shapes != "static":
-            parts.append(self.shapes)
-        if self.mp != "none":
-            parts.append(f"mp_{self.mp}")
-        if self.accum != 1:
-            parts.append(f"ga{self.accum}")
-        if self.loss != "plain":
-            parts.append("loss_parallel")
-        if self.eval != "none":
-            parts.append(f"eval_{self.eval}")
-        if self.resume != "none":
-            parts.append(f"dcp_to_{self.resume}")
-        if self.world_size != 2:
-            parts.append(f"ws{self.world_size}")
-        if self.optim != "sgd":
-            parts.append(self.optim)
-        return "-".join(parts)
+        return "-".join(p for p in (c.id_part(self) for c in COLUMNS) if p)
 
     @property
     def plan(self) -> str | None:
@@ -181,7 +211,7 @@ class Scenario:
 
     @property
     def fsdp(self) -> bool:
-        return self.parallel in ("fsdp", "fsdp_tp")
+        return self.parallel in ("fsdp", "fsdp_tp", "hsdp")
 
     @property
     def tp_degree(self) -> int:
@@ -201,16 +231,11 @@ class Scenario:
         return max(self.dp_degree, resumed)
 
     @property
-    def mesh_shape(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        """(shape, dim names) of the device mesh this row trains on."""
-        if self.parallel == "fsdp_tp":
-            return (self.dp_degree, self.tp_degree), ("dp_shard", "tp")
-        return (self.world_size,), ("tp",) if self.plan else ("dp_shard",)
-
-    @property
     def model_args(self) -> ModelArgs:
         if self.model == "moe":
             return MOE_MODEL
+        if self.parallel == "pp":
+            return PP_MODEL
         return LORA_MODEL if self.train == "frozen" else MODEL
 
     @property
@@ -247,224 +272,251 @@ class Scenario:
         return self.float8 == "tensorwise" and (self.plan == "tp_sp" or self.fsdp)
 
     def needs(self, device_type: str) -> list[tuple[str, tuple, str]]:
-        """Markers (name, args, why) this scenario needs on `device_type`.
+        """Markers (name, args, why) this scenario needs on `device_type` (devices.scenario_needs)."""
+        from .devices import scenario_needs
 
-        Names are the harness's requires_accelerator / requires_sm, or `skip` for what the
-        accelerator's process-group backend cannot do at all.
-        """
-        from .devices import suite_device
-
-        device = suite_device(device_type)
-        needs: list[tuple[str, tuple, str]] = []
-        if self.async_tp:
-            needs.append(("requires_accelerator", ("cuda",), "async TP fuses collectives over CUDA symmetric memory"))
-            needs.append(("requires_sm", (90,), "symmetric-memory async TP kernels need SM90"))
-        if self.float8 != "none" and device.float8_min_sm:
-            needs.append(("requires_sm", (device.float8_min_sm[self.float8],), f"float8 {self.float8} _scaled_mm kernels"))
-        if self.float8_all_gather and not device.float8_collectives:
-            what = "FSDP2's float8 all-gather of the weights" if self.fsdp else \
-                "tensorwise Float8 with sequence parallel all-gathers float8 tensors"
-            needs.append(("skip", (), f"{what}, which the {device_type} process-group backend cannot carry"))
-        return needs
+        return scenario_needs(self, device_type)
 
     def in_tier(self, tier: str) -> bool:
         return TIERS.index(self.tier) <= TIERS.index(tier)
 
 
-def _row(plan, compile, backend, ac, float8, async_tp, ws, optim, tier, **more) -> Scenario:
-    return Scenario(plan, compile, "none" if backend == "-" else backend, ac, float8, async_tp == "async", ws, optim,
-                    tier, **more)
+__doc__ += describe(COLUMNS)
 
 
-def _new(parallel: str, compile: str = "none", backend: str = "-", *, ac: str = "none", float8: str = "none",
-         ws: int = 2, optim: str = "sgd", tier: str = "nightly", **more) -> Scenario:
-    """A row of the newer columns, written by keyword (the defaults are the id's defaults)."""
-    return _row(parallel, compile, backend, ac, float8, "-", ws, optim, tier, **more)
+def row(parallel: str, compile: str = "none", backend: str = "none", **columns: Any) -> Scenario:
+    """One table row: the parallelism, what is compiled with which backend, then any other
+    column by name (the rest take their defaults)."""
+    return Scenario.from_dict({"parallel": parallel, "compile": compile, "backend": backend, **columns})
 
 
 # fmt: off
-#       plan     compile  backend      ac           float8                async    ws optim    tier
-TABLE = [_row(*r) for r in (
+TABLE: list[Scenario] = [
     # eager: the TP plans themselves, AC and Float8 without a compiler in the way
-    ("tp",    "none",  "-",         "none",      "none",               "-",     2, "sgd",   "pr"),
-    ("tp_sp", "none",  "-",         "none",      "none",               "-",     2, "sgd",   "pr"),
-    ("tp",    "none",  "-",         "none",      "none",               "-",     2, "adamw", "pr"),
-    ("tp_sp", "none",  "-",         "full",      "none",               "-",     2, "sgd",   "pr"),
-    ("tp_sp", "none",  "-",         "selective", "none",               "-",     2, "sgd",   "pr"),
-    ("tp",    "none",  "-",         "none",      "none",               "-",     4, "sgd",   "nightly"),
-    ("tp_sp", "none",  "-",         "none",      "none",               "-",     4, "adamw", "nightly"),
-    ("tp",    "none",  "-",         "none",      "tensorwise",         "-",     2, "sgd",   "pr"),
-    ("tp",    "none",  "-",         "none",      "rowwise",            "-",     2, "sgd",   "pr"),
-    ("tp_sp", "none",  "-",         "none",      "tensorwise",         "-",     2, "sgd",   "nightly"),
-    ("tp_sp", "none",  "-",         "none",      "rowwise",            "-",     2, "sgd",   "pr"),
-    ("tp_sp", "none",  "-",         "none",      "rowwise_with_gw_hp", "-",     2, "sgd",   "nightly"),
-    ("tp_sp", "none",  "-",         "full",      "rowwise",            "-",     2, "sgd",   "nightly"),
-    ("tp_sp", "none",  "-",         "selective", "tensorwise",         "-",     2, "sgd",   "nightly"),
+    row("tp", tier="pr"),
+    row("tp_sp", tier="pr"),
+    row("tp", optim="adamw", tier="pr"),
+    row("tp_sp", ac="full", tier="pr"),
+    row("tp_sp", ac="selective", tier="pr"),
+    row("tp", world_size=4),
+    row("tp_sp", world_size=4, optim="adamw"),
+    row("tp", float8="tensorwise", tier="pr"),
+    row("tp", float8="rowwise", tier="pr"),
+    row("tp_sp", float8="tensorwise"),
+    row("tp_sp", float8="rowwise", tier="pr"),
+    row("tp_sp", float8="rowwise_with_gw_hp"),
+    row("tp_sp", ac="full", float8="rowwise"),
+    row("tp_sp", ac="selective", float8="tensorwise"),
     # Dynamo and AOTAutograd without inductor: tracing, functional collectives, tangents
-    ("tp",    "block", "eager",     "none",      "none",               "-",     2, "sgd",   "pr"),
-    ("tp",    "model", "aot_eager", "none",      "none",               "-",     2, "sgd",   "pr"),
-    ("tp_sp", "block", "aot_eager", "none",      "none",               "-",     2, "sgd",   "pr"),
-    ("tp_sp", "model", "aot_eager", "full",      "none",               "-",     2, "sgd",   "nightly"),
-    ("tp_sp", "block", "aot_eager", "selective", "none",               "-",     2, "sgd",   "nightly"),
-    ("tp_sp", "model", "eager",     "full",      "none",               "-",     2, "sgd",   "nightly"),
-    ("tp_sp", "block", "aot_eager", "none",      "tensorwise",         "-",     2, "sgd",   "nightly"),
-    ("tp_sp", "model", "aot_eager", "none",      "rowwise",            "-",     2, "sgd",   "nightly"),
-    ("tp_sp", "block", "aot_eager", "none",      "none",               "-",     4, "sgd",   "nightly"),
+    row("tp", "block", "eager", tier="pr"),
+    row("tp", "model", "aot_eager", tier="pr"),
+    row("tp_sp", "block", "aot_eager", tier="pr"),
+    row("tp_sp", "model", "aot_eager", ac="full"),
+    row("tp_sp", "block", "aot_eager", ac="selective"),
+    row("tp_sp", "model", "eager", ac="full"),
+    row("tp_sp", "block", "aot_eager", float8="tensorwise"),
+    row("tp_sp", "model", "aot_eager", float8="rowwise"),
+    row("tp_sp", "block", "aot_eager", world_size=4),
     # inductor: what production training runs
-    ("tp",    "model", "inductor",  "none",      "none",               "-",     2, "sgd",   "pr"),
-    ("tp",    "block", "inductor",  "none",      "none",               "-",     2, "sgd",   "nightly"),
-    ("tp_sp", "model", "inductor",  "none",      "none",               "-",     2, "sgd",   "nightly"),
-    ("tp_sp", "block", "inductor",  "none",      "none",               "-",     2, "sgd",   "pr"),
-    ("tp_sp", "block", "inductor",  "full",      "none",               "-",     2, "sgd",   "nightly"),
-    ("tp_sp", "block", "inductor",  "selective", "none",               "-",     2, "sgd",   "nightly"),
-    ("tp_sp", "model", "inductor",  "full",      "none",               "-",     2, "sgd",   "nightly"),
-    ("tp",    "model", "inductor",  "none",      "none",               "-",     2, "adamw", "nightly"),
-    ("tp_sp", "block", "inductor",  "none",      "tensorwise",         "-",     2, "sgd",   "nightly"),
-    ("tp_sp", "block", "inductor",  "none",      "rowwise",            "-",     2, "sgd",   "nightly"),
-    ("tp_sp", "block", "inductor",  "none",      "rowwise_with_gw_hp", "-",     2, "sgd",   "nightly"),
-    ("tp_sp", "model", "inductor",  "none",      "tensorwise",         "-",     2, "sgd",   "nightly"),
-    ("tp_sp", "block", "inductor",  "full",      "rowwise",            "-",     2, "sgd",   "nightly"),
-    ("tp_sp", "block", "inductor",  "selective", "tensorwise",         "-",     2, "sgd",   "nightly"),
-    ("tp",    "block", "inductor",  "none",      "rowwise",            "-",     2, "sgd",   "nightly"),
+    row("tp", "model", "inductor", tier="pr"),
+    row("tp", "block", "inductor"),
+    row("tp_sp", "model", "inductor"),
+    row("tp_sp", "block", "inductor", tier="pr"),
+    row("tp_sp", "block", "inductor", ac="full"),
+    row("tp_sp", "block", "inductor", ac="selective"),
+    row("tp_sp", "model", "inductor", ac="full"),
+    row("tp", "model", "inductor", optim="adamw"),
+    row("tp_sp", "block", "inductor", float8="tensorwise"),
+    row("tp_sp", "block", "inductor", float8="rowwise"),
+    row("tp_sp", "block", "inductor", float8="rowwise_with_gw_hp"),
+    row("tp_sp", "model", "inductor", float8="tensorwise"),
+    row("tp_sp", "block", "inductor", ac="full", float8="rowwise"),
+    row("tp_sp", "block", "inductor", ac="selective", float8="tensorwise"),
+    row("tp", "block", "inductor", float8="rowwise"),
     # async TP (CUDA SM90): inductor's micro-pipeline pass must fuse collective + matmul
-    ("tp_sp", "block", "inductor",  "none",      "none",               "async", 2, "sgd",   "nightly"),
-    ("tp_sp", "model", "inductor",  "none",      "none",               "async", 2, "sgd",   "nightly"),
-    ("tp_sp", "block", "inductor",  "full",      "none",               "async", 2, "sgd",   "nightly"),
-    ("tp_sp", "block", "inductor",  "selective", "none",               "async", 2, "sgd",   "nightly"),
-    ("tp_sp", "block", "inductor",  "none",      "tensorwise",         "async", 2, "sgd",   "nightly"),
-    ("tp_sp", "block", "inductor",  "none",      "rowwise",            "async", 2, "sgd",   "nightly"),
-    ("tp_sp", "block", "inductor",  "none",      "rowwise_with_gw_hp", "async", 2, "sgd",   "nightly"),
-    ("tp_sp", "block", "inductor",  "full",      "tensorwise",         "async", 2, "sgd",   "nightly"),
-    ("tp_sp", "block", "inductor",  "full",      "rowwise",            "async", 2, "sgd",   "nightly"),
-    ("tp_sp", "model", "inductor",  "none",      "rowwise",            "async", 2, "adamw", "nightly"),
-)]
+    row("tp_sp", "block", "inductor", async_tp=True),
+    row("tp_sp", "model", "inductor", async_tp=True),
+    row("tp_sp", "block", "inductor", ac="full", async_tp=True),
+    row("tp_sp", "block", "inductor", ac="selective", async_tp=True),
+    row("tp_sp", "block", "inductor", float8="tensorwise", async_tp=True),
+    row("tp_sp", "block", "inductor", float8="rowwise", async_tp=True),
+    row("tp_sp", "block", "inductor", float8="rowwise_with_gw_hp", async_tp=True),
+    row("tp_sp", "block", "inductor", ac="full", float8="tensorwise", async_tp=True),
+    row("tp_sp", "block", "inductor", ac="full", float8="rowwise", async_tp=True),
+    row("tp_sp", "model", "inductor", float8="rowwise", async_tp=True, optim="adamw"),
+    # FSDP2 alone: fully_shard per block + root, torchtitan's mixed precision and accumulation
+    row("fsdp", tier="pr"),
+    row("fsdp", mp="bf16"),
+    row("fsdp", mp="bf16", accum=2),
+    row("fsdp", accum=2, optim="adamw"),
+    row("fsdp", ac="full"),
+    row("fsdp", float8="rowwise"),
+    row("fsdp", "block", "inductor"),
+    row("fsdp", "block", "aot_eager", ac="selective"),
+    row("fsdp", "model", "aot_eager"),
+    row("fsdp", "block", "inductor", float8="tensorwise"),
+    # 2-D: FSDP2 outside sequence-parallel TP (dp_shard 2 x tp 2), torchtitan's default
+    row("fsdp_tp", world_size=4, tier="pr"),
+    row("fsdp_tp", mp="bf16", accum=2, world_size=4),
+    row("fsdp_tp", "block", "inductor", world_size=4),
+    row("fsdp_tp", "block", "inductor", mp="bf16", world_size=4),
+    row("fsdp_tp", "block", "aot_eager", ac="full", world_size=4),
+    row("fsdp_tp", "model", "aot_eager", world_size=4),
+    row("fsdp_tp", float8="rowwise", world_size=4),
+    row("fsdp_tp", "block", "inductor", ac="full", float8="tensorwise", world_size=4),
+    # frozen weights, LoRA-style adapters on the column-parallel linears
+    row("tp", train="frozen", tier="pr"),
+    row("tp_sp", train="frozen"),
+    row("tp", "block", "aot_eager", train="frozen"),
+    row("tp_sp", "block", "inductor", train="frozen"),
+    row("tp_sp", "model", "inductor", train="frozen"),
+    row("fsdp_tp", train="frozen", world_size=4),
+    # a new sequence length every step: numbers and the recompile budget
+    row("tp_sp", shapes="varlen", tier="pr"),
+    row("tp", "model", "inductor", shapes="varlen"),
+    row("tp_sp", "model", "aot_eager", shapes="varlen"),
+    row("tp_sp", "block", "inductor", shapes="varlen"),
+    row("fsdp", "block", "aot_eager", shapes="varlen"),
+    # an eval forward of the trained, compiled model under no_grad / inference_mode
+    row("tp", "model", "inductor", eval="no_grad"),
+    row("tp_sp", "block", "inductor", eval="inference"),
+    row("tp_sp", "model", "aot_eager", eval="inference"),
+    row("fsdp_tp", "block", "inductor", eval="no_grad", world_size=4),
+    # mixture of experts: experts TP-sharded, FSDP-sharded, or expert-parallel (all-to-all)
+    row("tp", model="moe", tier="pr"),
+    row("tp", "block", "aot_eager", model="moe"),
+    row("tp", "block", "inductor", model="moe"),
+    row("tp", model="moe", ac="full"),
+    row("fsdp", model="moe", mp="bf16"),
+    row("fsdp", "block", "inductor", model="moe", accum=2),
+    row("ep", model="moe"),
+    row("ep", model="moe", accum=2, world_size=4),
+    # distributed checkpoint: save under one layout, load under another, train on
+    row("tp_sp", resume="fsdp", tier="pr"),
+    row("tp_sp", resume="single"),
+    row("fsdp", resume="tp_sp", optim="adamw"),
+    row("fsdp_tp", resume="tp_sp", world_size=4),
+    row("fsdp_tp", resume="fsdp", world_size=4, optim="adamw"),
+    # loss parallel: vocab-parallel cross entropy over Shard(-1) logits
+    row("tp", loss_parallel=True),
+    row("tp_sp", loss_parallel=True, tier="pr"),
+    row("tp_sp", "model", "inductor", loss_parallel=True),
+    row("fsdp_tp", loss_parallel=True, world_size=4),
+]
 # fmt: on
 
-# The rows of the newer columns (parallel beyond TP, train, shapes, model, mp, accum, eval,
-# loss, resume), by keyword. 4-rank rows are what fsdp_tp is (dp_shard 2 x tp 2).
-NEW_TABLE = [
-    # FSDP2 alone: fully_shard per block + root, torchtitan's mixed precision and accumulation
-    _new("fsdp", tier="pr"),
-    _new("fsdp", mp="bf16"),
-    _new("fsdp", mp="bf16", accum=2),
-    _new("fsdp", accum=2, optim="adamw"),
-    _new("fsdp", ac="full"),
-    _new("fsdp", float8="rowwise"),
-    _new("fsdp", "block", "inductor"),
-    _new("fsdp", "block", "aot_eager", ac="selective"),
-    _new("fsdp", "model", "aot_eager"),
-    _new("fsdp", "block", "inductor", float8="tensorwise"),
-    # 2-D: FSDP2 outside sequence-parallel TP (dp_shard 2 x tp 2), torchtitan's default
-    _new("fsdp_tp", ws=4, tier="pr"),
-    _new("fsdp_tp", ws=4, mp="bf16", accum=2),
-    _new("fsdp_tp", "block", "inductor", ws=4),
-    _new("fsdp_tp", "block", "inductor", ws=4, mp="bf16"),
-    _new("fsdp_tp", "block", "aot_eager", ws=4, ac="full"),
-    _new("fsdp_tp", "model", "aot_eager", ws=4),
-    _new("fsdp_tp", ws=4, float8="rowwise"),
-    _new("fsdp_tp", "block", "inductor", ws=4, float8="tensorwise", ac="full"),
-    # frozen weights, LoRA-style adapters on the column-parallel linears
-    _new("tp", train="frozen", tier="pr"),
-    _new("tp_sp", train="frozen"),
-    _new("tp", "block", "aot_eager", train="frozen"),
-    _new("tp_sp", "block", "inductor", train="frozen"),
-    _new("tp_sp", "model", "inductor", train="frozen"),
-    _new("fsdp_tp", ws=4, train="frozen"),
-    # a new sequence length every step: numbers and the recompile budget
-    _new("tp_sp", shapes="varlen", tier="pr"),
-    _new("tp", "model", "inductor", shapes="varlen"),
-    _new("tp_sp", "model", "aot_eager", shapes="varlen"),
-    _new("tp_sp", "block", "inductor", shapes="varlen"),
-    _new("fsdp", "block", "aot_eager", shapes="varlen"),
-    # an eval forward of the trained, compiled model under no_grad / inference_mode
-    _new("tp", "model", "inductor", eval="no_grad"),
-    _new("tp_sp", "block", "inductor", eval="inference"),
-    _new("tp_sp", "model", "aot_eager", eval="inference"),
-    _new("fsdp_tp", "block", "inductor", ws=4, eval="no_grad"),
-    # mixture of experts: experts TP-sharded, FSDP-sharded, or expert-parallel (all-to-all)
-    _new("tp", model="moe", tier="pr"),
-    _new("tp", "block", "aot_eager", model="moe"),
-    _new("tp", "block", "inductor", model="moe"),
-    _new("tp", model="moe", ac="full"),
-    _new("fsdp", model="moe", mp="bf16"),
-    _new("fsdp", "block", "inductor", model="moe", accum=2),
-    _new("ep", model="moe"),
-    _new("ep", model="moe", ws=4, accum=2),
-    # distributed checkpoint: save under one layout, load under another, train on
-    _new("tp_sp", resume="fsdp", tier="pr"),
-    _new("tp_sp", resume="single"),
-    _new("fsdp", resume="tp_sp", optim="adamw"),
-    _new("fsdp_tp", ws=4, resume="tp_sp"),
-    _new("fsdp_tp", ws=4, resume="fsdp", optim="adamw"),
-    # loss parallel: vocab-parallel cross entropy over Shard(-1) logits
-    _new("tp", loss="parallel"),
-    _new("tp_sp", loss="parallel", tier="pr"),
-    _new("tp_sp", "model", "inductor", loss="parallel"),
-    _new("fsdp_tp", ws=4, loss="parallel"),
-]
-TABLE = TABLE + NEW_TABLE
+
+def _training_step_rows() -> list[Scenario]:
+    """The step users train (issue: suites that find bugs they were not written for):
+    clipping, loss variants, HSDP, FSDP2's offload and reshard settings, LR schedules,
+    async checkpoints, fine-tuning's frozen parts and MoE routing edges, each crossed with
+    the parallelisms users combine it with."""
+    rows = [
+        # clipping at max_norm: torch's clip_grad_norm_, its foreach form, torchtitan's per-mesh form
+        row("fsdp", clip="norm", tier="pr"),
+        row("fsdp", clip="foreach"),
+        row("fsdp", clip="mesh"),
+        row("fsdp", mp="bf16", accum=2, clip="norm"),
+        row("fsdp", "block", "inductor", clip="norm"),
+        row("fsdp", model="moe", mp="bf16", clip="norm"),
+        row("fsdp_tp", world_size=4, clip="norm"),
+        row("fsdp_tp", world_size=4, clip="foreach"),
+        row("fsdp_tp", world_size=4, clip="mesh"),
+        row("fsdp_tp", "block", "inductor", world_size=4, mp="bf16", clip="norm"),
+        row("tp", clip="norm"),
+        row("tp_sp", clip="norm"),
+        row("tp_sp", clip="mesh"),
+        row("ep", model="moe", clip="mesh"),
+        row("ep", model="moe", world_size=4, accum=2, clip="mesh"),
+        row("hsdp", world_size=4, clip="norm"),
+        # cross entropy compiled (torchtitan compiles the loss), plain and loss-parallel
+        row("tp_sp", "block", "inductor", loss_compile=True),
+        row("tp", "model", "aot_eager", loss_compile=True, loss_parallel=True),
+        # HSDP: replicate x shard (2 x 2)
+        row("hsdp", world_size=4),
+        row("hsdp", world_size=4, mp="bf16"),
+        row("hsdp", world_size=4, mp="bf16", accum=2),
+        row("hsdp", "block", "inductor", world_size=4),
+        row("hsdp", world_size=4, train="frozen_embed"),
+        row("hsdp", world_size=4, sched="warmup_cosine", optim="adamw"),
+        # FSDP2 CPU offload and reshard_after_forward
+        row("fsdp", offload=True),
+        row("fsdp", offload=True, mp="bf16"),
+        row("fsdp", offload=True, clip="norm", optim="adamw"),
+        row("fsdp_tp", world_size=4, offload=True),
+        row("hsdp", world_size=4, offload=True),
+        row("fsdp", reshard="true"),
+        row("fsdp", reshard="false"),
+        row("fsdp", world_size=4, reshard="int2"),
+        row("fsdp", "block", "inductor", reshard="false"),
+        row("fsdp", "block", "inductor", reshard="true", mp="bf16"),
+        row("fsdp_tp", world_size=4, reshard="false"),
+        row("hsdp", world_size=4, reshard="true"),
+        # warmup + cosine LR, two parameter groups (no weight decay on norms and biases)
+        row("tp", sched="warmup_cosine", optim="adamw"),
+        row("fsdp", sched="warmup_cosine"),
+        row("fsdp", sched="warmup_cosine", optim="adamw", tier="pr"),
+        row("fsdp_tp", world_size=4, sched="warmup_cosine", optim="adamw", clip="norm"),
+        row("tp_sp", "block", "inductor", sched="warmup_cosine", optim="adamw"),
+        # async DCP save, then resume under another layout
+        row("tp_sp", resume="fsdp", dcp="async"),
+        row("fsdp", resume="tp_sp", dcp="async", optim="adamw"),
+        row("fsdp_tp", world_size=4, resume="fsdp", dcp="async"),
+        # a frozen base with LoRA adapters under FSDP2
+        row("fsdp", train="frozen"),
+        row("fsdp", "block", "inductor", train="frozen"),
+        row("fsdp", "model", "aot_eager", train="frozen"),
+        row("fsdp_tp", "block", "inductor", world_size=4, train="frozen"),
+        row("tp", "block", "inductor", train="frozen_embed"),
+    ]
+    # loss variants: plain, under loss_parallel(), compiled (with and without loss parallel)
+    for loss in ("smooth_ce", "soft_ce", "z_loss"):
+        rows += [
+            row("tp", loss=loss),
+            row("fsdp", loss=loss),
+            row("tp", loss=loss, loss_parallel=True),
+            row("tp_sp", loss=loss, loss_parallel=True),
+            row("fsdp_tp", world_size=4, loss=loss, loss_parallel=True),
+            row("tp_sp", "block", "inductor", loss=loss, loss_compile=True),
+            row("tp_sp", "block", "aot_eager", loss=loss, loss_compile=True, loss_parallel=True),
+        ]
+    # frozen the way fine-tuning freezes: x per-block and whole-model compile x SP x FSDP2
+    for train in ("frozen_embed", "frozen_norms"):
+        rows += [
+            row("tp_sp", train=train),
+            row("tp_sp", "block", "inductor", train=train),
+            row("tp_sp", "model", "inductor", train=train),
+            row("tp_sp", "block", "aot_eager", train=train),
+            row("fsdp", train=train),
+            row("fsdp", "block", "inductor", train=train),
+            row("fsdp", "model", "aot_eager", train=train),
+            row("fsdp", mp="bf16", train=train),
+            row("fsdp_tp", world_size=4, train=train),
+            row("fsdp_tp", "block", "inductor", world_size=4, train=train),
+        ]
+    # MoE routing edges x mixed precision x accumulation x FSDP2 and EP
+    for edge in ("empty_first", "empty_middle", "empty_last", "one_expert"):
+        rows += [
+            row("fsdp", model="moe", accum=2, routing=edge),
+            row("fsdp", model="moe", accum=2, mp="bf16", routing=edge),
+            row("ep", model="moe", accum=2, routing=edge),
+        ]
+        if edge != "one_expert":
+            rows.append(row("tp", model="moe", accum=3, routing=edge))
+    rows.append(row("ep", model="moe", world_size=4, accum=2, routing="empty_middle", clip="mesh"))
+    # pipeline parallel: every schedule, microbatches, clipping across stages, frozen parts
+    for schedule in ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"):
+        rows += [row("pp", schedule=schedule, accum=2), row("pp", schedule=schedule, accum=4, clip="mesh")]
+    rows += [row("pp", schedule="1f1b", accum=2, optim="adamw", sched="warmup_cosine"),
+             row("pp", schedule="interleaved_1f1b", accum=2, train="frozen_embed"),
+             row("pp", schedule="gpipe", accum=2, loss="z_loss")]
+    return rows
+
+
+TABLE += _training_step_rows()
 
 SCENARIOS: dict[str, Scenario] = {}
 for _s in TABLE:
     if _s.id in SCENARIOS:
-        raise ValueError(f"two scenario rows share the id {_s.id!r}")
+        raise ScenarioError(f"two scenario rows share the id {_s.id!r}")
     SCENARIOS[_s.id] = _s
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """How close a TP run must stay to its single-process reference.
-
-    loss: |run - ref| <= loss_atol + loss_rtol * |ref| at every step.
-    grads, per parameter and step: a signal-to-quantization-noise ratio of at least
-    grad_min_sqnr dB (torchao's measure, a norm-wise error), and when grad_max_rel is set
-    also max|run - ref| <= grad_max_rel * max|ref| (no single element far off).
-    """
-
-    loss_rtol: float
-    loss_atol: float
-    grad_min_sqnr: float
-    grad_max_rel: float | None = None
-
-
-# Why these numbers (CPU fp32 measured with torch 2.13.0 / torchao 0.18.0 over 3 steps; the
-# bf16 rows are first estimates until the 2xH200 report in reports/gpu/ confirms them):
-# fp32 without Float8: TP only reorders sums (all-reduce, sharded matmul K): measured
-#   gradient SQNR >= 99 dB and max error <= 7e-5 of the tensor's max (AdamW amplifies
-#   noise in near-zero gradients), loss identical to 1e-7. 60 dB / 1e-3 leave headroom and
-#   still fail a missing reduction (O(1) error) or a dropped gradient (0 dB).
-# Float8 is judged against the same recipe on one process (torchao's practice):
-#   tensorwise: scales come from global amaxes. On CPU TP matched to >= 99 dB, but on
-#   2xH200 (torch 2.11, torchtitan's llama3, fp32) TP=2 vs TP=1 was 24.7-39 dB in eager,
-#   compiled and async-TP runs alike, loss within 3e-7: the reduce-scatter sums partial
-#   products in another order, activations move by ulps, so do their amaxes (scales 4e-7
-#   apart from the second Float8 linear on, tools/diag_titan_scales.py), and every element
-#   near an fp8 rounding boundary flips by one fp8 step (6-12%). Require 20 dB, as a
-#   row mix-up (~0 dB), a missing reduction or a dropped gradient (< 10 dB) stay far below.
-#   rowwise / rowwise_with_gw_hp: the rowwise-parallel layers scale each row over their
-#   local K shard, so quantization differs from one process and the difference compounds
-#   over layers and steps: measured >= 21.5 dB, loss within 2.2e-4 (require 15 dB, 2e-3).
-#   For scale: float8 vs high precision is ~25 dB; a missing reduction or dropped
-#   gradient is below 10 dB.
-# bf16: both sides round to 8 mantissa bits at different points (require 25 dB, 1e-2).
-TOLERANCES: dict[tuple[str, str], Tolerance] = {
-    ("float32", "none"): Tolerance(loss_rtol=1e-5, loss_atol=1e-6, grad_min_sqnr=60.0, grad_max_rel=1e-3),
-    ("float32", "tensorwise"): Tolerance(loss_rtol=1e-4, loss_atol=1e-5, grad_min_sqnr=20.0),
-    ("float32", "rowwise"): Tolerance(loss_rtol=2e-3, loss_atol=1e-4, grad_min_sqnr=15.0),
-    ("float32", "rowwise_with_gw_hp"): Tolerance(loss_rtol=2e-3, loss_atol=1e-4, grad_min_sqnr=15.0),
-    ("bfloat16", "none"): Tolerance(loss_rtol=1e-2, loss_atol=1e-3, grad_min_sqnr=25.0),
-    ("bfloat16", "tensorwise"): Tolerance(loss_rtol=2e-2, loss_atol=1e-3, grad_min_sqnr=15.0),
-    ("bfloat16", "rowwise"): Tolerance(loss_rtol=2e-2, loss_atol=1e-3, grad_min_sqnr=15.0),
-    ("bfloat16", "rowwise_with_gw_hp"): Tolerance(loss_rtol=2e-2, loss_atol=1e-3, grad_min_sqnr=15.0),
-}
-
-
-def tolerance(dtype: str, float8: str) -> Tolerance:
-    return TOLERANCES[(dtype, float8)]
-
-
-def select(tier: str) -> list[Scenario]:
-    """The scenarios a run of `tier` executes (a tier includes every earlier tier)."""
-    if tier not in TIERS:
-        raise ValueError(f"unknown tier {tier!r}; known: {', '.join(TIERS)}")
-    return [s for s in TABLE if s.in_tier(tier)]

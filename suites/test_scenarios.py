@@ -15,8 +15,11 @@ import pytest
 from .checks import check_graph, check_numerics, check_routing, expected_graph, require
 from .conftest import tier_marks
 from .devices import suite_device
-from .scenarios import TABLE, Scenario, tolerance
-from .training import run_parallel, run_reference
+from .scenarios import TABLE, Scenario
+from .tolerances import tolerance
+from .reference import run_reference
+from .routing import edge_problems
+from .training import run_parallel
 
 TIMEOUT_S = {"none": 180, "eager": 300, "aot_eager": 300, "inductor": 900}
 """Per-test timeout by compile backend: CPU inductor compiles (C++) of both ranks share
@@ -47,15 +50,23 @@ def params() -> list:
     return [pytest.param(s, id=s.id, marks=marks_of(s)) for s in TABLE]
 
 
-@pytest.mark.parametrize("scenario", params())
-def test_scenario(dist, scenario: Scenario) -> None:
+def scenario_problems(dist, scenario: Scenario, mutation=None) -> list[str]:
+    """Train `scenario` and its reference on this rank; every check's problems (the fuzzer's
+    entry, suites/fuzz_entry.py, judges its configurations with this too)."""
     if dist.group is None:  # torchrun mode: this test owns its process group
         dist.init()
     dtype = suite_device(dist.device_type).dtype
     reference = run_reference(scenario, dist.device, dtype)
-    run, evidence = run_parallel(scenario, dist.mesh, dist.device, dtype)
+    run, evidence = run_parallel(scenario, dist.mesh, dist.device, dtype, mutation)
     problems = check_numerics(reference, run, tolerance_of(scenario, dtype))
     problems += check_routing(reference)
-    problems += check_graph(expected_graph(scenario), evidence)
-    require(problems, f"{scenario.id} on {dist.world_size} {dist.device_type} ranks "
-                      f"({scenario.train_dtype_override or dtype}{', mp bf16' if scenario.mp == 'bf16' else ''})")
+    problems += edge_problems(reference, scenario.routing, scenario.dp_degree * scenario.accum)
+    problems += check_graph(expected_graph(scenario, scenario.train_dtype_override or dtype), evidence)
+    return problems
+
+
+@pytest.mark.parametrize("scenario", params())
+def test_scenario(dist, scenario: Scenario) -> None:
+    dtype = suite_device(dist.device_type).dtype
+    require(scenario_problems(dist, scenario), f"{scenario.id} on {dist.world_size} {dist.device_type} ranks "
+            f"({scenario.train_dtype_override or dtype}{', mp bf16' if scenario.mp == 'bf16' else ''})")

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from .checks import FLOAT8_MMS_PER_LINEAR, GraphExpectation, block_graphs, check_graph, check_numerics, require
 from .conftest import tier_marks
 from .parallelize import CompileCounter, count_float8_linears
-from .scenarios import tolerance
+from .tolerances import tolerance
 from .titan import Job, Line, select_or_skip, version
 from .training import Evidence, TrainRecord, clean_name, count_executed_ops, full_grads, inductor_probe, placement_name
 

@@ -21,7 +21,7 @@ from .checks import check_numerics, require
 from .conftest import tier_marks
 from .devices import suite_device
 from .parallelize import CompileCounter
-from .scenarios import tolerance
+from .tolerances import tolerance
 from .training import TrainRecord, full_grads
 
 DIM, HIDDEN, TOKENS, STEPS, SEED = 32, 64, 16, 3, 7

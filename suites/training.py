@@ -1,34 +1,35 @@
-"""One runner for every scenario: train the parallel model and its single-process reference.
+"""The parallel run of a scenario, and the evidence of what it did.
 
-Both start from the same seed-built weights and see the same global batches. The
-reference is the unsharded model in eager mode with no AC (with the scenario's Float8
-recipe when it has one: Float8 is judged against Float8, as torchao does), one step per
-global batch. A mixed-precision row's reference computes as FSDP2's bf16 policy does
-(bf16 compute per rank and microbatch, float32 reduction), so bf16 routing is judged by bf16 routing. The parallel run applies the scenario (parallelize.py): data-parallel
-ranks take their slice of the global batch, split it into `accum` microbatches and
-accumulate, so a correct run matches the reference's full-batch step; a `resume` row
-saves a DCP checkpoint mid-run and goes on under another layout (checkpoint.py). Each step records the loss and every gradient (DTensor
-gradients gathered with full_tensor()), and the TP run also records what the compiler
-and the step really did: graphs compiled, graph breaks, recompiles, the post-grad ops
-inductor emitted, the ops the last step executed, and the parameters' placements.
+It starts from the same seed-built weights as the single-process reference
+(suites/reference.py) and sees the same global batches. It applies the scenario
+(parallelize.py): data-parallel ranks take their slice of the global batch, split it
+into `accum` microbatches and accumulate, so a correct run matches the reference's
+full-batch step; the loss, clipping, optimizer and schedule are suites/step.py's, as in
+the reference; a `resume` row saves a DCP checkpoint mid-run and goes on under another
+layout (checkpoint.py). Each step records the loss and every gradient (DTensor gradients
+gathered with full_tensor()), and the run records what the compiler and the step really
+did: graphs compiled, graph breaks, recompiles, the post-grad ops inductor emitted, the
+ops and the collectives (with their dtypes) the last step executed, the parameters'
+placements and which of them require grad.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from . import checkpoint as ckpt
 from . import parallelize as par
-from .models import ModelArgs, build_model, frozen_by_default
-from .scenarios import BATCH, LR, RESUME_AT, SEED, Scenario
+from . import step as stp
+from .collectives import record_collectives
+from .models import ModelArgs, build_model, is_frozen
+from .routing import RoutingClock, gather_routing, steer, watch_routing
+from .scenarios import BATCH, RESUME_AT, SEED, Scenario
 
 _WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
 
@@ -49,18 +50,8 @@ class TrainRecord:
     eval_logits: torch.Tensor | None = None
     expert_tokens: list[list[int]] = field(default_factory=list)
     routing: dict[tuple[int, int, int], tuple[int, ...]] = field(default_factory=dict)
-
-
-@dataclass
-class RoutingClock:
-    """Where a routing hook is: the step, the global index of the microbatch it sees
-    first, and into how many microbatches its input splits."""
-
-    step: int = 0
-    chunk: int = 0
-    parts: int = 1
-    on: bool = True
-    """Off for the eval forward: only training steps are compared."""
+    grad_norms: list[float] = field(default_factory=list)
+    """The total gradient norm clipping measured, per step (clipped rows only)."""
 
 
 @dataclass
@@ -81,8 +72,14 @@ class Evidence:
     float8_linears: int = 0
     float8_all_gather_weights: int = 0
     placements: dict[str, str] = field(default_factory=dict)
-    trainable: list[str] = field(default_factory=list)
+    trainable: list[str] | None = None
+    """Parameters that require grad once the model is parallelized and compiled (None:
+    not recorded, as in evidence built by hand)."""
+    trainable_end: list[str] | None = None
+    """... and after the last step (nothing in training may flip requires_grad)."""
     frozen_with_grad: list[str] = field(default_factory=list)
+    collectives: Counter = field(default_factory=Counter)
+    """(op, dtype) -> calls of every c10d / functional collective in the last step."""
 
     @property
     def recompiles(self) -> int:
@@ -102,6 +99,12 @@ class Mutation:
     fsdp_reshard: bool = True
     dynamo_config: dict[str, Any] | None = None
     skip_checkpoint_load: bool = False
+    fsdp_reduce_dtype: torch.dtype | None = None
+    """FSDP2 reduces gradients in this dtype, whatever the MixedPrecisionPolicy says."""
+    clip_local_norm: bool = False
+    """Clipping measures each rank's local shards' norm, never reduced over the ranks."""
+    pp_sum_microbatches: bool = False
+    """The pipeline schedule sums its microbatches' gradients instead of averaging them."""
 
 
 def clean_name(name: str) -> str:
@@ -133,26 +136,10 @@ def eval_batch(args: ModelArgs, seed: int = SEED) -> torch.Tensor:
     return torch.randint(0, args.vocab_size, (BATCH, args.max_seq_len), generator=gen)
 
 
-def make_optimizer(params, optim: str) -> torch.optim.Optimizer:
-    """SGD or AdamW over the trainable parameters, DTensor and plain ones in separate groups.
-
-    The `tp` plan leaves the norms' weights plain tensors beside DTensor linears; the
-    foreach kernels (the default on CUDA) cannot mix the two in one group. Grouping does
-    not change the arithmetic, so the single-group reference stays comparable.
-    """
-    params = [p for p in params if p.requires_grad]
-    groups = [g for g in ([p for p in params if hasattr(p, "placements")],
-                          [p for p in params if not hasattr(p, "placements")]) if g]
-    param_groups = [{"params": g} for g in groups]
-    if optim == "sgd":
-        return torch.optim.SGD(param_groups, lr=LR["sgd"])
-    return torch.optim.AdamW(param_groups, lr=LR["adamw"], weight_decay=0.01)
-
-
-def freeze(model: nn.Module) -> None:
-    """The `frozen` rows: only the LoRA adapters train (embeddings, norms, linears frozen)."""
+def freeze(model: nn.Module, train: str) -> None:
+    """Freezes what the `train` column freezes (models.is_frozen)."""
     for name, p in model.named_parameters():
-        if frozen_by_default(clean_name(name)):
+        if is_frozen(clean_name(name), train):
             p.requires_grad_(False)
 
 
@@ -206,12 +193,8 @@ def _value(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
-
-
 def _loss_context(scenario: Scenario):
-    if scenario.loss != "parallel":
+    if not scenario.loss_parallel:
         return contextlib.nullcontext()
     from torch.distributed.tensor.parallel import loss_parallel
 
@@ -229,28 +212,74 @@ class Layout:
     dp_group: Any = None
     ep: par.ExpertParallel | None = None
     counter: par.CompileCounter | None = None
+    autocast: bool = False
+    """bf16 autocast around forward and loss: mixed precision on one device (no FSDP2)."""
+    pipe: Any = None
+    """A pp row's suites.pipeline.Pipeline (this rank's stages and their schedule)."""
+    watch: tuple[int, Counter] | None = None
+    """(step, counter): record that step's collectives (forward + backward) into counter."""
+
+
+@dataclass
+class Step:
+    """What every step of a run shares: the loss, the optimizer and its schedule."""
+
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    opt: torch.optim.Optimizer
+    sched: Any = None
+
+
+def _new_step(scenario: Scenario, model: nn.Module, loss: Callable | None = None) -> Step:
+    opt, sched = stp.make_optimizer(((clean_name(n), p) for n, p in model.named_parameters()), scenario)
+    return Step(loss or stp.build_loss(scenario), opt, sched)
+
+
+def _clip(scenario: Scenario, layout: Layout, record: TrainRecord, mutation: "Mutation") -> None:
+    """Clips as the row says; under EP the experts' gradients live on their owners only."""
+    if scenario.clip == "none":
+        return
+    params = [p for p in layout.model.parameters() if p.requires_grad]
+    local = [p for n, p in layout.model.named_parameters() if ".experts." in n] if layout.ep else []
+    if layout.pipe is not None:
+        local = params  # every gradient lives on the rank of its stage only
+    norm = stp.clip_grads(params, scenario.clip, local_params=local, group=layout.dp_group,
+                          local_norm=mutation.clip_local_norm)
+    record.grad_norms.append(float(norm.cpu()))
+
+
+def _finish_step(step: Step) -> None:
+    step.opt.step()
+    if step.sched is not None:
+        step.sched.step()
 
 
 def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device, record: TrainRecord,
-                 opt: torch.optim.Optimizer, on_step: Callable[[int], Any] | None = None,
+                 step_parts: Step, mutation: "Mutation", on_step: Callable[[int], Any] | None = None,
                  clock: RoutingClock | None = None) -> None:
     """Steps of data-parallel, accumulated training; records the global loss and full grads."""
     import torch.distributed as dist
 
     for step in steps:
         tokens, labels = data[step]
+        if layout.pipe is not None:
+            _pipeline_step(scenario, layout, tokens, labels, device, record, step_parts, mutation,
+                           on_step(step) if on_step else contextlib.nullcontext())
+            continue
         mb = tokens.shape[0] // (layout.dp_size * scenario.accum)  # rows per microbatch
         ctx = on_step(step) if on_step else contextlib.nullcontext()
         with ctx:
-            opt.zero_grad(set_to_none=True)
+            step_parts.opt.zero_grad(set_to_none=True)
             total = torch.zeros((), dtype=torch.float32, device=device)
+            watched = layout.watch is not None and layout.watch[0] == step
             for micro in range(scenario.accum):
                 start = (layout.dp_rank * scenario.accum + micro) * mb
                 if clock is not None:
                     clock.step, clock.chunk = step, layout.dp_rank * scenario.accum + micro
-                with _loss_context(scenario):
-                    loss = _loss(layout.runnable(tokens[start:start + mb].to(device)),
-                                 labels[start:start + mb].to(device)) / scenario.accum
+                with _loss_context(scenario), \
+                        record_collectives(layout.watch[1]) if watched else contextlib.nullcontext():
+                    with _autocast(layout, device):
+                        loss = step_parts.loss(layout.runnable(tokens[start:start + mb].to(device)),
+                                               labels[start:start + mb].to(device)) / scenario.accum
                     loss.backward()
                 total += _value(loss).detach().float()
             if layout.dp_size > 1:
@@ -258,11 +287,60 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
                 total /= layout.dp_size
             if layout.ep is not None:
                 _average_ep_grads(layout.model, layout.dp_group, layout.dp_size)
+        _clip(scenario, layout, record, mutation)
         record.losses.append(float(total.cpu()))
         record.grads.append(full_grads(layout.model, layout.ep))
-        opt.step()
+        _finish_step(step_parts)
         if scenario.fsdp_float8_all_gather:
             par.precompute_float8_scales(layout.model)
+
+
+def _autocast(layout: Layout, device):
+    if not layout.autocast:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+
+
+def _pipeline_step(scenario: Scenario, layout: Layout, tokens, labels, device, record: TrainRecord,
+                   step_parts: Step, mutation: "Mutation", ctx: Any) -> None:
+    """One step of a pp row: the schedule runs every microbatch through the stages."""
+    from . import pipeline
+
+    with ctx:
+        step_parts.opt.zero_grad(set_to_none=True)
+        total = pipeline.step(layout.pipe, tokens.to(device), labels.to(device))
+    _clip(scenario, layout, record, mutation)
+    record.losses.append(float(total.cpu()))
+    record.grads.append(_gathered(full_grads(layout.model)))
+    _finish_step(step_parts)
+
+
+def _gathered(table: dict) -> dict:
+    """Every rank's entries in one dict (a pp rank holds its stages' parameters only)."""
+    import torch.distributed as dist
+
+    tables: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(tables, table)
+    out: dict = {}
+    for t in tables:
+        out.update({k: v for k, v in t.items() if v is not None or k not in out})
+    return dict(sorted(out.items()))
+
+
+def _build_pipeline(scenario: Scenario, device, dtype: str, evidence: Evidence, mutation: "Mutation") -> Layout:
+    from . import pipeline
+
+    def fresh() -> nn.Module:
+        model = build_model(scenario.model_args, SEED).to(device=device, dtype=_dtype(dtype))
+        freeze(model, scenario.train)
+        return model
+
+    pipe, modules = pipeline.build(scenario.schedule, fresh, stp.build_loss(scenario), scenario.accum, device,
+                                   sum_microbatches=mutation.pp_sum_microbatches)
+    stages = pipeline.Stages(modules)
+    evidence.placements = _gathered(placements(stages))
+    evidence.trainable = sorted(_gathered({clean_name(n): 1 for n, p in stages.named_parameters() if p.requires_grad}))
+    return Layout(runnable=stages, model=stages, pipe=pipe)
 
 
 def _average_ep_grads(model: nn.Module, group: Any, size: int) -> None:
@@ -278,15 +356,15 @@ def _average_ep_grads(model: nn.Module, group: Any, size: int) -> None:
         p.grad.div_(size)
 
 
-def _eval(scenario: Scenario, runnable: nn.Module, device) -> tuple[float, torch.Tensor]:
+def _eval(scenario: Scenario, runnable: nn.Module, device, loss: Callable) -> tuple[float, torch.Tensor]:
     mode = torch.inference_mode() if scenario.eval == "inference" else torch.no_grad()
     tokens = eval_batch(scenario.model_args)
     gen = torch.Generator().manual_seed(SEED + 3)
     labels = torch.randint(0, scenario.model_args.vocab_size, tokens.shape, generator=gen)
     with mode, _loss_context(scenario):
         logits = runnable(tokens.to(device))
-        loss = _loss(logits, labels.to(device))
-        return float(_value(loss).float().cpu()), _value(logits).float().cpu().clone()
+        value = loss(logits, labels.to(device))
+        return float(_value(value).float().cpu()), _value(logits).float().cpu().clone()
 
 
 def _graph_breaks() -> int:
@@ -314,104 +392,6 @@ def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def _routing_hook(record: TrainRecord, block: int, clock: RoutingClock):
-    """Counts tokens per expert in every microbatch the MoE block sees (eager)."""
-    def hook(module, inputs) -> None:
-        if not clock.on:
-            return
-        with torch.no_grad():
-            for i, part in enumerate(_value(inputs[0]).chunk(clock.parts, dim=0)):
-                _, chosen = module.route(part.reshape(-1, part.shape[-1]))
-                counts = torch.bincount(_value(chosen).flatten().cpu(), minlength=len(module.experts)).tolist()
-                record.expert_tokens.append(counts)
-                record.routing[(clock.step, block, clock.chunk + i)] = tuple(counts)
-    return hook
-
-
-def _watch_routing(model: nn.Module, record: TrainRecord, clock: RoutingClock) -> None:
-    for block, layer in enumerate(model.layers.values()):
-        layer.feed_forward.register_forward_pre_hook(_routing_hook(record, block, clock))
-
-
-def _gather_routing(record: TrainRecord, layout: Layout) -> None:
-    """Every data-parallel rank's routing into one table (each rank saw its own microbatches)."""
-    import torch.distributed as dist
-
-    if layout.dp_size == 1:
-        return
-    tables: list[Any] = [None] * layout.dp_size
-    dist.all_gather_object(tables, record.routing, group=layout.dp_group)
-    for table in tables:
-        record.routing.update(table)
-
-
-def run_reference(scenario: Scenario, device: torch.device, dtype: str) -> TrainRecord:
-    """The unsharded model on one process, eager, no AC; Float8 only when the scenario has it."""
-    args = scenario.model_args
-    model = build_model(args, SEED).to(device=device, dtype=_dtype(scenario.train_dtype_override or dtype))
-    if scenario.train == "frozen":
-        freeze(model)
-    if scenario.float8 != "none":
-        par.convert_float8(model, scenario.float8)
-    record = TrainRecord()
-    clock = RoutingClock(parts=scenario.dp_degree * scenario.accum)
-    if args.n_experts and scenario.mp == "none":
-        _watch_routing(model, record, clock)
-    data = batches(scenario)
-    opt = make_optimizer(model.parameters(), scenario.optim)
-    for clock.step, (tokens, labels) in enumerate(data):
-        opt.zero_grad(set_to_none=True)
-        if scenario.mp == "bf16":
-            loss = _mixed_precision_grads(scenario, model, tokens, labels, device, record, clock)
-        else:
-            loss = _loss(model(tokens.to(device)), labels.to(device))
-            loss.backward()
-        record.losses.append(float(loss.detach().float().cpu()))
-        record.grads.append(full_grads(model))
-        opt.step()
-    if scenario.eval != "none":
-        clock.on = False
-        record.eval_loss, record.eval_logits = _eval(scenario, model, device)
-    return record
-
-
-def _mixed_precision_grads(scenario: Scenario, model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor,
-                           device, record: TrainRecord, clock: RoutingClock) -> torch.Tensor:
-    """FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) on one process.
-
-    A float32 reference cannot judge a bf16 run of a router: a token whose top-k scores
-    lie within bf16 rounding picks another expert, and that expert's gradient differs
-    wholly. So, as FSDP2 does, each data-parallel rank's microbatch runs on a bf16 cast
-    of the float32 parameters (buffers stay float32), its bf16 gradients are cast to
-    float32, summed over microbatches and averaged over ranks into the float32 master's
-    `.grad`. Returns the global loss (the mean over ranks of the accumulated loss).
-    """
-    shadow = copy.deepcopy(model)
-    for p in shadow.parameters():
-        p.data = p.data.to(torch.bfloat16)
-    shadow_clock = RoutingClock(step=clock.step)
-    if scenario.model_args.n_experts:
-        _watch_routing(shadow, record, shadow_clock)
-    ranks, accum = scenario.dp_degree, scenario.accum
-    rows = tokens.shape[0] // (ranks * accum)
-    grads: dict[str, torch.Tensor] = {}
-    total = torch.zeros((), dtype=torch.float32)
-    for chunk in range(ranks * accum):
-        shadow_clock.chunk = chunk
-        shadow.zero_grad(set_to_none=True)
-        part = slice(chunk * rows, (chunk + 1) * rows)
-        loss = _loss(shadow(tokens[part].to(device)), labels[part].to(device)) / accum
-        loss.backward()
-        total += loss.detach().float().cpu() / ranks
-        for name, p in shadow.named_parameters():
-            if p.grad is not None:
-                g = p.grad.float() / ranks
-                grads[name] = grads[name] + g if name in grads else g
-    for name, p in model.named_parameters():
-        p.grad = grads.get(name)
-    return total
-
-
 def _as_meshes(mesh: Any) -> Meshes:
     """A mesh factory from the harness's `dist.mesh`, or from one DeviceMesh (1-D rows)."""
     if callable(mesh) and not hasattr(mesh, "mesh_dim_names"):
@@ -422,6 +402,8 @@ def _as_meshes(mesh: Any) -> Meshes:
 def _mesh_for(meshes: Meshes, parallel: str, world_size: int) -> Any:
     if parallel == "fsdp_tp":
         return meshes((world_size // 2, 2), ("dp_shard", "tp"))
+    if parallel == "hsdp":
+        return meshes((2, world_size // 2), ("dp_replicate", "dp_shard"))
     return meshes((world_size,), ("tp",) if parallel in ("tp", "tp_sp") else ("dp_shard",))
 
 
@@ -430,29 +412,33 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
     """A fresh seed-built model, parallelized as `parallel` (or not at all: `single`)."""
     import torch.distributed as dist
 
+    if parallel == "pp":
+        return _build_pipeline(scenario, device, dtype, evidence, mutation)
     model = build_model(scenario.model_args, SEED).to(device=device, dtype=_dtype(dtype))
-    if scenario.train == "frozen":
-        freeze(model)
+    freeze(model, scenario.train)
     if scenario.float8 != "none":
         evidence.float8_linears = par.convert_float8(model, scenario.float8, mutation.float8_filter,
                                                      fsdp_float8_all_gather=scenario.fsdp_float8_all_gather)
-    layout = Layout(runnable=model, model=model)
-    if parallel == "single":
-        return layout
-    world = dist.get_world_size()
-    mesh = _mesh_for(meshes, parallel, world)
-    tp_mesh = mesh["tp"] if parallel == "fsdp_tp" else mesh
-    dp_mesh = mesh["dp_shard"] if parallel == "fsdp_tp" else mesh
+    layout = Layout(runnable=model, model=model, autocast=parallel == "single" and scenario.mp == "bf16")
+    mesh = tp_mesh = dp_mesh = None
+    world = 1
+    if parallel != "single":  # one device (single rows, a resume row's last layout): no mesh, AC/compile below
+        world = dist.get_world_size()
+        mesh = _mesh_for(meshes, parallel, world)
+        tp_mesh = mesh["tp"] if parallel == "fsdp_tp" else mesh
+        dp_mesh = mesh["dp_shard"] if parallel == "fsdp_tp" else mesh
     if parallel in ("tp", "tp_sp", "fsdp_tp"):
         plan = "tp_sp" if parallel == "fsdp_tp" else parallel
         par.apply_tp(model, tp_mesh, plan, scenario.float8, mutation.block_plan_overrides,
-                     loss_parallel=scenario.loss == "parallel")
+                     loss_parallel=scenario.loss_parallel)
         if scenario.async_tp:
             par.enable_async_tp(tp_mesh)
     if parallel in ("fsdp", "fsdp_tp", "ep"):
         layout.dp_group = dp_mesh.get_group()
         layout.dp_rank = dp_mesh.get_local_rank()
         layout.dp_size = dp_mesh.size()
+    if parallel == "hsdp":  # data parallel over both mesh dims: every rank its own slice
+        layout.dp_group, layout.dp_rank, layout.dp_size = None, dist.get_rank(), world
     if parallel == "ep":
         layout.ep = par.apply_ep(model, layout.dp_group)
     par.apply_ac(model, scenario.ac)
@@ -461,7 +447,8 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
         layout.runnable = par.apply_compile(model, scenario.compile, layout.counter,
                                             fullgraph=not (scenario.compile == "model" and parallel in par.FSDP_LAYOUTS))
     if parallel in par.FSDP_LAYOUTS:
-        par.apply_fsdp(model, dp_mesh, scenario.mp, reshard=mutation.fsdp_reshard)
+        par.apply_fsdp(model, dp_mesh, scenario.mp, reshard=mutation.fsdp_reshard, mode=scenario.reshard,
+                       offload=scenario.offload, reduce_dtype=mutation.fsdp_reduce_dtype)
     if mutation.after_parallelize:
         mutation.after_parallelize(model)
     evidence.placements = placements(model)
@@ -493,53 +480,65 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
         breaks_before = _graph_breaks()
         last = scenario.steps - 1
 
+        final = scenario.parallel if scenario.resume == "none" else scenario.resume
+        watch = (last, evidence.collectives) if final in par.FSDP_LAYOUTS and not scenario.fsdp_float8_all_gather \
+            else None  # FSDP2's collective dtypes, judged by checks.py
+
+        @contextlib.contextmanager
+        def last_step():
+            with count_executed_ops(evidence.runtime_ops):
+                yield
+
         def on_step(step: int):
             counter = layout.counter
             if step == 1 and counter is not None:
                 evidence.graphs_after_first_step = counter.graphs
             if counter is not None:
                 evidence.graph_calls.append(-counter.calls)
-            if step == last:
-                return count_executed_ops(evidence.runtime_ops)
-            return contextlib.nullcontext()
+            return last_step() if step == last else contextlib.nullcontext()
 
         clock = None
         if scenario.model_args.n_experts and not scenario.compiled and scenario.resume == "none":
             clock = RoutingClock()  # the routing of an eager MoE run is compared with the reference's
-            _watch_routing(layout.model, record, clock)
+            watch_routing(layout.model, record, clock)
+            steer(layout.model, scenario.routing, scenario.dp_degree * scenario.accum, clock)
 
-        def train(layout: Layout, steps: range, opt) -> None:
+        def train(layout: Layout, steps: range, parts: Step) -> None:
+            layout.watch = watch
             for step in steps:
-                _train_steps(scenario, layout, data, range(step, step + 1), device, record, opt, on_step, clock)
+                _train_steps(scenario, layout, data, range(step, step + 1), device, record, parts, mutation,
+                             on_step, clock)
                 if layout.counter is not None:
                     evidence.graph_calls[-1] += layout.counter.calls
 
-        opt = make_optimizer(layout.model.parameters(), scenario.optim)
+        parts = _new_step(scenario, layout.model)
         if scenario.resume == "none":
-            train(layout, range(scenario.steps), opt)
+            train(layout, range(scenario.steps), parts)
         else:
-            train(layout, range(RESUME_AT), opt)
+            train(layout, range(RESUME_AT), parts)
             with ckpt.shared_dir() as path:
-                ckpt.save(layout.model, opt, path)
+                ckpt.save(layout.model, parts.opt, path, asynchronous=scenario.dcp == "async")
                 layout = build_layout(scenario, scenario.resume, meshes, device, dtype, evidence, mutation)
-                opt = make_optimizer(layout.model.parameters(), scenario.optim)
+                parts = _new_step(scenario, layout.model, parts.loss)
                 if not mutation.skip_checkpoint_load:
-                    ckpt.load(layout.model, opt, path)
-            train(layout, range(RESUME_AT, scenario.steps), opt)
+                    ckpt.load(layout.model, parts.opt, path)
+            train(layout, range(RESUME_AT, scenario.steps), parts)
         if clock is not None:
             clock.on = False
-            _gather_routing(record, layout)
+            gather_routing(record, layout.dp_size, layout.dp_group)
         counter = layout.counter
         if counter is not None:
             evidence.graphs_total = counter.graphs
             if scenario.steps == 1:
                 evidence.graphs_after_first_step = counter.graphs
         evidence.graph_breaks = _graph_breaks() - breaks_before
+        trainable_end = {clean_name(n): 1 for n, p in layout.model.named_parameters() if p.requires_grad}
+        evidence.trainable_end = sorted(_gathered(trainable_end) if layout.pipe is not None else trainable_end)
         evidence.frozen_with_grad = sorted(n for n, g in record.grads[-1].items()
-                                           if g is not None and scenario.train == "frozen" and frozen_by_default(n))
+                                           if g is not None and is_frozen(n, scenario.train))
         if scenario.eval != "none":
             graphs, calls = (counter.graphs, counter.calls) if counter else (0, 0)
-            record.eval_loss, record.eval_logits = _eval(scenario, layout.runnable, device)
+            record.eval_loss, record.eval_logits = _eval(scenario, layout.runnable, device, parts.loss)
             if counter is not None:
                 evidence.eval_graphs, evidence.eval_calls = counter.graphs - graphs, counter.calls - calls
     return record, evidence

@@ -103,6 +103,7 @@ def write_run(
     baseline_cell: str | None = None,
     run_json: bool = True,
     durable: bool = True,
+    selection: list[str] | None = None,
 ) -> Path:
     """Writes .../<run_id>/{results.jsonl, junit.xml, stack.json, run.json}; returns the dir.
 
@@ -141,6 +142,8 @@ def write_run(
         }
         if baseline_cell:
             info["baseline_cell"] = baseline_cell
+        if selection:
+            info["selection"] = list(selection)
         (run_dir / "run.json").write_text(json.dumps(info, indent=1))
     return run_dir
 

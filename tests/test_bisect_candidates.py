@@ -218,3 +218,21 @@ def test_a_nightly_gone_from_the_index_is_still_a_candidate_from_the_wheelhouse_
     assert [(c.date.day, c.source) for c in found] == [(5, "nightly"), (6, "wheelhouse"), (8, "nightly")]
     probe = WheelProbe(CommandCheck(CHECK, cwd=tmp_path, timeout=60), EnvCache(tmp_path / "bisect"))
     assert probe(found[1]).outcome == "good"
+
+
+def test_without_an_index_url_releases_come_from_the_indexes_of_pips_configuration(tmp_path):
+    from distci.bisect.candidates import merge_release_candidates
+    from distci.provision.pipconfig import PYPI_SIMPLE, pip_index_urls
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    for root, versions in ((one, ["1.0", "1.1"]), (two, ["1.2", "2.0"])):
+        (root / "files").mkdir(parents=True)
+        write_simple_index(root, [write_wheel(root / "files", v, "") for v in versions])
+    conf = {"global.index-url": (one / "simple").as_uri(), "global.extra-index-url": (two / "simple").as_uri()}
+    urls = pip_index_urls(environ={}, config=conf)
+    assert urls == [(one / "simple").as_uri(), (two / "simple").as_uri()]
+    assert pip_index_urls(environ={"PIP_INDEX_URL": "file:///x"}, config=conf)[0] == "file:///x"
+    assert pip_index_urls(environ={}, config={})[0] == PYPI_SIMPLE
+    found = merge_release_candidates(urls, PACKAGE, first="1.1", last="2.0")
+    assert [c.version for c in found] == ["1.1", "1.2", "2.0"]
+    assert all(c.pip_args() == [] for c in found)  # pip installs them with its own configuration

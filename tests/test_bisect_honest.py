@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import re
 import sys
-from pathlib import Path
 
 import pytest
 
 from distci import cli
 from distci.bisect import BisectState, ProbeOutcome, bisect
-from distci.bisect.args import BisectArgs
+from distci.bisect.args import BisectArgs, parse_bisect
 from distci.bisect.report import format_result, result_to_dict
 
 from test_bisect_git import PYPROJECT, Repo
@@ -103,18 +102,31 @@ def test_the_resume_line_reproduces_every_option():
                       build_env=["USE_CPP=0"], builder="/x/python", base_env="venv", timeout=30.0,
                       on_timeout="bad", confirm=False, repeats=2, fresh=True)
     argv = args.to_argv()
-    assert "--fresh" not in argv
+    assert argv[0] == "commits" and "--fresh" not in argv
     for flag in ("--builder", "--build-env", "--base-env", "--repo", "--timeout", "--on-timeout",
                  "--no-confirm", "--repeats"):
         assert flag in argv
-    import argparse
+    warned = []
+    parsed, _ = parse_bisect(argv, warn=warned.append)
+    assert parsed == BisectArgs(**{**args.__dict__, "fresh": False, "source": "git"}) and not warned
 
-    sub = argparse.ArgumentParser().add_subparsers()
-    from distci.bisect.command import add_parser
 
-    add_parser(sub)
-    parsed = BisectArgs.from_namespace(sub.choices["bisect"].parse_args(argv))
-    assert parsed == BisectArgs(**{**args.__dict__, "fresh": False})
+def test_each_mode_is_a_subcommand_with_only_its_options_and_the_old_flags_still_parse():
+    for mode, flag in (("python-diff", "--repo"), ("versions", "--check-requires"), ("list", "--good"),
+                       ("commits", "--wheelhouse")):
+        with pytest.raises(SystemExit):
+            parse_bisect([mode, flag, "x"])
+    pydiff = BisectArgs(command="python c.py", good="2.14.0", bad="2.14.1", python_diff=True,
+                        check_requires=["numpy"], repeats=3)
+    assert pydiff.to_argv()[:1] == ["python-diff"] and "--python-diff" not in pydiff.to_argv()
+    assert parse_bisect(pydiff.to_argv())[0] == pydiff
+    warned = []
+    old, _ = parse_bisect(["--command", "python c.py", "--good", "2.14.0", "--bad", "2.14.1", "--python-diff",
+                           "--check-requires", "numpy", "--repeats", "3"], warn=warned.append)
+    assert old == pydiff
+    assert len(warned) == 1 and "deprecated" in warned[0] and "distci bisect python-diff" in warned[0]
+    test_id, _ = parse_bisect(["below-nightly", "t.py::test_x", "--good", "2026-11-19", "--bad", "2026-11-21"])
+    assert (test_id.mode, test_id.test_id, test_id.below_nightly) == ("below-nightly", "t.py::test_x", True)
 
 
 # -- through the CLI, over a git repository ---------------------------------------------

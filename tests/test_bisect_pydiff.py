@@ -14,7 +14,8 @@ from pathlib import Path
 
 from distci.bisect.checks import CommandCheck
 from distci.bisect.install import EnvCache
-from distci.bisect.pydiff import apply_hunks, ddmin, hunks_of, python_diff
+from distci.bisect.hunks import apply_hunks, hunks_of
+from distci.bisect.pydiff import ddmin, python_diff
 
 CHECK = "python -c 'import sys, torch; sys.exit(0 if torch.ops.scale(3) == 6 else 1)'"
 OPS = "import math\n\n\ndef scale(x):\n    return {scale}\n\n\ndef name():\n    return {name!r}\n\n\nPI = {pi}\n"

@@ -269,3 +269,132 @@ def test_sigint_to_the_cell_run_closes_the_run_and_prints_its_summary(tmp_path, 
     assert rec["error_signature"] == "Interrupted: stopped by SIGINT", rec
     left, _ = _leftovers_after(token)
     assert left == [], left
+
+
+@pytest.fixture(scope="module")
+def state_run(tmp_path_factory):
+    """The isolation-by-detection and attribution cases, one controller (12 s default timeout)."""
+    proc, results, _ = _run(tmp_path_factory.mktemp("state"), str(CASES / "test_state_faults.py"),
+                            "--distci-timeout=12", "-k", "not logs_its_mark")
+    return proc, results
+
+
+LEAK_CASES = [  # case, words in the message, the pool rebuilt (else set back in place)
+    ("test_leaves_forward_hook", "a global module forward hook (test_state_faults._double_output) still "
+                                 "registered (ranks 0, 1)", False),
+    ("test_leaves_function_mode", "a torch function mode still active (ZeroAdds)", True),
+    ("test_patches_torch", "torch.nn.functional.gelu replaced", False),
+    ("test_leaves_sys_path_and_modules", "sys.modules['distci_fault_fake'] set by hand", False),
+    ("test_leaves_root_logger_and_anomaly_mode", "root logger handlers changed (added StreamHandler)", False),
+    ("test_ignores_sigusr1", "the disposition of SIGUSR1 changed (to SIG_IGN)", False),
+    ("test_leaves_collective_thread", "a daemon thread still running ('stray-allreduce'", True),
+    ("test_leaves_nondaemon_thread", "a non-daemon thread still running ('stray-sleeper'", True),
+]
+
+
+@pytest.mark.parametrize("case, words, rebuilt", LEAK_CASES)
+def test_a_test_that_changed_the_process_is_blamed_and_the_next_test_passes(state_run, case, words, rebuilt):
+    rec = state_run[1][case]
+    assert _outcome(rec) == ("failed", "exception"), rec["message"][:2000]
+    assert rec["error_signature"].startswith("LeakedState: the test changed the process for later tests"), rec
+    assert words in rec["message"], rec["message"][:2000]
+    assert ("(the pool is rebuilt)" if rebuilt else "(set back; later tests run without it)") in rec["message"]
+    after = NEXT_PASSING.get(case, case.replace("test_", "test_after_", 1))
+    assert _outcome(state_run[1][after]) == ("passed", None), state_run[1][after]["message"][:2000]
+
+
+NEXT_PASSING = {"test_ignores_sigusr1": "test_after_hangs_after_sigusr1_ignored"}  # a real hang comes between
+
+
+def test_every_patched_attribute_and_module_is_named(state_run):
+    patched = state_run[1]["test_patches_torch"]["message"]
+    for words in ("torch.nn.functional.gelu replaced", "torch.tanh replaced", "torch.Tensor.relu added"):
+        assert words in patched, patched
+    both = state_run[1]["test_leaves_sys_path_and_modules"]["message"]
+    assert "sys.path changed (added ['/nonexistent/distci-leaked-path'])" in both and "sys.modules['colorsys'] replaced by hand (SimpleNamespace)" in both
+    logger = state_run[1]["test_leaves_root_logger_and_anomaly_mode"]["message"]
+    assert "root logger level changed (WARNING -> DEBUG)" in logger and "anomaly detection left on" in logger
+
+
+def test_a_test_that_ignored_sigusr1_does_not_blind_the_hang_detector(state_run):
+    rec = state_run[1]["test_hangs_after_sigusr1_ignored"]
+    assert _outcome(rec) == ("failed", "hang"), rec["message"][:2000]
+    stuck = rec["ranks"][0]
+    assert stuck["outcome"] == "stuck" and "torch/distributed/" in stuck["excerpt"], stuck["excerpt"][:3000]
+    assert _outcome(state_run[1]["test_after_hangs_after_sigusr1_ignored"]) == ("passed", None)
+
+
+@pytest.mark.parametrize("case, kind, signature, words", [
+    ("test_raises_unprintable", "exception", "test_state_faults.Unprintable:",
+     "<Unprintable whose str() raised RuntimeError>"),
+    ("test_raises_base_exception[KeyboardInterrupt]", "exception", "KeyboardInterrupt", ""),
+    ("test_raises_base_exception[SystemExit]", "exception", "SystemExit", ""),
+    ("test_breaks_control_channel", "crash", "RankCrash:",
+     "rank 1 lost its control channel to the controller (EOFError on the socket)"),
+])
+def test_a_failure_is_attributed_to_what_the_test_did(state_run, case, kind, signature, words):
+    rec = state_run[1][case]
+    assert _outcome(rec) == ("failed", kind), rec["message"][:2000]
+    assert rec["error_signature"].startswith(signature), rec["error_signature"]
+    assert words in rec["message"] and "killed by" not in rec["message"], rec["message"][:2000]
+    after = "test_after_" + case.split("[")[0].removeprefix("test_")
+    assert _outcome(state_run[1][after]) == ("passed", None), state_run[1][after]["message"][:2000]
+
+
+SITECUSTOMIZE = """import os
+if os.environ.get("RANK") is not None:  # a rank worker (the controller has no RANK): it never starts
+    os._exit(3)
+"""
+
+
+def test_the_pool_stops_restarting_after_n_failed_starts(tmp_path):
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    token = uuid.uuid4().hex
+    env = _env(token)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), env["PYTHONPATH"]])
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(_cmd(run_dir, str(CASES / "test_pool_faults.py"), "-k", "test_after",
+                               "--distci-max-pool-starts=2"), cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert len(records) >= 4 and all(_outcome(r) == ("error", "infra") for r in records), records
+    assert [r["error_signature"].split(":")[0] for r in records[:2]] == ["PoolStartError"] * 2
+    for rec in records[2:]:
+        assert rec["error_signature"] == "PoolStartsExhausted: 2-rank pool", rec
+        assert "failed to start 2 times in a row (--distci-max-pool-starts=2)" in rec["message"], rec["message"]
+        assert "during start-up (it exited with code 3)" in rec["message"], rec["message"]
+        assert rec["duration_s"] < 1.0
+    assert _leftovers_after(token)[0] == []
+
+
+def test_two_sessions_in_one_checkout_never_read_each_others_rank_logs(tmp_path):
+    """No --distci-run-dir: each session's rank logs live in a scratch dir of its own."""
+    sessions = []
+    for mark in ("MARK-ALPHA", "MARK-BRAVO"):
+        cmd = [sys.executable, "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-q",
+               f"{CASES / 'test_state_faults.py'}::test_logs_its_mark_and_fails"]
+        sessions.append((mark, subprocess.Popen(cmd, cwd=REPO, env=_env(uuid.uuid4().hex, DISTCI_FAULT_MARK=mark),
+                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+    for mark, proc in sessions:
+        out, _ = proc.communicate(timeout=600)
+        other = "MARK-BRAVO" if mark == "MARK-ALPHA" else "MARK-ALPHA"
+        assert proc.returncode == 1 and f"{mark} fails on rank 0" in out, out[-3000:]
+        assert f"{mark} line 39" in out and other not in out, out[-4000:]
+
+
+def test_a_run_dir_in_use_is_refused_with_a_clear_error(tmp_path):
+    import fcntl
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another session holds it
+        proc = subprocess.run(_cmd(run_dir, str(CASES / "test_pool_faults.py"), "-k", "test_after_segfault"),
+                              cwd=REPO, env=_env(uuid.uuid4().hex), capture_output=True, text=True, timeout=300)
+    finally:
+        os.close(fd)
+    assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"--distci-run-dir {run_dir} is in use by another pytest session" in proc.stderr + proc.stdout

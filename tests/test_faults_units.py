@@ -131,3 +131,77 @@ def test_reaper_kills_token_carriers_when_its_controller_dies(tmp_path):
     while procs.with_token(token) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert procs.with_token(token) == []
+
+
+def test_an_unknown_fix_id_stops_import_torch_naming_the_known_ids(monkeypatch):
+    """The entry point torch calls at `import torch` raises for a typo (torch aborts the
+    import with it as the cause): in a cell env, not only under the harness, a typo is an
+    error, never a RuntimeWarning with the other fixes applied."""
+    sys.path.insert(0, str(REPO / "fixes"))
+    try:
+        from distci_fixes import UnknownFixError
+        from distci_fixes._autoload import autoload
+    finally:
+        sys.path.remove(str(REPO / "fixes"))
+    monkeypatch.setenv("DISTCI_FIXES", "act_tangent_coercion,nonexistent")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning instead of the error
+        with pytest.raises(UnknownFixError, match="unknown fix id nonexistent; known ids: act_tangent_coercion"):
+            autoload()
+        monkeypatch.setenv("DISTCI_FIXES", "none")
+        autoload()
+
+
+@pytest.mark.parametrize("value, fixes", [("none", ["off"]), ("NONE", ["off"]), ("all", ["on"]), ("", ["on", "off"])])
+def test_distci_fixes_overrides_the_cells_mode_and_its_id(value, fixes):
+    from distci.matrix import load_matrix
+    from distci.run.cellrun import cell_environment
+    from distci.run.fixesmode import fixes_override
+
+    cells = [c for c in load_matrix(REPO / "matrix.toml").cells if c.accelerator == "cpu"][:1]
+    twin = [c for c in load_matrix(REPO / "matrix.toml").cells if c.id == cells[0].id.replace("fix_on", "fix_off")]
+    chosen = fixes_override(cells + twin, {"DISTCI_FIXES": value} if value else {})
+    assert sorted(c.fixes for c in chosen) == sorted(fixes)
+    for cell in chosen:
+        assert cell.id.endswith(f"-fix_{cell.fixes}")
+        assert cell_environment(cell, None)["DISTCI_FIXES"] == ("all" if cell.fixes == "on" else "none")
+
+
+@pytest.mark.parametrize("value", ["nonexistent", "act_tangent_coercion", "all,none"])
+def test_distci_fixes_ids_are_refused_by_a_cell_run(value):
+    from distci.errors import ConfigError
+    from distci.matrix import load_matrix
+    from distci.run.fixesmode import fixes_override
+
+    cells = load_matrix(REPO / "matrix.toml").cells[:1]
+    with pytest.raises(ConfigError, match=rf"DISTCI_FIXES: '{value}': a cell run takes `all` or `none`"):
+        fixes_override(cells, {"DISTCI_FIXES": value})
+
+
+@pytest.mark.slow  # a pytest child process: ~20 s on a loaded 2-core machine
+def test_the_harness_lives_in_config_stash(tmp_path):
+    """Plugin state in config.stash (pytest's own plugins' way), not an attribute of config."""
+    (tmp_path / "test_stash.py").write_text(
+        "from distci.harness.plugin import HARNESS, harness_of\n"
+        "def test_stash(request):\n"
+        "    assert harness_of(request.config) is request.config.stash[HARNESS]\n"
+        "    assert harness_of(request.config).device_type == 'cpu'\n"
+        "    assert not hasattr(request.config, '_distci')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-q",
+                           "--distci-device=cpu", str(tmp_path / "test_stash.py")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+
+
+@pytest.mark.parametrize("state, message", [
+    (RankState(1, exit_code=-11), "rank 1 killed by SIGSEGV"),
+    (RankState(1, exit_code=None, channel="EOFError on the socket"),
+     "rank 1 lost its control channel to the controller (EOFError on the socket) while its process was still running"),
+    (RankState(1, exit_code=75, channel="EOFError on the socket"),
+     "rank 1 lost its control channel to the controller (EOFError on the socket) and the rank exited"),
+])
+def test_a_lost_rank_is_named_by_what_happened_never_a_made_up_signal(state, message):
+    combined = combine([RankState(0), state], 1.0)
+    assert (combined.outcome, combined.failure_kind, combined.message) == ("failed", "crash", message)
+    assert combined.needs_rebuild and "SIGHUP" not in combined.render()

@@ -33,6 +33,42 @@ def test_known_failure_matches(registry):
     assert registry.match(TEST, SIG, SIG, {"torch": "2.13.0+cpu"}) == "pytorch-184980"
 
 
+def test_a_signature_broken_across_lines_still_matches(registry):
+    """torch 2.11 breaks the message's line inside the signature text; the one matcher
+    (Registry.known_issue_of, used by the recorder, the external runner and ingest)
+    normalizes whitespace, so the known issue still matches. A pass where it applies is
+    named too (verdict `fixed`); infra and skips never are."""
+    wrapped = "RuntimeError: During the backward, we encountered a tensor subclass where we guessed its\n" \
+              "    metadata incorrectly."
+    first_line = wrapped.splitlines()[0]
+    stack = {"torch": "2.11.0+cpu"}
+    assert registry.match(TEST, first_line, wrapped, stack) == "pytorch-184980"
+    assert registry.known_issue_of(TEST, "failed", signature=first_line, message=wrapped, stack=stack) \
+        == "pytorch-184980"
+    assert registry.known_issue_of(TEST, "failed", signature=first_line, message=wrapped, stack=stack,
+                                   failure_kind="infra") is None
+    assert registry.known_issue_of(TEST, "passed", signature=None, message="", stack=stack) == "pytorch-184980"
+    assert registry.known_issue_of(TEST, "skipped", signature=None, message=wrapped, stack=stack) is None
+    assert registry.known_issue_of(TEST, "failed", signature=None, message="guessed its\nshape", stack=stack) is None
+
+
+def test_the_recorder_the_external_runner_and_ingest_share_the_matcher():
+    """One matcher: nothing outside the registry calls match()/applicable() itself."""
+    from pathlib import Path
+
+    import distci
+
+    root = Path(distci.__file__).parent
+    callers = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                     if p.name != "known_issues.py" and (".match(nodeid" in p.read_text() or ".applicable(" in p.read_text()
+                                                         or "registry.match(" in p.read_text()))
+    assert callers == []
+    for module in ("harness/outcome.py", "judge/ingest.py"):  # Combined.to_result and index-time matching
+        assert "known_issue_of(" in (root / module).read_text(), module
+    for module in ("harness/recorder.py", "external/runner.py"):  # both build Results through Combined.to_result
+        assert ".to_result(" in (root / module).read_text(), module
+
+
 def test_a_new_error_in_the_same_test_is_not_hidden(registry):
     assert registry.match(TEST, "AssertionError: grads differ", "", {"torch": "2.13.0"}) is None
 

@@ -37,8 +37,10 @@ class _Session:
         return str(tmp)
 
     def run(self, *args: str, env: dict | None = None, success_codes: list[int] | None = None,
-            external: bool = False) -> None:
-        self.runs.append((args, {"env": env, "success_codes": success_codes}))
+            external: bool = False, interrupt_timeout: float | None = 0.3, terminate_timeout: float | None = 0.2,
+            stdout=None, stderr=None) -> None:
+        self.runs.append((args, {"env": env, "success_codes": success_codes, "interrupt_timeout": interrupt_timeout,
+                                 "stdout": stdout, "stderr": stderr}))
         if args[1:3] == ("-m", "venv"):
             Path(args[-1]).mkdir(parents=True, exist_ok=True)
         if env and "DISTCI_EXIT_FILE" in env and self.exit_code is not None:
@@ -83,7 +85,9 @@ def test_dist_tests_keeps_distci_exit_codes_visible(noxfile, tmp_path: Path) -> 
         noxfile.dist_tests(session)
     (*setup, (args, kw)) = session.runs
     assert [a[1:3] for a, _ in setup] == [("-m", "venv"), ("-m", "pip")], "the controller venv is made first"
+    assert all(kw["stdout"] is sys.stderr for _, kw in setup), "installs report on stderr, never stdout"
     assert args[1:] == ("-m", "distci", "run", "--cell", "c") and kw["success_codes"] == [0, 1, 2, 3]
+    assert kw["interrupt_timeout"] == noxfile.STOP_GRACE_S, "nox waits for the controller to close a stopped run"
     assert kw["env"]["DISTCI_EXIT_FILE"] == str((tmp_path / ".nox" / "distci-exit.json").resolve())
     python = tmp_path / noxfile.CONTROLLER / "bin" / "python"
     python.parent.mkdir(parents=True)
@@ -91,6 +95,42 @@ def test_dist_tests_keeps_distci_exit_codes_visible(noxfile, tmp_path: Path) -> 
     session = _Session(tmp_path / "venv")
     noxfile.dist_tests(session)
     assert len(session.runs) == 1, "the second session run reuses the controller venv's install"
+
+
+def test_a_stop_is_handed_to_the_controller_once_and_nox_then_waits(noxfile, tmp_path: Path) -> None:
+    """SIGTERM to nox alone (a CI cancel) reaches its child, the controller; the first stop
+    raises KeyboardInterrupt (nox then waits for the child), a repeated one is only handed on."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    got = tmp_path / "got"
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import signal, sys, time\n"
+        f"signal.signal(signal.SIGTERM, lambda *a: open({str(got)!r}, 'a').write('TERM '))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(30)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        raised = []
+        with noxfile._stops_handed_to_the_controller():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+            except KeyboardInterrupt as exc:
+                raised.append(str(exc))
+            os.kill(os.getpid(), signal.SIGTERM)  # the same stop again: handed on, nothing raised
+            time.sleep(0.2)
+        assert raised == ["SIGTERM"]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (not got.exists() or got.read_text() != "TERM TERM "):
+            time.sleep(0.05)
+        assert got.read_text() == "TERM TERM "
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "the handlers are given back"
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_gate_under_nox_fails_the_session_and_keeps_incomplete_apart_from_blocked(noxfile, tmp_path: Path) -> None:

@@ -20,7 +20,12 @@ FSDP2 float8 weight all-gathers that move high precision, a step that ran eager 
 recompile limit hit without fullgraph, as the FSDP2 whole-model rows compile; with
 fullgraph=True Dynamo raises instead), an eval forward that ran
 eager, compiled new graphs, or computed other numbers, missing reduce-scatters, a
-parameter FSDP2 left unsharded, a router that never leaves an expert idle or starves one.
+parameter FSDP2 left unsharded, a router that never leaves an expert idle or starves one,
+a routing edge (an expert starved in one microbatch) that did not happen. The structural
+checks of the training step run for real too: FSDP2 gradient reductions in bf16 where the
+MixedPrecisionPolicy says float32 (numbers alone stay inside the bf16 tolerance),
+clipping by each rank's local norm, a parameter that stops requiring grad, a pipeline schedule
+that sums its microbatches' gradients.
 Unmutated controls run through the same checks and must pass, so a failure is the
 mutation's doing. All real runs share one spawn of two ranks (~60 s on 2 cores).
 """
@@ -58,6 +63,13 @@ RUNS = {
     "dcp_no_load": ("tp_sp-eager-dcp_to_fsdp", "skip_load"),
     "control_varlen": (VARLEN, None),
     "varlen_static": (VARLEN, "static_shapes"),
+    "control_mp": ("fsdp-eager-mp_bf16", None),
+    "reduce_in_bf16": ("fsdp-eager-mp_bf16", "reduce_in_bf16"),
+    "control_clip": ("fsdp-eager-clip_norm", None),
+    "clip_local_norm": ("fsdp-eager-clip_norm", "clip_local_norm"),
+    "lost_requires_grad": ("fsdp-eager", "lose_requires_grad"),
+    "control_pp": ("pp-gpipe-eager-ga2", None),
+    "pp_summed": ("pp-gpipe-eager-ga2", "pp_sum_microbatches"),
 }
 
 
@@ -65,7 +77,7 @@ def _scenario(sid: str):
     from suites.scenarios import SCENARIOS, Scenario
 
     if sid == VARLEN:
-        return Scenario("tp", "model", "eager", "none", "none", False, 2, "sgd", "nightly", shapes="varlen")
+        return Scenario(parallel="tp", compile="model", backend="eager", shapes="varlen")
     return SCENARIOS[sid]
 
 
@@ -108,6 +120,16 @@ def _mutation(kind: str | None):
         return Mutation(skip_checkpoint_load=True)
     if kind == "static_shapes":
         return Mutation(dynamo_config={"automatic_dynamic_shapes": False})
+    if kind == "reduce_in_bf16":
+        import torch
+
+        return Mutation(fsdp_reduce_dtype=torch.bfloat16)
+    if kind == "clip_local_norm":
+        return Mutation(clip_local_norm=True)
+    if kind == "pp_sum_microbatches":
+        return Mutation(pp_sum_microbatches=True)
+    if kind == "lose_requires_grad":
+        return Mutation(after_parallelize=lambda model: model.norm.weight.requires_grad_(False))
     raise ValueError(kind)
 
 
@@ -118,8 +140,9 @@ def _rank_main(rank: int, world_size: int, out_dir: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from suites.checks import check_graph, check_numerics, check_routing, expected_graph
-    from suites.scenarios import tolerance
-    from suites.training import run_parallel, run_reference
+    from suites.tolerances import tolerance
+    from suites.reference import run_reference
+    from suites.training import run_parallel
 
     torch.set_num_threads(1)
     # A bounded process-group timeout: a run that raises on one rank only must fail the
@@ -148,8 +171,9 @@ def _rank_main(rank: int, world_size: int, out_dir: str) -> None:
             results[name] = {"raised": f"{type(exc).__name__}: {exc}"}
             continue
         results[name] = {
-            "numerics": check_numerics(ref, run, tolerance("float32", scenario.float8)) + check_routing(ref),
-            "graph": check_graph(expected_graph(scenario), evidence),
+            "numerics": check_numerics(ref, run, tolerance("bfloat16" if scenario.mp == "bf16" else "float32",
+                                                           scenario.float8)) + check_routing(ref),
+            "graph": check_graph(expected_graph(scenario, "float32"), evidence),
         }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     dist.destroy_process_group()
@@ -174,8 +198,8 @@ def _problems(results: dict, name: str, which: str) -> list[str]:
 
 def test_controls_pass(mutated):
     for name in [n for n in RUNS if n.startswith("control")]:
-        assert _problems(mutated, name, "numerics") == []
-        assert _problems(mutated, name, "graph") == []
+        assert _problems(mutated, name, "numerics") == [], name
+        assert _problems(mutated, name, "graph") == [], name
 
 
 def test_missing_reduction_fails_numerics(mutated):
@@ -312,7 +336,7 @@ def test_eval_numbers_and_routing_are_judged():
     import torch
 
     from suites.checks import check_numerics, check_routing
-    from suites.scenarios import tolerance
+    from suites.tolerances import tolerance
     from suites.training import TrainRecord
 
     logits = torch.randn(2, 8, 16)
@@ -333,7 +357,7 @@ def test_rerouted_steps_are_judged_by_loss_within_a_budget():
     import torch
 
     from suites.checks import check_numerics, compare_routing
-    from suites.scenarios import tolerance
+    from suites.tolerances import tolerance
     from suites.training import TrainRecord
 
     tol = tolerance("float32", "none")
@@ -368,3 +392,48 @@ def test_misrouted_tokens_fail_the_routing_comparison(mutated):
         problems = _problems(mutated, name, "numerics")
         assert any(p.startswith("step 0: routing: block 0:") and "token-expert assignments differ" in p
                    for p in problems), problems
+
+
+def test_gradient_reduction_in_bf16_fails_the_collective_dtype_check(mutated):
+    """A MixedPrecisionPolicy whose reduce-scatters run in bf16 where it says float32:
+    one more bf16 rounding, inside the bf16 tolerance; only the recorded dtypes see it."""
+    problems = _problems(mutated, "reduce_in_bf16", "graph")
+    assert any(p.startswith("FSDP gradient reductions ran in {'bfloat16'") and "says float32" in p
+               for p in problems), problems
+    assert not any("parameter all-gathers" in p for p in problems), problems
+
+
+def test_clipping_by_a_local_norm_fails_numerics(mutated):
+    problems = _problems(mutated, "clip_local_norm", "numerics")
+    assert any(p.startswith("step 0: total gradient norm") for p in problems), problems
+    assert any("gradient SQNR" in p or "gradient max |diff|" in p for p in problems), problems
+
+
+def test_a_parameter_that_stops_requiring_grad_fails_graph(mutated):
+    problems = _problems(mutated, "lost_requires_grad", "graph")
+    assert "parameters that train do not require grad: ['norm.weight'] (after parallelize)" in problems, problems
+    assert "parameters that train do not require grad: ['norm.weight'] (after the last step)" in problems, problems
+
+
+def test_a_routing_edge_that_did_not_happen_fails():
+    from suites.routing import edge_problems
+    from suites.training import TrainRecord
+
+    starved = TrainRecord(routing={(0, 0, 0): (6, 0, 2, 0), (0, 0, 1): (4, 2, 1, 1)})
+    assert edge_problems(starved, "empty_first", 2) == []
+    problems = edge_problems(starved, "empty_last", 2)
+    assert problems == ["routing edge empty_last: expert 1 got 2 tokens in step 0 block 0 microbatch 1, "
+                        "where it must get none"], problems
+    assert edge_problems(starved, "one_expert", 2)  # expert 0 did not get every token
+
+
+def test_pipeline_that_sums_its_microbatches_fails_numerics(mutated):
+    """A schedule that adds the microbatches' gradients (no scale_grads): every stage's
+    gradients are twice the reference's; the first step's loss is unchanged (the later
+    ones move with the doubled updates)."""
+    problems = _problems(mutated, "pp_summed", "numerics")
+    assert not any(p.startswith("step 0: loss") for p in problems), problems
+    assert any(p.startswith("step 0: tok_embeddings.weight: gradient SQNR -0.0 dB") for p in problems), problems
+    for stage_param in ("tok_embeddings.weight", "layers.3.feed_forward.w2.weight", "output.weight"):
+        assert any(p.startswith("step 0: " + stage_param) for p in problems), (stage_param, problems)
+

@@ -9,11 +9,14 @@ the distci.provision.wheelhouse archive, commit wheels), checks.py runs the chec
 pins.py reads the bad cell's versions; state.py makes a bisect resumable; report.py
 writes what happened (and the store's record of it); regression.py turns a regression
 verdict of the store into a bisect question; args.py parses the command line once into
-BisectArgs and command.py is `python -m distci bisect`. Below the nightly: below.py (the
+BisectArgs (one subcommand per mode), question.py is what every mode shares, and
+command.py is `python -m distci bisect MODE`. Below the nightly: below.py (the
 stage), nightly_map.py (nightly -> main commit), overlay.py (Python-only commits over a
 nightly binary), suspects.py. Between two builds: pydiff.py (delta debugging of their
-Python). Inside torch.compile: compiler.py drives torch's compiler bisector from outside
-the failing processes, compiler_command.py is `--compiler`. fix_audit.py answers the fix
+Python, over hunks.py's hunks and line edits), builds.py (the builds' dependencies and
+downloads, planned first), upstream.py (git hashes, compare URL, pull requests),
+pydiff_command.py (`python-diff`). Inside torch.compile: compiler.py drives torch's
+compiler bisector from outside the failing processes, compiler_command.py is `compiler`. fix_audit.py answers the fix
 audit's "obsolete since which change".
 """
 

@@ -12,16 +12,16 @@ commits that are left are ranked by the files in the bad nightly's failing trace
 
 Without a clone, the range comes from GitHub's public compare API between the two main
 commits (named by the nightly commits' subjects, read from the commits API): it is
-listed and ranked, not probed. Set DISTCI_GITHUB_API to point elsewhere (a test's server).
+listed and ranked, not probed. The requests go through the project's one GitHub client
+(distci.provision.github: PyGithub's requester, rate-limit retries; $GITHUB_TOKEN when
+set, anonymous otherwise). Set DISTCI_GITHUB_API to point elsewhere (a test's server).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
-import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,11 +34,12 @@ from distci.bisect.overlay import classify_commit, classify_files, plan_overlays
 from distci.bisect.probes import OverlayProbe
 from distci.bisect.state import BisectState
 from distci.bisect.suspects import rank_suspects
+from distci.errors import ConfigError
 from distci.provision.envs import env_python
+from distci.provision.github import DEFAULT_API_URL, GitHub
 
 REPO_ENV = "DISTCI_GIT_PYTORCH"
 API_ENV = "DISTCI_GITHUB_API"
-PUBLIC_API = "https://api.github.com/repos/pytorch/pytorch"
 COMPARE_URL = "https://github.com/pytorch/pytorch/compare/{good}...{bad}"
 SUSPECTS_SHOWN = 5
 Log = Callable[[str], None]
@@ -66,8 +67,10 @@ def torch_commits(axis: str, cache: EnvCache, result: BisectResult[Any]) -> dict
 
 
 def below_nightly(result: BisectResult[Any], q: Any, cache: EnvCache, check: CommandCheck,
-                  where: Path, log: Log = print) -> dict[str, Any]:
-    """The stage after a torch nightly bisect (see the module doc); its report section."""
+                  where: Path, log: Log = print, *, repeats: int = 1,
+                  confirm: bool = True) -> dict[str, Any]:
+    """The stage after a torch nightly bisect (see the module doc); its report section.
+    `repeats` and `confirm` are the nightly bisect's: one honesty contract for both."""
     if q.axis != "torch" or q.source not in ("nightly", "wheelhouse") or result.kind != "boundary":
         return {"status": "not-applicable",
                 "reason": "needs a torch nightly bisect that ended on two adjacent nightlies"}
@@ -100,8 +103,8 @@ def below_nightly(result: BisectResult[Any], q: Any, cache: EnvCache, check: Com
                                "list": [{"commit": c.commit, "subject": c.subject, "kind": k.kind,
                                          "binary": p.binary} for c, k, p in zip(commits, classes, plans)][1:]}
     try:
-        found = bisect(commits, probe, find_fix=result.mode == "fix", state=state,
-                       on_event=lambda event: log(f"  below: {event}"))
+        found = bisect(commits, probe, find_fix=result.mode == "fix", state=state, repeats=repeats,
+                       confirm=confirm, on_event=lambda event: log(f"  below: {event}"))
     except BisectRefused as refused:
         section.update(status="refused", reason=refused.result.reason)
         log(f"below the nightly: refused: {refused.result.reason}")
@@ -109,7 +112,10 @@ def below_nightly(result: BisectResult[Any], q: Any, cache: EnvCache, check: Com
     if found is not None:
         section.update(status=found.kind, probes=len(found.probes),
                        range=[c.commit for c in found.range])
-        if found.kind == "boundary":
+        if found.kind == "flaky":
+            log(f"below the nightly: FLAKY, no commit named: {found.reason}")
+            section["reason"] = found.reason
+        elif found.kind == "boundary":
             section["culprit"] = found.first_new.commit
             log(f"below the nightly: first {'bad' if found.mode == 'regression' else 'good'} main "
                 f"commit {found.first_new.commit[:12]} {found.first_new.subject} "
@@ -148,18 +154,22 @@ def _bad_detail(result: BisectResult[Any]) -> str:
 
 def _from_api(ends: dict[str, str], result: BisectResult[Any], log: Log) -> dict[str, Any]:
     """The range from the compare API (listed and ranked, not probed)."""
-    api = os.environ.get(API_ENV, PUBLIC_API).rstrip("/")
+    client = _client()
+
+    def get(path: str) -> dict[str, Any]:
+        return client.request("GET", path)[1] or {}
+
     try:
         mains = []
         for sha in (ends["last_old"], ends["first_new"]):
-            subject = _get(f"{api}/commits/{sha}")["commit"]["message"].splitlines()[0]
+            subject = get(f"/commits/{sha}")["commit"]["message"].splitlines()[0]
             parsed = parse_nightly_subject(subject)
             mains.append(parsed[1] if parsed else sha)
-        compare = _get(f"{api}/compare/{mains[0]}...{mains[1]}")
+        compare = get(f"/compare/{mains[0]}...{mains[1]}")
         commits = [(c["sha"], c["commit"]["message"].splitlines()[0],
-                    [f["filename"] for f in _get(f"{api}/commits/{c['sha']}").get("files", [])])
+                    [f["filename"] for f in get(f"/commits/{c['sha']}").get("files", [])])
                    for c in compare.get("commits", [])]
-    except (OSError, ValueError, KeyError) as exc:
+    except (ConfigError, ValueError, KeyError) as exc:
         return {"status": "error", "reason": f"compare API: {exc}; set {REPO_ENV} to a clone"}
     classes = [classify_files(sha, files) for sha, _, files in commits]
     ranked = rank_suspects(commits, _bad_detail(result))
@@ -172,10 +182,9 @@ def _from_api(ends: dict[str, str], result: BisectResult[Any], log: Log) -> dict
                           "files": list(s.shared)} for s in ranked[:SUSPECTS_SHOWN]]}
 
 
-def _get(url: str) -> dict[str, Any]:
-    request = urllib.request.Request(url, headers={"Accept": "application/vnd.github+json"})
-    token = os.environ.get("GITHUB_TOKEN")
-    if token and url.startswith(PUBLIC_API):
-        request.add_header("Authorization", f"Bearer {token}")
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
+def _client() -> GitHub:
+    """pytorch/pytorch through the GitHub client; the token only for the public API (a
+    test's server or a mirror never sees it)."""
+    api = os.environ.get(API_ENV, "").rstrip("/")
+    token = "" if api else (os.environ.get("GITHUB_TOKEN") or os.environ.get("GH_TOKEN") or "")
+    return GitHub(repo="pytorch/pytorch", token=token, api_url=api or DEFAULT_API_URL, write_interval=0)

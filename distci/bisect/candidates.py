@@ -59,7 +59,10 @@ class WheelCandidate:
         return f"{self.package} {self.version}{when}"
 
     def pip_args(self) -> list[str]:
-        """Where pip finds this candidate: the index, or only the wheelhouse."""
+        """Where pip finds this candidate: the index, or only the wheelhouse; nothing for
+        a release listed from pip's configuration (pip reads it itself)."""
+        if not self.location:
+            return []
         if self.source == "wheelhouse":
             return ["--no-index", "--find-links", self.location]
         return ["--index-url", self.location]
@@ -114,6 +117,28 @@ def release_candidates(index_url: str, package: str, *, last: str, first: str | 
     return _bounded([_wheel(package, "release", index_url, files) for files in groups],
                     first, last, by=lambda c: Version(c.version), parse=_version,
                     what=f"{package} release", where=index_url, limit=limit)
+
+
+def merge_release_candidates(index_urls: Sequence[str], package: str, *, last: str,
+                             first: str | None = None, limit: int | None = None,
+                             ca_bundle: str = "") -> list[WheelCandidate]:
+    """Releases of `package` on any of `index_urls` (pip's index and extra indexes), as one
+    list whose candidates carry no location: pip finds them with its own configuration."""
+    entries: list[IndexEntry] = []
+    errors = []
+    for url in index_urls:
+        try:
+            entries += list_index_versions(url, package, ca_bundle=ca_bundle)
+        except SourceError as exc:
+            errors.append(str(exc))
+    if not entries and errors:
+        raise SourceError("; ".join(errors))
+    wanted = {_version(first, "first"), _version(last, "last")} - {None}
+    groups = _group(_installable(entries, None), lambda e: e.version.public, keep=lambda e: (
+        not e.version.is_prerelease or Version(e.version.public) in wanted))
+    return _bounded([_wheel(package, "release", "", files) for files in groups], first, last,
+                    by=lambda c: Version(c.version), parse=_version, what=f"{package} release",
+                    where="the indexes of pip's configuration", limit=limit)
 
 
 def nightly_candidates(index_url: str, package: str, *, last: str, first: str | None = None,

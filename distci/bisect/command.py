@@ -1,12 +1,13 @@
-"""`python -m distci bisect`: list candidates, build the probe, run the engine, report.
+"""`python -m distci bisect MODE`: list candidates, build the probe, run the engine, report.
 
-    distci bisect TEST_ID --good X --bad Y [--axis torch] [--source nightly] [--find-fix]
-    distci bisect --from-regression RUN_ID::TEST_ID        (the store says the rest)
-    distci bisect --command 'python check.py' --bad 2026-11-20 --source nightly
-    distci bisect --command 'python repro.py' --good v0.9.0 --bad main --axis torchao --repo ../ao
-    distci bisect TEST_ID --axis torch --source nightly --good D1 --bad D2 --below-nightly
-    distci bisect --command 'python check.py' --good 2.14.0 --bad 2.14.1 --python-diff
-    distci bisect TEST_ID --compiler                         (which compile pass breaks it)
+    distci bisect versions TEST_ID --good X --bad Y [--axis torch] [--source nightly] [--find-fix]
+    distci bisect versions --from-regression RUN_ID::TEST_ID   (the store says the rest)
+    distci bisect versions --command 'python check.py' --bad 2026-11-20 --source nightly
+    distci bisect commits --command 'python repro.py' --good v0.9.0 --bad main --axis torchao --repo ../ao
+    distci bisect below-nightly TEST_ID --good D1 --bad D2
+    distci bisect python-diff --command 'python check.py' --good 2.14.0 --bad 2.14.1
+    distci bisect compiler TEST_ID                            (which compile pass breaks it)
+    distci bisect list                                        (the store's regressions)
 
 A TEST_ID runs through the harness in torchrun mode inside each candidate's environment
 (every other package pinned to the bad cell's stack: --stack, --cell, or the regression's
@@ -32,6 +33,7 @@ from typing import Any
 
 from distci.bisect.args import BisectArgs
 from distci.bisect.args import add_parser as _add_parser
+from distci.bisect.args import parse_bisect
 from distci.bisect.checks import PytestCheck
 from distci.bisect.docker import add_options as add_backend_options
 from distci.bisect.docker import run_in_image
@@ -46,17 +48,21 @@ from distci.bisect.question import Log
 
 
 def add_parser(sub: Any) -> None:
-    p = _add_parser(sub, __doc__.split("\n\n")[0], run)
-    add_backend_options(p)
+    _add_parser(sub, __doc__.split("\n\n")[0], run)
 
 
 def run(ns: argparse.Namespace, *, log: Log = print) -> int:
-    if getattr(ns, "backend", "host") == "docker":
-        cell = ns.image_cell or ns.cell
+    argv = list(getattr(ns, "bisect_argv", []))
+    if not argv or argv[0] in ("-h", "--help"):
+        print(getattr(ns, "bisect_help", ""))
+        return 0 if argv else 2
+    args, options = parse_bisect(argv, extra=add_backend_options)
+    if getattr(options, "backend", "host") == "docker":
+        cell = options.image_cell or options.cell
         if not cell:
             raise ConfigError("--backend docker runs the bisect in a cell's image: give --image-cell or --cell")
         return run_in_image(cell, _raw_argv(), log=log)
-    return main(BisectArgs.from_namespace(ns), log=log)
+    return main(args, log=log)
 
 
 def main(args: BisectArgs, *, log: Log = print) -> int:
@@ -71,7 +77,7 @@ def main(args: BisectArgs, *, log: Log = print) -> int:
     if question.last is None:
         raise BisectError(f"{newest} is required: it is the newest end, where the search starts")
     if args.python_diff:
-        from distci.bisect.pydiff import run_python_diff
+        from distci.bisect.pydiff_command import run_python_diff
 
         return run_python_diff(args, question, log)
     candidates = question_candidates(args, question)
@@ -116,7 +122,8 @@ def main(args: BisectArgs, *, log: Log = print) -> int:
     if args.below_nightly:
         from distci.bisect.below import below_nightly
 
-        extra["below_nightly"] = below_nightly(result, question, cache, check, state_path.parent, log)
+        extra["below_nightly"] = below_nightly(result, question, cache, check, state_path.parent, log,
+                                               repeats=args.repeats, confirm=args.confirm)
     record = _report(args, question, cache, result, meta, report_path, resume, extra)
     log(format_result(result))
     commits = record.get("commits")
@@ -125,7 +132,12 @@ def main(args: BisectArgs, *, log: Log = print) -> int:
     log(f"report: {report_path}")
     if record.get("test_id") and (question.regression or args.store):
         _to_store(args, report_path, log)
-    return 1 if result.kind == "flaky" else 0
+    below = extra.get("below_nightly") or {}
+    if result.kind == "flaky" or below.get("status") == "flaky":
+        reason = result.reason if result.kind == "flaky" else below.get("reason", "")
+        print(f"distci: bisect: no answer named (flaky): {reason}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _report(args: BisectArgs, q: Question, cache: EnvCache, result: BisectResult[Any],

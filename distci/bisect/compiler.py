@@ -48,7 +48,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from distci.bisect.state import BisectError
 
@@ -138,8 +138,12 @@ class CompilerFinding:
     seconds: float = 0.0
     torch: str = ""
     log: str = ""
+    status: str = "found"
+    reason: str = ""
 
     def describe(self) -> str:
+        if self.status != "found":
+            return f"{self.status}: {self.reason}"
         if self.backend is None:
             return "no compile backend reproduces the failure"
         text = f"backend {self.backend}"
@@ -157,10 +161,11 @@ class CompilerFinding:
 
 def compiler_bisect(command: str, *, python: str = sys.executable, cwd: Path | str | None = None,
                     env: Mapping[str, str] | None = None, start_backend: str | None = None,
-                    timeout: float | None = None, precheck: bool = True,
-                    log: Callable[[str], None] = print) -> CompilerFinding:
+                    timeout: float | None = None, precheck: bool = True, repeats: int = 1,
+                    confirm: bool = True, log: Callable[[str], None] = print) -> CompilerFinding:
     """Run torch's compiler bisector on `command` (a shell command: exit 0 = pass) with
-    `python`, the failing environment's interpreter, whose PATH comes first.
+    `python`, the failing environment's interpreter, whose PATH comes first; `repeats`
+    and `confirm` as in every bisect mode (see `drive`).
 
     `env` is added to the command's environment (PYTHONPATH must make distci importable
     by `python`). `start_backend` skips the backends before it (torch's own tests do the
@@ -186,6 +191,7 @@ def compiler_bisect(command: str, *, python: str = sys.executable, cwd: Path | s
             argv += ["--start-backend", start_backend]
         if timeout:
             argv += ["--timeout", str(timeout)]
+        argv += ["--repeats", str(repeats), "--confirm" if confirm else "--no-confirm"]
         log(f"compiler bisector: running {command!r} once per step")
         started = time.monotonic()
         proc = subprocess.run([*argv, "--", "sh", "-c", command], cwd=cwd, env=base,
@@ -250,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--start-backend")
     parser.add_argument("--timeout", type=float)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--confirm", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -266,45 +274,111 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         return 3
 
-    bisector = cb.CompilerBisector
     if args.start_backend:
         names = list(cb.BACKENDS)
         if args.start_backend not in names:
             parser.error(f"--start-backend must be one of {names}")
         for name in names[:names.index(args.start_backend)]:
             del cb.BACKENDS[name]
-    if hasattr(bisector, "in_process_cache"):  # torch >= 2.9: share the state dir with children
-        bisector.in_process_cache = cache_dir()
-    runs = 0
+    if hasattr(cb.CompilerBisector, "in_process_cache"):  # torch >= 2.9: share the state dir with children
+        cb.CompilerBisector.in_process_cache = cache_dir()
+    finding = drive(cb, lambda env: _run(list(command), None, env, args.timeout), dict(os.environ),
+                    repeats=args.repeats, confirm=args.confirm,
+                    log=lambda line: print(f"[bisector] {line}", flush=True))
+    finding.torch = torch.__version__
+    Path(args.out).write_text(json.dumps(finding.to_dict()))
+    print(f"[bisector] {finding.describe()}", flush=True)
+    return 0
 
-    def check() -> bool:
+
+class _Flaky(Exception):
+    pass
+
+
+def drive(cb: Any, run: Callable[[dict], int], environ: Mapping[str, str], *, repeats: int = 1,
+          confirm: bool = True, log: Callable[[str], None] = print) -> CompilerFinding:
+    """torch's `cb.CompilerBisector.do_bisect` over `run(env) -> exit code`, under the
+    honesty contract of every bisect mode: each step runs `repeats` times and runs that
+    disagree end it as `flaky`; with `confirm` the finding's pair is brought to `repeats +
+    1` runs (the backend before it passes, it fails; a subsystem found: that backend with
+    the subsystem disabled passes), the search's own runs of those configurations
+    counted, and a contradiction makes it `unconfirmed`."""
+    bisector = cb.CompilerBisector
+    runs = 0
+    started = time.monotonic()
+
+    seen: dict[tuple, list[bool]] = {}  # fixed configurations -> every run's pass/fail
+
+    def steady(env: dict, label: str, times: int, key: tuple | None = None) -> bool:
+        """Run until `times` runs of this configuration agree (runs the search already
+        made of a fixed configuration count); raise _Flaky when they do not."""
         nonlocal runs
-        runs += 1
-        env = dict(os.environ)
-        backend, subsystem = bisector.get_backend(), bisector.get_subsystem()
+        passed = seen.setdefault(key, []) if key is not None else []
+        while len(passed) < times:
+            runs += 1
+            began = time.monotonic()
+            code = run(env)
+            passed.append(code == 0)
+            log(f"run {runs}: {label} -> {'pass' if code == 0 else f'fail (exit {code})'} "
+                f"({time.monotonic() - began:.1f}s)")
+            if len(set(passed)) > 1:
+                raise _Flaky(f"{label} is flaky: {len(passed)} runs answered "
+                             f"{', '.join('pass' if p else 'fail' for p in passed)}; nothing can be named")
+        return passed[0]
+
+    def env_of(backend: str | None, subsystem: str | None, disabled: bool) -> dict:
+        env = dict(environ)
         if backend:
             env["TORCH_COMPILE_BACKEND"] = backend
             env["TORCH_BISECT_BACKEND"] = backend
         if subsystem:
             env["TORCH_BISECT_SUBSYSTEM"] = subsystem
-            if bisector.get_run_state(backend, subsystem) == "test_disable":
+            if disabled:
                 env["TORCH_BISECT_MAX"] = "-1"
-        started = time.monotonic()
-        code = _run(list(command), None, env, args.timeout)
-        print(f"[bisector] run {runs}: backend={backend} subsystem={subsystem or '-'} "
-              f"-> {'pass' if code == 0 else f'fail (exit {code})'} "
-              f"({time.monotonic() - started:.1f}s)", flush=True)
-        return code == 0
+        return env
 
+    def check() -> bool:
+        backend, subsystem = bisector.get_backend(), bisector.get_subsystem()
+        disabled = bool(subsystem) and bisector.get_run_state(backend, subsystem) == "test_disable"
+        fixed = (backend, subsystem, disabled) if not subsystem or disabled else None  # not a bisect step
+        return steady(env_of(backend, subsystem, disabled), f"backend={backend} subsystem={subsystem or '-'}",
+                      repeats, fixed)
+
+    order = list(cb.BACKENDS)
     bisector.bisection_enabled = True
-    result = bisector.do_bisect(check)
-    finding = CompilerFinding(
-        backend=getattr(result, "backend", None), subsystem=getattr(result, "subsystem", None),
-        bisect_number=getattr(result, "bisect_number", None),
-        debug_info=getattr(result, "debug_info", None), runs=runs, torch=torch.__version__)
-    Path(args.out).write_text(json.dumps(finding.to_dict()))
-    print(f"[bisector] {finding.describe()}", flush=True)
-    return 0
+    try:
+        result = bisector.do_bisect(check)
+        finding = CompilerFinding(
+            backend=getattr(result, "backend", None), subsystem=getattr(result, "subsystem", None),
+            bisect_number=getattr(result, "bisect_number", None),
+            debug_info=getattr(result, "debug_info", None))
+        if confirm and finding.backend:
+            times = repeats + 1
+            at = order.index(finding.backend) if finding.backend in order else 0
+            pairs = [(finding.backend, None, False, False)]
+            if at > 0:
+                pairs.append((order[at - 1], None, False, True))
+            if finding.subsystem and not isinstance(_subsystem(cb, finding), getattr(cb, "BinarySubsystem", ())):
+                pairs.append((finding.backend, finding.subsystem, True, True))
+            for backend, subsystem, disabled, should_pass in pairs:
+                label = f"confirm: backend={backend} subsystem={subsystem or '-'}" + (" disabled" if disabled else "")
+                if steady(env_of(backend, subsystem, disabled), label, times,
+                          (backend, subsystem, disabled)) != should_pass:
+                    finding.status = "unconfirmed"
+                    finding.reason = (f"{label} {'fails' if should_pass else 'passes'} when run again: "
+                                      "the finding does not hold; the command is not steady")
+                    break
+    except _Flaky as flaky:
+        finding = CompilerFinding(backend=None, status="flaky", reason=str(flaky))
+    except RuntimeError as exc:  # torch's bisector saw answers that contradict each other
+        finding = CompilerFinding(backend=None, status="flaky",
+                                  reason=f"torch's bisector found the command inconsistent: {exc}")
+    finding.runs, finding.seconds = runs, round(time.monotonic() - started, 1)
+    return finding
+
+
+def _subsystem(cb: Any, finding: CompilerFinding) -> Any:
+    return next((s for s in cb.BACKENDS.get(finding.backend, []) if s.name == finding.subsystem), None)
 
 
 if __name__ == "__main__":

@@ -78,7 +78,8 @@ def run_compiler(args: BisectArgs, q: Any, log: Callable[[str], None]) -> int:
     else:
         command = q.command or ""
     finding = compiler_bisect(command, python=python, cwd=Path.cwd(), env=env,
-                              start_backend=args.compiler_backend, timeout=args.timeout, log=log)
+                              start_backend=args.compiler_backend, timeout=args.timeout,
+                              repeats=args.repeats, confirm=args.confirm, log=log)
     log(f"compiler bisector ({finding.runs} runs, {finding.seconds:.0f}s, torch {finding.torch}): "
         f"{finding.describe()}")
     report = Path(args.report) if args.report else Path(args.out) / "compiler" / (
@@ -100,4 +101,6 @@ def run_compiler(args: BisectArgs, q: Any, log: Callable[[str], None]) -> int:
         with Store(args.store) as store:
             store.add_bisects(read_bisect(report))
         log("store: compiler finding recorded")
-    return 0 if finding.backend else 1
+    if finding.status != "found":
+        print(f"distci: bisect: no compile pass named ({finding.status}): {finding.reason}", file=sys.stderr)
+    return 0 if finding.backend and finding.status == "found" else 1

@@ -14,13 +14,27 @@ ImportError). A probe counts as failing only when it fails the same way the bad 
 does (same exit code and last line of output, numbers blanked); any other failure is unresolved, which
 ddmin treats as "not this subset", so it cannot send the search to a wrong change.
 
-The answer names the file and the hunk and prints `git log -S` terms: the hunk's most
-distinctive added or removed line, to find the upstream commit in a pytorch clone.
+The honesty contract of every bisect mode (engine.py) holds here too:
+- every overlay is probed `repeats` times; runs that disagree (fails / passes /
+  unresolved) end the search as `flaky`, naming the overlay and what it answered;
+- with `confirm`, the answer is re-probed before it is given: the good build, the good
+  build with the kept changes, and the kept changes less each one of them, `repeats + 1`
+  runs each; if the kept changes do not fail, or a smaller set still fails, the answer is
+  `unconfirmed` (exit 1), never named with exit 0;
+- every run is recorded in a BisectState (keyed by the overlay's content), so a rerun of
+  the same question resumes.
+
+After the hunks, each kept hunk of more than one changed line is narrowed to the lines
+that matter (ddmin over its removed and added lines) where the check allows it: a subset
+that does not fail like the bad build (a syntax error, say) is simply not the answer.
+
+The answer names the file, the hunk and the lines and gives `git log -S` terms: the most
+distinctive changed lines, to find the upstream commit (upstream.py adds the compare URL
+and, with a token, the pull requests).
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import re
 import shutil
@@ -30,47 +44,31 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
 from distci.bisect.checks import CommandCheck
+from distci.bisect.hunks import Hunk, apply_edits, apply_hunks, hunks_of, line_edits
 from distci.bisect.install import EnvCache, InstallFailed, site_packages
 from distci.bisect.overlay import classify_file, link_or_copy
-from distci.bisect.state import BisectError
+from distci.bisect.state import BisectError, BisectState, ProbeRun
 
 T = TypeVar("T")
 Log = Callable[[str], None]
 
 
-@dataclass(frozen=True)
-class Hunk:
-    """One change of a file: good lines [a0, a1) become the bad build's `new` lines."""
-
-    path: str
-    a0: int
-    a1: int
-    old: tuple[str, ...]
-    new: tuple[str, ...]
-
-    @property
-    def key(self) -> str:
-        return f"{self.path}:{self.a0 + 1}"
-
-    def unified(self) -> str:
-        head = f"@@ {self.path} -{self.a0 + 1},{self.a1 - self.a0} @@\n"
-        return head + "".join(f"-{line}" for line in self.old) + "".join(f"+{line}" for line in self.new)
-
-    def search_terms(self) -> list[str]:
-        """Lines worth `git log -S`: the longest distinctive changed lines, stripped."""
-        lines = {line.strip() for line in (*self.new, *self.old)}
-        lines = {line for line in lines if len(line) > 8 and not line.startswith("#")}
-        return sorted(lines, key=lambda line: (-len(line), line))[:2]
-
-
 @dataclass
 class PyDiffResult:
+    """What the search found, or how far it got: `kind` is `found` (confirmed), `flaky`
+    (an overlay's runs disagreed), `unconfirmed` (the re-probe contradicted the answer)
+    or `refused`; `files` / `hunks` / `lines` are the smallest changes known so far."""
+
+    kind: str
     files: list[str]
     hunks: list[Hunk]
     differing_files: int
     probes: int
     seconds: float
     log: list[dict[str, Any]] = field(default_factory=list)
+    lines: list[Hunk] = field(default_factory=list)
+    reason: str = ""
+    runs: int = 0
 
 
 def python_files(site: Path) -> dict[str, Path]:
@@ -89,22 +87,6 @@ def differing(good: Path, bad: Path) -> tuple[list[str], list[str], list[str]]:
     a, b = python_files(good), python_files(bad)
     changed = sorted(p for p in set(a) & set(b) if _digest(a[p]) != _digest(b[p]))
     return changed, sorted(set(b) - set(a)), sorted(set(a) - set(b))
-
-
-def hunks_of(path: str, good: Path, bad: Path) -> list[Hunk]:
-    old = good.read_text(errors="replace").splitlines(keepends=True)
-    new = bad.read_text(errors="replace").splitlines(keepends=True)
-    ops = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
-    return [Hunk(path, a0, a1, tuple(old[a0:a1]), tuple(new[b0:b1]))
-            for tag, a0, a1, b0, b1 in ops if tag != "equal"]
-
-
-def apply_hunks(good_text: str, hunks: Sequence[Hunk]) -> str:
-    """`good_text` with `hunks` (all of one file, from hunks_of) applied."""
-    lines = good_text.splitlines(keepends=True)
-    for hunk in sorted(hunks, key=lambda h: h.a0, reverse=True):
-        lines[hunk.a0:hunk.a1] = list(hunk.new)
-    return "".join(lines)
 
 
 def ddmin(items: Sequence[T], fails: Callable[[Sequence[T]], bool]) -> list[T]:
@@ -129,148 +111,259 @@ def ddmin(items: Sequence[T], fails: Callable[[Sequence[T]], bool]) -> list[T]:
     return current
 
 
+
+class PyDiffStop(BisectError):
+    """The search ended without a confirmed answer; `.result` holds what was learned."""
+
+    def __init__(self, result: PyDiffResult) -> None:
+        self.result = result
+        super().__init__(result.reason)
+
+
+FAILS, PASSES, UNRESOLVED = "fails like the bad build", "passes", "unresolved (fails otherwise)"
+
+
 class PythonDiff:
-    """Probes "the good build with these changes of the bad build's Python"."""
+    """Probes "the good build with these changes of the bad build's Python", each overlay
+    `repeats` times, every run recorded in `state` under the overlay's content key."""
 
     def __init__(self, check: CommandCheck, cache: EnvCache, good_env: Path, bad_env: Path,
-                 log: Log = print) -> None:
+                 log: Log = print, *, repeats: int = 1, state: BisectState | None = None,
+                 keep_overlays: bool = False) -> None:
+        if repeats < 1:
+            raise BisectError(f"repeats must be at least 1, got {repeats}")
         self.check, self.cache, self.log = check, cache, log
+        self.good_env, self.bad_env = good_env, bad_env
         self.good_site, self.bad_site = site_packages(good_env), site_packages(bad_env)
-        self.probes = 0
+        self.repeats = repeats
+        self.keep_overlays = keep_overlays  # keep overlay envs warm (cheap: hard links)
+        self.state = state or BisectState()
+        self.probes = 0  # distinct overlays probed (endpoints included)
+        self.runs = 0  # check runs this session
         self.records: list[dict[str, Any]] = []
         self.signature: tuple[str, str] | None = None
-        self._memo: dict[str, bool] = {}
+        self._seen: dict[str, list[str]] = {}
+        self._number: dict[str, int] = {}
 
-    def endpoints(self, good_env: Path, bad_env: Path) -> None:
-        said = []
-        for name, env in (("good build", good_env), ("bad build", bad_env)):
-            started = time.monotonic()
-            outcome, _, detail = self.check.run(env)
+    # -- one overlay, `runs` times ------------------------------------------------------
+
+    def observe(self, key: str, label: str, venv: Callable[[], Path], runs: int | None = None,
+                phase: str = "search", one_off: bool = True) -> str:
+        """FAILS, PASSES or UNRESOLVED for `key`, from `runs` agreeing runs in the env
+        `venv()` makes (removed afterwards when `one_off`); raises PyDiffStop (flaky) when
+        the runs disagree."""
+        wanted = runs or self.repeats
+        verdicts = self._seen.get(key)
+        if verdicts is None:
+            verdicts = self._seen[key] = []
             self.probes += 1
-            seconds = round(time.monotonic() - started, 1)
-            self.log(f"probe {self.probes}: {name}: {outcome} ({seconds}s)")
-            self.records.append({"probe": self.probes, "overlay": name, "outcome": outcome,
-                                 "seconds": seconds})
-            said.append(outcome)
-        good, outcome = said
-        if good != "good" or outcome != "bad":
-            raise BisectError(f"the endpoints do not differ as asked: good build probes {good}, "
-                              f"bad build probes {outcome}")
-        self.signature = _signature(detail)
+            self._number[key] = self.probes
+            for run in self.state.runs(key):
+                verdicts.append(self._verdict(run.outcome, run.detail))
+                self.log(f"probe {self._number[key]}: {label}: {verdicts[-1]} (from state)")
+                self.records.append({"probe": self._number[key], "overlay": label, "phase": phase,
+                                     "outcome": verdicts[-1], "seconds": run.seconds, "resumed": True})
+        env: Path | None = None
+        try:
+            while len(verdicts) < wanted and len(set(verdicts)) <= 1:
+                if env is None:
+                    env = venv()
+                started = time.monotonic()
+                outcome, reason, detail = self.check.run(env)
+                seconds = round(time.monotonic() - started, 1)
+                self.runs += 1
+                self.state.record(key, ProbeRun(outcome, seconds, detail=detail[-2000:], reason=reason))
+                verdicts.append(self._verdict(outcome, detail))
+                run_no = f" (run {len(verdicts)}/{wanted})" if wanted > 1 else ""
+                self.log(f"probe {self._number[key]}: {label}{run_no}: {verdicts[-1]} ({seconds}s)"
+                         + ("" if outcome != "skip" else "\n" + _indented(detail)))
+                self.records.append({"probe": self._number[key], "overlay": label, "phase": phase,
+                                     "outcome": verdicts[-1], "seconds": seconds})
+        finally:
+            if env is not None and one_off:
+                shutil.rmtree(env, ignore_errors=True)  # a one-off overlay: do not keep it warm
+        if len(set(verdicts)) > 1:
+            raise PyDiffStop(self.partial("flaky", f"{label} is flaky: {len(verdicts)} runs answered "
+                                          f"{'; '.join(verdicts)}; no change can be named"))
+        return verdicts[0]
 
-    def fails(self, changes: dict[str, str | None], label: str) -> bool:
+    def _verdict(self, outcome: str, detail: str) -> str:
+        if self.signature is None:  # the endpoints themselves: good / bad as the check says
+            return {"good": PASSES, "bad": FAILS}.get(outcome, UNRESOLVED)
+        if outcome == "good":
+            return PASSES
+        return FAILS if outcome == "bad" and _signature(detail) == self.signature else UNRESOLVED
+
+    # -- the endpoints ------------------------------------------------------------------
+
+    def endpoints(self, runs: int | None = None) -> None:
+        """Both builds as they are: the good one must pass, the bad one fail (`runs` each)."""
+        said, details = [], []
+        for name, env, key in (("good build", self.good_env, "endpoint:good"),
+                               ("bad build", self.bad_env, "endpoint:bad")):
+            said.append(self.observe(key, name, (lambda e=env: e), runs, phase="verify", one_off=False))
+            details.append(self.state.runs(key)[-1].detail if self.state.runs(key) else "")
+        good, bad = said
+        if good == FAILS and bad == PASSES:
+            raise PyDiffStop(self.partial("refused", "the endpoints are swapped: the good build fails "
+                                          "and the bad build passes; swap --good and --bad, or rerun "
+                                          "with --find-fix to find where it was fixed"))
+        if good != PASSES or bad != FAILS:
+            shown = "".join(f"\n{name} ({verdict}), the check's last lines:\n{_indented(detail)}"
+                            for name, verdict, detail in zip(("good build", "bad build"), said, details)
+                            if verdict == UNRESOLVED)
+            raise PyDiffStop(self.partial("refused", f"the endpoints do not differ as asked: good build "
+                                          f"{_short(good)}, bad build {_short(bad)}{shown}"))
+        self.signature = _signature(details[1])
+
+    # -- overlays -----------------------------------------------------------------------
+
+    def fails(self, changes: dict[str, str | None], label: str, runs: int | None = None,
+              phase: str = "search") -> bool:
         """Overlay `changes` (path -> new text, None: delete) on the good build; does the
         check fail the way the bad build does?"""
-        key = _digest_text("\0".join(f"{p}\0{t}" for p, t in sorted(changes.items(), key=lambda x: x[0])
-                                     if t is not None) + "|" + ",".join(sorted(p for p, t in changes.items() if t is None)))
-        if key in self._memo:
-            return self._memo[key]
+        key = overlay_key(changes)
 
-        def populate(venv: Path) -> None:
-            target = site_packages(venv)
-            shutil.rmtree(target, ignore_errors=True)
-            shutil.copytree(self.good_site, target, copy_function=link_or_copy, symlinks=True)
-            for path, text in changes.items():
-                dest = target / path
-                dest.unlink(missing_ok=True)
-                if text is not None:
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    dest.write_text(text)
+        def make() -> Path:
+            def populate(venv: Path) -> None:
+                target = site_packages(venv)
+                shutil.rmtree(target, ignore_errors=True)
+                shutil.copytree(self.good_site, target, copy_function=link_or_copy, symlinks=True)
+                for path, text in changes.items():
+                    dest = target / path
+                    dest.unlink(missing_ok=True)
+                    if text is not None:
+                        dest.parent.mkdir(parents=True, exist_ok=True)
+                        dest.write_text(text)
+            try:
+                return self.cache.ensure(f"pydiff-{key}", populate=populate)[0]
+            except InstallFailed as failed:
+                raise BisectError(f"overlay failed: {failed}") from None
 
-        started = time.monotonic()
-        try:
-            venv, _ = self.cache.ensure(f"pydiff-{key}", populate=populate)
-        except InstallFailed as failed:
-            raise BisectError(f"overlay failed: {failed}") from None
-        outcome, _, detail = self.check.run(venv)
-        failed = outcome == "bad" and _signature(detail) == self.signature
-        self.probes += 1
-        seconds = round(time.monotonic() - started, 1)
-        said = "fails like the bad build" if failed else "passes" if outcome == "good" else (
-            "unresolved (fails otherwise)")
-        self.log(f"probe {self.probes}: {label}: {said} ({seconds}s)")
-        self.records.append({"probe": self.probes, "overlay": label, "outcome": said, "seconds": seconds})
-        shutil.rmtree(venv, ignore_errors=True)  # a one-off overlay: do not keep it warm
-        self._memo[key] = failed
-        return failed
+        return self.observe(f"pydiff-{key}", label, make, runs, phase,
+                            one_off=not self.keep_overlays) == FAILS
+
+    def partial(self, kind: str, reason: str, **found: Any) -> PyDiffResult:
+        return PyDiffResult(kind, found.get("files", []), found.get("hunks", []),
+                            found.get("differing", 0), self.probes, 0.0, self.records,
+                            lines=found.get("lines", []), reason=reason, runs=self.runs)
+
+
+def overlay_key(changes: dict[str, str | None]) -> str:
+    """The content key of an overlay: what it writes and what it deletes."""
+    return _digest_text("\0".join(f"{p}\0{t}" for p, t in sorted(changes.items()) if t is not None)
+                        + "|" + ",".join(sorted(p for p, t in changes.items() if t is None)))
+
+
+def _label(prefix: str, items: Sequence[Any], name: Callable[[Any], str]) -> str:
+    return f"{len(items)} {prefix}: {', '.join(name(x) for x in items[:3])}" + (" ..." if len(items) > 3 else "")
 
 
 def python_diff(check: CommandCheck, cache: EnvCache, good_env: Path, bad_env: Path,
-                log: Log = print) -> PyDiffResult:
-    """ddmin over the differing Python files, then over the hunks of the files kept."""
+                log: Log = print, *, repeats: int = 1, confirm: bool = True,
+                state: BisectState | None = None, narrow: bool = True,
+                keep_overlays: bool = False) -> PyDiffResult:
+    """ddmin over the differing Python files, then the hunks of the files kept, then the
+    lines of each hunk kept; with `confirm` the answer is re-probed before it is given.
+    Raises PyDiffStop (with what was learned) when there is no confirmed answer."""
     started = time.monotonic()
-    probe = PythonDiff(check, cache, good_env, bad_env, log)
-    probe.endpoints(good_env, bad_env)
-    changed, added, removed = differing(probe.good_site, probe.bad_site)
-    paths = changed + added + removed
-    log(f"python diff: {len(changed)} files changed, {len(added)} added, {len(removed)} removed")
-    bad_text = {p: ((probe.bad_site / p).read_text(errors="replace") if p not in removed else None)
-                for p in paths}
-    if not paths or not probe.fails(bad_text, f"all {len(paths)} files"):
-        raise BisectError("the bad build's Python over the good build does not fail like the bad "
-                          "build: the difference is in native code; this mode cannot name it")
-    files = ddmin(paths, lambda subset: probe.fails({p: bad_text[p] for p in subset},
-                                                    f"{len(subset)} files: {', '.join(subset[:3])}"
-                                                    + (" ..." if len(subset) > 3 else "")))
-    log(f"python diff: smallest set of files: {', '.join(files)}")
-    whole = {p: bad_text[p] for p in files}
-    hunks = [h for p in files if p in changed for h in hunks_of(p, probe.good_site / p, probe.bad_site / p)]
-    fixed = {p: t for p, t in whole.items() if p not in changed}  # added / removed files stay whole
+    probe = PythonDiff(check, cache, good_env, bad_env, log, repeats=repeats, state=state,
+                       keep_overlays=keep_overlays)
+    found: dict[str, Any] = {}
 
-    def with_hunks(subset: Sequence[Hunk]) -> dict[str, str | None]:
-        out = dict(fixed)
-        for path in {h.path for h in subset}:
-            out[path] = apply_hunks((probe.good_site / path).read_text(errors="replace"),
-                                    [h for h in subset if h.path == path])
-        return out
+    def stop(kind: str, reason: str) -> PyDiffStop:
+        return PyDiffStop(probe.partial(kind, reason, **found))
 
-    kept = ddmin(hunks, lambda subset: probe.fails(
-        with_hunks(subset), f"{len(subset)} hunks: {', '.join(h.key for h in subset[:3])}"
-        + (" ..." if len(subset) > 3 else ""))) if len(hunks) > 1 else hunks
-    return PyDiffResult(files, kept, len(paths), probe.probes, round(time.monotonic() - started, 1),
-                        probe.records)
+    try:
+        probe.endpoints()
+        changed, added, removed = differing(probe.good_site, probe.bad_site)
+        paths = changed + added + removed
+        found.update(differing=len(paths), files=paths)
+        log(f"python diff: {len(changed)} files changed, {len(added)} added, {len(removed)} removed")
+        bad_text = {p: ((probe.bad_site / p).read_text(errors="replace") if p not in removed else None)
+                    for p in paths}
+        if not paths:
+            raise stop("refused", "no shipped Python file differs (version.py aside): the difference "
+                                  "is in native code; this mode cannot name it")
+        if not probe.fails(bad_text, f"all {len(paths)} files"):
+            raise stop("refused", f"the bad build's Python over the good build does not fail like the "
+                                  f"bad build ({probe.repeats} run(s) agreed): the difference is in native "
+                                  "code, or needs more than Python; this mode cannot name it")
+        files = ddmin(paths, lambda subset: probe.fails({p: bad_text[p] for p in subset},
+                                                        _label("files", subset, str)))
+        found["files"] = files
+        log(f"python diff: smallest set of files: {', '.join(files)}")
+        fixed = {p: bad_text[p] for p in files if p not in changed}  # added / removed files stay whole
+        hunks = [h for p in files if p in changed for h in hunks_of(p, probe.good_site / p, probe.bad_site / p)]
+
+        def with_hunks(subset: Sequence[Hunk]) -> dict[str, str | None]:
+            out = dict(fixed)
+            for path in sorted({h.path for h in subset}):
+                out[path] = apply_hunks((probe.good_site / path).read_text(errors="replace"),
+                                        [h for h in subset if h.path == path])
+            return out
+
+        kept = ddmin(hunks, lambda subset: probe.fails(with_hunks(subset), _label(
+            "hunks", subset, lambda h: h.key))) if len(hunks) > 1 else hunks
+        found["hunks"] = kept
+        lines = list(kept)
+        if narrow:
+            lines = [_narrow(probe, hunk, [h for h in kept if h is not hunk], with_hunks) for hunk in kept]
+        found["lines"] = lines
+        if confirm:
+            _confirm(probe, lines, with_hunks, stop)
+    except PyDiffStop as stopped:  # report what was learned before it stopped
+        learned = stopped.result
+        learned.files = learned.files or found.get("files", [])
+        learned.hunks = learned.hunks or found.get("hunks", [])
+        learned.lines = learned.lines or found.get("lines", [])
+        learned.differing_files = learned.differing_files or found.get("differing", 0)
+        learned.seconds = round(time.monotonic() - started, 1)
+        raise
+    return PyDiffResult("found", files, kept, len(paths), probe.probes, round(time.monotonic() - started, 1),
+                        probe.records, lines=lines, runs=probe.runs)
 
 
-def run_python_diff(args: Any, q: Any, log: Log) -> int:
-    """`distci bisect --python-diff`: install both endpoints as probes would, then diff."""
-    import json
+def _narrow(probe: PythonDiff, hunk: Hunk, others: list[Hunk],
+            with_hunks: Callable[[Sequence[Hunk]], dict[str, str | None]]) -> Hunk:
+    """`hunk` cut to the one-line edits that still fail like the bad build (with the other
+    kept hunks applied); the whole hunk when it has one line or the check allows no cut."""
+    edits = line_edits(hunk)
+    if len(edits) < 2:
+        return hunk
+    kept = ddmin(edits, lambda subset: probe.fails(
+        with_hunks([*others, apply_edits(hunk, subset)]), _label(f"lines of {hunk.key}", subset,
+                                                                   lambda e: e.name(hunk))))
+    if len(kept) == len(edits):
+        return hunk
+    probe.log(f"python diff: {hunk.key}: {len(kept)} of {len(edits)} changed lines matter")
+    return apply_edits(hunk, kept).trimmed()
 
-    from distci.bisect.question import candidates_of, env_cache, make_check
 
-    if q.axis != "torch":
-        raise BisectError("--python-diff compares two torch builds (--axis torch)")
-    if q.first is None:
-        raise BisectError("--python-diff needs both --good and --bad")
-    cache = env_cache(args, q, log)
-    check = make_check(args, q, cache, log)
-    ends = candidates_of(args, q)
-    good, bad = (ends[0], ends[-1]) if not args.find_fix else (ends[-1], ends[0])
-    envs = []
-    for candidate in (good, bad):
-        try:
-            venv, warm = cache.ensure(candidate.key, lambda c=candidate: cache.wheel_install(c))
-        except InstallFailed as failed:
-            raise BisectError(f"{candidate.label} cannot be installed: {failed}") from None
-        log(f"{candidate.label}: {'warm' if warm else 'installed'} at {venv}")
-        envs.append(venv)
-    result = python_diff(check, cache, envs[0], envs[1], log)
-    for hunk in result.hunks:
-        log(hunk.unified().rstrip())
-        for term in hunk.search_terms():
-            log(f"  search: git log -S{_quote(term)} -- {hunk.path}")
-    log(f"python diff: {len(result.files)} file(s), {len(result.hunks)} hunk(s) of "
-        f"{result.differing_files} differing files, {result.probes} probes, {result.seconds:.0f}s")
-    report = Path(args.report) if args.report else Path(args.out) / "pydiff" / (
-        f"{good.key}..{bad.key}.json".replace("/", "_"))
-    report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text(json.dumps({
-        "kind": "python-diff", "good": good.key, "bad": bad.key, "check": check.command,
-        "files": result.files, "hunks": [{"key": h.key, "diff": h.unified(), "search": h.search_terms()}
-                                         for h in result.hunks],
-        "differing_files": result.differing_files, "probes": result.probes,
-        "seconds": result.seconds, "log": result.log}, indent=1) + "\n")
-    log(f"report: {report}")
-    return 0
+def _confirm(probe: PythonDiff, lines: list[Hunk], with_hunks: Callable[[Sequence[Hunk]], dict[str, str | None]],
+             stop: Callable[[str, str], PyDiffStop]) -> None:
+    """Re-probe the answer `repeats + 1` times: the good build passes, the good build with
+    the kept changes fails like the bad build, and without any one of them it does not."""
+    runs = probe.repeats + 1
+    probe.endpoints(runs)
+    applied = list(lines)
+    if not probe.fails(with_hunks(applied), f"confirm: the {len(applied)} change(s) found",
+                       runs, phase="confirm"):
+        raise stop("unconfirmed", "the changes found do not fail like the bad build when probed again: "
+                                  "the check is not steady; rerun with more --repeats")
+    for i, hunk in enumerate(applied):
+        rest = applied[:i] + applied[i + 1:]
+        if probe.fails(with_hunks(rest), f"confirm: without {hunk.key}", runs, phase="confirm"):
+            raise stop("unconfirmed", f"without {hunk.key} the overlay still fails like the bad build: "
+                                      "the answer is not the smallest; the check is not steady")
+
+
+def _short(verdict: str) -> str:
+    return {FAILS: "fails", PASSES: "passes", UNRESOLVED: "skips or fails otherwise"}[verdict]
+
+
+def _indented(detail: str, lines: int = 12) -> str:
+    return "\n".join("    " + line for line in detail.strip().splitlines()[-lines:])
 
 
 def _signature(detail: str) -> tuple[str, str]:
@@ -279,7 +372,7 @@ def _signature(detail: str) -> tuple[str, str]:
     return (lines[0] if lines else "", lines[-1] if len(lines) > 1 else "")
 
 
-def _quote(text: str) -> str:
+def quote_term(text: str) -> str:
     """Shell-quoted, in double quotes when that reads better (Python source has ' often)."""
     import shlex
 

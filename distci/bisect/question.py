@@ -6,6 +6,7 @@ run's saved state is filed under. The modes import this; it imports no mode.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -27,6 +28,7 @@ from distci.bisect.pins import Pins, load_stack
 from distci.bisect.state import BisectError
 from distci.errors import ConfigError, InfraError
 from distci.provision.envs import env_python
+from distci.provision.pipconfig import pip_index_urls
 from distci.provision.wheelhouse import archived
 
 SELFWHEELS = Path(".distci") / "selfwheels"
@@ -58,7 +60,7 @@ def question_meta(args: BisectArgs, q: Question, cache: EnvCache, check: Command
     return {"axis": q.axis, "source": q.source, "check": check.command,
             "check_files": _named_files(check.command), "repo": _resolved(args.repo),
             "base_env": _resolved(args.base_env), "pins": args_digest(cache.base.requirements),
-            "python": _resolved(args.python), "index": _index_url(args, q) if q.source in (
+            "python": _resolved(args.python), "index": _index_key(args, q) if q.source in (
                 "release", "nightly") else "", "wheelhouse": _resolved(args.wheelhouse),
             "builder": _resolved(builder.builder) if builder else "",
             "build_env": sorted(args.build_env), "timeout": args.timeout,
@@ -146,20 +148,55 @@ def candidates_of(args: BisectArgs, q: Question, *, first: str | None = None,
         if not args.wheelhouse:
             raise ConfigError("--source wheelhouse needs --wheelhouse DIR")
         return wheelhouse_candidates(args.wheelhouse, q.axis, first=first, last=last, limit=args.limit)
-    url = _index_url(args, q)
     ca = os.environ.get("DISTCI_CA_BUNDLE", "")
+    if q.source == "release" and not index_url(args, q, required=False):
+        return pip_release_candidates(args, q, first, last, ca)
+    url = index_url(args, q)
     if q.source == "nightly":
         return nightly_candidates(url, q.axis, first=first, last=last, limit=args.limit,
                                   ca_bundle=ca, archive=archived(None, q.axis))
     return release_candidates(url, q.axis, first=first, last=last, limit=args.limit, ca_bundle=ca)
 
 
-def _index_url(args: BisectArgs, q: Question) -> str:
+def pip_release_candidates(args: BisectArgs, q: Question, first: str | None, last: str,
+                           ca: str) -> list:
+    """Releases on the indexes of pip's configuration, merged (a version on any of them is
+    a candidate); pip installs each with its configuration as it is."""
+    from distci.bisect.candidates import merge_release_candidates
+
+    urls = pip_index_urls(args.python)
+    return merge_release_candidates(urls, q.axis, first=first, last=last, limit=args.limit, ca_bundle=ca)
+
+
+def index_url(args: BisectArgs, q: Question, *, required: bool = True) -> str:
+    """The index a release / nightly source is listed from: --index-url, else
+    DISTCI_INDEX_URL / DISTCI_NIGHTLY_INDEX_URL; for releases, "" when neither is set and
+    pip's configuration is to serve (pip then downloads with it as it is)."""
     variable = "DISTCI_NIGHTLY_INDEX_URL" if q.source == "nightly" else "DISTCI_INDEX_URL"
     url = (args.index_url or os.environ.get(variable, "")).strip().replace("{variant}", args.variant)
+    if not url and q.source == "release" and not required:
+        return ""
     if not url:
         raise ConfigError(f"{variable} is not set: --source {q.source} needs the index URL (or --index-url)")
     return url
+
+
+def index_setting(args: BisectArgs, q: Question) -> str:
+    """Where the index comes from, as a user reads it."""
+    if args.index_url:
+        return f"--index-url {args.index_url}"
+    variable = "DISTCI_NIGHTLY_INDEX_URL" if q.source == "nightly" else "DISTCI_INDEX_URL"
+    return f"{variable}={os.environ[variable]}" if os.environ.get(variable) else ""
+
+
+def _index_key(args: BisectArgs, q: Question) -> str:
+    """The index part of the state's key: the URL, or pip's configuration (digested)."""
+    url = index_url(args, q, required=False) if q.source == "release" else index_url(args, q)
+    if url:
+        return url
+    from distci.provision.pipconfig import resolution_environment
+
+    return "pip:" + args_digest([json.dumps(resolution_environment(args.python), sort_keys=True)])
 
 
 def env_cache(args: BisectArgs, q: Question, log: Log = print) -> EnvCache:

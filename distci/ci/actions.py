@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import uuid
 from pathlib import Path
 from typing import Mapping
 
@@ -28,9 +30,32 @@ def append_step_summary(markdown: str) -> None:
             fh.write(markdown)
 
 
+_OUTPUT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+
+def output_lines(values: Mapping[str, str]) -> str:
+    """$GITHUB_OUTPUT text for `values`: `key=value`, or GitHub's heredoc form
+    (`key<<DELIMITER` ... `DELIMITER`) for a value with a line break, with a random
+    delimiter checked absent from the value. A value can never end its own entry and
+    forge another key (a stored cell id with "\nconclusion=success" stays one value)."""
+    out = []
+    for key, value in values.items():
+        if not _OUTPUT_NAME.fullmatch(key):
+            raise ValueError(f"{key!r} is not a step output name (letters, digits, '_' and '-')")
+        value = str(value)
+        if "\n" not in value and "\r" not in value:
+            out.append(f"{key}={value}\n")
+            continue
+        delimiter = f"ghadelimiter_{uuid.uuid4()}"
+        while delimiter in value:  # pragma: no cover - a uuid4 in the value
+            delimiter = f"ghadelimiter_{uuid.uuid4()}"
+        out.append(f"{key}<<{delimiter}\n{value}\n{delimiter}\n")
+    return "".join(out)
+
+
 def write_outputs(values: Mapping[str, str]) -> str:
-    """`key=value` lines, appended to $GITHUB_OUTPUT when set; returned for printing."""
-    text = "".join(f"{k}={v}\n" for k, v in values.items())
+    """Appends `values` to $GITHUB_OUTPUT when set (see output_lines); returns the text for printing."""
+    text = output_lines(values)
     path = os.environ.get("GITHUB_OUTPUT")
     if path:
         with open(path, "a", encoding="utf-8") as fh:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from distci.ci.actions import cell_outputs, default_remote, workflow_run_url, write_outputs
-from distci.ci.github import DEFAULT_API_URL
+from distci.provision.github import DEFAULT_API_URL
 from distci.ci.history import DATA_BRANCH, History
 from distci.ci.nightly import AggregateOptions, aggregate, bisect_record, record_bisect
 from distci.ci.regressions import expected_cells_of

@@ -22,7 +22,8 @@ from typing import Any, Callable, Iterable
 
 from distci.ci.ids import key
 from distci.errors import InfraError
-from distci.rundir import RESULTS_FILE, RUN_FILE, RUN_FILES
+from distci.results import Result
+from distci.rundir import RESULTS_FILE, RUN_FILES, RunDir
 
 Log = Callable[[str], None]
 
@@ -187,27 +188,24 @@ The SQLite store is an index over these files: `python -m distci ingest runs --b
 """
 
 
-def run_id_of(run_dir: Path) -> str:
-    info = run_dir / RUN_FILE
-    if info.exists():
-        run_id = json.loads(info.read_text()).get("run_id")
-        if run_id:
-            return str(run_id)
-    if (run_dir / RESULTS_FILE).exists():
-        for line in (run_dir / RESULTS_FILE).read_text().splitlines():
-            if line.strip():
-                return str(json.loads(line)["run_id"])
-    return run_dir.name
+def _first_result(run_dir: Path) -> "Result | None":
+    results = RunDir(run_dir).results()
+    return results[0] if results else None
 
+
+def run_id_of(run_dir: Path) -> str:
+    """The run's id: run.json's, else its first good result's, else the directory's name."""
+    info = RunDir(run_dir).read_info()
+    if info is not None and info.run_id:
+        return info.run_id
+    first = _first_result(run_dir)
+    return first.run_id if first is not None else run_dir.name
 
 
 def cell_of(run_dir: Path) -> str:
-    info = run_dir / RUN_FILE
-    if info.exists():
-        cell = json.loads(info.read_text()).get("cell_id")
-        if cell:
-            return str(cell)
-    for line in (run_dir / RESULTS_FILE).read_text().splitlines() if (run_dir / RESULTS_FILE).exists() else []:
-        if line.strip():
-            return str(json.loads(line)["cell_id"])
-    return ""
+    """The run's cell id: run.json's, else its first good result's, else empty."""
+    info = RunDir(run_dir).read_info()
+    if info is not None and info.cell_id:
+        return info.cell_id
+    first = _first_result(run_dir)
+    return first.cell_id if first is not None else ""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from distci.ci.github import GitHub
+from distci.provision.github import GitHub
 from distci.ci.ids import marker, markers
 from distci.ci.regressions import BisectPlan, Regression, stack_changes
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from distci.ci.actions import append_step_summary, workflow_run_url
-from distci.ci.github import GitHub
+from distci.provision.github import GitHub
 from distci.ci.history import DATA_BRANCH, History, HistoryUpdate, cell_of, run_id_of
 from distci.ci.ids import marker, now
 from distci.ci.issues import FilingReport, Issue, Tracker, code, file_regressions

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from distci.ci.ids import key, now
 from distci.results import Result, error_signature
-from distci.rundir import RUN_FILE, RunDir
+from distci.rundir import RunDir, RunInfo
 from distci.judge.store import Store
 from distci.provision.index import nightly_date_of
 from distci.judge.verdicts import ENV_KEYS
@@ -58,9 +58,8 @@ def missing_cell_runs(expected: Sequence[Mapping[str, Any]], present: set[str], 
             message=f"no results were uploaded for this cell: {reason}", stack=stack,
             repro=f"nox -s dist_tests -- --cell {cell} --backend docker", started_at=now(),
         ))
-        (run_dir / RUN_FILE).write_text(json.dumps({
-            "run_id": run_id, "cell_id": cell, "started_at": now(), "ended_at": now(), "tier": tier,
-            "runner": stack["runner"], "backend": "docker"}, indent=1, sort_keys=True))
+        RunDir(run_dir).write_info(RunInfo(run_id=run_id, cell_id=cell, started_at=now(), ended_at=now(), tier=tier,
+                                           runner=stack["runner"], backend="docker"))
         made.append(run_dir)
     return made
 
@@ -138,14 +137,21 @@ class Regression:
         return None
 
 
+FUZZ_TESTS = "suites/fuzz_entry.py::"
+"""The fuzzer's configurations (suites.fuzz.ENTRY_TEST): each is new, so it has no green
+history to regress from; a failing one (verdict `fail`) is filed like a regression, by
+its signature, so only a new signature opens an issue."""
+
+
 def regressions(store: Store, run_ids: Iterable[str]) -> list[Regression]:
-    """Tonight's regressions, in cell then test order."""
+    """Tonight's regressions and fuzz finds, in cell then test order."""
     found = []
     for run_id in sorted(set(run_ids)):
         run = store.run(run_id)
         if run is None:
             continue
-        for r in store.results(run_id=run_id, verdicts=["regression"]):
+        fuzzed = [r for r in store.results(run_id=run_id, verdicts=["fail"]) if r.test_id.startswith(FUZZ_TESTS)]
+        for r in [*store.results(run_id=run_id, verdicts=["regression"]), *fuzzed]:
             base = store.run(r.compared_run) if r.compared_run else None
             found.append(Regression(
                 cell_id=r.cell_id, run_id=run_id, test_id=r.test_id,

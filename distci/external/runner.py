@@ -18,6 +18,7 @@ import re
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -27,7 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 from distci.errors import ConfigError, InfraError, SourceError
 from distci.harness.outcome import Combined
 from distci.results import Result, error_signature
-from distci.rundir import RunDir, repro_line
+from distci.rundir import RecordError, RunDir, repro_line
 
 from distci.external.adapters import adapter
 from distci.external.fetch import Checkout, UpstreamRef, default_root, ensure_checkout, explicit_directory, upstream_ref
@@ -180,24 +181,13 @@ class Recorder:
     def record(self, test_id: str, combined: Combined, *, started: str, log_path: Path | None,
                stack: dict[str, Any] | None = None) -> Result:
         stack = stack or self.stack
-        message = combined.message if combined.outcome == "skipped" else \
-            (f"{combined.exc_type}: {combined.message}" if combined.exc_type else combined.message)
-        known = None
-        if self.registry is not None:
-            if combined.outcome == "failed":
-                known = self.registry.match(test_id, combined.signature or "", message, stack)
-            elif combined.outcome == "passed":
-                applicable = self.registry.applicable(test_id, stack)
-                known = applicable[0].id if applicable else None
-        result = Result(
-            run_id=self.run.run_id, cell_id=self.run.cell_id, test_id=test_id, outcome=combined.outcome,
-            stack=stack, failure_kind=combined.failure_kind if combined.outcome in ("failed", "error") else None,
-            error_signature=combined.signature if combined.outcome in ("failed", "error") else None,
-            message=message[:20000], duration_s=round(combined.duration_s, 3), ranks=list(combined.ranks),
-            repro=repro(self.run.cell_id, test_id), known_issue=known, started_at=started,
-            log_path=_relative(log_path, self.run.run_dir),
-        )
-        self.writer.append(result)
+        result = combined.to_result(run_id=self.run.run_id, cell_id=self.run.cell_id, test_id=test_id, stack=stack,
+                                    repro=repro(self.run.cell_id, test_id), started_at=started,
+                                    log_path=_relative(log_path, self.run.run_dir), registry=self.registry)
+        try:
+            self.writer.append(result)
+        except RecordError as exc:  # a full disk: the suites stop, the run ends as infra (cellrun)
+            raise InfraError(str(exc)) from exc
         self.results.append(result)
         return result
 
@@ -250,7 +240,10 @@ def run_external(suites: Sequence[SuiteSpec], run: ExternalRun, *, world_size: i
 def _finish(run: ExternalRun) -> None:
     rundir = RunDir(run.run_dir)
     if rundir.results_path.exists():
-        rundir.write_junit(run.cell_id)
+        try:
+            rundir.write_junit(run.cell_id)
+        except OSError as exc:  # written beside and renamed: the old junit.xml stays whole
+            print(f"external: cannot write {rundir.junit_path}: {exc}", file=sys.stderr, flush=True)
 
 
 def _run_suite(suite: SuiteSpec, run: ExternalRun, base: LaunchEnv, installed: Mapping[str, Any] | None,

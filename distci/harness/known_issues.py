@@ -55,6 +55,11 @@ def problem_lines(message: str) -> list[str] | None:
     return None
 
 
+def normalize_space(text: str) -> str:
+    """Every run of whitespace (newlines included) as one space, ends stripped."""
+    return " ".join(text.split())
+
+
 class RegistryError(ValueError):
     """known_issues.toml is malformed; the message names the entry and key."""
 
@@ -138,10 +143,15 @@ class KnownIssue:
     def covers(self, test_id: str) -> bool:
         return any(fnmatch.fnmatchcase(test_id, pat) for pat in self.tests)
 
+    def explains(self, text: str) -> bool:
+        """Whether the entry's signature is in `text`, whitespace normalized on both sides:
+        torch 2.11 breaks a message's line inside the signature ("guessed its\nmetadata")."""
+        return bool(self.signature.search(text) or self.signature.search(normalize_space(text)))
+
     def matches(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> bool:
         if not self.covers(test_id):
             return False
-        if not (self.signature.search(signature) or self.signature.search(message)):
+        if not (self.explains(signature) or self.explains(message)):
             return False
         return self.applies_to(stack)
 
@@ -160,7 +170,7 @@ class Registry:
         candidates = self.applicable(test_id, stack)
         ids: list[str] = []
         for problem in problems:
-            entry = next((e for e in candidates if e.signature.search(problem)), None)
+            entry = next((e for e in candidates if e.explains(problem)), None)
             if entry is None:
                 return None
             if entry.id not in ids:
@@ -169,6 +179,21 @@ class Registry:
 
     def applicable(self, test_id: str, stack: dict[str, Any]) -> list[KnownIssue]:
         return [e for e in self.entries if e.covers(test_id) and e.applies_to(stack)]
+
+    def known_issue_of(self, test_id: str, outcome: str, *, signature: str | None, message: str,
+                       stack: dict[str, Any], failure_kind: str | None = None) -> str | None:
+        """THE matcher: the known issue a test's outcome stands for, used by the harness's
+        recorder, the external runner and ingest alike. A failure (not infra) names the
+        entries that explain it (test, signature, stack); a pass where an entry applies
+        names it, so the verdict is `fixed` and the entry (or its fix) can be retired."""
+        if failure_kind == "infra":
+            return None
+        if outcome == "failed":
+            return self.match(test_id, signature or "", message, stack)
+        if outcome == "passed":
+            applicable = self.applicable(test_id, stack)
+            return applicable[0].id if applicable else None
+        return None
 
 
 def load_registry(path: Path) -> Registry:

@@ -24,8 +24,10 @@ import re
 import signal
 from dataclasses import dataclass, field
 
-from distci.results import RankExcerpt, error_signature
-from distci.harness.protocol import RankReport
+from typing import Any
+
+from distci.results import RankExcerpt, Result, error_signature
+from distci.harness.protocol import CHANNEL_BROKEN_EXIT, RankReport
 
 # Where a frame's file is named: faulthandler `File "PATH", line N in FN`, py-spy `FN (PATH:N)`.
 FRAME_FILES = re.compile(r'File "([^"]+)", line \d+|\(([^()\s]+\.py):\d+\)')
@@ -34,6 +36,10 @@ COLLECTIVE_TIMEOUT = re.compile(
     r"timed out|timeout|Timed out|Watchdog caught collective operation timeout|"
     r"wait timeout|DistBackendError.*(?:timeout|Timed)", re.IGNORECASE
 )
+DISK_FULL = re.compile(r"\[Errno (?:27|28|122)\]|No space left on device|File too large|Disk quota exceeded")
+"""A failure that says the disk (or a file-size or quota limit) is full: `infra`."""
+MESSAGE_CHARS = 20000
+RERUN_MESSAGE_CHARS = 4000
 PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET", re.IGNORECASE)
 
 
@@ -44,6 +50,7 @@ class RankState:
     rank: int
     report: RankReport | None = None
     exit_code: int | None = None  # set when the process died during the test
+    channel: str = ""  # set when its control channel broke: how (the process may still run)
     stuck: bool = False  # still running when the controller stopped waiting
     stack: str = ""  # stack dump taken when stuck
     log: str = ""  # the rank's log lines written during the test
@@ -64,13 +71,41 @@ class Combined:
     def charge_broken_pool(self, problem: str) -> None:
         """The test left the pool unusable: it is failed for that (a passing one too), and
         the pool is rebuilt, so the next test does not pay for it."""
-        self.needs_rebuild = True
+        self.charge("PoolLeftBroken", problem, rebuild=True)
+
+    def charge(self, exc_type: str, problem: str, *, rebuild: bool) -> None:
+        """The test changed the world for later tests (`problem` says how, after "the test"):
+        it is failed for that, a passing one too; `rebuild` when only new ranks undo it."""
+        self.needs_rebuild = self.needs_rebuild or rebuild
         if self.outcome in ("passed", "skipped"):
-            self.outcome, self.failure_kind, self.exc_type = "failed", "exception", "PoolLeftBroken"
+            self.outcome, self.failure_kind, self.exc_type = "failed", "exception", exc_type
             self.message = f"the test {problem}"
             self.signature = error_signature(self.exc_type, self.message)
         else:
             self.message = f"{self.message} (and the test {problem})"
+
+    def to_result(self, *, run_id: str, cell_id: str, test_id: str, stack: dict[str, Any], repro: str,
+                  started_at: str = "", log_path: str = "", registry: Any = None) -> Result:
+        """THE Combined -> Result builder (the harness's recorder and the external runner
+        both record through it): the failure text, its kind and signature only for a
+        failure, earlier attempts as reruns, and the known issue from the one matcher."""
+        failing = self.outcome in ("failed", "error")
+        message = f"{self.exc_type}: {self.message}" if failing and self.exc_type else self.message
+        kind = self.failure_kind if failing else None
+        if failing and DISK_FULL.search(message):
+            kind = "infra"  # the machine ran out of room, not the code under test
+        signature = self.signature if failing else None
+        known = None
+        if registry is not None:
+            known = registry.known_issue_of(test_id, self.outcome, signature=signature, message=message, stack=stack,
+                                            failure_kind=kind)
+        return Result(
+            run_id=run_id, cell_id=cell_id, test_id=test_id, outcome=self.outcome, stack=stack, failure_kind=kind,
+            error_signature=signature, message=message[:MESSAGE_CHARS], duration_s=round(self.duration_s, 3),
+            reruns=len(self.attempts), rerun_outcomes=[o for o, _ in self.attempts],
+            rerun_messages=[text[:RERUN_MESSAGE_CHARS] for _, text in self.attempts], ranks=list(self.ranks),
+            repro=repro, known_issue=known, started_at=started_at, log_path=log_path,
+        )
 
     def render(self) -> str:
         """The failure text pytest shows: the outcome line, then each rank's excerpt."""
@@ -99,7 +134,11 @@ def in_collective(stack: str) -> bool:
     return False
 
 
-def describe_exit(code: int) -> str:
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "is still running"
+    if code == CHANNEL_BROKEN_EXIT:
+        return f"exited with code {code}: its control channel to the controller broke"
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"
@@ -114,9 +153,9 @@ def _tail(text: str, limit: int = 6000) -> str:
 
 def _excerpt(state: RankState) -> RankExcerpt:
     who = f"rank {state.rank}"
-    if state.exit_code is not None:
+    if state.exit_code is not None or state.channel:
         outcome = "crash"
-        body = f"{who} process {describe_exit(state.exit_code)}\n{_tail(state.log)}"
+        body = f"{who} {'' if state.channel else 'process '}{_death(state)}\n{_tail(state.log)}"
     elif state.stuck:
         outcome = "stuck"
         body = (f"{who} still running at the deadline; its stack:\n{_tail(state.stack or '(no stack captured)', 8000)}"
@@ -133,9 +172,40 @@ def _excerpt(state: RankState) -> RankExcerpt:
     return RankExcerpt(rank=state.rank, outcome=outcome, excerpt=body.strip())
 
 
+def _death(state: RankState) -> str:
+    """How a rank was lost: its exit, or its control channel breaking (no signal involved)."""
+    if state.channel and state.exit_code in (None, CHANNEL_BROKEN_EXIT):
+        still = "while its process was still running" if state.exit_code is None else "and the rank exited"
+        return f"lost its control channel to the controller ({state.channel}) {still}"
+    return describe_exit(state.exit_code)
+
+
+def leaks_of(states: list[RankState]) -> dict[str, tuple[list[int], bool]]:
+    """What the ranks' leak checks found: what -> (ranks, set back in place)."""
+    found: dict[str, tuple[list[int], bool]] = {}
+    for s in states:
+        for leak in (s.report.info.get("leaks", []) if s.report is not None else []):
+            ranks, restored = found.get(leak["what"], ([], True))
+            found[leak["what"]] = ([*ranks, s.rank], restored and bool(leak["restored"]))
+    return found
+
+
+def charge_leaks(combined: Combined, states: list[RankState]) -> None:
+    """Fails the test whose leak check found something (see harness/leaks.py), naming it."""
+    found = leaks_of(states)
+    if not found:
+        return
+    rebuild = not all(restored for _ranks, restored in found.values())
+    parts = [f"{what} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
+             for what, (ranks, _restored) in found.items()]
+    after = "the pool is rebuilt" if rebuild else "set back; later tests run without it"
+    combined.charge("LeakedState", f"changed the process for later tests: {'; '.join(parts)} ({after})",
+                    rebuild=rebuild)
+
+
 def combine(states: list[RankState], duration_s: float) -> Combined:
     ranks = [_excerpt(s) for s in states]
-    dead = [s for s in states if s.exit_code is not None]
+    dead = [s for s in states if s.exit_code is not None or s.channel]
     stuck = [s for s in states if s.stuck]
     failed = [s for s in states if s.report is not None and s.report.outcome == "failed"]
     returned = [s for s in states if s.report is not None]
@@ -147,7 +217,7 @@ def combine(states: list[RankState], duration_s: float) -> Combined:
 
     if dead:
         first = dead[0]
-        msg = f"rank {first.rank} {describe_exit(first.exit_code)}"  # type: ignore[arg-type]
+        msg = f"rank {first.rank} {_death(first)}"
         if len(dead) > 1:
             msg += f" (ranks {', '.join(str(s.rank) for s in dead)} died)"
         return done("failed", "crash", "RankCrash", msg)

@@ -8,11 +8,15 @@ else runs in the pytest process as usual.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pickle
+import shutil
 import signal
 import sys
 import threading
+import time
+import uuid
 from pathlib import Path
 
 from typing import Any
@@ -30,6 +34,7 @@ from distci.harness.torchrun import launch
 DEFAULT_TIMEOUT_S = 300.0
 PG_TIMEOUT_MARGIN_S = 60.0
 PG_TIMEOUT_FLOOR_S = 5.0
+DEFAULT_MAX_POOL_STARTS = 3
 
 MARKERS = (
     "world_size(n): run the test body on n ranks of the rank pool",
@@ -56,6 +61,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--distci-cell", default=None, help="cell id recorded with every result")
     group.addoption("--distci-run-id", default=None, help="run id recorded with every result")
     group.addoption("--distci-known-issues", default=None, help="known-issues registry (TOML) to match failures against")
+    group.addoption("--distci-max-pool-starts", type=int, default=DEFAULT_MAX_POOL_STARTS,
+                    help="stop starting a pool after this many failed starts in a row; its later tests are "
+                         f"`infra` at once (like pytest-xdist's --max-worker-restart; default {DEFAULT_MAX_POOL_STARTS})")
     group.addoption("--distci-reruns", type=int, default=0,
                     help="rerun a failed distributed test up to N times on the same (rebuilt if needed) pool; "
                          "a pass after a failure is recorded as passed with the earlier attempts (cell runs pass 1)")
@@ -74,20 +82,30 @@ def _check_fix_selection() -> None:
         raise pytest.UsageError(str(err)) from None
 
 
+HARNESS = pytest.StashKey["Harness"]()  # the session's Harness, in config.stash as pytest's own plugins keep state
+
+
+def harness_of(config: pytest.Config) -> "Harness | None":
+    """The Harness of this pytest session (None when the plugin is not loaded)."""
+    return config.stash.get(HARNESS, None)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _check_fix_selection()
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
-    config._distci = Harness(config)  # type: ignore[attr-defined]
-    config.pluginmanager.register(config._distci.recorder, "distci-recorder")  # type: ignore[attr-defined]
-    config._distci.take_stop_signals()  # type: ignore[attr-defined]
+    harness = Harness(config)
+    config.stash[HARNESS] = harness
+    config.pluginmanager.register(harness.recorder, "distci-recorder")
+    harness.take_stop_signals()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    harness = getattr(config, "_distci", None)
+    harness = harness_of(config)
     if harness is not None:
         harness.close()
         harness.release_stop_signals()
+        del config.stash[HARNESS]
 
 
 class _ControllerPlaceholder:
@@ -110,7 +128,7 @@ def is_distributed(item: pytest.Item) -> bool:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    harness: Harness = item.config._distci  # type: ignore[attr-defined]
+    harness = item.config.stash[HARNESS]
     acc = item.get_closest_marker("requires_accelerator")
     if acc and acc.args and harness.device_type not in acc.args:
         pytest.skip(f"needs accelerator {'/'.join(acc.args)}; this run is on {harness.device_type}")
@@ -132,7 +150,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_pyfunc_call(pyfuncitem: pytest.Function):
     if not is_distributed(pyfuncitem):
         return None
-    harness: Harness = pyfuncitem.config._distci  # type: ignore[attr-defined]
+    harness = pyfuncitem.config.stash[HARNESS]
     combined = harness.run_with_reruns(pyfuncitem)
     harness.recorder.remember(pyfuncitem.nodeid, combined)
     if combined.outcome == "passed":
@@ -157,8 +175,15 @@ class Harness:
         self.mode = opt("--distci-mode")
         self.isolate = not opt("--distci-no-isolation")
         run_dir = opt("--distci-run-dir")
-        self.run_dir = Path(run_dir) if run_dir else Path(config.rootpath) / ".distci" / "scratch"
+        # Without a run directory the rank logs go to a scratch directory of this run's own:
+        # two sessions in one checkout must never read each other's log lines as their own.
+        self.scratch = not run_dir
+        self.run_dir = Path(run_dir) if run_dir else scratch_dir(Path(config.rootpath))
+        self._run_dir_lock = None if self.scratch else lock_run_dir(self.run_dir)
+        self.keep_scratch = False  # a failed test's full rank logs stay for reading
         self.log_dir = self.run_dir / "logs"
+        self.max_pool_starts = max(1, opt("--distci-max-pool-starts") or DEFAULT_MAX_POOL_STARTS)
+        self.failed_starts: dict[tuple[int, float], list[str]] = {}  # per pool: failed starts in a row
         self.reruns = max(0, opt("--distci-reruns") or 0)
         self.token = procs.run_token()
         self.reaper: procs.Reaper | None = None
@@ -179,7 +204,12 @@ class Harness:
         if threading.current_thread() is not threading.main_thread():
             return
 
+        stopping: list[int] = []
+
         def stop(signum: int, _frame: Any) -> None:
+            if stopping:  # the same stop again (see procs.stop_signals_raise): let pytest close
+                return
+            stopping.append(signum)
             self.recorder.stopped_by = signal.Signals(signum).name
             self.kill_ranks_now()
             raise KeyboardInterrupt(self.recorder.stopped_by)
@@ -296,16 +326,33 @@ class Harness:
         if torchrun_marker or self.mode == "torchrun":
             if self.reaper is None:
                 self.reaper = procs.Reaper(self.token)
-            return launch(request, world_size, self.device_type, timeout, self.log_dir,
-                          owns_process_group=torchrun_marker is not None,
-                          pg_timeout_s=self.pg_timeout_of(timeout), token=self.token)
-        pool = self.pool(world_size, self.pg_timeout_of(timeout))
+            combined = launch(request, world_size, self.device_type, timeout, self.log_dir,
+                              owns_process_group=torchrun_marker is not None,
+                              pg_timeout_s=self.pg_timeout_of(timeout), token=self.token)
+        else:
+            combined = self.run_on_pool(request, world_size, timeout)
+        if combined.outcome not in ("passed", "skipped"):
+            self.keep_scratch = True
+        return combined
+
+    def run_on_pool(self, request: TestRequest, world_size: int, timeout: float) -> Combined:
+        key = (world_size, self.pg_timeout_of(timeout))
+        pool = self.pool(*key)
+        failures = self.failed_starts.setdefault(key, [])
         if not pool.alive:
+            if len(failures) >= self.max_pool_starts:
+                message = (f"not started: the {world_size}-rank pool failed to start {len(failures)} times in a "
+                           f"row (--distci-max-pool-starts={self.max_pool_starts}), so this run stopped starting "
+                           f"it; the last start: {failures[-1]}")
+                return Combined("error", "infra", "PoolStartsExhausted", message,
+                                f"PoolStartsExhausted: {world_size}-rank pool")
             try:
                 pool.start()
             except PoolStartError as exc:
+                failures.append(str(exc))
                 return Combined("error", "infra", "PoolStartError", f"{exc}\n{exc.logs}",
                                 f"PoolStartError: {exc}"[:300])
+            failures.clear()
         return pool.run(request, timeout)
 
     def close(self) -> None:
@@ -318,6 +365,34 @@ class Harness:
         if self.reaper is not None:
             self.reaper.close()
             self.reaper = None
+        if self.scratch and not self.keep_scratch and not self.recorder.interrupted:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        if self._run_dir_lock is not None:
+            os.close(self._run_dir_lock)
+            self._run_dir_lock = None
+
+
+def scratch_dir(root: Path) -> Path:
+    """A directory of this session's own under `root`/.distci/scratch (created when first used)."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    return root / ".distci" / "scratch" / f"{stamp}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def lock_run_dir(run_dir: Path) -> int:
+    """Holds an exclusive lock on `run_dir` for this session (released when its fd closes,
+    however the process ends): a second pytest given the same directory is refused rather
+    than mixing its rank logs and results into this one's."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise pytest.UsageError(
+            f"--distci-run-dir {run_dir} is in use by another pytest session; give each run its own "
+            "directory (or leave the option out: every session then gets a scratch directory of its own)"
+        ) from None
+    return fd
 
 
 __all__ = [

@@ -24,8 +24,8 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from distci.harness import procs
-from distci.harness.outcome import Combined, RankState, combine, describe_exit
-from distci.harness.protocol import HealthCheck, RankReport, Shutdown, TestRequest
+from distci.harness.outcome import Combined, RankState, charge_leaks, combine, describe_exit
+from distci.harness.protocol import CHANNEL_BROKEN_EXIT, HealthCheck, RankReport, Shutdown, TestRequest
 
 FAILURE_GRACE_S = 10.0  # other ranks' time to finish after one rank failed or died
 DUMP_SETTLE_S = 1.5
@@ -172,7 +172,7 @@ class RankPool:
                 try:
                     reports[r.rank] = conn.recv()
                 except (EOFError, OSError):
-                    self._fail_start(f"rank {r.rank} died during {what}")
+                    self._fail_start(f"rank {r.rank} died during {what} (it {describe_exit(self._exit_code(r))})")
             for r in self.ranks:
                 if r.rank not in reports and r.proc.poll() is not None:
                     self._fail_start(f"rank {r.rank} exited with code {r.proc.returncode} during {what}")
@@ -248,7 +248,9 @@ class RankPool:
         duration = time.monotonic() - start  # until the outcome is known, stacks included
         for r in self.ranks:
             states[r.rank].log = _read_from(r.log_path, r.log_offset)
-        combined = combine([states[i] for i in sorted(states)], duration)
+        ordered = [states[i] for i in sorted(states)]
+        combined = combine(ordered, duration)
+        charge_leaks(combined, ordered)
         if not combined.needs_rebuild:
             problem = self.health_problem()
             if problem:
@@ -275,8 +277,10 @@ class RankPool:
                 r = by_conn[conn]
                 try:
                     states[r.rank].report = conn.recv()
-                except (EOFError, OSError):
+                except (EOFError, OSError) as exc:
                     states[r.rank].exit_code = self._exit_code(r)
+                    if states[r.rank].exit_code is None or states[r.rank].exit_code == CHANNEL_BROKEN_EXIT:
+                        states[r.rank].channel = f"{type(exc).__name__} on the socket"
                 pending.discard(r.rank)
             for i in list(pending):
                 code = self.ranks[i].proc.poll()
@@ -287,11 +291,12 @@ class RankPool:
             states[i].stuck = True
 
     @staticmethod
-    def _exit_code(r: _Rank) -> int:
+    def _exit_code(r: _Rank) -> int | None:
+        """The rank's exit code, waiting a little for it; None while it still runs."""
         try:
             return r.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            return -1
+            return None
 
     def _dump_stacks(self, stuck: list[_Rank], states: dict[int, RankState]) -> None:
         for r in stuck:
@@ -369,7 +374,8 @@ class RankPool:
                 try:
                     reports[r.rank] = conn.recv()
                 except (EOFError, OSError):
-                    return f"left the pool unusable: rank {r.rank} died after the test ({describe_exit(self._exit_code(r))})"
+                    return (f"left the pool unusable: rank {r.rank}'s control channel closed after the test "
+                            f"(the rank {describe_exit(self._exit_code(r))})")
         if len(reports) < len(self.ranks):
             missing = sorted(set(range(len(self.ranks))) - set(reports))
             return f"left the pool unusable: rank(s) {missing} did not answer the health check within {timeout_s:.0f}s"

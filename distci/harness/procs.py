@@ -12,6 +12,15 @@ Three mechanisms, because each one alone leaves something running:
   was SIGKILLed (nothing else is left to adopt it).
 
 Linux only where it matters (prctl, /proc); elsewhere the calls are no-ops.
+
+Why /proc by hand and not psutil: this module runs inside every cell env (the rank
+workers), and psutil would be one more wheel in every stack's wheelhouse and a hard
+requirement on a preinstalled stack without network (docs/installed-stack.md), for code
+that is Linux-only anyway. Measured with psutil 7.2.2 on the 2-core machine (166
+processes, load ~20): the tree walk 26.8 ms (psutil's children(recursive=True) 10.6 ms),
+the token scan 14.5 ms (psutil's process_iter + environ() 42.7 ms): once per test, either
+is far inside the harness's per-test budget. (/proc/PID/task/TID/children, which would
+avoid reading every stat file, is not there on every kernel: absent on that machine.)
 """
 
 from __future__ import annotations
@@ -81,20 +90,30 @@ class stop_signals_raise:
     """Within this block SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt, so one handler
     stops the child in order (main thread only; elsewhere a no-op). SIGINT is set here
     too: a process started with SIGINT ignored (a background job of a non-interactive
-    shell, as some CI wrappers launch) would otherwise never see Ctrl-C or a cancel."""
+    shell, as some CI wrappers launch) would otherwise never see Ctrl-C or a cancel.
+
+    Only the first stop raises: the same stop often arrives twice (a terminal's Ctrl-C
+    reaches the whole foreground group, and nox hands it on as well; a CI cancel follows
+    SIGINT with SIGTERM), and a second KeyboardInterrupt inside the closing would leave
+    the run without its summary, JUnit and end time."""
 
     def __enter__(self) -> "stop_signals_raise":
         import threading
 
         self._saved: dict[int, object] = {}
+        self.stopped_by: str | None = None
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 self._saved[sig] = signal.signal(sig, self._raise)
         return self
 
-    @staticmethod
-    def _raise(signum: int, _frame) -> None:
-        raise KeyboardInterrupt(signal.Signals(signum).name)
+    def _raise(self, signum: int, _frame) -> None:
+        if self.stopped_by is not None:
+            print(f"distci: {signal.Signals(signum).name} while stopping ({self.stopped_by}): "
+                  "still closing the run", file=sys.stderr, flush=True)
+            return
+        self.stopped_by = signal.Signals(signum).name
+        raise KeyboardInterrupt(self.stopped_by)
 
     def __exit__(self, *exc) -> None:
         for sig, handler in self._saved.items():

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+CHANNEL_BROKEN_EXIT = 75  # a rank exits with this when its control channel to the controller broke
+
 
 @dataclass
 class TestRequest:

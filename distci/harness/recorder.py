@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import shlex
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -17,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from distci.results import RankExcerpt, Result, error_signature
-from distci.rundir import RunDir
+from distci.results import RankExcerpt, Result, error_signature, write_junit
+from distci.rundir import INFRA_PREFIX, RECORD_LOST_EXIT, RecordError, RunDir
 from distci.harness.outcome import Combined
 
 
@@ -45,12 +46,16 @@ class Recorder:
         self.current_start = 0.0
         self.interrupted = False
         self.stopped_by = "SIGINT"  # the plugin names SIGTERM/SIGHUP when those stopped the run
+        self.session: pytest.Session | None = None
+        self.record_error = ""  # set when a Result could not be written: the run ends as infra
+        self.lost: Result | None = None
 
     def remember(self, nodeid: str, combined: Combined) -> None:
         self.combined[nodeid] = combined
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.session = session
         if not self.enabled:
             return
         from distci import stack
@@ -75,7 +80,22 @@ class Recorder:
         self.current = None
         if self.writer is None:
             return
-        self.writer.append(self.result_for(nodeid))
+        result = self.result_for(nodeid)
+        if self.record_error:
+            return  # the run is stopping: what could not be recorded is named by the infra record
+        try:
+            self.writer.append(result)
+        except RecordError as exc:
+            self._lost(result, exc)
+
+    def _lost(self, result: Result, exc: RecordError) -> None:
+        """A Result could not be written (disk full, file-size limit): stop the run after
+        this test, and end it as `infra` naming why, never as test failures."""
+        self.record_error = str(exc)
+        self.lost = result
+        print(f"distci: {exc}; stopping the run (infra)", file=sys.stderr, flush=True)
+        if self.session is not None:
+            self.session.shouldstop = f"distci: {exc}"
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo) -> None:
         """The run was stopped (Ctrl-C, or SIGTERM/SIGHUP through the plugin): the test in
@@ -87,7 +107,7 @@ class Recorder:
         self.reports.pop(nodeid, None)
         self.combined.pop(nodeid, None)
         message = f"Interrupted: the run was stopped ({self.stopped_by}) during this test, before it finished"
-        self.writer.append(Result(
+        self._append_quietly(Result(
             run_id=self.run_id, cell_id=self.cell, test_id=nodeid, outcome="error", stack=self.stack,
             failure_kind="infra", error_signature=f"Interrupted: stopped by {self.stopped_by}", message=message,
             duration_s=round(time.monotonic() - self.current_start, 3),
@@ -96,63 +116,68 @@ class Recorder:
         ))
 
     def result_for(self, nodeid: str) -> Result:
+        """The Result of a finished test: what the ranks said (a distributed test's Combined)
+        where they failed, else pytest's own reports, built by Combined.to_result."""
         reports = self.reports.pop(nodeid, [])
         combined = self.combined.pop(nodeid, None)
-        duration = sum(r.duration for r in reports)
-        outcome, kind, message, signature = "passed", None, "", None
-        ranks: list[RankExcerpt] = []
-        attempts = combined.attempts if combined is not None else []
-        for rep in reports:
-            if rep.skipped:
-                outcome = "skipped"
-                message = _skip_reason(rep)
-            elif rep.failed:
-                outcome = "failed" if rep.when == "call" else "error"
-                message = rep.longreprtext
-                kind, signature = _classify(rep)
-                break
-        if combined is not None:
-            ranks = combined.ranks
-            if combined.outcome in ("failed", "error"):
-                outcome = combined.outcome
-                kind = combined.failure_kind
-                message = f"{combined.exc_type}: {combined.message}"
-                signature = combined.signature
-            duration = combined.duration_s  # the ranks' time: a pool's start-up is not the test's
-        known = None
-        if self.known_issues is not None:
-            if outcome == "failed":
-                known = self.known_issues.match(nodeid, signature or "", message, self.stack)
-            elif outcome == "passed":
-                # A pass where a known issue applies: the verdict becomes `fixed`, telling
-                # the team the entry (or its fix) can be retired.
-                applicable = self.known_issues.applicable(nodeid, self.stack)
-                known = applicable[0].id if applicable else None
-        return Result(
-            run_id=self.run_id,
-            cell_id=self.cell,
-            test_id=nodeid,
-            outcome=outcome,
-            stack=self.stack,
-            failure_kind=kind,
-            error_signature=signature,
-            message=message[:20000],
-            duration_s=round(duration, 3),
-            reruns=len(attempts),
-            rerun_outcomes=[outcome for outcome, _ in attempts],
-            rerun_messages=[text[:4000] for _, text in attempts],
-            ranks=ranks,
+        if combined is None or combined.outcome not in ("failed", "error"):
+            outcome, kind, message, signature = "passed", None, "", None
+            for rep in reports:
+                if rep.skipped:
+                    outcome = "skipped"
+                    message = _skip_reason(rep)
+                elif rep.failed:
+                    outcome = "failed" if rep.when == "call" else "error"
+                    message = rep.longreprtext
+                    kind, signature = _classify(rep)
+                    break
+            # the ranks' time where they ran it: a pool's start-up is not the test's
+            duration = combined.duration_s if combined is not None else sum(r.duration for r in reports)
+            combined = Combined(outcome, kind, "", message, signature, ranks=combined.ranks if combined else [],
+                                duration_s=duration, attempts=combined.attempts if combined else [])
+        return combined.to_result(
+            run_id=self.run_id, cell_id=self.cell, test_id=nodeid, stack=self.stack,
             repro=_repro(self.cell if self.cell != "local" else None, nodeid),
-            known_issue=known,
-            started_at=self.started.get(nodeid, ""),
-            log_path=str(self.run_dir / "logs"),
+            started_at=self.started.get(nodeid, ""), log_path=str(self.run_dir / "logs"), registry=self.known_issues,
+        )
+
+    def _append_quietly(self, result: Result) -> bool:
+        assert self.writer is not None
+        try:
+            self.writer.append(result)
+            return True
+        except RecordError as exc:
+            if not self.record_error:
+                self._lost(result, exc)
+            return False
+
+    def infra_record(self) -> Result:
+        """The `infra` Result a run that could not record ends with (see RecordError)."""
+        lost = self.lost.test_id if self.lost is not None else "?"
+        return Result(
+            run_id=self.run_id, cell_id=self.cell, test_id=f"{INFRA_PREFIX}{self.cell}", outcome="error",
+            stack=self.stack, failure_kind="infra", error_signature=error_signature("RecordError", self.record_error),
+            message=f"RecordError: {self.record_error}\nthe result of {lost} and every later test were not recorded",
+            repro=_repro(self.cell if self.cell != "local" else None, lost), log_path=str(self.run_dir / "logs"),
         )
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if self.writer is None or not self.writer.results_path.exists():
+        if self.writer is None:
             return
-        self.writer.write_junit(self.cell)
+        results = self.writer.results() if self.writer.results_path.exists() else []
+        if self.record_error:
+            infra = self.infra_record()
+            self._append_quietly(infra)  # on a full disk this fails too; JUnit below still says it
+            results = [r for r in self.writer.results() if r.test_id != infra.test_id] + [infra]
+            session.exitstatus = RECORD_LOST_EXIT
+        if not results:
+            return
+        try:
+            write_junit(results, self.writer.junit_path, suite_name=self.cell)
+        except OSError as exc:  # written beside and renamed: the old junit.xml (or none) stays whole
+            print(f"distci: cannot write {self.writer.junit_path}: {exc}", file=sys.stderr, flush=True)
+            session.exitstatus = RECORD_LOST_EXIT
 
 
 def _skip_reason(rep: pytest.TestReport) -> str:

@@ -18,11 +18,11 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from distci.harness import isolation, procs
+from distci.harness import isolation, leaks, procs
 from distci.harness.context import DistContext
 from distci.harness.devices import device_kind
-from distci.harness.execute import execute
-from distci.harness.protocol import HealthCheck, RankReport, Shutdown, TestRequest
+from distci.harness.execute import execute, prepare_path
+from distci.harness.protocol import CHANNEL_BROKEN_EXIT, HealthCheck, RankReport, Shutdown, TestRequest
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -71,6 +71,38 @@ def _flight_recorder_dump(path: str) -> None:
             fh.write(data)
     except Exception as exc:  # noqa: BLE001
         print(f"distci: flight recorder dump failed: {exc}", file=sys.stderr, flush=True)
+
+
+def arm_stack_dumps() -> None:
+    """SIGUSR1 makes faulthandler write every thread's stack (how the controller sees a hang).
+    Re-armed before every test: a test that set SIGUSR1 to SIG_IGN (or its own handler)
+    would otherwise blind the hang detector for every later test. register() alone keeps a
+    stale registration as it is, hence unregister first."""
+    faulthandler.unregister(signal.SIGUSR1)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+
+
+def _run_test(msg: TestRequest, ctx: DistContext, saved: dict) -> RankReport:
+    """One test, isolated: reset before, leak check after (its findings in `info["leaks"]`)."""
+    if msg.isolate:
+        isolation.reset(saved, msg.seed)
+    arm_stack_dumps()
+    prepare_path(msg)
+    before: list[leaks.Snapshot] = []
+
+    def take_snapshot() -> None:
+        module = sys.modules.get(msg.module)
+        before.append(leaks.snapshot(getattr(module, "__file__", "") or ""))
+
+    report = execute(msg, ctx, take_snapshot if msg.isolate else None)
+    if msg.isolate:  # at once, so the health check after the test sees a clean process too
+        isolation.restore_globals(saved.get("globals", {}))
+        if before:
+            found = leaks.check(before[0])
+            if found:
+                report.info["leaks"] = [leak.to_dict() for leak in found]
+                print(f"distci: the test left: {'; '.join(leak.what for leak in found)}", flush=True)
+    return report
 
 
 def _init(args: argparse.Namespace) -> DistContext:
@@ -172,8 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     _die_with_parent(args.parent_pid)
+    # A rank is stopped by its controller, never by KeyboardInterrupt: a real SIGINT ends it
+    # as a signal, and a KeyboardInterrupt raised by a test is that test's exception.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     faulthandler.enable(file=sys.stderr, all_threads=True)  # a SIGSEGV/SIGABRT leaves its Python stack in the rank log
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    arm_stack_dumps()
     conn = Connection(args.fd)
     if args.dump_fd >= 0 and args.trace_dir:
         _serve_dumps(args.dump_fd, os.path.join(args.trace_dir, f"flight_recorder_rank{args.rank}.bin"))
@@ -201,20 +236,20 @@ def main(argv: list[str] | None = None) -> int:
             conn.send(_health(ctx, msg))
             continue
         if isinstance(msg, TestRequest):
-            if msg.isolate:
-                isolation.reset(saved, msg.seed)
             print(f"distci: ==== start {msg.nodeid} ====", flush=True)
             before = set(procs.descendants(os.getpid()))
-            report = execute(msg, ctx)
-            if msg.isolate:  # at once, so the health check after the test sees a clean process too
-                isolation.restore_globals(saved.get("globals", {}))
+            report = _run_test(msg, ctx, saved)
             left = procs.kill_descendants(os.getpid(), keep=before)
             if left:
                 print(f"distci: killed {len(left)} process(es) the test left running: {left}", flush=True)
             print(f"distci: ==== end {msg.nodeid}: {report.outcome} ====", flush=True)
             sys.stdout.flush()
             sys.stderr.flush()
-            conn.send(report)
+            try:
+                conn.send(report)
+            except OSError as exc:  # the channel broke (a test closed it): say so by the exit code
+                print(f"distci: the control channel to the controller broke: {exc}", flush=True)
+                os._exit(CHANNEL_BROKEN_EXIT)
     try:
         import torch.distributed as dist
 

@@ -32,13 +32,13 @@ from typing import Any, Callable, Iterator
 from distci.run.terminal import cell_tag
 from distci.run.cellrun import absent_accelerator_run, cell_environment, finish_run, infra_run, pytest_command, start_run
 
-from distci.rundir import CellRun
+from distci.rundir import CellRun, selection_of
 from distci.errors import ConfigError, InfraError, SourceError
 from distci.images.base import connect
 from distci.images.build import BuiltImage, ensure_image
 from distci.images.npu import CANN_PROBE, check_cann
 from distci.images.plan import family_of
-from distci.cells import Cell
+from distci.cells import Cell, ContainerLimits
 from distci.provision.selfwheels import REPO
 
 Log = Callable[[str], None]
@@ -108,14 +108,23 @@ def device_gids(profile: RunProfile) -> list[int]:
     return gids
 
 
-def container_options(family: str) -> dict[str, Any]:
-    """containers.run() keyword arguments for a family; InfraError when its devices are absent here."""
+def container_options(family: str, limits: ContainerLimits = ContainerLimits()) -> dict[str, Any]:
+    """containers.run() keyword arguments for a family, confined by the accelerator's
+    `limits` (matrix.toml): memory, pids, CPUs (capped at this host's count) and network.
+    InfraError when the family's devices are absent here."""
     from docker.types import DeviceRequest, Ulimit
 
     profile = PROFILES[family]
     if profile.required_device and not glob.glob(profile.required_device):
         raise InfraError(f"no {profile.required_device} device on this runner: a {family} cell cannot run here")
-    options: dict[str, Any] = {"network_mode": profile.network_mode, "cap_add": list(profile.cap_add)}
+    options: dict[str, Any] = {"network_mode": limits.network or profile.network_mode,
+                               "cap_add": list(profile.cap_add)}
+    if limits.memory:
+        options["mem_limit"] = limits.memory
+    if limits.pids:
+        options["pids_limit"] = limits.pids
+    if limits.cpus:
+        options["nano_cpus"] = int(min(limits.cpus, os.cpu_count() or 1) * 1e9)
     if profile.ipc_mode:
         options["ipc_mode"] = profile.ipc_mode
     if profile.shm_size:
@@ -160,12 +169,33 @@ def checkout_mounts(tests: list[str]) -> dict[str, dict[str, str]]:
     return mounts
 
 
-def container_user() -> str | None:
-    """The controller's uid:gid (files in the mounted run directory stay the runner user's); root: none."""
-    return None if os.geteuid() == 0 else f"{os.getuid()}:{os.getgid()}"
+UNPRIVILEGED_USER = "65534:65534"
+"""Who a cell's suites run as under a root controller (`user = "auto"`): nobody:nogroup."""
 
 
-def _container_env(cell: Cell, tier: str | None, image: BuiltImage, family: str) -> dict[str, str]:
+def container_user(limits: ContainerLimits = ContainerLimits()) -> str | None:
+    """Who the container runs as (None: the image's default, root). "auto": the controller's
+    uid:gid, so files in the mounted run directory stay the runner user's; under a root
+    controller UNPRIVILEGED_USER (the run directory is handed to it, see `hand_over`)."""
+    if limits.user == "root":
+        return None
+    if limits.user != "auto":
+        return limits.user
+    return UNPRIVILEGED_USER if os.geteuid() == 0 else f"{os.getuid()}:{os.getgid()}"
+
+
+def hand_over(run_dir: Path, user: str | None) -> None:
+    """Lets a container user other than the controller write the run directory (a root
+    controller chowns it; anyone else already runs the container as itself)."""
+    if user is None or os.geteuid() != 0:
+        return
+    uid, gid = (int(x) for x in user.split(":"))
+    for root, dirs, files in os.walk(run_dir):
+        for name in [".", *dirs, *files]:
+            os.chown(os.path.join(root, name), uid, gid)
+
+
+def _container_env(cell: Cell, tier: str | None, image: BuiltImage, family: str, user: str | None) -> dict[str, str]:
     env = {
         **cell_environment(cell, tier),
         **dict(PROFILES[family].env),
@@ -174,7 +204,7 @@ def _container_env(cell: Cell, tier: str | None, image: BuiltImage, family: str)
         "DISTCI_RUNNER": os.environ.get("DISTCI_RUNNER") or socket.gethostname(),
         "PYTHONUNBUFFERED": "1",
     }
-    if os.geteuid() != 0:
+    if user is not None:  # a uid the image has no home (or passwd entry) for
         env.update(HOME="/tmp", USER="distci")
     return env
 
@@ -183,7 +213,7 @@ def _record_container(run_dir: Path, container) -> None:
     container.reload()
     host = container.attrs.get("HostConfig", {})
     keep = ("NetworkMode", "IpcMode", "ShmSize", "CapAdd", "Devices", "DeviceRequests", "Ulimits", "Binds",
-            "GroupAdd")
+            "GroupAdd", "Memory", "PidsLimit", "NanoCpus")
     (run_dir / CONTAINER_FILE).write_text(json.dumps({
         "id": container.id, "image": container.attrs.get("Config", {}).get("Image"),
         "image_id": container.attrs.get("Image"), "labels": container.labels,
@@ -242,7 +272,7 @@ def run_cell_in_docker(cell: Cell, client, *, runs_root: Path, tests: list[str] 
     info, run_dir = start_run(cell, runs_root, tier=tier, backend="docker", log=log)
     try:
         family = family_of(cell)
-        options = container_options(family)  # no device, no build
+        options = container_options(family, cell.container)  # no device, no build
         image = ensure_image(cell, client, log=log)
         if family == "npu":
             check_cann(image.labels.get("distci.cann.expected"), probe_cann(client, image, options), image=image.tag)
@@ -250,6 +280,7 @@ def run_cell_in_docker(cell: Cell, client, *, runs_root: Path, tests: list[str] 
         log(f"{cell_tag(cell.id)}infra: {exc}")
         return infra_run(cell, info, run_dir, exc, None)
     info.image, info.image_digest = image.tag, image.id
+    info.selection = selection_of(tests, keyword)
     cmd = pytest_command(cell, Path(IMAGE_PYTHON), run_dir, info.run_id, tests=tests or [],
                          keyword=keyword, extra_args=[], root=Path(WORKDIR))
     info.command = shlex.join(cmd)
@@ -258,11 +289,18 @@ def run_cell_in_docker(cell: Cell, client, *, runs_root: Path, tests: list[str] 
                str(run_dir): {"bind": str(run_dir), "mode": "rw"}}
     log(f"{cell_tag(cell.id)}$ docker run {image.tag} {info.command}")
     container = None
+    user = container_user(cell.container)
+    try:
+        hand_over(run_dir, user)
+    except OSError as exc:
+        return infra_run(cell, info, run_dir, InfraError(f"cannot hand the run directory to the container's user "
+                                                         f"{user} ({exc}); set user in matrix.toml's container table"),
+                         None)
     try:
         with sigterm_stops():
             container = client.containers.run(image.tag, cmd, detach=True, working_dir=str(WORKDIR),
-                                              user=container_user(), volumes=volumes,
-                                              environment=_container_env(cell, tier, image, family),
+                                              user=user, volumes=volumes,
+                                              environment=_container_env(cell, tier, image, family, user),
                                               labels=run_labels(info.run_id, cell.id), **options)
             _record_container(run_dir, container)
             _follow_logs(container, run_dir / "pytest.log", lambda line: log(f"{cell_tag(cell.id)}{line}"))

@@ -44,6 +44,7 @@ from typing import Any, Iterable, Sequence
 
 from distci import __version__
 from distci.errors import SelectionError
+from distci.judge.coverage import tally
 from distci.judge.store import ResultRow, RunRow, Store, default_store_path
 from distci.judge.verdicts import BLOCKING, ENV_KEYS
 
@@ -211,17 +212,18 @@ def hud_row(store: Store, run: RunRow, *, artifact_url: str = "") -> HudRow | No
 
     The conclusion follows the gate's words: a blocking verdict is `failure`; a known
     issue (xfail) or a flaky test does not block; a run with infra results and nothing
-    blocking is `neutral` (the gate calls it INCOMPLETE, never PASSED).
+    blocking is `neutral` (the gate calls it INCOMPLETE, never PASSED), and so is a run
+    narrowed by `-k` / `--test` with nothing blocking (it covers part of the cell). Counts are the
+    gate's (`gate.tally`): a known issue is `known`, never `failed`.
     """
     if not run.torch_git:
         return None
     results = store.results(run_id=run.run_id)
-    outcomes = Counter(r.outcome for r in results)
     verdicts = Counter(r.verdict for r in results)
     if any(v in BLOCKING for v in verdicts):
         conclusion = "failure"
-    elif verdicts.get("infra"):
-        conclusion = "neutral"
+    elif verdicts.get("infra") or run.selection:
+        conclusion = "neutral"  # a narrowed rerun (-k / --test) never says a whole cell passed
     else:
         conclusion = "success"
     return HudRow(
@@ -229,15 +231,9 @@ def hud_row(store: Store, run: RunRow, *, artifact_url: str = "") -> HudRow | No
         event_type=event_type(run),
         job_name=run.cell_id,
         conclusion=conclusion,
-        test_results={
-            "total": len(results),
-            "passed": outcomes.get("passed", 0),
-            "failed": outcomes.get("failed", 0),
-            "errors": outcomes.get("error", 0),
-            "skipped": outcomes.get("skipped", 0),
-            "verdicts": dict(sorted(verdicts.items())),
-        },
-        failed_tests_detail=[_detail(r) for r in results if r.outcome in ("failed", "error")][:MAX_DETAILS],
+        test_results={**tally(results), "verdicts": dict(sorted(verdicts.items()))},
+        failed_tests_detail=[_detail(r) for r in results
+                             if r.outcome in ("failed", "error") and r.verdict != "xfail"][:MAX_DETAILS],
         triage_verdict=_triage(store, run, results),
         artifact_url=artifact_url,
         distci={
@@ -248,6 +244,7 @@ def hud_row(store: Store, run: RunRow, *, artifact_url: str = "") -> HudRow | No
             "started_at": run.started_at,
             "ended_at": run.ended_at,
             "runner": run.runner,
+            "selection": list(run.selection or []),
             "stack": {k: run.stack.get(k) for k in ENV_KEYS if run.stack.get(k) is not None},
         },
     )

@@ -2,14 +2,25 @@
 
 The gate knows what should exist: the cells matrix.toml declares for the tier (or every
 cell whose id contains `--candidate`: a release candidate is a `test:<version>` Source of
-torch, so its cells have their own ids). Each expected cell gets a CellState from its
-latest run in the store:
+torch, so its cells have their own ids). It judges coverage, not "the latest run":
 
-    ok          a finished run within --max-age in which some test ran
+- a cell's expected tests are those of its latest *complete* run of the tier (one that
+  ended and was not narrowed by `-k` / `--test`: run.json's `selection` is empty), plus
+  any test a later run added;
+- each expected test is judged by its latest result since that run (infra results are
+  not results of the test: they never replace one), so a narrowed rerun adds evidence and
+  never hides a failure it did not re-run;
+- a test with no result on the current stack (that of the latest run that ran a test) is
+  missing: the cell is `partial` and the gate names the test.
+
+Each expected cell gets a CellState:
+
+    ok          a complete run within --max-age and a result on the current stack for every expected test
     missing     no run of the cell at all
-    stale       the latest run started longer than --max-age ago
+    stale       the complete run the expected tests come from started longer than --max-age ago
     infra_only  the latest run ran no test (only `infra` records, or nothing but skips)
     in_flight   the latest run has not ended yet
+    partial     no complete run of the tier, or expected tests without a result on the current stack
     waived      not ok, but waived by name (`--waive CELL --reason TEXT`)
 
 A test blocks when its verdict is `regression` or `fail` in a release-blocking suite
@@ -18,11 +29,13 @@ block but are listed. The answer, and the exit code of `nox -s gate`:
 
     PASSED      0   every expected cell is ok (or waived) and nothing blocks
     BLOCKED     1   a release-blocking test regressed or fails
-    INCOMPLETE  3   nothing blocks, but a cell is missing, stale, infra-only or in flight:
-                    a gate never says PASSED about tests that did not run
+    INCOMPLETE  3   nothing blocks, but a cell is missing, stale, infra-only, in flight or
+                    partial: a gate never says PASSED about tests that did not run
     (2 is a usage or configuration error, as for every distci command)
 
-BLOCKED wins over INCOMPLETE: a known regression is a definite "no".
+BLOCKED wins over INCOMPLETE: a known regression is a definite "no". `evaluate` is the
+judgement the dashboard's release view shows; `tally` is how the HUD export counts one
+run's results the same way.
 """
 
 from __future__ import annotations
@@ -38,6 +51,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from distci.errors import SelectionError
+from distci.judge.coverage import DEFAULT_MAX_AGE, CellState, judge_cell, parse_duration
+from distci.judge.coverage import format_duration, tally  # noqa: F401 - part of the gate's API (export, tests)
 from distci.command import write_exit_file
 from distci.judge.history import Onset, onset
 from distci.judge.store import BisectRow, ResultRow, RunRow, Store, default_store_path, suite_of
@@ -46,16 +61,16 @@ from distci.rundir import repro_line
 
 WARN = ("infra", "flaky")
 SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
-DEFAULT_MAX_AGE = timedelta(hours=36)
 
 STATUSES = ("PASSED", "BLOCKED", "INCOMPLETE")
 EXIT_CODES = {"PASSED": 0, "BLOCKED": 1, "INCOMPLETE": 3}
+CELL_STATES = ("ok", "missing", "stale", "infra_only", "in_flight", "partial", "waived")
+SHOWN_MISSING = 10
 STATUS_MEANINGS = {
-    "PASSED": "every expected cell ran and nothing blocks",
+    "PASSED": "every expected cell ran every expected test and nothing blocks",
     "BLOCKED": "a release-blocking test regressed or fails",
-    "INCOMPLETE": "nothing blocks, but an expected cell is missing, stale, infra-only or in flight",
+    "INCOMPLETE": "nothing blocks, but an expected cell or test is missing, stale, infra-only or in flight",
 }
-CELL_STATES = ("ok", "missing", "stale", "infra_only", "in_flight", "waived")
 COMPLETE_STATES = frozenset({"ok", "waived"})
 
 
@@ -75,29 +90,6 @@ class GateItem:
     @classmethod
     def of(cls, r: ResultRow) -> "GateItem":
         return cls(r.cell_id, r.run_id, r.test_id, r.suite, r.verdict, r.error_signature, r.verdict_reason, r.repro)
-
-
-@dataclass
-class CellState:
-    """What the store holds for one cell the gate expects (states: see the module doc)."""
-
-    cell_id: str
-    state: str
-    last_run: RunRow | None = None
-    age_s: float | None = None
-    torch_version: str | None = None
-    torch_git: str | None = None
-    reason: str = ""
-
-    def to_text(self) -> str:
-        if self.last_run is None:
-            return f"{self.cell_id}: {self.state} ({self.reason})"
-        age = f"{self.age_s / 3600:.1f} h ago" if self.age_s is not None else "age unknown"
-        return (
-            f"{self.cell_id}: {self.state}  last run {self.last_run.started_at or '?'} ({age})  "
-            f"torch {self.torch_version or '?'}  git {self.torch_git or '?'}  run {self.last_run.run_id}"
-            + (f"  ({self.reason})" if self.reason else "")
-        )
 
 
 @dataclass
@@ -152,6 +144,9 @@ class GateResult:
         lines += [f"  waived: {cell}: {why}" for cell, why in sorted(self.waivers.items())]
         for c in self.incomplete:
             lines.append(f"  incomplete: {c.cell_id} is {c.state}: {c.reason}")
+            lines += [f"      missing: {t}" for t in c.missing_tests[:SHOWN_MISSING]]
+            if len(c.missing_tests) > SHOWN_MISSING:
+                lines.append(f"      ... and {len(c.missing_tests) - SHOWN_MISSING} more")
         for title, items in (
             ("blocking", self.blocking),
             ("warning (does not block)", self.warnings),
@@ -177,6 +172,13 @@ class GateResult:
         out.append("")
         if self.waivers:
             out += [f"- waived `{cell}`: {why}" for cell, why in sorted(self.waivers.items())] + [""]
+        for c in self.incomplete:
+            if c.missing_tests:
+                out += [f"Missing on the current stack of `{c.cell_id}` ({len(c.missing_tests)}):", ""]
+                out += [f"- {md_code(t)}" for t in c.missing_tests[:SHOWN_MISSING]]
+                if len(c.missing_tests) > SHOWN_MISSING:
+                    out.append(f"- ... and {len(c.missing_tests) - SHOWN_MISSING} more")
+                out.append("")
 
         def table(title: str, items: list[GateItem]) -> None:
             if not items:
@@ -186,7 +188,7 @@ class GateResult:
             )
             for it in items:
                 sig = (it.error_signature or it.reason or "").replace("|", "\\|")
-                out.append(f"| {it.verdict} | `{it.cell_id}` | `{it.test_id}` | {sig} |")
+                out.append(f"| {it.verdict} | `{it.cell_id}` | {md_code(it.test_id).replace('|', chr(92) + '|')} | {sig} |")
             out.append("")
 
         self._blocking_markdown(out)
@@ -213,7 +215,8 @@ class GateResult:
             elif o and not o.diff:
                 changed = "nothing in the tracked stack"
             sig = (it.error_signature or it.reason or "").replace("|", "\\|")
-            out.append(f"| {it.verdict} | `{it.cell_id}` | `{it.test_id}` | {sig} | {since} | {changed} |")
+            test = md_code(it.test_id).replace("|", "\\|")
+            out.append(f"| {it.verdict} | `{it.cell_id}` | {test} | {sig} | {since} | {changed} |")
         out += ["", "What to do:", ""]
         for it in self.blocking:
             o = self.onsets.get((it.cell_id, it.test_id))
@@ -245,6 +248,13 @@ def explain_blocking(store: Store, result: GateResult, limit: int = 50) -> GateR
     return result
 
 
+def md_code(text: str) -> str:
+    """`text` as a Markdown code span that a backtick inside cannot end (CommonMark: a longer fence)."""
+    fence = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def evaluate(
     store: Store,
     tier: str,
@@ -260,7 +270,15 @@ def evaluate(
     matrix = load_matrix(matrix_path)
     cells = [c.id for c in matrix.select(tier=tier)]
     suites = list(matrix.tiers[tier].blocking_suites)
-    return evaluate_cells(store, tier, cells, blocking_suites=suites, now=now, max_age=max_age, waivers=waivers)
+    return evaluate_cells(store, tier, cells, blocking_suites=suites, now=now, max_age=max_age, waivers=waivers,
+                          covering_tiers=covering_tiers(list(matrix.tiers), tier))
+
+
+def covering_tiers(declared: Sequence[str], tier: str) -> tuple[str, ...]:
+    """The tiers whose complete runs define `tier`'s expected tests: itself and those
+    declared after it. matrix.toml declares tiers narrowest first, and a scenario of one
+    tier runs in every later tier too (suites/conftest.py), so a nightly run covers pr."""
+    return tuple(declared[declared.index(tier):]) if tier in declared else (tier,)
 
 
 def evaluate_candidate(
@@ -284,7 +302,8 @@ def evaluate_candidate(
     if not cells:
         raise SelectionError(f"--candidate {candidate!r} matches no cell of the matrix", where=str(matrix_path))
     suites = list(matrix.tiers[tier].blocking_suites)
-    out = evaluate_cells(store, tier, cells, blocking_suites=suites, now=now, max_age=max_age, waivers=waivers)
+    out = evaluate_cells(store, tier, cells, blocking_suites=suites, now=now, max_age=max_age, waivers=waivers,
+                         covering_tiers=covering_tiers(list(matrix.tiers), tier))
     out.candidate = candidate
     return out
 
@@ -298,10 +317,12 @@ def evaluate_cells(
     now: datetime | None = None,
     max_age: timedelta = DEFAULT_MAX_AGE,
     waivers: dict[str, str] | None = None,
+    covering_tiers: Sequence[str] = (),
 ) -> GateResult:
-    """Judges the latest run of each expected cell. `blocking_suites=None` means every
-    suite blocks. A waiver naming a cell that is not expected is an error (a typo must
-    not waive nothing silently)."""
+    """Judges each expected cell by coverage (see the module doc). `covering_tiers`: the
+    tiers whose complete runs count for `tier` (default: `tier` only). `blocking_suites=None`
+    means every suite blocks. A waiver naming a cell that is not expected is an error (a
+    typo must not waive nothing silently)."""
     now = now or datetime.now(timezone.utc)
     waivers = dict(waivers or {})
     for cell in waivers:
@@ -312,18 +333,14 @@ def evaluate_cells(
     suites = sorted(set(blocking_suites)) if blocking_suites is not None else None
     out = GateResult(tier, None, [], suites, waivers=waivers)
     for cell in sorted(set(cells)):
-        runs = store.runs(cell_id=cell)
-        last = runs[-1] if runs else None
-        results = store.results(run_id=last.run_id) if last else []
-        state = _cell_state(cell, last, results, now, max_age)
+        state, judged = judge_cell(store, cell, tier, now=now, max_age=max_age, covering_tiers=covering_tiers)
         if state.state not in COMPLETE_STATES and cell in waivers:
             state.reason = f"{state.state}: {state.reason}; waived: {waivers[cell]}"
             state.state = "waived"
         out.cells.append(state)
-        if last is None:
-            continue
-        out.runs.append(last)
-        for r in results:
+        if state.last_run is not None:
+            out.runs.append(state.last_run)
+        for r in judged:
             if r.verdict in BLOCKING:
                 blocks = suites is None or any(in_suite(r.test_id, s) for s in suites)
                 (out.blocking if blocks else out.not_blocking).append(GateItem.of(r))
@@ -332,57 +349,6 @@ def evaluate_cells(
             elif r.verdict == "fixed":
                 out.fixed.append(GateItem.of(r))
     return out
-
-
-def _parse_time(ts: str) -> datetime | None:
-    try:
-        dt = datetime.fromisoformat(ts.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
-
-
-def _cell_state(
-    cell: str, run: RunRow | None, results: list[ResultRow], now: datetime, max_age: timedelta
-) -> CellState:
-    if run is None:
-        return CellState(cell, "missing", reason="no run of this cell in the store")
-    started = _parse_time(run.started_at)
-    age = (now - started).total_seconds() if started else None
-    state = CellState(cell, "ok", run, age, run.stack.get("torch"), run.torch_git or run.stack.get("torch_git"))
-    ran = [r for r in results if r.verdict not in ("infra", "skip")]
-    if age is None or age > max_age.total_seconds():
-        state.state = "stale"
-        state.reason = f"latest run is older than {format_duration(max_age)}" if age is not None else "no start time"
-    elif not run.ended_at:
-        state.state, state.reason = "in_flight", "the latest run has not ended"
-    elif not ran:
-        infra = [r for r in results if r.verdict == "infra"]
-        state.state = "infra_only"
-        if infra:
-            first = infra[0]
-            lines = first.excerpt.strip().splitlines()
-            state.reason = first.error_signature or (lines[0] if lines else "the environment never came up")
-        else:
-            state.reason = f"no test ran ({len(results)} skipped)" if results else "the run recorded no result"
-    return state
-
-
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "": 3600}
-
-
-def parse_duration(text: str) -> timedelta:
-    """`36h`, `90m`, `2d`, `3600s`; a bare number is hours."""
-    m = _DURATION_RE.match(text)
-    if not m:
-        raise SelectionError(f"--max-age {text!r} is not a duration like 36h, 90m or 2d")
-    return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
-
-
-def format_duration(d: timedelta) -> str:
-    s = d.total_seconds()
-    return f"{s / 3600:g}h" if s % 3600 == 0 else f"{s / 60:g}m" if s % 60 == 0 else f"{s:g}s"
 
 
 def in_suite(test_id: str, suite: str) -> bool:

@@ -26,15 +26,16 @@ import os
 import re
 import sqlite3
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from distci.errors import ConfigError, StoreError
-from distci.results import Result, error_signature
-from distci.rundir import RESULTS_FILE, RunContents, RunDirError, find_run_dirs, read_run, utc
-from distci.judge.store import DEFAULT_AUDIT_DIR, DEFAULT_BISECT_DIR, DEFAULT_RUNS_ROOT, DEFAULT_STORE, STORE_ENV, BisectRow, FixAuditRow, Store, default_store_path, suite_of
+from distci.results import Result, error_signature, write_junit
+from distci.rundir import JUNIT_FILE, RESULTS_FILE, RunContents, RunDirError, find_run_dirs, read_run, utc
+from distci.judge.store import (DEFAULT_AUDIT_DIR, DEFAULT_BISECT_DIR, DEFAULT_RUNS_ROOT, DEFAULT_STORE, STORE_ENV,
+                                BisectRow, FixAuditRow, Store, default_store_path, suite_of)
 from distci.provision.index import nightly_date_of
 
 DEFAULT_KNOWN_ISSUES = Path("suites") / "known_issues.toml"
@@ -54,6 +55,8 @@ class IngestReport:
     bad_lines: list[str] = field(default_factory=list)
     """results.jsonl lines not indexed, each as `file:line: why`."""
     results: int = 0
+    junit: list[str] = field(default_factory=list)
+    """Runs whose junit.xml was rewritten from the judged verdicts (--junit)."""
 
     def summary(self) -> str:
         text = (
@@ -62,6 +65,8 @@ class IngestReport:
         )
         if self.conflicts:
             text += f", {len(self.conflicts)} rejected as rewritten"
+        if self.junit:
+            text += f", {len(self.junit)} junit.xml rewritten from the verdicts"
         if not (self.rejected or self.bad_lines):
             return text
         text += f"; skipped {len(self.rejected)} unreadable runs and {len(self.bad_lines)} bad lines:"
@@ -70,6 +75,19 @@ class IngestReport:
         if len(shown) > SHOWN_PROBLEMS:
             lines.append(f"  ... and {len(shown) - SHOWN_PROBLEMS} more")
         return "\n".join([text, *lines])
+
+
+def storable(text: str | None) -> str | None:
+    """Text SQLite can hold, losing nothing: characters UTF-8 cannot encode (the lone
+    surrogates a rank's raw non-UTF-8 bytes decode to) become backslash escapes
+    (`\\udc80`), so one odd byte in a message never costs the run its place in the store."""
+    if text is None:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def _sha(data: bytes) -> str:
@@ -93,21 +111,22 @@ def load_known_issues(path: Path | None) -> Any:
 
 
 def known_issue_of(r: Result, registry: Any) -> str | None:
-    """The known issue a Result matches by today's registry (the recorder's rule: a
-    failure matches an entry by test, signature and stack; a pass where an entry applies
-    names it, so the verdict is `fixed`). Without a registry, what was recorded."""
-    if registry is None or r.failure_kind == "infra":
+    """The known issue a Result matches by today's registry, through the one matcher the
+    harness and the external runner use (Registry.known_issue_of). Without a registry,
+    what was recorded."""
+    if registry is None:
         return r.known_issue
-    if r.outcome == "failed":
-        return registry.match(r.test_id, r.error_signature or "", r.message, r.stack)
-    if r.outcome == "passed":
-        applicable = registry.applicable(r.test_id, r.stack)
-        return applicable[0].id if applicable else None
-    return r.known_issue
+    return registry.known_issue_of(r.test_id, r.outcome, signature=r.error_signature, message=r.message,
+                                   stack=r.stack, failure_kind=r.failure_kind)
 
 
-def ingest_runs(store: Store, paths: Iterable[Path | str], *, known_issues: Path | None = None) -> IngestReport:
-    """Indexes every run directory under `paths` into `store`; idempotent.
+def ingest_runs(store: Store, paths: Iterable[Path | str], *, known_issues: Path | None = None,
+                defer_verdicts: bool = False, rewrite_junit: bool = False) -> IngestReport:
+    """Indexes every run directory under `paths` into `store`, each in its own transaction
+    with its cell's verdicts; idempotent. `defer_verdicts` recomputes verdicts once at the
+    end instead (a rebuild into a fresh file, which is only moved into place when whole).
+    `rewrite_junit` rewrites each indexed run's junit.xml from its judged verdicts (see
+    rewrite_run_junit), so JUnit says what the gate, dashboard and HUD export say.
 
     Raises StoreError after indexing everything else when some runs contradict what is
     already indexed (their JSONL was rewritten); `exc.report` has the report.
@@ -129,23 +148,42 @@ def ingest_runs(store: Store, paths: Iterable[Path | str], *, known_issues: Path
         report.bad_lines += [str(p) for p in run.problems]
         runs.append(run)
     problems: list[str] = []
-    with store.transaction() as conn:
-        touched: set[str] = set()
+    touched: set[str] = set()
+    for run in runs:
+        # One transaction per run: a run that cannot be indexed is reported by its path and
+        # why, and every other run of the call still lands (the nightly ingests all at once).
+        try:
+            with store.transaction() as conn:
+                state = _index_run(conn, run, registry)
+                if state == "conflict":
+                    row = conn.execute("SELECT source_path FROM runs WHERE run_id = ?", (run.info.run_id,)).fetchone()
+                elif state != "skipped" and not defer_verdicts:
+                    store.recompute_in(conn, {run.info.cell_id})
+        except (sqlite3.Error, ValueError, TypeError) as exc:
+            report.rejected.append(f"{run.path}: not indexed ({type(exc).__name__}: {exc})")
+            continue
+        if state == "conflict":
+            problems.append(
+                f"run {run.info.run_id}: {run.path / RESULTS_FILE} is not an append-only "
+                f"continuation of the indexed {row['source_path']}/{RESULTS_FILE}"
+            )
+            report.conflicts.append(run.info.run_id)
+            continue
+        getattr(report, state).append(run.info.run_id)
+        if state != "skipped":
+            report.results += len(run.results)
+            touched.add(run.info.cell_id)
+    if defer_verdicts and touched:
+        store.recompute_verdicts(touched)
+    if rewrite_junit:
+        indexed = set(report.added) | set(report.updated) | set(report.skipped)
         for run in runs:
-            state = _index_run(conn, run, registry)
-            if state == "conflict":
-                row = conn.execute("SELECT source_path FROM runs WHERE run_id = ?", (run.info.run_id,)).fetchone()
-                problems.append(
-                    f"run {run.info.run_id}: {run.path / RESULTS_FILE} is not an append-only "
-                    f"continuation of the indexed {row['source_path']}/{RESULTS_FILE}"
-                )
-                report.conflicts.append(run.info.run_id)
-                continue
-            getattr(report, state).append(run.info.run_id)
-            if state != "skipped":
-                report.results += len(run.results)
-                touched.add(run.info.cell_id)
-        store.recompute_in(conn, touched)
+            if run.info.run_id in indexed:
+                try:
+                    rewrite_run_junit(store, run)
+                    report.junit.append(run.info.run_id)
+                except OSError as exc:
+                    report.rejected.append(f"{run.path / JUNIT_FILE}: not rewritten ({exc})")
     if problems:
         err = StoreError("; ".join(problems) + " (JSONL files are never rewritten: give the run a new id)")
         err.report = report  # type: ignore[attr-defined]
@@ -169,30 +207,40 @@ def _index_run(conn: sqlite3.Connection, run: RunContents, registry: Any) -> str
     conn.execute(
         """INSERT INTO runs (run_id, cell_id, started_at, ended_at, runner, backend, image_digest,
             tier, nightly_date, baseline_cell, torch_git, stack_json, source_path, content_hash,
-            content_size, meta_hash, n_results, ingested_at, ci_json, image)
-           VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
-        (
+            content_size, meta_hash, n_results, ingested_at, ci_json, image, selection_json)
+           VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+        tuple(storable(v) if isinstance(v, str) else v for v in (
             info.run_id, info.cell_id, info.started_at, info.ended_at, info.runner, info.backend,
             info.image_digest, info.tier or "", info.nightly_date or nightly_date_of(run.stack.get("torch")),
             info.baseline_cell, run.stack.get("torch_git"), json.dumps(run.stack, sort_keys=True, default=str),
             str(run.path.resolve()), content_hash, len(run.raw), meta_hash, len(run.results), _now(),
-            json.dumps(info.ci or {}, sort_keys=True, default=str), info.image,
-        ),
+            json.dumps(info.ci or {}, sort_keys=True, default=str), info.image, json.dumps(info.selection or []),
+        )),
     )
     conn.executemany(
         """INSERT OR REPLACE INTO results (run_id, test_id, cell_id, suite, outcome, duration_s,
             failure_kind, error_signature, excerpt, repro, known_issue, reruns, rerun_outcomes,
             started_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
         [
-            (
+            tuple(storable(v) if isinstance(v, str) else v for v in (
                 r.run_id, r.test_id, r.cell_id, suite_of(r.test_id), r.outcome, r.duration_s, r.failure_kind,
                 _signature(r), _excerpt(r), r.repro, known_issue_of(r, registry), r.reruns,
                 json.dumps(r.rerun_outcomes), utc(r.started_at),
-            )
+            ))
             for r in run.results
         ],
     )
     return "added" if old is None else "updated"
+
+
+def rewrite_run_junit(store: Store, run: RunContents) -> Path:
+    """The run's junit.xml again, from its Results and the store's judgement of them: a
+    known issue the registry matches today is skipped with its id (and one it no longer
+    matches is a failure again), a failure judged flaky from history is a flakyFailure."""
+    rows = {r.test_id: r for r in store.results(run_id=run.info.run_id)}
+    results = [replace(r, known_issue=rows[r.test_id].known_issue) if r.test_id in rows else r for r in run.results]
+    verdicts = {t: row.verdict for t, row in rows.items()}
+    return write_junit(results, run.path / JUNIT_FILE, suite_name=run.info.cell_id, verdicts=verdicts)
 
 
 def _excerpt(r: Result) -> str:
@@ -312,7 +360,8 @@ def rebuild(
     for suffix in ("", "-wal", "-shm"):
         Path(f"{tmp}{suffix}").unlink(missing_ok=True)
     with Store(tmp) as store:
-        report = ingest_runs(store, [runs_root], known_issues=known_issues) if runs_root.exists() else IngestReport()
+        report = (ingest_runs(store, [runs_root], known_issues=known_issues, defer_verdicts=True)
+                  if runs_root.exists() else IngestReport())
         if audit_dir.is_dir():
             import_fix_audit(store, audit_dir)
         if bisect_dir.is_dir():
@@ -343,6 +392,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--rebuild", action="store_true", help="delete the store and re-index it from the files")
     p.add_argument("--audit-dir", type=Path, default=DEFAULT_AUDIT_DIR, help="fix audit JSON files to index")
     p.add_argument("--bisect-dir", type=Path, default=DEFAULT_BISECT_DIR, help="bisect report JSON files to index")
+    p.add_argument("--junit", action="store_true",
+                   help="rewrite each run's junit.xml from the judged verdicts (known issues skipped with their id, "
+                        "flaky failures as flakyFailure), so JUnit says what the gate says")
     p.add_argument("--known-issues", type=Path, default=DEFAULT_KNOWN_ISSUES,
                    help=f"registry matched at index time (default {DEFAULT_KNOWN_ISSUES}; ignored when absent)")
     p.set_defaults(fn=run)
@@ -358,7 +410,8 @@ def run(args: argparse.Namespace) -> int:
         report = rebuild(args.store, root, audit_dir=args.audit_dir, bisect_dir=args.bisect_dir, known_issues=registry)
     else:
         with Store(args.store) as store:
-            report = ingest_runs(store, args.paths or [DEFAULT_RUNS_ROOT], known_issues=registry)
+            report = ingest_runs(store, args.paths or [DEFAULT_RUNS_ROOT], known_issues=registry,
+                                 rewrite_junit=args.junit)
             if args.audit_dir.is_dir():
                 import_fix_audit(store, args.audit_dir)
             if args.bisect_dir.is_dir():

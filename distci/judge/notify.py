@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import urllib.error
 import urllib.request
@@ -60,13 +61,32 @@ class WebhookConfig:
         return cls(url, events, env.get(DASHBOARD_ENV, "").strip())
 
 
+def mrkdwn(text: object) -> str:
+    """Text as Slack shows it literally: `&`, `<` and `>` escaped as Slack requires, so a
+    test id or message can never open a link, mention (`<!channel>`) or tag."""
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def code(text: object) -> str:
+    """`text` as a Slack code span: escaped, and a backtick inside cannot end the span."""
+    return "`" + mrkdwn(text).replace("`", "'") + "`"
+
+
+def link(url: str, label: str) -> str:
+    """A Slack link to an http(s) URL (anything else: no link), its `|` and `>` encoded."""
+    if not re.match(r"https?://", url or ""):
+        return ""
+    safe = url.replace("|", "%7C").replace(">", "%3E").replace("<", "%3C").replace(" ", "%20")
+    return f"<{safe}|{mrkdwn(label)}>"
+
+
 def _message(text: str, lines: Sequence[str], dashboard_url: str) -> dict[str, Any]:
     body = "\n".join(lines[:MAX_LISTED])
     if len(lines) > MAX_LISTED:
         body += f"\n… and {len(lines) - MAX_LISTED} more"
-    if dashboard_url:
-        body += f"\n<{dashboard_url}|dashboard>"
-    blocks = [{"type": "section", "text": {"type": "mrkdwn", "text": f"*{text}*"}}]
+    if link(dashboard_url, "dashboard"):
+        body += "\n" + link(dashboard_url, "dashboard")
+    blocks = [{"type": "section", "text": {"type": "mrkdwn", "text": f"*{mrkdwn(text)}*"}}]
     if body.strip():
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": body}})
     return {"text": text, "blocks": blocks}
@@ -85,7 +105,8 @@ def regressions_message(regressions: Sequence[ResultRow], dashboard_url: str = "
     lines = []
     for sig, rows in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         where = ", ".join(sorted({r.cell_id for r in rows}))
-        lines.append(f"• `{sig}`: {len(rows)} test{'s' if len(rows) != 1 else ''} in {where} (e.g. `{rows[0].test_id}`)")
+        lines.append(f"• {code(sig)}: {len(rows)} test{'s' if len(rows) != 1 else ''} in {mrkdwn(where)} "
+                     f"(e.g. {code(rows[0].test_id)})")
     return _message(text, lines, dashboard_url)
 
 
@@ -94,9 +115,9 @@ def gate_message(view: Any, dashboard_url: str = "") -> dict[str, Any] | None:
     if view.status == "PASSED":
         return None
     text = f"distci gate {view.status} for tier {view.tier}"
-    lines = [f"• blocking: `{b.test_id}` in {b.cell_id}" + (f": `{b.error_signature}`" if b.error_signature else "")
-             for b in view.blocking]
-    lines += [f"• {c.cell_id} is {c.state.replace('_', ' ')}: {c.reason}" for c in view.not_ok]
+    lines = [f"• blocking: {code(b.test_id)} in {mrkdwn(b.cell_id)}"
+             + (f": {code(b.error_signature)}" if b.error_signature else "") for b in view.blocking]
+    lines += [f"• {mrkdwn(c.cell_id)} is {c.state.replace('_', ' ')}: {mrkdwn(c.reason)}" for c in view.not_ok]
     return _message(text, lines, dashboard_url)
 
 

@@ -8,8 +8,10 @@ same files and gives the same answers.
 
 Writes are safe from many processes at once (artifacts of many runners arrive together):
 the database is in WAL mode, each write holds one `BEGIN IMMEDIATE` transaction and
-waits for others through busy_timeout. Reading run directories into it is
-distci.judge.ingest's job; verdicts are recomputed here, in history order, for every cell an
+waits for others at most DISTCI_STORE_LOCK_TIMEOUT seconds (default 60), then fails
+naming the holder (each writer records pid, host and command in `<store>.writer`).
+Reading run directories into it, text losslessly (`storable`), is distci.judge.ingest's
+job; verdicts are recomputed here, in history order, for every cell an
 ingest touched (and the cells that use it as their baseline).
 """
 
@@ -26,18 +28,21 @@ from typing import Any, Iterable, Iterator, Sequence
 
 
 from distci.judge import verdicts as _verdicts
+from distci.judge.storelock import LOCK_TIMEOUT_ENV, WRITER_SUFFIX, claim, holder_of, lock_timeout_s, release
 from distci.errors import StoreError
 from distci.rundir import RunInfo
 
-SCHEMA_VERSION = 2  # 2: runs keep run.json's ci block and image (links need no run directory)
+SCHEMA_VERSION = 3  # 2: runs keep run.json's ci block and image (links need no run directory); 3: selection
+_MIGRATIONS = {
+    1: ("ALTER TABLE runs ADD COLUMN ci_json TEXT NOT NULL DEFAULT '{}'", "ALTER TABLE runs ADD COLUMN image TEXT"),
+    2: ("ALTER TABLE runs ADD COLUMN selection_json TEXT NOT NULL DEFAULT '[]'",),
+}
+"""Schema upgrades in place: the statements that take a store of version N to N + 1."""
 DEFAULT_STORE = Path(".distci") / "store.sqlite"
 DEFAULT_RUNS_ROOT = Path(".distci") / "runs"
 DEFAULT_AUDIT_DIR = Path(".distci") / "audit"
 DEFAULT_BISECT_DIR = Path(".distci") / "bisect"
 STORE_ENV = "DISTCI_STORE"
-BUSY_TIMEOUT_MS = 120_000
-
-
 def default_store_path() -> Path:
     """DISTCI_STORE if set, else .distci/store.sqlite under the current directory."""
     return Path(os.environ.get(STORE_ENV) or DEFAULT_STORE)
@@ -162,7 +167,8 @@ _SCHEMA = (
         n_results INTEGER NOT NULL DEFAULT 0,
         ingested_at TEXT NOT NULL DEFAULT '',
         ci_json TEXT NOT NULL DEFAULT '{}',
-        image TEXT
+        image TEXT,
+        selection_json TEXT NOT NULL DEFAULT '[]'
     )""",
     "CREATE INDEX IF NOT EXISTS runs_by_cell ON runs(cell_id, started_at)",
     """CREATE TABLE IF NOT EXISTS results (
@@ -223,7 +229,10 @@ class Store:
     def __init__(self, path: Path | str | None = None) -> None:
         self.path = Path(path) if path is not None else default_store_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        self.lock_timeout_s = lock_timeout_s()
+        self.writer_file = self.path.with_name(self.path.name + WRITER_SUFFIX)
+        # Short waits inside SQLite; the overall bound is _retry_locked's deadline.
+        self.conn = sqlite3.connect(str(self.path), timeout=min(self.lock_timeout_s, 1.0), isolation_level=None)
         self.conn.row_factory = sqlite3.Row
         try:
             self._setup()
@@ -236,12 +245,16 @@ class Store:
             raise
 
     def _setup(self) -> None:
-        self.conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        self.conn.execute(f"PRAGMA busy_timeout = {int(min(self.lock_timeout_s, 1.0) * 1000)}")
         self._retry_locked(lambda: self.conn.execute("PRAGMA journal_mode = WAL"))
         self.conn.execute("PRAGMA foreign_keys = ON")
         self.conn.execute("PRAGMA synchronous = NORMAL")
         with self.transaction():
             version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+            while version in _MIGRATIONS:
+                for stmt in _MIGRATIONS[version]:
+                    self.conn.execute(stmt)
+                version += 1
             if version not in (0, SCHEMA_VERSION):
                 raise StoreError(
                     f"store schema {version} is not {SCHEMA_VERSION}; delete it and run "
@@ -261,27 +274,44 @@ class Store:
     def close(self) -> None:
         self.conn.close()
 
-    @staticmethod
-    def _retry_locked(fn: Any, attempts: int = 200) -> Any:
-        for i in range(attempts):
+    def _retry_locked(self, fn: Any) -> Any:
+        """Runs `fn`, retrying while another writer holds the store, for at most
+        lock_timeout_s; then a StoreError that names the holder (pid, host, command, since)."""
+        deadline = time.monotonic() + self.lock_timeout_s
+        while True:
             try:
                 return fn()
             except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) and "busy" not in str(exc) or i == attempts - 1:
+                if "locked" not in str(exc) and "busy" not in str(exc):
                     raise
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        f"the store is locked by another writer ({self.holder()}); gave up after "
+                        f"{self.lock_timeout_s:g} s (set {LOCK_TIMEOUT_ENV} to wait longer, or stop that process)",
+                        where=str(self.path),
+                    ) from None
                 time.sleep(0.05)
+
+    def holder(self) -> str:
+        """Who holds the write lock, as its writer file says (every transaction writes one)."""
+        return holder_of(self.writer_file)
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One write transaction; BEGIN IMMEDIATE takes the write lock up front so two
-        ingests never both read, then both fail to upgrade (busy_timeout makes it wait)."""
+        ingests never both read, then both fail to upgrade (_retry_locked bounds the wait)."""
         self._retry_locked(lambda: self.conn.execute("BEGIN IMMEDIATE"))
+        claim(self.writer_file)
         try:
             yield self.conn
         except BaseException:
             self.conn.execute("ROLLBACK")
+            release(self.writer_file)
             raise
-        self.conn.execute("COMMIT")
+        try:
+            self._retry_locked(lambda: self.conn.execute("COMMIT"))
+        finally:
+            release(self.writer_file)
 
     # -------------------------------------------------------------- verdicts
 
@@ -477,6 +507,7 @@ class Store:
         d = dict(r)
         stack = json.loads(d.pop("stack_json"))
         d["ci"] = json.loads(d.pop("ci_json") or "{}")
+        d["selection"] = json.loads(d.pop("selection_json") or "[]")
         for k in ("content_size", "meta_hash", "ingested_at"):
             d.pop(k)
         return RunRow(stack=stack, **d)

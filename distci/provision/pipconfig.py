@@ -85,3 +85,25 @@ def resolution_environment(python: str = sys.executable, environ: Mapping[str, s
         if var in env:
             found[f"env:{var}"] = _files_digest(env[var]) if var in _FILE_OPTIONS else env[var]
     return found
+
+
+PYPI_SIMPLE = "https://pypi.org/simple"
+
+
+def pip_index_urls(python: str = sys.executable, environ: Mapping[str, str] | None = None,
+                   config: Mapping[str, str] | None = None) -> list[str]:
+    """The indexes pip would read: its index URL (PyPI unless configured) and extra index
+    URLs, each from PIP_* when set, else pip's configuration files."""
+    env = os.environ if environ is None else environ
+    conf = pip_config_values(python) if config is None else config
+
+    def setting(option: str) -> str:
+        if _pip_var(option) in env:
+            return env[_pip_var(option)]
+        for section in ("install", "download", "global"):
+            if f"{section}.{option}" in conf:
+                return conf[f"{section}.{option}"]
+        return ""
+
+    main = setting("index-url").split()
+    return [*(main[:1] or [PYPI_SIMPLE]), *setting("extra-index-url").split()]

@@ -34,7 +34,8 @@ from distci.external.spec import SuiteSpec, load_suites
 from distci.matrix import EXTERNAL_SUITES
 from distci.cells import Cell
 from distci.results import Result
-from distci.rundir import RunDir, RunInfo, infra_result as _infra_result, now as _now
+from distci.rundir import (INFRA_PREFIX, RECORD_LOST_EXIT, RunDir, RunInfo, infra_result as _infra_result,
+                           now as _now, selection_of)
 from distci.stack import KEYS as STACK_KEYS, Stack
 from distci.provision.selfwheels import REPO, build_all
 from distci.provision.index import redact_url
@@ -164,6 +165,12 @@ def finish_run(cell: Cell, info: RunInfo, run_dir: Path, exit_code: int | None) 
     info.pytest_exit = exit_code
     info.ended_at = _now()
     results = rundir.results()
+    if exit_code == RECORD_LOST_EXIT and not any(r.test_id == f"{INFRA_PREFIX}{cell.id}" for r in results):
+        # the harness could not write a Result (disk full, file-size limit): the run is infra
+        exc = InfraError("the harness could not record every result (disk full or a file-size limit); see pytest.log")
+        results.append(infra_result(info.run_id, cell, exc, rundir.pytest_log))
+        if err := rundir.append_closing(results[-1:], cell.id):
+            print(f"[{cell.id}] {err}", file=sys.stderr, flush=True)
     if not results and exit_code not in (0, 5):
         log_file = rundir.pytest_log
         exc = InfraError(f"pytest exited with {exit_code} and recorded no result",
@@ -172,7 +179,10 @@ def finish_run(cell: Cell, info: RunInfo, run_dir: Path, exit_code: int | None) 
         rundir.append(result)
         results = [result]
         rundir.write_junit(cell.id)
-    rundir.write_info(info)
+    try:
+        rundir.write_info(info)
+    except OSError as err:  # a full disk: run.json stays as it was (whole), the summary still prints
+        print(f"[{cell.id}] cannot close {rundir.info_path}: {err}", file=sys.stderr, flush=True)
     return CellRun(info, run_dir, results)
 
 
@@ -262,6 +272,7 @@ def run_in_env(
     `external_plan` (made here when not given).
     """
     native, external = split_tests(tests or [])
+    info.selection = selection_of(tests, keyword)  # a narrowed run never defines a cell's expected tests
     if externals is None:
         externals = external_plan(cell, tests or [], external_suites)
     if native or not external:
@@ -287,9 +298,11 @@ def run_in_env(
                 code = relay_pytest(proc, rundir.pytest_log, rundir.results_path, lambda m: log(f"{cell_tag(cell.id)}{m}"),
                                     status=StatusLine.for_stdout(cell_tag(cell.id)) if log is print else None,
                                     width=width)
-            except KeyboardInterrupt:  # Ctrl-C, SIGTERM: pytest records the test in flight, the run is closed
+            except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM: pytest records the test in flight, the run is closed
                 log(f"{cell_tag(cell.id)}stopping the run")
-                code = procs.stop(proc)
+                # the signal that stopped this run stops pytest, so its record names the real one
+                code = procs.stop(proc, getattr(signal, str(stop), signal.SIGINT) if str(stop).startswith("SIG")
+                                  else signal.SIGINT)
                 print_summary([finish_run(cell, info, run_dir, code)])
                 raise
         run = finish_run(cell, info, run_dir, code)
@@ -384,9 +397,8 @@ def run_external_suites(cell: Cell, python: Path, info: RunInfo, run_dir: Path, 
         stack = rundir.read_stack()
         results = [infra_result(info.run_id, cell, exc, None, test_id=f"{EXTERNAL_PREFIX}{n}", stack=stack)
                    for n in names]
-        for result in results:
-            rundir.append(result)
-        rundir.write_junit(cell.id)
+        if err := rundir.append_closing(results, cell.id):  # a full disk: the summary still says infra
+            log(f"[{cell.id}] {err}")
         return results
 
 

@@ -53,7 +53,8 @@ def check_env() -> Selection:
     """DISTCI_FIXES as a Selection; UnknownFixError when it names an id no package registers.
 
     Controllers (the harness, distci's cell runs) call this before starting anything, so a
-    typo is a configuration error there; `import torch` itself only warns (it must not fail).
+    typo is a configuration error there, before anything starts; `import torch` raises it too
+    (as the cause of torch's "Failed to load the backend extension").
     """
     selection = Selection.from_env()
     selection.check(f.id for f in _engine().fixes())

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from .. import capabilities
 from ..conftest import tier_marks
 
 S, K, N = 16, 32, 32  # sequence S is split across the ranks; fp8 mm wants multiples of 16
@@ -68,17 +69,6 @@ def _fp8(x: torch.Tensor, rowwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return data, scale.reciprocal()
 
 
-def _rowwise_scaled_mm_runs(device: torch.device) -> bool:
-    """CPU `_scaled_mm` takes per-row scales only from torch 2.13 (earlier: tensorwise only)."""
-    a = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn)
-    try:
-        torch._scaled_mm(a, a.t(), torch.ones(16, 1, device=device), torch.ones(1, 16, device=device),
-                         out_dtype=torch.bfloat16)
-    except RuntimeError:
-        return False
-    return True
-
-
 def _sqnr(ref: torch.Tensor, got: torch.Tensor) -> float:
     noise = (ref - got).float().pow(2).sum().item()
     signal = ref.float().pow(2).sum().item()
@@ -113,8 +103,9 @@ def test_fused_scaled_mm_reduce_scatter_rows(dist, case: Case) -> None:
     if impl is None or "scatter_dim_after_maybe_reshape" not in inspect.signature(impl).parameters:
         pytest.skip("this torch's fused scaled-matmul/reduce-scatter has no reshape-aware form")
     device = dist.device
-    if case.scaling == "rowwise" and not _rowwise_scaled_mm_runs(device):
-        pytest.skip(f"this torch's {device.type} _scaled_mm takes no row-wise scales")
+    why = capabilities.scaled_mm(device.type, case.scaling)
+    if why:
+        pytest.skip(why)
     group = d.group.WORLD
     gen = torch.Generator().manual_seed(100 + dist.rank)
     a_hp = torch.randn(case.batch, S, K, generator=gen).to(device)

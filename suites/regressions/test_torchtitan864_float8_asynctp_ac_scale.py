@@ -116,8 +116,10 @@ def test_e2e_float8_rowwise_asynctp_full_ac(dist) -> None:
         dist.init()
     from ..checks import check_graph, check_numerics, expected_graph, require
     from ..devices import suite_device
-    from ..scenarios import MODEL, SCENARIOS, tolerance
-    from ..training import run_parallel, run_reference
+    from ..scenarios import MODEL, SCENARIOS
+    from ..tolerances import tolerance
+    from ..reference import run_reference
+    from ..training import run_parallel
 
     scenario = SCENARIOS[E2E_SCENARIO]
     dtype = suite_device(dist.device_type).dtype

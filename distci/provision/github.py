@@ -1,4 +1,8 @@
-"""The GitHub REST client of the CI glue: PyGithub's requester, with its rate-limit retries.
+"""The project's one GitHub REST client: PyGithub's requester, with its rate-limit retries.
+
+It lives in provision/ (the lowest stage: where code comes from) so that both the CI glue
+(distci/ci/: issues, labels, dispatches) and bisect (pytorch's compare and pull-request
+reads) import it without an upward import.
 
 distci needs a handful of endpoints (issues, comments, labels, workflow dispatches), so
 it calls them by path through PyGithub's `Requester` rather than through PyGithub's
@@ -63,7 +67,8 @@ class GitHub:
             except ImportError:
                 raise ConfigError("PyGithub is not installed: pip install distci") from None
             retry = GithubRetry(total=self.retries, backoff_factor=1.0, secondary_rate_wait=self.secondary_wait)
-            client = Github(auth=Auth.Token(self.token), base_url=self.api_url.rstrip("/"), timeout=self.timeout,
+            auth = Auth.Token(self.token) if self.token else None  # anonymous: public reads only
+            client = Github(auth=auth, base_url=self.api_url.rstrip("/"), timeout=self.timeout,
                             retry=retry, seconds_between_requests=None, seconds_between_writes=self.write_interval)
             self._requester = client.requester
         return self._requester

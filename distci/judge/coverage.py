@@ -1,0 +1,175 @@
+"""Coverage: what the store holds for one cell the gate expects, judged test by test.
+
+A cell's expected tests are those of its latest *complete* run (ended, not narrowed by
+`-k` / `--test`, of a covering tier, some test ran), plus any test a later run added. Each
+is judged by its latest result since that run; an infra result is not a result of the
+test and never replaces one, so a narrowed rerun adds evidence and never hides a failure
+it did not re-run. A test with no result on the current stack (that of the latest run
+that ran a test) is missing. distci.judge.gate turns these CellStates into its answer.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Sequence
+
+from distci.errors import SelectionError
+from distci.judge.store import ResultRow, RunRow, Store, is_environment
+from distci.judge.verdicts import env_key
+
+DEFAULT_MAX_AGE = timedelta(hours=36)
+
+
+@dataclass
+class CellState:
+    """What the store holds for one cell the gate expects (states: see the module doc)."""
+
+    cell_id: str
+    state: str
+    last_run: RunRow | None = None
+    age_s: float | None = None
+    torch_version: str | None = None
+    torch_git: str | None = None
+    reason: str = ""
+    missing_tests: list[str] = field(default_factory=list)
+    """Expected tests with no result on the current stack (state `partial`)."""
+    evidence_runs: list[str] = field(default_factory=list)
+    """The runs whose results the gate judged this cell by, oldest first."""
+
+    def to_text(self) -> str:
+        if self.last_run is None:
+            return f"{self.cell_id}: {self.state} ({self.reason})"
+        age = f"{self.age_s / 3600:.1f} h ago" if self.age_s is not None else "age unknown"
+        return (
+            f"{self.cell_id}: {self.state}  last run {self.last_run.started_at or '?'} ({age})  "
+            f"torch {self.torch_version or '?'}  git {self.torch_git or '?'}  run {self.last_run.run_id}"
+            + (f"  ({self.reason})" if self.reason else "")
+        )
+
+
+def judge_cell(
+    store: Store, cell: str, tier: str, *, now: datetime, max_age: timedelta = DEFAULT_MAX_AGE,
+    covering_tiers: Sequence[str] = (),
+) -> tuple[CellState, list[ResultRow]]:
+    """One cell's state and the results it is judged by: each test's latest result since
+    the cell's latest complete run of `tier` (infra only where the test has nothing else)."""
+    runs = store.runs(cell_id=cell)
+    if not runs:
+        return CellState(cell, "missing", reason="no run of this cell in the store"), []
+    last = runs[-1]
+    results = {r.run_id: store.results(run_id=r.run_id) for r in runs}
+    tiers = {tier, "", *covering_tiers}
+    base = next((r for r in reversed(runs) if _is_complete(r, tiers, results[r.run_id])), None)
+    since = runs[runs.index(base):] if base is not None else runs
+    latest: dict[str, ResultRow] = {}
+    on_stack: dict[str, set[str]] = {}
+    current_env: str | None = None
+    current_run = ""
+    for run in since:
+        env = env_key(run.stack)
+        rows = results[run.run_id]
+        if any(_ran(r) for r in rows):
+            current_env, current_run = env, run.run_id
+        for r in rows:
+            if r.verdict == "infra" and r.test_id in latest and latest[r.test_id].verdict != "infra":
+                continue  # not a result of the test: it never replaces one
+            latest[r.test_id] = r
+            if r.verdict != "infra":
+                on_stack.setdefault(r.test_id, set()).add(env)
+    judged = [latest[t] for t in sorted(latest)]
+
+    def age_of(run: RunRow) -> float | None:
+        started = _parse_time(run.started_at)
+        return (now - started).total_seconds() if started else None
+
+    age = age_of(base or last)
+    state = CellState(cell, "ok", last, age_of(last), last.stack.get("torch"), last.torch_git or last.stack.get("torch_git"),
+                      evidence_runs=[r.run_id for r in since])
+    last_rows = results[last.run_id]
+    if not last.ended_at:
+        state.state, state.reason = "in_flight", "the latest run has not ended"
+    elif not any(_ran(r) for r in last_rows):
+        state.state = "infra_only"
+        infra = [r for r in last_rows if r.verdict == "infra"]
+        if infra:
+            lines = infra[0].excerpt.strip().splitlines()
+            state.reason = infra[0].error_signature or (lines[0] if lines else "the environment never came up")
+        else:
+            state.reason = f"no test ran ({len(last_rows)} skipped)" if last_rows else "the run recorded no result"
+    elif age is None or age > max_age.total_seconds():
+        state.state = "stale"
+        what = "the latest complete run" if base is not None else "the latest run"
+        state.reason = f"{what} is older than {format_duration(max_age)}" if age is not None else "no start time"
+    elif base is None:
+        state.state = "partial"
+        state.reason = (f"no complete run of tier {tier!r} or a wider one (every run was narrowed by -k / --test, "
+                        f"or of a narrower tier): the expected tests are unknown")
+    else:
+        expected = {r.test_id for r in results[base.run_id] if not is_environment(r.test_id)} | set(latest)
+        expected = {t for t in expected if not is_environment(t)}
+        state.missing_tests = sorted(t for t in expected if current_env not in on_stack.get(t, set()))
+        if state.missing_tests:
+            state.state = "partial"
+            state.reason = (f"{len(state.missing_tests)} of {len(expected)} expected tests have no result on the "
+                            f"current stack (that of run {current_run}); rerun the cell")
+    return state, judged
+
+
+def _ran(r: ResultRow) -> bool:
+    return r.verdict not in ("infra", "skip")
+
+
+def _is_complete(run: RunRow, tiers: set[str], rows: list[ResultRow]) -> bool:
+    """A run that may define a cell's expected tests: ended, not narrowed, of a covering
+    tier (or of none: a run without a tier runs every test), and some test ran in it."""
+    return bool(run.ended_at) and not run.selection and run.tier in tiers and any(_ran(r) for r in rows)
+
+
+def tally(results: Sequence[ResultRow]) -> dict[str, int]:
+    """One run's results counted by what they mean, as the gate counts them: a known issue
+    (`xfail`) is `known`, never `failed`; a flaky failure is `flaky`; infra is `infra`."""
+    out = {"total": len(results), "passed": 0, "failed": 0, "errors": 0, "skipped": 0, "known": 0, "flaky": 0,
+           "infra": 0}
+    for r in results:
+        if r.verdict == "xfail":
+            out["known"] += 1
+        elif r.verdict == "flaky" and r.outcome in ("failed", "error"):
+            out["flaky"] += 1
+        elif r.verdict == "infra":
+            out["infra"] += 1
+        elif r.outcome == "failed":
+            out["failed"] += 1
+        elif r.outcome == "error":
+            out["errors"] += 1
+        elif r.outcome == "skipped":
+            out["skipped"] += 1
+        else:
+            out["passed"] += 1
+    return out
+
+
+def _parse_time(ts: str) -> datetime | None:
+    try:
+        dt = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "": 3600}
+
+
+def parse_duration(text: str) -> timedelta:
+    """`36h`, `90m`, `2d`, `3600s`; a bare number is hours."""
+    m = _DURATION_RE.match(text)
+    if not m:
+        raise SelectionError(f"--max-age {text!r} is not a duration like 36h, 90m or 2d")
+    return timedelta(seconds=float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def format_duration(d: timedelta) -> str:
+    s = d.total_seconds()
+    return f"{s / 3600:g}h" if s % 3600 == 0 else f"{s / 60:g}m" if s % 60 == 0 else f"{s:g}s"

@@ -1,0 +1,327 @@
+"""`python -m distci fuzz`: explore the scenario space on one cell and shrink what fails.
+
+The cell is provisioned once (as `distci run` does: a venv from the wheelhouse, or
+`--python`'s preinstalled stack); the engine (suites/fuzz.py) then draws configurations
+from the seed and runs them in batches, each batch one pytest session of
+suites/fuzz_entry.py on the cell's rank pool. Every configuration is an ordinary Result
+in the one run directory (cell, stack, error signature, known-issue match), so ingest,
+verdicts, the dashboard and bisect treat a find like any failure. Each configuration
+prints one line; each find prints as a row to paste into suites/scenarios.py, its id and
+a one-line repro. `--report` writes the run's markdown report, `--coverage` the cell's
+section of the coverage page.
+
+Exit code: 1 when the run found a failure no known issue explains, 3 when the cell's
+environment never came up, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+from distci.errors import FuzzSpecError
+from distci.rundir import RunDir, now as _now
+
+FUZZ_DIR = "fuzz"
+RESULT_WORDS = ("PASSED", "FAILED", "ERROR", "SKIPPED")
+"""The first word of the harness's per-test line (distci.run.terminal.result_line)."""
+BUDGET = re.compile(r"^(\d+(?:\.\d+)?)([smh]?)$")
+
+
+def parse_budget(text: str) -> float:
+    """'90s', '30m', '1.5h' or plain seconds -> seconds."""
+    m = BUDGET.match(text.strip())
+    if not m:
+        raise FuzzSpecError(f"--budget {text!r}: write seconds, or a number with s, m or h (e.g. 30m)")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def _value(axis, text: str) -> Any:
+    for v in axis.values:
+        if str(v).lower() == text.strip().lower():
+            return v
+    raise FuzzSpecError(f"--space {axis.name}={text}: not a value of {axis.name}; values: "
+                        f"{', '.join(map(str, axis.values))}")
+
+
+def build_space(device_type: str, specs: list[str]):
+    """The cell's space, restricted by `AXIS=V1,V2` specs (one value fixes the axis)."""
+    from suites.space import Space
+
+    space = Space(device_type=device_type)
+    wanted: dict[str, list] = {}
+    for spec in specs:
+        name, sep, values = spec.partition("=")
+        if not sep or not values:
+            raise FuzzSpecError(f"--space {spec!r}: write AXIS=V1,V2; axes: {', '.join(space.names)}")
+        try:
+            axis = space.axis(name.strip())
+        except KeyError:
+            raise FuzzSpecError(f"--space {spec!r}: no axis {name!r}; axes: {', '.join(space.names)}") from None
+        wanted[axis.name] = [_value(axis, v) for v in values.split(",")]
+    try:
+        return space.restrict(wanted)
+    except ValueError as exc:
+        raise FuzzSpecError(str(exc)) from None
+
+
+def parse_replay(space, text: str) -> dict[str, Any]:
+    try:
+        point = json.loads(text)
+        full = space.complete(point)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise FuzzSpecError(f"--replay {text!r}: {exc}") from None
+    problems = space.problems(full)
+    if problems:
+        raise FuzzSpecError(f"--replay {text!r} cannot run here: {'; '.join(problems)}")
+    return full
+
+
+@contextlib.contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    """Variables the cell's pytest inherits for one batch (run_in_env passes os.environ on)."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+TABLE_PATTERN = re.compile(r'"suites/test_scenarios\.py::test_scenario(\?[^"]*)"')
+
+
+def fuzz_registry(source: Path, target: Path) -> Path:
+    """The known-issues registry with every pattern over the table's test ids also written over
+    the fuzzer's: a configuration with a row's scenario id is that scenario, so the same
+    known issue explains its failure (and a fuzz find it explains is not new)."""
+    from suites.fuzz import ENTRY_TEST
+
+    fuzz_id = f"{ENTRY_TEST}::test_fuzz_config"
+    text = TABLE_PATTERN.sub(lambda m: f'{m.group(0)}, "{fuzz_id}{m.group(1)}"', source.read_text())
+    target.write_text(text)
+    return target
+
+
+class BatchRunner:
+    """Runs a batch of points as one pytest session in the started run; returns their Outcomes."""
+
+    def __init__(self, cell, python: Path, info, run_dir: Path, extra_args: list[str], log) -> None:
+        self.cell, self.python, self.info, self.run_dir = cell, python, info, run_dir
+        self.extra_args, self.log = extra_args, log
+        self.batches = 0
+        self.stack: dict[str, Any] = {}
+        (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
+
+    def __call__(self, points: list[dict[str, Any]]):
+        from suites.fuzz import Outcome
+        from suites.fuzz import CONFIGS_ENV, ENTRY_TEST
+        from suites.space import key
+
+        from distci.run.cellrun import run_in_env
+
+        self.batches += 1
+        batch = self.run_dir / FUZZ_DIR / f"batch-{self.batches:03d}.json"
+        batch.write_text(json.dumps(points, indent=1))
+        self.log(f"batch {self.batches}: {len(points)} configuration(s)")
+        before = {r.test_id for r in RunDir(self.run_dir).results()}
+        quiet = self.run_dir / FUZZ_DIR / "pytest-relay.log"
+
+        def relay_line(message: str, relay) -> None:
+            """pytest's lines go to a file; each finished configuration's one line is shown as it ends."""
+            relay.write(message + "\n")
+            relay.flush()
+            text = message.split("] ", 1)[-1]
+            if f"{ENTRY_TEST}::test_fuzz_config[" in text and text.split(" ", 1)[0] in RESULT_WORDS:
+                self.log(re.sub(r"\](?=\s|$)", "", text.replace(f"{ENTRY_TEST}::test_fuzz_config[", ""), count=1))
+
+        with _environ(**{CONFIGS_ENV: str(batch)}), open(quiet, "a") as relay:
+            run_in_env(self.cell, self.python, self.info, self.run_dir, tests=[ENTRY_TEST],
+                       extra_pytest_args=self.extra_args, log=lambda m: relay_line(m, relay))
+        by_id = {r.test_id: r for r in RunDir(self.run_dir).results() if r.test_id not in before}
+        out = []
+        for p in points:
+            r = by_id.get(f"{ENTRY_TEST}::test_fuzz_config[{key(p)}]")
+            if r is None:
+                o = Outcome(p, "infra", None, 0.0, message="no result recorded (see pytest.log)")
+            else:
+                self.stack = self.stack or r.stack
+                o = Outcome(p, r.outcome, r.error_signature, r.duration_s, r.known_issue, r.message[:2000], r.test_id)
+            if o.failed:
+                self.log(f"    {o.key}: {o.signature}")
+            elif o.outcome == "infra":
+                self.log(f"INFRA   {o.key}: {o.message}")
+            out.append(o)
+        return out
+
+
+def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_configs: int | None = None,
+              batch_size: int = 6, shrink: bool = True, python: str | None = None,
+              runs_root: Path = Path(".distci/runs"), replay: str | None = None, known_issues: str | None = None,
+              report_path: Path | None = None, coverage_path: Path | None = None, command: str = "",
+              reruns: int | None = None, log=print) -> int:
+    """Fuzz one cell; returns the exit code (see the module docstring)."""
+    from suites.fuzz import Fuzzer, Report
+    from suites.fuzz_plants import PLANT_ENV
+
+    from distci.run.cellrun import absent_accelerator_run, infra_run, provision, record_failure, start_run, uses_installed
+    from distci.errors import ConfigError, InfraError, SourceError
+    from distci.run.terminal import EXIT_INFRA
+    from distci.run.fuzz_report import FuzzRun, find_lines, render_report, update_coverage
+
+    space = build_space(cell.accelerator, space_specs)
+    point = parse_replay(space, replay) if replay else None
+    if absent_accelerator_run(cell, runs_root, tier=None, log=log) is not None:
+        return EXIT_INFRA
+    info, run_dir = start_run(cell, runs_root, tier=None, backend="installed" if uses_installed(cell, python)
+                              else "venv", log=log)
+    info.command = command
+    try:
+        env = provision(cell, run_dir, python=python, log=log)
+    except (InfraError, SourceError, ConfigError) as exc:
+        log(f"[{cell.id}] infra: {exc}")
+        infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
+        return EXIT_INFRA
+    from distci.run.cellrun import REPO
+
+    registry = Path(known_issues) if known_issues else REPO / "suites" / "known_issues.toml"
+    extra = []
+    if registry.exists():
+        (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
+        extra.append(f"--distci-known-issues={fuzz_registry(registry, run_dir / FUZZ_DIR / 'known_issues.toml')}")
+    if reruns is not None:  # after the cell's own --distci-reruns: the last one counts
+        extra.append(f"--distci-reruns={reruns}")
+    runner = BatchRunner(cell, Path(env.python), info, run_dir, extra, log)
+    started = _now()
+    if point is not None:
+        report = Report()
+        report.tried = runner([point])
+        report.drawn = [o.key for o in report.tried]
+        fuzzer = None
+    else:
+        log(f"fuzz {cell.id}: seed {seed}, budget {budget_s:.0f}s"
+            + (f", at most {max_configs} configurations" if max_configs else ""))
+        fuzzer = Fuzzer(space, seed, runner, budget_s=budget_s, max_configs=max_configs, batch_size=batch_size,
+                        shrink=shrink, log=log)
+        report = fuzzer.run()
+    run = FuzzRun(cell.id, seed, budget_s, space, str(run_dir), runner.stack, os.environ.get(PLANT_ENV, ""))
+    for find in report.finds:
+        for line in find_lines(run, find):
+            log(line)
+    if fuzzer is None:
+        for o in report.tried:
+            if o.failed:
+                log(f"replayed: {o.key} {o.outcome}: {o.signature}")
+    (run_dir / FUZZ_DIR / "report.json").write_text(json.dumps(_report_json(run, report), indent=1, default=str))
+    if report_path:
+        Path(report_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(report_path).write_text(render_report(run, report, started, command))
+        log(f"report: {report_path}")
+    if coverage_path:
+        update_coverage(Path(coverage_path), run, report.tried)
+        log(f"coverage: {coverage_path}")
+    new = report.finds or [o for o in report.tried if o.failed and not o.known_issue and fuzzer is None]
+    code = 1 if new else 0
+    info.ended_at, info.exit_code = _now(), code
+    RunDir(run_dir).write_info(info)
+    RunDir(run_dir).write_junit(cell.id)
+    log(f"fuzz {cell.id}: {len(report.tried)} configuration(s), {len(report.finds)} new find(s), "
+        f"{len(report.known)} known issue(s); run {run_dir}")
+    return code
+
+
+def _report_json(run, report) -> dict:
+    from suites.space import key
+
+    def outcome(o):
+        return {"id": o.key, "point": o.point, "outcome": o.outcome, "signature": o.signature,
+                "seconds": o.seconds, "known_issue": o.known_issue, "test_id": o.test_id}
+    return {"cell": run.cell_id, "seed": run.seed, "budget_s": run.budget_s, "stack": run.stack,
+            "drawn": report.drawn, "tried": [outcome(o) for o in report.tried],
+            "finds": [{"found": key(f.found.point), "shrunk": outcome(f.shrunk), "steps": f.steps,
+                       "complete": f.complete} for f in report.finds],
+            "known": [o.key for o in report.known], "repeats": report.repeats}
+
+
+def list_draws(space, seed: str, count: int) -> list[str]:
+    """The first `count` configurations a seed draws (what a run draws, outcomes aside)."""
+    from suites.space import Drawer, key
+
+    drawer = Drawer(space, seed)
+    out = []
+    for _ in range(count):
+        point = drawer.draw()
+        if point is None:
+            break
+        out.append(key(point))
+    return out
+
+
+def public_command(argv: list[str]) -> str:
+    """The command as reports quote it: no machine's paths (an absolute path keeps its last part)."""
+    out = []
+    for i, arg in enumerate(argv):
+        if i and argv[i - 1] == "--python":
+            out.append("PYTHON")
+        elif arg.startswith("/"):
+            out.append(f".../{Path(arg).name}")
+        else:
+            out.append(arg)
+    return shlex.join(out)
+
+
+def _cmd_fuzz(args: argparse.Namespace) -> int:
+    from distci.matrix import load_matrix
+
+    if hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(line_buffering=True)
+    cells = load_matrix(args.matrix).select(cell_ids=[args.cell])
+    if len(cells) != 1:
+        raise FuzzSpecError(f"--cell {args.cell!r} names {len(cells)} cells; fuzz one cell at a time")
+    seed = args.seed or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    if args.list:
+        for line in list_draws(build_space(cells[0].accelerator, args.space), seed, args.max_configs or 20):
+            print(line)
+        return 0
+    command = public_command(["python", "-m", "distci", *sys.argv[1:]])
+    return fuzz_cell(cells[0], seed=seed, budget_s=parse_budget(args.budget), space_specs=args.space,
+                     max_configs=args.max_configs, batch_size=args.batch, shrink=not args.no_shrink,
+                     python=args.python, runs_root=Path(args.runs_root), replay=args.replay,
+                     known_issues=args.known_issues, report_path=args.report, coverage_path=args.coverage,
+                     command=command, reruns=args.reruns)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("fuzz", help="draw scenario configurations on one cell, run them on its rank pool, "
+                       "shrink what fails")
+    p.add_argument("--cell", required=True, help="the cell whose stack runs the configurations")
+    p.add_argument("--seed", default=None, help="any text (default: today's UTC date); the same seed draws the same list")
+    p.add_argument("--budget", default="30m", help="wall-clock budget: seconds or 90s / 30m / 1h (default 30m)")
+    p.add_argument("--max-configs", type=int, default=None, help="stop after drawing this many configurations")
+    p.add_argument("--space", action="append", default=[], metavar="AXIS=V1,V2",
+                   help="keep only these values of an axis (repeatable; one value fixes it)")
+    p.add_argument("--batch", type=int, default=6, help="configurations per pytest session (default 6)")
+    p.add_argument("--no-shrink", action="store_true", help="report failures as drawn")
+    p.add_argument("--list", action="store_true", help="print the configurations the seed draws and exit")
+    p.add_argument("--replay", default=None, metavar="JSON", help="run this one configuration (a find's JSON)")
+    p.add_argument("--reruns", type=int, default=None, help="reruns of a failing configuration (default: the "
+                   "cell run's; a rerun that passes marks the find flaky)")
+    p.add_argument("--python", default=None, help="run on this interpreter's preinstalled stack")
+    p.add_argument("--runs-root", default=".distci/runs")
+    p.add_argument("--known-issues", default=None, help="registry to match failures against "
+                   "(default: suites/known_issues.toml)")
+    p.add_argument("--report", type=Path, default=None, help="write the run's markdown report here")
+    p.add_argument("--coverage", type=Path, default=None, help="update this cell's section of this coverage page")
+    p.set_defaults(fn=_cmd_fuzz)

@@ -1,0 +1,150 @@
+"""What a fuzz run tells people: the paste-ready row and repro of a find, the run's report
+and the coverage of axis values and pairs per stack (markdown, under reports/)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections import Counter
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+from suites.fuzz import ENTRY_TEST, Find, Outcome, Report
+from suites.space import Space, key
+
+
+
+@dataclass(frozen=True)
+class FuzzRun:
+    """One fuzz command's inputs and what its stack was, for the reports."""
+
+    cell_id: str
+    seed: str
+    budget_s: float
+    space: Space
+    run_dir: str
+    stack: dict[str, Any]
+    plant: str = ""
+
+
+def table_row(space: Space, point: dict[str, Any]) -> str:
+    """The point as a line of suites/scenarios.py's TABLE (its `row(parallel, compile, backend, ...)`)."""
+    extra = space.non_default(point)
+    args = [repr(point["parallel"])]
+    if point["compile"] != "none":
+        args += [repr(point["compile"]), repr(point["backend"])]
+    args += [f"{name}={value!r}" for name, value in extra.items() if name not in ("parallel", "compile", "backend")]
+    return f"row({', '.join(args)}),"
+
+
+def config_json(space: Space, point: dict[str, Any]) -> str:
+    return json.dumps(space.non_default(point), sort_keys=True)
+
+
+def repro(space: Space, cell_id: str, point: dict[str, Any], plant: str = "") -> str:
+    """One line that runs this configuration alone through a normal cell run: its test id
+    names it (suites/fuzz_entry.py reads the point back from the scenario id)."""
+    test = shlex.quote(f"{ENTRY_TEST}::test_fuzz_config[{key(point)}]")
+    env = f"DISTCI_FUZZ_PLANT={plant} " if plant else ""
+    return f"{env}nox -s dist_tests -- --cell {cell_id} --test {test}"
+
+
+def find_lines(run: FuzzRun, find: Find) -> list[str]:
+    s = find.shrunk
+    return [
+        f"find: {s.signature}",
+        f"  found as {find.found.key}, shrunk{'' if find.complete else ' (budget ran out: maybe not minimal)'} "
+        f"to {s.key} in {len(find.steps)} step(s)",
+        f"  row:    {table_row(run.space, s.point)}",
+        f"  id:     {s.key}",
+        f"  repro:  {repro(run.space, run.cell_id, s.point, run.plant)}",
+        f"  replay: nox -s fuzz -- --cell {run.cell_id} --replay {shlex.quote(config_json(run.space, s.point))}",
+    ]
+
+
+def stack_line(stack: dict[str, Any]) -> str:
+    shown = ", ".join(f"{k} {stack[k]}" for k in ("torch", "torchao", "torchtitan") if stack.get(k))
+    return f"{shown or 'unknown stack'}; python {stack.get('python', '?')}; fixes {stack.get('fixes_mode', '?')}"
+
+
+def render_report(run: FuzzRun, report: Report, started: str, command: str) -> str:
+    """A reports/fuzz-<date>-<stack>.md: inputs, every configuration tried, every find."""
+    drawn = set(report.drawn)
+    lines = [
+        f"# Fuzz run: {run.cell_id}, seed {run.seed}",
+        "",
+        f"- date: {started}",
+        f"- command: `{command}`",
+        f"- stack: {stack_line(run.stack)}",
+        f"- budget: {run.budget_s:.0f} s; configurations tried: {len(report.tried)} "
+        f"({len(report.drawn)} drawn, {len(report.tried) - len(drawn & {o.key for o in report.tried})} shrink candidates)",
+        f"- run directory: `{Path(run.run_dir).name}` (results.jsonl holds every configuration as a Result)",
+        "",
+        "## Finds",
+        "",
+    ]
+    if not report.finds and not report.known:
+        lines.append("None: every configuration passed or was skipped.")
+    for n, find in enumerate(report.finds, 1):
+        lines += [f"### {n}. `{find.shrunk.signature}`", "", "```", *find_lines(run, find), "```",
+                  "", "Classification: (to be written by whoever triages this find)", ""]
+    for o in report.known:
+        lines.append(f"- known issue `{o.known_issue}`: `{o.key}` ({o.signature})")
+    if report.repeats:
+        lines += ["", "Repeats of a find (same signature, not shrunk again):", ""]
+        lines += [f"- `{k}` repeats `{v}`" for k, v in report.repeats.items()]
+    lines += ["", "## Every configuration", "", "| # | configuration | drawn / shrink | result | seconds | signature |",
+              "| ---: | --- | --- | --- | ---: | --- |"]
+    for n, o in enumerate(report.tried, 1):
+        how = "drawn" if o.key in drawn else "shrink"
+        sig = (o.signature or "").replace("|", "\\|")
+        lines.append(f"| {n} | `{o.key}` | {how} | {o.outcome} | {o.seconds:.1f} | {sig} |")
+    return "\n".join(lines) + "\n"
+
+
+def coverage(space: Space, tried: list[Outcome]) -> tuple[Counter, set, int]:
+    """(runs per (axis, value), pairs of (axis, value) run together, pairs valid at all)."""
+    values: Counter = Counter()
+    pairs: set = set()
+    for o in tried:
+        full = space.complete(o.point)
+        for a in space.axes:
+            values[(a.name, full[a.name])] += 1
+        names = [a.name for a in space.axes]
+        pairs |= {((x, full[x]), (y, full[y])) for x, y in combinations(names, 2)}
+    possible = sum(len(a.values) * len(b.values) for a, b in combinations(space.axes, 2))
+    return values, pairs, possible
+
+
+MARK = "<!-- fuzz-coverage {} -->"
+END = "<!-- /fuzz-coverage -->"
+
+
+def coverage_section(run: FuzzRun, tried: list[Outcome]) -> str:
+    values, pairs, possible = coverage(run.space, tried)
+    lines = [MARK.format(run.cell_id), f"## {run.cell_id}", "", f"Stack: {stack_line(run.stack)}; seed {run.seed}; "
+             f"{len(tried)} configurations; {len(pairs)} of {possible} value pairs tried (some are invalid by the "
+             "space's rules).", "", "| axis | value: configurations |", "| --- | --- |"]
+    for a in run.space.axes:
+        cells = ", ".join(f"{v}: {values.get((a.name, v), 0)}" for v in a.values)
+        lines.append(f"| {a.name} | {cells} |")
+    never = [f"{a.name}={v}" for a in run.space.axes for v in a.values if not values.get((a.name, v))]
+    lines += ["", f"Never tried: {', '.join(never) if never else 'nothing'}.", END]
+    return "\n".join(lines)
+
+
+def update_coverage(path: Path, run: FuzzRun, tried: list[Outcome]) -> None:
+    """Write this cell's section of the coverage page, replacing the cell's previous one."""
+    head = "# Fuzz coverage: axis values and pairs tried, per cell and stack\n\nWritten by `nox -s fuzz`.\n"
+    text = path.read_text() if path.exists() else head
+    section = coverage_section(run, tried)
+    start = text.find(MARK.format(run.cell_id))
+    if start >= 0:
+        end = text.find(END, start)
+        text = text[:start] + section + text[end + len(END):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)

@@ -1,0 +1,119 @@
+"""What this stack can do, probed, never read off a version (DESIGN.md rule 9).
+
+Every probe answers None (the stack can) or the reason it cannot, in words a skip line
+can carry. A probe runs the smallest real call of the feature (or looks up the API it
+needs), once per process: < 50 ms, no compile, no collective. Rows run or skip by
+`missing(scenario, device_type)`; regression tests ask the single probes.
+
+Versions lie in both directions: torch 2.11's CPU `_scaled_mm` takes tensorwise scales
+only ("Now _scaled_mm only supports per-tensor scaling for CPU backend") while 2.13's
+takes rowwise ones; a source build or a backport has what its version number does not
+say.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from typing import Any
+
+@functools.cache
+def torchao() -> str | None:
+    if importlib.util.find_spec("torchao") is None:
+        return "Float8 needs torchao, which this cell does not install"
+    return None
+
+
+@functools.cache
+def scaled_mm(device_type: str, scaling: str) -> str | None:
+    """Whether `torch._scaled_mm` runs float8 e4m3 with `tensorwise` or `rowwise` scales here."""
+    import torch
+
+    if not hasattr(torch, "float8_e4m3fn"):
+        return "this torch has no float8_e4m3fn dtype"
+    if device_type == "cuda":
+        return None  # CUDA's kernels are chosen by SM: the requires_sm markers say which
+    try:
+        a = torch.zeros(16, 16, device=device_type).to(torch.float8_e4m3fn)
+        if scaling == "rowwise":
+            sa, sb = torch.ones(16, 1, device=device_type), torch.ones(1, 16, device=device_type)
+        else:
+            sa = sb = torch.ones((), device=device_type)
+        torch._scaled_mm(a, a.t(), sa, sb, out_dtype=torch.bfloat16)
+    except (RuntimeError, NotImplementedError, TypeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"this torch's {device_type} _scaled_mm takes no {scaling} scales ({first[:120]})"
+    return None
+
+
+@functools.cache
+def differentiable_all_to_all() -> str | None:
+    try:
+        from torch.distributed import _functional_collectives as funcol
+    except ImportError as exc:
+        return f"expert parallel needs torch.distributed's functional collectives ({exc})"
+    if not hasattr(funcol, "all_to_all_single_autograd"):
+        return "expert parallel needs a differentiable all-to-all (all_to_all_single_autograd), which this torch lacks"
+    return None
+
+
+@functools.cache
+def fsdp2_offload() -> str | None:
+    for where in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
+        try:
+            if hasattr(importlib.import_module(where), "CPUOffloadPolicy"):
+                return None
+        except ImportError:
+            continue
+    return "this torch's FSDP2 has no CPUOffloadPolicy"
+
+
+@functools.cache
+def dcp_async_save() -> str | None:
+    try:
+        import torch.distributed.checkpoint as dcp
+    except ImportError as exc:
+        return f"no torch.distributed.checkpoint ({exc})"
+    return None if hasattr(dcp, "async_save") else "this torch's DCP has no async_save"
+
+
+@functools.cache
+def clip_by_norm_parts() -> str | None:
+    """torchtitan's per-mesh clipping needs get_total_norm and clip_grads_with_norm_."""
+    import torch.nn.utils as utils
+
+    missing = [n for n in ("get_total_norm", "clip_grads_with_norm_") if not hasattr(utils, n)]
+    return f"this torch lacks torch.nn.utils.{' and '.join(missing)}" if missing else None
+
+
+@functools.cache
+def pipelining_schedule(schedule: str) -> str | None:
+    """The pp row's schedule class is present in torch.distributed.pipelining."""
+    from .pipeline import SCHEDULES
+
+    try:
+        from torch.distributed.pipelining import schedules
+    except ImportError as exc:
+        return f"no torch.distributed.pipelining ({exc})"
+    name = SCHEDULES[schedule][0]
+    return None if hasattr(schedules, name) else f"this torch's pipelining has no {name}"
+
+
+def missing(scenario: Any, device_type: str) -> list[str]:
+    """Why this stack cannot run `scenario` on `device_type` (empty: it can)."""
+    reasons = []
+    if scenario.float8 != "none":
+        reasons.append(torchao())
+        recipe = "tensorwise" if scenario.float8 == "tensorwise" else "rowwise"
+        reasons.append(scaled_mm(device_type, recipe))
+    if scenario.parallel == "ep":
+        reasons.append(differentiable_all_to_all())
+    if scenario.offload:
+        reasons.append(fsdp2_offload())
+    if scenario.dcp == "async":
+        reasons.append(dcp_async_save())
+    if scenario.parallel == "pp":
+        reasons.append(pipelining_schedule(scenario.schedule))
+    if scenario.clip == "mesh":
+        reasons.append(clip_by_norm_parts())
+    return list(dict.fromkeys(r for r in reasons if r))

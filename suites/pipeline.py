@@ -1,0 +1,121 @@
+"""Pipeline parallel rows: torch.distributed.pipelining schedules over the model's blocks.
+
+The model is cut as torchtitan's pipeline split does: stage 0 holds the embeddings and
+the first blocks, the last stage the last blocks, the final norm and the output
+projection; each stage is the seed-built model with the other stages' modules removed,
+so parameter names stay those of the full model. Single-stage schedules (GPipe, 1F1B)
+put one stage on every rank; the interleaved ones (Interleaved1F1B, the interleaved
+zero-bubble schedule) two per rank, rank r holding stages r and r + ranks. Microbatches
+are the row's `accum`; the schedule averages the microbatches' gradients
+(`scale_grads`), so a correct run matches the reference's full-batch step.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+SCHEDULES = {
+    "gpipe": ("ScheduleGPipe", 1),
+    "1f1b": ("Schedule1F1B", 1),
+    "interleaved_1f1b": ("ScheduleInterleaved1F1B", 2),
+    "zero_bubble": ("ScheduleInterleavedZeroBubble", 2),
+}
+"""schedule column value -> (torch.distributed.pipelining class, stages per rank)."""
+
+
+@dataclass
+class Pipeline:
+    """This rank's part of a pipeline: its stage modules and the schedule that runs them."""
+
+    schedule: Any
+    stages: list[int]
+    n_stages: int
+    owner: dict[str, int]
+    """Parameter name -> the rank holding it (every rank knows every name's owner)."""
+
+    @property
+    def first(self) -> bool:
+        return 0 in self.stages
+
+    @property
+    def last(self) -> bool:
+        return self.n_stages - 1 in self.stages
+
+
+def stage_of(name: str, n_layers: int, n_stages: int) -> int:
+    """The stage a parameter of the full model belongs to."""
+    if name.startswith("layers."):
+        return int(name.split(".")[1]) * n_stages // n_layers
+    return 0 if name.startswith("tok_embeddings.") else n_stages - 1
+
+
+def cut(model: nn.Module, stage: int, n_stages: int) -> nn.Module:
+    """The model with every module outside `stage` removed (set to None / deleted)."""
+    n_layers = len(model.layers)
+    for i in list(model.layers.keys()):
+        if int(i) * n_stages // n_layers != stage:
+            del model.layers[i]
+    if stage != 0:
+        model.tok_embeddings = None
+    if stage != n_stages - 1:
+        model.norm = None
+        model.output = None
+    return model
+
+
+def build(schedule: str, build_model: Callable[[], nn.Module], loss_fn: Callable, n_microbatches: int,
+          device: torch.device, group: Any = None, sum_microbatches: bool = False) -> tuple[Pipeline, list[nn.Module]]:
+    """This rank's stages (fresh seed-built models, cut) and the schedule over them.
+    `sum_microbatches` is a mutation: the microbatches' gradients are summed, not averaged."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, schedules
+
+    name, per_rank = SCHEDULES[schedule]
+    rank, ranks = dist.get_rank(group), dist.get_world_size(group)
+    n_stages = ranks * per_rank
+    mine = [rank + k * ranks for k in range(per_rank)]
+    modules = [cut(build_model(), s, n_stages) for s in mine]
+    stages = [PipelineStage(m, s, n_stages, device, group=group) for m, s in zip(modules, mine)]
+    cls = getattr(schedules, name)
+    kwargs: dict[str, Any] = {"n_microbatches": n_microbatches, "loss_fn": loss_fn}
+    if "scale_grads" not in inspect.signature(cls.__init__).parameters:  # older torch: sums the microbatches
+        if not sum_microbatches:
+            kwargs["loss_fn"] = lambda out, target: loss_fn(out, target) / n_microbatches
+    elif sum_microbatches:
+        kwargs["scale_grads"] = False
+    runner = cls(stages[0] if per_rank == 1 else stages, **kwargs)
+    n_layers = len(build_model().layers)
+    owner = {n: stage_of(n, n_layers, n_stages) % ranks for n, _ in build_model().named_parameters()}
+    return Pipeline(runner, mine, n_stages, owner), modules
+
+
+def step(pipe: Pipeline, tokens: torch.Tensor, labels: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """One pipelined forward + backward of the global batch; returns the mean loss on every rank."""
+    import torch.distributed as dist
+
+    losses: list[torch.Tensor] = []
+    args = (tokens,) if pipe.first else ()
+    kwargs = {"target": labels, "losses": losses} if pipe.last else {}
+    pipe.schedule.step(*args, **kwargs)
+    loss = torch.stack([x.detach().float() for x in losses]).mean() if pipe.last else torch.zeros((), device=tokens.device)
+    last_rank = (pipe.n_stages - 1) % dist.get_world_size(group)
+    dist.broadcast(loss, src=dist.get_global_rank(group, last_rank) if group is not None else last_rank, group=group)
+    return loss
+
+
+class Stages(nn.Module):
+    """This rank's stage modules as one module: its parameters are the rank's parameters,
+    under the full model's names (what the optimizer, clipping and the checks see)."""
+
+    def __init__(self, modules: list[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(modules)
+
+    def named_parameters(self, *args: Any, **kwargs: Any):  # type: ignore[override]
+        for part in self.parts:
+            yield from part.named_parameters(*args, **kwargs)

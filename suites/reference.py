@@ -1,0 +1,102 @@
+"""The single-process reference every parallel run is judged against.
+
+The unsharded model on one process, eager, no AC (with the scenario's Float8 recipe when
+it has one: Float8 is judged against Float8, as torchao does), one step per global
+batch, with the same loss, clipping, optimizer and schedule (suites/step.py) as the
+parallel run. A mixed-precision row's reference computes as FSDP2's bf16 policy does,
+microbatch by microbatch, so bf16 routing is judged by bf16 routing; a routing-edge row
+steers its router per microbatch as the parallel run does.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from . import parallelize as par
+from . import step as stp
+from .models import build_model
+from .routing import RoutingClock, steer, watch_routing
+from .scenarios import SEED, Scenario
+from .training import TrainRecord, _dtype, _eval, _finish_step, _new_step, batches, freeze, full_grads
+
+
+def _chunked_reference(scenario: Scenario) -> bool:
+    """Whether the reference runs microbatch by microbatch: bf16 rounding and routing
+    edges depend on which microbatch a token is in."""
+    return scenario.mp != "none" or scenario.routing != "natural"
+
+
+def run_reference(scenario: Scenario, device: torch.device, dtype: str) -> TrainRecord:
+    """The unsharded model on one process, eager, no AC; Float8 only when the scenario has it."""
+    args = scenario.model_args
+    model = build_model(args, SEED).to(device=device, dtype=_dtype(scenario.train_dtype_override or dtype))
+    freeze(model, scenario.train)
+    if scenario.float8 != "none":
+        par.convert_float8(model, scenario.float8)
+    record = TrainRecord()
+    clock = RoutingClock(parts=scenario.dp_degree * scenario.accum)
+    if args.n_experts and not _chunked_reference(scenario):
+        watch_routing(model, record, clock)
+    data = batches(scenario)
+    parts = _new_step(scenario, model, stp.loss_fn(scenario.loss))
+    for clock.step, (tokens, labels) in enumerate(data):
+        parts.opt.zero_grad(set_to_none=True)
+        if _chunked_reference(scenario):
+            loss = _chunked_grads(scenario, model, tokens, labels, device, record, clock, parts.loss)
+        else:
+            loss = parts.loss(model(tokens.to(device)), labels.to(device))
+            loss.backward()
+        if scenario.clip != "none":
+            record.grad_norms.append(float(stp.clip_grads(list(model.parameters()), "norm").cpu()))
+        record.losses.append(float(loss.detach().float().cpu()))
+        record.grads.append(full_grads(model))
+        _finish_step(parts)
+    if scenario.eval != "none":
+        clock.on = False
+        record.eval_loss, record.eval_logits = _eval(scenario, model, device, parts.loss)
+    return record
+
+
+def _chunked_grads(scenario: Scenario, model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor,
+                   device, record: TrainRecord, clock: RoutingClock, loss_fn: Callable) -> torch.Tensor:
+    """The step microbatch by microbatch, as the data-parallel ranks see it.
+
+    Under mp bf16, as FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32):
+    a float32 reference cannot judge a bf16 run of a router (a token whose top-k scores
+    lie within bf16 rounding picks another expert, whose gradient then differs wholly),
+    so each microbatch runs on a bf16 cast of the float32 parameters (buffers stay
+    float32), and its bf16 gradients are cast to float32, summed over microbatches and
+    averaged over ranks into the float32 master's `.grad`. Routing-edge rows steer the
+    router per microbatch. Returns the global loss (the mean over ranks of the
+    accumulated loss).
+    """
+    shadow = copy.deepcopy(model)
+    if scenario.mp == "bf16":
+        for p in shadow.parameters():
+            p.data = p.data.to(torch.bfloat16)
+    shadow_clock = RoutingClock(step=clock.step)
+    if scenario.model_args.n_experts:
+        watch_routing(shadow, record, shadow_clock)
+        steer(shadow, scenario.routing, scenario.dp_degree * scenario.accum, shadow_clock)
+    ranks, accum = scenario.dp_degree, scenario.accum
+    rows = tokens.shape[0] // (ranks * accum)
+    grads: dict[str, torch.Tensor] = {}
+    total = torch.zeros((), dtype=torch.float32)
+    for chunk in range(ranks * accum):
+        shadow_clock.chunk = chunk
+        shadow.zero_grad(set_to_none=True)
+        part = slice(chunk * rows, (chunk + 1) * rows)
+        loss = loss_fn(shadow(tokens[part].to(device)), labels[part].to(device)) / accum
+        loss.backward()
+        total += loss.detach().float().cpu() / ranks
+        for name, p in shadow.named_parameters():
+            if p.grad is not None:
+                g = p.grad.float() / ranks
+                grads[name] = grads[name] + g if name in grads else g
+    for name, p in model.named_parameters():
+        p.grad = grads.get(name)
+    return total

@@ -1,0 +1,189 @@
+"""The parts of a training step users configure: the loss, gradient clipping, the
+optimizer with its parameter groups and LR schedule.
+
+The single-process reference and the parallel run call these same functions, so a
+difference between the two is the parallelism's doing. The forms are the ones
+torchtitan 0.3 trains with: clipping at `max_norm` over every gradient (DTensor norms
+made full, meshes combined), AdamW/SGD with weight decay off for norms and biases, a
+linear warmup then cosine decay.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+
+from .scenarios import LR, Scenario
+
+LABEL_SMOOTHING = 0.1
+Z_LOSS_WEIGHT = 1e-2
+"""Larger than PaLM's 1e-4 so the z-loss term moves the gradients measurably (a dropped
+term must fail the comparison)."""
+SOFT_LABEL_TEMPERATURE = 2.0
+MAX_NORM = 0.5
+"""Below the model's gradient norm in every step (measured 0.8 .. 2.5), so clipping
+always scales: a clip that did nothing, or scaled by a wrong norm, changes the grads."""
+WEIGHT_DECAY = 0.1
+WARMUP_STEPS = 1
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def soft_targets(labels: torch.Tensor, vocab: int) -> torch.Tensor:
+    """A teacher's distribution for distillation: a peak at the label, the rest spread
+    from a fixed function of the label (no RNG, identical on every rank)."""
+    logits = torch.zeros(*labels.shape, vocab)
+    logits.scatter_(-1, labels.unsqueeze(-1), 3.0)
+    logits += torch.cos(torch.arange(vocab).float() * 0.37 + labels.unsqueeze(-1).float())
+    return torch.softmax(logits / SOFT_LABEL_TEMPERATURE, dim=-1)
+
+
+def _like(target: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """The soft targets laid out as the logits are (a Shard(-1) DTensor under loss parallel)."""
+    target = target.to(logits.device)
+    if hasattr(logits, "placements"):
+        from torch.distributed.tensor import distribute_tensor
+
+        return distribute_tensor(target, logits.device_mesh, logits.placements)
+    return target
+
+
+def loss_fn(kind: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """(logits (B, S, V), labels (B, S)) -> the scalar loss of the `loss` column's kind.
+
+    ce: cross entropy. smooth_ce: with label smoothing. soft_ce: cross entropy against a
+    soft (teacher) distribution, written as distillation code writes it,
+    -(target * log_softmax(logits)).sum(-1).mean(). z_loss: cross entropy plus
+    weight * logsumexp(logits)^2 (PaLM's router/logit stabilizer).
+    """
+    def flat(logits: torch.Tensor) -> torch.Tensor:
+        return logits.flatten(0, 1).float()
+
+    if kind == "ce":
+        return lambda logits, labels: F.cross_entropy(flat(logits), labels.flatten())
+    if kind == "smooth_ce":
+        return lambda logits, labels: F.cross_entropy(flat(logits), labels.flatten(), label_smoothing=LABEL_SMOOTHING)
+    if kind == "soft_ce":
+        def soft(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            x = flat(logits)
+            target = _like(soft_targets(labels.flatten().cpu(), x.shape[-1]), x)
+            return -(target * F.log_softmax(x, dim=-1)).sum(-1).mean()
+        return soft
+    if kind == "z_loss":
+        def z(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            x = flat(logits)
+            return F.cross_entropy(x, labels.flatten()) + Z_LOSS_WEIGHT * (torch.logsumexp(x, dim=-1) ** 2).mean()
+        return z
+    raise ValueError(f"unknown loss {kind!r}; known: ce, smooth_ce, soft_ce, z_loss")
+
+
+def build_loss(scenario: Scenario) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The row's loss; compiled with the row's backend when `loss_compile` (torchtitan
+    compiles the loss as one of its `compile.components`)."""
+    fn = loss_fn(scenario.loss)
+    if scenario.loss_compile:
+        return torch.compile(fn, backend=scenario.backend)
+    return fn
+
+
+def _mesh_key(g: torch.Tensor) -> Any:
+    mesh = getattr(g, "device_mesh", None)
+    return None if mesh is None else (tuple(mesh.mesh.flatten().tolist()), mesh.mesh_dim_names)
+
+
+def clip_grads(params: Iterable[torch.nn.Parameter], form: str, max_norm: float = MAX_NORM,
+               local_params: Iterable[torch.nn.Parameter] = (), group: Any = None,
+               local_norm: bool = False) -> torch.Tensor:
+    """Clips the gradients to `max_norm` in one of the forms users run; returns the
+    total norm (a plain float32 tensor, the same on every rank).
+
+    norm: torch.nn.utils.clip_grad_norm_ (foreach where the device has it).
+    foreach: the same with foreach=True, as on CUDA by default.
+    mesh: torchtitan's form for gradients on several meshes (EP, PP): one norm per mesh
+    (get_total_norm, DTensor norms made full), combined as sqrt(sum of squares), then
+    clip_grads_with_norm_. `local_params`: parameters whose gradients live on some ranks
+    only (EP's experts here): their squared norms are summed over `group`.
+    `local_norm` is a mutation: the norm of each rank's local shards, never reduced.
+    """
+    params = [p for p in params if p.grad is not None]
+    local_ids = {id(p) for p in local_params}
+    if local_norm:
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in (p.grad for p in params)]
+        total = torch.nn.utils.get_total_norm(grads, norm_type=2.0).float()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return total.detach()
+    if form in ("norm", "foreach") and not local_ids:
+        total = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True if form == "foreach" else None)
+        return _plain(total).detach().float()
+    if form not in ("norm", "foreach", "mesh"):
+        raise ValueError(f"unknown clip form {form!r}; known: norm, foreach, mesh")
+    groups: dict[Any, list[torch.nn.Parameter]] = {}
+    for p in params:
+        groups.setdefault(("local",) if id(p) in local_ids else _mesh_key(p.grad), []).append(p)
+    device = params[0].grad.device if params else torch.device("cpu")
+    squares = torch.zeros((), dtype=torch.float32, device=device)
+    for key, members in groups.items():
+        square = _plain(torch.nn.utils.get_total_norm([p.grad for p in members], norm_type=2.0)).float() ** 2
+        if key == ("local",):
+            import torch.distributed as dist
+
+            dist.all_reduce(square, group=group)
+        squares = squares + square
+    total = squares.sqrt()
+    for members in groups.values():  # per mesh: a foreach multiply cannot mix DTensors and tensors
+        torch.nn.utils.clip_grads_with_norm_(members, max_norm, total)
+    return total.detach()
+
+
+def _no_decay(name: str) -> bool:
+    module = name.rsplit(".", 1)[0].rsplit(".", 1)[-1]
+    return name.endswith("bias") or "norm" in module
+
+
+def param_groups(named: Iterable[tuple[str, torch.nn.Parameter]], sched: str) -> list[dict]:
+    """Trainable parameters, DTensor and plain ones in separate groups; with a schedule
+    also weight decay for matrices and none for norms and biases (torchtitan's groups).
+
+    The `tp` plan leaves the norms' weights plain tensors beside DTensor linears; the
+    foreach kernels (the default on CUDA) cannot mix the two in one group. Grouping does
+    not change the arithmetic, so a single-group reference stays comparable.
+    """
+    named = [(n, p) for n, p in named if p.requires_grad]
+    keys: dict[tuple[bool, bool], list] = {}
+    for name, p in named:
+        decay = sched != "const" and not _no_decay(name)
+        keys.setdefault((hasattr(p, "placements"), decay), []).append(p)
+    out = []
+    for (_, decay), params in keys.items():
+        group: dict[str, Any] = {"params": params}
+        if sched != "const":
+            group["weight_decay"] = WEIGHT_DECAY if decay else 0.0
+        out.append(group)
+    return out
+
+
+def warmup_cosine(step: int, total: int) -> float:
+    """LR factor: linear warmup over WARMUP_STEPS, then cosine decay to 10% at `total`."""
+    if step < WARMUP_STEPS:
+        return (step + 1) / (WARMUP_STEPS + 1)
+    progress = (step - WARMUP_STEPS) / max(1, total - WARMUP_STEPS)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def make_optimizer(named: Iterable[tuple[str, torch.nn.Parameter]], scenario: Scenario
+                   ) -> tuple[torch.optim.Optimizer, Any]:
+    """(optimizer, LR scheduler or None) for the row's `optim` and `sched` columns."""
+    groups = param_groups(named, scenario.sched)
+    if scenario.optim == "sgd":
+        opt: torch.optim.Optimizer = torch.optim.SGD(groups, lr=LR["sgd"])
+    else:
+        opt = torch.optim.AdamW(groups, lr=LR["adamw"], weight_decay=0.01)
+    if scenario.sched == "const":
+        return opt, None
+    total = scenario.steps
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warmup_cosine(step, total))

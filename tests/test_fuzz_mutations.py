@@ -1,0 +1,113 @@
+"""The fuzzer finds planted bugs and shrinks each to the axes the bug needs, end to end.
+
+Each test runs `python -m distci fuzz` for real (this interpreter's stack, 2 gloo ranks)
+with one bug of suites/fuzz_plants.py planted, in a space restricted to a few axes and a
+budget of a few draws and no reruns (the plants are deterministic) so it fits CI. The
+bug is only visible in a combination (accumulation; a Float8 recipe; FSDP x full AC),
+the draws carry distractor axes, and the shrunk configuration must keep exactly the
+axes the bug needs, no more. A seed replays: the same command twice runs the same
+configurations, which `--list` prints beforehand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from distci.harness import procs  # noqa: E402 - after the torch check, as the harness needs it
+
+REPO = Path(__file__).resolve().parents[1]
+CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_off"
+"""Only its id and fixes mode are read: the configurations run on this interpreter's stack."""
+
+CASES = {
+    # plant: (the axes drawn, with their values; the axes the shrunk configuration must have; the seed)
+    "accum_drop": ({"parallel": "tp,fsdp", "ac": "none,full", "accum": "1,2,4", "optim": "sgd,adamw"},
+                   {"accum": 2}, "plant"),
+    "float8_scale": ({"float8": "none,rowwise", "accum": "1,2", "optim": "sgd,adamw"}, {"float8": "rowwise"}, "plant1"),
+    "ac_all_gather": ({"parallel": "tp,fsdp", "ac": "none,full", "accum": "1,2", "mp": "none,bf16",
+                       "optim": "sgd,adamw"}, {"parallel": "fsdp", "ac": "full"}, "plant"),
+}
+"""Every other axis is held at its default: eager, 2 ranks, and none of the costlier columns.
+Each seed's third draw at the latest fails with two or more distractor axes on, so the
+shrinker has work to do (`--list` with the same arguments shows the draws)."""
+
+
+def fuzz(tmp: Path, *args: str, plant: str = "", timeout: int = 900) -> tuple[subprocess.CompletedProcess, dict]:
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
+    env.pop("DISTCI_FUZZ_PLANT", None)
+    if plant:
+        env["DISTCI_FUZZ_PLANT"] = plant
+    runs = tmp / "runs"
+    cmd = [sys.executable, "-m", "distci", "fuzz", "--cell", CELL, "--python", sys.executable,
+           "--runs-root", str(runs), *args]
+    # owned: the command and its ranks die with this test, however it ends
+    child = procs.start_owned(cmd, env=env, token=procs.run_token(), death_signal=signal.SIGTERM, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = child.communicate(timeout=timeout)
+    finally:
+        if child.poll() is None:
+            procs.stop(child)
+    proc = subprocess.CompletedProcess(cmd, child.returncode, out, err)
+    reports = sorted(runs.glob("*/fuzz/report.json"))
+    assert reports, f"no report.json:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc, json.loads(reports[-1].read_text())
+
+
+def _space_args(drawn: dict[str, str]) -> list[str]:
+    from suites.space import AXES
+
+    return [arg for a in AXES for arg in ("--space", f"{a.name}={drawn.get(a.name, a.default)}")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plant", list(CASES))
+def test_a_planted_bug_is_found_and_shrunk_to_what_it_needs(tmp_path, plant):
+    from suites.space import Space
+
+    space, needs, seed = CASES[plant]
+    proc, report = fuzz(tmp_path, "--seed", seed, "--max-configs", "3", "--budget", "10m", "--reruns", "0",
+                        "--report", str(tmp_path / "report.md"), *_space_args(space), plant=plant)
+    out = proc.stdout
+    assert proc.returncode == 1, out[-3000:]
+    assert len(report["finds"]) >= 1, out[-3000:]
+    shrunk = report["finds"][0]["shrunk"]
+    assert Space().non_default(shrunk["point"]) == needs, out[-3000:]
+    assert report["finds"][0]["complete"]
+    assert len(Space().non_default(next(o for o in report["tried"] if o["id"] == report["finds"][0]["found"])["point"])) \
+        >= len(needs) + 2, "the find came with distractor axes to shrink away"
+    # printed as a row ready to paste, its id and a repro that names the configuration
+    assert f"  id:     {shrunk['id']}" in out
+    assert "  row:    row(" in out
+    assert f"--cell {CELL} --test 'suites/fuzz_entry.py::test_fuzz_config[{shrunk['id']}]'" in out
+    # one line per configuration, and every configuration an ordinary Result of the run
+    for o in report["tried"]:
+        assert o["id"] in out
+    results = [json.loads(line) for line in next((tmp_path / "runs").glob("*/results.jsonl")).read_text().splitlines()]
+    ids = {r["test_id"] for r in results}
+    assert {o["test_id"] for o in report["tried"]} <= ids
+    failed = next(r for r in results if r["test_id"] == shrunk["test_id"])
+    assert failed["outcome"] == "failed" and failed["cell_id"] == CELL and failed["stack"].get("torch")
+    assert (tmp_path / "report.md").read_text().count("| shrink |") + (tmp_path / "report.md").read_text().count(
+        "| drawn |") == len(report["tried"])
+
+
+@pytest.mark.slow
+def test_the_same_seed_runs_the_same_configurations(tmp_path):
+    args = ["--seed", "replay", "--max-configs", "3", "--no-shrink", "--budget", "5m",
+            *_space_args({"accum": "1,2", "ac": "none,full", "optim": "sgd,adamw"})]
+    listed = subprocess.run([sys.executable, "-m", "distci", "fuzz", "--cell", CELL, "--list", *args], cwd=REPO,
+                            capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    _, first = fuzz(tmp_path / "one", *args)
+    _, second = fuzz(tmp_path / "two", *args)
+    assert first["drawn"] == second["drawn"] == listed
+    assert [o["id"] for o in first["tried"]] == [o["id"] for o in second["tried"]]
