@@ -27,13 +27,12 @@ import uuid
 from pathlib import Path
 from typing import Callable, Mapping
 
-from distci.provision.envs import default_root as envs_root
-from distci.provision.envs import ensure_env, installed_env
+from distci.provision.envs import default_root as envs_root, ensure_env, installed_env
 from distci.errors import ConfigError, InfraError, SelectionError, SourceError
 from distci.external.spec import SuiteSpec, load_suites
 from distci.matrix import EXTERNAL_SUITES
 from distci.cells import Cell
-from distci.results import Result
+from distci.results import Result, format_duration
 from distci.rundir import (INFRA_PREFIX, RECORD_LOST_EXIT, RunDir, RunInfo, infra_result as _infra_result,
                            now as _now, selection_of)
 from distci.stack import KEYS as STACK_KEYS, Stack
@@ -41,11 +40,9 @@ from distci.provision.selfwheels import REPO, build_all
 from distci.provision.index import redact_url
 from distci.provision.sources import IndexConfig, pip_args, requirement_lines
 from distci.provision.resolve import resolve_sources
-from distci.results import format_duration
 from distci.run.progress import Heartbeat, StatusLine, downloaded_probe, installed_probe
 from distci.run.terminal import cell_tag, columns, command_lines, print_summary, relay_pytest, short_run_id
-from distci.provision.wheelhouse import default_root as default_wheelhouse_root
-from distci.provision.wheelhouse import ensure_wheelhouse
+from distci.provision.wheelhouse import default_root as default_wheelhouse_root, ensure_wheelhouse
 from distci.rundir import CellRun
 
 # What the harness needs inside every cell environment besides the cell's own stack.
@@ -143,8 +140,7 @@ def start_run(cell: Cell, runs_root: Path, *, tier: str | None, backend: str = "
     rundir.write_info(info)
     run_dir = rundir.path
     log(f"cell {cell.id}")
-    tag = cell_tag(cell.id)
-    log(f"{tag}run {short_run_id(run_id, cell.id, columns() - len(tag) - 4)}")
+    log(f"{cell_tag(cell.id)}run {short_run_id(run_id, cell.id, columns() - len(cell_tag(cell.id)) - 4)}")
     return info, run_dir
 
 
