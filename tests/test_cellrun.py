@@ -267,7 +267,8 @@ def test_cell_run_records_pytest_and_external_results_together(tmp_path, externa
 
 def test_external_selection_and_suites_that_cannot_start(tmp_path, external_cell):
     """`--test external/...` picks suites; a suites file gone at run time is `infra`, pytest's results stay."""
-    from distci.run.cellrun import external_plan, run_external_suites, start_run
+    from distci.run.cellrun import start_run
+    from distci.run.externals import external_plan, run_external_suites
     from distci.errors import SelectionError
     from distci.results import Result
     from distci.rundir import RunDir

@@ -19,7 +19,8 @@ from fixtures_runs import F8_ROWWISE, NIGHTLY_OFF, NIGHTLY_ON, REG_F8_AC, REG_TA
 
 from distci.dashboard import render_dashboard
 from distci.dashboard.model import build_page
-from distci.judge.store import BisectRow, Store
+from distci.judge.store import Store
+from distci.judge.rows import BisectRow
 from distci.judge.ingest import ingest_runs
 
 CHROMIUM = os.environ.get("DISTCI_CHROMIUM") or next(

@@ -26,7 +26,8 @@ from test_dashboard import CHROMIUM, FLAGS
 from distci.audit.model import Audit, AuditRow
 from distci.audit.model import TestRun as AuditRun
 from distci.dashboard import contrast, render_dashboard
-from distci.judge.store import BisectRow, Store
+from distci.judge.store import Store
+from distci.judge.rows import BisectRow
 from distci.judge.ingest import ingest_runs
 from distci.provision.sources import IndexConfig
 

@@ -12,7 +12,7 @@ from jobsteps import _read_outputs
 
 from distci.ci.actions import output_lines, write_outputs
 from distci.judge.notify import _message, code, gate_message, link, mrkdwn, regressions_message
-from distci.judge.store import ResultRow
+from distci.judge.rows import ResultRow
 
 FORGED = "cpu-cell\nconclusion=success"
 

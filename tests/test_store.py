@@ -25,7 +25,8 @@ from fixtures_runs import (
 from distci.rundir import RunDir
 from distci.judge.ingest import ingest, rebuild
 from distci.rundir import RunInfo
-from distci.judge.store import DEFAULT_STORE, BisectRow, Store, StoreError, default_store_path, suite_of
+from distci.judge.store import DEFAULT_STORE, Store, StoreError, default_store_path
+from distci.judge.rows import BisectRow, suite_of
 from distci.judge.ingest import ingest_runs, import_bisects, import_fix_audit
 
 T0 = datetime(2026, 3, 1, 2, 0, tzinfo=timezone.utc)

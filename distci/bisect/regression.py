@@ -23,7 +23,8 @@ from packaging.version import InvalidVersion, Version
 
 from distci.bisect.state import BisectError
 from distci.provision.sources import PACKAGE_AXES
-from distci.judge.store import ResultRow, RunRow, Store
+from distci.judge.store import Store
+from distci.judge.rows import ResultRow, RunRow
 
 AXES = PACKAGE_AXES
 _GIT_LOCAL = re.compile(r"(?:^|[.+])g?(?:it)?([0-9a-f]{7,40})$")

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from distci.dashboard.links import page_file
-from distci.judge.store import RunRow, Store
+from distci.judge.rows import RunRow
+from distci.judge.store import Store
 from distci.judge.verdicts import BLOCKING, worst
 
 

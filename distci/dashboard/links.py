@@ -23,7 +23,7 @@ from packaging.version import InvalidVersion, Version
 
 from distci.errors import ConfigError
 from distci.judge.history import compare_urls
-from distci.judge.store import RunRow
+from distci.judge.rows import RunRow
 from distci.provision.sources import IndexConfig, format_url
 from distci.rundir import PYTEST_LOG, RESULTS_FILE, STACK_FILE, repro_line
 

@@ -18,7 +18,8 @@ from distci.dashboard.links import Link, page_file, run_links, web_url
 from distci.dashboard.release import TierView, age_text, release_views
 from distci.dashboard.story import BreakCard, FixStory, break_cards, fix_stories, natural_key
 from distci.judge.ingest import read_fix_audit
-from distci.judge.store import BisectRow, ResultRow, RunRow, Store, is_environment
+from distci.judge.store import Store
+from distci.judge.rows import BisectRow, ResultRow, RunRow, is_environment
 from distci.judge.verdicts import SEVERITY, worst
 from distci.provision.sources import IndexConfig
 

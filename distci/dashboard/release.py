@@ -22,7 +22,8 @@ from typing import Any, Mapping
 from distci.dashboard.links import Link, repro_lines, web_url
 from distci.dashboard.story import card_anchor
 from distci.judge.history import Onset, onset
-from distci.judge.store import BisectRow, Store
+from distci.judge.store import Store
+from distci.judge.rows import BisectRow
 from distci.provision.sources import IndexConfig
 from distci.results import format_duration
 

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from distci.dashboard.links import Link, compare_links, repro_lines, web_url
-from distci.judge.history import FAILING, PASSING, first_bad, test_history, stack_diff
-from distci.judge.store import ResultRow, RunRow, Store, is_environment
+from distci.judge.history import FAILING, PASSING, first_bad, stack_diff, test_history
+from distci.judge.store import Store
+from distci.judge.rows import ResultRow, RunRow, is_environment
 from distci.judge.verdicts import SEVERITY, worst
 from distci.provision.sources import IndexConfig
 

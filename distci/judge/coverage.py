@@ -16,7 +16,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Sequence
 
 from distci.errors import SelectionError
-from distci.judge.store import ResultRow, RunRow, Store, is_environment
+from distci.judge.store import Store
+from distci.judge.rows import ResultRow, RunRow, is_environment
 from distci.judge.verdicts import env_key
 
 DEFAULT_MAX_AGE = timedelta(hours=36)

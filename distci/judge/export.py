@@ -45,7 +45,8 @@ from typing import Any, Iterable, Sequence
 from distci import __version__
 from distci.errors import SelectionError
 from distci.judge.coverage import tally
-from distci.judge.store import ResultRow, RunRow, Store, default_store_path
+from distci.judge.store import Store, default_store_path
+from distci.judge.rows import ResultRow, RunRow
 from distci.judge.verdicts import BLOCKING, ENV_KEYS
 
 UPSTREAM_REPO = "pytorch/pytorch"

@@ -55,7 +55,8 @@ from distci.judge.coverage import DEFAULT_MAX_AGE, CellState, judge_cell, parse_
 from distci.judge.coverage import format_duration, tally  # noqa: F401 - part of the gate's API (export, tests)
 from distci.command import write_exit_file
 from distci.judge.history import Onset, onset
-from distci.judge.store import BisectRow, ResultRow, RunRow, Store, default_store_path, suite_of
+from distci.judge.store import Store, default_store_path
+from distci.judge.rows import BisectRow, ResultRow, RunRow, suite_of
 from distci.judge.verdicts import BLOCKING
 from distci.rundir import repro_line
 

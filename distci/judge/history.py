@@ -14,7 +14,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
 
-from distci.judge.store import ResultRow, RunRow, Store
+from distci.judge.store import Store
+
+from distci.judge.rows import ResultRow, RunRow
 from distci.judge.verdicts import BLOCKING
 
 FAILING = BLOCKING | {"xfail"}

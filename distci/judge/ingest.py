@@ -34,8 +34,8 @@ from typing import Any, Iterable, Sequence
 from distci.errors import ConfigError, StoreError
 from distci.results import Result, error_signature, write_junit
 from distci.rundir import JUNIT_FILE, RESULTS_FILE, RunContents, RunDirError, find_run_dirs, read_run, utc
-from distci.judge.store import (DEFAULT_AUDIT_DIR, DEFAULT_BISECT_DIR, DEFAULT_RUNS_ROOT, DEFAULT_STORE, STORE_ENV,
-                                BisectRow, FixAuditRow, Store, default_store_path, suite_of)
+from distci.judge.store import DEFAULT_AUDIT_DIR, DEFAULT_BISECT_DIR, DEFAULT_RUNS_ROOT, DEFAULT_STORE, STORE_ENV, Store, default_store_path
+from distci.judge.rows import BisectRow, FixAuditRow, suite_of
 from distci.provision.index import nightly_date_of
 
 DEFAULT_KNOWN_ISSUES = Path("suites") / "known_issues.toml"

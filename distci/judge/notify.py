@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from distci.errors import ConfigError, InfraError, SelectionError
-from distci.judge.store import ResultRow, Store, default_store_path
+from distci.judge.store import Store, default_store_path
+from distci.judge.rows import ResultRow
 
 URL_ENV = "DISTCI_WEBHOOK_URL"
 EVENTS_ENV = "DISTCI_WEBHOOK_EVENTS"

@@ -22,7 +22,7 @@ import os
 import sqlite3
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -30,7 +30,7 @@ from typing import Any, Iterable, Iterator, Sequence
 from distci.judge import verdicts as _verdicts
 from distci.judge.storelock import LOCK_TIMEOUT_ENV, WRITER_SUFFIX, claim, holder_of, lock_timeout_s, release
 from distci.errors import StoreError
-from distci.rundir import RunInfo
+from distci.judge.rows import BisectRow, FixAuditRow, ResultRow, RunRow
 
 SCHEMA_VERSION = 3  # 2: runs keep run.json's ci block and image (links need no run directory); 3: selection
 _MIGRATIONS = {
@@ -46,104 +46,6 @@ STORE_ENV = "DISTCI_STORE"
 def default_store_path() -> Path:
     """DISTCI_STORE if set, else .distci/store.sqlite under the current directory."""
     return Path(os.environ.get(STORE_ENV) or DEFAULT_STORE)
-
-
-def is_environment(test_id: str) -> bool:
-    """Whether a result stands for the environment, not a test (`<infra>::<cell id>`:
-    the record a run leaves when its environment never came up)."""
-    return test_id.startswith("<")
-
-
-def suite_of(test_id: str) -> str:
-    """The suite a test belongs to, from its pytest node id: the dashboard's grid columns.
-
-    `suites/regressions/test_x.py::t` -> `regressions` (a directory of suites/ is a
-    suite); `suites/test_tp.py::t` -> `tp` (so is a top-level file, without `test_`);
-    `<infra>::cell` -> `<infra>`.
-    """
-    path = test_id.split("::", 1)[0]
-    if is_environment(test_id):
-        return path
-    parts = [p for p in path.split("/") if p and p != "."]
-    if parts and parts[0] == "suites":
-        parts = parts[1:]
-    if len(parts) > 1:
-        return parts[0]
-    stem = parts[0].rsplit(".", 1)[0] if parts else test_id
-    return stem[5:] if stem.startswith("test_") else stem
-
-
-@dataclass
-class RunRow(RunInfo):
-    """A run as the store holds it."""
-
-    stack: dict[str, Any] = field(default_factory=dict)
-    torch_git: str | None = None
-    source_path: str = ""  # the run directory's absolute path, resolved at ingest
-    content_hash: str = ""
-    n_results: int = 0
-
-    @property
-    def night(self) -> str:
-        """The nightly date, or the day the run started: the column a history sits in."""
-        return self.nightly_date or self.started_at[:10]
-
-
-@dataclass
-class ResultRow:
-    """A result as the store holds it: the outcome, its verdict and why."""
-
-    run_id: str
-    test_id: str
-    cell_id: str
-    suite: str
-    outcome: str
-    verdict: str
-    compared_run: str | None
-    verdict_reason: str
-    duration_s: float
-    failure_kind: str | None
-    error_signature: str | None
-    excerpt: str
-    repro: str
-    known_issue: str | None
-    reruns: int
-    rerun_outcomes: list[str]
-    started_at: str
-
-
-@dataclass
-class BisectRow:
-    """One bisect result: the first bad point of `axis` between good and bad."""
-
-    test_id: str
-    axis: str
-    good: str
-    bad: str
-    culprit: str | None = None
-    report_path: str = ""
-    cell_id: str = ""
-    status: str = ""
-    created_at: str = ""
-
-
-@dataclass
-class FixAuditRow:
-    """One fix on one version: is the bug there, did the fix apply, what its test says.
-
-    `off`/`on` are the regression test's outcome with the fix disabled/enabled;
-    `verdict` is the audit's conclusion (e.g. needed, obsolete, broken, ineffective).
-    """
-
-    fix: str
-    version: str
-    present: str | None = None
-    applied: str | None = None
-    off: str | None = None
-    on: str | None = None
-    verdict: str | None = None
-    cell_id: str = ""
-    source_path: str = ""
 
 
 _SCHEMA = (

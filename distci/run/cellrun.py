@@ -12,8 +12,6 @@ run directory holds one cell's whole story whichever runner produced each Result
 
 from __future__ import annotations
 
-import difflib
-import fnmatch
 import json
 import os
 import shlex
@@ -27,30 +25,31 @@ import uuid
 from pathlib import Path
 from typing import Callable, Mapping
 
-from distci.provision.envs import default_root as envs_root, ensure_env, installed_env
-from distci.errors import ConfigError, InfraError, SelectionError, SourceError
-from distci.external.spec import SuiteSpec, load_suites
+from distci.provision.envs import default_root as envs_root
+from distci.provision.envs import ensure_env, installed_env
+from distci.errors import ConfigError, InfraError, SourceError
 from distci.matrix import EXTERNAL_SUITES
 from distci.cells import Cell
-from distci.results import Result, format_duration
-from distci.rundir import (INFRA_PREFIX, RECORD_LOST_EXIT, RunDir, RunInfo, infra_result as _infra_result,
-                           now as _now, selection_of)
-from distci.stack import KEYS as STACK_KEYS, Stack
+from distci.rundir import (INFRA_PREFIX, RECORD_LOST_EXIT, RunDir, RunInfo, now as _now,
+                           selection_of)
 from distci.provision.selfwheels import REPO, build_all
 from distci.provision.index import redact_url
 from distci.provision.sources import IndexConfig, pip_args, requirement_lines
 from distci.provision.resolve import resolve_sources
+from distci.results import format_duration
 from distci.run.progress import Heartbeat, StatusLine, downloaded_probe, installed_probe
 from distci.run.terminal import cell_tag, columns, command_lines, print_summary, relay_pytest, short_run_id
-from distci.provision.wheelhouse import default_root as default_wheelhouse_root, ensure_wheelhouse
+from distci.provision.wheelhouse import default_root as default_wheelhouse_root
+from distci.provision.wheelhouse import ensure_wheelhouse
 from distci.rundir import CellRun
+from distci.run.externals import external_plan, run_external_suites, split_tests
+from distci.run.infra import infra_result
 
 # What the harness needs inside every cell environment besides the cell's own stack.
 HARNESS_REQUIREMENTS = ("pytest", "packaging", "numpy")
 # On a preinstalled stack numpy is used when present (the harness seeds it), never required.
 INSTALLED_HARNESS_REQUIREMENTS = ("pytest", "packaging")
 CELL_RERUNS = 1  # a failed distributed test runs once more; a pass then is kept with the failure (flaky)
-EXTERNAL_PREFIX = "external/"
 
 Log = Callable[[str], None]
 
@@ -66,26 +65,6 @@ def ci_block(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def new_run_id(cell: Cell) -> str:
     return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:6]}-{cell.id}"
-
-
-def partial_stack(cell: Cell, **extra) -> dict:
-    """The provenance an infra record carries when the environment never came up."""
-    known = {k: v for k, v in extra.items() if k in STACK_KEYS}
-    stack = Stack(partial=True, declared=cell.as_dict(), python=sys.version.split()[0],
-                  runner=os.environ.get("DISTCI_RUNNER") or socket.gethostname(), **known)
-    stack.extra.update({k: v for k, v in extra.items() if k not in STACK_KEYS})
-    return stack.to_dict()
-
-
-def infra_result(run_id: str, cell: Cell, exc: Exception, log_path: Path | None, *,
-                 test_id: str | None = None, stack: dict | None = None) -> Result:
-    """An `infra` Result: for the whole cell, or for `test_id` (one external suite) when given.
-
-    `stack` is the captured Stack when the environment did come up; otherwise the partial one.
-    """
-    return _infra_result(run_id, cell.id, str(exc), exc_type=type(exc).__name__, log=getattr(exc, "log", "") or "",
-                         stack=stack if stack is not None else partial_stack(cell, error=str(exc)),
-                         test_id=test_id, log_path=log_path)
 
 
 def pytest_command(cell: Cell, python: Path, run_dir: Path, run_id: str, *, tests: list[str], keyword: str | None,
@@ -140,7 +119,8 @@ def start_run(cell: Cell, runs_root: Path, *, tier: str | None, backend: str = "
     rundir.write_info(info)
     run_dir = rundir.path
     log(f"cell {cell.id}")
-    log(f"{cell_tag(cell.id)}run {short_run_id(run_id, cell.id, columns() - len(cell_tag(cell.id)) - 4)}")
+    tag = cell_tag(cell.id)
+    log(f"{tag}run {short_run_id(run_id, cell.id, columns() - len(tag) - 4)}")
     return info, run_dir
 
 
@@ -322,80 +302,6 @@ def no_test_message(cell: Cell, tests: list[str], keyword: str | None) -> str:
     what += [f"--test {shlex.quote(t)}" for t in tests]
     chosen = " ".join(what) or f"suites {' '.join(cell.suites)}"
     return f"no test selected by {chosen} in cell {cell.id}"
-
-
-def split_tests(tests: list[str]) -> tuple[list[str], list[str]]:
-    """(pytest node ids, external test ids): the two runners of a cell take their own."""
-    external = [t for t in tests if t.startswith(EXTERNAL_PREFIX)]
-    return [t for t in tests if t not in external], external
-
-
-def external_plan(cell: Cell, tests: list[str], suites_path: Path = EXTERNAL_SUITES) -> list[str]:
-    """The external suites a run of `cell` runs: all of the cell's when no test is selected,
-    else those the selected ``external/<suite>/...`` ids name (none for pytest ids only).
-
-    An explicit external id may name any declared suite (a repro, a bisect probe), not
-    only the cell's; a name declared nowhere is a SelectionError.
-    """
-    if not tests:
-        return list(cell.external)
-    _, selection = split_tests(tests)
-    if not selection:
-        return []
-    declared = [s.name for s in load_suites(suites_path)]
-    chosen: list[str] = []
-    for pattern in selection:
-        name = pattern[len(EXTERNAL_PREFIX):].split("/", 1)[0].split("::", 1)[0]
-        matched = [n for n in declared if fnmatch.fnmatchcase(n, name)]
-        if not matched:
-            close = difflib.get_close_matches(name, declared, n=1, cutoff=0.6)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise SelectionError(f"--test {pattern}: no external suite '{name}'{hint}; declared: "
-                                 f"{', '.join(declared)}", where=str(suites_path))
-        chosen += [n for n in matched if n not in chosen]
-    return chosen
-
-
-def _external_select(selection: list[str], names: list[str]) -> list[str]:
-    """The runner's patterns: a bare ``external/<suite>`` (an infra repro) selects the whole suite."""
-    return [f"{p}/*" if p in {EXTERNAL_PREFIX + n for n in names} else p for p in selection]
-
-
-def run_external_suites(cell: Cell, python: Path, info: RunInfo, run_dir: Path, names: list[str], *,
-                        select: list[str], keyword: str | None, suites_path: Path = EXTERNAL_SUITES,
-                        log: Log = print) -> list[Result]:
-    """Run the named external suites in the cell's environment; their Results join the run's.
-
-    The runner appends to the run's results.jsonl and rewrites junit.xml from all of it,
-    so pytest's records stay. distci-fixes is installed in the cell environment, so the
-    fixes load in every launch by their entry point as in the cell's pytest run; no
-    extra fix package is laid over it. Whatever stops the suites from running at all
-    becomes one `infra` Result per suite, never a lost run.
-    """
-    from distci.external.runner import ExternalRun, run_external  # the harness's launch machinery: load on use
-
-    try:
-        declared = {s.name: s for s in load_suites(suites_path)}
-        missing = [n for n in names if n not in declared]
-        if missing:
-            raise ConfigError(f"external suite {', '.join(missing)} is not declared", where=str(suites_path))
-        suites: list[SuiteSpec] = [declared[n] for n in names]
-        registry = REPO / "suites" / "known_issues.toml"
-        run = ExternalRun(run_dir=run_dir, run_id=info.run_id, cell_id=cell.id, device_type=cell.accelerator,
-                          python=str(python), fixes=cell.fixes, select=_external_select(select, names),
-                          keyword=keyword, known_issues=registry if registry.exists() else None,
-                          unset_env=("PYTHONPATH",))
-        log(f"{cell_tag(cell.id)}external suites: {', '.join(names)}")
-        return run_external(suites, run, world_size=cell.world_size, log=lambda m: log(f"{cell_tag(cell.id)}{m}"))
-    except (InfraError, SourceError, ConfigError) as exc:
-        log(f"{cell_tag(cell.id)}infra: external {', '.join(names)}: {exc}")
-        rundir = RunDir(run_dir)
-        stack = rundir.read_stack()
-        results = [infra_result(info.run_id, cell, exc, None, test_id=f"{EXTERNAL_PREFIX}{n}", stack=stack)
-                   for n in names]
-        if err := rundir.append_closing(results, cell.id):  # a full disk: the summary still says infra
-            log(f"[{cell.id}] {err}")
-        return results
 
 
 def stack_inputs(cell: Cell, python: str = sys.executable, tags=None) -> tuple[list, list[str], list[str]]:

@@ -1,0 +1,108 @@
+"""The store's row records: a run, a result, a bisect answer, a fix-audit row, as the store
+hands them to the gate, the dashboard and the export; and the test-id helpers they group by.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from distci.rundir import RunInfo
+
+
+def is_environment(test_id: str) -> bool:
+    """Whether a result stands for the environment, not a test (`<infra>::<cell id>`:
+    the record a run leaves when its environment never came up)."""
+    return test_id.startswith("<")
+
+
+def suite_of(test_id: str) -> str:
+    """The suite a test belongs to, from its pytest node id: the dashboard's grid columns.
+
+    `suites/regressions/test_x.py::t` -> `regressions` (a directory of suites/ is a
+    suite); `suites/test_tp.py::t` -> `tp` (so is a top-level file, without `test_`);
+    `<infra>::cell` -> `<infra>`.
+    """
+    path = test_id.split("::", 1)[0]
+    if is_environment(test_id):
+        return path
+    parts = [p for p in path.split("/") if p and p != "."]
+    if parts and parts[0] == "suites":
+        parts = parts[1:]
+    if len(parts) > 1:
+        return parts[0]
+    stem = parts[0].rsplit(".", 1)[0] if parts else test_id
+    return stem[5:] if stem.startswith("test_") else stem
+
+
+@dataclass
+class RunRow(RunInfo):
+    """A run as the store holds it."""
+
+    stack: dict[str, Any] = field(default_factory=dict)
+    torch_git: str | None = None
+    source_path: str = ""  # the run directory's absolute path, resolved at ingest
+    content_hash: str = ""
+    n_results: int = 0
+
+    @property
+    def night(self) -> str:
+        """The nightly date, or the day the run started: the column a history sits in."""
+        return self.nightly_date or self.started_at[:10]
+
+
+@dataclass
+class ResultRow:
+    """A result as the store holds it: the outcome, its verdict and why."""
+
+    run_id: str
+    test_id: str
+    cell_id: str
+    suite: str
+    outcome: str
+    verdict: str
+    compared_run: str | None
+    verdict_reason: str
+    duration_s: float
+    failure_kind: str | None
+    error_signature: str | None
+    excerpt: str
+    repro: str
+    known_issue: str | None
+    reruns: int
+    rerun_outcomes: list[str]
+    started_at: str
+
+
+@dataclass
+class BisectRow:
+    """One bisect result: the first bad point of `axis` between good and bad."""
+
+    test_id: str
+    axis: str
+    good: str
+    bad: str
+    culprit: str | None = None
+    report_path: str = ""
+    cell_id: str = ""
+    status: str = ""
+    created_at: str = ""
+
+
+@dataclass
+class FixAuditRow:
+    """One fix on one version: is the bug there, did the fix apply, what its test says.
+
+    `off`/`on` are the regression test's outcome with the fix disabled/enabled;
+    `verdict` is the audit's conclusion (e.g. needed, obsolete, broken, ineffective).
+    """
+
+    fix: str
+    version: str
+    present: str | None = None
+    applied: str | None = None
+    off: str | None = None
+    on: str | None = None
+    verdict: str | None = None
+    cell_id: str = ""
+    source_path: str = ""
