@@ -2,7 +2,7 @@
 
 The index shows the last nights; every week of the history gets its own page
 (week-<YYYY-Www>.html), so a year is 52 small pages, not one page a year long. Verdicts
-come in as counts per run (Store.verdict_counts: one pass over the results table),
+come in as counts per run (verdict_counts: one pass over the results table),
 never as a row per result.
 """
 
@@ -14,6 +14,7 @@ from datetime import datetime
 
 from distci.dashboard.links import page_file
 from distci.judge.rows import RunRow
+from distci.judge.store import Store
 from distci.judge.verdicts import BLOCKING, worst
 
 
@@ -65,6 +66,16 @@ class WeekView:
     @property
     def status(self) -> str:
         return cell_status(list(self.counts))
+
+
+def verdict_counts(store: Store) -> dict[str, dict[str, int]]:
+    """run_id -> {verdict: how many}, for every run: one pass over the results table, by the
+    covering index results_by_run_verdict."""
+    out: dict[str, dict[str, int]] = {}
+    for run_id, verdict, n in store.conn.execute(
+            "SELECT run_id, verdict, COUNT(*) FROM results GROUP BY run_id, verdict"):
+        out.setdefault(run_id, {})[verdict] = n
+    return out
 
 
 def heat_rows(cells: list[str], nights: list[str], window: list[RunRow],

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from distci.dashboard.heat import HeatRow, WeekView, cell_status, green_rate, heat_rows, weeks
+from distci.dashboard.heat import HeatRow, WeekView, cell_status, green_rate, heat_rows, verdict_counts, weeks
 from distci.dashboard.links import Link, page_file, run_links, web_url
 from distci.dashboard.release import TierView, age_text, release_views
 from distci.dashboard.story import BreakCard, FixStory, break_cards, fix_stories, natural_key
@@ -230,6 +230,18 @@ def _stack_items(stack: dict[str, Any]) -> list[tuple[str, str]]:
     return items
 
 
+def history_marks(store: Store, run_ids: list[str]) -> list[tuple[str, str, str, str | None]]:
+    """(test_id, run_id, verdict, error_signature) of every result of these runs: what a
+    history grid draws, without building a ResultRow per square."""
+    out: list[tuple[str, str, str, str | None]] = []
+    for i in range(0, len(run_ids), 500):
+        chunk = run_ids[i:i + 500]
+        out += [tuple(r) for r in store.conn.execute(
+            f"SELECT test_id, run_id, verdict, error_signature FROM results WHERE run_id IN "
+            f"({','.join('?' * len(chunk))})", chunk)]
+    return out
+
+
 def _cell_view(store: Store, run: RunRow, latest: list[ResultRow], runs: list[RunRow], suites: list[str],
                history_runs: int) -> CellView:
     """A cell's latest run (`latest`) and the history of its last `history_runs` runs of `runs`."""
@@ -253,7 +265,7 @@ def _cell_view(store: Store, run: RunRow, latest: list[ResultRow], runs: list[Ru
     shown = runs[-history_runs:]
     marks: dict[str, dict[str, Mark]] = defaultdict(dict)
     by_run: dict[str, list[str]] = defaultdict(list)
-    for test_id, run_id, verdict, signature in store.marks([x.run_id for x in shown]):
+    for test_id, run_id, verdict, signature in history_marks(store, [x.run_id for x in shown]):
         marks[test_id][run_id] = Mark(run_id, verdict, signature)
         by_run[run_id].append(verdict)
     rows = []
@@ -379,7 +391,7 @@ def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = 
 
     nights = sorted({r.night for r in all_runs if r.night})[-history_runs:]
     window = [r for r in all_runs if r.night in nights]
-    counts_by_run = store.verdict_counts()
+    counts_by_run = verdict_counts(store)
     night_rates: dict[str, list[float | None]] = {}
     per_night: dict[str, dict[str, dict[str, int]]] = defaultdict(dict)
     for run in window:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from distci.dashboard.links import Link, compare_links, repro_lines, web_url
-from distci.judge.history import FAILING, PASSING, first_bad, stack_diff
+from distci.judge.history import FAILING, PASSING, first_bad, stack_diff, test_history
 from distci.judge.store import Store
 from distci.judge.rows import ResultRow, RunRow, is_environment
 from distci.judge.verdicts import SEVERITY, worst
@@ -101,7 +101,7 @@ class _History:
     def first_bad(self, r: ResultRow) -> tuple[RunRow | None, RunRow | None]:
         """The run where this failure began (same signature, unbroken) and the pass before it
         (distci.judge.history.first_bad, walking the test's history newest first)."""
-        first, good = first_bad(self.store.test_history(r.cell_id, r.test_id), r)
+        first, good = first_bad(test_history(self.store, r.cell_id, r.test_id), r)
         return self.run(first.run_id), self.run(good.run_id) if good else None
 
 

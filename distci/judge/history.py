@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from distci.judge.store import Store
 
@@ -69,12 +69,22 @@ def compare_urls(good: Mapping[str, Any], bad: Mapping[str, Any]) -> list[tuple[
     return out
 
 
+def test_history(store: Store, cell_id: str, test_id: str) -> Iterator[ResultRow]:
+    """One test's results in one cell, newest first, read as the caller walks back (a
+    failure's first bad run is usually a few runs back, not a year)."""
+    rows = store.conn.execute(
+        "SELECT r.* FROM results r JOIN runs u USING (run_id) WHERE r.cell_id = ? AND r.test_id = ? "
+        "ORDER BY u.started_at DESC, u.run_id DESC", (cell_id, test_id))
+    for row in rows:
+        yield store._result_row(row)
+
+
 def first_bad(newest_first: Iterable[ResultRow], r: ResultRow) -> tuple[ResultRow, ResultRow | None]:
     """In one test's results of one cell, newest first, the result where `r`'s failure began
     (same signature, unbroken) and the pass just before it (None: no pass before).
 
     The walk starts at `r` and stops at the first result that breaks the run, so given
-    Store.test_history (read as it goes) a year of history costs the length of the failure."""
+    test_history (read as it goes) a year of history costs the length of the failure."""
     first, good = r, None
     older = False
     for prev in newest_first:
@@ -93,7 +103,7 @@ def first_bad(newest_first: Iterable[ResultRow], r: ResultRow) -> tuple[ResultRo
 def onset(store: Store, r: ResultRow, *, runs: Mapping[str, RunRow] | None = None) -> Onset:
     """The Onset of a failing result, from its test's history in its cell (newest first, read
     as far as the failure goes); `runs` (run id -> RunRow) spares the run queries."""
-    first, good = first_bad(store.test_history(r.cell_id, r.test_id), r)
+    first, good = first_bad(test_history(store, r.cell_id, r.test_id), r)
 
     def run(run_id: str) -> RunRow | None:
         return runs.get(run_id) if runs is not None else store.run(run_id)

@@ -95,8 +95,7 @@ _SCHEMA = (
     )""",
     "CREATE INDEX IF NOT EXISTS results_by_cell ON results(cell_id, test_id)",
     "CREATE INDEX IF NOT EXISTS results_by_verdict ON results(verdict)",
-    # Covers Store.verdict_counts (the dashboard's one pass over a year): without it the
-    # GROUP BY visits every table row through the primary key, I/O bound at millions of rows.
+    # Covers the dashboard's verdict counts (heat.verdict_counts): one pass over a year by index.
     "CREATE INDEX IF NOT EXISTS results_by_run_verdict ON results(run_id, verdict)",
     """CREATE TABLE IF NOT EXISTS bisects (
         test_id TEXT NOT NULL,
@@ -351,35 +350,6 @@ class Store:
             args += list(verdicts)
         rows = self.conn.execute(sql + " ORDER BY u.started_at, u.run_id, r.test_id", args)
         return [self._result_row(r) for r in rows]
-
-    def marks(self, run_ids: Sequence[str]) -> list[tuple[str, str, str, str | None]]:
-        """(test_id, run_id, verdict, error_signature) of every result of these runs: what a
-        history grid draws, without building a ResultRow per square (a year of them is slow)."""
-        out: list[tuple[str, str, str, str | None]] = []
-        ids = list(run_ids)
-        for i in range(0, len(ids), 500):
-            chunk = ids[i:i + 500]
-            out += [tuple(r) for r in self.conn.execute(
-                f"SELECT test_id, run_id, verdict, error_signature FROM results WHERE run_id IN "
-                f"({','.join('?' * len(chunk))})", chunk)]
-        return out
-
-    def verdict_counts(self) -> dict[str, dict[str, int]]:
-        """run_id -> {verdict: how many}, for every run: one pass over the results table."""
-        out: dict[str, dict[str, int]] = {}
-        for run_id, verdict, n in self.conn.execute(
-                "SELECT run_id, verdict, COUNT(*) FROM results GROUP BY run_id, verdict"):
-            out.setdefault(run_id, {})[verdict] = n
-        return out
-
-    def test_history(self, cell_id: str, test_id: str) -> Iterator[ResultRow]:
-        """One test's results in one cell, newest first, read as the caller walks back (a
-        failure's first bad run is usually a few runs back, not a year)."""
-        rows = self.conn.execute(
-            "SELECT r.* FROM results r JOIN runs u USING (run_id) WHERE r.cell_id = ? AND r.test_id = ? "
-            "ORDER BY u.started_at DESC, u.run_id DESC", (cell_id, test_id))
-        for row in rows:
-            yield self._result_row(row)
 
     def bisects(self) -> list[BisectRow]:
         rows = self.conn.execute("SELECT * FROM bisects ORDER BY created_at DESC, test_id")
