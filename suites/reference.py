@@ -44,7 +44,7 @@ def run_reference(scenario: Scenario, device: torch.device, dtype: str) -> Train
     data = batches(scenario)
     parts = _new_step(scenario, model, stp.loss_fn(scenario.loss))
     for clock.step, (tokens, labels) in enumerate(data):
-        parts.opt.zero_grad(set_to_none=True)
+        parts.opt.zero_grad(set_to_none=scenario.zero_grad == "none")
         if _chunked_reference(scenario):
             loss = _chunked_grads(scenario, model, tokens, labels, device, record, clock, parts.loss)
         else:

@@ -105,6 +105,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("sched", ("const", "warmup_cosine"), "const", "lr_{}",
            "LR schedule: constant, or linear warmup + cosine with two parameter groups (no weight decay on norms "
            "and biases)", "LR schedule"),
+    Column("zero_grad", ("none", "zeros"), "none", "zg_{}",
+           "how the optimizer clears gradients between steps: set to None, or kept as zero tensors that the "
+           "next backward accumulates into (FSDP2's sharded grads, DTensor grads stay allocated)", "Zero grad"),
     Column("offload", (False, True), False, {True: "offload"}, "FSDP2 CPUOffloadPolicy (sharded params and grads "
            "on CPU, the optimizer steps there)", "Offload"),
     Column("reshard", ("titan", "true", "false", "int2"), "titan", "raf_{}",
@@ -458,6 +461,11 @@ def _training_step_rows() -> list[Scenario]:
         row("fsdp", sched="warmup_cosine", optim="adamw", tier="pr"),
         row("fsdp_tp", world_size=4, sched="warmup_cosine", optim="adamw", clip="norm"),
         row("tp_sp", "block", "inductor", sched="warmup_cosine", optim="adamw"),
+        # gradients kept as zero tensors between steps: the next backward accumulates into them
+        row("fsdp", zero_grad="zeros", accum=2),
+        row("fsdp_tp", world_size=4, zero_grad="zeros"),
+        row("tp_sp", "block", "inductor", zero_grad="zeros"),
+        row("hsdp", world_size=4, zero_grad="zeros", optim="adamw"),
         # async DCP save, then resume under another layout
         row("tp_sp", resume="fsdp", dcp="async"),
         row("fsdp", resume="tp_sp", dcp="async", optim="adamw"),

@@ -268,7 +268,7 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
         mb = tokens.shape[0] // (layout.dp_size * scenario.accum)  # rows per microbatch
         ctx = on_step(step) if on_step else contextlib.nullcontext()
         with ctx:
-            step_parts.opt.zero_grad(set_to_none=True)
+            step_parts.opt.zero_grad(set_to_none=scenario.zero_grad == "none")
             total = torch.zeros((), dtype=torch.float32, device=device)
             watched = layout.watch is not None and layout.watch[0] == step
             for micro in range(scenario.accum):
@@ -307,7 +307,7 @@ def _pipeline_step(scenario: Scenario, layout: Layout, tokens, labels, device, r
     from . import pipeline
 
     with ctx:
-        step_parts.opt.zero_grad(set_to_none=True)
+        step_parts.opt.zero_grad(set_to_none=scenario.zero_grad == "none")
         total = pipeline.step(layout.pipe, tokens.to(device), labels.to(device))
     _clip(scenario, layout, record, mutation)
     record.losses.append(float(total.cpu()))
