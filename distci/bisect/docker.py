@@ -76,7 +76,7 @@ def run_in_image(cell_id: str, argv: Sequence[str], *, matrix_path: str = "matri
     from distci.images.base import connect
     from distci.images.build import ensure_image
     from distci.images.plan import family_of
-    from distci.images.run import IMAGE_PYTHON, container_options, container_user, run_labels, sigterm_stops
+    from distci.images.run import IMAGE_PYTHON, container_options, run_labels, sigterm_stops
     from distci.matrix import load_matrix
 
     cell = load_matrix(matrix_path).cell(cell_id)
@@ -89,12 +89,15 @@ def run_in_image(cell_id: str, argv: Sequence[str], *, matrix_path: str = "matri
     env = {k: v for k, v in os.environ.items() if k.startswith(("DISTCI_", "PIP_")) or k.lower().endswith("_proxy")}
     env.update(HOME=os.environ.get("HOME", "/tmp") if os.geteuid() == 0 else "/tmp", PYTHONUNBUFFERED="1")
     run_id = "bisect-" + hashlib.sha256("\0".join(argv).encode()).hexdigest()[:12]
+    # The bisect reads and writes the caller's own paths (--wheelhouse, --cache, --out), mounted
+    # where they are: it runs as the caller, not as the cell runs' unprivileged user.
+    caller = f"{os.getuid()}:{os.getgid()}"
     log(f"bisect: in image {image.tag} ({cell.id})")
     container = None
     try:
         with sigterm_stops():
             container = client.containers.run(image.tag, inner, detach=True, working_dir=str(Path.cwd().resolve()),
-                                              user=container_user(), environment=env, volumes=volumes,
+                                              user=caller, environment=env, volumes=volumes,
                                               labels=run_labels(run_id, cell.id), **options)
             for chunk in container.logs(stream=True, follow=True):
                 sys.stdout.write(chunk.decode("utf-8", "replace"))
