@@ -110,7 +110,7 @@ def test_the_nightly_jobs_steps_in_order(docker_client, actions_root):
         "RUNNER_TOOL_CACHE": str(root / "toolcache"),
     })
     runner = Runner(workspace / ".github" / "workflows" / "nightly.yml", workspace, root, user=user,
-                    labels={"ubuntu-latest"}, inputs={"tier": "release", "issues": False, "select": SELECT},
+                    labels={"ubuntu-latest"}, inputs={"tier": "release", "issues": False, "select": SELECT, "fuzz": False},
                     variables={"DISTCI_BASE_IMAGE": "local"}, env=env)
     started = time.monotonic()
     jobs = runner.run_all()
@@ -180,3 +180,4 @@ def test_the_nightly_jobs_steps_in_order(docker_client, actions_root):
     for cell in missing:
         assert hud[cell].step("Post it to the cross-repo CI relay").kind == "skipped"
     assert jobs["deploy"][0].result == "skipped"  # Pages deploys from the default branch only
+    assert jobs["fuzz"][0].result == "skipped"  # dispatched with fuzz: false (its own tests cover the command)
