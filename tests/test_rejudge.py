@@ -132,9 +132,9 @@ def test_tonights_ingest_judges_tonight_not_the_history(tmp_path: Path, monkeypa
         fed = []
         judge_history = verdicts_mod.judge_history
 
-        def counting(runs, baseline_runs=()):
+        def counting(runs, baseline_runs=(), judged=None):
             fed.append(sum(len(r.results) for r in [*runs, *baseline_runs]))
-            return judge_history(runs, baseline_runs)
+            return judge_history(runs, baseline_runs, judged)
 
         monkeypatch.setattr(verdicts_mod, "judge_history", counting)
         report = ingest_runs(store, last_night)
@@ -167,3 +167,21 @@ def test_a_store_of_the_previous_schema_is_upgraded_with_the_same_verdicts(tmp_p
         assert {k: v for k, v in after.items() if k[0] != "r99-0-0"} == before
         assert after == _full(store)
     shutil.rmtree(tmp_path / "more")
+
+
+def _nights(dirs: list[Path], lo: int, hi: int) -> list[Path]:
+    return [d for d in dirs if lo <= int(d.name[1:3]) < hi]
+
+
+def test_what_one_connection_remembers_never_hides_another_writer(tmp_path: Path) -> None:
+    """One Store carries each cell's state from night to night (rejudge.Memo); runs that
+    landed behind its back, from another connection or without verdicts, are still seen."""
+    dirs = _history(tmp_path / "runs", seed=5, nights=24)
+    with Store(tmp_path / "s.sqlite") as one, Store(tmp_path / "s.sqlite") as other:
+        ingest_runs(one, [*_nights(dirs, 0, 4), *_nights(dirs, 8, 12)])
+        ingest_runs(other, _nights(dirs, 4, 8))  # arriving late, through another writer
+        ingest_runs(one, _nights(dirs, 12, 16))
+        assert _verdicts(one) == _full(one)
+        ingest_runs(one, _nights(dirs, 16, 18), defer_verdicts=True)  # indexed, judged later
+        ingest_runs(one, _nights(dirs, 18, 24))
+        assert _verdicts(one) == _full(one)

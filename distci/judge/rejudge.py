@@ -54,10 +54,10 @@ def _observation(test_id: str, outcome: str, failure_kind: str | None, reruns: s
 
 
 def _judge_and_write(conn: sqlite3.Connection, runs: list[_verdicts.RunHistory],
-                     base: list[_verdicts.RunHistory], current: _Current) -> int:
-    """Judges `runs` against `base` and writes the verdicts of the (run, test) keys in
-    `current` that changed; returns how many were written."""
-    new = _verdicts.judge_history(runs, base)
+                     base: list[_verdicts.RunHistory], current: _Current, judged: set[str] | None = None) -> int:
+    """Judges `runs` (only those in `judged`, when given) against `base` and writes the
+    verdicts of the (run, test) keys in `current` that changed; returns how many were written."""
+    new = _verdicts.judge_history(runs, base, judged)
     changed = [
         (v.verdict, v.compared_run, v.reason, run_id, test_id)
         for (run_id, test_id), v in new.items()
@@ -149,11 +149,13 @@ class _State:
         self.informative = self.informative or obs.informative
 
 
-def _states(conn: sqlite3.Connection, cell: str, point: _Key, tests: set[str], envs: _Envs, *, window: int,
-            up_to: bool, into: dict[str, _verdicts.RunHistory]) -> None:
-    """Adds to `into` the rows that make each test's state in `cell` just before `point`
-    (with `up_to`, at `point`'s time: runs started then count, as a baseline's do)."""
+def _states(conn: sqlite3.Connection, cell: str, point: _Key, tests: Iterable[str], *, window: int,
+            up_to: bool) -> dict[str, list[tuple]]:
+    """Each test's state rows (newest first) in `cell` just before `point` (with `up_to`, at
+    `point`'s time: runs started then count, as a baseline's do)."""
     states = {t: _State(window) for t in tests}
+    if not states:
+        return {}
     sql, args = (_RUNS_UP_TO, (cell, point[0])) if up_to else (_RUNS_BEFORE, (cell, *point))
     recent = conn.execute(sql, (*args, window + _RECENT)).fetchall()
     for run_id, started_at in recent:
@@ -173,9 +175,44 @@ def _states(conn: sqlite3.Connection, cell: str, point: _Key, tests: set[str], e
                 st.take(row)
                 if st.whole:
                     break
-    for test_id, st in states.items():
-        for row in st.rows:
-            _add(into, envs, test_id, row)
+    return {t: st.rows for t, st in states.items()}
+
+
+class Memo:
+    """Each cell's test states after its newest run, as this connection last judged them:
+    a backfill landing night after night then reads no history at all. Only this
+    connection's own ingests keep it; any other connection's commit (PRAGMA data_version)
+    throws it away, and a run landing anywhere but after a cell's newest drops that cell's."""
+
+    def __init__(self) -> None:
+        self.version: int | None = None
+        self.cells: dict[str, tuple[_Key, dict[str, list[tuple]]]] = {}
+        self.envs: dict[str, str] = {}
+
+    def check(self, conn: sqlite3.Connection) -> None:
+        version = conn.execute("PRAGMA data_version").fetchone()[0]
+        if version != self.version:
+            self.cells.clear()
+            self.envs.clear()
+            self.version = version
+
+    def usable(self, conn: sqlite3.Connection, cell: str, first: _Key) -> dict[str, list[tuple]]:
+        """The states known for `cell` just before `first`, if `first` lands right after its newest run."""
+        known = self.cells.get(cell)
+        if known is None or not known[0] < first:
+            return {}
+        newest = conn.execute(_RUNS_BEFORE, (cell, *first, 1)).fetchone()
+        return known[1] if newest is not None and (newest[1], newest[0]) == known[0] else {}
+
+
+def _after(rows: list[tuple], newest: tuple | None, window: int) -> list[tuple]:
+    """A state's rows once one more run's row (None: the test did not run) lands on top."""
+    st = _State(window)
+    for row in ([newest] if newest is not None else []) + rows:
+        st.take(row)
+        if st.whole:
+            break
+    return st.rows
 
 
 def _add(runs: dict[str, _verdicts.RunHistory], envs: _Envs, test_id: str, row: tuple) -> None:
@@ -186,17 +223,21 @@ def _add(runs: dict[str, _verdicts.RunHistory], envs: _Envs, test_id: str, row: 
 
 
 def _runs_from(conn: sqlite3.Connection, cell: str, since: _Key, envs: _Envs, tests: set[str] | None,
-               *, inclusive_ties: bool) -> tuple[dict[str, _verdicts.RunHistory], _Current]:
+               *, inclusive_ties: bool) -> tuple[dict[str, _verdicts.RunHistory], _Current, bool]:
     """The runs of `cell` from `since` on in history order (with `inclusive_ties` false,
     those started strictly after since's time), holding their results for `tests` (None:
-    all), and the verdicts those results have now."""
+    all), the verdicts those results have now, and whether they hold every result."""
     if inclusive_ties:
-        sql, args = ("SELECT run_id, started_at FROM runs WHERE cell_id = ? AND (started_at, run_id) >= (?, ?)",
+        sql, args = ("SELECT run_id, started_at, stack_json FROM runs WHERE cell_id = ? AND (started_at, run_id) >= (?, ?)",
                      (cell, *since))
     else:
-        sql, args = "SELECT run_id, started_at FROM runs WHERE cell_id = ? AND started_at > ?", (cell, since[0])
-    runs = {r[0]: _verdicts.RunHistory(r[0], r[1], envs(r[0])) for r in conn.execute(sql, args)}
+        sql, args = "SELECT run_id, started_at, stack_json FROM runs WHERE cell_id = ? AND started_at > ?", (cell, since[0])
+    runs = {}
+    for run_id, started_at, stack_json in conn.execute(sql, args):
+        envs.known[run_id] = _verdicts.env_key(json.loads(stack_json))  # fresh: a re-indexed run's stack may differ
+        runs[run_id] = _verdicts.RunHistory(run_id, started_at, envs.known[run_id])
     current: _Current = {}
+    whole = True
     for run_id, run in runs.items():
         for r in conn.execute(
             """SELECT test_id, outcome, failure_kind, rerun_outcomes, known_issue, verdict, compared_run,
@@ -205,33 +246,58 @@ def _runs_from(conn: sqlite3.Connection, cell: str, since: _Key, envs: _Envs, te
             if tests is None or r[0] in tests:
                 run.results[r[0]] = _observation(r[0], r[1], r[2], r[3], r[4])
                 current[(run_id, r[0])] = (r[5], r[6], r[7])
-    return runs, current
+            else:
+                whole = False
+    return runs, current, whole
 
 
 def rejudge_tail(conn: sqlite3.Connection, cell: str, since: _Key, tests: set[str] | None = None,
-                 *, _dependents: bool = True) -> int:
+                 *, memo: Memo | None = None, _dependents: bool = True) -> int:
     """Judges again the results of `cell`'s runs from `since` (a run's (started_at,
     run_id)) on, for `tests` (None: every test those runs hold), and the same tests in the
     cells that take `cell` as their baseline from since's start on; the same verdicts a
-    full recompute writes. Returns how many verdicts changed."""
+    full recompute writes. `memo` carries states from one call to the next on one
+    connection. Returns how many verdicts changed."""
+    memo = memo if memo is not None else Memo()
+    memo.check(conn)
     envs = _Envs(conn)
-    tail, current = _runs_from(conn, cell, since, envs, tests, inclusive_ties=True)
+    envs.known = memo.envs
+    tail, current, whole = _runs_from(conn, cell, since, envs, tests, inclusive_ties=True)
     written = 0
     if tail:
         held = {t for run in tail.values() for t in run.results}
         first = min((r.started_at, r.run_id) for r in tail.values())
+        window = _verdicts.FLAKY_WINDOW
+        known = memo.usable(conn, cell, first)
+        rows = {t: known[t] for t in held if t in known}
+        rows.update(_states(conn, cell, first, held - rows.keys(), window=window, up_to=False))
         prior: dict[str, _verdicts.RunHistory] = {}
-        _states(conn, cell, first, held, envs, window=_verdicts.FLAKY_WINDOW, up_to=False, into=prior)
+        for test_id, kept in rows.items():
+            for row in kept:
+                _add(prior, envs, test_id, row)
         base: dict[str, _verdicts.RunHistory] = {}
         for b in baselines_of(conn, cell):  # judge_history keeps only the latest informative baseline outcome
-            _states(conn, b, first, held, envs, window=1, up_to=True, into=base)
-            later, _ = _runs_from(conn, b, first, envs, held, inclusive_ties=False)
+            for test_id, kept in _states(conn, b, first, held, window=1, up_to=True).items():
+                for row in kept:
+                    _add(base, envs, test_id, row)
+            later, _, _ = _runs_from(conn, b, first, envs, held, inclusive_ties=False)
             for run_id, run in later.items():
                 base.setdefault(run_id, run).results.update(run.results)
-        written += _judge_and_write(conn, [*prior.values(), *tail.values()], list(base.values()), current)
+        written += _judge_and_write(conn, [*prior.values(), *tail.values()], list(base.values()), current, set(tail))
+        if len(tail) == 1 and whole:
+            (only,) = tail.values()
+            states = dict(memo.cells[cell][1]) if known else {}
+            for test_id, obs in only.results.items():
+                row = (only.run_id, only.started_at, obs.outcome, obs.failure_kind,
+                       json.dumps(list(obs.rerun_outcomes)), obs.known_issue)
+                states[test_id] = _after(rows.get(test_id, []), row, window)
+            memo.cells[cell] = (first, states)
+        else:
+            memo.cells.pop(cell, None)
     if _dependents:
         scope = tests if tests is not None else ({t for run in tail.values() for t in run.results} or None)
         for other in dependents_of(conn, cell):
             if other != cell:
-                written += rejudge_tail(conn, other, (since[0], ""), scope, _dependents=False)
+                written += rejudge_tail(conn, other, (since[0], ""), scope, memo=memo, _dependents=False)
     return written
+

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 
-from distci.judge.rejudge import rejudge_cells, rejudge_tail
+from distci.judge.rejudge import Memo, rejudge_cells, rejudge_tail
 from distci.judge.storelock import LOCK_TIMEOUT_ENV, WRITER_SUFFIX, claim, holder_of, lock_timeout_s, release
 from distci.errors import StoreError
 from distci.judge.rows import BisectRow, FixAuditRow, ResultRow, RunRow
@@ -146,6 +146,7 @@ class Store:
         # Short waits inside SQLite; the overall bound is _retry_locked's deadline.
         self.conn = sqlite3.connect(str(self.path), timeout=min(self.lock_timeout_s, 1.0), isolation_level=None)
         self.conn.row_factory = sqlite3.Row
+        self.memo = Memo()
         try:
             self._setup()
         except BaseException as exc:
@@ -243,7 +244,7 @@ class Store:
                      tests: set[str] | None = None) -> int:
         """Judges again only what a run landing at `since` ((started_at, run_id)) in `cell`
         can change, inside an open transaction (distci.judge.rejudge.rejudge_tail)."""
-        return rejudge_tail(conn, cell, since, tests)
+        return rejudge_tail(conn, cell, since, tests, memo=self.memo)
 
     # ------------------------------------------------------- bisects, audits
 

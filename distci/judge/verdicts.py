@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import AbstractSet as Set, Any, Iterable, Mapping, Sequence
 
 from distci.stack import ENV_KEYS
 
@@ -75,6 +75,8 @@ class Observation:
     @property
     def is_flaky(self) -> bool:
         """Mixed outcomes across the first attempt and its reruns in one environment."""
+        if not self.rerun_outcomes:  # one try cannot disagree with itself
+            return False
         seen = {o for o in (self.outcome, *self.rerun_outcomes) if o != "skipped"}
         return "passed" in seen and bool(seen & set(_FAILED))
 
@@ -194,13 +196,15 @@ def _order(runs: Iterable[RunHistory]) -> list[RunHistory]:
 
 
 def judge_history(
-    runs: Sequence[RunHistory], baseline_runs: Sequence[RunHistory] = ()
+    runs: Sequence[RunHistory], baseline_runs: Sequence[RunHistory] = (), judged: Set[str] | None = None
 ) -> dict[tuple[str, str], Verdict]:
     """Verdicts for every result of a cell's runs, keyed by (run_id, test_id).
 
     Runs are judged in history order (started_at, then run id) whatever order they came
     in. For each run, the baseline is what the baseline cell's runs said up to that
-    run's start.
+    run's start. With `judged`, only those runs get verdicts: the others are history that
+    the judged ones are compared with (the store's incremental path feeds the rows that
+    make each test's state, then the runs to judge).
     """
     verdicts: dict[tuple[str, str], Verdict] = {}
     last: dict[str, _Seen] = {}
@@ -214,10 +218,11 @@ def judge_history(
                 if obs.informative:
                     base_last[test_id] = (base[b], obs)
             b += 1
-        for test_id, obs in run.results.items():
-            verdicts[(run.run_id, test_id)] = judge(
-                obs, run.env, last.get(test_id), base_last.get(test_id), window.get(test_id, ())
-            )
+        if judged is None or run.run_id in judged:
+            for test_id, obs in run.results.items():
+                verdicts[(run.run_id, test_id)] = judge(
+                    obs, run.env, last.get(test_id), base_last.get(test_id), window.get(test_id, ())
+                )
         for test_id, obs in run.results.items():
             if obs.informative:
                 last[test_id] = (run, obs)
