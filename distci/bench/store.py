@@ -105,6 +105,7 @@ def grow(store_path: Path, copies: int, nights: int) -> None:
                     "run_id": f"'g{k}-' || run_id",
                     "started_at": f"CASE started_at WHEN '' THEN '' ELSE strftime('%Y-%m-%dT%H:%M:%S', started_at, {shift}) || '+00:00' END",
                     "ended_at": f"CASE ended_at WHEN '' THEN '' ELSE strftime('%Y-%m-%dT%H:%M:%S', ended_at, {shift}) || '+00:00' END",
+                    "run_started_at": f"CASE run_started_at WHEN '' THEN '' ELSE strftime('%Y-%m-%dT%H:%M:%S', run_started_at, {shift}) || '+00:00' END",
                     "nightly_date": f"date(nightly_date, {shift})",
                     "compared_run": f"CASE WHEN compared_run IS NULL THEN NULL ELSE 'g{k}-' || compared_run END",
                 }
