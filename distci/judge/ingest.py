@@ -82,8 +82,8 @@ def storable(text: str | None) -> str | None:
     """Text SQLite can hold, losing nothing: characters UTF-8 cannot encode (the lone
     surrogates a rank's raw non-UTF-8 bytes decode to) become backslash escapes
     (`\\udc80`), so one odd byte in a message never costs the run its place in the store."""
-    if text is None:
-        return None
+    if text is None or text.isascii():
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -241,18 +241,29 @@ def _index_run(conn: sqlite3.Connection, run: RunContents, registry: Any) -> tup
         """INSERT OR REPLACE INTO results (run_id, test_id, cell_id, suite, outcome, duration_s,
             failure_kind, error_signature, excerpt, repro, known_issue, reruns, rerun_outcomes,
             started_at, run_started_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
-        [
-            tuple(storable(v) if isinstance(v, str) else v for v in (
-                r.run_id, r.test_id, r.cell_id, suite_of(r.test_id), r.outcome, r.duration_s, r.failure_kind,
-                _signature(r), _excerpt(r), r.repro, known_issue_of(r, registry), r.reruns,
-                json.dumps(r.rerun_outcomes), utc(r.started_at), info.started_at,
-            ))
-            for r in run.results
-        ],
+        [_result_row(r, info.started_at, registry) for r in run.results],
     )
     if set(baselines_of(conn, info.cell_id)) != baselines:  # every run of the cell falls back to its baselines
         since, tests = ("", ""), None
     return ("added" if old is None else "updated"), since, tests
+
+
+def _result_row(r: Result, run_started_at: str, registry: Any) -> tuple:
+    """A results row; text checked for what SQLite cannot hold only where it is not ASCII
+    (a year is millions of rows: the common case is one C call per row, not per value)."""
+    row = (r.run_id, r.test_id, r.cell_id, suite_of(r.test_id), r.outcome, r.duration_s, r.failure_kind,
+           _signature(r), _excerpt(r), r.repro, known_issue_of(r, registry), r.reruns,
+           json.dumps(r.rerun_outcomes) if r.rerun_outcomes else "[]", _utc(r.started_at), run_started_at)
+    if "".join(v for v in row if type(v) is str).isascii():
+        return row
+    return tuple(storable(v) if isinstance(v, str) else v for v in row)
+
+
+def _utc(ts: str) -> str:
+    """utc(ts), without parsing what is already in its form (`YYYY-MM-DDTHH:MM:SS+00:00`)."""
+    if len(ts) == 25 and ts[10] == "T" and ts.endswith("+00:00") and ts[:4].isdigit():
+        return ts
+    return utc(ts)
 
 
 def rewrite_run_junit(store: Store, run: RunContents) -> Path:
