@@ -54,10 +54,11 @@ def _observation(test_id: str, outcome: str, failure_kind: str | None, reruns: s
 
 
 def _judge_and_write(conn: sqlite3.Connection, runs: list[_verdicts.RunHistory],
-                     base: list[_verdicts.RunHistory], current: _Current, judged: set[str] | None = None) -> int:
-    """Judges `runs` (only those in `judged`, when given) against `base` and writes the
-    verdicts of the (run, test) keys in `current` that changed; returns how many were written."""
-    new = _verdicts.judge_history(runs, base, judged)
+                     base: list[_verdicts.RunHistory], current: _Current, judged: set[str] | None = None,
+                     state: _verdicts.CellState | None = None) -> int:
+    """Judges `runs` (only those in `judged`, when given) against `base`, from `state`, and
+    writes the verdicts of the (run, test) keys in `current` that changed; returns how many."""
+    new = _verdicts.judge_history(runs, base, judged, state)
     changed = [
         (v.verdict, v.compared_run, v.reason, run_id, test_id)
         for (run_id, test_id), v in new.items()
@@ -186,7 +187,9 @@ class Memo:
 
     def __init__(self) -> None:
         self.version: int | None = None
-        self.cells: dict[str, tuple[_Key, dict[str, list[tuple]]]] = {}
+        self.cells: dict[str, tuple[_Key, _verdicts.CellState, set[str]]] = {}
+        """cell -> (its newest run, its state after it, the tests that state knows: a test
+        known with no history kept, e.g. always skipped, is not read again)."""
         self.envs: dict[str, str] = {}
 
     def check(self, conn: sqlite3.Connection) -> None:
@@ -196,23 +199,16 @@ class Memo:
             self.envs.clear()
             self.version = version
 
-    def usable(self, conn: sqlite3.Connection, cell: str, first: _Key) -> dict[str, list[tuple]]:
-        """The states known for `cell` just before `first`, if `first` lands right after its newest run."""
-        known = self.cells.get(cell)
-        if known is None or not known[0] < first:
-            return {}
-        newest = conn.execute(_RUNS_BEFORE, (cell, *first, 1)).fetchone()
-        return known[1] if newest is not None and (newest[1], newest[0]) == known[0] else {}
-
-
-def _after(rows: list[tuple], newest: tuple | None, window: int) -> list[tuple]:
-    """A state's rows once one more run's row (None: the test did not run) lands on top."""
-    st = _State(window)
-    for row in ([newest] if newest is not None else []) + rows:
-        st.take(row)
-        if st.whole:
-            break
-    return st.rows
+    def take(self, conn: sqlite3.Connection, cell: str, first: _Key) -> tuple[_verdicts.CellState, set[str]]:
+        """The state known for `cell` just before `first` and the tests it knows, if `first`
+        lands right after the cell's newest run (else an empty one); taken out: it is judged
+        forward in place, and put back only when the judging is whole."""
+        known = self.cells.pop(cell, None)
+        if known is not None and known[0] < first:
+            newest = conn.execute(_RUNS_BEFORE, (cell, *first, 1)).fetchone()
+            if newest is not None and (newest[1], newest[0]) == known[0]:
+                return known[1], known[2]
+        return _verdicts.CellState(), set()
 
 
 def _add(runs: dict[str, _verdicts.RunHistory], envs: _Envs, test_id: str, row: tuple) -> None:
@@ -268,13 +264,15 @@ def rejudge_tail(conn: sqlite3.Connection, cell: str, since: _Key, tests: set[st
         held = {t for run in tail.values() for t in run.results}
         first = min((r.started_at, r.run_id) for r in tail.values())
         window = _verdicts.FLAKY_WINDOW
-        known = memo.usable(conn, cell, first)
-        rows = {t: known[t] for t in held if t in known}
-        rows.update(_states(conn, cell, first, held - rows.keys(), window=window, up_to=False))
+        state, known = memo.take(conn, cell, first)
+        unknown = held - known
         prior: dict[str, _verdicts.RunHistory] = {}
-        for test_id, kept in rows.items():
+        for test_id, kept in _states(conn, cell, first, unknown, window=window, up_to=False).items():
             for row in kept:
                 _add(prior, envs, test_id, row)
+        for run in sorted(prior.values(), key=lambda r: (r.started_at, r.run_id)):
+            for test_id, obs in run.results.items():
+                state.take(run, test_id, obs)
         base: dict[str, _verdicts.RunHistory] = {}
         for b in baselines_of(conn, cell):  # judge_history keeps only the latest informative baseline outcome
             for test_id, kept in _states(conn, b, first, held, window=1, up_to=True).items():
@@ -283,17 +281,9 @@ def rejudge_tail(conn: sqlite3.Connection, cell: str, since: _Key, tests: set[st
             later, _, _ = _runs_from(conn, b, first, envs, held, inclusive_ties=False)
             for run_id, run in later.items():
                 base.setdefault(run_id, run).results.update(run.results)
-        written += _judge_and_write(conn, [*prior.values(), *tail.values()], list(base.values()), current, set(tail))
+        written += _judge_and_write(conn, list(tail.values()), list(base.values()), current, None, state)
         if len(tail) == 1 and whole:
-            (only,) = tail.values()
-            states = dict(memo.cells[cell][1]) if known else {}
-            for test_id, obs in only.results.items():
-                row = (only.run_id, only.started_at, obs.outcome, obs.failure_kind,
-                       json.dumps(list(obs.rerun_outcomes)), obs.known_issue)
-                states[test_id] = _after(rows.get(test_id, []), row, window)
-            memo.cells[cell] = (first, states)
-        else:
-            memo.cells.pop(cell, None)
+            memo.cells[cell] = (first, state, known | held)
     if _dependents:
         scope = tests if tests is not None else ({t for run in tail.values() for t in run.results} or None)
         for other in dependents_of(conn, cell):
