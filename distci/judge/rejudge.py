@@ -8,13 +8,13 @@ start. So a run R that lands in cell C changes the verdicts of exactly:
 - the (run, test) results of C's runs from R's place in history on, for the tests R holds;
 - the same tests' results in the cells that take C as their baseline, from R's start on.
 
-`rejudge_tail` judges only those: it reads the runs from R on, and for every test R
-holds the state `judge_history` would carry into R (the rows that make it, walked
-newest first by the results_history index until the window is full and an informative
-outcome seen), then feeds `judge_history` that state followed by the tail. The answers
-are a full recompute's (`rejudge_cells`, kept for `ingest --rebuild`): tests/test_rejudge.py
-compares them over ingests in many orders and batchings. Tonight's ingest costs tonight's
-results, not the history's.
+`rejudge_tail` judges only those: it reads the runs from R on and starts `judge_history`
+from the cell's CellState just before R: the one this connection kept after the cell's
+newest run (Memo) when R lands right after it, else, for each test R holds, the rows that
+make it, walked newest first by the results_history index until the window is full and an
+informative outcome seen. The answers are a full recompute's (`rejudge_cells`, kept for
+`ingest --rebuild`): tests/test_rejudge.py compares them over ingests in many orders and
+batchings and with a second writer. Tonight's ingest costs tonight's results, not the history's.
 """
 
 from __future__ import annotations

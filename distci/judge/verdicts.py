@@ -16,10 +16,11 @@ stack. A known-flaky failure is `flaky`, never `regression` or a blocking `fail`
 unless it failed on every rerun in this run: a test that fails every time it is tried is
 failing, whatever its past.
 
-This module is pure: it sees runs as `RunHistory` values and returns `Verdict`s. The
-store feeds it a cell's runs in history order at every ingest, and can recompute all
-verdicts at any time, so a run that arrives late (an artifact uploaded after the next
-night's) still gets the verdicts it would have had in order.
+This module is pure: it sees runs as `RunHistory` values and returns `Verdict`s. What
+judging carries from run to run is a `CellState`, so the store judges a landed run from the
+state before it (distci.judge.rejudge) and can recompute all verdicts at any time: a run
+that arrives late (an artifact uploaded after the next night's) still gets the verdicts it
+would have had in order.
 """
 
 from __future__ import annotations
