@@ -60,9 +60,15 @@ def judge_cell(
     if not runs:
         return CellState(cell, "missing", reason="no run of this cell in the store"), []
     last = runs[-1]
-    results = {r.run_id: store.results(run_id=r.run_id) for r in runs}
+    results: dict[str, list[ResultRow]] = {}
+
+    def rows_of(run: RunRow) -> list[ResultRow]:  # read as the walk back needs them: a year is not read
+        if run.run_id not in results:
+            results[run.run_id] = store.results(run_id=run.run_id)
+        return results[run.run_id]
+
     tiers = {tier, "", *covering_tiers}
-    base = next((r for r in reversed(runs) if _is_complete(r, tiers, results[r.run_id])), None)
+    base = next((r for r in reversed(runs) if _is_complete(r, tiers, rows_of(r))), None)
     since = runs[runs.index(base):] if base is not None else runs
     latest: dict[str, ResultRow] = {}
     on_stack: dict[str, set[str]] = {}
@@ -70,7 +76,7 @@ def judge_cell(
     current_run = ""
     for run in since:
         env = env_key(run.stack)
-        rows = results[run.run_id]
+        rows = rows_of(run)
         if any(_ran(r) for r in rows):
             current_env, current_run = env, run.run_id
         for r in rows:
@@ -88,7 +94,7 @@ def judge_cell(
     age = age_of(base or last)
     state = CellState(cell, "ok", last, age_of(last), last.stack.get("torch"), last.torch_git or last.stack.get("torch_git"),
                       evidence_runs=[r.run_id for r in since])
-    last_rows = results[last.run_id]
+    last_rows = rows_of(last)
     if not last.ended_at:
         state.state, state.reason = "in_flight", "the latest run has not ended"
     elif not any(_ran(r) for r in last_rows):
