@@ -21,7 +21,7 @@ import torch
 from .model_args import ModelArgs
 from .models import sharded_weights
 from .parallelize import FSDP_LAYOUTS
-from .scenarios import MAX_VARLEN_GRAPHS_PER_REGION, Scenario
+from .scenario_record import MAX_VARLEN_GRAPHS_PER_REGION, Scenario
 from .tolerances import Tolerance
 
 MAX_LISTED = 100  # the known-issues registry must see every problem to explain a failure
