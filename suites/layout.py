@@ -19,7 +19,7 @@ from . import parallelize as par
 from . import step as stp
 from .evidence import Evidence, Mutation, _gathered, clean_name, placements
 from .models import build_model, is_frozen
-from .scenario_record import SEED, Scenario
+from .scenario_record import EP_DEGREE, PP_DEGREE_2D, PP_LAYOUTS, SEED, Scenario
 
 Meshes = Callable[..., Any]
 """mesh(shape, names) -> DeviceMesh over all ranks (the harness's DistContext.mesh)."""
@@ -42,6 +42,14 @@ class Layout:
     """A pp row's suites.pipeline.Pipeline (this rank's stages and their schedule)."""
     watch: tuple[int, Counter] | None = None
     """(step, counter): record that step's collectives (forward + backward) into counter."""
+    local_group: Any = None
+    """The group over which gradient norms of parameters held by some ranks only (EP's
+    experts, a pipeline's stages) are summed when clipping (None: every rank)."""
+    partial_params: bool = False
+    """Each rank holds some parameters only (pp stages, ep_fsdp's experts): every rank's
+    gradients are gathered into one table."""
+    cp_mesh: Any = None
+    """A cp row's mesh: forward and backward run under context_parallel over it."""
 
 
 def freeze(model: nn.Module, train: str) -> None:
@@ -63,6 +71,14 @@ def _as_meshes(mesh: Any) -> Meshes:
 
 
 def _mesh_for(meshes: Meshes, parallel: str, world_size: int) -> Any:
+    if parallel == "pp_fsdp":  # pp outermost, as torchtitan's ParallelDims builds the world mesh
+        return meshes((PP_DEGREE_2D, world_size // PP_DEGREE_2D), ("pp", "dp_shard"))
+    if parallel == "pp_tp":
+        return meshes((PP_DEGREE_2D, world_size // PP_DEGREE_2D), ("pp", "tp"))
+    if parallel == "ep_fsdp":  # ep innermost: the ranks of an ep group own different experts
+        return meshes((world_size // EP_DEGREE, EP_DEGREE), ("efsdp", "ep"))
+    if parallel == "cp":
+        return meshes((world_size,), ("cp",))
     if parallel == "fsdp_tp":
         return meshes((world_size // 2, 2), ("dp_shard", "tp"))
     if parallel == "hsdp":
@@ -70,7 +86,13 @@ def _mesh_for(meshes: Meshes, parallel: str, world_size: int) -> Any:
     return meshes((world_size,), ("tp",) if parallel in ("tp", "tp_sp") else ("dp_shard",))
 
 
-def _build_pipeline(scenario: Scenario, device, dtype: str, evidence: Evidence, mutation: "Mutation") -> Layout:
+def _build_pipeline(scenario: Scenario, parallel: str, meshes: Meshes, device, dtype: str, evidence: Evidence,
+                    mutation: "Mutation") -> Layout:
+    """A pp row's stages; pp_fsdp / pp_tp parallelize each stage over the inner mesh dim
+    (FSDP2 without resharding after forward, torchtitan's default under PP; or TP with SP),
+    and each pp_fsdp data-parallel rank pipelines its own slice of the batch."""
+    import torch.distributed as dist
+
     from . import pipeline
 
     def fresh() -> nn.Module:
@@ -78,12 +100,31 @@ def _build_pipeline(scenario: Scenario, device, dtype: str, evidence: Evidence, 
         freeze(model, scenario.train)
         return model
 
+    layout = Layout(runnable=None, model=None, partial_params=True)
+    group, prepare = None, None
+    if parallel != "pp":
+        mesh = _mesh_for(meshes, parallel, dist.get_world_size())
+        group = mesh["pp"].get_group()
+        if parallel == "pp_fsdp":
+            inner = mesh["dp_shard"]
+            layout.dp_group, layout.dp_rank, layout.dp_size = inner.get_group(), inner.get_local_rank(), inner.size()
+
+            def prepare(m: nn.Module) -> None:
+                par.apply_fsdp(m, inner, scenario.mp, reshard=mutation.fsdp_reshard, mode="false",
+                               reduce_dtype=mutation.fsdp_reduce_dtype)
+        else:
+            inner = mesh["tp"]
+
+            def prepare(m: nn.Module) -> None:
+                par.apply_tp(m, inner, "tp_sp", scenario.float8, mutation.block_plan_overrides)
     pipe, modules = pipeline.build(scenario.schedule, fresh, stp.build_loss(scenario), scenario.accum, device,
-                                   sum_microbatches=mutation.pp_sum_microbatches)
+                                   group=group, sum_microbatches=mutation.pp_sum_microbatches, prepare=prepare)
     stages = pipeline.Stages(modules)
     evidence.placements = _gathered(placements(stages))
     evidence.trainable = sorted(_gathered({clean_name(n): 1 for n, p in stages.named_parameters() if p.requires_grad}))
-    return Layout(runnable=stages, model=stages, pipe=pipe)
+    layout.runnable = layout.model = stages
+    layout.pipe, layout.local_group = pipe, group
+    return layout
 
 
 def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtype: str, evidence: Evidence,
@@ -91,8 +132,8 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
     """A fresh seed-built model, parallelized as `parallel` (or not at all: `single`)."""
     import torch.distributed as dist
 
-    if parallel == "pp":
-        return _build_pipeline(scenario, device, dtype, evidence, mutation)
+    if parallel in PP_LAYOUTS:
+        return _build_pipeline(scenario, parallel, meshes, device, dtype, evidence, mutation)
     model = build_model(scenario.model_args, SEED).to(device=device, dtype=_dtype(dtype))
     freeze(model, scenario.train)
     if scenario.float8 != "none":
@@ -120,6 +161,9 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
         layout.dp_group, layout.dp_rank, layout.dp_size = None, dist.get_rank(), world
     if parallel == "ep":
         layout.ep = par.apply_ep(model, layout.dp_group)
+        layout.local_group = layout.dp_group
+    if parallel == "cp":
+        layout.cp_mesh = mesh
     par.apply_ac(model, scenario.ac)
     if scenario.compiled:
         layout.counter = par.CompileCounter(scenario.backend)
@@ -128,9 +172,16 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
     if parallel in par.FSDP_LAYOUTS:
         par.apply_fsdp(model, dp_mesh, scenario.mp, reshard=mutation.fsdp_reshard, mode=scenario.reshard,
                        offload=scenario.offload, reduce_dtype=mutation.fsdp_reduce_dtype)
+    if parallel == "ep_fsdp":  # data parallel over every rank; experts' norms summed over their ep group
+        every = meshes((world,), ("dp_shard",))
+        layout.dp_group, layout.dp_rank, layout.dp_size = every.get_group(), every.get_local_rank(), world
+        ep = par.apply_ep_fsdp(model, mesh["ep"], mesh["efsdp"], every, scenario.mp,
+                               reduce_dtype=mutation.fsdp_reduce_dtype)
+        layout.local_group, layout.partial_params = ep.group, True
     if mutation.after_parallelize:
         mutation.after_parallelize(model)
-    evidence.placements = placements(model)
-    evidence.trainable = sorted(clean_name(n) for n, p in model.named_parameters() if p.requires_grad)
+    gather = _gathered if layout.partial_params else (lambda table: table)
+    evidence.placements = gather(placements(model))
+    evidence.trainable = sorted(gather({clean_name(n): 1 for n, p in model.named_parameters() if p.requires_grad}))
     evidence.float8_all_gather_weights = par.count_float8_all_gather_weights(model) if scenario.float8 != "none" else 0
     return layout

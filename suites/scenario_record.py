@@ -42,6 +42,11 @@ MAX_VARLEN_GRAPHS_PER_REGION = 2
 dynamic graph (automatic dynamic shapes) for every later length; more is a recompile
 storm, fewer with all steps compiled is fine."""
 TP_DEGREE_2D = 2
+PP_DEGREE_2D = 2
+"""Pipeline stages' ranks of a 2-D pp row (pp_fsdp, pp_tp): pp outermost, as torchtitan lays it out."""
+EP_DEGREE = 2
+"""Ranks an ep_fsdp row's experts are split over (torchtitan's expert_parallel_degree)."""
+PP_LAYOUTS = ("pp", "pp_fsdp", "pp_tp")
 
 
 def _compile_part(s: Any) -> str:
@@ -55,11 +60,15 @@ TIERS = ("pr", "nightly", "release")
 
 # fmt: off
 COLUMNS: tuple[Column, ...] = (
-    Column("parallel", ("tp", "tp_sp", "fsdp", "fsdp_tp", "ep", "hsdp", "pp", "single"), REQUIRED, "{}",
+    Column("parallel", ("tp", "tp_sp", "fsdp", "fsdp_tp", "ep", "ep_fsdp", "hsdp", "pp", "pp_fsdp", "pp_tp", "cp",
+                        "single"), REQUIRED, "{}",
            "tp / tp_sp: torchtitan's llama3 TP plan (sequence parallel or not), TP = ws; fsdp: FSDP2 "
            "fully_shard per block + root, dp = ws; fsdp_tp: 2-D mesh (dp_shard = ws/2, tp = 2), TP (SP) inside, "
            "FSDP2 outside; ep: experts split over the ranks, tokens moved by all-to-all; hsdp: FSDP2 on a 2-D "
-           "(dp_replicate 2 x dp_shard ws/2) mesh; pp: torch.distributed.pipelining over the blocks; single: one device, no mesh (the "
+           "(dp_replicate 2 x dp_shard ws/2) mesh; pp: torch.distributed.pipelining over the blocks; ep_fsdp: EP laid out "
+           "as torchtitan does (dense weights FSDP2 on every rank, experts owned on an ep mesh of 2 with FSDP2 over "
+           "the efsdp = ws/2 ranks that own the same experts); pp_fsdp / pp_tp: a 2 x 2 mesh, pp outermost, FSDP2 "
+           "or TP (SP) inside each stage; cp: context parallel (ring attention over the sequence); single: one device, no mesh (the "
            "world-size-1 slice suites/single_device.py derives from the table)", "Parallel"),
     Column("schedule", ("none", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"), "none", "{}",
            "the pipeline schedule of a pp row (interleaved ones: two stages per rank); microbatches = accum",
@@ -133,12 +142,12 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda s: s.async_tp and (s.plan != "tp_sp" or s.compile == "none" or s.backend != "inductor"),
          "async TP is an inductor pass over sequence-parallel TP: it needs plan tp_sp, compile model|block "
          "and backend inductor"),
-    Rule(lambda s: s.mp != "none" and not (s.fsdp or s.parallel == "single"),
+    Rule(lambda s: s.mp != "none" and not (s.fsdp or s.parallel in ("single", "pp_fsdp", "ep_fsdp")),
          "mixed precision is FSDP2's MixedPrecisionPolicy (autocast on one device): it needs fsdp, fsdp_tp "
          "or single"),
     Rule(lambda s: (s.parallel == "single") != (s.world_size == 1),
          "parallel single is world size 1, and world size 1 is parallel single"),
-    Rule(lambda s: s.parallel == "ep" and s.model != "moe", "expert parallel needs the moe model"),
+    Rule(lambda s: s.parallel in ("ep", "ep_fsdp") and s.model != "moe", "expert parallel needs the moe model"),
     Rule(lambda s: s.model == "moe" and s.parallel in ("tp_sp", "fsdp_tp"), "the MoE block has a TP plan for `tp` only"),
     Rule(lambda s: s.loss_parallel and s.plan is None,
          "loss parallel shards the logits over a TP dim: it needs tp, tp_sp or fsdp_tp"),
@@ -156,12 +165,23 @@ RULES: tuple[Rule, ...] = (
          "routing edges steer an eager MoE router: they need model=moe, compile=none, resume=none"),
     Rule(lambda s: s.routing == "empty_middle" and s.dp_degree * s.accum < 3,
          "a middle microbatch needs at least 3 (data-parallel ranks x accum)"),
-    Rule(lambda s: (s.parallel == "pp") != (s.schedule != "none"), "a schedule is named exactly for parallel=pp"),
-    Rule(lambda s: s.parallel == "pp" and (s.model != "dense" or s.compiled or s.ac != "none" or s.float8 != "none"
-                                           or s.eval != "none" or s.resume != "none" or s.train == "frozen"),
-         "pp rows run the dense model eager, without AC, Float8, eval, resume or LoRA"),
-    Rule(lambda s: s.parallel == "pp" and (s.accum < 2 or s.accum % 2),
-         "pp microbatches (accum) must be a multiple of the 2 ranks, at least 2"),
+    Rule(lambda s: (s.parallel in PP_LAYOUTS) != (s.schedule != "none"),
+         "a schedule is named exactly for parallel=pp, pp_fsdp or pp_tp"),
+    Rule(lambda s: s.parallel in PP_LAYOUTS and (s.model != "dense" or s.compiled or s.ac != "none" or s.float8 != "none"
+                                                 or s.eval != "none" or s.resume != "none" or s.train == "frozen"
+                                                 or s.loss_parallel),
+         "pp rows run the dense model eager, without AC, Float8, eval, resume, LoRA or loss parallel"),
+    Rule(lambda s: s.parallel in PP_LAYOUTS and (s.accum < 2 or s.accum % 2),
+         "pp microbatches (accum) must be a multiple of the 2 pipeline ranks, at least 2"),
+    Rule(lambda s: s.parallel in ("pp_fsdp", "pp_tp") and s.world_size != 4,
+         "pp_fsdp and pp_tp are 2 x 2 meshes (pp outermost): they need world_size=4"),
+    Rule(lambda s: s.parallel == "ep_fsdp" and (s.compiled or s.clip in ("norm", "foreach") or s.world_size == 1),
+         "ep_fsdp's dispatch sizes its all-to-all from the routing (no fullgraph compile), and its gradients live on "
+         "two meshes: it runs eager, with clip none or mesh"),
+    Rule(lambda s: s.parallel == "cp" and (s.model != "dense" or s.mp != "none" or s.float8 != "none"
+                                           or s.resume != "none" or s.train == "frozen" or s.shapes != "static"
+                                           or s.eval != "none" or s.world_size != 2),
+         "cp rows shard the dense model's sequence over 2 ranks: no MoE, mp, Float8, resume, LoRA, varlen or eval"),
     Rule(lambda s: s.train == "frozen" and s.model == "moe", "the LoRA adapters exist in the dense model only"),
     Rule(lambda s: s.sched != "const" and s.resume != "none",
          "the LR scheduler's state is not part of the resume row's checkpoint: sched needs resume=none"),
@@ -210,22 +230,30 @@ class Scenario:
     @property
     def plan(self) -> str | None:
         """The TP plan applied on the TP mesh dim (None: no TP)."""
-        return {"tp": "tp", "tp_sp": "tp_sp", "fsdp_tp": "tp_sp"}.get(self.parallel)
+        return {"tp": "tp", "tp_sp": "tp_sp", "fsdp_tp": "tp_sp", "pp_tp": "tp_sp"}.get(self.parallel)
 
     @property
     def fsdp(self) -> bool:
+        """FSDP2 over the whole model (the layouts parallelize.apply_fsdp shards as one)."""
         return self.parallel in ("fsdp", "fsdp_tp", "hsdp")
 
     @property
     def tp_degree(self) -> int:
         if self.parallel in ("tp", "tp_sp"):
             return self.world_size
-        return TP_DEGREE_2D if self.parallel == "fsdp_tp" else 1
+        return {"fsdp_tp": TP_DEGREE_2D, "pp_tp": self.world_size // PP_DEGREE_2D}.get(self.parallel, 1)
+
+    @property
+    def pp_degree(self) -> int:
+        """Pipeline ranks: every rank for pp, the outer mesh dim for pp_fsdp / pp_tp."""
+        return {"pp": self.world_size, "pp_fsdp": PP_DEGREE_2D, "pp_tp": PP_DEGREE_2D}.get(self.parallel, 1)
 
     @property
     def dp_degree(self) -> int:
-        """Data-parallel ranks: each sees its own slice of the global batch."""
-        return self.world_size // self.tp_degree
+        """Data-parallel ranks: each sees its own slice of the global batch (cp ranks share one)."""
+        if self.parallel == "cp":
+            return 1
+        return self.world_size // (self.tp_degree * self.pp_degree)
 
     @property
     def data_parallel_max(self) -> int:
@@ -237,7 +265,7 @@ class Scenario:
     def model_args(self) -> ModelArgs:
         if self.model == "moe":
             return MOE_MODEL
-        if self.parallel == "pp":
+        if self.parallel in PP_LAYOUTS:
             return PP_MODEL
         return LORA_MODEL if self.train == "frozen" else MODEL
 

@@ -35,6 +35,9 @@ from .models import ModelArgs, is_frozen
 from .routing import RoutingClock, gather_routing, steer, watch_routing
 from .scenario_record import BATCH, RESUME_AT, SEED, Scenario
 
+FSDP2_LAYOUTS = (*par.FSDP_LAYOUTS, "pp_fsdp", "ep_fsdp")
+"""Layouts whose gradients FSDP2 reduces (their collective dtypes are recorded and judged)."""
+
 
 def batches(scenario: Scenario, seed: int = SEED) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The global batch of every step: BATCH rows per data-parallel rank and microbatch.
@@ -90,10 +93,11 @@ def _clip(scenario: Scenario, layout: Layout, record: TrainRecord, mutation: "Mu
     if scenario.clip == "none":
         return
     params = [p for p in layout.model.parameters() if p.requires_grad]
-    local = [p for n, p in layout.model.named_parameters() if ".experts." in n] if layout.ep else []
+    experts = layout.ep is not None or scenario.parallel == "ep_fsdp"
+    local = [p for n, p in layout.model.named_parameters() if ".experts." in n] if experts else []
     if layout.pipe is not None:
         local = params  # every gradient lives on the rank of its stage only
-    norm = stp.clip_grads(params, scenario.clip, local_params=local, group=layout.dp_group,
+    norm = stp.clip_grads(params, scenario.clip, local_params=local, group=layout.local_group,
                           local_norm=mutation.clip_local_norm)
     record.grad_norms.append(float(norm.cpu()))
 
@@ -114,7 +118,8 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
         tokens, labels = data[step]
         if layout.pipe is not None:
             _pipeline_step(scenario, layout, tokens, labels, device, record, step_parts, mutation,
-                           on_step(step) if on_step else contextlib.nullcontext())
+                           on_step(step) if on_step else contextlib.nullcontext(),
+                           watched=layout.watch is not None and layout.watch[0] == step)
             continue
         mb = tokens.shape[0] // (layout.dp_size * scenario.accum)  # rows per microbatch
         ctx = on_step(step) if on_step else contextlib.nullcontext()
@@ -126,11 +131,11 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
                 start = (layout.dp_rank * scenario.accum + micro) * mb
                 if clock is not None:
                     clock.step, clock.chunk = step, layout.dp_rank * scenario.accum + micro
-                with _loss_context(scenario), \
+                x, y = tokens[start:start + mb].to(device), labels[start:start + mb].to(device)
+                with _loss_context(scenario), _cp_context(layout, x, y), \
                         record_collectives(layout.watch[1]) if watched else contextlib.nullcontext():
                     with _autocast(layout, device):
-                        loss = step_parts.loss(layout.runnable(tokens[start:start + mb].to(device)),
-                                               labels[start:start + mb].to(device)) / scenario.accum
+                        loss = step_parts.loss(layout.runnable(x), y) / scenario.accum
                     loss.backward()
                 total += _value(loss).detach().float()
             if layout.dp_size > 1:
@@ -138,12 +143,30 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
                 total /= layout.dp_size
             if layout.ep is not None:
                 _average_ep_grads(layout.model, layout.dp_group, layout.dp_size)
+            if layout.cp_mesh is not None:  # each rank's loss is the mean over its sequence shard
+                cp_size = layout.cp_mesh.size()
+                dist.all_reduce(total, group=layout.cp_mesh.get_group())
+                total /= cp_size
+                _average_ep_grads(layout.model, layout.cp_mesh.get_group(), cp_size)  # no experts: all averaged
         _clip(scenario, layout, record, mutation)
         record.losses.append(float(total.cpu()))
-        record.grads.append(full_grads(layout.model, layout.ep))
+        grads = full_grads(layout.model, layout.ep)
+        record.grads.append(_gathered(grads) if layout.partial_params else grads)
         _finish_step(step_parts)
         if scenario.fsdp_float8_all_gather:
             par.precompute_float8_scales(layout.model)
+
+
+def _cp_context(layout: Layout, tokens: torch.Tensor, labels: torch.Tensor):
+    """A cp row's forward and backward: tokens, labels and the rotary table sharded over
+    the sequence (torchtitan's `context_parallel` buffers), ring attention inside."""
+    if layout.cp_mesh is None:
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.experimental import context_parallel
+
+    rope = getattr(layout.model, "rope")
+    return context_parallel(layout.cp_mesh, buffers=[tokens, labels, rope], buffer_seq_dims=[1, 1, 0],
+                            no_restore_buffers={tokens, labels})
 
 
 def _autocast(layout: Layout, device):
@@ -153,13 +176,21 @@ def _autocast(layout: Layout, device):
 
 
 def _pipeline_step(scenario: Scenario, layout: Layout, tokens, labels, device, record: TrainRecord,
-                   step_parts: Step, mutation: "Mutation", ctx: Any) -> None:
+                   step_parts: Step, mutation: "Mutation", ctx: Any, watched: bool = False) -> None:
     """One step of a pp row: the schedule runs every microbatch through the stages."""
     from . import pipeline
 
+    import torch.distributed as dist
+
+    rows = tokens.shape[0] // layout.dp_size  # pp_fsdp: each data-parallel rank pipelines its slice
+    part = slice(layout.dp_rank * rows, (layout.dp_rank + 1) * rows)
     with ctx:
         step_parts.opt.zero_grad(set_to_none=scenario.zero_grad == "none")
-        total = pipeline.step(layout.pipe, tokens.to(device), labels.to(device))
+        with record_collectives(layout.watch[1]) if watched else contextlib.nullcontext():
+            total = pipeline.step(layout.pipe, tokens[part].to(device), labels[part].to(device))
+        if layout.dp_size > 1:
+            dist.all_reduce(total, group=layout.dp_group)
+            total /= layout.dp_size
     _clip(scenario, layout, record, mutation)
     record.losses.append(float(total.cpu()))
     record.grads.append(_gathered(full_grads(layout.model)))
@@ -214,7 +245,7 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
         last = scenario.steps - 1
 
         final = scenario.parallel if scenario.resume == "none" else scenario.resume
-        watch = (last, evidence.collectives) if final in par.FSDP_LAYOUTS and not scenario.fsdp_float8_all_gather \
+        watch = (last, evidence.collectives) if final in FSDP2_LAYOUTS and not scenario.fsdp_float8_all_gather \
             else None  # FSDP2's collective dtypes, judged by checks.py
 
         @contextlib.contextmanager
@@ -266,7 +297,7 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
                 evidence.graphs_after_first_step = counter.graphs
         evidence.graph_breaks = _graph_breaks() - breaks_before
         trainable_end = {clean_name(n): 1 for n, p in layout.model.named_parameters() if p.requires_grad}
-        evidence.trainable_end = sorted(_gathered(trainable_end) if layout.pipe is not None else trainable_end)
+        evidence.trainable_end = sorted(_gathered(trainable_end) if layout.partial_params else trainable_end)
         evidence.frozen_with_grad = sorted(n for n, g in record.grads[-1].items()
                                            if g is not None and is_frozen(n, scenario.train))
         if scenario.eval != "none":
