@@ -143,8 +143,8 @@ RULES: tuple[Rule, ...] = (
          "async TP is an inductor pass over sequence-parallel TP: it needs plan tp_sp, compile model|block "
          "and backend inductor"),
     Rule(lambda s: s.mp != "none" and not (s.fsdp or s.parallel in ("single", "pp_fsdp", "ep_fsdp")),
-         "mixed precision is FSDP2's MixedPrecisionPolicy (autocast on one device): it needs fsdp, fsdp_tp "
-         "or single"),
+         "mixed precision is FSDP2's MixedPrecisionPolicy (autocast on one device): it needs an FSDP2 layout "
+         "(fsdp, fsdp_tp, hsdp, pp_fsdp, ep_fsdp) or single"),
     Rule(lambda s: (s.parallel == "single") != (s.world_size == 1),
          "parallel single is world size 1, and world size 1 is parallel single"),
     Rule(lambda s: s.parallel in ("ep", "ep_fsdp") and s.model != "moe", "expert parallel needs the moe model"),
