@@ -91,6 +91,8 @@ class Mutation:
     """Clipping measures each rank's local shards' norm, never reduced over the ranks."""
     pp_sum_microbatches: bool = False
     """The pipeline schedule sums its microbatches' gradients instead of averaging them."""
+    ep_default_divide: bool = False
+    """ep_fsdp's experts keep FSDP2's default divide factor (their efsdp size), not the dp size."""
 
 
 def clean_name(name: str) -> str:

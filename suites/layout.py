@@ -176,7 +176,7 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
         every = meshes((world,), ("dp_shard",))
         layout.dp_group, layout.dp_rank, layout.dp_size = every.get_group(), every.get_local_rank(), world
         ep = par.apply_ep_fsdp(model, mesh["ep"], mesh["efsdp"], every, scenario.mp,
-                               reduce_dtype=mutation.fsdp_reduce_dtype)
+                               reduce_dtype=mutation.fsdp_reduce_dtype, divide=not mutation.ep_default_divide)
         layout.local_group, layout.partial_params = ep.group, True
     if mutation.after_parallelize:
         mutation.after_parallelize(model)

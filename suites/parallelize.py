@@ -353,7 +353,7 @@ def apply_ep(model: Transformer, group: Any) -> ExpertParallel:
 
 
 def apply_ep_fsdp(model: Transformer, ep_mesh: Any, efsdp_mesh: Any, dp_mesh: Any, mp: str,
-                  reduce_dtype: torch.dtype | None = None) -> ExpertParallel:
+                  reduce_dtype: torch.dtype | None = None, divide: bool = True) -> ExpertParallel:
     """Expert parallel laid out as torchtitan 0.3's `parallelize` for MoE models does.
 
     Experts are split over `ep_mesh` (each rank keeps only the experts it owns; the
@@ -362,7 +362,8 @@ def apply_ep_fsdp(model: Transformer, ep_mesh: Any, efsdp_mesh: Any, dp_mesh: An
     experts; every block (attention, norms, router) and the root are FSDP2-sharded over
     `dp_mesh`, every rank. Gradients therefore live on two meshes. An expert's gradient
     sums the tokens of its whole ep group, so its reduction divides by the data-parallel
-    size, not the efsdp size (torchtitan's `set_gradient_divide_factor`).
+    size, not the efsdp size (torchtitan's `set_gradient_divide_factor`; `divide=False` is
+    the mutation that leaves FSDP2's default).
     """
     fully_shard, MixedPrecisionPolicy = fsdp_api()
     if mp == "bf16":
@@ -381,8 +382,10 @@ def apply_ep_fsdp(model: Transformer, ep_mesh: Any, efsdp_mesh: Any, dp_mesh: An
             if ep.owns(e):
                 expert = moe.experts[e]
                 fully_shard(expert, mesh=efsdp_mesh, mp_policy=policy, reshard_after_forward=False)
-                divide = getattr(expert, "set_gradient_divide_factor", None) or expert.set_reduce_scatter_divide_factor
-                divide(float(dp_mesh.size()))
+                if divide:
+                    setter = getattr(expert, "set_gradient_divide_factor", None) or \
+                        expert.set_reduce_scatter_divide_factor
+                    setter(float(dp_mesh.size()))
     for block, again in zip(blocks, reshard_after_forward(len(blocks))):
         fully_shard(block, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=again)
     fully_shard(model, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=False)

@@ -231,7 +231,7 @@ def layout_rows() -> list[Scenario]:
         row("ep_fsdp", model="moe", mp="bf16", accum=2, clip="mesh"),
         row("ep_fsdp", model="moe", world_size=4),
         row("ep_fsdp", model="moe", world_size=4, clip="mesh"),
-        row("ep_fsdp", model="moe", world_size=4, accum=2, mp="bf16", clip="mesh"),
+        row("ep_fsdp", model="moe", world_size=4, mp="bf16", clip="mesh"),  # 8 bf16 microbatches: routing budget
         row("ep_fsdp", model="moe", world_size=4, accum=2, routing="empty_middle", clip="mesh"),
         row("ep_fsdp", model="moe", world_size=4, optim="adamw", sched="warmup_cosine", clip="mesh"),
         # context parallel: ring attention over the sequence (CUDA rows: CPU attention cannot shard)

@@ -70,6 +70,8 @@ RUNS = {
     "lost_requires_grad": ("fsdp-eager", "lose_requires_grad"),
     "control_pp": ("pp-gpipe-eager-ga2", None),
     "pp_summed": ("pp-gpipe-eager-ga2", "pp_sum_microbatches"),
+    "control_ep_fsdp": ("ep_fsdp-moe-eager", None),
+    "ep_default_divide": ("ep_fsdp-moe-eager", "ep_default_divide"),
 }
 
 
@@ -128,6 +130,8 @@ def _mutation(kind: str | None):
         return Mutation(clip_local_norm=True)
     if kind == "pp_sum_microbatches":
         return Mutation(pp_sum_microbatches=True)
+    if kind == "ep_default_divide":
+        return Mutation(ep_default_divide=True)
     if kind == "lose_requires_grad":
         return Mutation(after_parallelize=lambda model: model.norm.weight.requires_grad_(False))
     raise ValueError(kind)
@@ -437,3 +441,11 @@ def test_pipeline_that_sums_its_microbatches_fails_numerics(mutated):
     for stage_param in ("tok_embeddings.weight", "layers.3.feed_forward.w2.weight", "output.weight"):
         assert any(p.startswith("step 0: " + stage_param) for p in problems), (stage_param, problems)
 
+
+
+def test_experts_divided_by_their_own_mesh_fail_numerics(mutated):
+    """EP laid out as torchtitan does: an expert's gradient sums its ep group's tokens, so
+    FSDP2's default divide factor (the efsdp size) leaves it too large; only experts differ."""
+    problems = _problems(mutated, "ep_default_divide", "numerics")
+    assert any(".experts." in p for p in problems), problems
+    assert not any("attention" in p and "step 0" in p for p in problems), problems
