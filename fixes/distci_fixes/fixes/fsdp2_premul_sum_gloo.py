@@ -7,7 +7,7 @@ supports; on gloo the first backward raises "Cannot use ReduceOp.PREMUL_SUM with
 (torch 2.13.0, suites/regressions/test_fsdp2_divide_factor_premul_sum.py). FSDP2 already
 has the portable path: `force_sum_reduction_for_comms` (SUM, with the division done
 before and after), which it forces for MTIA. This fix forces it too when the
-reduce-scatter group runs on gloo; every other backend keeps its op.
+reduce-scatter group runs on gloo over more than one rank; every other case keeps its op.
 
 detect(): the bug is present while `_get_gradient_divide_factors` takes
 `force_sum_reduction_for_comms` (the portable path exists) and nothing in it mentions gloo.
@@ -43,8 +43,10 @@ def _sum_on_gloo(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def _get_gradient_divide_factors(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
-        groups = (bound.arguments.get("reduce_scatter_group"), bound.arguments.get("all_reduce_group"))
-        if any(_on_gloo(g) for g in groups):
+        group = bound.arguments.get("reduce_scatter_group")
+        # Only where a PREMUL_SUM would cross the wire: a one-rank group reduces nothing, and
+        # the forced path would divide its gradient twice (measured: ep_fsdp on 2 ranks, 0.5x).
+        if _on_gloo(group) and group.size() > 1:
             bound.arguments["force_sum_reduction_for_comms"] = True
         return original(*bound.args, **bound.kwargs)
 
