@@ -140,7 +140,8 @@ def test_the_nightly_fuzz_job_runs_a_matrix_cell_and_feeds_the_aggregate():
 
 
 def test_the_aggregate_files_a_fuzz_find_by_its_signature(tmp_path):
-    from distci.ci.regressions import FUZZ_TESTS, regressions
+    from distci.ci.regressions import regressions
+    from distci.judge.rows import FUZZ_TESTS
     from distci.judge.ingest import ingest_runs
     from distci.judge.store import Store
 
