@@ -36,6 +36,9 @@ CASES = {
                      "plant1"),  # no accumulation: a Float8 run of two microbatches is the costliest on CPU
     "ac_all_gather": ({"parallel": "tp,fsdp", "ac": "none,full", "accum": "1,2", "mp": "none,bf16",
                        "optim": "sgd,adamw"}, {"parallel": "fsdp", "ac": "full"}, "plant"),
+    # a size: drawn at 4 steps, the shrinker tries 1 (passes: the bug needs a second step), then 2
+    "late_step_drop": ({"parallel": "tp,fsdp", "ac": "none,full", "steps": "1,2,3,4", "optim": "sgd,adamw"},
+                       {"steps": 2}, "late6"),
 }
 """Every other axis is held at its default: eager, 2 ranks, and none of the costlier columns.
 Each seed's third draw at the latest fails with two or more distractor axes on, so the

@@ -256,8 +256,9 @@ def _report_json(run, report) -> dict:
     return {"cell": run.cell_id, "seed": run.seed, "budget_s": run.budget_s, "stack": run.stack,
             "drawn": report.drawn, "tried": [outcome(o) for o in report.tried],
             "finds": [{"found": key(f.found.point), "shrunk": outcome(f.shrunk), "steps": f.steps,
-                       "complete": f.complete} for f in report.finds],
-            "known": [o.key for o in report.known], "repeats": report.repeats}
+                       "complete": f.complete, "stopped": f.stopped, "seconds": f.seconds,
+                       "known_like": f.known_like} for f in report.finds],
+            "known": [o.key for o in report.known], "repeats": report.repeats, "shrink_s": report.shrink_s}
 
 
 def list_draws(space, seed: str, count: int) -> list[str]:
