@@ -61,6 +61,8 @@ class Outcome:
     known_issue: str | None = None
     message: str = ""
     test_id: str = ""
+    kind: str | None = None
+    """The Result's failure kind (assert, exception, timeout, hang, crash, ...)."""
 
     @property
     def key(self) -> str:
@@ -115,6 +117,10 @@ class Report:
     exhausted: bool = False
     shrink_s: float = 0.0
     """Wall time spent shrinking, all finds together."""
+    slow: list[Outcome] = field(default_factory=list)
+    """Configurations that ran past the test timeout (kind `timeout`, ranks still computing,
+    not stuck in a collective): not shrunk, since a smaller configuration is faster whatever
+    the bug, and on a loaded machine a timeout is no bug's signature. A `hang` is shrunk."""
 
 
 RunBatch = Callable[[list[dict[str, Any]]], list[Outcome]]
@@ -193,6 +199,10 @@ class Fuzzer:
         return [self.cache[key(p)] for p in points]
 
     def _found(self, outcome: Outcome) -> None:
+        if outcome.kind == "timeout":
+            self.report.slow.append(outcome)
+            self.log(f"  timed out, not shrunk: {outcome.key}")
+            return
         if outcome.known_issue:
             self.report.known.append(outcome)
             self.log(f"  known issue {outcome.known_issue}: {outcome.key}")

@@ -11,6 +11,9 @@ wrong in a combination, and quiet (training completes, nothing raises):
     blocks never reshard: only under FSDP with full activation checkpointing);
   - late_step_drop: one parameter's gradient is dropped from the second optimizer step on
     (a stale-state bug: only visible with steps >= 2, so it shrinks to `steps2`).
+The two gradient plants hook the parameter itself: under FSDP2 the sharded parameter's
+gradient is written by the reduce-scatter, outside autograd, so they are quiet there (a
+draw under FSDP passes; the shrinker lands on TP).
 """
 
 from __future__ import annotations

@@ -253,3 +253,14 @@ def test_a_bug_of_the_second_step_shrinks_to_steps_2_and_the_smallest_sizes():
     find = report.finds[0]
     assert find.complete
     assert space.non_default(find.shrunk.point) == {"steps": 2, "dim": 64, "seq": 16, "layers": 1}
+
+
+def test_a_timeout_is_listed_not_shrunk_and_a_hang_is_shrunk():
+    def run(points):
+        return [Outcome(p, "failed", "TestTimeout: rank(s) N, N still running at the test timeout", 1.0,
+                        kind="timeout" if p["optim"] == "adamw" else "hang") if p["accum"] > 1
+                else Outcome(p, "passed", None, 1.0) for p in points]
+    report = Fuzzer(WIDE, "slow", run, max_configs=30, log=lambda m: None).run()
+    assert report.slow and all(o.kind == "timeout" for o in report.slow)
+    assert all(f.found.kind == "hang" for f in report.finds) and report.finds
+    assert all(o.key not in {f.found.key for f in report.finds} for o in report.slow)

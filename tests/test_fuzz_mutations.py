@@ -38,7 +38,7 @@ CASES = {
                        "optim": "sgd,adamw"}, {"parallel": "fsdp", "ac": "full"}, "plant"),
     # a size: drawn at 4 steps, the shrinker tries 1 (passes: the bug needs a second step), then 2
     "late_step_drop": ({"parallel": "tp,fsdp", "ac": "none,full", "steps": "1,2,3,4", "optim": "sgd,adamw"},
-                       {"steps": 2}, "late6"),
+                       {"steps": 2}, "late25"),
 }
 """Every other axis is held at its default: eager, 2 ranks, and none of the costlier columns.
 Each seed's third draw at the latest fails with two or more distractor axes on, so the

@@ -163,7 +163,8 @@ class BatchRunner:
                 o = Outcome(p, "infra", None, 0.0, message="no result recorded (see pytest.log)")
             else:
                 self.stack = self.stack or r.stack
-                o = Outcome(p, r.outcome, r.error_signature, r.duration_s, r.known_issue, r.message[:2000], r.test_id)
+                o = Outcome(p, r.outcome, r.error_signature, r.duration_s, r.known_issue, r.message[:2000], r.test_id,
+                            r.failure_kind)
             if o.failed:
                 self.log(f"    {o.key}: {o.signature}")
             elif o.outcome == "infra":
@@ -243,7 +244,7 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
     RunDir(run_dir).write_info(info)
     RunDir(run_dir).write_junit(cell.id)
     log(f"fuzz {cell.id}: {len(report.tried)} configuration(s), {len(report.finds)} new find(s), "
-        f"{len(report.known)} known issue(s); run {run_dir}")
+        f"{len(report.known)} known issue(s), {len(report.slow)} timed out; run {run_dir}")
     return code
 
 
@@ -258,7 +259,8 @@ def _report_json(run, report) -> dict:
             "finds": [{"found": key(f.found.point), "shrunk": outcome(f.shrunk), "steps": f.steps,
                        "complete": f.complete, "stopped": f.stopped, "seconds": f.seconds,
                        "known_like": f.known_like} for f in report.finds],
-            "known": [o.key for o in report.known], "repeats": report.repeats, "shrink_s": report.shrink_s}
+            "known": [o.key for o in report.known], "repeats": report.repeats, "shrink_s": report.shrink_s,
+            "slow": [o.key for o in report.slow]}
 
 
 def list_draws(space, seed: str, count: int) -> list[str]:

@@ -100,13 +100,17 @@ def render_report(run: FuzzRun, report: Report, started: str, command: str) -> s
         "## Finds",
         "",
     ]
-    if not report.finds and not report.known:
+    if not report.finds and not report.known and not report.slow:
         lines.append("None: every configuration passed or was skipped.")
     for n, find in enumerate(report.finds, 1):
         lines += [f"### {n}. `{find.shrunk.signature}`", "", "```", *find_lines(run, find), "```",
                   "", "Classification: (to be written by whoever triages this find)", ""]
     for o in report.known:
         lines.append(f"- known issue `{o.known_issue}`: `{o.key}` ({o.signature})")
+    if report.slow:
+        lines += ["", "Timed out (past the test timeout, not shrunk: a smaller configuration is faster whatever "
+                  "the bug):", ""]
+        lines += [f"- `{o.key}` ({o.seconds:.0f} s)" for o in report.slow]
     if report.repeats:
         lines += ["", "Repeats of a find (same signature, not shrunk again):", ""]
         lines += [f"- `{k}` repeats `{v}`" for k, v in report.repeats.items()]
