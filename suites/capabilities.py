@@ -99,6 +99,33 @@ def pipelining_schedule(schedule: str) -> str | None:
     return None if hasattr(schedules, name) else f"this torch's pipelining has no {name}"
 
 
+@functools.cache
+def fsdp2_gradient_divide_factor() -> str | None:
+    """ep_fsdp divides its experts' reduction by the data-parallel size, as torchtitan does."""
+    from .parallelize import fsdp_api
+
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        try:
+            from torch.distributed._composable.fsdp import FSDPModule
+        except ImportError as exc:
+            return f"this torch has no FSDP2 ({exc})"
+    fsdp_api()
+    if hasattr(FSDPModule, "set_gradient_divide_factor") or hasattr(FSDPModule, "set_reduce_scatter_divide_factor"):
+        return None
+    return "this torch's FSDP2 cannot set a gradient divide factor (experts on their own mesh need one)"
+
+
+@functools.cache
+def context_parallel() -> str | None:
+    try:
+        from torch.distributed.tensor.experimental import context_parallel as _  # noqa: F401
+    except ImportError as exc:
+        return f"this torch has no torch.distributed.tensor.experimental.context_parallel ({exc})"
+    return None
+
+
 def missing(scenario: Any, device_type: str) -> list[str]:
     """Why this stack cannot run `scenario` on `device_type` (empty: it can)."""
     reasons = []
@@ -106,13 +133,17 @@ def missing(scenario: Any, device_type: str) -> list[str]:
         reasons.append(torchao())
         recipe = "tensorwise" if scenario.float8 == "tensorwise" else "rowwise"
         reasons.append(scaled_mm(device_type, recipe))
-    if scenario.parallel == "ep":
+    if scenario.parallel in ("ep", "ep_fsdp"):
         reasons.append(differentiable_all_to_all())
+    if scenario.parallel == "ep_fsdp":
+        reasons.append(fsdp2_gradient_divide_factor())
+    if scenario.parallel == "cp":
+        reasons.append(context_parallel())
     if scenario.offload:
         reasons.append(fsdp2_offload())
     if scenario.dcp == "async":
         reasons.append(dcp_async_save())
-    if scenario.parallel == "pp":
+    if scenario.schedule != "none":
         reasons.append(pipelining_schedule(scenario.schedule))
     if scenario.clip == "mesh":
         reasons.append(clip_by_norm_parts())

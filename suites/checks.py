@@ -21,7 +21,7 @@ import torch
 from .model_args import ModelArgs
 from .models import sharded_weights
 from .parallelize import FSDP_LAYOUTS
-from .scenarios import MAX_VARLEN_GRAPHS_PER_REGION, Scenario
+from .scenario_record import MAX_VARLEN_GRAPHS_PER_REGION, Scenario
 from .tolerances import Tolerance
 
 MAX_LISTED = 100  # the known-issues registry must see every problem to explain a failure
@@ -322,7 +322,13 @@ def expected_graph(scenario: Scenario, dtype: str | None = None) -> GraphExpecta
             exp.fsdp_param_dtype, exp.fsdp_reduce_dtype = "bfloat16", "float32"
         elif dtype is not None:
             exp.fsdp_param_dtype = exp.fsdp_reduce_dtype = dtype
-    if layout in ("tp", "tp_sp"):
+    if layout in ("pp_fsdp", "ep_fsdp"):  # FSDP2 per stage / on two meshes: dtypes and shards, not unit counts
+        exp.default_placement = "S0"
+        if scenario.mp == "bf16":
+            exp.fsdp_param_dtype, exp.fsdp_reduce_dtype = "bfloat16", "float32"
+        elif dtype is not None:
+            exp.fsdp_param_dtype = exp.fsdp_reduce_dtype = dtype
+    if layout in ("tp", "tp_sp", "pp_tp"):
         exp.sharded = {k: f"S{d}" for k, d in sharded_weights(args).items()}
     elif layout == "fsdp_tp":
         exp.sharded = {k: f"S0,S{d}" for k, d in sharded_weights(args).items()}

@@ -22,7 +22,7 @@ import os
 import pytest
 
 from . import capabilities
-from .scenarios import TIERS, Scenario
+from .scenario_record import TIERS, Scenario
 
 TIER_ENV = "DISTCI_TIER"
 

@@ -52,6 +52,14 @@ SUITE_DEVICES: dict[str, SuiteDevice] = {
 }
 
 
+CP_NOT_ON_CPU = ("context parallel cannot shard CPU attention: torch's ring attention handles the CUDA SDPA kernels "
+                 "(flash / efficient / cudnn) only, and CPU SDPA runs aten._scaled_dot_product_flash_attention_for_cpu, "
+                 "which has no DTensor sharding strategy (measured on torch 2.13.0 and 2.15.0: NotImplementedError "
+                 "'Operator aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy "
+                 "registered'); cp rows run on CUDA cells")
+"""Why a cp row skips on CPU (reports/cpu-nightly-suites.md has the measurement)."""
+
+
 def suite_device(name: str) -> SuiteDevice:
     device_kind(name)
     return SUITE_DEVICES[name]
@@ -68,6 +76,9 @@ def scenario_needs(scenario: Any, device_type: str) -> list[tuple[str, tuple, st
     if scenario.async_tp:
         needs.append(("requires_accelerator", ("cuda",), "async TP fuses collectives over CUDA symmetric memory"))
         needs.append(("requires_sm", (90,), "symmetric-memory async TP kernels need SM90"))
+    if scenario.parallel == "cp" and device_type != "cuda":
+        needs.append(("skip", (), CP_NOT_ON_CPU if device_type == "cpu" else
+                      f"context parallel's ring attention shards the CUDA SDPA kernels only, not {device_type}'s"))
     if scenario.float8 != "none" and device.float8_min_sm:
         needs.append(("requires_sm", (device.float8_min_sm[scenario.float8],),
                       f"float8 {scenario.float8} _scaled_mm kernels"))

@@ -87,6 +87,7 @@ def apply_tp(model: Transformer, mesh: Any, plan: str, float8: str, block_overri
     from torch.distributed.tensor.parallel import parallelize_module
 
     top, block = tp_plan(plan, TPStyles.for_float8(float8), model.args, loss_parallel)
+    top = {k: v for k, v in top.items() if getattr(model, k, None) is not None}  # a pipeline stage holds some
     block = {**block, **(block_overrides or {})}
     parallelize_module(model, mesh, top)
     for layer in model.layers.values():
@@ -348,4 +349,44 @@ def apply_ep(model: Transformer, group: Any) -> ExpertParallel:
     ep = ExpertParallel(group, dist.get_rank(group), dist.get_world_size(group), model.args.n_experts)
     for block in model.layers.values():
         block.feed_forward.dispatch = ep
+    return ep
+
+
+def apply_ep_fsdp(model: Transformer, ep_mesh: Any, efsdp_mesh: Any, dp_mesh: Any, mp: str,
+                  reduce_dtype: torch.dtype | None = None, divide: bool = True) -> ExpertParallel:
+    """Expert parallel laid out as torchtitan 0.3's `parallelize` for MoE models does.
+
+    Experts are split over `ep_mesh` (each rank keeps only the experts it owns; the
+    others are removed from its model, as torchtitan's Shard(0) expert weights hold the
+    local experts only) and FSDP2-sharded over `efsdp_mesh`, the ranks that own the same
+    experts; every block (attention, norms, router) and the root are FSDP2-sharded over
+    `dp_mesh`, every rank. Gradients therefore live on two meshes. An expert's gradient
+    sums the tokens of its whole ep group, so its reduction divides by the data-parallel
+    size, not the efsdp size (torchtitan's `set_gradient_divide_factor`; `divide=False` is
+    the mutation that leaves FSDP2's default).
+    """
+    fully_shard, MixedPrecisionPolicy = fsdp_api()
+    if mp == "bf16":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype or torch.float32)
+    else:
+        policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype) if reduce_dtype else MixedPrecisionPolicy()
+    ep = ExpertParallel(ep_mesh.get_group(), ep_mesh.get_local_rank(), ep_mesh.size(), model.args.n_experts)
+    blocks = list(model.layers.values())
+    for block in blocks:
+        moe = block.feed_forward
+        moe.dispatch = ep
+        for e in range(ep.n_experts):
+            if not ep.owns(e):
+                moe.experts[e] = nn.Module()  # not this rank's: no parameters here
+        for e in range(ep.n_experts):
+            if ep.owns(e):
+                expert = moe.experts[e]
+                fully_shard(expert, mesh=efsdp_mesh, mp_policy=policy, reshard_after_forward=False)
+                if divide:
+                    setter = getattr(expert, "set_gradient_divide_factor", None) or \
+                        expert.set_reduce_scatter_divide_factor
+                    setter(float(dp_mesh.size()))
+    for block, again in zip(blocks, reshard_after_forward(len(blocks))):
+        fully_shard(block, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=again)
+    fully_shard(model, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=False)
     return ep

@@ -36,7 +36,9 @@ class Pipeline:
     stages: list[int]
     n_stages: int
     owner: dict[str, int]
-    """Parameter name -> the rank holding it (every rank knows every name's owner)."""
+    """Parameter name -> the pipeline rank holding it (every rank knows every name's owner)."""
+    group: Any = None
+    """The pipeline's process group (None: every rank is a pipeline rank)."""
 
     @property
     def first(self) -> bool:
@@ -69,8 +71,13 @@ def cut(model: nn.Module, stage: int, n_stages: int) -> nn.Module:
 
 
 def build(schedule: str, build_model: Callable[[], nn.Module], loss_fn: Callable, n_microbatches: int,
-          device: torch.device, group: Any = None, sum_microbatches: bool = False) -> tuple[Pipeline, list[nn.Module]]:
+          device: torch.device, group: Any = None, sum_microbatches: bool = False,
+          prepare: Callable[[nn.Module], None] | None = None) -> tuple[Pipeline, list[nn.Module]]:
     """This rank's stages (fresh seed-built models, cut) and the schedule over them.
+
+    `group`: the pipeline ranks (the `pp` dim of a 2-D mesh; None: all ranks).
+    `prepare`: parallelizes each cut stage in place before it becomes a PipelineStage
+    (FSDP2 or TP inside the stage, as torchtitan's pipeline_llama then parallelize_llama).
     `sum_microbatches` is a mutation: the microbatches' gradients are summed, not averaged."""
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, schedules
@@ -80,6 +87,9 @@ def build(schedule: str, build_model: Callable[[], nn.Module], loss_fn: Callable
     n_stages = ranks * per_rank
     mine = [rank + k * ranks for k in range(per_rank)]
     modules = [cut(build_model(), s, n_stages) for s in mine]
+    for m in modules:
+        if prepare is not None:
+            prepare(m)
     stages = [PipelineStage(m, s, n_stages, device, group=group) for m, s in zip(modules, mine)]
     cls = getattr(schedules, name)
     kwargs: dict[str, Any] = {"n_microbatches": n_microbatches, "loss_fn": loss_fn}
@@ -91,13 +101,15 @@ def build(schedule: str, build_model: Callable[[], nn.Module], loss_fn: Callable
     runner = cls(stages[0] if per_rank == 1 else stages, **kwargs)
     n_layers = len(build_model().layers)
     owner = {n: stage_of(n, n_layers, n_stages) % ranks for n, _ in build_model().named_parameters()}
-    return Pipeline(runner, mine, n_stages, owner), modules
+    return Pipeline(runner, mine, n_stages, owner, group), modules
 
 
-def step(pipe: Pipeline, tokens: torch.Tensor, labels: torch.Tensor, group: Any = None) -> torch.Tensor:
-    """One pipelined forward + backward of the global batch; returns the mean loss on every rank."""
+def step(pipe: Pipeline, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """One pipelined forward + backward of this rank's batch; returns its mean loss on every
+    rank of the pipeline."""
     import torch.distributed as dist
 
+    group = pipe.group
     losses: list[torch.Tensor] = []
     args = (tokens,) if pipe.first else ()
     kwargs = {"target": labels, "losses": losses} if pipe.last else {}

@@ -20,7 +20,7 @@ from . import parallelize as par
 from . import step as stp
 from .models import build_model
 from .routing import RoutingClock, steer, watch_routing
-from .scenarios import SEED, Scenario
+from .scenario_record import SEED, Scenario
 from .training import TrainRecord, _dtype, _eval, _finish_step, _new_step, batches, freeze, full_grads
 
 

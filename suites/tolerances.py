@@ -39,6 +39,10 @@ class Tolerance:
 #   apart from the second Float8 linear on, tools/diag_titan_scales.py), and every element
 #   near an fp8 rounding boundary flips by one fp8 step (6-12%). Require 20 dB, as a
 #   row mix-up (~0 dB), a missing reduction or a dropped gradient (< 10 dB) stay far below.
+#   The loss bound is 1e-3 relative: TP eager tensorwise on CPU gives 5.575306 vs 5.574483
+#   at step 2 (1.5e-4) on torch 2.13.0/torchao 0.18.0 and identically on 2.11.0/0.17.0 on
+#   another CPU (2026-12-02): deterministic, one fp8 flip compounded by the optimizer, not
+#   a drift; a missing reduction moves the loss by O(1).
 #   rowwise / rowwise_with_gw_hp: the rowwise-parallel layers scale each row over their
 #   local K shard, so quantization differs from one process and the difference compounds
 #   over layers and steps: measured >= 21.5 dB, loss within 2.2e-4 (require 15 dB, 2e-3).
@@ -47,7 +51,7 @@ class Tolerance:
 # bf16: both sides round to 8 mantissa bits at different points (require 25 dB, 1e-2).
 TOLERANCES: dict[tuple[str, str], Tolerance] = {
     ("float32", "none"): Tolerance(loss_rtol=1e-5, loss_atol=1e-6, grad_min_sqnr=60.0, grad_max_rel=1e-3),
-    ("float32", "tensorwise"): Tolerance(loss_rtol=1e-4, loss_atol=1e-5, grad_min_sqnr=20.0),
+    ("float32", "tensorwise"): Tolerance(loss_rtol=1e-3, loss_atol=1e-5, grad_min_sqnr=20.0),
     ("float32", "rowwise"): Tolerance(loss_rtol=2e-3, loss_atol=1e-4, grad_min_sqnr=15.0),
     ("float32", "rowwise_with_gw_hp"): Tolerance(loss_rtol=2e-3, loss_atol=1e-4, grad_min_sqnr=15.0),
     ("bfloat16", "none"): Tolerance(loss_rtol=1e-2, loss_atol=1e-3, grad_min_sqnr=25.0),

@@ -16,8 +16,7 @@ placements and which of them require grad.
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -27,90 +26,17 @@ from . import checkpoint as ckpt
 from . import parallelize as par
 from . import step as stp
 from .collectives import record_collectives
-from .models import ModelArgs, build_model, is_frozen
+from .evidence import (  # noqa: F401  (re-exported: the run's records and readers)
+    Evidence, Mutation, TrainRecord, _gathered, _graph_breaks, clean_name, count_executed_ops, full_grads,
+    inductor_probe, placement_name, placements,
+)
+from .layout import Layout, _as_meshes, _dtype, build_layout, freeze  # noqa: F401
+from .models import ModelArgs, is_frozen
 from .routing import RoutingClock, gather_routing, steer, watch_routing
-from .scenarios import BATCH, RESUME_AT, SEED, Scenario
+from .scenario_record import BATCH, RESUME_AT, SEED, Scenario
 
-_WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
-
-Meshes = Callable[..., Any]
-"""mesh(shape, names) -> DeviceMesh over all ranks (the harness's DistContext.mesh)."""
-
-
-@dataclass
-class TrainRecord:
-    """Per-step losses and gradients (float32, on CPU, full/unsharded); eval results; and,
-    for MoE runs, tokens per expert per (step, block, microbatch): `expert_tokens` lists
-    the counts, `routing` keys them by (step, block, global microbatch index) so the
-    parallel run's routing can be compared with the reference's (eager runs only)."""
-
-    losses: list[float] = field(default_factory=list)
-    grads: list[dict[str, torch.Tensor | None]] = field(default_factory=list)
-    eval_loss: float | None = None
-    eval_logits: torch.Tensor | None = None
-    expert_tokens: list[list[int]] = field(default_factory=list)
-    routing: dict[tuple[int, int, int], tuple[int, ...]] = field(default_factory=dict)
-    grad_norms: list[float] = field(default_factory=list)
-    """The total gradient norm clipping measured, per step (clipped rows only)."""
-
-
-@dataclass
-class Evidence:
-    """What the parallel run's compiler, kernels and collectives did; judged by checks.check_graph."""
-
-    compiled: bool = False
-    graphs_after_first_step: int = 0
-    graphs_total: int = 0
-    graph_breaks: int = 0
-    graph_calls: list[int] = field(default_factory=list)
-    """Compiled-graph calls (forward) per training step: 0 is a step that ran eager."""
-    eval_graphs: int = 0
-    eval_calls: int = 0
-    post_grad_graphs: int = 0
-    post_grad_ops: Counter = field(default_factory=Counter)
-    runtime_ops: Counter = field(default_factory=Counter)
-    float8_linears: int = 0
-    float8_all_gather_weights: int = 0
-    placements: dict[str, str] = field(default_factory=dict)
-    trainable: list[str] | None = None
-    """Parameters that require grad once the model is parallelized and compiled (None:
-    not recorded, as in evidence built by hand)."""
-    trainable_end: list[str] | None = None
-    """... and after the last step (nothing in training may flip requires_grad)."""
-    frozen_with_grad: list[str] = field(default_factory=list)
-    collectives: Counter = field(default_factory=Counter)
-    """(op, dtype) -> calls of every c10d / functional collective in the last step."""
-
-    @property
-    def recompiles(self) -> int:
-        return self.graphs_total - self.graphs_after_first_step
-
-
-@dataclass
-class Mutation:
-    """Ways to break a run on purpose, for the tests that prove the checks bite.
-
-    Real scenarios never set these; tests/test_suite_mutations.py does.
-    """
-
-    block_plan_overrides: dict[str, Any] | None = None
-    float8_filter: Callable[[nn.Module, str], bool] | None = None
-    after_parallelize: Callable[[nn.Module], None] | None = None
-    fsdp_reshard: bool = True
-    dynamo_config: dict[str, Any] | None = None
-    skip_checkpoint_load: bool = False
-    fsdp_reduce_dtype: torch.dtype | None = None
-    """FSDP2 reduces gradients in this dtype, whatever the MixedPrecisionPolicy says."""
-    clip_local_norm: bool = False
-    """Clipping measures each rank's local shards' norm, never reduced over the ranks."""
-    pp_sum_microbatches: bool = False
-    """The pipeline schedule sums its microbatches' gradients instead of averaging them."""
-
-
-def clean_name(name: str) -> str:
-    for prefix in _WRAPPER_PREFIXES:
-        name = name.replace(prefix, "")
-    return name
+FSDP2_LAYOUTS = (*par.FSDP_LAYOUTS, "pp_fsdp", "ep_fsdp")
+"""Layouts whose gradients FSDP2 reduces (their collective dtypes are recorded and judged)."""
 
 
 def batches(scenario: Scenario, seed: int = SEED) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -136,59 +62,6 @@ def eval_batch(args: ModelArgs, seed: int = SEED) -> torch.Tensor:
     return torch.randint(0, args.vocab_size, (BATCH, args.max_seq_len), generator=gen)
 
 
-def freeze(model: nn.Module, train: str) -> None:
-    """Freezes what the `train` column freezes (models.is_frozen)."""
-    for name, p in model.named_parameters():
-        if is_frozen(clean_name(name), train):
-            p.requires_grad_(False)
-
-
-def full_grads(model: nn.Module, ep: par.ExpertParallel | None = None) -> dict[str, torch.Tensor | None]:
-    """Every parameter's gradient as a full float32 CPU tensor (collective for DTensors;
-    under expert parallel, each expert's gradient comes from the rank that owns it)."""
-    out: dict[str, torch.Tensor | None] = {}
-    for name, p in model.named_parameters():
-        g = p.grad
-        if g is not None and hasattr(g, "full_tensor"):
-            g = g.full_tensor()
-        out[clean_name(name)] = None if g is None else g.detach().float().cpu().clone()
-    if ep is not None:
-        _gather_expert_grads(model, ep, out)
-    return out
-
-
-def _gather_expert_grads(model: nn.Module, ep: par.ExpertParallel, out: dict) -> None:
-    import torch.distributed as dist
-
-    for name, p in model.named_parameters():
-        key = clean_name(name)
-        if ".experts." not in key:
-            continue
-        expert = int(key.split(".experts.")[1].split(".")[0])
-        owner = expert // ep.local
-        g = p.grad.detach().clone() if ep.owns(expert) and p.grad is not None else torch.zeros_like(p)
-        dist.broadcast(g, src=dist.get_global_rank(ep.group, owner) if ep.group is not None else owner, group=ep.group)
-        out[key] = g.float().cpu()
-
-
-def placement_name(placement: Any) -> str:
-    """S<dim>, R or P: a spelling that does not change with torch's placement reprs."""
-    if placement.is_shard() or type(placement).__name__ == "_StridedShard":  # FSDP2 over TP: strided
-        return f"S{placement.dim}"
-    if placement.is_replicate():
-        return "R"
-    return "P"
-
-
-def placements(model: nn.Module) -> dict[str, str]:
-    """Each parameter's DTensor placements (`local` for a plain tensor)."""
-    out = {}
-    for name, p in model.named_parameters():
-        pl = getattr(p, "placements", None)
-        out[clean_name(name)] = "local" if pl is None else ",".join(placement_name(x) for x in pl)
-    return out
-
-
 def _value(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
@@ -199,25 +72,6 @@ def _loss_context(scenario: Scenario):
     from torch.distributed.tensor.parallel import loss_parallel
 
     return loss_parallel()
-
-
-@dataclass
-class Layout:
-    """How one phase of a run is parallelized: the module it runs, its data slice."""
-
-    runnable: nn.Module
-    model: nn.Module
-    dp_rank: int = 0
-    dp_size: int = 1
-    dp_group: Any = None
-    ep: par.ExpertParallel | None = None
-    counter: par.CompileCounter | None = None
-    autocast: bool = False
-    """bf16 autocast around forward and loss: mixed precision on one device (no FSDP2)."""
-    pipe: Any = None
-    """A pp row's suites.pipeline.Pipeline (this rank's stages and their schedule)."""
-    watch: tuple[int, Counter] | None = None
-    """(step, counter): record that step's collectives (forward + backward) into counter."""
 
 
 @dataclass
@@ -239,10 +93,11 @@ def _clip(scenario: Scenario, layout: Layout, record: TrainRecord, mutation: "Mu
     if scenario.clip == "none":
         return
     params = [p for p in layout.model.parameters() if p.requires_grad]
-    local = [p for n, p in layout.model.named_parameters() if ".experts." in n] if layout.ep else []
+    experts = layout.ep is not None or scenario.parallel == "ep_fsdp"
+    local = [p for n, p in layout.model.named_parameters() if ".experts." in n] if experts else []
     if layout.pipe is not None:
         local = params  # every gradient lives on the rank of its stage only
-    norm = stp.clip_grads(params, scenario.clip, local_params=local, group=layout.dp_group,
+    norm = stp.clip_grads(params, scenario.clip, local_params=local, group=layout.local_group,
                           local_norm=mutation.clip_local_norm)
     record.grad_norms.append(float(norm.cpu()))
 
@@ -263,7 +118,8 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
         tokens, labels = data[step]
         if layout.pipe is not None:
             _pipeline_step(scenario, layout, tokens, labels, device, record, step_parts, mutation,
-                           on_step(step) if on_step else contextlib.nullcontext())
+                           on_step(step) if on_step else contextlib.nullcontext(),
+                           watched=layout.watch is not None and layout.watch[0] == step)
             continue
         mb = tokens.shape[0] // (layout.dp_size * scenario.accum)  # rows per microbatch
         ctx = on_step(step) if on_step else contextlib.nullcontext()
@@ -275,11 +131,11 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
                 start = (layout.dp_rank * scenario.accum + micro) * mb
                 if clock is not None:
                     clock.step, clock.chunk = step, layout.dp_rank * scenario.accum + micro
-                with _loss_context(scenario), \
+                x, y = tokens[start:start + mb].to(device), labels[start:start + mb].to(device)
+                with _loss_context(scenario), _cp_context(layout, x, y), \
                         record_collectives(layout.watch[1]) if watched else contextlib.nullcontext():
                     with _autocast(layout, device):
-                        loss = step_parts.loss(layout.runnable(tokens[start:start + mb].to(device)),
-                                               labels[start:start + mb].to(device)) / scenario.accum
+                        loss = step_parts.loss(layout.runnable(x), y) / scenario.accum
                     loss.backward()
                 total += _value(loss).detach().float()
             if layout.dp_size > 1:
@@ -287,12 +143,30 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
                 total /= layout.dp_size
             if layout.ep is not None:
                 _average_ep_grads(layout.model, layout.dp_group, layout.dp_size)
+            if layout.cp_mesh is not None:  # each rank's loss is the mean over its sequence shard
+                cp_size = layout.cp_mesh.size()
+                dist.all_reduce(total, group=layout.cp_mesh.get_group())
+                total /= cp_size
+                _average_ep_grads(layout.model, layout.cp_mesh.get_group(), cp_size)  # no experts: all averaged
         _clip(scenario, layout, record, mutation)
         record.losses.append(float(total.cpu()))
-        record.grads.append(full_grads(layout.model, layout.ep))
+        grads = full_grads(layout.model, layout.ep)
+        record.grads.append(_gathered(grads) if layout.partial_params else grads)
         _finish_step(step_parts)
         if scenario.fsdp_float8_all_gather:
             par.precompute_float8_scales(layout.model)
+
+
+def _cp_context(layout: Layout, tokens: torch.Tensor, labels: torch.Tensor):
+    """A cp row's forward and backward: tokens, labels and the rotary table sharded over
+    the sequence (torchtitan's `context_parallel` buffers), ring attention inside."""
+    if layout.cp_mesh is None:
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.experimental import context_parallel
+
+    rope = getattr(layout.model, "rope")
+    return context_parallel(layout.cp_mesh, buffers=[tokens, labels, rope], buffer_seq_dims=[1, 1, 0],
+                            no_restore_buffers={tokens, labels})
 
 
 def _autocast(layout: Layout, device):
@@ -302,45 +176,25 @@ def _autocast(layout: Layout, device):
 
 
 def _pipeline_step(scenario: Scenario, layout: Layout, tokens, labels, device, record: TrainRecord,
-                   step_parts: Step, mutation: "Mutation", ctx: Any) -> None:
+                   step_parts: Step, mutation: "Mutation", ctx: Any, watched: bool = False) -> None:
     """One step of a pp row: the schedule runs every microbatch through the stages."""
     from . import pipeline
 
+    import torch.distributed as dist
+
+    rows = tokens.shape[0] // layout.dp_size  # pp_fsdp: each data-parallel rank pipelines its slice
+    part = slice(layout.dp_rank * rows, (layout.dp_rank + 1) * rows)
     with ctx:
         step_parts.opt.zero_grad(set_to_none=scenario.zero_grad == "none")
-        total = pipeline.step(layout.pipe, tokens.to(device), labels.to(device))
+        with record_collectives(layout.watch[1]) if watched else contextlib.nullcontext():
+            total = pipeline.step(layout.pipe, tokens[part].to(device), labels[part].to(device))
+        if layout.dp_size > 1:
+            dist.all_reduce(total, group=layout.dp_group)
+            total /= layout.dp_size
     _clip(scenario, layout, record, mutation)
     record.losses.append(float(total.cpu()))
     record.grads.append(_gathered(full_grads(layout.model)))
     _finish_step(step_parts)
-
-
-def _gathered(table: dict) -> dict:
-    """Every rank's entries in one dict (a pp rank holds its stages' parameters only)."""
-    import torch.distributed as dist
-
-    tables: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(tables, table)
-    out: dict = {}
-    for t in tables:
-        out.update({k: v for k, v in t.items() if v is not None or k not in out})
-    return dict(sorted(out.items()))
-
-
-def _build_pipeline(scenario: Scenario, device, dtype: str, evidence: Evidence, mutation: "Mutation") -> Layout:
-    from . import pipeline
-
-    def fresh() -> nn.Module:
-        model = build_model(scenario.model_args, SEED).to(device=device, dtype=_dtype(dtype))
-        freeze(model, scenario.train)
-        return model
-
-    pipe, modules = pipeline.build(scenario.schedule, fresh, stp.build_loss(scenario), scenario.accum, device,
-                                   sum_microbatches=mutation.pp_sum_microbatches)
-    stages = pipeline.Stages(modules)
-    evidence.placements = _gathered(placements(stages))
-    evidence.trainable = sorted(_gathered({clean_name(n): 1 for n, p in stages.named_parameters() if p.requires_grad}))
-    return Layout(runnable=stages, model=stages, pipe=pipe)
 
 
 def _average_ep_grads(model: nn.Module, group: Any, size: int) -> None:
@@ -367,96 +221,6 @@ def _eval(scenario: Scenario, runnable: nn.Module, device, loss: Callable) -> tu
         return float(_value(value).float().cpu()), _value(logits).float().cpu().clone()
 
 
-def _graph_breaks() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(sum(counters["graph_break"].values()))
-
-
-@contextlib.contextmanager
-def count_executed_ops(into: Counter):
-    """Counts the ops a block of code executes, by the profiler's names (aten::mm ...).
-
-    Ops called inside tensor-subclass dispatch (DTensor, Float8) and the extern kernels
-    of compiled graphs are recorded too, which a TorchDispatchMode would not see.
-    """
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        yield
-    for event in prof.events():
-        into[event.name] += 1
-
-
-def _dtype(name: str) -> torch.dtype:
-    return getattr(torch, name)
-
-
-def _as_meshes(mesh: Any) -> Meshes:
-    """A mesh factory from the harness's `dist.mesh`, or from one DeviceMesh (1-D rows)."""
-    if callable(mesh) and not hasattr(mesh, "mesh_dim_names"):
-        return mesh
-    return lambda shape=None, names=None: mesh
-
-
-def _mesh_for(meshes: Meshes, parallel: str, world_size: int) -> Any:
-    if parallel == "fsdp_tp":
-        return meshes((world_size // 2, 2), ("dp_shard", "tp"))
-    if parallel == "hsdp":
-        return meshes((2, world_size // 2), ("dp_replicate", "dp_shard"))
-    return meshes((world_size,), ("tp",) if parallel in ("tp", "tp_sp") else ("dp_shard",))
-
-
-def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtype: str, evidence: Evidence,
-                 mutation: Mutation) -> Layout:
-    """A fresh seed-built model, parallelized as `parallel` (or not at all: `single`)."""
-    import torch.distributed as dist
-
-    if parallel == "pp":
-        return _build_pipeline(scenario, device, dtype, evidence, mutation)
-    model = build_model(scenario.model_args, SEED).to(device=device, dtype=_dtype(dtype))
-    freeze(model, scenario.train)
-    if scenario.float8 != "none":
-        evidence.float8_linears = par.convert_float8(model, scenario.float8, mutation.float8_filter,
-                                                     fsdp_float8_all_gather=scenario.fsdp_float8_all_gather)
-    layout = Layout(runnable=model, model=model, autocast=parallel == "single" and scenario.mp == "bf16")
-    mesh = tp_mesh = dp_mesh = None
-    world = 1
-    if parallel != "single":  # one device (single rows, a resume row's last layout): no mesh, AC/compile below
-        world = dist.get_world_size()
-        mesh = _mesh_for(meshes, parallel, world)
-        tp_mesh = mesh["tp"] if parallel == "fsdp_tp" else mesh
-        dp_mesh = mesh["dp_shard"] if parallel == "fsdp_tp" else mesh
-    if parallel in ("tp", "tp_sp", "fsdp_tp"):
-        plan = "tp_sp" if parallel == "fsdp_tp" else parallel
-        par.apply_tp(model, tp_mesh, plan, scenario.float8, mutation.block_plan_overrides,
-                     loss_parallel=scenario.loss_parallel)
-        if scenario.async_tp:
-            par.enable_async_tp(tp_mesh)
-    if parallel in ("fsdp", "fsdp_tp", "ep"):
-        layout.dp_group = dp_mesh.get_group()
-        layout.dp_rank = dp_mesh.get_local_rank()
-        layout.dp_size = dp_mesh.size()
-    if parallel == "hsdp":  # data parallel over both mesh dims: every rank its own slice
-        layout.dp_group, layout.dp_rank, layout.dp_size = None, dist.get_rank(), world
-    if parallel == "ep":
-        layout.ep = par.apply_ep(model, layout.dp_group)
-    par.apply_ac(model, scenario.ac)
-    if scenario.compiled:
-        layout.counter = par.CompileCounter(scenario.backend)
-        layout.runnable = par.apply_compile(model, scenario.compile, layout.counter,
-                                            fullgraph=not (scenario.compile == "model" and parallel in par.FSDP_LAYOUTS))
-    if parallel in par.FSDP_LAYOUTS:
-        par.apply_fsdp(model, dp_mesh, scenario.mp, reshard=mutation.fsdp_reshard, mode=scenario.reshard,
-                       offload=scenario.offload, reduce_dtype=mutation.fsdp_reduce_dtype)
-    if mutation.after_parallelize:
-        mutation.after_parallelize(model)
-    evidence.placements = placements(model)
-    evidence.trainable = sorted(clean_name(n) for n, p in model.named_parameters() if p.requires_grad)
-    evidence.float8_all_gather_weights = par.count_float8_all_gather_weights(model) if scenario.float8 != "none" else 0
-    return layout
-
-
 def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str,
                  mutation: Mutation | None = None) -> tuple[TrainRecord, Evidence]:
     """The scenario's parallel run, with the evidence of what compiled and what executed.
@@ -481,7 +245,7 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
         last = scenario.steps - 1
 
         final = scenario.parallel if scenario.resume == "none" else scenario.resume
-        watch = (last, evidence.collectives) if final in par.FSDP_LAYOUTS and not scenario.fsdp_float8_all_gather \
+        watch = (last, evidence.collectives) if final in FSDP2_LAYOUTS and not scenario.fsdp_float8_all_gather \
             else None  # FSDP2's collective dtypes, judged by checks.py
 
         @contextlib.contextmanager
@@ -533,7 +297,7 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
                 evidence.graphs_after_first_step = counter.graphs
         evidence.graph_breaks = _graph_breaks() - breaks_before
         trainable_end = {clean_name(n): 1 for n, p in layout.model.named_parameters() if p.requires_grad}
-        evidence.trainable_end = sorted(_gathered(trainable_end) if layout.pipe is not None else trainable_end)
+        evidence.trainable_end = sorted(_gathered(trainable_end) if layout.partial_params else trainable_end)
         evidence.frozen_with_grad = sorted(n for n, g in record.grads[-1].items()
                                            if g is not None and is_frozen(n, scenario.train))
         if scenario.eval != "none":
@@ -560,29 +324,3 @@ def _config_for(scenario: Scenario, evidence: Evidence):
     patch = {k: v for k, v in patch.items() if hasattr(inductor_config, k)}
     with inductor_config.patch(patch), inductor_probe(evidence):
         yield
-
-
-@contextlib.contextmanager
-def inductor_probe(evidence: Evidence):
-    """Records the post-grad ops of every graph inductor compiles inside the block.
-
-    Inductor's caches are turned off so the pass sees every graph: a cache hit skips the
-    passes, and the fused async-TP ops would look absent.
-    """
-    import torch._inductor.config as inductor_config
-
-    counter = par.PostGradOpCounter()
-    patch = {"post_grad_custom_post_pass": counter, "fx_graph_cache": False}
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(inductor_config.patch({k: v for k, v in patch.items() if hasattr(inductor_config, k)}))
-        try:
-            import torch._functorch.config as functorch_config
-        except ImportError:
-            functorch_config = None
-        if functorch_config is not None and hasattr(functorch_config, "enable_autograd_cache"):
-            stack.enter_context(functorch_config.patch(enable_autograd_cache=False))
-        try:
-            yield
-        finally:
-            evidence.post_grad_graphs = counter.graphs
-            evidence.post_grad_ops = counter.ops

@@ -55,6 +55,7 @@ class Cancel:
     when: Callable[[Path], bool]
     grace_s: float = 7.5  # the runner's wait between SIGINT and SIGTERM
     timeout_s: float = 900.0  # the step ending first, or this, without `when`: no cancel happened
+    kill_at_once: bool = False  # SIGKILL with no grace: a runner that dies rather than cancels
 
 
 class Ctx(dict):
@@ -333,7 +334,9 @@ def _cancelled_step(cmd: list[str], cwd: Path, env: dict[str, str] | None, name:
             time.sleep(0.5)
         cancelled = proc.poll() is None and cancel.when(temp)
         if cancelled:
-            for sig, wait in ((signal.SIGINT, cancel.grace_s), (signal.SIGTERM, 2.5), (signal.SIGKILL, 10.0)):
+            ladder = ((signal.SIGKILL, 10.0),) if cancel.kill_at_once else \
+                ((signal.SIGINT, cancel.grace_s), (signal.SIGTERM, 2.5), (signal.SIGKILL, 10.0))
+            for sig, wait in ladder:
                 try:
                     os.killpg(proc.pid, sig)
                 except ProcessLookupError:

@@ -124,7 +124,9 @@ def test_below_the_nightly_the_cli_names_the_main_commit(pytorch, tmp_path, monk
     assert [(c["subject"], c["kind"], c["binary"]) for c in below["list"]] == [
         ("python: add util", "python", "good"), ("native: new kernel", "native", "bad"),
         ("python: faster scale", "python", "bad"), ("docs", "inert", "bad")]
-    assert report["commits"] == {"last_old": _nightly(repo, "2026-03-02"), "first_new": _nightly(repo, "2026-03-03")}
+    old, new = _nightly(repo, "2026-03-02"), _nightly(repo, "2026-03-03")
+    assert report["commits"] == {"last_old": old, "first_new": new,
+                                 "compare": f"https://github.com/pytorch/pytorch/compare/{old}...{new}"}
 
 
 def _nightly(repo: Repo, day: str) -> str:

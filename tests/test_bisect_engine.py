@@ -341,3 +341,22 @@ def test_refusal_says_why_an_endpoint_was_skipped():
 
     with pytest.raises(BisectRefused, match=r"good end 0 could not be probed \(skip: pip install failed \(exit 1\)\)"):
         bisect(list(range(5)), probe)
+
+
+@pytest.mark.parametrize("with_compare", [True, False])
+def test_markdown_of_a_torch_boundary_names_both_builds_and_the_compare_url(tmp_path, with_compare):
+    """`--markdown` on a torch nightly bisect crashed after the answer (KeyError: 'compare'):
+    the builds' git hashes came without the compare URL. A report written before they
+    carried one still gets it."""
+    from distci.bisect.below import COMPARE_URL
+    from distci.bisect.report import to_markdown
+
+    old, new = "8" * 40, "c" * 40
+    commits = {"last_old": old, "first_new": new}
+    if with_compare:
+        commits["compare"] = COMPARE_URL.format(good=old, bad=new)
+    result = bisect(list(range(4)), Oracle(2))
+    data = json.loads(write_report(tmp_path / "r.json", result, meta={}, resume="", extra={"commits": commits}).read_text())
+    text = to_markdown(data, command="nox -s bisect -- versions ...")
+    assert f"- last good: `{old}`" in text and f"- first bad: `{new}`" in text
+    assert f"- compare: https://github.com/pytorch/pytorch/compare/{old}...{new}" in text

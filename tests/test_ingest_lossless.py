@@ -21,7 +21,7 @@ import pytest
 from fixtures_runs import stack, write_run
 
 from distci.judge.ingest import ingest, ingest_runs
-from distci.judge.store import Store, StoreError
+from distci.judge.store import SCHEMA_VERSION, Store, StoreError
 from distci.results import write_junit, xml_text
 from distci.rundir import JUNIT_FILE, RunDir
 
@@ -175,9 +175,12 @@ def test_an_older_store_is_upgraded_in_place(tmp_path: Path) -> None:
         for column in dropped:
             if column in {r[1] for r in conn.execute("PRAGMA table_info(runs)")}:
                 conn.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+        conn.execute("DROP INDEX IF EXISTS results_history")  # schema 4: results carry their run's start
+        conn.execute("ALTER TABLE results DROP COLUMN run_started_at")
         conn.execute(f"PRAGMA user_version = {version}")
         conn.commit()
         conn.close()
         with Store(db) as s:
             assert [r.run_id for r in s.runs()] == ["r1"] and s.runs()[0].selection == []
-            assert s.conn.execute("PRAGMA user_version").fetchone()[0] == 3
+            assert s.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+            assert [tuple(r) for r in s.conn.execute("SELECT run_started_at FROM results")] == [(s.runs()[0].started_at,)]

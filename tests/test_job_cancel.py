@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 
 from jobsteps import PASS_THROUGH, SYSTEM_PATH, Cancel, Runner
+
+from distci.harness.recorder import NOT_RUN
 from test_job_steps import _copy_tree, actions_root  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow
@@ -34,8 +36,7 @@ def _first_result(temp: Path) -> bool:
     return any(p.stat().st_size > 0 for p in (temp / "runs").glob("*/results.jsonl"))
 
 
-def test_a_cancelled_pr_tier_job_uploads_its_run_and_junit(actions_root):
-    root = actions_root
+def _pr_tier_runner(root: Path, cancel: Cancel) -> Runner:
     workspace = root / "workspace"
     workspace.mkdir()
     _copy_tree(workspace)
@@ -45,11 +46,18 @@ def test_a_cancelled_pr_tier_job_uploads_its_run_and_junit(actions_root):
     env.update({"PATH": SYSTEM_PATH, "HOME": str(home), "LANG": "C.UTF-8", "CI": "true", "GITHUB_ACTIONS": "true",
                 "GITHUB_WORKSPACE": str(workspace), "GITHUB_REPOSITORY": "distci/distci",
                 "GITHUB_SERVER_URL": "https://github.com", "RUNNER_OS": "Linux", "RUNNER_NAME": "distci-test-runner"})
-    step = "nox -s dist_tests -- --tier pr"
-    runner = Runner(workspace / ".github" / "workflows" / "pr.yml", workspace, root, user=None,
-                    labels={"ubuntu-latest"}, inputs={}, variables={}, env=env,
-                    cancel=Cancel("pr-tier", step, _first_result),
-                    env_override={"DISTCI_INDEX_URL": "", "DISTCI_EXTRA_INDEX_URLS": ""})
+    return Runner(workspace / ".github" / "workflows" / "pr.yml", workspace, root, user=None,
+                  labels={"ubuntu-latest"}, inputs={}, variables={}, env=env, cancel=cancel,
+                  env_override={"DISTCI_INDEX_URL": "", "DISTCI_EXTRA_INDEX_URLS": ""})
+
+
+STEP = "nox -s dist_tests -- --tier pr"
+
+
+def test_a_cancelled_pr_tier_job_uploads_its_run_and_junit(actions_root):
+    root = actions_root
+    step = STEP
+    runner = _pr_tier_runner(root, Cancel("pr-tier", step, _first_result))
     jobs = runner.wf["jobs"]
     started = time.monotonic()
     runner.jobs["pr-tier"] = [tier] = runner.run_job("pr-tier", jobs["pr-tier"])
@@ -65,14 +73,44 @@ def test_a_cancelled_pr_tier_job_uploads_its_run_and_junit(actions_root):
     print("uploaded:", [(r["test_id"].rpartition("::")[2], r["outcome"], r.get("error_signature")) for r in results])
     interrupted = [r for r in results if (r.get("error_signature") or "").startswith("Interrupted")]
     assert all(r["failure_kind"] == "infra" for r in interrupted), interrupted  # the test in flight, if one was
-    if (run_dir / "junit.xml").exists():  # written when the controller closed the run within the grace
-        cases = list(ET.parse(run_dir / "junit.xml").getroot().iter("testcase"))
-        assert len(cases) == len(results), "the JUnit file says what results.jsonl says"
-    else:
-        print("no junit.xml: the run was killed before it closed (SIGKILL 10 s after the cancel)")
+    # Closed within the grace, junit.xml says what results.jsonl says; killed before it
+    # closed, it is the harness's file as the run went: the rest interrupted or not run.
+    cases = {c.get("name"): c for c in ET.parse(run_dir / "junit.xml").getroot().iter("testcase")}
+    recorded = {r["test_id"].rpartition("::")[2] for r in results}
+    assert recorded <= set(cases), "every recorded test is in the JUnit file"
+    for name in set(cases) - recorded:
+        mark = cases[name].find("error") if cases[name].find("error") is not None else cases[name].find("skipped")
+        assert mark is not None and mark.get("message", "").startswith(("Interrupted", NOT_RUN)), name
     info = json.loads((run_dir / "run.json").read_text())
     assert info["cell_id"] and (run_dir / "stack.json").is_file()
 
     runner.jobs["gate"] = [gate] = runner.run_job("gate", jobs["gate"])
     print("\n".join(f"--- {s.name} rc {s.rc}\n{s.output[-1500:]}" for s in gate.steps))
     assert gate.result == "failure" and gate.step("The pr tier ran to its end").rc == 1
+
+
+def test_a_pr_tier_job_killed_at_once_uploads_a_junit_file_of_how_far_it_got(actions_root):
+    """SIGKILL with no grace (a lost runner, a cancel past its grace): no handler runs and
+    nothing closes the run, yet the uploaded junit.xml parses, holds every test that
+    finished as results.jsonl says, and names the rest interrupted or not run."""
+    runner = _pr_tier_runner(actions_root, Cancel("pr-tier", STEP, _first_result, kill_at_once=True))
+    runner.jobs["pr-tier"] = [tier] = runner.run_job("pr-tier", runner.wf["jobs"]["pr-tier"])
+    ran = tier.step(STEP)
+    assert ran.cancelled and tier.result == "cancelled", ran.output[-3000:]
+    (run_dir,) = (runner.artifacts / "pr-runs").iterdir()
+    finished = {json.loads(line)["test_id"].rpartition("::")[2]: json.loads(line)["outcome"]
+                for line in (run_dir / "results.jsonl").read_text().splitlines()}
+    assert finished, "the cancel waited for a first result"
+    suite = ET.parse(run_dir / "junit.xml").getroot().find("testsuite")  # parses: it was never half written
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    print(f"{len(finished)} finished, {len(cases)} in junit.xml")
+    shown = {name: ("error" if c.find("error") is not None else "failed" if c.find("failure") is not None
+                    else "skipped" if c.find("skipped") is not None else "passed") for name, c in cases.items()}
+    assert {n: shown[n] for n in finished} == finished, "each finished test as results.jsonl says"
+    rest = {n: c for n, c in cases.items() if n not in finished}
+    assert rest, "the pr tier has more tests than the one that finished before the kill"
+    messages = [(c.find("error") if c.find("error") is not None else c.find("skipped")).get("message", "")
+                for c in rest.values()]
+    assert all(m.startswith(("Interrupted", NOT_RUN)) for m in messages), messages
+    assert sum(m.startswith("Interrupted") for m in messages) <= 1
+    assert int(suite.get("tests")) == len(cases) == len(finished) + len(rest)

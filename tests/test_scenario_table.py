@@ -46,6 +46,10 @@ def test_a_value_outside_its_column_is_refused_with_the_allowed_ones():
     ({"parallel": "tp", "mp": "bf16"}, "mixed precision is FSDP2's MixedPrecisionPolicy"),
     ({"parallel": "ep"}, "expert parallel needs the moe model"),
     ({"parallel": "fsdp", "loss_parallel": True}, "loss parallel shards the logits over a TP dim"),
+    ({"parallel": "pp_fsdp", "schedule": "1f1b", "accum": 2}, "pp_fsdp and pp_tp are 2 x 2 meshes"),
+    ({"parallel": "ep_fsdp", "model": "moe", "clip": "norm"}, "ep_fsdp's dispatch sizes its all-to-all"),
+    ({"parallel": "cp", "mp": "bf16"}, "mixed precision is FSDP2's MixedPrecisionPolicy"),
+    ({"parallel": "cp", "model": "moe"}, "cp rows shard the dense model's sequence over 2 ranks"),
 ])
 def test_every_rule_can_refuse_a_row(columns, message):
     with pytest.raises(ScenarioError, match=message):
@@ -65,3 +69,33 @@ def test_the_coverage_table_has_a_column_per_declared_column():
     assert header.count("|") == len(COLUMNS) + 1 + 3 + 1  # id, columns, three devices
     for c in COLUMNS:
         assert f" {c.title} " in header
+
+
+def test_cp_rows_skip_on_cpu_with_the_measured_reason_and_run_on_cuda():
+    from suites.devices import CP_NOT_ON_CPU, scenario_needs
+
+    cp = [s for s in TABLE if s.parallel == "cp"]
+    assert cp, "the table has context-parallel rows"
+    for s in cp:
+        assert ("skip", (), CP_NOT_ON_CPU) in scenario_needs(s, "cpu")
+        assert not any(name == "skip" for name, _, _ in scenario_needs(s, "cuda")), s.id
+    assert "_scaled_dot_product_flash_attention_for_cpu" in CP_NOT_ON_CPU
+
+
+def test_multi_mesh_rows_never_enter_the_one_device_slice_as_themselves():
+    """A cp / pp_* / ep_fsdp row needs >= 2 ranks: its projection is a plain one-device row."""
+    from suites.single_device import single_device_slice
+
+    for s in single_device_slice():
+        assert s.parallel == "single" and s.world_size == 1 and s.schedule == "none", s.id
+        assert not s.id.startswith(("cp-", "pp_", "ep_fsdp-")), s.id
+
+
+def test_two_dimensional_pp_and_torchtitan_ep_have_their_degrees():
+    s = row("pp_fsdp", schedule="gpipe", accum=2, world_size=4)
+    assert (s.pp_degree, s.tp_degree, s.dp_degree) == (2, 1, 2)
+    s = row("pp_tp", schedule="gpipe", accum=2, world_size=4)
+    assert (s.pp_degree, s.tp_degree, s.dp_degree, s.plan) == (2, 2, 1, "tp_sp")
+    assert row("pp", schedule="gpipe", accum=2).dp_degree == 1
+    assert row("ep_fsdp", model="moe", world_size=4).dp_degree == 4
+    assert row("cp").dp_degree == 1

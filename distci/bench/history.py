@@ -12,7 +12,9 @@ history exists; this writes one, deterministically (a seed), with what real ones
   from 60% of the nights on (torch's git hash changes that night);
 - known issues: the first few regression tests fail in fixes-off cells, matched (xfail);
 - flaky tests (a few ids flip at random, some passing on their rerun), and now and then
-  a night whose environment never came up (one `infra` record, as cellrun writes it).
+  a night whose environment never came up (one `infra` record, as cellrun writes it);
+- on the last night the release cells run the release tier (what a release gate judges:
+  the candidate cells' latest complete release run), every other run the nightly tier.
 
 Each results.jsonl line is a full Result record (distci.results) carrying its run's
 stack, as the recorder writes it. The stack is the compact one (versions, devices; no
@@ -202,8 +204,9 @@ def write_night(history: History, night: int, offset: int, cell: str, day: datet
     (run_dir / "stack.json").write_text(stack_json)
     torch, _, _ = _axes(cell)
     ended = day + timedelta(seconds=3 * len(lines) + 5)
+    release = night == history.shape.nights - 1 and torch == RELEASE_TORCH and cell.endswith("fix_on")
     info = {"run_id": run_id, "cell_id": cell, "started_at": day.isoformat(), "ended_at": ended.isoformat(),
-            "runner": "gpu-runner-1", "backend": "docker", "tier": "nightly",
+            "runner": "gpu-runner-1", "backend": "docker", "tier": "release" if release else "nightly",
             "nightly_date": f"{day:%Y-%m-%d}" if torch == "nightly" else None, "exit_code": 0}
     (run_dir / "run.json").write_text(json.dumps(info, indent=1, sort_keys=True))
     return run_dir

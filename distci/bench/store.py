@@ -4,8 +4,9 @@ Today is 50 cells x 300 tests for about four nights (~55 k results); 100x is a y
 nightly history (365 nights, ~5.5 M results). For each scale a history is generated
 (distci.bench.history) and then, timed with time.perf_counter:
 
-- ingest: the history but its last night, BATCH_NIGHTS nights per `ingest_runs` call
-  (as a backfill would; one call holds its batch in memory) -> results per second;
+- ingest: the history but its last night, read from its run directories by `ingest_runs`
+  (what `distci ingest` runs), BATCH_NIGHTS nights per call (a call streams its runs one
+  at a time, oldest first) -> results per second, wall and per CPU second;
 - nightly ingest: the last night alone into the full store (what every night pays);
 - gate: the release tier (`evaluate`) against the full store;
 - dashboard: `render_dashboard` into a fresh directory, and its weight (the index,
@@ -91,8 +92,8 @@ def _timed(fn):
 def grow(store_path: Path, copies: int, nights: int) -> None:
     """Repeats the store's history: `copies` more blocks of its runs and results, block k
     moved k x `nights` days later, run ids prefixed `g<k>-`. Verdicts are copied, not
-    recomputed. What the gate and the dashboard read at a year, built in SQL in minutes;
-    ingesting a year of files took hours on the shared 2-core machine (README "Benchmarks")."""
+    recomputed. What the gate and the dashboard read at a year, built in SQL when there is
+    no time or disk to ingest a year of files (README "Benchmarks" says which scales were)."""
     conn = sqlite3.connect(str(store_path), isolation_level=None)
     try:
         conn.execute("PRAGMA synchronous = OFF")
@@ -105,6 +106,7 @@ def grow(store_path: Path, copies: int, nights: int) -> None:
                     "run_id": f"'g{k}-' || run_id",
                     "started_at": f"CASE started_at WHEN '' THEN '' ELSE strftime('%Y-%m-%dT%H:%M:%S', started_at, {shift}) || '+00:00' END",
                     "ended_at": f"CASE ended_at WHEN '' THEN '' ELSE strftime('%Y-%m-%dT%H:%M:%S', ended_at, {shift}) || '+00:00' END",
+                    "run_started_at": f"CASE run_started_at WHEN '' THEN '' ELSE strftime('%Y-%m-%dT%H:%M:%S', run_started_at, {shift}) || '+00:00' END",
                     "nightly_date": f"date(nightly_date, {shift})",
                     "compared_run": f"CASE WHEN compared_run IS NULL THEN NULL ELSE 'g{k}-' || compared_run END",
                 }

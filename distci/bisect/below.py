@@ -57,13 +57,14 @@ def torch_git_version(cache: EnvCache, candidate: Any) -> str | None:
 
 
 def torch_commits(axis: str, cache: EnvCache, result: BisectResult[Any]) -> dict[str, str] | None:
-    """The git_version of the two torch builds around a boundary, oldest first."""
+    """The git_version of the two torch builds around a boundary, oldest first, and the
+    compare URL between them (what a user without a pytorch clone looks up next)."""
     if axis != "torch" or result.kind != "boundary" or not isinstance(result.first_new, WheelCandidate):
         return None
     old, new = torch_git_version(cache, result.last_old), torch_git_version(cache, result.first_new)
     if old is None or new is None:
         return None
-    return {"last_old": old, "first_new": new}
+    return {"last_old": old, "first_new": new, "compare": COMPARE_URL.format(good=old, bad=new)}
 
 
 def below_nightly(result: BisectResult[Any], q: Any, cache: EnvCache, check: CommandCheck,

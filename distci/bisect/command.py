@@ -129,6 +129,7 @@ def main(args: BisectArgs, *, log: Log = print) -> int:
     commits = record.get("commits")
     if commits:
         log(f"nightly builds: {commits['last_old']} .. {commits['first_new']}")
+        log(f"compare: {commits['compare']}")
     log(f"report: {report_path}")
     if record.get("test_id") and (question.regression or args.store):
         _to_store(args, report_path, log)

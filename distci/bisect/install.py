@@ -140,9 +140,7 @@ class EnvCache:
         as requirements or none: with --base-env, `ensure` lays the candidate over it."""
         requirements = [candidate.requirement, *self.base.requirements]
         try:
-            house = ensure_wheelhouse(requirements, [*candidate.pip_args(), *self.pip_args,
-                                                     *self.base.install_args],
-                                      self.wheelhouse_root, python=self.python, log=self.log)
+            house = self._stack_wheelhouse(candidate, requirements)
             root = (self.env_root or env_default_root()).resolve()
             warm = (root / f"stack-{env_key(house, self.python)}" / ENV_MARKER).exists()
             env = ensure_env(house, root=root, python=self.python, log=self.log)
@@ -152,6 +150,25 @@ class EnvCache:
         note.parent.mkdir(parents=True, exist_ok=True)
         note.write_text(json.dumps({"env": str(env.path), "requirements": requirements}))
         return env.path, warm
+
+    def _stack_wheelhouse(self, candidate: WheelCandidate, requirements: list[str]) -> Wheelhouse:
+        """The wheels of "candidate + the base's requirements".
+
+        A candidate from its own index (a nightly's, DISTCI_INDEX_URL's) or wheel directory
+        is resolved there alone, with its dependencies (a CUDA nightly's pytorch-triton is
+        only on the nightly index); the base's requirements (pytest, packaging, pins) are
+        resolved with pip's configuration and that wheelhouse as find-links. One pip call
+        with the candidate's `--index-url` would look for pytest on the nightly index,
+        which does not serve it: every candidate an infra skip."""
+        own_args = candidate.pip_args()
+        if not own_args or not self.base.requirements:
+            return ensure_wheelhouse(requirements, [*own_args, *self.pip_args, *self.base.install_args],
+                                     self.wheelhouse_root, python=self.python, log=self.log)
+        own = ensure_wheelhouse([candidate.requirement], [*own_args, *self.pip_args, *self.base.install_args],
+                                self.wheelhouse_root, python=self.python, log=self.log)
+        return ensure_wheelhouse(requirements, ["--find-links", str(own.path.resolve()), *self.pip_args,
+                                                *self.base.install_args],
+                                 self.wheelhouse_root, python=self.python, log=self.log)
 
     def _stack_note(self, key: str) -> Path:
         return self.root / "stacks" / f"{_safe(key)}-{_digest([key, self.salt])}.json"

@@ -191,7 +191,7 @@ def to_markdown(data: dict[str, Any], *, command: str | None = None) -> str:
                   f"`{commits['last_old']}`",
                   f"- first {'bad' if data['mode'] == 'regression' else 'good'}: "
                   f"`{commits['first_new']}`",
-                  f"- compare: {commits['compare']}", ""]
+                  f"- compare: {commits.get('compare') or _compare(commits)}", ""]
     lines += ["| step | phase | candidate | outcome | seconds | setup s | env |",
               "|---:|---|---|---|---:|---:|---|"]
     for step, probe in enumerate(data["probes"], 1):
@@ -208,6 +208,13 @@ def to_markdown(data: dict[str, Any], *, command: str | None = None) -> str:
         lines.append(f"- {name}: {bucket['runs']:g} runs, {bucket['seconds']:.1f} s "
                      f"(mean {bucket['mean_seconds']:.1f} s)")
     return "\n".join(lines) + "\n"
+
+
+def _compare(commits: dict[str, Any]) -> str:
+    """The compare URL of a report written before `commits` carried one."""
+    from distci.bisect.upstream import COMPARE_URL
+
+    return COMPARE_URL.format(repo="pytorch/pytorch", good=commits["last_old"], bad=commits["first_new"])
 
 
 def _label(probe: dict[str, Any]) -> str:

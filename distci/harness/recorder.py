@@ -3,6 +3,12 @@
 Lines are appended as each test finishes, so a run killed half way keeps every finished
 result. Distributed tests carry what the ranks said (failure kind, per-rank excerpts);
 the rest are classified from pytest's own report.
+
+junit.xml is kept whole on disk as the run goes (rewritten atomically when a test starts
+and when it ends): the tests that finished, the one in flight as interrupted, the rest as
+not run. A runner killed at once (SIGKILL: a cancelled job past its grace, a lost machine)
+still leaves a JUnit file that says how far the run got; a run that ends normally or is
+stopped rewrites it from results.jsonl at the end, as before.
 """
 
 from __future__ import annotations
@@ -21,6 +27,10 @@ import pytest
 from distci.results import RankExcerpt, Result, error_signature, write_junit
 from distci.rundir import INFRA_PREFIX, RECORD_LOST_EXIT, RecordError, RunDir
 from distci.harness.outcome import Combined
+
+
+NOT_RUN = "not run: the run ended before this test started (its runner was killed)"
+"""The skip message of a selected test that never started, in the junit.xml kept as the run goes."""
 
 
 def _repro(cell: str | None, nodeid: str) -> str:
@@ -49,6 +59,8 @@ class Recorder:
         self.session: pytest.Session | None = None
         self.record_error = ""  # set when a Result could not be written: the run ends as infra
         self.lost: Result | None = None
+        self.planned: list[str] = []  # the selected tests, in run order
+        self.finished: dict[str, Result] = {}
 
     def remember(self, nodeid: str, combined: Combined) -> None:
         self.combined[nodeid] = combined
@@ -69,9 +81,39 @@ class Recorder:
 
             self.known_issues = load_registry(Path(registry))
 
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.planned = [item.nodeid for item in session.items]
+        self._live_junit()
+
+    def _live_junit(self) -> None:
+        """junit.xml as the run stands now (see the module doc); a failed write is left to
+        the end of the run to report (it keeps the previous file whole)."""
+        if self.writer is None or not self.planned or self.record_error:
+            return
+        results = list(self.finished.values())
+        for nodeid in self.planned:
+            if nodeid in self.finished:
+                continue
+            if nodeid == self.current:
+                results.append(Result(
+                    run_id=self.run_id, cell_id=self.cell, test_id=nodeid, outcome="error", stack=self.stack,
+                    failure_kind="infra", error_signature="Interrupted: the run ended during this test",
+                    message="Interrupted: the run ended during this test (its runner was killed before it finished)",
+                    repro=_repro(self.cell if self.cell != "local" else None, nodeid),
+                    started_at=self.started.get(nodeid, "")))
+            else:
+                results.append(Result(
+                    run_id=self.run_id, cell_id=self.cell, test_id=nodeid, outcome="skipped", stack=self.stack,
+                    message=NOT_RUN, repro=_repro(self.cell if self.cell != "local" else None, nodeid)))
+        try:
+            write_junit(results, self.writer.junit_path, suite_name=self.cell)
+        except OSError:
+            pass
+
     def pytest_runtest_logstart(self, nodeid: str, location) -> None:
         self.started[nodeid] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         self.current, self.current_start = nodeid, time.monotonic()
+        self._live_junit()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.reports.setdefault(report.nodeid, []).append(report)
@@ -87,6 +129,9 @@ class Recorder:
             self.writer.append(result)
         except RecordError as exc:
             self._lost(result, exc)
+            return
+        self.finished[nodeid] = result
+        self._live_junit()
 
     def _lost(self, result: Result, exc: RecordError) -> None:
         """A Result could not be written (disk full, file-size limit): stop the run after

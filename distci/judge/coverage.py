@@ -68,9 +68,15 @@ def judge_cell(
     if not runs:
         return CellState(cell, "missing", reason="no run of this cell in the store"), []
     last = runs[-1]
-    results = {r.run_id: store.results(run_id=r.run_id) for r in runs}
+    results: dict[str, list[ResultRow]] = {}
+
+    def rows_of(run: RunRow) -> list[ResultRow]:  # read as the walk back needs them: a year is not read
+        if run.run_id not in results:
+            results[run.run_id] = store.results(run_id=run.run_id)
+        return results[run.run_id]
+
     tiers = {tier, "", *covering_tiers}
-    base = next((r for r in reversed(runs) if _is_complete(r, tiers, results[r.run_id])), None)
+    base = next((r for r in reversed(runs) if _is_complete(r, tiers, rows_of(r))), None)
     since = runs[runs.index(base):] if base is not None else runs
     latest: dict[str, ResultRow] = {}
     on_stack: dict[str, set[str]] = {}
@@ -78,7 +84,7 @@ def judge_cell(
     current_run = ""
     for run in since:
         env = env_key(run.stack)
-        rows = results[run.run_id]
+        rows = rows_of(run)
         if any(_ran(r) for r in rows):
             current_env, current_run = env, run.run_id
         for r in rows:
@@ -88,11 +94,11 @@ def judge_cell(
             if r.verdict != "infra":
                 on_stack.setdefault(r.test_id, set()).add(env)
     carried: dict[str, ResultRow] = {}
-    for run in runs[:runs.index(base)] if base is not None else ():
+    for run in reversed(runs[:runs.index(base)] if base is not None else []):
         if env_key(run.stack) != current_env:
-            continue
-        for r in results[run.run_id]:  # an earlier fuzz result on this stack, the latest of its id
-            if is_fuzz(r.test_id) and r.test_id not in latest and r.verdict != "infra":
+            break  # the stack moved on: older finds were of another stack (and a year is not read)
+        for r in rows_of(run):  # an earlier fuzz result on this stack: the latest of its id counts
+            if is_fuzz(r.test_id) and r.test_id not in latest and r.test_id not in carried and r.verdict != "infra":
                 carried[r.test_id] = r
     latest.update({t: r for t, r in carried.items() if r.verdict in BLOCKING})
     judged = [latest[t] for t in sorted(latest)]
@@ -104,7 +110,7 @@ def judge_cell(
     age = age_of(base or last)
     state = CellState(cell, "ok", last, age_of(last), last.stack.get("torch"), last.torch_git or last.stack.get("torch_git"),
                       evidence_runs=[r.run_id for r in since])
-    last_rows = results[last.run_id]
+    last_rows = rows_of(last)
     if not last.ended_at:
         state.state, state.reason = "in_flight", "the latest run has not ended"
     elif not any(_ran(r) for r in last_rows):
@@ -124,7 +130,7 @@ def judge_cell(
         state.reason = (f"no complete run of tier {tier!r} or a wider one (every run was narrowed by -k / --test, "
                         f"or of a narrower tier): the expected tests are unknown")
     else:
-        expected = {r.test_id for r in results[base.run_id] if not is_environment(r.test_id)} | set(latest)
+        expected = {r.test_id for r in rows_of(base) if not is_environment(r.test_id)} | set(latest)
         expected = {t for t in expected if not is_environment(t) and not is_fuzz(t)}
         state.missing_tests = sorted(t for t in expected if current_env not in on_stack.get(t, set()))
         if state.missing_tests:

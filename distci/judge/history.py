@@ -73,8 +73,8 @@ def test_history(store: Store, cell_id: str, test_id: str) -> Iterator[ResultRow
     """One test's results in one cell, newest first, read as the caller walks back (a
     failure's first bad run is usually a few runs back, not a year)."""
     rows = store.conn.execute(
-        "SELECT r.* FROM results r JOIN runs u USING (run_id) WHERE r.cell_id = ? AND r.test_id = ? "
-        "ORDER BY u.started_at DESC, u.run_id DESC", (cell_id, test_id))
+        "SELECT * FROM results WHERE cell_id = ? AND test_id = ? ORDER BY run_started_at DESC, run_id DESC",
+        (cell_id, test_id))  # the results_history index, read backwards: no sort of the whole history
     for row in rows:
         yield store._result_row(row)
 

@@ -13,8 +13,8 @@ reported by id and path (StoreError, after everything else is indexed) and left 
 
 Known issues are matched here as well as when results are recorded (rule: one registry,
 suites/known_issues.toml): editing the registry and running `ingest --rebuild` re-judges
-every stored run. Verdicts (distci.judge.verdicts) are then computed, in history order, for
-every cell the ingest touched and the cells that use it as their baseline.
+every stored run. Runs land oldest first, each judged where it can change verdicts and nowhere
+else (distci.judge.rejudge): tonight's ingest costs tonight's results, not the history's.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ from typing import Any, Iterable, Sequence
 
 from distci.errors import ConfigError, StoreError
 from distci.results import Result, error_signature, write_junit
-from distci.rundir import JUNIT_FILE, RESULTS_FILE, RunContents, RunDirError, find_run_dirs, read_run, utc
+from distci.rundir import JUNIT_FILE, RESULTS_FILE, RunContents, RunDir, RunDirError, find_run_dirs, read_run, utc
 from distci.judge.store import DEFAULT_AUDIT_DIR, DEFAULT_BISECT_DIR, DEFAULT_RUNS_ROOT, DEFAULT_STORE, STORE_ENV, Store, default_store_path
+from distci.judge.rejudge import baselines_of
 from distci.judge.rows import BisectRow, FixAuditRow, suite_of
 from distci.provision.index import nightly_date_of
 
@@ -81,8 +82,8 @@ def storable(text: str | None) -> str | None:
     """Text SQLite can hold, losing nothing: characters UTF-8 cannot encode (the lone
     surrogates a rank's raw non-UTF-8 bytes decode to) become backslash escapes
     (`\\udc80`), so one odd byte in a message never costs the run its place in the store."""
-    if text is None:
-        return None
+    if text is None or text.isascii():
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -120,22 +121,36 @@ def known_issue_of(r: Result, registry: Any) -> str | None:
                                    stack=r.stack, failure_kind=r.failure_kind)
 
 
+def _history_order(dirs: list[Path]) -> list[Path]:
+    """Run directories oldest first (run.json's start, then run id; a run without a
+    readable run.json sorts first): landing in history order, each run's verdicts are
+    judged once, as the newest of its cell."""
+    def key(d: Path) -> tuple[str, str]:
+        info = RunDir(d).read_info()
+        return (utc(info.started_at), info.run_id) if info is not None else ("", d.name)
+    return sorted(dirs, key=key)
+
+
 def ingest_runs(store: Store, paths: Iterable[Path | str], *, known_issues: Path | None = None,
                 defer_verdicts: bool = False, rewrite_junit: bool = False) -> IngestReport:
     """Indexes every run directory under `paths` into `store`, each in its own transaction
-    with its cell's verdicts; idempotent. `defer_verdicts` recomputes verdicts once at the
-    end instead (a rebuild into a fresh file, which is only moved into place when whole).
-    `rewrite_junit` rewrites each indexed run's junit.xml from its judged verdicts (see
-    rewrite_run_junit), so JUnit says what the gate, dashboard and HUD export say.
+    with the verdicts it changes (distci.judge.rejudge: its cell's results from its place in
+    history on, for its tests, and those of the cells taking its cell as baseline);
+    idempotent. Runs are read one at a time, oldest first, so memory holds one run and a
+    backfill judges each result once. `defer_verdicts` recomputes verdicts once at the end,
+    from the whole history, instead (a rebuild into a fresh file, which is only moved into
+    place when whole). `rewrite_junit` rewrites each indexed run's junit.xml from its judged
+    verdicts (see rewrite_run_junit), so JUnit says what the gate, dashboard and HUD export say.
 
     Raises StoreError after indexing everything else when some runs contradict what is
     already indexed (their JSONL was rewritten); `exc.report` has the report.
     """
     report = IngestReport()
     registry = load_known_issues(known_issues)
-    dirs = find_run_dirs(Path(p) for p in paths)
-    runs: list[RunContents] = []
-    for d in dirs:
+    problems: list[str] = []
+    touched: set[str] = set()
+    indexed: list[Path] = []
+    for d in _history_order(find_run_dirs(Path(p) for p in paths)):
         try:
             run = read_run(d)
         except RunDirError as exc:
@@ -146,19 +161,15 @@ def ingest_runs(store: Store, paths: Iterable[Path | str], *, known_issues: Path
             report.rejected.append(f"{d}: {exc}")
             continue
         report.bad_lines += [str(p) for p in run.problems]
-        runs.append(run)
-    problems: list[str] = []
-    touched: set[str] = set()
-    for run in runs:
         # One transaction per run: a run that cannot be indexed is reported by its path and
         # why, and every other run of the call still lands (the nightly ingests all at once).
         try:
             with store.transaction() as conn:
-                state = _index_run(conn, run, registry)
+                state, since, tests = _index_run(conn, run, registry)
                 if state == "conflict":
                     row = conn.execute("SELECT source_path FROM runs WHERE run_id = ?", (run.info.run_id,)).fetchone()
                 elif state != "skipped" and not defer_verdicts:
-                    store.recompute_in(conn, {run.info.cell_id})
+                    store.rejudge_from(conn, run.info.cell_id, since, tests)
         except (sqlite3.Error, ValueError, TypeError) as exc:
             report.rejected.append(f"{run.path}: not indexed ({type(exc).__name__}: {exc})")
             continue
@@ -170,20 +181,20 @@ def ingest_runs(store: Store, paths: Iterable[Path | str], *, known_issues: Path
             report.conflicts.append(run.info.run_id)
             continue
         getattr(report, state).append(run.info.run_id)
+        indexed.append(run.path)
         if state != "skipped":
             report.results += len(run.results)
             touched.add(run.info.cell_id)
     if defer_verdicts and touched:
         store.recompute_verdicts(touched)
     if rewrite_junit:
-        indexed = set(report.added) | set(report.updated) | set(report.skipped)
-        for run in runs:
-            if run.info.run_id in indexed:
-                try:
-                    rewrite_run_junit(store, run)
-                    report.junit.append(run.info.run_id)
-                except OSError as exc:
-                    report.rejected.append(f"{run.path / JUNIT_FILE}: not rewritten ({exc})")
+        for d in indexed:
+            try:
+                run = read_run(d)
+                rewrite_run_junit(store, run)
+                report.junit.append(run.info.run_id)
+            except (OSError, RunDirError) as exc:
+                report.rejected.append(f"{d / JUNIT_FILE}: not rewritten ({exc})")
     if problems:
         err = StoreError("; ".join(problems) + " (JSONL files are never rewritten: give the run a new id)")
         err.report = report  # type: ignore[attr-defined]
@@ -191,18 +202,27 @@ def ingest_runs(store: Store, paths: Iterable[Path | str], *, known_issues: Path
     return report
 
 
-def _index_run(conn: sqlite3.Connection, run: RunContents, registry: Any) -> str:
+def _index_run(conn: sqlite3.Connection, run: RunContents, registry: Any) -> tuple[str, tuple[str, str], set[str] | None]:
+    """Indexes one run: its state (added, updated, skipped, conflict), the earliest place in
+    history its (re-)indexing changed, and the tests whose verdicts it can change there
+    (None: all, when the run changed the set of baseline cells its cell declares)."""
     info = run.info
     content_hash, meta_hash = _sha(run.raw), _sha(run.meta)
+    since = (info.started_at, info.run_id)
+    tests = {r.test_id for r in run.results}
     old = conn.execute(
-        "SELECT content_hash, content_size, meta_hash FROM runs WHERE run_id = ?", (info.run_id,)
+        "SELECT content_hash, content_size, meta_hash, started_at FROM runs WHERE run_id = ?", (info.run_id,)
     ).fetchone()
+    baselines = set(baselines_of(conn, info.cell_id))
     if old is not None:
         if old["content_hash"] == content_hash and old["meta_hash"] == meta_hash:
-            return "skipped"
+            return "skipped", since, tests
         prefix = run.raw[: old["content_size"]]
         if len(run.raw) < old["content_size"] or _sha(prefix) != old["content_hash"]:
-            return "conflict"
+            return "conflict", since, tests
+        # A new run.json may move the run in history: judge again from the earlier place.
+        since = min(since, (old["started_at"], info.run_id))
+        tests |= {r[0] for r in conn.execute("SELECT test_id FROM results WHERE run_id = ?", (info.run_id,))}
         conn.execute("DELETE FROM runs WHERE run_id = ?", (info.run_id,))
     conn.execute(
         """INSERT INTO runs (run_id, cell_id, started_at, ended_at, runner, backend, image_digest,
@@ -220,17 +240,30 @@ def _index_run(conn: sqlite3.Connection, run: RunContents, registry: Any) -> str
     conn.executemany(
         """INSERT OR REPLACE INTO results (run_id, test_id, cell_id, suite, outcome, duration_s,
             failure_kind, error_signature, excerpt, repro, known_issue, reruns, rerun_outcomes,
-            started_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
-        [
-            tuple(storable(v) if isinstance(v, str) else v for v in (
-                r.run_id, r.test_id, r.cell_id, suite_of(r.test_id), r.outcome, r.duration_s, r.failure_kind,
-                _signature(r), _excerpt(r), r.repro, known_issue_of(r, registry), r.reruns,
-                json.dumps(r.rerun_outcomes), utc(r.started_at),
-            ))
-            for r in run.results
-        ],
+            started_at, run_started_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+        [_result_row(r, info.started_at, registry) for r in run.results],
     )
-    return "added" if old is None else "updated"
+    if set(baselines_of(conn, info.cell_id)) != baselines:  # every run of the cell falls back to its baselines
+        since, tests = ("", ""), None
+    return ("added" if old is None else "updated"), since, tests
+
+
+def _result_row(r: Result, run_started_at: str, registry: Any) -> tuple:
+    """A results row; text checked for what SQLite cannot hold only where it is not ASCII
+    (a year is millions of rows: the common case is one C call per row, not per value)."""
+    row = (r.run_id, r.test_id, r.cell_id, suite_of(r.test_id), r.outcome, r.duration_s, r.failure_kind,
+           _signature(r), _excerpt(r), r.repro, known_issue_of(r, registry), r.reruns,
+           json.dumps(r.rerun_outcomes) if r.rerun_outcomes else "[]", _utc(r.started_at), run_started_at)
+    if "".join(v for v in row if type(v) is str).isascii():
+        return row
+    return tuple(storable(v) if isinstance(v, str) else v for v in row)
+
+
+def _utc(ts: str) -> str:
+    """utc(ts), without parsing what is already in its form (`YYYY-MM-DDTHH:MM:SS+00:00`)."""
+    if len(ts) == 25 and ts[10] == "T" and ts.endswith("+00:00") and ts[:4].isdigit():
+        return ts
+    return utc(ts)
 
 
 def rewrite_run_junit(store: Store, run: RunContents) -> Path:

@@ -5,6 +5,7 @@ hands them to the gate, the dashboard and the export; and the test-id helpers th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from distci.rundir import RunInfo
@@ -26,6 +27,7 @@ def is_fuzz(test_id: str) -> bool:
     return test_id.startswith(FUZZ_TESTS)
 
 
+@lru_cache(maxsize=65536)
 def suite_of(test_id: str) -> str:
     """The suite a test belongs to, from its pytest node id: the dashboard's grid columns.
 

@@ -11,8 +11,7 @@ the database is in WAL mode, each write holds one `BEGIN IMMEDIATE` transaction 
 waits for others at most DISTCI_STORE_LOCK_TIMEOUT seconds (default 60), then fails
 naming the holder (each writer records pid, host and command in `<store>.writer`).
 Reading run directories into it, text losslessly (`storable`), is distci.judge.ingest's
-job; verdicts are recomputed here, in history order, for every cell an
-ingest touched (and the cells that use it as their baseline).
+job; judging again only the results a landed run can change is distci.judge.rejudge's.
 """
 
 from __future__ import annotations
@@ -27,15 +26,20 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 
-from distci.judge import verdicts as _verdicts
+from distci.judge.rejudge import Memo, rejudge_cells, rejudge_tail
 from distci.judge.storelock import LOCK_TIMEOUT_ENV, WRITER_SUFFIX, claim, holder_of, lock_timeout_s, release
 from distci.errors import StoreError
 from distci.judge.rows import BisectRow, FixAuditRow, ResultRow, RunRow
 
-SCHEMA_VERSION = 3  # 2: runs keep run.json's ci block and image (links need no run directory); 3: selection
+SCHEMA_VERSION = 4
+# 2: runs keep run.json's ci block and image (links need no run directory); 3: selection;
+# 4: results carry their run's start (history order by index: distci.judge.rejudge)
 _MIGRATIONS = {
     1: ("ALTER TABLE runs ADD COLUMN ci_json TEXT NOT NULL DEFAULT '{}'", "ALTER TABLE runs ADD COLUMN image TEXT"),
     2: ("ALTER TABLE runs ADD COLUMN selection_json TEXT NOT NULL DEFAULT '[]'",),
+    3: ("ALTER TABLE results ADD COLUMN run_started_at TEXT NOT NULL DEFAULT ''",
+        "UPDATE results SET run_started_at = (SELECT started_at FROM runs WHERE runs.run_id = results.run_id)",
+        "DROP INDEX IF EXISTS results_by_cell"),
 }
 """Schema upgrades in place: the statements that take a store of version N to N + 1."""
 DEFAULT_STORE = Path(".distci") / "store.sqlite"
@@ -43,6 +47,11 @@ DEFAULT_RUNS_ROOT = Path(".distci") / "runs"
 DEFAULT_AUDIT_DIR = Path(".distci") / "audit"
 DEFAULT_BISECT_DIR = Path(".distci") / "bisect"
 STORE_ENV = "DISTCI_STORE"
+CACHE_KIB = 256 * 1024
+"""SQLite's page cache per connection (its default is 2 MiB): at a year the indexes an
+ingest updates are hundreds of MB, and a cache miss is a read from disk."""
+
+
 def default_store_path() -> Path:
     """DISTCI_STORE if set, else .distci/store.sqlite under the current directory."""
     return Path(os.environ.get(STORE_ENV) or DEFAULT_STORE)
@@ -91,9 +100,11 @@ _SCHEMA = (
         reruns INTEGER NOT NULL DEFAULT 0,
         rerun_outcomes TEXT NOT NULL DEFAULT '[]',
         started_at TEXT NOT NULL DEFAULT '',
+        run_started_at TEXT NOT NULL DEFAULT '',
         PRIMARY KEY (run_id, test_id)
     )""",
-    "CREATE INDEX IF NOT EXISTS results_by_cell ON results(cell_id, test_id)",
+    # One test's history in a cell, in history order: what rejudge walks back from a point.
+    "CREATE INDEX IF NOT EXISTS results_history ON results(cell_id, test_id, run_started_at, run_id)",
     "CREATE INDEX IF NOT EXISTS results_by_verdict ON results(verdict)",
     # Covers the dashboard's verdict counts (heat.verdict_counts): one pass over a year by index.
     "CREATE INDEX IF NOT EXISTS results_by_run_verdict ON results(run_id, verdict)",
@@ -135,6 +146,7 @@ class Store:
         # Short waits inside SQLite; the overall bound is _retry_locked's deadline.
         self.conn = sqlite3.connect(str(self.path), timeout=min(self.lock_timeout_s, 1.0), isolation_level=None)
         self.conn.row_factory = sqlite3.Row
+        self.memo = Memo()
         try:
             self._setup()
         except BaseException as exc:
@@ -150,6 +162,8 @@ class Store:
         self._retry_locked(lambda: self.conn.execute("PRAGMA journal_mode = WAL"))
         self.conn.execute("PRAGMA foreign_keys = ON")
         self.conn.execute("PRAGMA synchronous = NORMAL")
+        self.conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+        self.conn.execute("PRAGMA temp_store = MEMORY")
         with self.transaction():
             version = self.conn.execute("PRAGMA user_version").fetchone()[0]
             while version in _MIGRATIONS:
@@ -217,64 +231,20 @@ class Store:
     # -------------------------------------------------------------- verdicts
 
     def recompute_verdicts(self, cells: Iterable[str] | None = None) -> None:
-        """Recomputes the verdicts of the given cells (all cells by default)."""
+        """Recomputes the verdicts of the given cells (all cells by default) from their whole history."""
         with self.transaction() as conn:
             wanted = set(cells) if cells is not None else {r[0] for r in conn.execute("SELECT cell_id FROM runs")}
-            self._recompute(conn, wanted)
+            rejudge_cells(conn, wanted)
 
     def recompute_in(self, conn: sqlite3.Connection, cells: set[str]) -> None:
-        """Recomputes the verdicts of `cells` inside an open transaction (ingest's)."""
-        self._recompute(conn, cells)
+        """Recomputes the verdicts of `cells` from their whole history inside an open transaction."""
+        rejudge_cells(conn, cells)
 
-    def _recompute(self, conn: sqlite3.Connection, cells: set[str]) -> None:
-        if not cells:
-            return
-        todo = set(cells)
-        for cell in cells:
-            todo.update(
-                r[0] for r in conn.execute("SELECT DISTINCT cell_id FROM runs WHERE baseline_cell = ?", (cell,))
-            )
-        for cell in sorted(todo):
-            runs, current = self._histories(conn, cell)
-            baselines = [
-                r[0]
-                for r in conn.execute(
-                    "SELECT DISTINCT baseline_cell FROM runs WHERE cell_id = ? AND baseline_cell IS NOT NULL", (cell,)
-                )
-            ]
-            base_runs: list[_verdicts.RunHistory] = []
-            for b in baselines:
-                base_runs += self._histories(conn, b)[0]
-            new = _verdicts.judge_history(runs, base_runs)
-            conn.executemany(
-                "UPDATE results SET verdict = ?, compared_run = ?, verdict_reason = ? WHERE run_id = ? AND test_id = ?",
-                [
-                    (v.verdict, v.compared_run, v.reason, run_id, test_id)
-                    for (run_id, test_id), v in new.items()
-                    if current.get((run_id, test_id)) != (v.verdict, v.compared_run, v.reason)
-                ],
-            )
-
-    @staticmethod
-    def _histories(
-        conn: sqlite3.Connection, cell: str
-    ) -> tuple[list[_verdicts.RunHistory], dict[tuple[str, str], tuple[str, str | None, str]]]:
-        runs: dict[str, _verdicts.RunHistory] = {}
-        for r in conn.execute("SELECT run_id, started_at, stack_json FROM runs WHERE cell_id = ?", (cell,)):
-            runs[r["run_id"]] = _verdicts.RunHistory(
-                r["run_id"], r["started_at"], _verdicts.env_key(json.loads(r["stack_json"]))
-            )
-        current = {}
-        for r in conn.execute(
-            """SELECT run_id, test_id, outcome, failure_kind, rerun_outcomes, known_issue, verdict,
-                      compared_run, verdict_reason FROM results WHERE cell_id = ?""",
-            (cell,),
-        ):
-            runs[r["run_id"]].results[r["test_id"]] = _verdicts.Observation(
-                r["test_id"], r["outcome"], r["failure_kind"], tuple(json.loads(r["rerun_outcomes"])), r["known_issue"]
-            )
-            current[(r["run_id"], r["test_id"])] = (r["verdict"], r["compared_run"], r["verdict_reason"])
-        return list(runs.values()), current
+    def rejudge_from(self, conn: sqlite3.Connection, cell: str, since: tuple[str, str],
+                     tests: set[str] | None = None) -> int:
+        """Judges again only what a run landing at `since` ((started_at, run_id)) in `cell`
+        can change, inside an open transaction (distci.judge.rejudge.rejudge_tail)."""
+        return rejudge_tail(conn, cell, since, tests, memo=self.memo)
 
     # ------------------------------------------------------- bisects, audits
 
@@ -388,6 +358,7 @@ class Store:
     def _result_row(r: sqlite3.Row) -> ResultRow:
         d = dict(r)
         d["rerun_outcomes"] = json.loads(d["rerun_outcomes"])
+        d.pop("run_started_at", None)  # the run's started_at, kept beside each result for the history index
         return ResultRow(**d)
 
 

@@ -16,17 +16,18 @@ stack. A known-flaky failure is `flaky`, never `regression` or a blocking `fail`
 unless it failed on every rerun in this run: a test that fails every time it is tried is
 failing, whatever its past.
 
-This module is pure: it sees runs as `RunHistory` values and returns `Verdict`s. The
-store feeds it a cell's runs in history order at every ingest, and can recompute all
-verdicts at any time, so a run that arrives late (an artifact uploaded after the next
-night's) still gets the verdicts it would have had in order.
+This module is pure: it sees runs as `RunHistory` values and returns `Verdict`s. What
+judging carries from run to run is a `CellState`, so the store judges a landed run from the
+state before it (distci.judge.rejudge) and can recompute all verdicts at any time: a run
+that arrives late (an artifact uploaded after the next night's) still gets the verdicts it
+would have had in order.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import AbstractSet as Set, Any, Iterable, Mapping, Sequence
 
 from distci.stack import ENV_KEYS
 
@@ -75,6 +76,8 @@ class Observation:
     @property
     def is_flaky(self) -> bool:
         """Mixed outcomes across the first attempt and its reruns in one environment."""
+        if not self.rerun_outcomes:  # one try cannot disagree with itself
+            return False
         seen = {o for o in (self.outcome, *self.rerun_outcomes) if o != "skipped"}
         return "passed" in seen and bool(seen & set(_FAILED))
 
@@ -193,18 +196,41 @@ def _order(runs: Iterable[RunHistory]) -> list[RunHistory]:
     return sorted(runs, key=lambda r: (r.started_at, r.run_id))
 
 
+@dataclass
+class CellState:
+    """What judging carries through a cell's runs, per test: its last informative outcome
+    and its last FLAKY_WINDOW outcomes that were neither skipped nor infra. A test absent
+    here has no history yet; the store keeps one per cell between ingests
+    (distci.judge.rejudge), so tonight's run is judged without reading the year."""
+
+    last: dict[str, _Seen] = field(default_factory=dict)
+    window: dict[str, list[_Seen]] = field(default_factory=dict)
+
+    def take(self, run: RunHistory, test_id: str, obs: Observation) -> None:
+        """One more outcome of a test, after every one taken before it."""
+        if obs.informative:
+            self.last[test_id] = (run, obs)
+        if obs.outcome != "skipped" and not obs.is_infra:
+            seen = self.window.setdefault(test_id, [])
+            seen.append((run, obs))
+            del seen[:-FLAKY_WINDOW]
+
+
 def judge_history(
-    runs: Sequence[RunHistory], baseline_runs: Sequence[RunHistory] = ()
+    runs: Sequence[RunHistory], baseline_runs: Sequence[RunHistory] = (), judged: Set[str] | None = None,
+    state: CellState | None = None,
 ) -> dict[tuple[str, str], Verdict]:
     """Verdicts for every result of a cell's runs, keyed by (run_id, test_id).
 
     Runs are judged in history order (started_at, then run id) whatever order they came
     in. For each run, the baseline is what the baseline cell's runs said up to that
-    run's start.
+    run's start. With `judged`, only those runs get verdicts: the others are history that
+    the judged ones are compared with. `state` is the cell's state before the first of
+    `runs` (default: no history); it is left as it stands after the last.
     """
     verdicts: dict[tuple[str, str], Verdict] = {}
-    last: dict[str, _Seen] = {}
-    window: dict[str, list[_Seen]] = {}
+    state = state if state is not None else CellState()
+    last, window = state.last, state.window
     base_last: dict[str, _Seen] = {}
     base = _order(baseline_runs)
     b = 0
@@ -214,14 +240,11 @@ def judge_history(
                 if obs.informative:
                     base_last[test_id] = (base[b], obs)
             b += 1
+        if judged is None or run.run_id in judged:
+            for test_id, obs in run.results.items():
+                verdicts[(run.run_id, test_id)] = judge(
+                    obs, run.env, last.get(test_id), base_last.get(test_id), window.get(test_id, ())
+                )
         for test_id, obs in run.results.items():
-            verdicts[(run.run_id, test_id)] = judge(
-                obs, run.env, last.get(test_id), base_last.get(test_id), window.get(test_id, ())
-            )
-        for test_id, obs in run.results.items():
-            if obs.informative:
-                last[test_id] = (run, obs)
-            if obs.outcome != "skipped" and not obs.is_infra:
-                window.setdefault(test_id, []).append((run, obs))
-                del window[test_id][:-FLAKY_WINDOW]
+            state.take(run, test_id, obs)
     return verdicts

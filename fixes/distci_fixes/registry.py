@@ -22,6 +22,7 @@ BUILTIN = (
     "distci_fixes.fixes.asynctp_float8_sp_rows",
     "distci_fixes.fixes.torchtitan_asynctp_symm_mem",
     "distci_fixes.fixes.sequence_parallel_frozen",
+    "distci_fixes.fixes.fsdp2_premul_sum_gloo",
 )
 
 

@@ -1,0 +1,206 @@
+"""What a parallel run records: per-step losses and full gradients (TrainRecord), what its
+compiler, kernels and collectives did (Evidence), the mutations tests plant to prove the
+checks bite, and the helpers that read them off a model (full gradients, placements,
+executed ops, graph breaks, inductor's post-grad ops).
+
+Gradients are recorded as full float32 CPU tensors under the full model's parameter
+names (wrapper prefixes removed, DTensors gathered with full_tensor(), experts from
+their owners, pipeline stages from every rank), so one comparison judges every layout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+
+from . import parallelize as par
+
+_WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
+
+
+@dataclass
+class TrainRecord:
+    """Per-step losses and gradients (float32, on CPU, full/unsharded); eval results; and,
+    for MoE runs, tokens per expert per (step, block, microbatch): `expert_tokens` lists
+    the counts, `routing` keys them by (step, block, global microbatch index) so the
+    parallel run's routing can be compared with the reference's (eager runs only)."""
+
+    losses: list[float] = field(default_factory=list)
+    grads: list[dict[str, torch.Tensor | None]] = field(default_factory=list)
+    eval_loss: float | None = None
+    eval_logits: torch.Tensor | None = None
+    expert_tokens: list[list[int]] = field(default_factory=list)
+    routing: dict[tuple[int, int, int], tuple[int, ...]] = field(default_factory=dict)
+    grad_norms: list[float] = field(default_factory=list)
+    """The total gradient norm clipping measured, per step (clipped rows only)."""
+
+
+@dataclass
+class Evidence:
+    """What the parallel run's compiler, kernels and collectives did; judged by checks.check_graph."""
+
+    compiled: bool = False
+    graphs_after_first_step: int = 0
+    graphs_total: int = 0
+    graph_breaks: int = 0
+    graph_calls: list[int] = field(default_factory=list)
+    """Compiled-graph calls (forward) per training step: 0 is a step that ran eager."""
+    eval_graphs: int = 0
+    eval_calls: int = 0
+    post_grad_graphs: int = 0
+    post_grad_ops: Counter = field(default_factory=Counter)
+    runtime_ops: Counter = field(default_factory=Counter)
+    float8_linears: int = 0
+    float8_all_gather_weights: int = 0
+    placements: dict[str, str] = field(default_factory=dict)
+    trainable: list[str] | None = None
+    """Parameters that require grad once the model is parallelized and compiled (None:
+    not recorded, as in evidence built by hand)."""
+    trainable_end: list[str] | None = None
+    """... and after the last step (nothing in training may flip requires_grad)."""
+    frozen_with_grad: list[str] = field(default_factory=list)
+    collectives: Counter = field(default_factory=Counter)
+    """(op, dtype) -> calls of every c10d / functional collective in the last step."""
+
+    @property
+    def recompiles(self) -> int:
+        return self.graphs_total - self.graphs_after_first_step
+
+
+@dataclass
+class Mutation:
+    """Ways to break a run on purpose, for the tests that prove the checks bite.
+
+    Real scenarios never set these; tests/test_suite_mutations.py does.
+    """
+
+    block_plan_overrides: dict[str, Any] | None = None
+    float8_filter: Callable[[nn.Module, str], bool] | None = None
+    after_parallelize: Callable[[nn.Module], None] | None = None
+    fsdp_reshard: bool = True
+    dynamo_config: dict[str, Any] | None = None
+    skip_checkpoint_load: bool = False
+    fsdp_reduce_dtype: torch.dtype | None = None
+    """FSDP2 reduces gradients in this dtype, whatever the MixedPrecisionPolicy says."""
+    clip_local_norm: bool = False
+    """Clipping measures each rank's local shards' norm, never reduced over the ranks."""
+    pp_sum_microbatches: bool = False
+    """The pipeline schedule sums its microbatches' gradients instead of averaging them."""
+    ep_default_divide: bool = False
+    """ep_fsdp's experts keep FSDP2's default divide factor (their efsdp size), not the dp size."""
+
+
+def clean_name(name: str) -> str:
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def full_grads(model: nn.Module, ep: par.ExpertParallel | None = None) -> dict[str, torch.Tensor | None]:
+    """Every parameter's gradient as a full float32 CPU tensor (collective for DTensors;
+    under expert parallel, each expert's gradient comes from the rank that owns it)."""
+    out: dict[str, torch.Tensor | None] = {}
+    for name, p in model.named_parameters():
+        g = p.grad
+        if g is not None and hasattr(g, "full_tensor"):
+            g = g.full_tensor()
+        out[clean_name(name)] = None if g is None else g.detach().float().cpu().clone()
+    if ep is not None:
+        _gather_expert_grads(model, ep, out)
+    return out
+
+
+def _gather_expert_grads(model: nn.Module, ep: par.ExpertParallel, out: dict) -> None:
+    import torch.distributed as dist
+
+    for name, p in model.named_parameters():
+        key = clean_name(name)
+        if ".experts." not in key:
+            continue
+        expert = int(key.split(".experts.")[1].split(".")[0])
+        owner = expert // ep.local
+        g = p.grad.detach().clone() if ep.owns(expert) and p.grad is not None else torch.zeros_like(p)
+        dist.broadcast(g, src=dist.get_global_rank(ep.group, owner) if ep.group is not None else owner, group=ep.group)
+        out[key] = g.float().cpu()
+
+
+def placement_name(placement: Any) -> str:
+    """S<dim>, R or P: a spelling that does not change with torch's placement reprs."""
+    if placement.is_shard() or type(placement).__name__ == "_StridedShard":  # FSDP2 over TP: strided
+        return f"S{placement.dim}"
+    if placement.is_replicate():
+        return "R"
+    return "P"
+
+
+def placements(model: nn.Module) -> dict[str, str]:
+    """Each parameter's DTensor placements (`local` for a plain tensor)."""
+    out = {}
+    for name, p in model.named_parameters():
+        pl = getattr(p, "placements", None)
+        out[clean_name(name)] = "local" if pl is None else ",".join(placement_name(x) for x in pl)
+    return out
+
+
+def _gathered(table: dict) -> dict:
+    """Every rank's entries in one dict (a pp rank holds its stages' parameters only)."""
+    import torch.distributed as dist
+
+    tables: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(tables, table)
+    out: dict = {}
+    for t in tables:
+        out.update({k: v for k, v in t.items() if v is not None or k not in out})
+    return dict(sorted(out.items()))
+
+
+def _graph_breaks() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(sum(counters["graph_break"].values()))
+
+
+@contextlib.contextmanager
+def count_executed_ops(into: Counter):
+    """Counts the ops a block of code executes, by the profiler's names (aten::mm ...).
+
+    Ops called inside tensor-subclass dispatch (DTensor, Float8) and the extern kernels
+    of compiled graphs are recorded too, which a TorchDispatchMode would not see.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        yield
+    for event in prof.events():
+        into[event.name] += 1
+
+
+@contextlib.contextmanager
+def inductor_probe(evidence: Evidence):
+    """Records the post-grad ops of every graph inductor compiles inside the block.
+
+    Inductor's caches are turned off so the pass sees every graph: a cache hit skips the
+    passes, and the fused async-TP ops would look absent.
+    """
+    import torch._inductor.config as inductor_config
+
+    counter = par.PostGradOpCounter()
+    patch = {"post_grad_custom_post_pass": counter, "fx_graph_cache": False}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(inductor_config.patch({k: v for k, v in patch.items() if hasattr(inductor_config, k)}))
+        try:
+            import torch._functorch.config as functorch_config
+        except ImportError:
+            functorch_config = None
+        if functorch_config is not None and hasattr(functorch_config, "enable_autograd_cache"):
+            stack.enter_context(functorch_config.patch(enable_autograd_cache=False))
+        try:
+            yield
+        finally:
+            evidence.post_grad_graphs = counter.graphs
+            evidence.post_grad_ops = counter.ops

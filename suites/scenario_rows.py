@@ -1,0 +1,245 @@
+"""The training step's rows: each column a user configures in a torchtitan step (clipping,
+the loss, pipeline schedules, HSDP, FSDP2's offload and reshard settings, LR schedules,
+async checkpoints, fine-tuning's frozen parts, MoE routing edges, context parallel) crossed
+with the parallelisms, compile modes, mixed precision and accumulation users combine it
+with. Bugs live in those combinations (issue: suites that find bugs they were not written
+for), so these rows are crossings, not corners; every one is in the nightly tier unless it
+is cheap and catches a class nothing else in the pr tier does.
+"""
+
+from __future__ import annotations
+
+from .scenario_record import Scenario, row
+
+
+def training_step_rows() -> list[Scenario]:
+    """The step users train (issue: suites that find bugs they were not written for):
+    clipping, loss variants, HSDP, FSDP2's offload and reshard settings, LR schedules,
+    async checkpoints, fine-tuning's frozen parts and MoE routing edges, each crossed with
+    the parallelisms users combine it with."""
+    rows = [
+        # clipping at max_norm: torch's clip_grad_norm_, its foreach form, torchtitan's per-mesh form
+        row("fsdp", clip="norm", tier="pr"),
+        row("fsdp", clip="foreach"),
+        row("fsdp", clip="mesh"),
+        row("fsdp", mp="bf16", accum=2, clip="norm"),
+        row("fsdp", "block", "inductor", clip="norm"),
+        row("fsdp", model="moe", mp="bf16", clip="norm"),
+        row("fsdp_tp", world_size=4, clip="norm"),
+        row("fsdp_tp", world_size=4, clip="foreach"),
+        row("fsdp_tp", world_size=4, clip="mesh"),
+        row("fsdp_tp", "block", "inductor", world_size=4, mp="bf16", clip="norm"),
+        row("tp", clip="norm"),
+        row("tp_sp", clip="norm"),
+        row("tp_sp", clip="mesh"),
+        row("ep", model="moe", clip="mesh"),
+        row("ep", model="moe", world_size=4, accum=2, clip="mesh"),
+        row("hsdp", world_size=4, clip="norm"),
+        # cross entropy compiled (torchtitan compiles the loss), plain and loss-parallel
+        row("tp_sp", "block", "inductor", loss_compile=True),
+        row("tp", "model", "aot_eager", loss_compile=True, loss_parallel=True),
+        # HSDP: replicate x shard (2 x 2)
+        row("hsdp", world_size=4),
+        row("hsdp", world_size=4, mp="bf16"),
+        row("hsdp", world_size=4, mp="bf16", accum=2),
+        row("hsdp", "block", "inductor", world_size=4),
+        row("hsdp", world_size=4, train="frozen_embed"),
+        row("hsdp", world_size=4, sched="warmup_cosine", optim="adamw"),
+        # FSDP2 CPU offload and reshard_after_forward
+        row("fsdp", offload=True),
+        row("fsdp", offload=True, mp="bf16"),
+        row("fsdp", offload=True, clip="norm", optim="adamw"),
+        row("fsdp_tp", world_size=4, offload=True),
+        row("hsdp", world_size=4, offload=True),
+        row("fsdp", reshard="true"),
+        row("fsdp", reshard="false"),
+        row("fsdp", world_size=4, reshard="int2"),
+        row("fsdp", "block", "inductor", reshard="false"),
+        row("fsdp", "block", "inductor", reshard="true", mp="bf16"),
+        row("fsdp_tp", world_size=4, reshard="false"),
+        row("hsdp", world_size=4, reshard="true"),
+        # warmup + cosine LR, two parameter groups (no weight decay on norms and biases)
+        row("tp", sched="warmup_cosine", optim="adamw"),
+        row("fsdp", sched="warmup_cosine"),
+        row("fsdp", sched="warmup_cosine", optim="adamw", tier="pr"),
+        row("fsdp_tp", world_size=4, sched="warmup_cosine", optim="adamw", clip="norm"),
+        row("tp_sp", "block", "inductor", sched="warmup_cosine", optim="adamw"),
+        # gradients kept as zero tensors between steps: the next backward accumulates into them
+        row("fsdp", zero_grad="zeros", accum=2),
+        row("fsdp_tp", world_size=4, zero_grad="zeros"),
+        row("tp_sp", "block", "inductor", zero_grad="zeros"),
+        row("hsdp", world_size=4, zero_grad="zeros", optim="adamw"),
+        # async DCP save, then resume under another layout
+        row("tp_sp", resume="fsdp", dcp="async"),
+        row("fsdp", resume="tp_sp", dcp="async", optim="adamw"),
+        row("fsdp_tp", world_size=4, resume="fsdp", dcp="async"),
+        # a frozen base with LoRA adapters under FSDP2
+        row("fsdp", train="frozen"),
+        row("fsdp", "block", "inductor", train="frozen"),
+        row("fsdp", "model", "aot_eager", train="frozen"),
+        row("fsdp_tp", "block", "inductor", world_size=4, train="frozen"),
+        row("tp", "block", "inductor", train="frozen_embed"),
+    ]
+    # loss variants: plain, under loss_parallel(), compiled (with and without loss parallel)
+    for loss in ("smooth_ce", "soft_ce", "z_loss"):
+        rows += [
+            row("tp", loss=loss),
+            row("fsdp", loss=loss),
+            row("tp", loss=loss, loss_parallel=True),
+            row("tp_sp", loss=loss, loss_parallel=True),
+            row("fsdp_tp", world_size=4, loss=loss, loss_parallel=True),
+            row("tp_sp", "block", "inductor", loss=loss, loss_compile=True),
+            row("tp_sp", "block", "aot_eager", loss=loss, loss_compile=True, loss_parallel=True),
+        ]
+    # frozen the way fine-tuning freezes: x per-block and whole-model compile x SP x FSDP2
+    for train in ("frozen_embed", "frozen_norms"):
+        rows += [
+            row("tp_sp", train=train),
+            row("tp_sp", "block", "inductor", train=train),
+            row("tp_sp", "model", "inductor", train=train),
+            row("tp_sp", "block", "aot_eager", train=train),
+            row("fsdp", train=train),
+            row("fsdp", "block", "inductor", train=train),
+            row("fsdp", "model", "aot_eager", train=train),
+            row("fsdp", mp="bf16", train=train),
+            row("fsdp_tp", world_size=4, train=train),
+            row("fsdp_tp", "block", "inductor", world_size=4, train=train),
+        ]
+    # MoE routing edges x mixed precision x accumulation x FSDP2 and EP
+    for edge in ("empty_first", "empty_middle", "empty_last", "one_expert"):
+        rows += [
+            row("fsdp", model="moe", accum=2, routing=edge),
+            row("fsdp", model="moe", accum=2, mp="bf16", routing=edge),
+            row("ep", model="moe", accum=2, routing=edge),
+        ]
+        if edge != "one_expert":
+            rows.append(row("tp", model="moe", accum=3, routing=edge))
+    rows.append(row("ep", model="moe", world_size=4, accum=2, routing="empty_middle", clip="mesh"))
+    # pipeline parallel: every schedule, microbatches, clipping across stages, frozen parts
+    for schedule in ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"):
+        rows += [row("pp", schedule=schedule, accum=2), row("pp", schedule=schedule, accum=4, clip="mesh")]
+    rows += [row("pp", schedule="1f1b", accum=2, optim="adamw", sched="warmup_cosine"),
+             row("pp", schedule="interleaved_1f1b", accum=2, train="frozen_embed"),
+             row("pp", schedule="gpipe", accum=2, loss="z_loss")]
+    return rows
+
+
+def crossing_rows() -> list[Scenario]:
+    """Each training-step column crossed with what users turn on beside it (issue #26's
+    crossings): clipping x layout x (eager, compiled, mixed precision, accumulation); the
+    loss values x (plain, loss parallel, compiled) x (SP, FSDP2 x TP); HSDP and CPU offload
+    x (mixed precision, compile, clipping, accumulation); fine-tuning's frozen parts x
+    (per-block, whole-model compile) x SP x FSDP2 x mixed precision; MoE routing edges on
+    4 ranks; warmup + cosine x clipping x mixed precision. Compiled crossings use
+    aot_eager where inductor adds nothing the base table's inductor rows do not already
+    cover (AOTAutograd's tracing is where these columns meet the compiler), inductor
+    where users' code meets inductor's own passes (mixed precision casts, the compiled loss)."""
+    rows = [
+        # clipping x (fsdp, fsdp_tp, ep, hsdp) x (eager, compiled, mp_bf16, ga)
+        row("fsdp", accum=2, clip="foreach"),
+        row("fsdp", mp="bf16", clip="mesh"),
+        row("fsdp", "model", "aot_eager", clip="foreach"),
+        row("fsdp", "block", "aot_eager", accum=2, clip="mesh"),
+        row("fsdp", "block", "aot_eager", mp="bf16", accum=2, clip="norm"),
+        row("fsdp", "block", "inductor", mp="bf16", clip="foreach"),
+        row("fsdp_tp", world_size=4, accum=2, clip="norm"),
+        row("fsdp_tp", world_size=4, mp="bf16", clip="foreach"),
+        row("fsdp_tp", world_size=4, mp="bf16", accum=2, clip="mesh"),
+        row("fsdp_tp", "block", "aot_eager", world_size=4, clip="mesh"),
+        row("fsdp_tp", "model", "aot_eager", world_size=4, clip="norm"),
+        row("tp_sp", "block", "aot_eager", clip="norm"),
+        row("ep", model="moe", accum=2, clip="mesh"),
+        row("ep", model="moe", optim="adamw", clip="mesh"),
+        # HSDP x (mp_bf16, compile, clip, ga, offload)
+        row("hsdp", world_size=4, mp="bf16", clip="norm"),
+        row("hsdp", world_size=4, accum=2, clip="foreach"),
+        row("hsdp", world_size=4, mp="bf16", accum=2, clip="mesh"),
+        row("hsdp", "block", "aot_eager", world_size=4, mp="bf16"),
+        row("hsdp", "block", "aot_eager", world_size=4, clip="norm"),
+        row("hsdp", "model", "aot_eager", world_size=4),
+        row("hsdp", world_size=4, offload=True, mp="bf16"),
+        row("hsdp", world_size=4, offload=True, accum=2),
+        # FSDP2 CPU offload x (mp, clip, ga, compile)
+        row("fsdp", offload=True, accum=2),
+        row("fsdp", offload=True, mp="bf16", accum=2),
+        row("fsdp", offload=True, mp="bf16", clip="norm"),
+        row("fsdp", "block", "aot_eager", offload=True),
+        row("fsdp_tp", world_size=4, offload=True, mp="bf16"),
+        row("fsdp_tp", world_size=4, offload=True, clip="norm"),
+        # warmup + cosine with two parameter groups x clipping x mixed precision
+        row("fsdp", mp="bf16", sched="warmup_cosine", optim="adamw", clip="norm"),
+        row("fsdp", mp="bf16", accum=2, sched="warmup_cosine", clip="foreach"),
+        row("fsdp", "block", "aot_eager", mp="bf16", sched="warmup_cosine", optim="adamw", clip="norm"),
+        row("fsdp_tp", world_size=4, mp="bf16", sched="warmup_cosine", optim="adamw", clip="norm"),
+        row("hsdp", world_size=4, mp="bf16", sched="warmup_cosine", optim="adamw", clip="norm"),
+        row("ep", model="moe", sched="warmup_cosine", optim="adamw", clip="mesh"),
+        # cross entropy compiled under FSDP2 x TP, with and without loss parallel
+        row("fsdp_tp", "block", "aot_eager", world_size=4, loss_compile=True),
+        row("fsdp_tp", "block", "aot_eager", world_size=4, loss_compile=True, loss_parallel=True),
+    ]
+    # the loss values x (plain, loss parallel, compiled) x (tp_sp, fsdp_tp)
+    for loss in ("smooth_ce", "soft_ce", "z_loss"):
+        rows += [
+            row("tp_sp", loss=loss),
+            row("fsdp_tp", world_size=4, loss=loss),
+            row("tp_sp", "model", "aot_eager", loss=loss, loss_compile=True),
+            row("fsdp_tp", "block", "aot_eager", world_size=4, loss=loss, loss_compile=True),
+            row("fsdp_tp", "block", "aot_eager", world_size=4, loss=loss, loss_compile=True, loss_parallel=True),
+        ]
+    # fine-tuning's frozen parts x (compile_block, compile_model) x SP x FSDP2 (x mixed precision)
+    for train in ("frozen", "frozen_embed", "frozen_norms"):
+        rows += [
+            row("fsdp_tp", "model", "aot_eager", world_size=4, train=train),
+            row("fsdp_tp", "block", "aot_eager", world_size=4, mp="bf16", train=train),
+            row("fsdp", "block", "aot_eager", mp="bf16", train=train),
+        ]
+    rows += [row("tp_sp", "model", "aot_eager", train="frozen"),
+             row("tp_sp", "block", "aot_eager", train="frozen"),
+             row("hsdp", "block", "aot_eager", world_size=4, train="frozen_norms")]
+    # MoE routing edges on 4 ranks (FSDP2 and EP, accumulation); under mixed precision on 2 ranks
+    # (8 microbatches in bf16 move a near-tie token in 2-3 of 3 steps against the bf16 reference,
+    # past checks.compare_routing's one-step budget: measured 2026-12-02, reports/cpu-nightly-suites.md)
+    for edge in ("empty_first", "empty_middle", "empty_last", "one_expert"):
+        rows += [row("fsdp", model="moe", world_size=4, accum=2, routing=edge)]
+        if edge != "empty_middle":  # ep ws4 empty_middle is a row of training_step_rows
+            rows.append(row("ep", model="moe", world_size=4, accum=2, routing=edge))
+    rows += [row("fsdp", model="moe", accum=2, mp="bf16", clip="norm", routing="empty_last"),
+             row("fsdp", model="moe", accum=3, routing="empty_middle", sched="warmup_cosine", optim="adamw")]
+    return rows
+
+
+def layout_rows() -> list[Scenario]:
+    """torchtitan's multi-dimensional layouts: PP x FSDP2 and PP x TP on a 2 x 2 mesh (pp
+    outermost), EP as torchtitan lays it out (dense weights FSDP2 on every rank, experts on
+    an ep mesh with FSDP2 over the ranks owning the same experts: gradients on two meshes,
+    clipped across both), and context parallel (CUDA: see devices.CP_NOT_ON_CPU)."""
+    rows = []
+    for schedule in ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"):
+        rows += [row("pp_fsdp", schedule=schedule, accum=2, world_size=4),
+                 row("pp_tp", schedule=schedule, accum=2, world_size=4)]
+    rows += [
+        row("pp_fsdp", schedule="1f1b", accum=4, clip="mesh", world_size=4),
+        row("pp_fsdp", schedule="gpipe", accum=2, mp="bf16", world_size=4),
+        row("pp_fsdp", schedule="interleaved_1f1b", accum=2, mp="bf16", clip="mesh", world_size=4),
+        row("pp_fsdp", schedule="1f1b", accum=2, optim="adamw", sched="warmup_cosine", clip="mesh", world_size=4),
+        row("pp_tp", schedule="1f1b", accum=4, clip="mesh", world_size=4),
+        row("pp_tp", schedule="gpipe", accum=2, loss="smooth_ce", world_size=4),
+        row("pp_tp", schedule="interleaved_1f1b", accum=2, train="frozen_embed", world_size=4),
+        # EP laid out as torchtitan does
+        row("ep_fsdp", model="moe"),
+        row("ep_fsdp", model="moe", clip="mesh"),
+        row("ep_fsdp", model="moe", mp="bf16", accum=2, clip="mesh"),
+        row("ep_fsdp", model="moe", world_size=4),
+        row("ep_fsdp", model="moe", world_size=4, clip="mesh"),
+        row("ep_fsdp", model="moe", world_size=4, mp="bf16", clip="mesh"),  # 8 bf16 microbatches: routing budget
+        row("ep_fsdp", model="moe", world_size=4, accum=2, routing="empty_middle", clip="mesh"),
+        row("ep_fsdp", model="moe", world_size=4, optim="adamw", sched="warmup_cosine", clip="mesh"),
+        # context parallel: ring attention over the sequence (CUDA rows: CPU attention cannot shard)
+        row("cp"),
+        row("cp", accum=2, clip="norm"),
+        row("cp", "block", "inductor"),
+        row("cp", "model", "inductor", clip="norm"),
+        row("cp", optim="adamw", sched="warmup_cosine", clip="norm"),
+        row("cp", loss="z_loss"),
+    ]
+    return rows
