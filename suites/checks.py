@@ -299,7 +299,9 @@ def expected_graph(scenario: Scenario, dtype: str | None = None) -> GraphExpecta
         if scenario.eval != "none":
             exp.eval_graphs = exp.graphs[1]
     if scenario.float8 != "none":
-        exp.float8_linears = 7 * args.n_layers
+        # per block: the attention's 4, then the dense feed-forward's 3, or every expert's 3 and the router
+        ffn = 3 * args.n_experts + 1 if args.n_experts else 3
+        exp.float8_linears = (4 + ffn) * args.n_layers
         exp.min_scaled_mm = exp.float8_linears * FLOAT8_MMS_PER_LINEAR[scenario.float8]
         exp.post_grad_scaled_mm = scenario.uses_inductor
         if scenario.fsdp_float8_all_gather:

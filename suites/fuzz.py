@@ -17,10 +17,21 @@ Python, independent of PYTHONHASHSEED), a pairwise-coverage bias (suites/space.D
 and a greedy shrinker over named axes, all three deterministic given the seed, the space
 and the outcomes, which is what makes a night's find replay.
 
-Each shrink round runs every one-step simplification of the current point as one batch;
-when two or more keep the signature, their combination (and its own simplifications)
-run speculatively in the next batch, so a point with k extra axes shrinks in about
-log2(k) + 2 batches instead of k.
+A shrink round runs the one-step simplifications of the current point in batches of
+`batch_size`, stopping at the first batch that holds one keeping the signature (first
+improvement: a round never pays for simplifications it does not need); when two or more
+keep it, their combination (and its own simplifications) run speculatively in the next
+batch, so a point with k extra axes shrinks in about log2(k) + 2 batches instead of k.
+
+Shrinking must not starve drawing (a night's first batch can hold four finds of 20-80 s
+configurations): each find may shrink for at most `ShrinkLimits.per_find_s(budget)`
+(default min(15 min, 25% of the budget)), all shrinking together for at most
+`ShrinkLimits.total_share` of the budget (default half); a find whose limit ran out is
+reported "shrunk so far, not minimal" with the point it reached. A failure with the
+signature of a find of this run is a repeat (not shrunk); one with the signature of a
+known issue seen this run, on a configuration the registry's pattern does not cover,
+gets one quick round only (`ShrinkLimits.quick_rounds`): its smaller face is worth a line,
+not a budget.
 """
 
 from __future__ import annotations
@@ -50,6 +61,8 @@ class Outcome:
     known_issue: str | None = None
     message: str = ""
     test_id: str = ""
+    kind: str | None = None
+    """The Result's failure kind (assert, exception, timeout, hang, crash, ...)."""
 
     @property
     def key(self) -> str:
@@ -68,7 +81,26 @@ class Find:
     shrunk: Outcome
     steps: list[str] = field(default_factory=list)
     complete: bool = True
-    """False when the budget ran out mid-shrink: `shrunk` still fails the same way but may not be minimal."""
+    """False when shrinking stopped early: `shrunk` still fails the same way but may not be minimal."""
+    stopped: str = ""
+    """Why shrinking stopped early (empty when complete): which limit ran out."""
+    seconds: float = 0.0
+    """Wall time spent shrinking this find."""
+    known_like: str | None = None
+    """The known issue whose signature this find repeats on a configuration its pattern misses."""
+
+
+@dataclass(frozen=True)
+class ShrinkLimits:
+    """How much of a run's budget shrinking may take (see the module docstring)."""
+
+    per_find_max_s: float = 900.0
+    per_find_share: float = 0.25
+    total_share: float = 0.5
+    quick_rounds: int = 1
+
+    def per_find_s(self, budget_s: float) -> float:
+        return min(self.per_find_max_s, self.per_find_share * budget_s)
 
 
 @dataclass
@@ -83,6 +115,12 @@ class Report:
     known: list[Outcome] = field(default_factory=list)
     """Failures the known-issues registry explained (not shrunk)."""
     exhausted: bool = False
+    shrink_s: float = 0.0
+    """Wall time spent shrinking, all finds together."""
+    slow: list[Outcome] = field(default_factory=list)
+    """Configurations that ran past the test timeout (kind `timeout`, ranks still computing,
+    not stuck in a collective): not shrunk, since a smaller configuration is faster whatever
+    the bug, and on a loaded machine a timeout is no bug's signature. A `hang` is shrunk."""
 
 
 RunBatch = Callable[[list[dict[str, Any]]], list[Outcome]]
@@ -101,6 +139,7 @@ class Fuzzer:
     log: Log = print
     clock: Callable[[], float] = time.monotonic
     cache: dict[str, Outcome] = field(default_factory=dict)
+    limits: ShrinkLimits = field(default_factory=ShrinkLimits)
 
     def __post_init__(self) -> None:
         self.drawer = Drawer(self.space, self.seed)
@@ -115,14 +154,15 @@ class Fuzzer:
             return None
         return self.max_configs - len(self.report.drawn)
 
-    def _fits(self) -> int:
-        """Configurations the time left holds at the mean time per configuration so far
-        (at least one): a batch started near the end should not overrun by a whole batch."""
+    def _fits(self, left_s: float | None = None) -> int:
+        """Configurations `left_s` (default: the budget's time left) holds at the mean time per
+        configuration so far (at least one): a batch started near a limit should not overrun
+        it by a whole batch."""
         done = [o.seconds for o in self.report.tried]
         if not done:
             return self.batch_size
         mean = max(sum(done) / len(done), 1e-3)
-        return max(1, int(self.left_s() // mean))
+        return max(1, int((self.left_s() if left_s is None else left_s) // mean))
 
     def run(self) -> Report:
         """Draw and run batches until the budget (time or configurations) is spent."""
@@ -159,6 +199,10 @@ class Fuzzer:
         return [self.cache[key(p)] for p in points]
 
     def _found(self, outcome: Outcome) -> None:
+        if outcome.kind == "timeout":
+            self.report.slow.append(outcome)
+            self.log(f"  timed out, not shrunk: {outcome.key}")
+            return
         if outcome.known_issue:
             self.report.known.append(outcome)
             self.log(f"  known issue {outcome.known_issue}: {outcome.key}")
@@ -168,35 +212,77 @@ class Fuzzer:
                 self.report.repeats[outcome.key] = find.found.key
                 return
         find = Find(outcome, outcome)
+        find.known_like = next((o.known_issue for o in self.report.known if o.signature == outcome.signature), None)
         self.report.finds.append(find)
-        if self.shrink:
-            self.log(f"  shrinking {outcome.key} ({outcome.signature})")
+        if not self.shrink:
+            return
+        started = self.clock()
+        try:
             self._shrink(find)
+        finally:
+            find.seconds = self.clock() - started
+            self.report.shrink_s += find.seconds
 
     def _keeps(self, o: Outcome, signature: str | None) -> bool:
         return o.failed and o.signature == signature
 
+    def _shrink_limit(self) -> tuple[float, str]:
+        """(seconds this find may shrink, what that limit is called in the report)."""
+        per_find = self.limits.per_find_s(self.budget_s)
+        total_left = self.limits.total_share * self.budget_s - self.report.shrink_s
+        return min((per_find, f"its shrink limit of {per_find:.0f} s"),
+                   (total_left, f"the run's shrink share ({self.limits.total_share:.0%} of the budget)"),
+                   (self.left_s(), "the budget"))
+
     def _shrink(self, find: Find) -> None:
         signature = find.found.signature
         current = find.found
+        limit_s, limit_name = self._shrink_limit()
+        start = self.clock()
+        rounds = 0
+
+        def left() -> float:
+            return min(limit_s - (self.clock() - start), self.left_s())
+
+        def stop(why: str) -> None:
+            find.complete, find.stopped = False, why
+
+        if find.known_like:
+            self.log(f"  {current.key} has the signature of known issue {find.known_like}: "
+                     f"{self.limits.quick_rounds} quick shrink round(s)")
+        else:
+            self.log(f"  shrinking {current.key} ({signature}) for at most {max(limit_s, 0):.0f} s")
         while True:
-            if self.left_s() <= 0:
-                find.complete = False
+            if left() <= 0:
+                stop(f"{limit_name} ran out")
                 break
+            if find.known_like and rounds >= self.limits.quick_rounds:
+                stop(f"a known issue's signature ({find.known_like}): {self.limits.quick_rounds} quick round(s) only")
+                break
+            rounds += 1
             candidates = smaller(self.space, current.point)
-            if not candidates:
-                break
-            outcomes = self._run(candidates)
-            keepers = [o for o in outcomes if self._keeps(o, signature)]
+            keepers: list[Outcome] = []
+            tried_all, i = True, 0
+            while i < len(candidates):
+                if left() <= 0:
+                    tried_all = False
+                    break
+                chunk = candidates[i:i + min(self.batch_size, self._fits(left()))]
+                i += len(chunk)
+                keepers = [o for o in self._run(chunk) if self._keeps(o, signature)]
+                if keepers:
+                    break
             if not keepers:
+                if not tried_all:
+                    stop(f"{limit_name} ran out")
                 break
             nxt = keepers[0]
-            if len(keepers) > 1 and self.left_s() > 0:
+            if len(keepers) > 1 and left() > 0:
                 combo = _combine(self.space, current.point, [k.point for k in keepers])
                 if combo is not None and key(combo) not in self.cache:
                     # speculative: the combination and its own simplifications in one batch
-                    self._run([combo, *[c for c in smaller(self.space, combo)]])
-                if combo is not None and self._keeps(self.cache[key(combo)], signature):
+                    self._run([combo, *smaller(self.space, combo)][:max(1, self._fits(left()))])
+                if combo is not None and key(combo) in self.cache and self._keeps(self.cache[key(combo)], signature):
                     nxt = self.cache[key(combo)]
             find.steps.append(nxt.key)
             self.log(f"  shrunk to {nxt.key}")

@@ -72,8 +72,23 @@ def lead(problems: list[str]) -> str:
     return (grads or others or problems)[0]
 
 
+UNEXERCISED = ("routing: every expert got tokens in every microbatch", "never got a token: their gradients")
+"""checks.check_routing's problems: the reference's data did not exercise what a MoE row is
+written to exercise (an empty expert somewhere, every expert somewhere). They judge the
+test, not the system: a table row is written so they hold; a drawn point (fewer steps,
+other sizes) may route otherwise, and is then not judged rather than failed."""
+
+
+def judged(problems: list[str]) -> tuple[list[str], list[str]]:
+    """(problems of the run, problems of the test's own data)."""
+    own = [p for p in problems if any(u in p for u in UNEXERCISED)]
+    return [p for p in problems if p not in own], own
+
+
 def test_fuzz_config(dist, scenario) -> None:
-    problems = scenario_problems(dist, scenario, planted(scenario))
+    problems, unexercised = judged(scenario_problems(dist, scenario, planted(scenario)))
+    if unexercised and not problems:
+        pytest.skip(f"not judged: {unexercised[0]} (the drawn configuration routes otherwise than a table row)")
     if problems:
         # the first line is the signature: nothing in it may name the configuration, and a
         # number's sign is no part of the bug (an SQNR of -3 dB and one of 3 dB fail alike)

@@ -8,7 +8,12 @@ wrong in a combination, and quiet (training completes, nothing raises):
   - float8_scale: one Float8 linear's output comes back with a wrong scale (only where a
     Float8 recipe is on);
   - ac_all_gather: FSDP2 skips the backward re-all-gather of checkpointed blocks (the
-    blocks never reshard: only under FSDP with full activation checkpointing).
+    blocks never reshard: only under FSDP with full activation checkpointing);
+  - late_step_drop: one parameter's gradient is dropped from the second optimizer step on
+    (a stale-state bug: only visible with steps >= 2, so it shrinks to `steps2`).
+The two gradient plants hook the parameter itself: under FSDP2 the sharded parameter's
+gradient is written by the reduce-scatter, outside autograd, so they are quiet there (a
+draw under FSDP passes; the shrinker lands on TP).
 """
 
 from __future__ import annotations
@@ -51,8 +56,27 @@ def _ac_all_gather(scenario):
     return Mutation(fsdp_reshard=False) if scenario.ac == "full" else None
 
 
+def _late_step_drop(scenario):
+    from .training import Mutation
+
+    def plant(model) -> None:
+        param = model.layers["0"].feed_forward.w1.weight
+        forwards = [0]
+
+        def count(module, args) -> None:
+            forwards[0] += 1
+
+        def drop_after_the_first_step(grad):
+            return grad * 0 if forwards[0] > scenario.accum else grad
+
+        model.register_forward_pre_hook(count)
+        if param.requires_grad:
+            param.register_hook(drop_after_the_first_step)
+    return Mutation(after_parallelize=plant)
+
+
 PLANTS: dict[str, Callable] = {"accum_drop": _accum_drop, "float8_scale": _float8_scale,
-                               "ac_all_gather": _ac_all_gather}
+                               "ac_all_gather": _ac_all_gather, "late_step_drop": _late_step_drop}
 
 
 def planted(scenario, name: str | None = None):

@@ -1,11 +1,16 @@
 """The configuration space the scenario table's rows are points of (the fuzzer draws and shrinks in it).
 
-A point is one value per axis; the axes are the table's columns (suites/scenarios.py's
+A point is one value per axis. Most axes are the table's columns (suites/scenarios.py's
 COLUMNS, every column but the tier): their ordered values and their defaults (the value
 the id leaves out), so a column added there is an axis here with nothing else to write.
+After them come the SIZES, axes of the fuzzer only (no table column: every row runs the
+defaults): steps, model width, sequence length and depth. The shrinker halves a size down
+to its smallest value, below the table's default, so a find is as small as it can be
+and says which size it needs (a bug of the second step shrinks to `steps2`); a sized
+point is a `SizedScenario`, whose id ends in the sizes off their default (`-steps2-dim64`).
 Which combinations are valid is the table's own RULES, applied by building the Scenario,
-plus what this accelerator cannot run (`Scenario.needs`): an invalid draw is never run.
-Every row of the fixed table is `point_of(row)`, a named point.
+SIZE_RULES for the sizes, plus what this accelerator cannot run (`Scenario.needs`): an
+invalid draw is never run. Every row of the fixed table is `point_of(row)`, a named point.
 
 Importable without torch: the controller draws and shrinks here, the cell's environment
 runs what it drew.
@@ -13,7 +18,9 @@ runs what it drew.
 
 from __future__ import annotations
 
+import dataclasses
 import random
+import re
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any, Iterable, Mapping
@@ -34,10 +41,17 @@ class Axis:
     values: tuple
     default: Any
     size: bool = False
+    least: Any = None
+    """Where shrinking a size ends (None: at `default`); a SIZES axis shrinks to its smallest value."""
 
     def __post_init__(self) -> None:
         if self.default not in self.values:
             raise ValueError(f"axis {self.name}: default {self.default!r} is not one of {self.values}")
+
+    @property
+    def goal(self) -> Any:
+        """The value shrinking moves this axis toward."""
+        return self.default if self.least is None else self.least
 
 
 def _axis(column: sc.Column) -> Axis:
@@ -46,8 +60,69 @@ def _axis(column: sc.Column) -> Axis:
     return Axis(column.name, tuple(column.values), default, size=column.type is int)
 
 
-AXES: tuple[Axis, ...] = tuple(_axis(c) for c in sc.COLUMNS if c.axis)
+SIZES: tuple[Axis, ...] = (
+    Axis("steps", (1, 2, 3, 4, 6), sc.STEPS, size=True, least=1),
+    Axis("dim", (64, 128, 256), sc.MODEL.dim, size=True, least=64),
+    Axis("seq", (16, 32, 64), sc.MODEL.max_seq_len, size=True, least=16),
+    Axis("layers", (1, 2, 3), sc.MODEL.n_layers, size=True, least=1),
+)
+"""The fuzzer's own size axes (see the module docstring). dim scales the model's width:
+ffn_hidden 2 x dim, expert_hidden dim / 2, 8 heads (4 KV heads) at every width; the
+smallest values keep every shard a multiple of 16 elements at TP 4 (Float8's kernels)."""
+
+SIZE_FRAGMENT = {"steps": "steps{}", "dim": "dim{}", "seq": "seq{}", "layers": "layers{}"}
+SIZE_TOKEN = re.compile(r"^(steps|dim|seq|layers)(\d+)$")
+
+
+def _size_rules(s: sc.Scenario, sizes: dict[str, int]) -> list[str]:
+    """What SIZE_RULES refuse, as messages (a size at its default is always valid)."""
+    out = []
+    if "steps" in sizes and (s.shapes != "static" or s.resume != "none"):
+        out.append("steps sets a static, non-resumed run's length (varlen and resume rows keep their own schedule)")
+    if "seq" in sizes and s.shapes != "static":
+        out.append("seq is the static sequence length (a varlen row has its own lengths)")
+    if "layers" in sizes and s.parallel == "pp":
+        out.append("a pp row has one block per stage: layers stays at the table's for parallel=pp")
+    return out
+
+
+AXES: tuple[Axis, ...] = tuple(_axis(c) for c in sc.COLUMNS if c.axis) + SIZES
 AXIS_VALUES = {a.name: a.values for a in AXES}
+SIZE_DEFAULTS = {a.name: a.default for a in SIZES}
+
+
+@dataclass(frozen=True)
+class SizedScenario(sc.Scenario):
+    """A table scenario with sizes off the table's defaults (`sizes`: (axis, value) pairs):
+    its steps, model dims and sequence length follow them; its id ends in them."""
+
+    sizes: tuple = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        problems = _size_rules(self, dict(self.sizes))
+        if problems:
+            raise sc.ScenarioError(f"{self.id}: {'; '.join(problems)}")
+
+    @property
+    def size(self) -> dict[str, int]:
+        return {**SIZE_DEFAULTS, **dict(self.sizes)}
+
+    @property
+    def id(self) -> str:
+        return "-".join([super().id, *(SIZE_FRAGMENT[n].format(v) for n, v in self.sizes)])
+
+    @property
+    def model_args(self):
+        base, size = super().model_args, self.size
+        dim = size["dim"]
+        return dataclasses.replace(base, dim=dim, ffn_hidden=2 * dim, max_seq_len=size["seq"],
+                                   n_layers=base.n_layers if self.parallel == "pp" else size["layers"],
+                                   expert_hidden=base.expert_hidden * dim // sc.MODEL.dim)
+
+    @property
+    def steps(self) -> int:
+        return self.size["steps"] if "steps" in dict(self.sizes) else super().steps
 
 
 @dataclass(frozen=True)
@@ -99,7 +174,7 @@ class Space:
         return not self.problems(point)
 
     def non_default(self, point: Point) -> dict[str, Any]:
-        """The axes of `point` off their default: what a shrunk failure needs."""
+        """The axes of `point` off their default (sizes included): what a shrunk failure needs."""
         full = self.complete(point)
         return {a.name: full[a.name] for a in AXES if full[a.name] != a.default}
 
@@ -121,21 +196,26 @@ class Space:
             if wrong or not keep:
                 raise ValueError(f"--space {a.name}: {', '.join(map(str, wrong)) or 'no value'} not among "
                                  f"{', '.join(map(str, a.values))}")
-            axes.append(Axis(a.name, keep, a.default if a.default in keep else keep[0], a.size))
+            least = None if a.least is None else (a.least if a.least in keep else keep[0])
+            axes.append(Axis(a.name, keep, a.default if a.default in keep else keep[0], a.size, least))
             if len(keep) == 1:
                 fixed[a.name] = keep[0]
         return Space(tuple(axes), self.device_type, fixed)
 
 
 def scenario(point: Point, tier: str = "nightly") -> sc.Scenario:
-    """The Scenario of a (complete or partial) point; ScenarioError when the table's RULES refuse it."""
-    full = {a.name: point.get(a.name, a.default) for a in AXES}
-    return sc.Scenario.from_dict({**full, "tier": tier})
+    """The Scenario of a (complete or partial) point: a plain table Scenario when every size is
+    at its default, else a SizedScenario; ScenarioError when the RULES or SIZE_RULES refuse it."""
+    columns = {a.name: point.get(a.name, a.default) for a in AXES if a.name not in SIZE_DEFAULTS}
+    sizes = tuple((a.name, point[a.name]) for a in SIZES if point.get(a.name, a.default) != a.default)
+    row = sc.Scenario.from_dict({**columns, "tier": tier})
+    return SizedScenario(**row.as_dict(), sizes=sizes) if sizes else row
 
 
 def point_of(row: sc.Scenario) -> dict[str, Any]:
-    """A table row as a point of the space (every axis, defaults included)."""
-    return {a.name: getattr(row, a.name) for a in AXES}
+    """A table row (or a SizedScenario) as a point of the space (every axis, defaults included)."""
+    sizes = row.size if isinstance(row, SizedScenario) else SIZE_DEFAULTS
+    return {a.name: sizes[a.name] if a.name in SIZE_DEFAULTS else getattr(row, a.name) for a in AXES}
 
 
 def key(point: Point) -> str:
@@ -229,12 +309,12 @@ def smaller(space: Space, point: Point) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     seen = {key(full)}
     for a in space.axes:
-        if a.name in space.fixed or full[a.name] == a.default:
+        if a.name in space.fixed or full[a.name] == a.goal:
             continue
-        targets = [a.default]
-        if a.size:
-            between = [v for v in a.values if _between(v, a.default, full[a.name])]
-            targets += sorted(between, key=lambda v: abs(v - a.default))
+        targets = [a.goal]
+        if a.size:  # the smallest first, then up toward the current value (halving, on these short lists)
+            between = [v for v in a.values if _between(v, a.goal, full[a.name])]
+            targets += sorted(between, key=lambda v: abs(v - a.goal))
         else:  # toward the front: fsdp_tp -> fsdp before giving up on FSDP
             targets += [v for v in a.values[:a.values.index(full[a.name])] if v != a.default]
         for value in targets:
@@ -283,11 +363,15 @@ def point_from_id(sid: str) -> dict[str, Any]:
                              for p in [c.fragment(type("S", (), probe)())])
                 options.setdefault(token, []).append(probe)
     tokens = sid.split("-")
+    sizes: dict[str, int] = {}
+    while tokens and SIZE_TOKEN.match(tokens[-1]):
+        name, value = SIZE_TOKEN.match(tokens.pop()).groups()
+        sizes[name] = int(value)
     unknown = [t for t in tokens if t not in options]
     if unknown:
         raise ValueError(f"{sid!r} is no scenario id: {', '.join(unknown)} is no column's fragment")
     for choice in _product([options[t] for t in tokens]):
-        point: dict[str, Any] = {}
+        point: dict[str, Any] = dict(sizes)
         for part in choice:
             point.update(part)
         try:

@@ -140,7 +140,8 @@ def test_the_nightly_fuzz_job_runs_a_matrix_cell_and_feeds_the_aggregate():
 
 
 def test_the_aggregate_files_a_fuzz_find_by_its_signature(tmp_path):
-    from distci.ci.regressions import FUZZ_TESTS, regressions
+    from distci.ci.regressions import regressions
+    from distci.judge.rows import FUZZ_TESTS
     from distci.judge.ingest import ingest_runs
     from distci.judge.store import Store
 
@@ -172,3 +173,18 @@ def test_known_issues_of_the_table_explain_the_same_scenario_fuzzed(tmp_path):
                 twin = pattern.replace("suites/test_scenarios.py::test_scenario", f"{ENTRY_TEST}::test_fuzz_config")
                 assert twin in next(e for e in fuzzed.entries if e.id == entry.id).tests
     assert any(p.startswith(ENTRY_TEST) for e in fuzzed.entries for p in e.tests)
+
+
+def test_shrink_limit_parses_and_bad_one_names_itself():
+    args = cmd_parser().parse_args(["fuzz", "--cell", CELL, "--shrink-limit", "10m"])
+    assert cmd.parse_budget(args.shrink_limit) == 600
+    with pytest.raises(FuzzSpecError, match="--shrink-limit '10 min'"):
+        cmd.parse_budget("10 min", "--shrink-limit")
+
+
+def cmd_parser():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    cmd.add_parser(parser.add_subparsers())
+    return parser

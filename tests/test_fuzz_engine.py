@@ -8,8 +8,9 @@ import itertools
 import pytest
 
 from suites import scenarios as sc
-from suites.fuzz import Fuzzer, Outcome
-from suites.space import AXES, AXIS_VALUES, Drawer, Space, key, point_of, scenario, smaller
+from suites.fuzz import Fuzzer, Outcome, ShrinkLimits
+from suites.space import AXES, AXIS_VALUES, SIZES, Drawer, SizedScenario, Space, key, point_from_id, point_of, \
+    scenario, smaller
 
 
 def test_every_table_row_is_a_valid_point():
@@ -21,11 +22,47 @@ def test_every_table_row_is_a_valid_point():
         assert key(point) == row.id
 
 
-def test_the_axes_are_the_tables_columns():
-    assert [a.name for a in AXES] == [c.name for c in sc.COLUMNS if c.axis]
-    for a in AXES:
+def test_the_axes_are_the_tables_columns_then_the_sizes():
+    columns = [a for a in AXES if a not in SIZES]
+    assert [a.name for a in columns] == [c.name for c in sc.COLUMNS if c.axis]
+    assert [a.name for a in AXES[len(columns):]] == ["steps", "dim", "seq", "layers"]
+    for a in columns:
         assert a.values == sc.COLUMN[a.name].values
         assert a.size == (type(a.values[0]) is int)
+    for a in SIZES:
+        assert a.size and a.goal == min(a.values) < a.default
+
+
+def test_a_sized_point_runs_its_sizes_and_names_them_in_its_id():
+    s = scenario({"parallel": "tp_sp", "steps": 2, "dim": 64, "seq": 16, "layers": 1})
+    assert isinstance(s, SizedScenario)
+    assert s.id == "tp_sp-eager-steps2-dim64-seq16-layers1"
+    assert s.steps == 2 and [s.seq_len(i) for i in range(2)] == [16, 16]
+    args = s.model_args
+    assert (args.dim, args.ffn_hidden, args.max_seq_len, args.n_layers) == (64, 128, 16, 1)
+    moe = scenario({"parallel": "tp", "model": "moe", "dim": 256}).model_args
+    assert (moe.dim, moe.expert_hidden, moe.n_experts) == (256, 2 * sc.MOE_MODEL.expert_hidden, sc.MOE_MODEL.n_experts)
+    # the id names the point back (a rerun or a bisect probe of a sized find needs nothing else)
+    assert key(point_from_id(s.id)) == s.id
+    assert point_from_id(s.id)["steps"] == 2
+    # at the table's sizes it is the table's own Scenario
+    assert type(scenario({"parallel": "tp_sp", "steps": sc.STEPS})) is sc.Scenario
+
+
+def test_size_rules_refuse_what_a_row_fixes_itself():
+    space = Space(device_type=None)
+    assert any("static, non-resumed" in p for p in space.problems({"parallel": "tp", "shapes": "varlen", "steps": 2}))
+    assert any("static sequence length" in p for p in space.problems({"parallel": "tp", "shapes": "varlen", "seq": 16}))
+    assert any("one block per stage" in p for p in space.problems(
+        {"parallel": "pp", "schedule": "gpipe", "accum": 2, "layers": 1}))
+
+
+def test_a_size_shrinks_below_the_tables_default_smallest_first():
+    keys = [key(p) for p in smaller(Space(), {"parallel": "tp", "steps": 6})]
+    assert keys[:4] == ["tp-eager-steps1", "tp-eager-steps2", "tp-eager", "tp-eager-steps4"]
+    # at the table's default a size still shrinks (toward its smallest value)
+    assert [key(p) for p in smaller(Space(), {"parallel": "tp"})] == [
+        "tp-eager-steps1", "tp-eager-steps2", "tp-eager-dim64", "tp-eager-seq16", "tp-eager-layers1"]
 
 
 def test_an_invalid_point_names_the_rule_it_breaks():
@@ -140,3 +177,90 @@ def test_the_budget_stops_a_shrink_and_says_so():
                     clock=lambda: next(ticks), log=lambda m: None).run()
     assert report.finds and not report.finds[0].complete
     assert report.finds[0].shrunk.failed
+
+
+def _timed_oracle(bug, seconds: float):
+    """A batch runner on a fake clock: every configuration takes `seconds`."""
+    now = [0.0]
+
+    def run(points):
+        now[0] += seconds * len(points)
+        return [Outcome(p, "failed" if bug(p) else "passed", "AssertionError: bug" if bug(p) else None, seconds)
+                for p in points]
+    return run, (lambda: now[0])
+
+
+WIDE = Space().restrict({"world_size": [2], "resume": ["none"], "compile": ["none"], "backend": ["none"]})
+"""Every axis drawn but the costly ones: a draw carries a dozen axes off their default, so a
+find's full shrink takes many rounds."""
+
+
+def test_shrinking_a_find_stops_at_its_limit_and_drawing_goes_on():
+    bug = BUGS["accumulation"][0]
+    limited_run, limited_clock = _timed_oracle(bug, 10.0)
+    limited = Fuzzer(WIDE, "starve", limited_run, budget_s=400, clock=limited_clock, log=lambda m: None).run()
+    assert limited.finds, "no draw hit the bug"
+    find = limited.finds[0]
+    # its own limit: a quarter of the 400 s budget (the one configuration a batch may overrun by aside)
+    assert not find.complete and "its shrink limit of 100 s ran out" in find.stopped
+    assert 100 <= find.seconds <= 110
+    assert find.shrunk.failed and find.shrunk.signature == find.found.signature
+    assert len(WIDE.non_default(find.shrunk.point)) < len(WIDE.non_default(find.found.point))
+    # drawing went on after the find; without limits the shrink eats the budget
+    assert len(limited.drawn) - limited.drawn.index(find.found.key) - 1 >= 10
+    unlimited_run, unlimited_clock = _timed_oracle(bug, 10.0)
+    unlimited = Fuzzer(WIDE, "starve", unlimited_run, budget_s=400, clock=unlimited_clock, log=lambda m: None,
+                       limits=ShrinkLimits(per_find_max_s=1e9, per_find_share=1, total_share=1)).run()
+    assert len(unlimited.drawn) < len(limited.drawn)
+
+
+def test_all_shrinking_together_takes_at_most_half_the_budget():
+    # every configuration with accumulation fails, each with its own signature: every one a new find
+    now = [0.0]
+
+    def run(points):
+        now[0] += 10.0 * len(points)
+        return [Outcome(p, "failed", f"E: accum {p['accum']} optim {p['optim']} ac {p['ac']}", 10.0)
+                if p["accum"] > 1 else Outcome(p, "passed", None, 10.0) for p in points]
+    report = Fuzzer(WIDE, "half", run, budget_s=400, clock=lambda: now[0], log=lambda m: None).run()
+    assert len(report.finds) >= 3
+    assert report.shrink_s <= 0.5 * 400 + 10
+    assert any("the run's shrink share (50% of the budget) ran out" in f.stopped for f in report.finds)
+
+
+def test_a_find_with_a_known_issues_signature_gets_one_quick_round():
+    seen = []
+
+    def run(points):
+        seen.extend(key(p) for p in points)
+        return [Outcome(p, "failed", "E: same", 1.0) for p in points]
+    fuzzer = Fuzzer(WIDE, "k", run, log=lambda m: None)
+    fuzzer._found(Outcome({"parallel": "tp", "optim": "adamw"}, "failed", "E: same", 1.0, known_issue="ki-1"))
+    point = WIDE.complete({"parallel": "fsdp", "ac": "full", "optim": "adamw", "accum": 4, "eval": "no_grad"})
+    fuzzer._found(Outcome(point, "failed", "E: same", 1.0))
+    find = fuzzer.report.finds[0]
+    assert find.known_like == "ki-1"
+    assert len(find.steps) == 1 and not find.complete and "quick round" in find.stopped
+    # one batch of the round, then the combination of its keepers with its own simplifications
+    assert len(seen) <= fuzzer.batch_size + 1 + len(smaller(WIDE, find.shrunk.point))
+
+
+def test_a_bug_of_the_second_step_shrinks_to_steps_2_and_the_smallest_sizes():
+    space = Space().restrict({name: (a.default,) for name, a in ((a.name, a) for a in AXES)
+                              if a not in SIZES and name not in ("parallel", "ac", "optim")}
+                             | {"parallel": ["tp", "fsdp"]})
+    report = Fuzzer(space, "steps", _oracle(lambda p: p["steps"] >= 2), max_configs=40, log=lambda m: None).run()
+    find = report.finds[0]
+    assert find.complete
+    assert space.non_default(find.shrunk.point) == {"steps": 2, "dim": 64, "seq": 16, "layers": 1}
+
+
+def test_a_timeout_is_listed_not_shrunk_and_a_hang_is_shrunk():
+    def run(points):
+        return [Outcome(p, "failed", "TestTimeout: rank(s) N, N still running at the test timeout", 1.0,
+                        kind="timeout" if p["optim"] == "adamw" else "hang") if p["accum"] > 1
+                else Outcome(p, "passed", None, 1.0) for p in points]
+    report = Fuzzer(WIDE, "slow", run, max_configs=30, log=lambda m: None).run()
+    assert report.slow and all(o.kind == "timeout" for o in report.slow)
+    assert all(f.found.kind == "hang" for f in report.finds) and report.finds
+    assert all(o.key not in {f.found.key for f in report.finds} for o in report.slow)

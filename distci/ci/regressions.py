@@ -20,6 +20,7 @@ from distci.rundir import RunDir, RunInfo
 from distci.judge.store import Store
 from distci.provision.index import nightly_date_of
 from distci.judge.verdicts import ENV_KEYS
+from distci.judge.rows import is_fuzz
 from distci.provision.sources import PACKAGE_AXES
 
 BISECT_AXES = PACKAGE_AXES
@@ -137,10 +138,9 @@ class Regression:
         return None
 
 
-FUZZ_TESTS = "suites/fuzz_entry.py::"
-"""The fuzzer's configurations (suites.fuzz.ENTRY_TEST): each is new, so it has no green
-history to regress from; a failing one (verdict `fail`) is filed like a regression, by
-its signature, so only a new signature opens an issue."""
+# The fuzzer's configurations (distci.judge.rows.FUZZ_TESTS) are each new, so they have no
+# green history to regress from; a failing one (verdict `fail`) is filed like a regression,
+# by its signature, so only a new signature opens an issue.
 
 
 def regressions(store: Store, run_ids: Iterable[str]) -> list[Regression]:
@@ -150,7 +150,7 @@ def regressions(store: Store, run_ids: Iterable[str]) -> list[Regression]:
         run = store.run(run_id)
         if run is None:
             continue
-        fuzzed = [r for r in store.results(run_id=run_id, verdicts=["fail"]) if r.test_id.startswith(FUZZ_TESTS)]
+        fuzzed = [r for r in store.results(run_id=run_id, verdicts=["fail"]) if is_fuzz(r.test_id)]
         for r in [*store.results(run_id=run_id, verdicts=["regression"]), *fuzzed]:
             base = store.run(r.compared_run) if r.compared_run else None
             found.append(Regression(

@@ -132,18 +132,21 @@ def _attributes_check(before: dict[str, dict[str, Any]]) -> list[Leak]:
     return leaks
 
 
-def _installed(path: str) -> bool:
-    """Inside the interpreter's own library dirs: what an installed package adds on import
-    (setuptools puts its `_vendor` dir on sys.path when torch's C++ builder imports it)."""
+def _installed(path: str, before: list[str] = ()) -> bool:
+    """Inside the interpreter's library dirs: what an installed package adds on import
+    (setuptools puts its `_vendor` dir on sys.path when torch's C++ builder imports it).
+    Those are the interpreter's own and every site-packages dir already on sys.path: an
+    overlay env over a preinstalled stack (`--python`) sees the stack's through a .pth."""
     paths = sysconfig.get_paths()
     roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    roots |= {p for p in before if p.rstrip("/").endswith(("/site-packages", "/dist-packages"))}
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
 def _sys_path_check(before: list[str]) -> list[Leak]:
     if sys.path == before:
         return []
-    kept = [p for p in sys.path if p not in before and _installed(p)]
+    kept = [p for p in sys.path if p not in before and _installed(p, before)]
     added = [p for p in sys.path if p not in before and p not in kept]
     removed = [p for p in before if p not in sys.path]
     if not added and not removed and sys.path[:len(before)] == before:

@@ -6,6 +6,14 @@ is judged by its latest result since that run; an infra result is not a result o
 test and never replaces one, so a narrowed rerun adds evidence and never hides a failure
 it did not re-run. A test with no result on the current stack (that of the latest run
 that ran a test) is missing. distci.judge.gate turns these CellStates into its answer.
+
+The fuzzer's configurations (`rows.is_fuzz`) are judged, never expected: a configuration
+drawn one night is not drawn the next, so its absence never makes a cell partial, and a
+fuzz run (only fuzz results) never is the complete run the expected tests come from. A
+failing one blocks like any test (verdict `fail` or `regression`), and it keeps blocking
+after the next complete run, on the stack it failed on, until a later result of the same
+configuration says otherwise (a replay: its test id names it) or the stack moves on: a
+find must not vanish because the next night drew other configurations.
 """
 
 from __future__ import annotations
@@ -17,8 +25,8 @@ from typing import Sequence
 
 from distci.errors import SelectionError
 from distci.judge.store import Store
-from distci.judge.rows import ResultRow, RunRow, is_environment
-from distci.judge.verdicts import env_key
+from distci.judge.rows import ResultRow, RunRow, is_environment, is_fuzz
+from distci.judge.verdicts import BLOCKING, env_key
 
 DEFAULT_MAX_AGE = timedelta(hours=36)
 
@@ -85,6 +93,14 @@ def judge_cell(
             latest[r.test_id] = r
             if r.verdict != "infra":
                 on_stack.setdefault(r.test_id, set()).add(env)
+    carried: dict[str, ResultRow] = {}
+    for run in reversed(runs[:runs.index(base)] if base is not None else []):
+        if env_key(run.stack) != current_env:
+            break  # the stack moved on: older finds were of another stack (and a year is not read)
+        for r in rows_of(run):  # an earlier fuzz result on this stack: the latest of its id counts
+            if is_fuzz(r.test_id) and r.test_id not in latest and r.test_id not in carried and r.verdict != "infra":
+                carried[r.test_id] = r
+    latest.update({t: r for t, r in carried.items() if r.verdict in BLOCKING})
     judged = [latest[t] for t in sorted(latest)]
 
     def age_of(run: RunRow) -> float | None:
@@ -114,8 +130,8 @@ def judge_cell(
         state.reason = (f"no complete run of tier {tier!r} or a wider one (every run was narrowed by -k / --test, "
                         f"or of a narrower tier): the expected tests are unknown")
     else:
-        expected = {r.test_id for r in results[base.run_id] if not is_environment(r.test_id)} | set(latest)
-        expected = {t for t in expected if not is_environment(t)}
+        expected = {r.test_id for r in rows_of(base) if not is_environment(r.test_id)} | set(latest)
+        expected = {t for t in expected if not is_environment(t) and not is_fuzz(t)}
         state.missing_tests = sorted(t for t in expected if current_env not in on_stack.get(t, set()))
         if state.missing_tests:
             state.state = "partial"
@@ -130,8 +146,10 @@ def _ran(r: ResultRow) -> bool:
 
 def _is_complete(run: RunRow, tiers: set[str], rows: list[ResultRow]) -> bool:
     """A run that may define a cell's expected tests: ended, not narrowed, of a covering
-    tier (or of none: a run without a tier runs every test), and some test ran in it."""
-    return bool(run.ended_at) and not run.selection and run.tier in tiers and any(_ran(r) for r in rows)
+    tier (or of none: a run without a tier runs every test), and some test ran in it (a
+    fuzz configuration does not count: a fuzz run defines no expected tests)."""
+    return bool(run.ended_at) and not run.selection and run.tier in tiers and any(
+        _ran(r) and not is_fuzz(r.test_id) for r in rows)
 
 
 def tally(results: Sequence[ResultRow]) -> dict[str, int]:

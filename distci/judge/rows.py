@@ -17,6 +17,16 @@ def is_environment(test_id: str) -> bool:
     return test_id.startswith("<")
 
 
+FUZZ_TESTS = "suites/fuzz_entry.py::"
+"""The fuzzer's configurations (suites.fuzz.ENTRY_TEST, tested to agree): drawn anew every
+night, so no run of them says which tests a cell is expected to have (distci.judge.coverage)."""
+
+
+def is_fuzz(test_id: str) -> bool:
+    """Whether a result is one of the fuzzer's drawn configurations."""
+    return test_id.startswith(FUZZ_TESTS)
+
+
 @lru_cache(maxsize=65536)
 def suite_of(test_id: str) -> str:
     """The suite a test belongs to, from its pytest node id: the dashboard's grid columns.

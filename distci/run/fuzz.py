@@ -34,11 +34,11 @@ FUZZ_DIR = "fuzz"
 BUDGET = re.compile(r"^(\d+(?:\.\d+)?)([smh]?)$")
 
 
-def parse_budget(text: str) -> float:
-    """'90s', '30m', '1.5h' or plain seconds -> seconds."""
+def parse_budget(text: str, flag: str = "--budget") -> float:
+    """'90s', '30m', '1.5h' or plain seconds -> seconds; `flag` names the option in the error."""
     m = BUDGET.match(text.strip())
     if not m:
-        raise FuzzSpecError(f"--budget {text!r}: write seconds, or a number with s, m or h (e.g. 30m)")
+        raise FuzzSpecError(f"{flag} {text!r}: write seconds, or a number with s, m or h (e.g. 30m)")
     return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
 
 
@@ -163,7 +163,8 @@ class BatchRunner:
                 o = Outcome(p, "infra", None, 0.0, message="no result recorded (see pytest.log)")
             else:
                 self.stack = self.stack or r.stack
-                o = Outcome(p, r.outcome, r.error_signature, r.duration_s, r.known_issue, r.message[:2000], r.test_id)
+                o = Outcome(p, r.outcome, r.error_signature, r.duration_s, r.known_issue, r.message[:2000], r.test_id,
+                            r.failure_kind)
             if o.failed:
                 self.log(f"    {o.key}: {o.signature}")
             elif o.outcome == "infra":
@@ -176,9 +177,9 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
               batch_size: int = 6, shrink: bool = True, python: str | None = None,
               runs_root: Path = Path(".distci/runs"), replay: str | None = None, known_issues: str | None = None,
               report_path: Path | None = None, coverage_path: Path | None = None, command: str = "",
-              reruns: int | None = None, log=print) -> int:
+              reruns: int | None = None, shrink_limit_s: float | None = None, log=print) -> int:
     """Fuzz one cell; returns the exit code (see the module docstring)."""
-    from suites.fuzz import Fuzzer, Report
+    from suites.fuzz import Fuzzer, Report, ShrinkLimits
     from suites.fuzz_plants import PLANT_ENV
 
     from distci.run.cellrun import absent_accelerator_run, infra_run, provision, record_failure, start_run, uses_installed
@@ -218,8 +219,10 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
     else:
         log(f"fuzz {cell.id}: seed {seed}, budget {budget_s:.0f}s"
             + (f", at most {max_configs} configurations" if max_configs else ""))
+        limits = ShrinkLimits() if shrink_limit_s is None else ShrinkLimits(per_find_max_s=shrink_limit_s,
+                                                                            per_find_share=1.0)
         fuzzer = Fuzzer(space, seed, runner, budget_s=budget_s, max_configs=max_configs, batch_size=batch_size,
-                        shrink=shrink, log=log)
+                        shrink=shrink, log=log, limits=limits)
         report = fuzzer.run()
     run = FuzzRun(cell.id, seed, budget_s, space, str(run_dir), runner.stack, os.environ.get(PLANT_ENV, ""))
     for find in report.finds:
@@ -243,7 +246,7 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
     RunDir(run_dir).write_info(info)
     RunDir(run_dir).write_junit(cell.id)
     log(f"fuzz {cell.id}: {len(report.tried)} configuration(s), {len(report.finds)} new find(s), "
-        f"{len(report.known)} known issue(s); run {run_dir}")
+        f"{len(report.known)} known issue(s), {len(report.slow)} timed out; run {run_dir}")
     return code
 
 
@@ -256,8 +259,10 @@ def _report_json(run, report) -> dict:
     return {"cell": run.cell_id, "seed": run.seed, "budget_s": run.budget_s, "stack": run.stack,
             "drawn": report.drawn, "tried": [outcome(o) for o in report.tried],
             "finds": [{"found": key(f.found.point), "shrunk": outcome(f.shrunk), "steps": f.steps,
-                       "complete": f.complete} for f in report.finds],
-            "known": [o.key for o in report.known], "repeats": report.repeats}
+                       "complete": f.complete, "stopped": f.stopped, "seconds": f.seconds,
+                       "known_like": f.known_like} for f in report.finds],
+            "known": [o.key for o in report.known], "repeats": report.repeats, "shrink_s": report.shrink_s,
+            "slow": [o.key for o in report.slow]}
 
 
 def list_draws(space, seed: str, count: int) -> list[str]:
@@ -305,7 +310,8 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
                      max_configs=args.max_configs, batch_size=args.batch, shrink=not args.no_shrink,
                      python=args.python, runs_root=Path(args.runs_root), replay=args.replay,
                      known_issues=args.known_issues, report_path=args.report, coverage_path=args.coverage,
-                     command=command, reruns=args.reruns)
+                     command=command, reruns=args.reruns,
+                     shrink_limit_s=parse_budget(args.shrink_limit, "--shrink-limit") if args.shrink_limit else None)
 
 
 def add_parser(sub) -> None:
@@ -319,6 +325,8 @@ def add_parser(sub) -> None:
                    help="keep only these values of an axis (repeatable; one value fixes it)")
     p.add_argument("--batch", type=int, default=6, help="configurations per pytest session (default 6)")
     p.add_argument("--no-shrink", action="store_true", help="report failures as drawn")
+    p.add_argument("--shrink-limit", default=None, metavar="DURATION", help="how long one find may shrink "
+                   "(default: min(15m, 25%% of the budget)); all shrinking stays within half the budget")
     p.add_argument("--list", action="store_true", help="print the configurations the seed draws and exit")
     p.add_argument("--replay", default=None, metavar="JSON", help="run this one configuration (a find's JSON)")
     p.add_argument("--reruns", type=int, default=None, help="reruns of a failing configuration (default: the "

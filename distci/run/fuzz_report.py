@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from suites.fuzz import ENTRY_TEST, Find, Outcome, Report
-from suites.space import Space, key
+from suites.space import SIZE_DEFAULTS, Space, key
 
 
 
@@ -30,13 +30,25 @@ class FuzzRun:
 
 
 def table_row(space: Space, point: dict[str, Any]) -> str:
-    """The point as a line of suites/scenarios.py's TABLE (its `row(parallel, compile, backend, ...)`)."""
+    """The point as a line of suites/scenarios.py's TABLE (its `row(parallel, compile, backend, ...)`).
+    Sizes off the table's defaults are no column: they follow as a comment (the id and the
+    repro carry them), so the line still pastes."""
     extra = space.non_default(point)
     args = [repr(point["parallel"])]
     if point["compile"] != "none":
         args += [repr(point["compile"]), repr(point["backend"])]
-    args += [f"{name}={value!r}" for name, value in extra.items() if name not in ("parallel", "compile", "backend")]
-    return f"row({', '.join(args)}),"
+    args += [f"{name}={value!r}" for name, value in extra.items()
+             if name not in ("parallel", "compile", "backend") and name not in SIZE_DEFAULTS]
+    sizes = [f"{name}={value}" for name, value in extra.items() if name in SIZE_DEFAULTS]
+    note = f"  # sizes {', '.join(sizes)}: no table column (the id and the repro carry them)" if sizes else ""
+    return f"row({', '.join(args)}),{note}"
+
+
+def shrink_state(find: Find) -> str:
+    """How far a find was shrunk, in the words the report uses."""
+    if find.complete:
+        return "shrunk"
+    return f"shrunk so far, not minimal ({find.stopped})"
 
 
 def config_json(space: Space, point: dict[str, Any]) -> str:
@@ -55,8 +67,10 @@ def find_lines(run: FuzzRun, find: Find) -> list[str]:
     s = find.shrunk
     return [
         f"find: {s.signature}",
-        f"  found as {find.found.key}, shrunk{'' if find.complete else ' (budget ran out: maybe not minimal)'} "
-        f"to {s.key} in {len(find.steps)} step(s)",
+        f"  found as {find.found.key}, {shrink_state(find)} to {s.key} in {len(find.steps)} step(s), "
+        f"{find.seconds:.0f} s",
+        *([f"  known-issue signature: {find.known_like} (its test pattern does not cover this configuration)"]
+          if find.known_like else []),
         f"  row:    {table_row(run.space, s.point)}",
         f"  id:     {s.key}",
         f"  repro:  {repro(run.space, run.cell_id, s.point, run.plant)}",
@@ -80,18 +94,23 @@ def render_report(run: FuzzRun, report: Report, started: str, command: str) -> s
         f"- stack: {stack_line(run.stack)}",
         f"- budget: {run.budget_s:.0f} s; configurations tried: {len(report.tried)} "
         f"({len(report.drawn)} drawn, {len(report.tried) - len(drawn & {o.key for o in report.tried})} shrink candidates)",
+        f"- shrinking: {report.shrink_s:.0f} s of the budget over {len(report.finds)} find(s)",
         f"- run directory: `{Path(run.run_dir).name}` (results.jsonl holds every configuration as a Result)",
         "",
         "## Finds",
         "",
     ]
-    if not report.finds and not report.known:
+    if not report.finds and not report.known and not report.slow:
         lines.append("None: every configuration passed or was skipped.")
     for n, find in enumerate(report.finds, 1):
         lines += [f"### {n}. `{find.shrunk.signature}`", "", "```", *find_lines(run, find), "```",
                   "", "Classification: (to be written by whoever triages this find)", ""]
     for o in report.known:
         lines.append(f"- known issue `{o.known_issue}`: `{o.key}` ({o.signature})")
+    if report.slow:
+        lines += ["", "Timed out (past the test timeout, not shrunk: a smaller configuration is faster whatever "
+                  "the bug):", ""]
+        lines += [f"- `{o.key}` ({o.seconds:.0f} s)" for o in report.slow]
     if report.repeats:
         lines += ["", "Repeats of a find (same signature, not shrunk again):", ""]
         lines += [f"- `{k}` repeats `{v}`" for k, v in report.repeats.items()]
