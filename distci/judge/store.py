@@ -305,8 +305,10 @@ class Store:
         cell_id: str | None = None,
         verdicts: Sequence[str] | None = None,
         since: str | None = None,
+        test_prefix: str | None = None,
     ) -> list[ResultRow]:
-        """Results in history order, then test id; `since` keeps runs started at or after it."""
+        """Results in history order, then test id; `since` keeps runs started at or after it,
+        `test_prefix` the test ids starting so (a range on the primary key, not a scan)."""
         sql = "SELECT r.* FROM results r JOIN runs u USING (run_id) WHERE 1=1"
         args: list[Any] = []
         if since is not None:
@@ -315,6 +317,8 @@ class Store:
             sql, args = sql + " AND r.run_id = ?", args + [run_id]
         if cell_id is not None:
             sql, args = sql + " AND r.cell_id = ?", args + [cell_id]
+        if test_prefix:
+            sql, args = sql + " AND r.test_id >= ? AND r.test_id < ?", args + [test_prefix, test_prefix + "\U0010ffff"]
         if verdicts is not None:
             sql += f" AND r.verdict IN ({','.join('?' * len(verdicts))})"
             args += list(verdicts)
