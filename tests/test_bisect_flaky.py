@@ -85,16 +85,8 @@ def test_the_engine_modes_never_name_a_wrong_candidate_with_exit_0(mode):
 
 # -- python-diff ------------------------------------------------------------------------
 
-OPS = "import math\n\n\ndef scale(x):\n    return {scale}\n\n\ndef name():\n    return {name!r}\n\n\nPI = {pi}\n"
-
-
-def _build(root: Path, files: dict[str, str]) -> Path:
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
-    site = next((root / "lib").glob("python*/site-packages"))
-    for path, text in files.items():
-        (site / path).parent.mkdir(parents=True, exist_ok=True)
-        (site / path).write_text(text)
-    return root
+# the two-build fixture of tests/test_bisect_pydiff.py (one definition of the fake torch)
+from test_bisect_pydiff import OPS, build as _build  # noqa: E402
 
 
 class PlantedRunner:
