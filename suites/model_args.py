@@ -18,7 +18,7 @@ class ModelArgs:
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     lora_rank: int = 0
-    """> 0: LoRA-style adapters (rank r) beside wq, wv and feed_forward.w1 (the `frozen` rows)."""
+    """> 0: LoRA-style adapters (rank r) beside wq, wv and feed_forward.w1 (the `lora` rows)."""
     n_experts: int = 0
     """> 0: every block's feed-forward is a mixture of experts (router, top-k, experts)."""
     top_k: int = 2

@@ -196,15 +196,15 @@ ADAPTED = ("attention.wq", "attention.wv", "feed_forward.w1")
 
 
 def frozen_by_default(name: str) -> bool:
-    """Whether a parameter is frozen in a `frozen` (LoRA-style) run: all but the adapters."""
+    """Whether a parameter is frozen in a `lora` run (a frozen base with LoRA-style adapters): all but the adapters."""
     return "_adapter." not in name
 
 
 def is_frozen(name: str, train: str) -> bool:
     """Whether a parameter is frozen under the `train` column, as fine-tuning freezes:
-    `frozen` (a frozen base with LoRA adapters), `frozen_embed` (the token embeddings:
+    `lora` (a frozen base with LoRA adapters), `frozen_embed` (the token embeddings:
     the first block's input then needs no grad), `frozen_norms` (every RMSNorm weight)."""
-    if train == "frozen":
+    if train == "lora":
         return frozen_by_default(name)
     if train == "frozen_embed":
         return name.startswith("tok_embeddings.")

@@ -86,8 +86,8 @@ COLUMNS: tuple[Column, ...] = (
            "Float8"),
     Column("async_tp", (False, True), False, {True: "asynctp"},
            "micro-pipeline TP over symmetric memory (CUDA + inductor + tp_sp only)", "Async TP"),
-    Column("train", ("full", "frozen", "frozen_embed", "frozen_norms"), "full", "{}",
-           "frozen: LoRA-style adapters train, the rest is frozen; frozen_embed: the token embeddings are frozen "
+    Column("train", ("full", "lora", "frozen_embed", "frozen_norms"), "full", "{}",
+           "lora: a frozen base with LoRA-style adapters that train; frozen_embed: the token embeddings are frozen "
            "(the first block's input needs no grad); frozen_norms: every RMSNorm weight is frozen", "Train"),
     Column("shapes", ("static", "varlen"), "static", "{}",
            "varlen: the sequence length changes every step (numbers and the recompile budget)", "Shapes"),
@@ -168,7 +168,7 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda s: (s.parallel in PP_LAYOUTS) != (s.schedule != "none"),
          "a schedule is named exactly for parallel=pp, pp_fsdp or pp_tp"),
     Rule(lambda s: s.parallel in PP_LAYOUTS and (s.model != "dense" or s.compiled or s.ac != "none" or s.float8 != "none"
-                                                 or s.eval != "none" or s.resume != "none" or s.train == "frozen"
+                                                 or s.eval != "none" or s.resume != "none" or s.train == "lora"
                                                  or s.loss_parallel),
          "pp rows run the dense model eager, without AC, Float8, eval, resume, LoRA or loss parallel"),
     Rule(lambda s: s.parallel in PP_LAYOUTS and (s.accum < 2 or s.accum % 2),
@@ -179,10 +179,10 @@ RULES: tuple[Rule, ...] = (
          "ep_fsdp's dispatch sizes its all-to-all from the routing (no fullgraph compile), and its gradients live on "
          "two meshes: it runs eager, with clip none or mesh"),
     Rule(lambda s: s.parallel == "cp" and (s.model != "dense" or s.mp != "none" or s.float8 != "none"
-                                           or s.resume != "none" or s.train == "frozen" or s.shapes != "static"
+                                           or s.resume != "none" or s.train == "lora" or s.shapes != "static"
                                            or s.eval != "none" or s.world_size != 2),
          "cp rows shard the dense model's sequence over 2 ranks: no MoE, mp, Float8, resume, LoRA, varlen or eval"),
-    Rule(lambda s: s.train == "frozen" and s.model == "moe", "the LoRA adapters exist in the dense model only"),
+    Rule(lambda s: s.train == "lora" and s.model == "moe", "the LoRA adapters exist in the dense model only"),
     Rule(lambda s: s.sched != "const" and s.resume != "none",
          "the LR scheduler's state is not part of the resume row's checkpoint: sched needs resume=none"),
     Rule(lambda s: s.parallel == "ep" and s.clip in ("norm", "foreach"),
@@ -267,7 +267,7 @@ class Scenario:
             return MOE_MODEL
         if self.parallel in PP_LAYOUTS:
             return PP_MODEL
-        return LORA_MODEL if self.train == "frozen" else MODEL
+        return LORA_MODEL if self.train == "lora" else MODEL
 
     @property
     def steps(self) -> int:

@@ -74,10 +74,10 @@ def training_step_rows() -> list[Scenario]:
         row("fsdp", resume="tp_sp", dcp="async", optim="adamw"),
         row("fsdp_tp", world_size=4, resume="fsdp", dcp="async"),
         # a frozen base with LoRA adapters under FSDP2
-        row("fsdp", train="frozen"),
-        row("fsdp", "block", "inductor", train="frozen"),
-        row("fsdp", "model", "aot_eager", train="frozen"),
-        row("fsdp_tp", "block", "inductor", world_size=4, train="frozen"),
+        row("fsdp", train="lora"),
+        row("fsdp", "block", "inductor", train="lora"),
+        row("fsdp", "model", "aot_eager", train="lora"),
+        row("fsdp_tp", "block", "inductor", world_size=4, train="lora"),
         row("tp", "block", "inductor", train="frozen_embed"),
     ]
     # loss variants: plain, under loss_parallel(), compiled (with and without loss parallel)
@@ -187,14 +187,14 @@ def crossing_rows() -> list[Scenario]:
             row("fsdp_tp", "block", "aot_eager", world_size=4, loss=loss, loss_compile=True, loss_parallel=True),
         ]
     # fine-tuning's frozen parts x (compile_block, compile_model) x SP x FSDP2 (x mixed precision)
-    for train in ("frozen", "frozen_embed", "frozen_norms"):
+    for train in ("lora", "frozen_embed", "frozen_norms"):
         rows += [
             row("fsdp_tp", "model", "aot_eager", world_size=4, train=train),
             row("fsdp_tp", "block", "aot_eager", world_size=4, mp="bf16", train=train),
             row("fsdp", "block", "aot_eager", mp="bf16", train=train),
         ]
-    rows += [row("tp_sp", "model", "aot_eager", train="frozen"),
-             row("tp_sp", "block", "aot_eager", train="frozen"),
+    rows += [row("tp_sp", "model", "aot_eager", train="lora"),
+             row("tp_sp", "block", "aot_eager", train="lora"),
              row("hsdp", "block", "aot_eager", world_size=4, train="frozen_norms")]
     # MoE routing edges on 4 ranks (FSDP2 and EP, accumulation); under mixed precision on 2 ranks
     # (8 microbatches in bf16 move a near-tie token in 2-3 of 3 steps against the bf16 reference,

@@ -93,12 +93,12 @@ TABLE: list[Scenario] = [
     row("fsdp_tp", float8="rowwise", world_size=4),
     row("fsdp_tp", "block", "inductor", ac="full", float8="tensorwise", world_size=4),
     # frozen weights, LoRA-style adapters on the column-parallel linears
-    row("tp", train="frozen", tier="pr"),
-    row("tp_sp", train="frozen"),
-    row("tp", "block", "aot_eager", train="frozen"),
-    row("tp_sp", "block", "inductor", train="frozen"),
-    row("tp_sp", "model", "inductor", train="frozen"),
-    row("fsdp_tp", train="frozen", world_size=4),
+    row("tp", train="lora", tier="pr"),
+    row("tp_sp", train="lora"),
+    row("tp", "block", "aot_eager", train="lora"),
+    row("tp_sp", "block", "inductor", train="lora"),
+    row("tp_sp", "model", "inductor", train="lora"),
+    row("fsdp_tp", train="lora", world_size=4),
     # a new sequence length every step: numbers and the recompile budget
     row("tp_sp", shapes="varlen", tier="pr"),
     row("tp", "model", "inductor", shapes="varlen"),

@@ -163,13 +163,26 @@ def _by_hand(module: Any) -> bool:
     return getattr(module, "__spec__", None) is None and getattr(module, "__file__", None) is None
 
 
+def _set_by_a_new_import(value: Any, before: dict[str, Any]) -> bool:
+    """An entry a package sets while it is first imported, with an object of its own class:
+    Cython's `Cython.Shadow` puts `cython.parallel` / `cython.cimports` stand-ins into
+    sys.modules the first time anything imports it (torch's C++ builder may, mid-test).
+    The class's module is new since the snapshot, so no test file defined it: a test's own
+    fake comes from the test module (imported before the snapshot) or is a bare
+    `types.ModuleType`, and stays a leak."""
+    owner = getattr(type(value), "__module__", None) or ""
+    return owner not in ("", "builtins", "types") and owner not in before and owner in sys.modules
+
+
 def _sys_modules_check(before: dict[str, Any]) -> list[Leak]:
     """Entries set by hand (a fake module, a stand-in object), new or in place of a real
     module. An import's own changes are not leaks: Inductor re-imports its generated
-    modules under the same name and drops entries to reload them, every test."""
+    modules under the same name and drops entries to reload them, every test; a package
+    imported for the first time may set stand-ins of its own classes (`_set_by_a_new_import`)."""
     leaks = []
     now = sys.modules
-    for name in [n for n in now if now[n] is not before.get(n) and _by_hand(now[n])]:
+    for name in [n for n in now if now[n] is not before.get(n) and _by_hand(now[n])
+                 and not _set_by_a_new_import(now[n], before)]:
         value = now[name]
         what = "a module no import made" if isinstance(value, types.ModuleType) else _name(value)
         if name in before:
