@@ -98,5 +98,9 @@ def _chunked_grads(scenario: Scenario, model: nn.Module, tokens: torch.Tensor, l
                 g = p.grad.float() / ranks
                 grads[name] = grads[name] + g if name in grads else g
     for name, p in model.named_parameters():
-        p.grad = grads.get(name)
+        g = grads.get(name)
+        # summed in float32, stored in the parameter's dtype: torch checks an assigned grad's
+        # dtype against the tensor's (its grad_dtype on 2.10+), so a bf16 reference (mp rows
+        # with accumulation) takes its sums as bf16, the dtype its own backward would give
+        p.grad = None if g is None else g.to(p.dtype)
     return total

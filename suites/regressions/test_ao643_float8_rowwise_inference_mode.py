@@ -16,6 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from .. import capabilities
 from ..conftest import tier_marks
 
 pytestmark = tier_marks("nightly")
@@ -25,6 +26,9 @@ pytestmark = tier_marks("nightly")
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise", "rowwise_with_gw_hp"])
 def test_float8_training_linear_evaluates_like_the_linear(recipe: str, mode: str) -> None:
     pytest.importorskip("torchao.float8")
+    why = capabilities.scaled_mm("cpu", "rowwise" if recipe.startswith("rowwise") else "tensorwise")
+    if why:  # torch 2.11's CPU _scaled_mm takes tensorwise scales only: probed, not read off a version
+        pytest.skip(why)
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     torch.manual_seed(0)
