@@ -48,13 +48,18 @@ class Tolerance:
 #   over layers and steps: measured >= 21.5 dB, loss within 2.2e-4 (require 15 dB, 2e-3).
 #   For scale: float8 vs high precision is ~25 dB; a missing reduction or dropped
 #   gradient is below 10 dB.
-# bf16: both sides round to 8 mantissa bits at different points (require 25 dB, 1e-2).
+# bf16: both sides round to 8 mantissa bits at different points (require 20 dB, 1e-2): no
+#   stricter than bf16 against float32 (TRUTH_TOLERANCES, 20 dB), since two bf16 roundings
+#   differ from each other by more than either differs from float32. Measured on torch 2.11
+#   (CPU, autocast bf16 vs eager bf16): a MoE router's bias gradient at 23.1 dB (its entries
+#   sum to zero over the experts, so it is mostly cancellation); a dropped gradient or a
+#   missing reduction stays below 10 dB.
 TOLERANCES: dict[tuple[str, str], Tolerance] = {
     ("float32", "none"): Tolerance(loss_rtol=1e-5, loss_atol=1e-6, grad_min_sqnr=60.0, grad_max_rel=1e-3),
     ("float32", "tensorwise"): Tolerance(loss_rtol=1e-3, loss_atol=1e-5, grad_min_sqnr=20.0),
     ("float32", "rowwise"): Tolerance(loss_rtol=2e-3, loss_atol=1e-4, grad_min_sqnr=15.0),
     ("float32", "rowwise_with_gw_hp"): Tolerance(loss_rtol=2e-3, loss_atol=1e-4, grad_min_sqnr=15.0),
-    ("bfloat16", "none"): Tolerance(loss_rtol=1e-2, loss_atol=1e-3, grad_min_sqnr=25.0),
+    ("bfloat16", "none"): Tolerance(loss_rtol=1e-2, loss_atol=1e-3, grad_min_sqnr=20.0),
     ("bfloat16", "tensorwise"): Tolerance(loss_rtol=2e-2, loss_atol=1e-3, grad_min_sqnr=15.0),
     ("bfloat16", "rowwise"): Tolerance(loss_rtol=2e-2, loss_atol=1e-3, grad_min_sqnr=15.0),
     ("bfloat16", "rowwise_with_gw_hp"): Tolerance(loss_rtol=2e-2, loss_atol=1e-3, grad_min_sqnr=15.0),

@@ -61,3 +61,22 @@ def test_a_bare_fake_module_is_a_leak_and_is_removed():
         assert "distci_fake_by_hand" not in sys.modules
     finally:
         sys.modules.pop("distci_fake_by_hand", None)
+
+
+def test_cythons_shared_types_module_is_no_leak():
+    """Cython-compiled extensions create `_cython_X_Y_Z` with PyModule_New on first import."""
+    before = dict(sys.modules)
+    sys.modules["_cython_9_9_9"] = types.ModuleType("_cython_9_9_9")
+    try:
+        assert _sys_modules_check(before) == []
+    finally:
+        sys.modules.pop("_cython_9_9_9", None)
+
+
+def test_a_bare_module_named_like_cython_but_not_its_abi_name_is_a_leak():
+    before = dict(sys.modules)
+    sys.modules["_cython_fake"] = types.ModuleType("_cython_fake")
+    try:
+        assert len(_sys_modules_check(before)) == 1
+    finally:
+        sys.modules.pop("_cython_fake", None)

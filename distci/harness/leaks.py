@@ -18,6 +18,7 @@ Each probe that reads an API this torch lacks is left out, never an error.
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import sys
 import sysconfig
@@ -163,13 +164,21 @@ def _by_hand(module: Any) -> bool:
     return getattr(module, "__spec__", None) is None and getattr(module, "__file__", None) is None
 
 
-def _set_by_a_new_import(value: Any, before: dict[str, Any]) -> bool:
+_CYTHON_ABI_MODULE = re.compile(r"_cython_\d+_\d+(_\d+)*")
+"""Cython's shared-types module (`_cython_3_3_0`): every Cython-compiled extension's import
+creates it with PyModule_New (no spec, no file) the first time, mid-test if a test is the
+first to import one."""
+
+
+def _set_by_a_new_import(value: Any, before: dict[str, Any], name: str = "") -> bool:
     """An entry a package sets while it is first imported, with an object of its own class:
     Cython's `Cython.Shadow` puts `cython.parallel` / `cython.cimports` stand-ins into
     sys.modules the first time anything imports it (torch's C++ builder may, mid-test).
     The class's module is new since the snapshot, so no test file defined it: a test's own
     fake comes from the test module (imported before the snapshot) or is a bare
     `types.ModuleType`, and stays a leak."""
+    if isinstance(value, types.ModuleType) and _CYTHON_ABI_MODULE.fullmatch(name):
+        return True
     owner = getattr(type(value), "__module__", None) or ""
     return owner not in ("", "builtins", "types") and owner not in before and owner in sys.modules
 
@@ -182,7 +191,7 @@ def _sys_modules_check(before: dict[str, Any]) -> list[Leak]:
     leaks = []
     now = sys.modules
     for name in [n for n in now if now[n] is not before.get(n) and _by_hand(now[n])
-                 and not _set_by_a_new_import(now[n], before)]:
+                 and not _set_by_a_new_import(now[n], before, n)]:
         value = now[name]
         what = "a module no import made" if isinstance(value, types.ModuleType) else _name(value)
         if name in before:
