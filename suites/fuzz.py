@@ -122,6 +122,18 @@ class Report:
     not stuck in a collective): not shrunk, since a smaller configuration is faster whatever
     the bug, and on a loaded machine a timeout is no bug's signature. A `hang` is shrunk."""
 
+    def file(self, outcome: Outcome) -> str | None:
+        """Files a failure no run shrinks: a timeout in `slow`, one the registry explained in
+        `known`; returns which ("slow", "known"), or None for a failure that is a find. The
+        fuzzer and a `--replay` both file through here, so their summaries count alike."""
+        if outcome.kind == "timeout":
+            self.slow.append(outcome)
+            return "slow"
+        if outcome.known_issue:
+            self.known.append(outcome)
+            return "known"
+        return None
+
 
 RunBatch = Callable[[list[dict[str, Any]]], list[Outcome]]
 Log = Callable[[str], Any]
@@ -199,12 +211,11 @@ class Fuzzer:
         return [self.cache[key(p)] for p in points]
 
     def _found(self, outcome: Outcome) -> None:
-        if outcome.kind == "timeout":
-            self.report.slow.append(outcome)
+        filed = self.report.file(outcome)
+        if filed == "slow":
             self.log(f"  timed out, not shrunk: {outcome.key}")
             return
-        if outcome.known_issue:
-            self.report.known.append(outcome)
+        if filed == "known":
             self.log(f"  known issue {outcome.known_issue}: {outcome.key}")
             return
         for find in self.report.finds:

@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from suites import scenarios as sc
-from suites.fuzz import Fuzzer, Outcome, ShrinkLimits
+from suites.fuzz import Fuzzer, Outcome, Report, ShrinkLimits
 from suites.space import AXES, AXIS_VALUES, SIZES, Drawer, SizedScenario, Space, key, point_from_id, point_of, \
     scenario, smaller
 
@@ -264,3 +264,21 @@ def test_a_timeout_is_listed_not_shrunk_and_a_hang_is_shrunk():
     assert report.slow and all(o.kind == "timeout" for o in report.slow)
     assert all(f.found.kind == "hang" for f in report.finds) and report.finds
     assert all(o.key not in {f.found.key for f in report.finds} for o in report.slow)
+
+
+def test_a_replay_files_its_failure_as_a_run_does():
+    """`distci fuzz --replay` files its one outcome through Report.file, as the fuzzer files a
+    draw: a known issue's failure counts as known, a timeout as timed out, anything else
+    stays a find (its summary once said "0 new find(s), 0 known issue(s)" for every replay)."""
+    point = {"parallel": "tp", "resume": "single"}
+    known = Outcome(point, "failed", "ValueError: groups", 1.0, known_issue="ki-1", kind="exception")
+    slow = Outcome(point, "failed", "TestTimeout: rank(s) N still running", 1.0, kind="timeout")
+    new = Outcome(point, "failed", "AssertionError: bug", 1.0, kind="assert")
+    report = Report()
+    assert [report.file(o) for o in (known, slow, new)] == ["known", "slow", None]
+    assert report.known == [known] and report.slow == [slow]
+    fuzzed = Fuzzer(WIDE, "files", lambda points: [new if p["accum"] > 1 else Outcome(p, "passed", None, 1.0)
+                                                   for p in points], max_configs=1, log=lambda m: None)
+    fuzzed._found(known)
+    fuzzed._found(slow)
+    assert fuzzed.report.known == [known] and fuzzed.report.slow == [slow] and not fuzzed.report.finds

@@ -215,6 +215,7 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
         report = Report()
         report.tried = runner([point])
         report.drawn = [o.key for o in report.tried]
+        unexplained = [o for o in report.tried if o.failed and report.file(o) is None]
         fuzzer = None
     else:
         log(f"fuzz {cell.id}: seed {seed}, budget {budget_s:.0f}s"
@@ -224,6 +225,7 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
         fuzzer = Fuzzer(space, seed, runner, budget_s=budget_s, max_configs=max_configs, batch_size=batch_size,
                         shrink=shrink, log=log, limits=limits)
         report = fuzzer.run()
+        unexplained = []
     run = FuzzRun(cell.id, seed, budget_s, space, str(run_dir), runner.stack, os.environ.get(PLANT_ENV, ""))
     for find in report.finds:
         for line in find_lines(run, find):
@@ -245,7 +247,7 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
     info.ended_at, info.exit_code = _now(), code
     RunDir(run_dir).write_info(info)
     RunDir(run_dir).write_junit(cell.id)
-    log(f"fuzz {cell.id}: {len(report.tried)} configuration(s), {len(report.finds)} new find(s), "
+    log(f"fuzz {cell.id}: {len(report.tried)} configuration(s), {len(report.finds) + len(unexplained)} new find(s), "
         f"{len(report.known)} known issue(s), {len(report.slow)} timed out; run {run_dir}")
     return code
 
