@@ -159,6 +159,21 @@ def test_torchrun_mode_agrees_with_the_pool(pool_run, tmp_path):
     assert _outcome(results["test_after_skipped_collective"]) == ("passed", None)
 
 
+def test_a_failure_a_known_issue_explains_is_not_run_again(tmp_path):
+    """--distci-reruns reruns an unknown failure only: the one the registry explains is
+    recorded as known after one attempt, while the unknown one in the same run is rerun."""
+    registry = tmp_path / "known_issues.toml"
+    registry.write_text(
+        '[[issue]]\nid = "case-always-fails"\ntitle = "the always-failing fault case"\n'
+        'tests = ["*test_reruns.py::test_always_fails"]\nsignature = "fails every time"\nupstream = ""\n')
+    _proc, results, _ = _run(tmp_path, str(CASES / "test_reruns.py"), "-k", "always_fails or first_time",
+                             "--distci-reruns=1", f"--distci-known-issues={registry}")
+    known = results["test_always_fails"]
+    assert (known["outcome"], known["known_issue"], known["reruns"]) == ("failed", "case-always-fails", 0), known
+    flaky = results["test_fails_first_time"]
+    assert (flaky["outcome"], flaky["reruns"]) == ("passed", 1), flaky
+
+
 def test_reruns_and_processes_left_by_a_passing_test(tmp_path):
     _proc, results, _ = _run(tmp_path, str(CASES / "test_reruns.py"), str(CASES / "test_leave_processes.py"),
                              "-k", "not pool_rank and not torchrun_rank", "--distci-reruns=1")

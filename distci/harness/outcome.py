@@ -84,21 +84,30 @@ class Combined:
         else:
             self.message = f"{self.message} (and the test {problem})"
 
-    def to_result(self, *, run_id: str, cell_id: str, test_id: str, stack: dict[str, Any], repro: str,
-                  started_at: str = "", log_path: str = "", registry: Any = None) -> Result:
-        """THE Combined -> Result builder (the harness's recorder and the external runner
-        both record through it): the failure text, its kind and signature only for a
-        failure, earlier attempts as reruns, and the known issue from the one matcher."""
+    def _failure(self) -> tuple[str, str | None, str | None]:
+        """(message, failure kind, signature) as a Result carries them."""
         failing = self.outcome in ("failed", "error")
         message = f"{self.exc_type}: {self.message}" if failing and self.exc_type else self.message
         kind = self.failure_kind if failing else None
         if failing and DISK_FULL.search(message):
             kind = "infra"  # the machine ran out of room, not the code under test
-        signature = self.signature if failing else None
-        known = None
-        if registry is not None:
-            known = registry.known_issue_of(test_id, self.outcome, signature=signature, message=message, stack=stack,
-                                            failure_kind=kind)
+        return message, kind, self.signature if failing else None
+
+    def known_issue(self, registry: Any, test_id: str, stack: dict[str, Any]) -> str | None:
+        """The known issue this outcome stands for, from the one matcher (None without a registry)."""
+        if registry is None:
+            return None
+        message, kind, signature = self._failure()
+        return registry.known_issue_of(test_id, self.outcome, signature=signature, message=message, stack=stack,
+                                       failure_kind=kind)
+
+    def to_result(self, *, run_id: str, cell_id: str, test_id: str, stack: dict[str, Any], repro: str,
+                  started_at: str = "", log_path: str = "", registry: Any = None) -> Result:
+        """THE Combined -> Result builder (the harness's recorder and the external runner
+        both record through it): the failure text, its kind and signature only for a
+        failure, earlier attempts as reruns, and the known issue from the one matcher."""
+        message, kind, signature = self._failure()
+        known = self.known_issue(registry, test_id, stack)
         return Result(
             run_id=run_id, cell_id=cell_id, test_id=test_id, outcome=self.outcome, stack=stack, failure_kind=kind,
             error_signature=signature, message=message[:MESSAGE_CHARS], duration_s=round(self.duration_s, 3),

@@ -306,11 +306,16 @@ class Harness:
 
     def run_with_reruns(self, item: pytest.Function) -> Combined:
         """Run the test; a failure is run again (up to --distci-reruns times), the pool
-        rebuilt first if the failure broke it. The earlier attempts travel with the last."""
+        rebuilt first if the failure broke it. The earlier attempts travel with the last.
+
+        A failure a known issue explains is not run again: a rerun tells a flake from a
+        new failure, and a known one is judged by its entry either way (on the CPU nightly
+        tier, rerunning the known failures was a quarter of a cell's time)."""
         attempts: list[tuple[str, str]] = []
         while True:
             combined = self.run(item)
-            if combined.outcome != "failed" or len(attempts) >= self.reruns:
+            if (combined.outcome != "failed" or len(attempts) >= self.reruns
+                    or combined.known_issue(self.recorder.known_issues, item.nodeid, self.recorder.stack or {})):
                 combined.attempts = attempts
                 return combined
             attempts.append((combined.outcome, f"[{combined.failure_kind}] {combined.exc_type}: {combined.message}"))
