@@ -106,15 +106,28 @@ def _cell_history(conn: sqlite3.Connection, cell: str) -> tuple[list[_verdicts.R
     return list(runs.values()), current
 
 
+def _distinct(column: str, key: str) -> str:
+    """The distinct non-null values of `column` among the runs whose `key` is ?, one index
+    seek per value (runs_by_baseline / runs_by_dependent), not one step per run: every run
+    landing asks, and a cell has a run a night for years."""
+    return f"""WITH RECURSIVE v(x) AS (
+        SELECT MIN({column}) FROM runs WHERE {key} = ?1 AND {column} IS NOT NULL
+        UNION ALL SELECT (SELECT MIN({column}) FROM runs WHERE {key} = ?1 AND {column} > v.x) FROM v WHERE v.x IS NOT NULL)
+      SELECT x FROM v WHERE x IS NOT NULL"""
+
+
+_BASELINES = _distinct("baseline_cell", "cell_id")
+_DEPENDENTS = _distinct("cell_id", "baseline_cell")
+
+
 def baselines_of(conn: sqlite3.Connection, cell: str) -> list[str]:
     """The baseline cells the runs of `cell` declare."""
-    return [r[0] for r in conn.execute(
-        "SELECT DISTINCT baseline_cell FROM runs WHERE cell_id = ? AND baseline_cell IS NOT NULL", (cell,))]
+    return [r[0] for r in conn.execute(_BASELINES, (cell,))]
 
 
 def dependents_of(conn: sqlite3.Connection, cell: str) -> list[str]:
     """The cells whose runs take `cell` as their baseline."""
-    return [r[0] for r in conn.execute("SELECT DISTINCT cell_id FROM runs WHERE baseline_cell = ?", (cell,))]
+    return [r[0] for r in conn.execute(_DEPENDENTS, (cell,))]
 
 
 def rejudge_cells(conn: sqlite3.Connection, cells: Iterable[str]) -> int:

@@ -83,6 +83,9 @@ _SCHEMA = (
         selection_json TEXT NOT NULL DEFAULT '[]'
     )""",
     "CREATE INDEX IF NOT EXISTS runs_by_cell ON runs(cell_id, started_at)",
+    # A cell's baselines and the cells taking it as one, asked at every run that lands (rejudge).
+    "CREATE INDEX IF NOT EXISTS runs_by_baseline ON runs(cell_id, baseline_cell)",
+    "CREATE INDEX IF NOT EXISTS runs_by_dependent ON runs(baseline_cell, cell_id)",
     """CREATE TABLE IF NOT EXISTS results (
         run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
         test_id TEXT NOT NULL,
