@@ -14,9 +14,9 @@ newest run (Memo) when R lands right after it, else, for each test R holds, the 
 make it, walked newest first by the results_history index until the window is full and an
 informative outcome seen. A run being indexed is judged from its observations before its
 results are written (Landing), so its verdicts go into their INSERT: one write per result,
-not an INSERT and an UPDATE of the same rows and their verdict indexes. The answers are a full recompute's (`rejudge_cells`, kept for
-`ingest --rebuild`): tests/test_rejudge.py compares them over ingests in many orders and
-batchings and with a second writer. Tonight's ingest costs tonight's results, not the history's.
+not an INSERT and an UPDATE of the same rows and their verdict indexes. The answers are a
+full recompute's (`rejudge_cells`, kept for `ingest --rebuild`): tests/test_rejudge.py
+compares them over ingests in many orders and batchings and with a second writer. Tonight's ingest costs tonight's results, not the history's.
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ def observation(test_id: str, outcome: str, failure_kind: str | None, reruns: st
                 known_issue: str | None) -> _verdicts.Observation:
     """What verdicts see of a results row (its columns as the store holds them)."""
     return _verdicts.Observation(test_id, outcome, failure_kind, _reruns(reruns), known_issue)
-
 
 
 @dataclass
