@@ -69,7 +69,8 @@ class Result:
             raise ValueError(f"failure_kind {self.failure_kind!r} is not one of {FAILURE_KINDS}")
         if not self.cell_id:
             raise ValueError("a Result needs its cell id")
-        self.ranks = [r if isinstance(r, RankExcerpt) else RankExcerpt(**r) for r in self.ranks]
+        if self.ranks:
+            self.ranks = [r if isinstance(r, RankExcerpt) else RankExcerpt(**r) for r in self.ranks]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,11 +81,13 @@ class Result:
         missing field, a bad outcome) is a TypeError / ValueError naming what is wrong."""
         if not isinstance(data, dict):
             raise TypeError(f"a Result is a JSON object, not {type(data).__name__}")
-        # The names once, not per line: ingest checks every line of a year of history.
-        unknown = data.keys() - (_RESULT_FIELDS if cls is Result else {f.name for f in fields(cls)})
-        if unknown:
-            raise TypeError(f"unknown field(s) {', '.join(sorted(unknown))}")
-        return cls(**data)
+        try:  # the names checked only when construction fails: ingest reads every line of a year
+            return cls(**data)
+        except TypeError:
+            unknown = data.keys() - (_RESULT_FIELDS if cls is Result else {f.name for f in fields(cls)})
+            if unknown:
+                raise TypeError(f"unknown field(s) {', '.join(sorted(unknown))}") from None
+            raise
 
     @property
     def attempts(self) -> list[tuple[str, str]]:

@@ -14,12 +14,14 @@ place. Reading is damage-isolating: a line that is not a Result is reported with
 file:line and skipped, and the run's other lines still count.
 
 Runs inside cell environments too (the harness records through it): standard library
-and distci.results only.
+and distci.results only; orjson, where it is installed (the controller), only makes reading
+results.jsonl faster, with json's answers (`load_line`).
 """
 
 from __future__ import annotations
 
 import datetime
+import io
 import json
 import os
 import shlex
@@ -30,6 +32,11 @@ from typing import Any, Iterable, Iterator
 
 from distci.errors import StoreError
 from distci.results import Result, error_signature, write_atomic, write_junit
+
+try:
+    import orjson
+except ImportError:  # a cell environment: json alone
+    orjson = None
 
 RESULTS_FILE = "results.jsonl"
 JUNIT_FILE = "junit.xml"
@@ -142,23 +149,47 @@ def numbered_results(path: Path, problems: list[LineProblem] | None = None) -> I
     if path.is_dir():
         path = path / RESULTS_FILE
     with open(path, "rb") as fh:
-        for n, raw in enumerate(fh, 1):
-            if not raw.strip():
-                continue
+        yield from _numbered(path, fh, problems)
+
+
+def _numbered(path: Path, lines: Iterable[bytes], problems: list[LineProblem] | None) -> Iterator[tuple[int, Result]]:
+    """numbered_results over the lines of a file (or of its bytes, read once), as `path`."""
+    for n, raw in enumerate(lines, 1):
+        if raw.isspace() or not raw:
+            continue
+        try:
+            data = load_line(raw)
+        except UnicodeDecodeError as exc:
+            reason = f"not UTF-8 ({exc.reason} at byte {exc.start})"
+        except json.JSONDecodeError as exc:
+            reason = f"not JSON ({exc.msg}, column {exc.colno})"
+        else:
             try:
-                data = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError as exc:
-                reason = f"not UTF-8 ({exc.reason} at byte {exc.start})"
-            except json.JSONDecodeError as exc:
-                reason = f"not JSON ({exc.msg}, column {exc.colno})"
-            else:
-                try:
-                    yield n, Result.from_dict(data)
-                    continue
-                except (TypeError, ValueError) as exc:
-                    reason = f"not a Result ({exc})"
-            if problems is not None:
-                problems.append(LineProblem(str(path), n, reason))
+                yield n, Result.from_dict(data)
+                continue
+            except (TypeError, ValueError) as exc:
+                reason = f"not a Result ({exc})"
+        if problems is not None:
+            problems.append(LineProblem(str(path), n, reason))
+
+
+_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+_LONG_NUMBER = b"0" * 19
+"""Digits enough for an integer past 64 bits, which orjson reads as a float and json as an
+int: 19 zeros in the line with every digit made 0 (two C passes; a regex tries every byte)."""
+
+
+def load_line(raw: bytes) -> Any:
+    """`json.loads(raw.decode("utf-8"))`: the same value, or the same error. orjson (3x
+    faster) answers where it agrees with json: a line it rejects (bad UTF-8, lone
+    surrogates, NaN, a number past a double, nesting past 1024) or one with a run of 19
+    digits (a big integer) is read by json, so its value or its error is json's."""
+    if orjson is not None and _LONG_NUMBER not in raw.translate(_DIGITS):
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(raw.decode("utf-8"))
 
 
 def read_results(path: Path) -> list[Result]:
@@ -385,7 +416,7 @@ def read_run(run_dir: Path) -> RunContents:
     for _ in range(5):
         raw = rd.results_path.read_bytes() if rd.results_path.exists() else b""
         problems: list[LineProblem] = []
-        results = list(numbered_results(rd.results_path, problems)) if rd.results_path.exists() else []
+        results = list(_numbered(rd.results_path, io.BytesIO(raw), problems))
         after = rd.results_path.read_bytes() if rd.results_path.exists() else b""
         if after == raw:
             break

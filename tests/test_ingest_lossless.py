@@ -184,3 +184,28 @@ def test_an_older_store_is_upgraded_in_place(tmp_path: Path) -> None:
             assert [r.run_id for r in s.runs()] == ["r1"] and s.runs()[0].selection == []
             assert s.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
             assert [tuple(r) for r in s.conn.execute("SELECT run_started_at FROM results")] == [(s.runs()[0].started_at,)]
+
+
+# Lines where a fast JSON parser could answer otherwise than json: integers past 64 bits
+# (orjson reads them as floats), lone surrogates, NaN and infinities, deep nesting, a BOM,
+# bytes that are not UTF-8, duplicate keys, raw control characters, non-ASCII text.
+ODD_LINES = [b'{"a": 123456789012345678901234567890}', b'{"a": -9223372036854775809}', b'{"a": 18446744073709551615}',
+             b'{"a": "\\udc80x"}', b'{"a": "\\ude00\\ud83d"}', b'{"a": NaN}', b'{"a": 1e400}', b'{"a": -Infinity}',
+             b"[" * 1500 + b"]" * 1500, b'\xef\xbb\xbf{"a": 1}', b'{"a": "\xff\xfe"}', b'{"a": "\xed\xa0\x80"}',
+             b'{"a": 1, "a": 2}', b'{"a": "x\ty"}', b'{"a": "caf\xc3\xa9 \\u00e9 \\ud83d\\ude00"}', b' {"a": 0.1} \r\n']
+
+
+@pytest.mark.parametrize("raw", ODD_LINES)
+def test_a_results_line_reads_as_json_reads_it(raw: bytes) -> None:
+    from distci import rundir
+
+    assert rundir.orjson is not None, "orjson is a dependency of the controller: the fast path is the one tested"
+
+    def read(fn):
+        try:
+            return "value", repr(fn(raw))
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            return "error", type(exc).__name__
+    expected = read(lambda b: json.loads(b.decode("utf-8")))
+    got = read(rundir.load_line)
+    assert got == expected

@@ -132,13 +132,14 @@ def test_tonights_ingest_judges_tonight_not_the_history(tmp_path: Path, monkeypa
         fed = []
         judge_history = verdicts_mod.judge_history
 
-        def counting(runs, baseline_runs=(), judged=None):
+        def counting(runs, baseline_runs=(), judged=None, state=None):
             fed.append(sum(len(r.results) for r in [*runs, *baseline_runs]))
-            return judge_history(runs, baseline_runs, judged)
+            return judge_history(runs, baseline_runs, judged, state)
 
         monkeypatch.setattr(verdicts_mod, "judge_history", counting)
         report = ingest_runs(store, last_night)
         monkeypatch.undo()
+        assert report.results and not report.rejected, report.summary()  # judged, not turned away
         assert _verdicts(store) == _full(store)
     history = sum(len((d / "results.jsonl").read_text().splitlines()) for d in dirs)
     # Per run: its own results, each test's state (a window of 10 and its last informative

@@ -20,28 +20,28 @@ else (distci.judge.rejudge): tonight's ingest costs tonight's results, not the h
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
-import re
 import sqlite3
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from distci.errors import ConfigError, StoreError
-from distci.results import Result, error_signature, write_junit
+from distci.results import Result, write_junit
 from distci.rundir import JUNIT_FILE, RESULTS_FILE, RunContents, RunDir, RunDirError, find_run_dirs, read_run, utc
 from distci.judge.store import DEFAULT_AUDIT_DIR, DEFAULT_BISECT_DIR, DEFAULT_RUNS_ROOT, DEFAULT_STORE, STORE_ENV, Store, default_store_path
 from distci.judge.rejudge import baselines_of
-from distci.judge.rows import BisectRow, FixAuditRow, suite_of
+from distci.judge.resultrows import insert_results, landing, plain_text, result_row, storable
+from distci.judge.rows import BisectRow, FixAuditRow
 from distci.provision.index import nightly_date_of
 
 DEFAULT_KNOWN_ISSUES = Path("suites") / "known_issues.toml"
-EXCERPT_CHARS = 4000
-RANK_EXCERPT_CHARS = 1500
 SHOWN_PROBLEMS = 20
 
 
@@ -78,19 +78,6 @@ class IngestReport:
         return "\n".join([text, *lines])
 
 
-def storable(text: str | None) -> str | None:
-    """Text SQLite can hold, losing nothing: characters UTF-8 cannot encode (the lone
-    surrogates a rank's raw non-UTF-8 bytes decode to) become backslash escapes
-    (`\\udc80`), so one odd byte in a message never costs the run its place in the store."""
-    if text is None or text.isascii():
-        return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
-
-
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -119,6 +106,21 @@ def known_issue_of(r: Result, registry: Any) -> str | None:
         return r.known_issue
     return registry.known_issue_of(r.test_id, r.outcome, signature=r.error_signature, message=r.message,
                                    stack=r.stack, failure_kind=r.failure_kind)
+
+
+@contextmanager
+def _cycles_uncollected() -> Iterator[None]:
+    """Python's cycle collector off while one run is read, indexed and judged: a run is
+    thousands of acyclic objects (its parsed lines), and each few hundred allocated would
+    otherwise start a collection that scans the cells' judged state the store keeps
+    (rejudge.Memo) again: a fifth of a backfill's CPU. It runs again between runs."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _history_order(dirs: list[Path]) -> list[Path]:
@@ -151,40 +153,12 @@ def ingest_runs(store: Store, paths: Iterable[Path | str], *, known_issues: Path
     touched: set[str] = set()
     indexed: list[Path] = []
     for d in _history_order(find_run_dirs(Path(p) for p in paths)):
-        try:
-            run = read_run(d)
-        except RunDirError as exc:
-            report.rejected.append(str(exc))
-            report.bad_lines += [str(p) for p in exc.problems]
-            continue
-        except OSError as exc:
-            report.rejected.append(f"{d}: {exc}")
-            continue
-        report.bad_lines += [str(p) for p in run.problems]
-        # One transaction per run: a run that cannot be indexed is reported by its path and
-        # why, and every other run of the call still lands (the nightly ingests all at once).
-        try:
-            with store.transaction() as conn:
-                state, since, tests = _index_run(conn, run, registry)
-                if state == "conflict":
-                    row = conn.execute("SELECT source_path FROM runs WHERE run_id = ?", (run.info.run_id,)).fetchone()
-                elif state != "skipped" and not defer_verdicts:
-                    store.rejudge_from(conn, run.info.cell_id, since, tests)
-        except (sqlite3.Error, ValueError, TypeError) as exc:
-            report.rejected.append(f"{run.path}: not indexed ({type(exc).__name__}: {exc})")
-            continue
-        if state == "conflict":
-            problems.append(
-                f"run {run.info.run_id}: {run.path / RESULTS_FILE} is not an append-only "
-                f"continuation of the indexed {row['source_path']}/{RESULTS_FILE}"
-            )
-            report.conflicts.append(run.info.run_id)
-            continue
-        getattr(report, state).append(run.info.run_id)
-        indexed.append(run.path)
-        if state != "skipped":
-            report.results += len(run.results)
-            touched.add(run.info.cell_id)
+        with _cycles_uncollected():
+            landed = _land(store, d, registry, report, problems, defer_verdicts=defer_verdicts)
+        if landed is not None:
+            indexed.append(landed[0])
+            if landed[2] != "skipped":
+                touched.add(landed[1])
     if defer_verdicts and touched:
         store.recompute_verdicts(touched)
     if rewrite_junit:
@@ -202,10 +176,55 @@ def ingest_runs(store: Store, paths: Iterable[Path | str], *, known_issues: Path
     return report
 
 
-def _index_run(conn: sqlite3.Connection, run: RunContents, registry: Any) -> tuple[str, tuple[str, str], set[str] | None]:
-    """Indexes one run: its state (added, updated, skipped, conflict), the earliest place in
-    history its (re-)indexing changed, and the tests whose verdicts it can change there
-    (None: all, when the run changed the set of baseline cells its cell declares)."""
+def _land(store: Store, d: Path, registry: Any, report: IngestReport, problems: list[str], *,
+          defer_verdicts: bool) -> tuple[Path, str, str] | None:
+    """Reads one run directory and indexes it in one transaction, with the verdicts it
+    changes; records what happened in `report` (a rewritten run in `problems` too). The
+    run's directory, cell and state (added, updated, skipped) when it is in the store, else
+    None; not the run: its Results are freed before the cycle collector runs again."""
+    try:
+        run = read_run(d)
+    except RunDirError as exc:
+        report.rejected.append(str(exc))
+        report.bad_lines += [str(p) for p in exc.problems]
+        return None
+    except OSError as exc:
+        report.rejected.append(f"{d}: {exc}")
+        return None
+    report.bad_lines += [str(p) for p in run.problems]
+    # One transaction per run: a run that cannot be indexed is reported by its path and
+    # why, and every other run of the call still lands (the nightly ingests all at once).
+    try:
+        with store.transaction() as conn:
+            state, since, tests, rows = _index_run(conn, run, registry)
+            if state == "conflict":
+                row = conn.execute("SELECT source_path FROM runs WHERE run_id = ?", (run.info.run_id,)).fetchone()
+            elif state != "skipped" and defer_verdicts:
+                insert_results(conn, rows, {})
+            elif state != "skipped":
+                store.rejudge_from(conn, run.info.cell_id, since, tests, landing=landing(conn, run.info.run_id, rows))
+    except (sqlite3.Error, ValueError, TypeError) as exc:
+        report.rejected.append(f"{run.path}: not indexed ({type(exc).__name__}: {exc})")
+        return None
+    if state == "conflict":
+        problems.append(
+            f"run {run.info.run_id}: {run.path / RESULTS_FILE} is not an append-only "
+            f"continuation of the indexed {row['source_path']}/{RESULTS_FILE}"
+        )
+        report.conflicts.append(run.info.run_id)
+        return None
+    getattr(report, state).append(run.info.run_id)
+    if state != "skipped":
+        report.results += len(run.results)
+    return run.path, run.info.cell_id, state
+
+
+def _index_run(conn: sqlite3.Connection, run: RunContents,
+               registry: Any) -> tuple[str, tuple[str, str], set[str] | None, list[tuple]]:
+    """Indexes one run's runs row: its state (added, updated, skipped, conflict), the earliest
+    place in history its (re-)indexing changed, the tests whose verdicts it can change there
+    (None: all, when the run changed the set of baseline cells its cell declares), and its
+    results rows, not written yet (they are written with their verdicts: resultrows.landing)."""
     info = run.info
     content_hash, meta_hash = _sha(run.raw), _sha(run.meta)
     since = (info.started_at, info.run_id)
@@ -216,10 +235,10 @@ def _index_run(conn: sqlite3.Connection, run: RunContents, registry: Any) -> tup
     baselines = set(baselines_of(conn, info.cell_id))
     if old is not None:
         if old["content_hash"] == content_hash and old["meta_hash"] == meta_hash:
-            return "skipped", since, tests
+            return "skipped", since, tests, []
         prefix = run.raw[: old["content_size"]]
         if len(run.raw) < old["content_size"] or _sha(prefix) != old["content_hash"]:
-            return "conflict", since, tests
+            return "conflict", since, tests, []
         # A new run.json may move the run in history: judge again from the earlier place.
         since = min(since, (old["started_at"], info.run_id))
         tests |= {r[0] for r in conn.execute("SELECT test_id FROM results WHERE run_id = ?", (info.run_id,))}
@@ -237,33 +256,11 @@ def _index_run(conn: sqlite3.Connection, run: RunContents, registry: Any) -> tup
             json.dumps(info.ci or {}, sort_keys=True, default=str), info.image, json.dumps(info.selection or []),
         )),
     )
-    conn.executemany(
-        """INSERT OR REPLACE INTO results (run_id, test_id, cell_id, suite, outcome, duration_s,
-            failure_kind, error_signature, excerpt, repro, known_issue, reruns, rerun_outcomes,
-            started_at, run_started_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
-        [_result_row(r, info.started_at, registry) for r in run.results],
-    )
+    plain = plain_text(run.raw)
+    rows = [result_row(r, info.started_at, known_issue_of(r, registry), plain=plain) for r in run.results]
     if set(baselines_of(conn, info.cell_id)) != baselines:  # every run of the cell falls back to its baselines
         since, tests = ("", ""), None
-    return ("added" if old is None else "updated"), since, tests
-
-
-def _result_row(r: Result, run_started_at: str, registry: Any) -> tuple:
-    """A results row; text checked for what SQLite cannot hold only where it is not ASCII
-    (a year is millions of rows: the common case is one C call per row, not per value)."""
-    row = (r.run_id, r.test_id, r.cell_id, suite_of(r.test_id), r.outcome, r.duration_s, r.failure_kind,
-           _signature(r), _excerpt(r), r.repro, known_issue_of(r, registry), r.reruns,
-           json.dumps(r.rerun_outcomes) if r.rerun_outcomes else "[]", _utc(r.started_at), run_started_at)
-    if "".join(v for v in row if type(v) is str).isascii():
-        return row
-    return tuple(storable(v) if isinstance(v, str) else v for v in row)
-
-
-def _utc(ts: str) -> str:
-    """utc(ts), without parsing what is already in its form (`YYYY-MM-DDTHH:MM:SS+00:00`)."""
-    if len(ts) == 25 and ts[10] == "T" and ts.endswith("+00:00") and ts[:4].isdigit():
-        return ts
-    return utc(ts)
+    return ("added" if old is None else "updated"), since, tests, rows
 
 
 def rewrite_run_junit(store: Store, run: RunContents) -> Path:
@@ -274,27 +271,6 @@ def rewrite_run_junit(store: Store, run: RunContents) -> Path:
     results = [replace(r, known_issue=rows[r.test_id].known_issue) if r.test_id in rows else r for r in run.results]
     verdicts = {t: row.verdict for t, row in rows.items()}
     return write_junit(results, run.path / JUNIT_FILE, suite_name=run.info.cell_id, verdicts=verdicts)
-
-
-def _excerpt(r: Result) -> str:
-    text = r.message.strip()[:EXCERPT_CHARS]
-    for rank in r.ranks:
-        if rank.outcome != "passed" and rank.excerpt.strip():
-            text += f"\n--- rank {rank.rank} ({rank.outcome}) ---\n" + rank.excerpt.strip()[-RANK_EXCERPT_CHARS:]
-    return text
-
-
-_EXC_RE = re.compile(r"\s*([A-Za-z_][\w.]*(?:Error|Exception|Failure|Interrupt|Exit))\s*:\s*(.*)", re.DOTALL)
-
-
-def _signature(r: Result) -> str | None:
-    """The harness's signature, else one made the same way from the message."""
-    if r.error_signature:
-        return r.error_signature
-    if r.outcome not in ("failed", "error") or not r.message.strip():
-        return None
-    m = _EXC_RE.match(r.message)
-    return error_signature(m.group(1), m.group(2)) if m else error_signature(r.failure_kind or r.outcome, r.message)
 
 
 def _text(v: Any) -> str | None:

@@ -12,17 +12,20 @@ start. So a run R that lands in cell C changes the verdicts of exactly:
 from the cell's CellState just before R: the one this connection kept after the cell's
 newest run (Memo) when R lands right after it, else, for each test R holds, the rows that
 make it, walked newest first by the results_history index until the window is full and an
-informative outcome seen. The answers are a full recompute's (`rejudge_cells`, kept for
-`ingest --rebuild`): tests/test_rejudge.py compares them over ingests in many orders and
-batchings and with a second writer. Tonight's ingest costs tonight's results, not the history's.
+informative outcome seen. A run being indexed is judged from its observations before its
+results are written (Landing), so its verdicts go into their INSERT: one write per result,
+not an INSERT and an UPDATE of the same rows and their verdict indexes. The answers are a
+full recompute's (`rejudge_cells`, kept for `ingest --rebuild`): tests/test_rejudge.py
+compares them over ingests in many orders and batchings and with a second writer. Tonight's ingest costs tonight's results, not the history's.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable
+from typing import Callable, Iterable
 
 from distci.judge import verdicts as _verdicts
 
@@ -48,16 +51,30 @@ def _reruns(text: str) -> tuple[str, ...]:
     return tuple(json.loads(text))  # a handful of distinct values ('[]', '["passed"]', ...)
 
 
-def _observation(test_id: str, outcome: str, failure_kind: str | None, reruns: str,
-                 known_issue: str | None) -> _verdicts.Observation:
+def observation(test_id: str, outcome: str, failure_kind: str | None, reruns: str,
+                known_issue: str | None) -> _verdicts.Observation:
+    """What verdicts see of a results row (its columns as the store holds them)."""
     return _verdicts.Observation(test_id, outcome, failure_kind, _reruns(reruns), known_issue)
+
+
+@dataclass
+class Landing:
+    """A run being indexed: its runs row is in the store, its results rows are not yet.
+    rejudge_tail judges it from `results` (test id -> the observation of the row it will
+    write) and calls `insert` with its verdicts (test id -> Verdict; empty when it cannot
+    judge them before they are written), before judging the cells that read it."""
+
+    run_id: str
+    results: dict[str, _verdicts.Observation]
+    insert: Callable[[dict[str, _verdicts.Verdict]], None]
 
 
 def _judge_and_write(conn: sqlite3.Connection, runs: list[_verdicts.RunHistory],
                      base: list[_verdicts.RunHistory], current: _Current, judged: set[str] | None = None,
-                     state: _verdicts.CellState | None = None) -> int:
+                     state: _verdicts.CellState | None = None) -> tuple[int, dict[tuple[str, str], _verdicts.Verdict]]:
     """Judges `runs` (only those in `judged`, when given) against `base`, from `state`, and
-    writes the verdicts of the (run, test) keys in `current` that changed; returns how many."""
+    writes the verdicts of the (run, test) keys in `current` that changed; returns how many,
+    and every verdict judged."""
     new = _verdicts.judge_history(runs, base, judged, state)
     changed = [
         (v.verdict, v.compared_run, v.reason, run_id, test_id)
@@ -67,7 +84,7 @@ def _judge_and_write(conn: sqlite3.Connection, runs: list[_verdicts.RunHistory],
     conn.executemany(
         "UPDATE results SET verdict = ?, compared_run = ?, verdict_reason = ? WHERE run_id = ? AND test_id = ?", changed
     )
-    return len(changed)
+    return len(changed), new
 
 
 # ------------------------------------------------------------ a full recompute
@@ -83,20 +100,33 @@ def _cell_history(conn: sqlite3.Connection, cell: str) -> tuple[list[_verdicts.R
                   compared_run, verdict_reason FROM results WHERE cell_id = ?""",
         (cell,),
     ):
-        runs[r[0]].results[r[1]] = _observation(r[1], r[2], r[3], r[4], r[5])
+        runs[r[0]].results[r[1]] = observation(r[1], r[2], r[3], r[4], r[5])
         current[(r[0], r[1])] = (r[6], r[7], r[8])
     return list(runs.values()), current
 
 
+def _distinct(column: str, key: str) -> str:
+    """The distinct non-null values of `column` among the runs whose `key` is ?, one index
+    seek per value (runs_by_baseline / runs_by_dependent), not one step per run: every run
+    landing asks, and a cell has a run a night for years."""
+    return f"""WITH RECURSIVE v(x) AS (
+        SELECT MIN({column}) FROM runs WHERE {key} = ?1 AND {column} IS NOT NULL
+        UNION ALL SELECT (SELECT MIN({column}) FROM runs WHERE {key} = ?1 AND {column} > v.x) FROM v WHERE v.x IS NOT NULL)
+      SELECT x FROM v WHERE x IS NOT NULL"""
+
+
+_BASELINES = _distinct("baseline_cell", "cell_id")
+_DEPENDENTS = _distinct("cell_id", "baseline_cell")
+
+
 def baselines_of(conn: sqlite3.Connection, cell: str) -> list[str]:
     """The baseline cells the runs of `cell` declare."""
-    return [r[0] for r in conn.execute(
-        "SELECT DISTINCT baseline_cell FROM runs WHERE cell_id = ? AND baseline_cell IS NOT NULL", (cell,))]
+    return [r[0] for r in conn.execute(_BASELINES, (cell,))]
 
 
 def dependents_of(conn: sqlite3.Connection, cell: str) -> list[str]:
     """The cells whose runs take `cell` as their baseline."""
-    return [r[0] for r in conn.execute("SELECT DISTINCT cell_id FROM runs WHERE baseline_cell = ?", (cell,))]
+    return [r[0] for r in conn.execute(_DEPENDENTS, (cell,))]
 
 
 def rejudge_cells(conn: sqlite3.Connection, cells: Iterable[str]) -> int:
@@ -111,7 +141,7 @@ def rejudge_cells(conn: sqlite3.Connection, cells: Iterable[str]) -> int:
         base: list[_verdicts.RunHistory] = []
         for b in baselines_of(conn, cell):
             base += _cell_history(conn, b)[0]
-        written += _judge_and_write(conn, runs, base, current)
+        written += _judge_and_write(conn, runs, base, current)[0]
     return written
 
 
@@ -143,7 +173,7 @@ class _State:
         return len(self.rows) >= self.window and self.informative
 
     def take(self, row: tuple) -> None:
-        obs = _observation("", *row[2:6])
+        obs = observation("", *row[2:6])
         if obs.outcome == "skipped" or obs.is_infra:
             return
         self.rows.append(row)
@@ -215,7 +245,7 @@ def _add(runs: dict[str, _verdicts.RunHistory], envs: _Envs, test_id: str, row: 
     run_id, started_at = row[0], row[1]
     if run_id not in runs:
         runs[run_id] = _verdicts.RunHistory(run_id, started_at, envs(run_id))
-    runs[run_id].results[test_id] = _observation(test_id, *row[2:6])
+    runs[run_id].results[test_id] = observation(test_id, *row[2:6])
 
 
 def _runs_from(conn: sqlite3.Connection, cell: str, since: _Key, envs: _Envs, tests: set[str] | None,
@@ -240,7 +270,7 @@ def _runs_from(conn: sqlite3.Connection, cell: str, since: _Key, envs: _Envs, te
                       verdict_reason FROM results WHERE run_id = ?""", (run_id,)
         ):
             if tests is None or r[0] in tests:
-                run.results[r[0]] = _observation(r[0], r[1], r[2], r[3], r[4])
+                run.results[r[0]] = observation(r[0], r[1], r[2], r[3], r[4])
                 current[(run_id, r[0])] = (r[5], r[6], r[7])
             else:
                 whole = False
@@ -248,17 +278,31 @@ def _runs_from(conn: sqlite3.Connection, cell: str, since: _Key, envs: _Envs, te
 
 
 def rejudge_tail(conn: sqlite3.Connection, cell: str, since: _Key, tests: set[str] | None = None,
-                 *, memo: Memo | None = None, _dependents: bool = True) -> int:
+                 *, memo: Memo | None = None, landing: Landing | None = None, _dependents: bool = True) -> int:
     """Judges again the results of `cell`'s runs from `since` (a run's (started_at,
     run_id)) on, for `tests` (None: every test those runs hold), and the same tests in the
     cells that take `cell` as their baseline from since's start on; the same verdicts a
     full recompute writes. `memo` carries states from one call to the next on one
-    connection. Returns how many verdicts changed."""
+    connection. `landing`, a run of `cell` from `since` on whose results are not written
+    yet, is judged with the others and written through its `insert`. Returns how many
+    verdicts changed (a landing run's count as changed)."""
     memo = memo if memo is not None else Memo()
     memo.check(conn)
+    if landing is not None and cell in baselines_of(conn, cell):  # it reads itself as a baseline: write it first
+        landing.insert({})
+        landing = None
     envs = _Envs(conn)
     envs.known = memo.envs
     tail, current, whole = _runs_from(conn, cell, since, envs, tests, inclusive_ties=True)
+    if landing is not None:
+        if landing.run_id not in tail:
+            raise ValueError(f"run {landing.run_id} is not in cell {cell} from {since} on")
+        held = tail[landing.run_id].results
+        for test_id, obs in landing.results.items():
+            if tests is None or test_id in tests:
+                held[test_id] = obs
+            else:
+                whole = False
     written = 0
     if tail:
         held = {t for run in tail.values() for t in run.results}
@@ -281,7 +325,12 @@ def rejudge_tail(conn: sqlite3.Connection, cell: str, since: _Key, tests: set[st
             later, _, _ = _runs_from(conn, b, first, envs, held, inclusive_ties=False)
             for run_id, run in later.items():
                 base.setdefault(run_id, run).results.update(run.results)
-        written += _judge_and_write(conn, list(tail.values()), list(base.values()), current, None, state)
+        changed, new = _judge_and_write(conn, list(tail.values()), list(base.values()), current, None, state)
+        written += changed
+        if landing is not None:
+            mine = {test_id: v for (run_id, test_id), v in new.items() if run_id == landing.run_id}
+            landing.insert(mine)
+            written += len(mine)
         if len(tail) == 1 and whole:
             memo.cells[cell] = (first, state, known | held)
     if _dependents:

@@ -10,8 +10,9 @@ Writes are safe from many processes at once (artifacts of many runners arrive to
 the database is in WAL mode, each write holds one `BEGIN IMMEDIATE` transaction and
 waits for others at most DISTCI_STORE_LOCK_TIMEOUT seconds (default 60), then fails
 naming the holder (each writer records pid, host and command in `<store>.writer`).
-Reading run directories into it, text losslessly (`storable`), is distci.judge.ingest's
-job; judging again only the results a landed run can change is distci.judge.rejudge's.
+Reading run directories into it is distci.judge.ingest's job (its rows, text losslessly:
+distci.judge.resultrows); judging again only the results a landed run can change is
+distci.judge.rejudge's.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 
-from distci.judge.rejudge import Memo, rejudge_cells, rejudge_tail
+from distci.judge.rejudge import Landing, Memo, rejudge_cells, rejudge_tail
 from distci.judge.storelock import LOCK_TIMEOUT_ENV, WRITER_SUFFIX, claim, holder_of, lock_timeout_s, release
 from distci.errors import StoreError
 from distci.judge.rows import BisectRow, FixAuditRow, ResultRow, RunRow
@@ -82,6 +83,9 @@ _SCHEMA = (
         selection_json TEXT NOT NULL DEFAULT '[]'
     )""",
     "CREATE INDEX IF NOT EXISTS runs_by_cell ON runs(cell_id, started_at)",
+    # A cell's baselines and the cells taking it as one, asked at every run that lands (rejudge).
+    "CREATE INDEX IF NOT EXISTS runs_by_baseline ON runs(cell_id, baseline_cell)",
+    "CREATE INDEX IF NOT EXISTS runs_by_dependent ON runs(baseline_cell, cell_id)",
     """CREATE TABLE IF NOT EXISTS results (
         run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
         test_id TEXT NOT NULL,
@@ -241,10 +245,11 @@ class Store:
         rejudge_cells(conn, cells)
 
     def rejudge_from(self, conn: sqlite3.Connection, cell: str, since: tuple[str, str],
-                     tests: set[str] | None = None) -> int:
+                     tests: set[str] | None = None, landing: Landing | None = None) -> int:
         """Judges again only what a run landing at `since` ((started_at, run_id)) in `cell`
-        can change, inside an open transaction (distci.judge.rejudge.rejudge_tail)."""
-        return rejudge_tail(conn, cell, since, tests, memo=self.memo)
+        can change, inside an open transaction (distci.judge.rejudge.rejudge_tail); a
+        `landing` run's results are written through it, verdicts and all."""
+        return rejudge_tail(conn, cell, since, tests, memo=self.memo, landing=landing)
 
     # ------------------------------------------------------- bisects, audits
 
