@@ -139,3 +139,39 @@ def test_bad_registry_names_the_entry_and_key(tmp_path):
     path.write_text(REGISTRY.replace("upstream =", "upstrem ="))
     with pytest.raises(RegistryError, match=r"pytorch-184980.*upstrem"):
         load_registry(path)
+
+
+CONSEQUENCES = """
+[[issue]]
+id = "unfreeze"
+tests = ["suites/test_scenarios.py::*lora*"]
+signature = "has a gradient the reference does not"
+consequences = "^step [1-9][0-9]*: (loss .* vs reference|[^ ]+: gradient SQNR)"
+"""
+LORA = "suites/test_scenarios.py::test_scenario[tp-eager-lora]"
+
+
+def test_consequences_are_explained_only_beside_their_root(tmp_path):
+    """A frozen weight that trains (the root line) moves every later step's loss and
+    gradients: those lines are the entry's consequences. Without the root in the same
+    failure they stay unexplained, and a step-0 loss line is never a consequence."""
+    path = tmp_path / "known_issues.toml"
+    path.write_text(CONSEQUENCES)
+    reg = load_registry(path)
+    root = "step 0: layers.0.attention.wq.weight: has a gradient the reference does not"
+    later_loss = "step 1: loss 5.575469 vs reference 5.567041 (|diff| 0.00843 > 1e-06 + 1e-05*|ref|)"
+    later_sqnr = "step 1: layers.0.attention.wk.weight: gradient SQNR 22.0 dB < 60 dB"
+
+    def problems(*lines: str) -> str:
+        return f"AssertionError: tp-eager-lora: {len(lines)} problem(s)\n  " + "\n  ".join(lines)
+
+    assert reg.match(LORA, "", problems(root, later_loss, later_sqnr), {}) == "unfreeze"
+    assert reg.match(LORA, "", problems(later_loss, later_sqnr), {}) is None
+    assert reg.match(LORA, "", problems(root, "step 0: loss 5.6 vs reference 5.5"), {}) is None
+
+
+def test_a_bad_consequences_regex_names_the_entry(tmp_path):
+    path = tmp_path / "known_issues.toml"
+    path.write_text(CONSEQUENCES.replace('consequences = "^step', 'consequences = "(^step'))
+    with pytest.raises(RegistryError, match="unfreeze.*consequences"):
+        load_registry(path)

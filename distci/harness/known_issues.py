@@ -34,7 +34,7 @@ from packaging.version import InvalidVersion, Version
 
 from distci.provision.index import nightly_date_of
 
-ENTRY_KEYS = {"id", "tests", "signature", "applies", "upstream", "fix", "title", "repro"}
+ENTRY_KEYS = {"id", "tests", "signature", "applies", "upstream", "fix", "title", "repro", "consequences"}
 APPLIES_KEYS = {"torch", "torchao", "torchtitan", "nightly_from", "nightly_until", "git", "accelerators"}
 
 
@@ -111,6 +111,10 @@ class KnownIssue:
     upstream: str = ""
     fix: str | None = None
     title: str = ""
+    consequences: re.Pattern[str] | None = None
+    """Problem lines the bug causes downstream (a frozen weight that trains moves every later
+    step's loss): explained by this entry only in a failure where its signature explains
+    another line, the root, so such a line alone never reads as known."""
 
     def applies_to(self, stack: dict[str, Any]) -> bool:
         """Whether the bug is expected to show on this stack.
@@ -168,9 +172,14 @@ class Registry:
                     return entry.id
             return None
         candidates = self.applicable(test_id, stack)
+        roots = {e.id for e in candidates for problem in problems if e.explains(problem)}
         ids: list[str] = []
         for problem in problems:
             entry = next((e for e in candidates if e.explains(problem)), None)
+            if entry is None:
+                entry = next((e for e in candidates if e.id in roots and e.consequences is not None
+                              and (e.consequences.search(problem) or e.consequences.search(normalize_space(problem)))),
+                             None)
             if entry is None:
                 return None
             if entry.id not in ids:
@@ -225,6 +234,11 @@ def load_registry(path: Path) -> Registry:
             sig = re.compile(raw["signature"])
         except re.error as exc:
             raise RegistryError(f"{label}: signature is not a valid regex: {exc}") from None
+        try:
+            consequences = re.compile(raw["consequences"]) if "consequences" in raw else None
+        except re.error as exc:
+            raise RegistryError(f"{label}: consequences is not a valid regex: {exc}") from None
         tests = raw["tests"] if isinstance(raw["tests"], list) else [raw["tests"]]
-        entries.append(KnownIssue(raw["id"], tests, sig, applies, raw.get("upstream", ""), raw.get("fix"), raw.get("title", "")))
+        entries.append(KnownIssue(raw["id"], tests, sig, applies, raw.get("upstream", ""), raw.get("fix"), raw.get("title", ""),
+                                  consequences))
     return Registry(entries)
