@@ -152,6 +152,11 @@ class KnownIssue:
         torch 2.11 breaks a message's line inside the signature ("guessed its\nmetadata")."""
         return bool(self.signature.search(text) or self.signature.search(normalize_space(text)))
 
+    def caused(self, problem: str) -> bool:
+        """Whether a problem line is one of this bug's downstream `consequences`."""
+        return self.consequences is not None and bool(
+            self.consequences.search(problem) or self.consequences.search(normalize_space(problem)))
+
     def matches(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> bool:
         if not self.covers(test_id):
             return False
@@ -172,14 +177,12 @@ class Registry:
                     return entry.id
             return None
         candidates = self.applicable(test_id, stack)
-        roots = {e.id for e in candidates for problem in problems if e.explains(problem)}
+        explained = [next((e for e in candidates if e.explains(problem)), None) for problem in problems]
+        roots = [e for e in candidates if e in explained and e.consequences is not None]
         ids: list[str] = []
-        for problem in problems:
-            entry = next((e for e in candidates if e.explains(problem)), None)
+        for problem, entry in zip(problems, explained):
             if entry is None:
-                entry = next((e for e in candidates if e.id in roots and e.consequences is not None
-                              and (e.consequences.search(problem) or e.consequences.search(normalize_space(problem)))),
-                             None)
+                entry = next((e for e in roots if e.caused(problem)), None)
             if entry is None:
                 return None
             if entry.id not in ids:
