@@ -165,6 +165,23 @@ def test_env_from_wheelhouse_with_extra_wheels(tmp_path: Path, links: Path, inst
     assert run_python(env.python, code) == "2.0 1.0 1.1"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_env_installs_bytecode_where_the_runner_writes_none(tmp_path: Path, links: Path, installer: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runner with PYTHONDONTWRITEBYTECODE=1 never caches what an import compiles: without
+    bytecode from the install, every rank worker compiles torch's source again."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    wheelhouse = ensure_wheelhouse(["tinyapp==2.0"], offline(links), tmp_path / "wh", log=lambda m: None)
+    extras = tmp_path / "extras"
+    extras.mkdir()
+    env = ensure_env(wheelhouse, extra_wheels=[write_wheel(extras, "tinyextra", "1.0")], root=tmp_path / "envs",
+                     installer=installer, log=lambda m: None)
+    site = Path(run_python(env.python, "import tinyapp, os; print(os.path.dirname(os.path.dirname(tinyapp.__file__)))"))
+    for package in ("tinyapp", "tinydep", "tinyextra"):
+        assert list((site / package / "__pycache__").glob("__init__.*.pyc")), f"{package}: no bytecode installed"
+
+
 def test_one_env_per_stack_whoever_asks(tmp_path: Path, links: Path) -> None:
     """Two cells of one stack (fix_on / fix_off), an audit or a bisect probe: the same inputs, one env."""
     kw = dict(wheelhouse_root=tmp_path / "wh", env_root=tmp_path / "envs", log=lambda m: None)

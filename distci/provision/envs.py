@@ -18,6 +18,12 @@ key: they change on every edit of distci, and reinstalling two small wheels is c
 than reinstalling torch. Two marker files record progress and are written last: without
 the base marker the env is rebuilt from scratch; with it but stale extras only the extras
 are reinstalled. So an env whose build was interrupted is never mistaken for a ready one.
+
+Every install compiles bytecode (uv's ``--compile-bytecode``; pip compiles by default).
+uv leaves it out unless asked, and a runner that sets PYTHONDONTWRITEBYTECODE (common in CI
+images) then compiles torch's Python source on every import, in every rank worker and
+after every pool rebuild: 40 % of a compiled scenario's CPU time on 2 cores
+(docs/provisioning.md). The base marker records it, so an env built without it is rebuilt.
 Builders of one env serialize on a file lock; a reader of a ready env takes no lock.
 Checkouts with different distci sources should not share one DISTCI_ENV_ROOT: each
 would reinstall its own distci wheels into envs the other may be running.
@@ -132,7 +138,7 @@ def env_key(wheelhouse: Wheelhouse, python: str = sys.executable, *, with_pip: b
 def _base(wheelhouse: Wheelhouse, python: str, with_pip: bool) -> dict:
     tags = interpreter_tags(python)
     return {"wheelhouse": wheelhouse.manifest["key"], "python": tags["python"], "platform": tags["platform"],
-            "interpreter": str(Path(python).resolve()), "with_pip": with_pip}
+            "interpreter": str(Path(python).resolve()), "with_pip": with_pip, "bytecode": True}
 
 
 def _key(base: dict) -> str:
@@ -243,7 +249,7 @@ def _build_base(env: Env, wheelhouse: Wheelhouse, python: str, base: dict, uv: s
 
 def _install(env: Env, python: str, uv: str | None, args: list[str], log: Log) -> None:
     if uv:
-        cmd = [uv, "pip", "install", "--python", str(env.python), *args]
+        cmd = [uv, "pip", "install", "--python", str(env.python), "--compile-bytecode", *args]
     else:
         cmd = [python, "-m", "pip", "--python", str(env.python), "install", *args]
     code, output = run_pip(cmd, env.log_path, log, environ=isolated_environ())
