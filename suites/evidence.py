@@ -36,6 +36,8 @@ class TrainRecord:
     eval_logits: torch.Tensor | None = None
     expert_tokens: list[list[int]] = field(default_factory=list)
     routing: dict[tuple[int, int, int], tuple[int, ...]] = field(default_factory=dict)
+    route_margins: dict[tuple[int, int, int], tuple[float, ...]] = field(default_factory=dict)
+    """Per routing key, the near-tie tokens' relative top-k margins (routing.top_k_margins)."""
     grad_norms: list[float] = field(default_factory=list)
     """The total gradient norm clipping measured, per step (clipped rows only)."""
 

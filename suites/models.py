@@ -133,13 +133,17 @@ class MoE(nn.Module):
         """None: every expert local; else a callable (moe, tokens, weights, chosen) -> output
         that moves tokens to experts elsewhere (suites.parallelize.ExpertParallel)."""
 
-    def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights, chosen experts), each (tokens, top_k)."""
+    def router_logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The router's float32 logits, steered (tokens, n_experts): what top-k picks from."""
         logits = self.router(tokens).float()
         offset = self.steer(logits.shape[-1]) if self.steer is not None else None
         if offset is not None:
             logits = logits + offset.to(logits.device)
-        scores = F.softmax(logits, dim=-1)
+        return logits
+
+    def route(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights, chosen experts), each (tokens, top_k)."""
+        scores = F.softmax(self.router_logits(tokens), dim=-1)
         weights, chosen = scores.topk(self.top_k, dim=-1)
         return (weights / weights.sum(-1, keepdim=True)).type_as(tokens), chosen
 

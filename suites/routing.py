@@ -39,16 +39,36 @@ def _value(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+NEAR_TIE_RECORDED = 0.05
+"""Relative top-k margins below this are recorded (checks.compare_routing picks the bound)."""
+
+
+def top_k_margins(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Per token, how far its k-th chosen expert's logit lies above the best one left out,
+    relative to the token's largest finite |logit|: the change of logits that flips it.
+    inf where no expert is left to flip to (banned ones are -inf)."""
+    if logits.shape[-1] <= k:
+        return torch.full(logits.shape[:-1], float("inf"))
+    top = logits.topk(k + 1, dim=-1).values
+    gap = top[..., k - 1] - top[..., k]
+    scale = logits.masked_fill(~torch.isfinite(logits), 0).abs().amax(-1).clamp_min(1e-12)
+    return torch.where(torch.isfinite(top[..., k]), gap / scale, torch.full_like(gap, float("inf")))
+
+
 def _routing_hook(record: Any, block: int, clock: RoutingClock):
     def hook(module, inputs) -> None:
         if not clock.on:
             return
         with torch.no_grad():
             for i, part in enumerate(_value(inputs[0]).chunk(clock.parts, dim=0)):
-                _, chosen = module.route(part.reshape(-1, part.shape[-1]))
+                flat = part.reshape(-1, part.shape[-1])
+                _, chosen = module.route(flat)
                 counts = torch.bincount(_value(chosen).flatten().cpu(), minlength=len(module.experts)).tolist()
+                key = (clock.step, block, clock.chunk + i)
                 record.expert_tokens.append(counts)
-                record.routing[(clock.step, block, clock.chunk + i)] = tuple(counts)
+                record.routing[key] = tuple(counts)
+                margins = top_k_margins(_value(module.router_logits(flat)).cpu(), module.top_k)
+                record.route_margins[key] = tuple(sorted(m for m in margins.tolist() if m < NEAR_TIE_RECORDED))
     return hook
 
 
@@ -65,9 +85,10 @@ def gather_routing(record: Any, dp_size: int, dp_group: Any) -> None:
     if dp_size == 1:
         return
     tables: list[Any] = [None] * dp_size
-    dist.all_gather_object(tables, record.routing, group=dp_group)
-    for table in tables:
-        record.routing.update(table)
+    dist.all_gather_object(tables, (record.routing, record.route_margins), group=dp_group)
+    for routing, margins in tables:
+        record.routing.update(routing)
+        record.route_margins.update(margins)
 
 
 def edge_chunk(edge: str, chunks: int) -> int | None:
