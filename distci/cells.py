@@ -81,6 +81,9 @@ class Tier:
     name: str
     description: str = ""
     blocking_suites: tuple[str, ...] = ()
+    shards: int = 1
+    """Jobs each cell of the tier is split into (`distci run --shard K/N`): a nightly cell's
+    531 tests take 78 min on 2 cores, one job's budget is 60."""
 
 
 @dataclass(frozen=True)
@@ -192,10 +195,15 @@ class Matrix:
         hint = f" (did you mean: {', '.join(close)}?)" if close else ""
         return f"no cell '{pattern}'{hint}; list the cells with `nox -s matrix`"
 
-    def actions_include(self, tier: str) -> list[dict[str, Any]]:
-        """The GitHub Actions ``strategy.matrix.include`` entries of a tier."""
-        return [
-            {
+    def actions_include(self, tier: str, *, sharded: bool = True) -> list[dict[str, Any]]:
+        """The GitHub Actions ``strategy.matrix.include`` entries of a tier: one per cell, or,
+        for a tier of N > 1 shards (and `sharded`), one per cell and share, with `shard`
+        (``K/N``, for `--shard`) and `shard_name` (``KofN``, for artifact names)."""
+        spec = self.tiers.get(tier)
+        shards = spec.shards if spec is not None and sharded else 1
+        entries = []
+        for c in self.select(tier=tier):
+            entry = {
                 "cell": c.id,
                 "accelerator": c.accelerator,
                 "family": c.family,
@@ -204,5 +212,9 @@ class Matrix:
                 "python": c.python,
                 "tier": tier,
             }
-            for c in self.select(tier=tier)
-        ]
+            if shards == 1:
+                entries.append(entry)
+            else:
+                entries += [{**entry, "shard": f"{k}/{shards}", "shard_name": f"{k}of{shards}"}
+                            for k in range(1, shards + 1)]
+        return entries

@@ -29,14 +29,27 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         if args.github_output:
             from distci.ci.actions import append_step_summary, write_outputs
 
+            cells = matrix.actions_include(tier, sharded=False)
             write_outputs({"matrix": json.dumps({"include": include}, separators=(",", ":")),
-                           "cells": str(len(include)), "tier": tier})
-            append_step_summary(f"### {tier}: {len(include)} cells\n" + "".join(
-                f"- `{e['cell']}` on `{', '.join(e['runner'])}`\n" for e in include))
+                           "cell_matrix": json.dumps({"include": cells}, separators=(",", ":")),
+                           "cells": str(len(cells)), "jobs": str(len(include)), "tier": tier})
+            append_step_summary(f"### {tier}: {len(cells)} cells in {len(include)} jobs\n" + "".join(
+                f"- `{e['cell']}`{' shard ' + e['shard'] if e.get('shard') else ''} on `{', '.join(e['runner'])}`\n"
+                for e in include))
         return 0
     for cell in matrix.select(tier=args.tier):
         print(f"{cell.id:70s} tiers={','.join(cell.tiers)} runner={','.join(cell.runner)}")
     return 0
+
+
+def _shard_arg(text: str) -> str:
+    from distci.rundir import parse_shard
+
+    try:
+        parse_shard(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -67,11 +80,11 @@ def _run_cells(args: argparse.Namespace) -> tuple[int, list]:
         from distci.images import run_cells_in_docker
 
         runs = run_cells_in_docker(cells, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k,
-                                   tier=args.tier)
+                                   tier=args.tier, shard=args.shard)
     else:
         extra = [f"--distci-known-issues={Path(args.known_issues).resolve()}"] if args.known_issues else []
         runs = [run_cell(c, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k, tier=args.tier,
-                         extra_pytest_args=extra, python=args.python) for c in cells]
+                         extra_pytest_args=extra, python=args.python, shard=args.shard) for c in cells]
     print_summary(runs)
     for run in runs:
         if getattr(run, "selection_error", ""):
@@ -126,6 +139,9 @@ def build_parser(registry: tuple[str, ...] = REGISTRY) -> argparse.ArgumentParse
     p.add_argument("--tier", default="pr", help="tier whose cells run when no --cell is given (default: pr)")
     p.add_argument("-k", default=None, help="pytest -k expression")
     p.add_argument("--test", action="append", help="a test node id to run (repeatable)")
+    p.add_argument("--shard", type=_shard_arg, default=None, metavar="K/N",
+                   help="run the K-th of N shares of the tier's tests: N jobs run one cell's tier side by side, "
+                        "and the gate joins their runs (the nightly cells run as 2 shards)")
     p.add_argument("--backend", choices=("venv", "docker"), default="venv")
     p.add_argument("--runs-root", default=".distci/runs")
     p.add_argument("--known-issues", default=None,

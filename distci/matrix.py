@@ -46,7 +46,7 @@ DEFAULT_KEYS = ("python", "world_size", "suites", "timeout", "tiers", "external"
                 "torchao", "torchtitan")
 TOP_KEYS = ("schema", "defaults", "accelerators", "matrix", "exclude", "include", "tiers")
 ACCELERATOR_KEYS = ("backend", "runner", "archs", "variants", "family", "description", "container")
-TIER_KEYS = ("description", "blocking_suites")
+TIER_KEYS = ("description", "blocking_suites", "shards")
 INCLUDE_SET_KEYS = ("tiers", "suites", "external", "runner", "timeout", "python")
 # List-valued attributes an [[include]] adds to, rather than replaces.
 INCLUDE_ADD_KEYS = ("tiers", "suites", "external")
@@ -226,8 +226,15 @@ class _Loader:
                 name=name,
                 description=str(spec.get("description", "")),
                 blocking_suites=self._strings(spec.get("blocking_suites", []), "blocking_suites", label, section),
+                shards=self._shards(spec.get("shards", 1), label, section),
             )
         return result
+
+    def _shards(self, value: Any, label: str, section: tuple[str, int]) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise self.loc.error(f"{label}: shards must be a whole number >= 1 (jobs per cell), got {value!r}",
+                                 section, "shards")
+        return value
 
     def _tier_names(self, value: Any, label: str, section: tuple[str, int], tiers: dict[str, Tier]) -> tuple[str, ...]:
         names = self._strings(value, "tiers", label, section)

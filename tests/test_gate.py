@@ -303,6 +303,53 @@ def test_a_narrowed_run_alone_is_not_a_complete_cell(tmp_path: Path, capsys: pyt
     assert cli(db, matrix) == 1
 
 
+def test_shards_of_a_tier_join_into_one_complete_run(tmp_path: Path) -> None:
+    """A tier run as N shard jobs: once every share 1..N has ended, their tests together are
+    the expected ones (a failure in either blocks); shares of another N never join; a
+    shard's share of tests missing from the latest set leaves the cell partial."""
+    runs, db, matrix = tmp_path / "runs", tmp_path / "store.sqlite", matrix_file(tmp_path)
+    day = T0 + timedelta(days=1)
+    write_run(runs, "s1", RELEASE, [{"test_id": TP}, {"test_id": WAIT}], started_at=day, stack=NEW, tier="release",
+              selection=["--shard 1/2"])
+    ingest([runs], db)
+    assert cli(db, matrix) == 3  # half a tier: the expected tests are unknown
+    write_run(runs, "t2", RELEASE, [{"test_id": ASYNC}], started_at=day, stack=NEW, tier="release",
+              selection=["--shard 2/3"])  # a share of another split
+    ingest([runs], db)
+    assert cli(db, matrix) == 3
+    write_run(runs, "s2", RELEASE, [failed(F8)], started_at=day + timedelta(minutes=5), stack=NEW, tier="release",
+              selection=["--shard 2/2"])
+    ingest([runs], db)
+    assert cli(db, matrix) == 1
+    with Store(db) as s:
+        result = gate.evaluate(s, "release", matrix_path=matrix, now=NOW)
+    assert [(i.test_id, i.run_id) for i in result.blocking] == [(F8, "s2")]
+    assert result.cells[0].evidence_runs[0] == "s1"
+    # the failing share reruns and passes: PASSED on the two shards' tests together
+    write_run(runs, "s2b", RELEASE, [{"test_id": F8}], started_at=day + timedelta(hours=1), stack=NEW, tier="release",
+              selection=["--shard 2/2"])
+    ingest([runs], db)
+    assert cli(db, matrix) == 0
+    # the next night's first share alone on a new stack: its other share's tests are missing
+    write_run(runs, "n1", RELEASE, [{"test_id": TP}, {"test_id": WAIT}], started_at=day + timedelta(hours=2),
+              stack=stack("2.13.2+cpu", "1" * 40), tier="release", selection=["--shard 1/2"])
+    ingest([runs], db)
+    with Store(db) as s:
+        cell = gate.evaluate(s, "release", matrix_path=matrix, now=NOW).cells[0]
+    assert cell.state == "partial" and cell.missing_tests == [F8]  # not ASYNC: its split never completed
+
+
+def test_shard_text_is_checked_and_recorded() -> None:
+    from distci.rundir import parse_shard, selection_of, shard_of
+
+    assert parse_shard("2/3") == (2, 3) and selection_of(None, None, "2/3") == ["--shard 2/3"]
+    assert shard_of(["--shard 2/3"]) == (2, 3)
+    assert shard_of(["-k tp", "--shard 1/2"]) is None and shard_of([]) is None and shard_of(["--shard x"]) is None
+    for bad in ("0/2", "3/2", "1", "a/b", "1/0"):
+        with pytest.raises(ValueError, match="K/N"):
+            parse_shard(bad)
+
+
 @pytest.mark.parametrize("text, hours", [("36h", 36), ("90m", 1.5), ("2d", 48), ("3600s", 1), ("12", 12)])
 def test_max_age_durations(text: str, hours: float) -> None:
     assert gate.parse_duration(text) == timedelta(hours=hours)

@@ -550,3 +550,16 @@ def test_repository_matrix_runs_upstream_tests_on_pinned_cuda_stacks_only() -> N
         assert cell.accelerator == "cuda", cell.id
         assert "nightly" not in (cell.torch, cell.torchao, cell.torchtitan), cell.id
     assert not any(c.external for c in matrix.select(tier="pr"))
+
+
+def test_a_sharded_tier_lists_each_cell_once_per_share(tmp_path: Path) -> None:
+    sharded = BASE.replace("[tiers.nightly]\nblocking_suites = []\n", "[tiers.nightly]\nblocking_suites = []\nshards = 2\n")
+    matrix = load_matrix(write(tmp_path, base=sharded))
+    cell = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on"
+    jobs = matrix.actions_include("nightly")
+    assert [(e["cell"], e["shard"], e["shard_name"]) for e in jobs] == [(cell, "1/2", "1of2"), (cell, "2/2", "2of2")]
+    assert [e["cell"] for e in matrix.actions_include("nightly", sharded=False)] == [cell]
+    assert all("shard" not in e for e in matrix.actions_include("nightly", sharded=False))
+    for bad in ("0", "1.5", "true", '"2"'):
+        text = sharded.replace("shards = 2", f"shards = {bad}")
+        assert "shards must be a whole number >= 1" in error_of(tmp_path, base=text), bad

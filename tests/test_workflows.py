@@ -81,9 +81,12 @@ def test_nightly_matrix_comes_from_matrix_toml():
     runs = "\n".join(s.get("run", "") for s in steps(cells))
     assert 'nox -s images -- --cell "$CELL"' in runs
     assert 'nox -s dist_tests -- --cell "$CELL" --backend docker --tier "$TIER"' in runs
-    assert jobs["hud"]["strategy"]["matrix"] == cells["strategy"]["matrix"]
+    # a sharded tier: one job per cell and share, each passing its share; one HUD relay per cell
+    assert cells["env"]["SHARD"] == "${{ matrix.shard }}" and '${SHARD:+--shard "$SHARD"}' in runs
+    assert jobs["hud"]["strategy"]["matrix"] == "${{ fromJSON(needs.matrix.outputs.cell_matrix) }}"
+    assert producer["outputs"]["cell_matrix"] == f"${{{{ steps.{step_id}.outputs.cell_matrix }}}}"
     (upload,) = [s for s in steps(cells) if s.get("uses", "").startswith("actions/upload-artifact@")]
-    assert "${{ matrix.cell }}" in upload["with"]["name"]
+    assert "${{ matrix.cell }}" in upload["with"]["name"] and "matrix.shard_name" in upload["with"]["name"]
 
     # Every matrix key the job reads exists in every entry matrix.toml gives, for every
     # tier the workflow can be asked to run.
@@ -91,9 +94,13 @@ def test_nightly_matrix_comes_from_matrix_toml():
     assert used >= {"cell", "runner"}
     offered = triggers(wf)["workflow_dispatch"]["inputs"]["tier"]["options"]
     assert set(offered) <= set(MATRIX.tiers)
+    sharding = {"shard", "shard_name"}  # only a sharded tier's entries have them ('' elsewhere)
     for tier in offered:
         for entry in MATRIX.actions_include(tier):
-            assert used <= entry.keys(), (tier, used - entry.keys())
+            assert used - sharding <= entry.keys(), (tier, used - entry.keys())
+            assert sharding <= entry.keys() or MATRIX.tiers[tier].shards == 1
+        assert {e["cell"] for e in MATRIX.actions_include(tier)} == {e["cell"] for e in MATRIX.actions_include(
+            tier, sharded=False)}
 
 
 def test_matrix_session_output_reaches_gpu_and_npu_runners():

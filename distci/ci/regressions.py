@@ -32,8 +32,14 @@ def expected_cells(matrix_json: Path) -> list[dict[str, Any]]:
 
 
 def expected_cells_of(data: Any) -> list[dict[str, Any]]:
-    """The include entries of a `distci matrix --json` output (`{"include": [...]}` or the list)."""
-    return list(data.get("include", data) if isinstance(data, dict) else data)
+    """The include entries of a `distci matrix --json` output (`{"include": [...]}` or the
+    list), one per cell: a sharded tier lists each cell once per shard."""
+    entries = list(data.get("include", data) if isinstance(data, dict) else data)
+    seen: dict[Any, dict[str, Any]] = {}
+    for entry in entries:
+        key = entry.get("cell") if isinstance(entry, dict) else id(entry)
+        seen.setdefault(key, entry)
+    return list(seen.values())
 
 
 def missing_cell_runs(expected: Sequence[Mapping[str, Any]], present: set[str], out: Path, *,

@@ -265,7 +265,8 @@ def probe_cann(client, image: BuiltImage, options: dict[str, Any]) -> str:
 
 
 def run_cell_in_docker(cell: Cell, client, *, runs_root: Path, tests: list[str] | None = None,
-                       keyword: str | None = None, tier: str | None = None, log: Log = print) -> CellRun:
+                       keyword: str | None = None, tier: str | None = None, shard: str | None = None,
+                       log: Log = print) -> CellRun:
     """One run of a cell in its container: the venv run's pytest command, results through a mount."""
     from docker.errors import DockerException
 
@@ -280,9 +281,9 @@ def run_cell_in_docker(cell: Cell, client, *, runs_root: Path, tests: list[str] 
         log(f"{cell_tag(cell.id)}infra: {exc}")
         return infra_run(cell, info, run_dir, exc, None)
     info.image, info.image_digest = image.tag, image.id
-    info.selection = selection_of(tests, keyword)
+    info.selection = selection_of(tests, keyword, shard)
     cmd = pytest_command(cell, Path(IMAGE_PYTHON), run_dir, info.run_id, tests=tests or [],
-                         keyword=keyword, extra_args=[], root=Path(WORKDIR))
+                         keyword=keyword, extra_args=[], root=Path(WORKDIR), shard=shard)
     info.command = shlex.join(cmd)
     # The run directory is mounted at its own path, so paths the harness records (logs) hold outside too.
     volumes = {**options.pop("volumes", {}), **checkout_mounts(tests or []),
@@ -339,7 +340,7 @@ def _follow_logs(container, path: Path, log: Log) -> None:
 
 
 def run_cells_in_docker(cells: list[Cell], *, runs_root: Path, tests: list[str] | None = None,
-                        keyword: str | None = None, tier: str | None = None) -> list[CellRun]:
+                        keyword: str | None = None, tier: str | None = None, shard: str | None = None) -> list[CellRun]:
     """`python -m distci run --backend docker`: each cell's suites in its image."""
     try:
         client = connect()
@@ -351,7 +352,8 @@ def run_cells_in_docker(cells: list[Cell], *, runs_root: Path, tests: list[str] 
             runs.append(infra_run(cell, info, run_dir, exc, None))
         return runs
     return [absent_accelerator_run(cell, runs_root, tier=tier, backend="docker")
-            or run_cell_in_docker(cell, client, runs_root=runs_root, tests=tests, keyword=keyword, tier=tier)
+            or run_cell_in_docker(cell, client, runs_root=runs_root, tests=tests, keyword=keyword, tier=tier,
+                                  shard=shard)
             for cell in cells]
 
 

@@ -1,7 +1,10 @@
 """Coverage: what the store holds for one cell the gate expects, judged test by test.
 
 A cell's expected tests are those of its latest *complete* run (ended, not narrowed by
-`-k` / `--test`, of a covering tier, some test ran), plus any test a later run added. Each
+`-k` / `--test`, of a covering tier, some test ran), plus any test a later run added. A
+tier run as N shards (`distci run --shard K/N`, one job each) is complete once the latest
+ended run of every share 1..N is there: their tests together are the expected ones, and
+the walk starts at the oldest of them. Each
 is judged by its latest result since that run; an infra result is not a result of the
 test and never replaces one, so a narrowed rerun adds evidence and never hides a failure
 it did not re-run. A test with no result on the current stack (that of the latest run
@@ -27,6 +30,7 @@ from distci.errors import SelectionError
 from distci.judge.store import Store
 from distci.judge.rows import FUZZ_TESTS, ResultRow, RunRow, is_environment, is_fuzz
 from distci.judge.verdicts import BLOCKING, env_key
+from distci.rundir import shard_of
 
 DEFAULT_MAX_AGE = timedelta(hours=36)
 
@@ -76,7 +80,7 @@ def judge_cell(
         return results[run.run_id]
 
     tiers = {tier, "", *covering_tiers}
-    base = next((r for r in reversed(runs) if _is_complete(r, tiers, rows_of(r))), None)
+    base, members = _latest_base(runs, tiers, rows_of)
     since = runs[runs.index(base):] if base is not None else runs
     latest: dict[str, ResultRow] = {}
     on_stack: dict[str, set[str]] = {}
@@ -131,9 +135,9 @@ def judge_cell(
     elif base is None:
         state.state = "partial"
         state.reason = (f"no complete run of tier {tier!r} or a wider one (every run was narrowed by -k / --test, "
-                        f"or of a narrower tier): the expected tests are unknown")
+                        f"of a narrower tier, or shards that do not yet cover all N): the expected tests are unknown")
     else:
-        expected = {r.test_id for r in rows_of(base) if not is_environment(r.test_id)} | set(latest)
+        expected = {r.test_id for m in members for r in rows_of(m) if not is_environment(r.test_id)} | set(latest)
         expected = {t for t in expected if not is_environment(t) and not is_fuzz(t)}
         state.missing_tests = sorted(t for t in expected if current_env not in on_stack.get(t, set()))
         if state.missing_tests:
@@ -147,12 +151,36 @@ def _ran(r: ResultRow) -> bool:
     return r.verdict not in ("infra", "skip")
 
 
-def _is_complete(run: RunRow, tiers: set[str], rows: list[ResultRow]) -> bool:
-    """A run that may define a cell's expected tests: ended, not narrowed, of a covering
-    tier (or of none: a run without a tier runs every test), and some test ran in it (a
-    fuzz configuration does not count: a fuzz run defines no expected tests)."""
-    return bool(run.ended_at) and not run.selection and run.tier in tiers and any(
+def _is_complete(run: RunRow, tiers: set[str], rows: list[ResultRow], *, shard: bool = False) -> bool:
+    """A run that may define a cell's expected tests: ended, not narrowed (`shard`: narrowed
+    by its shard alone), of a covering tier (or of none: a run without a tier runs every
+    test), and some test ran in it (a fuzz configuration does not count: a fuzz run
+    defines no expected tests)."""
+    narrowed_ok = shard_of(run.selection or []) is not None if shard else not run.selection
+    return bool(run.ended_at) and narrowed_ok and run.tier in tiers and any(
         _ran(r) and not is_fuzz(r.test_id) for r in rows)
+
+
+def _latest_base(runs: list[RunRow], tiers: set[str], rows_of) -> tuple[RunRow | None, list[RunRow]]:
+    """(the run the walk starts at, the runs whose tests are expected): the latest complete
+    run, or the latest set of shard runs that covers shares 1..N (the latest ended run of
+    each share; the walk starts at the oldest of them), whichever completes nearer the end."""
+    shards: dict[int, dict[int, RunRow]] = {}
+    for run in reversed(runs):
+        shard = shard_of(run.selection or [])
+        if shard is None:
+            if _is_complete(run, tiers, rows_of(run)):
+                return run, [run]
+            continue
+        if not _is_complete(run, tiers, rows_of(run), shard=True):
+            continue
+        k, n = shard
+        got = shards.setdefault(n, {})
+        got.setdefault(k, run)
+        if len(got) == n:
+            members = [r for r in runs if r in got.values()]
+            return members[0], members
+    return None, []
 
 
 def tally(results: Sequence[ResultRow]) -> dict[str, int]:

@@ -68,7 +68,7 @@ def new_run_id(cell: Cell) -> str:
 
 
 def pytest_command(cell: Cell, python: Path, run_dir: Path, run_id: str, *, tests: list[str], keyword: str | None,
-                   extra_args: list[str], root: Path = REPO) -> list[str]:
+                   extra_args: list[str], root: Path = REPO, shard: str | None = None) -> list[str]:
     """The pytest command of a cell run; `root` is where the checkout's suites are (in an image: its workdir).
 
     The rootdir is pinned to the checkout and every option is passed as `--opt=value`:
@@ -88,6 +88,8 @@ def pytest_command(cell: Cell, python: Path, run_dir: Path, run_id: str, *, test
         cmd += [f"--distci-known-issues={root / registry}"]
     if keyword:
         cmd += ["-k", keyword]
+    if shard:
+        cmd += [f"--distci-shard={shard}"]
     cmd += extra_args
     cmd += tests or list(cell.suites)
     return cmd
@@ -208,9 +210,11 @@ def run_cell(
     extra_pytest_args: list[str] | None = None,
     external_suites: Path = EXTERNAL_SUITES,
     python: str | None = None,
+    shard: str | None = None,
     log: Log = print,
 ) -> CellRun:
-    """Run one cell. `python`: use that interpreter's preinstalled stack (see `provision`)."""
+    """Run one cell. `python`: use that interpreter's preinstalled stack (see `provision`);
+    `shard` (`K/N`): only the K-th of N shares of the tier's tests."""
     externals = external_plan(cell, tests or [], external_suites)  # a bad selection fails before any run
     skipped = absent_accelerator_run(cell, runs_root, tier=tier, log=log)
     if skipped is not None:
@@ -224,7 +228,7 @@ def run_cell(
         return infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
     return run_in_env(cell, Path(env.python), info, run_dir, tests=tests, keyword=keyword, tier=tier,
                       extra_pytest_args=extra_pytest_args, external_suites=external_suites, externals=externals,
-                      log=log)
+                      shard=shard, log=log)
 
 
 def run_in_env(
@@ -239,6 +243,7 @@ def run_in_env(
     extra_pytest_args: list[str] | None = None,
     external_suites: Path = EXTERNAL_SUITES,
     externals: list[str] | None = None,
+    shard: str | None = None,
     log: Log = print,
 ) -> CellRun:
     """Run a started cell's suites with `python` (its environment's): pytest, then its external suites.
@@ -248,12 +253,12 @@ def run_in_env(
     `external_plan` (made here when not given).
     """
     native, external = split_tests(tests or [])
-    info.selection = selection_of(tests, keyword)  # a narrowed run never defines a cell's expected tests
+    info.selection = selection_of(tests, keyword, shard)  # a narrowed run never defines a cell's expected tests
     if externals is None:
         externals = external_plan(cell, tests or [], external_suites)
     if native or not external:
         cmd = pytest_command(cell, python, run_dir, info.run_id, tests=native, keyword=keyword,
-                             extra_args=extra_pytest_args or [])
+                             extra_args=extra_pytest_args or [], shard=shard)
         info.command = shlex.join(cmd)
         # Unbuffered, so pytest.log fills as the run goes rather than when pytest exits.
         width = columns() - len(cell_tag(cell.id))
