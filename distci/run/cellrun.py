@@ -288,7 +288,10 @@ def run_in_env(
                 raise
         run = finish_run(cell, info, run_dir, code)
         if code == PYTEST_NO_TESTS and not externals:
-            run.selection_error = no_test_message(cell, native, keyword)
+            if shard:  # another share holds the selection: this job has nothing to do, which is no error
+                log(f"{cell_tag(cell.id)}shard {shard}: none of the selected tests is in this share")
+            else:
+                run.selection_error = no_test_message(cell, native, keyword)
         if not externals:
             return run
     run_external_suites(cell, python, info, run_dir, externals, select=external, keyword=keyword,
