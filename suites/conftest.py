@@ -62,10 +62,14 @@ def selected_shard(config: pytest.Config) -> tuple[int, int] | None:
     text = config.getoption("--distci-shard", default=None) or os.environ.get(SHARD_ENV) or None
     if text is None:
         return None
-    k, sep, n = text.partition("/")
-    if not (sep and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
-        raise pytest.UsageError(f"shard {text!r} is not K/N with 1 <= K <= N (e.g. 1/2)")
-    return int(k), int(n)
+    try:
+        from distci.rundir import parse_shard  # the one reader of K/N (the CLI and the gate use it)
+    except ImportError:
+        raise pytest.UsageError(f"a shard ({text!r}) needs distci installed beside the suites") from None
+    try:
+        return parse_shard(text)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def _device_type(config: pytest.Config) -> str:
