@@ -5,7 +5,8 @@ cell whose id contains `--candidate`: a release candidate is a `test:<version>` 
 torch, so its cells have their own ids). It judges coverage, not "the latest run":
 
 - a cell's expected tests are those of its latest *complete* run of the tier (one that
-  ended and was not narrowed by `-k` / `--test`: run.json's `selection` is empty), plus
+  ended and was not narrowed by `-k` / `--test`: run.json's `selection` is empty; or, for
+  a tier run as N shard jobs, the latest ended run of every share 1..N together), plus
   any test a later run added;
 - each expected test is judged by its latest result since that run (infra results are
   not results of the test: they never replace one), so a narrowed rerun adds evidence and
