@@ -295,32 +295,12 @@ class RunDir:
         return data if isinstance(data, dict) else None
 
 
-SHARD_PREFIX = "--shard "
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """(K, N) of a shard given as `K/N` (1 <= K <= N): the K-th of N shares of a tier's tests."""
-    k, sep, n = text.partition("/")
-    if not (sep and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
-        raise ValueError(f"shard {text!r} is not K/N with 1 <= K <= N (e.g. --shard 1/2)")
-    return int(k), int(n)
-
-
 def selection_of(tests: Iterable[str] | None, keyword: str | None, shard: str | None = None) -> list[str]:
     """The narrowing of a run as run.json records it: `-k EXPR`, each selected test id, then
     `--shard K/N` (a share of the tier: distci.judge.coverage joins the N shards)."""
+    from distci.run.shards import SHARD_PREFIX
+
     return ([f"-k {keyword}"] if keyword else []) + list(tests or []) + ([SHARD_PREFIX + shard] if shard else [])
-
-
-def shard_of(selection: Iterable[str]) -> tuple[int, int] | None:
-    """(K, N) of a run narrowed by its shard alone (a run of the K-th share of its tier), else None."""
-    selection = list(selection)
-    if len(selection) != 1 or not selection[0].startswith(SHARD_PREFIX):
-        return None
-    try:
-        return parse_shard(selection[0][len(SHARD_PREFIX):])
-    except ValueError:
-        return None
 
 
 def repro_line(cell_id: str | None, test_id: str | None = None, *, backend: str | None = None) -> str:

@@ -340,7 +340,8 @@ def test_shards_of_a_tier_join_into_one_complete_run(tmp_path: Path) -> None:
 
 
 def test_shard_text_is_checked_and_recorded() -> None:
-    from distci.rundir import parse_shard, selection_of, shard_of
+    from distci.rundir import selection_of
+    from distci.run.shards import parse_shard, shard_of
 
     assert parse_shard("2/3") == (2, 3) and selection_of(None, None, "2/3") == ["--shard 2/3"]
     assert shard_of(["--shard 2/3"]) == (2, 3)

@@ -30,7 +30,7 @@ from distci.errors import SelectionError
 from distci.judge.store import Store
 from distci.judge.rows import FUZZ_TESTS, ResultRow, RunRow, is_environment, is_fuzz
 from distci.judge.verdicts import BLOCKING, env_key
-from distci.rundir import shard_of
+from distci.run.shards import shard_of
 
 DEFAULT_MAX_AGE = timedelta(hours=36)
 
