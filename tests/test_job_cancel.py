@@ -106,11 +106,19 @@ def test_a_pr_tier_job_killed_at_once_uploads_a_junit_file_of_how_far_it_got(act
     print(f"{len(finished)} finished, {len(cases)} in junit.xml")
     shown = {name: ("error" if c.find("error") is not None else "failed" if c.find("failure") is not None
                     else "skipped" if c.find("skipped") is not None else "passed") for name, c in cases.items()}
-    assert {n: shown[n] for n in finished} == finished, "each finished test as results.jsonl says"
+    # results.jsonl is the record and is written first; junit.xml is rewritten just after. A
+    # kill between the two leaves the last recorded test shown as interrupted (never the
+    # reverse: junit.xml never claims a result the record lacks). Only that one may differ.
+    last = list(finished)[-1]
+    differ = {n for n in finished if shown[n] != finished[n]}
+    assert differ <= {last}, f"each finished test as results.jsonl says: {differ}"
+    if differ:
+        assert cases[last].find("error").get("message", "").startswith("Interrupted"), last
+        print(f"killed between {last}'s record and the junit rewrite: shown as interrupted")
     rest = {n: c for n, c in cases.items() if n not in finished}
     assert rest, "the pr tier has more tests than the one that finished before the kill"
     messages = [(c.find("error") if c.find("error") is not None else c.find("skipped")).get("message", "")
                 for c in rest.values()]
     assert all(m.startswith(("Interrupted", NOT_RUN)) for m in messages), messages
-    assert sum(m.startswith("Interrupted") for m in messages) <= 1
+    assert sum(m.startswith("Interrupted") for m in messages) + len(differ) <= 1, "one test was in flight at most"
     assert int(suite.get("tests")) == len(cases) == len(finished) + len(rest)

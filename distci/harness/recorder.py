@@ -9,6 +9,10 @@ and when it ends): the tests that finished, the one in flight as interrupted, th
 not run. A runner killed at once (SIGKILL: a cancelled job past its grace, a lost machine)
 still leaves a JUnit file that says how far the run got; a run that ends normally or is
 stopped rewrites it from results.jsonl at the end, as before.
+
+results.jsonl is written first and junit.xml just after: a kill between the two leaves the
+last recorded test shown in junit.xml as interrupted. junit.xml can lag the record by that
+one test, never run ahead of it (it never claims a result the record lacks).
 """
 
 from __future__ import annotations
