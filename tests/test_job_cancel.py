@@ -113,6 +113,7 @@ def test_a_pr_tier_job_killed_at_once_uploads_a_junit_file_of_how_far_it_got(act
     differ = {n for n in finished if shown[n] != finished[n]}
     assert differ <= {last}, f"each finished test as results.jsonl says: {differ}"
     if differ:
+        assert shown[last] == "error", f"{last}: {shown[last]}, recorded {finished[last]}"
         assert cases[last].find("error").get("message", "").startswith("Interrupted"), last
         print(f"killed between {last}'s record and the junit rewrite: shown as interrupted")
     rest = {n: c for n, c in cases.items() if n not in finished}
