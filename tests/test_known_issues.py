@@ -63,7 +63,7 @@ def test_the_recorder_the_external_runner_and_ingest_share_the_matcher():
                      if p.name != "known_issues.py" and (".match(nodeid" in p.read_text() or ".applicable(" in p.read_text()
                                                          or "registry.match(" in p.read_text()))
     assert callers == []
-    for module in ("harness/outcome.py", "judge/ingest.py"):  # Combined.to_result and index-time matching
+    for module in ("harness/outcome.py", "judge/runreader.py"):  # Combined.to_result and index-time matching
         assert "known_issue_of(" in (root / module).read_text(), module
     for module in ("harness/recorder.py", "external/runner.py"):  # both build Results through Combined.to_result
         assert ".to_result(" in (root / module).read_text(), module

@@ -440,7 +440,7 @@ def upstream_links(registry: Path | None) -> dict[str, str]:
     """Known issue id -> its upstream link (http(s) only) from the registry; none without one."""
     if registry is None or not Path(registry).is_file():
         return {}
-    from distci.judge.ingest import load_known_issues
+    from distci.judge.runreader import load_known_issues
 
     return {e.id: url for e in load_known_issues(Path(registry)).entries if (url := web_url(e.upstream))}
 

@@ -21,23 +21,23 @@ from __future__ import annotations
 
 import argparse
 import gc
-import hashlib
 import json
 import os
 import sqlite3
 import sys
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from distci.errors import ConfigError, StoreError
-from distci.results import Result, write_junit
+from distci.errors import StoreError
+from distci.results import write_junit
 from distci.rundir import JUNIT_FILE, RESULTS_FILE, RunContents, RunDir, RunDirError, find_run_dirs, read_run, utc
 from distci.judge.store import DEFAULT_AUDIT_DIR, DEFAULT_BISECT_DIR, DEFAULT_RUNS_ROOT, DEFAULT_STORE, STORE_ENV, Store, default_store_path
 from distci.judge.rejudge import baselines_of
-from distci.judge.resultrows import insert_results, landing, plain_text, result_row, storable
+from distci.judge.resultrows import insert_results, landing, storable
+from distci.judge.runreader import PreparedRun, Unreadable, load_known_issues, prepared_runs, sha256
 from distci.judge.rows import BisectRow, FixAuditRow
 from distci.provision.index import nightly_date_of
 
@@ -78,34 +78,8 @@ class IngestReport:
         return "\n".join([text, *lines])
 
 
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def load_known_issues(path: Path | None) -> Any:
-    """The known-issues registry at `path` (None: no index-time matching)."""
-    if path is None:
-        return None
-    from distci.harness.known_issues import RegistryError, load_registry
-
-    try:
-        return load_registry(Path(path))
-    except (OSError, RegistryError) as exc:
-        raise ConfigError(f"cannot read the known-issues registry: {exc}", where=str(path)) from exc
-
-
-def known_issue_of(r: Result, registry: Any) -> str | None:
-    """The known issue a Result matches by today's registry, through the one matcher the
-    harness and the external runner use (Registry.known_issue_of). Without a registry,
-    what was recorded."""
-    if registry is None:
-        return r.known_issue
-    return registry.known_issue_of(r.test_id, r.outcome, signature=r.error_signature, message=r.message,
-                                   stack=r.stack, failure_kind=r.failure_kind)
 
 
 @contextmanager
@@ -138,8 +112,9 @@ def ingest_runs(store: Store, paths: Iterable[Path | str], *, known_issues: Path
     """Indexes every run directory under `paths` into `store`, each in its own transaction
     with the verdicts it changes (distci.judge.rejudge: its cell's results from its place in
     history on, for its tests, and those of the cells taking its cell as baseline);
-    idempotent. Runs are read one at a time, oldest first, so memory holds one run and a
-    backfill judges each result once. `defer_verdicts` recomputes verdicts once at the end,
+    idempotent. Runs land one at a time, oldest first, so memory holds a few runs (read
+    ahead by distci.judge.runreader's reader process on a long ingest) and a backfill
+    judges each result once. `defer_verdicts` recomputes verdicts once at the end,
     from the whole history, instead (a rebuild into a fresh file, which is only moved into
     place when whole). `rewrite_junit` rewrites each indexed run's junit.xml from its judged
     verdicts (see rewrite_run_junit), so JUnit says what the gate, dashboard and HUD export say.
@@ -152,13 +127,15 @@ def ingest_runs(store: Store, paths: Iterable[Path | str], *, known_issues: Path
     problems: list[str] = []
     touched: set[str] = set()
     indexed: list[Path] = []
-    for d in _history_order(find_run_dirs(Path(p) for p in paths)):
-        with _cycles_uncollected():
-            landed = _land(store, d, registry, report, problems, defer_verdicts=defer_verdicts)
-        if landed is not None:
-            indexed.append(landed[0])
-            if landed[2] != "skipped":
-                touched.add(landed[1])
+    dirs = _history_order(find_run_dirs(Path(p) for p in paths))
+    with closing(prepared_runs(dirs, registry, known_issues)) as runs:  # the reader stops with the loop, however
+        for prepared in runs:
+            with _cycles_uncollected():
+                landed = _land(store, prepared, report, problems, defer_verdicts=defer_verdicts)
+            if landed is not None:
+                indexed.append(landed[0])
+                if landed[2] != "skipped":
+                    touched.add(landed[1])
     if defer_verdicts and touched:
         store.recompute_verdicts(touched)
     if rewrite_junit:
@@ -176,27 +153,21 @@ def ingest_runs(store: Store, paths: Iterable[Path | str], *, known_issues: Path
     return report
 
 
-def _land(store: Store, d: Path, registry: Any, report: IngestReport, problems: list[str], *,
+def _land(store: Store, run: PreparedRun | Unreadable, report: IngestReport, problems: list[str], *,
           defer_verdicts: bool) -> tuple[Path, str, str] | None:
-    """Reads one run directory and indexes it in one transaction, with the verdicts it
+    """Indexes one read run (runreader.prepare) in one transaction, with the verdicts it
     changes; records what happened in `report` (a rewritten run in `problems` too). The
     run's directory, cell and state (added, updated, skipped) when it is in the store, else
-    None; not the run: its Results are freed before the cycle collector runs again."""
-    try:
-        run = read_run(d)
-    except RunDirError as exc:
-        report.rejected.append(str(exc))
-        report.bad_lines += [str(p) for p in exc.problems]
+    None; not the run: its rows are freed before the cycle collector runs again."""
+    report.bad_lines += run.problems
+    if isinstance(run, Unreadable):
+        report.rejected.append(run.why)
         return None
-    except OSError as exc:
-        report.rejected.append(f"{d}: {exc}")
-        return None
-    report.bad_lines += [str(p) for p in run.problems]
     # One transaction per run: a run that cannot be indexed is reported by its path and
     # why, and every other run of the call still lands (the nightly ingests all at once).
     try:
         with store.transaction() as conn:
-            state, since, tests, rows = _index_run(conn, run, registry)
+            state, since, tests, rows = _index_run(conn, run)
             if state == "conflict":
                 row = conn.execute("SELECT source_path FROM runs WHERE run_id = ?", (run.info.run_id,)).fetchone()
             elif state != "skipped" and defer_verdicts:
@@ -215,20 +186,19 @@ def _land(store: Store, d: Path, registry: Any, report: IngestReport, problems: 
         return None
     getattr(report, state).append(run.info.run_id)
     if state != "skipped":
-        report.results += len(run.results)
+        report.results += len(run.rows)
     return run.path, run.info.cell_id, state
 
 
-def _index_run(conn: sqlite3.Connection, run: RunContents,
-               registry: Any) -> tuple[str, tuple[str, str], set[str] | None, list[tuple]]:
+def _index_run(conn: sqlite3.Connection, run: PreparedRun) -> tuple[str, tuple[str, str], set[str] | None, list[tuple]]:
     """Indexes one run's runs row: its state (added, updated, skipped, conflict), the earliest
     place in history its (re-)indexing changed, the tests whose verdicts it can change there
     (None: all, when the run changed the set of baseline cells its cell declares), and its
     results rows, not written yet (they are written with their verdicts: resultrows.landing)."""
     info = run.info
-    content_hash, meta_hash = _sha(run.raw), _sha(run.meta)
+    content_hash, meta_hash = run.content_hash, run.meta_hash
     since = (info.started_at, info.run_id)
-    tests = {r.test_id for r in run.results}
+    tests = set(run.tests)
     old = conn.execute(
         "SELECT content_hash, content_size, meta_hash, started_at FROM runs WHERE run_id = ?", (info.run_id,)
     ).fetchone()
@@ -237,7 +207,7 @@ def _index_run(conn: sqlite3.Connection, run: RunContents,
         if old["content_hash"] == content_hash and old["meta_hash"] == meta_hash:
             return "skipped", since, tests, []
         prefix = run.raw[: old["content_size"]]
-        if len(run.raw) < old["content_size"] or _sha(prefix) != old["content_hash"]:
+        if len(run.raw) < old["content_size"] or sha256(prefix) != old["content_hash"]:
             return "conflict", since, tests, []
         # A new run.json may move the run in history: judge again from the earlier place.
         since = min(since, (old["started_at"], info.run_id))
@@ -252,12 +222,11 @@ def _index_run(conn: sqlite3.Connection, run: RunContents,
             info.run_id, info.cell_id, info.started_at, info.ended_at, info.runner, info.backend,
             info.image_digest, info.tier or "", info.nightly_date or nightly_date_of(run.stack.get("torch")),
             info.baseline_cell, run.stack.get("torch_git"), json.dumps(run.stack, sort_keys=True, default=str),
-            str(run.path.resolve()), content_hash, len(run.raw), meta_hash, len(run.results), _now(),
+            str(run.path.resolve()), content_hash, len(run.raw), meta_hash, len(run.rows), _now(),
             json.dumps(info.ci or {}, sort_keys=True, default=str), info.image, json.dumps(info.selection or []),
         )),
     )
-    plain = plain_text(run.raw)
-    rows = [result_row(r, info.started_at, known_issue_of(r, registry), plain=plain) for r in run.results]
+    rows = run.rows
     if set(baselines_of(conn, info.cell_id)) != baselines:  # every run of the cell falls back to its baselines
         since, tests = ("", ""), None
     return ("added" if old is None else "updated"), since, tests, rows
