@@ -82,6 +82,29 @@ def check_numerics(ref, run, tol: Tolerance) -> list[str]:
                             for p in _grad_problems(grads[name], ref_grads[name], tol, floors.get(name, 0.0)))
     if ref.eval_loss is not None:
         problems.extend(_eval_problems(ref, run, tol))
+    problems.extend(export_problems(run))
+    return problems
+
+
+def export_problems(run) -> list[str]:
+    """The full state dict the run exports (checkpoint.full_state_dict) must be what it
+    trained: every parameter, at its full shape and dtype, equal to the trained one
+    gathered with full_tensor(). Both gather the same shards, so any difference (a shard
+    in the wrong place, a missing parameter, a cast) is the export path's."""
+    if run.exported is None or run.trained is None:
+        return []
+    problems = [f"export: {name} is missing from the full state dict" for name in sorted(set(run.trained) - set(run.exported))]
+    for name in sorted(set(run.trained) & set(run.exported)):
+        want, got = run.trained[name], run.exported[name]
+        if hasattr(got, "full_tensor") or hasattr(got, "to_local"):
+            problems.append(f"export: {name} is exported as a {type(got).__name__}, not a plain tensor")
+        elif tuple(got.shape) != tuple(want.shape):
+            problems.append(f"export: {name} has shape {tuple(got.shape)}, trained {tuple(want.shape)}")
+        elif got.dtype != want.dtype:
+            problems.append(f"export: {name} is exported in {got.dtype}, trained in {want.dtype}")
+        elif not torch.equal(got, want):
+            diff = (got.double() - want.double()).abs().max().item()
+            problems.append(f"export: {name} differs from the trained parameter (max |diff| {diff:.3g})")
     return problems
 
 

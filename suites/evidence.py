@@ -40,6 +40,13 @@ class TrainRecord:
     """Per routing key, the near-tie tokens' relative top-k margins (routing.top_k_margins)."""
     grad_norms: list[float] = field(default_factory=list)
     """The total gradient norm clipping measured, per step (clipped rows only)."""
+    trained: dict[str, torch.Tensor] | None = None
+    """The parallel model's parameters after the last step, each gathered with full_tensor()
+    (CPU, its own dtype), on the rank that also holds `exported`."""
+    exported: dict[str, torch.Tensor] | None = None
+    """The full state dict the run exports at its end (checkpoint.full_state_dict), as
+    rank 0 receives it. None: not exported (a layout outside checkpoint.EXPORTED_LAYOUTS,
+    or a rank that receives nothing)."""
 
 
 @dataclass
@@ -95,6 +102,8 @@ class Mutation:
     """The pipeline schedule sums its microbatches' gradients instead of averaging them."""
     ep_default_divide: bool = False
     """ep_fsdp's experts keep FSDP2's default divide factor (their efsdp size), not the dp size."""
+    export_local_shards: bool = False
+    """The exported state dict holds each rank's local shards as if they were the full tensors."""
 
 
 def clean_name(name: str) -> str:

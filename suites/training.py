@@ -296,6 +296,8 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
             if scenario.steps == 1:
                 evidence.graphs_after_first_step = counter.graphs
         evidence.graph_breaks = _graph_breaks() - breaks_before
+        if final in ckpt.EXPORTED_LAYOUTS:
+            _export(layout.model, record, mutation)
         trainable_end = {clean_name(n): 1 for n, p in layout.model.named_parameters() if p.requires_grad}
         evidence.trainable_end = sorted(_gathered(trainable_end) if layout.partial_params else trainable_end)
         evidence.frozen_with_grad = sorted(n for n, g in record.grads[-1].items()
@@ -306,6 +308,16 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
             if counter is not None:
                 evidence.eval_graphs, evidence.eval_calls = counter.graphs - graphs, counter.calls - calls
     return record, evidence
+
+
+def _export(model: nn.Module, record: TrainRecord, mutation: Mutation) -> None:
+    """The trained parameters (gathered with full_tensor()) and the full state dict users
+    export, kept on the rank that receives the export (checks.export_problems compares them)."""
+    trained = {clean_name(n): _value(p).detach().cpu() for n, p in model.named_parameters()}
+    exported = ckpt.full_state_dict(model, local_shards=mutation.export_local_shards)
+    if exported:
+        record.trained = trained
+        record.exported = {clean_name(k): v for k, v in exported.items()}
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ a routing edge (an expert starved in one microbatch) that did not happen. The st
 checks of the training step run for real too: FSDP2 gradient reductions in bf16 where the
 MixedPrecisionPolicy says float32 (numbers alone stay inside the bf16 tolerance),
 clipping by each rank's local norm, a parameter that stops requiring grad, a pipeline schedule
-that sums its microbatches' gradients.
+that sums its microbatches' gradients, an exported full state dict made of local shards.
 Unmutated controls run through the same checks and must pass, so a failure is the
 mutation's doing. All real runs share one spawn of two ranks (~60 s on 2 cores).
 """
@@ -74,6 +74,7 @@ RUNS = {
     "pp_summed": ("pp-gpipe-eager-ga2", "pp_sum_microbatches"),
     "control_ep_fsdp": ("ep_fsdp-moe-eager", None),
     "ep_default_divide": ("ep_fsdp-moe-eager", "ep_default_divide"),
+    "export_local": ("fsdp-eager", "export_local_shards"),
 }
 
 
@@ -134,6 +135,8 @@ def _mutation(kind: str | None):
         return Mutation(pp_sum_microbatches=True)
     if kind == "ep_default_divide":
         return Mutation(ep_default_divide=True)
+    if kind == "export_local_shards":
+        return Mutation(export_local_shards=True)
     if kind == "lose_requires_grad":
         return Mutation(after_parallelize=lambda model: model.norm.weight.requires_grad_(False))
     raise ValueError(kind)
@@ -480,6 +483,15 @@ def test_pipeline_that_sums_its_microbatches_fails_numerics(mutated):
     for stage_param in ("tok_embeddings.weight", "layers.3.feed_forward.w2.weight", "output.weight"):
         assert any(p.startswith("step 0: " + stage_param) for p in problems), (stage_param, problems)
 
+
+
+def test_an_export_of_local_shards_fails_numerics(mutated):
+    """The full state dict a run exports must be the whole trained model: one made of each
+    rank's FSDP2 shards, as if they were whole, names every sharded weight's shape."""
+    problems = _problems(mutated, "export_local", "numerics")
+    assert any(p.startswith("export: ") and "has shape" in p and "trained" in p for p in problems), problems
+    assert all(p.startswith("export: ") for p in problems), problems
+    assert not [p for p in _problems(mutated, "control_fsdp", "numerics") if p.startswith("export")]
 
 
 def test_experts_divided_by_their_own_mesh_fail_numerics(mutated):
