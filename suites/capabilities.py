@@ -126,6 +126,25 @@ def context_parallel() -> str | None:
     return None
 
 
+@functools.cache
+def optimizer_impl(device_type: str, optim: str, impl: str) -> str | None:
+    """Whether torch.optim's `optim` (sgd | adamw) steps with `impl` (foreach | fused) on
+    this device: one step of a 4-element parameter (fused CPU kernels came after CUDA's)."""
+    import torch
+
+    if impl == "for_loop" or device_type == "cuda":
+        return None  # CUDA is where both kernels started (torch 2.0): no device work at collection
+    cls = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}[optim]
+    try:
+        p = torch.nn.Parameter(torch.ones(4, device=device_type))
+        p.grad = torch.ones_like(p)
+        cls([p], lr=0.1, **{impl: True}).step()
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"this torch's {cls.__name__} has no {impl} implementation on {device_type} ({first[:120]})"
+    return None
+
+
 def missing(scenario: Any, device_type: str) -> list[str]:
     """Why this stack cannot run `scenario` on `device_type` (empty: it can)."""
     reasons = []
@@ -147,4 +166,5 @@ def missing(scenario: Any, device_type: str) -> list[str]:
         reasons.append(pipelining_schedule(scenario.schedule))
     if scenario.clip == "mesh":
         reasons.append(clip_by_norm_parts())
+    reasons.append(optimizer_impl(device_type, scenario.optim, scenario.opt_impl))
     return list(dict.fromkeys(r for r in reasons if r))

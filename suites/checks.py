@@ -29,6 +29,9 @@ MAX_LISTED = 100  # the known-issues registry must see every problem to explain 
 SCALED_MM = ("aten::_scaled_mm",)
 FUSED_AG_MM = ("symm_mem::fused_all_gather_matmul", "symm_mem::fused_all_gather_scaled_matmul")
 FUSED_MM_RS = ("symm_mem::fused_matmul_reduce_scatter", "symm_mem::fused_scaled_matmul_reduce_scatter")
+FUSED_OPTIMIZER_OPS = {"sgd": "aten::_fused_sgd_", "adamw": "aten::_fused_adamw_"}
+"""The fused kernel one optimizer step of `optim` runs (one call per parameter group)."""
+FOREACH_OP_PREFIX = "aten::_foreach_"
 FLOAT8_MMS_PER_LINEAR = {"tensorwise": 3, "rowwise": 3, "rowwise_with_gw_hp": 2}
 """Scaled matmuls one Float8Linear runs per training step: output, grad_input, grad_weight
 (rowwise_with_gw_hp keeps grad_weight in high precision)."""
@@ -269,6 +272,9 @@ class GraphExpectation:
     fused_async_tp: bool = False
     float8_linears: int = 0
     sharded: dict[str, int] = field(default_factory=dict)
+    optimizer_impl: str | None = None
+    """`foreach` / `fused`: the kernels the last optimizer step must show (None: not judged)."""
+    optim: str = "sgd"
 
 
 FSDP_ALL_GATHER = "FSDP::all_gather"
@@ -354,6 +360,8 @@ def expected_graph(scenario: Scenario, dtype: str | None = None) -> GraphExpecta
     else:
         exp.forbid_scaled_mm = True
     exp.fused_async_tp = scenario.async_tp
+    if scenario.opt_impl != "for_loop":
+        exp.optimizer_impl, exp.optim = scenario.opt_impl, scenario.optim
     exp.trainable = trainable_names(scenario)
     if layout in FSDP_LAYOUTS:
         mode = scenario.reshard if layout == scenario.parallel else "titan"
@@ -429,6 +437,7 @@ def check_graph(exp: GraphExpectation, ev) -> list[str]:
             if missing:
                 problems.append(f"parameters that train do not require grad: {missing} ({when})")
     problems.extend(_collective_dtype_problems(exp, ev.collectives))
+    problems.extend(_optimizer_problems(exp, ev.optimizer_ops))
     if ev.frozen_with_grad:
         problems.append(f"frozen parameters got a gradient: {ev.frozen_with_grad}")
     scaled = _count(ev.runtime_ops, SCALED_MM)
@@ -462,6 +471,23 @@ def check_graph(exp: GraphExpectation, ev) -> list[str]:
         if exp.default_placement and not placement.startswith(exp.default_placement):
             problems.append(f"{name} is {placement}, FSDP2 shards every parameter {exp.default_placement}")
     return problems
+
+
+def _optimizer_problems(exp: GraphExpectation, ops: Counter) -> list[str]:
+    """A foreach / fused row's last optimizer step must run those kernels: a silent
+    fallback to the per-parameter loop trains to the same numbers."""
+    if exp.optimizer_impl is None:
+        return []
+    fused = FUSED_OPTIMIZER_OPS[exp.optim]
+    n_fused = sum(n for name, n in ops.items() if name == fused)
+    n_foreach = sum(n for name, n in ops.items() if name.startswith(FOREACH_OP_PREFIX))
+    if exp.optimizer_impl == "fused" and not n_fused:
+        return [f"the last optimizer step ran no {fused} (fused=True; it ran {n_foreach} foreach ops): "
+                "the fused optimizer did not run"]
+    if exp.optimizer_impl == "foreach" and (not n_foreach or n_fused):
+        return [f"the last optimizer step ran {n_foreach} {FOREACH_OP_PREFIX}* ops and {n_fused} {fused} "
+                "(foreach=True): the foreach optimizer did not run"]
+    return []
 
 
 def _collective_dtype_problems(exp: GraphExpectation, collectives: Counter) -> list[str]:

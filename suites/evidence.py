@@ -68,6 +68,9 @@ class Evidence:
     frozen_with_grad: list[str] = field(default_factory=list)
     collectives: Counter = field(default_factory=Counter)
     """(op, dtype) -> calls of every c10d / functional collective in the last step."""
+    optimizer_ops: Counter = field(default_factory=Counter)
+    """Ops (profiler names) the last step's optimizer.step() executed: which kernels the
+    `opt_impl` really ran (aten::_fused_adamw_, aten::_foreach_add_, ... or per-tensor ops)."""
 
     @property
     def recompiles(self) -> int:
@@ -95,6 +98,8 @@ class Mutation:
     """The pipeline schedule sums its microbatches' gradients instead of averaging them."""
     ep_default_divide: bool = False
     """ep_fsdp's experts keep FSDP2's default divide factor (their efsdp size), not the dp size."""
+    optimizer_impl: str | None = None
+    """The parallel run's optimizer steps with this implementation, whatever `opt_impl` says."""
 
 
 def clean_name(name: str) -> str:

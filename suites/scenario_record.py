@@ -125,6 +125,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("routing", ("natural", "empty_first", "empty_middle", "empty_last", "one_expert"), "natural", "route_{}",
            "MoE routing edges: the router's own imbalance; an expert that gets no token in the first / a middle / "
            "the last microbatch of every step; every token to one expert", "Routing"),
+    Column("opt_impl", ("for_loop", "foreach", "fused"), "for_loop", "opt_{}",
+           "the optimizer's implementation: torch's per-parameter loop (foreach=False), its multi-tensor foreach "
+           "kernels (the CUDA default) or its fused kernels (torchtitan's default for AdamW); the reference "
+           "always steps with the loop", "Optimizer impl"),
     Column("world_size", (1, 2, 4), 2, "ws{}", "ranks (4-rank rows get a 4-rank pool; skipped where fewer devices)",
            "WS"),
     Column("optim", ("sgd", "adamw"), "sgd", "{}", "the optimizer", "Optim"),

@@ -246,3 +246,35 @@ def layout_rows() -> list[Scenario]:
         row("cp", loss="z_loss"),
     ]
     return rows
+
+
+def optimizer_rows() -> list[Scenario]:
+    """torch.optim's multi-tensor (foreach, the CUDA default) and fused kernels (torchtitan's
+    AdamW default) over DTensor parameters and gradients, crossed with the layouts users
+    train them under (FSDP2, FSDP2 x TP, TP / SP, HSDP, EP on its own mesh, PP), mixed
+    precision, accumulation, clipping, compiled blocks and an LR schedule with two
+    parameter groups. The reference steps with the per-parameter loop; on CPU every other
+    row does too (torch picks foreach / fused for CUDA tensors only)."""
+    return [
+        row("fsdp", optim="adamw", opt_impl="fused"),
+        row("fsdp", opt_impl="fused"),
+        row("fsdp", optim="adamw", opt_impl="fused", mp="bf16", accum=2),
+        row("fsdp", "block", "inductor", optim="adamw", opt_impl="fused", clip="norm"),
+        row("fsdp", "block", "aot_eager", optim="adamw", opt_impl="foreach"),
+        row("fsdp", optim="adamw", opt_impl="foreach", accum=2),
+        row("fsdp", opt_impl="foreach", clip="foreach"),
+        row("fsdp_tp", world_size=4, optim="adamw", opt_impl="fused"),
+        row("fsdp_tp", "block", "aot_eager", world_size=4, optim="adamw", opt_impl="fused", sched="warmup_cosine",
+            clip="norm"),
+        row("fsdp_tp", world_size=4, optim="adamw", opt_impl="foreach", mp="bf16"),
+        row("tp", optim="adamw", opt_impl="fused"),
+        row("tp", opt_impl="foreach"),
+        row("tp_sp", "block", "inductor", optim="adamw", opt_impl="fused"),
+        row("tp_sp", optim="adamw", opt_impl="foreach", sched="warmup_cosine"),
+        row("hsdp", world_size=4, optim="adamw", opt_impl="fused", mp="bf16"),
+        row("hsdp", world_size=4, opt_impl="foreach", accum=2),
+        row("ep_fsdp", model="moe", optim="adamw", opt_impl="fused", clip="mesh"),
+        row("ep_fsdp", model="moe", opt_impl="foreach"),
+        row("pp", schedule="1f1b", accum=2, optim="adamw", opt_impl="fused"),
+        row("pp", schedule="gpipe", accum=2, opt_impl="foreach"),
+    ]

@@ -175,14 +175,21 @@ def warmup_cosine(step: int, total: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def make_optimizer(named: Iterable[tuple[str, torch.nn.Parameter]], scenario: Scenario
+OPT_IMPL_KWARGS = {"for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+"""The torch.optim keyword that picks each `opt_impl` (the loop is named, never left to
+torch's default: it picks foreach for CUDA tensors, the loop for CPU ones)."""
+
+
+def make_optimizer(named: Iterable[tuple[str, torch.nn.Parameter]], scenario: Scenario, impl: str | None = None
                    ) -> tuple[torch.optim.Optimizer, Any]:
-    """(optimizer, LR scheduler or None) for the row's `optim` and `sched` columns."""
+    """(optimizer, LR scheduler or None) for the row's `optim`, `opt_impl` and `sched`
+    columns; `impl` overrides `opt_impl` (the reference steps with the loop)."""
     groups = param_groups(named, scenario.sched)
+    kwargs = OPT_IMPL_KWARGS[impl or scenario.opt_impl]
     if scenario.optim == "sgd":
-        opt: torch.optim.Optimizer = torch.optim.SGD(groups, lr=LR["sgd"])
+        opt: torch.optim.Optimizer = torch.optim.SGD(groups, lr=LR["sgd"], **kwargs)
     else:
-        opt = torch.optim.AdamW(groups, lr=LR["adamw"], weight_decay=0.01)
+        opt = torch.optim.AdamW(groups, lr=LR["adamw"], weight_decay=0.01, **kwargs)
     if scenario.sched == "const":
         return opt, None
     total = scenario.steps
