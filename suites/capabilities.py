@@ -17,6 +17,8 @@ import functools
 import importlib.util
 from typing import Any
 
+from .scenario_record import PP_LAYOUTS
+
 @functools.cache
 def torchao() -> str | None:
     if importlib.util.find_spec("torchao") is None:
@@ -164,7 +166,7 @@ def missing(scenario: Any, device_type: str) -> list[str]:
         reasons.append(dcp_async_save())
     if scenario.schedule != "none":
         reasons.append(pipelining_schedule(scenario.schedule))
-    if scenario.clip == "mesh":
-        reasons.append(clip_by_norm_parts())
+    if scenario.clip == "mesh" or (scenario.clip == "inf" and scenario.parallel in ("ep", "ep_fsdp", *PP_LAYOUTS)):
+        reasons.append(clip_by_norm_parts())  # inf over several meshes takes the per-mesh form
     reasons.append(optimizer_impl(device_type, scenario.optim, scenario.opt_impl))
     return list(dict.fromkeys(r for r in reasons if r))
