@@ -71,6 +71,19 @@ def fsdp2_offload() -> str | None:
 
 
 @functools.cache
+def fsdp2_gradient_sync() -> str | None:
+    """grad_sync=last turns FSDP2's gradient reduction off for all microbatches but the last."""
+    for where in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
+        try:
+            module = importlib.import_module(where)
+        except ImportError:
+            continue
+        if hasattr(getattr(module, "FSDPModule", None), "set_requires_gradient_sync"):
+            return None
+    return "this torch's FSDP2 has no FSDPModule.set_requires_gradient_sync"
+
+
+@functools.cache
 def dcp_async_save() -> str | None:
     try:
         import torch.distributed.checkpoint as dcp
@@ -162,6 +175,8 @@ def missing(scenario: Any, device_type: str) -> list[str]:
         reasons.append(context_parallel())
     if scenario.offload:
         reasons.append(fsdp2_offload())
+    if scenario.grad_sync != "every":
+        reasons.append(fsdp2_gradient_sync())
     if scenario.dcp == "async":
         reasons.append(dcp_async_save())
     if scenario.schedule != "none":

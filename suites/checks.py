@@ -256,6 +256,9 @@ class GraphExpectation:
     """Most new graphs the eval forward may compile (a grad-mode guard: one per region)."""
     fsdp_all_gathers: int | None = None
     fsdp_reduce_scatters: int | None = None
+    fsdp_gradient_reduce_scatters: int | None = None
+    """c10d reduce-scatter calls FSDP2 must issue in the last step (grad_sync=last: one per
+    unit, the last microbatch's; never one per microbatch)."""
     float8_all_gather_weights: int = 0
     trainable: tuple[str, ...] | None = None
     """Exactly these parameters require grad after parallelize / fully_shard / compile and
@@ -367,7 +370,10 @@ def expected_graph(scenario: Scenario, dtype: str | None = None) -> GraphExpecta
         mode = scenario.reshard if layout == scenario.parallel else "titan"
         gathers, units = fsdp_units(args, mode=mode, trainable=exp.trainable)
         exp.fsdp_all_gathers = gathers * scenario.accum
-        exp.fsdp_reduce_scatters = units * scenario.accum
+        syncs = 1 if scenario.grad_sync == "last" else scenario.accum  # microbatches that reduce
+        exp.fsdp_reduce_scatters = units * syncs
+        if scenario.grad_sync == "last":
+            exp.fsdp_gradient_reduce_scatters = units
         exp.default_placement = "R,S0" if layout == "hsdp" else "S0"
         if scenario.fsdp_float8_all_gather:
             pass  # float8 weights travel as torchao's subclass bytes: not recorded
@@ -437,6 +443,14 @@ def check_graph(exp: GraphExpectation, ev) -> list[str]:
             if missing:
                 problems.append(f"parameters that train do not require grad: {missing} ({when})")
     problems.extend(_collective_dtype_problems(exp, ev.collectives))
+    if exp.fsdp_gradient_reduce_scatters is not None:
+        from .collectives import FSDP_REDUCE_SCATTER_OPS, calls_of
+
+        rs = calls_of(ev.collectives, FSDP_REDUCE_SCATTER_OPS)
+        if rs != exp.fsdp_gradient_reduce_scatters:
+            problems.append(f"the last step issued {rs} gradient reduce-scatters, expected "
+                            f"{exp.fsdp_gradient_reduce_scatters} (one per FSDP2 unit: grad_sync=last reduces the "
+                            "last microbatch only)")
     problems.extend(_optimizer_problems(exp, ev.optimizer_ops))
     if ev.frozen_with_grad:
         problems.append(f"frozen parameters got a gradient: {ev.frozen_with_grad}")

@@ -100,6 +100,8 @@ class Mutation:
     """ep_fsdp's experts keep FSDP2's default divide factor (their efsdp size), not the dp size."""
     optimizer_impl: str | None = None
     """The parallel run's optimizer steps with this implementation, whatever `opt_impl` says."""
+    sync_every_microbatch: bool = False
+    """A grad_sync=last row's FSDP2 still reduces every microbatch's gradients (never told not to)."""
 
 
 def clean_name(name: str) -> str:

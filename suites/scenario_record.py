@@ -130,6 +130,9 @@ COLUMNS: tuple[Column, ...] = (
            "the optimizer's implementation: torch's per-parameter loop (foreach=False), its multi-tensor foreach "
            "kernels (the CUDA default) or its fused kernels (torchtitan's default for AdamW); the reference "
            "always steps with the loop", "Optimizer impl"),
+    Column("grad_sync", ("every", "last"), "every", "sync_{}",
+           "FSDP2 gradient sync under accumulation: every microbatch, or only the last of a step "
+           "(set_requires_gradient_sync(False) before the others, as HF accelerate and Lightning do)", "Grad sync"),
     Column("world_size", (1, 2, 4), 2, "ws{}", "ranks (4-rank rows get a 4-rank pool; skipped where fewer devices)",
            "WS"),
     Column("optim", ("sgd", "adamw"), "sgd", "{}", "the optimizer", "Optim"),
@@ -192,6 +195,12 @@ RULES: tuple[Rule, ...] = (
          "the LR scheduler's state is not part of the resume row's checkpoint: sched needs resume=none"),
     Rule(lambda s: s.parallel == "ep" and s.clip in ("norm", "foreach"),
          "EP's experts live on their owners only: a plain clip_grad_norm_ sees one rank's; use clip=mesh (or inf, which combines per mesh)"),
+    Rule(lambda s: s.grad_sync != "every" and not s.fsdp,
+         "grad_sync=last is FSDP2's set_requires_gradient_sync on the whole model: it needs fsdp, fsdp_tp or hsdp"),
+    Rule(lambda s: s.grad_sync != "every" and s.accum < 2,
+         "grad_sync=last skips the sync of every microbatch but the last: it needs accum of at least 2"),
+    Rule(lambda s: s.grad_sync != "every" and s.resume != "none",
+         "grad_sync=last judges the last step's reductions of one layout: it needs resume=none"),
 )
 
 

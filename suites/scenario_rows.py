@@ -293,3 +293,29 @@ def optimizer_rows() -> list[Scenario]:
         row("pp", schedule="1f1b", accum=2, optim="adamw", opt_impl="fused"),
         row("pp", schedule="gpipe", accum=2, opt_impl="foreach"),
     ]
+
+
+def grad_sync_rows() -> list[Scenario]:
+    """FSDP2 accumulation that reduces gradients once per step (set_requires_gradient_sync
+    False for every microbatch but the last, as HF accelerate and Lightning accumulate),
+    crossed with mixed precision, HSDP, FSDP2 x TP, CPU offload, compiled blocks, clipping
+    and gradients kept as zero tensors; the numbers must equal the reference's and the last
+    step must reduce-scatter once per FSDP2 unit."""
+    return [
+        row("fsdp", accum=2, grad_sync="last"),
+        row("fsdp", accum=4, grad_sync="last", optim="adamw"),
+        row("fsdp", mp="bf16", accum=2, grad_sync="last"),
+        row("fsdp", mp="bf16", accum=3, grad_sync="last", optim="adamw"),
+        row("hsdp", world_size=4, accum=2, grad_sync="last"),
+        row("hsdp", world_size=4, mp="bf16", accum=2, grad_sync="last"),
+        row("fsdp_tp", world_size=4, accum=2, grad_sync="last"),
+        row("fsdp", offload=True, accum=2, grad_sync="last"),
+        row("fsdp", offload=True, mp="bf16", accum=2, grad_sync="last"),
+        row("fsdp", "block", "inductor", accum=2, grad_sync="last"),
+        row("fsdp", "block", "aot_eager", mp="bf16", accum=2, grad_sync="last"),
+        row("fsdp", accum=2, clip="norm", grad_sync="last"),
+        row("fsdp", accum=3, clip="inf", grad_sync="last"),
+        row("fsdp", zero_grad="zeros", accum=2, grad_sync="last"),
+        row("fsdp", zero_grad="zeros", accum=3, grad_sync="last", optim="adamw"),
+        row("fsdp", zero_grad="zeros", accum=4, grad_sync="last", mp="bf16"),
+    ]

@@ -138,6 +138,8 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
                 if clock is not None:
                     clock.step, clock.chunk = step, layout.dp_rank * scenario.accum + micro
                 x, y = tokens[start:start + mb].to(device), labels[start:start + mb].to(device)
+                if scenario.grad_sync == "last" and not mutation.sync_every_microbatch:
+                    layout.model.set_requires_gradient_sync(micro == scenario.accum - 1)
                 with _loss_context(scenario), _cp_context(layout, x, y), \
                         record_collectives(layout.watch[1]) if watched else contextlib.nullcontext():
                     with _autocast(layout, device):
