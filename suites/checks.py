@@ -29,6 +29,9 @@ MAX_LISTED = 100  # the known-issues registry must see every problem to explain 
 SCALED_MM = ("aten::_scaled_mm",)
 FUSED_AG_MM = ("symm_mem::fused_all_gather_matmul", "symm_mem::fused_all_gather_scaled_matmul")
 FUSED_MM_RS = ("symm_mem::fused_matmul_reduce_scatter", "symm_mem::fused_scaled_matmul_reduce_scatter")
+FUSED_OPTIMIZER_OPS = {"sgd": "aten::_fused_sgd_", "adamw": "aten::_fused_adamw_"}
+"""The fused kernel one optimizer step of `optim` runs (one call per parameter group)."""
+FOREACH_OP_PREFIX = "aten::_foreach_"
 FLOAT8_MMS_PER_LINEAR = {"tensorwise": 3, "rowwise": 3, "rowwise_with_gw_hp": 2}
 """Scaled matmuls one Float8Linear runs per training step: output, grad_input, grad_weight
 (rowwise_with_gw_hp keeps grad_weight in high precision)."""
@@ -276,6 +279,9 @@ class GraphExpectation:
     """Most new graphs the eval forward may compile (a grad-mode guard: one per region)."""
     fsdp_all_gathers: int | None = None
     fsdp_reduce_scatters: int | None = None
+    fsdp_gradient_reduce_scatters: int | None = None
+    """c10d reduce-scatter calls FSDP2 must issue in the last step (grad_sync=last: one per
+    unit, the last microbatch's; never one per microbatch)."""
     float8_all_gather_weights: int = 0
     trainable: tuple[str, ...] | None = None
     """Exactly these parameters require grad after parallelize / fully_shard / compile and
@@ -292,6 +298,9 @@ class GraphExpectation:
     fused_async_tp: bool = False
     float8_linears: int = 0
     sharded: dict[str, int] = field(default_factory=dict)
+    optimizer_impl: str | None = None
+    """`foreach` / `fused`: the kernels the last optimizer step must show (None: not judged)."""
+    optim: str = "sgd"
 
 
 FSDP_ALL_GATHER = "FSDP::all_gather"
@@ -377,12 +386,17 @@ def expected_graph(scenario: Scenario, dtype: str | None = None) -> GraphExpecta
     else:
         exp.forbid_scaled_mm = True
     exp.fused_async_tp = scenario.async_tp
+    if scenario.opt_impl != "for_loop":
+        exp.optimizer_impl, exp.optim = scenario.opt_impl, scenario.optim
     exp.trainable = trainable_names(scenario)
     if layout in FSDP_LAYOUTS:
         mode = scenario.reshard if layout == scenario.parallel else "titan"
         gathers, units = fsdp_units(args, mode=mode, trainable=exp.trainable)
         exp.fsdp_all_gathers = gathers * scenario.accum
-        exp.fsdp_reduce_scatters = units * scenario.accum
+        syncs = 1 if scenario.grad_sync == "last" else scenario.accum  # microbatches that reduce
+        exp.fsdp_reduce_scatters = units * syncs
+        if scenario.grad_sync == "last":
+            exp.fsdp_gradient_reduce_scatters = units
         exp.default_placement = "R,S0" if layout == "hsdp" else "S0"
         if scenario.fsdp_float8_all_gather:
             pass  # float8 weights travel as torchao's subclass bytes: not recorded
@@ -452,6 +466,15 @@ def check_graph(exp: GraphExpectation, ev) -> list[str]:
             if missing:
                 problems.append(f"parameters that train do not require grad: {missing} ({when})")
     problems.extend(_collective_dtype_problems(exp, ev.collectives))
+    if exp.fsdp_gradient_reduce_scatters is not None:
+        from .collectives import FSDP_REDUCE_SCATTER_OPS, calls_of
+
+        rs = calls_of(ev.collectives, FSDP_REDUCE_SCATTER_OPS)
+        if rs != exp.fsdp_gradient_reduce_scatters:
+            problems.append(f"the last step issued {rs} gradient reduce-scatters, expected "
+                            f"{exp.fsdp_gradient_reduce_scatters} (one per FSDP2 unit: grad_sync=last reduces the "
+                            "last microbatch only)")
+    problems.extend(_optimizer_problems(exp, ev.optimizer_ops))
     if ev.frozen_with_grad:
         problems.append(f"frozen parameters got a gradient: {ev.frozen_with_grad}")
     scaled = _count(ev.runtime_ops, SCALED_MM)
@@ -485,6 +508,23 @@ def check_graph(exp: GraphExpectation, ev) -> list[str]:
         if exp.default_placement and not placement.startswith(exp.default_placement):
             problems.append(f"{name} is {placement}, FSDP2 shards every parameter {exp.default_placement}")
     return problems
+
+
+def _optimizer_problems(exp: GraphExpectation, ops: Counter) -> list[str]:
+    """A foreach / fused row's last optimizer step must run those kernels: a silent
+    fallback to the per-parameter loop trains to the same numbers."""
+    if exp.optimizer_impl is None:
+        return []
+    fused = FUSED_OPTIMIZER_OPS[exp.optim]
+    n_fused = sum(n for name, n in ops.items() if name == fused)
+    n_foreach = sum(n for name, n in ops.items() if name.startswith(FOREACH_OP_PREFIX))
+    if exp.optimizer_impl == "fused" and not n_fused:
+        return [f"the last optimizer step ran no {fused} (fused=True; it ran {n_foreach} foreach ops): "
+                "the fused optimizer did not run"]
+    if exp.optimizer_impl == "foreach" and (not n_foreach or n_fused):
+        return [f"the last optimizer step ran {n_foreach} {FOREACH_OP_PREFIX}* ops and {n_fused} {fused} "
+                "(foreach=True): the foreach optimizer did not run"]
+    return []
 
 
 def _collective_dtype_problems(exp: GraphExpectation, collectives: Counter) -> list[str]:

@@ -75,6 +75,9 @@ class Evidence:
     frozen_with_grad: list[str] = field(default_factory=list)
     collectives: Counter = field(default_factory=Counter)
     """(op, dtype) -> calls of every c10d / functional collective in the last step."""
+    optimizer_ops: Counter = field(default_factory=Counter)
+    """Ops (profiler names) the last step's optimizer.step() executed: which kernels the
+    `opt_impl` really ran (aten::_fused_adamw_, aten::_foreach_add_, ... or per-tensor ops)."""
 
     @property
     def recompiles(self) -> int:
@@ -104,6 +107,10 @@ class Mutation:
     """ep_fsdp's experts keep FSDP2's default divide factor (their efsdp size), not the dp size."""
     export_local_shards: bool = False
     """The exported state dict holds each rank's local shards as if they were the full tensors."""
+    optimizer_impl: str | None = None
+    """The parallel run's optimizer steps with this implementation, whatever `opt_impl` says."""
+    sync_every_microbatch: bool = False
+    """A grad_sync=last row's FSDP2 still reduces every microbatch's gradients (never told not to)."""
 
 
 def clean_name(name: str) -> str:

@@ -108,9 +108,10 @@ COLUMNS: tuple[Column, ...] = (
            "DCP: save mid-run, load under that layout, train on", "Resume (DCP)"),
     Column("dcp", ("sync", "async"), "sync", {"async": "dcp_async"},
            "how the resume row saves: dcp.save, or dcp.async_save (waited on before loading)", "DCP save"),
-    Column("clip", ("none", "norm", "foreach", "mesh"), "none", "clip_{}",
-           "gradient clipping at a max norm every step: clip_grad_norm_, its foreach form, or torchtitan's "
-           "per-mesh form (a norm per mesh, combined)", "Clip"),
+    Column("clip", ("none", "norm", "foreach", "mesh", "inf"), "none", "clip_{}",
+           "gradient clipping at a max norm every step: clip_grad_norm_, its foreach form, torchtitan's "
+           "per-mesh form (a norm per mesh, combined), or clip_grad_norm_ with norm_type=inf (the largest |grad|: "
+           "DTensor max reductions; per mesh, combined by max, where gradients live on several meshes)", "Clip"),
     Column("sched", ("const", "warmup_cosine"), "const", "lr_{}",
            "LR schedule: constant, or linear warmup + cosine with two parameter groups (no weight decay on norms "
            "and biases)", "LR schedule"),
@@ -125,6 +126,13 @@ COLUMNS: tuple[Column, ...] = (
     Column("routing", ("natural", "empty_first", "empty_middle", "empty_last", "one_expert"), "natural", "route_{}",
            "MoE routing edges: the router's own imbalance; an expert that gets no token in the first / a middle / "
            "the last microbatch of every step; every token to one expert", "Routing"),
+    Column("opt_impl", ("for_loop", "foreach", "fused"), "for_loop", "opt_{}",
+           "the optimizer's implementation: torch's per-parameter loop (foreach=False), its multi-tensor foreach "
+           "kernels (the CUDA default) or its fused kernels (torchtitan's default for AdamW); the reference "
+           "always steps with the loop", "Optimizer impl"),
+    Column("grad_sync", ("every", "last"), "every", "sync_{}",
+           "FSDP2 gradient sync under accumulation: every microbatch, or only the last of a step "
+           "(set_requires_gradient_sync(False) before the others, as HF accelerate and Lightning do)", "Grad sync"),
     Column("world_size", (1, 2, 4), 2, "ws{}", "ranks (4-rank rows get a 4-rank pool; skipped where fewer devices)",
            "WS"),
     Column("optim", ("sgd", "adamw"), "sgd", "{}", "the optimizer", "Optim"),
@@ -177,7 +185,7 @@ RULES: tuple[Rule, ...] = (
          "pp_fsdp and pp_tp are 2 x 2 meshes (pp outermost): they need world_size=4"),
     Rule(lambda s: s.parallel == "ep_fsdp" and (s.compiled or s.clip in ("norm", "foreach") or s.world_size == 1),
          "ep_fsdp's dispatch sizes its all-to-all from the routing (no fullgraph compile), and its gradients live on "
-         "two meshes: it runs eager, with clip none or mesh"),
+         "two meshes: it runs eager, with clip none, mesh or inf (both combine a norm per mesh)"),
     Rule(lambda s: s.parallel == "cp" and (s.model != "dense" or s.mp != "none" or s.float8 != "none"
                                            or s.resume != "none" or s.train == "lora" or s.shapes != "static"
                                            or s.eval != "none" or s.world_size != 2),
@@ -186,7 +194,13 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda s: s.sched != "const" and s.resume != "none",
          "the LR scheduler's state is not part of the resume row's checkpoint: sched needs resume=none"),
     Rule(lambda s: s.parallel == "ep" and s.clip in ("norm", "foreach"),
-         "EP's experts live on their owners only: a plain clip_grad_norm_ sees one rank's; use clip=mesh"),
+         "EP's experts live on their owners only: a plain clip_grad_norm_ sees one rank's; use clip=mesh (or inf, which combines per mesh)"),
+    Rule(lambda s: s.grad_sync != "every" and not s.fsdp,
+         "grad_sync=last is FSDP2's set_requires_gradient_sync on the whole model: it needs fsdp, fsdp_tp or hsdp"),
+    Rule(lambda s: s.grad_sync != "every" and s.accum < 2,
+         "grad_sync=last skips the sync of every microbatch but the last: it needs accum of at least 2"),
+    Rule(lambda s: s.grad_sync != "every" and s.resume != "none",
+         "grad_sync=last judges the last step's reductions of one layout: it needs resume=none"),
 )
 
 

@@ -35,6 +35,21 @@ def training_step_rows() -> list[Scenario]:
         row("ep", model="moe", clip="mesh"),
         row("ep", model="moe", world_size=4, accum=2, clip="mesh"),
         row("hsdp", world_size=4, clip="norm"),
+        # clipping by the largest |gradient| (norm_type=inf): DTensor's Partial max reductions
+        row("fsdp", clip="inf"),
+        row("fsdp", mp="bf16", accum=2, clip="inf"),
+        row("fsdp", "block", "inductor", clip="inf", optim="adamw"),
+        row("fsdp_tp", world_size=4, clip="inf"),
+        row("fsdp_tp", "block", "aot_eager", world_size=4, mp="bf16", clip="inf"),
+        row("tp", clip="inf"),
+        row("tp_sp", clip="inf"),
+        row("tp_sp", "block", "inductor", clip="inf"),
+        row("hsdp", world_size=4, clip="inf"),
+        row("ep", model="moe", clip="inf"),
+        row("ep", model="moe", world_size=4, accum=2, clip="inf"),
+        row("ep_fsdp", model="moe", clip="inf"),
+        row("pp", schedule="1f1b", accum=2, clip="inf"),
+        row("pp", schedule="interleaved_1f1b", accum=2, clip="inf", optim="adamw"),
         # cross entropy compiled (torchtitan compiles the loss), plain and loss-parallel
         row("tp_sp", "block", "inductor", loss_compile=True),
         row("tp", "model", "aot_eager", loss_compile=True, loss_parallel=True),
@@ -246,3 +261,61 @@ def layout_rows() -> list[Scenario]:
         row("cp", loss="z_loss"),
     ]
     return rows
+
+
+def optimizer_rows() -> list[Scenario]:
+    """torch.optim's multi-tensor (foreach, the CUDA default) and fused kernels (torchtitan's
+    AdamW default) over DTensor parameters and gradients, crossed with the layouts users
+    train them under (FSDP2, FSDP2 x TP, TP / SP, HSDP, EP on its own mesh, PP), mixed
+    precision, accumulation, clipping, compiled blocks and an LR schedule with two
+    parameter groups. The reference steps with the per-parameter loop; on CPU every other
+    row does too (torch picks foreach / fused for CUDA tensors only)."""
+    return [
+        row("fsdp", optim="adamw", opt_impl="fused"),
+        row("fsdp", opt_impl="fused"),
+        row("fsdp", optim="adamw", opt_impl="fused", mp="bf16", accum=2),
+        row("fsdp", "block", "inductor", optim="adamw", opt_impl="fused", clip="norm"),
+        row("fsdp", "block", "aot_eager", optim="adamw", opt_impl="foreach"),
+        row("fsdp", optim="adamw", opt_impl="foreach", accum=2),
+        row("fsdp", opt_impl="foreach", clip="foreach"),
+        row("fsdp_tp", world_size=4, optim="adamw", opt_impl="fused"),
+        row("fsdp_tp", "block", "aot_eager", world_size=4, optim="adamw", opt_impl="fused", sched="warmup_cosine",
+            clip="norm"),
+        row("fsdp_tp", world_size=4, optim="adamw", opt_impl="foreach", mp="bf16"),
+        row("tp", optim="adamw", opt_impl="fused"),
+        row("tp", opt_impl="foreach"),
+        row("tp_sp", "block", "inductor", optim="adamw", opt_impl="fused"),
+        row("tp_sp", optim="adamw", opt_impl="foreach", sched="warmup_cosine"),
+        row("hsdp", world_size=4, optim="adamw", opt_impl="fused", mp="bf16"),
+        row("hsdp", world_size=4, opt_impl="foreach", accum=2),
+        row("ep_fsdp", model="moe", optim="adamw", opt_impl="fused", clip="mesh"),
+        row("ep_fsdp", model="moe", opt_impl="foreach"),
+        row("pp", schedule="1f1b", accum=2, optim="adamw", opt_impl="fused"),
+        row("pp", schedule="gpipe", accum=2, opt_impl="foreach"),
+    ]
+
+
+def grad_sync_rows() -> list[Scenario]:
+    """FSDP2 accumulation that reduces gradients once per step (set_requires_gradient_sync
+    False for every microbatch but the last, as HF accelerate and Lightning accumulate),
+    crossed with mixed precision, HSDP, FSDP2 x TP, CPU offload, compiled blocks, clipping
+    and gradients kept as zero tensors; the numbers must equal the reference's and the last
+    step must reduce-scatter once per FSDP2 unit."""
+    return [
+        row("fsdp", accum=2, grad_sync="last"),
+        row("fsdp", accum=4, grad_sync="last", optim="adamw"),
+        row("fsdp", mp="bf16", accum=2, grad_sync="last"),
+        row("fsdp", mp="bf16", accum=3, grad_sync="last", optim="adamw"),
+        row("hsdp", world_size=4, accum=2, grad_sync="last"),
+        row("hsdp", world_size=4, mp="bf16", accum=2, grad_sync="last"),
+        row("fsdp_tp", world_size=4, accum=2, grad_sync="last"),
+        row("fsdp", offload=True, accum=2, grad_sync="last"),
+        row("fsdp", offload=True, mp="bf16", accum=2, grad_sync="last"),
+        row("fsdp", "block", "inductor", accum=2, grad_sync="last"),
+        row("fsdp", "block", "aot_eager", mp="bf16", accum=2, grad_sync="last"),
+        row("fsdp", accum=2, clip="norm", grad_sync="last"),
+        row("fsdp", accum=3, clip="inf", grad_sync="last"),
+        row("fsdp", zero_grad="zeros", accum=2, grad_sync="last"),
+        row("fsdp", zero_grad="zeros", accum=3, grad_sync="last", optim="adamw"),
+        row("fsdp", zero_grad="zeros", accum=4, grad_sync="last", mp="bf16"),
+    ]

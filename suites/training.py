@@ -16,6 +16,7 @@ placements and which of them require grad.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -81,10 +82,13 @@ class Step:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     opt: torch.optim.Optimizer
     sched: Any = None
+    watch: tuple[int, Counter] | None = None
+    """(step, counter): count the ops that step's optimizer.step() executes into counter."""
 
 
-def _new_step(scenario: Scenario, model: nn.Module, loss: Callable | None = None) -> Step:
-    opt, sched = stp.make_optimizer(((clean_name(n), p) for n, p in model.named_parameters()), scenario)
+def _new_step(scenario: Scenario, model: nn.Module, loss: Callable | None = None, impl: str | None = None) -> Step:
+    """The step's parts; `impl` overrides the row's optimizer implementation (the reference: the loop)."""
+    opt, sched = stp.make_optimizer(((clean_name(n), p) for n, p in model.named_parameters()), scenario, impl)
     return Step(loss or stp.build_loss(scenario), opt, sched)
 
 
@@ -102,8 +106,10 @@ def _clip(scenario: Scenario, layout: Layout, record: TrainRecord, mutation: "Mu
     record.grad_norms.append(float(norm.cpu()))
 
 
-def _finish_step(step: Step) -> None:
-    step.opt.step()
+def _finish_step(step: Step, index: int | None = None) -> None:
+    watched = step.watch is not None and step.watch[0] == index
+    with count_executed_ops(step.watch[1]) if watched else contextlib.nullcontext():
+        step.opt.step()
     if step.sched is not None:
         step.sched.step()
 
@@ -119,7 +125,7 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
         if layout.pipe is not None:
             _pipeline_step(scenario, layout, tokens, labels, device, record, step_parts, mutation,
                            on_step(step) if on_step else contextlib.nullcontext(),
-                           watched=layout.watch is not None and layout.watch[0] == step)
+                           watched=layout.watch is not None and layout.watch[0] == step, index=step)
             continue
         mb = tokens.shape[0] // (layout.dp_size * scenario.accum)  # rows per microbatch
         ctx = on_step(step) if on_step else contextlib.nullcontext()
@@ -132,6 +138,8 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
                 if clock is not None:
                     clock.step, clock.chunk = step, layout.dp_rank * scenario.accum + micro
                 x, y = tokens[start:start + mb].to(device), labels[start:start + mb].to(device)
+                if scenario.grad_sync == "last" and not mutation.sync_every_microbatch:
+                    layout.model.set_requires_gradient_sync(micro == scenario.accum - 1)
                 with _loss_context(scenario), _cp_context(layout, x, y), \
                         record_collectives(layout.watch[1]) if watched else contextlib.nullcontext():
                     with _autocast(layout, device):
@@ -152,7 +160,7 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
         record.losses.append(float(total.cpu()))
         grads = full_grads(layout.model, layout.ep)
         record.grads.append(_gathered(grads) if layout.partial_params else grads)
-        _finish_step(step_parts)
+        _finish_step(step_parts, step)
         if scenario.fsdp_float8_all_gather:
             par.precompute_float8_scales(layout.model)
 
@@ -176,7 +184,7 @@ def _autocast(layout: Layout, device):
 
 
 def _pipeline_step(scenario: Scenario, layout: Layout, tokens, labels, device, record: TrainRecord,
-                   step_parts: Step, mutation: "Mutation", ctx: Any, watched: bool = False) -> None:
+                   step_parts: Step, mutation: "Mutation", ctx: Any, watched: bool = False, index: int = 0) -> None:
     """One step of a pp row: the schedule runs every microbatch through the stages."""
     from . import pipeline
 
@@ -194,7 +202,7 @@ def _pipeline_step(scenario: Scenario, layout: Layout, tokens, labels, device, r
     _clip(scenario, layout, record, mutation)
     record.losses.append(float(total.cpu()))
     record.grads.append(_gathered(full_grads(layout.model)))
-    _finish_step(step_parts)
+    _finish_step(step_parts, index)
 
 
 def _average_ep_grads(model: nn.Module, group: Any, size: int) -> None:
@@ -275,7 +283,9 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
                 if layout.counter is not None:
                     evidence.graph_calls[-1] += layout.counter.calls
 
-        parts = _new_step(scenario, layout.model)
+        opt_watch = (last, evidence.optimizer_ops) if scenario.opt_impl != "for_loop" else None  # judged by checks.py
+        parts = _new_step(scenario, layout.model, impl=mutation.optimizer_impl)
+        parts.watch = opt_watch
         if scenario.resume == "none":
             train(layout, range(scenario.steps), parts)
         else:
@@ -283,7 +293,8 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
             with ckpt.shared_dir() as path:
                 ckpt.save(layout.model, parts.opt, path, asynchronous=scenario.dcp == "async")
                 layout = build_layout(scenario, scenario.resume, meshes, device, dtype, evidence, mutation)
-                parts = _new_step(scenario, layout.model, parts.loss)
+                parts = _new_step(scenario, layout.model, parts.loss, impl=mutation.optimizer_impl)
+                parts.watch = opt_watch
                 if not mutation.skip_checkpoint_load:
                     ckpt.load(layout.model, parts.opt, path)
             train(layout, range(RESUME_AT, scenario.steps), parts)

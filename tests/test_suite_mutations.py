@@ -24,8 +24,12 @@ parameter FSDP2 left unsharded, a router that never leaves an expert idle or sta
 a routing edge (an expert starved in one microbatch) that did not happen. The structural
 checks of the training step run for real too: FSDP2 gradient reductions in bf16 where the
 MixedPrecisionPolicy says float32 (numbers alone stay inside the bf16 tolerance),
-clipping by each rank's local norm, a parameter that stops requiring grad, a pipeline schedule
-that sums its microbatches' gradients, an exported full state dict made of local shards.
+clipping by each rank's local norm (the 2-norm and the inf norm), a parameter that stops
+requiring grad, a pipeline schedule that sums its microbatches' gradients, a foreach or fused
+optimizer that silently steps with the per-parameter loop (same numbers: only the kernels the
+last optimizer step ran see it), grad_sync=last accumulation whose FSDP2 still
+reduce-scatters every microbatch (same numbers: only the recorded reductions see it), and an
+exported full state dict made of each rank's local shards.
 Unmutated controls run through the same checks and must pass, so a failure is the
 mutation's doing. All real runs share one spawn of two ranks (~60 s on 2 cores).
 """
@@ -75,6 +79,14 @@ RUNS = {
     "control_ep_fsdp": ("ep_fsdp-moe-eager", None),
     "ep_default_divide": ("ep_fsdp-moe-eager", "ep_default_divide"),
     "export_local": ("fsdp-eager", "export_local_shards"),
+    "control_fused": ("fsdp-eager-opt_fused-adamw", None),
+    "fused_as_loop": ("fsdp-eager-opt_fused-adamw", "optimizer_for_loop"),
+    "control_foreach": ("tp-eager-opt_foreach", None),
+    "foreach_as_loop": ("tp-eager-opt_foreach", "optimizer_for_loop"),
+    "control_clip_inf": ("fsdp-eager-clip_inf", None),
+    "clip_inf_local_norm": ("fsdp-eager-clip_inf", "clip_local_norm"),
+    "control_sync_last": ("fsdp-eager-ga2-sync_last", None),
+    "sync_every_microbatch": ("fsdp-eager-ga2-sync_last", "sync_every_microbatch"),
 }
 
 
@@ -137,6 +149,10 @@ def _mutation(kind: str | None):
         return Mutation(ep_default_divide=True)
     if kind == "export_local_shards":
         return Mutation(export_local_shards=True)
+    if kind == "optimizer_for_loop":
+        return Mutation(optimizer_impl="for_loop")
+    if kind == "sync_every_microbatch":
+        return Mutation(sync_every_microbatch=True)
     if kind == "lose_requires_grad":
         return Mutation(after_parallelize=lambda model: model.norm.weight.requires_grad_(False))
     raise ValueError(kind)
@@ -531,3 +547,32 @@ def test_a_cancelling_bias_gradient_is_judged_against_its_weights_scale():
         {"router.bias": bias + noise}]), tol))
     for wrong in (torch.zeros(4), 2 * bias + 1e-3 * torch.ones(4), -bias * 30):
         assert any(p.startswith("step 0: router.bias: gradient SQNR") for p in problems(wrong)), wrong
+
+
+def test_an_optimizer_that_falls_back_to_the_loop_fails_graph(mutated):
+    """foreach=True / fused=True that step with the per-parameter loop train to the same
+    numbers; the kernels the last optimizer step ran must say so."""
+    for name, kernel in (("fused_as_loop", "aten::_fused_adamw_"), ("foreach_as_loop", "aten::_foreach_")):
+        assert _problems(mutated, name, "numerics") == [], name
+        problems = _problems(mutated, name, "graph")
+        assert any("optimizer did not run" in p and kernel in p for p in problems), (name, problems)
+
+
+def test_clipping_by_a_local_inf_norm_fails_numerics(mutated):
+    """Each rank's largest local |gradient|, never max-reduced: the rank without the global
+    maximum scales its shards by another factor, so the gathered gradients differ."""
+    for name in ("clip_inf_local_norm", "clip_inf_local_norm@rank1"):
+        problems = _problems(mutated, name, "numerics")
+        assert any("gradient SQNR" in p or "gradient max |diff|" in p for p in problems), (name, problems)
+    norms = _problems(mutated, "clip_inf_local_norm", "numerics") + _problems(mutated, "clip_inf_local_norm@rank1",
+                                                                              "numerics")
+    assert any(p.startswith("step 0: total gradient norm") for p in norms), norms
+
+
+def test_grad_sync_last_that_reduces_every_microbatch_fails_graph(mutated):
+    """grad_sync=last whose FSDP2 still reduce-scatters every microbatch: the same numbers,
+    twice the reductions."""
+    assert _problems(mutated, "sync_every_microbatch", "numerics") == []
+    problems = _problems(mutated, "sync_every_microbatch", "graph")
+    assert any(p.startswith("the last step issued 6 gradient reduce-scatters, expected 3") for p in problems), problems
+    assert any("FSDP reduce-scatters, expected 3" in p for p in problems), problems
