@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import tying
 from .model_args import ModelArgs
 from .models import sharded_weights
 from .parallelize import FSDP_LAYOUTS
@@ -269,6 +270,8 @@ class GraphExpectation:
     fused_async_tp: bool = False
     float8_linears: int = 0
     sharded: dict[str, int] = field(default_factory=dict)
+    tied: tuple[str, ...] = ()
+    """Moments at which output and embedding must hold one parameter (suites/tying.py)."""
 
 
 FSDP_ALL_GATHER = "FSDP::all_gather"
@@ -355,6 +358,7 @@ def expected_graph(scenario: Scenario, dtype: str | None = None) -> GraphExpecta
         exp.forbid_scaled_mm = True
     exp.fused_async_tp = scenario.async_tp
     exp.trainable = trainable_names(scenario)
+    exp.tied = tying.moments(scenario.resume != "none") if args.tie else ()
     if layout in FSDP_LAYOUTS:
         mode = scenario.reshard if layout == scenario.parallel else "titan"
         gathers, units = fsdp_units(args, mode=mode, trainable=exp.trainable)
@@ -429,6 +433,7 @@ def check_graph(exp: GraphExpectation, ev) -> list[str]:
             if missing:
                 problems.append(f"parameters that train do not require grad: {missing} ({when})")
     problems.extend(_collective_dtype_problems(exp, ev.collectives))
+    problems.extend(tying.tie_problems(exp.tied, ev.tied))
     if ev.frozen_with_grad:
         problems.append(f"frozen parameters got a gradient: {ev.frozen_with_grad}")
     scaled = _count(ev.runtime_ops, SCALED_MM)

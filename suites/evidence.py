@@ -66,6 +66,8 @@ class Evidence:
     trainable_end: list[str] | None = None
     """... and after the last step (nothing in training may flip requires_grad)."""
     frozen_with_grad: list[str] = field(default_factory=list)
+    tied: dict[str, bool] = field(default_factory=dict)
+    """Tie rows: moment (suites/tying.py) -> whether output and embedding held one parameter."""
     collectives: Counter = field(default_factory=Counter)
     """(op, dtype) -> calls of every c10d / functional collective in the last step."""
 

@@ -23,6 +23,8 @@ class ModelArgs:
     """> 0: every block's feed-forward is a mixture of experts (router, top-k, experts)."""
     top_k: int = 2
     expert_hidden: int = 64
+    tie: bool = False
+    """The output projection shares the token embedding's weight (one parameter, two modules)."""
 
     @property
     def head_dim(self) -> int:

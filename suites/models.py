@@ -15,6 +15,10 @@ does not require grad), and a mixture-of-experts feed-forward (a router, top-k r
 several experts; tokens are dispatched by index, so an expert that gets no token runs
 on an empty batch as in real MoE code).
 
+A tied model (args.tie) shares one parameter between the token embedding and the
+output projection, as Llama 3.2 1B/3B, small Qwen3 and Gemma do: named_parameters()
+lists it once, as `tok_embeddings.weight` (suites/tying.py keeps layouts from untying it).
+
 Attention and the feed-forward infer their local head count and width from the shapes
 they get, as torchtitan's do, so the same module runs unsharded and column-sharded.
 """
@@ -182,6 +186,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
         self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie:  # Llama 3.2 1B/3B, Qwen3 small, Gemma: one (vocab, dim) parameter, two modules
+            self.output.weight = self.tok_embeddings.weight
         self.register_buffer("rope", rope_cache(args), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from .models import MoE, TPStyles, Transformer, tp_plan
+from .tying import retie
 
 FLOAT8_SKIP_FQNS = ("output",)
 """Linears left in high precision, as torchtitan's default `filter_fqns`."""
@@ -90,6 +91,7 @@ def apply_tp(model: Transformer, mesh: Any, plan: str, float8: str, block_overri
     top = {k: v for k, v in top.items() if getattr(model, k, None) is not None}  # a pipeline stage holds some
     block = {**block, **(block_overrides or {})}
     parallelize_module(model, mesh, top)
+    retie(model)  # both vocab-sharded Shard(0): the embedding's DTensor parameter serves the output too
     for layer in model.layers.values():
         parallelize_module(layer, mesh, block)
 
@@ -275,6 +277,9 @@ def resharded_blocks(n_layers: int, reshard: bool = True, mode: str = "titan") -
 def apply_fsdp(model: Transformer, mesh: Any, mp: str, reshard: bool = True, mode: str = "titan",
                offload: bool = False, reduce_dtype: torch.dtype | None = None) -> None:
     """FSDP2 as torchtitan's apply_fsdp: fully_shard every block, then the root.
+
+    The root unit holds the token embedding and the output: a tied weight (args.tie) is
+    one parameter of that one unit.
 
     mp `bf16`: parameters all-gathered and computed in bf16, gradients reduce-scattered
     in float32 (torchtitan's mixed_precision_param / mixed_precision_reduce defaults).

@@ -16,6 +16,7 @@ Columns (generated from COLUMNS):
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from typing import Any
 
@@ -122,6 +123,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("reshard", ("titan", "true", "false", "int2"), "titan", "raf_{}",
            "FSDP2 reshard_after_forward per block: torchtitan's (all but the last block), True, False, or 2 (to "
            "2-rank groups)", "Reshard"),
+    Column("tie", (False, True), False, {True: "tied"},
+           "the output projection shares the token embedding's weight (Llama 3.2 1B/3B, small Qwen3, Gemma): one "
+           "parameter in two modules, in one FSDP2 unit, vocab-sharded once under TP", "Tied"),
     Column("routing", ("natural", "empty_first", "empty_middle", "empty_last", "one_expert"), "natural", "route_{}",
            "MoE routing edges: the router's own imbalance; an expert that gets no token in the first / a middle / "
            "the last microbatch of every step; every token to one expert", "Routing"),
@@ -187,6 +191,9 @@ RULES: tuple[Rule, ...] = (
          "the LR scheduler's state is not part of the resume row's checkpoint: sched needs resume=none"),
     Rule(lambda s: s.parallel == "ep" and s.clip in ("norm", "foreach"),
          "EP's experts live on their owners only: a plain clip_grad_norm_ sees one rank's; use clip=mesh"),
+    Rule(lambda s: s.tie and s.parallel in PP_LAYOUTS,
+         "a tied embedding and output sit on the first and the last pipeline stage: the tie crosses stages (its "
+         "gradient needs a cross-stage all-reduce our pipelines do not build), so pp rows do not tie"),
 )
 
 
@@ -263,6 +270,13 @@ class Scenario:
 
     @property
     def model_args(self) -> ModelArgs:
+        """The model this row trains: its variant's dims, tied or not."""
+        base = self.base_model_args
+        return dataclasses.replace(base, tie=True) if self.tie else base
+
+    @property
+    def base_model_args(self) -> ModelArgs:
+        """The variant's dims (dense, MoE, LoRA, pipeline depth) before the row's tie."""
         if self.model == "moe":
             return MOE_MODEL
         if self.parallel in PP_LAYOUTS:

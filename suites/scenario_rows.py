@@ -246,3 +246,31 @@ def layout_rows() -> list[Scenario]:
         row("cp", loss="z_loss"),
     ]
     return rows
+
+
+def tie_rows() -> list[Scenario]:
+    """A tied embedding and output (one parameter, two modules: Llama 3.2 1B/3B, small Qwen3,
+    Gemma) x FSDP2's unit of that parameter (mixed precision, accumulation, HSDP), TP's two
+    vocab-sharded uses of it (with and without SP, under FSDP2), compile, AC, clipping (the
+    shared gradient counted once), a DCP resume under another layout, and a frozen tied
+    embedding (which freezes the output with it, in the reference too)."""
+    return [
+        row("fsdp", tie=True),
+        row("fsdp", mp="bf16", tie=True),
+        row("fsdp", accum=2, tie=True),
+        row("fsdp_tp", world_size=4, tie=True),
+        row("tp", tie=True),
+        row("tp_sp", tie=True),
+        row("hsdp", world_size=4, tie=True),
+        row("fsdp", "block", "inductor", tie=True),
+        row("tp_sp", "block", "inductor", tie=True),
+        row("fsdp", "model", "aot_eager", tie=True),
+        row("tp", "model", "aot_eager", tie=True),
+        row("tp_sp", ac="full", tie=True),
+        row("fsdp", ac="full", tie=True),
+        row("fsdp", clip="norm", tie=True),
+        row("tp_sp", clip="norm", tie=True),
+        row("tp_sp", resume="fsdp", tie=True),
+        row("fsdp", train="frozen_embed", tie=True),
+        row("tp", train="frozen_embed", tie=True),
+    ]

@@ -113,8 +113,8 @@ class SizedScenario(sc.Scenario):
         return "-".join([super().id, *(SIZE_FRAGMENT[n].format(v) for n, v in self.sizes)])
 
     @property
-    def model_args(self):
-        base, size = super().model_args, self.size
+    def base_model_args(self):
+        base, size = super().base_model_args, self.size
         dim = size["dim"]
         return dataclasses.replace(base, dim=dim, ffn_hidden=2 * dim, max_seq_len=size["seq"],
                                    n_layers=base.n_layers if self.parallel == "pp" else size["layers"],

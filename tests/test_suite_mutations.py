@@ -25,7 +25,8 @@ a routing edge (an expert starved in one microbatch) that did not happen. The st
 checks of the training step run for real too: FSDP2 gradient reductions in bf16 where the
 MixedPrecisionPolicy says float32 (numbers alone stay inside the bf16 tolerance),
 clipping by each rank's local norm, a parameter that stops requiring grad, a pipeline schedule
-that sums its microbatches' gradients.
+that sums its microbatches' gradients, a tied output projection that a layout untied (two
+parameters where the model has one).
 Unmutated controls run through the same checks and must pass, so a failure is the
 mutation's doing. All real runs share one spawn of two ranks (~60 s on 2 cores).
 """
@@ -74,6 +75,8 @@ RUNS = {
     "pp_summed": ("pp-gpipe-eager-ga2", "pp_sum_microbatches"),
     "control_ep_fsdp": ("ep_fsdp-moe-eager", None),
     "ep_default_divide": ("ep_fsdp-moe-eager", "ep_default_divide"),
+    "control_tied": ("tp-eager-tied", None),
+    "untied": ("tp-eager-tied", "untie"),
 }
 
 
@@ -136,6 +139,13 @@ def _mutation(kind: str | None):
         return Mutation(ep_default_divide=True)
     if kind == "lose_requires_grad":
         return Mutation(after_parallelize=lambda model: model.norm.weight.requires_grad_(False))
+    if kind == "untie":
+        import torch
+
+        def untie(model) -> None:  # a layout that re-distributes the output's weight on its own
+            model.output.weight = torch.nn.Parameter(model.output.weight.detach().clone())
+
+        return Mutation(after_parallelize=untie)
     raise ValueError(kind)
 
 
@@ -456,6 +466,13 @@ def test_a_parameter_that_stops_requiring_grad_fails_graph(mutated):
     problems = _problems(mutated, "lost_requires_grad", "graph")
     assert "parameters that train do not require grad: ['norm.weight'] (after parallelize)" in problems, problems
     assert "parameters that train do not require grad: ['norm.weight'] (after the last step)" in problems, problems
+
+
+def test_an_untied_output_projection_fails_the_tie_check(mutated):
+    problems = _problems(mutated, "untied", "graph")
+    for when in ("after parallelize", "after the last step"):
+        assert (f"output.weight and tok_embeddings.weight are two parameters {when}: the tied weight was untied"
+                in problems), problems
 
 
 def test_a_routing_edge_that_did_not_happen_fails():
