@@ -7,7 +7,9 @@ llama3), attention through SDPA with rotary embeddings and grouped KV heads,
 `nn.Embedding`, a SwiGLU feed-forward, several blocks, module names as in torchtitan's llama3
 (`layers.0.attention.wq`, `feed_forward.w1`, ...), so a plan written for torchtitan
 reads the same here. The dims are tiny (CPU compiles stay fast) and chosen so every
-sharded matmul dim stays a multiple of 16 for TP=2 and TP=4 (float8 kernels need it).
+sharded matmul dim stays a multiple of 16 for TP=2 and TP=4 (float8 kernels need it);
+the `shard=uneven` rows change vocab and hidden width so that no mesh divides them
+(ModelArgs.uneven).
 
 Two variants real jobs run: LoRA-style adapters beside the column-parallel linears (the
 `frozen` rows freeze everything else, embeddings included, so the first block's input

@@ -126,6 +126,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("tie", (False, True), False, {True: "tied"},
            "the output projection shares the token embedding's weight (Llama 3.2 1B/3B, small Qwen3, Gemma): one "
            "parameter in two modules, in one FSDP2 unit, vocab-sharded once under TP", "Tied"),
+    Column("shard", ("even", "uneven"), "even", {"uneven": "uneven"},
+           "uneven: vocab 257 and hidden width 255 (experts' 63), which no mesh divides: FSDP2's padded dim-0 "
+           "shards, DTensor's uneven vocab Shard under TP (loss parallel over uneven vocab shards; a row with TP "
+           "keeps the hidden width even: pytorch#150336), clipping, optimizers and DCP over them", "Shards"),
     Column("routing", ("natural", "empty_first", "empty_middle", "empty_last", "one_expert"), "natural", "route_{}",
            "MoE routing edges: the router's own imbalance; an expert that gets no token in the first / a middle / "
            "the last microbatch of every step; every token to one expert", "Routing"),
@@ -191,6 +195,9 @@ RULES: tuple[Rule, ...] = (
          "the LR scheduler's state is not part of the resume row's checkpoint: sched needs resume=none"),
     Rule(lambda s: s.parallel == "ep" and s.clip in ("norm", "foreach"),
          "EP's experts live on their owners only: a plain clip_grad_norm_ sees one rank's; use clip=mesh"),
+    Rule(lambda s: s.shard == "uneven" and s.float8 != "none",
+         "Float8's scaled matmuls need every dim a multiple of 16 (torch._scaled_mm): uneven dims cannot be "
+         "Float8 linears"),
     Rule(lambda s: s.tie and s.parallel in PP_LAYOUTS,
          "a tied embedding and output sit on the first and the last pipeline stage: the tie crosses stages (its "
          "gradient needs a cross-stage all-reduce our pipelines do not build), so pp rows do not tie"),
@@ -211,7 +218,7 @@ class Scenario:
             if rule.broken(self):
                 raise ScenarioError(f"{self.id}: {rule.message}")
         if self.tp_degree > 1:
-            self.model_args.check_tp(self.tp_degree)
+            self.model_args.check_tp(self.tp_degree, uneven=self.shard == "uneven")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "Scenario":
@@ -270,9 +277,10 @@ class Scenario:
 
     @property
     def model_args(self) -> ModelArgs:
-        """The model this row trains: its variant's dims, tied or not."""
-        base = self.base_model_args
-        return dataclasses.replace(base, tie=True) if self.tie else base
+        """The model this row trains: its variant's dims, uneven or not, tied or not."""
+        tp_anywhere = self.tp_degree > 1 or self.resume == "tp_sp"  # uneven hidden: pytorch#150336
+        args = self.base_model_args.uneven(hidden=not tp_anywhere) if self.shard == "uneven" else self.base_model_args
+        return dataclasses.replace(args, tie=True) if self.tie else args
 
     @property
     def base_model_args(self) -> ModelArgs:

@@ -274,3 +274,32 @@ def tie_rows() -> list[Scenario]:
         row("fsdp", train="frozen_embed", tie=True),
         row("tp", train="frozen_embed", tie=True),
     ]
+
+
+def uneven_rows() -> list[Scenario]:
+    """Dims no mesh divides (vocab 257, hidden 255: real vocabularies such as GPT-2's 50257
+    or Qwen's 151936 on 3 or 6 ranks, odd hidden widths): FSDP2's padded dim-0 shards x
+    mixed precision, accumulation + clipping, reshard to 2-rank groups, HSDP, offload,
+    AdamW + warmup-cosine, compile; DTensor's uneven vocab / hidden shards under TP, loss
+    parallel over uneven vocab shards, FSDP2 x TP; DCP resumes that reshard uneven shards
+    into another layout; and the tie over uneven shards."""
+    return [
+        row("fsdp", shard="uneven"),
+        row("fsdp", mp="bf16", shard="uneven"),
+        row("fsdp", accum=2, clip="norm", shard="uneven"),
+        row("fsdp", world_size=4, reshard="int2", shard="uneven"),
+        row("hsdp", world_size=4, shard="uneven"),
+        row("fsdp_tp", world_size=4, shard="uneven"),
+        row("tp", shard="uneven"),
+        row("tp", world_size=4, shard="uneven"),
+        row("tp", loss_parallel=True, shard="uneven"),
+        row("tp_sp", loss_parallel=True, shard="uneven"),
+        row("fsdp", "block", "inductor", shard="uneven"),
+        row("fsdp", resume="tp_sp", shard="uneven"),
+        row("fsdp", resume="single", shard="uneven"),
+        row("fsdp", offload=True, shard="uneven"),
+        row("fsdp", sched="warmup_cosine", optim="adamw", shard="uneven"),
+        row("ep_fsdp", model="moe", shard="uneven"),
+        row("fsdp", tie=True, shard="uneven"),
+        row("tp_sp", loss_parallel=True, tie=True, shard="uneven"),
+    ]

@@ -68,7 +68,9 @@ SIZES: tuple[Axis, ...] = (
 )
 """The fuzzer's own size axes (see the module docstring). dim scales the model's width:
 ffn_hidden 2 x dim, expert_hidden dim / 2, 8 heads (4 KV heads) at every width; the
-smallest values keep every shard a multiple of 16 elements at TP 4 (Float8's kernels)."""
+smallest values keep every shard a multiple of 16 elements at TP 4 (Float8's kernels). A
+`shard=uneven` point takes its sizes, then ModelArgs.uneven (ffn_hidden 2 x dim - 1), a
+`tie` point ties them."""
 
 SIZE_FRAGMENT = {"steps": "steps{}", "dim": "dim{}", "seq": "seq{}", "layers": "layers{}"}
 SIZE_TOKEN = re.compile(r"^(steps|dim|seq|layers)(\d+)$")
