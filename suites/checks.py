@@ -24,6 +24,7 @@ from .models import sharded_weights
 from .parallelize import FSDP_LAYOUTS
 from .scenario_record import MAX_VARLEN_GRAPHS_PER_REGION, Scenario
 from .tolerances import Tolerance
+from .uneven import uneven_problems
 
 MAX_LISTED = 100  # the known-issues registry must see every problem to explain a failure
 
@@ -270,8 +271,8 @@ class GraphExpectation:
     fused_async_tp: bool = False
     float8_linears: int = 0
     sharded: dict[str, int] = field(default_factory=dict)
-    tied: tuple[str, ...] = ()
-    """Moments at which output and embedding must hold one parameter (suites/tying.py)."""
+    tied: tuple[str, ...] = ()  # moments at which output and embedding must hold one parameter (tying.py)
+    uneven: str | None = None  # the layout that must shard some parameter unevenly (uneven.py)
 
 
 FSDP_ALL_GATHER = "FSDP::all_gather"
@@ -359,6 +360,7 @@ def expected_graph(scenario: Scenario, dtype: str | None = None) -> GraphExpecta
     exp.fused_async_tp = scenario.async_tp
     exp.trainable = trainable_names(scenario)
     exp.tied = tying.moments(scenario.resume != "none") if args.tie else ()
+    exp.uneven = scenario.parallel if scenario.shard == "uneven" and scenario.world_size > 1 else None
     if layout in FSDP_LAYOUTS:
         mode = scenario.reshard if layout == scenario.parallel else "titan"
         gathers, units = fsdp_units(args, mode=mode, trainable=exp.trainable)
@@ -433,7 +435,7 @@ def check_graph(exp: GraphExpectation, ev) -> list[str]:
             if missing:
                 problems.append(f"parameters that train do not require grad: {missing} ({when})")
     problems.extend(_collective_dtype_problems(exp, ev.collectives))
-    problems.extend(tying.tie_problems(exp.tied, ev.tied))
+    problems.extend(tying.tie_problems(exp.tied, ev.tied) + uneven_problems(exp.uneven, ev.uneven))
     if ev.frozen_with_grad:
         problems.append(f"frozen parameters got a gradient: {ev.frozen_with_grad}")
     scaled = _count(ev.runtime_ops, SCALED_MM)

@@ -278,8 +278,10 @@ def apply_fsdp(model: Transformer, mesh: Any, mp: str, reshard: bool = True, mod
                offload: bool = False, reduce_dtype: torch.dtype | None = None) -> None:
     """FSDP2 as torchtitan's apply_fsdp: fully_shard every block, then the root.
 
-    The root unit holds the token embedding and the output: a tied weight (args.tie) is
-    one parameter of that one unit.
+    A tied model (args.tie) groups the token embedding, the final norm and the output in
+    one unit, as torchtitan 0.3's apply_fsdp_to_decoder does (one fully_shard over the
+    three modules: the shared weight is gathered and reduced once), resharded after
+    forward never (its policy's default); the root then holds no parameter.
 
     mp `bf16`: parameters all-gathered and computed in bf16, gradients reduce-scattered
     in float32 (torchtitan's mixed_precision_param / mixed_precision_reduce defaults).
@@ -292,6 +294,9 @@ def apply_fsdp(model: Transformer, mesh: Any, mp: str, reshard: bool = True, mod
     else:
         policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype) if reduce_dtype else MixedPrecisionPolicy()
     extra = {"offload_policy": _cpu_offload_policy(mesh.device_type)} if offload else {}
+    if model.args.tie:
+        fully_shard([model.tok_embeddings, model.norm, model.output], mesh=mesh, mp_policy=policy,
+                    reshard_after_forward=False, **extra)
     blocks = list(model.layers.named_children())
     for (name, block), again, on in zip(blocks, reshard_after_forward(len(blocks), mode),
                                         resharded_blocks(len(blocks), reshard, mode)):

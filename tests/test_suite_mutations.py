@@ -26,7 +26,8 @@ checks of the training step run for real too: FSDP2 gradient reductions in bf16 
 MixedPrecisionPolicy says float32 (numbers alone stay inside the bf16 tolerance),
 clipping by each rank's local norm, a parameter that stops requiring grad, a pipeline schedule
 that sums its microbatches' gradients, a tied output projection that a layout untied (two
-parameters where the model has one).
+parameters where the model has one); fed evidence: an uneven row whose layout split no
+parameter unevenly.
 Unmutated controls run through the same checks and must pass, so a failure is the
 mutation's doing. All real runs share one spawn of two ranks (~60 s on 2 cores).
 """
@@ -77,6 +78,8 @@ RUNS = {
     "ep_default_divide": ("ep_fsdp-moe-eager", "ep_default_divide"),
     "control_tied": ("tp-eager-tied", None),
     "untied": ("tp-eager-tied", "untie"),
+    "control_tied_fsdp": ("fsdp-eager-tied", None),
+    "control_uneven": ("fsdp-eager-uneven", None),
 }
 
 
@@ -298,6 +301,19 @@ def test_step_that_ran_eager_fails_graph():
     assert not any("fell back to eager" in p for p in fine), fine
     problems = check_graph(expect, _evidence(graph_calls=[3, 0, 3]))
     assert any("step 1 ran 0 compiled graphs" in p and "fell back to eager" in p for p in problems), problems
+
+
+def test_an_uneven_row_that_ran_even_shards_fails_graph():
+    from suites.checks import check_graph, expected_graph
+    from suites.scenarios import SCENARIOS
+
+    expect = expected_graph(SCENARIOS["fsdp-eager-uneven"])
+    assert expect.uneven == "fsdp"
+    fine = check_graph(expect, _evidence(uneven={"fsdp": ["tok_embeddings.weight"]}))
+    assert not any("unevenly" in p or "shard shapes" in p for p in fine), fine
+    problems = check_graph(expect, _evidence(uneven={"fsdp": []}))
+    assert "no parameter is sharded unevenly under fsdp: the uneven row ran even shards" in problems, problems
+    assert "the shard shapes of the fsdp layout were not recorded" in check_graph(expect, _evidence())
 
 
 def _evidence(**fields):
