@@ -159,8 +159,9 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda s: s.model == "moe" and s.parallel in ("tp_sp", "fsdp_tp"), "the MoE block has a TP plan for `tp` only"),
     Rule(lambda s: s.loss_parallel and s.plan is None,
          "loss parallel shards the logits over a TP dim: it needs tp, tp_sp or fsdp_tp"),
-    Rule(lambda s: s.parallel == "fsdp_tp" and s.world_size % TP_DEGREE_2D,
-         f"fsdp_tp needs a world size divisible by its TP degree {TP_DEGREE_2D}"),
+    Rule(lambda s: s.parallel == "fsdp_tp" and (s.world_size % TP_DEGREE_2D or s.world_size // TP_DEGREE_2D < 2),
+         f"fsdp_tp is dp_shard x tp {TP_DEGREE_2D}: it needs a world size that is a multiple of {TP_DEGREE_2D} with at "
+         "least 2 dp_shard ranks (at ws2 FSDP2 shards over one rank and moves nothing, which its checks do not model)"),
     Rule(lambda s: s.resume != "none" and s.steps <= RESUME_AT, f"a resume row needs more than {RESUME_AT} steps"),
     Rule(lambda s: s.parallel == "hsdp" and s.world_size != 4, "hsdp is a 2 x 2 mesh: it needs world_size=4"),
     Rule(lambda s: (s.offload or s.reshard != "titan") and not s.fsdp,

@@ -115,6 +115,7 @@ def training_step_rows() -> list[Scenario]:
         if edge != "one_expert":
             rows.append(row("tp", model="moe", accum=3, routing=edge))
     rows.append(row("ep", model="moe", world_size=4, accum=2, routing="empty_middle", clip="mesh"))
+    rows.append(row("tp", model="moe", accum=3, routing="empty_last", eval="no_grad"))  # eval routes naturally
     # pipeline parallel: every schedule, microbatches, clipping across stages, frozen parts
     for schedule in ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"):
         rows += [row("pp", schedule=schedule, accum=2), row("pp", schedule=schedule, accum=4, clip="mesh")]
