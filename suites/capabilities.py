@@ -81,6 +81,16 @@ def fsdp2_gradient_sync() -> str | None:
         if hasattr(getattr(module, "FSDPModule", None), "set_requires_gradient_sync"):
             return None
     return "this torch's FSDP2 has no FSDPModule.set_requires_gradient_sync"
+def fsdp2_module_groups() -> str | None:
+    """Whether FSDP2's fully_shard takes a list of modules as one unit (the tie rows' group
+    of embedding, norm and output, as torchtitan shards a tied model). fully_shard's
+    signature is hidden behind its `contract` decorator; the list form came with the helper
+    that finds a list's root modules, which contract calls."""
+    import torch.distributed.utils as dist_utils
+
+    if hasattr(dist_utils, "_get_root_modules"):
+        return None
+    return "this torch's FSDP2 fully_shard takes one module, not a group (a tied model's embedding + output unit)"
 
 
 @functools.cache
@@ -177,6 +187,8 @@ def missing(scenario: Any, device_type: str) -> list[str]:
         reasons.append(fsdp2_offload())
     if scenario.grad_sync != "every":
         reasons.append(fsdp2_gradient_sync())
+    if scenario.tie and (scenario.fsdp or scenario.resume == "fsdp"):
+        reasons.append(fsdp2_module_groups())
     if scenario.dcp == "async":
         reasons.append(dcp_async_save())
     if scenario.schedule != "none":

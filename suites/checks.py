@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import tying
 from .model_args import ModelArgs
 from .models import sharded_weights
 from .parallelize import FSDP_LAYOUTS
 from .scenario_record import MAX_VARLEN_GRAPHS_PER_REGION, Scenario
 from .tolerances import Tolerance
+from .uneven import uneven_problems
 
 MAX_LISTED = 100  # the known-issues registry must see every problem to explain a failure
 
@@ -301,6 +303,8 @@ class GraphExpectation:
     optimizer_impl: str | None = None
     """`foreach` / `fused`: the kernels the last optimizer step must show (None: not judged)."""
     optim: str = "sgd"
+    tied: tuple[str, ...] = ()  # moments at which output and embedding must hold one parameter (tying.py)
+    uneven: str | None = None  # the layout that must shard some parameter unevenly (uneven.py)
 
 
 FSDP_ALL_GATHER = "FSDP::all_gather"
@@ -389,6 +393,8 @@ def expected_graph(scenario: Scenario, dtype: str | None = None) -> GraphExpecta
     if scenario.opt_impl != "for_loop":
         exp.optimizer_impl, exp.optim = scenario.opt_impl, scenario.optim
     exp.trainable = trainable_names(scenario)
+    exp.tied = tying.moments(scenario.resume != "none") if args.tie else ()
+    exp.uneven = scenario.parallel if scenario.shard == "uneven" and scenario.world_size > 1 else None
     if layout in FSDP_LAYOUTS:
         mode = scenario.reshard if layout == scenario.parallel else "titan"
         gathers, units = fsdp_units(args, mode=mode, trainable=exp.trainable)
@@ -475,6 +481,7 @@ def check_graph(exp: GraphExpectation, ev) -> list[str]:
                             f"{exp.fsdp_gradient_reduce_scatters} (one per FSDP2 unit: grad_sync=last reduces the "
                             "last microbatch only)")
     problems.extend(_optimizer_problems(exp, ev.optimizer_ops))
+    problems.extend(tying.tie_problems(exp.tied, ev.tied) + uneven_problems(exp.uneven, ev.uneven))
     if ev.frozen_with_grad:
         problems.append(f"frozen parameters got a gradient: {ev.frozen_with_grad}")
     scaled = _count(ev.runtime_ops, SCALED_MM)

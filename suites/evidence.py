@@ -73,6 +73,10 @@ class Evidence:
     trainable_end: list[str] | None = None
     """... and after the last step (nothing in training may flip requires_grad)."""
     frozen_with_grad: list[str] = field(default_factory=list)
+    tied: dict[str, bool] = field(default_factory=dict)
+    uneven: dict[str, list[str]] = field(default_factory=dict)
+    """Uneven rows: layout -> the parameters whose local shards differ in shape between ranks."""
+    """Tie rows: moment (suites/tying.py) -> whether output and embedding held one parameter."""
     collectives: Counter = field(default_factory=Counter)
     """(op, dtype) -> calls of every c10d / functional collective in the last step."""
     optimizer_ops: Counter = field(default_factory=Counter)

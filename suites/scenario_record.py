@@ -16,6 +16,7 @@ Columns (generated from COLUMNS):
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from typing import Any
 
@@ -123,6 +124,13 @@ COLUMNS: tuple[Column, ...] = (
     Column("reshard", ("titan", "true", "false", "int2"), "titan", "raf_{}",
            "FSDP2 reshard_after_forward per block: torchtitan's (all but the last block), True, False, or 2 (to "
            "2-rank groups)", "Reshard"),
+    Column("tie", (False, True), False, {True: "tied"},
+           "the output projection shares the token embedding's weight (Llama 3.2 1B/3B, small Qwen3, Gemma): one "
+           "parameter in two modules, in one FSDP2 unit, vocab-sharded once under TP", "Tied"),
+    Column("shard", ("even", "uneven"), "even", {"uneven": "uneven"},
+           "uneven: vocab 257 and hidden width 255 (experts' 63), which no mesh divides: FSDP2's padded dim-0 "
+           "shards, DTensor's uneven vocab Shard under TP (loss parallel over uneven vocab shards; a row with TP "
+           "keeps the hidden width even: pytorch#150336), clipping, optimizers and DCP over them", "Shards"),
     Column("routing", ("natural", "empty_first", "empty_middle", "empty_last", "one_expert"), "natural", "route_{}",
            "MoE routing edges: the router's own imbalance; an expert that gets no token in the first / a middle / "
            "the last microbatch of every step; every token to one expert", "Routing"),
@@ -159,8 +167,9 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda s: s.model == "moe" and s.parallel in ("tp_sp", "fsdp_tp"), "the MoE block has a TP plan for `tp` only"),
     Rule(lambda s: s.loss_parallel and s.plan is None,
          "loss parallel shards the logits over a TP dim: it needs tp, tp_sp or fsdp_tp"),
-    Rule(lambda s: s.parallel == "fsdp_tp" and s.world_size % TP_DEGREE_2D,
-         f"fsdp_tp needs a world size divisible by its TP degree {TP_DEGREE_2D}"),
+    Rule(lambda s: s.parallel == "fsdp_tp" and (s.world_size % TP_DEGREE_2D or s.world_size // TP_DEGREE_2D < 2),
+         f"fsdp_tp is dp_shard x tp {TP_DEGREE_2D}: it needs a world size that is a multiple of {TP_DEGREE_2D} with at "
+         "least 2 dp_shard ranks (at ws2 FSDP2 shards over one rank and moves nothing, which its checks do not model)"),
     Rule(lambda s: s.resume != "none" and s.steps <= RESUME_AT, f"a resume row needs more than {RESUME_AT} steps"),
     Rule(lambda s: s.parallel == "hsdp" and s.world_size != 4, "hsdp is a 2 x 2 mesh: it needs world_size=4"),
     Rule(lambda s: (s.offload or s.reshard != "titan") and not s.fsdp,
@@ -201,6 +210,12 @@ RULES: tuple[Rule, ...] = (
          "grad_sync=last skips the sync of every microbatch but the last: it needs accum of at least 2"),
     Rule(lambda s: s.grad_sync != "every" and s.resume != "none",
          "grad_sync=last judges the last step's reductions of one layout: it needs resume=none"),
+    Rule(lambda s: s.shard == "uneven" and s.float8 != "none",
+         "Float8's scaled matmuls need every dim a multiple of 16 (torch._scaled_mm): uneven dims cannot be "
+         "Float8 linears"),
+    Rule(lambda s: s.tie and s.parallel in PP_LAYOUTS,
+         "a tied embedding and output sit on the first and the last pipeline stage: the tie crosses stages (its "
+         "gradient needs a cross-stage all-reduce our pipelines do not build), so pp rows do not tie"),
 )
 
 
@@ -218,7 +233,7 @@ class Scenario:
             if rule.broken(self):
                 raise ScenarioError(f"{self.id}: {rule.message}")
         if self.tp_degree > 1:
-            self.model_args.check_tp(self.tp_degree)
+            self.model_args.check_tp(self.tp_degree, uneven=self.shard == "uneven")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "Scenario":
@@ -277,6 +292,14 @@ class Scenario:
 
     @property
     def model_args(self) -> ModelArgs:
+        """The model this row trains: its variant's dims, uneven or not, tied or not."""
+        tp_anywhere = self.tp_degree > 1 or self.resume == "tp_sp"  # uneven hidden: pytorch#150336
+        args = self.base_model_args.uneven(hidden=not tp_anywhere) if self.shard == "uneven" else self.base_model_args
+        return dataclasses.replace(args, tie=True) if self.tie else args
+
+    @property
+    def base_model_args(self) -> ModelArgs:
+        """The variant's dims (dense, MoE, LoRA, pipeline depth) before the row's tie."""
         if self.model == "moe":
             return MOE_MODEL
         if self.parallel in PP_LAYOUTS:

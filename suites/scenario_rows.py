@@ -130,6 +130,7 @@ def training_step_rows() -> list[Scenario]:
         if edge != "one_expert":
             rows.append(row("tp", model="moe", accum=3, routing=edge))
     rows.append(row("ep", model="moe", world_size=4, accum=2, routing="empty_middle", clip="mesh"))
+    rows.append(row("tp", model="moe", accum=3, routing="empty_last", eval="no_grad"))  # eval routes naturally
     # pipeline parallel: every schedule, microbatches, clipping across stages, frozen parts
     for schedule in ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"):
         rows += [row("pp", schedule=schedule, accum=2), row("pp", schedule=schedule, accum=4, clip="mesh")]
@@ -318,4 +319,61 @@ def grad_sync_rows() -> list[Scenario]:
         row("fsdp", zero_grad="zeros", accum=2, grad_sync="last"),
         row("fsdp", zero_grad="zeros", accum=3, grad_sync="last", optim="adamw"),
         row("fsdp", zero_grad="zeros", accum=4, grad_sync="last", mp="bf16"),
+    ]
+
+
+def tie_rows() -> list[Scenario]:
+    """A tied embedding and output (one parameter, two modules: Llama 3.2 1B/3B, small Qwen3,
+    Gemma) x FSDP2's unit of that parameter (mixed precision, accumulation, HSDP), TP's two
+    vocab-sharded uses of it (with and without SP, under FSDP2), compile, AC, clipping (the
+    shared gradient counted once), a DCP resume under another layout, and a frozen tied
+    embedding (which freezes the output with it, in the reference too)."""
+    return [
+        row("fsdp", tie=True),
+        row("fsdp", mp="bf16", tie=True),
+        row("fsdp", accum=2, tie=True),
+        row("fsdp_tp", world_size=4, tie=True),
+        row("tp", tie=True),
+        row("tp_sp", tie=True),
+        row("hsdp", world_size=4, tie=True),
+        row("fsdp", "block", "inductor", tie=True),
+        row("tp_sp", "block", "inductor", tie=True),
+        row("fsdp", "model", "aot_eager", tie=True),
+        row("tp", "model", "aot_eager", tie=True),
+        row("tp_sp", ac="full", tie=True),
+        row("fsdp", ac="full", tie=True),
+        row("fsdp", clip="norm", tie=True),
+        row("tp_sp", clip="norm", tie=True),
+        row("tp_sp", resume="fsdp", tie=True),
+        row("fsdp", train="frozen_embed", tie=True),
+        row("tp", train="frozen_embed", tie=True),
+    ]
+
+
+def uneven_rows() -> list[Scenario]:
+    """Dims no mesh divides (vocab 257, hidden 255: real vocabularies such as GPT-2's 50257
+    or Qwen's 151936 on 3 or 6 ranks, odd hidden widths): FSDP2's padded dim-0 shards x
+    mixed precision, accumulation + clipping, reshard to 2-rank groups, HSDP, offload,
+    AdamW + warmup-cosine, compile; DTensor's uneven vocab / hidden shards under TP, loss
+    parallel over uneven vocab shards, FSDP2 x TP; DCP resumes that reshard uneven shards
+    into another layout; and the tie over uneven shards."""
+    return [
+        row("fsdp", shard="uneven"),
+        row("fsdp", mp="bf16", shard="uneven"),
+        row("fsdp", accum=2, clip="norm", shard="uneven"),
+        row("fsdp", world_size=4, reshard="int2", shard="uneven"),
+        row("hsdp", world_size=4, shard="uneven"),
+        row("fsdp_tp", world_size=4, shard="uneven"),
+        row("tp", shard="uneven"),
+        row("tp", world_size=4, shard="uneven"),
+        row("tp", loss_parallel=True, shard="uneven"),
+        row("tp_sp", loss_parallel=True, shard="uneven"),
+        row("fsdp", "block", "inductor", shard="uneven"),
+        row("fsdp", resume="tp_sp", shard="uneven"),
+        row("fsdp", resume="single", shard="uneven"),
+        row("fsdp", offload=True, shard="uneven"),
+        row("fsdp", sched="warmup_cosine", optim="adamw", shard="uneven"),
+        row("ep_fsdp", model="moe", shard="uneven"),
+        row("fsdp", tie=True, shard="uneven"),
+        row("tp_sp", loss_parallel=True, tie=True, shard="uneven"),
     ]

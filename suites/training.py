@@ -26,6 +26,7 @@ import torch.nn as nn
 from . import checkpoint as ckpt
 from . import parallelize as par
 from . import step as stp
+from . import tying
 from .collectives import record_collectives
 from .evidence import (  # noqa: F401  (re-exported: the run's records and readers)
     Evidence, Mutation, TrainRecord, _gathered, _graph_breaks, clean_name, count_executed_ops, full_grads,
@@ -297,6 +298,8 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
                 parts.watch = opt_watch
                 if not mutation.skip_checkpoint_load:
                     ckpt.load(layout.model, parts.opt, path)
+                if scenario.tie:
+                    evidence.tied[tying.AFTER_RESUME] = tying.tied(layout.model)
             train(layout, range(RESUME_AT, scenario.steps), parts)
         if clock is not None:
             clock.on = False
@@ -309,6 +312,8 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
         evidence.graph_breaks = _graph_breaks() - breaks_before
         if final in ckpt.EXPORTED_LAYOUTS:
             _export(layout.model, record, mutation)
+        if scenario.tie:
+            evidence.tied[tying.AFTER_LAST_STEP] = tying.tied(layout.model)
         trainable_end = {clean_name(n): 1 for n, p in layout.model.named_parameters() if p.requires_grad}
         evidence.trainable_end = sorted(_gathered(trainable_end) if layout.partial_params else trainable_end)
         evidence.frozen_with_grad = sorted(n for n, g in record.grads[-1].items()

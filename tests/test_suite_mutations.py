@@ -28,8 +28,10 @@ clipping by each rank's local norm (the 2-norm and the inf norm), a parameter th
 requiring grad, a pipeline schedule that sums its microbatches' gradients, a foreach or fused
 optimizer that silently steps with the per-parameter loop (same numbers: only the kernels the
 last optimizer step ran see it), grad_sync=last accumulation whose FSDP2 still
-reduce-scatters every microbatch (same numbers: only the recorded reductions see it), and an
-exported full state dict made of each rank's local shards.
+reduce-scatters every microbatch (same numbers: only the recorded reductions see it), an
+exported full state dict made of each rank's local shards, a tied output projection that a
+layout untied (two parameters where the model has one); fed evidence: an uneven row whose
+layout split no parameter unevenly.
 Unmutated controls run through the same checks and must pass, so a failure is the
 mutation's doing. All real runs share one spawn of two ranks (~60 s on 2 cores).
 """
@@ -87,6 +89,10 @@ RUNS = {
     "clip_inf_local_norm": ("fsdp-eager-clip_inf", "clip_local_norm"),
     "control_sync_last": ("fsdp-eager-ga2-sync_last", None),
     "sync_every_microbatch": ("fsdp-eager-ga2-sync_last", "sync_every_microbatch"),
+    "control_tied": ("tp-eager-tied", None),
+    "untied": ("tp-eager-tied", "untie"),
+    "control_tied_fsdp": ("fsdp-eager-tied", None),
+    "control_uneven": ("fsdp-eager-uneven", None),
 }
 
 
@@ -155,6 +161,13 @@ def _mutation(kind: str | None):
         return Mutation(sync_every_microbatch=True)
     if kind == "lose_requires_grad":
         return Mutation(after_parallelize=lambda model: model.norm.weight.requires_grad_(False))
+    if kind == "untie":
+        import torch
+
+        def untie(model) -> None:  # a layout that re-distributes the output's weight on its own
+            model.output.weight = torch.nn.Parameter(model.output.weight.detach().clone())
+
+        return Mutation(after_parallelize=untie)
     raise ValueError(kind)
 
 
@@ -307,6 +320,19 @@ def test_step_that_ran_eager_fails_graph():
     assert not any("fell back to eager" in p for p in fine), fine
     problems = check_graph(expect, _evidence(graph_calls=[3, 0, 3]))
     assert any("step 1 ran 0 compiled graphs" in p and "fell back to eager" in p for p in problems), problems
+
+
+def test_an_uneven_row_that_ran_even_shards_fails_graph():
+    from suites.checks import check_graph, expected_graph
+    from suites.scenarios import SCENARIOS
+
+    expect = expected_graph(SCENARIOS["fsdp-eager-uneven"])
+    assert expect.uneven == "fsdp"
+    fine = check_graph(expect, _evidence(uneven={"fsdp": ["tok_embeddings.weight"]}))
+    assert not any("unevenly" in p or "shard shapes" in p for p in fine), fine
+    problems = check_graph(expect, _evidence(uneven={"fsdp": []}))
+    assert "no parameter is sharded unevenly under fsdp: the uneven row ran even shards" in problems, problems
+    assert "the shard shapes of the fsdp layout were not recorded" in check_graph(expect, _evidence())
 
 
 def _evidence(**fields):
@@ -475,6 +501,13 @@ def test_a_parameter_that_stops_requiring_grad_fails_graph(mutated):
     problems = _problems(mutated, "lost_requires_grad", "graph")
     assert "parameters that train do not require grad: ['norm.weight'] (after parallelize)" in problems, problems
     assert "parameters that train do not require grad: ['norm.weight'] (after the last step)" in problems, problems
+
+
+def test_an_untied_output_projection_fails_the_tie_check(mutated):
+    problems = _problems(mutated, "untied", "graph")
+    for when in ("after parallelize", "after the last step"):
+        assert (f"output.weight and tok_embeddings.weight are two parameters {when}: the tied weight was untied"
+                in problems), problems
 
 
 def test_a_routing_edge_that_did_not_happen_fails():
