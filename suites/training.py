@@ -132,7 +132,9 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
                 if clock is not None:
                     clock.step, clock.chunk = step, layout.dp_rank * scenario.accum + micro
                 x, y = tokens[start:start + mb].to(device), labels[start:start + mb].to(device)
+                last_micro = micro == scenario.accum - 1 or mutation.ddp_sync_every_microbatch
                 with _loss_context(scenario), _cp_context(layout, x, y), \
+                        layout.sync(last_micro) if layout.sync else contextlib.nullcontext(), \
                         record_collectives(layout.watch[1]) if watched else contextlib.nullcontext():
                     with _autocast(layout, device):
                         loss = step_parts.loss(layout.runnable(x), y) / scenario.accum
@@ -236,6 +238,10 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
     data = batches(scenario)
     with contextlib.ExitStack() as stack:
         stack.enter_context(_config_for(scenario, evidence))
+        if scenario.parallel == "replicate" and scenario.compiled:
+            import torch._dynamo.config as dynamo_config
+
+            stack.enter_context(dynamo_config.patch(optimize_ddp="ddp_optimizer"))  # torchtitan's apply_ddp
         if mutation.dynamo_config:
             import torch._dynamo.config as dynamo_config
 
@@ -250,7 +256,8 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
 
         @contextlib.contextmanager
         def last_step():
-            with count_executed_ops(evidence.runtime_ops):
+            with count_executed_ops(evidence.runtime_ops,
+                                    evidence.grad_all_reduces if layout.sync is not None else None):
                 yield
 
         def on_step(step: int):
@@ -290,6 +297,8 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
         if clock is not None:
             clock.on = False
             gather_routing(record, layout.dp_size, layout.dp_group)
+        if layout.sync is not None:  # ddp / replicate (replicate builds its DDP in the first forward)
+            evidence.ddp_buckets = par.ddp_buckets(par.ddp_of(layout.runnable, layout.model))
         counter = layout.counter
         if counter is not None:
             evidence.graphs_total = counter.graphs
