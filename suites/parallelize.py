@@ -471,3 +471,24 @@ def gradient_sync(runnable: nn.Module, model: nn.Module, parallel: str) -> Calla
             model.set_requires_gradient_sync(True)
 
     return replicate_sync
+
+
+def restoring_active_ddp_module() -> Any:
+    """A context that puts DistributedDataParallel._active_ddp_module (what Dynamo asks
+    to decide on DDPOptimizer) back on exit: a compiled DDP forward that raises, or a
+    replicated one (replicate sets it in a forward pre-hook, clears it in the post-hook),
+    leaves it set, and every later torch.compile in the rank's process would split its
+    graphs for that stale module (suites/regressions/test_ddp_optimizer_first_bucket.py)."""
+    import contextlib
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    @contextlib.contextmanager
+    def restore():
+        before = DistributedDataParallel._get_active_ddp_module()
+        try:
+            yield
+        finally:
+            DistributedDataParallel._active_ddp_module = before
+
+    return restore()

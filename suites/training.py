@@ -238,6 +238,8 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
     data = batches(scenario)
     with contextlib.ExitStack() as stack:
         stack.enter_context(_config_for(scenario, evidence))
+        if scenario.replicated:
+            stack.enter_context(par.restoring_active_ddp_module())
         if scenario.parallel == "replicate" and scenario.compiled:
             import torch._dynamo.config as dynamo_config
 

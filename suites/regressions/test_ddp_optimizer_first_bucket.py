@@ -9,6 +9,12 @@ should be smaller/equal to other buckets to get comms warmed up ASAP" (torch 2.1
 gloo, 2026-12-04; measured while choosing suites/scenario_record.py's DDP_BUCKET_MB).
 Eager DDP trains with the same cap; bucket_cap_mb=1 is the control. No upstream issue
 found (reports/upstream-draft-ddp-optimizer-first-bucket.md).
+
+The failed compiled forward also leaves `DistributedDataParallel._active_ddp_module` set
+to this DDP (the exception bypasses the `_inside_ddp_forward` reset): every later
+torch.compile in the process then runs DDPOptimizer for a stale module (measured: the
+control, run after it in the same rank pool, failed with the same assertion). The test
+puts it back whatever happens, and says whether it leaked.
 """
 
 from __future__ import annotations
@@ -36,6 +42,12 @@ def test_compiled_ddp_takes_a_small_bucket_cap(dist, bucket_cap_mb: float) -> No
     ddp(x).sum().backward()
     eager = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
-    torch.compile(ddp, backend="aot_eager")(x).sum().backward()
+    before = DistributedDataParallel._get_active_ddp_module()
+    try:
+        torch.compile(ddp, backend="aot_eager")(x).sum().backward()
+    finally:
+        leaked = DistributedDataParallel._get_active_ddp_module() is not before
+        DistributedDataParallel._active_ddp_module = before
+    assert not leaked, "DistributedDataParallel._active_ddp_module was left set after the compiled forward"
     for p, want in zip(model.parameters(), eager):
         torch.testing.assert_close(p.grad, want)
