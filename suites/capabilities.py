@@ -17,6 +17,8 @@ import functools
 import importlib.util
 from typing import Any
 
+from .scenario_record import PP_LAYOUTS
+
 @functools.cache
 def torchao() -> str | None:
     if importlib.util.find_spec("torchao") is None:
@@ -66,6 +68,29 @@ def fsdp2_offload() -> str | None:
         except ImportError:
             continue
     return "this torch's FSDP2 has no CPUOffloadPolicy"
+
+
+@functools.cache
+def fsdp2_gradient_sync() -> str | None:
+    """grad_sync=last turns FSDP2's gradient reduction off for all microbatches but the last."""
+    for where in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
+        try:
+            module = importlib.import_module(where)
+        except ImportError:
+            continue
+        if hasattr(getattr(module, "FSDPModule", None), "set_requires_gradient_sync"):
+            return None
+    return "this torch's FSDP2 has no FSDPModule.set_requires_gradient_sync"
+def fsdp2_module_groups() -> str | None:
+    """Whether FSDP2's fully_shard takes a list of modules as one unit (the tie rows' group
+    of embedding, norm and output, as torchtitan shards a tied model). fully_shard's
+    signature is hidden behind its `contract` decorator; the list form came with the helper
+    that finds a list's root modules, which contract calls."""
+    import torch.distributed.utils as dist_utils
+
+    if hasattr(dist_utils, "_get_root_modules"):
+        return None
+    return "this torch's FSDP2 fully_shard takes one module, not a group (a tied model's embedding + output unit)"
 
 
 @functools.cache
@@ -129,7 +154,7 @@ def context_parallel() -> str | None:
 @functools.cache
 def composable_replicate(accumulates: bool) -> str | None:
     """torchtitan's DDP: `replicate` that takes a device_mesh (forwarded to DDP), and for
-    accumulation a way to skip the gradient sync (set_requires_gradient_sync)."""
+    grad_sync=last accumulation a way to skip the gradient sync (set_requires_gradient_sync)."""
     import inspect
 
     try:
@@ -168,6 +193,25 @@ def ddp_comm_hook(hook: str) -> str | None:
     return None
 
 
+@functools.cache
+def optimizer_impl(device_type: str, optim: str, impl: str) -> str | None:
+    """Whether torch.optim's `optim` (sgd | adamw) steps with `impl` (foreach | fused) on
+    this device: one step of a 4-element parameter (fused CPU kernels came after CUDA's)."""
+    import torch
+
+    if impl == "for_loop" or device_type == "cuda":
+        return None  # CUDA is where both kernels started (torch 2.0): no device work at collection
+    cls = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}[optim]
+    try:
+        p = torch.nn.Parameter(torch.ones(4, device=device_type))
+        p.grad = torch.ones_like(p)
+        cls([p], lr=0.1, **{impl: True}).step()
+    except (RuntimeError, NotImplementedError, TypeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"this torch's {cls.__name__} has no {impl} implementation on {device_type} ({first[:120]})"
+    return None
+
+
 def missing(scenario: Any, device_type: str) -> list[str]:
     """Why this stack cannot run `scenario` on `device_type` (empty: it can)."""
     reasons = []
@@ -182,15 +226,20 @@ def missing(scenario: Any, device_type: str) -> list[str]:
     if scenario.parallel == "cp":
         reasons.append(context_parallel())
     if scenario.parallel == "replicate":
-        reasons.append(composable_replicate(scenario.accum > 1))
+        reasons.append(composable_replicate(scenario.grad_sync == "last"))
     if scenario.ddp_hook != "none":
         reasons.append(ddp_comm_hook(scenario.ddp_hook))
     if scenario.offload:
         reasons.append(fsdp2_offload())
+    if scenario.grad_sync != "every":
+        reasons.append(fsdp2_gradient_sync())
+    if scenario.tie and (scenario.fsdp or scenario.resume == "fsdp"):
+        reasons.append(fsdp2_module_groups())
     if scenario.dcp == "async":
         reasons.append(dcp_async_save())
     if scenario.schedule != "none":
         reasons.append(pipelining_schedule(scenario.schedule))
-    if scenario.clip == "mesh":
-        reasons.append(clip_by_norm_parts())
+    if scenario.clip == "mesh" or (scenario.clip == "inf" and scenario.parallel in ("ep", "ep_fsdp", *PP_LAYOUTS)):
+        reasons.append(clip_by_norm_parts())  # inf over several meshes takes the per-mesh form
+    reasons.append(optimizer_impl(device_type, scenario.optim, scenario.opt_impl))
     return list(dict.fromkeys(r for r in reasons if r))

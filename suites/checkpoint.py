@@ -1,4 +1,5 @@
-"""Distributed checkpoints for the `resume` rows: save under one layout, load under another.
+"""Distributed checkpoints for the `resume` rows: save under one layout, load under another;
+and the full state dict every row exports at its end, as users export a trained model.
 
 torch.distributed.checkpoint (DCP) with the state_dict helpers torchtitan uses
 (get/set_model_state_dict, get/set_optimizer_state_dict): the saved state is keyed by
@@ -60,3 +61,23 @@ def load(model: nn.Module, opt: Any, path: str) -> None:
     dcp.load(state, checkpoint_id=path)
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, opt, state["optim"])
+
+
+EXPORTED_LAYOUTS = ("single", "tp", "tp_sp", "fsdp", "fsdp_tp", "hsdp")
+"""Layouts whose whole model lives on every rank's mesh, so one full state dict holds every
+parameter. Not pp (a stage holds its own blocks), ep / ep_fsdp (experts live on their
+owners as plain tensors or on a submesh) or cp (the model is replicated: nothing to gather)."""
+
+
+def full_state_dict(model: nn.Module, local_shards: bool = False) -> dict[str, Any]:
+    """The model as users export it after training (torchtitan's and the Hugging Face
+    converters' path): get_model_state_dict with full_state_dict=True and cpu_offload=True,
+    which gathers every DTensor (FSDP2's and TP's shards, 2-D strided ones too) and hands
+    the whole dict to rank 0 on CPU; other ranks get an empty dict. Collective: every rank
+    calls it. `local_shards` is a mutation: each rank's local shards, as if they were whole."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if local_shards:
+        return {k: (v.to_local() if hasattr(v, "to_local") else v).detach().cpu()
+                for k, v in model.state_dict().items()}
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

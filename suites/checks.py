@@ -18,17 +18,22 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import tying
 from .model_args import ModelArgs
 from .models import sharded_weights
 from .parallelize import FSDP_LAYOUTS
 from .scenario_record import DDP_BUCKET_MB, DDP_LAYOUTS, MAX_VARLEN_GRAPHS_PER_REGION, Scenario
 from .tolerances import Tolerance
+from .uneven import uneven_problems
 
 MAX_LISTED = 100  # the known-issues registry must see every problem to explain a failure
 
 SCALED_MM = ("aten::_scaled_mm",)
 FUSED_AG_MM = ("symm_mem::fused_all_gather_matmul", "symm_mem::fused_all_gather_scaled_matmul")
 FUSED_MM_RS = ("symm_mem::fused_matmul_reduce_scatter", "symm_mem::fused_scaled_matmul_reduce_scatter")
+FUSED_OPTIMIZER_OPS = {"sgd": "aten::_fused_sgd_", "adamw": "aten::_fused_adamw_"}
+"""The fused kernel one optimizer step of `optim` runs (one call per parameter group)."""
+FOREACH_OP_PREFIX = "aten::_foreach_"
 FLOAT8_MMS_PER_LINEAR = {"tensorwise": 3, "rowwise": 3, "rowwise_with_gw_hp": 2}
 """Scaled matmuls one Float8Linear runs per training step: output, grad_input, grad_weight
 (rowwise_with_gw_hp keeps grad_weight in high precision)."""
@@ -82,6 +87,29 @@ def check_numerics(ref, run, tol: Tolerance) -> list[str]:
                             for p in _grad_problems(grads[name], ref_grads[name], tol, floors.get(name, 0.0)))
     if ref.eval_loss is not None:
         problems.extend(_eval_problems(ref, run, tol))
+    problems.extend(export_problems(run))
+    return problems
+
+
+def export_problems(run) -> list[str]:
+    """The full state dict the run exports (checkpoint.full_state_dict) must be what it
+    trained: every parameter, at its full shape and dtype, equal to the trained one
+    gathered with full_tensor(). Both gather the same shards, so any difference (a shard
+    in the wrong place, a missing parameter, a cast) is the export path's."""
+    if run.exported is None or run.trained is None:
+        return []
+    problems = [f"export: {name} is missing from the full state dict" for name in sorted(set(run.trained) - set(run.exported))]
+    for name in sorted(set(run.trained) & set(run.exported)):
+        want, got = run.trained[name], run.exported[name]
+        if hasattr(got, "full_tensor") or hasattr(got, "to_local"):
+            problems.append(f"export: {name} is exported as a {type(got).__name__}, not a plain tensor")
+        elif tuple(got.shape) != tuple(want.shape):
+            problems.append(f"export: {name} has shape {tuple(got.shape)}, trained {tuple(want.shape)}")
+        elif got.dtype != want.dtype:
+            problems.append(f"export: {name} is exported in {got.dtype}, trained in {want.dtype}")
+        elif not torch.equal(got, want):
+            diff = (got.double() - want.double()).abs().max().item()
+            problems.append(f"export: {name} differs from the trained parameter (max |diff| {diff:.3g})")
     return problems
 
 
@@ -254,6 +282,9 @@ class GraphExpectation:
     """Most new graphs the eval forward may compile (a grad-mode guard: one per region)."""
     fsdp_all_gathers: int | None = None
     fsdp_reduce_scatters: int | None = None
+    fsdp_gradient_reduce_scatters: int | None = None
+    """c10d reduce-scatter calls FSDP2 must issue in the last step (grad_sync=last: one per
+    unit, the last microbatch's; never one per microbatch)."""
     float8_all_gather_weights: int = 0
     trainable: tuple[str, ...] | None = None
     """Exactly these parameters require grad after parallelize / fully_shard / compile and
@@ -263,8 +294,10 @@ class GraphExpectation:
     fsdp_reduce_dtype: str | None = None
     """The dtype every FSDP2 gradient reduce-scatter / all-reduce must run in (reduce_dtype)."""
     ddp_all_reduce_dtype: str | None = None
-    """ddp / replicate: every gradient bucket is all-reduced once in the last step (once per
-    step, not per microbatch: no_sync accumulation), in this dtype."""
+    """ddp / replicate: every gradient bucket is all-reduced `ddp_syncs` times in the last
+    step, in this dtype."""
+    ddp_syncs: int = 1
+    """Microbatches of a step that all-reduce: 1 under grad_sync=last (no_sync), else accum."""
     default_placement: str | None = None
     """Prefix every parameter's placement must start with (FSDP2: `S0`, sharded on dp)."""
     min_scaled_mm: int = 0
@@ -273,6 +306,11 @@ class GraphExpectation:
     fused_async_tp: bool = False
     float8_linears: int = 0
     sharded: dict[str, int] = field(default_factory=dict)
+    optimizer_impl: str | None = None
+    """`foreach` / `fused`: the kernels the last optimizer step must show (None: not judged)."""
+    optim: str = "sgd"
+    tied: tuple[str, ...] = ()  # moments at which output and embedding must hold one parameter (tying.py)
+    uneven: str | None = None  # the layout that must shard some parameter unevenly (uneven.py)
 
 
 FSDP_ALL_GATHER = "FSDP::all_gather"
@@ -385,12 +423,19 @@ def expected_graph(scenario: Scenario, dtype: str | None = None) -> GraphExpecta
     else:
         exp.forbid_scaled_mm = True
     exp.fused_async_tp = scenario.async_tp
+    if scenario.opt_impl != "for_loop":
+        exp.optimizer_impl, exp.optim = scenario.opt_impl, scenario.optim
     exp.trainable = trainable_names(scenario)
+    exp.tied = tying.moments(scenario.resume != "none") if args.tie else ()
+    exp.uneven = scenario.parallel if scenario.shard == "uneven" and scenario.world_size > 1 else None
     if layout in FSDP_LAYOUTS:
         mode = scenario.reshard if layout == scenario.parallel else "titan"
         gathers, units = fsdp_units(args, mode=mode, trainable=exp.trainable)
         exp.fsdp_all_gathers = gathers * scenario.accum
-        exp.fsdp_reduce_scatters = units * scenario.accum
+        syncs = 1 if scenario.grad_sync == "last" else scenario.accum  # microbatches that reduce
+        exp.fsdp_reduce_scatters = units * syncs
+        if scenario.grad_sync == "last":
+            exp.fsdp_gradient_reduce_scatters = units
         exp.default_placement = "R,S0" if layout == "hsdp" else "S0"
         if scenario.fsdp_float8_all_gather:
             pass  # float8 weights travel as torchao's subclass bytes: not recorded
@@ -406,6 +451,7 @@ def expected_graph(scenario: Scenario, dtype: str | None = None) -> GraphExpecta
             exp.fsdp_param_dtype = exp.fsdp_reduce_dtype = dtype
     if layout in DDP_LAYOUTS and dtype is not None:  # autocast (mp) keeps float32 parameters and gradients
         exp.ddp_all_reduce_dtype = "bfloat16" if scenario.ddp_hook == "bf16" else dtype
+        exp.ddp_syncs = 1 if scenario.grad_sync == "last" else scenario.accum
     if layout in ("tp", "tp_sp", "pp_tp"):
         exp.sharded = {k: f"S{d}" for k, d in sharded_weights(args).items()}
     elif layout == "fsdp_tp":
@@ -463,6 +509,16 @@ def check_graph(exp: GraphExpectation, ev) -> list[str]:
                 problems.append(f"parameters that train do not require grad: {missing} ({when})")
     problems.extend(_collective_dtype_problems(exp, ev.collectives))
     problems.extend(_ddp_all_reduce_problems(exp, ev))
+    if exp.fsdp_gradient_reduce_scatters is not None:
+        from .collectives import FSDP_REDUCE_SCATTER_OPS, calls_of
+
+        rs = calls_of(ev.collectives, FSDP_REDUCE_SCATTER_OPS)
+        if rs != exp.fsdp_gradient_reduce_scatters:
+            problems.append(f"the last step issued {rs} gradient reduce-scatters, expected "
+                            f"{exp.fsdp_gradient_reduce_scatters} (one per FSDP2 unit: grad_sync=last reduces the "
+                            "last microbatch only)")
+    problems.extend(_optimizer_problems(exp, ev.optimizer_ops))
+    problems.extend(tying.tie_problems(exp.tied, ev.tied) + uneven_problems(exp.uneven, ev.uneven))
     if ev.frozen_with_grad:
         problems.append(f"frozen parameters got a gradient: {ev.frozen_with_grad}")
     scaled = _count(ev.runtime_ops, SCALED_MM)
@@ -498,6 +554,23 @@ def check_graph(exp: GraphExpectation, ev) -> list[str]:
     return problems
 
 
+def _optimizer_problems(exp: GraphExpectation, ops: Counter) -> list[str]:
+    """A foreach / fused row's last optimizer step must run those kernels: a silent
+    fallback to the per-parameter loop trains to the same numbers."""
+    if exp.optimizer_impl is None:
+        return []
+    fused = FUSED_OPTIMIZER_OPS[exp.optim]
+    n_fused = sum(n for name, n in ops.items() if name == fused)
+    n_foreach = sum(n for name, n in ops.items() if name.startswith(FOREACH_OP_PREFIX))
+    if exp.optimizer_impl == "fused" and not n_fused:
+        return [f"the last optimizer step ran no {fused} (fused=True; it ran {n_foreach} foreach ops): "
+                "the fused optimizer did not run"]
+    if exp.optimizer_impl == "foreach" and (not n_foreach or n_fused):
+        return [f"the last optimizer step ran {n_foreach} {FOREACH_OP_PREFIX}* ops and {n_fused} {fused} "
+                "(foreach=True): the foreach optimizer did not run"]
+    return []
+
+
 def _collective_dtype_problems(exp: GraphExpectation, collectives: Counter) -> list[str]:
     """FSDP2's all-gathers in param_dtype, its gradient reductions in reduce_dtype."""
     from .collectives import FSDP_ALL_GATHER_OPS, FSDP_REDUCE_OPS, dtypes_of
@@ -517,8 +590,8 @@ def _collective_dtype_problems(exp: GraphExpectation, collectives: Counter) -> l
 
 
 def _ddp_all_reduce_problems(exp: GraphExpectation, ev) -> list[str]:
-    """DDP's reducer: each gradient bucket all-reduced once in the last step (no_sync
-    accumulation: in its last microbatch only), in the expected dtype."""
+    """DDP's reducer: each gradient bucket all-reduced once per synchronizing microbatch of
+    the last step (grad_sync=last: its last microbatch only), in the expected dtype."""
     want = exp.ddp_all_reduce_dtype
     if want is None:
         return []
@@ -527,9 +600,10 @@ def _ddp_all_reduce_problems(exp: GraphExpectation, ev) -> list[str]:
     problems = []
     if not calls:
         return [f"no gradient all-reduce was recorded in the last step (expected {ev.ddp_buckets} buckets in {want})"]
-    if calls != ev.ddp_buckets:
-        problems.append(f"the last step ran {calls} gradient all-reduces for DDP's {ev.ddp_buckets} buckets: each "
-                        "bucket must be all-reduced once a step (accumulation under no_sync: in the last microbatch)")
+    if calls != ev.ddp_buckets * exp.ddp_syncs:
+        problems.append(f"the last step ran {calls} gradient all-reduces for DDP's {ev.ddp_buckets} buckets, expected "
+                        f"{ev.ddp_buckets * exp.ddp_syncs}: each bucket once per synchronizing microbatch "
+                        f"({exp.ddp_syncs}; grad_sync=last: the last one only, under no_sync)")
     wrong = {d: n for d, n in seen.items() if d != want}
     if wrong:
         problems.append(f"DDP gradient all-reduces ran in {dict(sorted(wrong.items()))}, expected {want}")

@@ -25,9 +25,10 @@ from typing import Iterator
 import torch
 
 FSDP_ALL_GATHER_OPS = ("all_gather_single", "all_gather_into_tensor", "_all_gather_base")
-FSDP_REDUCE_OPS = ("reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base", "all_reduce")
+FSDP_REDUCE_SCATTER_OPS = ("reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base")
+FSDP_REDUCE_OPS = (*FSDP_REDUCE_SCATTER_OPS, "all_reduce")
 """Parameter all-gathers; gradient reductions (reduce-scatter, HSDP's all-reduce over the
-replicas)."""
+replicas); FSDP2 issues one reduce-scatter per unit and gradient sync."""
 
 
 def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
@@ -62,6 +63,11 @@ def record_collectives(into: Counter) -> Iterator[None]:
     finally:
         for name, fn in originals.items():
             setattr(dist, name, fn)
+
+
+def calls_of(collectives: Counter, ops: tuple[str, ...]) -> int:
+    """How many of the recorded collectives' calls were one of `ops`."""
+    return sum(dtypes_of(collectives, ops).values())
 
 
 def dtypes_of(collectives: Counter, ops: tuple[str, ...]) -> Counter:

@@ -40,6 +40,13 @@ class TrainRecord:
     """Per routing key, the near-tie tokens' relative top-k margins (routing.top_k_margins)."""
     grad_norms: list[float] = field(default_factory=list)
     """The total gradient norm clipping measured, per step (clipped rows only)."""
+    trained: dict[str, torch.Tensor] | None = None
+    """The parallel model's parameters after the last step, each gathered with full_tensor()
+    (CPU, its own dtype), on the rank that also holds `exported`."""
+    exported: dict[str, torch.Tensor] | None = None
+    """The full state dict the run exports at its end (checkpoint.full_state_dict), as
+    rank 0 receives it. None: not exported (a layout outside checkpoint.EXPORTED_LAYOUTS,
+    or a rank that receives nothing)."""
 
 
 @dataclass
@@ -66,6 +73,10 @@ class Evidence:
     trainable_end: list[str] | None = None
     """... and after the last step (nothing in training may flip requires_grad)."""
     frozen_with_grad: list[str] = field(default_factory=list)
+    tied: dict[str, bool] = field(default_factory=dict)
+    uneven: dict[str, list[str]] = field(default_factory=dict)
+    """Uneven rows: layout -> the parameters whose local shards differ in shape between ranks."""
+    """Tie rows: moment (suites/tying.py) -> whether output and embedding held one parameter."""
     collectives: Counter = field(default_factory=Counter)
     """(op, dtype) -> calls of every c10d / functional collective in the last step."""
     grad_all_reduces: Counter = field(default_factory=Counter)
@@ -74,6 +85,9 @@ class Evidence:
     function the collective wrappers could see)."""
     ddp_buckets: int = 0
     """Gradient buckets of a ddp / replicate row's reducer (each all-reduced once a step)."""
+    optimizer_ops: Counter = field(default_factory=Counter)
+    """Ops (profiler names) the last step's optimizer.step() executed: which kernels the
+    `opt_impl` really ran (aten::_fused_adamw_, aten::_foreach_add_, ... or per-tensor ops)."""
 
     @property
     def recompiles(self) -> int:
@@ -103,8 +117,13 @@ class Mutation:
     """ep_fsdp's experts keep FSDP2's default divide factor (their efsdp size), not the dp size."""
     ddp_hook: Callable | None = None
     """A ddp row registers this communication hook instead of its own."""
-    ddp_sync_every_microbatch: bool = False
-    """ddp / replicate accumulation all-reduces in every microbatch (no no_sync)."""
+    export_local_shards: bool = False
+    """The exported state dict holds each rank's local shards as if they were the full tensors."""
+    optimizer_impl: str | None = None
+    """The parallel run's optimizer steps with this implementation, whatever `opt_impl` says."""
+    sync_every_microbatch: bool = False
+    """A grad_sync=last row's FSDP2 still reduces every microbatch's gradients (never told not to);
+    a ddp / replicate one all-reduces in every microbatch (no no_sync)."""
 
 
 def clean_name(name: str) -> str:

@@ -17,8 +17,10 @@ import torch.nn as nn
 
 from . import parallelize as par
 from . import step as stp
+from . import tying
 from .evidence import Evidence, Mutation, _gathered, clean_name, placements
 from .models import build_model, is_frozen
+from .uneven import uneven_params
 from .scenario_record import DDP_BUCKET_MB, DDP_LAYOUTS, EP_DEGREE, PP_DEGREE_2D, PP_LAYOUTS, SEED, Scenario
 
 Meshes = Callable[..., Any]
@@ -205,6 +207,10 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
         layout.local_group, layout.partial_params = ep.group, True
     if mutation.after_parallelize:
         mutation.after_parallelize(model)
+    if model.args.tie:
+        evidence.tied[tying.AFTER_PARALLELIZE] = tying.tied(model)
+    if scenario.shard == "uneven" and parallel != "single":
+        evidence.uneven[parallel] = uneven_params(model)
     gather = _gathered if layout.partial_params else (lambda table: table)
     evidence.placements = gather(placements(model))
     evidence.trainable = sorted(gather({clean_name(n): 1 for n, p in model.named_parameters() if p.requires_grad}))

@@ -7,13 +7,19 @@ llama3), attention through SDPA with rotary embeddings and grouped KV heads,
 `nn.Embedding`, a SwiGLU feed-forward, several blocks, module names as in torchtitan's llama3
 (`layers.0.attention.wq`, `feed_forward.w1`, ...), so a plan written for torchtitan
 reads the same here. The dims are tiny (CPU compiles stay fast) and chosen so every
-sharded matmul dim stays a multiple of 16 for TP=2 and TP=4 (float8 kernels need it).
+sharded matmul dim stays a multiple of 16 for TP=2 and TP=4 (float8 kernels need it);
+the `shard=uneven` rows change vocab and hidden width so that no mesh divides them
+(ModelArgs.uneven).
 
 Two variants real jobs run: LoRA-style adapters beside the column-parallel linears (the
 `frozen` rows freeze everything else, embeddings included, so the first block's input
 does not require grad), and a mixture-of-experts feed-forward (a router, top-k routing,
 several experts; tokens are dispatched by index, so an expert that gets no token runs
 on an empty batch as in real MoE code).
+
+A tied model (args.tie) shares one parameter between the token embedding and the
+output projection, as Llama 3.2 1B/3B, small Qwen3 and Gemma do: named_parameters()
+lists it once, as `tok_embeddings.weight` (suites/tying.py keeps layouts from untying it).
 
 Attention and the feed-forward infer their local head count and width from the shapes
 they get, as torchtitan's do, so the same module runs unsharded and column-sharded.
@@ -182,6 +188,8 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
         self.norm = nn.RMSNorm(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie:  # Llama 3.2 1B/3B, Qwen3 small, Gemma: one (vocab, dim) parameter, two modules
+            self.output.weight = self.tok_embeddings.weight
         self.register_buffer("rope", rope_cache(args), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from .models import MoE, TPStyles, Transformer, tp_plan
+from .tying import retie
 
 FLOAT8_SKIP_FQNS = ("output",)
 """Linears left in high precision, as torchtitan's default `filter_fqns`."""
@@ -90,6 +91,7 @@ def apply_tp(model: Transformer, mesh: Any, plan: str, float8: str, block_overri
     top = {k: v for k, v in top.items() if getattr(model, k, None) is not None}  # a pipeline stage holds some
     block = {**block, **(block_overrides or {})}
     parallelize_module(model, mesh, top)
+    retie(model)  # both vocab-sharded Shard(0): the embedding's DTensor parameter serves the output too
     for layer in model.layers.values():
         parallelize_module(layer, mesh, block)
 
@@ -278,6 +280,11 @@ def apply_fsdp(model: Transformer, mesh: Any, mp: str, reshard: bool = True, mod
                offload: bool = False, reduce_dtype: torch.dtype | None = None) -> None:
     """FSDP2 as torchtitan's apply_fsdp: fully_shard every block, then the root.
 
+    A tied model (args.tie) groups the token embedding, the final norm and the output in
+    one unit, as torchtitan 0.3's apply_fsdp_to_decoder does (one fully_shard over the
+    three modules: the shared weight is gathered and reduced once), resharded after
+    forward never (its policy's default); the root then holds no parameter.
+
     mp `bf16`: parameters all-gathered and computed in bf16, gradients reduce-scattered
     in float32 (torchtitan's mixed_precision_param / mixed_precision_reduce defaults).
     A 2-D mesh (dp_replicate, dp_shard) is HSDP. `reshard=False` and `reduce_dtype` are
@@ -289,6 +296,9 @@ def apply_fsdp(model: Transformer, mesh: Any, mp: str, reshard: bool = True, mod
     else:
         policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype) if reduce_dtype else MixedPrecisionPolicy()
     extra = {"offload_policy": _cpu_offload_policy(mesh.device_type)} if offload else {}
+    if model.args.tie:
+        fully_shard([model.tok_embeddings, model.norm, model.output], mesh=mesh, mp_policy=policy,
+                    reshard_after_forward=False, **extra)
     blocks = list(model.layers.named_children())
     for (name, block), again, on in zip(blocks, reshard_after_forward(len(blocks), mode),
                                         resharded_blocks(len(blocks), reshard, mode)):
@@ -454,8 +464,8 @@ def ddp_buckets(ddp: Any) -> int:
 
 def gradient_sync(runnable: nn.Module, model: nn.Module, parallel: str) -> Callable[[bool], Any]:
     """sync(on) -> a context for one microbatch: on=False skips the gradient all-reduce
-    (DDP's no_sync(), replicate's set_requires_gradient_sync(False)), so accumulation
-    all-reduces once per step, in its last microbatch."""
+    (DDP's no_sync(), replicate's set_requires_gradient_sync(False)): under grad_sync=last
+    accumulation all-reduces once per step, in its last microbatch."""
     import contextlib
 
     if parallel == "ddp":

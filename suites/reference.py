@@ -3,7 +3,8 @@
 The unsharded model on one process, eager, no AC (with the scenario's Float8 recipe when
 it has one: Float8 is judged against Float8, as torchao does), one step per global
 batch, with the same loss, clipping, optimizer and schedule (suites/step.py) as the
-parallel run. A mixed-precision row's reference computes as FSDP2's bf16 policy does,
+parallel run; its optimizer always steps with torch's per-parameter loop, so a foreach or
+fused row's difference is the parallel kernels' doing. A mixed-precision row's reference computes as FSDP2's bf16 policy does,
 microbatch by microbatch, so bf16 routing is judged by bf16 routing; a routing-edge row
 steers its router per microbatch as the parallel run does.
 """
@@ -42,7 +43,7 @@ def run_reference(scenario: Scenario, device: torch.device, dtype: str) -> Train
     if args.n_experts and not _chunked_reference(scenario):
         watch_routing(model, record, clock)
     data = batches(scenario)
-    parts = _new_step(scenario, model, stp.loss_fn(scenario.loss))
+    parts = _new_step(scenario, model, stp.loss_fn(scenario.loss), impl="for_loop")
     for clock.step, (tokens, labels) in enumerate(data):
         parts.opt.zero_grad(set_to_none=scenario.zero_grad == "none")
         if _chunked_reference(scenario):
@@ -51,7 +52,8 @@ def run_reference(scenario: Scenario, device: torch.device, dtype: str) -> Train
             loss = parts.loss(model(tokens.to(device)), labels.to(device))
             loss.backward()
         if scenario.clip != "none":
-            record.grad_norms.append(float(stp.clip_grads(list(model.parameters()), "norm").cpu()))
+            form = "inf" if scenario.clip == "inf" else "norm"  # every other form measures the 2-norm
+            record.grad_norms.append(float(stp.clip_grads(list(model.parameters()), form).cpu()))
         record.losses.append(float(loss.detach().float().cpu()))
         record.grads.append(full_grads(model))
         _finish_step(parts)

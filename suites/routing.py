@@ -104,6 +104,8 @@ def steer(model: nn.Module, edge: str, chunks: int, clock: RoutingClock) -> None
     starved = edge_chunk(edge, chunks)
 
     def offset(n_experts: int) -> torch.Tensor | None:
+        if not clock.on:  # the eval forward routes naturally, as the reference's does
+            return None
         if edge == "one_expert":
             out = torch.zeros(n_experts)
             out[FORCED_EXPERT] = FORCE_LOGIT

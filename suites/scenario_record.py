@@ -16,6 +16,7 @@ Columns (generated from COLUMNS):
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from typing import Any
 
@@ -78,7 +79,7 @@ COLUMNS: tuple[Column, ...] = (
            "the efsdp = ws/2 ranks that own the same experts); pp_fsdp / pp_tp: a 2 x 2 mesh, pp outermost, FSDP2 "
            "or TP (SP) inside each stage; cp: context parallel (ring attention over the sequence); single: one device, no mesh (the "
            "world-size-1 slice suites/single_device.py derives from the table); ddp: classic DistributedDataParallel "
-           "(bucket_cap_mb 1, no_sync accumulation), dp = ws; replicate: composable replicate on a dp_replicate mesh, as "
+           "(bucket_cap_mb 1; grad_sync last: no_sync accumulation), dp = ws; replicate: composable replicate on a dp_replicate mesh, as "
            "torchtitan's apply_ddp (optimize_ddp ddp_optimizer when compiled)", "Parallel"),
     Column("schedule", ("none", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"), "none", "{}",
            "the pipeline schedule of a pp row (interleaved ones: two stages per rank); microbatches = accum",
@@ -119,9 +120,10 @@ COLUMNS: tuple[Column, ...] = (
            "DCP: save mid-run, load under that layout, train on", "Resume (DCP)"),
     Column("dcp", ("sync", "async"), "sync", {"async": "dcp_async"},
            "how the resume row saves: dcp.save, or dcp.async_save (waited on before loading)", "DCP save"),
-    Column("clip", ("none", "norm", "foreach", "mesh"), "none", "clip_{}",
-           "gradient clipping at a max norm every step: clip_grad_norm_, its foreach form, or torchtitan's "
-           "per-mesh form (a norm per mesh, combined)", "Clip"),
+    Column("clip", ("none", "norm", "foreach", "mesh", "inf"), "none", "clip_{}",
+           "gradient clipping at a max norm every step: clip_grad_norm_, its foreach form, torchtitan's "
+           "per-mesh form (a norm per mesh, combined), or clip_grad_norm_ with norm_type=inf (the largest |grad|: "
+           "DTensor max reductions; per mesh, combined by max, where gradients live on several meshes)", "Clip"),
     Column("sched", ("const", "warmup_cosine"), "const", "lr_{}",
            "LR schedule: constant, or linear warmup + cosine with two parameter groups (no weight decay on norms "
            "and biases)", "LR schedule"),
@@ -133,12 +135,27 @@ COLUMNS: tuple[Column, ...] = (
     Column("reshard", ("titan", "true", "false", "int2"), "titan", "raf_{}",
            "FSDP2 reshard_after_forward per block: torchtitan's (all but the last block), True, False, or 2 (to "
            "2-rank groups)", "Reshard"),
+    Column("tie", (False, True), False, {True: "tied"},
+           "the output projection shares the token embedding's weight (Llama 3.2 1B/3B, small Qwen3, Gemma): one "
+           "parameter in two modules, in one FSDP2 unit, vocab-sharded once under TP", "Tied"),
+    Column("shard", ("even", "uneven"), "even", {"uneven": "uneven"},
+           "uneven: vocab 257 and hidden width 255 (experts' 63), which no mesh divides: FSDP2's padded dim-0 "
+           "shards, DTensor's uneven vocab Shard under TP (loss parallel over uneven vocab shards; a row with TP "
+           "keeps the hidden width even: pytorch#150336), clipping, optimizers and DCP over them", "Shards"),
     Column("routing", ("natural", "empty_first", "empty_middle", "empty_last", "one_expert"), "natural", "route_{}",
            "MoE routing edges: the router's own imbalance; an expert that gets no token in the first / a middle / "
            "the last microbatch of every step; every token to one expert", "Routing"),
     Column("ddp_hook", ("none", "bf16"), "none", "hook_{}",
            "a ddp row's communication hook: bf16_compress_hook (gradients all-reduced in bf16, one rounding of the "
            "average)", "DDP hook"),
+    Column("opt_impl", ("for_loop", "foreach", "fused"), "for_loop", "opt_{}",
+           "the optimizer's implementation: torch's per-parameter loop (foreach=False), its multi-tensor foreach "
+           "kernels (the CUDA default) or its fused kernels (torchtitan's default for AdamW); the reference "
+           "always steps with the loop", "Optimizer impl"),
+    Column("grad_sync", ("every", "last"), "every", "sync_{}",
+           "FSDP2 gradient sync under accumulation: every microbatch, or only the last of a step "
+           "(set_requires_gradient_sync(False) before the others, as HF accelerate and Lightning do; ddp: "
+           "no_sync(), replicate: set_requires_gradient_sync)", "Grad sync"),
     Column("world_size", (1, 2, 4), 2, "ws{}", "ranks (4-rank rows get a 4-rank pool; skipped where fewer devices)",
            "WS"),
     Column("optim", ("sgd", "adamw"), "sgd", "{}", "the optimizer", "Optim"),
@@ -165,8 +182,9 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda s: s.model == "moe" and s.parallel in ("tp_sp", "fsdp_tp"), "the MoE block has a TP plan for `tp` only"),
     Rule(lambda s: s.loss_parallel and s.plan is None,
          "loss parallel shards the logits over a TP dim: it needs tp, tp_sp or fsdp_tp"),
-    Rule(lambda s: s.parallel == "fsdp_tp" and s.world_size % TP_DEGREE_2D,
-         f"fsdp_tp needs a world size divisible by its TP degree {TP_DEGREE_2D}"),
+    Rule(lambda s: s.parallel == "fsdp_tp" and (s.world_size % TP_DEGREE_2D or s.world_size // TP_DEGREE_2D < 2),
+         f"fsdp_tp is dp_shard x tp {TP_DEGREE_2D}: it needs a world size that is a multiple of {TP_DEGREE_2D} with at "
+         "least 2 dp_shard ranks (at ws2 FSDP2 shards over one rank and moves nothing, which its checks do not model)"),
     Rule(lambda s: s.resume != "none" and s.steps <= RESUME_AT, f"a resume row needs more than {RESUME_AT} steps"),
     Rule(lambda s: s.parallel == "hsdp" and s.world_size != 4, "hsdp is a 2 x 2 mesh: it needs world_size=4"),
     Rule(lambda s: (s.offload or s.reshard != "titan") and not s.fsdp,
@@ -191,7 +209,7 @@ RULES: tuple[Rule, ...] = (
          "pp_fsdp and pp_tp are 2 x 2 meshes (pp outermost): they need world_size=4"),
     Rule(lambda s: s.parallel == "ep_fsdp" and (s.compiled or s.clip in ("norm", "foreach") or s.world_size == 1),
          "ep_fsdp's dispatch sizes its all-to-all from the routing (no fullgraph compile), and its gradients live on "
-         "two meshes: it runs eager, with clip none or mesh"),
+         "two meshes: it runs eager, with clip none, mesh or inf (both combine a norm per mesh)"),
     Rule(lambda s: s.parallel == "cp" and (s.model != "dense" or s.mp != "none" or s.float8 != "none"
                                            or s.resume != "none" or s.train == "lora" or s.shapes != "static"
                                            or s.eval != "none" or s.world_size != 2),
@@ -202,7 +220,20 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda s: s.ddp_hook != "none" and s.parallel != "ddp",
          "a communication hook is classic DDP's register_comm_hook: ddp_hook needs parallel=ddp"),
     Rule(lambda s: s.parallel == "ep" and s.clip in ("norm", "foreach"),
-         "EP's experts live on their owners only: a plain clip_grad_norm_ sees one rank's; use clip=mesh"),
+         "EP's experts live on their owners only: a plain clip_grad_norm_ sees one rank's; use clip=mesh (or inf, which combines per mesh)"),
+    Rule(lambda s: s.grad_sync != "every" and not (s.fsdp or s.replicated),
+         "grad_sync=last is FSDP2's set_requires_gradient_sync on the whole model, DDP's no_sync, replicate's "
+         "set_requires_gradient_sync: it needs fsdp, fsdp_tp, hsdp, ddp or replicate"),
+    Rule(lambda s: s.grad_sync != "every" and s.accum < 2,
+         "grad_sync=last skips the sync of every microbatch but the last: it needs accum of at least 2"),
+    Rule(lambda s: s.grad_sync != "every" and s.resume != "none",
+         "grad_sync=last judges the last step's reductions of one layout: it needs resume=none"),
+    Rule(lambda s: s.shard == "uneven" and s.float8 != "none",
+         "Float8's scaled matmuls need every dim a multiple of 16 (torch._scaled_mm): uneven dims cannot be "
+         "Float8 linears"),
+    Rule(lambda s: s.tie and s.parallel in PP_LAYOUTS,
+         "a tied embedding and output sit on the first and the last pipeline stage: the tie crosses stages (its "
+         "gradient needs a cross-stage all-reduce our pipelines do not build), so pp rows do not tie"),
 )
 
 
@@ -220,7 +251,7 @@ class Scenario:
             if rule.broken(self):
                 raise ScenarioError(f"{self.id}: {rule.message}")
         if self.tp_degree > 1:
-            self.model_args.check_tp(self.tp_degree)
+            self.model_args.check_tp(self.tp_degree, uneven=self.shard == "uneven")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "Scenario":
@@ -284,6 +315,14 @@ class Scenario:
 
     @property
     def model_args(self) -> ModelArgs:
+        """The model this row trains: its variant's dims, uneven or not, tied or not."""
+        tp_anywhere = self.tp_degree > 1 or self.resume == "tp_sp"  # uneven hidden: pytorch#150336
+        args = self.base_model_args.uneven(hidden=not tp_anywhere) if self.shard == "uneven" else self.base_model_args
+        return dataclasses.replace(args, tie=True) if self.tie else args
+
+    @property
+    def base_model_args(self) -> ModelArgs:
+        """The variant's dims (dense, MoE, LoRA, pipeline depth) before the row's tie."""
         if self.model == "moe":
             return MOE_MODEL
         if self.parallel in PP_LAYOUTS:

@@ -35,6 +35,21 @@ def training_step_rows() -> list[Scenario]:
         row("ep", model="moe", clip="mesh"),
         row("ep", model="moe", world_size=4, accum=2, clip="mesh"),
         row("hsdp", world_size=4, clip="norm"),
+        # clipping by the largest |gradient| (norm_type=inf): DTensor's Partial max reductions
+        row("fsdp", clip="inf"),
+        row("fsdp", mp="bf16", accum=2, clip="inf"),
+        row("fsdp", "block", "inductor", clip="inf", optim="adamw"),
+        row("fsdp_tp", world_size=4, clip="inf"),
+        row("fsdp_tp", "block", "aot_eager", world_size=4, mp="bf16", clip="inf"),
+        row("tp", clip="inf"),
+        row("tp_sp", clip="inf"),
+        row("tp_sp", "block", "inductor", clip="inf"),
+        row("hsdp", world_size=4, clip="inf"),
+        row("ep", model="moe", clip="inf"),
+        row("ep", model="moe", world_size=4, accum=2, clip="inf"),
+        row("ep_fsdp", model="moe", clip="inf"),
+        row("pp", schedule="1f1b", accum=2, clip="inf"),
+        row("pp", schedule="interleaved_1f1b", accum=2, clip="inf", optim="adamw"),
         # cross entropy compiled (torchtitan compiles the loss), plain and loss-parallel
         row("tp_sp", "block", "inductor", loss_compile=True),
         row("tp", "model", "aot_eager", loss_compile=True, loss_parallel=True),
@@ -115,6 +130,7 @@ def training_step_rows() -> list[Scenario]:
         if edge != "one_expert":
             rows.append(row("tp", model="moe", accum=3, routing=edge))
     rows.append(row("ep", model="moe", world_size=4, accum=2, routing="empty_middle", clip="mesh"))
+    rows.append(row("tp", model="moe", accum=3, routing="empty_last", eval="no_grad"))  # eval routes naturally
     # pipeline parallel: every schedule, microbatches, clipping across stages, frozen parts
     for schedule in ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"):
         rows += [row("pp", schedule=schedule, accum=2), row("pp", schedule=schedule, accum=4, clip="mesh")]
@@ -250,7 +266,8 @@ def layout_rows() -> list[Scenario]:
 
 def ddp_rows() -> list[Scenario]:
     """Data parallel by replication, the most used distributed training path: classic
-    DistributedDataParallel (its C++ reducer, no_sync accumulation, static_graph under AC,
+    DistributedDataParallel (its C++ reducer, accumulation with and without no_sync
+    (grad_sync), static_graph under AC,
     find_unused_parameters for MoE, the bf16 compression hook, autocast mixed precision)
     and composable replicate as torchtitan's apply_ddp applies it. Compiled, both are
     Dynamo's DDPOptimizer, which splits a graph at DDP's bucket boundaries (DDP_BUCKET_MB:
@@ -260,35 +277,150 @@ def ddp_rows() -> list[Scenario]:
         rows += [
             row(parallel, tier="pr" if parallel == "ddp" else "nightly"),
             row(parallel, accum=2),
+            row(parallel, accum=2, grad_sync="last"),
             row(parallel, "model", "aot_eager"),
             row(parallel, "model", "inductor"),
             row(parallel, "block", "inductor"),
             row(parallel, "block", "aot_eager", ac="full"),
             row(parallel, "model", "aot_eager", ac="selective"),
-            row(parallel, ac="full", accum=2),
-            row(parallel, "model", "aot_eager", accum=2),
+            row(parallel, ac="full", accum=2, grad_sync="last"),
+            row(parallel, "model", "aot_eager", accum=2, grad_sync="last"),
             row(parallel, train="frozen_embed"),
             row(parallel, "model", "aot_eager", train="frozen_norms"),
             row(parallel, "block", "inductor", train="lora"),
             row(parallel, clip="norm", optim="adamw", sched="warmup_cosine"),
-            row(parallel, "model", "inductor", clip="foreach", accum=2),
-            row(parallel, loss="z_loss", zero_grad="zeros", accum=2),
+            row(parallel, "model", "inductor", clip="foreach", accum=2, grad_sync="last"),
+            row(parallel, loss="z_loss", zero_grad="zeros", accum=2, grad_sync="last"),
             row(parallel, mp="bf16"),
-            row(parallel, world_size=4, accum=2),
+            row(parallel, world_size=4, accum=2, grad_sync="last"),
             row(parallel, "model", "aot_eager", world_size=4),
         ]
     rows += [
         row("ddp", loss="smooth_ce", clip="foreach"),
         row("ddp", "block", "aot_eager", loss="soft_ce", loss_compile=True),
-        row("ddp", model="moe", accum=2),
-        row("ddp", "model", "aot_eager", mp="bf16", accum=2),
+        row("ddp", ac="full", accum=2),  # static_graph accumulation that syncs every microbatch
+        row("ddp", model="moe", accum=2, grad_sync="last"),
+        row("ddp", "model", "aot_eager", mp="bf16", accum=2, grad_sync="last"),
         row("replicate", train="lora", zero_grad="zeros"),
         row("replicate", "model", "inductor", optim="adamw", sched="warmup_cosine"),
         # the bf16 compression communication hook: gradients all-reduced in bf16
         row("ddp", ddp_hook="bf16"),
-        row("ddp", ddp_hook="bf16", accum=2, clip="norm"),
+        row("ddp", ddp_hook="bf16", accum=2, grad_sync="last", clip="norm"),
         row("ddp", "model", "aot_eager", ddp_hook="bf16"),
         row("ddp", "block", "inductor", ddp_hook="bf16", optim="adamw"),
         row("ddp", world_size=4, ddp_hook="bf16"),
     ]
     return rows
+def optimizer_rows() -> list[Scenario]:
+    """torch.optim's multi-tensor (foreach, the CUDA default) and fused kernels (torchtitan's
+    AdamW default) over DTensor parameters and gradients, crossed with the layouts users
+    train them under (FSDP2, FSDP2 x TP, TP / SP, HSDP, EP on its own mesh, PP), mixed
+    precision, accumulation, clipping, compiled blocks and an LR schedule with two
+    parameter groups. The reference steps with the per-parameter loop; on CPU every other
+    row does too (torch picks foreach / fused for CUDA tensors only)."""
+    return [
+        row("fsdp", optim="adamw", opt_impl="fused"),
+        row("fsdp", opt_impl="fused"),
+        row("fsdp", optim="adamw", opt_impl="fused", mp="bf16", accum=2),
+        row("fsdp", "block", "inductor", optim="adamw", opt_impl="fused", clip="norm"),
+        row("fsdp", "block", "aot_eager", optim="adamw", opt_impl="foreach"),
+        row("fsdp", optim="adamw", opt_impl="foreach", accum=2),
+        row("fsdp", opt_impl="foreach", clip="foreach"),
+        row("fsdp_tp", world_size=4, optim="adamw", opt_impl="fused"),
+        row("fsdp_tp", "block", "aot_eager", world_size=4, optim="adamw", opt_impl="fused", sched="warmup_cosine",
+            clip="norm"),
+        row("fsdp_tp", world_size=4, optim="adamw", opt_impl="foreach", mp="bf16"),
+        row("tp", optim="adamw", opt_impl="fused"),
+        row("tp", opt_impl="foreach"),
+        row("tp_sp", "block", "inductor", optim="adamw", opt_impl="fused"),
+        row("tp_sp", optim="adamw", opt_impl="foreach", sched="warmup_cosine"),
+        row("hsdp", world_size=4, optim="adamw", opt_impl="fused", mp="bf16"),
+        row("hsdp", world_size=4, opt_impl="foreach", accum=2),
+        row("ep_fsdp", model="moe", optim="adamw", opt_impl="fused", clip="mesh"),
+        row("ep_fsdp", model="moe", opt_impl="foreach"),
+        row("pp", schedule="1f1b", accum=2, optim="adamw", opt_impl="fused"),
+        row("pp", schedule="gpipe", accum=2, opt_impl="foreach"),
+    ]
+
+
+def grad_sync_rows() -> list[Scenario]:
+    """FSDP2 accumulation that reduces gradients once per step (set_requires_gradient_sync
+    False for every microbatch but the last, as HF accelerate and Lightning accumulate),
+    crossed with mixed precision, HSDP, FSDP2 x TP, CPU offload, compiled blocks, clipping
+    and gradients kept as zero tensors; the numbers must equal the reference's and the last
+    step must reduce-scatter once per FSDP2 unit."""
+    return [
+        row("fsdp", accum=2, grad_sync="last"),
+        row("fsdp", accum=4, grad_sync="last", optim="adamw"),
+        row("fsdp", mp="bf16", accum=2, grad_sync="last"),
+        row("fsdp", mp="bf16", accum=3, grad_sync="last", optim="adamw"),
+        row("hsdp", world_size=4, accum=2, grad_sync="last"),
+        row("hsdp", world_size=4, mp="bf16", accum=2, grad_sync="last"),
+        row("fsdp_tp", world_size=4, accum=2, grad_sync="last"),
+        row("fsdp", offload=True, accum=2, grad_sync="last"),
+        row("fsdp", offload=True, mp="bf16", accum=2, grad_sync="last"),
+        row("fsdp", "block", "inductor", accum=2, grad_sync="last"),
+        row("fsdp", "block", "aot_eager", mp="bf16", accum=2, grad_sync="last"),
+        row("fsdp", accum=2, clip="norm", grad_sync="last"),
+        row("fsdp", accum=3, clip="inf", grad_sync="last"),
+        row("fsdp", zero_grad="zeros", accum=2, grad_sync="last"),
+        row("fsdp", zero_grad="zeros", accum=3, grad_sync="last", optim="adamw"),
+        row("fsdp", zero_grad="zeros", accum=4, grad_sync="last", mp="bf16"),
+    ]
+
+
+def tie_rows() -> list[Scenario]:
+    """A tied embedding and output (one parameter, two modules: Llama 3.2 1B/3B, small Qwen3,
+    Gemma) x FSDP2's unit of that parameter (mixed precision, accumulation, HSDP), TP's two
+    vocab-sharded uses of it (with and without SP, under FSDP2), compile, AC, clipping (the
+    shared gradient counted once), a DCP resume under another layout, and a frozen tied
+    embedding (which freezes the output with it, in the reference too)."""
+    return [
+        row("fsdp", tie=True),
+        row("fsdp", mp="bf16", tie=True),
+        row("fsdp", accum=2, tie=True),
+        row("fsdp_tp", world_size=4, tie=True),
+        row("tp", tie=True),
+        row("tp_sp", tie=True),
+        row("hsdp", world_size=4, tie=True),
+        row("fsdp", "block", "inductor", tie=True),
+        row("tp_sp", "block", "inductor", tie=True),
+        row("fsdp", "model", "aot_eager", tie=True),
+        row("tp", "model", "aot_eager", tie=True),
+        row("tp_sp", ac="full", tie=True),
+        row("fsdp", ac="full", tie=True),
+        row("fsdp", clip="norm", tie=True),
+        row("tp_sp", clip="norm", tie=True),
+        row("tp_sp", resume="fsdp", tie=True),
+        row("fsdp", train="frozen_embed", tie=True),
+        row("tp", train="frozen_embed", tie=True),
+    ]
+
+
+def uneven_rows() -> list[Scenario]:
+    """Dims no mesh divides (vocab 257, hidden 255: real vocabularies such as GPT-2's 50257
+    or Qwen's 151936 on 3 or 6 ranks, odd hidden widths): FSDP2's padded dim-0 shards x
+    mixed precision, accumulation + clipping, reshard to 2-rank groups, HSDP, offload,
+    AdamW + warmup-cosine, compile; DTensor's uneven vocab / hidden shards under TP, loss
+    parallel over uneven vocab shards, FSDP2 x TP; DCP resumes that reshard uneven shards
+    into another layout; and the tie over uneven shards."""
+    return [
+        row("fsdp", shard="uneven"),
+        row("fsdp", mp="bf16", shard="uneven"),
+        row("fsdp", accum=2, clip="norm", shard="uneven"),
+        row("fsdp", world_size=4, reshard="int2", shard="uneven"),
+        row("hsdp", world_size=4, shard="uneven"),
+        row("fsdp_tp", world_size=4, shard="uneven"),
+        row("tp", shard="uneven"),
+        row("tp", world_size=4, shard="uneven"),
+        row("tp", loss_parallel=True, shard="uneven"),
+        row("tp_sp", loss_parallel=True, shard="uneven"),
+        row("fsdp", "block", "inductor", shard="uneven"),
+        row("fsdp", resume="tp_sp", shard="uneven"),
+        row("fsdp", resume="single", shard="uneven"),
+        row("fsdp", offload=True, shard="uneven"),
+        row("fsdp", sched="warmup_cosine", optim="adamw", shard="uneven"),
+        row("ep_fsdp", model="moe", shard="uneven"),
+        row("fsdp", tie=True, shard="uneven"),
+        row("tp_sp", loss_parallel=True, tie=True, shard="uneven"),
+    ]

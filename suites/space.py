@@ -68,7 +68,9 @@ SIZES: tuple[Axis, ...] = (
 )
 """The fuzzer's own size axes (see the module docstring). dim scales the model's width:
 ffn_hidden 2 x dim, expert_hidden dim / 2, 8 heads (4 KV heads) at every width; the
-smallest values keep every shard a multiple of 16 elements at TP 4 (Float8's kernels)."""
+smallest values keep every shard a multiple of 16 elements at TP 4 (Float8's kernels). A
+`shard=uneven` point takes its sizes, then ModelArgs.uneven (ffn_hidden 2 x dim - 1), a
+`tie` point ties them."""
 
 SIZE_FRAGMENT = {"steps": "steps{}", "dim": "dim{}", "seq": "seq{}", "layers": "layers{}"}
 SIZE_TOKEN = re.compile(r"^(steps|dim|seq|layers)(\d+)$")
@@ -113,8 +115,8 @@ class SizedScenario(sc.Scenario):
         return "-".join([super().id, *(SIZE_FRAGMENT[n].format(v) for n, v in self.sizes)])
 
     @property
-    def model_args(self):
-        base, size = super().model_args, self.size
+    def base_model_args(self):
+        base, size = super().base_model_args, self.size
         dim = size["dim"]
         return dataclasses.replace(base, dim=dim, ffn_hidden=2 * dim, max_seq_len=size["seq"],
                                    n_layers=base.n_layers if self.parallel == "pp" else size["layers"],

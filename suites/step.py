@@ -26,6 +26,12 @@ SOFT_LABEL_TEMPERATURE = 2.0
 MAX_NORM = 0.5
 """Below the model's gradient norm in every step (measured 0.8 .. 2.5), so clipping
 always scales: a clip that did nothing, or scaled by a wrong norm, changes the grads."""
+MAX_NORM_INF = 0.02
+"""The `inf` rows' max norm, below the largest |gradient| of every step: measured 0.031 ..
+0.112 (torch 2.13.0 CPU references of fsdp, fsdp mp bf16 ga2, moe, pp 1f1b, tp z_loss, with
+sgd and adamw, clipped at this value), so clipping always scales. MAX_NORM is 25x the
+largest |gradient| and would never clip. LoRA's adapters peak at 0.005: a LoRA row with
+clip inf would not scale, and the table has none."""
 WEIGHT_DECAY = 0.1
 WARMUP_STEPS = 1
 
@@ -96,45 +102,55 @@ def _mesh_key(g: torch.Tensor) -> Any:
     return None if mesh is None else (tuple(mesh.mesh.flatten().tolist()), mesh.mesh_dim_names)
 
 
-def clip_grads(params: Iterable[torch.nn.Parameter], form: str, max_norm: float = MAX_NORM,
+def clip_grads(params: Iterable[torch.nn.Parameter], form: str, max_norm: float | None = None,
                local_params: Iterable[torch.nn.Parameter] = (), group: Any = None,
                local_norm: bool = False) -> torch.Tensor:
-    """Clips the gradients to `max_norm` in one of the forms users run; returns the
-    total norm (a plain float32 tensor, the same on every rank).
+    """Clips the gradients to `max_norm` (default: MAX_NORM, MAX_NORM_INF for `inf`) in
+    one of the forms users run; returns the total norm (a plain float32 tensor, the same
+    on every rank).
 
     norm: torch.nn.utils.clip_grad_norm_ (foreach where the device has it).
     foreach: the same with foreach=True, as on CUDA by default.
+    inf: the same with norm_type=inf: the largest |gradient| of all (DTensor gradients
+    reduce their local maxima with Partial max placements).
     mesh: torchtitan's form for gradients on several meshes (EP, PP): one norm per mesh
     (get_total_norm, DTensor norms made full), combined as sqrt(sum of squares), then
     clip_grads_with_norm_. `local_params`: parameters whose gradients live on some ranks
-    only (EP's experts here): their squared norms are summed over `group`.
+    only (EP's experts here): their squared norms are summed over `group`. `inf` with
+    local parameters takes this path too, combining by max (torchtitan's inf under PP:
+    an all-reduce MAX over the pipeline ranks).
     `local_norm` is a mutation: the norm of each rank's local shards, never reduced.
     """
     params = [p for p in params if p.grad is not None]
     local_ids = {id(p) for p in local_params}
+    norm_type = math.inf if form == "inf" else 2.0
+    if max_norm is None:
+        max_norm = MAX_NORM_INF if form == "inf" else MAX_NORM
     if local_norm:
         grads = [g.to_local() if hasattr(g, "to_local") else g for g in (p.grad for p in params)]
-        total = torch.nn.utils.get_total_norm(grads, norm_type=2.0).float()
+        total = torch.nn.utils.get_total_norm(grads, norm_type=norm_type).float()
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
         return total.detach()
-    if form in ("norm", "foreach") and not local_ids:
-        total = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True if form == "foreach" else None)
+    if form in ("norm", "foreach", "inf") and not local_ids:
+        total = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type,
+                                               foreach=True if form == "foreach" else None)
         return _plain(total).detach().float()
-    if form not in ("norm", "foreach", "mesh"):
-        raise ValueError(f"unknown clip form {form!r}; known: norm, foreach, mesh")
+    if form not in ("norm", "foreach", "mesh", "inf"):
+        raise ValueError(f"unknown clip form {form!r}; known: norm, foreach, mesh, inf")
+    import torch.distributed as dist
+
     groups: dict[Any, list[torch.nn.Parameter]] = {}
     for p in params:
         groups.setdefault(("local",) if id(p) in local_ids else _mesh_key(p.grad), []).append(p)
     device = params[0].grad.device if params else torch.device("cpu")
-    squares = torch.zeros((), dtype=torch.float32, device=device)
+    combined = torch.zeros((), dtype=torch.float32, device=device)  # a sum of squares, or a max
     for key, members in groups.items():
-        square = _plain(torch.nn.utils.get_total_norm([p.grad for p in members], norm_type=2.0)).float() ** 2
+        part = _plain(torch.nn.utils.get_total_norm([p.grad for p in members], norm_type=norm_type)).float()
+        part = part if norm_type == math.inf else part ** 2
         if key == ("local",):
-            import torch.distributed as dist
-
-            dist.all_reduce(square, group=group)
-        squares = squares + square
-    total = squares.sqrt()
+            dist.all_reduce(part, op=dist.ReduceOp.MAX if norm_type == math.inf else dist.ReduceOp.SUM, group=group)
+        combined = torch.maximum(combined, part) if norm_type == math.inf else combined + part
+    total = combined if norm_type == math.inf else combined.sqrt()
     for members in groups.values():  # per mesh: a foreach multiply cannot mix DTensors and tensors
         torch.nn.utils.clip_grads_with_norm_(members, max_norm, total)
     return total.detach()
@@ -175,14 +191,21 @@ def warmup_cosine(step: int, total: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def make_optimizer(named: Iterable[tuple[str, torch.nn.Parameter]], scenario: Scenario
+OPT_IMPL_KWARGS = {"for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
+"""The torch.optim keyword that picks each `opt_impl` (the loop is named, never left to
+torch's default: it picks foreach for CUDA tensors, the loop for CPU ones)."""
+
+
+def make_optimizer(named: Iterable[tuple[str, torch.nn.Parameter]], scenario: Scenario, impl: str | None = None
                    ) -> tuple[torch.optim.Optimizer, Any]:
-    """(optimizer, LR scheduler or None) for the row's `optim` and `sched` columns."""
+    """(optimizer, LR scheduler or None) for the row's `optim`, `opt_impl` and `sched`
+    columns; `impl` overrides `opt_impl` (the reference steps with the loop)."""
     groups = param_groups(named, scenario.sched)
+    kwargs = OPT_IMPL_KWARGS[impl or scenario.opt_impl]
     if scenario.optim == "sgd":
-        opt: torch.optim.Optimizer = torch.optim.SGD(groups, lr=LR["sgd"])
+        opt: torch.optim.Optimizer = torch.optim.SGD(groups, lr=LR["sgd"], **kwargs)
     else:
-        opt = torch.optim.AdamW(groups, lr=LR["adamw"], weight_decay=0.01)
+        opt = torch.optim.AdamW(groups, lr=LR["adamw"], weight_decay=0.01, **kwargs)
     if scenario.sched == "const":
         return opt, None
     total = scenario.steps

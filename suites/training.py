@@ -16,6 +16,7 @@ placements and which of them require grad.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -25,6 +26,7 @@ import torch.nn as nn
 from . import checkpoint as ckpt
 from . import parallelize as par
 from . import step as stp
+from . import tying
 from .collectives import record_collectives
 from .evidence import (  # noqa: F401  (re-exported: the run's records and readers)
     Evidence, Mutation, TrainRecord, _gathered, _graph_breaks, clean_name, count_executed_ops, full_grads,
@@ -81,10 +83,13 @@ class Step:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     opt: torch.optim.Optimizer
     sched: Any = None
+    watch: tuple[int, Counter] | None = None
+    """(step, counter): count the ops that step's optimizer.step() executes into counter."""
 
 
-def _new_step(scenario: Scenario, model: nn.Module, loss: Callable | None = None) -> Step:
-    opt, sched = stp.make_optimizer(((clean_name(n), p) for n, p in model.named_parameters()), scenario)
+def _new_step(scenario: Scenario, model: nn.Module, loss: Callable | None = None, impl: str | None = None) -> Step:
+    """The step's parts; `impl` overrides the row's optimizer implementation (the reference: the loop)."""
+    opt, sched = stp.make_optimizer(((clean_name(n), p) for n, p in model.named_parameters()), scenario, impl)
     return Step(loss or stp.build_loss(scenario), opt, sched)
 
 
@@ -102,8 +107,10 @@ def _clip(scenario: Scenario, layout: Layout, record: TrainRecord, mutation: "Mu
     record.grad_norms.append(float(norm.cpu()))
 
 
-def _finish_step(step: Step) -> None:
-    step.opt.step()
+def _finish_step(step: Step, index: int | None = None) -> None:
+    watched = step.watch is not None and step.watch[0] == index
+    with count_executed_ops(step.watch[1]) if watched else contextlib.nullcontext():
+        step.opt.step()
     if step.sched is not None:
         step.sched.step()
 
@@ -119,7 +126,7 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
         if layout.pipe is not None:
             _pipeline_step(scenario, layout, tokens, labels, device, record, step_parts, mutation,
                            on_step(step) if on_step else contextlib.nullcontext(),
-                           watched=layout.watch is not None and layout.watch[0] == step)
+                           watched=layout.watch is not None and layout.watch[0] == step, index=step)
             continue
         mb = tokens.shape[0] // (layout.dp_size * scenario.accum)  # rows per microbatch
         ctx = on_step(step) if on_step else contextlib.nullcontext()
@@ -132,9 +139,14 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
                 if clock is not None:
                     clock.step, clock.chunk = step, layout.dp_rank * scenario.accum + micro
                 x, y = tokens[start:start + mb].to(device), labels[start:start + mb].to(device)
-                last_micro = micro == scenario.accum - 1 or mutation.ddp_sync_every_microbatch
+                # grad_sync=last: only the last microbatch reduces (FSDP2's set_requires_gradient_sync;
+                # DDP's no_sync, replicate's set_requires_gradient_sync through layout.sync)
+                sync_now = (scenario.grad_sync == "every" or micro == scenario.accum - 1
+                            or mutation.sync_every_microbatch)
+                if scenario.grad_sync == "last" and layout.sync is None:
+                    layout.model.set_requires_gradient_sync(sync_now)
                 with _loss_context(scenario), _cp_context(layout, x, y), \
-                        layout.sync(last_micro) if layout.sync else contextlib.nullcontext(), \
+                        layout.sync(sync_now) if layout.sync else contextlib.nullcontext(), \
                         record_collectives(layout.watch[1]) if watched else contextlib.nullcontext():
                     with _autocast(layout, device):
                         loss = step_parts.loss(layout.runnable(x), y) / scenario.accum
@@ -154,7 +166,7 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
         record.losses.append(float(total.cpu()))
         grads = full_grads(layout.model, layout.ep)
         record.grads.append(_gathered(grads) if layout.partial_params else grads)
-        _finish_step(step_parts)
+        _finish_step(step_parts, step)
         if scenario.fsdp_float8_all_gather:
             par.precompute_float8_scales(layout.model)
 
@@ -178,7 +190,7 @@ def _autocast(layout: Layout, device):
 
 
 def _pipeline_step(scenario: Scenario, layout: Layout, tokens, labels, device, record: TrainRecord,
-                   step_parts: Step, mutation: "Mutation", ctx: Any, watched: bool = False) -> None:
+                   step_parts: Step, mutation: "Mutation", ctx: Any, watched: bool = False, index: int = 0) -> None:
     """One step of a pp row: the schedule runs every microbatch through the stages."""
     from . import pipeline
 
@@ -196,7 +208,7 @@ def _pipeline_step(scenario: Scenario, layout: Layout, tokens, labels, device, r
     _clip(scenario, layout, record, mutation)
     record.losses.append(float(total.cpu()))
     record.grads.append(_gathered(full_grads(layout.model)))
-    _finish_step(step_parts)
+    _finish_step(step_parts, index)
 
 
 def _average_ep_grads(model: nn.Module, group: Any, size: int) -> None:
@@ -284,7 +296,9 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
                 if layout.counter is not None:
                     evidence.graph_calls[-1] += layout.counter.calls
 
-        parts = _new_step(scenario, layout.model)
+        opt_watch = (last, evidence.optimizer_ops) if scenario.opt_impl != "for_loop" else None  # judged by checks.py
+        parts = _new_step(scenario, layout.model, impl=mutation.optimizer_impl)
+        parts.watch = opt_watch
         if scenario.resume == "none":
             train(layout, range(scenario.steps), parts)
         else:
@@ -292,9 +306,12 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
             with ckpt.shared_dir() as path:
                 ckpt.save(layout.model, parts.opt, path, asynchronous=scenario.dcp == "async")
                 layout = build_layout(scenario, scenario.resume, meshes, device, dtype, evidence, mutation)
-                parts = _new_step(scenario, layout.model, parts.loss)
+                parts = _new_step(scenario, layout.model, parts.loss, impl=mutation.optimizer_impl)
+                parts.watch = opt_watch
                 if not mutation.skip_checkpoint_load:
                     ckpt.load(layout.model, parts.opt, path)
+                if scenario.tie:
+                    evidence.tied[tying.AFTER_RESUME] = tying.tied(layout.model)
             train(layout, range(RESUME_AT, scenario.steps), parts)
         if clock is not None:
             clock.on = False
@@ -307,6 +324,10 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
             if scenario.steps == 1:
                 evidence.graphs_after_first_step = counter.graphs
         evidence.graph_breaks = _graph_breaks() - breaks_before
+        if final in ckpt.EXPORTED_LAYOUTS:
+            _export(layout.model, record, mutation)
+        if scenario.tie:
+            evidence.tied[tying.AFTER_LAST_STEP] = tying.tied(layout.model)
         trainable_end = {clean_name(n): 1 for n, p in layout.model.named_parameters() if p.requires_grad}
         evidence.trainable_end = sorted(_gathered(trainable_end) if layout.partial_params else trainable_end)
         evidence.frozen_with_grad = sorted(n for n, g in record.grads[-1].items()
@@ -317,6 +338,16 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
             if counter is not None:
                 evidence.eval_graphs, evidence.eval_calls = counter.graphs - graphs, counter.calls - calls
     return record, evidence
+
+
+def _export(model: nn.Module, record: TrainRecord, mutation: Mutation) -> None:
+    """The trained parameters (gathered with full_tensor()) and the full state dict users
+    export, kept on the rank that receives the export (checks.export_problems compares them)."""
+    trained = {clean_name(n): _value(p).detach().cpu() for n, p in model.named_parameters()}
+    exported = ckpt.full_state_dict(model, local_shards=mutation.export_local_shards)
+    if exported:
+        record.trained = trained
+        record.exported = {clean_name(k): v for k, v in exported.items()}
 
 
 @contextlib.contextmanager

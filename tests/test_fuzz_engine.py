@@ -49,6 +49,16 @@ def test_a_sized_point_runs_its_sizes_and_names_them_in_its_id():
     assert type(scenario({"parallel": "tp_sp", "steps": sc.STEPS})) is sc.Scenario
 
 
+def test_a_size_keeps_the_rows_tie_and_uneven_dims():
+    s = scenario({"parallel": "fsdp", "tie": True, "shard": "uneven", "dim": 64})
+    args = s.model_args
+    assert s.id == "fsdp-eager-tied-uneven-dim64"
+    assert (args.dim, args.ffn_hidden, args.vocab_size, args.tie) == (64, 127, sc.MODEL.vocab_size + 1, True)
+    assert key(point_from_id(s.id)) == s.id
+    assert any("multiple of 16" in p for p in Space(device_type=None).problems(
+        {"parallel": "fsdp", "shard": "uneven", "float8": "rowwise"}))
+
+
 def test_size_rules_refuse_what_a_row_fixes_itself():
     space = Space(device_type=None)
     assert any("static, non-resumed" in p for p in space.problems({"parallel": "tp", "shapes": "varlen", "steps": 2}))

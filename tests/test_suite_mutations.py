@@ -24,10 +24,17 @@ parameter FSDP2 left unsharded, a router that never leaves an expert idle or sta
 a routing edge (an expert starved in one microbatch) that did not happen. The structural
 checks of the training step run for real too: FSDP2 gradient reductions in bf16 where the
 MixedPrecisionPolicy says float32 (numbers alone stay inside the bf16 tolerance),
-clipping by each rank's local norm, a parameter that stops requiring grad, a pipeline schedule
-that sums its microbatches' gradients; DDP and replicate accumulation that all-reduces in every
-microbatch (no no_sync), DDP gradients all-reduced in bf16 where the row says float32, a
-compiled DDP model without DDPOptimizer (one graph, not split at the buckets).
+clipping by each rank's local norm (the 2-norm and the inf norm), a parameter that stops
+requiring grad, a pipeline schedule that sums its microbatches' gradients, a foreach or fused
+optimizer that silently steps with the per-parameter loop (same numbers: only the kernels the
+last optimizer step ran see it), grad_sync=last accumulation whose FSDP2 still
+reduce-scatters every microbatch (same numbers: only the recorded reductions see it), an
+exported full state dict made of each rank's local shards, a tied output projection that a
+layout untied (two parameters where the model has one); fed evidence: an uneven row whose
+layout split no parameter unevenly; DDP and replicate grad_sync=last
+accumulation that all-reduces in every microbatch (no no_sync), DDP gradients all-reduced in bf16
+where the row says float32, a compiled DDP model without DDPOptimizer (one graph, not split at
+the buckets).
 Unmutated controls run through the same checks and must pass, so a failure is the
 mutation's doing. All real runs share one spawn of two ranks (~60 s on 2 cores).
 """
@@ -76,11 +83,24 @@ RUNS = {
     "pp_summed": ("pp-gpipe-eager-ga2", "pp_sum_microbatches"),
     "control_ep_fsdp": ("ep_fsdp-moe-eager", None),
     "ep_default_divide": ("ep_fsdp-moe-eager", "ep_default_divide"),
-    "control_ddp": ("ddp-eager-ga2", None),
-    "ddp_sync_every_microbatch": ("ddp-eager-ga2", "ddp_sync_every_microbatch"),
-    "ddp_reduce_in_bf16": ("ddp-eager-ga2", "ddp_bf16_hook"),
-    "control_replicate": ("replicate-eager-ga2", None),
-    "replicate_sync_every_microbatch": ("replicate-eager-ga2", "ddp_sync_every_microbatch"),
+    "export_local": ("fsdp-eager", "export_local_shards"),
+    "control_fused": ("fsdp-eager-opt_fused-adamw", None),
+    "fused_as_loop": ("fsdp-eager-opt_fused-adamw", "optimizer_for_loop"),
+    "control_foreach": ("tp-eager-opt_foreach", None),
+    "foreach_as_loop": ("tp-eager-opt_foreach", "optimizer_for_loop"),
+    "control_clip_inf": ("fsdp-eager-clip_inf", None),
+    "clip_inf_local_norm": ("fsdp-eager-clip_inf", "clip_local_norm"),
+    "control_sync_last": ("fsdp-eager-ga2-sync_last", None),
+    "sync_every_microbatch": ("fsdp-eager-ga2-sync_last", "sync_every_microbatch"),
+    "control_tied": ("tp-eager-tied", None),
+    "untied": ("tp-eager-tied", "untie"),
+    "control_tied_fsdp": ("fsdp-eager-tied", None),
+    "control_uneven": ("fsdp-eager-uneven", None),
+    "control_ddp": ("ddp-eager-ga2-sync_last", None),
+    "ddp_sync_every_microbatch": ("ddp-eager-ga2-sync_last", "sync_every_microbatch"),
+    "ddp_reduce_in_bf16": ("ddp-eager-ga2-sync_last", "ddp_bf16_hook"),
+    "control_replicate": ("replicate-eager-ga2-sync_last", None),
+    "replicate_sync_every_microbatch": ("replicate-eager-ga2-sync_last", "sync_every_microbatch"),
     "control_ddp_compiled": ("ddp-compile_model_aot_eager", None),
     "ddp_without_ddp_optimizer": ("ddp-compile_model_aot_eager", "no_ddp_optimizer"),
 }
@@ -143,8 +163,12 @@ def _mutation(kind: str | None):
         return Mutation(pp_sum_microbatches=True)
     if kind == "ep_default_divide":
         return Mutation(ep_default_divide=True)
-    if kind == "ddp_sync_every_microbatch":
-        return Mutation(ddp_sync_every_microbatch=True)
+    if kind == "export_local_shards":
+        return Mutation(export_local_shards=True)
+    if kind == "optimizer_for_loop":
+        return Mutation(optimizer_impl="for_loop")
+    if kind == "sync_every_microbatch":
+        return Mutation(sync_every_microbatch=True)
     if kind == "ddp_bf16_hook":
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 
@@ -156,6 +180,13 @@ def _mutation(kind: str | None):
         return Mutation(dynamo_config={"optimize_ddp": False})
     if kind == "lose_requires_grad":
         return Mutation(after_parallelize=lambda model: model.norm.weight.requires_grad_(False))
+    if kind == "untie":
+        import torch
+
+        def untie(model) -> None:  # a layout that re-distributes the output's weight on its own
+            model.output.weight = torch.nn.Parameter(model.output.weight.detach().clone())
+
+        return Mutation(after_parallelize=untie)
     raise ValueError(kind)
 
 
@@ -308,6 +339,19 @@ def test_step_that_ran_eager_fails_graph():
     assert not any("fell back to eager" in p for p in fine), fine
     problems = check_graph(expect, _evidence(graph_calls=[3, 0, 3]))
     assert any("step 1 ran 0 compiled graphs" in p and "fell back to eager" in p for p in problems), problems
+
+
+def test_an_uneven_row_that_ran_even_shards_fails_graph():
+    from suites.checks import check_graph, expected_graph
+    from suites.scenarios import SCENARIOS
+
+    expect = expected_graph(SCENARIOS["fsdp-eager-uneven"])
+    assert expect.uneven == "fsdp"
+    fine = check_graph(expect, _evidence(uneven={"fsdp": ["tok_embeddings.weight"]}))
+    assert not any("unevenly" in p or "shard shapes" in p for p in fine), fine
+    problems = check_graph(expect, _evidence(uneven={"fsdp": []}))
+    assert "no parameter is sharded unevenly under fsdp: the uneven row ran even shards" in problems, problems
+    assert "the shard shapes of the fsdp layout were not recorded" in check_graph(expect, _evidence())
 
 
 def _evidence(**fields):
@@ -478,6 +522,13 @@ def test_a_parameter_that_stops_requiring_grad_fails_graph(mutated):
     assert "parameters that train do not require grad: ['norm.weight'] (after the last step)" in problems, problems
 
 
+def test_an_untied_output_projection_fails_the_tie_check(mutated):
+    problems = _problems(mutated, "untied", "graph")
+    for when in ("after parallelize", "after the last step"):
+        assert (f"output.weight and tok_embeddings.weight are two parameters {when}: the tied weight was untied"
+                in problems), problems
+
+
 def test_a_routing_edge_that_did_not_happen_fails():
     from suites.routing import edge_problems
     from suites.training import TrainRecord
@@ -502,6 +553,15 @@ def test_pipeline_that_sums_its_microbatches_fails_numerics(mutated):
 
 
 
+def test_an_export_of_local_shards_fails_numerics(mutated):
+    """The full state dict a run exports must be the whole trained model: one made of each
+    rank's FSDP2 shards, as if they were whole, names every sharded weight's shape."""
+    problems = _problems(mutated, "export_local", "numerics")
+    assert any(p.startswith("export: ") and "has shape" in p and "trained" in p for p in problems), problems
+    assert all(p.startswith("export: ") for p in problems), problems
+    assert not [p for p in _problems(mutated, "control_fsdp", "numerics") if p.startswith("export")]
+
+
 def test_experts_divided_by_their_own_mesh_fail_numerics(mutated):
     """EP laid out as torchtitan does: an expert's gradient sums its ep group's tokens, so
     FSDP2's default divide factor (the efsdp size) leaves it too large; only experts differ."""
@@ -511,12 +571,13 @@ def test_experts_divided_by_their_own_mesh_fail_numerics(mutated):
 
 
 def test_ddp_accumulation_that_syncs_every_microbatch_fails_graph(mutated):
-    """DDP / replicate accumulation without no_sync: the same averaged gradients (numbers
-    cannot see it), every bucket all-reduced in each microbatch; only the count does."""
+    """DDP / replicate grad_sync=last accumulation without no_sync: the same averaged
+    gradients (numbers cannot see it), every bucket all-reduced in each microbatch; only
+    the count does."""
     for name in ("ddp_sync_every_microbatch", "replicate_sync_every_microbatch"):
         assert _problems(mutated, name, "numerics") == [], name
         problems = _problems(mutated, name, "graph")
-        assert any(re.match(r"the last step ran (\d+) gradient all-reduces for DDP's (\d+) buckets", p)
+        assert any(re.match(r"the last step ran (\d+) gradient all-reduces for DDP's (\d+) buckets, expected", p)
                    for p in problems), (name, problems)
 
 
@@ -564,3 +625,32 @@ def test_a_cancelling_bias_gradient_is_judged_against_its_weights_scale():
         {"router.bias": bias + noise}]), tol))
     for wrong in (torch.zeros(4), 2 * bias + 1e-3 * torch.ones(4), -bias * 30):
         assert any(p.startswith("step 0: router.bias: gradient SQNR") for p in problems(wrong)), wrong
+
+
+def test_an_optimizer_that_falls_back_to_the_loop_fails_graph(mutated):
+    """foreach=True / fused=True that step with the per-parameter loop train to the same
+    numbers; the kernels the last optimizer step ran must say so."""
+    for name, kernel in (("fused_as_loop", "aten::_fused_adamw_"), ("foreach_as_loop", "aten::_foreach_")):
+        assert _problems(mutated, name, "numerics") == [], name
+        problems = _problems(mutated, name, "graph")
+        assert any("optimizer did not run" in p and kernel in p for p in problems), (name, problems)
+
+
+def test_clipping_by_a_local_inf_norm_fails_numerics(mutated):
+    """Each rank's largest local |gradient|, never max-reduced: the rank without the global
+    maximum scales its shards by another factor, so the gathered gradients differ."""
+    for name in ("clip_inf_local_norm", "clip_inf_local_norm@rank1"):
+        problems = _problems(mutated, name, "numerics")
+        assert any("gradient SQNR" in p or "gradient max |diff|" in p for p in problems), (name, problems)
+    norms = _problems(mutated, "clip_inf_local_norm", "numerics") + _problems(mutated, "clip_inf_local_norm@rank1",
+                                                                              "numerics")
+    assert any(p.startswith("step 0: total gradient norm") for p in norms), norms
+
+
+def test_grad_sync_last_that_reduces_every_microbatch_fails_graph(mutated):
+    """grad_sync=last whose FSDP2 still reduce-scatters every microbatch: the same numbers,
+    twice the reductions."""
+    assert _problems(mutated, "sync_every_microbatch", "numerics") == []
+    problems = _problems(mutated, "sync_every_microbatch", "graph")
+    assert any(p.startswith("the last step issued 6 gradient reduce-scatters, expected 3") for p in problems), problems
+    assert any("FSDP reduce-scatters, expected 3" in p for p in problems), problems

@@ -35,6 +35,7 @@ class Job:
     float8: str = "none"  # none | tensorwise | rowwise
     float8_skip_fqns: tuple[str, ...] = ("output",)  # torchtitan skips converting its output projection
     async_tp: bool = False
+    tie: bool = False  # the output projection tied to the token embedding (torchtitan's enable_weight_tying)
 
 
 class Line(Protocol):

@@ -81,6 +81,10 @@ class Line02:
         import torch
         from torchtitan.models.llama3 import Transformer, llama3_args
 
+        if job.tie:
+            import pytest
+
+            pytest.skip("torchtitan 0.2.x's llama3 has no weight tying (enable_weight_tying came with 0.3)")
         args = dataclasses.replace(llama3_args["debugmodel"], n_layers=job.n_layers, max_seq_len=job.seq_len)
         with torch.device("meta"):
             model = Transformer(args)

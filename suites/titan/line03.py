@@ -96,6 +96,7 @@ class Line03:
 
         config = llama3_configs["debugmodel"](attn_backend="flex")
         config.layers = config.layers[:job.n_layers]
+        config.enable_weight_tying = job.tie
         for layer in config.layers:
             layer.attention.inner_attention = ScaledDotProductAttention.Config()
         set_llama3_sharding_config(config, enable_sp=_parallelism(job).enable_sequence_parallel)
