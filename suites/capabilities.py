@@ -152,6 +152,48 @@ def context_parallel() -> str | None:
 
 
 @functools.cache
+def composable_replicate(accumulates: bool) -> str | None:
+    """torchtitan's DDP: `replicate` that takes a device_mesh (forwarded to DDP), and for
+    grad_sync=last accumulation a way to skip the gradient sync (set_requires_gradient_sync)."""
+    import inspect
+
+    try:
+        from torch.distributed._composable.replicate import DDP, replicate  # noqa: F401
+        from torch.nn.parallel import DistributedDataParallel
+    except ImportError as exc:
+        return f"this torch has no composable replicate ({exc})"
+    if "device_mesh" not in inspect.signature(DistributedDataParallel.__init__).parameters:
+        return "this torch's DistributedDataParallel (under replicate) takes no device_mesh"
+    if accumulates and not hasattr(DDP, "set_requires_gradient_sync"):
+        return "this torch's replicate cannot skip the gradient sync (no set_requires_gradient_sync) for accumulation"
+    return None
+
+
+@functools.cache
+def ddp_comm_hook(hook: str) -> str | None:
+    """Whether DistributedDataParallel.register_comm_hook accepts the hook on this build:
+    its own check, run without a process group (it reads the hook and the build only)."""
+    import types
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    from .parallelize import ddp_comm_hook as hook_of
+
+    check = getattr(DistributedDataParallel, "_check_comm_hook", None)
+    if check is None:
+        return None  # registration itself will say
+
+    def refuse(kind: type, message: str) -> None:
+        raise kind(message)
+
+    try:
+        check(types.SimpleNamespace(_log_and_throw=refuse), hook_of(hook))
+    except (TypeError, ValueError, RuntimeError) as exc:
+        return f"this torch's DDP refuses the {hook} communication hook: {str(exc).strip()[:160]}"
+    return None
+
+
+@functools.cache
 def optimizer_impl(device_type: str, optim: str, impl: str) -> str | None:
     """Whether torch.optim's `optim` (sgd | adamw) steps with `impl` (foreach | fused) on
     this device: one step of a 4-element parameter (fused CPU kernels came after CUDA's)."""
@@ -183,6 +225,10 @@ def missing(scenario: Any, device_type: str) -> list[str]:
         reasons.append(fsdp2_gradient_divide_factor())
     if scenario.parallel == "cp":
         reasons.append(context_parallel())
+    if scenario.parallel == "replicate":
+        reasons.append(composable_replicate(scenario.grad_sync == "last"))
+    if scenario.ddp_hook != "none":
+        reasons.append(ddp_comm_hook(scenario.ddp_hook))
     if scenario.offload:
         reasons.append(fsdp2_offload())
     if scenario.grad_sync != "every":

@@ -79,6 +79,12 @@ class Evidence:
     """Tie rows: moment (suites/tying.py) -> whether output and embedding held one parameter."""
     collectives: Counter = field(default_factory=Counter)
     """(op, dtype) -> calls of every c10d / functional collective in the last step."""
+    grad_all_reduces: Counter = field(default_factory=Counter)
+    """dtype -> the process group's all-reduces of gradient buckets (non-scalar tensors) in
+    the last step, as the profiler saw them run (DDP's C++ reducer calls no Python
+    function the collective wrappers could see)."""
+    ddp_buckets: int = 0
+    """Gradient buckets of a ddp / replicate row's reducer (each all-reduced once a step)."""
     optimizer_ops: Counter = field(default_factory=Counter)
     """Ops (profiler names) the last step's optimizer.step() executed: which kernels the
     `opt_impl` really ran (aten::_fused_adamw_, aten::_foreach_add_, ... or per-tensor ops)."""
@@ -109,12 +115,15 @@ class Mutation:
     """The pipeline schedule sums its microbatches' gradients instead of averaging them."""
     ep_default_divide: bool = False
     """ep_fsdp's experts keep FSDP2's default divide factor (their efsdp size), not the dp size."""
+    ddp_hook: Callable | None = None
+    """A ddp row registers this communication hook instead of its own."""
     export_local_shards: bool = False
     """The exported state dict holds each rank's local shards as if they were the full tensors."""
     optimizer_impl: str | None = None
     """The parallel run's optimizer steps with this implementation, whatever `opt_impl` says."""
     sync_every_microbatch: bool = False
-    """A grad_sync=last row's FSDP2 still reduces every microbatch's gradients (never told not to)."""
+    """A grad_sync=last row's FSDP2 still reduces every microbatch's gradients (never told not to);
+    a ddp / replicate one all-reduces in every microbatch (no no_sync)."""
 
 
 def clean_name(name: str) -> str:
@@ -187,19 +196,33 @@ def _graph_breaks() -> int:
     return int(sum(counters["graph_break"].values()))
 
 
+_PROFILER_DTYPES = {"float": "float32", "c10::BFloat16": "bfloat16", "c10::Half": "float16", "double": "float64"}
+
+
 @contextlib.contextmanager
-def count_executed_ops(into: Counter):
+def count_executed_ops(into: Counter, all_reduces: Counter | None = None):
     """Counts the ops a block of code executes, by the profiler's names (aten::mm ...).
 
     Ops called inside tensor-subclass dispatch (DTensor, Float8) and the extern kernels
     of compiled graphs are recorded too, which a TorchDispatchMode would not see.
+    `all_reduces`: also count, by dtype, the process group backend's all-reduces of
+    non-scalar floating-point tensors (`gloo:all_reduce`, `nccl:all_reduce`: gradient
+    buckets, not a loss being averaged nor DDP's integer bitmap of unused parameters), by
+    input dtype (the profiler records shapes then).
     """
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=all_reduces is not None) as prof:
         yield
     for event in prof.events():
         into[event.name] += 1
+    if all_reduces is not None:
+        for event in prof.profiler.kineto_results.events():
+            if event.name().endswith(":all_reduce"):
+                shapes, dtypes = event.shapes(), event.dtypes()
+                dtype = _PROFILER_DTYPES.get(dtypes[0]) if dtypes else None
+                if shapes and shapes[0] and dtype:  # not a 0-dim loss, nor find_unused_parameters' int bitmap
+                    all_reduces[dtype] += 1
 
 
 @contextlib.contextmanager

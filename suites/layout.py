@@ -21,7 +21,7 @@ from . import tying
 from .evidence import Evidence, Mutation, _gathered, clean_name, placements
 from .models import build_model, is_frozen
 from .uneven import uneven_params
-from .scenario_record import EP_DEGREE, PP_DEGREE_2D, PP_LAYOUTS, SEED, Scenario
+from .scenario_record import DDP_BUCKET_MB, DDP_LAYOUTS, EP_DEGREE, PP_DEGREE_2D, PP_LAYOUTS, SEED, Scenario
 
 Meshes = Callable[..., Any]
 """mesh(shape, names) -> DeviceMesh over all ranks (the harness's DistContext.mesh)."""
@@ -52,6 +52,9 @@ class Layout:
     gradients are gathered into one table."""
     cp_mesh: Any = None
     """A cp row's mesh: forward and backward run under context_parallel over it."""
+    sync: Callable[[bool], Any] | None = None
+    """ddp / replicate: sync(last microbatch?) -> the context that skips the gradient
+    all-reduce in every microbatch but the last (parallelize.gradient_sync)."""
 
 
 def freeze(model: nn.Module, train: str) -> None:
@@ -81,11 +84,22 @@ def _mesh_for(meshes: Meshes, parallel: str, world_size: int) -> Any:
         return meshes((world_size // EP_DEGREE, EP_DEGREE), ("efsdp", "ep"))
     if parallel == "cp":
         return meshes((world_size,), ("cp",))
+    if parallel in DDP_LAYOUTS:
+        return meshes((world_size,), ("dp_replicate",))
     if parallel == "fsdp_tp":
         return meshes((world_size // 2, 2), ("dp_shard", "tp"))
     if parallel == "hsdp":
         return meshes((2, world_size // 2), ("dp_replicate", "dp_shard"))
     return meshes((world_size,), ("tp",) if parallel in ("tp", "tp_sp") else ("dp_shard",))
+
+
+def _wrap_ddp(scenario: Scenario, model: nn.Module, mesh: Any, mutation: Mutation) -> nn.Module:
+    """Classic DDP as users configure it: static_graph under activation checkpointing (the
+    documented pairing), find_unused_parameters where a MoE expert may get no token, the
+    row's communication hook (or the mutation's)."""
+    hook = mutation.ddp_hook or par.ddp_comm_hook(scenario.ddp_hook)
+    return par.apply_ddp(model, mesh, DDP_BUCKET_MB, static_graph=scenario.ac != "none",
+                         find_unused_parameters=bool(scenario.model_args.n_experts), hook=hook)
 
 
 def _build_pipeline(scenario: Scenario, parallel: str, meshes: Meshes, device, dtype: str, evidence: Evidence,
@@ -141,7 +155,8 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
     if scenario.float8 != "none":
         evidence.float8_linears = par.convert_float8(model, scenario.float8, mutation.float8_filter,
                                                      fsdp_float8_all_gather=scenario.fsdp_float8_all_gather)
-    layout = Layout(runnable=model, model=model, autocast=parallel == "single" and scenario.mp == "bf16")
+    layout = Layout(runnable=model, model=model,
+                    autocast=parallel in ("single", *DDP_LAYOUTS) and scenario.mp == "bf16")
     mesh = tp_mesh = dp_mesh = None
     world = 1
     if parallel != "single":  # one device (single rows, a resume row's last layout): no mesh, AC/compile below
@@ -159,7 +174,7 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
         layout.dp_group = dp_mesh.get_group()
         layout.dp_rank = dp_mesh.get_local_rank()
         layout.dp_size = dp_mesh.size()
-    if parallel == "hsdp":  # data parallel over both mesh dims: every rank its own slice
+    if parallel == "hsdp" or parallel in DDP_LAYOUTS:  # data parallel over every rank: each its own slice
         layout.dp_group, layout.dp_rank, layout.dp_size = None, dist.get_rank(), world
     if parallel == "ep":
         layout.ep = par.apply_ep(model, layout.dp_group)
@@ -167,10 +182,20 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
     if parallel == "cp":
         layout.cp_mesh = mesh
     par.apply_ac(model, scenario.ac)
+    if parallel == "replicate":  # torchtitan: compile per block, then replicate; a whole model compiles replicated
+        par.apply_replicate(model, mesh, DDP_BUCKET_MB, scenario.compiled,
+                            find_unused_parameters=bool(scenario.model_args.n_experts))
+    if parallel == "ddp" and scenario.compile != "block":
+        layout.runnable = _wrap_ddp(scenario, model, mesh, mutation)
     if scenario.compiled:
         layout.counter = par.CompileCounter(scenario.backend)
-        layout.runnable = par.apply_compile(model, scenario.compile, layout.counter,
-                                            fullgraph=not (scenario.compile == "model" and parallel in par.FSDP_LAYOUTS))
+        layout.runnable = par.apply_compile(layout.runnable, scenario.compile, layout.counter,
+                                            fullgraph=not (scenario.compile == "model"
+                                                           and parallel in (*par.FSDP_LAYOUTS, *DDP_LAYOUTS)))
+    if parallel == "ddp" and scenario.compile == "block":  # the blocks compiled, then wrapped, as torchtitan orders it
+        layout.runnable = _wrap_ddp(scenario, model, mesh, mutation)
+    if parallel in DDP_LAYOUTS:
+        layout.sync = par.gradient_sync(layout.runnable, model, parallel)
     if parallel in par.FSDP_LAYOUTS:
         par.apply_fsdp(model, dp_mesh, scenario.mp, reshard=mutation.fsdp_reshard, mode=scenario.reshard,
                        offload=scenario.offload, reduce_dtype=mutation.fsdp_reduce_dtype)

@@ -48,6 +48,14 @@ PP_DEGREE_2D = 2
 EP_DEGREE = 2
 """Ranks an ep_fsdp row's experts are split over (torchtitan's expert_parallel_degree)."""
 PP_LAYOUTS = ("pp", "pp_fsdp", "pp_tp")
+DDP_LAYOUTS = ("ddp", "replicate")
+"""Data parallel by replication: classic DistributedDataParallel, composable replicate."""
+DDP_BUCKET_MB = 1
+"""bucket_cap_mb of the ddp / replicate rows (torchtitan passes 100: one bucket for our
+1.4 MB model, nothing for DDPOptimizer to split). 1 MiB is the smallest cap DDPOptimizer
+takes: it keeps a 1 MiB first bucket whatever DDP's is and asserts it is no larger than
+the cap (suites/regressions/test_pytorch_ddp_optimizer_first_bucket.py), so a whole-model
+compile of the float32 model (1.4 MB of trainable parameters) splits in two graphs."""
 
 
 def _compile_part(s: Any) -> str:
@@ -62,7 +70,7 @@ TIERS = ("pr", "nightly", "release")
 # fmt: off
 COLUMNS: tuple[Column, ...] = (
     Column("parallel", ("tp", "tp_sp", "fsdp", "fsdp_tp", "ep", "ep_fsdp", "hsdp", "pp", "pp_fsdp", "pp_tp", "cp",
-                        "single"), REQUIRED, "{}",
+                        "single", "ddp", "replicate"), REQUIRED, "{}",
            "tp / tp_sp: torchtitan's llama3 TP plan (sequence parallel or not), TP = ws; fsdp: FSDP2 "
            "fully_shard per block + root, dp = ws; fsdp_tp: 2-D mesh (dp_shard = ws/2, tp = 2), TP (SP) inside, "
            "FSDP2 outside; ep: experts split over the ranks, tokens moved by all-to-all; hsdp: FSDP2 on a 2-D "
@@ -70,7 +78,9 @@ COLUMNS: tuple[Column, ...] = (
            "as torchtitan does (dense weights FSDP2 on every rank, experts owned on an ep mesh of 2 with FSDP2 over "
            "the efsdp = ws/2 ranks that own the same experts); pp_fsdp / pp_tp: a 2 x 2 mesh, pp outermost, FSDP2 "
            "or TP (SP) inside each stage; cp: context parallel (ring attention over the sequence); single: one device, no mesh (the "
-           "world-size-1 slice suites/single_device.py derives from the table)", "Parallel"),
+           "world-size-1 slice suites/single_device.py derives from the table); ddp: classic DistributedDataParallel "
+           "(bucket_cap_mb 1; grad_sync last: no_sync accumulation), dp = ws; replicate: composable replicate on a dp_replicate mesh, as "
+           "torchtitan's apply_ddp (optimize_ddp ddp_optimizer when compiled)", "Parallel"),
     Column("schedule", ("none", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"), "none", "{}",
            "the pipeline schedule of a pp row (interleaved ones: two stages per rank); microbatches = accum",
            "PP schedule"),
@@ -93,7 +103,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("shapes", ("static", "varlen"), "static", "{}",
            "varlen: the sequence length changes every step (numbers and the recompile budget)", "Shapes"),
     Column("mp", ("none", "bf16"), "none", "mp_{}",
-           "FSDP2 MixedPrecisionPolicy: bf16 params, fp32 reduce (single: torch.autocast bf16)", "MP"),
+           "FSDP2 MixedPrecisionPolicy: bf16 params, fp32 reduce (single, ddp, replicate: torch.autocast bf16, "
+           "float32 parameters and gradients)", "MP"),
     Column("accum", (1, 2, 3, 4), 1, "ga{}", "microbatches per step (gradient accumulation)", "Accum"),
     Column("loss", ("ce", "smooth_ce", "soft_ce", "z_loss"), "ce", "{}",
            "cross entropy; with label smoothing 0.1; against a teacher's soft labels (distillation, through "
@@ -134,13 +145,17 @@ COLUMNS: tuple[Column, ...] = (
     Column("routing", ("natural", "empty_first", "empty_middle", "empty_last", "one_expert"), "natural", "route_{}",
            "MoE routing edges: the router's own imbalance; an expert that gets no token in the first / a middle / "
            "the last microbatch of every step; every token to one expert", "Routing"),
+    Column("ddp_hook", ("none", "bf16"), "none", "hook_{}",
+           "a ddp row's communication hook: bf16_compress_hook (gradients all-reduced in bf16, one rounding of the "
+           "average)", "DDP hook"),
     Column("opt_impl", ("for_loop", "foreach", "fused"), "for_loop", "opt_{}",
            "the optimizer's implementation: torch's per-parameter loop (foreach=False), its multi-tensor foreach "
            "kernels (the CUDA default) or its fused kernels (torchtitan's default for AdamW); the reference "
            "always steps with the loop", "Optimizer impl"),
     Column("grad_sync", ("every", "last"), "every", "sync_{}",
            "FSDP2 gradient sync under accumulation: every microbatch, or only the last of a step "
-           "(set_requires_gradient_sync(False) before the others, as HF accelerate and Lightning do)", "Grad sync"),
+           "(set_requires_gradient_sync(False) before the others, as HF accelerate and Lightning do; ddp: "
+           "no_sync(), replicate: set_requires_gradient_sync)", "Grad sync"),
     Column("world_size", (1, 2, 4), 2, "ws{}", "ranks (4-rank rows get a 4-rank pool; skipped where fewer devices)",
            "WS"),
     Column("optim", ("sgd", "adamw"), "sgd", "{}", "the optimizer", "Optim"),
@@ -158,9 +173,9 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda s: s.async_tp and (s.plan != "tp_sp" or s.compile == "none" or s.backend != "inductor"),
          "async TP is an inductor pass over sequence-parallel TP: it needs plan tp_sp, compile model|block "
          "and backend inductor"),
-    Rule(lambda s: s.mp != "none" and not (s.fsdp or s.parallel in ("single", "pp_fsdp", "ep_fsdp")),
-         "mixed precision is FSDP2's MixedPrecisionPolicy (autocast on one device): it needs an FSDP2 layout "
-         "(fsdp, fsdp_tp, hsdp, pp_fsdp, ep_fsdp) or single"),
+    Rule(lambda s: s.mp != "none" and not (s.fsdp or s.parallel in ("single", "pp_fsdp", "ep_fsdp", *DDP_LAYOUTS)),
+         "mixed precision is FSDP2's MixedPrecisionPolicy (autocast on one device and under DDP): it needs an FSDP2 "
+         "layout (fsdp, fsdp_tp, hsdp, pp_fsdp, ep_fsdp), single, ddp or replicate"),
     Rule(lambda s: (s.parallel == "single") != (s.world_size == 1),
          "parallel single is world size 1, and world size 1 is parallel single"),
     Rule(lambda s: s.parallel in ("ep", "ep_fsdp") and s.model != "moe", "expert parallel needs the moe model"),
@@ -202,10 +217,13 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda s: s.train == "lora" and s.model == "moe", "the LoRA adapters exist in the dense model only"),
     Rule(lambda s: s.sched != "const" and s.resume != "none",
          "the LR scheduler's state is not part of the resume row's checkpoint: sched needs resume=none"),
+    Rule(lambda s: s.ddp_hook != "none" and s.parallel != "ddp",
+         "a communication hook is classic DDP's register_comm_hook: ddp_hook needs parallel=ddp"),
     Rule(lambda s: s.parallel == "ep" and s.clip in ("norm", "foreach"),
          "EP's experts live on their owners only: a plain clip_grad_norm_ sees one rank's; use clip=mesh (or inf, which combines per mesh)"),
-    Rule(lambda s: s.grad_sync != "every" and not s.fsdp,
-         "grad_sync=last is FSDP2's set_requires_gradient_sync on the whole model: it needs fsdp, fsdp_tp or hsdp"),
+    Rule(lambda s: s.grad_sync != "every" and not (s.fsdp or s.replicated),
+         "grad_sync=last is FSDP2's set_requires_gradient_sync on the whole model, DDP's no_sync, replicate's "
+         "set_requires_gradient_sync: it needs fsdp, fsdp_tp, hsdp, ddp or replicate"),
     Rule(lambda s: s.grad_sync != "every" and s.accum < 2,
          "grad_sync=last skips the sync of every microbatch but the last: it needs accum of at least 2"),
     Rule(lambda s: s.grad_sync != "every" and s.resume != "none",
@@ -265,6 +283,11 @@ class Scenario:
     def fsdp(self) -> bool:
         """FSDP2 over the whole model (the layouts parallelize.apply_fsdp shards as one)."""
         return self.parallel in ("fsdp", "fsdp_tp", "hsdp")
+
+    @property
+    def replicated(self) -> bool:
+        """Data parallel by replication (DDP's reducer all-reduces the gradients)."""
+        return self.parallel in DDP_LAYOUTS
 
     @property
     def tp_degree(self) -> int:

@@ -264,6 +264,53 @@ def layout_rows() -> list[Scenario]:
     return rows
 
 
+def ddp_rows() -> list[Scenario]:
+    """Data parallel by replication, the most used distributed training path: classic
+    DistributedDataParallel (its C++ reducer, accumulation with and without no_sync
+    (grad_sync), static_graph under AC,
+    find_unused_parameters for MoE, the bf16 compression hook, autocast mixed precision)
+    and composable replicate as torchtitan's apply_ddp applies it. Compiled, both are
+    Dynamo's DDPOptimizer, which splits a graph at DDP's bucket boundaries (DDP_BUCKET_MB:
+    a whole-model compile splits in two), a frequent bug source."""
+    rows = []
+    for parallel in ("ddp", "replicate"):
+        rows += [
+            row(parallel, tier="pr" if parallel == "ddp" else "nightly"),
+            row(parallel, accum=2),
+            row(parallel, accum=2, grad_sync="last"),
+            row(parallel, "model", "aot_eager"),
+            row(parallel, "model", "inductor"),
+            row(parallel, "block", "inductor"),
+            row(parallel, "block", "aot_eager", ac="full"),
+            row(parallel, "model", "aot_eager", ac="selective"),
+            row(parallel, ac="full", accum=2, grad_sync="last"),
+            row(parallel, "model", "aot_eager", accum=2, grad_sync="last"),
+            row(parallel, train="frozen_embed"),
+            row(parallel, "model", "aot_eager", train="frozen_norms"),
+            row(parallel, "block", "inductor", train="lora"),
+            row(parallel, clip="norm", optim="adamw", sched="warmup_cosine"),
+            row(parallel, "model", "inductor", clip="foreach", accum=2, grad_sync="last"),
+            row(parallel, loss="z_loss", zero_grad="zeros", accum=2, grad_sync="last"),
+            row(parallel, mp="bf16"),
+            row(parallel, world_size=4, accum=2, grad_sync="last"),
+            row(parallel, "model", "aot_eager", world_size=4),
+        ]
+    rows += [
+        row("ddp", loss="smooth_ce", clip="foreach"),
+        row("ddp", "block", "aot_eager", loss="soft_ce", loss_compile=True),
+        row("ddp", ac="full", accum=2),  # static_graph accumulation that syncs every microbatch
+        row("ddp", model="moe", accum=2, grad_sync="last"),
+        row("ddp", "model", "aot_eager", mp="bf16", accum=2, grad_sync="last"),
+        row("replicate", train="lora", zero_grad="zeros"),
+        row("replicate", "model", "inductor", optim="adamw", sched="warmup_cosine"),
+        # the bf16 compression communication hook: gradients all-reduced in bf16
+        row("ddp", ddp_hook="bf16"),
+        row("ddp", ddp_hook="bf16", accum=2, grad_sync="last", clip="norm"),
+        row("ddp", "model", "aot_eager", ddp_hook="bf16"),
+        row("ddp", "block", "inductor", ddp_hook="bf16", optim="adamw"),
+        row("ddp", world_size=4, ddp_hook="bf16"),
+    ]
+    return rows
 def optimizer_rows() -> list[Scenario]:
     """torch.optim's multi-tensor (foreach, the CUDA default) and fused kernels (torchtitan's
     AdamW default) over DTensor parameters and gradients, crossed with the layouts users

@@ -139,9 +139,14 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
                 if clock is not None:
                     clock.step, clock.chunk = step, layout.dp_rank * scenario.accum + micro
                 x, y = tokens[start:start + mb].to(device), labels[start:start + mb].to(device)
-                if scenario.grad_sync == "last" and not mutation.sync_every_microbatch:
-                    layout.model.set_requires_gradient_sync(micro == scenario.accum - 1)
+                # grad_sync=last: only the last microbatch reduces (FSDP2's set_requires_gradient_sync;
+                # DDP's no_sync, replicate's set_requires_gradient_sync through layout.sync)
+                sync_now = (scenario.grad_sync == "every" or micro == scenario.accum - 1
+                            or mutation.sync_every_microbatch)
+                if scenario.grad_sync == "last" and layout.sync is None:
+                    layout.model.set_requires_gradient_sync(sync_now)
                 with _loss_context(scenario), _cp_context(layout, x, y), \
+                        layout.sync(sync_now) if layout.sync else contextlib.nullcontext(), \
                         record_collectives(layout.watch[1]) if watched else contextlib.nullcontext():
                     with _autocast(layout, device):
                         loss = step_parts.loss(layout.runnable(x), y) / scenario.accum
@@ -245,6 +250,12 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
     data = batches(scenario)
     with contextlib.ExitStack() as stack:
         stack.enter_context(_config_for(scenario, evidence))
+        if scenario.replicated:
+            stack.enter_context(par.restoring_active_ddp_module())
+        if scenario.parallel == "replicate" and scenario.compiled:
+            import torch._dynamo.config as dynamo_config
+
+            stack.enter_context(dynamo_config.patch(optimize_ddp="ddp_optimizer"))  # torchtitan's apply_ddp
         if mutation.dynamo_config:
             import torch._dynamo.config as dynamo_config
 
@@ -259,7 +270,8 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
 
         @contextlib.contextmanager
         def last_step():
-            with count_executed_ops(evidence.runtime_ops):
+            with count_executed_ops(evidence.runtime_ops,
+                                    evidence.grad_all_reduces if layout.sync is not None else None):
                 yield
 
         def on_step(step: int):
@@ -304,6 +316,8 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
         if clock is not None:
             clock.on = False
             gather_routing(record, layout.dp_size, layout.dp_group)
+        if layout.sync is not None:  # ddp / replicate (replicate builds its DDP in the first forward)
+            evidence.ddp_buckets = par.ddp_buckets(par.ddp_of(layout.runnable, layout.model))
         counter = layout.counter
         if counter is not None:
             evidence.graphs_total = counter.graphs

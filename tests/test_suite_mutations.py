@@ -31,7 +31,10 @@ last optimizer step ran see it), grad_sync=last accumulation whose FSDP2 still
 reduce-scatters every microbatch (same numbers: only the recorded reductions see it), an
 exported full state dict made of each rank's local shards, a tied output projection that a
 layout untied (two parameters where the model has one); fed evidence: an uneven row whose
-layout split no parameter unevenly.
+layout split no parameter unevenly; DDP and replicate grad_sync=last
+accumulation that all-reduces in every microbatch (no no_sync), DDP gradients all-reduced in bf16
+where the row says float32, a compiled DDP model without DDPOptimizer (one graph, not split at
+the buckets).
 Unmutated controls run through the same checks and must pass, so a failure is the
 mutation's doing. All real runs share one spawn of two ranks (~60 s on 2 cores).
 """
@@ -93,6 +96,13 @@ RUNS = {
     "untied": ("tp-eager-tied", "untie"),
     "control_tied_fsdp": ("fsdp-eager-tied", None),
     "control_uneven": ("fsdp-eager-uneven", None),
+    "control_ddp": ("ddp-eager-ga2-sync_last", None),
+    "ddp_sync_every_microbatch": ("ddp-eager-ga2-sync_last", "sync_every_microbatch"),
+    "ddp_reduce_in_bf16": ("ddp-eager-ga2-sync_last", "ddp_bf16_hook"),
+    "control_replicate": ("replicate-eager-ga2-sync_last", None),
+    "replicate_sync_every_microbatch": ("replicate-eager-ga2-sync_last", "sync_every_microbatch"),
+    "control_ddp_compiled": ("ddp-compile_model_aot_eager", None),
+    "ddp_without_ddp_optimizer": ("ddp-compile_model_aot_eager", "no_ddp_optimizer"),
 }
 
 
@@ -159,6 +169,15 @@ def _mutation(kind: str | None):
         return Mutation(optimizer_impl="for_loop")
     if kind == "sync_every_microbatch":
         return Mutation(sync_every_microbatch=True)
+    if kind == "ddp_bf16_hook":
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
+
+        def bf16_everywhere(state, bucket):  # its own name: DDP refuses bf16_compress_hook itself without NCCL
+            return bf16_compress_hook(state, bucket)
+
+        return Mutation(ddp_hook=bf16_everywhere)
+    if kind == "no_ddp_optimizer":
+        return Mutation(dynamo_config={"optimize_ddp": False})
     if kind == "lose_requires_grad":
         return Mutation(after_parallelize=lambda model: model.norm.weight.requires_grad_(False))
     if kind == "untie":
@@ -549,6 +568,32 @@ def test_experts_divided_by_their_own_mesh_fail_numerics(mutated):
     problems = _problems(mutated, "ep_default_divide", "numerics")
     assert any(".experts." in p for p in problems), problems
     assert not any("attention" in p and "step 0" in p for p in problems), problems
+
+
+def test_ddp_accumulation_that_syncs_every_microbatch_fails_graph(mutated):
+    """DDP / replicate grad_sync=last accumulation without no_sync: the same averaged
+    gradients (numbers cannot see it), every bucket all-reduced in each microbatch; only
+    the count does."""
+    for name in ("ddp_sync_every_microbatch", "replicate_sync_every_microbatch"):
+        assert _problems(mutated, name, "numerics") == [], name
+        problems = _problems(mutated, name, "graph")
+        assert any(re.match(r"the last step ran (\d+) gradient all-reduces for DDP's (\d+) buckets, expected", p)
+                   for p in problems), (name, problems)
+
+
+def test_ddp_gradients_all_reduced_in_bf16_fail_the_dtype_check(mutated):
+    """A bf16 compression hook where the row says none: one bf16 rounding (~50 dB), which
+    the float32 numbers may or may not see; the recorded dtype always does."""
+    problems = _problems(mutated, "ddp_reduce_in_bf16", "graph")
+    assert "DDP gradient all-reduces ran in {'bfloat16': 2}, expected float32" in problems, problems
+
+
+def test_compiled_ddp_without_ddp_optimizer_fails_the_graph_count(mutated):
+    """optimize_ddp off: one graph, no split at DDP's buckets (compute and all-reduce no
+    longer overlap); the numbers are right, the graph count is not."""
+    assert _problems(mutated, "ddp_without_ddp_optimizer", "numerics") == []
+    problems = _problems(mutated, "ddp_without_ddp_optimizer", "graph")
+    assert "1 graphs compiled in the first step, expected 2..2" in problems, problems
 
 
 def test_a_cancelling_bias_gradient_is_judged_against_its_weights_scale():
