@@ -299,6 +299,8 @@ LEAK_CASES = [  # case, words in the message, the pool rebuilt (else set back in
                                  "registered (ranks 0, 1)", False),
     ("test_leaves_function_mode", "a torch function mode still active (ZeroAdds)", True),
     ("test_patches_torch", "torch.nn.functional.gelu replaced", False),
+    ("test_leaves_ddp_state_and_patches_a_collective",
+     "torch.nn.parallel.DistributedDataParallel._active_ddp_module replaced (by object)", False),
     ("test_leaves_sys_path_and_modules", "sys.modules['distci_fault_fake'] set by hand", False),
     ("test_leaves_root_logger_and_anomaly_mode", "root logger handlers changed (added StreamHandler)", False),
     ("test_ignores_sigusr1", "the disposition of SIGUSR1 changed (to SIG_IGN)", False),
@@ -325,6 +327,8 @@ def test_every_patched_attribute_and_module_is_named(state_run):
     patched = state_run[1]["test_patches_torch"]["message"]
     for words in ("torch.nn.functional.gelu replaced", "torch.tanh replaced", "torch.Tensor.relu added"):
         assert words in patched, patched
+    ddp = state_run[1]["test_leaves_ddp_state_and_patches_a_collective"]["message"]
+    assert "torch.distributed.all_reduce replaced" in ddp, ddp
     both = state_run[1]["test_leaves_sys_path_and_modules"]["message"]
     assert "sys.path changed (added ['/nonexistent/distci-leaked-path'])" in both and "sys.modules['colorsys'] replaced by hand (SimpleNamespace)" in both
     logger = state_run[1]["test_leaves_root_logger_and_anomaly_mode"]["message"]

@@ -34,7 +34,6 @@ _MODULE_HOOKS = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_
                  "_global_backward_hooks", "_global_forward_hooks_with_kwargs",
                  "_global_forward_hooks_always_called", "_global_module_registration_hooks",
                  "_global_parameter_registration_hooks", "_global_buffer_registration_hooks")
-_PATCHABLE = ("torch", "torch.nn.functional", "torch.Tensor")
 
 
 @dataclass
@@ -95,11 +94,47 @@ def _function_modes_check(before: list) -> list[Leak]:
     return [Leak(f"a torch function mode still active ({', '.join(extra) or 'the mode stack changed'})", False)]
 
 
-def _attributes_take() -> dict[str, dict[str, Any]]:
-    import torch
-    import torch.nn.functional as F
+_PATCH_TARGETS = (
+    ("torch", None, "all"), ("torch.nn.functional", None, "all"), ("torch.Tensor", None, "all"),
+    ("torch.nn.parallel", "DistributedDataParallel", "all"),
+    ("torch.distributed.tensor", "DTensor", "all"),
+    ("torch.distributed", None, "callables"), ("torch.distributed.distributed_c10d", None, "callables"),
+)
+"""Where tests (and bugs) patch torch: its namespaces, the tensor and module classes, DDP's
+class state (a failed compiled forward leaves `_active_ddp_module` set, and every later
+compile in the process then runs DDPOptimizer for it), DTensor, and the collectives. In the
+c10d modules only callables are judged: their data globals are the process groups' own state
+(new_group reassigns `_group_count`). Not torch.nn.Module: Dynamo's first compile patches its
+__init__ and __setstate__ for good (mutation_guard). Owners this torch lacks are left out."""
 
-    return {"torch": dict(vars(torch)), "torch.nn.functional": dict(vars(F)), "torch.Tensor": dict(vars(torch.Tensor))}
+
+def _owners() -> dict[str, tuple[Any, str]]:
+    """{name: (owner, scope)} of the _PATCH_TARGETS this torch has."""
+    import importlib
+
+    owners = {}
+    for where, attr, scope in _PATCH_TARGETS:
+        try:
+            owner = importlib.import_module(where)
+        except ImportError:
+            if "." not in where:
+                raise
+            parent, _, name = where.rpartition(".")  # a class: torch.Tensor, torch.nn.Module
+            try:
+                owner = getattr(importlib.import_module(parent), name)
+            except (ImportError, AttributeError):
+                continue
+        if attr is not None:
+            owner = getattr(owner, attr, None)
+            if owner is None:
+                continue
+            where = f"{where}.{attr}"
+        owners[where] = (owner, scope)
+    return owners
+
+
+def _attributes_take() -> dict[str, dict[str, Any]]:
+    return {where: dict(vars(owner)) for where, (owner, _) in _owners().items()}
 
 
 def _legitimate(value: Any, key: str = "") -> bool:
@@ -111,19 +146,19 @@ def _legitimate(value: Any, key: str = "") -> bool:
 
 
 def _attributes_check(before: dict[str, dict[str, Any]]) -> list[Leak]:
-    import torch
-    import torch.nn.functional as F
-
-    owners = {"torch": torch, "torch.nn.functional": F, "torch.Tensor": torch.Tensor}
+    owners = _owners()
     leaks = []
     for where, saved in before.items():
-        owner = owners[where]
+        owner, scope = owners[where]
         now = vars(owner)
+        judged = (lambda v: True) if scope == "all" else callable
         for key in [k for k in now if k not in saved]:
-            if not _legitimate(now[key], key):
+            if judged(now[key]) and not _legitimate(now[key], key):
                 leaks.append(Leak(f"{where}.{key} added ({_name(now[key])})", True))
                 delattr(owner, key)
         for key, value in saved.items():
+            if not (judged(value) or judged(now.get(key))):
+                continue
             if key not in now:
                 leaks.append(Leak(f"{where}.{key} deleted", True))
                 setattr(owner, key, value)

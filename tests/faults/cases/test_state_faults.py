@@ -102,6 +102,27 @@ def test_after_patches_torch(dist):
     _check_allreduce(dist)
 
 
+# -- class state and collectives: DDP's active module, a patched all_reduce --------------
+@pytest.mark.world_size(2)
+def test_leaves_ddp_state_and_patches_a_collective(dist):
+    import torch.distributed as d
+    from torch.nn.parallel import DistributedDataParallel
+
+    _BEFORE["all_reduce"] = d.all_reduce
+    DistributedDataParallel._active_ddp_module = object()  # what a failed compiled DDP forward leaves
+    d.all_reduce = lambda tensor, *args, **kwargs: None
+
+
+@pytest.mark.world_size(2)
+def test_after_leaves_ddp_state_and_patches_a_collective(dist):
+    import torch.distributed as d
+    from torch.nn.parallel import DistributedDataParallel
+
+    assert DistributedDataParallel._active_ddp_module is None
+    assert d.all_reduce is _BEFORE["all_reduce"]
+    _check_allreduce(dist)
+
+
 # -- sys.path and sys.modules ----------------------------------------------------------
 @pytest.mark.world_size(2)
 def test_leaves_sys_path_and_modules(dist):
