@@ -199,7 +199,7 @@ def optimizer_impl(device_type: str, optim: str, impl: str) -> str | None:
     this device: one step of a 4-element parameter (fused CPU kernels came after CUDA's)."""
     import torch
 
-    if impl == "for_loop" or device_type == "cuda":
+    if impl in ("default", "for_loop") or device_type == "cuda":
         return None  # CUDA is where both kernels started (torch 2.0): no device work at collection
     cls = {"sgd": torch.optim.SGD, "adamw": torch.optim.AdamW}[optim]
     try:

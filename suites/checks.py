@@ -423,7 +423,7 @@ def expected_graph(scenario: Scenario, dtype: str | None = None) -> GraphExpecta
     else:
         exp.forbid_scaled_mm = True
     exp.fused_async_tp = scenario.async_tp
-    if scenario.opt_impl != "for_loop":
+    if scenario.opt_impl in ("foreach", "fused"):
         exp.optimizer_impl, exp.optim = scenario.opt_impl, scenario.optim
     exp.trainable = trainable_names(scenario)
     exp.tied = tying.moments(scenario.resume != "none") if args.tie else ()

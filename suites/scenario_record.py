@@ -148,8 +148,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("ddp_hook", ("none", "bf16"), "none", "hook_{}",
            "a ddp row's communication hook: bf16_compress_hook (gradients all-reduced in bf16, one rounding of the "
            "average)", "DDP hook"),
-    Column("opt_impl", ("for_loop", "foreach", "fused"), "for_loop", "opt_{}",
-           "the optimizer's implementation: torch's per-parameter loop (foreach=False), its multi-tensor foreach "
+    Column("opt_impl", ("default", "for_loop", "foreach", "fused"), "default", "opt_{}",
+           "the optimizer's implementation: torch's own choice as users leave it (foreach on CUDA, the loop on "
+           "CPU), its per-parameter loop (foreach=False), its multi-tensor foreach "
            "kernels (the CUDA default) or its fused kernels (torchtitan's default for AdamW); the reference "
            "always steps with the loop", "Optimizer impl"),
     Column("grad_sync", ("every", "last"), "every", "sync_{}",

@@ -191,9 +191,10 @@ def warmup_cosine(step: int, total: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-OPT_IMPL_KWARGS = {"for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
-"""The torch.optim keyword that picks each `opt_impl` (the loop is named, never left to
-torch's default: it picks foreach for CUDA tensors, the loop for CPU ones)."""
+OPT_IMPL_KWARGS = {"default": {}, "for_loop": {"foreach": False}, "foreach": {"foreach": True},
+                   "fused": {"fused": True}}
+"""The torch.optim keyword that picks each `opt_impl`: `default` leaves the choice to torch as
+users do (foreach for CUDA tensors, the loop for CPU ones); the others name it."""
 
 
 def make_optimizer(named: Iterable[tuple[str, torch.nn.Parameter]], scenario: Scenario, impl: str | None = None

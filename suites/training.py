@@ -296,7 +296,7 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
                 if layout.counter is not None:
                     evidence.graph_calls[-1] += layout.counter.calls
 
-        opt_watch = (last, evidence.optimizer_ops) if scenario.opt_impl != "for_loop" else None  # judged by checks.py
+        opt_watch = (last, evidence.optimizer_ops) if scenario.opt_impl in ("foreach", "fused") else None  # checks.py
         parts = _new_step(scenario, layout.model, impl=mutation.optimizer_impl)
         parts.watch = opt_watch
         if scenario.resume == "none":
