@@ -182,7 +182,7 @@ def test_an_older_store_is_upgraded_in_place(tmp_path: Path) -> None:
         conn.close()
         with Store(db) as s:
             assert [r.run_id for r in s.runs()] == ["r1"] and s.runs()[0].selection == []
-            assert s.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+            assert s.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
             assert [tuple(r) for r in s.conn.execute("SELECT run_started_at FROM results")] == [(s.runs()[0].started_at,)]
 
 

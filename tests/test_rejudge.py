@@ -148,6 +148,27 @@ def test_tonights_ingest_judges_tonight_not_the_history(tmp_path: Path, monkeypa
     assert sum(fed) <= bound < history, (fed, bound, history)
 
 
+def _indexes(store: Store) -> set[str]:
+    return {r[0] for r in store.conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'results' AND sql IS NOT NULL")}
+
+
+def test_a_schema_4_store_loses_its_history_index_and_keeps_its_verdicts(tmp_path: Path) -> None:
+    import sqlite3
+
+    dirs = _history(tmp_path / "runs", seed=12, nights=5)
+    with Store(tmp_path / "s.sqlite") as store:
+        ingest_runs(store, dirs)
+        before = _verdicts(store)
+    conn = sqlite3.connect(tmp_path / "s.sqlite")
+    conn.executescript("CREATE INDEX results_history ON results(cell_id, test_id, run_started_at, run_id); "
+                       "PRAGMA user_version = 4;")
+    conn.close()
+    with Store(tmp_path / "s.sqlite") as store:
+        assert "results_history" not in _indexes(store)
+        assert _verdicts(store) == before == _full(store)
+
+
 def test_a_store_of_the_previous_schema_is_upgraded_with_the_same_verdicts(tmp_path: Path) -> None:
     import sqlite3
 
@@ -156,11 +177,12 @@ def test_a_store_of_the_previous_schema_is_upgraded_with_the_same_verdicts(tmp_p
         ingest_runs(store, dirs)
         before = _verdicts(store)
     conn = sqlite3.connect(tmp_path / "s.sqlite")
-    conn.executescript("DROP INDEX results_history; ALTER TABLE results DROP COLUMN run_started_at; "
+    conn.executescript("ALTER TABLE results DROP COLUMN run_started_at; "
                        "CREATE INDEX results_by_cell ON results(cell_id, test_id); PRAGMA user_version = 3;")
     conn.close()
     with Store(tmp_path / "s.sqlite") as store:  # migrated in place
         assert store.conn.execute("SELECT COUNT(*) FROM results WHERE run_started_at = ''").fetchone()[0] == 0
+        assert _indexes(store) == {"results_by_verdict", "results_by_run_verdict"}
         extra = write_run(tmp_path / "more", "r99-0-0", BASE, [{"test_id": t} for t in TESTS],
                           started_at=T0 + timedelta(days=30), stack=STACKS[0])
         ingest_runs(store, [extra])
@@ -186,3 +208,23 @@ def test_what_one_connection_remembers_never_hides_another_writer(tmp_path: Path
         ingest_runs(one, _nights(dirs, 16, 18), defer_verdicts=True)  # indexed, judged later
         ingest_runs(one, _nights(dirs, 18, 24))
         assert _verdicts(one) == _full(one)
+
+
+def test_an_ingest_leaves_its_writes_in_the_database_file_not_only_in_the_wal(tmp_path: Path) -> None:
+    """Checkpoints are rare while a backfill commits run after run (store.CHECKPOINT_PAGES),
+    so the ingest checkpoints at its end: the database file alone, copied while the
+    writer's connection is still open (closing it would checkpoint), holds every result."""
+    import sqlite3
+
+    from distci.judge.store import CHECKPOINT_PAGES
+
+    dirs = _history(tmp_path / "runs", seed=13, nights=3)
+    with Store(tmp_path / "s.sqlite") as store:
+        assert store.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == CHECKPOINT_PAGES
+        report = ingest_runs(store, dirs)
+        shutil.copyfile(tmp_path / "s.sqlite", tmp_path / "file-only.sqlite")
+    conn = sqlite3.connect(tmp_path / "file-only.sqlite")
+    try:
+        assert conn.execute("SELECT COUNT(*) FROM results").fetchone()[0] == report.results > 0
+    finally:
+        conn.close()

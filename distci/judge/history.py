@@ -72,11 +72,12 @@ def compare_urls(good: Mapping[str, Any], bad: Mapping[str, Any]) -> list[tuple[
 def test_history(store: Store, cell_id: str, test_id: str) -> Iterator[ResultRow]:
     """One test's results in one cell, newest first, read as the caller walks back (a
     failure's first bad run is usually a few runs back, not a year)."""
-    rows = store.conn.execute(
-        "SELECT * FROM results WHERE cell_id = ? AND test_id = ? ORDER BY run_started_at DESC, run_id DESC",
-        (cell_id, test_id))  # the results_history index, read backwards: no sort of the whole history
-    for row in rows:
-        yield store._result_row(row)
+    runs = store.conn.execute(
+        "SELECT run_id FROM runs WHERE cell_id = ? ORDER BY started_at DESC, run_id DESC", (cell_id,)).fetchall()
+    for (run_id,) in runs:  # runs_by_cell, then the results primary key: one probe per run walked
+        row = store.conn.execute("SELECT * FROM results WHERE run_id = ? AND test_id = ?", (run_id, test_id)).fetchone()
+        if row is not None:
+            yield store._result_row(row)
 
 
 def first_bad(newest_first: Iterable[ResultRow], r: ResultRow) -> tuple[ResultRow, ResultRow | None]:

@@ -138,6 +138,8 @@ def ingest_runs(store: Store, paths: Iterable[Path | str], *, known_issues: Path
                     touched.add(landed[1])
     if defer_verdicts and touched:
         store.recompute_verdicts(touched)
+    if touched:
+        store.checkpoint()
     if rewrite_junit:
         for d in indexed:
             try:

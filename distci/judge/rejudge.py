@@ -11,7 +11,7 @@ start. So a run R that lands in cell C changes the verdicts of exactly:
 `rejudge_tail` judges only those: it reads the runs from R on and starts `judge_history`
 from the cell's CellState just before R: the one this connection kept after the cell's
 newest run (Memo) when R lands right after it, else, for each test R holds, the rows that
-make it, walked newest first by the results_history index until the window is full and an
+make it, read from the cell's runs newest first until the window is full and an
 informative outcome seen. A run being indexed is judged from its observations before its
 results are written (Landing), so its verdicts go into their INSERT: one write per result,
 not an INSERT and an UPDATE of the same rows and their verdict indexes. The answers are a
@@ -97,7 +97,8 @@ def _cell_history(conn: sqlite3.Connection, cell: str) -> tuple[list[_verdicts.R
     current: _Current = {}
     for r in conn.execute(
         """SELECT run_id, test_id, outcome, failure_kind, rerun_outcomes, known_issue, verdict,
-                  compared_run, verdict_reason FROM results WHERE cell_id = ?""",
+                  compared_run, verdict_reason FROM results
+           WHERE run_id IN (SELECT run_id FROM runs WHERE cell_id = ?)""",  # by run: no (cell, test) index
         (cell,),
     ):
         runs[r[0]].results[r[1]] = observation(r[1], r[2], r[3], r[4], r[5])
@@ -148,17 +149,17 @@ def rejudge_cells(conn: sqlite3.Connection, cells: Iterable[str]) -> int:
 # ---------------------------------------------------------- only what changed
 
 
-_RECENT = 2
-"""Runs read whole (newest first), beyond the window, before a test's history is walked
-alone: a cell's last runs hold nearly every test's state, so a few reads by run serve
-hundreds of tests."""
-_BEFORE = """SELECT run_id, run_started_at, outcome, failure_kind, rerun_outcomes, known_issue FROM results
-    WHERE cell_id = ? AND test_id = ? AND (run_started_at, run_id) < (?, ?)
-    ORDER BY run_started_at DESC, run_id DESC"""
-_RUNS_BEFORE = """SELECT run_id, started_at FROM runs WHERE cell_id = ? AND (started_at, run_id) < (?, ?)
+_PROBE_ROWS = 8
+"""A run is read whole while the tests still wanted times this reaches its result count,
+else probed for each of them by the results primary key (run_id, test_id): one probe
+costs about what reading this many rows of a run does. A cell's last runs hold nearly
+every test's state, so a few reads by run serve hundreds of tests, and the few left walk
+back alone."""
+_RUNS_BEFORE = """SELECT run_id, started_at, n_results FROM runs WHERE cell_id = ? AND (started_at, run_id) < (?, ?)
     ORDER BY started_at DESC, run_id DESC LIMIT ?"""
-_RUNS_UP_TO = """SELECT run_id, started_at FROM runs WHERE cell_id = ? AND started_at <= ?
+_RUNS_UP_TO = """SELECT run_id, started_at, n_results FROM runs WHERE cell_id = ? AND started_at <= ?
     ORDER BY started_at DESC, run_id DESC LIMIT ?"""
+_ONE = """SELECT outcome, failure_kind, rerun_outcomes, known_issue FROM results WHERE run_id = ? AND test_id = ?"""
 
 
 class _State:
@@ -183,29 +184,30 @@ class _State:
 def _states(conn: sqlite3.Connection, cell: str, point: _Key, tests: Iterable[str], *, window: int,
             up_to: bool) -> dict[str, list[tuple]]:
     """Each test's state rows (newest first) in `cell` just before `point` (with `up_to`, at
-    `point`'s time: runs started then count, as a baseline's do)."""
+    `point`'s time: runs started then count, as a baseline's do): the cell's runs walked
+    newest first (runs_by_cell) until every test's state is whole, each run read whole while
+    many tests are wanted, else probed for the few still wanted. No index clustered by
+    (cell, test) is kept for this: every run would dirty a page of it per test (README
+    "Benchmarks": four fifths of what a year-sized ingest wrote)."""
     states = {t: _State(window) for t in tests}
     if not states:
         return {}
     sql, args = (_RUNS_UP_TO, (cell, point[0])) if up_to else (_RUNS_BEFORE, (cell, *point))
-    recent = conn.execute(sql, (*args, window + _RECENT)).fetchall()
-    for run_id, started_at in recent:
-        wanted = {t for t, st in states.items() if not st.whole}
+    for run_id, started_at, n_results in conn.execute(sql, (*args, -1)):  # read as walked: most are whole soon
+        wanted = [t for t, st in states.items() if not st.whole]
         if not wanted:
             break
-        for r in conn.execute("SELECT test_id, outcome, failure_kind, rerun_outcomes, known_issue FROM results "
-                              "WHERE run_id = ?", (run_id,)):
-            if r[0] in wanted:
-                states[r[0]].take((run_id, started_at, *r[1:]))
-    if len(recent) == window + _RECENT:  # the rest walk back alone, from before the oldest run read
-        oldest = recent[-1]
-        for test_id, st in states.items():
-            if st.whole:
-                continue
-            for row in conn.execute(_BEFORE, (cell, test_id, oldest[1], oldest[0])):
-                st.take(row)
-                if st.whole:
-                    break
+        if len(wanted) * _PROBE_ROWS >= n_results:
+            keep = set(wanted)
+            for r in conn.execute("SELECT test_id, outcome, failure_kind, rerun_outcomes, known_issue FROM results "
+                                  "WHERE run_id = ?", (run_id,)):
+                if r[0] in keep:
+                    states[r[0]].take((run_id, started_at, *r[1:]))
+            continue
+        for test_id in wanted:
+            r = conn.execute(_ONE, (run_id, test_id)).fetchone()
+            if r is not None:
+                states[test_id].take((run_id, started_at, *r))
     return {t: st.rows for t, st in states.items()}
 
 

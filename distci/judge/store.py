@@ -32,15 +32,17 @@ from distci.judge.storelock import LOCK_TIMEOUT_ENV, WRITER_SUFFIX, claim, holde
 from distci.errors import StoreError
 from distci.judge.rows import BisectRow, FixAuditRow, ResultRow, RunRow
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # 2: runs keep run.json's ci block and image (links need no run directory); 3: selection;
-# 4: results carry their run's start (history order by index: distci.judge.rejudge)
+# 4: results carry their run's start; 5: no (cell, test) history index: every run dirtied a
+# page of it per test, four fifths of a year-sized ingest's writes (history is read by run)
 _MIGRATIONS = {
     1: ("ALTER TABLE runs ADD COLUMN ci_json TEXT NOT NULL DEFAULT '{}'", "ALTER TABLE runs ADD COLUMN image TEXT"),
     2: ("ALTER TABLE runs ADD COLUMN selection_json TEXT NOT NULL DEFAULT '[]'",),
     3: ("ALTER TABLE results ADD COLUMN run_started_at TEXT NOT NULL DEFAULT ''",
         "UPDATE results SET run_started_at = (SELECT started_at FROM runs WHERE runs.run_id = results.run_id)",
         "DROP INDEX IF EXISTS results_by_cell"),
+    4: ("DROP INDEX IF EXISTS results_history",),
 }
 """Schema upgrades in place: the statements that take a store of version N to N + 1."""
 DEFAULT_STORE = Path(".distci") / "store.sqlite"
@@ -51,6 +53,13 @@ STORE_ENV = "DISTCI_STORE"
 CACHE_KIB = 256 * 1024
 """SQLite's page cache per connection (its default is 2 MiB): at a year the indexes an
 ingest updates are hundreds of MB, and a cache miss is a read from disk."""
+CHECKPOINT_PAGES = 16384
+"""WAL pages (64 MiB at 4 KiB) before a commit copies them into the database (SQLite's
+default is 1000). Each checkpoint syncs the file; at the default a backfill checkpointed
+every other run and spent a third of its wall time waiting on those syncs (README
+"Benchmarks"). An ingest checkpoints once more at its end (Store.checkpoint)."""
+WAL_KEEP_BYTES = 64 * 1024 * 1024
+"""The WAL file is cut back to this after a checkpoint, not left at its largest."""
 
 
 def default_store_path() -> Path:
@@ -107,8 +116,6 @@ _SCHEMA = (
         run_started_at TEXT NOT NULL DEFAULT '',
         PRIMARY KEY (run_id, test_id)
     )""",
-    # One test's history in a cell, in history order: what rejudge walks back from a point.
-    "CREATE INDEX IF NOT EXISTS results_history ON results(cell_id, test_id, run_started_at, run_id)",
     "CREATE INDEX IF NOT EXISTS results_by_verdict ON results(verdict)",
     # Covers the dashboard's verdict counts (heat.verdict_counts): one pass over a year by index.
     "CREATE INDEX IF NOT EXISTS results_by_run_verdict ON results(run_id, verdict)",
@@ -168,6 +175,8 @@ class Store:
         self.conn.execute("PRAGMA synchronous = NORMAL")
         self.conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
         self.conn.execute("PRAGMA temp_store = MEMORY")
+        self.conn.execute(f"PRAGMA wal_autocheckpoint = {CHECKPOINT_PAGES}")
+        self.conn.execute(f"PRAGMA journal_size_limit = {WAL_KEEP_BYTES}")
         with self.transaction():
             version = self.conn.execute("PRAGMA user_version").fetchone()[0]
             while version in _MIGRATIONS:
@@ -231,6 +240,12 @@ class Store:
             self._retry_locked(lambda: self.conn.execute("COMMIT"))
         finally:
             release(self.writer_file)
+
+    def checkpoint(self) -> None:
+        """Copies the WAL into the database now, as far as readers allow (PASSIVE: it never
+        waits on them): what an ingest does at its end, so the store file is whole without
+        this connection and the next reader does not walk a long WAL."""
+        self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     # -------------------------------------------------------------- verdicts
 
@@ -367,7 +382,7 @@ class Store:
     def _result_row(r: sqlite3.Row) -> ResultRow:
         d = dict(r)
         d["rerun_outcomes"] = json.loads(d["rerun_outcomes"])
-        d.pop("run_started_at", None)  # the run's started_at, kept beside each result for the history index
+        d.pop("run_started_at", None)  # the run's started_at, kept beside each result (schema 4)
         return ResultRow(**d)
 
 
