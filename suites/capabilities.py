@@ -212,6 +212,21 @@ def optimizer_impl(device_type: str, optim: str, impl: str) -> str | None:
     return None
 
 
+@functools.cache
+def full_state_dict_broadcast() -> str | None:
+    """Whether torch.distributed.checkpoint.state_dict loads a full state dict that rank 0
+    alone holds into a sharded model (StateDictOptions.broadcast_from_rank0)."""
+    import dataclasses
+
+    try:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict  # noqa: F401
+    except ImportError as exc:
+        return f"init=meta_load needs torch.distributed.checkpoint.state_dict ({exc})"
+    if "broadcast_from_rank0" not in {f.name for f in dataclasses.fields(StateDictOptions)}:
+        return "this torch's StateDictOptions has no broadcast_from_rank0: a full state dict cannot be loaded from rank 0"
+    return None
+
+
 def missing(scenario: Any, device_type: str) -> list[str]:
     """Why this stack cannot run `scenario` on `device_type` (empty: it can)."""
     reasons = []
@@ -241,5 +256,7 @@ def missing(scenario: Any, device_type: str) -> list[str]:
         reasons.append(pipelining_schedule(scenario.schedule))
     if scenario.clip == "mesh" or (scenario.clip == "inf" and scenario.parallel in ("ep", "ep_fsdp", *PP_LAYOUTS)):
         reasons.append(clip_by_norm_parts())  # inf over several meshes takes the per-mesh form
+    if scenario.init == "meta_load":
+        reasons.append(full_state_dict_broadcast())
     reasons.append(optimizer_impl(device_type, scenario.optim, scenario.opt_impl))
     return list(dict.fromkeys(r for r in reasons if r))

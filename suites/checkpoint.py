@@ -63,6 +63,21 @@ def load(model: nn.Module, opt: Any, path: str) -> None:
     set_optimizer_state_dict(model, opt, state["optim"])
 
 
+def load_pretrained(model: nn.Module, pretrained: Any, device: Any, make_buffers: Any) -> None:
+    """Fills a model parallelized on the meta device as fine-tuning loads a pretrained one
+    (torchtune, torchtitan's HF import): `to_empty` on `device`, the non-persistent buffers
+    the state dict does not carry made again (`make_buffers(model)`), then rank 0's full
+    state dict (`pretrained()`, called there only) broadcast into every rank's shards by
+    set_model_state_dict(full_state_dict=True, broadcast_from_rank0=True)."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    model.to_empty(device=device)
+    make_buffers(model)
+    full = pretrained().state_dict() if dist.get_rank() == 0 else {}
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+
+
 EXPORTED_LAYOUTS = ("single", "tp", "tp_sp", "fsdp", "fsdp_tp", "hsdp")
 """Layouts whose whole model lives on every rank's mesh, so one full state dict holds every
 parameter. Not pp (a stage holds its own blocks), ep / ep_fsdp (experts live on their

@@ -121,6 +121,9 @@ class Mutation:
     """The exported state dict holds each rank's local shards as if they were the full tensors."""
     optimizer_impl: str | None = None
     """The parallel run's optimizer steps with this implementation, whatever `opt_impl` says."""
+    meta_load_keeps_buffers: bool = False
+    """An init=meta_load row leaves its non-persistent buffers (the rotary cache) as to_empty
+    left them (here: zeros), as a loader that restores only the state dict does."""
     sync_every_microbatch: bool = False
     """A grad_sync=last row's FSDP2 still reduces every microbatch's gradients (never told not to);
     a ddp / replicate one all-reduces in every microbatch (no no_sync)."""

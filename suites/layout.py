@@ -19,9 +19,11 @@ from . import parallelize as par
 from . import step as stp
 from . import tying
 from .evidence import Evidence, Mutation, _gathered, clean_name, placements
-from .models import build_model, is_frozen
+from . import checkpoint as ckpt
+from .models import Transformer, build_model, is_frozen, rope_cache
 from .uneven import uneven_params
-from .scenario_record import DDP_BUCKET_MB, DDP_LAYOUTS, EP_DEGREE, PP_DEGREE_2D, PP_LAYOUTS, SEED, Scenario
+from .scenario_record import (DDP_BUCKET_MB, DDP_LAYOUTS, EP_DEGREE, META_LOAD_LAYOUTS, PP_DEGREE_2D, PP_LAYOUTS, SEED,
+                              Scenario)
 
 Meshes = Callable[..., Any]
 """mesh(shape, names) -> DeviceMesh over all ranks (the harness's DistContext.mesh)."""
@@ -62,6 +64,15 @@ def freeze(model: nn.Module, train: str) -> None:
     for name, p in model.named_parameters():
         if is_frozen(clean_name(name), train):
             p.requires_grad_(False)
+
+
+def _make_buffers(model: nn.Module, zeros: bool = False) -> None:
+    """The buffers no state dict carries (the rotary cache), made again after to_empty, as
+    torchtitan's init_weights makes freqs_cis (`zeros`: left empty, the mutation)."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, Transformer):
+                module.rope.copy_(torch.zeros_like(module.rope) if zeros else rope_cache(module.args))
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -150,7 +161,12 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
 
     if parallel in PP_LAYOUTS:
         return _build_pipeline(scenario, parallel, meshes, device, dtype, evidence, mutation)
-    model = build_model(scenario.model_args, SEED).to(device=device, dtype=_dtype(dtype))
+    meta = scenario.init == "meta_load" and parallel in META_LOAD_LAYOUTS
+    if meta:  # fine-tuning's load: parallelized on meta, filled from rank 0's full state dict below
+        with torch.device("meta"):
+            model = Transformer(scenario.model_args).to(dtype=_dtype(dtype))
+    else:
+        model = build_model(scenario.model_args, SEED).to(device=device, dtype=_dtype(dtype))
     freeze(model, scenario.train)
     if scenario.float8 != "none":
         evidence.float8_linears = par.convert_float8(model, scenario.float8, mutation.float8_filter,
@@ -205,6 +221,9 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
         ep = par.apply_ep_fsdp(model, mesh["ep"], mesh["efsdp"], every, scenario.mp,
                                reduce_dtype=mutation.fsdp_reduce_dtype, divide=not mutation.ep_default_divide)
         layout.local_group, layout.partial_params = ep.group, True
+    if meta:
+        ckpt.load_pretrained(model, lambda: build_model(scenario.model_args, SEED).to(dtype=_dtype(dtype)), device,
+                             lambda m: _make_buffers(m, zeros=mutation.meta_load_keeps_buffers))
     if mutation.after_parallelize:
         mutation.after_parallelize(model)
     if model.args.tie:

@@ -49,6 +49,8 @@ EP_DEGREE = 2
 """Ranks an ep_fsdp row's experts are split over (torchtitan's expert_parallel_degree)."""
 PP_LAYOUTS = ("pp", "pp_fsdp", "pp_tp")
 DDP_LAYOUTS = ("ddp", "replicate")
+META_LOAD_LAYOUTS = ("tp", "tp_sp", "fsdp", "fsdp_tp", "hsdp")
+"""The layouts an init=meta_load row builds on the meta device and fills from rank 0's full state dict."""
 """Data parallel by replication: classic DistributedDataParallel, composable replicate."""
 DDP_BUCKET_MB = 1
 """bucket_cap_mb of the ddp / replicate rows (torchtitan passes 100: one bucket for our
@@ -157,6 +159,11 @@ COLUMNS: tuple[Column, ...] = (
            "FSDP2 gradient sync under accumulation: every microbatch, or only the last of a step "
            "(set_requires_gradient_sync(False) before the others, as HF accelerate and Lightning do; ddp: "
            "no_sync(), replicate: set_requires_gradient_sync)", "Grad sync"),
+    Column("init", ("seed", "meta_load"), "seed", {"meta_load": "meta_load"},
+           "how the weights arrive: every rank builds them from the seed, or as fine-tuning loads a pretrained "
+           "model: built on the meta device, parallelized there, to_empty, its buffers made again, then the full "
+           "state dict rank 0 holds loaded by set_model_state_dict(full_state_dict, broadcast_from_rank0)",
+           "Init"),
     Column("world_size", (1, 2, 4), 2, "ws{}", "ranks (4-rank rows get a 4-rank pool; skipped where fewer devices)",
            "WS"),
     Column("optim", ("sgd", "adamw"), "sgd", "{}", "the optimizer", "Optim"),
@@ -232,6 +239,9 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda s: s.shard == "uneven" and s.float8 != "none",
          "Float8's scaled matmuls need every dim a multiple of 16 (torch._scaled_mm): uneven dims cannot be "
          "Float8 linears"),
+    Rule(lambda s: s.init == "meta_load" and s.parallel not in META_LOAD_LAYOUTS,
+         "meta_load broadcasts one full state dict into a sharded model: it needs tp, tp_sp, fsdp, fsdp_tp or "
+         "hsdp (DDP wraps loaded weights and broadcasts them itself; pipelines and experts load per stage or owner)"),
     Rule(lambda s: s.tie and s.parallel in PP_LAYOUTS,
          "a tied embedding and output sit on the first and the last pipeline stage: the tie crosses stages (its "
          "gradient needs a cross-stage all-reduce our pipelines do not build), so pp rows do not tie"),

@@ -424,3 +424,32 @@ def uneven_rows() -> list[Scenario]:
         row("fsdp", tie=True, shard="uneven"),
         row("tp_sp", loss_parallel=True, tie=True, shard="uneven"),
     ]
+
+
+def meta_load_rows() -> list[Scenario]:
+    """Weights loaded as fine-tuning loads a pretrained model (init=meta_load: built on meta,
+    parallelized there, to_empty, buffers made again, rank 0's full state dict broadcast
+    into the shards by set_model_state_dict) x FSDP2 (mixed precision, offload, uneven
+    padded shards, a tied pair under one unit, frozen parts, Float8 weights: CUDA, as FSDP2's
+    float8 all-gather needs), TP with and without SP (uneven vocab shards, the tie sharded
+    twice, Float8 rowwise linears), FSDP2 x TP and HSDP on 4
+    ranks, per-block and whole-model compile, AC, and a DCP resume after it."""
+    return [
+        row("fsdp", init="meta_load"),
+        row("fsdp", mp="bf16", init="meta_load"),
+        row("fsdp", offload=True, init="meta_load"),
+        row("fsdp", shard="uneven", init="meta_load"),
+        row("fsdp", tie=True, init="meta_load"),
+        row("fsdp", train="lora", init="meta_load"),
+        row("fsdp", float8="tensorwise", init="meta_load"),
+        row("tp", float8="rowwise", init="meta_load"),
+        row("fsdp", "block", "inductor", ac="full", init="meta_load"),
+        row("tp", init="meta_load"),
+        row("tp", shard="uneven", init="meta_load"),
+        row("tp_sp", tie=True, init="meta_load"),
+        row("tp_sp", "model", "aot_eager", init="meta_load"),
+        row("fsdp_tp", world_size=4, init="meta_load"),
+        row("hsdp", world_size=4, init="meta_load"),
+        row("fsdp", resume="tp_sp", init="meta_load"),
+        row("fsdp", model="moe", init="meta_load"),
+    ]

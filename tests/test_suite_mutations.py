@@ -34,7 +34,8 @@ layout untied (two parameters where the model has one); fed evidence: an uneven 
 layout split no parameter unevenly; DDP and replicate grad_sync=last
 accumulation that all-reduces in every microbatch (no no_sync), DDP gradients all-reduced in bf16
 where the row says float32, a compiled DDP model without DDPOptimizer (one graph, not split at
-the buckets).
+the buckets); a model loaded on the meta device (init=meta_load) whose rotary cache, a buffer no
+state dict carries, was left as to_empty left it (every step's loss differs, from the first).
 Unmutated controls run through the same checks and must pass, so a failure is the
 mutation's doing. All real runs share one spawn of two ranks (~60 s on 2 cores).
 """
@@ -103,6 +104,8 @@ RUNS = {
     "replicate_sync_every_microbatch": ("replicate-eager-ga2-sync_last", "sync_every_microbatch"),
     "control_ddp_compiled": ("ddp-compile_model_aot_eager", None),
     "ddp_without_ddp_optimizer": ("ddp-compile_model_aot_eager", "no_ddp_optimizer"),
+    "control_meta_load": ("fsdp-eager-tied-meta_load", None),
+    "meta_load_buffers_left_empty": ("fsdp-eager-tied-meta_load", "meta_load_keeps_buffers"),
 }
 
 
@@ -180,6 +183,8 @@ def _mutation(kind: str | None):
         return Mutation(dynamo_config={"optimize_ddp": False})
     if kind == "lose_requires_grad":
         return Mutation(after_parallelize=lambda model: model.norm.weight.requires_grad_(False))
+    if kind == "meta_load_keeps_buffers":
+        return Mutation(meta_load_keeps_buffers=True)
     if kind == "untie":
         import torch
 
@@ -654,3 +659,8 @@ def test_grad_sync_last_that_reduces_every_microbatch_fails_graph(mutated):
     problems = _problems(mutated, "sync_every_microbatch", "graph")
     assert any(p.startswith("the last step issued 6 gradient reduce-scatters, expected 3") for p in problems), problems
     assert any("FSDP reduce-scatters, expected 3" in p for p in problems), problems
+
+
+def test_meta_load_that_leaves_buffers_empty_fails_numerics(mutated):
+    problems = _problems(mutated, "meta_load_buffers_left_empty", "numerics")
+    assert any(p.startswith("step 0: loss") for p in problems), problems
