@@ -227,6 +227,27 @@ def full_state_dict_broadcast() -> str | None:
     return None
 
 
+@functools.cache
+def fp16_loss_scaling(device_type: str) -> str | None:
+    """Whether float16 matmuls run here and torch.amp.GradScaler scales, unscales and
+    skips on this device (CPU got a GradScaler after CUDA)."""
+    import torch
+
+    try:
+        w = torch.nn.Parameter(torch.ones(4, 4, device=device_type))
+        scaler = torch.amp.GradScaler(device_type, init_scale=2.0)
+        opt = torch.optim.SGD([w], lr=0.1)
+        loss = (w.half() @ torch.ones(4, 4, device=device_type, dtype=torch.float16)).float().sum()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        scaler.step(opt)
+        scaler.update()
+    except (RuntimeError, NotImplementedError, TypeError, AttributeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"mp=fp16 needs float16 matmuls and torch.amp.GradScaler on {device_type} ({first[:120]})"
+    return None
+
+
 def missing(scenario: Any, device_type: str) -> list[str]:
     """Why this stack cannot run `scenario` on `device_type` (empty: it can)."""
     reasons = []
@@ -256,6 +277,8 @@ def missing(scenario: Any, device_type: str) -> list[str]:
         reasons.append(pipelining_schedule(scenario.schedule))
     if scenario.clip == "mesh" or (scenario.clip == "inf" and scenario.parallel in ("ep", "ep_fsdp", *PP_LAYOUTS)):
         reasons.append(clip_by_norm_parts())  # inf over several meshes takes the per-mesh form
+    if scenario.loss_scaled:
+        reasons.append(fp16_loss_scaling(device_type))
     if scenario.init == "meta_load":
         reasons.append(full_state_dict_broadcast())
     reasons.append(optimizer_impl(device_type, scenario.optim, scenario.opt_impl))

@@ -71,11 +71,15 @@ def check_numerics(ref, run, tol: Tolerance) -> list[str]:
             problems.append(f"step {step}: loss {a:.7g} vs reference {b:.7g} "
                             f"(|diff| {abs(a - b):.3g} > {tol.loss_atol:g} + {tol.loss_rtol:g}*|ref|)")
     problems.extend(_norm_problems(ref, run, tol))
+    problems.extend(loss_scale_problems(ref, run))
+    skipped = skipped_steps(ref)
     rerouted, routing_problems = compare_routing(ref, run, tol)
     problems.extend(routing_problems)
     for step, (grads, ref_grads) in enumerate(zip(run.grads, ref.grads)):
         if step in rerouted:
             print(f"distci: step {step}: gradients not compared: {rerouted[step]}")
+            continue
+        if step in skipped:  # overflowed on purpose: inf in both; the loss scales judge the step
             continue
         missing = sorted(set(ref_grads) - set(grads))
         extra = sorted(set(grads) - set(ref_grads))
@@ -89,6 +93,31 @@ def check_numerics(ref, run, tol: Tolerance) -> list[str]:
         problems.extend(_eval_problems(ref, run, tol))
     problems.extend(export_problems(run))
     return problems
+
+
+def skipped_steps(record) -> set[int]:
+    """The steps a loss-scaled run's GradScaler skipped: its scale fell after them (it
+    starts at step.INIT_SCALE and halves on each overflow)."""
+    from .step import INIT_SCALE
+
+    before = [INIT_SCALE, *record.loss_scales]
+    return {i for i, after in enumerate(record.loss_scales) if after < before[i]}
+
+
+def loss_scale_problems(ref, run) -> list[str]:
+    """A loss-scaled (fp16) run's GradScaler must skip exactly the steps the reference's
+    skips (the loss spike's, whose gradients overflow float16) and no other, on every
+    rank: its scale after each step must be the reference's. A rank whose scaler missed
+    the overflow steps with inf gradients; one that saw an overflow the others did not
+    skips alone, and the ranks' weights part for good."""
+    if not ref.loss_scales and not run.loss_scales:
+        return []
+    if run.loss_scales != ref.loss_scales:
+        return [f"loss scale after each step {run.loss_scales} vs reference {ref.loss_scales}: the GradScaler "
+                f"skipped steps {sorted(skipped_steps(run))}, the reference {sorted(skipped_steps(ref))}"]
+    if not skipped_steps(ref):
+        return ["the reference skipped no step: the loss spike did not overflow float16, so the row tests no skip"]
+    return []
 
 
 def export_problems(run) -> list[str]:
@@ -439,14 +468,14 @@ def expected_graph(scenario: Scenario, dtype: str | None = None) -> GraphExpecta
         exp.default_placement = "R,S0" if layout == "hsdp" else "S0"
         if scenario.fsdp_float8_all_gather:
             pass  # float8 weights travel as torchao's subclass bytes: not recorded
-        elif scenario.mp == "bf16":
-            exp.fsdp_param_dtype, exp.fsdp_reduce_dtype = "bfloat16", "float32"
+        elif scenario.mp != "none":
+            exp.fsdp_param_dtype, exp.fsdp_reduce_dtype = scenario.compute_dtype, "float32"
         elif dtype is not None:
             exp.fsdp_param_dtype = exp.fsdp_reduce_dtype = dtype
     if layout in ("pp_fsdp", "ep_fsdp"):  # FSDP2 per stage / on two meshes: dtypes and shards, not unit counts
         exp.default_placement = "S0"
-        if scenario.mp == "bf16":
-            exp.fsdp_param_dtype, exp.fsdp_reduce_dtype = "bfloat16", "float32"
+        if scenario.mp != "none":
+            exp.fsdp_param_dtype, exp.fsdp_reduce_dtype = scenario.compute_dtype, "float32"
         elif dtype is not None:
             exp.fsdp_param_dtype = exp.fsdp_reduce_dtype = dtype
     if layout in DDP_LAYOUTS and dtype is not None:  # autocast (mp) keeps float32 parameters and gradients

@@ -40,6 +40,8 @@ class TrainRecord:
     """Per routing key, the near-tie tokens' relative top-k margins (routing.top_k_margins)."""
     grad_norms: list[float] = field(default_factory=list)
     """The total gradient norm clipping measured, per step (clipped rows only)."""
+    loss_scales: list[float] = field(default_factory=list)
+    """GradScaler's scale after each step (loss-scaled rows only): a step it skipped halves it."""
     trained: dict[str, torch.Tensor] | None = None
     """The parallel model's parameters after the last step, each gathered with full_tensor()
     (CPU, its own dtype), on the rank that also holds `exported`."""
@@ -124,6 +126,9 @@ class Mutation:
     meta_load_keeps_buffers: bool = False
     """An init=meta_load row leaves its non-persistent buffers (the rotary cache) as to_empty
     left them (here: zeros), as a loader that restores only the state dict does."""
+    grad_scaler: Callable[..., Any] | None = None
+    """A loss-scaled row's parallel run takes its GradScaler from this factory (keyword
+    arguments: step.grad_scaler's), not torch.amp.GradScaler."""
     sync_every_microbatch: bool = False
     """A grad_sync=last row's FSDP2 still reduces every microbatch's gradients (never told not to);
     a ddp / replicate one all-reduces in every microbatch (no no_sync)."""

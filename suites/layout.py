@@ -172,7 +172,7 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
         evidence.float8_linears = par.convert_float8(model, scenario.float8, mutation.float8_filter,
                                                      fsdp_float8_all_gather=scenario.fsdp_float8_all_gather)
     layout = Layout(runnable=model, model=model,
-                    autocast=parallel in ("single", *DDP_LAYOUTS) and scenario.mp == "bf16")
+                    autocast=parallel in ("single", *DDP_LAYOUTS) and scenario.mp != "none")
     mesh = tp_mesh = dp_mesh = None
     world = 1
     if parallel != "single":  # one device (single rows, a resume row's last layout): no mesh, AC/compile below

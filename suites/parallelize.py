@@ -24,6 +24,9 @@ FLOAT8_SKIP_FQNS = ("output",)
 """Linears left in high precision, as torchtitan's default `filter_fqns`."""
 
 
+MP_PARAM_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+"""The `mp` column's FSDP2 param_dtype (gradients reduce in float32 either way)."""
+
 def float8_config(recipe: str, fsdp_float8_all_gather: bool = False):
     """torchao's Float8LinearConfig for a recipe name, across torchao releases.
 
@@ -285,14 +288,14 @@ def apply_fsdp(model: Transformer, mesh: Any, mp: str, reshard: bool = True, mod
     three modules: the shared weight is gathered and reduced once), resharded after
     forward never (its policy's default); the root then holds no parameter.
 
-    mp `bf16`: parameters all-gathered and computed in bf16, gradients reduce-scattered
+    mp `bf16` / `fp16`: parameters all-gathered and computed in that dtype, gradients reduce-scattered
     in float32 (torchtitan's mixed_precision_param / mixed_precision_reduce defaults).
     A 2-D mesh (dp_replicate, dp_shard) is HSDP. `reshard=False` and `reduce_dtype` are
     mutations: no block ever frees its unsharded weights; gradients reduce in that dtype.
     """
     fully_shard, MixedPrecisionPolicy = fsdp_api()
-    if mp == "bf16":
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype or torch.float32)
+    if mp in MP_PARAM_DTYPES:
+        policy = MixedPrecisionPolicy(param_dtype=MP_PARAM_DTYPES[mp], reduce_dtype=reduce_dtype or torch.float32)
     else:
         policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype) if reduce_dtype else MixedPrecisionPolicy()
     extra = {"offload_policy": _cpu_offload_policy(mesh.device_type)} if offload else {}
@@ -378,8 +381,8 @@ def apply_ep_fsdp(model: Transformer, ep_mesh: Any, efsdp_mesh: Any, dp_mesh: An
     the mutation that leaves FSDP2's default).
     """
     fully_shard, MixedPrecisionPolicy = fsdp_api()
-    if mp == "bf16":
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype or torch.float32)
+    if mp in MP_PARAM_DTYPES:
+        policy = MixedPrecisionPolicy(param_dtype=MP_PARAM_DTYPES[mp], reduce_dtype=reduce_dtype or torch.float32)
     else:
         policy = MixedPrecisionPolicy(reduce_dtype=reduce_dtype) if reduce_dtype else MixedPrecisionPolicy()
     ep = ExpertParallel(ep_mesh.get_group(), ep_mesh.get_local_rank(), ep_mesh.size(), model.args.n_experts)

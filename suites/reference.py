@@ -12,7 +12,7 @@ steers its router per microbatch as the parallel run does.
 from __future__ import annotations
 
 import copy
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -22,7 +22,7 @@ from . import step as stp
 from .models import build_model
 from .routing import RoutingClock, steer, watch_routing
 from .scenario_record import SEED, Scenario
-from .training import TrainRecord, _dtype, _eval, _finish_step, _new_step, batches, freeze, full_grads
+from .training import TrainRecord, _dtype, _eval, _finish_step, _new_step, _unscale, batches, freeze, full_grads
 
 
 def _chunked_reference(scenario: Scenario) -> bool:
@@ -47,16 +47,18 @@ def run_reference(scenario: Scenario, device: torch.device, dtype: str) -> Train
     for clock.step, (tokens, labels) in enumerate(data):
         parts.opt.zero_grad(set_to_none=scenario.zero_grad == "none")
         if _chunked_reference(scenario):
-            loss = _chunked_grads(scenario, model, tokens, labels, device, record, clock, parts.loss)
+            loss = _chunked_grads(scenario, model, tokens, labels, device, record, clock, parts.loss,
+                                  parts.scaler, clock.step)
         else:
             loss = parts.loss(model(tokens.to(device)), labels.to(device))
             loss.backward()
+        _unscale(parts)
         if scenario.clip != "none":
             form = "inf" if scenario.clip == "inf" else "norm"  # every other form measures the 2-norm
             record.grad_norms.append(float(stp.clip_grads(list(model.parameters()), form).cpu()))
         record.losses.append(float(loss.detach().float().cpu()))
         record.grads.append(full_grads(model))
-        _finish_step(parts)
+        _finish_step(parts, record=record)
     if scenario.eval != "none":
         clock.on = False
         record.eval_loss, record.eval_logits = _eval(scenario, model, device, parts.loss)
@@ -64,7 +66,8 @@ def run_reference(scenario: Scenario, device: torch.device, dtype: str) -> Train
 
 
 def _chunked_grads(scenario: Scenario, model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor,
-                   device, record: TrainRecord, clock: RoutingClock, loss_fn: Callable) -> torch.Tensor:
+                   device, record: TrainRecord, clock: RoutingClock, loss_fn: Callable, scaler: Any = None,
+                   step: int = 0) -> torch.Tensor:
     """The step microbatch by microbatch, as the data-parallel ranks see it.
 
     Under mp bf16, as FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32):
@@ -72,14 +75,17 @@ def _chunked_grads(scenario: Scenario, model: nn.Module, tokens: torch.Tensor, l
     lie within bf16 rounding picks another expert, whose gradient then differs wholly),
     so each microbatch runs on a bf16 cast of the float32 parameters (buffers stay
     float32), and its bf16 gradients are cast to float32, summed over microbatches and
-    averaged over ranks into the float32 master's `.grad`. Routing-edge rows steer the
+    averaged over ranks into the float32 master's `.grad`. Under mp fp16 the same in
+    float16, each microbatch's backward scaled by the row's GradScaler (the first one spiked
+    at step.SPIKE_STEP), so the master's `.grad` holds scaled gradients (inf where float16
+    overflowed) for the scaler to unscale and judge. Routing-edge rows steer the
     router per microbatch. Returns the global loss (the mean over ranks of the
     accumulated loss).
     """
     shadow = copy.deepcopy(model)
-    if scenario.mp == "bf16":
+    if scenario.mp != "none":
         for p in shadow.parameters():
-            p.data = p.data.to(torch.bfloat16)
+            p.data = p.data.to(_dtype(scenario.compute_dtype))
     shadow_clock = RoutingClock(step=clock.step)
     if scenario.model_args.n_experts:
         watch_routing(shadow, record, shadow_clock)
@@ -93,7 +99,7 @@ def _chunked_grads(scenario: Scenario, model: nn.Module, tokens: torch.Tensor, l
         shadow.zero_grad(set_to_none=True)
         part = slice(chunk * rows, (chunk + 1) * rows)
         loss = loss_fn(shadow(tokens[part].to(device)), labels[part].to(device)) / accum
-        loss.backward()
+        stp.scaled(loss, scaler, step, chunk == 0).backward()
         total += loss.detach().float().cpu() / ranks
         for name, p in shadow.named_parameters():
             if p.grad is not None:

@@ -104,9 +104,10 @@ COLUMNS: tuple[Column, ...] = (
            "(the first block's input needs no grad); frozen_norms: every RMSNorm weight is frozen", "Train"),
     Column("shapes", ("static", "varlen"), "static", "{}",
            "varlen: the sequence length changes every step (numbers and the recompile budget)", "Shapes"),
-    Column("mp", ("none", "bf16"), "none", "mp_{}",
-           "FSDP2 MixedPrecisionPolicy: bf16 params, fp32 reduce (single, ddp, replicate: torch.autocast bf16, "
-           "float32 parameters and gradients)", "MP"),
+    Column("mp", ("none", "bf16", "fp16"), "none", "mp_{}",
+           "FSDP2 MixedPrecisionPolicy: bf16 (or fp16) params, fp32 reduce (single, ddp, replicate: torch.autocast, "
+           "float32 parameters and gradients); fp16 trains with torch.amp.GradScaler, as fp16 needs (V100/T4, Ascend "
+           "NPUs), through a loss spike that overflows one step's gradients: every rank must skip that step", "MP"),
     Column("accum", (1, 2, 3, 4), 1, "ga{}", "microbatches per step (gradient accumulation)", "Accum"),
     Column("loss", ("ce", "smooth_ce", "soft_ce", "z_loss"), "ce", "{}",
            "cross entropy; with label smoothing 0.1; against a teacher's soft labels (distillation, through "
@@ -184,6 +185,10 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda s: s.mp != "none" and not (s.fsdp or s.parallel in ("single", "pp_fsdp", "ep_fsdp", *DDP_LAYOUTS)),
          "mixed precision is FSDP2's MixedPrecisionPolicy (autocast on one device and under DDP): it needs an FSDP2 "
          "layout (fsdp, fsdp_tp, hsdp, pp_fsdp, ep_fsdp), single, ddp or replicate"),
+    Rule(lambda s: s.mp == "fp16" and not (s.parallel in ("fsdp", "fsdp_tp", "hsdp", "ddp", "single")
+                                            and s.clip == "none" and s.resume == "none" and s.float8 == "none"),
+         "mp=fp16 (with its GradScaler) runs on fsdp, fsdp_tp, hsdp, ddp or single, without clipping, resume or Float8: "
+         "the skipped step is judged by its loss scale, and those would need the scaler's unscale before them"),
     Rule(lambda s: (s.parallel == "single") != (s.world_size == 1),
          "parallel single is world size 1, and world size 1 is parallel single"),
     Rule(lambda s: s.parallel in ("ep", "ep_fsdp") and s.model != "moe", "expert parallel needs the moe model"),
@@ -361,6 +366,16 @@ class Scenario:
     def train_dtype_override(self) -> str | None:
         """Mixed-precision rows keep float32 parameters on every device (bf16 is FSDP's cast)."""
         return "float32" if self.mp != "none" else None
+
+    @property
+    def compute_dtype(self) -> str | None:
+        """The dtype a mixed-precision row computes in (None: the row's training dtype)."""
+        return {"bf16": "bfloat16", "fp16": "float16"}.get(self.mp)
+
+    @property
+    def loss_scaled(self) -> bool:
+        """fp16 rows train with torch.amp.GradScaler (step.py SPIKE_STEP overflows one step)."""
+        return self.mp == "fp16"
 
     @property
     def fsdp_float8_all_gather(self) -> bool:

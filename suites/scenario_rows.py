@@ -453,3 +453,27 @@ def meta_load_rows() -> list[Scenario]:
         row("fsdp", resume="tp_sp", init="meta_load"),
         row("fsdp", model="moe", init="meta_load"),
     ]
+
+
+def fp16_rows() -> list[Scenario]:
+    """fp16 mixed precision with torch.amp.GradScaler (the way fp16 trains: V100/T4, Ascend
+    NPUs), through a loss spike that overflows one step's float16 gradients: FSDP2's fp16
+    parameters with float32 reductions (accumulation, its gradient sync on the last
+    microbatch, HSDP, FSDP2 x TP, uneven padded shards, a tied pair, MoE experts that may
+    get no token, per-block compile, AC, AdamW) and DDP under fp16 autocast: every rank's
+    scaler must see the overflow its shard may not hold, and skip with the others."""
+    return [
+        row("fsdp", mp="fp16"),
+        row("fsdp", mp="fp16", accum=2),
+        row("fsdp", mp="fp16", accum=2, grad_sync="last"),
+        row("fsdp", mp="fp16", optim="adamw"),
+        row("fsdp", mp="fp16", shard="uneven"),
+        row("fsdp", mp="fp16", tie=True),
+        row("fsdp", mp="fp16", model="moe", accum=2),
+        row("fsdp", "block", "inductor", mp="fp16"),
+        row("fsdp", mp="fp16", ac="full"),
+        row("hsdp", world_size=4, mp="fp16"),
+        row("fsdp_tp", world_size=4, mp="fp16"),
+        row("ddp", mp="fp16"),
+        row("ddp", mp="fp16", accum=2, grad_sync="last"),
+    ]

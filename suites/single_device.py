@@ -66,14 +66,16 @@ def single_device_slice(table: list[Scenario] = TABLE) -> list[Scenario]:
 
 
 def compute_dtype(row: Scenario, device_dtype: str) -> str:
-    """What the row's matmuls compute in: bf16 under mixed precision, else the device's dtype."""
-    return "bfloat16" if row.mp == "bf16" else device_dtype
+    """What the row's matmuls compute in: bf16 / fp16 under mixed precision, else the device's dtype."""
+    return row.compute_dtype or device_dtype
 
 
 def reference_of(row: Scenario, device_dtype: str) -> tuple[Scenario, str, Tolerance]:
     """(the reference row, the dtype it trains in, the tolerance the run is held to)."""
     plain = dict(compile="none", backend="none", loss_compile=False, ac="none", mp="none")
     precision = compute_dtype(row, device_dtype)
+    if row.loss_scaled:  # judged by its loss scales too: the reference trains fp16 with the same GradScaler
+        return dataclasses.replace(row, **{**plain, "mp": row.mp}), "float32", tolerance(precision, row.float8)
     if row.model_args.n_experts and precision != "float32":
         return dataclasses.replace(row, **plain), precision, tolerance(precision, row.float8)
     return dataclasses.replace(row, float8="none", **plain), "float32", truth_tolerance(precision, row.float8)

@@ -85,6 +85,9 @@ def _size_rules(s: sc.Scenario, sizes: dict[str, int]) -> list[str]:
         out.append("seq is the static sequence length (a varlen row has its own lengths)")
     if "layers" in sizes and s.parallel == "pp":
         out.append("a pp row has one block per stage: layers stays at the table's for parallel=pp")
+    if sizes and s.loss_scaled:
+        out.append("an mp=fp16 row keeps the table's sizes: its loss spike overflows float16 at them "
+                   "(suites/step.py SPIKE is measured there; step 1 is the spike's)")
     return out
 
 

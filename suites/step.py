@@ -211,3 +211,39 @@ def make_optimizer(named: Iterable[tuple[str, torch.nn.Parameter]], scenario: Sc
         return opt, None
     total = scenario.steps
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: warmup_cosine(step, total))
+
+
+SPIKE_STEP = 1
+"""The step of an fp16 row where one microbatch spikes: the first microbatch of data-parallel
+rank 0 (an outlier batch) backpropagates SPIKE times its loss, so some of its scaled float16
+gradients overflow. The other ranks' own gradients stay finite: they learn of the overflow
+only through the gradient reduction, and their GradScaler must skip the step with rank 0's
+(a rank that steps while another skips diverges for good)."""
+SPIKE = 2.0 ** 9
+"""Measured on torch 2.13.0 CPU (the references of the 13 fp16 rows, 2026-12-04): at 2**9
+every row overflows, the accumulating rows (their microbatch loss halved) in 18-20
+elements of 4 parameters only, the others in most parameters (as at 2**10 every row does).
+A scaler that checks only its rank's own shards for inf was tried as a mutation on the
+accumulating FSDP2 row and did not bite there: those elements reached both ranks' shards. At
+2**8 the accumulating rows did not overflow with the spike in every microbatch. A stack
+on which the spike stops overflowing fails its rows by name (checks.loss_scale_problems:
+"the reference skipped no step"), never passes them silently."""
+INIT_SCALE = 2.0 ** 12
+"""GradScaler's first scale: below its default (2**16) so no step but the spike overflows
+float16 at the model's gradient sizes (|g| < 1: 4096 |g| stays far below 65504)."""
+
+
+def grad_scaler(scenario: Scenario, device_type: str, factory: Callable[..., Any] | None = None) -> Any:
+    """torch.amp.GradScaler for a loss-scaled row (None otherwise); `factory` replaces the
+    class (a mutation's scaler)."""
+    if not scenario.loss_scaled:
+        return None
+    return (factory or torch.amp.GradScaler)(device_type, init_scale=INIT_SCALE, growth_interval=1000)
+
+
+def scaled(loss: torch.Tensor, scaler: Any, step: int, first_microbatch: bool) -> torch.Tensor:
+    """What backward runs on: the loss, scaled by the row's GradScaler; the global batch's
+    first microbatch (data-parallel rank 0's first) spiked at SPIKE_STEP."""
+    if scaler is None:
+        return loss
+    return scaler.scale(loss * SPIKE if step == SPIKE_STEP and first_microbatch else loss)

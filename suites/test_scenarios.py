@@ -33,7 +33,7 @@ def timeout_of(scenario: Scenario) -> int:
 def tolerance_of(scenario: Scenario, device_dtype: str):
     """Mixed-precision rows compute in bf16 whatever the device trains in: bf16 tolerances;
     a float32 row whose DDP hook all-reduces in bf16: that one rounding's."""
-    compute = "bfloat16" if scenario.mp == "bf16" else device_dtype
+    compute = scenario.compute_dtype or device_dtype
     if scenario.ddp_hook == "bf16" and compute == "float32" and scenario.float8 == "none":
         return BF16_COMM_HOOK
     return tolerance(compute, scenario.float8)
@@ -73,4 +73,4 @@ def scenario_problems(dist, scenario: Scenario, mutation=None) -> list[str]:
 def test_scenario(dist, scenario: Scenario) -> None:
     dtype = suite_device(dist.device_type).dtype
     require(scenario_problems(dist, scenario), f"{scenario.id} on {dist.world_size} {dist.device_type} ranks "
-            f"({scenario.train_dtype_override or dtype}{', mp bf16' if scenario.mp == 'bf16' else ''})")
+            f"({scenario.train_dtype_override or dtype}{f', mp {scenario.mp}' if scenario.mp != 'none' else ''})")

@@ -48,4 +48,4 @@ def test_single_device(dist, scenario: Scenario) -> None:
     problems += edge_problems(reference, scenario.routing, scenario.accum)
     problems += check_graph(expected_graph(scenario, scenario.train_dtype_override or dtype), evidence)
     require(problems, f"{scenario.id} on one {device.type} device ({scenario.train_dtype_override or dtype}"
-                      f"{', autocast bf16' if scenario.mp == 'bf16' else ''}) vs eager {ref_dtype}")
+                      f"{f', autocast {scenario.mp}' if scenario.mp != 'none' else ''}) vs eager {ref_dtype}")

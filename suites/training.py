@@ -83,14 +83,20 @@ class Step:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     opt: torch.optim.Optimizer
     sched: Any = None
+    scaler: Any = None
+    """torch.amp.GradScaler of a loss-scaled (fp16) row: it scales backward, unscales before
+    the gradients are read, and steps (or skips) the optimizer."""
     watch: tuple[int, Counter] | None = None
     """(step, counter): count the ops that step's optimizer.step() executes into counter."""
 
 
-def _new_step(scenario: Scenario, model: nn.Module, loss: Callable | None = None, impl: str | None = None) -> Step:
-    """The step's parts; `impl` overrides the row's optimizer implementation (the reference: the loop)."""
+def _new_step(scenario: Scenario, model: nn.Module, loss: Callable | None = None, impl: str | None = None,
+              scaler: Callable[..., Any] | None = None) -> Step:
+    """The step's parts; `impl` overrides the row's optimizer implementation (the reference: the loop);
+    `scaler`, a loss-scaled row's GradScaler factory (a mutation's)."""
     opt, sched = stp.make_optimizer(((clean_name(n), p) for n, p in model.named_parameters()), scenario, impl)
-    return Step(loss or stp.build_loss(scenario), opt, sched)
+    device_type = next(model.parameters()).device.type
+    return Step(loss or stp.build_loss(scenario), opt, sched, stp.grad_scaler(scenario, device_type, scaler))
 
 
 def _clip(scenario: Scenario, layout: Layout, record: TrainRecord, mutation: "Mutation") -> None:
@@ -107,10 +113,23 @@ def _clip(scenario: Scenario, layout: Layout, record: TrainRecord, mutation: "Mu
     record.grad_norms.append(float(norm.cpu()))
 
 
-def _finish_step(step: Step, index: int | None = None) -> None:
+def _unscale(step: Step) -> None:
+    """A loss-scaled step's gradients divided by the scale (and checked for inf) before
+    anything reads them, as users unscale before clipping."""
+    if step.scaler is not None:
+        step.scaler.unscale_(step.opt)
+
+
+def _finish_step(step: Step, index: int | None = None, record: TrainRecord | None = None) -> None:
     watched = step.watch is not None and step.watch[0] == index
     with count_executed_ops(step.watch[1]) if watched else contextlib.nullcontext():
-        step.opt.step()
+        if step.scaler is not None:
+            step.scaler.step(step.opt)  # skipped when unscale_ found inf or nan
+            step.scaler.update()
+            if record is not None:
+                record.loss_scales.append(float(step.scaler.get_scale()))
+        else:
+            step.opt.step()
     if step.sched is not None:
         step.sched.step()
 
@@ -148,9 +167,9 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
                 with _loss_context(scenario), _cp_context(layout, x, y), \
                         layout.sync(sync_now) if layout.sync else contextlib.nullcontext(), \
                         record_collectives(layout.watch[1]) if watched else contextlib.nullcontext():
-                    with _autocast(layout, device):
+                    with _autocast(layout, device, scenario):
                         loss = step_parts.loss(layout.runnable(x), y) / scenario.accum
-                    loss.backward()
+                    stp.scaled(loss, step_parts.scaler, step, layout.dp_rank == 0 and micro == 0).backward()
                 total += _value(loss).detach().float()
             if layout.dp_size > 1:
                 dist.all_reduce(total, group=layout.dp_group)
@@ -162,11 +181,12 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
                 dist.all_reduce(total, group=layout.cp_mesh.get_group())
                 total /= cp_size
                 _average_ep_grads(layout.model, layout.cp_mesh.get_group(), cp_size)  # no experts: all averaged
+        _unscale(step_parts)
         _clip(scenario, layout, record, mutation)
         record.losses.append(float(total.cpu()))
         grads = full_grads(layout.model, layout.ep)
         record.grads.append(_gathered(grads) if layout.partial_params else grads)
-        _finish_step(step_parts, step)
+        _finish_step(step_parts, step, record)
         if scenario.fsdp_float8_all_gather:
             par.precompute_float8_scales(layout.model)
 
@@ -183,10 +203,10 @@ def _cp_context(layout: Layout, tokens: torch.Tensor, labels: torch.Tensor):
                             no_restore_buffers={tokens, labels})
 
 
-def _autocast(layout: Layout, device):
+def _autocast(layout: Layout, device, scenario: Scenario):
     if not layout.autocast:
         return contextlib.nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+    return torch.autocast(torch.device(device).type, dtype=_dtype(scenario.compute_dtype or "bfloat16"))
 
 
 def _pipeline_step(scenario: Scenario, layout: Layout, tokens, labels, device, record: TrainRecord,
@@ -297,7 +317,7 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
                     evidence.graph_calls[-1] += layout.counter.calls
 
         opt_watch = (last, evidence.optimizer_ops) if scenario.opt_impl in ("foreach", "fused") else None  # checks.py
-        parts = _new_step(scenario, layout.model, impl=mutation.optimizer_impl)
+        parts = _new_step(scenario, layout.model, impl=mutation.optimizer_impl, scaler=mutation.grad_scaler)
         parts.watch = opt_watch
         if scenario.resume == "none":
             train(layout, range(scenario.steps), parts)

@@ -35,7 +35,8 @@ layout split no parameter unevenly; DDP and replicate grad_sync=last
 accumulation that all-reduces in every microbatch (no no_sync), DDP gradients all-reduced in bf16
 where the row says float32, a compiled DDP model without DDPOptimizer (one graph, not split at
 the buckets); a model loaded on the meta device (init=meta_load) whose rotary cache, a buffer no
-state dict carries, was left as to_empty left it (every step's loss differs, from the first).
+state dict carries, was left as to_empty left it (every step's loss differs, from the first);
+an fp16 row whose GradScaler is disabled (the overflowing step is taken).
 Unmutated controls run through the same checks and must pass, so a failure is the
 mutation's doing. All real runs share one spawn of two ranks (~60 s on 2 cores).
 """
@@ -106,6 +107,8 @@ RUNS = {
     "ddp_without_ddp_optimizer": ("ddp-compile_model_aot_eager", "no_ddp_optimizer"),
     "control_meta_load": ("fsdp-eager-tied-meta_load", None),
     "meta_load_buffers_left_empty": ("fsdp-eager-tied-meta_load", "meta_load_keeps_buffers"),
+    "control_fp16": ("fsdp-eager-mp_fp16-ga2", None),
+    "fp16_scaler_disabled": ("fsdp-eager-mp_fp16-ga2", "scaler_disabled"),
 }
 
 
@@ -183,6 +186,10 @@ def _mutation(kind: str | None):
         return Mutation(dynamo_config={"optimize_ddp": False})
     if kind == "lose_requires_grad":
         return Mutation(after_parallelize=lambda model: model.norm.weight.requires_grad_(False))
+    if kind == "scaler_disabled":
+        import torch
+
+        return Mutation(grad_scaler=lambda device, **kw: torch.amp.GradScaler(device, enabled=False, **kw))
     if kind == "meta_load_keeps_buffers":
         return Mutation(meta_load_keeps_buffers=True)
     if kind == "untie":
@@ -233,7 +240,7 @@ def _rank_main(rank: int, world_size: int, out_dir: str) -> None:
             results[name] = {"raised": f"{type(exc).__name__}: {exc}"}
             continue
         results[name] = {
-            "numerics": check_numerics(ref, run, tolerance("bfloat16" if scenario.mp == "bf16" else "float32",
+            "numerics": check_numerics(ref, run, tolerance(scenario.compute_dtype or "float32",
                                                            scenario.float8)) + check_routing(ref),
             "graph": check_graph(expected_graph(scenario, "float32"), evidence),
         }
@@ -664,3 +671,9 @@ def test_grad_sync_last_that_reduces_every_microbatch_fails_graph(mutated):
 def test_meta_load_that_leaves_buffers_empty_fails_numerics(mutated):
     problems = _problems(mutated, "meta_load_buffers_left_empty", "numerics")
     assert any(p.startswith("step 0: loss") for p in problems), problems
+
+
+def test_fp16_step_taken_despite_overflow_fails(mutated):
+    problems = _problems(mutated, "fp16_scaler_disabled", "numerics")
+    assert any("loss scale after each step" in p for p in problems), problems
+
