@@ -153,33 +153,33 @@ def _indexes(store: Store) -> set[str]:
         "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'results' AND sql IS NOT NULL")}
 
 
-def test_a_schema_4_store_loses_its_history_index_and_keeps_its_verdicts(tmp_path: Path) -> None:
+def _older_store(path: Path, runs: Path, seed: int, nights: int, downgrade: str) -> dict:
+    """A store ingested now, then taken back to an older schema by `downgrade` (SQL); the
+    verdicts it held before."""
     import sqlite3
 
-    dirs = _history(tmp_path / "runs", seed=12, nights=5)
-    with Store(tmp_path / "s.sqlite") as store:
-        ingest_runs(store, dirs)
+    with Store(path) as store:
+        ingest_runs(store, _history(runs, seed=seed, nights=nights))
         before = _verdicts(store)
-    conn = sqlite3.connect(tmp_path / "s.sqlite")
-    conn.executescript("CREATE INDEX results_history ON results(cell_id, test_id, run_started_at, run_id); "
-                       "PRAGMA user_version = 4;")
+    conn = sqlite3.connect(path)
+    conn.executescript(downgrade)
     conn.close()
+    return before
+
+
+def test_a_schema_4_store_loses_its_history_index_and_keeps_its_verdicts(tmp_path: Path) -> None:
+    before = _older_store(tmp_path / "s.sqlite", tmp_path / "runs", 12, 5,
+                          "CREATE INDEX results_history ON results(cell_id, test_id, run_started_at, run_id); "
+                          "PRAGMA user_version = 4;")
     with Store(tmp_path / "s.sqlite") as store:
         assert "results_history" not in _indexes(store)
         assert _verdicts(store) == before == _full(store)
 
 
 def test_a_store_of_the_previous_schema_is_upgraded_with_the_same_verdicts(tmp_path: Path) -> None:
-    import sqlite3
-
-    dirs = _history(tmp_path / "runs", seed=11, nights=6)
-    with Store(tmp_path / "s.sqlite") as store:
-        ingest_runs(store, dirs)
-        before = _verdicts(store)
-    conn = sqlite3.connect(tmp_path / "s.sqlite")
-    conn.executescript("ALTER TABLE results DROP COLUMN run_started_at; "
-                       "CREATE INDEX results_by_cell ON results(cell_id, test_id); PRAGMA user_version = 3;")
-    conn.close()
+    before = _older_store(tmp_path / "s.sqlite", tmp_path / "runs", 11, 6,
+                          "ALTER TABLE results DROP COLUMN run_started_at; "
+                          "CREATE INDEX results_by_cell ON results(cell_id, test_id); PRAGMA user_version = 3;")
     with Store(tmp_path / "s.sqlite") as store:  # migrated in place
         assert store.conn.execute("SELECT COUNT(*) FROM results WHERE run_started_at = ''").fetchone()[0] == 0
         assert _indexes(store) == {"results_by_verdict", "results_by_run_verdict"}
