@@ -209,3 +209,33 @@ def test_a_lost_rank_is_named_by_what_happened_never_a_made_up_signal(state, mes
     combined = combine([RankState(0), state], 1.0)
     assert (combined.outcome, combined.failure_kind, combined.message) == ("failed", "crash", message)
     assert combined.needs_rebuild and "SIGHUP" not in combined.render()
+
+
+def test_dtensor_caches_are_emptied_between_tests(tmp_path):
+    """A test's DTensor placements must be decided for it: the reset between tests empties
+    the sharding caches an earlier test filled (torch 2.10 cached the embedding backward
+    without its vocabulary size: pytorch#174727), the C++ fast path's included."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        x = distribute_tensor(torch.ones(4, 4), mesh, [Replicate()])
+        (x + x).sum()
+        from torch.distributed.tensor import DTensor
+
+        python_cache = DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding
+        filled = python_cache.cache_info().currsize + sum(getattr(torch._C, "_get_DTensor_sharding_propagator_cache_stats",
+                                                                  lambda: (0,))())
+        assert filled > 0, "the DTensor ops above left no cache entry to clear"
+        cleared = isolation.clear_dtensor_caches()
+        assert "propagate_op_sharding" in cleared
+        assert python_cache.cache_info().currsize == 0
+        native = getattr(torch._C, "_get_DTensor_sharding_propagator_cache_stats", None)
+        if native is not None:  # the C++ fast path's cache (torch 2.10 on), which the ops above went through
+            assert "native_sharding_propagator" in cleared and sum(native()) == 0, native()
+    finally:
+        dist.destroy_process_group()

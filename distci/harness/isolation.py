@@ -3,7 +3,8 @@
 A worker runs many tests. Without a reset, Dynamo's caches and recompile counters carry
 over, so after enough tests a compile scenario would silently fall back to eager; a
 config flipped by one test would leak into the next; RNG would depend on test order.
-`snapshot()` captures the configs once at worker start; `reset()` restores them.
+`snapshot()` captures the configs once at worker start; `reset()` restores them and
+empties DTensor's sharding caches (`clear_dtensor_caches`).
 
 Process-wide torch and Python state is restored too (`GLOBALS`: default dtype and
 device, thread count, deterministic algorithms, grad and inference mode, autocast,
@@ -203,11 +204,50 @@ def reseed(seed: int) -> None:
         pass
 
 
+def clear_dtensor_caches() -> list[str]:
+    """DTensor's sharding-propagation and redistribute-plan caches emptied, so a test's
+    placements are decided for it and not by an earlier test's cache entry: torch 2.10's
+    embedding-backward strategy was cached without the vocabulary size, so a TP row of
+    vocab 257 after one of 256 got the earlier row's gradient shape (pytorch#174727;
+    suites/regressions/test_pytorch174727_embedding_backward_cache.py keeps that bug in
+    view, in one test). Each cache is looked up where this torch keeps it; one it lacks is
+    skipped. The names of the caches cleared."""
+    import sys
+
+    cleared = []
+    tensor_mod = sys.modules.get("torch.distributed.tensor")
+    if tensor_mod is None:  # no test used DTensor: nothing cached
+        return cleared
+    dispatcher = getattr(getattr(tensor_mod, "DTensor", None), "_op_dispatcher", None)
+    propagator = getattr(dispatcher, "sharding_propagator", None)
+    redistribute = sys.modules.get("torch.distributed.tensor._redistribute")
+    for name, owner, attr in (("propagate_op_sharding", propagator, "propagate_op_sharding"),
+                              ("_gen_transform_infos", redistribute, "_gen_transform_infos")):
+        clear = getattr(getattr(owner, attr, None), "cache_clear", None)
+        if clear is not None:
+            clear()
+            cleared.append(name)
+    meta = getattr(type(propagator), "_propagate_tensor_meta", None)  # a class-level lru_cache
+    if hasattr(meta, "cache_clear"):
+        meta.cache_clear()
+        cleared.append("_propagate_tensor_meta")
+    planner = getattr(redistribute, "clear_redistribute_planner_cache", None)
+    if planner is not None:
+        planner()
+        cleared.append("redistribute_planner")
+    native = getattr(sys.modules["torch"]._C, "_clear_DTensor_sharding_propagator_cache", None)  # C++ fast path
+    if native is not None:
+        native()
+        cleared.append("native_sharding_propagator")
+    return cleared
+
+
 def reset(saved: dict[str, Any], seed: int) -> None:
     """Everything a test may have changed that would change the next test's meaning."""
     import torch
 
     torch._dynamo.reset()
+    clear_dtensor_caches()
     try:
         from torch._dynamo.utils import counters
 
