@@ -67,6 +67,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
+def run_tier(args: argparse.Namespace) -> str | None:
+    """The tier a run's tests are selected from: `--tier`, else `pr`; but tests named with
+    `--test` and no `--tier` run whatever tier they belong to. The repro line every failure
+    prints (`--cell C --test ID`) names no tier, and a nightly test's repro must run that
+    test, not report that the pr tier holds none of it."""
+    if args.tier is not None:
+        return args.tier
+    return None if args.test else "pr"
+
+
 def _run_cells(args: argparse.Namespace) -> tuple[int, list]:
     from distci.run.cellrun import run_cell
     from distci.run.fixesmode import fixes_override
@@ -75,15 +85,16 @@ def _run_cells(args: argparse.Namespace) -> tuple[int, list]:
     from distci.run.terminal import exit_code, print_summary
 
     matrix = load_matrix(args.matrix)
-    cells = fixes_override(matrix.select(cell_ids=args.cell or None, tier=None if args.cell else args.tier))
+    tier = run_tier(args)
+    cells = fixes_override(matrix.select(cell_ids=args.cell or None, tier=None if args.cell else (args.tier or "pr")))
     if args.backend == "docker":
         from distci.images import run_cells_in_docker
 
         runs = run_cells_in_docker(cells, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k,
-                                   tier=args.tier, shard=args.shard)
+                                   tier=tier, shard=args.shard)
     else:
         extra = [f"--distci-known-issues={Path(args.known_issues).resolve()}"] if args.known_issues else []
-        runs = [run_cell(c, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k, tier=args.tier,
+        runs = [run_cell(c, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k, tier=tier,
                          extra_pytest_args=extra, python=args.python, shard=args.shard) for c in cells]
     print_summary(runs)
     for run in runs:
@@ -136,7 +147,8 @@ def build_parser(registry: tuple[str, ...] = REGISTRY) -> argparse.ArgumentParse
 
     p = sub.add_parser("run", help="provision cells and run their distributed suites")
     p.add_argument("--cell", action="append", help="cell id (repeatable); default: the --tier's cells")
-    p.add_argument("--tier", default="pr", help="tier whose cells run when no --cell is given (default: pr)")
+    p.add_argument("--tier", default=None, help="tier whose cells (when no --cell is given) and tests run "
+                   "(default: pr; tests named with --test run whatever their tier)")
     p.add_argument("-k", default=None, help="pytest -k expression")
     p.add_argument("--test", action="append", help="a test node id to run (repeatable)")
     p.add_argument("--shard", type=_shard_arg, default=None, metavar="K/N",

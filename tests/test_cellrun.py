@@ -109,6 +109,33 @@ def test_installed_stack_runs_through_distci_run(tmp_path):
     assert json.loads((run_dir / "run.json").read_text())["backend"] == "installed"
 
 
+def test_a_printed_repro_runs_its_nightly_test(tmp_path):
+    """Every failure prints `--cell C --test ID` (rundir.repro_line: no tier). Pasted for a
+    nightly test, it must run that test: a named test runs whatever its tier, while an
+    explicit `--tier pr` still narrows to the pr tier (and says it selected nothing)."""
+    matrix = tmp_path / "matrix.toml"
+    matrix.write_text(
+        'schema = 1\n[accelerators.cpu]\nbackend = "gloo"\nrunner = ["ubuntu-latest"]\n'
+        'archs = ["x86_64"]\nvariants = ["cpu"]\n[tiers.pr]\n[tiers.nightly]\n[[matrix]]\naccelerator = "cpu"\n'
+        'torch = "installed"\ntorchao = "none"\nfixes = "off"\ntiers = []\n'
+    )
+    cell = "cpu-cpu-torch_installed-ao_none-ws2-fix_off"
+    nightly_test = ("suites/regressions/test_pytorch174727_embedding_backward_cache.py::"
+                    "test_a_second_sharded_embedding_gets_its_own_gradient_shape[control]")
+    repro = [sys.executable, "-m", "distci", "--matrix", str(matrix), "run", "--cell", cell, "--python", sys.executable,
+             "--runs-root", str(tmp_path / "runs"), "--test", nightly_test]
+    proc = subprocess.run(repro, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    (record,) = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert record["test_id"] == nightly_test and record["outcome"] == "passed"
+    assert json.loads((run_dir / "run.json").read_text())["tier"] == ""  # a named test, no tier filter
+
+    narrowed = subprocess.run([*repro, "--tier", "pr"], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert narrowed.returncode == 2, narrowed.stdout[-3000:] + narrowed.stderr[-2000:]
+    assert "no test selected by --test" in narrowed.stderr
+
+
 def test_cell_whose_accelerator_is_absent_is_one_infra_result_before_any_download(tmp_path):
     """A CUDA cell on a machine without a GPU: one infra record in seconds, nothing resolved."""
     from distci.run.cellrun import missing_accelerator

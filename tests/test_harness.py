@@ -133,6 +133,24 @@ def test_timeout_cap_bounds_a_markers_timeout(tmp_path):
     assert time.monotonic() - start < 120
 
 
+def test_idle_pools_beyond_the_cap_are_shut_down(tmp_path):
+    """A pool per (world size, timeout class) stays up for reuse, but no more rank workers
+    than --distci-max-live-ranks at once: idle pools go, least recently used first, and come
+    back when a test needs them (a nightly tier has ~10 classes; all up at once was ~12 GB a
+    session with a CUDA build of torch). Each case counts this session's live workers."""
+    import uuid
+
+    token = uuid.uuid4().hex
+    proc = run_pytest([str(CASES / "test_pool_classes.py"), "--distci-run-dir", str(tmp_path)],
+                      env={"DISTCI_TEST_TOKEN": token, "DISTCI_MAX_LIVE_RANKS": "3"}, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    assert {k: r["outcome"] for k, r in _results(tmp_path).items()} == {
+        name: "passed" for name in ("test_default_class", "test_long_class", "test_longer_class", "test_one_rank",
+                                    "test_default_class_again")}
+    time.sleep(1)
+    assert processes_with_env(token) == []
+
+
 @pytest.mark.parametrize("where", ["torchrun"])  # pool mode: test_faults.py's SIGTERM case
 def test_a_stopped_run_records_where_it_stopped(tmp_path, token, where):
     """SIGTERM (a CI job timeout) mid-test: finished results stay, the test in flight is

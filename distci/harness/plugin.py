@@ -35,6 +35,13 @@ DEFAULT_TIMEOUT_S = 300.0
 PG_TIMEOUT_MARGIN_S = 60.0
 PG_TIMEOUT_FLOOR_S = 5.0
 DEFAULT_MAX_POOL_STARTS = 3
+DEFAULT_MAX_LIVE_RANKS = 12
+"""Rank workers kept up at once by one session, over all its pools. Each (world size,
+process-group timeout class) has a pool of its own; a nightly tier has about ten such
+classes, which left every pool up would be ~20 workers of ~600 MB each with a CUDA build
+of torch: two shard jobs on a 24 GB runner ran out of memory and a collective starved past
+its timeout (torch 2.15.0, 2026-12-05). Idle pools beyond the cap are shut down, least
+recently used first; they start again when a test needs them."""
 
 MARKERS = (
     "world_size(n): run the test body on n ranks of the rank pool",
@@ -64,6 +71,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--distci-max-pool-starts", type=int, default=DEFAULT_MAX_POOL_STARTS,
                     help="stop starting a pool after this many failed starts in a row; its later tests are "
                          f"`infra` at once (like pytest-xdist's --max-worker-restart; default {DEFAULT_MAX_POOL_STARTS})")
+    group.addoption("--distci-max-live-ranks", type=int, default=None,
+                    help="rank workers kept up at once over all pools; idle pools beyond it are shut down, least "
+                         f"recently used first ($DISTCI_MAX_LIVE_RANKS, default {DEFAULT_MAX_LIVE_RANKS})")
     group.addoption("--distci-reruns", type=int, default=0,
                     help="rerun a failed distributed test up to N times on the same (rebuilt if needed) pool; "
                          "a pass after a failure is recorded as passed with the earlier attempts (cell runs pass 1)")
@@ -188,6 +198,10 @@ class Harness:
         self.token = procs.run_token()
         self.reaper: procs.Reaper | None = None
         self.pools: dict[tuple[int, float], RankPool] = {}
+        self.last_used: dict[tuple[int, float], int] = {}  # pool key -> the test count when it last ran one
+        self.tests_run = 0
+        cap = opt("--distci-max-live-ranks") or os.environ.get("DISTCI_MAX_LIVE_RANKS")
+        self.max_live_ranks = int(cap) if cap else DEFAULT_MAX_LIVE_RANKS
         self.recorder = Recorder(config, self.run_dir)
         self._device_count: int | None = None
         self._previous_handlers: dict[int, Any] = {}
@@ -340,11 +354,26 @@ class Harness:
             self.keep_scratch = True
         return combined
 
+    def make_room(self, key: tuple[int, float]) -> None:
+        """Shut idle pools down, least recently used first, until the pool of `key` fits
+        under --distci-max-live-ranks beside those still up (a pool larger than the cap
+        still starts: alone)."""
+        live = [(k, p) for k, p in self.pools.items() if k != key and p.alive]
+        ranks = sum(k[0] for k, _ in live)
+        for k, p in sorted(live, key=lambda kp: self.last_used.get(kp[0], -1)):
+            if ranks + key[0] <= self.max_live_ranks:
+                break
+            p.shutdown()
+            ranks -= k[0]
+
     def run_on_pool(self, request: TestRequest, world_size: int, timeout: float) -> Combined:
         key = (world_size, self.pg_timeout_of(timeout))
         pool = self.pool(*key)
+        self.tests_run += 1
+        self.last_used[key] = self.tests_run
         failures = self.failed_starts.setdefault(key, [])
         if not pool.alive:
+            self.make_room(key)
             if len(failures) >= self.max_pool_starts:
                 message = (f"not started: the {world_size}-rank pool failed to start {len(failures)} times in a "
                            f"row (--distci-max-pool-starts={self.max_pool_starts}), so this run stopped starting "

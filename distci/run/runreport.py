@@ -1,25 +1,59 @@
-"""A Markdown report of one run directory: the evidence files under reports/.
+"""A Markdown report of run directories: the evidence files under reports/.
 
 GPU runs happen on machines whose logs vanish; what is committed is this page: the
 command, the stack (versions, git hash, devices), and every test's outcome and time.
+Several run directories make one page when they are one cell's shards (`--shard K/N`).
+With `--known-issues`, failures and passes are judged again by today's registry through
+the matcher the harness and ingest use, so a page written after a registry change says
+what the gate would say, not what was recorded at run time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from pathlib import Path
+from typing import Any, Sequence
 
-from distci.rundir import STACK_FILE, read_results
+from distci.errors import ConfigError
+from distci.harness.known_issues import Registry, RegistryError, load_registry
+from distci.rundir import RunDirError, read_run
 
 STACK_KEYS = ("torch", "torch_git", "torchao", "torchtitan", "torch_npu", "python", "cuda", "nccl", "driver",
               "device_name", "device_count", "device_capability", "platform", "fixes_mode", "image_digest")
 
 
-def render(run_dir: Path, *, title: str, command: str, notes: str = "") -> str:
-    results = list(read_results(run_dir))
-    stack_path = run_dir / STACK_FILE
-    stack = json.loads(stack_path.read_text()) if stack_path.exists() else (results[0].stack if results else {})
+def _known_issue(r: Any, registry: Registry | None) -> str | None:
+    """What the run recorded, or (with a registry) what the one matcher says today."""
+    if registry is None:
+        return r.known_issue
+    return registry.known_issue_of(r.test_id, r.outcome, signature=r.error_signature, message=r.message,
+                                   stack=r.stack, failure_kind=r.failure_kind)
+
+
+def _outcome(r: Any, known: str | None) -> str:
+    """The page's word for a Result: `known` (a failure an entry explains), `fixed` (a pass
+    inside an entry's scope: the entry may retire), `infra`, or the recorded outcome."""
+    if r.failure_kind == "infra" or r.outcome == "error":
+        return "infra"
+    if known and r.outcome == "failed":
+        return "known"
+    if known and r.outcome == "passed":
+        return "fixed"
+    return r.outcome
+
+
+def render(run_dirs: Path | Sequence[Path], *, title: str, command: str, notes: str = "",
+           registry: Registry | None = None) -> str:
+    dirs = [Path(run_dirs)] if isinstance(run_dirs, (str, Path)) else [Path(d) for d in run_dirs]
+    runs = [read_run(d) for d in dirs]
+    cells = sorted({run.info.cell_id for run in runs})
+    if len(cells) > 1:
+        raise RunDirError(f"one page is one cell's runs; these runs are of {len(cells)} cells: {', '.join(cells)}",
+                          dirs[0])
+    results = [r for run in runs for r in run.results]
+    stack = runs[0].stack or (results[0].stack if results else {})
     lines = [f"# {title}", ""]
     if notes:
         lines += [notes, ""]
@@ -28,33 +62,51 @@ def render(run_dir: Path, *, title: str, command: str, notes: str = "") -> str:
     fixes = stack.get("fixes") or []
     if fixes:
         lines += ["", "Fixes: " + ", ".join(f"{f.get('id')}={f.get('status')}" for f in fixes if isinstance(f, dict))]
-    counts: dict[str, int] = {}
-    for r in results:
-        key = "xfail" if r.known_issue and r.outcome == "failed" else r.outcome
-        counts[key] = counts.get(key, 0) + 1
+    if len(runs) > 1:
+        lines += ["", "## Runs", "", "| run | selection | started | ended | tests |", "| --- | --- | --- | --- | ---: |"]
+        lines += [f"| {run.info.run_id} | {' '.join(run.info.selection)} | {run.info.started_at} | {run.info.ended_at} "
+                  f"| {len(run.results)} |" for run in runs]
+    known = {id(r): _known_issue(r, registry) for r in results}
+    words = {id(r): _outcome(r, known[id(r)]) for r in results}
+    counts = Counter(words.values())
     total = sum(r.duration_s for r in results)
-    lines += ["", "## Outcomes", "", ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f"; {total:.0f} s in tests",
-              "", "| test | outcome | kind | time (s) | detail |", "| --- | --- | --- | ---: | --- |"]
-    for r in results:
-        detail = (r.error_signature or (r.message if r.outcome == "skipped" else "") or "").replace("|", "\\|")[:160]
-        if r.known_issue:
-            detail = f"known issue {r.known_issue}: {detail}"
-        lines.append(f"| `{r.test_id}` | {r.outcome} | {r.failure_kind or ''} | {r.duration_s:.1f} | {detail} |")
+    lines += ["", "## Outcomes", "", ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f"; {total:.0f} s in tests"]
+    for word, heading in (("known", "Known issues matched"),
+                          ("fixed", "Passes inside a known issue's scope (`fixed`, a warning)")):
+        ids = Counter(known[id(r)] for r in results if words[id(r)] == word)
+        if ids:
+            lines += ["", f"{heading}: " + ", ".join(f"`{k}` {v}" for k, v in sorted(ids.items()))]
+    lines += ["", "| test | outcome | kind | time (s) | detail |", "| --- | --- | --- | ---: | --- |"]
+    for r in sorted(results, key=lambda r: r.test_id) if len(runs) > 1 else results:
+        detail = (r.error_signature or (r.message if r.outcome in ("skipped", "error") or r.failure_kind == "infra"
+                                        else "") or "").replace("|", "\\|").replace("\n", " ")[:160]
+        if known[id(r)]:
+            detail = f"known issue {known[id(r)]}: {detail}"
+        lines.append(f"| `{r.test_id}` | {words[id(r)]} | {r.failure_kind or ''} | {r.duration_s:.1f} | {detail} |")
     return "\n".join(lines) + "\n"
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("report", help="render a run directory as a Markdown evidence page")
-    p.add_argument("run_dir")
+    p = sub.add_parser("report", help="render run directories (one cell's shards) as a Markdown evidence page")
+    p.add_argument("run_dir", nargs="+")
     p.add_argument("--title", required=True)
     p.add_argument("--command", required=True, help="the command that produced the run")
     p.add_argument("--notes", default="")
     p.add_argument("--out", default="-")
+    p.add_argument("--known-issues", default=None,
+                   help="judge failures and passes again by this registry (e.g. suites/known_issues.toml)")
     p.set_defaults(fn=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    text = render(Path(args.run_dir), title=args.title, command=args.command, notes=args.notes)
+    registry = None
+    if args.known_issues:
+        try:
+            registry = load_registry(Path(args.known_issues))
+        except (OSError, RegistryError) as exc:
+            raise ConfigError(f"cannot read the known-issues registry: {exc}", where=args.known_issues) from exc
+    text = render([Path(d) for d in args.run_dir], title=args.title, command=args.command, notes=args.notes,
+                  registry=registry)
     if args.out == "-":
         print(text, end="")
     else:
