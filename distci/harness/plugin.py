@@ -38,7 +38,7 @@ DEFAULT_MAX_POOL_STARTS = 3
 DEFAULT_MAX_LIVE_RANKS = 12
 """Rank workers kept up at once by one session, over all its pools. Each (world size,
 process-group timeout class) has a pool of its own; a nightly tier has about ten such
-classes, which left every pool up would be ~20 workers of ~600 MB each with a CUDA build
+classes, which left every pool up would be ~20 workers of ~0.5 GB each with a CUDA build
 of torch: two shard jobs on a 24 GB runner ran out of memory and a collective starved past
 its timeout (torch 2.15.0, 2026-12-05). Idle pools beyond the cap are shut down, least
 recently used first; they start again when a test needs them."""
