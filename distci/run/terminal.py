@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shlex
 import shutil
 import subprocess
@@ -338,6 +339,7 @@ def relay_pytest(proc: subprocess.Popen, log_file: Path, results_file: Path, log
     assert proc.stdout is not None
     tail = ResultTail(results_file)
     lock = threading.Lock()
+    copying = threading.Lock()  # held by the reader from reading pytest's bytes until they are in log_file
     total: list[int | None] = [None]
 
     def probe() -> tuple[int, int | None]:
@@ -351,6 +353,16 @@ def relay_pytest(proc: subprocess.Popen, log_file: Path, results_file: Path, log
                 for r in tail.new():
                     say(result_line(r, width))
 
+        def drain_after_output() -> None:
+            """The main loop's drain: pytest writes a test's output before the harness
+            records its result, so while pytest's bytes are still unread (in the pipe, or
+            read and not yet in `log_file`) its results wait for the reader, which drains
+            them itself when it relays the next line."""
+            with copying:
+                if select.select([proc.stdout], [], [], 0)[0]:
+                    return
+                drain()
+
         def relay(line: str) -> None:
             drain()  # a finished test's line comes before pytest's report of it
             chosen = selected(line)
@@ -359,26 +371,36 @@ def relay_pytest(proc: subprocess.Popen, log_file: Path, results_file: Path, log
             with lock:
                 say(_PYTEST_TIME.sub(lambda m: f" in {format_duration(float(m.group(1)))}", line))
 
-        reader = threading.Thread(target=_copy_output, args=(proc.stdout, log_file, relay), daemon=True)
+        reader = threading.Thread(target=_copy_output, args=(proc.stdout, log_file, relay, copying), daemon=True)
         reader.start()
         while reader.is_alive() or proc.poll() is None:
-            drain()
+            if reader.is_alive():
+                drain_after_output()
+            else:
+                drain()
             reader.join(poll_s)
         code = proc.wait()
         drain()
     return code
 
 
-def _copy_output(stream, log_file: Path, log: Log) -> None:
+def _copy_output(stream, log_file: Path, log: Log, copying: threading.Lock | None = None) -> None:
+    """pytest's bytes into `log_file` as they come, its lines to `log`. `copying` is held from
+    the read until the bytes are flushed (relay_pytest's main loop waits on it); lines are
+    relayed after it is released."""
     fd = stream.fileno()
     pending = b""
+    copying = copying or threading.Lock()
     with open(log_file, "wb") as out:
         while True:
-            chunk = os.read(fd, 65536)
+            select.select([fd], [], [])
+            with copying:
+                chunk = os.read(fd, 65536)
+                if chunk:
+                    out.write(chunk)
+                    out.flush()
             if not chunk:
                 break
-            out.write(chunk)
-            out.flush()
             pending += chunk
             *lines, pending = pending.split(b"\n")
             for raw in lines:
