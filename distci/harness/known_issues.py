@@ -245,3 +245,14 @@ def load_registry(path: Path) -> Registry:
         entries.append(KnownIssue(raw["id"], tests, sig, applies, raw.get("upstream", ""), raw.get("fix"), raw.get("title", ""),
                                   consequences))
     return Registry(entries)
+
+
+def result_known_issue(r: Any, registry: "Registry | None") -> str | None:
+    """The known issue a Result matches by today's registry, through the one matcher
+    (Registry.known_issue_of); without a registry, what was recorded. Shared by ingest
+    (judge/runreader.py) and the evidence pages (run/runreport.py)."""
+    if registry is None:
+        return r.known_issue
+    return registry.known_issue_of(r.test_id, r.outcome, signature=r.error_signature, message=r.message,
+                                   stack=r.stack, failure_kind=r.failure_kind)
+

@@ -50,13 +50,11 @@ def load_known_issues(path: Path | None) -> Any:
 
 
 def known_issue_of(r: Result, registry: Any) -> str | None:
-    """The known issue a Result matches by today's registry, through the one matcher the
-    harness and the external runner use (Registry.known_issue_of). Without a registry,
-    what was recorded."""
-    if registry is None:
-        return r.known_issue
-    return registry.known_issue_of(r.test_id, r.outcome, signature=r.error_signature, message=r.message,
-                                   stack=r.stack, failure_kind=r.failure_kind)
+    """The known issue a Result matches at index time: the one matcher the harness and the
+    external runner use (Registry.known_issue_of, through result_known_issue)."""
+    from distci.harness.known_issues import result_known_issue
+
+    return result_known_issue(r, registry)
 
 
 @dataclass

@@ -17,19 +17,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from distci.errors import ConfigError
-from distci.harness.known_issues import Registry, RegistryError, load_registry
+from distci.harness.known_issues import Registry, RegistryError, load_registry, result_known_issue
 from distci.rundir import RunDirError, read_run
 
 STACK_KEYS = ("torch", "torch_git", "torchao", "torchtitan", "torch_npu", "python", "cuda", "nccl", "driver",
               "device_name", "device_count", "device_capability", "platform", "fixes_mode", "image_digest")
-
-
-def _known_issue(r: Any, registry: Registry | None) -> str | None:
-    """What the run recorded, or (with a registry) what the one matcher says today."""
-    if registry is None:
-        return r.known_issue
-    return registry.known_issue_of(r.test_id, r.outcome, signature=r.error_signature, message=r.message,
-                                   stack=r.stack, failure_kind=r.failure_kind)
 
 
 def _outcome(r: Any, known: str | None) -> str:
@@ -66,7 +58,7 @@ def render(run_dirs: Path | Sequence[Path], *, title: str, command: str, notes: 
         lines += ["", "## Runs", "", "| run | selection | started | ended | tests |", "| --- | --- | --- | --- | ---: |"]
         lines += [f"| {run.info.run_id} | {' '.join(run.info.selection)} | {run.info.started_at} | {run.info.ended_at} "
                   f"| {len(run.results)} |" for run in runs]
-    known = {id(r): _known_issue(r, registry) for r in results}
+    known = {id(r): result_known_issue(r, registry) for r in results}
     words = {id(r): _outcome(r, known[id(r)]) for r in results}
     counts = Counter(words.values())
     total = sum(r.duration_s for r in results)
