@@ -175,3 +175,28 @@ def test_a_bad_consequences_regex_names_the_entry(tmp_path):
     path.write_text(CONSEQUENCES.replace('consequences = "^step', 'consequences = "(^step'))
     with pytest.raises(RegistryError, match="unfreeze.*consequences"):
         load_registry(path)
+
+
+NOT_TESTS = """
+[[issue]]
+id = "act-into-block"
+tests = ["suites/test_scenarios.py::test_scenario?tp*-compile_block-*"]
+not_tests = ["*-frozen_embed*"]
+signature = "has no attribute '_local_tensor'"
+"""
+
+
+def test_rows_the_bug_cannot_reach_are_neither_fixed_nor_known(tmp_path):
+    """`not_tests` carves rows out of an entry's patterns: a pass there is a plain pass
+    (not `fixed`, which would claim the bug gone), and a failure there, even with the
+    entry's signature, stays a failure to look at."""
+    path = tmp_path / "known_issues.toml"
+    path.write_text(NOT_TESTS)
+    reg = load_registry(path)
+    reached = "suites/test_scenarios.py::test_scenario[tp_sp-compile_block-tied]"
+    carved = "suites/test_scenarios.py::test_scenario[tp_sp-compile_block-frozen_embed]"
+    err = "AttributeError: 'Tensor' object has no attribute '_local_tensor'"
+    assert reg.known_issue_of(reached, "passed", signature=None, message="", stack={}) == "act-into-block"
+    assert reg.known_issue_of(carved, "passed", signature=None, message="", stack={}) is None
+    assert reg.known_issue_of(reached, "failed", signature=err, message=err, stack={}) == "act-into-block"
+    assert reg.known_issue_of(carved, "failed", signature=err, message=err, stack={}) is None

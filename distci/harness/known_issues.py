@@ -34,7 +34,7 @@ from packaging.version import InvalidVersion, Version
 
 from distci.provision.index import nightly_date_of
 
-ENTRY_KEYS = {"id", "tests", "signature", "applies", "upstream", "fix", "title", "repro", "consequences"}
+ENTRY_KEYS = {"id", "tests", "not_tests", "signature", "applies", "upstream", "fix", "title", "repro", "consequences"}
 APPLIES_KEYS = {"torch", "torchao", "torchtitan", "nightly_from", "nightly_until", "git", "accelerators"}
 
 
@@ -115,6 +115,9 @@ class KnownIssue:
     """Problem lines the bug causes downstream (a frozen weight that trains moves every later
     step's loss): explained by this entry only in a failure where its signature explains
     another line, the root, so such a line alone never reads as known."""
+    not_tests: list[str] = field(default_factory=list)
+    """Tests inside `tests` the bug cannot reach (with a frozen embedding the backward that
+    breaks never runs): their passes would read as `fixed` and claim the bug gone."""
 
     def applies_to(self, stack: dict[str, Any]) -> bool:
         """Whether the bug is expected to show on this stack.
@@ -145,7 +148,8 @@ class KnownIssue:
         return True
 
     def covers(self, test_id: str) -> bool:
-        return any(fnmatch.fnmatchcase(test_id, pat) for pat in self.tests)
+        return (any(fnmatch.fnmatchcase(test_id, pat) for pat in self.tests)
+                and not any(fnmatch.fnmatchcase(test_id, pat) for pat in self.not_tests))
 
     def explains(self, text: str) -> bool:
         """Whether the entry's signature is in `text`, whitespace normalized on both sides:
@@ -242,8 +246,10 @@ def load_registry(path: Path) -> Registry:
         except re.error as exc:
             raise RegistryError(f"{label}: consequences is not a valid regex: {exc}") from None
         tests = raw["tests"] if isinstance(raw["tests"], list) else [raw["tests"]]
+        not_tests = raw.get("not_tests", [])
+        not_tests = not_tests if isinstance(not_tests, list) else [not_tests]
         entries.append(KnownIssue(raw["id"], tests, sig, applies, raw.get("upstream", ""), raw.get("fix"), raw.get("title", ""),
-                                  consequences))
+                                  consequences, not_tests))
     return Registry(entries)
 
 
