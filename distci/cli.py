@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from distci.errors import DistciError
+from distci.errors import ConfigError, DistciError
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
@@ -77,6 +77,24 @@ def run_tier(args: argparse.Namespace) -> str | None:
     return None if args.test else "pr"
 
 
+def _resumed_runs(args: argparse.Namespace, cells: list) -> list:
+    """The runs `--resume` names, checked before anything is provisioned: one cell's, on
+    the venv backend (a container sees only its own run directory)."""
+    if not args.resume:
+        return []
+    from distci.rundir import RunDirError
+    from distci.run.resume import read_resumed
+
+    if args.backend == "docker":
+        raise ConfigError("--resume runs on the venv backend only; drop --backend docker")
+    if len(cells) != 1:
+        raise ConfigError(f"--resume continues one cell's runs; name that cell with --cell (this selects {len(cells)})")
+    try:
+        return read_resumed(args.resume, cells[0].id)
+    except RunDirError as exc:
+        raise ConfigError(f"--resume {exc}") from None
+
+
 def _run_cells(args: argparse.Namespace) -> tuple[int, list]:
     from distci.run.cellrun import run_cell
     from distci.run.fixesmode import fixes_override
@@ -87,6 +105,7 @@ def _run_cells(args: argparse.Namespace) -> tuple[int, list]:
     matrix = load_matrix(args.matrix)
     tier = run_tier(args)
     cells = fixes_override(matrix.select(cell_ids=args.cell or None, tier=None if args.cell else (args.tier or "pr")))
+    resume = _resumed_runs(args, cells)
     if args.backend == "docker":
         from distci.images import run_cells_in_docker
 
@@ -95,7 +114,7 @@ def _run_cells(args: argparse.Namespace) -> tuple[int, list]:
     else:
         extra = [f"--distci-known-issues={Path(args.known_issues).resolve()}"] if args.known_issues else []
         runs = [run_cell(c, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k, tier=tier,
-                         extra_pytest_args=extra, python=args.python, shard=args.shard) for c in cells]
+                         extra_pytest_args=extra, python=args.python, shard=args.shard, resume=resume) for c in cells]
     print_summary(runs)
     for run in runs:
         if getattr(run, "selection_error", ""):
@@ -154,6 +173,10 @@ def build_parser(registry: tuple[str, ...] = REGISTRY) -> argparse.ArgumentParse
     p.add_argument("--shard", type=_shard_arg, default=None, metavar="K/N",
                    help="run the K-th of N shares of the tier's tests: N jobs run one cell's tier side by side, "
                         "and the gate joins their runs (the nightly cells run as 2 shards)")
+    p.add_argument("--resume", action="append", metavar="RUN_DIR",
+                   help="continue a run that stopped part-way (repeatable: each shard's or earlier resume's run): "
+                        "run the same selection minus the tests these runs of the cell answered; `distci report` "
+                        "over them all keeps each test's latest result")
     p.add_argument("--backend", choices=("venv", "docker"), default="venv")
     p.add_argument("--runs-root", default=".distci/runs")
     p.add_argument("--known-issues", default=None,

@@ -129,6 +129,15 @@ _SIGNATURE_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 
 
+INTERRUPTED = "Interrupted: "
+"""How the error signature of the test in flight when a run was stopped starts (the
+harness's recorder writes it): such a run did not run its whole selection."""
+
+
+def is_interruption(error_signature: str | None) -> bool:
+    return bool(error_signature) and error_signature.startswith(INTERRUPTED)
+
+
 def error_signature(exc_type: str, message: str) -> str:
     """A stable one-line key for a failure, so one bug groups across cells and nights.
 

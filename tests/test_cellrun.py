@@ -136,6 +136,40 @@ def test_a_printed_repro_runs_its_nightly_test(tmp_path):
     assert "no test selected by --test" in narrowed.stderr
 
 
+def test_a_resumed_run_runs_only_what_the_stopped_run_left(tmp_path):
+    """`--resume` continues a run: the same selection, minus the tests the earlier run
+    answered. The resumed run says which run it continues, and one report over both counts
+    every test once."""
+    matrix = tmp_path / "matrix.toml"
+    matrix.write_text(
+        'schema = 1\n[accelerators.cpu]\nbackend = "gloo"\nrunner = ["ubuntu-latest"]\n'
+        'archs = ["x86_64"]\nvariants = ["cpu"]\n[tiers.pr]\n[[matrix]]\naccelerator = "cpu"\n'
+        'torch = "installed"\ntorchao = "none"\nfixes = "off"\ntiers = []\n'
+    )
+    cell = "cpu-cpu-torch_installed-ao_none-ws2-fix_off"
+    trivial = [f"tests/harness_cases/test_trivial.py::test_trivial[{i}]" for i in (1, 2, 3)]
+    base = ["--matrix", str(matrix), "run", "--cell", cell, "--python", sys.executable,
+            "--runs-root", str(tmp_path / "runs")]
+    first = distci(*base, "--test", trivial[0])
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+    (stopped,) = (tmp_path / "runs").iterdir()
+    selection = [a for t in trivial for a in ("--test", t)]
+    resumed = distci(*base, *selection, "--resume", str(stopped))
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-2000:]
+    (run_dir,) = [d for d in (tmp_path / "runs").iterdir() if d != stopped]
+    ran = [json.loads(x)["test_id"] for x in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert sorted(ran) == trivial[1:]
+    assert f"--resume {stopped.name}" in json.loads((run_dir / "run.json").read_text())["selection"]
+    report = distci("report", str(stopped), str(run_dir), "--title", "t", "--command", "c",
+                    "--out", str(tmp_path / "page.md"))
+    assert report.returncode == 0, report.stderr
+    assert "3 passed;" in (tmp_path / "page.md").read_text()
+    # all answered: the same resume again has nothing left to run, which is no error
+    again = distci(*base, *selection, "--resume", str(stopped), "--resume", str(run_dir))
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+    assert "nothing left to run" in again.stdout
+
+
 def test_cell_whose_accelerator_is_absent_is_one_infra_result_before_any_download(tmp_path):
     """A CUDA cell on a machine without a GPU: one infra record in seconds, nothing resolved."""
     from distci.run.cellrun import missing_accelerator

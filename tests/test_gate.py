@@ -458,3 +458,62 @@ def test_hud_rows_carry_the_relay_inputs_and_triage(tmp_path: Path) -> None:
     } <= first.keys()
     assert export.main(["--hud", "--store", str(db), "--out", str(tmp_path / "hud.json"), "--format", "json"]) == 0
     assert len(json.loads((tmp_path / "hud.json").read_text())) == 20
+
+
+def _interrupted(test: str) -> dict:
+    return {"test_id": test, "outcome": "error", "failure_kind": "infra",
+            "error_signature": "Interrupted: stopped by SIGINT",
+            "message": "Interrupted: the run was stopped (SIGINT) during this test, before it finished"}
+
+
+def test_a_run_stopped_part_way_defines_no_expected_tests(tmp_path: Path) -> None:
+    """A run stopped by SIGINT holds rows only for the tests it reached: taken as the
+    cell's complete run, the tests after the one in flight would drop out of what is
+    expected, and rerunning that one test (its printed repro) would turn the gate green
+    with the rest of the tier never run on this stack. Only `--resume` completes it."""
+    runs, db, matrix = tmp_path / "runs", tmp_path / "store.sqlite", matrix_file(tmp_path)
+    write_run(runs, "night1", RELEASE, [{"test_id": TP}, {"test_id": WAIT}, {"test_id": F8}], started_at=T0,
+              stack=OLD, tier="release")
+    day = T0 + timedelta(days=1)
+    write_run(runs, "stopped", RELEASE, [{"test_id": TP}, _interrupted(WAIT)], started_at=day, stack=NEW,
+              tier="release")
+    ingest([runs], db)
+    assert cli(db, matrix) == 3
+    write_run(runs, "repro", RELEASE, [{"test_id": WAIT}], started_at=day + timedelta(minutes=30), stack=NEW,
+              tier="release", selection=[WAIT])
+    ingest([runs], db)
+    with Store(db) as s:
+        cell = gate.evaluate(s, "release", matrix_path=matrix, now=NOW).cells[0]
+    assert cell.state == "partial" and cell.missing_tests == [F8]
+    write_run(runs, "resumed", RELEASE, [{"test_id": F8}], started_at=day + timedelta(hours=1), stack=NEW,
+              tier="release", selection=["--resume stopped"])
+    ingest([runs], db)
+    assert cli(db, matrix) == 0
+    with Store(db) as s:
+        cell = gate.evaluate(s, "release", matrix_path=matrix, now=NOW).cells[0]
+    assert cell.evidence_runs[0] == "stopped"
+
+
+def test_a_stopped_share_completes_through_the_run_that_resumes_it(tmp_path: Path) -> None:
+    runs, db, matrix = tmp_path / "runs", tmp_path / "store.sqlite", matrix_file(tmp_path)
+    day = T0 + timedelta(days=1)
+    write_run(runs, "s1", RELEASE, [{"test_id": TP}, _interrupted(WAIT)], started_at=day, stack=NEW, tier="release",
+              selection=["--shard 1/2"])
+    write_run(runs, "s2", RELEASE, [{"test_id": F8}], started_at=day, stack=NEW, tier="release",
+              selection=["--shard 2/2"])
+    ingest([runs], db)
+    assert cli(db, matrix) == 3  # share 1 stopped part-way: the tier's tests are not known
+    write_run(runs, "s1r", RELEASE, [failed(WAIT)], started_at=day + timedelta(hours=1), stack=NEW, tier="release",
+              selection=["--shard 1/2", "--resume s1"])
+    ingest([runs], db)
+    assert cli(db, matrix) == 1  # complete now, and the resumed test's failure blocks
+    with Store(db) as s:
+        result = gate.evaluate(s, "release", matrix_path=matrix, now=NOW)
+    assert [(i.test_id, i.run_id) for i in result.blocking] == [(WAIT, "s1r")]
+    # a run resuming one the store does not hold completes nothing
+    write_run(runs, "s1x", RELEASE, [{"test_id": WAIT}], started_at=day + timedelta(hours=2), stack=NEW,
+              tier="release", selection=["--shard 1/2", "--resume elsewhere"])
+    ingest([runs], db)
+    with Store(db) as s:
+        result = gate.evaluate(s, "release", matrix_path=matrix, now=NOW)
+    assert result.cells[0].state == "ok" and result.cells[0].evidence_runs[0] == "s1"

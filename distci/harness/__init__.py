@@ -7,6 +7,7 @@ how hangs, crashes and timeouts are told apart.
 from distci.harness.plugin import (  # noqa: F401 - pytest finds hooks and fixtures by name here
     dist,
     pytest_addoption,
+    pytest_collection_modifyitems,
     pytest_configure,
     pytest_pyfunc_call,
     pytest_runtest_setup,

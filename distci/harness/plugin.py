@@ -77,6 +77,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--distci-reruns", type=int, default=0,
                     help="rerun a failed distributed test up to N times on the same (rebuilt if needed) pool; "
                          "a pass after a failure is recorded as passed with the earlier attempts (cell runs pass 1)")
+    group.addoption("--distci-skip-done", default=None, metavar="FILE",
+                    help="leave out the tests listed in FILE (one node id a line): those with an answer in "
+                         "the runs a `distci run --resume` continues")
 
 
 def _check_fix_selection() -> None:
@@ -108,6 +111,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[HARNESS] = harness
     config.pluginmanager.register(harness.recorder, "distci-recorder")
     harness.take_stop_signals()
+
+
+@pytest.hookimpl(trylast=True)  # after the suites' tier and shard selection: a resume keeps their share
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    path = config.getoption("--distci-skip-done", default=None)
+    if not path:
+        return
+    try:
+        done = {line.strip() for line in Path(path).read_text().splitlines() if line.strip()}
+    except OSError as exc:
+        raise pytest.UsageError(f"--distci-skip-done {path}: {exc.strerror or exc}") from None
+    drop = [item for item in items if item.nodeid in done]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [item for item in items if item.nodeid not in done]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

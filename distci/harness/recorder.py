@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from distci.results import RankExcerpt, Result, error_signature, write_junit
+from distci.results import INTERRUPTED, RankExcerpt, Result, error_signature, write_junit
 from distci.rundir import INFRA_PREFIX, RECORD_LOST_EXIT, RecordError, RunDir
 from distci.harness.outcome import Combined
 
@@ -101,7 +101,7 @@ class Recorder:
             if nodeid == self.current:
                 results.append(Result(
                     run_id=self.run_id, cell_id=self.cell, test_id=nodeid, outcome="error", stack=self.stack,
-                    failure_kind="infra", error_signature="Interrupted: the run ended during this test",
+                    failure_kind="infra", error_signature=f"{INTERRUPTED}the run ended during this test",
                     message="Interrupted: the run ended during this test (its runner was killed before it finished)",
                     repro=_repro(self.cell if self.cell != "local" else None, nodeid),
                     started_at=self.started.get(nodeid, "")))
@@ -158,7 +158,7 @@ class Recorder:
         message = f"Interrupted: the run was stopped ({self.stopped_by}) during this test, before it finished"
         self._append_quietly(Result(
             run_id=self.run_id, cell_id=self.cell, test_id=nodeid, outcome="error", stack=self.stack,
-            failure_kind="infra", error_signature=f"Interrupted: stopped by {self.stopped_by}", message=message,
+            failure_kind="infra", error_signature=f"{INTERRUPTED}stopped by {self.stopped_by}", message=message,
             duration_s=round(time.monotonic() - self.current_start, 3),
             repro=_repro(self.cell if self.cell != "local" else None, nodeid),
             started_at=self.started.get(nodeid, ""), log_path=str(self.run_dir / "logs"),

@@ -30,7 +30,9 @@ from distci.errors import SelectionError
 from distci.judge.store import Store
 from distci.judge.rows import FUZZ_TESTS, ResultRow, RunRow, is_environment, is_fuzz
 from distci.judge.verdicts import BLOCKING, env_key
+from distci.run.resume import split_resume
 from distci.run.shards import shard_of
+from distci.results import is_interruption
 
 DEFAULT_MAX_AGE = timedelta(hours=36)
 
@@ -151,34 +153,49 @@ def _ran(r: ResultRow) -> bool:
     return r.verdict not in ("infra", "skip")
 
 
-def _is_complete(run: RunRow, tiers: set[str], rows: list[ResultRow], *, shard: bool = False) -> bool:
-    """A run that may define a cell's expected tests: ended, not narrowed (`shard`: narrowed
-    by its shard alone), of a covering tier (or of none: a run without a tier runs every
-    test), and some test ran in it (a fuzz configuration does not count: a fuzz run
+def _interrupted(rows: list[ResultRow]) -> bool:
+    """A run stopped part-way (SIGINT, a runner taken back): the tests after the one in
+    flight never started and have no row, so its rows are not its selection."""
+    return any(r.verdict == "infra" and is_interruption(r.error_signature) for r in rows)
+
+
+def _is_complete(run: RunRow, own: list[str], tiers: set[str], rows: list[ResultRow], *, shard: bool = False) -> bool:
+    """A run that may define a cell's expected tests: ended, not stopped part-way, not
+    narrowed (`shard`: narrowed by its shard alone) by its `own` selection (what it runs
+    beyond the runs it resumes), of a covering tier (or of none: a run without a tier runs
+    every test), and some test ran in it (a fuzz configuration does not count: a fuzz run
     defines no expected tests)."""
-    narrowed_ok = shard_of(run.selection or []) is not None if shard else not run.selection
-    return bool(run.ended_at) and narrowed_ok and run.tier in tiers and any(
+    narrowed_ok = shard_of(own) is not None if shard else not own
+    return bool(run.ended_at) and narrowed_ok and run.tier in tiers and not _interrupted(rows) and any(
         _ran(r) and not is_fuzz(r.test_id) for r in rows)
 
 
 def _latest_base(runs: list[RunRow], tiers: set[str], rows_of) -> tuple[RunRow | None, list[RunRow]]:
     """(the run the walk starts at, the runs whose tests are expected): the latest complete
     run, or the latest set of shard runs that covers shares 1..N (the latest ended run of
-    each share; the walk starts at the oldest of them), whichever completes nearer the end."""
-    shards: dict[int, dict[int, RunRow]] = {}
+    each share; the walk starts at the oldest of them), whichever completes nearer the end.
+    A run that resumes others (`distci run --resume`) completes with them: together they
+    ran its selection, so they count as one run (one share) whose tests are all expected;
+    a run stopped part-way counts only through the run that resumes it."""
+    by_id = {run.run_id: run for run in runs}
+    shards: dict[int, dict[int, set[str]]] = {}
     for run in reversed(runs):
-        shard = shard_of(run.selection or [])
+        own, resumed = split_resume(run.selection or [])
+        if any(i not in by_id for i in resumed):
+            continue  # a resumed run the store does not hold: what it answered is unknown
+        shard = shard_of(own)
         if shard is None:
-            if _is_complete(run, tiers, rows_of(run)):
-                return run, [run]
+            if _is_complete(run, own, tiers, rows_of(run)):
+                members = [r for r in runs if r.run_id == run.run_id or r.run_id in resumed]
+                return members[0], members
             continue
-        if not _is_complete(run, tiers, rows_of(run), shard=True):
+        if not _is_complete(run, own, tiers, rows_of(run), shard=True):
             continue
         k, n = shard
         got = shards.setdefault(n, {})
-        got.setdefault(k, run)
+        got.setdefault(k, {run.run_id, *resumed})
         if len(got) == n:
-            members = [r for r in runs if r in got.values()]
+            members = [r for r in runs if any(r.run_id in share for share in got.values())]
             return members[0], members
     return None, []
 

@@ -23,7 +23,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from distci.provision.envs import default_root as envs_root
 from distci.provision.envs import ensure_env, installed_env
@@ -41,7 +41,8 @@ from distci.run.progress import Heartbeat, StatusLine, downloaded_probe, install
 from distci.run.terminal import cell_tag, columns, command_lines, print_summary, relay_pytest, short_run_id
 from distci.provision.wheelhouse import default_root as default_wheelhouse_root
 from distci.provision.wheelhouse import ensure_wheelhouse
-from distci.rundir import CellRun
+from distci.rundir import CellRun, RunContents
+from distci.run.resume import RESUME_PREFIX, done_tests, write_done
 from distci.run.externals import external_plan, run_external_suites, split_tests
 from distci.run.infra import infra_result
 
@@ -211,10 +212,12 @@ def run_cell(
     external_suites: Path = EXTERNAL_SUITES,
     python: str | None = None,
     shard: str | None = None,
+    resume: Sequence[RunContents] | None = None,
     log: Log = print,
 ) -> CellRun:
     """Run one cell. `python`: use that interpreter's preinstalled stack (see `provision`);
-    `shard` (`K/N`): only the K-th of N shares of the tier's tests."""
+    `shard` (`K/N`): only the K-th of N shares of the tier's tests; `resume`: earlier runs
+    of this cell whose answered tests are left out (distci.run.resume)."""
     externals = external_plan(cell, tests or [], external_suites)  # a bad selection fails before any run
     skipped = absent_accelerator_run(cell, runs_root, tier=tier, log=log)
     if skipped is not None:
@@ -228,7 +231,7 @@ def run_cell(
         return infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
     return run_in_env(cell, Path(env.python), info, run_dir, tests=tests, keyword=keyword, tier=tier,
                       extra_pytest_args=extra_pytest_args, external_suites=external_suites, externals=externals,
-                      shard=shard, log=log)
+                      shard=shard, resume=resume, log=log)
 
 
 def run_in_env(
@@ -244,6 +247,7 @@ def run_in_env(
     external_suites: Path = EXTERNAL_SUITES,
     externals: list[str] | None = None,
     shard: str | None = None,
+    resume: Sequence[RunContents] | None = None,
     log: Log = print,
 ) -> CellRun:
     """Run a started cell's suites with `python` (its environment's): pytest, then its external suites.
@@ -254,6 +258,12 @@ def run_in_env(
     """
     native, external = split_tests(tests or [])
     info.selection = selection_of(tests, keyword, shard)  # a narrowed run never defines a cell's expected tests
+    extra_pytest_args = list(extra_pytest_args or [])
+    if resume:
+        done = done_tests(resume)
+        info.selection += [RESUME_PREFIX + run.info.run_id for run in resume]
+        extra_pytest_args.append(f"--distci-skip-done={write_done(run_dir, done)}")
+        log(f"{cell_tag(cell.id)}resuming {len(resume)} run(s): {len(done)} test(s) with an answer are left out")
     if externals is None:
         externals = external_plan(cell, tests or [], external_suites)
     if native or not external:
@@ -288,7 +298,9 @@ def run_in_env(
                 raise
         run = finish_run(cell, info, run_dir, code)
         if code == PYTEST_NO_TESTS and not externals:
-            if shard:  # another share holds the selection: this job has nothing to do, which is no error
+            if resume:  # nothing left: the resumed runs answered every selected test
+                log(f"{cell_tag(cell.id)}every selected test has an answer in the resumed runs: nothing left to run")
+            elif shard:  # another share holds the selection: this job has nothing to do, which is no error
                 log(f"{cell_tag(cell.id)}shard {shard}: none of the selected tests is in this share")
             else:
                 run.selection_error = no_test_message(cell, native, keyword)

@@ -2,7 +2,8 @@
 
 GPU runs happen on machines whose logs vanish; what is committed is this page: the
 command, the stack (versions, git hash, devices), and every test's outcome and time.
-Several run directories make one page when they are one cell's shards (`--shard K/N`).
+Several run directories make one page when they are one cell's shards (`--shard K/N`) or
+its resumed runs (`--resume`: each test counts once, with its latest answer).
 With `--known-issues`, failures and passes are judged again by today's registry through
 the matcher the harness and ingest use, so a page written after a registry change says
 what the gate would say, not what was recorded at run time.
@@ -19,6 +20,7 @@ from typing import Any, Sequence
 from distci.errors import ConfigError
 from distci.harness.known_issues import Registry, RegistryError, load_registry, result_known_issue
 from distci.rundir import RunDirError, read_run
+from distci.run.resume import latest_results
 
 STACK_KEYS = ("torch", "torch_git", "torchao", "torchtitan", "torch_npu", "python", "cuda", "nccl", "driver",
               "device_name", "device_count", "device_capability", "platform", "fixes_mode", "image_digest")
@@ -44,7 +46,7 @@ def render(run_dirs: Path | Sequence[Path], *, title: str, command: str, notes: 
     if len(cells) > 1:
         raise RunDirError(f"one page is one cell's runs; these runs are of {len(cells)} cells: {', '.join(cells)}",
                           dirs[0])
-    results = [r for run in runs for r in run.results]
+    results, superseded = latest_results(runs)  # a resumed run's answer replaces the interrupted one
     stack = runs[0].stack or (results[0].stack if results else {})
     lines = [f"# {title}", ""]
     if notes:
@@ -58,6 +60,8 @@ def render(run_dirs: Path | Sequence[Path], *, title: str, command: str, notes: 
         lines += ["", "## Runs", "", "| run | selection | started | ended | tests |", "| --- | --- | --- | --- | ---: |"]
         lines += [f"| {run.info.run_id} | {' '.join(run.info.selection)} | {run.info.started_at} | {run.info.ended_at} "
                   f"| {len(run.results)} |" for run in runs]
+        if superseded:
+            lines += ["", f"{superseded} result(s) left out: a later run answered the same test (`--resume`)."]
     known = {id(r): result_known_issue(r, registry) for r in results}
     words = {id(r): _outcome(r, known[id(r)]) for r in results}
     counts = Counter(words.values())

@@ -1,0 +1,78 @@
+"""Resuming a cell run that stopped part-way (`distci run --resume RUN_DIR`).
+
+A nightly cell takes half an hour or more; a runner that is taken back, a session that
+ends or a Ctrl-C stops it with part of the tier done. Every finished test's Result is
+already on disk, so the rest is what is left to run: the same selection (tier, `-k`,
+`--test`, `--shard`) minus the tests that have a result in the runs named. A test whose
+result is `infra` (the one in flight when the run stopped, a pool that did not start)
+has no answer yet and runs again. The resumed run is a run of its own, narrowed (its
+selection says which runs it resumes); `distci report` over all of them keeps each
+test's latest result.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+from distci.rundir import RunContents, RunDirError, read_run
+
+RESUME_PREFIX = "--resume "
+DONE_FILE = "resume-done.txt"
+
+
+def split_resume(selection: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(the run's own selection, the ids of the runs it resumes) from run.json's selection."""
+    own, resumed = [], []
+    for part in selection:
+        (resumed if part.startswith(RESUME_PREFIX) else own).append(part)
+    return own, [part[len(RESUME_PREFIX):] for part in resumed]
+
+
+def has_answer(result) -> bool:
+    """Whether a Result answers its test: anything but an infra failure or an error
+    (the harness's words for "the test did not get to say")."""
+    return result.failure_kind != "infra" and result.outcome != "error"
+
+
+def read_resumed(run_dirs: Iterable[str | Path], cell_id: str) -> list[RunContents]:
+    """The runs to resume, each checked to be a run of `cell_id` (a run of another cell
+    answers nothing about this one: an error naming both, not a silent skip)."""
+    runs = []
+    for d in run_dirs:
+        if not Path(d).is_dir():
+            raise RunDirError("no such run directory (give a run's directory under the runs root)", Path(d))
+        run = read_run(Path(d))
+        if run.info.cell_id != cell_id:
+            raise RunDirError(f"is a run of cell {run.info.cell_id}, not of {cell_id}; "
+                              f"--resume takes runs of the cell it runs", Path(d))
+        runs.append(run)
+    return runs
+
+
+def done_tests(runs: Iterable[RunContents]) -> set[str]:
+    """Test ids with an answer in any of `runs`: the ones a resumed run leaves out."""
+    return {r.test_id for run in runs for r in run.results if has_answer(r)}
+
+
+def write_done(run_dir: Path, done: set[str]) -> Path:
+    """The done list beside the resumed run's results (the harness deselects from it)."""
+    path = Path(run_dir) / DONE_FILE
+    path.write_text("".join(f"{t}\n" for t in sorted(done)))
+    return path
+
+
+def latest_results(runs: Iterable[RunContents]) -> tuple[list, int]:
+    """Each test's result from the latest run that answers it (else its latest result of
+    any kind), and how many results that leaves out: one page of a resumed cell counts
+    every test once."""
+    ordered = sorted(runs, key=lambda run: run.info.started_at)
+    chosen: dict[str, object] = {}
+    total = 0
+    for run in ordered:
+        for r in run.results:
+            total += 1
+            held = chosen.get(r.test_id)
+            if held is None or has_answer(r) or not has_answer(held):
+                chosen[r.test_id] = r
+    return list(chosen.values()), total - len(chosen)

@@ -1,0 +1,93 @@
+"""`distci run --resume`: a cell run stopped part-way is continued, not restarted.
+
+What counts as answered decides what a resumed run leaves out: an interrupted test (infra)
+must run again, a failure or a hang must not (it is an answer). One page over the stopped
+runs and the resumed one counts every test once, with its latest answer.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from fixtures_runs import stack, write_run
+
+from distci.run.resume import done_tests, latest_results, read_resumed
+from distci.run.runreport import render
+from distci.rundir import RunDirError, read_run
+
+CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_off"
+T0 = datetime(2026, 12, 5, 5, 48, tzinfo=timezone.utc)
+S = "suites/test_scenarios.py::test_scenario"
+
+
+def _stopped(root: Path) -> Path:
+    """A shard stopped by SIGINT: three answers and the test in flight."""
+    return write_run(root, "r1", CELL, [
+        {"test_id": f"{S}[tp-eager]", "outcome": "passed"},
+        {"test_id": f"{S}[fsdp-eager]", "outcome": "failed", "failure_kind": "assert",
+         "error_signature": "AssertionError: loss differs", "message": "AssertionError: loss differs"},
+        {"test_id": f"{S}[hsdp-eager-ws4]", "outcome": "failed", "failure_kind": "hang", "message": "hang"},
+        {"test_id": f"{S}[pp-gpipe-eager]", "outcome": "error", "failure_kind": "infra",
+         "message": "Interrupted: stopped by SIGINT"},
+    ], started_at=T0, stack=stack(), selection=["--shard", "1/2"])
+
+
+def test_a_failure_or_a_hang_is_an_answer_an_interrupted_test_is_not(tmp_path: Path) -> None:
+    runs = read_resumed([_stopped(tmp_path)], CELL)
+    assert done_tests(runs) == {f"{S}[tp-eager]", f"{S}[fsdp-eager]", f"{S}[hsdp-eager-ws4]"}
+
+
+def test_runs_of_another_cell_are_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(RunDirError, match=f"r1: is a run of cell {CELL}, not of cpu-cpu-other"):
+        read_resumed([_stopped(tmp_path)], "cpu-cpu-other")
+
+
+def test_one_page_counts_each_test_once_with_its_latest_answer(tmp_path: Path) -> None:
+    stopped = _stopped(tmp_path)
+    resumed = write_run(tmp_path, "r2", CELL, [
+        {"test_id": f"{S}[pp-gpipe-eager]", "outcome": "passed"},
+        {"test_id": f"{S}[pp-1f1b-eager]", "outcome": "passed"},
+    ], started_at=T0 + timedelta(hours=1), stack=stack(), selection=["--shard", "1/2", "--resume", "r1"])
+    results, left_out = latest_results([read_run(resumed), read_run(stopped)])  # any order given
+    by_test = {r.test_id: r for r in results}
+    assert left_out == 1 and len(by_test) == 5
+    assert by_test[f"{S}[pp-gpipe-eager]"].outcome == "passed" and by_test[f"{S}[pp-gpipe-eager]"].run_id == "r2"
+
+    page = render([stopped, resumed], title="t", command="c")
+    assert "1 failed, 1 hang" not in page  # counted by outcome word, once per test
+    assert "2 failed, 3 passed; " in page
+    assert "1 result(s) left out: a later run answered the same test" in page
+    assert page.count(f"| `{S}[pp-gpipe-eager]` |") == 1
+
+
+def test_an_answer_is_not_replaced_by_a_later_interruption(tmp_path: Path) -> None:
+    stopped = _stopped(tmp_path)
+    later = write_run(tmp_path, "r3", CELL, [
+        {"test_id": f"{S}[tp-eager]", "outcome": "error", "failure_kind": "infra",
+         "message": "Interrupted: stopped by SIGINT"},
+    ], started_at=T0 + timedelta(hours=2), stack=stack())
+    results, _ = latest_results([read_run(stopped), read_run(later)])
+    assert {r.test_id: r.outcome for r in results}[f"{S}[tp-eager]"] == "passed"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "distci", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_the_command_refuses_runs_of_another_cell_before_provisioning(tmp_path: Path) -> None:
+    stopped = _stopped(tmp_path / "runs")
+    other = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on"
+    proc = _run("run", "--cell", other, "--resume", str(stopped), "--runs-root", str(tmp_path / "new"))
+    assert proc.returncode == 2
+    assert f"is a run of cell {CELL}, not of {other}" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "new").exists()  # nothing provisioned, no run started
+    many = _run("run", "--tier", "nightly", "--resume", str(stopped), "--runs-root", str(tmp_path / "new"))
+    assert many.returncode == 2 and "name that cell with --cell" in many.stderr
+    missing = _run("run", "--cell", CELL, "--resume", str(tmp_path / "nowhere"), "--runs-root", str(tmp_path / "new"))
+    assert missing.returncode == 2 and "nowhere" in missing.stderr and "Traceback" not in missing.stderr
