@@ -83,16 +83,20 @@ def _resumed_runs(args: argparse.Namespace, cells: list) -> list:
     if not args.resume:
         return []
     from distci.rundir import RunDirError
-    from distci.run.resume import read_resumed
+    from distci.run.cellrun import uses_installed
+    from distci.run.resume import check_same_stack, read_resumed
 
     if args.backend == "docker":
         raise ConfigError("--resume runs on the venv backend only; drop --backend docker")
     if len(cells) != 1:
         raise ConfigError(f"--resume continues one cell's runs; name that cell with --cell (this selects {len(cells)})")
     try:
-        return read_resumed(args.resume, cells[0].id)
+        runs = read_resumed(args.resume, cells[0].id)
     except RunDirError as exc:
         raise ConfigError(f"--resume {exc}") from None
+    installed = (args.python or sys.executable) if uses_installed(cells[0], args.python) else None
+    check_same_stack(runs, cells[0].sources, installed)
+    return runs
 
 
 def _run_cells(args: argparse.Namespace) -> tuple[int, list]:

@@ -91,3 +91,22 @@ def test_the_command_refuses_runs_of_another_cell_before_provisioning(tmp_path: 
     assert many.returncode == 2 and "name that cell with --cell" in many.stderr
     missing = _run("run", "--cell", CELL, "--resume", str(tmp_path / "nowhere"), "--runs-root", str(tmp_path / "new"))
     assert missing.returncode == 2 and "nowhere" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_runs_of_another_stack_are_refused_before_provisioning(tmp_path: Path) -> None:
+    """A cell id does not pin a stack: answers of torch 2.10 (the fixture's stack) are not
+    this release cell's (2.13.0), nor an interpreter's that has another torch."""
+    stopped = _stopped(tmp_path / "runs")
+    proc = _run("run", "--cell", CELL, "--resume", str(stopped), "--runs-root", str(tmp_path / "new"))
+    assert proc.returncode == 2, proc.stderr
+    assert "ran torch 2.10.0, outside this cell's torch ==2.13.0" in proc.stderr
+    assert not (tmp_path / "new").exists()
+    torch = pytest.importorskip("torch")
+    installed = "cpu-cpu-torch_installed-ao_0.17.0-ws2-fix_off"
+    other = write_run(tmp_path / "runs", "r9", installed, [{"test_id": f"{S}[tp-eager]"}], started_at=T0,
+                      stack=stack(torch="1.0.0+cpu"))
+    proc = _run("run", "--cell", installed, "--python", sys.executable, "--resume", str(other),
+                "--runs-root", str(tmp_path / "new"))
+    assert proc.returncode == 2, proc.stderr
+    assert f"ran torch 1.0.0; {sys.executable} has {torch.__version__.split('+')[0]}" in proc.stderr
+    assert not (tmp_path / "new").exists()

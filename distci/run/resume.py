@@ -13,8 +13,13 @@ test's latest result.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from distci.errors import ConfigError
+from distci.provision.envs import probe_installed
 from distci.rundir import RunContents, RunDirError, read_run
 
 RESUME_PREFIX = "--resume "
@@ -48,6 +53,38 @@ def read_resumed(run_dirs: Iterable[str | Path], cell_id: str) -> list[RunConten
                               f"--resume takes runs of the cell it runs", Path(d))
         runs.append(run)
     return runs
+
+
+def check_same_stack(runs: Sequence[RunContents], sources: Sequence, installed: str | None) -> None:
+    """Refuse to resume runs of another stack: a cell id does not pin one (an `installed`
+    cell is whatever the interpreter has; `--python` can name another), and answers of
+    torch 2.10 say nothing about 2.12. Checked before anything is provisioned, against the
+    interpreter's installed versions (`installed`) or a release's specifier; a source that
+    resolves only at run time (nightly, latest, git) is not checked here."""
+    for source in sources:
+        seen = {public(run.stack.get(source.package)) for run in runs} - {None}
+        if len(seen) > 1:
+            raise ConfigError(f"--resume: the runs named ran {source.package} {' and '.join(sorted(seen))}; "
+                              f"resume the runs of one stack")
+        if not seen:
+            continue
+        (theirs,) = seen
+        if installed is not None:
+            here = public(probe_installed(installed, [source.package]).versions.get(source.package))
+            if here is not None and here != theirs:
+                raise ConfigError(f"--resume: the runs named ran {source.package} {theirs}; {installed} has {here}: "
+                                  f"their answers are not this stack's")
+        elif source.kind in ("release", "test") and source.spec and Version(theirs) not in SpecifierSet(source.spec):
+            raise ConfigError(f"--resume: the runs named ran {source.package} {theirs}, outside this cell's "
+                              f"{source.package} {source.spec}")
+
+
+def public(version: str | None) -> str | None:
+    """A version without its local part (2.10.0+cu128 -> 2.10.0): the wheel's build, not the release."""
+    try:
+        return Version(version).public if version else None
+    except InvalidVersion:
+        return version
 
 
 def done_tests(runs: Iterable[RunContents]) -> set[str]:
