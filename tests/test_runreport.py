@@ -107,3 +107,13 @@ def test_the_command_reads_a_registry_and_names_a_bad_one(tmp_path: Path) -> Non
                              "--known-issues", str(bad)], capture_output=True, text=True)
     assert failed.returncode != 0
     assert "bad.toml" in failed.stderr and "Traceback" not in failed.stderr
+
+
+def test_runs_of_two_stacks_are_refused(tmp_path: Path) -> None:
+    """An installed cell has one id on every interpreter: one page must not mix torch 2.10's
+    answers with 2.12's."""
+    dirs = _shards(tmp_path / "runs")
+    other = write_run(tmp_path / "runs", "r4", CELL, [{"test_id": "suites/test_scenarios.py::test_scenario[tp-eager]"}],
+                      started_at=T0, stack=stack(torch="2.12.1+cu130"))
+    with pytest.raises(RunDirError, match="one stack's runs.*torch 2.11.0.*torch 2.12.1"):
+        render([*dirs, other], title="t", command="c")

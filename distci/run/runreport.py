@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from distci.errors import ConfigError
 from distci.harness.known_issues import Registry, RegistryError, load_registry, result_known_issue
 from distci.rundir import RunDirError, read_run
-from distci.run.resume import latest_results
+from distci.run.resume import latest_results, public
 
 STACK_KEYS = ("torch", "torch_git", "torchao", "torchtitan", "torch_npu", "python", "cuda", "nccl", "driver",
               "device_name", "device_count", "device_capability", "platform", "fixes_mode", "image_digest")
@@ -38,6 +38,10 @@ def _outcome(r: Any, known: str | None) -> str:
     return r.outcome
 
 
+def _stack_of(run: Any) -> dict[str, Any]:
+    return run.stack or (run.results[0].stack if run.results else {})
+
+
 def render(run_dirs: Path | Sequence[Path], *, title: str, command: str, notes: str = "",
            registry: Registry | None = None) -> str:
     dirs = [Path(run_dirs)] if isinstance(run_dirs, (str, Path)) else [Path(d) for d in run_dirs]
@@ -46,6 +50,10 @@ def render(run_dirs: Path | Sequence[Path], *, title: str, command: str, notes: 
     if len(cells) > 1:
         raise RunDirError(f"one page is one cell's runs; these runs are of {len(cells)} cells: {', '.join(cells)}",
                           dirs[0])
+    stacks = sorted({" ".join(f"{k} {public(_stack_of(run).get(k))}" for k in ("torch", "torchao", "torchtitan")
+                              if _stack_of(run).get(k)) for run in runs})
+    if len(stacks) > 1:  # an installed cell's id is the same on every interpreter
+        raise RunDirError(f"one page is one stack's runs; these runs are of {len(stacks)}: {'; '.join(stacks)}", dirs[0])
     results, superseded = latest_results(runs)  # a resumed run's answer replaces the interrupted one
     stack = runs[0].stack or (results[0].stack if results else {})
     lines = [f"# {title}", ""]
