@@ -69,7 +69,7 @@ def render(run_dirs: Path | Sequence[Path], *, title: str, command: str, notes: 
         lines += [f"| {run.info.run_id} | {' '.join(run.info.selection)} | {run.info.started_at} | {run.info.ended_at} "
                   f"| {len(run.results)} |" for run in runs]
         if superseded:
-            lines += ["", f"{superseded} result(s) left out: a later run answered the same test (`--resume`)."]
+            lines += ["", f"{superseded} result(s) left out: a later run answered the same test (a rerun, or `--resume`)."]
     known = {id(r): result_known_issue(r, registry) for r in results}
     words = {id(r): _outcome(r, known[id(r)]) for r in results}
     counts = Counter(words.values())
