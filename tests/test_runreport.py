@@ -117,3 +117,16 @@ def test_runs_of_two_stacks_are_refused(tmp_path: Path) -> None:
                       started_at=T0, stack=stack(torch="2.12.1+cu130"))
     with pytest.raises(RunDirError, match="one stack's runs.*torch 2.11.0.*torch 2.12.1"):
         render([*dirs, other], title="t", command="c")
+
+
+def test_a_failure_an_entry_misses_only_by_its_range_is_named(tmp_path: Path) -> None:
+    """On a stack outside an entry's range, the entry's failure stays `failed` (a range is
+    widened only on evidence), and the page names the entry and why it did not apply."""
+    registry_path = tmp_path / "known_issues.toml"
+    registry_path.write_text(REGISTRY.replace('torch = ">=2.11"', 'torch = ">=2.13"'))
+    page = render(_shards(tmp_path / "runs"), title="t", command="c", registry=load_registry(registry_path))
+    row = _row(page, "suites/test_scenarios.py::test_scenario[tp_sp-eager-clip_norm]")
+    assert row[1] == "failed"
+    assert row[4].startswith("near miss upstream1-widened (applies to torch >=2.13; this stack has torch 2.11.0+cu130)")
+    assert ("Failures an entry would explain but for where it applies (a range drawn too narrow? widen it only on "
+            "evidence): `upstream1-widened (applies to torch >=2.13; this stack has torch 2.11.0+cu130)` 1") in page

@@ -125,27 +125,33 @@ class KnownIssue:
         When the stack's fix package applied this entry's fix, the bug is masked and a
         pass is the expected outcome, not news: the entry does not apply.
         """
+        return self.why_not(stack) is None
+
+    def why_not(self, stack: dict[str, Any]) -> str | None:
+        """Why the entry does not apply to this stack (None: it applies), in words a
+        person acts on: the condition and what the stack has."""
         if self.fix and _fix_applied(stack, self.fix):
-            return False
+            return f"its fix {self.fix} is applied in this stack"
         a = self.applies
         accel = a.get("accelerators")
         if accel:
             here = "cuda" if stack.get("cuda_available") else ("npu" if stack.get("torch_npu") else "cpu")
             if here not in accel:
-                return False
+                return f"applies on {', '.join(accel)}; this stack is {here}"
         git = a.get("git")
         if git and stack.get("torch_git") and not any(str(stack["torch_git"]).startswith(g) for g in git):
-            return False
+            return f"applies to torch git {', '.join(git)}; this stack has {stack['torch_git']}"
         for pkg in ("torch", "torchao", "torchtitan"):
             spec = a.get(pkg)
             if pkg == "torch":
-                if (spec or a.get("nightly_from") or a.get("nightly_until")) and not version_applies(
-                    stack.get("torch"), spec, nightly_from=a.get("nightly_from"), nightly_until=a.get("nightly_until")
-                ):
-                    return False
+                nightly = {k: a[k] for k in ("nightly_from", "nightly_until") if a.get(k)}
+                if (spec or nightly) and not version_applies(stack.get("torch"), spec, nightly_from=a.get("nightly_from"),
+                                                             nightly_until=a.get("nightly_until")):
+                    cond = " ".join([f"torch {spec}" if spec else "torch"] + [f"{k} {v}" for k, v in nightly.items()])
+                    return f"applies to {cond}; this stack has torch {stack.get('torch')}"
             elif spec and not version_applies(stack.get(pkg), spec):
-                return False
-        return True
+                return f"applies to {pkg} {spec}; this stack has {pkg} {stack.get(pkg)}"
+        return None
 
     def covers(self, test_id: str) -> bool:
         return (any(fnmatch.fnmatchcase(test_id, pat) for pat in self.tests)
@@ -174,13 +180,27 @@ class Registry:
     entries: list[KnownIssue]
 
     def match(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> str | None:
+        return self._match(test_id, signature, message, self.applicable(test_id, stack))
+
+    def near_miss(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> list[str]:
+        """For a failure no entry explains: the entries that would, but for where they
+        apply (a version range drawn too narrow, a fix applied), each with why not. A
+        range that missed a stack outside the ones it was measured on shows up here
+        instead of as an unexplained failure somebody must trace by hand."""
+        if self.match(test_id, signature, message, stack) is not None:
+            return []
+        anywhere = self._match(test_id, signature, message, [e for e in self.entries if e.covers(test_id)])
+        by_id = {e.id: e for e in self.entries}
+        return [f"{i} ({by_id[i].why_not(stack)})" for i in (anywhere or "").split(",")
+                if i and not by_id[i].applies_to(stack)]
+
+    def _match(self, test_id: str, signature: str, message: str, candidates: list[KnownIssue]) -> str | None:
+        """The entries among `candidates` (covering the test, in registry order) that explain
+        the failure: one whose signature is in it, or for a failure that lists its problems,
+        one for every problem line (or its root's consequences)."""
         problems = problem_lines(message)
         if problems is None:
-            for entry in self.entries:
-                if entry.matches(test_id, signature, message, stack):
-                    return entry.id
-            return None
-        candidates = self.applicable(test_id, stack)
+            return next((e.id for e in candidates if e.explains(signature) or e.explains(message)), None)
         explained = [next((e for e in candidates if e.explains(problem)), None) for problem in problems]
         roots = [e for e in candidates if e in explained and e.consequences is not None]
         ids: list[str] = []

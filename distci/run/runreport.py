@@ -72,6 +72,8 @@ def render(run_dirs: Path | Sequence[Path], *, title: str, command: str, notes: 
             lines += ["", f"{superseded} result(s) left out: a later run answered the same test (a rerun, or `--resume`)."]
     known = {id(r): result_known_issue(r, registry) for r in results}
     words = {id(r): _outcome(r, known[id(r)]) for r in results}
+    near = {id(r): registry.near_miss(r.test_id, r.error_signature or "", r.message, r.stack)
+            for r in results if registry is not None and words[id(r)] == "failed"}
     counts = Counter(words.values())
     total = sum(r.duration_s for r in results)
     lines += ["", "## Outcomes", "", ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f"; {total:.0f} s in tests"]
@@ -80,12 +82,18 @@ def render(run_dirs: Path | Sequence[Path], *, title: str, command: str, notes: 
         ids = Counter(known[id(r)] for r in results if words[id(r)] == word)
         if ids:
             lines += ["", f"{heading}: " + ", ".join(f"`{k}` {v}" for k, v in sorted(ids.items()))]
+    missed = Counter(m for ms in near.values() for m in ms)
+    if missed:
+        lines += ["", "Failures an entry would explain but for where it applies (a range drawn too narrow? "
+                  "widen it only on evidence): " + ", ".join(f"`{k}` {v}" for k, v in sorted(missed.items()))]
     lines += ["", "| test | outcome | kind | time (s) | detail |", "| --- | --- | --- | ---: | --- |"]
     for r in sorted(results, key=lambda r: r.test_id) if len(runs) > 1 else results:
         detail = (r.error_signature or (r.message if r.outcome in ("skipped", "error") or r.failure_kind == "infra"
                                         else "") or "").replace("|", "\\|").replace("\n", " ")[:160]
         if known[id(r)]:
             detail = f"known issue {known[id(r)]}: {detail}"
+        elif near.get(id(r)):
+            detail = f"near miss {'; '.join(near[id(r)])}: {detail}"
         lines.append(f"| `{r.test_id}` | {words[id(r)]} | {r.failure_kind or ''} | {r.duration_s:.1f} | {detail} |")
     return "\n".join(lines) + "\n"
 
