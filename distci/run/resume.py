@@ -19,7 +19,6 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from distci.errors import ConfigError
-from distci.provision.envs import probe_installed
 from distci.rundir import RunContents, RunDirError, read_run
 
 RESUME_PREFIX = "--resume "
@@ -70,6 +69,8 @@ def check_same_stack(runs: Sequence[RunContents], sources: Sequence, installed: 
             continue
         (theirs,) = seen
         if installed is not None:
+            from distci.provision.envs import probe_installed  # not at import: the gate imports this module
+
             here = public(probe_installed(installed, [source.package]).versions.get(source.package))
             if here is not None and here != theirs:
                 raise ConfigError(f"--resume: the runs named ran {source.package} {theirs}; {installed} has {here}: "
