@@ -167,13 +167,6 @@ class KnownIssue:
         return self.consequences is not None and bool(
             self.consequences.search(problem) or self.consequences.search(normalize_space(problem)))
 
-    def matches(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> bool:
-        if not self.covers(test_id):
-            return False
-        if not (self.explains(signature) or self.explains(message)):
-            return False
-        return self.applies_to(stack)
-
 
 @dataclass
 class Registry:

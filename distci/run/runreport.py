@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from distci.errors import ConfigError
 from distci.harness.known_issues import Registry, RegistryError, load_registry, result_known_issue
 from distci.rundir import RunDirError, read_run
-from distci.run.resume import latest_results, public
+from distci.run.resume import has_answer, latest_results, public
 
 STACK_KEYS = ("torch", "torch_git", "torchao", "torchtitan", "torch_npu", "python", "cuda", "nccl", "driver",
               "device_name", "device_count", "device_capability", "platform", "fixes_mode", "image_digest")
@@ -29,7 +29,7 @@ STACK_KEYS = ("torch", "torch_git", "torchao", "torchtitan", "torch_npu", "pytho
 def _outcome(r: Any, known: str | None) -> str:
     """The page's word for a Result: `known` (a failure an entry explains), `fixed` (a pass
     inside an entry's scope: the entry may retire), `infra`, or the recorded outcome."""
-    if r.failure_kind == "infra" or r.outcome == "error":
+    if not has_answer(r):
         return "infra"
     if known and r.outcome == "failed":
         return "known"
