@@ -1,8 +1,10 @@
 """`python -m distci ...`: the commands nox sessions call.
 
 Each subcommand is registered by the module that owns it (its `add_parser(sub)`);
-`REGISTRY` below lists those modules explicitly, and a module that fails to import is
-an error naming it (exit 2), never a command that silently vanishes from `--help`.
+`COMMANDS` below lists them explicitly with their help line, and only the module of the
+command being run is imported: `--help` of the hub and of every command works with the
+controller's declared dependencies alone. A module that fails to import is an error
+naming it (exit 2), never a command that silently vanishes.
 This file only wires them and turns DistciError into one line on stderr with exit code
 2. It is the top of the import graph: no module imports it at import time.
 """
@@ -13,7 +15,9 @@ import argparse
 import importlib
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Collection, Sequence
 
 from distci.errors import ConfigError, DistciError
 
@@ -136,19 +140,37 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run_bench(args.what, args)
 
 
-# The modules that register subcommands (each has add_parser(sub)), in --help order.
-REGISTRY = (
-    "distci.judge.ingest",       # ingest
-    "distci.judge.gate",         # gate
-    "distci.judge.export",       # export
-    "distci.dashboard",    # dashboard
-    "distci.audit.run",        # fixes-audit
-    "distci.bisect",       # bisect
-    "distci.images",       # images, teardown
-    "distci.run.runreport",    # runreport
-    "distci.ci",           # aggregate
-    "distci.judge.notify",       # notify
-    "distci.run.fuzz",           # fuzz
+@dataclass(frozen=True)
+class Command:
+    """A subcommand the hub lists: its name, the module whose `add_parser(sub)` registers it,
+    and the line `distci --help` shows. A module is imported only when its command runs,
+    so `distci --help` and `distci CMD --help` need only the controller's declared
+    dependencies and CMD's own (no pytest, no Docker SDK, no jinja2 for `gate --help`)."""
+
+    name: str
+    module: str
+    help: str
+
+
+# The commands registered by their owning modules, in --help order (`matrix`, `run` and
+# `bench` are declared below, in build_parser). tests/test_cli.py checks that each module
+# registers exactly these names with these help lines.
+COMMANDS = (
+    Command("ingest", "distci.judge.ingest", "index run directories into the results store"),
+    Command("gate", "distci.judge.gate", "PASSED (0) / BLOCKED (1) / INCOMPLETE (3): may this tier ship?"),
+    Command("export", "distci.judge.export", "export results for other systems (--hud: PyTorch HUD's cross-repo CI relay)"),
+    Command("dashboard", "distci.dashboard", "write the static results dashboard"),
+    Command("fixes-audit", "distci.audit.run", "run every fix's regression test off and on per torch version"),
+    Command("bisect", "distci.bisect",
+            "bisect a regression (or a fix): versions, commits, below-nightly, python-diff, compiler, list"),
+    Command("images", "distci.images", "build the cells' images (docker/<family>/Dockerfile) with the Docker SDK"),
+    Command("teardown", "distci.images", "remove this job's containers (the workflows' always-run last step)"),
+    Command("report", "distci.run.runreport", "render run directories (one cell's shards) as a Markdown evidence page"),
+    Command("aggregate", "distci.ci", "the CI aggregate: history, store, issues, bisects, dashboard"),
+    Command("notify", "distci.judge.notify",
+            "post new regressions and a not-PASSED gate to a webhook ($DISTCI_WEBHOOK_URL)"),
+    Command("fuzz", "distci.run.fuzz",
+            "draw scenario configurations on one cell, run them on its rank pool, shrink what fails"),
 )
 
 
@@ -156,7 +178,33 @@ class CommandImportError(RuntimeError):
     """A registered command module does not import: distci is broken, not the user's input."""
 
 
-def build_parser(registry: tuple[str, ...] = REGISTRY) -> argparse.ArgumentParser:
+def register(sub: Any, module: str) -> None:
+    """Import `module` and let it add its subcommands to `sub`; a module that does not
+    import, or has no add_parser, is a CommandImportError naming it."""
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise CommandImportError(f"cannot load the commands of {module}: {exc}") from exc
+    add = getattr(mod, "add_parser", None)
+    if add is None:
+        raise CommandImportError(f"{module} is in distci.cli.COMMANDS but has no add_parser(sub)")
+    add(sub)
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand `argv` names (its first word that is not an option of the hub)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--matrix":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def build_parser(registry: Sequence[Command] = COMMANDS, load: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The hub's parser. `load`: the commands whose modules are imported (their real
+    parsers); the others are listed by name and help only. None imports every module."""
     parser = argparse.ArgumentParser(prog="distci", description=__doc__.splitlines()[0])
     parser.add_argument("--matrix", default="matrix.toml", help="the matrix file (default: matrix.toml)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -202,21 +250,20 @@ def build_parser(registry: tuple[str, ...] = REGISTRY) -> argparse.ArgumentParse
     p.add_argument("--root", default=None, help="store: where the histories and figures.json go (default .distci/bench-store)")
     p.set_defaults(fn=_cmd_bench)
 
-    for module in registry:
-        try:
-            mod = importlib.import_module(module)
-        except ImportError as exc:
-            raise CommandImportError(f"cannot load the commands of {module}: {exc}") from exc
-        register = getattr(mod, "add_parser", None)
-        if register is None:
-            raise CommandImportError(f"{module} is in distci.cli.REGISTRY but has no add_parser(sub)")
-        register(sub)
+    wanted = {c.module for c in registry if load is None or c.name in load}
+    for module in dict.fromkeys(c.module for c in registry):
+        if module in wanted:
+            register(sub, module)
+        else:
+            for command in (c for c in registry if c.module == module):
+                sub.add_parser(command.name, help=command.help)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        parser = build_parser()
+        parser = build_parser(load={command_of(argv)} - {None})
     except CommandImportError as exc:
         print(f"distci: error: {exc}", file=sys.stderr)
         return 2

@@ -306,7 +306,7 @@ def selection_of(tests: Iterable[str] | None, keyword: str | None, shard: str | 
 def repro_line(cell_id: str | None, test_id: str | None = None, *, backend: str | None = None) -> str:
     """The command that reruns a cell (or one test of it): printed and stored with every failure."""
     if not cell_id:
-        return f"python -m pytest -p distci.harness {shlex.quote(test_id or '')}".rstrip()
+        return f"python -m pytest -p distci.harness.plugin {shlex.quote(test_id or '')}".rstrip()
     cmd = f"nox -s dist_tests -- --cell {cell_id}"
     if test_id:
         cmd += f" --test {shlex.quote(test_id)}"

@@ -3,9 +3,9 @@
 Tiers: every scenario carries `tier_<name>` markers for its own tier and every later one
 (a `pr` scenario also runs in `nightly` and `release`), so either of these selects a tier:
 
-    DISTCI_TIER=pr python -m pytest -p distci.harness suites        (what `nox -s dist_tests` sets)
-    python -m pytest -p distci.harness suites --distci-tier pr
-    python -m pytest -p distci.harness suites -m tier_pr
+    DISTCI_TIER=pr python -m pytest -p distci.harness.plugin suites        (what `nox -s dist_tests` sets)
+    python -m pytest -p distci.harness.plugin suites --distci-tier pr
+    python -m pytest -p distci.harness.plugin suites -m tier_pr
 
 Without a tier every test runs. A shard (`--distci-shard K/N`, or $DISTCI_SHARD, what
 `distci run --shard` sets) keeps every N-th of the tier's tests from the K-th on, so N jobs

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
+import subprocess
+import sys
 
 import pytest
 
@@ -10,18 +13,41 @@ from conftest import REPO
 from distci import cli
 
 
-def test_every_registered_module_registers_its_commands():
-    parser = cli.build_parser()
-    commands = set(parser._subparsers._group_actions[0].choices)  # argparse keeps them here
+def _registered(parser) -> dict[str, str]:
+    """name -> help line of the hub's subcommands (argparse keeps them on the subparsers action)."""
+    action = parser._subparsers._group_actions[0]
+    return {a.dest: a.help for a in action._choices_actions}
+
+
+def test_every_registered_module_registers_exactly_its_commands_and_help():
+    """COMMANDS lists each command's help line so `distci --help` imports nothing; the module
+    that owns the command must register the same name with the same line."""
+    for module in dict.fromkeys(c.module for c in cli.COMMANDS):
+        parser = argparse.ArgumentParser()
+        sub = parser.add_subparsers()
+        cli.register(sub, module)
+        declared = {c.name: c.help for c in cli.COMMANDS if c.module == module}
+        assert _registered(parser) == declared, module
     assert {"matrix", "run", "images", "teardown", "aggregate", "gate", "export", "dashboard", "ingest",
-            "bisect"} <= commands
+            "bisect"} <= set(_registered(cli.build_parser()))
+
+
+def test_the_hub_imports_only_the_module_of_the_command_it_runs():
+    code = ("import sys; from distci import cli; cli.build_parser(load={'gate'}); "
+            "print(sorted(c.module for c in cli.COMMANDS if c.module in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert proc.stdout.split() == ["['distci.judge.gate']"]
+    assert cli.command_of(["--matrix", "m.toml", "gate", "--tier", "pr"]) == "gate"
+    assert cli.command_of(["--help"]) is None
 
 
 def test_a_module_that_does_not_import_is_an_error_naming_it():
+    broken = (cli.Command("nope", "distci.no_such_module", "h"),)
     with pytest.raises(cli.CommandImportError, match=r"cannot load the commands of distci\.no_such_module"):
-        cli.build_parser(registry=("distci.no_such_module",))
-    with pytest.raises(cli.CommandImportError, match=r"distci\.errors is in distci\.cli\.REGISTRY but has no add_parser"):
-        cli.build_parser(registry=("distci.errors",))
+        cli.build_parser(registry=broken)
+    cli.build_parser(registry=broken, load=set())  # listing it imports nothing, so no error yet
+    with pytest.raises(cli.CommandImportError, match=r"distci\.errors is in distci\.cli\.COMMANDS but has no add_parser"):
+        cli.build_parser(registry=(cli.Command("e", "distci.errors", "h"),))
 
 
 def test_the_new_modules_do_not_import_the_cli_hub():

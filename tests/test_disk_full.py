@@ -42,7 +42,7 @@ def test_a_file_size_limit_keeps_results_whole_and_ends_the_run_as_infra(tmp_pat
     (tmp_path / "test_many.py").write_text(TESTS)
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-q",
+        [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-q",
          f"--distci-run-dir={run_dir}", "--distci-cell=cpu-limit-test", "--distci-run-id=limited",
          f"--basetemp={tmp_path / 'base'}", "test_many.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, preexec_fn=_limited)

@@ -37,7 +37,7 @@ def _env(token: str, **extra: str) -> dict[str, str]:
 
 
 def _cmd(run_dir: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-q",
+    return [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-q",
             f"--distci-run-dir={run_dir}", "--distci-cell=cpu-faults-ws2", *args]
 
 
@@ -392,7 +392,7 @@ def test_two_sessions_in_one_checkout_never_read_each_others_rank_logs(tmp_path)
     """No --distci-run-dir: each session's rank logs live in a scratch dir of its own."""
     sessions = []
     for mark in ("MARK-ALPHA", "MARK-BRAVO"):
-        cmd = [sys.executable, "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-q",
+        cmd = [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-q",
                f"{CASES / 'test_state_faults.py'}::test_logs_its_mark_and_fails"]
         sessions.append((mark, subprocess.Popen(cmd, cwd=REPO, env=_env(uuid.uuid4().hex, DISTCI_FAULT_MARK=mark),
                                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))

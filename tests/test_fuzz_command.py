@@ -162,7 +162,7 @@ def test_the_aggregate_files_a_fuzz_find_by_its_signature(tmp_path):
 
 
 def test_known_issues_of_the_table_explain_the_same_scenario_fuzzed(tmp_path):
-    from distci.harness.known_issues import load_registry
+    from distci.known_issues import load_registry
 
     out = cmd.fuzz_registry(REPO / "suites" / "known_issues.toml", tmp_path / "ki.toml")
     table, fuzzed = load_registry(REPO / "suites" / "known_issues.toml"), load_registry(out)

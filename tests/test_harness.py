@@ -160,7 +160,7 @@ def test_a_stopped_run_records_where_it_stopped(tmp_path, token, where):
     env = dict(os.environ, DISTCI_TEST_TOKEN=token,
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-q",
+        [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-q",
          str(CASES / "test_stoppable.py"), "-k", f"finishes or {target}", "--distci-run-dir", str(run_dir),
          "--distci-cell", "cpu-test-ws2-fix_on"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

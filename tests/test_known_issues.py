@@ -2,7 +2,7 @@
 
 import pytest
 
-from distci.harness.known_issues import RegistryError, load_registry, version_applies
+from distci.known_issues import RegistryError, load_registry, version_applies
 
 REGISTRY = """
 [[issue]]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from fixtures_runs import stack, write_run
 
-from distci.harness.known_issues import load_registry
+from distci.known_issues import load_registry
 from distci.run.runreport import render
 from distci.rundir import RunDirError
 

@@ -30,7 +30,7 @@ def test_the_cell_run_passes_its_share_to_pytest(tmp_path: Path) -> None:
 
 
 def _collected(*args: str) -> list[str]:
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider",
                            "--collect-only", "-q", f"--rootdir={REPO}", "suites", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "DISTCI_TIER": "nightly"})

@@ -179,7 +179,7 @@ def test_harness_refuses_an_unknown_fix_id_before_starting_ranks(tmp_path: Path)
     (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
     env = dict(os.environ, DISTCI_FIXES="bogus_fix",
                PYTHONPATH=os.pathsep.join([str(REPO / "fixes"), str(REPO), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-q",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-q",
                            str(tmp_path / "test_nothing.py")], env=env, cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -22,7 +22,7 @@ export PYTHONPATH="$site:$PWD"
 run_dir="${OUT:-.distci/gpu}/$name"
 mkdir -p "$run_dir"
 start=$(date +%s)
-python3 -m pytest -p distci.harness -p no:cacheprovider -q -rfEs --distci-device cuda \
+python3 -m pytest -p distci.harness.plugin -p no:cacheprovider -q -rfEs --distci-device cuda \
   --distci-run-dir "$run_dir" --distci-cell "$cell" --distci-known-issues suites/known_issues.toml "$@" \
   > "$run_dir/pytest.log" 2>&1
 code=$?

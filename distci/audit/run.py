@@ -167,7 +167,7 @@ def run_tests(python: Path, tests: Sequence[str], fixes: str, out: Path, extra_e
     junit = out / f"junit-{fixes.replace(',', '+')}.xml"
     log = out / f"pytest-{fixes.replace(',', '+')}.log"
     started = time.monotonic()
-    cmd = [python, "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-q", "-rfEs",
+    cmd = [python, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-q", "-rfEs",
            *tests, f"--junitxml={junit}"]
     budget = timeout * max(1, len(tests))
     try:

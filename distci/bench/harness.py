@@ -45,7 +45,7 @@ class Timing:
 
 def time_pytest(target: str, mode: str) -> Timing:
     with tempfile.TemporaryDirectory(prefix="distci-bench-") as tmp:
-        cmd = [sys.executable, "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-q",
+        cmd = [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-q",
                "--distci-mode", mode, "--distci-run-dir", tmp, target]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
         start = time.monotonic()

@@ -25,7 +25,7 @@ from distci.errors import ConfigError
 from distci.rundir import STACK_FILE
 
 OWN = frozenset({"distci", "distci-fixes"})
-# What `python -m pytest -p distci.harness` needs besides torch, when a stack lacks it.
+# What `python -m pytest -p distci.harness.plugin` needs besides torch, when a stack lacks it.
 HARNESS_NEEDS = ("pytest", "packaging")
 
 

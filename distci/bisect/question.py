@@ -246,7 +246,7 @@ def make_check(args: BisectArgs, q: Question, cache: EnvCache, log: Log) -> Comm
 
 def harness_command(test_id: str) -> str:
     """One test id through the harness in torchrun mode: nothing outlives the probe."""
-    return shlex.join(["python", "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider",
+    return shlex.join(["python", "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider",
                        "-q", "-x", "--distci-mode=torchrun", test_id])
 
 

@@ -162,7 +162,7 @@ def repro_lines(run: RunRow, test_id: str, *, world_size: int | None = None,
     m = re.search(r"-ws(\d+)-", cell)
     ws = world_size or (int(m.group(1)) if m else 2)
     accelerator, _, rest = cell.partition("-")
-    harness = (f"DISTCI_FIXES={fixes} python -m pytest -p distci.harness --distci-world-size={ws} "
+    harness = (f"DISTCI_FIXES={fixes} python -m pytest -p distci.harness.plugin --distci-world-size={ws} "
                f"--distci-device={accelerator} {shlex.quote(test_id)}")
     digest = run.image_digest or run.stack.get("image_digest")
     if digest:

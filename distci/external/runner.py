@@ -174,7 +174,7 @@ class Recorder:
         self.results: list[Result] = []
         self.registry = None
         if run.known_issues and Path(run.known_issues).exists():
-            from distci.harness.known_issues import load_registry
+            from distci.known_issues import load_registry
 
             self.registry = load_registry(Path(run.known_issues))
 

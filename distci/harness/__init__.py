@@ -1,16 +1,6 @@
-"""distci's pytest plugin for distributed tests: `pytest -p distci.harness`.
+"""distci's pytest plugin for distributed tests, loaded by name: `pytest -p distci.harness.plugin`.
 
-See plugin.py for how tests are dispatched, pool.py for the rank pool, outcome.py for
-how hangs, crashes and timeouts are told apart.
+This package face imports nothing, so the controller can import `distci.harness.procs`
+(or any record beside it) without pytest. plugin.py holds the hooks and the `dist`
+fixture, pool.py the rank pool, outcome.py how hangs, crashes and timeouts are told apart.
 """
-
-from distci.harness.plugin import (  # noqa: F401 - pytest finds hooks and fixtures by name here
-    dist,
-    pytest_addoption,
-    pytest_collection_modifyitems,
-    pytest_configure,
-    pytest_pyfunc_call,
-    pytest_runtest_setup,
-    pytest_unconfigure,
-)
-from distci.harness.context import DistContext  # noqa: F401

@@ -1,6 +1,6 @@
 """The pytest plugin: runs `dist` tests on rank workers and records every outcome.
 
-Load it with `pytest -p distci.harness`. A test is distributed when it takes the
+Load it with `pytest -p distci.harness.plugin`. A test is distributed when it takes the
 `dist` argument or carries `@pytest.mark.world_size(n)`; its body runs on every rank
 of a persistent RankPool (or under torchrun with `@pytest.mark.torchrun`). Everything
 else runs in the pytest process as usual.

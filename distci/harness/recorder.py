@@ -40,7 +40,7 @@ NOT_RUN = "not run: the run ended before this test started (its runner was kille
 def _repro(cell: str | None, nodeid: str) -> str:
     if cell:
         return f"nox -s dist_tests -- --cell {cell} --test {shlex.quote(nodeid)}"
-    return f"python -m pytest -p distci.harness {shlex.quote(nodeid)}"
+    return f"python -m pytest -p distci.harness.plugin {shlex.quote(nodeid)}"
 
 
 class Recorder:
@@ -81,7 +81,7 @@ class Recorder:
         self.writer.write_stack(self.stack)
         registry = self.config.getoption("--distci-known-issues")
         if registry and Path(registry).exists():
-            from distci.harness.known_issues import load_registry
+            from distci.known_issues import load_registry
 
             self.known_issues = load_registry(Path(registry))
 

@@ -41,7 +41,7 @@ def load_known_issues(path: Path | None) -> Any:
     """The known-issues registry at `path` (None: no index-time matching)."""
     if path is None:
         return None
-    from distci.harness.known_issues import RegistryError, load_registry
+    from distci.known_issues import RegistryError, load_registry
 
     try:
         return load_registry(Path(path))
@@ -52,7 +52,7 @@ def load_known_issues(path: Path | None) -> Any:
 def known_issue_of(r: Result, registry: Any) -> str | None:
     """The known issue a Result matches at index time: the one matcher the harness and the
     external runner use (Registry.known_issue_of, through result_known_issue)."""
-    from distci.harness.known_issues import result_known_issue
+    from distci.known_issues import result_known_issue
 
     return result_known_issue(r, registry)
 

@@ -28,6 +28,7 @@ from typing import Callable, Mapping, Sequence
 from distci.provision.envs import default_root as envs_root
 from distci.provision.envs import ensure_env, installed_env
 from distci.errors import ConfigError, InfraError, SourceError
+from distci.harness import procs  # the one owner of process trees
 from distci.matrix import EXTERNAL_SUITES
 from distci.cells import Cell
 from distci.rundir import (INFRA_PREFIX, RECORD_LOST_EXIT, RunDir, RunInfo, now as _now,
@@ -79,7 +80,7 @@ def pytest_command(cell: Cell, python: Path, run_dir: Path, run_id: str, *, test
     # A test file outside the checkout (a user's own repro) gets no id under a pinned rootdir.
     outside = [t for t in tests if Path(t.split("::")[0]).is_absolute() and not _within(t.split("::")[0], REPO)]
     cmd = [
-        str(python), "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-rfEs",
+        str(python), "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-rfEs",
         *([] if outside else [f"--rootdir={root}"]), f"--distci-run-dir={run_dir}", f"--distci-cell={cell.id}", f"--distci-run-id={run_id}",
         f"--distci-world-size={cell.world_size}", f"--distci-device={cell.accelerator}",
         f"--distci-timeout={cell.timeout}", f"--distci-reruns={CELL_RERUNS}",
@@ -278,8 +279,6 @@ def run_in_env(
         child_env.pop("PYTHONPATH", None)
         for line in command_lines(cmd, width):
             log(f"{cell_tag(cell.id)}{line}")
-        from distci.harness import procs  # the one owner of process trees (imports pytest: the controller has it)
-
         rundir = RunDir(run_dir)
         with procs.stop_signals_raise():
             # pytest dies with this controller; SIGTERM, so it still records the test in flight

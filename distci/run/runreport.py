@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from distci.errors import ConfigError
-from distci.harness.known_issues import Registry, RegistryError, load_registry, result_known_issue
+from distci.known_issues import Registry, RegistryError, load_registry, result_known_issue
 from distci.rundir import RunDirError, read_run
 from distci.run.resume import has_answer, latest_results, public
 

@@ -2,7 +2,7 @@
 
 Run by tests/test_faults.py (CPU, gloo) and unchanged on any accelerator:
 
-    python -m pytest -p distci.harness tests/faults/cases --distci-device=cuda --distci-timeout=12
+    python -m pytest -p distci.harness.plugin tests/faults/cases --distci-device=cuda --distci-timeout=12
 
 Device-agnostic: tensors live on `dist.device`; nothing names a backend. Every fault
 case `test_X` is followed by `test_after_X`, which must pass whatever X did.

@@ -4,7 +4,7 @@ pass (the state is as it was, the pool answers a known all-reduce) whatever X di
 
 Run by tests/test_faults.py (CPU, gloo); device-agnostic, as test_pool_faults.py:
 
-    python -m pytest -p distci.harness tests/faults/cases/test_state_faults.py --distci-device=cuda --distci-timeout=12
+    python -m pytest -p distci.harness.plugin tests/faults/cases/test_state_faults.py --distci-device=cuda --distci-timeout=12
 """
 
 import colorsys  # imported before any test: a test that replaces it in sys.modules is caught
