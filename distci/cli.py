@@ -47,7 +47,7 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def _shard_arg(text: str) -> str:
-    from distci.run.shards import parse_shard
+    from distci.rundir import parse_shard
 
     try:
         parse_shard(text)

@@ -14,8 +14,7 @@ place. Reading is damage-isolating: a line that is not a Result is reported with
 file:line and skipped, and the run's other lines still count.
 
 Runs inside cell environments too (the harness records through it): standard library
-and distci.results only; orjson, where it is installed (the controller), only makes reading
-results.jsonl faster, with json's answers (`load_line`).
+and distci.results only (which reads each line: `numbered_lines`).
 """
 
 from __future__ import annotations
@@ -31,12 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from distci.errors import StoreError
-from distci.results import Result, error_signature, write_atomic, write_junit
-
-try:
-    import orjson
-except ImportError:  # a cell environment: json alone
-    orjson = None
+from distci.results import LineProblem, Result, numbered_lines, write_atomic, write_junit
 
 RESULTS_FILE = "results.jsonl"
 JUNIT_FILE = "junit.xml"
@@ -70,6 +64,67 @@ def utc(ts: str | None) -> str:
     return dt.astimezone(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+KEYWORD_PREFIX, SHARD_PREFIX, RESUME_PREFIX = "-k ", "--shard ", "--resume "
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """(K, N) of a shard given as `K/N` (1 <= K <= N): the K-th of N shares of a tier's tests
+    (`distci run --shard`, the suites' `--distci-shard`: N jobs run one cell's tier side by side)."""
+    k, sep, n = text.partition("/")
+    if not (sep and k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise ValueError(f"shard {text!r} is not K/N with 1 <= K <= N (e.g. --shard 1/2)")
+    return int(k), int(n)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """How a run was narrowed: run.json's `selection`, written and read only through here.
+
+    On disk, a list of words in this order: `-k EXPR`, each selected test id, `--shard K/N`,
+    then `--resume RUN_ID` per run it resumes; empty for a run of the cell's whole tier. The
+    gate takes a cell's expected tests only from runs not narrowed (or narrowed by their
+    shard alone: distci.judge.coverage joins the N shares); a run that resumes others
+    completes with them (distci.run.resume)."""
+
+    keyword: str | None = None
+    tests: tuple[str, ...] = ()
+    shard: str | None = None
+    resumes: tuple[str, ...] = ()
+
+    def to_list(self) -> list[str]:
+        return ([KEYWORD_PREFIX + self.keyword] if self.keyword else []) + list(self.tests) + (
+            [SHARD_PREFIX + self.shard] if self.shard else []) + [RESUME_PREFIX + r for r in self.resumes]
+
+    @classmethod
+    def from_list(cls, words: Iterable[str] | None) -> "Selection":
+        keyword, tests, shard, resumes = None, [], None, []
+        for word in words or ():
+            if word.startswith(KEYWORD_PREFIX) and keyword is None:
+                keyword = word[len(KEYWORD_PREFIX):]
+            elif word.startswith(SHARD_PREFIX) and shard is None:
+                shard = word[len(SHARD_PREFIX):]
+            elif word.startswith(RESUME_PREFIX):
+                resumes.append(word[len(RESUME_PREFIX):])
+            else:
+                tests.append(word)
+        return cls(keyword, tuple(tests), shard, tuple(resumes))
+
+    @property
+    def narrowed(self) -> bool:
+        """Whether the run's own selection (beyond the runs it resumes) narrows its tier."""
+        return bool(self.keyword or self.tests or self.shard)
+
+    @property
+    def share(self) -> tuple[int, int] | None:
+        """(K, N) of a run narrowed by its shard alone (the K-th share of its tier), else None."""
+        if self.keyword or self.tests or not self.shard:
+            return None
+        try:
+            return parse_shard(self.shard)
+        except ValueError:
+            return None
+
+
 @dataclass
 class RunInfo:
     """run.json: what the runner knows about a run that its results do not say.
@@ -78,8 +133,8 @@ class RunInfo:
     own (declared in matrix.toml; the runner copies it here so verdicts can be recomputed
     from the files alone). `ended_at` stays empty while the run goes: a run.json without
     it is a run in flight, or one whose controller died. `selection` is how the run was
-    narrowed (`-k EXPR`, `--test ID`: see `selection_of`); empty for a run of the cell's
-    whole suites. The gate takes the expected tests of a cell only from runs that were not
+    narrowed, in its on-disk words (`Selection`, the one reader and writer of them); empty
+    for a run of the cell's whole suites. The gate takes the expected tests of a cell only from runs that were not
     narrowed; a narrowed run adds evidence for the tests it ran.
     """
 
@@ -102,6 +157,10 @@ class RunInfo:
     selection: list[str] = field(default_factory=list)
 
     @property
+    def selected(self) -> Selection:
+        return Selection.from_list(self.selection)
+
+    @property
     def partial(self) -> bool:
         """Whether the run ran a selection of the cell's tests rather than all of them."""
         return bool(self.selection)
@@ -117,18 +176,6 @@ class RunInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class LineProblem:
-    """A line of results.jsonl that is not a Result: skipped, counted, reported."""
-
-    path: str
-    line: int
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.reason}"
 
 
 def parse_results(path: Path, problems: list[LineProblem] | None = None) -> Iterator[Result]:
@@ -149,47 +196,7 @@ def numbered_results(path: Path, problems: list[LineProblem] | None = None) -> I
     if path.is_dir():
         path = path / RESULTS_FILE
     with open(path, "rb") as fh:
-        yield from _numbered(path, fh, problems)
-
-
-def _numbered(path: Path, lines: Iterable[bytes], problems: list[LineProblem] | None) -> Iterator[tuple[int, Result]]:
-    """numbered_results over the lines of a file (or of its bytes, read once), as `path`."""
-    for n, raw in enumerate(lines, 1):
-        if raw.isspace() or not raw:
-            continue
-        try:
-            data = load_line(raw)
-        except UnicodeDecodeError as exc:
-            reason = f"not UTF-8 ({exc.reason} at byte {exc.start})"
-        except json.JSONDecodeError as exc:
-            reason = f"not JSON ({exc.msg}, column {exc.colno})"
-        else:
-            try:
-                yield n, Result.from_dict(data)
-                continue
-            except (TypeError, ValueError) as exc:
-                reason = f"not a Result ({exc})"
-        if problems is not None:
-            problems.append(LineProblem(str(path), n, reason))
-
-
-_DIGITS = bytes.maketrans(b"123456789", b"000000000")
-_LONG_NUMBER = b"0" * 19
-"""Digits enough for an integer past 64 bits, which orjson reads as a float and json as an
-int: 19 zeros in the line with every digit made 0 (two C passes; a regex tries every byte)."""
-
-
-def load_line(raw: bytes) -> Any:
-    """`json.loads(raw.decode("utf-8"))`: the same value, or the same error. orjson (3x
-    faster) answers where it agrees with json: a line it rejects (bad UTF-8, lone
-    surrogates, NaN, a number past a double, nesting past 1024) or one with a run of 19
-    digits (a big integer) is read by json, so its value or its error is json's."""
-    if orjson is not None and _LONG_NUMBER not in raw.translate(_DIGITS):
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            pass
-    return json.loads(raw.decode("utf-8"))
+        yield from numbered_lines(path, fh, problems)
 
 
 def read_results(path: Path) -> list[Result]:
@@ -295,14 +302,6 @@ class RunDir:
         return data if isinstance(data, dict) else None
 
 
-def selection_of(tests: Iterable[str] | None, keyword: str | None, shard: str | None = None) -> list[str]:
-    """The narrowing of a run as run.json records it: `-k EXPR`, each selected test id, then
-    `--shard K/N` (a share of the tier: distci.judge.coverage joins the N shards)."""
-    from distci.run.shards import SHARD_PREFIX
-
-    return ([f"-k {keyword}"] if keyword else []) + list(tests or []) + ([SHARD_PREFIX + shard] if shard else [])
-
-
 def repro_line(cell_id: str | None, test_id: str | None = None, *, backend: str | None = None) -> str:
     """The command that reruns a cell (or one test of it): printed and stored with every failure."""
     if not cell_id:
@@ -313,38 +312,6 @@ def repro_line(cell_id: str | None, test_id: str | None = None, *, backend: str 
     if backend and backend != "venv":
         cmd += f" --backend {backend}"
     return cmd
-
-
-def infra_result(
-    run_id: str,
-    cell_id: str,
-    message: str,
-    *,
-    exc_type: str = "InfraError",
-    log: str = "",
-    stack: dict[str, Any],
-    test_id: str | None = None,
-    log_path: Path | None = None,
-    backend: str | None = None,
-) -> Result:
-    """An `infra` Result: for the whole cell (`<infra>::<cell id>`), or for `test_id`.
-
-    Rule 2 of the design: it carries the cell id and a stack (the captured one when the
-    environment came up, else the partial one the caller builds) and the log tail.
-    """
-    return Result(
-        run_id=run_id,
-        cell_id=cell_id,
-        test_id=test_id or f"{INFRA_PREFIX}{cell_id}",
-        outcome="error",
-        failure_kind="infra",
-        error_signature=error_signature(exc_type, message),
-        message=f"{exc_type}: {message}\n{log}"[:20000],
-        stack=stack,
-        repro=repro_line(cell_id, test_id, backend=backend),
-        started_at=now(),
-        log_path=str(log_path) if log_path else "",
-    )
 
 
 def find_run_dirs(paths: Iterable[Path]) -> list[Path]:
@@ -419,7 +386,7 @@ def read_run(run_dir: Path) -> RunContents:
     for _ in range(5):
         raw = rd.results_path.read_bytes() if rd.results_path.exists() else b""
         problems: list[LineProblem] = []
-        results = list(_numbered(rd.results_path, io.BytesIO(raw), problems))
+        results = list(numbered_lines(rd.results_path, io.BytesIO(raw), problems))
         after = rd.results_path.read_bytes() if rd.results_path.exists() else b""
         if after == raw:
             break

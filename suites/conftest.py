@@ -63,7 +63,7 @@ def selected_shard(config: pytest.Config) -> tuple[int, int] | None:
     if text is None:
         return None
     try:
-        from distci.run.shards import parse_shard  # the one reader of K/N (the CLI and the gate use it)
+        from distci.rundir import parse_shard  # the one reader of K/N (the CLI and the gate use it)
     except ImportError:
         raise pytest.UsageError(f"a shard ({text!r}) needs distci installed beside the suites") from None
     try:

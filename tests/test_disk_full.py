@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from distci.rundir import RECORD_LOST_EXIT, RESULTS_FILE, LineProblem, numbered_results
+from distci.results import LineProblem
+from distci.rundir import RECORD_LOST_EXIT, RESULTS_FILE, numbered_results
 
 LIMIT = 16 * 1024  # bytes per file: a few Results (each carries its stack), far more than a JUnit testcase
 
@@ -69,11 +70,15 @@ def test_a_file_size_limit_keeps_results_whole_and_ends_the_run_as_infra(tmp_pat
 CHILD = '''
 import resource, sys
 from pathlib import Path
-from distci.rundir import RunDir, infra_result
+from distci.results import Result
+from distci.rundir import RunDir
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 rd = RunDir(Path(sys.argv[1]))
-small = infra_result("r", "c", "small", stack={})
-big = infra_result("r", "c", "x" * 8000, stack={})
+def infra(message):
+    return Result(run_id="r", cell_id="c", test_id="<infra>::c", outcome="error", failure_kind="infra", message=message,
+                  stack={})
+small = infra("small")
+big = infra("x" * 8000)
 assert rd.append_closing([small], "c") is None
 err = rd.append_closing([big], "c")
 print(type(err).__name__, err)

@@ -340,12 +340,18 @@ def test_shards_of_a_tier_join_into_one_complete_run(tmp_path: Path) -> None:
 
 
 def test_shard_text_is_checked_and_recorded() -> None:
-    from distci.rundir import selection_of
-    from distci.run.shards import parse_shard, shard_of
+    from distci.rundir import Selection, parse_shard
 
-    assert parse_shard("2/3") == (2, 3) and selection_of(None, None, "2/3") == ["--shard 2/3"]
-    assert shard_of(["--shard 2/3"]) == (2, 3)
-    assert shard_of(["-k tp", "--shard 1/2"]) is None and shard_of([]) is None and shard_of(["--shard x"]) is None
+    def share(words):
+        return Selection.from_list(words).share
+
+    assert parse_shard("2/3") == (2, 3) and Selection(shard="2/3").to_list() == ["--shard 2/3"]
+    assert share(["--shard 2/3"]) == (2, 3) and share(["--shard 2/3", "--resume r1"]) == (2, 3)
+    assert share(["-k tp", "--shard 1/2"]) is None and share([]) is None and share(["--shard x"]) is None
+    assert Selection.from_list(["--shard x"]).narrowed and not Selection.from_list(["--resume r1"]).narrowed
+    full = Selection("tp and not f8", ("a.py::t[1]", "b.py::t"), "1/2", ("r1", "r2"))
+    assert full.to_list() == ["-k tp and not f8", "a.py::t[1]", "b.py::t", "--shard 1/2", "--resume r1", "--resume r2"]
+    assert Selection.from_list(full.to_list()) == full
     for bad in ("0/2", "3/2", "1", "a/b", "1/0"):
         with pytest.raises(ValueError, match="K/N"):
             parse_shard(bad)

@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator
 from distci.run.terminal import cell_tag
 from distci.run.cellrun import absent_accelerator_run, cell_environment, finish_run, infra_run, pytest_command, start_run
 
-from distci.rundir import CellRun, selection_of
+from distci.rundir import CellRun, Selection
 from distci.errors import ConfigError, InfraError, SourceError
 from distci.images.base import connect
 from distci.images.build import BuiltImage, ensure_image
@@ -281,7 +281,7 @@ def run_cell_in_docker(cell: Cell, client, *, runs_root: Path, tests: list[str] 
         log(f"{cell_tag(cell.id)}infra: {exc}")
         return infra_run(cell, info, run_dir, exc, None)
     info.image, info.image_digest = image.tag, image.id
-    info.selection = selection_of(tests, keyword, shard)
+    info.selection = Selection(keyword, tuple(tests or ()), shard).to_list()
     cmd = pytest_command(cell, Path(IMAGE_PYTHON), run_dir, info.run_id, tests=tests or [],
                          keyword=keyword, extra_args=[], root=Path(WORKDIR), shard=shard)
     info.command = shlex.join(cmd)

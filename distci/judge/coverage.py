@@ -30,9 +30,8 @@ from distci.errors import SelectionError
 from distci.judge.store import Store
 from distci.judge.rows import FUZZ_TESTS, ResultRow, RunRow, is_environment, is_fuzz
 from distci.judge.verdicts import BLOCKING, env_key
-from distci.run.resume import split_resume
-from distci.run.shards import shard_of
 from distci.results import is_interruption
+from distci.rundir import Selection
 
 DEFAULT_MAX_AGE = timedelta(hours=36)
 
@@ -159,13 +158,13 @@ def _interrupted(rows: list[ResultRow]) -> bool:
     return any(r.verdict == "infra" and is_interruption(r.error_signature) for r in rows)
 
 
-def _is_complete(run: RunRow, own: list[str], tiers: set[str], rows: list[ResultRow], *, shard: bool = False) -> bool:
+def _is_complete(run: RunRow, own: Selection, tiers: set[str], rows: list[ResultRow], *, shard: bool = False) -> bool:
     """A run that may define a cell's expected tests: ended, not stopped part-way, not
     narrowed (`shard`: narrowed by its shard alone) by its `own` selection (what it runs
     beyond the runs it resumes), of a covering tier (or of none: a run without a tier runs
     every test), and some test ran in it (a fuzz configuration does not count: a fuzz run
     defines no expected tests)."""
-    narrowed_ok = shard_of(own) is not None if shard else not own
+    narrowed_ok = own.share is not None if shard else not own.narrowed
     return bool(run.ended_at) and narrowed_ok and run.tier in tiers and not _interrupted(rows) and any(
         _ran(r) and not is_fuzz(r.test_id) for r in rows)
 
@@ -180,10 +179,11 @@ def _latest_base(runs: list[RunRow], tiers: set[str], rows_of) -> tuple[RunRow |
     by_id = {run.run_id: run for run in runs}
     shards: dict[int, dict[int, set[str]]] = {}
     for run in reversed(runs):
-        own, resumed = split_resume(run.selection or [])
+        own = Selection.from_list(run.selection)
+        resumed = own.resumes
         if any(i not in by_id for i in resumed):
             continue  # a resumed run the store does not hold: what it answered is unknown
-        shard = shard_of(own)
+        shard = own.share
         if shard is None:
             if _is_complete(run, own, tiers, rows_of(run)):
                 members = [r for r in runs if r.run_id == run.run_id or r.run_id in resumed]

@@ -32,7 +32,7 @@ from distci.harness import procs  # the one owner of process trees
 from distci.matrix import EXTERNAL_SUITES
 from distci.cells import Cell
 from distci.rundir import (INFRA_PREFIX, RECORD_LOST_EXIT, RunDir, RunInfo, now as _now,
-                           selection_of)
+                           Selection)
 from distci.provision.selfwheels import REPO, build_all
 from distci.provision.index import redact_url
 from distci.provision.sources import IndexConfig, pip_args, requirement_lines
@@ -43,7 +43,7 @@ from distci.run.terminal import cell_tag, columns, command_lines, print_summary,
 from distci.provision.wheelhouse import default_root as default_wheelhouse_root
 from distci.provision.wheelhouse import ensure_wheelhouse
 from distci.rundir import CellRun, RunContents
-from distci.run.resume import RESUME_PREFIX, done_tests, write_done
+from distci.run.resume import done_tests, write_done
 from distci.run.externals import external_plan, run_external_suites, split_tests
 from distci.run.infra import infra_result
 
@@ -258,11 +258,11 @@ def run_in_env(
     `external_plan` (made here when not given).
     """
     native, external = split_tests(tests or [])
-    info.selection = selection_of(tests, keyword, shard)  # a narrowed run never defines a cell's expected tests
+    # a narrowed run never defines a cell's expected tests
+    info.selection = Selection(keyword, tuple(tests or ()), shard, tuple(r.info.run_id for r in resume or ())).to_list()
     extra_pytest_args = list(extra_pytest_args or [])
     if resume:
         done = done_tests(resume)
-        info.selection += [RESUME_PREFIX + run.info.run_id for run in resume]
         extra_pytest_args.append(f"--distci-skip-done={write_done(run_dir, done)}")
         log(f"{cell_tag(cell.id)}resuming {len(resume)} run(s): {len(done)} test(s) with an answer are left out")
     if externals is None:

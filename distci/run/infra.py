@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from distci.cells import Cell
-from distci.results import Result
-from distci.rundir import infra_result as _infra_result
+from distci.results import Result, error_signature
+from distci.rundir import INFRA_PREFIX, now, repro_line
 from distci.stack import KEYS as STACK_KEYS
 from distci.stack import Stack
 
@@ -27,10 +27,20 @@ def partial_stack(cell: Cell, **extra) -> dict:
 
 def infra_result(run_id: str, cell: Cell, exc: Exception, log_path: Path | None, *,
                  test_id: str | None = None, stack: dict | None = None) -> Result:
-    """An `infra` Result: for the whole cell, or for `test_id` (one external suite) when given.
-
-    `stack` is the captured Stack when the environment did come up; otherwise the partial one.
-    """
-    return _infra_result(run_id, cell.id, str(exc), exc_type=type(exc).__name__, log=getattr(exc, "log", "") or "",
-                         stack=stack if stack is not None else partial_stack(cell, error=str(exc)),
-                         test_id=test_id, log_path=log_path)
+    """An `infra` Result: for the whole cell (`<infra>::<cell id>`), or for `test_id` (one
+    external suite) when given. Rule 2 of the design: it carries the cell id, a stack (the
+    captured one when the environment came up, else the partial one) and the log's tail."""
+    exc_type, message = type(exc).__name__, str(exc)
+    return Result(
+        run_id=run_id,
+        cell_id=cell.id,
+        test_id=test_id or f"{INFRA_PREFIX}{cell.id}",
+        outcome="error",
+        failure_kind="infra",
+        error_signature=error_signature(exc_type, message),
+        message=f"{exc_type}: {message}\n{getattr(exc, 'log', '') or ''}"[:20000],
+        stack=stack if stack is not None else partial_stack(cell, error=message),
+        repro=repro_line(cell.id, test_id),
+        started_at=now(),
+        log_path=str(log_path) if log_path else "",
+    )

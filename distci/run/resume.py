@@ -19,24 +19,10 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from distci.errors import ConfigError
+from distci.results import has_answer
 from distci.rundir import RunContents, RunDirError, read_run
 
-RESUME_PREFIX = "--resume "
 DONE_FILE = "resume-done.txt"
-
-
-def split_resume(selection: Iterable[str]) -> tuple[list[str], list[str]]:
-    """(the run's own selection, the ids of the runs it resumes) from run.json's selection."""
-    own, resumed = [], []
-    for part in selection:
-        (resumed if part.startswith(RESUME_PREFIX) else own).append(part)
-    return own, [part[len(RESUME_PREFIX):] for part in resumed]
-
-
-def has_answer(result) -> bool:
-    """Whether a Result answers its test: anything but an infra failure or an error
-    (the harness's words for "the test did not get to say")."""
-    return result.failure_kind != "infra" and result.outcome != "error"
 
 
 def read_resumed(run_dirs: Iterable[str | Path], cell_id: str) -> list[RunContents]:

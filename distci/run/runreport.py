@@ -20,7 +20,8 @@ from typing import Any, Sequence
 from distci.errors import ConfigError
 from distci.known_issues import Registry, RegistryError, load_registry, result_known_issue
 from distci.rundir import RunDirError, read_run
-from distci.run.resume import has_answer, latest_results, public
+from distci.results import has_answer
+from distci.run.resume import latest_results, public
 
 STACK_KEYS = ("torch", "torch_git", "torchao", "torchtitan", "torch_npu", "python", "cuda", "nccl", "driver",
               "device_name", "device_count", "device_capability", "platform", "fixes_mode", "image_digest")
