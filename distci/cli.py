@@ -157,8 +157,8 @@ class Command:
 # registers exactly these names with these help lines.
 COMMANDS = (
     Command("ingest", "distci.judge.ingest", "index run directories into the results store"),
-    Command("gate", "distci.judge.gate", "PASSED (0) / BLOCKED (1) / INCOMPLETE (3): may this tier ship?"),
-    Command("export", "distci.judge.export", "export results for other systems (--hud: PyTorch HUD's cross-repo CI relay)"),
+    Command("gate", "distci.publish.gate", "PASSED (0) / BLOCKED (1) / INCOMPLETE (3): may this tier ship?"),
+    Command("export", "distci.publish.export", "export results for other systems (--hud: PyTorch HUD's cross-repo CI relay)"),
     Command("dashboard", "distci.dashboard", "write the static results dashboard"),
     Command("fixes-audit", "distci.audit.run", "run every fix's regression test off and on per torch version"),
     Command("bisect", "distci.bisect",
@@ -166,8 +166,8 @@ COMMANDS = (
     Command("images", "distci.images", "build the cells' images (docker/<family>/Dockerfile) with the Docker SDK"),
     Command("teardown", "distci.images", "remove this job's containers (the workflows' always-run last step)"),
     Command("report", "distci.run.runreport", "render run directories (one cell's shards) as a Markdown evidence page"),
-    Command("aggregate", "distci.ci", "the CI aggregate: history, store, issues, bisects, dashboard"),
-    Command("notify", "distci.judge.notify",
+    Command("aggregate", "distci.ci.command", "the CI aggregate: history, store, issues, bisects, dashboard"),
+    Command("notify", "distci.publish.notify",
             "post new regressions and a not-PASSED gate to a webhook ($DISTCI_WEBHOOK_URL)"),
     Command("fuzz", "distci.run.fuzz",
             "draw scenario configurations on one cell, run them on its rank pool, shrink what fails"),

@@ -17,7 +17,7 @@ PACKAGE = REPO / "distci"
 MAX_LINES = 500
 RECORDS = {"__init__", "__main__", "cli", "command", "errors", "matrix", "cells", "tomlloc", "results", "rundir", "known_issues",
            "stack"}
-STAGES = {"provision", "images", "harness", "run", "external", "judge", "audit", "bisect", "bench", "dashboard", "ci"}
+STAGES = {"provision", "images", "harness", "run", "external", "judge", "audit", "bisect", "bench", "dashboard", "publish", "ci", "launch", "fuzz"}
 
 
 def _modules() -> dict[str, Path]:

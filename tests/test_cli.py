@@ -36,7 +36,7 @@ def test_the_hub_imports_only_the_module_of_the_command_it_runs():
     code = ("import sys; from distci import cli; cli.build_parser(load={'gate'}); "
             "print(sorted(c.module for c in cli.COMMANDS if c.module in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
-    assert proc.stdout.split() == ["['distci.judge.gate']"]
+    assert proc.stdout.split() == ["['distci.publish.gate']"]
     assert cli.command_of(["--matrix", "m.toml", "gate", "--tier", "pr"]) == "gate"
     assert cli.command_of(["--help"]) is None
 

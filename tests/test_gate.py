@@ -19,7 +19,9 @@ from fixtures_runs import (
     write_run,
 )
 
-from distci.judge import export, gate
+from distci.judge import coverage, gate
+from distci.publish import export
+from distci.publish.gate import main as gate_main
 from distci.errors import SelectionError
 from distci.judge.ingest import ingest
 from distci.judge.store import Store
@@ -106,7 +108,7 @@ def two_nights(root: Path, night2: list[dict], night1: list[dict] | None = None)
 
 
 def cli(db: Path, matrix: Path, *args: str) -> int:
-    return gate.main(["--tier", "release", "--store", str(db), "--matrix", str(matrix), *args])
+    return gate_main(["--tier", "release", "--store", str(db), "--matrix", str(matrix), *args])
 
 
 def test_green_then_red_blocks_and_lists_the_test(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -359,7 +361,7 @@ def test_shard_text_is_checked_and_recorded() -> None:
 
 @pytest.mark.parametrize("text, hours", [("36h", 36), ("90m", 1.5), ("2d", 48), ("3600s", 1), ("12", 12)])
 def test_max_age_durations(text: str, hours: float) -> None:
-    assert gate.parse_duration(text) == timedelta(hours=hours)
+    assert coverage.parse_duration(text) == timedelta(hours=hours)
 
 
 @pytest.mark.parametrize(
@@ -401,8 +403,8 @@ def test_release_candidate_is_judged_against_its_baseline(tmp_path: Path) -> Non
         assert [(i.test_id, i.verdict) for i in result.blocking] == [(TP, "regression")]
         with pytest.raises(SelectionError, match="torch_nope"):
             gate.evaluate_candidate(s, "torch_nope", matrix_path=matrix)
-    assert gate.main(["--candidate", CANDIDATE, "--store", str(db), "--matrix", str(matrix)]) == 1
-    assert gate.main(["--candidate", "torch_nope", "--store", str(db), "--matrix", str(matrix)]) == 2
+    assert gate_main(["--candidate", CANDIDATE, "--store", str(db), "--matrix", str(matrix)]) == 1
+    assert gate_main(["--candidate", "torch_nope", "--store", str(db), "--matrix", str(matrix)]) == 2
 
 
 def test_hud_rows_carry_the_relay_inputs_and_triage(tmp_path: Path) -> None:

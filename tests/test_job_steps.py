@@ -174,7 +174,7 @@ def test_the_nightly_jobs_steps_in_order(docker_client, actions_root):
     relay = hud[CPU_CELL].step("Post it to the cross-repo CI relay")
     assert relay.kind == "uses", show(hud[CPU_CELL])
     # the walk's cells run narrowed by `select`: such a run is evidence, not a complete cell, so HUD
-    # hears `neutral`, never `success` (distci.judge.export, the gate's coverage judgement)
+    # hears `neutral`, never `success` (distci.publish.export, the gate's coverage judgement)
     assert relay.inputs["event-type"] == "nightly" and relay.inputs["conclusion"] == "neutral"
     assert relay.inputs["job-name"] == CPU_CELL and len(relay.inputs["delivery-id"]) == 40
     assert relay.inputs["artifact-url"].endswith(f"/distci/distci/actions/runs/{runner.run_id}")

@@ -17,7 +17,7 @@ from fixtures_dashboard import MATRIX, TP, _cells
 from fixtures_runs import write_run
 
 from distci.errors import ConfigError, InfraError
-from distci.judge.notify import WebhookConfig, notify, post
+from distci.publish.notify import WebhookConfig, notify, post
 from distci.judge.store import Store
 from distci.judge.ingest import ingest_runs
 

@@ -11,7 +11,7 @@ import pytest
 from jobsteps import _read_outputs
 
 from distci.ci.actions import output_lines, write_outputs
-from distci.judge.notify import _message, code, gate_message, link, mrkdwn, regressions_message
+from distci.publish.notify import _message, code, gate_message, link, mrkdwn, regressions_message
 from distci.judge.rows import ResultRow
 
 FORGED = "cpu-cell\nconclusion=success"

@@ -36,33 +36,28 @@ block but are listed. The answer, and the exit code of `nox -s gate`:
 
 BLOCKED wins over INCOMPLETE: a known regression is a definite "no". `evaluate` is the
 judgement the dashboard's release view shows; `tally` is how the HUD export counts one
-run's results the same way.
+run's results the same way. The `gate` command (printing, the step summary, the exit
+file) is distci.publish.gate's: this module only judges.
 """
 
 from __future__ import annotations
 
-import argparse
 import difflib
-import os
 import re
-import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 from distci.errors import SelectionError
-from distci.judge.coverage import DEFAULT_MAX_AGE, CellState, judge_cell, parse_duration
-from distci.judge.coverage import format_duration, tally  # noqa: F401 - part of the gate's API (export, tests)
-from distci.command import write_exit_file
+from distci.judge.coverage import DEFAULT_MAX_AGE, CellState, judge_cell
 from distci.judge.history import Onset, onset
-from distci.judge.store import Store, default_store_path
+from distci.judge.store import Store
 from distci.judge.rows import BisectRow, ResultRow, RunRow, suite_of
 from distci.judge.verdicts import BLOCKING
 from distci.rundir import repro_line
 
 WARN = ("infra", "flaky")
-SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 
 STATUSES = ("PASSED", "BLOCKED", "INCOMPLETE")
 EXIT_CODES = {"PASSED": 0, "BLOCKED": 1, "INCOMPLETE": 3}
@@ -372,82 +367,3 @@ def blocking_suites_from_matrix(tier: str, matrix_path: Path) -> list[str] | Non
     if tier not in matrix.tiers:
         raise SelectionError(f"tier {tier!r} is not declared; tiers: {', '.join(matrix.tiers)}", where=str(matrix_path))
     return list(matrix.tiers[tier].blocking_suites)
-
-
-def write_step_summary(result: GateResult) -> Path | None:
-    """Appends the Markdown summary to $GITHUB_STEP_SUMMARY when it is set."""
-    target = os.environ.get(SUMMARY_ENV)
-    if not target:
-        return None
-    with open(target, "a", encoding="utf-8") as fh:
-        fh.write(result.to_markdown())
-    return Path(target)
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Registers `gate` on an argparse subparsers object."""
-    p = subparsers.add_parser(
-        "gate",
-        help="PASSED (0) / BLOCKED (1) / INCOMPLETE (3): may this tier ship?",
-        description="Compare the store with matrix.toml's cells for a tier and list what blocks "
-        "or is missing. Exit 0 PASSED, 1 BLOCKED, 3 INCOMPLETE (a cell missing, stale, infra-only "
-        "or in flight), 2 usage error.",
-    )
-    p.add_argument("--tier", default="release", help="tier whose cells are expected (default: release)")
-    p.add_argument(
-        "--candidate",
-        default=None,
-        help="judge the matrix's cells whose id contains this (a cell id or a Source, e.g. torch_test)",
-    )
-    p.add_argument("--max-age", default="36h", help="a cell's latest run older than this is stale (default 36h)")
-    p.add_argument("--waive", action="append", default=[], metavar="CELL",
-                   help="accept this cell being missing/stale/infra-only (repeatable; needs --reason)")
-    p.add_argument("--reason", action="append", default=[], help="why the --waive before it is acceptable")
-    p.add_argument(
-        "--matrix", default=argparse.SUPPRESS, help="matrix file declaring cells and blocking suites (default matrix.toml)"
-    )
-    p.add_argument(
-        "--store", type=Path, default=None, help="store file (default $DISTCI_STORE or .distci/store.sqlite)"
-    )
-    p.set_defaults(fn=run)
-    return p
-
-
-def waivers_of(cells: Sequence[str], reasons: Sequence[str]) -> dict[str, str]:
-    """`--waive A --reason X --waive B --reason Y` as {A: X, B: Y}; every waiver needs its reason."""
-    if len(cells) != len(reasons) or any(not r.strip() for r in reasons):
-        raise SelectionError("every --waive CELL needs its own --reason TEXT")
-    return dict(zip(cells, reasons))
-
-
-def run(args: argparse.Namespace) -> int:
-    matrix = Path(getattr(args, "matrix", "matrix.toml"))
-    store_path = args.store or default_store_path()
-    if not Path(store_path).exists():
-        raise SelectionError(f"no store at {store_path}; run `nox -s ingest -- PATH...` first")
-    if not matrix.exists():
-        raise SelectionError("no matrix file: the gate needs it to know which cells should exist", where=str(matrix))
-    opts = {"matrix_path": matrix, "max_age": parse_duration(args.max_age), "waivers": waivers_of(args.waive, args.reason)}
-    with Store(store_path) as store:
-        if args.candidate:
-            result = evaluate_candidate(store, args.candidate, tier=args.tier, **opts)
-        else:
-            result = evaluate(store, args.tier, **opts)
-        explain_blocking(store, result)
-    print(result.to_text())
-    write_step_summary(result)
-    write_exit_file("gate", result.exit_code, f"{result.status}: {STATUS_MEANINGS[result.status]}",
-                    status=result.status, tier=result.tier, candidate=result.candidate,
-                    incomplete=[c.cell_id for c in result.incomplete], blocking=len(result.blocking))
-    return result.exit_code
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m distci.judge.gate` is `python -m distci gate`."""
-    from distci.command import run_module
-
-    return run_module(add_parser, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

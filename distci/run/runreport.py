@@ -12,7 +12,6 @@ what the gate would say, not what was recorded at run time.
 from __future__ import annotations
 
 import argparse
-import json
 from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence

@@ -215,7 +215,7 @@ def hud_row(store: Store, run: RunRow, *, artifact_url: str = "") -> HudRow | No
     issue (xfail) or a flaky test does not block; a run with infra results and nothing
     blocking is `neutral` (the gate calls it INCOMPLETE, never PASSED), and so is a run
     narrowed by `-k` / `--test` with nothing blocking (it covers part of the cell). Counts are the
-    gate's (`gate.tally`): a known issue is `known`, never `failed`.
+    gate's (`distci.judge.coverage.tally`): a known issue is `known`, never `failed`.
     """
     if not run.torch_git:
         return None
@@ -366,7 +366,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m distci.judge.export` is `python -m distci export`."""
+    """`python -m distci.publish.export` is `python -m distci export`."""
     from distci.command import run_module
 
     return run_module(add_parser, argv)

@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m distci.judge.notify` is `python -m distci notify`."""
+    """`python -m distci.publish.notify` is `python -m distci notify`."""
     from distci.command import run_module
 
     return run_module(add_parser, argv)
