@@ -16,10 +16,9 @@ import importlib
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Collection, Sequence
 
-from distci.errors import ConfigError, DistciError
+from distci.errors import DistciError
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
@@ -46,100 +45,6 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     return 0
 
 
-def _shard_arg(text: str) -> str:
-    from distci.rundir import parse_shard
-
-    try:
-        parse_shard(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-def _cmd_run(args: argparse.Namespace) -> int:
-    """Run the cells; every line fits the terminal's width (distci.run.terminal)."""
-    from distci.command import write_exit_file
-    from distci.run.terminal import EXIT_CODES, exit_line, fitted_output, run_records
-
-    # A pipe (nox, CI) would otherwise hold the per-test lines in a block buffer.
-    if hasattr(sys.stdout, "reconfigure"):
-        sys.stdout.reconfigure(line_buffering=True)
-    with fitted_output():
-        code, runs = _run_cells(args)
-        write_exit_file("run", code, EXIT_CODES[code], runs=run_records(runs))
-        print(exit_line(code))
-    return code
-
-
-def run_tier(args: argparse.Namespace) -> str | None:
-    """The tier a run's tests are selected from: `--tier`, else `pr`; but tests named with
-    `--test` and no `--tier` run whatever tier they belong to. The repro line every failure
-    prints (`--cell C --test ID`) names no tier, and a nightly test's repro must run that
-    test, not report that the pr tier holds none of it."""
-    if args.tier is not None:
-        return args.tier
-    return None if args.test else "pr"
-
-
-def _resumed_runs(args: argparse.Namespace, cells: list) -> list:
-    """The runs `--resume` names, checked before anything is provisioned: one cell's, on
-    the venv backend (a container sees only its own run directory)."""
-    if not args.resume:
-        return []
-    from distci.rundir import RunDirError
-    from distci.run.cellrun import uses_installed
-    from distci.run.resume import check_same_stack, read_resumed
-
-    if args.backend == "docker":
-        raise ConfigError("--resume runs on the venv backend only; drop --backend docker")
-    if len(cells) != 1:
-        raise ConfigError(f"--resume continues one cell's runs; name that cell with --cell (this selects {len(cells)})")
-    try:
-        runs = read_resumed(args.resume, cells[0].id)
-    except RunDirError as exc:
-        raise ConfigError(f"--resume {exc}") from None
-    installed = (args.python or sys.executable) if uses_installed(cells[0], args.python) else None
-    check_same_stack(runs, cells[0].sources, installed)
-    return runs
-
-
-def _run_cells(args: argparse.Namespace) -> tuple[int, list]:
-    from distci.run.cellrun import run_cell
-    from distci.run.fixesmode import fixes_override
-    from distci.matrix import load_matrix
-    from distci.rundir import RunDir
-    from distci.run.terminal import exit_code, print_summary
-
-    matrix = load_matrix(args.matrix)
-    tier = run_tier(args)
-    cells = fixes_override(matrix.select(cell_ids=args.cell or None, tier=None if args.cell else (args.tier or "pr")))
-    resume = _resumed_runs(args, cells)
-    if args.backend == "docker":
-        from distci.images import run_cells_in_docker
-
-        runs = run_cells_in_docker(cells, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k,
-                                   tier=tier, shard=args.shard)
-    else:
-        extra = [f"--distci-known-issues={Path(args.known_issues).resolve()}"] if args.known_issues else []
-        runs = [run_cell(c, runs_root=Path(args.runs_root), tests=args.test, keyword=args.k, tier=tier,
-                         extra_pytest_args=extra, python=args.python, shard=args.shard, resume=resume) for c in cells]
-    print_summary(runs)
-    for run in runs:
-        if getattr(run, "selection_error", ""):
-            print(f"distci: {run.selection_error}", file=sys.stderr)
-    code = exit_code(runs)
-    for run in runs:
-        run.info.exit_code = exit_code([run])
-        RunDir(run.run_dir).write_info(run.info)
-    return code, runs
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from distci.bench.harness import run_bench
-
-    return run_bench(args.what, args)
-
-
 @dataclass(frozen=True)
 class Command:
     """A subcommand the hub lists: its name, the module whose `add_parser(sub)` registers it,
@@ -152,10 +57,15 @@ class Command:
     help: str
 
 
-# The commands registered by their owning modules, in --help order (`matrix`, `run` and
-# `bench` are declared below, in build_parser). tests/test_cli.py checks that each module
+# The commands registered by their owning modules, in --help order (`matrix` is the hub's
+# own, declared in build_parser). tests/test_cli.py checks that each module
 # registers exactly these names with these help lines.
 COMMANDS = (
+    Command("run", "distci.run.command", "provision cells and run their distributed suites"),
+    Command("bench", "distci.bench.harness",
+            "benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm builds), `provision` (a "
+            "cell's env, cold and warm), `pr` (the pr tier's phases, cold then warm), `store` (ingest, gate, "
+            "dashboard at 1/10/100x)"),
     Command("ingest", "distci.judge.ingest", "index run directories into the results store"),
     Command("gate", "distci.publish.gate", "PASSED (0) / BLOCKED (1) / INCOMPLETE (3): may this tier ship?"),
     Command("export", "distci.publish.export", "export results for other systems (--hud: PyTorch HUD's cross-repo CI relay)"),
@@ -215,40 +125,6 @@ def build_parser(registry: Sequence[Command] = COMMANDS, load: Collection[str] |
     p.add_argument("--github-output", action="store_true",
                    help="with --json: also write matrix=, cells=, tier= to $GITHUB_OUTPUT and a step summary")
     p.set_defaults(fn=_cmd_matrix)
-
-    p = sub.add_parser("run", help="provision cells and run their distributed suites")
-    p.add_argument("--cell", action="append", help="cell id (repeatable); default: the --tier's cells")
-    p.add_argument("--tier", default=None, help="tier whose cells (when no --cell is given) and tests run "
-                   "(default: pr; tests named with --test run whatever their tier)")
-    p.add_argument("-k", default=None, help="pytest -k expression")
-    p.add_argument("--test", action="append", help="a test node id to run (repeatable)")
-    p.add_argument("--shard", type=_shard_arg, default=None, metavar="K/N",
-                   help="run the K-th of N shares of the tier's tests: N jobs run one cell's tier side by side, "
-                        "and the gate joins their runs (the nightly cells run as 2 shards)")
-    p.add_argument("--resume", action="append", metavar="RUN_DIR",
-                   help="continue a run that stopped part-way (repeatable: each shard's or earlier resume's run): "
-                        "run the same selection minus the tests these runs of the cell answered; `distci report` "
-                        "over them all keeps each test's latest result")
-    p.add_argument("--backend", choices=("venv", "docker"), default="venv")
-    p.add_argument("--runs-root", default=".distci/runs")
-    p.add_argument("--known-issues", default=None,
-                   help="a known-issues registry to match failures against instead of suites/known_issues.toml")
-    p.add_argument("--python", default=None, help="run on this interpreter's preinstalled stack: no download, "
-                   "no stack venv (docs/installed-stack.md)")
-    p.set_defaults(fn=_cmd_run)
-
-    p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm "
-                       "builds), `provision` (a cell's env, cold and warm), `pr` (the pr tier's phases, cold then warm), "
-                       "`store` (ingest, gate, dashboard at 1/10/100x)")
-    p.add_argument("what", choices=("harness", "images", "provision", "pr", "store"))
-    p.add_argument("--repeat", type=int, default=1, help="pr: how many runs of the tier (default 2: cold, then warm)")
-    p.add_argument("--pip", action="store_true", help="provision: also time the pip fallback install")
-    p.add_argument("--keep", action="store_true", help="provision, store: keep what the bench generated")
-    p.add_argument("--scales", default="1,10,100", help="store: the scales to measure (default 1,10,100)")
-    p.add_argument("--ingest-up-to", type=int, default=None,
-                   help="store: scales above this are the largest ingested store grown in SQL (default: ingest all)")
-    p.add_argument("--root", default=None, help="store: where the histories and figures.json go (default .distci/bench-store)")
-    p.set_defaults(fn=_cmd_bench)
 
     wanted = {c.module for c in registry if load is None or c.name in load}
     for module in dict.fromkeys(c.module for c in registry):

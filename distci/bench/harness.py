@@ -22,6 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -121,3 +122,20 @@ def run_bench(what: str, args: argparse.Namespace) -> int:
         bench_images()
         return 0
     raise SystemExit(f"unknown benchmark {what!r}")
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Registers `bench` on the hub's subparsers: one command, the bench named by its argument."""
+    p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm "
+                       "builds), `provision` (a cell's env, cold and warm), `pr` (the pr tier's phases, cold then warm), "
+                       "`store` (ingest, gate, dashboard at 1/10/100x)")
+    p.add_argument("what", choices=("harness", "images", "provision", "pr", "store"))
+    p.add_argument("--repeat", type=int, default=1, help="pr: how many runs of the tier (default 2: cold, then warm)")
+    p.add_argument("--pip", action="store_true", help="provision: also time the pip fallback install")
+    p.add_argument("--keep", action="store_true", help="provision, store: keep what the bench generated")
+    p.add_argument("--scales", default="1,10,100", help="store: the scales to measure (default 1,10,100)")
+    p.add_argument("--ingest-up-to", type=int, default=None,
+                   help="store: scales above this are the largest ingested store grown in SQL (default: ingest all)")
+    p.add_argument("--root", default=None, help="store: where the histories and figures.json go (default .distci/bench-store)")
+    p.set_defaults(fn=lambda args: run_bench(args.what, args))
+    return p
