@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from distci.errors import SelectionError
-from distci.provision.sources import PACKAGE_AXES, Source
+from distci.sources import PACKAGE_AXES, Source
 from distci.tomlloc import suggest as _suggest
 
 

@@ -32,7 +32,7 @@ else:  # pragma: no cover
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from distci.provision.index import nightly_date_of
+from distci.sources import nightly_date_of
 
 ENTRY_KEYS = {"id", "tests", "not_tests", "signature", "applies", "upstream", "fix", "title", "repro", "consequences"}
 APPLIES_KEYS = {"torch", "torchao", "torchtitan", "nightly_from", "nightly_until", "git", "accelerators"}
@@ -64,8 +64,8 @@ class RegistryError(ValueError):
     """known_issues.toml is malformed; the message names the entry and key."""
 
 
-def nightly_date(version: str) -> str | None:
-    """YYYYMMDD of a nightly build, from the one nightly-date parser (provision.index)."""
+def _nightly_yyyymmdd(version: str) -> str | None:
+    """YYYYMMDD of a nightly build (the bounds' form), from the one parser (distci.sources)."""
     day = nightly_date_of(version)
     return day.replace("-", "") if day else None
 
@@ -81,7 +81,7 @@ def version_applies(version: str | None, spec: str | None, *, nightly_from: str 
         return False
     if spec is None and nightly_from is None and nightly_until is None:
         return True
-    date = nightly_date(version)
+    date = _nightly_yyyymmdd(version)
     if date and (nightly_from or nightly_until):
         lo = (nightly_from or "00000000").replace("-", "")
         hi = (nightly_until or "99999999").replace("-", "")

@@ -25,7 +25,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from distci.errors import MatrixError
 from distci.tomlloc import Locator as _Locator, suggest as _suggest
 from distci.external.spec import DEFAULT_PATH as EXTERNAL_PATH, load_suites
-from distci.provision.sources import PACKAGE_AXES, Source
+from distci.sources import PACKAGE_AXES, Source
 from distci.cells import Accelerator, Cell, ContainerLimits, Matrix, Tier
 
 SCHEMA = 1

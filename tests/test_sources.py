@@ -24,7 +24,8 @@ from packaging.version import Version
 
 from distci.errors import ConfigError, MatrixError, SourceError
 from distci.provision.index import list_index_versions
-from distci.provision.sources import IndexConfig, Source, pip_args, requirement_lines
+from distci.provision.sources import IndexConfig, pip_args, requirement_lines
+from distci.sources import Source
 from distci.provision.resolve import list_candidates, resolve, resolve_sources
 
 

@@ -18,10 +18,10 @@ from distci.ci.ids import key, now
 from distci.results import Result, error_signature
 from distci.rundir import RunDir, RunInfo
 from distci.judge.store import Store
-from distci.provision.index import nightly_date_of
+from distci.sources import nightly_date_of
 from distci.judge.verdicts import ENV_KEYS
 from distci.judge.rows import is_fuzz
-from distci.provision.sources import PACKAGE_AXES
+from distci.sources import PACKAGE_AXES
 
 BISECT_AXES = PACKAGE_AXES
 

@@ -33,7 +33,7 @@ from packaging.version import InvalidVersion, Version
 
 from distci.errors import ConfigError, InfraError, SourceError
 from distci.provision.index import redact_url
-from distci.provision.sources import env_var_name
+from distci.sources import env_var_name
 from distci.provision.files import file_lock
 
 from distci.external.spec import SuiteSpec

@@ -39,7 +39,7 @@ from distci.judge.rejudge import baselines_of
 from distci.judge.resultrows import insert_results, landing, storable
 from distci.judge.runreader import PreparedRun, Unreadable, load_known_issues, prepared_runs, sha256
 from distci.judge.rows import BisectRow, FixAuditRow
-from distci.provision.index import nightly_date_of
+from distci.sources import nightly_date_of
 
 DEFAULT_KNOWN_ISSUES = Path("suites") / "known_issues.toml"
 SHOWN_PROBLEMS = 20

@@ -30,6 +30,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from distci.errors import InfraError, SourceError
+from distci.sources import nightly_date
 
 _SIMPLE_ACCEPT = (
     "application/vnd.pypi.simple.v1+json, application/vnd.pypi.simple.v1+html;q=0.2, "
@@ -194,22 +195,3 @@ def list_find_links(location: str, package: str, *, ca_bundle: str = "") -> list
     """Files of `package` in a find-links location (a directory or an HTML page of links)."""
     entries = _entries_at(location, package, ca_bundle=ca_bundle)
     return sorted(entries, key=lambda e: (e.version, e.filename))
-
-
-def nightly_date(version: Version) -> _dt.date | None:
-    dev = version.dev
-    if dev is None or not 19000101 <= dev <= 29991231:
-        return None
-    try:
-        return _dt.datetime.strptime(str(dev), "%Y%m%d").date()
-    except ValueError:
-        return None
-
-
-def nightly_date_of(version: str | None) -> str | None:
-    """The nightly date of a torch version like `2.10.0.dev20250901+cu130`, else None."""
-    try:
-        day = nightly_date(Version(version or ""))
-    except InvalidVersion:
-        return None
-    return day.isoformat() if day else None

@@ -20,7 +20,8 @@ from packaging.version import InvalidVersion, Version
 
 from distci.errors import SourceError
 from distci.provision.index import IndexEntry, list_find_links, list_index_versions, redact_url
-from distci.provision.sources import IndexConfig, Source, exact_version, format_url
+from distci.provision.sources import IndexConfig, format_url
+from distci.sources import Source, exact_version
 
 
 def _pip_index_versions(package: str, config: IndexConfig, python: str) -> list[IndexEntry]:
