@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from distci.errors import ConfigError, DistciError
+from distci.errors import ConfigError, DistciError, error_text
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
@@ -218,13 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser()
     except CommandImportError as exc:
-        print(f"distci: error: {exc}", file=sys.stderr)
+        print(error_text(exc), file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
     except DistciError as exc:
-        print(f"distci: error: {exc}", file=sys.stderr)
+        print(error_text(exc), file=sys.stderr)
         return _exit(args, 2)
     except KeyboardInterrupt:
         print("distci: interrupted", file=sys.stderr)
