@@ -137,6 +137,9 @@ DISTCI_EXIT_CODES = [0, 1, 2, 3]
 def _distci_keeping_exit(session: nox.Session, command: str, args: list[str] | None = None, **run_kwargs) -> None:
     """`_distci` for a command whose exit code means something: the code goes to EXIT_FILE
     and the session's failure line names it (`distci exit 3: INCOMPLETE: ...`)."""
+    if {"-h", "--help"} & set(session.posargs if args is None else args):
+        _distci(session, command, args, **run_kwargs)  # help is printed, nothing is run: no exit file
+        return
     exit_file = EXIT_FILE.resolve()
     exit_file.unlink(missing_ok=True)
     _distci(session, command, args, env={"DISTCI_EXIT_FILE": str(exit_file)}, success_codes=DISTCI_EXIT_CODES,

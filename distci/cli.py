@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Collection, Sequence
 
-from distci.errors import DistciError
+from distci.errors import DistciError, error_text
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
@@ -141,13 +141,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parser = build_parser(load={command_of(argv)} - {None})
     except CommandImportError as exc:
-        print(f"distci: error: {exc}", file=sys.stderr)
+        print(error_text(exc), file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
     except DistciError as exc:
-        print(f"distci: error: {exc}", file=sys.stderr)
+        print(error_text(exc), file=sys.stderr)
         return _exit(args, 2)
     except KeyboardInterrupt:
         print("distci: interrupted", file=sys.stderr)

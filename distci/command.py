@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from distci.errors import DistciError
+from distci.errors import DistciError, error_text
 
 
 def run_module(add_parser: Callable[[Any], Any], argv: Sequence[str] | None = None) -> int:
@@ -39,7 +39,7 @@ def run_module(add_parser: Callable[[Any], Any], argv: Sequence[str] | None = No
     try:
         return args.fn(args)
     except DistciError as exc:
-        print(f"distci: error: {exc}", file=sys.stderr)
+        print(error_text(exc), file=sys.stderr)
         return 2
 
 

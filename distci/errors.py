@@ -6,6 +6,9 @@ a line or key) so the CLI can print one line that says what to change.
 
 from __future__ import annotations
 
+import shutil
+import textwrap
+
 
 class DistciError(Exception):
     """Base of every error distci reports to a user as one line (no traceback)."""
@@ -54,3 +57,15 @@ class BisectError(DistciError):
 
 class FuzzSpecError(DistciError):
     """A fuzz command's --space, --budget or --replay value is not one the space can take."""
+
+
+def error_text(error: BaseException, *, prefix: str = "distci: error: ", width: int | None = None) -> str:
+    """How a user error reads on stderr: `distci: error: <what>`, wrapped at spaces to the
+    terminal's width ($COLUMNS, else 80) with continuation lines indented, so no line of
+    it is wider than the screen; a path or URL longer than a line stays whole."""
+    width = width or max(40, shutil.get_terminal_size((80, 24)).columns)
+    lines: list[str] = []
+    for n, paragraph in enumerate(f"{prefix}{error}".splitlines() or [prefix.rstrip()]):
+        lines += textwrap.wrap(paragraph, width, initial_indent="" if n == 0 else "    ",
+                               subsequent_indent="    ", break_long_words=False, break_on_hyphens=False) or [""]
+    return "\n".join(lines)

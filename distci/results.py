@@ -146,6 +146,11 @@ def is_interruption(error_signature: str | None) -> bool:
     return bool(error_signature) and error_signature.startswith(INTERRUPTED)
 
 
+def first_line(message: str) -> str:
+    """The first non-blank line of a failure message, as it was (numbers and all)."""
+    return next((line.strip() for line in message.splitlines() if line.strip()), "")
+
+
 def error_signature(exc_type: str, message: str) -> str:
     """A stable one-line key for a failure, so one bug groups across cells and nights.
 
@@ -153,8 +158,7 @@ def error_signature(exc_type: str, message: str) -> str:
     change between runs of the same bug; they are normalized away. Only the first line
     of the message counts.
     """
-    first = next((line for line in message.strip().splitlines() if line.strip()), "")
-    text = first.strip()
+    text = first_line(message)
     for pattern, repl in _SIGNATURE_RULES:
         text = pattern.sub(repl, text)
     return f"{exc_type}: {text.strip()}"[:300]
@@ -278,9 +282,10 @@ def write_junit(results: Iterable[Result], path: Path, *, suite_name: str = "dis
         if r.repro:
             _element(cprops, "property", name="repro", value=r.repro)
         body = "\n".join(f"--- rank {x.rank} ({x.outcome}) ---\n{x.excerpt}" for x in r.ranks)
-        summary = r.error_signature or r.message[:200]
+        summary = first_line(r.message)[:200] or r.error_signature  # the real words, numbers included
         if kind == "xfail":
-            _element(case, "skipped", type="pytest.xfail", message=f"known issue {r.known_issue}: {summary}")
+            _element(case, "skipped", r.message + ("\n" + body if body else ""), type="pytest.xfail",
+                     message=f"known issue {r.known_issue}: {summary}")
         elif kind == "flaky":
             for outcome, message in r.attempts:
                 if outcome in ("failed", "error"):

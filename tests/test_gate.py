@@ -107,6 +107,12 @@ def two_nights(root: Path, night2: list[dict], night1: list[dict] | None = None)
     return db
 
 
+@pytest.fixture(autouse=True)
+def _wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests read whole ids and lines in the gate's output; the one about the width sets its own."""
+    monkeypatch.setenv("COLUMNS", "1000")
+
+
 def cli(db: Path, matrix: Path, *args: str) -> int:
     return gate_main(["--tier", "release", "--store", str(db), "--matrix", str(matrix), *args])
 
@@ -161,7 +167,7 @@ def test_fixed_and_infra_do_not_block(
     ingest([tmp_path / "runs"], db)
     assert cli(db, matrix_file(tmp_path)) == 0
     out = capsys.readouterr().out
-    assert "PASSED" in out and f"fixed: [fixed] {RELEASE} :: {WAIT}" in out and "[infra]" not in out
+    assert "PASSED" in out and f"fixed: [fixed] {RELEASE}\n      {WAIT}" in out and "[infra]" not in out
     # each cell's last run time, torch version and git hash
     assert f"cell {RELEASE}: ok  last run " in out and "torch 2.13.1+cpu" in out and NEW["torch_git"] in out
 
@@ -525,3 +531,27 @@ def test_a_stopped_share_completes_through_the_run_that_resumes_it(tmp_path: Pat
     with Store(db) as s:
         result = gate.evaluate(s, "release", matrix_path=matrix, now=NOW)
     assert result.cells[0].state == "ok" and result.cells[0].evidence_runs[0] == "s1"
+
+
+def test_every_gate_line_fits_the_terminal_and_its_repro_stays_pasteable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shlex
+
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    db = two_nights(tmp_path, night2=[failed(TP), {"test_id": WAIT}, {"test_id": ASYNC}, {"test_id": F8}])
+    assert cli(db, matrix_file(tmp_path)) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and max(map(len, lines)) <= 80, [line for line in lines if len(line) > 80]
+    with Store(db) as s:
+        result = gate.evaluate(s, "release", matrix_path=matrix_file(tmp_path))
+        gate.explain_blocking(s, result)
+        repro = result.blocking[0].repro
+    assert repro, "a blocker carries its repro (else this test proves nothing)"
+    start = next(i for i, line in enumerate(lines) if line.strip() == "repro:")
+    command, i = lines[start + 1], start + 1
+    while command.endswith("\\"):  # the shell drops backslash-newline: what follows continues the line
+        i += 1
+        command = command[:-1] + lines[i]
+    assert shlex.split(command) == shlex.split(repro), "the wrapped repro pastes as the same command"

@@ -209,3 +209,47 @@ def test_a_results_line_reads_as_json_reads_it(raw: bytes) -> None:
     expected = read(lambda b: json.loads(b.decode("utf-8")))
     got = read(rundir.load_line)
     assert got == expected
+
+
+def test_junit_says_the_real_first_line_and_a_known_issue_keeps_its_text_and_ranks(tmp_path: Path) -> None:
+    """A JUnit reader shows `message`: it is the failure's own first line with its numbers
+    (`SQNR 12.5 dB`), not the number-masked signature that groups bugs; a known issue's
+    <skipped> carries the failure's text and every rank's excerpt, as a failure does."""
+    from distci.results import RankExcerpt, Result, error_signature
+
+    text = "AssertionError: SQNR 12.5 dB below 20 dB\nfull details"
+    ranks = [RankExcerpt(0, "failed", "rank 0 saw 12.5"), RankExcerpt(1, "failed", "rank 1 saw 12.4")]
+    failed = Result(run_id="r", cell_id=CELL, test_id=A, outcome="failed", failure_kind="assert", message=text,
+                    error_signature=error_signature("AssertionError", text.split(": ", 1)[1]), stack={}, ranks=ranks)
+    known = Result(run_id="r", cell_id=CELL, test_id=B, outcome="failed", failure_kind="assert", message=text,
+                   error_signature=failed.error_signature, stack={}, ranks=ranks, known_issue="upstream-9")
+    assert "12.5" not in failed.error_signature, "the signature masks numbers (else this test proves nothing)"
+    root = ET.parse(write_junit([failed, known], tmp_path / "j.xml")).getroot()
+    cases = {c.get("name"): c for c in root.iter("testcase")}
+    failure = cases[A.rpartition("::")[2]].find("failure")
+    assert failure.get("message") == "AssertionError: SQNR 12.5 dB below 20 dB"
+    skipped = cases[B.rpartition("::")[2]].find("skipped")
+    assert skipped.get("message") == "known issue upstream-9: AssertionError: SQNR 12.5 dB below 20 dB"
+    assert "full details" in skipped.text and "rank 1 saw 12.4" in skipped.text
+
+
+def test_the_nightly_rewrites_tonights_artifact_junit_from_the_verdicts(tmp_path: Path) -> None:
+    """The workflow's test reporter reads the artifacts' junit.xml after the aggregate: a
+    failure the registry explains at index time must be a skip there, as it is for the gate."""
+    from distci.ci.nightly import rewrite_artifact_junit
+
+    registry = tmp_path / "known_issues.toml"
+    registry.write_text('[[issue]]\nid = "upstream-123"\ntests = ["suites/test_tp_mlp.py::*sgd*"]\n'
+                        'signature = "guessed its metadata incorrectly"\n')
+    artifacts = tmp_path / "artifacts"
+    run = write_run(artifacts, "tonight", CELL, [_failed(A, "RuntimeError: guessed its metadata incorrectly")],
+                    started_at=T0, stack=S)
+    never_indexed = write_run(tmp_path / "elsewhere", "other", CELL, [_failed(A, "RuntimeError: boom")],
+                              started_at=T0, stack=S)
+    assert ET.parse(run / JUNIT_FILE).getroot().find(".//failure") is not None, "run-time JUnit: red"
+    with Store(tmp_path / "store.sqlite") as store:
+        ingest_runs(store, [artifacts], known_issues=registry)
+        assert rewrite_artifact_junit(store, [run, never_indexed]) == 1
+    after = ET.parse(run / JUNIT_FILE).getroot()
+    assert after.find(".//failure") is None and "upstream-123" in after.find(".//skipped").get("message")
+    assert ET.parse(never_indexed / JUNIT_FILE).getroot().find(".//failure") is not None, "not indexed: kept"

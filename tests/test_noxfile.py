@@ -97,6 +97,17 @@ def test_dist_tests_keeps_distci_exit_codes_visible(noxfile, tmp_path: Path) -> 
     assert len(session.runs) == 1, "the second session run reuses the controller venv's install"
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_of_dist_tests_is_help_not_a_crash(noxfile, tmp_path: Path, flag: str) -> None:
+    """`nox -s dist_tests -- --help` prints argparse's help and exits 0 without an exit
+    file (nothing ran): the session must not call that a crash."""
+    session = _Session(tmp_path / "venv", [flag])
+    session.exit_code = None  # argparse exits before distci writes anything
+    noxfile.dist_tests(session)
+    args, kw = session.runs[-1]
+    assert args[1:] == ("-m", "distci", "run", flag) and "DISTCI_EXIT_FILE" not in (kw["env"] or {})
+
+
 def test_a_stop_is_handed_to_the_controller_once_and_nox_then_waits(noxfile, tmp_path: Path) -> None:
     """SIGTERM to nox alone (a CI cancel) reaches its child, the controller; the first stop
     raises KeyboardInterrupt (nox then waits for the child), a repeated one is only handed on."""

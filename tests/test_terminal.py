@@ -20,8 +20,9 @@ from distci.run.cellrun import RunInfo
 from distci.rundir import CellRun
 from distci.run.progress import Heartbeat, StatusLine, Tick, installed_probe
 from distci.results import RankExcerpt, Result
-from distci.run.terminal import (EXIT_CODES, EXIT_FAILED, EXIT_INFRA, EXIT_OK, FittedStream, cell_tag, exit_code,
-                                 exit_line, print_summary, relay_pytest, result_line, selected, shorten)
+from distci.run.terminal import (EXIT_CODES, EXIT_FAILED, EXIT_INFRA, EXIT_OK, FittedStream, exit_code,
+                                 exit_line, print_summary, relay_pytest, result_line, selected)
+from distci.run.fitting import CELL_TAG_CHARS, cell_tag, shorten, shorten_test_id
 
 CELL = "cuda-cu130-torch_nightly-ao_nightly-ws2-fix_on"
 MARKUP_ID = "suites/test_float8.py::test_f8[[bold]float32[/bold]-rowwise]"
@@ -32,7 +33,8 @@ def _r(test_id: str, outcome: str = "passed", **kw) -> Result:
 
 
 def _run(results: list[Result], tmp_path: Path) -> CellRun:
-    return CellRun(RunInfo(run_id="r1", cell_id=CELL, started_at=""), tmp_path / "r1", results)
+    return CellRun(RunInfo(run_id="r1", cell_id=CELL, started_at="2026-12-06T00:00:00+00:00",
+                           ended_at="2026-12-06T00:00:44+00:00"), tmp_path / "r1", results)
 
 
 LONG_ID = "suites/regressions/test_pytorch149990_rowwise_float8_upcast.py::test_grads[rowwise-bf16-compile-ac-ws2]"
@@ -57,7 +59,8 @@ def test_summary_prints_ids_and_tags_literally_within_80_columns(tmp_path: Path)
     lines = text.splitlines()
     assert max(map(len, lines)) <= 80, [line for line in lines if len(line) > 80]
     assert CELL in lines, "the cell id stands on its own line"
-    assert lines[lines.index(CELL) + 1] == "  FAILED: 1 passed, 2 failed, 1 known, 1 skipped, 0 infra, 3s"
+    assert lines[lines.index(CELL) + 1] == "  FAILED: 1 passed, 2 failed, 1 known, 1 skipped, 0 infra, 44s wall", \
+        "one duration per run: the clock's, not the sum of the tests' 3 s"
     assert f"  KNOWN {MARKUP_ID}" in lines and f"  FAILED {MARKUP_ID}" not in lines, "a known issue is KNOWN"
     assert "  FAILED suites/test_tp.py::test_tp[sp]" in lines
     assert "loss differs " * 4 in text.replace("\n    ", " "), "a long signature is wrapped, never cut"
@@ -77,23 +80,48 @@ def _command_at(lines: list[str], start: int) -> str:
 
 def test_per_test_lines_fit_80_columns_and_say_known_for_a_known_issue() -> None:
     tag = cell_tag(CELL)
-    assert len(tag) <= 21 and tag.startswith("[cuda-c") and tag.endswith("fix_on] ")
+    assert tag == "[cuda-tnt-aont-ws2-on] " and len(tag) <= CELL_TAG_CHARS + 3
     width = 80 - len(tag)
     known = _r(MARKUP_ID, "failed", failure_kind="exception", known_issue="pytorch149990-rowwise-upcast",
                duration_s=62.0)
     assert result_line(known, 120) == f"KNOWN    1m02s  {MARKUP_ID}  [pytorch149990-rowwise-upcast]"
     line = result_line(known, width)
-    assert len(line) <= width and line.startswith("KNOWN    1m02s  suites/test_f") and line.endswith("-rowwise]")
+    assert len(line) <= width and line.startswith("KNOWN    1m02s  te") and line.endswith("-rowwise]")
+    assert "::te" in line, "the function's head stays"
     long = _r(LONG_ID, "failed", failure_kind="assert", duration_s=3.0,
               ranks=[RankExcerpt(0, "failed"), RankExcerpt(1, "failed")])
     line = result_line(long, width)
-    assert len(line) == width and line.startswith("FAILED      3s  suites/regre")
-    assert line.endswith("-compile-ac-ws2]  [assert]"), "the parametrization and the failure kind are kept"
+    assert len(line) <= width and line.startswith("FAILED      3s  te") and "::te" in line
+    assert line.endswith("-compile-ac-ws2]  [assert]"), "the parametrization's tail and the failure kind are kept"
     assert result_line(long, 120).endswith("  [assert] rank 0,1")
-    assert "..." in line
     infra = _r("<infra>::" + CELL, "error", failure_kind="infra")
     assert result_line(infra, width).startswith("INFRA       0s  <infra>::") and len(result_line(infra, width)) <= width
     assert shorten("abcdefghij", 7) == "a...hij" and shorten("abc", 7) == "abc"
+
+
+def test_a_cell_tag_keeps_the_versions_that_tell_nightly_cells_apart() -> None:
+    tags = {cell_tag(f"cpu-cpu-torch_{v}-ao_0.18.0-ws2-fix_{m}") for v in ("2.13.0", "2.14.1", "2.15.0")
+            for m in ("on", "off")}
+    assert len(tags) == 6, "every version and fixes mode stays in the tag"
+    assert cell_tag("cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_off") == "[cpu-t2.13.0-ao0.18.0-ws2-off] "
+    assert "t2.14.1" in cell_tag("cuda-cu130-torch_2.14.1-ao_0.18.0-titan_0.3.0-ws2-fix_on")
+    assert cell_tag("some-other-shape") == "[some-other-shape] "
+
+
+@pytest.mark.parametrize("width", range(24, 130, 7))
+def test_a_shortened_test_id_keeps_file_stem_function_and_parametrization_as_far_as_it_can(width: int) -> None:
+    short = shorten_test_id(LONG_ID, width)
+    assert len(short) <= width
+    if width >= len(LONG_ID):
+        assert short == LONG_ID
+    elif width >= len("test_pytorch149990_rowwise_float8_upcast::test_grads[rowwise-bf16-compile-ac-ws2]"):
+        assert "suites/" not in short, "the root goes first"
+        assert short.replace(".py", "").endswith(
+            "test_pytorch149990_rowwise_float8_upcast::test_grads[rowwise-bf16-compile-ac-ws2]")
+    elif width >= len("test_p...st::t...s[rowwise-bf16-compile-ac-ws2]"):
+        stem, _, rest = short.partition("::")
+        assert stem.startswith("test_") and stem.endswith("upcast"), short
+        assert rest.endswith("[rowwise-bf16-compile-ac-ws2]") and rest.startswith("t"), short
 
 
 def test_fitted_stream_wraps_what_it_did_not_format_and_lets_status_redraws_through() -> None:

@@ -31,9 +31,9 @@ from distci.ci.issues import FilingReport, Issue, Tracker, code, file_regression
 from distci.ci.regressions import BisectPlan, Regression, expected_cells, missing_cell_runs, regressions
 from distci.errors import ConfigError, StoreError
 from distci.judge.ingest import DEFAULT_KNOWN_ISSUES
-from distci.rundir import find_run_dirs
+from distci.rundir import RunDirError, find_run_dirs, read_run
 from distci.judge.store import Store
-from distci.judge.ingest import ingest_runs, import_bisects
+from distci.judge.ingest import ingest_runs, import_bisects, rewrite_run_junit
 
 Log = Callable[[str], None]
 
@@ -156,6 +156,8 @@ def judge(opts: AggregateOptions, recorded: Recorded, *, log: Log = print) -> Ju
                 log(f"aggregate: store: {exc}")
         if history.bisect_dir.is_dir():
             import_bisects(store, history.bisect_dir)
+        rewritten = rewrite_artifact_junit(store, recorded.collected.run_dirs)
+        log(f"aggregate: {rewritten} junit.xml of tonight's artifacts rewritten from the judged verdicts")
         found = regressions(store, recorded.collected.tonight)
         site = None
         if opts.site is not None:
@@ -165,6 +167,23 @@ def judge(opts: AggregateOptions, recorded: Recorded, *, log: Log = print) -> Ju
             log(f"aggregate: dashboard {site}")
     log(f"aggregate: {len(found)} regressions")
     return Judged(recorded=recorded, found=found, site=site)
+
+
+def rewrite_artifact_junit(store: Store, run_dirs: list[Path]) -> int:
+    """Tonight's junit.xml files (the ones the workflow's test reporter reads) rewritten from
+    the store's verdicts, so an annotation is red exactly where the gate is: a known issue
+    matched at index time is a skip with its id, a failure judged flaky a flakyFailure.
+    A run the store did not index keeps its run-time file."""
+    count = 0
+    for run_dir in run_dirs:
+        try:
+            run = read_run(run_dir)
+            if store.results(run_id=run.info.run_id):
+                rewrite_run_junit(store, run)
+                count += 1
+        except (OSError, RunDirError):
+            continue
+    return count
 
 
 def publish(opts: AggregateOptions, judged: Judged, *, log: Log = print) -> Published:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from distci.run.terminal import cell_tag
+from distci.run.fitting import cell_tag
 from distci.errors import ConfigError, InfraError
 from distci.images.base import IMAGES_DIR, image_exists
 from distci.images.context import render_context, split_stack, stack_label

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator
 
-from distci.run.terminal import cell_tag
+from distci.run.fitting import cell_tag
 from distci.run.cellrun import absent_accelerator_run, cell_environment, finish_run, infra_run, pytest_command, start_run
 
 from distci.rundir import CellRun, Selection

@@ -51,6 +51,7 @@ from typing import Iterable, Sequence
 
 from distci.errors import SelectionError
 from distci.judge.coverage import DEFAULT_MAX_AGE, CellState, judge_cell
+from distci.run.fitting import shorten_test_id
 from distci.judge.history import Onset, onset
 from distci.judge.store import Store
 from distci.judge.rows import BisectRow, ResultRow, RunRow, suite_of
@@ -135,13 +136,19 @@ class GateResult:
         )
         return f"{what}: {len(self.cells)} cells expected ({counts or 'none'}), blocking suites: {suites}"
 
-    def to_text(self) -> str:
+    def to_text(self, width: int | None = None) -> str:
+        """The gate's report. With `width`, each test id stands on its own line shortened to
+        fit (file stem, function and parametrization kept); the caller wraps the prose
+        (fit_text). Without, ids are whole, as the step summary has them."""
+        def tid(test_id: str, indent: int) -> str:
+            return shorten_test_id(test_id, width - indent) if width else test_id
+
         lines = [f"gate {self.status} for {self._scope().replace('`', '')}"]
         lines += [f"  cell {c.to_text()}" for c in self.cells]
         lines += [f"  waived: {cell}: {why}" for cell, why in sorted(self.waivers.items())]
         for c in self.incomplete:
             lines.append(f"  incomplete: {c.cell_id} is {c.state}: {c.reason}")
-            lines += [f"      missing: {t}" for t in c.missing_tests[:SHOWN_MISSING]]
+            lines += [f"      missing: {tid(t, 15)}" for t in c.missing_tests[:SHOWN_MISSING]]
             if len(c.missing_tests) > SHOWN_MISSING:
                 lines.append(f"      ... and {len(c.missing_tests) - SHOWN_MISSING} more")
         for title, items in (
@@ -151,7 +158,8 @@ class GateResult:
             ("fixed", self.fixed),
         ):
             for it in items:
-                lines.append(f"  {title}: [{it.verdict}] {it.cell_id} :: {it.test_id}")
+                lines.append(f"  {title}: [{it.verdict}] {it.cell_id}")
+                lines.append(f"      {tid(it.test_id, 6)}")
                 if it.error_signature:
                     lines.append(f"      {it.error_signature}")
                 if it.repro and it.verdict in BLOCKING:

@@ -17,6 +17,7 @@ from distci.errors import SelectionError
 from distci.judge.coverage import parse_duration
 from distci.judge.gate import STATUS_MEANINGS, evaluate, evaluate_candidate, explain_blocking
 from distci.judge.store import Store, default_store_path
+from distci.run.fitting import columns, fit_text
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             result = evaluate(store, args.tier, **opts)
         explain_blocking(store, result)
-    print(result.to_text())
+    print(fit_text(result.to_text(columns())))  # every line within $COLUMNS; repro lines stay pasteable
     append_step_summary(result.to_markdown())
     write_exit_file("gate", result.exit_code, f"{result.status}: {STATUS_MEANINGS[result.status]}",
                     status=result.status, tier=result.tier, candidate=result.candidate,

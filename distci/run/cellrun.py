@@ -39,7 +39,8 @@ from distci.provision.sources import IndexConfig, pip_args, requirement_lines
 from distci.provision.resolve import resolve_sources
 from distci.results import format_duration
 from distci.run.progress import Heartbeat, StatusLine, downloaded_probe, installed_probe
-from distci.run.terminal import cell_tag, columns, command_lines, print_summary, relay_pytest, short_run_id
+from distci.run.fitting import cell_tag, columns, command_lines, short_run_id
+from distci.run.terminal import print_summary, relay_pytest
 from distci.provision.wheelhouse import default_root as default_wheelhouse_root
 from distci.provision.wheelhouse import ensure_wheelhouse
 from distci.rundir import CellRun, RunContents
@@ -277,8 +278,8 @@ def run_in_env(
         child_env = {**os.environ, **cell_environment(cell, tier), **provenance_environment(run_dir),
                      "PYTHONUNBUFFERED": "1", "COLUMNS": str(width)}
         child_env.pop("PYTHONPATH", None)
-        for line in command_lines(cmd, width):
-            log(f"{cell_tag(cell.id)}{line}")
+        for line in command_lines(cmd, columns()):  # untagged: pasteable as it stands (the cell's line is above)
+            log(line)
         rundir = RunDir(run_dir)
         with procs.stop_signals_raise():
             # pytest dies with this controller; SIGTERM, so it still records the test in flight

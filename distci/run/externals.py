@@ -16,7 +16,7 @@ from distci.matrix import EXTERNAL_SUITES
 from distci.provision.selfwheels import REPO
 from distci.results import Result
 from distci.run.infra import infra_result
-from distci.run.terminal import cell_tag
+from distci.run.fitting import cell_tag
 from distci.rundir import RunDir, RunInfo
 
 Log = Callable[[str], None]

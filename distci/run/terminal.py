@@ -26,12 +26,12 @@ sees "failed" in nox's output still learns whether tests or infrastructure faile
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
 import select
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -41,9 +41,10 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, TextIO
 
 from distci.results import format_duration
+from distci.run.fitting import columns, command_lines, short_run_id, shorten, shorten_test_id, wrap
 from distci.run.progress import DEFAULT_INTERVAL_S, Heartbeat, StatusLine
 from distci.results import Result
-from distci.rundir import CellRun, RunDir
+from distci.rundir import CellRun, RunDir, utc
 
 Log = Callable[[str], None]
 
@@ -64,98 +65,6 @@ _COLLECTED = re.compile(r"^collected (\d+) items?(?: / (\d+) deselected)?(?: / (
 _DEBUG = re.compile(r"^(\[[^\]]*\]:?\s*)?DEBUG\b")
 # pytest's closing line: `==== 1 failed, 41 passed in 1189.23s (0:19:49) ====`.
 _PYTEST_TIME = re.compile(r" in (\d+(?:\.\d+)?)s(?: \(\d+:\d\d:\d\d\))?(?= =+$|$)")
-
-DEFAULT_COLUMNS = 80
-MIN_COLUMNS = 40
-CELL_TAG_CHARS = 18  # a cell id in a line's `[cell] ` tag; the full id has its own line
-ELLIPSIS = "..."  # ASCII: a CI log in a C locale must not fail on it
-
-
-def columns() -> int:
-    """The width every line is fitted to: $COLUMNS, else the terminal's, else 80."""
-    return max(MIN_COLUMNS, shutil.get_terminal_size((DEFAULT_COLUMNS, 24)).columns)
-
-
-def shorten(text: str, width: int, *, head: float = 0.4) -> str:
-    """`text` in at most `width` characters, its middle replaced by `...`.
-
-    The tail gets the larger share: a test id's parametrization (`[bf16-compile]`) and
-    a cell id's last axes are what tell two lines apart; the head keeps the file.
-    """
-    if len(text) <= width:
-        return text
-    if width <= len(ELLIPSIS):
-        return text[:width]
-    keep = width - len(ELLIPSIS)
-    front = int(keep * head)
-    return text[:front] + ELLIPSIS + text[len(text) - (keep - front):]
-
-
-WRAP_INDENT = "    "
-
-
-def wrap(line: str, width: int) -> list[str]:
-    """`line` as lines of at most `width`: broken at the last space that fits (else at
-    the width), continuations indented by WRAP_INDENT."""
-    out: list[str] = []
-    rest = line.rstrip()
-    while len(rest) > width:
-        start = len(rest) - len(rest.lstrip()) + 1  # a break leaves words on the line, not only indent
-        cut = rest.rfind(" ", start, width + 1)
-        if cut < start:
-            cut = width
-        out.append(rest[:cut].rstrip())
-        rest = WRAP_INDENT + rest[cut:].lstrip()
-    return out + [rest]
-
-
-def cell_tag(cell_id: str) -> str:
-    """`[cpu-cpu-t...-fix_on] `: the prefix of every line about one cell."""
-    return f"[{shorten(cell_id, CELL_TAG_CHARS)}] "
-
-
-def command_lines(cmd: list[str], width: int, *, indent: str = "", prompt: str = "$") -> list[str]:
-    """`$ cmd ...` as shell lines of at most `width`, joined by ` \\` continuations: a long
-    command stays pasteable. A word longer than a line is cut into quoted pieces joined
-    by a backslash-newline at column 0 (inside a word, leading spaces would split it),
-    which the shell puts back together."""
-    cont = indent + "    "
-    lines: list[str] = []
-    line = indent + prompt
-    for word in cmd:
-        quoted = shlex.quote(word)
-        sep = " " if line.strip() else ""
-        if len(line) + len(sep) + len(quoted) + 2 <= width:
-            line += sep + quoted
-            continue
-        if line.strip():
-            lines.append(line + " \\")
-            line, sep = cont, ""
-        if len(line) + len(quoted) + 2 <= width:
-            line += quoted
-            continue
-        rest = word
-        while rest:
-            room = width - len(line) - 1
-            n = max(1, room - 2)
-            while n > 1 and len(shlex.quote(rest[:n])) > room:
-                n -= 1
-            if n >= len(rest):
-                line += shlex.quote(rest)
-                break
-            lines.append(line + shlex.quote(rest[:n]) + "\\")
-            line, rest = "", rest[n:]
-    return lines + [line]
-
-
-def short_run_id(run_id: str, cell_id: str, width: int) -> str:
-    """A run id within `width`: past it, its cell part (printed on its own line) becomes
-    `*`, which a shell still expands to the one run directory."""
-    suffix = "-" + cell_id
-    if len(run_id) > width and run_id.endswith(suffix):
-        return run_id[: -len(suffix)] + "-*"
-    return run_id
-
 
 class FittedStream:
     """A text stream that keeps each line it is given within a width.
@@ -284,7 +193,7 @@ def result_line(r: Result, width: int | None = None) -> str:
     if is_known(r):  # KNOWN already says it; the issue's id gets what the test id leaves
         left = room - max(min(len(r.test_id), MIN_ID_CHARS), room - len(why))
         why = shorten(why, left) if left >= MIN_WHY_CHARS else ""
-    return head + shorten(r.test_id, max(MIN_WHY_CHARS, room - len(why))) + why
+    return head + shorten_test_id(r.test_id, max(MIN_WHY_CHARS, room - len(why))) + why
 
 
 class ResultTail:
@@ -433,12 +342,29 @@ class Counts:
             known=sum(is_known(r) for r in rs),
             skipped=run.count("skipped"),
             infra=sum(r.failure_kind == "infra" for r in rs),
-            seconds=sum(r.duration_s for r in rs),
+            seconds=wall_seconds(run),
         )
 
     def line(self) -> str:
         return (f"{self.passed} passed, {self.failed} failed, {self.known} known, {self.skipped} skipped, "
-                f"{self.infra} infra, {format_duration(self.seconds)}")
+                f"{self.infra} infra, {format_duration(self.seconds)} wall")
+
+
+def wall_seconds(run: CellRun) -> float:
+    """How long the run took by the clock, from its start to its end (now while it goes):
+    the one duration a run has. The sum of its tests' times is not it (a run's setup,
+    collection and environment are in no test, and shares run side by side)."""
+    def parse(ts: str) -> datetime.datetime | None:
+        try:
+            return datetime.datetime.fromisoformat(utc(ts)) if ts else None
+        except ValueError:
+            return None
+
+    start = parse(run.info.started_at)
+    if start is None:
+        return sum(r.duration_s for r in run.results)
+    end = parse(run.info.ended_at) or datetime.datetime.now(datetime.timezone.utc)
+    return max(0.0, (end - start).total_seconds())
 
 
 def print_summary(runs: list[CellRun], out: TextIO | None = None, width: int | None = None) -> None:
@@ -461,7 +387,7 @@ def print_summary(runs: list[CellRun], out: TextIO | None = None, width: int | N
         emit(f"  results: {results_path(run, width - len('  results: '))}")
         for r in run.results:
             if r.outcome in ("failed", "error"):
-                emit(f"  {label(r)} {shorten(r.test_id, width - 3 - len(label(r)))}")
+                emit(f"  {label(r)} {shorten_test_id(r.test_id, width - 3 - len(label(r)))}")
                 emit(f"    {tag(r)} {r.error_signature or ''}".rstrip())
                 if r.repro:
                     emit("    repro:")
