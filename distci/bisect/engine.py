@@ -14,7 +14,7 @@ What the engine guarantees:
 - Endpoints are probed first. If they do not differ, or one cannot be probed (skip), it
   refuses (BisectRefused) instead of bisecting a question with no answer.
 - With both endpoints given, a monotone oracle costs at most ceil(log2 N) + 2 distinct
-  probes. From a lone new end (`lone_end=True`) it steps backward 1, 2, 4, ... candidates
+  probes (plus 2 * `flanks`). From a lone new end (`lone_end=True`) it steps backward 1, 2, 4, ... candidates
   until it finds the old state, then bisects: at most 2 ceil(log2 N) + 2.
 - Skipped candidates are stepped around like `git bisect skip`; when only skipped
   candidates separate the last old from the first new, the result is a `range` holding
@@ -23,9 +23,18 @@ What the engine guarantees:
   with a `flaky` result naming the candidate and what it answered. A boundary is reported
   only when both candidates around it answered the same way every time, so a wrong boundary
   needs one of those two to give the same wrong answer r times in a row.
-- With `confirm`, the two candidates around the answer are probed once more than
-  `repeats` before it is given; a disagreement is a `flaky` result with the outcomes, so
-  even `repeats=1` cannot name a wrong boundary from one lucky run of either side.
+- With `confirm=c` (True: CONFIRM_RUNS), the two candidates around the answer get c
+  fresh runs each beyond the `repeats` the search made: the run that put the boundary
+  there is never what confirms it. Every run of the pair must agree, else a `flaky`
+  result with the outcomes. A wrong boundary then needs an endpoint to lie `repeats + c`
+  times in a row; CONFIRM_RUNS is chosen by distci.bisect.simulate (a seeded check that
+  flips each answer with probability p): no wrong boundary at p <= 0.2 there.
+- The search assumes one flip (old state, then new state, once). After confirming, it
+  probes `flanks` more candidates on each side, the middles of the widest stretches the
+  search left unprobed (plus the neighbours of the pair), with `repeats` runs each; one
+  that answers the other side's state is run until it has `repeats + c` agreeing runs,
+  and then the answer is `came-and-went` (the behaviour flipped more than once: the
+  boundary found may not be the change looked for), naming that candidate.
 - Every run goes through the optional BisectState before and after the probe, so a state
   file makes an interrupted bisect resume where it stopped. A skip whose reason is
   `infra` (the environment could not be built) is not replayed from the state: the next
@@ -46,7 +55,16 @@ from distci.bisect.state import BisectError, BisectState, ProbeRun
 
 C = TypeVar("C")
 Outcome = Literal["good", "bad", "skip"]
-Kind = Literal["boundary", "range", "flaky", "refused"]
+Kind = Literal["boundary", "range", "flaky", "refused", "came-and-went"]
+
+CONFIRM_RUNS = 4
+"""Fresh runs per side of the answer that `confirm=True` makes (see the module doc)."""
+FLANKS = 2
+"""Candidates probed on each side of a confirmed answer, looking for a second flip."""
+
+ONE_FLIP = ("assumes one flip: every candidate before the change answers {old}, every one "
+            "from it on {new}")
+
 
 _OLD, _NEW, _SKIP = "old", "new", "skip"
 
@@ -119,6 +137,15 @@ class BisectResult(Generic[C]):
     flaky: ProbeRecord[C] | None = None
     reason: str = ""
     repeats: int = 1
+    confirm: int = 0
+    flank: ProbeRecord[C] | None = None
+    """came-and-went: the candidate that answered the other side's state."""
+
+    @property
+    def assumption(self) -> str:
+        """The one-flip assumption, in this search's words (good/bad or bad/good)."""
+        old, new = ("good", "bad") if self.mode == "regression" else ("bad", "good")
+        return ONE_FLIP.format(old=old, new=new)
 
     @property
     def reasons(self) -> dict[str, int]:
@@ -197,7 +224,8 @@ def bisect(
     find_fix: bool = False,
     lone_end: bool = False,
     repeats: int = 1,
-    confirm: bool = False,
+    confirm: int | bool = False,
+    flanks: int = 0,
     state: BisectState | None = None,
     on_event: Callable[[Progress], None] | None = None,
     key: Callable[[C], str] | None = None,
@@ -209,11 +237,15 @@ def bisect(
     steps backward from it. `key` names candidates in the state and the report and must be
     unique (default: the candidate's `key` attribute, else `str`). Raises BisectRefused
     when the endpoints do not allow an answer; returns a `flaky` result, never a boundary,
-    when repeated probes disagree, and with `confirm` re-probes the two candidates around
-    the answer once more first.
+    when repeated probes disagree. `confirm` fresh runs per side of the answer (True:
+    CONFIRM_RUNS; False / 0: none); `flanks` candidates per side probed afterwards for a
+    second flip (0, the default here: none; the CLI's default is FLANKS).
     """
+    runs = CONFIRM_RUNS if confirm is True else int(confirm)
+    if runs < 0 or flanks < 0:
+        raise BisectError(f"confirm and flanks must be >= 0, got {runs} and {flanks}")
     search = _Search(list(candidates), probe, find_fix=find_fix, repeats=repeats,
-                     confirm=confirm, state=state or BisectState(), on_event=on_event,
+                     confirm=runs, flanks=flanks, state=state or BisectState(), on_event=on_event,
                      key=key or candidate_key)
     try:
         return search.run(lone_end)
@@ -225,7 +257,7 @@ def bisect(
 
 class _Search(Generic[C]):
     def __init__(self, candidates: list[C], probe: ProbeFn, *, find_fix: bool, repeats: int,
-                 confirm: bool, state: BisectState, on_event: Callable[[Progress], None] | None,
+                 confirm: int, flanks: int, state: BisectState, on_event: Callable[[Progress], None] | None,
                  key: Callable[[C], str]) -> None:
         if repeats < 1:
             raise BisectError(f"repeats must be at least 1, got {repeats}")
@@ -239,6 +271,7 @@ class _Search(Generic[C]):
         self.new_outcome = "good" if find_fix else "bad"
         self.repeats = repeats
         self.confirm = confirm
+        self.flanks = flanks
         self.state = state
         self.on_event = on_event
         self.records: dict[int, ProbeRecord[C]] = {}
@@ -263,7 +296,9 @@ class _Search(Generic[C]):
         if self.confirm:
             self.about = len(self.records)
             for index in (lo, hi):
-                self._observe(index, "confirm", runs=self.repeats + 1)
+                self._observe(index, "confirm", runs=self.repeats + self.confirm)
+        if hi == lo + 1:
+            self._probe_flanks(lo, hi)
         return self._result(
             "boundary" if hi == lo + 1 else "range",
             last_old=self.candidates[lo], first_new=self.candidates[hi],
@@ -342,6 +377,48 @@ class _Search(Generic[C]):
                     return index
         return None
 
+    def _probe_flanks(self, lo: int, hi: int) -> None:
+        """Look for a second flip on each side of the pair (see the module doc): a flank in
+        the other side's state, confirmed like the pair, ends with `came-and-went`."""
+        sides = ((_OLD, range(0, lo), lo - 1), (_NEW, range(hi + 1, len(self.candidates)), hi + 1))
+        for expected, side, neighbour in sides:
+            for index in self._flank_picks(side, neighbour):
+                self.about = len(self.records) + 1
+                seen = self._observe(index, "flank")
+                if seen in (_SKIP, expected):
+                    continue
+                self._observe(index, "flank", runs=self.repeats + max(self.confirm, 1))
+                record = self.records[index]
+                raise _Stop(self._result(
+                    "came-and-went", last_old=self.candidates[lo], first_new=self.candidates[hi],
+                    range=self.candidates[lo + 1:hi + 1], flank=record,
+                    reason=f"{self._label(index)}, on the {self._outcome_name(expected)} side of the "
+                           f"change found ({self._label(lo)} .. {self._label(hi)}), answered "
+                           f"{', '.join(record.outcomes)}: the behaviour flipped more than once, so "
+                           f"this search's answer may not be the change you look for (it "
+                           f"{ONE_FLIP.format(old=self._old_outcome, new=self.new_outcome)}); "
+                           f"bisect again between "
+                           f"{self._label(index)} and the change found"))
+
+    def _flank_picks(self, side: range, neighbour: int) -> list[int]:
+        """Up to `flanks` unprobed candidates of `side`: the pair's neighbour, then the
+        middle of the widest stretch between probed candidates (a flip the search stepped
+        over lies in such a stretch)."""
+        picks: list[int] = []
+        if not self.flanks or not len(side):
+            return picks
+        if neighbour in side and neighbour not in self.records:
+            picks.append(neighbour)
+        while len(picks) < self.flanks:
+            fences = sorted({side.start - 1, side.stop, *picks,
+                             *(i for i in self.records if i in side)})
+            gaps = [(b - a, a, b) for a, b in zip(fences, fences[1:]) if b - a > 1]
+            if not gaps:
+                break
+            _, a, b = max(gaps)
+            picks.append((a + b) // 2)
+        return picks
+
     def _why_skip(self, index: int) -> str:
         """`skip`, with the first line of what the probe said about it."""
         runs = self.records[index].runs
@@ -413,7 +490,7 @@ class _Search(Generic[C]):
     def _result(self, kind: Kind, **fields: Any) -> BisectResult[C]:
         probes = list(self.records.values())
         return BisectResult(kind=kind, mode=self.mode, candidates=len(self.candidates),
-                            probes=probes, repeats=self.repeats, **fields)
+                            probes=probes, repeats=self.repeats, confirm=self.confirm, **fields)
 
     def _refuse(self, reason: str) -> NoReturn:
         raise _Stop(self._result("refused", reason=reason))
