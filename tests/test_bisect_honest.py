@@ -185,12 +185,20 @@ def test_a_changed_build_env_is_another_question_and_swapped_endpoints_are_calle
     code, _ = _bisect(tmp_path, tagged_repo, "--good", "v1", "--bad", "v2")
     out = capsys.readouterr().out
     assert code == 0 and re.search(r"first bad: [0-9a-f]{40}", out)
-    assert "[confirm]" in out
+    assert "[confirm]" in out and "assumes one flip" in out
+    # the commits mode names the culprit's subject and where to compare it, as the nightly modes do
+    culprit = tagged_repo.git("rev-parse", "v2~1")
+    assert f"first bad commit: {culprit[:12]} break" in out
+    assert f"compare: git -C {tagged_repo.path} log --first-parent {tagged_repo.git('rev-parse', 'v2~2')}..{culprit}" in out
+    tagged_repo.git("remote", "add", "origin", "git@github.com:pytorch/ao.git")
+    code, _ = _bisect(tmp_path, tagged_repo, "--good", "v1", "--bad", "v2")
+    assert f"compare: https://github.com/pytorch/ao/compare/{tagged_repo.git('rev-parse', 'v2~2')}...{culprit}" in (
+        capsys.readouterr().out)
     resume = re.search(r"rerun: (.+)\)$", out, re.MULTILINE).group(1)
     assert "--builder" in resume and "--repo" in resume
 
     code, _ = _bisect(tmp_path, tagged_repo, "--good", "v1", "--bad", "v2")
-    assert "from state" in capsys.readouterr().out  # the same question: answered from state
+    assert "from state" in capsys.readouterr().out  # the same question: answered from state (a remote is no input)
 
     # another build env: the same commits build other wheels, answered anew (here: the
     # endpoints no longer differ)

@@ -34,6 +34,7 @@ from typing import Any
 from distci.bisect.args import BisectArgs
 from distci.bisect.args import add_parser as _add_parser
 from distci.bisect.args import parse_bisect
+from distci.bisect.candidates import CommitCandidate
 from distci.bisect.checks import PytestCheck
 from distci.bisect.docker import add_options as add_backend_options
 from distci.bisect.docker import run_in_image
@@ -142,7 +143,11 @@ def _run_search(args: BisectArgs, question: Question, log: Log) -> int:
     record = _report(args, question, cache, result, meta, report_path, resume, extra)
     log(format_result(result))
     commits = record.get("commits")
-    if commits:
+    if commits and commits.get("subject") is not None:  # commits of a clone
+        log(f"{'first bad' if result.mode == 'regression' else 'first good'} commit: "
+            f"{commits['first_new'][:12]} {commits['subject']}")
+        log(f"compare: {commits['compare']}")
+    elif commits:
         log(f"nightly builds: {commits['last_old']} .. {commits['first_new']}")
         log(f"compare: {commits['compare']}")
     log(f"report: {report_path}")
@@ -177,7 +182,7 @@ def _report(args: BisectArgs, q: Question, cache: EnvCache, result: BisectResult
     written at its top level: the store record and, for torch, the commit range."""
     from distci.bisect.below import torch_commits
 
-    commits = torch_commits(q.axis, cache, result)
+    commits = torch_commits(q.axis, cache, result) or clone_commits(result)
     extra = dict(extra or {}, **({"commits": commits} if commits else {}))
     record = store_record(result, test_id=q.test_id, axis=f"{q.axis}-{q.source}",
                           cell_id=q.cell_id, report_path=_shown(path),
@@ -197,6 +202,18 @@ def _report(args: BisectArgs, q: Question, cache: EnvCache, result: BisectResult
 
 
 # -- after the search -------------------------------------------------------------------
+
+
+def clone_commits(result: BisectResult[Any]) -> dict[str, str] | None:
+    """The two commits of a clone around a boundary, the culprit's subject and where to
+    compare them (the commits mode's answer, read like the nightly modes')."""
+    if result.kind != "boundary" or not isinstance(result.first_new, CommitCandidate):
+        return None
+    from distci.bisect.upstream import clone_compare  # GitHub's client: a controller dependency
+
+    old, new = result.last_old.commit, result.first_new.commit
+    return {"last_old": old, "first_new": new, "subject": result.first_new.subject,
+            "compare": clone_compare(result.first_new.repo, old, new)}
 
 
 def _culprit(result: BisectResult[Any], extra: dict[str, Any]) -> str | None:

@@ -57,7 +57,7 @@ C = TypeVar("C")
 Outcome = Literal["good", "bad", "skip"]
 Kind = Literal["boundary", "range", "flaky", "refused", "came-and-went"]
 
-CONFIRM_RUNS = 4
+CONFIRM_RUNS = 5
 """Fresh runs per side of the answer that `confirm=True` makes (see the module doc)."""
 FLANKS = 2
 """Candidates probed on each side of a confirmed answer, looking for a second flip."""
