@@ -207,6 +207,8 @@ def to_markdown(data: dict[str, Any], *, command: str | None = None) -> str:
     if command:
         lines += ["```", command, "```", ""]
     lines += [f"**Result** ({data['kind']}, {data['mode']}): {data['summary']}", ""]
+    if data.get("how_sure"):
+        lines += [data["how_sure"], ""]
     commits = data.get("commits")
     if commits:
         lines += [f"- last {'good' if data['mode'] == 'regression' else 'bad'}: "
