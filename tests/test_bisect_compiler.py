@@ -11,14 +11,16 @@ It needs no C++ compiler: the failing backend never reaches inductor's codegen.
 from __future__ import annotations
 
 import json
+import random
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from distci import cli
-from distci.bisect.compiler import compiler_bisect
+from distci.bisect.compiler import compiler_bisect, drive
 from distci.bisect.state import BisectError
 
 REPRO = """\
@@ -149,3 +151,81 @@ def test_a_test_id_is_bisected_in_the_pr_cells_stack_env(tmp_path, monkeypatch, 
     report = json.loads(Path(re.search(r"^report: (.+)$", out, re.MULTILINE).group(1)).read_text())
     assert (report["backend"], report["subsystem"]) == ("inductor", "joint_graph_passes"), report
     assert report["python"].startswith(str(REPO / ".distci" / "envs")), report["python"]
+
+
+# -- drive() against a stand-in for torch's bisector (backends only; no torch needed) ------
+
+BACKENDS = ["eager", "aot_eager", "aot_eager_decomp_partition", "aot_eager_decomp_partition_crossref", "inductor"]
+
+
+class BackendsOnly:
+    """torch's CompilerBisector as far as drive() calls it, backends only: do_bisect tries
+    the backends in order and names the first whose check fails (torch does the same
+    before it looks at subsystems)."""
+
+    backend: str | None = None
+    bisection_enabled = False
+
+    @classmethod
+    def get_backend(cls):
+        return cls.backend
+
+    @classmethod
+    def get_subsystem(cls):
+        return None
+
+    @classmethod
+    def get_run_state(cls, backend, subsystem):
+        return None
+
+    @classmethod
+    def do_bisect(cls, fn):
+        for name in BACKENDS:
+            cls.backend = name
+            if not fn():
+                return SimpleNamespace(backend=name, subsystem=None, bisect_number=None, debug_info=None)
+        return None
+
+
+CB = SimpleNamespace(CompilerBisector=BackendsOnly, BACKENDS={name: [] for name in BACKENDS})
+ORIGINAL = "exit 1\nTraceback (most recent call last):\nAssertionError: loss 1.25 != 1.5\n"
+OTHER = "exit 1\nTraceback (most recent call last):\ntorch._dynamo.exc.Unsupported: graph break in 3 places\n"
+
+
+def test_a_backend_is_named_only_where_the_original_failure_is():
+    # aot_eager fails otherwise (a crash the user's backend never meets); the original
+    # failure starts at aot_eager_decomp_partition
+    def run(env):
+        at = BACKENDS.index(env["TORCH_BISECT_BACKEND"])
+        return (0, "exit 0\n") if at == 0 else (1, OTHER) if at == 1 else (1, ORIGINAL.replace("1.25", "9.75"))
+
+    finding = drive(CB, run, {}, original=ORIGINAL, log=lambda line: None)
+    assert (finding.status, finding.backend) == ("found", "aot_eager_decomp_partition")
+    other = [s for s in finding.steps if s["verdict"] == "fails otherwise"]
+    assert other and all("Unsupported" in s["tail"] for s in other)  # each step's failure kept
+    assert finding.original.endswith("AssertionError: loss 1.25 != 1.5\n")
+    # without the original's text, the other failure would have been blamed
+    assert drive(CB, lambda env: run(env)[0], {}, log=lambda line: None).backend == "aot_eager"
+
+
+def test_no_backend_is_named_when_no_step_fails_like_the_original():
+    finding = drive(CB, lambda env: (1, OTHER), {}, original=ORIGINAL, log=lambda line: None)
+    assert finding.backend is None and "no compile backend reproduces the failure" in finding.describe()
+
+
+def test_the_compiler_mode_defaults_name_no_wrong_backend_at_a_lie_rate_of_one_in_five():
+    wrong, right = [], 0
+    for seed in range(400):
+        rng = random.Random(seed)
+        culprit = BACKENDS[1 + seed % 4]
+
+        def run(env) -> int:
+            fails = BACKENDS.index(env["TORCH_BISECT_BACKEND"]) >= BACKENDS.index(culprit)
+            return int(fails != (rng.random() < 0.2))
+
+        finding = drive(CB, run, {}, log=lambda line: None)  # defaults: repeats 1, CONFIRM_RUNS fresh
+        if finding.status == "found" and finding.backend is not None:
+            right += finding.backend == culprit
+            if finding.backend != culprit:
+                wrong.append(seed)
+    assert wrong == [] and right > 0

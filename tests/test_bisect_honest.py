@@ -15,6 +15,7 @@ import pytest
 
 from distci import cli
 from distci.bisect import BisectState, ProbeOutcome, bisect
+from distci.bisect.engine import CONFIRM_RUNS
 from distci.bisect.args import BisectArgs, parse_bisect
 from distci.bisect.report import format_result, result_to_dict
 
@@ -54,16 +55,33 @@ def test_a_lucky_first_run_next_to_the_boundary_is_caught_by_the_confirmation():
     assert "11 is flaky: 2 runs answered good, bad" in format_result(result)
 
 
-def test_confirmation_reprobes_both_sides_once_and_agrees_with_a_steady_probe():
+def test_confirmation_gives_each_side_fresh_runs_and_agrees_with_a_steady_probe():
     probe = Flaky(boundary=11, liar=-1, lie_on=0)
     events = []
     result = bisect(range(32), probe, confirm=True, on_event=events.append)
     assert (result.kind, result.last_good, result.first_bad) == ("boundary", 10, 11)
-    assert probe.calls[10] == 2 and probe.calls[11] == 2
-    assert sum(n == 2 for n in probe.calls.values()) == 2
-    assert [str(e).split(": ")[0] for e in events if "[confirm]" in str(e) and e.outcome] == [
-        "step 7 of about 7 [confirm] 10", "step 7 of about 7 [confirm] 11"]
+    # the search's run of each side, then CONFIRM_RUNS fresh ones: never the run it confirms alone
+    assert probe.calls[10] == probe.calls[11] == 1 + CONFIRM_RUNS
+    assert sum(n > 1 for n in probe.calls.values()) == 2
+    confirming = [str(e).split(": ")[0] for e in events if "[confirm]" in str(e) and e.outcome]
+    assert confirming == [f"step 7 of about 7 [confirm] {c}" for c in (10, 11) for _ in range(CONFIRM_RUNS)]
     assert {r.key: r.phase for r in result.probes}["10"] == "bisect"  # the record keeps why it began
+
+
+def test_two_lies_in_a_row_no_longer_pass_the_confirmation():
+    """The case of issue 41: the search's lie, then one more, passed `repeats + 1`."""
+    calls = {}
+
+    def probe(c: int) -> str:
+        calls[c] = calls.get(c, 0) + 1
+        truth = "bad" if c >= 11 else "good"
+        return "good" if c == 11 and calls[c] <= 2 else truth
+
+    assert bisect(range(32), probe, confirm=1).first_bad == 12  # what confirming with one run risked
+    calls.clear()
+    result = bisect(range(32), probe, confirm=True)
+    assert result.kind == "flaky" and result.flaky.key == "11"
+    assert result.flaky.outcomes[:2] == ["good", "good"] and "bad" in result.flaky.outcomes
 
 
 def test_a_timeout_is_counted_and_shown_and_steps_around_as_a_skip():
@@ -100,7 +118,7 @@ def test_an_infra_skip_is_not_replayed_from_the_state(tmp_path):
 def test_the_resume_line_reproduces_every_option():
     args = BisectArgs(command="python check.py", good="v1", bad="v2", axis="torchao", repo="ao",
                       build_env=["USE_CPP=0"], builder="/x/python", base_env="venv", timeout=30.0,
-                      on_timeout="bad", confirm=False, repeats=2, fresh=True)
+                      on_timeout="bad", confirm=0, repeats=2, fresh=True)
     argv = args.to_argv()
     assert argv[0] == "commits" and "--fresh" not in argv
     for flag in ("--builder", "--build-env", "--base-env", "--repo", "--timeout", "--on-timeout",
@@ -116,7 +134,7 @@ def test_each_mode_is_a_subcommand_with_only_its_options_and_the_old_flags_still
                        ("commits", "--wheelhouse")):
         with pytest.raises(SystemExit):
             parse_bisect([mode, flag, "x"])
-    pydiff = BisectArgs(command="python c.py", good="2.14.0", bad="2.14.1", python_diff=True,
+    pydiff = BisectArgs(command="python c.py", good="2.14.0", bad="2.14.1", mode="python-diff",
                         check_requires=["numpy"], repeats=3)
     assert pydiff.to_argv()[:1] == ["python-diff"] and "--python-diff" not in pydiff.to_argv()
     assert parse_bisect(pydiff.to_argv())[0] == pydiff
@@ -126,7 +144,7 @@ def test_each_mode_is_a_subcommand_with_only_its_options_and_the_old_flags_still
     assert old == pydiff
     assert len(warned) == 1 and "deprecated" in warned[0] and "distci bisect python-diff" in warned[0]
     test_id, _ = parse_bisect(["below-nightly", "t.py::test_x", "--good", "2026-11-19", "--bad", "2026-11-21"])
-    assert (test_id.mode, test_id.test_id, test_id.below_nightly) == ("below-nightly", "t.py::test_x", True)
+    assert (test_id.mode, test_id.test_id) == ("below-nightly", "t.py::test_x")
 
 
 # -- through the CLI, over a git repository ---------------------------------------------
@@ -167,12 +185,20 @@ def test_a_changed_build_env_is_another_question_and_swapped_endpoints_are_calle
     code, _ = _bisect(tmp_path, tagged_repo, "--good", "v1", "--bad", "v2")
     out = capsys.readouterr().out
     assert code == 0 and re.search(r"first bad: [0-9a-f]{40}", out)
-    assert "[confirm]" in out
+    assert "[confirm]" in out and "assumes one flip" in out
+    # the commits mode names the culprit's subject and where to compare it, as the nightly modes do
+    culprit = tagged_repo.git("rev-parse", "v2~1")
+    assert f"first bad commit: {culprit[:12]} break" in out
+    assert f"compare: git -C {tagged_repo.path} log --first-parent {tagged_repo.git('rev-parse', 'v2~2')}..{culprit}" in out
+    tagged_repo.git("remote", "add", "origin", "git@github.com:pytorch/ao.git")
+    code, _ = _bisect(tmp_path, tagged_repo, "--good", "v1", "--bad", "v2")
+    assert f"compare: https://github.com/pytorch/ao/compare/{tagged_repo.git('rev-parse', 'v2~2')}...{culprit}" in (
+        capsys.readouterr().out)
     resume = re.search(r"rerun: (.+)\)$", out, re.MULTILINE).group(1)
     assert "--builder" in resume and "--repo" in resume
 
     code, _ = _bisect(tmp_path, tagged_repo, "--good", "v1", "--bad", "v2")
-    assert "from state" in capsys.readouterr().out  # the same question: answered from state
+    assert "from state" in capsys.readouterr().out  # the same question: answered from state (a remote is no input)
 
     # another build env: the same commits build other wheels, answered anew (here: the
     # endpoints no longer differ)

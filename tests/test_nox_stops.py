@@ -62,7 +62,7 @@ def _closed_run(runs: Path, out: str, stopped_by: str) -> None:
     assert "distci results" in out, out[-4000:]
     (run_dir,) = runs.iterdir()
     info = json.loads((run_dir / "run.json").read_text())
-    assert info["ended_at"], info
+    assert info["ended_at"] and info["exit_code"] == 130, info  # a stopped run's exit code, never null
     results = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     assert [r["error_signature"] for r in results] == [f"Interrupted: stopped by {stopped_by}"], results
     cases = ET.parse(run_dir / "junit.xml").getroot().findall(".//testcase")

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from distci.bisect.candidates import WheelCandidate, git_candidates
 from distci.bisect.checks import CommandCheck
-from distci.bisect.engine import BisectRefused, BisectResult, bisect
+from distci.bisect.engine import FLANKS, BisectRefused, BisectResult, bisect
 from distci.bisect.install import EnvCache
 from distci.bisect.nightly_map import main_range, parse_nightly_subject
 from distci.bisect.overlay import classify_commit, classify_files, plan_overlays
@@ -69,9 +69,9 @@ def torch_commits(axis: str, cache: EnvCache, result: BisectResult[Any]) -> dict
 
 def below_nightly(result: BisectResult[Any], q: Any, cache: EnvCache, check: CommandCheck,
                   where: Path, log: Log = print, *, repeats: int = 1,
-                  confirm: bool = True) -> dict[str, Any]:
+                  confirm: int | bool = True, flanks: int = FLANKS) -> dict[str, Any]:
     """The stage after a torch nightly bisect (see the module doc); its report section.
-    `repeats` and `confirm` are the nightly bisect's: one honesty contract for both."""
+    `repeats`, `confirm` and `flanks` are the nightly bisect's: one honesty contract for both."""
     if q.axis != "torch" or q.source not in ("nightly", "wheelhouse") or result.kind != "boundary":
         return {"status": "not-applicable",
                 "reason": "needs a torch nightly bisect that ended on two adjacent nightlies"}
@@ -105,7 +105,7 @@ def below_nightly(result: BisectResult[Any], q: Any, cache: EnvCache, check: Com
                                          "binary": p.binary} for c, k, p in zip(commits, classes, plans)][1:]}
     try:
         found = bisect(commits, probe, find_fix=result.mode == "fix", state=state, repeats=repeats,
-                       confirm=confirm, on_event=lambda event: log(f"  below: {event}"))
+                       confirm=confirm, flanks=flanks, on_event=lambda event: log(f"  below: {event}"))
     except BisectRefused as refused:
         section.update(status="refused", reason=refused.result.reason)
         log(f"below the nightly: refused: {refused.result.reason}")
@@ -113,8 +113,8 @@ def below_nightly(result: BisectResult[Any], q: Any, cache: EnvCache, check: Com
     if found is not None:
         section.update(status=found.kind, probes=len(found.probes),
                        range=[c.commit for c in found.range])
-        if found.kind == "flaky":
-            log(f"below the nightly: FLAKY, no commit named: {found.reason}")
+        if found.kind in ("flaky", "came-and-went"):
+            log(f"below the nightly: {found.kind.upper()}, no commit named: {found.reason}")
             section["reason"] = found.reason
         elif found.kind == "boundary":
             section["culprit"] = found.first_new.commit
@@ -122,6 +122,7 @@ def below_nightly(result: BisectResult[Any], q: Any, cache: EnvCache, check: Com
                 f"commit {found.first_new.commit[:12]} {found.first_new.subject} "
                 f"({len(found.probes)} probes)")
         else:
+            section["reason"] = f"{len(found.range)} main commits could not be split"
             log(f"below the nightly: {len(found.range)} commits could not be split (native "
                 f"changes, no matching binary): {found.last_old.commit[:12]} .. "
                 f"{found.first_new.commit[:12]}")

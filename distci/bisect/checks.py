@@ -28,6 +28,21 @@ SKIP_CODE = 125
 OnTimeout = Literal["skip", "bad"]
 
 
+_ERROR_LINE = re.compile(r"^(?:E\s+)?[\w.]*(?:Error|Exception|Failure|Failed)\b")
+
+
+def failure_signature(detail: str) -> tuple[str, str]:
+    """What makes two failures the same failure: (the first line, e.g. `exit 1`; the last
+    line that names an error, else the last line), numbers blanked (pids, times, sizes
+    vary). A probe counts as failing like the original only when the signatures match
+    (python-diff's overlays, the compiler bisector's steps)."""
+    lines = [re.sub(r"\d+", "#", line.strip()) for line in detail.strip().splitlines() if line.strip()]
+    if not lines:
+        return ("", "")
+    errors = [line for line in lines[1:] if _ERROR_LINE.match(line)]
+    return (lines[0], errors[-1] if errors else lines[-1] if len(lines) > 1 else "")
+
+
 def outcome_from_exit(code: int) -> str:
     """A check's exit code read as `git bisect run` reads it."""
     if code == 0:

@@ -34,6 +34,7 @@ from typing import Any
 from distci.bisect.args import BisectArgs
 from distci.bisect.args import add_parser as _add_parser
 from distci.bisect.args import parse_bisect
+from distci.bisect.candidates import CommitCandidate
 from distci.bisect.checks import PytestCheck
 from distci.bisect.docker import add_options as add_backend_options
 from distci.bisect.docker import run_in_image
@@ -45,6 +46,11 @@ from distci.bisect.state import BisectError, BisectState
 from distci.errors import ConfigError
 from distci.bisect.question import Question, commit_builder, question_candidates, args_digest, build_question, env_cache, make_check, question_meta
 from distci.bisect.question import Log
+
+
+EXIT_CODES = {"boundary": 0, "flaky": 1, "unconfirmed": 1, "refused": 2, "range": 3, "came-and-went": 4}
+"""How `distci bisect` ends (docs/bisect.md): 0 only for one confirmed culprit; 2 is also
+every error (distci.cli); a range and a history that came and went have their own codes."""
 
 
 def add_parser(sub: Any) -> None:
@@ -66,20 +72,30 @@ def run(ns: argparse.Namespace, *, log: Log = print) -> int:
 
 
 def main(args: BisectArgs, *, log: Log = print) -> int:
-    if args.list_regressions:
+    """Run the question's mode (MODE_RUNNERS); its exit code (EXIT_CODES)."""
+    if args.mode == "list":
         return _list_regressions(args, log)
     question = build_question(args, log)
-    if args.compiler:
-        from distci.bisect.compiler_command import run_compiler
-
-        return run_compiler(args, question, log)
-    newest = "--good" if args.find_fix else "--bad"
-    if question.last is None:
+    if args.mode != "compiler" and question.last is None:
+        newest = "--good" if args.find_fix else "--bad"
         raise BisectError(f"{newest} is required: it is the newest end, where the search starts")
-    if args.python_diff:
-        from distci.bisect.pydiff_command import run_python_diff
+    return MODE_RUNNERS[args.mode](args, question, log)
 
-        return run_python_diff(args, question, log)
+
+def _run_compiler(args: BisectArgs, question: Question, log: Log) -> int:
+    from distci.bisect.compiler_command import run_compiler
+
+    return run_compiler(args, question, log)
+
+
+def _run_python_diff(args: BisectArgs, question: Question, log: Log) -> int:
+    from distci.bisect.pydiff_command import run_python_diff
+
+    return run_python_diff(args, question, log)
+
+
+def _run_search(args: BisectArgs, question: Question, log: Log) -> int:
+    """The engine's modes: versions, commits, below-nightly (the engine, then the stage below)."""
     candidates = question_candidates(args, question)
     if question.test_id and question.pins is None and not args.base_env:
         log("note: no --stack, --cell or --base-env: nothing is pinned; each candidate gets its own "
@@ -110,8 +126,8 @@ def main(args: BisectArgs, *, log: Log = print) -> int:
     try:
         result: BisectResult[Any] = bisect(
             candidates, probe, find_fix=args.find_fix, lone_end=question.first is None,
-            repeats=args.repeats, confirm=args.confirm, state=BisectState.open(state_path, meta),
-            on_event=lambda event: log(str(event)))
+            repeats=args.repeats, confirm=args.confirm, flanks=args.flanks,
+            state=BisectState.open(state_path, meta), on_event=lambda event: log(str(event)))
     except BisectRefused as refused:
         record = _report(args, question, cache, refused.result, meta, report_path, resume)
         log(f"report: {report_path}")
@@ -119,26 +135,44 @@ def main(args: BisectArgs, *, log: Log = print) -> int:
             _to_store(args, report_path, log)
         raise
     extra: dict[str, Any] = {}
-    if args.below_nightly:
+    if args.mode == "below-nightly":
         from distci.bisect.below import below_nightly
 
         extra["below_nightly"] = below_nightly(result, question, cache, check, state_path.parent, log,
-                                               repeats=args.repeats, confirm=args.confirm)
+                                               repeats=args.repeats, confirm=args.confirm, flanks=args.flanks)
     record = _report(args, question, cache, result, meta, report_path, resume, extra)
     log(format_result(result))
     commits = record.get("commits")
-    if commits:
+    if commits and commits.get("subject") is not None:  # commits of a clone
+        log(f"{'first bad' if result.mode == 'regression' else 'first good'} commit: "
+            f"{commits['first_new'][:12]} {commits['subject']}")
+        log(f"compare: {commits['compare']}")
+    elif commits:
         log(f"nightly builds: {commits['last_old']} .. {commits['first_new']}")
         log(f"compare: {commits['compare']}")
     log(f"report: {report_path}")
     if record.get("test_id") and (question.regression or args.store):
         _to_store(args, report_path, log)
-    below = extra.get("below_nightly") or {}
-    if result.kind == "flaky" or below.get("status") == "flaky":
-        reason = result.reason if result.kind == "flaky" else below.get("reason", "")
-        print(f"distci: bisect: no answer named (flaky): {reason}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_code(result.kind, (extra.get("below_nightly") or {}), result.reason)
+
+
+def exit_code(kind: str, below: dict[str, Any], reason: str) -> int:
+    """The exit code of a search (EXIT_CODES); below the nightly, its stage's answer
+    decides when it bisected (a stage that only listed or could not run leaves the
+    nightly boundary as the answer). Non-zero ends say why on stderr."""
+    if kind == "boundary" and below.get("status") in EXIT_CODES and below["status"] != "refused":
+        kind, reason = below["status"], below.get("reason", "")
+    code = EXIT_CODES.get(kind, 1)
+    if code:
+        said = {1: "no answer named (flaky)", 3: "a range, not a culprit",
+                4: "came and went: no culprit named (the one-flip assumption does not hold)"}[code]
+        print(f"distci: bisect: {said}" + (f": {reason}" if reason else ""), file=sys.stderr)
+    return code
+
+
+MODE_RUNNERS = {"versions": _run_search, "commits": _run_search, "below-nightly": _run_search,
+                "python-diff": _run_python_diff, "compiler": _run_compiler}
+"""mode -> what runs it (`list` needs no question: main answers it first)."""
 
 
 def _report(args: BisectArgs, q: Question, cache: EnvCache, result: BisectResult[Any],
@@ -148,7 +182,7 @@ def _report(args: BisectArgs, q: Question, cache: EnvCache, result: BisectResult
     written at its top level: the store record and, for torch, the commit range."""
     from distci.bisect.below import torch_commits
 
-    commits = torch_commits(q.axis, cache, result)
+    commits = torch_commits(q.axis, cache, result) or clone_commits(result)
     extra = dict(extra or {}, **({"commits": commits} if commits else {}))
     record = store_record(result, test_id=q.test_id, axis=f"{q.axis}-{q.source}",
                           cell_id=q.cell_id, report_path=_shown(path),
@@ -168,6 +202,18 @@ def _report(args: BisectArgs, q: Question, cache: EnvCache, result: BisectResult
 
 
 # -- after the search -------------------------------------------------------------------
+
+
+def clone_commits(result: BisectResult[Any]) -> dict[str, str] | None:
+    """The two commits of a clone around a boundary, the culprit's subject and where to
+    compare them (the commits mode's answer, read like the nightly modes')."""
+    if result.kind != "boundary" or not isinstance(result.first_new, CommitCandidate):
+        return None
+    from distci.bisect.upstream import clone_compare  # GitHub's client: a controller dependency
+
+    old, new = result.last_old.commit, result.first_new.commit
+    return {"last_old": old, "first_new": new, "subject": result.first_new.subject,
+            "compare": clone_compare(result.first_new.repo, old, new)}
 
 
 def _culprit(result: BisectResult[Any], extra: dict[str, Any]) -> str | None:

@@ -33,6 +33,12 @@ hooks `import torch`:
 A command that fails both ways is not the compiler's: the tool says so at once instead of
 blaming Dynamo. One that fails with the identity only is bisected.
 
+The command is first run as it is: its failure text is the *original failure*. Every step
+keeps its own failure text (the finding's `steps`), and a step counts as failing only when
+its failure has the original's signature (distci.bisect.checks.failure_signature); a step
+that fails otherwise (another error, a crash under a backend the user does not run) is
+read as "not this failure", so a backend is named only where the original failure is.
+
 The driver half imports only the standard library and torch: it runs inside cell
 environments, torch 2.6 .. newest.
 """
@@ -46,10 +52,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, Union
 
+from distci.bisect.checks import failure_signature
+from distci.bisect.engine import CONFIRM_RUNS
 from distci.bisect.state import BisectError
 
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
@@ -140,6 +148,10 @@ class CompilerFinding:
     log: str = ""
     status: str = "found"
     reason: str = ""
+    original: str = ""
+    """The command's failure as it is (the tail of its output): what every step is matched to."""
+    steps: list = field(default_factory=list)
+    """Every run: label, exit code, verdict (pass / fail / fails otherwise), its failure's tail."""
 
     def describe(self) -> str:
         if self.status != "found":
@@ -162,7 +174,7 @@ class CompilerFinding:
 def compiler_bisect(command: str, *, python: str = sys.executable, cwd: Path | str | None = None,
                     env: Mapping[str, str] | None = None, start_backend: str | None = None,
                     timeout: float | None = None, precheck: bool = True, repeats: int = 1,
-                    confirm: bool = True, log: Callable[[str], None] = print) -> CompilerFinding:
+                    confirm: int | bool = True, log: Callable[[str], None] = print) -> CompilerFinding:
     """Run torch's compiler bisector on `command` (a shell command: exit 0 = pass) with
     `python`, the failing environment's interpreter, whose PATH comes first; `repeats`
     and `confirm` as in every bisect mode (see `drive`).
@@ -182,6 +194,11 @@ def compiler_bisect(command: str, *, python: str = sys.executable, cwd: Path | s
         shim.mkdir()
         (shim / "sitecustomize.py").write_text(SHIM)
         base["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), base.get("PYTHONPATH", "")) if p)
+        code, original = _run_text(command, cwd, base, timeout)
+        if code == 0:
+            raise BisectError(f"the command passes as it is (exit 0): there is no failure to bisect: {command}")
+        (Path(tmp) / "original.txt").write_text(original)
+        log(f"compiler bisector: as it is the command exits {code}: {_last_line(original)}")
         if precheck:
             _precheck(command, cwd, base, timeout, start_backend or "eager", log)
         base[SHIM_ENV] = "bisect"
@@ -191,7 +208,8 @@ def compiler_bisect(command: str, *, python: str = sys.executable, cwd: Path | s
             argv += ["--start-backend", start_backend]
         if timeout:
             argv += ["--timeout", str(timeout)]
-        argv += ["--repeats", str(repeats), "--confirm" if confirm else "--no-confirm"]
+        runs = CONFIRM_RUNS if confirm is True else int(confirm)
+        argv += ["--repeats", str(repeats), "--confirm", str(runs), "--original", str(Path(tmp) / "original.txt")]
         log(f"compiler bisector: running {command!r} once per step")
         started = time.monotonic()
         proc = subprocess.run([*argv, "--", "sh", "-c", command], cwd=cwd, env=base,
@@ -226,15 +244,33 @@ def _precheck(command: str, cwd, env: Mapping[str, str], timeout: float | None, 
 
 
 def _run(command: str | Sequence[str], cwd, env: Mapping[str, str], timeout: float | None) -> int:
+    return _run_text(command, cwd, env, timeout)[0]
+
+
+TAIL = 4000
+"""Characters of a step's output kept: enough for the traceback's end."""
+
+
+def _run_text(command: str | Sequence[str], cwd, env: Mapping[str, str], timeout: float | None) -> tuple[int, str]:
+    """(exit code, `exit N` and the tail of its output); 124 for a timeout. The output goes
+    to a file, not a pipe: a chatty command cannot block on a full pipe."""
     shell = isinstance(command, str)
-    proc = subprocess.Popen(command, shell=shell, cwd=cwd, env=dict(env), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return 124
-    finally:
-        _kill(proc)
+    with tempfile.TemporaryFile() as out:
+        proc = subprocess.Popen(command, shell=shell, cwd=cwd, env=dict(env), stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            code = 124
+        finally:
+            _kill(proc)
+        out.seek(max(0, out.seek(0, os.SEEK_END) - TAIL))
+        text = out.read().decode(errors="replace")
+    return code, f"exit {code}\n{text}"
+
+
+def _last_line(text: str) -> str:
+    return " / ".join(failure_signature(text)[1:]) or "(no output)"
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -257,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-backend")
     parser.add_argument("--timeout", type=float)
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--confirm", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--confirm", type=int, default=CONFIRM_RUNS, help="fresh runs per confirmed configuration")
+    parser.add_argument("--original", help="a file holding the original failure's text")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -282,8 +319,9 @@ def main(argv: list[str] | None = None) -> int:
             del cb.BACKENDS[name]
     if hasattr(cb.CompilerBisector, "in_process_cache"):  # torch >= 2.9: share the state dir with children
         cb.CompilerBisector.in_process_cache = cache_dir()
-    finding = drive(cb, lambda env: _run(list(command), None, env, args.timeout), dict(os.environ),
-                    repeats=args.repeats, confirm=args.confirm,
+    original = Path(args.original).read_text() if args.original else None
+    finding = drive(cb, lambda env: _run_text(list(command), None, env, args.timeout), dict(os.environ),
+                    repeats=args.repeats, confirm=args.confirm, original=original,
                     log=lambda line: print(f"[bisector] {line}", flush=True))
     finding.torch = torch.__version__
     Path(args.out).write_text(json.dumps(finding.to_dict()))
@@ -295,17 +333,26 @@ class _Flaky(Exception):
     pass
 
 
-def drive(cb: Any, run: Callable[[dict], int], environ: Mapping[str, str], *, repeats: int = 1,
-          confirm: bool = True, log: Callable[[str], None] = print) -> CompilerFinding:
-    """torch's `cb.CompilerBisector.do_bisect` over `run(env) -> exit code`, under the
-    honesty contract of every bisect mode: each step runs `repeats` times and runs that
-    disagree end it as `flaky`; with `confirm` the finding's pair is brought to `repeats +
-    1` runs (the backend before it passes, it fails; a subsystem found: that backend with
-    the subsystem disabled passes), the search's own runs of those configurations
-    counted, and a contradiction makes it `unconfirmed`."""
+Step = Union[int, "tuple[int, str]"]
+
+
+def drive(cb: Any, run: Callable[[dict], Step], environ: Mapping[str, str], *, repeats: int = 1,
+          confirm: int | bool = True, original: str | None = None,
+          log: Callable[[str], None] = print) -> CompilerFinding:
+    """torch's `cb.CompilerBisector.do_bisect` over `run(env) -> exit code` (or (exit code,
+    output)), under the honesty contract of every bisect mode: each step runs `repeats`
+    times and runs that disagree end it as `flaky`; with `confirm` (fresh runs, True: the
+    engine's CONFIRM_RUNS) the finding's pair gets that many runs beyond the search's
+    (the backend before it passes, it fails; a subsystem found: that backend with the
+    subsystem disabled passes), and a contradiction makes it `unconfirmed`. With
+    `original` (the command's failure as it is), a step fails only when its failure has
+    the same signature; each step's text is kept in the finding's `steps`."""
     bisector = cb.CompilerBisector
+    fresh = CONFIRM_RUNS if confirm is True else int(confirm)
     runs = 0
     started = time.monotonic()
+    steps: list[dict] = []
+    want = failure_signature(original) if original else None
 
     seen: dict[tuple, list[bool]] = {}  # fixed configurations -> every run's pass/fail
 
@@ -317,10 +364,16 @@ def drive(cb: Any, run: Callable[[dict], int], environ: Mapping[str, str], *, re
         while len(passed) < times:
             runs += 1
             began = time.monotonic()
-            code = run(env)
-            passed.append(code == 0)
-            log(f"run {runs}: {label} -> {'pass' if code == 0 else f'fail (exit {code})'} "
-                f"({time.monotonic() - began:.1f}s)")
+            answer = run(env)
+            code, text = answer if isinstance(answer, tuple) else (answer, "")
+            other = code != 0 and want is not None and failure_signature(text) != want
+            verdict = "pass" if code == 0 else "fails otherwise" if other else "fail"
+            passed.append(code == 0 or other)  # another failure is not this one: not where it breaks
+            steps.append({"run": runs, "label": label, "exit": code, "verdict": verdict,
+                          "tail": text[-1500:] if code else ""})
+            log(f"run {runs}: {label} -> {'pass' if code == 0 else f'{verdict} (exit {code})'}"
+                + (f" [{_last_line(text)}; the original: {_last_line(original or '')}]" if other else "")
+                + f" ({time.monotonic() - began:.1f}s)")
             if len(set(passed)) > 1:
                 raise _Flaky(f"{label} is flaky: {len(passed)} runs answered "
                              f"{', '.join('pass' if p else 'fail' for p in passed)}; nothing can be named")
@@ -352,8 +405,8 @@ def drive(cb: Any, run: Callable[[dict], int], environ: Mapping[str, str], *, re
             backend=getattr(result, "backend", None), subsystem=getattr(result, "subsystem", None),
             bisect_number=getattr(result, "bisect_number", None),
             debug_info=getattr(result, "debug_info", None))
-        if confirm and finding.backend:
-            times = repeats + 1
+        if fresh and finding.backend:
+            times = repeats + fresh
             at = order.index(finding.backend) if finding.backend in order else 0
             pairs = [(finding.backend, None, False, False)]
             if at > 0:
@@ -374,6 +427,7 @@ def drive(cb: Any, run: Callable[[dict], int], environ: Mapping[str, str], *, re
         finding = CompilerFinding(backend=None, status="flaky",
                                   reason=f"torch's bisector found the command inconsistent: {exc}")
     finding.runs, finding.seconds = runs, round(time.monotonic() - started, 1)
+    finding.steps, finding.original = steps, (original or "")[-1500:]
     return finding
 
 

@@ -82,6 +82,8 @@ def run_compiler(args: BisectArgs, q: Any, log: Callable[[str], None]) -> int:
                               repeats=args.repeats, confirm=args.confirm, log=log)
     log(f"compiler bisector ({finding.runs} runs, {finding.seconds:.0f}s, torch {finding.torch}): "
         f"{finding.describe()}")
+    log("this search assumes one flip: along the backends (eager .. inductor) the original failure, once "
+        "it appears, stays; a backend is named only where the failure is the original one")
     report = Path(args.report) if args.report else Path(args.out) / "compiler" / (
         args_digest([command, python]) + ".json")
     report.parent.mkdir(parents=True, exist_ok=True)

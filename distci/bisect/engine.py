@@ -14,7 +14,7 @@ What the engine guarantees:
 - Endpoints are probed first. If they do not differ, or one cannot be probed (skip), it
   refuses (BisectRefused) instead of bisecting a question with no answer.
 - With both endpoints given, a monotone oracle costs at most ceil(log2 N) + 2 distinct
-  probes. From a lone new end (`lone_end=True`) it steps backward 1, 2, 4, ... candidates
+  probes (plus 2 * `flanks`). From a lone new end (`lone_end=True`) it steps backward 1, 2, 4, ... candidates
   until it finds the old state, then bisects: at most 2 ceil(log2 N) + 2.
 - Skipped candidates are stepped around like `git bisect skip`; when only skipped
   candidates separate the last old from the first new, the result is a `range` holding
@@ -23,9 +23,18 @@ What the engine guarantees:
   with a `flaky` result naming the candidate and what it answered. A boundary is reported
   only when both candidates around it answered the same way every time, so a wrong boundary
   needs one of those two to give the same wrong answer r times in a row.
-- With `confirm`, the two candidates around the answer are probed once more than
-  `repeats` before it is given; a disagreement is a `flaky` result with the outcomes, so
-  even `repeats=1` cannot name a wrong boundary from one lucky run of either side.
+- With `confirm=c` (True: CONFIRM_RUNS), the two candidates around the answer get c
+  fresh runs each beyond the `repeats` the search made: the run that put the boundary
+  there is never what confirms it. Every run of the pair must agree, else a `flaky`
+  result with the outcomes. A wrong boundary then needs an endpoint to lie `repeats + c`
+  times in a row; CONFIRM_RUNS is chosen by distci.bisect.simulate (a seeded check that
+  flips each answer with probability p): no wrong boundary at p <= 0.2 there.
+- The search assumes one flip (old state, then new state, once). After confirming, it
+  probes `flanks` more candidates on each side, the middles of the widest stretches the
+  search left unprobed (plus the neighbours of the pair), with `repeats` runs each; one
+  that answers the other side's state is run until it has `repeats + c` agreeing runs,
+  and then the answer is `came-and-went` (the behaviour flipped more than once: the
+  boundary found may not be the change looked for), naming that candidate.
 - Every run goes through the optional BisectState before and after the probe, so a state
   file makes an interrupted bisect resume where it stopped. A skip whose reason is
   `infra` (the environment could not be built) is not replayed from the state: the next
@@ -39,150 +48,21 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Literal, NoReturn, Sequence, TypeVar, Union
+from typing import Any, Callable, Generic, Literal, NoReturn, Sequence
 
+from distci.bisect.result import (ONE_FLIP, BisectRefused, BisectResult, C, Kind, ProbeFn, ProbeOutcome,
+                                  ProbeRecord, Progress, candidate_key)
 from distci.bisect.state import BisectError, BisectState, ProbeRun
 
-C = TypeVar("C")
-Outcome = Literal["good", "bad", "skip"]
-Kind = Literal["boundary", "range", "flaky", "refused"]
+__all__ = ["CONFIRM_RUNS", "FLANKS", "BisectRefused", "BisectResult", "ProbeOutcome", "ProbeRecord", "Progress",
+           "bisect", "candidate_key"]  # the records live in result.py; the engine is their face
+
+CONFIRM_RUNS = 5
+"""Fresh runs per side of the answer that `confirm=True` makes (see the module doc)."""
+FLANKS = 2
+"""Candidates probed on each side of a confirmed answer, looking for a second flip."""
 
 _OLD, _NEW, _SKIP = "old", "new", "skip"
-
-
-@dataclass
-class ProbeOutcome:
-    """What a probe may return instead of a bare outcome string, to say more."""
-
-    outcome: Outcome
-    cached: bool | None = None
-    detail: str = ""
-    setup_seconds: float | None = None
-    reason: str = ""
-
-
-ProbeFn = Callable[[Any], Union[str, ProbeOutcome]]
-
-
-@dataclass
-class ProbeRecord(Generic[C]):
-    """Every run of the probe on one candidate, in the order they happened."""
-
-    key: str
-    candidate: C
-    index: int
-    phase: str
-    runs: list[ProbeRun] = field(default_factory=list)
-
-    @property
-    def outcomes(self) -> list[str]:
-        return [run.outcome for run in self.runs]
-
-    @property
-    def outcome(self) -> str:
-        """The agreed outcome, `flaky` when the runs disagree, `none` before any run."""
-        seen = set(self.outcomes)
-        return seen.pop() if len(seen) == 1 else "flaky" if seen else "none"
-
-    @property
-    def seconds(self) -> float:
-        return sum(run.seconds for run in self.runs)
-
-    @property
-    def cached(self) -> bool | None:
-        """Whether the first run found its environment warm (None: the probe did not say)."""
-        return self.runs[0].cached if self.runs else None
-
-    @property
-    def resumed(self) -> bool:
-        return bool(self.runs) and all(run.resumed for run in self.runs)
-
-
-@dataclass
-class BisectResult(Generic[C]):
-    """The answer, with every probe that led to it.
-
-    `last_old` / `first_new` bracket the change: for a regression the last good and the
-    first bad candidate, with `find_fix` the last bad and the first good. `range` is what
-    may hold the change: `[first_new]` for a boundary, the skipped candidates between the
-    two plus `first_new` for a range, empty otherwise.
-    """
-
-    kind: Kind
-    mode: Literal["regression", "fix"]
-    candidates: int
-    last_old: C | None = None
-    first_new: C | None = None
-    range: list[C] = field(default_factory=list)
-    probes: list[ProbeRecord[C]] = field(default_factory=list)
-    flaky: ProbeRecord[C] | None = None
-    reason: str = ""
-    repeats: int = 1
-
-    @property
-    def reasons(self) -> dict[str, int]:
-        """Probe runs by reason (timeout, infra, native), this session's and resumed."""
-        counted = Counter(run.reason for record in self.probes for run in record.runs if run.reason)
-        return dict(sorted(counted.items()))
-
-    @property
-    def first_bad(self) -> C | None:
-        return self.first_new if self.mode == "regression" else None
-
-    @property
-    def last_good(self) -> C | None:
-        return self.last_old if self.mode == "regression" else None
-
-    @property
-    def first_good(self) -> C | None:
-        return self.first_new if self.mode == "fix" else None
-
-    @property
-    def last_bad(self) -> C | None:
-        return self.last_old if self.mode == "fix" else None
-
-    @property
-    def skipped(self) -> list[C]:
-        return [record.candidate for record in self.probes if record.outcome == "skip"]
-
-
-class BisectRefused(BisectError):
-    """The bisect has no answer to look for; `.result` holds the probes that showed it."""
-
-    def __init__(self, result: BisectResult[Any]) -> None:
-        self.result = result
-        super().__init__(result.reason)
-
-
-@dataclass
-class Progress:
-    """One event: a probe run starting (`outcome` None) or finished.
-
-    `step` counts distinct candidates probed so far, this one included; `about` is the
-    expected total, recomputed as the range shrinks.
-    """
-
-    step: int
-    about: int
-    phase: str
-    candidate: str
-    run: int
-    repeats: int
-    outcome: str | None = None
-    seconds: float | None = None
-    cached: bool | None = None
-    resumed: bool = False
-
-    def __str__(self) -> str:
-        head = f"step {self.step} of about {self.about} [{self.phase}] {self.candidate}"
-        if self.repeats > 1:
-            head += f" (run {self.run}/{self.repeats})"
-        if self.outcome is None:
-            return head + ": probing"
-        how = "from state" if self.resumed else f"{self.seconds:.1f}s" + (
-            "" if self.cached is None else (" warm" if self.cached else " cold"))
-        return f"{head}: {self.outcome} ({how})"
 
 
 class _Stop(Exception):
@@ -197,7 +77,8 @@ def bisect(
     find_fix: bool = False,
     lone_end: bool = False,
     repeats: int = 1,
-    confirm: bool = False,
+    confirm: int | bool = False,
+    flanks: int = 0,
     state: BisectState | None = None,
     on_event: Callable[[Progress], None] | None = None,
     key: Callable[[C], str] | None = None,
@@ -209,11 +90,15 @@ def bisect(
     steps backward from it. `key` names candidates in the state and the report and must be
     unique (default: the candidate's `key` attribute, else `str`). Raises BisectRefused
     when the endpoints do not allow an answer; returns a `flaky` result, never a boundary,
-    when repeated probes disagree, and with `confirm` re-probes the two candidates around
-    the answer once more first.
+    when repeated probes disagree. `confirm` fresh runs per side of the answer (True:
+    CONFIRM_RUNS; False / 0: none); `flanks` candidates per side probed afterwards for a
+    second flip (0, the default here: none; the CLI's default is FLANKS).
     """
+    runs = CONFIRM_RUNS if confirm is True else int(confirm)
+    if runs < 0 or flanks < 0:
+        raise BisectError(f"confirm and flanks must be >= 0, got {runs} and {flanks}")
     search = _Search(list(candidates), probe, find_fix=find_fix, repeats=repeats,
-                     confirm=confirm, state=state or BisectState(), on_event=on_event,
+                     confirm=runs, flanks=flanks, state=state or BisectState(), on_event=on_event,
                      key=key or candidate_key)
     try:
         return search.run(lone_end)
@@ -225,7 +110,7 @@ def bisect(
 
 class _Search(Generic[C]):
     def __init__(self, candidates: list[C], probe: ProbeFn, *, find_fix: bool, repeats: int,
-                 confirm: bool, state: BisectState, on_event: Callable[[Progress], None] | None,
+                 confirm: int, flanks: int, state: BisectState, on_event: Callable[[Progress], None] | None,
                  key: Callable[[C], str]) -> None:
         if repeats < 1:
             raise BisectError(f"repeats must be at least 1, got {repeats}")
@@ -239,6 +124,7 @@ class _Search(Generic[C]):
         self.new_outcome = "good" if find_fix else "bad"
         self.repeats = repeats
         self.confirm = confirm
+        self.flanks = flanks
         self.state = state
         self.on_event = on_event
         self.records: dict[int, ProbeRecord[C]] = {}
@@ -263,7 +149,9 @@ class _Search(Generic[C]):
         if self.confirm:
             self.about = len(self.records)
             for index in (lo, hi):
-                self._observe(index, "confirm", runs=self.repeats + 1)
+                self._observe(index, "confirm", runs=self.repeats + self.confirm)
+        if hi == lo + 1:
+            self._probe_flanks(lo, hi)
         return self._result(
             "boundary" if hi == lo + 1 else "range",
             last_old=self.candidates[lo], first_new=self.candidates[hi],
@@ -342,6 +230,48 @@ class _Search(Generic[C]):
                     return index
         return None
 
+    def _probe_flanks(self, lo: int, hi: int) -> None:
+        """Look for a second flip on each side of the pair (see the module doc): a flank in
+        the other side's state, confirmed like the pair, ends with `came-and-went`."""
+        sides = ((_OLD, range(0, lo), lo - 1), (_NEW, range(hi + 1, len(self.candidates)), hi + 1))
+        for expected, side, neighbour in sides:
+            for index in self._flank_picks(side, neighbour):
+                self.about = len(self.records) + 1
+                seen = self._observe(index, "flank")
+                if seen in (_SKIP, expected):
+                    continue
+                self._observe(index, "flank", runs=self.repeats + max(self.confirm, 1))
+                record = self.records[index]
+                raise _Stop(self._result(
+                    "came-and-went", last_old=self.candidates[lo], first_new=self.candidates[hi],
+                    range=self.candidates[lo + 1:hi + 1], flank=record,
+                    reason=f"{self._label(index)}, on the {self._outcome_name(expected)} side of the "
+                           f"change found ({self._label(lo)} .. {self._label(hi)}), answered "
+                           f"{', '.join(record.outcomes)}: the behaviour flipped more than once, so "
+                           f"this search's answer may not be the change you look for (it "
+                           f"{ONE_FLIP.format(old=self._old_outcome, new=self.new_outcome)}); "
+                           f"bisect again between "
+                           f"{self._label(index)} and the change found"))
+
+    def _flank_picks(self, side: range, neighbour: int) -> list[int]:
+        """Up to `flanks` unprobed candidates of `side`: the pair's neighbour, then the
+        middle of the widest stretch between probed candidates (a flip the search stepped
+        over lies in such a stretch)."""
+        picks: list[int] = []
+        if not self.flanks or not len(side):
+            return picks
+        if neighbour in side and neighbour not in self.records:
+            picks.append(neighbour)
+        while len(picks) < self.flanks:
+            fences = sorted({side.start - 1, side.stop, *picks,
+                             *(i for i in self.records if i in side)})
+            gaps = [(b - a, a, b) for a, b in zip(fences, fences[1:]) if b - a > 1]
+            if not gaps:
+                break
+            _, a, b = max(gaps)
+            picks.append((a + b) // 2)
+        return picks
+
     def _why_skip(self, index: int) -> str:
         """`skip`, with the first line of what the probe said about it."""
         runs = self.records[index].runs
@@ -413,7 +343,7 @@ class _Search(Generic[C]):
     def _result(self, kind: Kind, **fields: Any) -> BisectResult[C]:
         probes = list(self.records.values())
         return BisectResult(kind=kind, mode=self.mode, candidates=len(self.candidates),
-                            probes=probes, repeats=self.repeats, **fields)
+                            probes=probes, repeats=self.repeats, confirm=self.confirm, **fields)
 
     def _refuse(self, reason: str) -> NoReturn:
         raise _Stop(self._result("refused", reason=reason))
@@ -427,12 +357,6 @@ class _Search(Generic[C]):
 
     def _label(self, index: int) -> str:
         return self.keys[index]
-
-
-def candidate_key(candidate: Any) -> str:
-    """The name of a candidate in states and reports: its `key` attribute, else str()."""
-    key = getattr(candidate, "key", None)
-    return key if isinstance(key, str) else str(candidate)
 
 
 def _log2(n: int) -> int:

@@ -17,8 +17,9 @@ ddmin treats as "not this subset", so it cannot send the search to a wrong chang
 The honesty contract of every bisect mode (engine.py) holds here too:
 - every overlay is probed `repeats` times; runs that disagree (fails / passes /
   unresolved) end the search as `flaky`, naming the overlay and what it answered;
-- with `confirm`, the answer is re-probed before it is given: the good build, the good
-  build with the kept changes, and the kept changes less each one of them, `repeats + 1`
+- with `confirm` (a count of fresh runs, True: the engine's CONFIRM_RUNS), the answer is
+  re-probed before it is given: the good build, the good build with the kept changes, and
+  the kept changes less each one of them, `confirm` fresh runs beyond the search's `repeats`
   runs each; if the kept changes do not fail, or a smaller set still fails, the answer is
   `unconfirmed` (exit 1), never named with exit 0;
 - every run is recorded in a BisectState (keyed by the overlay's content), so a rerun of
@@ -43,7 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypeVar
 
-from distci.bisect.checks import CommandCheck
+from distci.bisect.checks import CommandCheck, failure_signature
+from distci.bisect.engine import CONFIRM_RUNS
 from distci.bisect.hunks import Hunk, apply_edits, apply_hunks, hunks_of, line_edits
 from distci.bisect.install import EnvCache, InstallFailed, site_packages
 from distci.bisect.overlay import classify_file, link_or_copy
@@ -192,7 +194,7 @@ class PythonDiff:
             return {"good": PASSES, "bad": FAILS}.get(outcome, UNRESOLVED)
         if outcome == "good":
             return PASSES
-        return FAILS if outcome == "bad" and _signature(detail) == self.signature else UNRESOLVED
+        return FAILS if outcome == "bad" and failure_signature(detail) == self.signature else UNRESOLVED
 
     # -- the endpoints ------------------------------------------------------------------
 
@@ -214,7 +216,7 @@ class PythonDiff:
                             if verdict == UNRESOLVED)
             raise PyDiffStop(self.partial("refused", f"the endpoints do not differ as asked: good build "
                                           f"{_short(good)}, bad build {_short(bad)}{shown}"))
-        self.signature = _signature(details[1])
+        self.signature = failure_signature(details[1])
 
     # -- overlays -----------------------------------------------------------------------
 
@@ -260,7 +262,7 @@ def _label(prefix: str, items: Sequence[Any], name: Callable[[Any], str]) -> str
 
 
 def python_diff(check: CommandCheck, cache: EnvCache, good_env: Path, bad_env: Path,
-                log: Log = print, *, repeats: int = 1, confirm: bool = True,
+                log: Log = print, *, repeats: int = 1, confirm: int | bool = True,
                 state: BisectState | None = None, narrow: bool = True,
                 keep_overlays: bool = False) -> PyDiffResult:
     """ddmin over the differing Python files, then the hunks of the files kept, then the
@@ -310,8 +312,9 @@ def python_diff(check: CommandCheck, cache: EnvCache, good_env: Path, bad_env: P
         if narrow:
             lines = [_narrow(probe, hunk, [h for h in kept if h is not hunk], with_hunks) for hunk in kept]
         found["lines"] = lines
-        if confirm:
-            _confirm(probe, lines, with_hunks, stop)
+        fresh = CONFIRM_RUNS if confirm is True else int(confirm)
+        if fresh:
+            _confirm(probe, lines, with_hunks, stop, fresh)
     except PyDiffStop as stopped:  # report what was learned before it stopped
         learned = stopped.result
         learned.files = learned.files or found.get("files", [])
@@ -341,10 +344,11 @@ def _narrow(probe: PythonDiff, hunk: Hunk, others: list[Hunk],
 
 
 def _confirm(probe: PythonDiff, lines: list[Hunk], with_hunks: Callable[[Sequence[Hunk]], dict[str, str | None]],
-             stop: Callable[[str, str], PyDiffStop]) -> None:
-    """Re-probe the answer `repeats + 1` times: the good build passes, the good build with
+             stop: Callable[[str, str], PyDiffStop], fresh: int) -> None:
+    """Re-probe the answer with `fresh` runs beyond the search's `repeats` (never only the
+    runs that found it): the good build passes, the good build with
     the kept changes fails like the bad build, and without any one of them it does not."""
-    runs = probe.repeats + 1
+    runs = probe.repeats + fresh
     probe.endpoints(runs)
     applied = list(lines)
     if not probe.fails(with_hunks(applied), f"confirm: the {len(applied)} change(s) found",
@@ -364,12 +368,6 @@ def _short(verdict: str) -> str:
 
 def _indented(detail: str, lines: int = 12) -> str:
     return "\n".join("    " + line for line in detail.strip().splitlines()[-lines:])
-
-
-def _signature(detail: str) -> tuple[str, str]:
-    """(exit line, last line of output) with numbers blanked: pids and times vary."""
-    lines = [re.sub(r"\d+", "#", line) for line in detail.strip().splitlines() if line.strip()]
-    return (lines[0] if lines else "", lines[-1] if len(lines) > 1 else "")
 
 
 def quote_term(text: str) -> str:

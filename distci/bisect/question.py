@@ -96,7 +96,7 @@ def build_question(args: BisectArgs, log: Log) -> Question:
     elif args.stack:
         stack = load_stack(args.stack)
         pins, fixes_mode = Pins.from_stack(stack, where=args.stack), stack.get("fixes_mode")
-    elif args.cell and not args.compiler:  # with --compiler the cell names the env (compiler_command.py)
+    elif args.cell and args.mode != "compiler":  # with --compiler the cell names the env (compiler_command.py)
         from distci.judge.store import Store
 
         with Store(args.store) as store:

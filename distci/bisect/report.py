@@ -35,6 +35,10 @@ def result_to_dict(result: BisectResult[Any], *, meta: dict[str, Any] | None = N
         "mode": result.mode,
         "reason": result.reason,
         "summary": summary(result),
+        "how_sure": how_sure(result),
+        "confirm": result.confirm,
+        "came_and_went": None if result.flank is None else {
+            "candidate": result.flank.key, "outcomes": result.flank.outcomes},
         names[0]: key(result.last_old),
         names[1]: key(result.first_new),
         "range": [candidate_key(c) for c in result.range],
@@ -135,10 +139,26 @@ def summary(result: BisectResult[Any]) -> str:
                 f"({old}: {candidate_key(result.last_old)})")
     if result.kind == "range":
         skipped = len(result.range) - 1
-        return (f"the change is in {len(result.range)} candidates after "
+        return (f"RANGE, not a culprit: the change is one of {len(result.range)} candidates after "
                 f"{candidate_key(result.last_old)} up to {candidate_key(result.first_new)}; "
-                f"{skipped} could not be probed (skip)")
+                f"{skipped} could not be probed (skip or timeout)")
+    if result.kind == "came-and-went":
+        return (f"CAME AND WENT, no culprit named: {old} {candidate_key(result.last_old)}, {new} "
+                f"{candidate_key(result.first_new)}, but {result.reason}")
     return f"{result.kind}: {result.reason}"
+
+
+def how_sure(result: BisectResult[Any]) -> str:
+    """What the answer rests on: the one-flip assumption, the confirmation, the flanks."""
+    if result.kind not in ("boundary", "range", "came-and-went"):
+        return ""
+    around = [r.key for r in result.probes if r.phase == "flank"]
+    confirmed = (f"{result.repeats + result.confirm} agreeing runs of each side of it"
+                 f" ({result.confirm} fresh)" if result.confirm else
+                 "NOT confirmed (--no-confirm): one run of each side")
+    flanks = (f"; probed around it for a second flip: {', '.join(around)}" if around
+              else "; nothing probed around it")
+    return f"this search {result.assumption}; the answer has {confirmed}{flanks}"
 
 
 def format_result(result: BisectResult[Any]) -> str:
@@ -146,6 +166,8 @@ def format_result(result: BisectResult[Any]) -> str:
     lines = [summary(result)]
     if result.kind == "range":
         lines += [f"  {candidate_key(c)}" for c in result.range]
+    if how_sure(result):
+        lines.append(how_sure(result))
     runs = sum(len(r.runs) for r in result.probes)
     lines.append(f"{len(result.probes)} candidates probed of {result.candidates} "
                  f"({runs} runs, repeats={result.repeats})")
@@ -185,6 +207,8 @@ def to_markdown(data: dict[str, Any], *, command: str | None = None) -> str:
     if command:
         lines += ["```", command, "```", ""]
     lines += [f"**Result** ({data['kind']}, {data['mode']}): {data['summary']}", ""]
+    if data.get("how_sure"):
+        lines += [data["how_sure"], ""]
     commits = data.get("commits")
     if commits:
         lines += [f"- last {'good' if data['mode'] == 'regression' else 'bad'}: "

@@ -70,6 +70,22 @@ class Pointer:
                 "pulls": [vars(p) for p in self.pulls], "pulls_note": self.pulls_note}
 
 
+_GITHUB_REMOTE = re.compile(r"github\.com[:/]+([\w.-]+/[\w.-]+?)(?:\.git)?/?$")
+
+
+def clone_compare(repo: Path | str, good: str, bad: str) -> str:
+    """Where to read the change between two commits of a local clone: the GitHub compare
+    URL when its `origin` is on GitHub, else the `git log` command that lists them."""
+    import subprocess
+
+    remote = subprocess.run(["git", "-C", str(repo), "remote", "get-url", "origin"],
+                            capture_output=True, text=True).stdout.strip()
+    found = _GITHUB_REMOTE.search(remote)
+    if found:
+        return COMPARE_URL.format(repo=found.group(1), good=good, bad=bad)
+    return f"git -C {repo} log --first-parent {good}..{bad}"
+
+
 def git_version(env: Path) -> str | None:
     """``git_version`` from the torch/version.py of a venv (or a site-packages dir)."""
     sites = [env] if (env / "torch").is_dir() else sorted((env / "lib").glob("python*/site-packages"))

@@ -135,17 +135,52 @@ def judge_cell(
         state.reason = f"{what} is older than {format_duration(max_age)}" if age is not None else "no start time"
     elif base is None:
         state.state = "partial"
-        state.reason = (f"no complete run of tier {tier!r} or a wider one (every run was narrowed by -k / --test, "
-                        f"of a narrower tier, or shards that do not yet cover all N): the expected tests are unknown")
+        state.reason = _cause(last, since, rows_of, current_env) or _narrowed(
+            last, tier, tiers, {r.run_id for r in runs})
     else:
         expected = {r.test_id for m in members for r in rows_of(m) if not is_environment(r.test_id)} | set(latest)
         expected = {t for t in expected if not is_environment(t) and not is_fuzz(t)}
         state.missing_tests = sorted(t for t in expected if current_env not in on_stack.get(t, set()))
         if state.missing_tests:
             state.state = "partial"
-            state.reason = (f"{len(state.missing_tests)} of {len(expected)} expected tests have no result on the "
-                            f"current stack (that of run {current_run}); rerun the cell")
+            state.reason = _cause(last, since, rows_of, current_env) or (
+                f"{len(state.missing_tests)} of {len(expected)} expected tests have no result on the current "
+                f"stack (that of run {current_run}); rerun the cell")
     return state, judged
+
+
+def _cause(last: RunRow, since: list[RunRow], rows_of, env: str | None) -> str:
+    """Why a cell is partial when its latest run says so: it was stopped part-way, or it is
+    a share of a split whose other shares have not run on this stack; "" otherwise (the
+    caller names the cause that holds then). One cause, the one that holds."""
+    if _interrupted(rows_of(last)):
+        return (f"run {last.run_id} was stopped part-way: the tests after the one in flight never ran; "
+                f"finish it with `distci run --cell {last.cell_id} --resume {last.run_id}`")
+    shard = shard_of(split_resume(last.selection or [])[0])
+    if shard is None:
+        return ""
+    n = shard[1]
+    have = {got[0] for run in since if run.ended_at and env_key(run.stack) == env and not _interrupted(rows_of(run))
+            and (got := shard_of(split_resume(run.selection or [])[0])) is not None and got[1] == n}
+    missing = [k for k in range(1, n + 1) if k not in have]
+    if not missing:
+        return ""
+    shares = ", ".join(f"{k}/{n}" for k in missing)
+    return (f"share{'s' if len(missing) > 1 else ''} {shares} of the split that run {last.run_id} "
+            f"({shard[0]}/{n}) belongs to {'have' if len(missing) > 1 else 'has'} not run on this stack")
+
+
+def _narrowed(last: RunRow, tier: str, tiers: set[str], known: set[str]) -> str:
+    """Why no run is complete when the latest was neither stopped nor a share: the one of
+    narrowed, of a narrower tier, resuming runs the store lacks, or no expected test ran."""
+    own, resumed = split_resume(last.selection or [])
+    lacking = [i for i in resumed if i not in known]
+    how = (f"is of tier {last.tier!r}" if last.tier not in tiers
+           else f"was narrowed ({' '.join(own)})" if own
+           else f"resumes runs the store does not hold ({', '.join(lacking)})" if lacking
+           else "ran only fuzz configurations")
+    return (f"no complete run of tier {tier!r} or a wider one: the latest, run {last.run_id}, {how}; "
+            "the expected tests are unknown")
 
 
 def _ran(r: ResultRow) -> bool:

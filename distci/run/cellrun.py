@@ -40,7 +40,7 @@ from distci.provision.resolve import resolve_sources
 from distci.results import format_duration
 from distci.run.progress import Heartbeat, StatusLine, downloaded_probe, installed_probe
 from distci.run.fitting import cell_tag, columns, command_lines, short_run_id
-from distci.run.terminal import print_summary, relay_pytest
+from distci.run.terminal import EXIT_INTERRUPTED, print_summary, relay_pytest
 from distci.provision.wheelhouse import default_root as default_wheelhouse_root
 from distci.provision.wheelhouse import ensure_wheelhouse
 from distci.rundir import CellRun, RunContents
@@ -227,13 +227,28 @@ def run_cell(
     info, run_dir = start_run(cell, runs_root, tier=tier, backend="installed" if uses_installed(cell, python)
                               else "venv", log=log)
     try:
-        env = provision(cell, run_dir, python=python, log=log)
-    except (InfraError, SourceError, ConfigError) as exc:
-        log(f"{cell_tag(cell.id)}infra: {exc}")
-        return infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
-    return run_in_env(cell, Path(env.python), info, run_dir, tests=tests, keyword=keyword, tier=tier,
-                      extra_pytest_args=extra_pytest_args, external_suites=external_suites, externals=externals,
-                      shard=shard, resume=resume, log=log)
+        try:
+            env = provision(cell, run_dir, python=python, log=log)
+        except (InfraError, SourceError, ConfigError) as exc:
+            log(f"{cell_tag(cell.id)}infra: {exc}")
+            return infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
+        return run_in_env(cell, Path(env.python), info, run_dir, tests=tests, keyword=keyword, tier=tier,
+                          extra_pytest_args=extra_pytest_args, external_suites=external_suites, externals=externals,
+                          shard=shard, resume=resume, log=log)
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM: wherever it stopped, run.json says how it ended
+        close_stopped(info, run_dir)
+        raise
+
+
+def close_stopped(info: RunInfo, run_dir: Path) -> None:
+    """A stopped run's run.json: ended, with `distci run`'s exit code for an interruption
+    (the one the command itself returns), never null."""
+    info.exit_code = EXIT_INTERRUPTED
+    info.ended_at = info.ended_at or _now()
+    try:
+        RunDir(run_dir).write_info(info)
+    except OSError as err:  # a full disk: run.json stays as it was (whole)
+        print(f"[{info.cell_id}] cannot close {RunDir(run_dir).info_path}: {err}", file=sys.stderr, flush=True)
 
 
 def run_in_env(
