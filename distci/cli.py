@@ -99,6 +99,17 @@ def _resumed_runs(args: argparse.Namespace, cells: list) -> list:
     return runs
 
 
+def _check_registry(override: str | None) -> None:
+    """The known-issues registry the cells will read, validated here, once, before anything
+    is provisioned: a mistake in it is one line and exit 2, not a cell that fails to start."""
+    from distci.harness.known_issues import load_registry
+    from distci.provision.selfwheels import REPO
+
+    registry = Path(override) if override else REPO / "suites" / "known_issues.toml"
+    if override or registry.exists():
+        load_registry(registry)
+
+
 def _run_cells(args: argparse.Namespace) -> tuple[int, list]:
     from distci.run.cellrun import run_cell
     from distci.run.fixesmode import fixes_override
@@ -107,6 +118,7 @@ def _run_cells(args: argparse.Namespace) -> tuple[int, list]:
     from distci.run.terminal import exit_code, print_summary
 
     matrix = load_matrix(args.matrix)
+    _check_registry(args.known_issues)
     tier = run_tier(args)
     cells = fixes_override(matrix.select(cell_ids=args.cell or None, tier=None if args.cell else (args.tier or "pr")))
     resume = _resumed_runs(args, cells)

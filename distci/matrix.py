@@ -9,6 +9,7 @@ instead, because a CI matrix that silently drops a cell is worse than one that f
 from __future__ import annotations
 
 import itertools
+import math
 import re
 import sys
 from dataclasses import replace
@@ -52,6 +53,20 @@ INCLUDE_SET_KEYS = ("tiers", "suites", "external", "runner", "timeout", "python"
 INCLUDE_ADD_KEYS = ("tiers", "suites", "external")
 INCLUDE_KEYS = ("match", *INCLUDE_SET_KEYS)
 
+# Bounds on counts, from what runners and GitHub allow: a count past them is a typo, and
+# expanding it anyway (`shards = 1000000000`) would eat memory before anything complains.
+MAX_JOBS = 256
+"""GitHub Actions runs at most 256 jobs per matrix: a tier's cells x shards."""
+MAX_WORLD_SIZE = 128
+"""Ranks of one cell: the largest hosts hold 8-16 devices, and CPU ranks past this on one
+runner measure the runner, not the stack."""
+MAX_TIMEOUT_S = 6 * 3600
+"""A job runs at most 6 hours on GitHub-hosted runners; a test's timeout cannot exceed it."""
+MAX_MATRIX_BYTES = 1 << 20
+"""A matrix is a few KB; a file past 1 MiB is the wrong file."""
+LIMITS = {"world_size": MAX_WORLD_SIZE, "timeout": MAX_TIMEOUT_S, "shards": MAX_JOBS}
+"""The largest value of each count key."""
+
 BUILTIN_DEFAULTS: dict[str, Any] = {
     "python": "3.11",
     "world_size": 2,
@@ -81,10 +96,17 @@ def load_matrix(path: str | Path = "matrix.toml", *, external_suites: str | Path
     """
     path = Path(path)
     try:
+        if path.stat().st_size > MAX_MATRIX_BYTES:
+            raise MatrixError(f"{path.stat().st_size} bytes is not a matrix (at most {MAX_MATRIX_BYTES}); "
+                              "point --matrix at the repo's matrix.toml", where=str(path))
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise MatrixError("file not found; distci reads the matrix from matrix.toml at the repo root",
                           where=str(path)) from None
+    except OSError as exc:
+        raise MatrixError(f"cannot read the matrix ({exc.strerror or exc})", where=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise MatrixError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", where=str(path)) from None
     loc = _Locator(path, text)
     try:
         data = tomllib.loads(text)
@@ -138,6 +160,11 @@ class _Loader:
         final = self._apply_includes(kept, [c for c, _ in cells], accelerators, tiers)
         order = {name: i for i, name in enumerate(tiers)}
         final = [replace(c, tiers=tuple(sorted(c.tiers, key=order.__getitem__))) for c in final]
+        for name, tier in tiers.items():
+            jobs = sum(name in c.tiers for c in final) * tier.shards
+            if jobs > MAX_JOBS:
+                raise self.loc.error(f"[tiers.{name}]: {jobs} jobs (cells x shards) is past GitHub's {MAX_JOBS} per "
+                                     "matrix; split the tier or lower its shards", (f"tiers.{name}", 0), "shards")
         return Matrix(path=self.path, cells=tuple(final), tiers=tiers, accelerators=accelerators)
 
     # ---- helpers
@@ -231,9 +258,9 @@ class _Loader:
         return result
 
     def _shards(self, value: Any, label: str, section: tuple[str, int]) -> int:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise self.loc.error(f"{label}: shards must be a whole number >= 1 (jobs per cell), got {value!r}",
-                                 section, "shards")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_JOBS:
+            raise self.loc.error(f"{label}: shards must be a whole number from 1 to {MAX_JOBS} (jobs per cell; "
+                                 f"GitHub runs at most {MAX_JOBS} jobs per matrix), got {value!r}", section, "shards")
         return value
 
     def _tier_names(self, value: Any, label: str, section: tuple[str, int], tiers: dict[str, Tier]) -> tuple[str, ...]:
@@ -275,6 +302,9 @@ class _Loader:
     def _positive_int(self, value: Any, key: str, label: str, section: tuple[str, int]) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise self.loc.error(f"{label}: '{key}' must be a positive integer (got {value!r})", section, key)
+        if key in LIMITS and value > LIMITS[key]:
+            raise self.loc.error(f"{label}: '{key}' = {value} is past the most distci runs ({LIMITS[key]})",
+                                 section, key)
         return value
 
     def _fixes(self, value: Any, label: str, section: tuple[str, int]) -> str:
@@ -376,6 +406,11 @@ class _Loader:
                     raise self.loc.error(f"{label}: torch_npu is only for accelerator 'npu' (this block has "
                                          f"'{acc_name}')", section, "torch_npu")
                 npus = [None]
+            count = math.prod(map(len, (archs, variants, sources["torch"], sources["torchao"], sources["torchtitan"],
+                                         npus, fixes, world_sizes)))
+            if count + len(cells) > MAX_JOBS:
+                raise self.loc.error(f"{label}: expands to {count + len(cells)} cells, past GitHub's {MAX_JOBS} jobs "
+                                     "per matrix; shorten its lists", section, None)
             for arch, variant, torch, ao, titan, npu, fix, ws in itertools.product(
                 archs, variants, sources["torch"], sources["torchao"], sources["torchtitan"], npus, fixes, world_sizes
             ):

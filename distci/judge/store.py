@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -147,26 +148,61 @@ _SCHEMA = (
 
 
 class Store:
-    """An open store. Use as a context manager; every method is one short transaction."""
+    """An open store. Use as a context manager; every method is one short transaction.
 
-    def __init__(self, path: Path | str | None = None) -> None:
+    Checked before it is trusted: an existing file passes SQLite's `quick_check` (page and
+    index structure) on open, so a damaged store is one StoreError naming it, never read as
+    answers. `reading=True` holds one read transaction from open to close: every answer of a
+    reader (gate, dashboard, export) comes from one snapshot, whatever an ingest commits
+    meanwhile. Any SQLite error inside the `with` block (damage met later, a full disk) leaves
+    it as one StoreError naming the file and what to do.
+    """
+
+    def __init__(self, path: Path | str | None = None, *, reading: bool = False) -> None:
         self.path = Path(path) if path is not None else default_store_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.lock_timeout_s = lock_timeout_s()
         self.writer_file = self.path.with_name(self.path.name + WRITER_SUFFIX)
+        existed = self.path.exists() and self.path.stat().st_size > 0
         # Short waits inside SQLite; the overall bound is _retry_locked's deadline.
         self.conn = sqlite3.connect(str(self.path), timeout=min(self.lock_timeout_s, 1.0), isolation_level=None)
         self.conn.row_factory = sqlite3.Row
         self.memo = Memo()
         try:
+            if existed:
+                self._check()
             self._setup()
+            if reading:
+                self.conn.execute("BEGIN")
+                self.conn.execute("SELECT count(*) FROM runs").fetchone()  # the snapshot starts here
         except BaseException as exc:
             self.conn.close()
             if isinstance(exc, sqlite3.DatabaseError):
-                raise StoreError(
-                    f"not a usable store ({exc}); delete it and run `nox -s ingest -- --rebuild`", where=str(self.path)
-                ) from exc
+                raise self.failure(exc) from None
             raise
+
+    def _check(self) -> None:
+        """SQLite's quick_check: the structure of every page and index, without comparing
+        index contents to tables (the full integrity_check's cost)."""
+        found = [row[0] for row in self.conn.execute("PRAGMA quick_check(3)")]
+        if found != ["ok"]:
+            raise StoreError(f"the store is damaged (SQLite quick_check: {'; '.join(found)}); it is an index of the "
+                             "run directories: delete it and run `nox -s ingest -- --rebuild`", where=str(self.path))
+
+    def failure(self, exc: sqlite3.DatabaseError) -> StoreError:
+        """What a SQLite error means to the person running the command: a full disk (named,
+        with its free space), or a store that is not one (rebuild it)."""
+        text = str(exc)
+        if getattr(exc, "sqlite_errorcode", None) == 13 or "disk is full" in text:
+            try:
+                free = f"{shutil.disk_usage(self.path.parent).free // 2**20} MiB free"
+            except OSError:
+                free = "free space unknown"
+            return StoreError(f"the disk holding the store is full ({free}; SQLite: {text}); the transaction was "
+                              f"rolled back: free space on that disk or set {STORE_ENV} to a path on another, then "
+                              "run the command again", where=str(self.path))
+        return StoreError(f"not a usable store (SQLite: {text}); it is an index of the run directories: delete it "
+                          "and run `nox -s ingest -- --rebuild`", where=str(self.path))
 
     def _setup(self) -> None:
         self.conn.execute(f"PRAGMA busy_timeout = {int(min(self.lock_timeout_s, 1.0) * 1000)}")
@@ -196,8 +232,13 @@ class Store:
     def __enter__(self) -> "Store":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        try:
+            self.close()
+        except sqlite3.DatabaseError:
+            pass
+        if isinstance(exc, sqlite3.DatabaseError):
+            raise self.failure(exc) from None
 
     def close(self) -> None:
         self.conn.close()
