@@ -147,6 +147,11 @@ _SCHEMA = (
 )
 
 
+_IOERR, _CORRUPT, _FULL, _NOTADB = 10, 11, 13, 26
+_STORAGE_CODES = {_IOERR, _CORRUPT, _FULL, _NOTADB}
+"""SQLite's primary result codes for a disk or file that failed (sqlite.org/rescode.html)."""
+
+
 class Store:
     """An open store. Use as a context manager; every method is one short transaction.
 
@@ -184,24 +189,33 @@ class Store:
     def _check(self) -> None:
         """SQLite's quick_check: the structure of every page and index, without comparing
         index contents to tables (the full integrity_check's cost)."""
-        found = [row[0] for row in self.conn.execute("PRAGMA quick_check(3)")]
+        found = [" ".join(str(row[0]).split()) for row in self.conn.execute("PRAGMA quick_check(3)")]
         if found != ["ok"]:
             raise StoreError(f"the store is damaged (SQLite quick_check: {'; '.join(found)}); it is an index of the "
                              "run directories: delete it and run `nox -s ingest -- --rebuild`", where=str(self.path))
 
+    @staticmethod
+    def storage_failed(exc: BaseException) -> bool:
+        """Whether a SQLite error is the disk's or the file's (full, unwritable, damaged): no
+        later run can land either, so the command stops on it rather than skip run by run."""
+        code = getattr(exc, "sqlite_errorcode", None)
+        return isinstance(exc, sqlite3.DatabaseError) and code is not None and code & 0xFF in _STORAGE_CODES
+
     def failure(self, exc: sqlite3.DatabaseError) -> StoreError:
-        """What a SQLite error means to the person running the command: a full disk (named,
-        with its free space), or a store that is not one (rebuild it)."""
+        """What a SQLite error means to the person running the command: a disk that cannot
+        take the write (named, with its free space), or a store that is not one (rebuild it)."""
         text = str(exc)
-        if getattr(exc, "sqlite_errorcode", None) == 13 or "disk is full" in text:
+        code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+        if code in (_FULL, _IOERR) or "disk is full" in text:
             try:
                 free = f"{shutil.disk_usage(self.path.parent).free // 2**20} MiB free"
             except OSError:
                 free = "free space unknown"
-            return StoreError(f"the disk holding the store is full ({free}; SQLite: {text}); the transaction was "
+            what = "is full" if code == _FULL else "did not take a write (full, a file-size limit, or failing)"
+            return StoreError(f"the disk holding the store {what} ({free} there; SQLite: {text}); the transaction was "
                               f"rolled back: free space on that disk or set {STORE_ENV} to a path on another, then "
                               "run the command again", where=str(self.path))
-        return StoreError(f"not a usable store (SQLite: {text}); it is an index of the run directories: delete it "
+        return StoreError(f"the store is damaged or not a store (SQLite: {text}); it is an index of the run directories: delete it "
                           "and run `nox -s ingest -- --rebuild`", where=str(self.path))
 
     def _setup(self) -> None:
