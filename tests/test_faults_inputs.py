@@ -317,3 +317,67 @@ def test_the_ingest_of_a_full_disk_is_one_line_naming_the_disk(tmp_path: Path, o
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr
     assert lines[0].startswith(f"distci: error: {store}: the disk holding the store did not take a write"), lines[0]
     assert "MiB free there" in lines[0] and "DISTCI_STORE" in lines[0], lines[0]
+
+
+# ------------------------------------------------------------- a signature that slips through
+
+
+SLIPS_THROUGH = "(a|aa)+$"
+"""Passes the load-time check (no repeated group repeats) yet backtracks exponentially on
+forty a's and a `b`: only the time bound stops it."""
+
+
+@pytest.mark.parametrize("engine", ["regex", "re-under-a-timer"])
+def test_a_search_that_runs_out_of_time_says_so(engine: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from distci.harness import signatures
+
+    if engine != "regex":
+        monkeypatch.setattr(signatures, "_regex", None)  # as in a cell environment: stdlib re only
+    pattern = signatures.compile_signature(SLIPS_THROUGH)
+    start = time.monotonic()
+    assert signatures.search(pattern, "a" * 60 + "b", budget_s=0.2) is None
+    assert time.monotonic() - start < 5
+    assert signatures.search(pattern, "xx aaa", budget_s=0.2) is True
+
+
+def test_a_stalling_signature_explains_nothing_and_ingest_names_it(tmp_path: Path, capsys) -> None:
+    runs = tmp_path / "runs"
+    write_run(runs, "r1", CELL, [{"test_id": f"{TEST}{i}", "outcome": "failed", "message": "a" * 60 + "b"}
+                                 for i in range(5)], started_at=T0, stack=S)
+    registry = _registry(GOOD_REGISTRY.replace('"boom"', f'"{SLIPS_THROUGH}"'))(tmp_path)
+    start = time.monotonic()
+    code = cli.main(["ingest", str(runs), "--store", str(tmp_path / "s.sqlite"), "--known-issues", str(registry)])
+    out = capsys.readouterr().out
+    assert code == 0 and time.monotonic() - start < TIME_BOUND_S
+    assert f"{registry}:1: [[issue]] pytorch1-one: 'signature' ran over" in out, out
+    with Store(tmp_path / "s.sqlite") as s:
+        assert {r.verdict for r in s.results()} == {"fail"} and not any(r.known_issue for r in s.results())
+
+
+@pytest.mark.slow
+def test_a_killed_ingest_leaves_no_reader_behind(tmp_path: Path) -> None:
+    """SIGKILL while the reader process prepares runs: the reader dies with it (PDEATHSIG)."""
+    from distci.harness import procs
+
+    runs = tmp_path / "runs"
+    for n in range(40):
+        write_run(runs, f"r{n:02d}", CELL, [{"test_id": f"{TEST}{i}"} for i in range(300)],
+                  started_at=T0.replace(minute=n), stack=S, durable=False)
+    env = {k: v for k, v in os.environ.items() if k != "DISTCI_INGEST_READER"}
+    proc = subprocess.Popen([sys.executable, "-m", "distci", "ingest", str(runs), "--store", str(tmp_path / "s.sqlite"),
+                             "--known-issues", str(tmp_path / "none.toml")], cwd=tmp_path,
+                            env=dict(env, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    readers: list[int] = []
+    while not readers and time.monotonic() < deadline and proc.poll() is None:
+        readers = procs.descendants(proc.pid)
+        time.sleep(0.05)
+    assert readers, "the ingest never started its reader (needs 2 CPUs)"
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in readers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in readers if Path(f"/proc/{pid}").exists()
+            and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"]
+    assert not left, f"reader(s) {left} outlived the killed ingest"
