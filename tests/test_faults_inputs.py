@@ -238,6 +238,17 @@ def test_a_damaged_store_is_one_line_never_ingested_or_passed(command: str, tmp_
     _one_line(capsys, argv, store, Case("damaged", lambda t: store, r"the store is damaged.*--rebuild"))
 
 
+def test_a_store_damaged_after_its_last_check_is_checked_again(damaged_store: Path) -> None:
+    """The note that spares an unchanged store its quick_check (CHECKED_SUFFIX) was written
+    when the fixture's ingest closed it; the bytes written since make the next open check."""
+    from distci.errors import StoreError
+    from distci.judge.store import CHECKED_SUFFIX
+
+    assert damaged_store.with_name(damaged_store.name + CHECKED_SUFFIX).exists()
+    with pytest.raises(StoreError, match="the store is damaged"):
+        Store(damaged_store, reading=True)
+
+
 def test_every_reader_sees_one_snapshot_while_an_ingest_commits(tmp_path: Path, one_run: Path) -> None:
     store = tmp_path / "s.sqlite"
     ingest([one_run], store)
