@@ -238,6 +238,18 @@ def test_a_damaged_store_is_one_line_never_ingested_or_passed(command: str, tmp_
     _one_line(capsys, argv, store, Case("damaged", lambda t: store, r"the store is damaged.*--rebuild"))
 
 
+@pytest.mark.parametrize("command", ["dashboard", "export"])
+def test_a_stored_value_distci_never_writes_is_one_line(command: str, tmp_path: Path, one_run: Path, capsys) -> None:
+    """Damage quick_check cannot see (a page whose structure holds, its JSON edited)."""
+    store = tmp_path / "s.sqlite"
+    ingest([one_run], store)
+    with sqlite3.connect(store) as conn:
+        conn.execute("UPDATE runs SET stack_json = '{\"torch\": ' WHERE run_id = 'r1'")
+    argv = {"dashboard": ["dashboard", "--store", str(store), "--out", str(tmp_path / "site")],
+            "export": ["export", "--hud", "--store", str(store), "--out", str(tmp_path / "hud.json")]}[command]
+    _one_line(capsys, argv, Path("run 'r1'"), Case("content", lambda t: store, r"its stored stack_json is not JSON"))
+
+
 def test_a_store_damaged_after_its_last_check_is_checked_again(damaged_store: Path) -> None:
     """The note that spares an unchanged store its quick_check (CHECKED_SUFFIX) was written
     when the fixture's ingest closed it; the bytes written since make the next open check."""

@@ -455,9 +455,9 @@ class Store:
     @staticmethod
     def _run_row(r: sqlite3.Row) -> RunRow:
         d = dict(r)
-        stack = json.loads(d.pop("stack_json"))
-        d["ci"] = json.loads(d.pop("ci_json") or "{}")
-        d["selection"] = json.loads(d.pop("selection_json") or "[]")
+        stack = _stored_json(d, "stack_json", "{}")
+        d["ci"] = _stored_json(d, "ci_json", "{}")
+        d["selection"] = _stored_json(d, "selection_json", "[]")
         for k in ("content_size", "meta_hash", "ingested_at"):
             d.pop(k)
         return RunRow(stack=stack, **d)
@@ -465,8 +465,17 @@ class Store:
     @staticmethod
     def _result_row(r: sqlite3.Row) -> ResultRow:
         d = dict(r)
-        d["rerun_outcomes"] = json.loads(d["rerun_outcomes"])
+        d["rerun_outcomes"] = _stored_json(d, "rerun_outcomes", "[]")
         d.pop("run_started_at", None)  # the run's started_at, kept beside each result (schema 4)
         return ResultRow(**d)
 
 
+def _stored_json(row: dict[str, Any], column: str, empty: str) -> Any:
+    """A JSON column of a stored row, popped from it; a value distci never writes (the file
+    edited by hand, or damaged where quick_check does not look) is a StoreError naming the run."""
+    text = row.pop(column) or empty
+    try:
+        return json.loads(text)
+    except (ValueError, TypeError, RecursionError):
+        raise StoreError(f"run {row.get('run_id')!r}: its stored {column} is not JSON; the store is an index of the "
+                         "run directories: delete it and run `nox -s ingest -- --rebuild`") from None
