@@ -404,3 +404,23 @@ def test_a_killed_ingest_leaves_no_reader_behind(tmp_path: Path) -> None:
     left = [pid for pid in readers if Path(f"/proc/{pid}").exists()
             and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"]
     assert not left, f"reader(s) {left} outlived the killed ingest"
+
+
+def test_a_stalling_signature_in_a_cell_is_bounded_with_stdlib_re(tmp_path: Path) -> None:
+    """A cell environment has no `regex`: the plugin's matcher bounds stdlib re with a timer,
+    the failure stays a failure, and the run names the entry on stderr."""
+    registry = _registry(GOOD_REGISTRY.replace('"boom"', f'"{SLIPS_THROUGH}"').replace(
+        "suites/test_tp_mlp.py::*", "test_one.py::*"))(tmp_path)
+    (tmp_path / "test_one.py").write_text("def test_one():\n    assert False, 'a' * 60 + 'b'\n")
+    run_dir = tmp_path / "run"
+    without_regex = ("import sys; sys.modules['regex'] = None; import pytest; sys.exit(pytest.main(sys.argv[1:]))")
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", without_regex, "-p", "distci.harness", "-p", "no:cacheprovider", "-q",
+         f"--distci-run-dir={run_dir}", "--distci-cell=cpu-inputs", f"--distci-known-issues={registry}", "test_one.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and time.monotonic() - start < 60 and "Traceback" not in proc.stderr, out
+    assert f"distci: {registry}:1: [[issue]] pytorch1-one: 'signature' ran over" in proc.stderr, out
+    (result,) = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert result["outcome"] == "failed" and not result.get("known_issue"), result
