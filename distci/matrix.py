@@ -10,21 +10,14 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 from packaging.requirements import InvalidRequirement, Requirement
 
 from distci.errors import MatrixError
-from distci.tomlloc import Locator as _Locator, suggest as _suggest
+from distci.tomlloc import Locator as _Locator, read as _read_toml, suggest as _suggest
 from distci.external.spec import DEFAULT_PATH as EXTERNAL_PATH, load_suites
 from distci.provision.sources import PACKAGE_AXES, Source
 from distci.cells import Accelerator, Cell, ContainerLimits, Matrix, Tier
@@ -123,26 +116,8 @@ def load_matrix(path: str | Path = "matrix.toml", *, external_suites: str | Path
     `external`; a mistake inside that file is its own one-line ConfigError.
     """
     path = Path(path)
-    try:
-        if path.stat().st_size > MAX_MATRIX_BYTES:
-            raise MatrixError(f"{path.stat().st_size} bytes is not a matrix (at most {MAX_MATRIX_BYTES}); "
-                              "point --matrix at the repo's matrix.toml", where=str(path))
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise MatrixError("file not found; distci reads the matrix from matrix.toml at the repo root",
-                          where=str(path)) from None
-    except OSError as exc:
-        raise MatrixError(f"cannot read the matrix ({exc.strerror or exc})", where=str(path)) from None
-    except UnicodeDecodeError as exc:
-        raise MatrixError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", where=str(path)) from None
-    loc = _Locator(path, text)
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        msg = str(exc)
-        match = re.search(r"at line (\d+)", msg)
-        where = f"{path}:{match.group(1)}" if match else str(path)
-        raise MatrixError(f"invalid TOML: {msg}", where=where) from None
+    data, loc = _read_toml(path, kind=MatrixError, max_bytes=MAX_MATRIX_BYTES,
+                           missing="distci reads the matrix from matrix.toml at the repo root")
     return _Loader(path, data, loc, Path(external_suites or EXTERNAL_SUITES)).load()
 
 

@@ -14,10 +14,40 @@ from __future__ import annotations
 
 import difflib
 import re
+import sys
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 from distci.errors import DistciError, MatrixError
+
+
+def read(path: Path, *, kind: type[DistciError], max_bytes: int, missing: str) -> tuple[dict[str, Any], "Locator"]:
+    """A TOML file read at the edge: its data and a Locator over its text. Too big, missing
+    (`missing` says what to do), unreadable, not UTF-8, not TOML or nested past the parser:
+    each is one `kind` error naming the file (and the line, where TOML names one)."""
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise kind(f"{size} bytes is too big for this file (at most {max_bytes}); {missing}", where=str(path))
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise kind(f"file not found; {missing}", where=str(path)) from None
+    except OSError as exc:
+        raise kind(f"cannot read it ({exc.strerror or exc})", where=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise kind(f"not UTF-8 text ({exc.reason} at byte {exc.start})", where=str(path)) from None
+    try:
+        return tomllib.loads(text), Locator(path, text)
+    except tomllib.TOMLDecodeError as exc:
+        line = re.search(r"at line (\d+)", str(exc))
+        raise kind(f"invalid TOML: {exc}", where=f"{path}:{line.group(1)}" if line else str(path)) from None
+    except RecursionError:
+        raise kind("invalid TOML: nested deeper than the parser goes", where=str(path)) from None
 
 
 def suggest(word: str, allowed: Iterable[str]) -> str:

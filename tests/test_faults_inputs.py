@@ -94,6 +94,8 @@ REGISTRY_CASES = [
          r"'applies' must be a table", 7),
     Case("invalid-toml", _registry(GOOD_REGISTRY + "[[issue]\n"), r"invalid TOML", 9),
     Case("not-utf8", _registry(b"\xff\xfe[[issue]]\n"), r"not UTF-8", None),
+    Case("nested-too-deep", _registry("x = " + "[" * 100000 + "]" * 100000 + "\n"), r"nested deeper than the parser",
+         None),
 ]
 
 
@@ -129,6 +131,8 @@ MATRIX_CASES = [
          None),
     Case("not-utf8", lambda tmp: (tmp / "matrix.toml").write_bytes(b"schema = 1\n\xff\xfe\n") and tmp / "matrix.toml",
          r"not UTF-8", None),
+    Case("nested-too-deep", _matrix("schema = 1\n", "schema = 1\nx = " + "[" * 100000 + "]" * 100000 + "\n"),
+         r"nested deeper than the parser", None),
 ]
 
 

@@ -20,15 +20,9 @@ from __future__ import annotations
 import datetime
 import fnmatch
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -36,7 +30,7 @@ from packaging.version import InvalidVersion, Version
 from distci.errors import RegistryError
 from distci.harness.signatures import SEARCH_BUDGET_S, compile_signature, search
 from distci.provision.index import nightly_date_of
-from distci.tomlloc import Locator, suggest
+from distci.tomlloc import Locator, read as read_toml, suggest
 
 MAX_REGISTRY_BYTES = 16 << 20
 """A registry is a few hundred entries (tens of KB): a bigger file is the wrong file."""
@@ -365,22 +359,8 @@ def load_registry(path: Path) -> Registry:
     """The registry at `path`, validated against ENTRY / APPLIES: any mistake is one
     RegistryError naming file:line, the entry and the key, and what to write instead."""
     path = Path(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_REGISTRY_BYTES:
-            raise RegistryError(f"{size} bytes is not a registry (at most {MAX_REGISTRY_BYTES}); "
-                                "point --known-issues at suites/known_issues.toml", where=str(path))
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise RegistryError(f"cannot read the known-issues registry ({exc.strerror or exc})", where=str(path)) from None
-    except UnicodeDecodeError as exc:
-        raise RegistryError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", where=str(path)) from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        line = re.search(r"at line (\d+)", str(exc))
-        raise RegistryError(f"invalid TOML: {exc}", where=f"{path}:{line.group(1)}" if line else str(path)) from None
-    loc = Locator(path, text)
+    data, loc = read_toml(path, kind=RegistryError, max_bytes=MAX_REGISTRY_BYTES,
+                          missing="point --known-issues at suites/known_issues.toml")
     for key in data:
         if key != "issue":
             raise RegistryError(f"unknown top-level key '{key}'{suggest(key, ['issue'])}; the registry holds "
