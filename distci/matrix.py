@@ -4,6 +4,11 @@ matrix.toml is the single source of truth for axes, cells, tiers and runner labe
 schema is documented at the top of the file itself). Every mistake in it becomes one
 `MatrixError` line that names the file, line, block and key, and says what to write
 instead, because a CI matrix that silently drops a cell is worse than one that fails.
+
+The grammar is data, as the scenario table's COLUMNS / RULES: `KEYS` says, for every key a
+cell is declared with, where it may be written, how one value is checked, whether it is an
+axis (it multiplies the cells and makes the id) and what an [[include]] does with it;
+`RULES` says what keys must hold together. A new key is one `Key` row (and its Cell field).
 """
 
 from __future__ import annotations
@@ -93,6 +98,36 @@ TOP_KEYS = ("schema", "defaults", "accelerators", "matrix", "exclude", "include"
 ACCELERATOR_KEYS = ("backend", "runner", "archs", "variants", "family", "description", "container")
 ACCELERATOR_REQUIRED = ("backend", "runner", "archs", "variants")
 TIER_KEYS = ("description", "blocking_suites", "shards")
+
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one block's checked values must hold with each of its accelerators: `broken`
+    says what is wrong (after "[[matrix]] #N: "), or nothing; `key` is the line it names."""
+
+    broken: Callable[[dict[str, Any], Accelerator], str | None]
+    key: str | None
+
+
+def _outside(values: Sequence[Any], allowed: Sequence[Any]) -> Any:
+    return next((v for v in values if v not in allowed), None)
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(lambda v, acc: "torch = 'none' is not allowed; every cell needs torch"
+         if any(s.kind == "none" for s in v["torch"]) else None, "torch"),
+    Rule(lambda v, acc: (bad := _outside(v.get("arch", ()), acc.archs)) is not None and
+         f"arch '{bad}' is not in [accelerators.{acc.name}] archs ({', '.join(acc.archs)})", "arch"),
+    Rule(lambda v, acc: (bad := _outside(v.get("variant", ()), acc.variants)) is not None and
+         f"variant '{bad}' is not in [accelerators.{acc.name}] variants ({', '.join(acc.variants)}); "
+         "put other accelerators in their own block", "variant"),
+    Rule(lambda v, acc: 'an npu cell needs torch_npu (e.g. torch_npu = "~=2.13.0")'
+         if acc.name == "npu" and "torch_npu" not in v else None, None),
+    Rule(lambda v, acc: f"torch_npu is only for accelerator 'npu' (this block has '{acc.name}')"
+         if acc.name != "npu" and "torch_npu" in v else None, "torch_npu"),
+)
+"""The rules between keys; a key's own values are checked by its Key."""
 
 BUILTIN_DEFAULTS: dict[str, Any] = {
     "python": "3.11",
@@ -370,29 +405,15 @@ class _Loader:
                 raise self.loc.error(f"{label}: missing key '{required}' (e.g. {example})", section, None)
         merged = {**defaults, **block}
         value = {key: self._checked(KEY[key], merged[key], at) for key in KEYS_ORDER if key in merged}
-        if any(s.kind == "none" for s in value["torch"]):
-            raise self.loc.error(f"{label}: torch = 'none' is not allowed; every cell needs torch", section, "torch")
-
         cells = []
         for acc_name in value["accelerator"]:
             acc = self.accelerators[acc_name]
+            for rule in RULES:
+                problem = rule.broken(value, acc)
+                if problem:
+                    raise self.loc.error(f"{label}: {problem}", section, rule.key)
             archs = value.get("arch", (acc.archs[0],))
             variants = value.get("variant", (acc.variants[0],))
-            for arch in archs:
-                if arch not in acc.archs:
-                    raise self.loc.error(f"{label}: arch '{arch}' is not in [accelerators.{acc_name}] archs "
-                                         f"({', '.join(acc.archs)})", section, "arch")
-            for variant in variants:
-                if variant not in acc.variants:
-                    raise self.loc.error(f"{label}: variant '{variant}' is not in [accelerators.{acc_name}] variants "
-                                         f"({', '.join(acc.variants)}); put other accelerators in their own block",
-                                         section, "variant")
-            if acc_name == "npu" and "torch_npu" not in value:
-                raise self.loc.error(f"{label}: an npu cell needs torch_npu (e.g. torch_npu = \"~=2.13.0\")",
-                                     section, None)
-            if acc_name != "npu" and "torch_npu" in value:
-                raise self.loc.error(f"{label}: torch_npu is only for accelerator 'npu' (this block has "
-                                     f"'{acc_name}')", section, "torch_npu")
             axes = (archs, variants, value["torch"], value["torchao"], value["torchtitan"],
                     value.get("torch_npu", (None,)), value["fixes"], value["world_size"])
             count = math.prod(map(len, axes))
