@@ -22,6 +22,11 @@ class MatrixError(DistciError):
     """matrix.toml is invalid: an unknown key, a bad specifier, a rule matching nothing."""
 
 
+class RegistryError(DistciError, ValueError):
+    """The known-issues registry is invalid: a wrong type, a missing or unknown key, a duplicate
+    id, a signature that could stall a run. The message names the file:line, entry and key."""
+
+
 class SourceError(DistciError):
     """A Source cannot be resolved (no such version, index not configured, bad spec)."""
 

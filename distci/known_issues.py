@@ -17,25 +17,128 @@ by a specifier alone.
 
 from __future__ import annotations
 
+import datetime
 import fnmatch
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from typing import Any, Callable
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from distci.errors import RegistryError
+from distci.signatures import SEARCH_BUDGET_S, compile_signature, search
 from distci.sources import nightly_date_of
+from distci.tomlloc import Locator, read as read_toml, suggest
 
-ENTRY_KEYS = {"id", "tests", "not_tests", "signature", "applies", "upstream", "fix", "title", "repro", "consequences"}
-APPLIES_KEYS = {"torch", "torchao", "torchtitan", "nightly_from", "nightly_until", "git", "accelerators"}
+MAX_REGISTRY_BYTES = 16 << 20
+"""A registry is a few hundred entries (tens of KB): a bigger file is the wrong file."""
+ACCELERATORS = ("cpu", "cuda", "npu")
+
+
+def _kind(value: Any) -> str:
+    return {str: "a string", list: "a list", dict: "a table", bool: "a boolean", int: "an integer",
+            float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _text(value: Any) -> str | None:
+    return None if isinstance(value, str) else f"must be a string (got {_kind(value)})"
+
+
+def _name(value: Any) -> str | None:
+    if not isinstance(value, str) or not value.strip():
+        return f"must be a non-empty string like \"pytorch12345-what-breaks\" (got {value!r})"
+    return None
+
+
+def _strings(value: Any) -> str | None:
+    listed = value if isinstance(value, list) else [value]
+    if not listed or not all(isinstance(v, str) and v for v in listed):
+        return f"must be a non-empty string or a list of them (got {value!r})"
+    return None
+
+
+def _pattern(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return f"must be a regex string (got {_kind(value)})"
+    try:
+        compile_signature(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _specifier(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return f"must be a PEP 440 specifier string like \">=2.12,<2.15\" (got {_kind(value)})"
+    try:
+        SpecifierSet(value)
+    except InvalidSpecifier:
+        return f"= {value!r} is not a version specifier (write e.g. \">=2.12,<2.15\")"
+    return None
+
+
+def _date(value: Any) -> str | None:
+    if isinstance(value, datetime.date):
+        return f"must be a quoted date string (write \"{value.isoformat()}\")"
+    try:
+        datetime.date.fromisoformat(value if isinstance(value, str) else "")
+        return None
+    except ValueError:
+        return f"= {value!r} is not a date like \"2026-11-20\""
+
+
+def _accelerators(value: Any) -> str | None:
+    listed = value if isinstance(value, list) else None
+    if not listed or not all(isinstance(v, str) for v in listed):
+        return f"must be a list of accelerators like [\"cuda\"] (got {value!r})"
+    bad = [v for v in listed if v not in ACCELERATORS]
+    return f"has '{bad[0]}'{suggest(bad[0], ACCELERATORS)}; one of: {', '.join(ACCELERATORS)}" if bad else None
+
+
+def _table(value: Any) -> str | None:
+    return None if isinstance(value, dict) else f"must be a table ([issue.applies]) (got {_kind(value)})"
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of an [[issue]] entry or of its applies table: how a value is checked."""
+
+    name: str
+    check: Callable[[Any], str | None]
+    """What is wrong with a value (completing "'<key>' ..."), or None."""
+    required: bool = False
+    help: str = ""
+
+
+ENTRY = (
+    Key("id", _name, True, 'e.g. id = "pytorch12345-what-breaks"'),
+    Key("title", _text),
+    Key("tests", _strings, True, 'fnmatch patterns of test ids, e.g. tests = ["suites/test_x.py::*"]'),
+    Key("not_tests", _strings),
+    Key("signature", _pattern, True, "a regex searched in the failure's message"),
+    Key("consequences", _pattern),
+    Key("applies", _table),
+    Key("upstream", _text),
+    Key("fix", _text),
+    Key("repro", _text),
+)
+"""The keys of an [[issue]] entry (the schema at the top of suites/known_issues.toml)."""
+APPLIES = (
+    Key("torch", _specifier),
+    Key("torchao", _specifier),
+    Key("torchtitan", _specifier),
+    Key("nightly_from", _date),
+    Key("nightly_until", _date),
+    Key("git", _strings),
+    Key("accelerators", _accelerators),
+)
+"""The keys of an entry's [issue.applies] table; every key given must hold."""
+
+
+def _listed(value: str | list[str]) -> list[str]:
+    return value if isinstance(value, list) else [value]
 
 
 _PROBLEMS_HEADER = re.compile(r": \d+ problem\(s\)$")
@@ -58,10 +161,6 @@ def problem_lines(message: str) -> list[str] | None:
 def normalize_space(text: str) -> str:
     """Every run of whitespace (newlines included) as one space, ends stripped."""
     return " ".join(text.split())
-
-
-class RegistryError(ValueError):
-    """known_issues.toml is malformed; the message names the entry and key."""
 
 
 def _nightly_yyyymmdd(version: str) -> str | None:
@@ -118,6 +217,10 @@ class KnownIssue:
     not_tests: list[str] = field(default_factory=list)
     """Tests inside `tests` the bug cannot reach (with a frozen embedding the backward that
     breaks never runs): their passes would read as `fixed` and claim the bug gone."""
+    where: str = ""
+    """`file:line` of the entry, for the lines that name it."""
+    stalled: str = ""
+    """Set when a search of its patterns ran out of time: then it explains nothing more."""
 
     def applies_to(self, stack: dict[str, Any]) -> bool:
         """Whether the bug is expected to show on this stack.
@@ -160,17 +263,44 @@ class KnownIssue:
     def explains(self, text: str) -> bool:
         """Whether the entry's signature is in `text`, whitespace normalized on both sides:
         torch 2.11 breaks a message's line inside the signature ("guessed its\nmetadata")."""
-        return bool(self.signature.search(text) or self.signature.search(normalize_space(text)))
+        return self._found(self.signature, "signature", text)
 
     def caused(self, problem: str) -> bool:
         """Whether a problem line is one of this bug's downstream `consequences`."""
-        return self.consequences is not None and bool(
-            self.consequences.search(problem) or self.consequences.search(normalize_space(problem)))
+        return self.consequences is not None and self._found(self.consequences, "consequences", problem)
+
+    def _found(self, pattern: re.Pattern[str], key: str, text: str) -> bool:
+        """A bounded search (distci.signatures), raw text then whitespace-normalized;
+        one that runs out of time disables the entry (its failures stay failures) and says so."""
+        for candidate in (text, normalize_space(text)):
+            if self.stalled:
+                return False
+            hit = search(pattern, candidate)
+            if hit is None:
+                self.stalled = (f"{self.where or 'known issues'}: [[issue]] {self.id}: '{key}' ran over "
+                                f"{SEARCH_BUDGET_S:g} s on one message; it explains nothing until rewritten "
+                                "(no repeated groups that repeat, fewer '.*')")
+                return False
+            if hit:
+                return True
+        return False
 
 
 @dataclass
 class Registry:
     entries: list[KnownIssue]
+
+    reported: set[str] = field(default_factory=set)
+
+    def stalls(self) -> list[str]:
+        """One line per entry whose search ran out of time (see KnownIssue.stalled)."""
+        return [e.stalled for e in self.entries if e.stalled]
+
+    def new_stalls(self) -> list[str]:
+        """The stalls() lines not returned by an earlier call: each is named once per process."""
+        fresh = [line for line in self.stalls() if line not in self.reported]
+        self.reported.update(fresh)
+        return fresh
 
     def match(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> str | None:
         return self._match(test_id, signature, message, self.applicable(test_id, stack))
@@ -226,44 +356,57 @@ class Registry:
 
 
 def load_registry(path: Path) -> Registry:
-    where = str(path)
-    try:
-        data = tomllib.loads(Path(path).read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise RegistryError(f"{where}: {exc}") from None
-    entries = []
-    for i, raw in enumerate(data.get("issue", [])):
-        label = f"{where}: [[issue]] #{i + 1} ({raw.get('id', '?')})"
-        unknown = set(raw) - ENTRY_KEYS
-        if unknown:
-            raise RegistryError(f"{label}: unknown key(s) {sorted(unknown)}; allowed: {sorted(ENTRY_KEYS)}")
-        for key in ("id", "tests", "signature"):
-            if key not in raw:
-                raise RegistryError(f"{label}: missing key {key!r}")
-        applies = raw.get("applies", {})
-        unknown = set(applies) - APPLIES_KEYS
-        if unknown:
-            raise RegistryError(f"{label}: unknown key(s) in applies {sorted(unknown)}; allowed: {sorted(APPLIES_KEYS)}")
-        for pkg in ("torch", "torchao", "torchtitan"):
-            if pkg in applies:
-                try:
-                    SpecifierSet(applies[pkg])
-                except InvalidSpecifier:
-                    raise RegistryError(f"{label}: applies.{pkg} = {applies[pkg]!r} is not a version specifier") from None
-        try:
-            sig = re.compile(raw["signature"])
-        except re.error as exc:
-            raise RegistryError(f"{label}: signature is not a valid regex: {exc}") from None
-        try:
-            consequences = re.compile(raw["consequences"]) if "consequences" in raw else None
-        except re.error as exc:
-            raise RegistryError(f"{label}: consequences is not a valid regex: {exc}") from None
-        tests = raw["tests"] if isinstance(raw["tests"], list) else [raw["tests"]]
-        not_tests = raw.get("not_tests", [])
-        not_tests = not_tests if isinstance(not_tests, list) else [not_tests]
-        entries.append(KnownIssue(raw["id"], tests, sig, applies, raw.get("upstream", ""), raw.get("fix"), raw.get("title", ""),
-                                  consequences, not_tests))
+    """The registry at `path`, validated against ENTRY / APPLIES: any mistake is one
+    RegistryError naming file:line, the entry and the key, and what to write instead."""
+    path = Path(path)
+    data, loc = read_toml(path, kind=RegistryError, max_bytes=MAX_REGISTRY_BYTES,
+                          missing="point --known-issues at suites/known_issues.toml")
+    for key in data:
+        if key != "issue":
+            raise RegistryError(f"unknown top-level key '{key}'{suggest(key, ['issue'])}; the registry holds "
+                                "[[issue]] entries only", where=loc.where(loc.line_of(None, key)))
+    raw_entries = data.get("issue", [])
+    if not isinstance(raw_entries, list) or not all(isinstance(e, dict) for e in raw_entries):
+        raise RegistryError("'issue' must be an array of tables ([[issue]])", where=loc.where(loc.line_of(None, "issue")))
+    entries: list[KnownIssue] = []
+    seen: dict[str, str] = {}
+    for i, raw in enumerate(raw_entries):
+        entry = _entry(raw, i, loc)
+        if entry.id in seen:
+            raise RegistryError(f"[[issue]] {entry.id}: duplicate id (first at {seen[entry.id]}); ids name results "
+                                "and pages, so give this entry its own", where=entry.where)
+        seen[entry.id] = entry.where
+        entries.append(entry)
     return Registry(entries)
+
+
+def _entry(raw: dict[str, Any], index: int, loc: Locator) -> KnownIssue:
+    """One [[issue]] table checked against ENTRY and APPLIES, as a KnownIssue."""
+    name = raw.get("id") if isinstance(raw.get("id"), str) and raw.get("id") else f"#{index + 1}"
+    _check_table(raw, ENTRY, f"[[issue]] {name}", lambda key: loc.where(loc.entry_line("issue", index, key)))
+    applies = raw.get("applies", {})
+    _check_table(applies, APPLIES, f"[[issue]] {name}: applies",
+                 lambda key: loc.where(loc.entry_line("issue", index, key, table="applies")))
+    where = loc.where(loc.entry_line("issue", index))
+    return KnownIssue(raw["id"], _listed(raw["tests"]), compile_signature(raw["signature"]), applies,
+                      raw.get("upstream", ""), raw.get("fix"), raw.get("title", ""),
+                      compile_signature(raw["consequences"]) if "consequences" in raw else None,
+                      _listed(raw.get("not_tests", [])), where=where)
+
+
+def _check_table(table: dict[str, Any], keys: tuple[Key, ...], label: str, where_of: Callable[[str | None], str]) -> None:
+    by_name = {k.name: k for k in keys}
+    for key, value in table.items():
+        spec = by_name.get(key)
+        if spec is None:
+            hint = suggest(key, by_name) or f"; allowed: {', '.join(by_name)}"
+            raise RegistryError(f"{label}: unknown key '{key}'{hint}", where=where_of(key))
+        problem = spec.check(value)
+        if problem:
+            raise RegistryError(f"{label}: '{key}' {problem}", where=where_of(key))
+    for spec in keys:
+        if spec.required and spec.name not in table:
+            raise RegistryError(f"{label}: missing key '{spec.name}' ({spec.help})", where=where_of(None))
 
 
 def result_known_issue(r: Any, registry: "Registry | None") -> str | None:

@@ -562,4 +562,4 @@ def test_a_sharded_tier_lists_each_cell_once_per_share(tmp_path: Path) -> None:
     assert all("shard" not in e for e in matrix.actions_include("nightly", sharded=False))
     for bad in ("0", "1.5", "true", '"2"'):
         text = sharded.replace("shards = 2", f"shards = {bad}")
-        assert "shards must be a whole number >= 1" in error_of(tmp_path, base=text), bad
+        assert "shards must be a whole number from 1 to 256" in error_of(tmp_path, base=text), bad

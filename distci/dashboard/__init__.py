@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if not Path(store_path).exists():
         raise SelectionError(f"no store at {store_path}; run `nox -s ingest -- PATH...` first")
     issues = json.loads(Path(args.issues).read_text()) if args.issues else None
-    with Store(store_path) as store:
+    with Store(store_path, reading=True) as store:
         index = render_dashboard(store, args.out, title=args.title, audit_dir=args.audit_dir, history_runs=args.history,
                                  matrix_path=Path(getattr(args, "matrix", "matrix.toml")), issues=issues,
                                  **({"known_issues": args.known_issues} if args.known_issues else {}))

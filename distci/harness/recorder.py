@@ -81,9 +81,12 @@ class Recorder:
         self.writer.write_stack(self.stack)
         registry = self.config.getoption("--distci-known-issues")
         if registry and Path(registry).exists():
-            from distci.known_issues import load_registry
+            from distci.known_issues import RegistryError, load_registry
 
-            self.known_issues = load_registry(Path(registry))
+            try:
+                self.known_issues = load_registry(Path(registry))
+            except RegistryError as exc:  # one line (pytest's "ERROR: ..."), never an INTERNALERROR
+                raise pytest.UsageError(f"distci: {exc}") from None
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.planned = [item.nodeid for item in session.items]
@@ -212,6 +215,8 @@ class Recorder:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        for line in self.known_issues.stalls() if self.known_issues is not None else []:
+            print(f"distci: {line}", file=sys.stderr, flush=True)
         if self.writer is None:
             return
         results = self.writer.results() if self.writer.results_path.exists() else []

@@ -156,12 +156,12 @@ def _cause(last: RunRow, since: list[RunRow], rows_of, env: str | None) -> str:
     if _interrupted(rows_of(last)):
         return (f"run {last.run_id} was stopped part-way: the tests after the one in flight never ran; "
                 f"finish it with `distci run --cell {last.cell_id} --resume {last.run_id}`")
-    shard = shard_of(split_resume(last.selection or [])[0])
+    shard = Selection.from_list(last.selection).share
     if shard is None:
         return ""
     n = shard[1]
     have = {got[0] for run in since if run.ended_at and env_key(run.stack) == env and not _interrupted(rows_of(run))
-            and (got := shard_of(split_resume(run.selection or [])[0])) is not None and got[1] == n}
+            and (got := Selection.from_list(run.selection).share) is not None and got[1] == n}
     missing = [k for k in range(1, n + 1) if k not in have]
     if not missing:
         return ""
@@ -173,8 +173,9 @@ def _cause(last: RunRow, since: list[RunRow], rows_of, env: str | None) -> str:
 def _narrowed(last: RunRow, tier: str, tiers: set[str], known: set[str]) -> str:
     """Why no run is complete when the latest was neither stopped nor a share: the one of
     narrowed, of a narrower tier, resuming runs the store lacks, or no expected test ran."""
-    own, resumed = split_resume(last.selection or [])
-    lacking = [i for i in resumed if i not in known]
+    selection = Selection.from_list(last.selection)
+    own = Selection(selection.keyword, selection.tests, selection.shard).to_list()
+    lacking = [i for i in selection.resumes if i not in known]
     how = (f"is of tier {last.tier!r}" if last.tier not in tiers
            else f"was narrowed ({' '.join(own)})" if own
            else f"resumes runs the store does not hold ({', '.join(lacking)})" if lacking

@@ -177,6 +177,8 @@ def _land(store: Store, run: PreparedRun | Unreadable, report: IngestReport, pro
             elif state != "skipped":
                 store.rejudge_from(conn, run.info.cell_id, since, tests, landing=landing(conn, run.info.run_id, rows))
     except (sqlite3.Error, ValueError, TypeError) as exc:
+        if Store.storage_failed(exc):  # a full disk or a damaged file: no later run lands either
+            raise store.failure(exc) from None
         report.rejected.append(f"{run.path}: not indexed ({type(exc).__name__}: {exc})")
         return None
     if state == "conflict":
@@ -255,8 +257,10 @@ def _text(v: Any) -> str | None:
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StoreError(f"not valid JSON ({exc})", where=str(path)) from exc
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise StoreError(f"not valid JSON ({str(exc)[:200] or type(exc).__name__})", where=str(path)) from None
+    except OSError as exc:
+        raise StoreError(f"cannot read it ({exc.strerror or exc})", where=str(path)) from None
 
 
 def read_fix_audit(path: Path) -> list[FixAuditRow]:
@@ -266,6 +270,8 @@ def read_fix_audit(path: Path) -> list[FixAuditRow]:
     data = _read_json(Path(path))
     defaults = data if isinstance(data, dict) else {}
     rows = data.get("rows", []) if isinstance(data, dict) else data
+    if not isinstance(rows, list):
+        raise StoreError("a fix audit file is a list of rows or {\"rows\": [...]}", where=str(path))
     out = []
     for row in rows:
         if not isinstance(row, dict) or "fix" not in row:

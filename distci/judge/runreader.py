@@ -17,13 +17,13 @@ import functools
 import hashlib
 import multiprocessing
 import os
+import signal
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from distci.errors import ConfigError
 from distci.judge.resultrows import plain_text, result_row
 from distci.results import Result
 from distci.rundir import RunDirError, RunInfo, read_run
@@ -41,12 +41,9 @@ def load_known_issues(path: Path | None) -> Any:
     """The known-issues registry at `path` (None: no index-time matching)."""
     if path is None:
         return None
-    from distci.known_issues import RegistryError, load_registry
+    from distci.known_issues import load_registry
 
-    try:
-        return load_registry(Path(path))
-    except (OSError, RegistryError) as exc:
-        raise ConfigError(f"cannot read the known-issues registry: {exc}", where=str(path)) from exc
+    return load_registry(Path(path))  # any mistake in it: a RegistryError, one line naming file:line
 
 
 def known_issue_of(r: Result, registry: Any) -> str | None:
@@ -98,8 +95,11 @@ def prepare(d: Path, registry: Any) -> PreparedRun | Unreadable:
     plain = plain_text(run.raw)
     started = run.info.started_at
     rows = [result_row(r, started, known_issue_of(r, registry), plain=plain) for r in run.results]
+    # An entry whose search ran out of time (distci.signatures) is named once, here.
+    stalled = registry.new_stalls() if registry is not None else []
     return PreparedRun(run.path, run.info, run.stack, run.raw, sha256(run.raw), sha256(run.meta),
-                       {r.test_id for r in run.results}, rows, [str(p) for p in run.problems])
+                       {r.test_id for r in run.results}, rows, [str(p) for p in run.problems] + stalled)
+
 
 
 @functools.lru_cache(maxsize=1)
@@ -110,6 +110,16 @@ def _registry_at(known_issues: Path | None) -> Any:
 
 def _prepare_in_reader(d: Path, known_issues: Path | None) -> PreparedRun | Unreadable:
     return prepare(d, _registry_at(known_issues))
+
+
+def _die_with(ingest_pid: int) -> None:
+    """The reader's initializer: it dies with the ingest that started it, however the ingest
+    ends (SIGKILL included), so no reader is left behind under PID 1."""
+    from distci.harness import procs
+
+    procs.die_with_parent(signal.SIGKILL)
+    if os.getppid() != ingest_pid:  # the ingest died before the death signal was set
+        os._exit(1)
 
 
 def _reader_context() -> Any:
@@ -126,7 +136,8 @@ def prepared_runs(dirs: Sequence[Path], registry: Any, known_issues: Path | None
         for d in dirs:
             yield prepare(d, registry)
         return
-    with ProcessPoolExecutor(max_workers=1, mp_context=_reader_context()) as reader:
+    with ProcessPoolExecutor(max_workers=1, mp_context=_reader_context(), initializer=_die_with,
+                             initargs=(os.getpid(),)) as reader:
         pending: deque[Future] = deque()
         queue = iter(dirs)
         try:

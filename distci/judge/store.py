@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -58,6 +59,10 @@ CHECKPOINT_PAGES = 16384
 default is 1000). Each checkpoint syncs the file; at the default a backfill checkpointed
 every other run and spent a third of its wall time waiting on those syncs (README
 "Benchmarks"). An ingest checkpoints once more at its end (Store.checkpoint)."""
+CHECKED_SUFFIX = ".checked"
+"""Beside the store: its file's inode, size and times when a Store last closed it. An open
+that finds the file so skips quick_check (10 ms per MiB: 6 s at a year's 574 MB); any other
+change to the file (a write that is not ours) makes the next open check it again."""
 WAL_KEEP_BYTES = 64 * 1024 * 1024
 """The WAL file is cut back to this after a checkpoint, not left at its largest."""
 
@@ -146,27 +151,88 @@ _SCHEMA = (
 )
 
 
-class Store:
-    """An open store. Use as a context manager; every method is one short transaction."""
+_IOERR, _CORRUPT, _FULL, _NOTADB = 10, 11, 13, 26
+_STORAGE_CODES = {_IOERR, _CORRUPT, _FULL, _NOTADB}
+"""SQLite's primary result codes for a disk or file that failed (sqlite.org/rescode.html)."""
 
-    def __init__(self, path: Path | str | None = None) -> None:
+
+class Store:
+    """An open store. Use as a context manager; every method is one short transaction.
+
+    Checked before it is trusted: an existing file passes SQLite's `quick_check` (page and
+    index structure) on open, so a damaged store is one StoreError naming it, never read as
+    answers. `reading=True` holds one read transaction from open to close: every answer of a
+    reader (gate, dashboard, export) comes from one snapshot, whatever an ingest commits
+    meanwhile. Any SQLite error inside the `with` block (damage met later, a full disk) leaves
+    it as one StoreError naming the file and what to do.
+    """
+
+    def __init__(self, path: Path | str | None = None, *, reading: bool = False) -> None:
         self.path = Path(path) if path is not None else default_store_path()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.lock_timeout_s = lock_timeout_s()
         self.writer_file = self.path.with_name(self.path.name + WRITER_SUFFIX)
+        existed = self.path.exists() and self.path.stat().st_size > 0
+        self.checked_file = self.path.with_name(self.path.name + CHECKED_SUFFIX)
         # Short waits inside SQLite; the overall bound is _retry_locked's deadline.
         self.conn = sqlite3.connect(str(self.path), timeout=min(self.lock_timeout_s, 1.0), isolation_level=None)
         self.conn.row_factory = sqlite3.Row
         self.memo = Memo()
         try:
+            if existed and not self._unchanged_since_checked():
+                self._check()
             self._setup()
+            if reading:
+                self.conn.execute("BEGIN")
+                self.conn.execute("SELECT count(*) FROM runs").fetchone()  # the snapshot starts here
         except BaseException as exc:
             self.conn.close()
             if isinstance(exc, sqlite3.DatabaseError):
-                raise StoreError(
-                    f"not a usable store ({exc}); delete it and run `nox -s ingest -- --rebuild`", where=str(self.path)
-                ) from exc
+                raise self.failure(exc) from None
             raise
+
+    def _file_state(self) -> str:
+        st = self.path.stat()
+        return f"{st.st_ino} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns}"
+
+    def _unchanged_since_checked(self) -> bool:
+        """Whether the file is as the last Store to close it left it (CHECKED_SUFFIX)."""
+        try:
+            return self.checked_file.read_text() == self._file_state()
+        except OSError:
+            return False
+
+    def _check(self) -> None:
+        """SQLite's quick_check: the structure of every page and index, without comparing
+        index contents to tables (the full integrity_check's cost)."""
+        found = [" ".join(str(row[0]).split()) for row in self.conn.execute("PRAGMA quick_check(3)")]
+        if found != ["ok"]:
+            raise StoreError(f"the store is damaged (SQLite quick_check: {'; '.join(found)}); it is an index of the "
+                             "run directories: delete it and run `nox -s ingest -- --rebuild`", where=str(self.path))
+
+    @staticmethod
+    def storage_failed(exc: BaseException) -> bool:
+        """Whether a SQLite error is the disk's or the file's (full, unwritable, damaged): no
+        later run can land either, so the command stops on it rather than skip run by run."""
+        code = getattr(exc, "sqlite_errorcode", None)
+        return isinstance(exc, sqlite3.DatabaseError) and code is not None and code & 0xFF in _STORAGE_CODES
+
+    def failure(self, exc: sqlite3.DatabaseError) -> StoreError:
+        """What a SQLite error means to the person running the command: a disk that cannot
+        take the write (named, with its free space), or a store that is not one (rebuild it)."""
+        text = str(exc)
+        code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+        if code in (_FULL, _IOERR) or "disk is full" in text:
+            try:
+                free = f"{shutil.disk_usage(self.path.parent).free // 2**20} MiB free"
+            except OSError:
+                free = "free space unknown"
+            what = "is full" if code == _FULL else "did not take a write (full, a file-size limit, or failing)"
+            return StoreError(f"the disk holding the store {what} ({free} there; SQLite: {text}); the transaction was "
+                              f"rolled back: free space on that disk or set {STORE_ENV} to a path on another, then "
+                              "run the command again", where=str(self.path))
+        return StoreError(f"the store is damaged or not a store (SQLite: {text}); it is an index of the run directories: delete it "
+                          "and run `nox -s ingest -- --rebuild`", where=str(self.path))
 
     def _setup(self) -> None:
         self.conn.execute(f"PRAGMA busy_timeout = {int(min(self.lock_timeout_s, 1.0) * 1000)}")
@@ -196,11 +262,29 @@ class Store:
     def __enter__(self) -> "Store":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        failed = isinstance(exc, sqlite3.DatabaseError)
+        try:
+            self.close(trusted=not failed)
+        except sqlite3.DatabaseError:
+            pass
+        if failed:
+            raise self.failure(exc) from None
 
-    def close(self) -> None:
+    def close(self, *, trusted: bool = True) -> None:
+        """Closes the connection, then notes the file's state as checked (`trusted`: it
+        passed quick_check at open, or was unchanged since, and only SQLite wrote it since);
+        a store that failed a query is not noted, and loses its note."""
         self.conn.close()
+        try:
+            if not trusted:
+                self.checked_file.unlink(missing_ok=True)
+                return
+            tmp = self.checked_file.with_name(self.checked_file.name + ".tmp")
+            tmp.write_text(self._file_state())
+            os.replace(tmp, self.checked_file)
+        except OSError:
+            pass
 
     def _retry_locked(self, fn: Any) -> Any:
         """Runs `fn`, retrying while another writer holds the store, for at most
@@ -371,9 +455,9 @@ class Store:
     @staticmethod
     def _run_row(r: sqlite3.Row) -> RunRow:
         d = dict(r)
-        stack = json.loads(d.pop("stack_json"))
-        d["ci"] = json.loads(d.pop("ci_json") or "{}")
-        d["selection"] = json.loads(d.pop("selection_json") or "[]")
+        stack = _stored_json(d, "stack_json", "{}")
+        d["ci"] = _stored_json(d, "ci_json", "{}")
+        d["selection"] = _stored_json(d, "selection_json", "[]")
         for k in ("content_size", "meta_hash", "ingested_at"):
             d.pop(k)
         return RunRow(stack=stack, **d)
@@ -381,8 +465,17 @@ class Store:
     @staticmethod
     def _result_row(r: sqlite3.Row) -> ResultRow:
         d = dict(r)
-        d["rerun_outcomes"] = json.loads(d["rerun_outcomes"])
+        d["rerun_outcomes"] = _stored_json(d, "rerun_outcomes", "[]")
         d.pop("run_started_at", None)  # the run's started_at, kept beside each result (schema 4)
         return ResultRow(**d)
 
 
+def _stored_json(row: dict[str, Any], column: str, empty: str) -> Any:
+    """A JSON column of a stored row, popped from it; a value distci never writes (the file
+    edited by hand, or damaged where quick_check does not look) is a StoreError naming the run."""
+    text = row.pop(column) or empty
+    try:
+        return json.loads(text)
+    except (ValueError, TypeError, RecursionError):
+        raise StoreError(f"run {row.get('run_id')!r}: its stored {column} is not JSON; the store is an index of the "
+                         "run directories: delete it and run `nox -s ingest -- --rebuild`") from None

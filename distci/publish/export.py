@@ -215,13 +215,17 @@ def hud_row(store: Store, run: RunRow, *, artifact_url: str = "") -> HudRow | No
     issue (xfail) or a flaky test does not block; a run with infra results and nothing
     blocking is `neutral` (the gate calls it INCOMPLETE, never PASSED), and so is a run
     narrowed by `-k` / `--test` with nothing blocking (it covers part of the cell). Counts are the
-    gate's (`distci.judge.coverage.tally`): a known issue is `known`, never `failed`.
+    gate's (`distci.judge.coverage.tally`): a known issue is `known`, never `failed`. A run that never
+    ended (no `ended_at`: still going, or its runner died before it could say) is
+    `in_progress` with no conclusion: only an ended run is `completed`.
     """
     if not run.torch_git:
         return None
     results = store.results(run_id=run.run_id)
     verdicts = Counter(r.verdict for r in results)
-    if any(v in BLOCKING for v in verdicts):
+    if not run.ended_at:
+        conclusion = ""
+    elif any(v in BLOCKING for v in verdicts):
         conclusion = "failure"
     elif verdicts.get("infra") or run.selection:
         conclusion = "neutral"  # a narrowed rerun (-k / --test) never says a whole cell passed
@@ -232,6 +236,7 @@ def hud_row(store: Store, run: RunRow, *, artifact_url: str = "") -> HudRow | No
         event_type=event_type(run),
         job_name=run.cell_id,
         conclusion=conclusion,
+        status="completed" if run.ended_at else "in_progress",
         test_results={**tally(results), "verdicts": dict(sorted(verdicts.items()))},
         failed_tests_detail=[_detail(r) for r in results
                              if r.outcome in ("failed", "error") and r.verdict != "xfail"][:MAX_DETAILS],
@@ -343,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
     if not Path(store_path).exists():
         raise SelectionError(f"no store at {store_path}; run `nox -s ingest -- PATH...` first")
     left_out: list[str] = []
-    with Store(store_path) as store:
+    with Store(store_path, reading=True) as store:
         rows = hud_rows(store, since=args.since, cell=args.cell, left_out=left_out,
                         artifact_url=args.artifact_url or workflow_run_url())
     if args.github_output:

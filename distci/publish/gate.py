@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if not matrix.exists():
         raise SelectionError("no matrix file: the gate needs it to know which cells should exist", where=str(matrix))
     opts = {"matrix_path": matrix, "max_age": parse_duration(args.max_age), "waivers": waivers_of(args.waive, args.reason)}
-    with Store(store_path) as store:
+    with Store(store_path, reading=True) as store:
         if args.candidate:
             result = evaluate_candidate(store, args.candidate, tier=args.tier, **opts)
         else:

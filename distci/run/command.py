@@ -71,6 +71,17 @@ def select_cells(options: RunOptions) -> list[Cell]:
                                         tier=None if options.cells else (options.tier or "pr")))
 
 
+def check_registry(options: RunOptions) -> None:
+    """The known-issues registry the cells will read, validated here, once, before anything
+    is provisioned: a mistake in it is one line and exit 2, not a cell that fails to start."""
+    from distci.known_issues import load_registry
+    from distci.provision.selfwheels import REPO
+
+    registry = options.known_issues or REPO / "suites" / "known_issues.toml"
+    if options.known_issues or registry.exists():
+        load_registry(registry)
+
+
 def resumed_runs(options: RunOptions, cells: Sequence[Cell]) -> list[RunContents]:
     """The runs `--resume` names, checked before anything is provisioned: one cell's, on
     the venv backend (a container sees only its own run directory)."""
@@ -132,6 +143,7 @@ def record_exits(runs: Sequence[CellRun]) -> None:
 def main(options: RunOptions) -> tuple[int, list[CellRun]]:
     """The steps, in order: (the exit code, the runs)."""
     cells = select_cells(options)
+    check_registry(options)
     resume = resumed_runs(options, cells)
     runs = run_cells(options, cells, resume)
     code = report(runs)

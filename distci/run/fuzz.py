@@ -187,8 +187,14 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
     from distci.run.terminal import EXIT_INFRA
     from distci.run.fuzz_report import FuzzRun, find_lines, render_report, update_coverage
 
+    from distci.known_issues import load_registry
+    from distci.run.cellrun import REPO
+
     space = build_space(cell.accelerator, space_specs)
     point = parse_replay(space, replay) if replay else None
+    registry = Path(known_issues) if known_issues else REPO / "suites" / "known_issues.toml"
+    if known_issues or registry.exists():
+        load_registry(registry)  # a mistake in it: one line now, not a cell that cannot start
     if absent_accelerator_run(cell, runs_root, tier=None, log=log) is not None:
         return EXIT_INFRA
     info, run_dir = start_run(cell, runs_root, tier=None, backend="installed" if uses_installed(cell, python)
@@ -200,9 +206,6 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
         log(f"[{cell.id}] infra: {exc}")
         infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
         return EXIT_INFRA
-    from distci.run.cellrun import REPO
-
-    registry = Path(known_issues) if known_issues else REPO / "suites" / "known_issues.toml"
     extra = []
     if registry.exists():
         (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
