@@ -30,7 +30,7 @@ from fixtures_runs import stack, write_run
 
 from conftest import REPO
 from distci import cli
-from distci.judge.export import hud_rows
+from distci.publish.export import hud_rows
 from distci.judge.ingest import ingest
 from distci.judge.store import Store
 
