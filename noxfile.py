@@ -273,8 +273,8 @@ def aggregate(session: nox.Session) -> None:
 
 @nox.session
 def coverage(session: nox.Session) -> None:
-    """Regenerate README.md's scenario coverage table from suites/scenarios.py (`-- --check` in CI).
+    """Regenerate docs/suites.md's scenario coverage table from suites/scenarios.py (`-- --check` in CI).
 
     The table reads each scenario's markers, which come through the pytest plugin: pytest is needed."""
     _install(session, "-e", ".", "pytest")
-    session.run("python", "-m", "tools.coverage", *(session.posargs or ["--write", "README.md"]))
+    session.run("python", "-m", "tools.coverage", *(session.posargs or ["--write", "docs/suites.md"]))

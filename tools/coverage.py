@@ -1,7 +1,7 @@
-"""The README's coverage table, rendered from the suites' scenario table (never by hand).
+"""The scenario coverage table of docs/suites.md, rendered from the suites' scenario table (never by hand).
 
-`python -m tools.coverage` prints it; `--write README.md` replaces the text between the
-two markers below; `--check README.md` exits 1 when the README is out of date (CI).
+`python -m tools.coverage` prints it; `--write docs/suites.md` replaces the text between the
+two markers below; `--check docs/suites.md` exits 1 when the page is out of date (CI).
 The table is read from suites/scenarios.py, which imports no torch, so this runs in the
 controller's environment.
 """
@@ -102,8 +102,8 @@ def splice(text: str, block: str, where: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.coverage", description=__doc__.splitlines()[0])
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--write", metavar="README", help="replace the table in this file")
-    group.add_argument("--check", metavar="README", help="exit 1 when this file's table is out of date")
+    group.add_argument("--write", metavar="PAGE", help="replace the table in this file")
+    group.add_argument("--check", metavar="PAGE", help="exit 1 when this file's table is out of date")
     args = parser.parse_args(argv)
     try:
         block = render(load_table())

@@ -19,7 +19,7 @@ history exists; this writes one, deterministically (a seed), with what real ones
 Each results.jsonl line is a full Result record (distci.results) carrying its run's
 stack, as the recorder writes it. The stack is the compact one (versions, devices; no
 per-fix records), so lines are ~1.3 KB where real ones with the fix list are ~5 KB:
-reading is measured on fewer bytes than production would parse (README "Benchmarks").
+reading is measured on fewer bytes than production would parse (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ reads the run directory back and splits the wall time into phases a person can a
 - closing: from the last test to the run's end (external suites, JUnit, run.json).
 
 `--runs 2` runs the tier twice: the first is as cold as this machine is, the second warm
-(wheelhouse, env and inductor's code cache reused): the figure README quotes is the warm one.
+(wheelhouse, env and inductor's code cache reused): the figure docs/benchmarks.md quotes is the warm one.
 Timings are wall clock on a shared machine: quote them with the machine's load (printed).
 """
 

@@ -100,7 +100,7 @@ def grow(store_path: Path, copies: int, nights: int) -> None:
     """Repeats the store's history: `copies` more blocks of its runs and results, block k
     moved k x `nights` days later, run ids prefixed `g<k>-`. Verdicts are copied, not
     recomputed. What the gate and the dashboard read at a year, built in SQL when there is
-    no time or disk to ingest a year of files (README "Benchmarks" says which scales were)."""
+    no time or disk to ingest a year of files (docs/benchmarks.md says which scales were)."""
     conn = sqlite3.connect(str(store_path), isolation_level=None)
     try:
         conn.execute("PRAGMA synchronous = OFF")

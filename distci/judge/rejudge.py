@@ -187,7 +187,7 @@ def _states(conn: sqlite3.Connection, cell: str, point: _Key, tests: Iterable[st
     `point`'s time: runs started then count, as a baseline's do): the cell's runs walked
     newest first (runs_by_cell) until every test's state is whole, each run read whole while
     many tests are wanted, else probed for the few still wanted. No index clustered by
-    (cell, test) is kept for this: every run would dirty a page of it per test (README
+    (cell, test) is kept for this: every run would dirty a page of it per test (docs/benchmarks.md
     "Benchmarks": four fifths of what a year-sized ingest wrote)."""
     states = {t: _State(window) for t in tests}
     if not states:

@@ -57,7 +57,7 @@ ingest updates are hundreds of MB, and a cache miss is a read from disk."""
 CHECKPOINT_PAGES = 16384
 """WAL pages (64 MiB at 4 KiB) before a commit copies them into the database (SQLite's
 default is 1000). Each checkpoint syncs the file; at the default a backfill checkpointed
-every other run and spent a third of its wall time waiting on those syncs (README
+every other run and spent a third of its wall time waiting on those syncs (docs/benchmarks.md
 "Benchmarks"). An ingest checkpoints once more at its end (Store.checkpoint)."""
 CHECKED_SUFFIX = ".checked"
 """Beside the store: its file's inode, size and times when a Store last closed it. An open
