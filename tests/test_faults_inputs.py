@@ -384,6 +384,7 @@ def test_a_stalling_signature_explains_nothing_and_ingest_names_it(tmp_path: Pat
 
 
 @pytest.mark.slow
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="ingest starts a reader process only with a second CPU")
 def test_a_killed_ingest_leaves_no_reader_behind(tmp_path: Path) -> None:
     """SIGKILL while the reader process prepares runs: the reader dies with it (PDEATHSIG)."""
     from distci.harness import procs
