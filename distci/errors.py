@@ -7,6 +7,7 @@ a line or key) so the CLI can print one line that says what to change.
 from __future__ import annotations
 
 import shutil
+import sys
 import textwrap
 
 
@@ -65,12 +66,25 @@ class FuzzSpecError(DistciError):
 
 
 def error_text(error: BaseException, *, prefix: str = "distci: error: ", width: int | None = None) -> str:
-    """How a user error reads on stderr: `distci: error: <what>`, wrapped at spaces to the
-    terminal's width ($COLUMNS, else 80) with continuation lines indented, so no line of
-    it is wider than the screen; a path or URL longer than a line stays whole."""
-    width = width or max(40, shutil.get_terminal_size((80, 24)).columns)
+    """How a user error reads on stderr: `distci: error: <what>`.
+
+    Read by a person (stderr a terminal), it is wrapped at spaces to the terminal's width
+    ($COLUMNS, else the terminal's) with continuation lines indented, so no line is wider
+    than the screen (a path or URL longer than a line stays whole). Read by a program (a
+    pipe, a CI log's grep) it stays the one line that names the bad input."""
+    if width is None:
+        if not _stderr_is_a_terminal():
+            return f"{prefix}{error}"
+        width = max(40, shutil.get_terminal_size((80, 24)).columns)
     lines: list[str] = []
     for n, paragraph in enumerate(f"{prefix}{error}".splitlines() or [prefix.rstrip()]):
         lines += textwrap.wrap(paragraph, width, initial_indent="" if n == 0 else "    ",
                                subsequent_indent="    ", break_long_words=False, break_on_hyphens=False) or [""]
     return "\n".join(lines)
+
+
+def _stderr_is_a_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False

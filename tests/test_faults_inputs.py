@@ -316,7 +316,7 @@ def test_a_bad_registry_in_a_cell_is_one_pytest_error_not_internalerror(tmp_path
     path = REGISTRY_CASES[0].make(tmp_path)
     (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "distci.harness", "-p", "no:cacheprovider", "-q",
+        [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-q",
          f"--distci-run-dir={tmp_path / 'run'}", "--distci-cell=cpu-inputs", f"--distci-known-issues={path}",
          "test_one.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
         env=dict(os.environ, PYTHONPATH=str(REPO)))
@@ -423,7 +423,7 @@ def test_a_stalling_signature_in_a_cell_is_bounded_with_stdlib_re(tmp_path: Path
     without_regex = ("import sys; sys.modules['regex'] = None; import pytest; sys.exit(pytest.main(sys.argv[1:]))")
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-c", without_regex, "-p", "distci.harness", "-p", "no:cacheprovider", "-q",
+        [sys.executable, "-c", without_regex, "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-q",
          f"--distci-run-dir={run_dir}", "--distci-cell=cpu-inputs", f"--distci-known-issues={registry}", "test_one.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
     out = proc.stdout + proc.stderr
