@@ -79,7 +79,7 @@ COMMANDS = (
     Command("aggregate", "distci.ci.command", "the CI aggregate: history, store, issues, bisects, dashboard"),
     Command("notify", "distci.publish.notify",
             "post new regressions and a not-PASSED gate to a webhook ($DISTCI_WEBHOOK_URL)"),
-    Command("fuzz", "distci.run.fuzz",
+    Command("fuzz", "distci.fuzz.command",
             "draw scenario configurations on one cell, run them on its rank pool, shrink what fails"),
 )
 
