@@ -16,9 +16,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "distci"
 MAX_LINES = 500
-RECORDS = {"__init__", "__main__", "cli", "command", "errors", "matrix", "cells", "tomlloc", "results", "rundir", "known_issues", "sources",
-           "stack"}
-STAGES = {"provision", "images", "harness", "run", "external", "judge", "audit", "bisect", "bench", "dashboard", "publish", "ci", "launch", "fuzz"}
+RECORDS = {"__init__", "__main__", "cli", "command", "errors", "matrix", "cells", "tomlloc", "results", "rundir",
+           "known_issues", "sources", "stack"}
+STAGES = {"provision", "images", "harness", "run", "external", "judge", "audit", "bisect", "bench", "dashboard",
+          "publish", "ci", "launch", "fuzz"}
 
 
 def _modules(*roots: Path) -> dict[str, Path]:

@@ -289,8 +289,9 @@ class Fuzzer:
                 if combo is not None and self.space.key(combo) not in self.cache:
                     # speculative: the combination and its own simplifications in one batch
                     self._run([combo, *smaller(self.space, combo)][:max(1, self._fits(left()))])
-                if combo is not None and self.space.key(combo) in self.cache and self._keeps(self.cache[self.space.key(combo)], signature):
-                    nxt = self.cache[self.space.key(combo)]
+                held = self.cache.get(self.space.key(combo)) if combo is not None else None
+                if held is not None and self._keeps(held, signature):
+                    nxt = held
             find.steps.append(nxt.key)
             self.log(f"  shrunk to {nxt.key}")
             current = nxt

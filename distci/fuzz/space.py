@@ -113,7 +113,8 @@ class Space:
                 raise ValueError(f"--space {a.name}: {', '.join(map(str, wrong)) or 'no value'} not among "
                                  f"{', '.join(map(str, a.values))}")
             least = None if a.least is None else (a.least if a.least in keep else keep[0])
-            axes.append(dataclasses.replace(a, values=keep, default=a.default if a.default in keep else keep[0], least=least))
+            default = a.default if a.default in keep else keep[0]
+            axes.append(dataclasses.replace(a, values=keep, default=default, least=least))
             if len(keep) == 1:
                 fixed[a.name] = keep[0]
         return Space(self.cell, self.device_type, fixed, tuple(axes))
