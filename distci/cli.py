@@ -68,7 +68,8 @@ COMMANDS = (
             "dashboard at 1/10/100x)"),
     Command("ingest", "distci.judge.ingest", "index run directories into the results store"),
     Command("gate", "distci.publish.gate", "PASSED (0) / BLOCKED (1) / INCOMPLETE (3): may this tier ship?"),
-    Command("export", "distci.publish.export", "export results for other systems (--hud: PyTorch HUD's cross-repo CI relay)"),
+    Command("export", "distci.publish.export",
+            "export results for other systems (--hud: PyTorch HUD's cross-repo CI relay)"),
     Command("dashboard", "distci.dashboard", "write the static results dashboard"),
     Command("fixes-audit", "distci.audit.run", "run every fix's regression test off and on per torch version"),
     Command("bisect", "distci.bisect",
@@ -79,7 +80,7 @@ COMMANDS = (
     Command("aggregate", "distci.ci.command", "the CI aggregate: history, store, issues, bisects, dashboard"),
     Command("notify", "distci.publish.notify",
             "post new regressions and a not-PASSED gate to a webhook ($DISTCI_WEBHOOK_URL)"),
-    Command("fuzz", "distci.run.fuzz",
+    Command("fuzz", "distci.fuzz.command",
             "draw scenario configurations on one cell, run them on its rank pool, shrink what fails"),
 )
 

@@ -25,9 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from .fuzz import CONFIG_ENV, CONFIGS_ENV
 from .fuzz_plants import planted
-from .space import Space, point_from_id, scenario
+from .space import CONFIG_ENV, CONFIGS_ENV, complete, point_from_id, scenario
 from .test_scenarios import marks_of, scenario_problems
 
 
@@ -47,8 +46,7 @@ def configs(args: list[str] | None = None) -> list[dict]:
                if "::test_fuzz_config[" in a]
         return [point_from_id(i) for i in ids]
     points = raw if isinstance(raw, list) else [raw]
-    space = Space(device_type=None)
-    return [space.complete(p) for p in points]
+    return [complete(p) for p in points]
 
 
 def params(args: list[str] | None = None) -> list:

@@ -1,4 +1,10 @@
-"""The configuration space the scenario table's rows are points of (the fuzzer draws and shrinks in it).
+"""The cell side of the fuzzer's space: the axes the scenario table's rows are points of.
+
+distci.fuzz.space draws and shrinks in a space whose axes, validity and point ids come from
+here (`AXES`, `complete`, `problems`, `key`): the controller loads this module from the
+checkout's suites (distci.fuzz.space.cell_side), so the columns are declared once, in
+suites/scenarios.py, and the package carries no copy of them. `ENTRY_TEST`, `CONFIGS_ENV`
+and `CONFIG_ENV` are how the controller hands a batch to suites/fuzz_entry.py.
 
 A point is one value per axis. Most axes are the table's columns (suites/scenarios.py's
 COLUMNS, every column but the tier): their ordered values and their defaults (the value
@@ -19,13 +25,18 @@ runs what it drew.
 from __future__ import annotations
 
 import dataclasses
-import random
 import re
-from dataclasses import dataclass, field
-from itertools import combinations
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from . import scenarios as sc
+
+ENTRY_TEST = "suites/fuzz_entry.py"
+CONFIGS_ENV = "DISTCI_FUZZ_CONFIGS"
+"""A JSON file: the list of points one batch runs (suites/fuzz_entry.py reads it)."""
+CONFIG_ENV = "DISTCI_FUZZ_CONFIG"
+"""Inline JSON: one point (axes at their defaults left out), for a repro."""
+from .fuzz_plants import PLANT_ENV  # noqa: E402,F401 - the plant a run carries, read by the controller
 
 Point = Mapping[str, Any]
 """axis name -> value; missing axes take their defaults."""
@@ -130,82 +141,31 @@ class SizedScenario(sc.Scenario):
         return self.size["steps"] if "steps" in dict(self.sizes) else super().steps
 
 
-@dataclass(frozen=True)
-class Space:
-    """Axes (some restricted to fewer values); validity is the table's RULES plus the device."""
+def complete(point: Point) -> dict[str, Any]:
+    """`point` with every missing axis at its default; an unknown axis or value is a ValueError."""
+    names = [a.name for a in AXES]
+    unknown = set(point) - set(names)
+    if unknown:
+        raise ValueError(f"unknown axis {', '.join(sorted(unknown))}; axes: {', '.join(names)}")
+    full = {a.name: point.get(a.name, a.default) for a in AXES}
+    for name, value in full.items():
+        if value not in AXIS_VALUES[name] or type(value) is not type(AXIS_VALUES[name][0]):
+            raise ValueError(f"{name}={value!r} is not a value of that axis; values: "
+                             f"{', '.join(map(str, AXIS_VALUES[name]))}")
+    return full
 
-    axes: tuple[Axis, ...] = AXES
-    device_type: str | None = "cpu"
-    """Points this accelerator cannot run (a `skip` need, another accelerator) are invalid
-    here; None: any accelerator (the table's rows span all of them)."""
-    fixed: Mapping[str, Any] = field(default_factory=dict)
-    """Axes a restricted space holds at one value (not drawn, not shrunk)."""
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(a.name for a in self.axes)
-
-    def axis(self, name: str) -> Axis:
-        for a in self.axes:
-            if a.name == name:
-                return a
-        raise KeyError(name)
-
-    def complete(self, point: Point) -> dict[str, Any]:
-        """`point` with every missing axis at its default; an unknown axis or value is a ValueError."""
-        unknown = set(point) - set(self.names)
-        if unknown:
-            raise ValueError(f"unknown axis {', '.join(sorted(unknown))}; axes: {', '.join(self.names)}")
-        full = {a.name: point.get(a.name, self.fixed.get(a.name, a.default)) for a in self.axes}
-        for name, value in full.items():
-            if value not in AXIS_VALUES[name] or type(value) is not type(AXIS_VALUES[name][0]):
-                raise ValueError(f"{name}={value!r} is not a value of that axis; values: "
-                                 f"{', '.join(map(str, AXIS_VALUES[name]))}")
-        return full
-
-    def problems(self, point: Point) -> list[str]:
-        """Why `point` cannot run here (empty: it can)."""
-        try:
-            s = scenario(self.complete(point))
-        except ValueError as exc:  # ScenarioError: the table's RULES
-            return [str(exc)]
-        out = []
-        for kind, args, why in s.needs(self.device_type) if self.device_type else ():
-            if kind == "skip" or (kind == "requires_accelerator" and self.device_type not in args):
-                out.append(why)
-        return out
-
-    def valid(self, point: Point) -> bool:
-        return not self.problems(point)
-
-    def non_default(self, point: Point) -> dict[str, Any]:
-        """The axes of `point` off their default (sizes included): what a shrunk failure needs."""
-        full = self.complete(point)
-        return {a.name: full[a.name] for a in AXES if full[a.name] != a.default}
-
-    def restrict(self, values: Mapping[str, Iterable]) -> "Space":
-        """A smaller space: each named axis keeps only `values[name]` (a one-value axis is fixed).
-        A default left out moves to the first value kept."""
-        unknown = set(values) - set(self.names)
-        if unknown:
-            raise ValueError(f"--space: unknown axis {', '.join(sorted(unknown))}; axes: {', '.join(self.names)}")
-        axes = []
-        fixed = dict(self.fixed)
-        for a in self.axes:
-            if a.name not in values:
-                axes.append(a)
-                continue
-            wanted = tuple(values[a.name])
-            keep = tuple(v for v in a.values if v in wanted)
-            wrong = [v for v in wanted if v not in a.values]
-            if wrong or not keep:
-                raise ValueError(f"--space {a.name}: {', '.join(map(str, wrong)) or 'no value'} not among "
-                                 f"{', '.join(map(str, a.values))}")
-            least = None if a.least is None else (a.least if a.least in keep else keep[0])
-            axes.append(Axis(a.name, keep, a.default if a.default in keep else keep[0], a.size, least))
-            if len(keep) == 1:
-                fixed[a.name] = keep[0]
-        return Space(tuple(axes), self.device_type, fixed)
+def problems(point: Point, device_type: str | None) -> list[str]:
+    """Why a complete `point` cannot run on `device_type` (None: any accelerator); empty: it can."""
+    try:
+        s = scenario(point)
+    except ValueError as exc:  # ScenarioError: the table's RULES
+        return [str(exc)]
+    out = []
+    for kind, args, why in s.needs(device_type) if device_type else ():
+        if kind == "skip" or (kind == "requires_accelerator" and device_type not in args):
+            out.append(why)
+    return out
 
 
 def scenario(point: Point, tier: str = "nightly") -> sc.Scenario:
@@ -226,126 +186,6 @@ def point_of(row: sc.Scenario) -> dict[str, Any]:
 def key(point: Point) -> str:
     """A point's identity: its scenario id (every non-default axis is in it)."""
     return scenario(point).id
-
-
-# --- drawing ---------------------------------------------------------------------------------
-
-Pair = tuple[tuple[str, Any], tuple[str, Any]]
-
-
-def pairs_of(space: Space, point: Point) -> set[Pair]:
-    """Every pair of (axis, value) the point covers, over the drawn (non-fixed) axes."""
-    full = space.complete(point)
-    drawn = [a.name for a in space.axes if a.name not in space.fixed]
-    return {((a, full[a]), (b, full[b])) for a, b in combinations(drawn, 2)}
-
-
-@dataclass
-class Drawer:
-    """Deterministic draws from a seed, biased toward (axis, value) pairs not yet tried.
-
-    Each draw samples `candidates` valid points (each axis at its default with probability
-    `p_default`, else a uniform other value; invalid samples are redrawn) and keeps the one
-    covering the most untried pairs, ties going to the earliest. The stream depends only on
-    the seed, the space and what was drawn before, never on outcomes or timing, so the same
-    seed replays the same list (a shorter budget gives a prefix of it).
-    """
-
-    space: Space
-    seed: str
-    candidates: int = 24
-    p_default: float = 0.5
-    tried: set[Pair] = field(default_factory=set)
-    drawn: set[str] = field(default_factory=set)
-
-    def __post_init__(self) -> None:
-        self.rng = random.Random(f"distci-fuzz:{self.seed}")
-
-    def _sample(self) -> dict[str, Any] | None:
-        """A random valid point: each axis drawn, then, while the table's rules refuse the
-        point, one drawn axis (in a random order) back at its default. Rejecting whole points
-        instead would take ~100 tries per valid one with two dozen axes."""
-        for _ in range(50):
-            point = {}
-            for a in self.space.axes:
-                if a.name in self.space.fixed or len(a.values) == 1:
-                    point[a.name] = self.space.fixed.get(a.name, a.values[0])
-                    continue
-                others = [v for v in a.values if v != a.default]
-                point[a.name] = a.default if self.rng.random() < self.p_default else self.rng.choice(others)
-            moved = [a for a in self.space.axes if point[a.name] != a.default and a.name not in self.space.fixed]
-            self.rng.shuffle(moved)
-            while not self.space.valid(point) and moved:
-                a = moved.pop()
-                point[a.name] = a.default
-            if self.space.valid(point):
-                return point
-        return None
-
-    def draw(self) -> dict[str, Any] | None:
-        """The next point never drawn before, or None when the space seems exhausted."""
-        best, best_score = None, -1
-        for _ in range(self.candidates):
-            point = self._sample()
-            if point is None or key(point) in self.drawn:
-                continue
-            score = len(pairs_of(self.space, point) - self.tried)
-            if score > best_score:
-                best, best_score = point, score
-        if best is None:
-            return None
-        self.drawn.add(key(best))
-        self.tried |= pairs_of(self.space, best)
-        return best
-
-
-# --- shrinking -------------------------------------------------------------------------------
-
-def smaller(space: Space, point: Point) -> list[dict[str, Any]]:
-    """The one-step simplifications of `point`, simplest first, each valid.
-
-    For each axis off its default, in axis order: the axis back at its default; a size
-    halfway toward it (4 -> 2 microbatches after 4 -> 1); another value an earlier one
-    (parallel fsdp_tp -> fsdp). A move the table's rules refuse takes the fewest other
-    axes back to their defaults with it (compile -> none resets the backend), when that
-    makes the point valid. `space.fixed` axes never move.
-    """
-    full = space.complete(point)
-    out: list[dict[str, Any]] = []
-    seen = {key(full)}
-    for a in space.axes:
-        if a.name in space.fixed or full[a.name] == a.goal:
-            continue
-        targets = [a.goal]
-        if a.size:  # the smallest first, then up toward the current value (halving, on these short lists)
-            between = [v for v in a.values if _between(v, a.goal, full[a.name])]
-            targets += sorted(between, key=lambda v: abs(v - a.goal))
-        else:  # toward the front: fsdp_tp -> fsdp before giving up on FSDP
-            targets += [v for v in a.values[:a.values.index(full[a.name])] if v != a.default]
-        for value in targets:
-            candidate = _repaired(space, {**full, a.name: value}, moved=a.name)
-            if candidate is not None and key(candidate) not in seen:
-                seen.add(key(candidate))
-                out.append(candidate)
-    return out
-
-
-def _between(v: Any, low: Any, high: Any) -> bool:
-    return min(low, high) < v < max(low, high)
-
-
-def _repaired(space: Space, point: dict[str, Any], moved: str, most: int = 2) -> dict[str, Any] | None:
-    """`point`, or the first valid point with up to `most` other axes back at their defaults
-    (fewest first, in axis order), or None."""
-    if space.valid(point):
-        return point
-    others = [a for a in space.axes if a.name != moved and a.name not in space.fixed and point[a.name] != a.default]
-    for n in range(1, most + 1):
-        for group in combinations(others, n):
-            candidate = {**point, **{a.name: a.default for a in group}}
-            if space.valid(candidate):
-                return candidate
-    return None
 
 
 def point_from_id(sid: str) -> dict[str, Any]:

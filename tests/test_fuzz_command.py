@@ -13,11 +13,18 @@ import pytest
 import yaml
 
 from distci.errors import FuzzSpecError
-from distci.run import fuzz as cmd
-from distci.run.fuzz_report import FuzzRun, render_report, repro, table_row, update_coverage
+from distci.fuzz import command as cmd
+from distci.fuzz.report import FuzzRun, render_report, repro, table_row, update_coverage
+from distci.fuzz import space as fuzz_space
+from distci.fuzz.engine import Find, Outcome, Report
 from suites import scenarios as sc
-from suites.fuzz import ENTRY_TEST, Find, Outcome, Report
-from suites.space import Space, key, point_of
+from suites import space as cell
+from suites.space import ENTRY_TEST, key, point_of
+
+
+def Space(**kwargs) -> fuzz_space.Space:
+    """The fuzzer's space over this checkout's cell side (what `distci fuzz` builds)."""
+    return fuzz_space.Space(cell, **kwargs)
 
 from fixtures_runs import stack, write_run
 
@@ -97,7 +104,8 @@ def test_public_command_keeps_no_machine_path():
 
 
 def _outcome(point, outcome="passed", sig=None):
-    return Outcome(Space().complete(point), outcome, sig, 2.0, test_id=f"{ENTRY_TEST}::test_fuzz_config[{key(point)}]")
+    return Outcome(Space().complete(point), outcome, sig, 2.0, test_id=f"{ENTRY_TEST}::test_fuzz_config[{key(point)}]",
+                   key=key(point))
 
 
 def test_report_lists_every_configuration_and_the_coverage_section_is_replaced(tmp_path):

@@ -7,10 +7,17 @@ import itertools
 
 import pytest
 
+from distci.fuzz import space as fuzz_space
+from distci.fuzz.engine import Fuzzer, Outcome, Report, ShrinkLimits
+from distci.fuzz.space import Drawer, smaller
 from suites import scenarios as sc
-from suites.fuzz import Fuzzer, Outcome, Report, ShrinkLimits
-from suites.space import AXES, AXIS_VALUES, SIZES, Drawer, SizedScenario, Space, key, point_from_id, point_of, \
-    scenario, smaller
+from suites import space as cell
+from suites.space import AXES, AXIS_VALUES, SIZES, SizedScenario, key, point_from_id, point_of, scenario
+
+
+def Space(**kwargs) -> fuzz_space.Space:
+    """The fuzzer's space over this checkout's cell side (what `distci fuzz` builds)."""
+    return fuzz_space.Space(cell, **kwargs)
 
 
 def test_every_table_row_is_a_valid_point():

@@ -76,7 +76,11 @@ def _space_args(drawn: dict[str, str]) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("plant", list(CASES))
 def test_a_planted_bug_is_found_and_shrunk_to_what_it_needs(tmp_path, plant):
-    from suites.space import Space
+    from distci.fuzz import space as fuzz_space
+    from suites import space as cell
+
+    def Space():
+        return fuzz_space.Space(cell)
 
     space, needs, seed = CASES[plant]
     # the 20-minute budget; a find may use all of its half for shrinking (the default

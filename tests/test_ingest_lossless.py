@@ -197,9 +197,9 @@ ODD_LINES = [b'{"a": 123456789012345678901234567890}', b'{"a": -9223372036854775
 
 @pytest.mark.parametrize("raw", ODD_LINES)
 def test_a_results_line_reads_as_json_reads_it(raw: bytes) -> None:
-    from distci import rundir
+    from distci import results
 
-    assert rundir.orjson is not None, "orjson is a dependency of the controller: the fast path is the one tested"
+    assert results.orjson is not None, "orjson is a dependency of the controller: the fast path is the one tested"
 
     def read(fn):
         try:
@@ -207,7 +207,7 @@ def test_a_results_line_reads_as_json_reads_it(raw: bytes) -> None:
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             return "error", type(exc).__name__
     expected = read(lambda b: json.loads(b.decode("utf-8")))
-    got = read(rundir.load_line)
+    got = read(results.load_line)
     assert got == expected
 
 

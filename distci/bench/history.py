@@ -74,10 +74,6 @@ class History:
     cells: list[str] = field(default_factory=list)
     tests: list[str] = field(default_factory=list)
 
-    def night_dirs(self, night: int) -> list[Path]:
-        """The run directories of one night (0-based), one per cell."""
-        return sorted((self.runs / f"n{night:04d}").iterdir())
-
     def night_groups(self) -> Iterator[Path]:
         """The per-night parent directories, oldest first: what `ingest` is given a night at a time."""
         return iter(sorted(p for p in self.runs.iterdir() if p.is_dir()))

@@ -164,13 +164,6 @@ class Page:
     upstream: dict[str, str] = field(default_factory=dict)  # known issue id -> its upstream http(s) link
 
     @property
-    def status_counts(self) -> dict[str, int]:
-        out: dict[str, int] = defaultdict(int)
-        for c in self.cells:
-            out[c.status] += 1
-        return dict(out)
-
-    @property
     def regressions(self) -> list[Change]:
         return [c for c in self.changes if c.result.verdict == "regression"]
 

@@ -9,7 +9,7 @@ start. So a run R that lands in cell C changes the verdicts of exactly:
 - the same tests' results in the cells that take C as their baseline, from R's start on.
 
 `rejudge_tail` judges only those: it reads the runs from R on and starts `judge_history`
-from the cell's CellState just before R: the one this connection kept after the cell's
+from the cell's CellMemory just before R: the one this connection kept after the cell's
 newest run (Memo) when R lands right after it, else, for each test R holds, the rows that
 make it, read from the cell's runs newest first until the window is full and an
 informative outcome seen. A run being indexed is judged from its observations before its
@@ -71,7 +71,7 @@ class Landing:
 
 def _judge_and_write(conn: sqlite3.Connection, runs: list[_verdicts.RunHistory],
                      base: list[_verdicts.RunHistory], current: _Current, judged: set[str] | None = None,
-                     state: _verdicts.CellState | None = None) -> tuple[int, dict[tuple[str, str], _verdicts.Verdict]]:
+                     state: _verdicts.CellMemory | None = None) -> tuple[int, dict[tuple[str, str], _verdicts.Verdict]]:
     """Judges `runs` (only those in `judged`, when given) against `base`, from `state`, and
     writes the verdicts of the (run, test) keys in `current` that changed; returns how many,
     and every verdict judged."""
@@ -219,7 +219,7 @@ class Memo:
 
     def __init__(self) -> None:
         self.version: int | None = None
-        self.cells: dict[str, tuple[_Key, _verdicts.CellState, set[str]]] = {}
+        self.cells: dict[str, tuple[_Key, _verdicts.CellMemory, set[str]]] = {}
         """cell -> (its newest run, its state after it, the tests that state knows: a test
         known with no history kept, e.g. always skipped, is not read again)."""
         self.envs: dict[str, str] = {}
@@ -231,7 +231,7 @@ class Memo:
             self.envs.clear()
             self.version = version
 
-    def take(self, conn: sqlite3.Connection, cell: str, first: _Key) -> tuple[_verdicts.CellState, set[str]]:
+    def take(self, conn: sqlite3.Connection, cell: str, first: _Key) -> tuple[_verdicts.CellMemory, set[str]]:
         """The state known for `cell` just before `first` and the tests it knows, if `first`
         lands right after the cell's newest run (else an empty one); taken out: it is judged
         forward in place, and put back only when the judging is whole."""
@@ -240,7 +240,7 @@ class Memo:
             newest = conn.execute(_RUNS_BEFORE, (cell, *first, 1)).fetchone()
             if newest is not None and (newest[1], newest[0]) == known[0]:
                 return known[1], known[2]
-        return _verdicts.CellState(), set()
+        return _verdicts.CellMemory(), set()
 
 
 def _add(runs: dict[str, _verdicts.RunHistory], envs: _Envs, test_id: str, row: tuple) -> None:

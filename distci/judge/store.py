@@ -339,10 +339,6 @@ class Store:
             wanted = set(cells) if cells is not None else {r[0] for r in conn.execute("SELECT cell_id FROM runs")}
             rejudge_cells(conn, wanted)
 
-    def recompute_in(self, conn: sqlite3.Connection, cells: set[str]) -> None:
-        """Recomputes the verdicts of `cells` from their whole history inside an open transaction."""
-        rejudge_cells(conn, cells)
-
     def rejudge_from(self, conn: sqlite3.Connection, cell: str, since: tuple[str, str],
                      tests: set[str] | None = None, landing: Landing | None = None) -> int:
         """Judges again only what a run landing at `since` ((started_at, run_id)) in `cell`

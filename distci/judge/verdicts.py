@@ -17,7 +17,7 @@ unless it failed on every rerun in this run: a test that fails every time it is 
 failing, whatever its past.
 
 This module is pure: it sees runs as `RunHistory` values and returns `Verdict`s. What
-judging carries from run to run is a `CellState`, so the store judges a landed run from the
+judging carries from run to run is a `CellMemory`, so the store judges a landed run from the
 state before it (distci.judge.rejudge) and can recompute all verdicts at any time: a run
 that arrives late (an artifact uploaded after the next night's) still gets the verdicts it
 would have had in order.
@@ -197,7 +197,7 @@ def _order(runs: Iterable[RunHistory]) -> list[RunHistory]:
 
 
 @dataclass
-class CellState:
+class CellMemory:
     """What judging carries through a cell's runs, per test: its last informative outcome
     and its last FLAKY_WINDOW outcomes that were neither skipped nor infra. A test absent
     here has no history yet; the store keeps one per cell between ingests
@@ -218,7 +218,7 @@ class CellState:
 
 def judge_history(
     runs: Sequence[RunHistory], baseline_runs: Sequence[RunHistory] = (), judged: Set[str] | None = None,
-    state: CellState | None = None,
+    state: CellMemory | None = None,
 ) -> dict[tuple[str, str], Verdict]:
     """Verdicts for every result of a cell's runs, keyed by (run_id, test_id).
 
@@ -229,7 +229,7 @@ def judge_history(
     `runs` (default: no history); it is left as it stands after the last.
     """
     verdicts: dict[tuple[str, str], Verdict] = {}
-    state = state if state is not None else CellState()
+    state = state if state is not None else CellMemory()
     last, window = state.last, state.window
     base_last: dict[str, _Seen] = {}
     base = _order(baseline_runs)

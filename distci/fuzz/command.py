@@ -1,7 +1,7 @@
 """`python -m distci fuzz`: explore the scenario space on one cell and shrink what fails.
 
 The cell is provisioned once (as `distci run` does: a venv from the wheelhouse, or
-`--python`'s preinstalled stack); the engine (suites/fuzz.py) then draws configurations
+`--python`'s preinstalled stack); the engine (distci/fuzz/engine.py) then draws configurations
 from the seed and runs them in batches, each batch one pytest session of
 suites/fuzz_entry.py on the cell's rank pool. Every configuration is an ordinary Result
 in the one run directory (cell, stack, error signature, known-issue match), so ingest,
@@ -52,9 +52,12 @@ def _value(axis, text: str) -> Any:
 
 def build_space(device_type: str, specs: list[str]):
     """The cell's space, restricted by `AXIS=V1,V2` specs (one value fixes the axis)."""
-    from suites.space import Space
+    from distci.fuzz.space import Space, cell_side
 
-    space = Space(device_type=device_type)
+    try:
+        space = Space(cell_side(), device_type=device_type)
+    except ValueError as exc:
+        raise FuzzSpecError(str(exc)) from None
     wanted: dict[str, list] = {}
     for spec in specs:
         name, sep, values = spec.partition("=")
@@ -105,9 +108,9 @@ def fuzz_registry(source: Path, target: Path) -> Path:
     """The known-issues registry with every pattern over the table's test ids also written over
     the fuzzer's: a configuration with a row's scenario id is that scenario, so the same
     known issue explains its failure (and a fuzz find it explains is not new)."""
-    from suites.fuzz import ENTRY_TEST
+    from distci.fuzz.space import cell_side
 
-    fuzz_id = f"{ENTRY_TEST}::test_fuzz_config"
+    fuzz_id = f"{cell_side().ENTRY_TEST}::test_fuzz_config"
     text = TABLE_PATTERN.sub(lambda m: f'{m.group(0)}, "{fuzz_id}{m.group(1)}"', source.read_text())
     target.write_text(text)
     return target
@@ -124,9 +127,11 @@ class BatchRunner:
         (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
 
     def __call__(self, points: list[dict[str, Any]]):
-        from suites.fuzz import Outcome
-        from suites.fuzz import CONFIGS_ENV, ENTRY_TEST
-        from suites.space import key
+        from distci.fuzz.engine import Outcome
+        from distci.fuzz.space import cell_side
+
+        cell = cell_side()
+        CONFIGS_ENV, ENTRY_TEST, key = cell.CONFIGS_ENV, cell.ENTRY_TEST, cell.key
 
         from distci.run.cellrun import run_in_env
 
@@ -160,11 +165,11 @@ class BatchRunner:
         for p in points:
             r = by_id.get(f"{ENTRY_TEST}::test_fuzz_config[{key(p)}]")
             if r is None:
-                o = Outcome(p, "infra", None, 0.0, message="no result recorded (see pytest.log)")
+                o = Outcome(p, "infra", None, 0.0, message="no result recorded (see pytest.log)", key=key(p))
             else:
                 self.stack = self.stack or r.stack
                 o = Outcome(p, r.outcome, r.error_signature, r.duration_s, r.known_issue, r.message[:2000], r.test_id,
-                            r.failure_kind)
+                            r.failure_kind, key(p))
             if o.failed:
                 self.log(f"    {o.key}: {o.signature}")
             elif o.outcome == "infra":
@@ -179,13 +184,12 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
               report_path: Path | None = None, coverage_path: Path | None = None, command: str = "",
               reruns: int | None = None, shrink_limit_s: float | None = None, log=print) -> int:
     """Fuzz one cell; returns the exit code (see the module docstring)."""
-    from suites.fuzz import Fuzzer, Report, ShrinkLimits
-    from suites.fuzz_plants import PLANT_ENV
+    from distci.fuzz.engine import Fuzzer, Report, ShrinkLimits
 
     from distci.run.cellrun import absent_accelerator_run, infra_run, provision, record_failure, start_run, uses_installed
     from distci.errors import ConfigError, InfraError, SourceError
     from distci.run.terminal import EXIT_INFRA
-    from distci.run.fuzz_report import FuzzRun, find_lines, render_report, update_coverage
+    from distci.fuzz.report import FuzzRun, find_lines, render_report, update_coverage
 
     from distci.known_issues import load_registry
     from distci.run.cellrun import REPO
@@ -229,7 +233,7 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
                         shrink=shrink, log=log, limits=limits)
         report = fuzzer.run()
         unexplained = []
-    run = FuzzRun(cell.id, seed, budget_s, space, str(run_dir), runner.stack, os.environ.get(PLANT_ENV, ""))
+    run = FuzzRun(cell.id, seed, budget_s, space, str(run_dir), runner.stack, os.environ.get(space.cell.PLANT_ENV, ""))
     for find in report.finds:
         for line in find_lines(run, find):
             log(line)
@@ -256,14 +260,12 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
 
 
 def _report_json(run, report) -> dict:
-    from suites.space import key
-
     def outcome(o):
         return {"id": o.key, "point": o.point, "outcome": o.outcome, "signature": o.signature,
                 "seconds": o.seconds, "known_issue": o.known_issue, "test_id": o.test_id}
     return {"cell": run.cell_id, "seed": run.seed, "budget_s": run.budget_s, "stack": run.stack,
             "drawn": report.drawn, "tried": [outcome(o) for o in report.tried],
-            "finds": [{"found": key(f.found.point), "shrunk": outcome(f.shrunk), "steps": f.steps,
+            "finds": [{"found": f.found.key, "shrunk": outcome(f.shrunk), "steps": f.steps,
                        "complete": f.complete, "stopped": f.stopped, "seconds": f.seconds,
                        "known_like": f.known_like} for f in report.finds],
             "known": [o.key for o in report.known], "repeats": report.repeats, "shrink_s": report.shrink_s,
@@ -272,7 +274,7 @@ def _report_json(run, report) -> dict:
 
 def list_draws(space, seed: str, count: int) -> list[str]:
     """The first `count` configurations a seed draws (what a run draws, outcomes aside)."""
-    from suites.space import Drawer, key
+    from distci.fuzz.space import Drawer
 
     drawer = Drawer(space, seed)
     out = []
@@ -280,7 +282,7 @@ def list_draws(space, seed: str, count: int) -> list[str]:
         point = drawer.draw()
         if point is None:
             break
-        out.append(key(point))
+        out.append(space.key(point))
     return out
 
 

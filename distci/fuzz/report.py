@@ -11,8 +11,8 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-from suites.fuzz import ENTRY_TEST, Find, Outcome, Report
-from suites.space import SIZE_DEFAULTS, Space, key
+from distci.fuzz.engine import Find, Outcome, Report
+from distci.fuzz.space import Space
 
 
 
@@ -38,8 +38,8 @@ def table_row(space: Space, point: dict[str, Any]) -> str:
     if point["compile"] != "none":
         args += [repr(point["compile"]), repr(point["backend"])]
     args += [f"{name}={value!r}" for name, value in extra.items()
-             if name not in ("parallel", "compile", "backend") and name not in SIZE_DEFAULTS]
-    sizes = [f"{name}={value}" for name, value in extra.items() if name in SIZE_DEFAULTS]
+             if name not in ("parallel", "compile", "backend") and name not in space.cell.SIZE_DEFAULTS]
+    sizes = [f"{name}={value}" for name, value in extra.items() if name in space.cell.SIZE_DEFAULTS]
     note = f"  # sizes {', '.join(sizes)}: no table column (the id and the repro carry them)" if sizes else ""
     return f"row({', '.join(args)}),{note}"
 
@@ -58,7 +58,7 @@ def config_json(space: Space, point: dict[str, Any]) -> str:
 def repro(space: Space, cell_id: str, point: dict[str, Any], plant: str = "") -> str:
     """One line that runs this configuration alone through a normal cell run: its test id
     names it (suites/fuzz_entry.py reads the point back from the scenario id)."""
-    test = shlex.quote(f"{ENTRY_TEST}::test_fuzz_config[{key(point)}]")
+    test = shlex.quote(f"{space.cell.ENTRY_TEST}::test_fuzz_config[{space.key(point)}]")
     env = f"DISTCI_FUZZ_PLANT={plant} " if plant else ""
     return f"{env}nox -s dist_tests -- --cell {cell_id} --test {test}"
 
