@@ -38,11 +38,11 @@ BACKENDS = ("gloo", "nccl", "hccl")
 FIXES = ("on", "off")
 
 # Product axes: each list-valued one multiplies the cells of its block; they make the id.
-AXES = ("accelerator", "arch", "variant", *PACKAGE_AXES, "fixes", "world_size")
+AXES = ("accelerator", "arch", "variant", *PACKAGE_AXES, "fixes", "world_size", "nodes")
 # Attributes: carried by every cell of the block, never part of the id.
 ATTRIBUTES = ("suites", "tiers", "python", "timeout", "external", "requirements")
 BLOCK_KEYS = AXES + ATTRIBUTES
-DEFAULT_KEYS = ("python", "world_size", "suites", "timeout", "tiers", "external", "requirements", "fixes", "torch",
+DEFAULT_KEYS = ("python", "world_size", "nodes", "suites", "timeout", "tiers", "external", "requirements", "fixes", "torch",
                 "torchao", "torchtitan")
 TOP_KEYS = ("schema", "defaults", "accelerators", "matrix", "exclude", "include", "tiers")
 ACCELERATOR_KEYS = ("backend", "runner", "archs", "variants", "family", "description", "container")
@@ -55,6 +55,7 @@ INCLUDE_KEYS = ("match", *INCLUDE_SET_KEYS)
 BUILTIN_DEFAULTS: dict[str, Any] = {
     "python": "3.11",
     "world_size": 2,
+    "nodes": 1,
     "suites": ["suites"],
     "timeout": 300,
     "tiers": [],
@@ -277,6 +278,15 @@ class _Loader:
             raise self.loc.error(f"{label}: '{key}' must be a positive integer (got {value!r})", section, key)
         return value
 
+    def _nodes(self, value: Any, world_sizes: list[int], label: str, section: tuple[str, int]) -> int:
+        """A node count that splits every world size of the block into whole ranks per node."""
+        nodes = self._positive_int(value, "nodes", label, section)
+        uneven = [ws for ws in world_sizes if ws % nodes]
+        if uneven:
+            raise self.loc.error(f"{label}: world_size {uneven[0]} is not a multiple of nodes = {nodes} (every "
+                                 "node runs the same number of ranks); change world_size or nodes", section, "nodes")
+        return nodes
+
     def _fixes(self, value: Any, label: str, section: tuple[str, int]) -> str:
         if value not in FIXES:
             hint = f' (write "{"on" if value else "off"}")' if isinstance(value, bool) else ""
@@ -302,7 +312,7 @@ class _Loader:
                 self._external(value, label, section)
             elif key == "requirements":
                 self._requirements(value, label, section)
-            elif key in ("world_size", "timeout"):
+            elif key in ("world_size", "nodes", "timeout"):
                 for v in listed:
                     self._positive_int(v, key, label, section)
             elif key == "fixes":
@@ -343,6 +353,7 @@ class _Loader:
             raise self.loc.error(f"{label}: 'python' must be a string like \"3.11\"", section, "python")
         timeout = self._positive_int(merged["timeout"], "timeout", label, section)
         world_sizes = [self._positive_int(v, "world_size", label, section) for v in values("world_size")]
+        node_counts = [self._nodes(v, world_sizes, label, section) for v in values("nodes")]
         fixes = [self._fixes(v, label, section) for v in values("fixes")]
         sources = {axis: [self._source(axis, v, label, section) for v in values(axis)]
                    for axis in ("torch", "torchao", "torchtitan")}
@@ -376,12 +387,13 @@ class _Loader:
                     raise self.loc.error(f"{label}: torch_npu is only for accelerator 'npu' (this block has "
                                          f"'{acc_name}')", section, "torch_npu")
                 npus = [None]
-            for arch, variant, torch, ao, titan, npu, fix, ws in itertools.product(
-                archs, variants, sources["torch"], sources["torchao"], sources["torchtitan"], npus, fixes, world_sizes
+            for arch, variant, torch, ao, titan, npu, fix, ws, nodes in itertools.product(
+                archs, variants, sources["torch"], sources["torchao"], sources["torchtitan"], npus, fixes, world_sizes,
+                node_counts,
             ):
                 cells.append(Cell(
                     accelerator=acc_name, arch=arch, variant=variant, torch=torch, torchao=ao,
-                    torchtitan=titan, torch_npu=npu, fixes=fix, world_size=ws, suites=suites,
+                    torchtitan=titan, torch_npu=npu, fixes=fix, world_size=ws, nodes=nodes, suites=suites,
                     tiers=cell_tiers, runner=acc.runner, backend=acc.backend, python=python,
                     timeout=timeout, family=acc.family, external=external, requirements=requirements,
                     container=acc.container,
@@ -411,7 +423,7 @@ class _Loader:
                 wanted[axis] = listed
             elif axis == "fixes":
                 wanted[axis] = [self._fixes(v, label, section) for v in listed]
-            elif axis == "world_size":
+            elif axis in ("world_size", "nodes"):
                 wanted[axis] = [self._positive_int(v, axis, label, section) for v in listed]
             else:
                 wanted[axis] = listed
