@@ -94,10 +94,10 @@ def launch_across(request: TestRequest, hosts: Hosts, topology: Topology, device
         timed_out = _await_end(agents, time.monotonic() + timeout_s)
         exits = {a.node.hostname: a.proc.returncode for a in agents}
         states = read_rank_reports(work, world, timed_out)
-        for st in states:
-            if st.report is None and not st.stuck:
-                code = exits.get(where[st.rank].node.hostname) if st.rank in where else None
-                st.exit_code = code or 1
+        for st in states:  # a rank whose agent is gone died with it: crashed, not stuck
+            code = exits.get(where[st.rank].node.hostname) if st.rank in where else None
+            if st.report is None and (code is not None or not st.stuck):
+                st.stuck, st.stack, st.exit_code = False, "", code or 1
         if timed_out:
             time.sleep(DUMP_SETTLE_S)
     finally:
@@ -117,7 +117,7 @@ def _await_ready(agents: list[_Agent], work: Path, world: int, limit_s: float) -
     while time.monotonic() < deadline:
         if all((work / f"rank{rank}.ready").exists() for rank in range(world)):
             return True
-        if any(a.proc.poll() is not None for a in agents):
+        if [a for a in agents if a.proc.poll() is not None]:
             return False
         time.sleep(0.1)
     return False
@@ -126,7 +126,7 @@ def _await_ready(agents: list[_Agent], work: Path, world: int, limit_s: float) -
 def _await_end(agents: list[_Agent], deadline: float) -> bool:
     """Until every agent exited (False) or the deadline (True: timed out). An agent that
     failed gives the others FAILURE_GRACE_S to finish, as a pool rank's failure does."""
-    while any(a.proc.poll() is None for a in agents):
+    while [a for a in agents if a.proc.poll() is None]:  # every agent polled: `any` would stop at the first
         now = time.monotonic()
         if any(a.proc.returncode for a in agents if a.proc.returncode is not None):
             deadline = min(deadline, now + FAILURE_GRACE_S)

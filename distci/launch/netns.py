@@ -206,15 +206,21 @@ class SimulatedHosts:
         flags = shown.split("<", 1)[-1].split(">", 1)[0].split(",") if "<" in shown else []
         return "UP" in flags
 
-    def netem(self, node: Node, delay_ms: int, jitter_ms: int = 0) -> None:
-        """Slow the node's link with `tc netem` (every packet out of the node delayed)."""
+    def slow_link(self, node: Node, delay_ms: int = 40, rate: str = "8mbit") -> str:
+        """Slow the node's link with `tc`: netem's delay where the kernel has sch_netem, else
+        tbf's rate limit (every packet queued behind a token bucket; kernels built without
+        netem, as some CI VMs are). Returns the qdisc it set, for the test's record."""
         if shutil.which("tc") is None:
             raise InfraError("`tc` (iproute2) is not installed: cannot slow a link")
-        cmd = ["ip", "netns", "exec", self.namespace(node), "tc", "qdisc", "replace", "dev", IFNAME, "root",
-               "netem", "delay", f"{delay_ms}ms", *([f"{jitter_ms}ms"] if jitter_ms else [])]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
-        if done.returncode != 0:
-            raise InfraError(f"`{' '.join(cmd)}` failed: {done.stderr.strip()}")
+        tried = []
+        for qdisc in (["netem", "delay", f"{delay_ms}ms", f"{max(1, delay_ms // 4)}ms"],
+                      ["tbf", "rate", rate, "burst", "32kbit", "latency", f"{max(50, delay_ms * 10)}ms"]):
+            cmd = ["ip", "netns", "exec", self.namespace(node), "tc", "qdisc", "replace", "dev", IFNAME, "root", *qdisc]
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+            if done.returncode == 0:
+                return " ".join(qdisc)
+            tried.append(f"{qdisc[0]}: {done.stderr.strip()}")
+        raise InfraError(f"cannot slow {node.hostname}'s link: {'; '.join(tried)}")
 
     def leftovers(self) -> dict[str, list[int]]:
         """Processes still running on each node (hostname -> pids), for "nothing left running"."""

@@ -34,7 +34,7 @@ def cluster_view(dist) -> None:
     assert t.item() == per_node, t.item()
 
 
-def collectives_for(dist, seconds: float = 60.0) -> None:
+def collectives_for(dist, seconds: float = 60.0, numel: int = 256) -> None:
     """All-reduces with a known answer, one after another, for `seconds`: a fault injected
     meanwhile lands mid-collective."""
     import torch
@@ -42,11 +42,12 @@ def collectives_for(dist, seconds: float = 60.0) -> None:
 
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        t = torch.ones(256)
+        t = torch.ones(numel)
         d.all_reduce(t)
         assert t[0].item() == dist.world_size, t[0].item()
         time.sleep(0.05)
 
 
 def a_few_collectives(dist) -> None:
-    collectives_for(dist, 3.0)
+    """A few 1 MiB all-reduces: on a link slowed to 8 Mbit/s each takes about a second."""
+    collectives_for(dist, 3.0, numel=256 * 1024)
