@@ -15,6 +15,7 @@ Afterwards every agent's tree is killed and each node is checked for leftovers.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -77,6 +78,9 @@ def launch_across(request: TestRequest, hosts: Hosts, topology: Topology, device
     try:
         for node in topology.nodes:
             env = dict(worker_env(device_type, world, log_dir, token), **hosts.environment(node))
+            # The request's arguments unpickle before the test's sys.path is set up, and an
+            # engine may start the agent in another directory (sbatch --chdir): give it the path.
+            env["PYTHONPATH"] = os.pathsep.join([*request.sys_path, *filter(None, [env.get("PYTHONPATH")])])
             log_path = log_dir / f"agent-{node.hostname}.log"
             with open(log_path, "ab") as log:
                 offset = log.tell()

@@ -3,7 +3,9 @@
 Each node is a network namespace of its own (`distci-<tag>-n<k>`) with one interface,
 `eth0`, at 198.18.0.<k+1>/24 (RFC 2544's benchmarking range: never routed), its own
 hostname (a UTS namespace per agent, `unshare --uts`) and an /etc/hosts naming every node
-(`ip netns exec` mounts /etc/netns/<ns>/hosts over /etc/hosts). The nodes' veths meet on a
+(a mount namespace per agent with /etc/netns/<ns>/hosts bound over /etc/hosts). Agents
+enter the node with `nsenter --net`, not `ip netns exec`: that one remounts /sys, which
+hides the cgroup hierarchy a Slurm daemon on the node needs. The nodes' veths meet on a
 bridge that lives in a namespace of its own too (`distci-<tag>-sw`), so nothing of the
 run touches the host's network: no address, route or NAT on the host, and the host's
 firewall never sees the bridged traffic.
@@ -33,7 +35,8 @@ from distci.launch.topology import RDZV_PORT, Node, Topology
 PREFIX = "distci-"
 SUBNET = "198.18.0"
 IFNAME = "eth0"
-ETC_NETNS = Path("/etc/netns")
+ETC_NETNS = Path("/etc/netns")  # where each node's hosts file lives (`ip netns` keeps per-namespace /etc here)
+NETNS_DIR = Path("/run/netns")  # where `ip netns add` pins the namespaces
 COMMAND_TIMEOUT_S = 30.0
 
 
@@ -51,7 +54,7 @@ def unavailable() -> str | None:
     """Why namespaces cannot be made here (None when they can): for skips and clear errors."""
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         return "simulated hosts need root (network namespaces, a bridge and veths)"
-    for tool in ("ip", "unshare"):
+    for tool in ("ip", "unshare", "nsenter"):
         if shutil.which(tool) is None:
             return f"simulated hosts need `{tool}` (iproute2 / util-linux)"
     probe = f"{PREFIX}probe-{uuid.uuid4().hex[:6]}"
@@ -189,8 +192,10 @@ class SimulatedHosts:
     def exec_prefix(self, node: Node) -> list[str]:
         """Prefix a command with this to run it on `node`: its namespace and hostname.
         Every step execs, so the started process IS the command (its pid, its signals)."""
-        return ["ip", "netns", "exec", self.namespace(node), "unshare", "--uts", "--",
-                "sh", "-c", 'hostname "$0" && exec "$@"', node.hostname]
+        hosts = ETC_NETNS / self.namespace(node) / "hosts"
+        return ["nsenter", f"--net={NETNS_DIR / self.namespace(node)}", "unshare", "--uts", "--mount", "--",
+                "sh", "-c", 'mount --bind "$1" /etc/hosts && hostname "$0" && shift && exec "$@"',
+                node.hostname, str(hosts)]
 
     def environment(self, node: Node) -> dict[str, str]:
         """What a node's agent and ranks are told about the network: gloo uses `eth0`."""
