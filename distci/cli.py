@@ -145,6 +145,7 @@ REGISTRY = (
     "distci.audit.run",        # fixes-audit
     "distci.bisect",       # bisect
     "distci.images",       # images, teardown
+    "distci.launch.command",   # hosts-teardown, cluster-check
     "distci.run.runreport",    # runreport
     "distci.ci",           # aggregate
     "distci.judge.notify",       # notify
@@ -191,8 +192,9 @@ def build_parser(registry: tuple[str, ...] = REGISTRY) -> argparse.ArgumentParse
 
     p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm "
                        "builds), `provision` (a cell's env, cold and warm), `pr` (the pr tier's phases, cold then warm), "
-                       "`store` (ingest, gate, dashboard at 1/10/100x)")
-    p.add_argument("what", choices=("harness", "images", "provision", "pr", "store"))
+                       "`store` (ingest, gate, dashboard at 1/10/100x), `multinode` (rendezvous on 2 and 4 simulated "
+                       "nodes; the pr rows on 2 nodes x 1 rank against 1 node x 2 ranks)")
+    p.add_argument("what", choices=("harness", "images", "provision", "pr", "store", "multinode"))
     p.add_argument("--repeat", type=int, default=1, help="pr: how many runs of the tier (default 2: cold, then warm)")
     p.add_argument("--pip", action="store_true", help="provision: also time the pip fallback install")
     p.add_argument("--keep", action="store_true", help="provision, store: keep what the bench generated")

@@ -133,10 +133,18 @@ def test_a_run_stopped_leaves_no_namespace(how: signal.Signals) -> None:
         if how == signal.SIGKILL:
             left = netns.namespaces(prefix)
             assert len(left) == 3, "nothing can clean up after SIGKILL but teardown"
-            assert sorted(netns.teardown(prefix)) == sorted(left)
+            assert set(left) <= set(netns.teardown()), "the dead run's hosts were kept"
         assert netns.namespaces(prefix) == []
         assert not list(netns.ETC_NETNS.glob(f"{prefix}*"))
     finally:
         proc.kill()
         proc.wait()
         netns.teardown(prefix)
+
+
+@needs_netns
+def test_teardown_leaves_the_hosts_of_a_run_still_going() -> None:
+    with SimulatedHosts(1) as mine:
+        netns.teardown()
+        assert len(netns.namespaces(mine.prefix)) == 2, "teardown removed a live run's hosts"
+        assert sorted(netns.teardown(mine.prefix, force=True)) == sorted([f"{mine.prefix}n0", f"{mine.prefix}sw"])

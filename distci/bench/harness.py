@@ -108,6 +108,10 @@ def run_bench(what: str, args: argparse.Namespace) -> int:
 
         repeat = int(getattr(args, "repeat", 1) or 1)
         return run_pr_bench(console, runs=repeat if repeat > 1 else 2)
+    if what == "multinode":
+        from distci.bench.multinode import run_multinode_bench
+
+        return run_multinode_bench(console)
     if what == "store":
         from distci.bench.store import DEFAULT_ROOT as DEFAULT_STORE_ROOT, run_store_bench
 

@@ -213,3 +213,42 @@ def _reachable(hosts: Hosts, node: Node) -> bool:
         return hosts.reachable(node)
     except Exception:  # noqa: BLE001 - a cluster that cannot say is taken as reachable
         return True
+
+
+@dataclass
+class AgentExit:
+    """One node's agent after `run_program`: how it ended and what it printed."""
+
+    hostname: str
+    returncode: int | None
+    output: str
+
+
+def run_program(hosts: Hosts, topology: Topology, program: list[str], *, timeout_s: float = 300.0,
+                python: str = sys.executable, env: dict[str, str] | None = None) -> list[AgentExit]:
+    """Run `program` (`-m module ...`) on every rank of `topology`, one agent per node, and
+    return each agent's exit and output (the placement check and the bench use it)."""
+    token = procs.run_token()
+    command = agent_command(topology, program, run_id=uuid.uuid4().hex[:12], python=python)
+    started = []
+    with tempfile.TemporaryDirectory(prefix="distci-agents-") as tmp:
+        try:
+            for node in topology.nodes:
+                out = open(Path(tmp) / f"{node.hostname}.out", "wb")
+                node_env = dict(os.environ, **(env or {}), **hosts.environment(node))
+                started.append((node, out, procs.start_owned([*hosts.exec_prefix(node), *command], env=node_env,
+                                                             token=token, stdout=out, stderr=subprocess.STDOUT,
+                                                             stdin=subprocess.DEVNULL)))
+            deadline = time.monotonic() + timeout_s
+            for _node, _out, proc in started:
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+            ended = [proc.poll() for _node, _out, proc in started]  # None: still running at the timeout
+        finally:
+            for _node, out, proc in started:
+                procs.kill_tree(proc)
+                out.close()
+        return [AgentExit(node.hostname, code, (Path(tmp) / f"{node.hostname}.out").read_text(errors="replace"))
+                for (node, _out, _proc), code in zip(started, ended)]

@@ -77,19 +77,39 @@ def pids_in(namespace: str) -> list[int]:
     return [int(p) for p in out.split() if p.isdigit()]
 
 
-def teardown(prefix: str = PREFIX) -> list[str]:
-    """Remove every namespace of `prefix` (and its bridge and veths with it), killing what
-    still runs inside, and their /etc/netns files; returns the namespaces removed. What a
-    run killed by SIGKILL left behind goes this way (`python -m distci launch-teardown`)."""
+def _owner_alive(name: str) -> bool:
+    """Is the process that made this namespace's hosts still running? (Its pid is in the
+    hosts' /etc/netns/<ns>/owner; a namespace without one has no live owner.)"""
+    try:
+        pid = int((ETC_NETNS / name / "owner").read_text())
+    except (OSError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def teardown(prefix: str = PREFIX, *, force: bool = False) -> list[str]:
+    """Remove the namespaces of `prefix` whose run is gone (all of them with `force`), with
+    their bridge and veths, killing what still runs inside, and their /etc/netns files;
+    returns the namespaces removed. What a run killed by SIGKILL left goes this way
+    (`python -m distci hosts-teardown`); a run still going keeps its hosts."""
     removed = []
     for name in namespaces(prefix):
+        if not force and _owner_alive(name):
+            continue
         procs.kill_pids(pids_in(name))
         _ip("netns", "delete", name, check=False)
         shutil.rmtree(ETC_NETNS / name, ignore_errors=True)
         removed.append(name)
     if ETC_NETNS.is_dir():
         for leftover in ETC_NETNS.glob(f"{prefix}*"):
-            shutil.rmtree(leftover, ignore_errors=True)
+            if force or not _owner_alive(leftover.name):
+                shutil.rmtree(leftover, ignore_errors=True)
     return removed
 
 
@@ -124,6 +144,7 @@ class SimulatedHosts:
         self._take_signals()
         try:
             _ip("netns", "add", self.switch)
+            self._own(self.switch)
             _ip("-n", self.switch, "link", "set", "lo", "up")
             _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
             _ip("-n", self.switch, "link", "set", "br0", "up")
@@ -131,6 +152,7 @@ class SimulatedHosts:
             for node in self.nodes:
                 ns, port = self.namespace(node), f"v{node.index}"
                 _ip("netns", "add", ns)
+                self._own(ns)
                 _ip("-n", ns, "link", "set", "lo", "up")
                 _ip("-n", self.switch, "link", "add", port, "type", "veth", "peer", "name", IFNAME, "netns", ns)
                 _ip("-n", self.switch, "link", "set", port, "master", "br0")
@@ -138,7 +160,6 @@ class SimulatedHosts:
                 _ip("-n", ns, "addr", "add", f"{node.address}/24", "dev", IFNAME)
                 _ip("-n", ns, "link", "set", IFNAME, "up")
                 etc = ETC_NETNS / ns
-                etc.mkdir(parents=True, exist_ok=True)
                 (etc / "hosts").write_text(hosts)
                 (etc / "hostname").write_text(node.hostname + "\n")
         except BaseException:
@@ -146,12 +167,19 @@ class SimulatedHosts:
             raise
         return self
 
+    @staticmethod
+    def _own(name: str) -> None:
+        """Mark the namespace as this process's: `teardown` leaves it while this process lives."""
+        etc = ETC_NETNS / name
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "owner").write_text(str(os.getpid()))
+
     def destroy(self) -> None:
         """Kill what runs on the nodes and remove the namespaces, bridge and veths (idempotent)."""
         if not self._created:
             return
         self._created = False
-        teardown(self.prefix)
+        teardown(self.prefix, force=True)
         self._release_signals()
         atexit.unregister(self.destroy)
 
