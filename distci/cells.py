@@ -109,6 +109,11 @@ class Cell:
     external: tuple[str, ...] = ()  # suites of suites/external.toml, run after `suites`
     requirements: tuple[str, ...] = ()  # extra pip requirement lines installed with the stack
     container: ContainerLimits = ContainerLimits()  # its accelerator's; not part of the id
+    nodes: int = 1  # hosts the world spans, world_size // nodes ranks on each (distci.launch)
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.world_size // self.nodes
 
     @property
     def id(self) -> str:
@@ -120,7 +125,10 @@ class Cell:
             parts.append(self.torchtitan.id_fragment)
         if self.torch_npu is not None:
             parts.append(self.torch_npu.id_fragment)
-        parts += [f"ws{self.world_size}", f"fix_{self.fixes}"]
+        parts.append(f"ws{self.world_size}")
+        if self.nodes != 1:
+            parts.append(f"n{self.nodes}")
+        parts.append(f"fix_{self.fixes}")
         return "-".join(parts)
 
     @property
@@ -138,6 +146,7 @@ class Cell:
             **{a: (s.declared if (s := getattr(self, a)) is not None else None) for a in PACKAGE_AXES},
             "fixes": self.fixes,
             "world_size": self.world_size,
+            "nodes": self.nodes,
             "suites": list(self.suites),
             "tiers": list(self.tiers),
             "runner": list(self.runner),
@@ -209,6 +218,7 @@ class Matrix:
                 "family": c.family,
                 "runner": list(c.runner),
                 "world_size": c.world_size,
+                **({"nodes": c.nodes} if c.nodes != 1 else {}),
                 "python": c.python,
                 "tier": tier,
             }

@@ -65,7 +65,8 @@ COMMANDS = (
     Command("bench", "distci.bench.harness",
             "benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm builds), `provision` (a "
             "cell's env, cold and warm), `pr` (the pr tier's phases, cold then warm), `store` (ingest, gate, "
-            "dashboard at 1/10/100x)"),
+            "dashboard at 1/10/100x), `multinode` (rendezvous on 2 and 4 simulated nodes; the pr rows on 2 nodes x "
+            "1 rank against 1 node x 2 ranks)"),
     Command("ingest", "distci.judge.ingest", "index run directories into the results store"),
     Command("gate", "distci.publish.gate", "PASSED (0) / BLOCKED (1) / INCOMPLETE (3): may this tier ship?"),
     Command("export", "distci.publish.export",
@@ -80,6 +81,12 @@ COMMANDS = (
     Command("aggregate", "distci.ci.command", "the CI aggregate: history, store, issues, bisects, dashboard"),
     Command("notify", "distci.publish.notify",
             "post new regressions and a not-PASSED gate to a webhook ($DISTCI_WEBHOOK_URL)"),
+    Command("hosts-teardown", "distci.launch.command",
+            "remove simulated hosts (network namespaces distci-*) a killed run left"),
+    Command("cluster-check", "distci.launch.command", "run the multi-node placement check on simulated hosts"),
+    Command("trainjob", "distci.launch.command",
+            "print a multi-node cell's Kubernetes TrainJob (validated), or --submit it"),
+    Command("sbatch-script", "distci.launch.command", "print a multi-node cell's Slurm batch script"),
     Command("fuzz", "distci.fuzz.command",
             "draw scenario configurations on one cell, run them on its rank pool, shrink what fails"),
 )

@@ -47,7 +47,7 @@ MAX_TIMEOUT_S = 6 * 3600
 """A job runs at most 6 hours on GitHub-hosted runners; a test's timeout cannot exceed it."""
 MAX_MATRIX_BYTES = 1 << 20
 """A matrix is a few KB; a file past 1 MiB is the wrong file."""
-LIMITS = {"world_size": MAX_WORLD_SIZE, "timeout": MAX_TIMEOUT_S, "shards": MAX_JOBS}
+LIMITS = {"world_size": MAX_WORLD_SIZE, "nodes": MAX_WORLD_SIZE, "timeout": MAX_TIMEOUT_S, "shards": MAX_JOBS}
 """The largest value of each count key."""
 
 DEFAULTS, BLOCK, INCLUDE = "[defaults]", "[[matrix]]", "[[include]]"
@@ -79,6 +79,7 @@ KEYS: tuple[Key, ...] = (
     *(Key(axis, "_source", (BLOCK,) if axis == "torch_npu" else (DEFAULTS, BLOCK), axis=True) for axis in PACKAGE_AXES),
     Key("fixes", "_fixes", (DEFAULTS, BLOCK), axis=True),
     Key("world_size", "_count", (DEFAULTS, BLOCK), axis=True),
+    Key("nodes", "_count", (DEFAULTS, BLOCK), axis=True),  # hosts a cell's world spans (distci.launch)
     Key("suites", "_nonempty", (DEFAULTS, BLOCK, INCLUDE), include="add"),
     Key("tiers", "_tier_names", (DEFAULTS, BLOCK, INCLUDE), include="add"),
     Key("python", "_python", (DEFAULTS, BLOCK, INCLUDE), include="set"),
@@ -98,7 +99,6 @@ TOP_KEYS = ("schema", "defaults", "accelerators", "matrix", "exclude", "include"
 ACCELERATOR_KEYS = ("backend", "runner", "archs", "variants", "family", "description", "container")
 ACCELERATOR_REQUIRED = ("backend", "runner", "archs", "variants")
 TIER_KEYS = ("description", "blocking_suites", "shards")
-
 
 
 @dataclass(frozen=True)
@@ -126,12 +126,16 @@ RULES: tuple[Rule, ...] = (
          if acc.name == "npu" and "torch_npu" not in v else None, None),
     Rule(lambda v, acc: f"torch_npu is only for accelerator 'npu' (this block has '{acc.name}')"
          if acc.name != "npu" and "torch_npu" in v else None, "torch_npu"),
+    Rule(lambda v, acc: next((f"world_size {ws} is not a multiple of nodes = {n} (every node runs the same number "
+                              "of ranks); change world_size or nodes" for ws in v["world_size"] for n in v["nodes"]
+                              if ws % n), None), "nodes"),
 )
 """The rules between keys; a key's own values are checked by its Key."""
 
 BUILTIN_DEFAULTS: dict[str, Any] = {
     "python": "3.11",
     "world_size": 2,
+    "nodes": 1,
     "suites": ["suites"],
     "timeout": 300,
     "tiers": [],
@@ -415,15 +419,15 @@ class _Loader:
             archs = value.get("arch", (acc.archs[0],))
             variants = value.get("variant", (acc.variants[0],))
             axes = (archs, variants, value["torch"], value["torchao"], value["torchtitan"],
-                    value.get("torch_npu", (None,)), value["fixes"], value["world_size"])
+                    value.get("torch_npu", (None,)), value["fixes"], value["world_size"], value["nodes"])
             count = math.prod(map(len, axes))
             if so_far + len(cells) + count > MAX_JOBS:
                 raise self.loc.error(f"{label}: expands to {so_far + len(cells) + count} cells, past GitHub's {MAX_JOBS} "
                                      "jobs per matrix; shorten its lists", section, None)
-            for arch, variant, torch, ao, titan, npu, fix, ws in itertools.product(*axes):
+            for arch, variant, torch, ao, titan, npu, fix, ws, nodes in itertools.product(*axes):
                 cells.append(Cell(
                     accelerator=acc_name, arch=arch, variant=variant, torch=torch, torchao=ao,
-                    torchtitan=titan, torch_npu=npu, fixes=fix, world_size=ws, suites=value["suites"],
+                    torchtitan=titan, torch_npu=npu, fixes=fix, world_size=ws, nodes=nodes, suites=value["suites"],
                     tiers=value["tiers"], runner=acc.runner, backend=acc.backend, python=value["python"],
                     timeout=value["timeout"], family=acc.family, external=value["external"],
                     requirements=value["requirements"], container=acc.container,

@@ -76,6 +76,8 @@ class Stack:
     sources: dict[str, Any] | None = _key()
     torch_import_error: str | None = _key()
     npu_import_error: str | None = _key()
+    # a multi-node cell: each node's facts (NODE_KEYS) as that node reports them (distci.launch)
+    nodes: list[dict[str, Any]] = _key(default=[])
     # a partial stack: the environment never came up (distci.run.cellrun)
     partial: bool = _key(default=False)
     declared: dict[str, Any] | None = _key()
@@ -211,9 +213,24 @@ def capture_stack(*, import_torch: bool = True) -> Stack:
     return Stack.from_dict(stack)
 
 
+NODE_KEYS = ("platform", "arch", "torch", "driver", "cuda", "cann", "device_count", "device_name", "device_capability")
+"""What a multi-node cell records of every node: a node's own host, driver and devices (its
+packages are the cell's, installed the same way everywhere)."""
+
+
+def node_facts() -> dict[str, Any]:
+    """This host's entry of `Stack.nodes`: its hostname and NODE_KEYS."""
+    import socket
+
+    stack = capture()
+    return {"host": socket.gethostname(), **{key: stack.get(key) for key in NODE_KEYS}}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m distci.stack` prints the Stack as JSON (used for infra records)."""
-    json.dump(capture(), sys.stdout, indent=1, sort_keys=True, default=str)
+    """`python -m distci.stack` prints the Stack as JSON (used for infra records);
+    `--node` prints this host's node facts (a multi-node cell asks each node)."""
+    args = sys.argv[1:] if argv is None else argv
+    json.dump(node_facts() if "--node" in args else capture(), sys.stdout, indent=1, sort_keys=True, default=str)
     sys.stdout.write("\n")
     return 0
 

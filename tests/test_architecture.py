@@ -223,3 +223,12 @@ def test_the_map_names_every_module(doc: str) -> None:
         if not _named(text, relative):
             missing.append(str(relative))
     assert not missing, f"{doc} does not name these modules (add each with its one job): {missing}"
+
+
+def test_launch_imports_only_records_provision_and_harness() -> None:
+    """launch/ sits between harness and external: it may use what is below it, nothing above."""
+    below = {"launch", "harness", "provision"}
+    bad = sorted(f"{mod} -> {target}" for mod, targets in import_graph(_modules()).items()
+                 if mod.startswith("distci.launch") for target in targets
+                 if target.split(".")[1] not in below and target.split(".")[1] not in RECORDS)
+    assert not bad, f"launch/ imports a stage above it: {bad}"

@@ -86,7 +86,7 @@ def test_unknown_key_without_a_close_match_lists_the_allowed_keys(tmp_path: Path
     message = error_of(tmp_path, "\n[[exclude]]\nzzz = 1\n")
     assert message.endswith(
         "[[exclude]] #1: unknown key 'zzz'; match on: accelerator, arch, variant, torch, "
-        "torchao, torchtitan, torch_npu, fixes, world_size"
+        "torchao, torchtitan, torch_npu, fixes, world_size, nodes"
     )
 
 
@@ -426,7 +426,11 @@ def test_repository_matrix() -> None:
     assert "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_off" in [c.id for c in matrix.select(tier="nightly")]
     assert "cuda-cu130-torch_nightly-ao_nightly-ws2-fix_on" in [c.id for c in matrix.select(tier="nightly")]
     assert {c.accelerator for c in matrix.cells} == {"cpu", "cuda", "npu"}
-    assert set(matrix.tiers) == {"pr", "nightly", "release"}
+    assert set(matrix.tiers) == {"pr", "nightly", "release", "multinode"}
+    two_hosts = matrix.select(tier="multinode")
+    assert [c.id for c in two_hosts] == ["cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-n2-fix_on",
+                                        "cpu-cpu-torch_2.13.0-ao_0.18.0-ws4-n2-fix_on"]
+    assert all(c.tiers == ("multinode",) for c in two_hosts), "a multi-node cell leaked into a default tier"
 
 
 def test_repository_matrix_tracks_the_new_releases() -> None:
@@ -563,3 +567,49 @@ def test_a_sharded_tier_lists_each_cell_once_per_share(tmp_path: Path) -> None:
     for bad in ("0", "1.5", "true", '"2"'):
         text = sharded.replace("shards = 2", f"shards = {bad}")
         assert "shards must be a whole number from 1 to 256" in error_of(tmp_path, base=text), bad
+
+
+# ----------------------------------------------------------------------------- nodes
+
+
+def test_nodes_default_to_one_and_stay_out_of_the_id(tmp_path: Path) -> None:
+    cell = load_matrix(write(tmp_path)).cells[0]
+    assert (cell.nodes, cell.ranks_per_node) == (1, 2)
+    assert cell.id == "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on"
+    assert "nodes" not in load_matrix(write(tmp_path)).actions_include("nightly")[0]
+
+
+def test_nodes_multiply_cells_name_them_and_split_the_world(tmp_path: Path) -> None:
+    matrix = load_matrix(write(tmp_path, base=BASE.replace('torchao = "0.18.0"\n',
+                                                            'torchao = "0.18.0"\nworld_size = 4\nnodes = [1, 2, 4]\n')))
+    assert [(c.id, c.ranks_per_node) for c in matrix.cells] == [
+        ("cpu-cpu-torch_2.13.0-ao_0.18.0-ws4-fix_on", 4),
+        ("cpu-cpu-torch_2.13.0-ao_0.18.0-ws4-n2-fix_on", 2),
+        ("cpu-cpu-torch_2.13.0-ao_0.18.0-ws4-n4-fix_on", 1),
+    ]
+    assert matrix.cell("cpu-cpu-torch_2.13.0-ao_0.18.0-ws4-n2-fix_on").as_dict()["nodes"] == 2
+    assert matrix.actions_include("nightly")[1]["nodes"] == 2
+
+
+def test_nodes_in_rules(tmp_path: Path) -> None:
+    base = BASE.replace('torchao = "0.18.0"\n', 'torchao = "0.18.0"\nnodes = [1, 2]\n')
+    matrix = load_matrix(write(tmp_path, '\n[[exclude]]\nnodes = 2\n', base=base))
+    assert [c.nodes for c in matrix.cells] == [1]
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    ("nodes = 0", "[[matrix]] #1: 'nodes' must be a positive integer (got 0)"),
+    ("nodes = \"two\"", "[[matrix]] #1: 'nodes' must be a positive integer (got 'two')"),
+    ("nodes = 3", "[[matrix]] #1: world_size 2 is not a multiple of nodes = 3 (every node runs the same number "
+                  "of ranks); change world_size or nodes"),
+])
+def test_bad_nodes_name_the_line(tmp_path: Path, edit: str, expected: str) -> None:
+    base = BASE.replace('torchao = "0.18.0"\n', f'torchao = "0.18.0"\n{edit}\n')
+    message = error_of(tmp_path, base=base)
+    assert message.endswith(expected), message
+    assert f":{line_of(base, edit)}: " in message
+
+
+def test_bad_nodes_in_defaults(tmp_path: Path) -> None:
+    message = error_of(tmp_path, base=BASE.replace('tiers = ["nightly"]', 'tiers = ["nightly"]\nnodes = -2'))
+    assert message.endswith("[defaults]: 'nodes' must be a positive integer (got -2)")

@@ -63,7 +63,13 @@ def test_nightly_matrix_comes_from_matrix_toml():
     wf = load("nightly.yml")
     jobs = wf["jobs"]
     cells = jobs["cells"]
-    assert {n for n, j in jobs.items() if "strategy" in j} == {"cells", "hud"}  # hud: one relay call per cell
+    # hud: one relay call per cell; multinode: the multinode tier's cells, only when asked
+    assert {n for n, j in jobs.items() if "strategy" in j} == {"cells", "hud", "multinode"}
+    multinode = jobs["multinode"]
+    assert multinode["strategy"]["matrix"] == "${{ fromJSON(needs.multinode-matrix.outputs.matrix) }}"
+    (listed,) = [s for s in steps(jobs["multinode-matrix"]) if s.get("id") == "matrix"]
+    assert listed["run"] == "nox -s matrix -- --json --tier multinode --github-output"
+    assert "inputs.multinode" in jobs["multinode-matrix"]["if"]
     expr = re.fullmatch(r"\$\{\{\s*fromJSON\(needs\.([\w-]+)\.outputs\.matrix\)\s*\}\}", cells["strategy"]["matrix"])
     assert expr, cells["strategy"]["matrix"]
     producer_name = expr.group(1)

@@ -109,6 +109,10 @@ def run_bench(what: str, args: argparse.Namespace) -> int:
 
         repeat = int(getattr(args, "repeat", 1) or 1)
         return run_pr_bench(console, runs=repeat if repeat > 1 else 2)
+    if what == "multinode":
+        from distci.bench.multinode import run_multinode_bench
+
+        return run_multinode_bench(console)
     if what == "store":
         from distci.bench.store import DEFAULT_ROOT as DEFAULT_STORE_ROOT, run_store_bench
 
@@ -128,8 +132,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     """Registers `bench` on the hub's subparsers: one command, the bench named by its argument."""
     p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm "
                        "builds), `provision` (a cell's env, cold and warm), `pr` (the pr tier's phases, cold then warm), "
-                       "`store` (ingest, gate, dashboard at 1/10/100x)")
-    p.add_argument("what", choices=("harness", "images", "provision", "pr", "store"))
+                       "`store` (ingest, gate, dashboard at 1/10/100x), `multinode` (rendezvous on 2 and 4 simulated "
+                       "nodes; the pr rows on 2 nodes x 1 rank against 1 node x 2 ranks)")
+    p.add_argument("what", choices=("harness", "images", "provision", "pr", "store", "multinode"))
     p.add_argument("--repeat", type=int, default=1, help="pr: how many runs of the tier (default 2: cold, then warm)")
     p.add_argument("--pip", action="store_true", help="provision: also time the pip fallback install")
     p.add_argument("--keep", action="store_true", help="provision, store: keep what the bench generated")

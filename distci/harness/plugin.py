@@ -215,6 +215,9 @@ class Harness:
         self.reruns = max(0, opt("--distci-reruns") or 0)
         self.token = procs.run_token()
         self.reaper: procs.Reaper | None = None
+        # One torchrun launch per test: `launch` on this host; a plugin that places ranks on
+        # several hosts (distci.launch.plugin) puts its own here, with the same signature.
+        self.launcher = launch
         self.pools: dict[tuple[int, float], RankPool] = {}
         self.last_used: dict[tuple[int, float], int] = {}  # pool key -> the test count when it last ran one
         self.tests_run = 0
@@ -363,7 +366,7 @@ class Harness:
         if torchrun_marker or self.mode == "torchrun":
             if self.reaper is None:
                 self.reaper = procs.Reaper(self.token)
-            combined = launch(request, world_size, self.device_type, timeout, self.log_dir,
+            combined = self.launcher(request, world_size, self.device_type, timeout, self.log_dir,
                               owns_process_group=torchrun_marker is not None,
                               pg_timeout_s=self.pg_timeout_of(timeout), token=self.token)
         else:

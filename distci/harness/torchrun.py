@@ -79,10 +79,8 @@ def launch(
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="distci-torchrun-"))
-    req_file = work / "request.pkl"
-    with open(req_file, "wb") as fh:
-        pickle.dump({"request": request, "device_type": device_type, "owns_pg": owns_process_group,
-                     "pg_timeout_s": pg_timeout_s, "timeout_s": timeout_s, "log_dir": str(log_dir)}, fh)
+    req_file = write_request(work, request, device_type, timeout_s, log_dir,
+                             owns_process_group=owns_process_group, pg_timeout_s=pg_timeout_s)
     log_path = log_dir / "torchrun.log"
     offset = log_path.stat().st_size if log_path.exists() else 0
     rank_logs = [log_dir / f"torchrun-rank{rank}.log" for rank in range(nproc)]
@@ -117,12 +115,28 @@ def launch(
         time.sleep(DUMP_SETTLE_S)
     kill_tree(proc)
     shutil.rmtree(work, ignore_errors=True)
-    agent = log_path.read_bytes()[offset:].decode("utf-8", "replace")
-    for st, path, at in zip(states, rank_logs, rank_offsets):
-        st.log = _read_from(path, at) or agent[-4000:]
+    attach_logs(states, rank_logs, rank_offsets, log_path.read_bytes()[offset:].decode("utf-8", "replace"))
+    return combine(states, time.monotonic() - start)
+
+
+def write_request(work: Path, request: TestRequest, device_type: str, timeout_s: float, log_dir: Path, *,
+                  owns_process_group: bool, pg_timeout_s: float | None) -> Path:
+    """The file torchrun_entry reads on every rank (one launch's `work` directory, which
+    every node of a multi-node launch shares: distci.launch)."""
+    req_file = work / "request.pkl"
+    with open(req_file, "wb") as fh:
+        pickle.dump({"request": request, "device_type": device_type, "owns_pg": owns_process_group,
+                     "pg_timeout_s": pg_timeout_s, "timeout_s": timeout_s, "log_dir": str(log_dir)}, fh)
+    return req_file
+
+
+def attach_logs(states: list[RankState], rank_logs: list[Path], offsets: list[int], agent_log: str) -> None:
+    """Each rank's log lines of this launch (else the agents' tail), and a stuck rank's
+    stack from its faulthandler dump when py-spy gave none."""
+    for st, path, at in zip(states, rank_logs, offsets):
+        st.log = _read_from(path, at) or agent_log[-4000:]
         if st.stuck and not st.stack:
             st.stack = _faulthandler_part(st.log)
-    return combine(states, time.monotonic() - start)
 
 
 def _read_from(path: Path, offset: int) -> str:

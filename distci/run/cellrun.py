@@ -89,6 +89,9 @@ def pytest_command(cell: Cell, python: Path, run_dir: Path, run_id: str, *, test
     registry = Path("suites") / "known_issues.toml"
     if (REPO / registry).exists():
         cmd += [f"--distci-known-issues={root / registry}"]
+    if cell.nodes != 1:  # ranks spread over hosts: simulated here, or a Slurm allocation's (docs/multinode.md)
+        cmd += ["-p", "distci.launch.plugin", f"--distci-nodes={cell.nodes}",
+                f"--distci-hosts={os.environ.get('DISTCI_HOSTS') or 'netns'}"]
     if keyword:
         cmd += ["-k", keyword]
     if shard:
