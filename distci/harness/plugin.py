@@ -63,7 +63,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--distci-mode", choices=("pool", "torchrun"), default="pool",
                     help="run every distributed test through the rank pool (default) or one torchrun per test")
     group.addoption("--distci-no-isolation", action="store_true",
-                    help="do not reset dynamo/configs/RNG between tests (only to prove isolation matters)")
+                    help="run every test in the rank workers themselves instead of a fresh fork of them, one "
+                         "process group for the pool's life (only to show what isolation prevents)")
     group.addoption("--distci-run-dir", default=None, help="write results.jsonl, junit.xml, stack.json and rank logs here")
     group.addoption("--distci-cell", default=None, help="cell id recorded with every result")
     group.addoption("--distci-run-id", default=None, help="run id recorded with every result")
@@ -333,7 +334,7 @@ class Harness:
             if self.reaper is None:
                 self.reaper = procs.Reaper(self.token)
             self.pools[key] = RankPool(world_size, self.device_type, self.log_dir, pg_timeout_s=pg_timeout,
-                                       token=self.token)
+                                       token=self.token, isolate=self.isolate)
         return self.pools[key]
 
     def run_with_reruns(self, item: pytest.Function) -> Combined:
