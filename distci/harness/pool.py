@@ -255,7 +255,8 @@ class RankPool:
         if stuck:
             self._dump_stacks(stuck, states)
         duration = time.monotonic() - start  # until the outcome is known, stacks included
-        settled = self._end_test(stuck)
+        clean = all(s.report is not None and s.report.outcome in ("passed", "skipped") for s in states.values())
+        settled = self._end_test(stuck, clean)
         for r in self.ranks:
             states[r.rank].log = _read_from(r.log_path, r.log_offset)
         ordered = [states[i] for i in sorted(states)]
@@ -266,13 +267,19 @@ class RankPool:
             self.kill()
         return combined
 
-    def _end_test(self, stuck: list[_Rank]) -> bool:
-        """Kills the processes of a test still running on `stuck` ranks, and waits for their
-        workers to say so; False when a worker is lost (the pool must be rebuilt)."""
+    def _end_test(self, stuck: list[_Rank], clean: bool) -> bool:
+        """After a test that did not end cleanly on every rank: kills every rank's processes
+        under the workers (the test's, ranks waiting for a peer that never comes, the spares),
+        waits for the `stuck` ranks' workers to say their test process is gone, and moves the
+        next test's number on by one more, so every worker forks afresh for it. False when a
+        worker is lost (the pool must be rebuilt)."""
         if not self.isolate:
             return not stuck and self.alive
-        for r in stuck:
+        if clean:
+            return self.alive
+        for r in self.ranks:
             procs.kill_descendants(r.proc.pid)
+        self.seq += 1
         deadline = time.monotonic() + DRAIN_S
         for r in stuck:
             while True:

@@ -31,7 +31,7 @@ import traceback
 import warnings
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Callable
+from typing import Any, Callable
 
 from distci.harness import procs
 from distci.harness.context import DistContext
@@ -54,10 +54,10 @@ class Rendezvous:
     start_timeout_s: float
 
 
-def join(rdv: Rendezvous, seq: int | str) -> DistContext:
-    """The default process group of this process: every rank meets at the store first with
-    the start-up's patience; the group (whose timeout may be a short test's few seconds) is
-    created only once all are there."""
+def join(rdv: Rendezvous, seq: int | str) -> tuple[DistContext, Any]:
+    """The default process group of this process, and the store its ranks met at: every rank
+    meets at the store first with the start-up's patience; the group (whose timeout may be a
+    short test's few seconds) is created only once all are there."""
     import torch.distributed as dist
 
     store = dist.FileStore(f"{rdv.init_file}.t{seq}", rdv.world_size)
@@ -67,7 +67,17 @@ def join(rdv: Rendezvous, seq: int | str) -> DistContext:
     dist.init_process_group(rdv.backend, store=store, rank=rdv.rank, world_size=rdv.world_size,
                             timeout=datetime.timedelta(seconds=rdv.pg_timeout_s))
     return DistContext(rank=rdv.rank, world_size=rdv.world_size, device_type=rdv.device_type,
-                       backend=rdv.backend, local_rank=rdv.rank, group=dist.group.WORLD)
+                       backend=rdv.backend, local_rank=rdv.rank, group=dist.group.WORLD), store
+
+
+def wait_for_peers(store: Any, rdv: Rendezvous) -> None:
+    """A rank done with its test stays until every rank is, as a long-lived rank would: a
+    peer still inside a collective it skipped then hangs (and is judged `hang` with its stack)
+    instead of failing on a vanished peer. The controller kills whoever still waits when the
+    test ends another way."""
+    store.set_timeout(datetime.timedelta(days=1))
+    store.set(f"distci_done_{rdv.rank}", "1")
+    store.wait([f"distci_done_{r}" for r in range(rdv.world_size)])
 
 
 @dataclass
@@ -110,12 +120,13 @@ class Template:
         self.run = run
         self.child_setup = child_setup
         self.spare: Child | None = None
+        self.running: Child | None = None  # a child that reported and waits for its peers
 
     # -- the child's side ------------------------------------------------------------
     def _child_main(self, seq: int, requests: Connection, reports: Connection) -> int:
         procs.die_with_parent()
         self.child_setup()
-        ctx = join(self.rdv, seq)
+        ctx, store = join(self.rdv, seq)
         try:
             request = requests.recv()
         except (EOFError, OSError):  # the template dropped this spare
@@ -127,6 +138,7 @@ class Template:
             except Exception:  # noqa: BLE001 - a stream the test closed or replaced
                 pass
         reports.send(report)
+        wait_for_peers(store, self.rdv)
         return 0
 
     def fork(self, seq: int) -> Child:
@@ -155,6 +167,7 @@ class Template:
         """The first child answers the start-up HealthCheck (a collective with a known answer);
         then the spare for the pool's first test is forked."""
         outcome = self._serve(self.fork(0), HealthCheck())
+        self.finish()
         self.spare = self.fork(1)
         return outcome
 
@@ -195,10 +208,18 @@ class Template:
                     watched.remove(child.reports)  # it ended (or closed the pipe): see its exit
             if child.pidfd in ready or _ended(child) or not watched:
                 break
-        code = _reap(child, EXIT_SETTLE_S if report is not None else None)
         if report is not None:
+            self.running = child  # it waits for its peers: finish() reaps it
             return report
+        code = _reap(child)
         return ChildExit(self.rdv.rank, code if code is not None else -9)
+
+    def finish(self) -> None:
+        """After the outcome went to the controller: the test's process gone (it waits for its
+        peers first; the controller kills it if a peer never comes), what it left killed."""
+        if self.running is not None:
+            _reap(self.running)
+            self.running = None
 
     def kill_leftovers(self) -> list[int]:
         """Everything under the template except the spare: what the last test left running

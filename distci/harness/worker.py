@@ -205,6 +205,7 @@ def _serve_forked(args: argparse.Namespace, conn: Connection) -> int:
             except OSError as exc:
                 print(f"distci: the control channel to the controller broke: {exc}", flush=True)
                 os._exit(CHANNEL_BROKEN_EXIT)
+            template.finish()
             left = template.kill_leftovers()
             if left:
                 print(f"distci: killed {len(left)} process(es) the test left running: {left}", flush=True)
@@ -217,7 +218,7 @@ def _serve_forked(args: argparse.Namespace, conn: Connection) -> int:
 def _serve_in_place(args: argparse.Namespace, conn: Connection) -> int:
     """`--in-place`: every test in this process, one process group, nothing reset."""
     _device_setup(args)()
-    ctx = join(_rendezvous(args), "in-place")
+    ctx, _store = join(_rendezvous(args), "in-place")
     conn.send(_health(ctx, HealthCheck()))
     while True:
         try:
