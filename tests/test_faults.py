@@ -454,3 +454,36 @@ def test_after_every_polluter_a_hang_and_a_crash_still_leave_their_cause(pollute
     assert _outcome(crash) == ("failed", "crash") and "rank 1 killed by SIGSEGV" in crash["message"], crash["message"]
     crashed = crash["ranks"][1]["excerpt"]
     assert "Segmentation fault" in crashed and "in test_witness_crash" in crashed, crashed[-2000:]
+
+
+@pytest.fixture(scope="module")
+def timeout_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("timeouts")
+    (tmp / "memo").mkdir()
+    proc, results, _ = _run(tmp, str(CASES / "test_timeouts.py"), "--distci-timeout=12",
+                            DISTCI_FAULT_DIR=str(tmp / "memo"), DISTCI_SATURATED_LOAD_PER_CPU="0")
+    return proc, results
+
+
+def test_a_timeout_on_a_saturated_runner_is_run_again_with_a_longer_budget(timeout_run):
+    rec = timeout_run[1]["test_slow_only_the_first_time"]
+    assert _outcome(rec) == ("passed", None), rec["message"][:2000]
+    assert rec["rerun_outcomes"] == ["failed"] and "on a saturated runner" in rec["rerun_messages"][0], rec
+    load = rec["load"]
+    assert load["saturated"] and load["progressing"] and load["retried_with_s"] == 12.0, load
+    assert {"load1", "load5", "load15", "cpus"} <= load.keys(), load
+
+
+def test_a_rank_stuck_in_a_collective_is_a_hang_however_loaded_the_runner(timeout_run):
+    rec = timeout_run[1]["test_stuck_in_a_collective"]
+    assert _outcome(rec) == ("failed", "hang") and rec["reruns"] == 0, rec
+    assert rec["load"]["saturated"] and not rec["load"]["progressing"], rec["load"]
+    assert rec["duration_s"] < 4 + 15, rec["duration_s"]
+
+
+def test_a_pytest_timeout_marker_is_distcis_per_test_timeout(timeout_run):
+    proc, results = timeout_run
+    rec = results["test_pytest_timeout_marker"]
+    assert _outcome(rec) == ("failed", "timeout") and rec["duration_s"] < 3 + 15, rec
+    assert _outcome(results["test_after_timeouts"]) == ("passed", None), results["test_after_timeouts"]["message"]
+    assert "INTERNALERROR" not in proc.stdout + proc.stderr

@@ -68,6 +68,13 @@ class Combined:
     duration_s: float = 0.0
     needs_rebuild: bool = False
     attempts: list[tuple[str, str]] = field(default_factory=list)  # earlier runs: (outcome, message)
+    load: dict[str, Any] | None = None  # set on a timeout or hang: the runner's load, the ranks' progress
+
+    @property
+    def slowed_by_load(self) -> bool:
+        """A timeout (or a hang whose peer was still computing) on a saturated runner while
+        the ranks were making progress: the machine was slow, not (yet) the test."""
+        return bool(self.load and self.load.get("saturated") and self.load.get("progressing"))
 
     def _failure(self) -> tuple[str, str | None, str | None]:
         """(message, failure kind, signature) as a Result carries them."""
@@ -98,7 +105,7 @@ class Combined:
             error_signature=signature, message=message[:MESSAGE_CHARS], duration_s=round(self.duration_s, 3),
             reruns=len(self.attempts), rerun_outcomes=[o for o, _ in self.attempts],
             rerun_messages=[text[:RERUN_MESSAGE_CHARS] for _, text in self.attempts], ranks=list(self.ranks),
-            repro=repro, known_issue=known, started_at=started_at, log_path=log_path,
+            repro=repro, known_issue=known, started_at=started_at, log_path=log_path, load=self.load,
         )
 
     def render(self) -> str:

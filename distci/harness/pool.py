@@ -23,7 +23,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from distci.harness import procs
-from distci.harness.outcome import Combined, RankState, combine, describe_exit
+from distci.harness.outcome import Combined, RankState, combine, describe_exit, in_collective
 from distci.harness.protocol import CHANNEL_BROKEN_EXIT, ChildExit, RankReport, Shutdown, Started, TestRequest
 
 FAILURE_GRACE_S = 10.0  # other ranks' time to finish after one rank failed or died
@@ -82,6 +82,14 @@ def dump_stack(pid: int) -> str:
     except (subprocess.TimeoutExpired, OSError):
         return ""
     return out.stdout if out.returncode == 0 else ""
+
+
+def load_at_timeout(states: list[RankState], progress: dict[int, bool]) -> dict:
+    """The runner's load when a test ran out of time, and whether its ranks were still making
+    progress: CPU time advancing on a stuck rank whose main thread is not waiting in a
+    collective (a rank blocked on a peer that never comes uses none)."""
+    computing = [s.rank for s in states if s.stuck and progress.get(s.rank) and not in_collective(s.stack)]
+    return dict(procs.runner_load(), progressing=bool(computing), computing_ranks=computing)
 
 
 class RankPool:
@@ -252,7 +260,11 @@ class RankPool:
             r.conn.send(request)
         self._wait(states, start + timeout_s)
         stuck = [self._rank(s.rank) for s in states.values() if s.stuck]
+        progress: dict[int, bool] = {}
         if stuck:
+            pids = {r.rank: states[r.rank].pid or r.proc.pid for r in stuck}
+            advancing = procs.cpu_advancing(list(pids.values()))
+            progress = {rank: advancing[pid] for rank, pid in pids.items()}
             self._dump_stacks(stuck, states)
         duration = time.monotonic() - start  # until the outcome is known, stacks included
         clean = all(s.report is not None and s.report.outcome in ("passed", "skipped") for s in states.values())
@@ -261,6 +273,8 @@ class RankPool:
             states[r.rank].log = _read_from(r.log_path, r.log_offset)
         ordered = [states[i] for i in sorted(states)]
         combined = combine(ordered, duration)
+        if combined.failure_kind in ("timeout", "hang") and stuck:
+            combined.load = load_at_timeout(ordered, progress)
         if self.isolate:
             combined.needs_rebuild = not settled
         if combined.needs_rebuild:

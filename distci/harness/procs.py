@@ -137,6 +137,43 @@ def _ppid(pid: int) -> int | None:
         return None
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time (user + system) used so far by `pids` and everything under them."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total = 0
+    for pid in {p for root in pids for p in (root, *descendants(root))}:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / tick
+
+
+def cpu_advancing(pids: list[int], window_s: float = 1.0) -> dict[int, bool]:
+    """Per pid: did it (or its tree) use CPU time during `window_s`? Each is read in turn, so a
+    process that gets a slice every few hundred ms on a saturated machine still shows."""
+    before = {pid: cpu_seconds([pid]) for pid in pids}
+    time.sleep(window_s)
+    return {pid: cpu_seconds([pid]) > before[pid] for pid in pids}
+
+
+SATURATED_ENV = "DISTCI_SATURATED_LOAD_PER_CPU"  # default 1.0; 0 counts every runner as saturated (tests)
+
+
+def runner_load() -> dict[str, float]:
+    """The machine's load: 1, 5 and 15 minute load averages and the CPUs this process may use;
+    `saturated` when the 1-minute load is at least $DISTCI_SATURATED_LOAD_PER_CPU (default 1)
+    runnable tasks per CPU."""
+    try:
+        load1, load5, load15 = os.getloadavg()
+    except OSError:
+        load1 = load5 = load15 = 0.0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return {"load1": round(load1, 2), "load5": round(load5, 2), "load15": round(load15, 2), "cpus": cpus,
+            "saturated": load1 >= cpus * float(os.environ.get(SATURATED_ENV) or 1.0)}
+
+
 def descendants(pid: int) -> list[int]:
     """Every process under `pid` (from /proc), children before grandchildren."""
     children: dict[int, list[int]] = {}

@@ -35,8 +35,13 @@ def split_resume(selection: Iterable[str]) -> tuple[list[str], list[str]]:
 
 def has_answer(result) -> bool:
     """Whether a Result answers its test: anything but an infra failure or an error
-    (the harness's words for "the test did not get to say")."""
-    return result.failure_kind != "infra" and result.outcome != "error"
+    (the harness's words for "the test did not get to say"), or a timeout the runner's load
+    caused (saturated, the ranks still computing) that was not run again with a longer budget."""
+    if result.failure_kind == "infra" or result.outcome == "error":
+        return False
+    load = getattr(result, "load", None) or {}
+    slowed = result.failure_kind in ("timeout", "hang") and load.get("saturated") and load.get("progressing")
+    return not (slowed and "retried_with_s" not in load)
 
 
 def read_resumed(run_dirs: Iterable[str | Path], cell_id: str) -> list[RunContents]:
