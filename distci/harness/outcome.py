@@ -54,6 +54,7 @@ class RankState:
     stuck: bool = False  # still running when the controller stopped waiting
     stack: str = ""  # stack dump taken when stuck
     pid: int | None = None  # the process that ran the test (a fork of the rank's worker)
+    oom: str = ""  # set when a SIGKILL was the OOM killer's: the evidence (procs.oom_evidence)
     log: str = ""  # the rank's log lines written during the test
 
 
@@ -174,7 +175,10 @@ def _excerpt(state: RankState) -> RankExcerpt:
 
 
 def _death(state: RankState) -> str:
-    """How a rank was lost: its exit, or its control channel breaking (no signal involved)."""
+    """How a rank was lost: its exit (the OOM killer's, when the evidence says so), or its
+    control channel breaking (no signal involved)."""
+    if state.oom:
+        return f"was killed by the kernel's OOM killer (SIGKILL; {state.oom})"
     if state.channel and state.exit_code in (None, CHANNEL_BROKEN_EXIT):
         still = "while its process was still running" if state.exit_code is None else "and the rank exited"
         return f"lost its control channel to the controller ({state.channel}) {still}"
@@ -194,11 +198,11 @@ def combine(states: list[RankState], duration_s: float) -> Combined:
         return Combined(outcome, kind, exc_type, message, sig, ranks, duration_s, needs_rebuild)
 
     if dead:
-        first = dead[0]
+        first = next((s for s in dead if s.oom), dead[0])
         msg = f"rank {first.rank} {_death(first)}"
         if len(dead) > 1:
             msg += f" (ranks {', '.join(str(s.rank) for s in dead)} died)"
-        return done("failed", "crash", "RankCrash", msg)
+        return done("failed", "crash", "RankOOM" if first.oom else "RankCrash", msg)
     for s in failed:
         rep = s.report
         assert rep is not None

@@ -107,6 +107,7 @@ class RankPool:
     ) -> None:
         self.isolate = isolate  # False: tests run in the workers themselves (--distci-no-isolation)
         self.seq = 0  # tests sent since the workers started: the forked ranks of one test meet under it
+        self._oom_kills: int | None = None  # the cgroup's OOM kills when the test in flight began
         self.token = token or procs.run_token()
         self.world_size = world_size
         self.device_type = device_type
@@ -256,6 +257,7 @@ class RankPool:
         for r in self.ranks:
             r.log_offset = r.log_path.stat().st_size
         states = {r.rank: RankState(r.rank) for r in self.ranks}
+        self._oom_kills = procs.oom_kills()
         for r in self.ranks:
             r.conn.send(request)
         self._wait(states, start + timeout_s)
@@ -329,6 +331,8 @@ class RankPool:
                     got = conn.recv()
                 except (EOFError, OSError) as exc:
                     states[r.rank].exit_code = self._exit_code(r)
+                    if states[r.rank].exit_code == -signal.SIGKILL:
+                        states[r.rank].oom = procs.oom_evidence(r.proc.pid, 0, self._oom_kills)
                     if states[r.rank].exit_code is None or states[r.rank].exit_code == CHANNEL_BROKEN_EXIT:
                         states[r.rank].channel = f"{type(exc).__name__} on the socket"
                     pending.discard(r.rank)
@@ -338,6 +342,9 @@ class RankPool:
                     continue
                 if isinstance(got, ChildExit):
                     states[r.rank].exit_code = got.code
+                    if got.code == -signal.SIGKILL:  # the harness kills nothing before the outcome is known
+                        states[r.rank].oom = procs.oom_evidence(states[r.rank].pid or -1, got.max_rss_kb,
+                                                                self._oom_kills)
                 else:
                     states[r.rank].report = got
                 pending.discard(r.rank)

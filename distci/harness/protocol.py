@@ -40,6 +40,7 @@ class ChildExit:
 
     rank: int
     code: int
+    max_rss_kb: int = 0  # its peak resident memory (rusage), for telling an OOM kill
 
 
 @dataclass

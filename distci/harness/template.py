@@ -90,6 +90,7 @@ class Child:
     reports: Connection  # child -> template: its RankReport
     pidfd: int | None  # readable once the child has ended (None where the kernel has no pidfd)
     status: int | None = None  # its wait status, once collected
+    max_rss_kb: int = 0  # its peak resident memory, once collected
 
     def close(self) -> None:
         for end in (self.requests, self.reports):
@@ -212,7 +213,7 @@ class Template:
             self.running = child  # it waits for its peers: finish() reaps it
             return report
         code = _reap(child)
-        return ChildExit(self.rdv.rank, code if code is not None else -9)
+        return ChildExit(self.rdv.rank, code if code is not None else -9, child.max_rss_kb)
 
     def finish(self) -> None:
         """After the outcome went to the controller: the test's process gone (it waits for its
@@ -235,11 +236,11 @@ def _ended(child: Child) -> bool:
     if child.status is not None:
         return True
     try:
-        pid, status = os.waitpid(child.pid, os.WNOHANG)
+        pid, status, usage = os.wait4(child.pid, os.WNOHANG)
     except ChildProcessError:
         return True
     if pid == child.pid:
-        child.status = status
+        child.status, child.max_rss_kb = status, usage.ru_maxrss
         return True
     return False
 
@@ -254,11 +255,11 @@ def _reap(child: Child, settle_s: float | None = None) -> int | None:
     deadline = None if settle_s is None else time.monotonic() + settle_s
     while status is None:
         try:
-            pid, found = os.waitpid(child.pid, os.WNOHANG if deadline is not None else 0)
+            pid, found, usage = os.wait4(child.pid, os.WNOHANG if deadline is not None else 0)
         except ChildProcessError:
             break
         if pid == child.pid:
-            status = found
+            status, child.max_rss_kb = found, usage.ru_maxrss
         elif deadline is not None and time.monotonic() >= deadline:
             procs.kill_pids([child.pid])
             deadline = None
