@@ -172,8 +172,10 @@ def test_a_failure_a_known_issue_explains_is_not_run_again(tmp_path):
 
 
 def test_reruns_and_processes_left_by_a_passing_test(tmp_path):
+    (tmp_path / "fault").mkdir()
     _proc, results, _ = _run(tmp_path, str(CASES / "test_reruns.py"), str(CASES / "test_leave_processes.py"),
-                             "-k", "not pool_rank and not torchrun_rank", "--distci-reruns=1")
+                             "-k", "not pool_rank and not torchrun_rank", "--distci-reruns=1",
+                             DISTCI_FAULT_DIR=str(tmp_path / "fault"))
     flaky = results["test_fails_first_time"]
     assert _outcome(flaky) == ("passed", None)
     assert (flaky["reruns"], flaky["rerun_outcomes"]) == (1, ["failed"])
@@ -184,6 +186,11 @@ def test_reruns_and_processes_left_by_a_passing_test(tmp_path):
     assert _outcome(results["test_rank_leaves_processes_and_passes"]) == ("passed", None)
     after = results["test_after_leaves_processes"]
     assert _outcome(after) == ("passed", None), after["message"]
+    killer = results["test_rank_kills_its_worker_leaving_a_tokenless_daemon"]
+    assert _outcome(killer) == ("failed", "crash") and "rank 1" in killer["message"], killer["message"]
+    daemon = int((tmp_path / "fault" / "daemon.pid").read_text())
+    assert not Path(f"/proc/{daemon}").exists(), f"the tokenless daemon {daemon} outlived its rank's worker"
+    assert _outcome(results["test_after_kills_its_worker"]) == ("passed", None)
 
 
 def _start_and_wait_ready(tmp_path: Path, target: str, token: str) -> tuple[subprocess.Popen, Path]:

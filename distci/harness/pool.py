@@ -150,7 +150,7 @@ class RankPool:
                 "--rank", str(rank), "--world-size", str(self.world_size),
                 "--device-type", self.device_type, "--init-file", str(init_file),
                 "--fd", str(theirs.fileno()), "--dump-fd", str(dump_theirs.fileno()),
-                "--pg-timeout", str(self.pg_timeout_s), "--start-timeout", str(self.start_timeout_s), "--parent-pid", str(os.getpid()),
+                "--pg-timeout", str(self.pg_timeout_s), "--start-timeout", str(self.start_timeout_s),
                 "--trace-dir", str(trace_dir),
             ] + ([] if self.isolate else ["--in-place"])
             rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))

@@ -58,6 +58,54 @@ def become_subreaper() -> bool:
     return _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
+def keep_tree(close_fds: tuple[int, ...] = ()) -> None:
+    """Splits this process in two: the child returns from this call and goes on; this process
+    stays behind as the keeper of the child's tree and never returns. The keeper is a child
+    subreaper, so whatever the child's tree leaves orphaned (a daemon in a session of its
+    own, with its environment cleared: no run token finds it) is re-parented to it, even when
+    the child itself dies (killed by a test, or by the OOM killer). When the child ends, the
+    keeper kills everything left under it and ends the way the child did (the same exit code
+    or signal), so its parent sees the child's death as the keeper's. `close_fds` are the
+    child's channels, closed in the keeper so the child's death closes them."""
+    become_subreaper()
+    die_with_parent()
+    pid = os.fork()
+    if pid == 0:
+        die_with_parent()  # the keeper now
+        return
+    try:
+        _keep(pid, close_fds)
+    finally:  # the keeper never returns into its caller's code, whatever happened
+        os._exit(70)
+
+
+def _keep(pid: int, close_fds: tuple[int, ...]) -> None:
+    """The keeper's life (see keep_tree): reap until `pid` ends, kill what is left, end as it did."""
+    for fd in close_fds:
+        os.close(fd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller stops the tree by killing it
+    signal.signal(signal.SIGUSR1, lambda *_: os.kill(pid, signal.SIGUSR1))  # stack dumps are the child's
+    status = 0
+    while True:
+        try:
+            got, found = os.wait()
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
+        if got == pid:
+            status = found
+            break
+    kill_descendants(os.getpid())
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        time.sleep(1)  # a signal the default action ignores: fall through
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 70)
+
+
 def _owned_child(death_signal: int = signal.SIGKILL) -> None:  # preexec_fn: in the child, before exec
     os.setsid()
     # A controller started with SIGINT ignored (a background job of a non-interactive

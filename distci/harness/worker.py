@@ -36,8 +36,9 @@ from distci.harness.template import Rendezvous, Template, join
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """The kernel kills this rank when the controller dies; as a rank is a subreaper, what
-    its tests start (and leave orphaned) stays under it, where the pool can find it."""
+    """The kernel kills this rank when its keeper (procs.keep_tree), and so the controller,
+    dies; as a rank is a subreaper, what its tests start (and leave orphaned) stays under it,
+    where it is killed after the test."""
     procs.die_with_parent()
     procs.become_subreaper()
 
@@ -257,12 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dump-fd", type=int, default=-1, help="inherited socket: a byte asks for a flight-recorder dump")
     parser.add_argument("--pg-timeout", type=float, default=240.0)
     parser.add_argument("--start-timeout", type=float, default=300.0)
-    parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--trace-dir", default="")
     parser.add_argument("--in-place", action="store_true", help="run the tests in this process (no isolation)")
     args = parser.parse_args(argv)
 
-    _die_with_parent(args.parent_pid)
+    procs.keep_tree(close_fds=tuple(fd for fd in (args.fd, args.dump_fd) if fd >= 0))
+    _die_with_parent(os.getppid())
     # A rank is stopped by its controller, never by KeyboardInterrupt: a real SIGINT ends it
     # as a signal, and a KeyboardInterrupt raised by a test is that test's exception.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
