@@ -477,7 +477,8 @@ def test_a_timeout_on_a_saturated_runner_is_run_again_with_a_longer_budget(timeo
     assert _outcome(rec) == ("passed", None), rec["message"][:2000]
     assert rec["rerun_outcomes"] == ["failed"] and "on a saturated runner" in rec["rerun_messages"][0], rec
     load = rec["load"]
-    assert load["saturated"] and load["progressing"] and load["retried_with_s"] == 12.0, load
+    factor = max(3.0, min(40.0, load["load1"] / load["cpus"]))
+    assert load["saturated"] and load["progressing"] and load["retried_with_s"] == round(4 * factor, 1), load
     assert {"load1", "load5", "load15", "cpus"} <= load.keys(), load
 
 

@@ -36,8 +36,16 @@ PG_TIMEOUT_MARGIN_S = 60.0
 PG_TIMEOUT_FLOOR_S = 5.0
 DEFAULT_MAX_POOL_STARTS = 3
 LOAD_RETRY_FACTOR = 3.0
-"""A timeout on a saturated runner whose ranks were still computing is run once more with
-this many times the budget before it counts (issue 41: a 1m44s row at load 75 on 2 cores)."""
+LOAD_RETRY_MAX_FACTOR = 40.0
+"""A timeout on a saturated runner whose ranks were still computing is run once more before
+it counts, with its budget times the runner's load per CPU (at least LOAD_RETRY_FACTOR, at
+most LOAD_RETRY_MAX_FACTOR): a test that got 1/20 of a CPU needs 20 times its wall time
+(issue 41: a 1m44s row hit its timeout at load 75 on 2 cores)."""
+
+
+def load_retry_factor(load: dict) -> float:
+    per_cpu = float(load.get("load1") or 0) / max(1, int(load.get("cpus") or 1))
+    return min(LOAD_RETRY_MAX_FACTOR, max(LOAD_RETRY_FACTOR, per_cpu))
 DEFAULT_MAX_LIVE_RANKS = 12
 """Rank workers kept up at once by one session, over all its pools. Each (world size,
 process-group timeout class) has a pool of its own; a nightly tier has about ten such
@@ -369,9 +377,10 @@ class Harness:
         attempts: list[tuple[str, str]] = []
         load: dict | None = None
         while True:
-            combined = self.run(item, LOAD_RETRY_FACTOR if load else 1.0)
+            combined = self.run(item, load_retry_factor(load) if load else 1.0)
             if combined.slowed_by_load and load is None:
-                load = dict(combined.load or {}, retried_with_s=round(self.timeout_of(item) * LOAD_RETRY_FACTOR, 1))
+                load = dict(combined.load or {})
+                load["retried_with_s"] = round(self.timeout_of(item) * load_retry_factor(load), 1)
                 attempts.append((combined.outcome, f"[{combined.failure_kind}] {combined.exc_type}: {combined.message} "
                                  f"(on a saturated runner: {describe_load(load)}; run again with "
                                  f"{load['retried_with_s']:.0f} s)"))

@@ -2,7 +2,7 @@
 DISTCI_SATURATED_LOAD_PER_CPU=0, so the runner counts as saturated whatever its load).
 
 - `test_slow_only_the_first_time`: its first attempt computes past its 4 s budget (CPU time
-  advancing, no collective): a load-timeout, run again with 3x the budget, where it passes;
+  advancing, no collective): a load-timeout, run again with a budget times the load per CPU (>= 3x), where it passes;
 - `test_stuck_in_a_collective`: rank 0 waits for a collective rank 1 never joins: no
   progress, so a `hang` at once, never run again however loaded the runner;
 - `test_pytest_timeout_marker`: pytest-timeout's `@pytest.mark.timeout(3)` is distci's
