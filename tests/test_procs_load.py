@@ -8,7 +8,7 @@ import sys
 
 from distci.harness import procs
 from distci.harness.outcome import RankState
-from distci.harness.pool import load_at_timeout
+from distci.harness.timeouts import load_at_timeout
 
 
 def test_a_computing_process_advances_and_a_sleeping_one_does_not() -> None:

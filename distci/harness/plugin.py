@@ -29,23 +29,13 @@ from distci.harness import procs
 from distci.harness.pool import PoolStartError, RankPool
 from distci.harness.protocol import TestRequest
 from distci.harness.recorder import Recorder
+from distci.harness.timeouts import USER_TIMEOUT, describe_load, load_retry_factor, take_over_timeout_markers
 from distci.harness.torchrun import launch
 
 DEFAULT_TIMEOUT_S = 300.0
 PG_TIMEOUT_MARGIN_S = 60.0
 PG_TIMEOUT_FLOOR_S = 5.0
 DEFAULT_MAX_POOL_STARTS = 3
-LOAD_RETRY_FACTOR = 3.0
-LOAD_RETRY_MAX_FACTOR = 40.0
-"""A timeout on a saturated runner whose ranks were still computing is run once more before
-it counts, with its budget times the runner's load per CPU (at least LOAD_RETRY_FACTOR, at
-most LOAD_RETRY_MAX_FACTOR): a test that got 1/20 of a CPU needs 20 times its wall time
-(issue 41: a 1m44s row hit its timeout at load 75 on 2 cores)."""
-
-
-def load_retry_factor(load: dict) -> float:
-    per_cpu = float(load.get("load1") or 0) / max(1, int(load.get("cpus") or 1))
-    return min(LOAD_RETRY_MAX_FACTOR, max(LOAD_RETRY_FACTOR, per_cpu))
 DEFAULT_MAX_LIVE_RANKS = 12
 """Rank workers kept up at once by one session, over all its pools. Each (world size,
 process-group timeout class) has a pool of its own; a nightly tier has about ten such
@@ -63,7 +53,6 @@ MARKERS = (
     "timeout(seconds): pytest-timeout's marker; on a distributed test it is distci's per-test timeout "
     "(as dist_timeout), enforced on the ranks, never in the controller",
 )
-USER_TIMEOUT = pytest.StashKey[float]()  # a distributed test's pytest-timeout marker value, taken over
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -128,24 +117,9 @@ def pytest_configure(config: pytest.Config) -> None:
     harness.take_stop_signals()
 
 
-def take_over_timeout_markers(items: list[pytest.Item]) -> None:
-    """A distributed test's `@pytest.mark.timeout(N)` becomes distci's per-test timeout. In
-    the controller pytest-timeout would time the controller's wait for the ranks (raising
-    there while the ranks run on, or `os._exit`ing the whole session); a closer
-    `timeout(0)` marker switches it off for the test, and the ranks' deadline applies."""
-    for item in items:
-        marker = item.get_closest_marker("timeout")
-        if marker is None or not is_distributed(item):
-            continue
-        value = marker.args[0] if marker.args else marker.kwargs.get("timeout")
-        if value is not None and float(value) > 0:
-            item.stash[USER_TIMEOUT] = float(value)
-        item.add_marker(pytest.mark.timeout(0), append=False)
-
-
 @pytest.hookimpl(trylast=True)  # after the suites' tier and shard selection: a resume keeps their share
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    take_over_timeout_markers(items)
+    take_over_timeout_markers(items, is_distributed)
     path = config.getoption("--distci-skip-done", default=None)
     if not path:
         return
@@ -464,10 +438,6 @@ class Harness:
         if self._run_dir_lock is not None:
             os.close(self._run_dir_lock)
             self._run_dir_lock = None
-
-
-def describe_load(load: dict) -> str:
-    return f"load {load.get('load1')} on {load.get('cpus')} CPUs, rank(s) {load.get('computing_ranks')} still computing"
 
 
 def scratch_dir(root: Path) -> Path:

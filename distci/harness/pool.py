@@ -23,7 +23,8 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from distci.harness import procs
-from distci.harness.outcome import Combined, RankState, combine, describe_exit, in_collective
+from distci.harness.outcome import Combined, RankState, combine, describe_exit
+from distci.harness.timeouts import load_at_timeout
 from distci.harness.protocol import CHANNEL_BROKEN_EXIT, ChildExit, RankReport, Shutdown, Started, TestRequest
 
 FAILURE_GRACE_S = 10.0  # other ranks' time to finish after one rank failed or died
@@ -82,14 +83,6 @@ def dump_stack(pid: int) -> str:
     except (subprocess.TimeoutExpired, OSError):
         return ""
     return out.stdout if out.returncode == 0 else ""
-
-
-def load_at_timeout(states: list[RankState], progress: dict[int, bool]) -> dict:
-    """The runner's load when a test ran out of time, and whether its ranks were still making
-    progress: CPU time advancing on a stuck rank whose main thread is not waiting in a
-    collective (a rank blocked on a peer that never comes uses none)."""
-    computing = [s.rank for s in states if s.stuck and progress.get(s.rank) and not in_collective(s.stack)]
-    return dict(procs.runner_load(), progressing=bool(computing), computing_ranks=computing)
 
 
 class RankPool:

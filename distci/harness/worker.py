@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import faulthandler
+import importlib
 import os
 import signal
 import sys
@@ -108,6 +109,21 @@ def _warm_up(args: argparse.Namespace) -> None:
 
     if device_kind(args.device_type).name == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.world_size))
+
+
+def _warm_module(args: argparse.Namespace, msg: TestRequest) -> None:
+    """The test's module, imported into the template once its first test ran, so later tests of
+    it fork with it imported (a suite module imports seconds of torch.distributed.tensor,
+    Dynamo and the suites). CPU only: an import that touched CUDA would leave the template
+    unable to fork ranks that use it. A module that fails to import is left to its tests."""
+    if msg.module in sys.modules or device_kind(args.device_type).name != "cpu":
+        return
+    try:
+        prepare_path(msg)
+        importlib.import_module(msg.module)
+    except BaseException as exc:  # noqa: BLE001 - the forked test reports its own import error
+        print(f"distci: the worker could not import {msg.module} ahead ({type(exc).__name__}); its tests import it",
+              flush=True)
 
 
 def _device_setup(args: argparse.Namespace) -> Callable[[], None]:
@@ -210,6 +226,7 @@ def _serve_forked(args: argparse.Namespace, conn: Connection) -> int:
             left = template.kill_leftovers()
             if left:
                 print(f"distci: killed {len(left)} process(es) the test left running: {left}", flush=True)
+            _warm_module(args, msg)
             template.fork_spare(msg.seq + 1)
     template.drop_spare()
     template.kill_leftovers()
