@@ -99,6 +99,8 @@ def run_harness_bench(console: Console) -> dict:
         for mode in MODES:
             console.print(f"bench: {workload} via {mode} ...")
             rows.append(time_plain_torchrun(workload) if mode == "plain-torchrun" else time_pytest(workload, mode))
+            console.print(f"bench:   {rows[-1].passed}/{rows[-1].tests} passed in {rows[-1].wall_s:.1f}s "
+                          f"(load {os.getloadavg()[0]:.1f})")
     table = Table(title="harness: the isolated rank pool vs the pool in place, plain torchrun, torchrun per test")
     for col in ("workload", "mode", "tests", "passed", "wall", "median/test"):
         table.add_column(col)
