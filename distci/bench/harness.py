@@ -84,11 +84,15 @@ def time_plain_torchrun(target: str, nproc: int = 2) -> Timing:
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True)
     wall = time.monotonic() - start
-    counts = [(int(p or 0), int(f or 0)) for p, f in
-              re.findall(r"(?:(\d+) passed)?(?:, )?(?:(\d+) failed)? in [\d.]+s", proc.stdout) if p or f]
-    if not counts:
+    summaries = [line for line in proc.stdout.splitlines() if re.search(r"\b(passed|failed)\b.* in [\d.]+s", line)]
+    if not summaries:
         raise RuntimeError(f"plain torchrun gave no pytest summary on {target}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    passed, failed = counts[0]
+
+    def count(word: str) -> int:
+        found = re.search(rf"(\d+) {word}", summaries[0])
+        return int(found.group(1)) if found else 0
+
+    passed, failed = count("passed"), count("failed")
     return Timing(target, "plain-torchrun", passed + failed, passed, wall, float("nan"))
 
 
