@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from multiprocessing.connection import Connection
-from typing import Callable
+from typing import Callable, Iterator
 
 from distci.harness import procs
 from distci.harness.context import DistContext
@@ -204,30 +204,44 @@ def _health(ctx: DistContext, check: HealthCheck) -> RankReport:
     return RankReport(ctx.rank, "passed", duration_s=time.monotonic() - start, info=info)
 
 
-def _serve_forked(args: argparse.Namespace, conn: Connection) -> int:
-    """The template's loop: each test in a fresh fork (template.py)."""
-    template = Template(_rendezvous(args), args.fd, run_on_rank, _device_setup(args))
-    conn.send(template.start_up())
+def _requests(conn: Connection) -> Iterator[TestRequest]:
+    """The tests the controller sends, until it says Shutdown or goes away."""
     while True:
         try:
             msg = conn.recv()
         except (EOFError, OSError):
-            break
+            return
         if isinstance(msg, Shutdown):
-            break
+            return
         if isinstance(msg, TestRequest):
-            outcome = template.test(msg, conn)
-            try:
-                conn.send(outcome)
-            except OSError as exc:
-                print(f"distci: the control channel to the controller broke: {exc}", flush=True)
-                os._exit(CHANNEL_BROKEN_EXIT)
-            template.finish()
-            left = template.kill_leftovers()
-            if left:
-                print(f"distci: killed {len(left)} process(es) the test left running: {left}", flush=True)
-            _warm_module(args, msg)
-            template.fork_spare(msg.seq + 1)
+            yield msg
+
+
+def _send(conn: Connection, outcome: object) -> None:
+    """An outcome to the controller; a broken channel (a test closed it in place) ends the
+    worker with an exit code that says so."""
+    try:
+        conn.send(outcome)
+    except OSError as exc:
+        print(f"distci: the control channel to the controller broke: {exc}", flush=True)
+        os._exit(CHANNEL_BROKEN_EXIT)
+
+
+def _say_killed(left: list[int]) -> None:
+    if left:
+        print(f"distci: killed {len(left)} process(es) the test left running: {left}", flush=True)
+
+
+def _serve_forked(args: argparse.Namespace, conn: Connection) -> int:
+    """The template's loop: each test in a fresh fork (template.py)."""
+    template = Template(_rendezvous(args), args.fd, run_on_rank, _device_setup(args))
+    conn.send(template.start_up())
+    for msg in _requests(conn):
+        _send(conn, template.test(msg, conn))
+        template.finish()
+        _say_killed(template.kill_leftovers())
+        _warm_module(args, msg)
+        template.fork_spare(msg.seq + 1)
     template.drop_spare()
     template.kill_leftovers()
     return 0
@@ -238,24 +252,11 @@ def _serve_in_place(args: argparse.Namespace, conn: Connection) -> int:
     _device_setup(args)()
     ctx, _store = join(_rendezvous(args), "in-place")
     conn.send(_health(ctx, HealthCheck()))
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            break
-        if isinstance(msg, Shutdown):
-            break
-        if isinstance(msg, TestRequest):
-            conn.send(Started(args.rank, os.getpid()))
-            report = run_on_rank(msg, ctx)
-            left = procs.kill_descendants(os.getpid())
-            if left:
-                print(f"distci: killed {len(left)} process(es) the test left running: {left}", flush=True)
-            try:
-                conn.send(report)
-            except OSError as exc:  # the channel broke (a test closed it): say so by the exit code
-                print(f"distci: the control channel to the controller broke: {exc}", flush=True)
-                os._exit(CHANNEL_BROKEN_EXIT)
+    for msg in _requests(conn):
+        conn.send(Started(args.rank, os.getpid()))
+        report = run_on_rank(msg, ctx)
+        _say_killed(procs.kill_descendants(os.getpid()))
+        _send(conn, report)
     try:
         import torch.distributed as dist
 
