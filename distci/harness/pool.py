@@ -48,6 +48,7 @@ class _Rank:
     dump_sock: socket.socket | None
     log_path: Path
     log_offset: int = 0
+    worker_pid: int = 0  # the worker under `proc` (its keeper, procs.keep_tree): the forks' parent
 
 
 def _read_from(path: Path, offset: int) -> str:
@@ -164,6 +165,8 @@ class RankPool:
         self.init_dir = init_dir
         self.seq = 0
         self.health = self._collect_health(self.start_timeout_s, "start-up")
+        for r, report in zip(self.ranks, self.health):
+            r.worker_pid = int(report.info.get("worker_pid") or r.proc.pid)
 
     def _collect_health(self, timeout_s: float, what: str) -> list[RankReport]:
         reports: dict[int, RankReport] = {}
@@ -286,8 +289,8 @@ class RankPool:
             return not stuck and self.alive
         if clean:
             return self.alive
-        for r in self.ranks:
-            procs.kill_descendants(r.proc.pid)
+        for r in self.ranks:  # the workers' trees, not the workers
+            procs.kill_descendants(r.worker_pid or r.proc.pid)
         self.seq += 1
         deadline = time.monotonic() + DRAIN_S
         for r in stuck:

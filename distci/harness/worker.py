@@ -235,7 +235,10 @@ def _say_killed(left: list[int]) -> None:
 def _serve_forked(args: argparse.Namespace, conn: Connection) -> int:
     """The template's loop: each test in a fresh fork (template.py)."""
     template = Template(_rendezvous(args), args.fd, run_on_rank, _device_setup(args))
-    conn.send(template.start_up())
+    ready = template.start_up()
+    if isinstance(ready, RankReport):
+        ready.info["worker_pid"] = os.getpid()  # the forks' parent, under its keeper
+    conn.send(ready)
     for msg in _requests(conn):
         _send(conn, template.test(msg, conn))
         template.finish()
@@ -251,7 +254,9 @@ def _serve_in_place(args: argparse.Namespace, conn: Connection) -> int:
     """`--in-place`: every test in this process, one process group, nothing reset."""
     _device_setup(args)()
     ctx, _store = join(_rendezvous(args), "in-place")
-    conn.send(_health(ctx, HealthCheck()))
+    ready = _health(ctx, HealthCheck())
+    ready.info["worker_pid"] = os.getpid()
+    conn.send(ready)
     for msg in _requests(conn):
         conn.send(Started(args.rank, os.getpid()))
         report = run_on_rank(msg, ctx)
