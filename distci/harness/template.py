@@ -24,6 +24,7 @@ Rules the template keeps so that fork stays safe:
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import sys
 import time
@@ -145,6 +146,8 @@ class Template:
     def fork(self, seq: int) -> Child:
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
+        gc.freeze()  # the template's objects out of the collector's sight: a collection in the child
+        # would write to every object's header and copy the template's pages one by one
         with warnings.catch_warnings():  # 3.12+: "multi-threaded, fork() may deadlock": the template's
             warnings.simplefilter("ignore", DeprecationWarning)  # threads hold no lock the child needs
             pid = os.fork()
