@@ -68,6 +68,7 @@ class Result:
     known_issue: str | None = None
     started_at: str = ""
     log_path: str = ""
+    load: dict[str, Any] | None = None  # a timeout's runner load (procs.runner_load) and what was done about it
     schema: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -378,6 +379,12 @@ def load_line(raw: bytes) -> Any:
 
 def has_answer(result: Result) -> bool:
     """Whether a Result answers its test: anything but an infra failure or an error
-    (the harness's words for "the test did not get to say"). A resumed run reruns the
-    tests without one; a report keeps a test's latest answer over a later non-answer."""
-    return result.failure_kind != "infra" and result.outcome != "error"
+    (the harness's words for "the test did not get to say"), or a timeout the runner's load
+    caused (saturated, the ranks still computing) that was not run again with a longer
+    budget. A resumed run reruns the tests without one; a report keeps a test's latest
+    answer over a later non-answer."""
+    if result.failure_kind == "infra" or result.outcome == "error":
+        return False
+    load = getattr(result, "load", None) or {}
+    slowed = result.failure_kind in ("timeout", "hang") and load.get("saturated") and load.get("progressing")
+    return not (slowed and "retried_with_s" not in load)

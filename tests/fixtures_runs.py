@@ -68,6 +68,7 @@ def result(
     started_at: str = "",
     duration_s: float = 1.0,
     ranks: Iterable[RankExcerpt] = (),
+    load: dict[str, Any] | None = None,
 ) -> Result:
     return Result(
         run_id=run_id,
@@ -85,6 +86,7 @@ def result(
         repro=repro_line(cell_id, test_id) if outcome in ("failed", "error") else "",
         known_issue=known_issue,
         started_at=started_at,
+        load=load,
     )
 
 

@@ -13,7 +13,7 @@ import warnings
 import pytest
 
 from conftest import REPO
-from distci.harness import isolation, procs
+from distci.harness import procs
 from distci.harness.outcome import RankState, combine, in_collective
 
 FAULTHANDLER_SPIN = """Current thread 0x00007f (most recent call first):
@@ -52,45 +52,6 @@ def test_every_rank_excerpt_names_its_rank():
     states = [RankState(0, stuck=True, stack=FAULTHANDLER_COLLECTIVE, log="zero"), RankState(1, exit_code=-11, log="one")]
     combined = combine(states, 1.0)
     assert [r.excerpt.split()[:2] for r in combined.ranks] == [["rank", "0"], ["rank", "1"]]
-
-
-def _leak_everything(tmp_path):
-    import torch
-
-    torch.set_default_dtype(torch.float64)
-    torch.set_default_device("meta")
-    torch.set_num_threads(torch.get_num_threads() + 1)
-    torch.use_deterministic_algorithms(True)
-    torch.set_grad_enabled(False)
-    torch.set_autocast_enabled("cpu", True)
-    torch.set_float32_matmul_precision("medium" if torch.get_float32_matmul_precision() != "medium" else "high")
-    os.environ["DISTCI_UNIT_LEAK"] = "1"
-    os.chdir(tmp_path)
-    warnings.simplefilter("error", ResourceWarning)
-
-
-def test_restore_globals_undoes_every_leak(tmp_path):
-    saved = isolation.snapshot_globals()
-    cwd = os.getcwd()
-    cm = None
-    try:
-        _leak_everything(tmp_path)
-        cm = __import__("torch").inference_mode()
-        cm.__enter__()
-        restored = isolation.restore_globals(saved)
-        assert isolation.snapshot_globals() == saved
-        for name in ("default dtype", "default device", "num threads", "deterministic algorithms",
-                     "inference mode", "autocast", "matmul precision", "os.environ", "cwd", "warnings filters"):
-            assert name in restored  # (leaving inference mode switched grad mode back on: not listed)
-        assert isolation.restore_globals(saved) == []  # nothing left to set back
-        __import__("torch").set_grad_enabled(False)
-        assert isolation.restore_globals(saved) == ["grad mode"]
-    finally:
-        os.chdir(cwd)
-        if cm is not None:  # this pytest process goes on: leave the mode the way it was entered
-            cm.__exit__(None, None, None)
-        isolation.restore_globals(saved)
-        __import__("torch").set_grad_enabled(True)
 
 
 def test_pg_timeout_classes_follow_the_marker():
@@ -209,33 +170,3 @@ def test_a_lost_rank_is_named_by_what_happened_never_a_made_up_signal(state, mes
     combined = combine([RankState(0), state], 1.0)
     assert (combined.outcome, combined.failure_kind, combined.message) == ("failed", "crash", message)
     assert combined.needs_rebuild and "SIGHUP" not in combined.render()
-
-
-def test_dtensor_caches_are_emptied_between_tests(tmp_path):
-    """A test's DTensor placements must be decided for it: the reset between tests empties
-    the sharding caches an earlier test filled (torch 2.10 cached the embedding backward
-    without its vocabulary size: pytorch#174727), the C++ fast path's included."""
-    torch = pytest.importorskip("torch")
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, distribute_tensor
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
-    try:
-        mesh = init_device_mesh("cpu", (1,))
-        x = distribute_tensor(torch.ones(4, 4), mesh, [Replicate()])
-        (x + x).sum()
-        from torch.distributed.tensor import DTensor
-
-        python_cache = DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding
-        filled = python_cache.cache_info().currsize + sum(getattr(torch._C, "_get_DTensor_sharding_propagator_cache_stats",
-                                                                  lambda: (0,))())
-        assert filled > 0, "the DTensor ops above left no cache entry to clear"
-        cleared = isolation.clear_dtensor_caches()
-        assert "propagate_op_sharding" in cleared
-        assert python_cache.cache_info().currsize == 0
-        native = getattr(torch._C, "_get_DTensor_sharding_propagator_cache_stats", None)
-        if native is not None:  # the C++ fast path's cache (torch 2.10 on), which the ops above went through
-            assert "native_sharding_propagator" in cleared and sum(native()) == 0, native()
-    finally:
-        dist.destroy_process_group()

@@ -42,6 +42,24 @@ def test_a_failure_or_a_hang_is_an_answer_an_interrupted_test_is_not(tmp_path: P
     assert done_tests(runs) == {f"{S}[tp-eager]", f"{S}[fsdp-eager]", f"{S}[hsdp-eager-ws4]"}
 
 
+def test_a_timeout_the_runners_load_caused_is_an_answer_only_once_run_again(tmp_path: Path) -> None:
+    """A timeout on a saturated runner whose ranks were still computing says nothing about the
+    test until it ran again with the longer budget (the harness does that at once; a run
+    stopped in between, or one from a harness without the retry, leaves it unanswered)."""
+    loaded = {"load1": 41.0, "load5": 39.0, "load15": 30.0, "cpus": 2, "saturated": True, "progressing": True}
+    run = write_run(tmp_path, "r1", CELL, [
+        {"test_id": f"{S}[tp-eager]", "outcome": "failed", "failure_kind": "timeout", "message": "slow",
+         "load": loaded},
+        {"test_id": f"{S}[fsdp-eager]", "outcome": "failed", "failure_kind": "timeout", "message": "slow",
+         "load": dict(loaded, retried_with_s=900.0)},
+        {"test_id": f"{S}[hsdp-eager-ws4]", "outcome": "failed", "failure_kind": "timeout", "message": "slow",
+         "load": dict(loaded, progressing=False)},
+        {"test_id": f"{S}[pp-gpipe-eager]", "outcome": "failed", "failure_kind": "timeout", "message": "slow",
+         "load": dict(loaded, saturated=False)},
+    ], started_at=T0, stack=stack())
+    assert done_tests(read_resumed([run], CELL)) == {f"{S}[fsdp-eager]", f"{S}[hsdp-eager-ws4]", f"{S}[pp-gpipe-eager]"}
+
+
 def test_runs_of_another_cell_are_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(RunDirError, match=f"r1: is a run of cell {CELL}, not of cpu-cpu-other"):
         read_resumed([_stopped(tmp_path)], "cpu-cpu-other")

@@ -11,8 +11,8 @@ The rules, in order:
     otherwise (plain slow compute)                      -> failed / timeout
 - every rank skipped (or some skipped, none failed)     -> skipped
 - every rank passed                                     -> passed
-then, by the pool: a test that passed but left the pool broken (process group
-destroyed, an un-waited collective) -> failed / exception `PoolLeftBroken`.
+Nothing a passing test leaves in its processes needs judging: each test runs in fresh
+forks of the rank workers (template.py), so it cannot reach the next test.
 
 Only the FILE of each stack frame counts as evidence of a collective: a test named
 `test_broadcast_*` spinning in pure Python is slow, not hung.
@@ -53,6 +53,8 @@ class RankState:
     channel: str = ""  # set when its control channel broke: how (the process may still run)
     stuck: bool = False  # still running when the controller stopped waiting
     stack: str = ""  # stack dump taken when stuck
+    pid: int | None = None  # the process that ran the test (a fork of the rank's worker)
+    oom: str = ""  # set when a SIGKILL was the OOM killer's: the evidence (procs.oom_evidence)
     log: str = ""  # the rank's log lines written during the test
 
 
@@ -67,22 +69,13 @@ class Combined:
     duration_s: float = 0.0
     needs_rebuild: bool = False
     attempts: list[tuple[str, str]] = field(default_factory=list)  # earlier runs: (outcome, message)
+    load: dict[str, Any] | None = None  # set on a timeout or hang: the runner's load, the ranks' progress
 
-    def charge_broken_pool(self, problem: str) -> None:
-        """The test left the pool unusable: it is failed for that (a passing one too), and
-        the pool is rebuilt, so the next test does not pay for it."""
-        self.charge("PoolLeftBroken", problem, rebuild=True)
-
-    def charge(self, exc_type: str, problem: str, *, rebuild: bool) -> None:
-        """The test changed the world for later tests (`problem` says how, after "the test"):
-        it is failed for that, a passing one too; `rebuild` when only new ranks undo it."""
-        self.needs_rebuild = self.needs_rebuild or rebuild
-        if self.outcome in ("passed", "skipped"):
-            self.outcome, self.failure_kind, self.exc_type = "failed", "exception", exc_type
-            self.message = f"the test {problem}"
-            self.signature = error_signature(self.exc_type, self.message)
-        else:
-            self.message = f"{self.message} (and the test {problem})"
+    @property
+    def slowed_by_load(self) -> bool:
+        """A timeout (or a hang whose peer was still computing) on a saturated runner while
+        the ranks were making progress: the machine was slow, not (yet) the test."""
+        return bool(self.load and self.load.get("saturated") and self.load.get("progressing"))
 
     def _failure(self) -> tuple[str, str | None, str | None]:
         """(message, failure kind, signature) as a Result carries them."""
@@ -113,7 +106,7 @@ class Combined:
             error_signature=signature, message=message[:MESSAGE_CHARS], duration_s=round(self.duration_s, 3),
             reruns=len(self.attempts), rerun_outcomes=[o for o, _ in self.attempts],
             rerun_messages=[text[:RERUN_MESSAGE_CHARS] for _, text in self.attempts], ranks=list(self.ranks),
-            repro=repro, known_issue=known, started_at=started_at, log_path=log_path,
+            repro=repro, known_issue=known, started_at=started_at, log_path=log_path, load=self.load,
         )
 
     def render(self) -> str:
@@ -182,34 +175,14 @@ def _excerpt(state: RankState) -> RankExcerpt:
 
 
 def _death(state: RankState) -> str:
-    """How a rank was lost: its exit, or its control channel breaking (no signal involved)."""
+    """How a rank was lost: its exit (the OOM killer's, when the evidence says so), or its
+    control channel breaking (no signal involved)."""
+    if state.oom:
+        return f"was killed by the kernel's OOM killer (SIGKILL; {state.oom})"
     if state.channel and state.exit_code in (None, CHANNEL_BROKEN_EXIT):
         still = "while its process was still running" if state.exit_code is None else "and the rank exited"
         return f"lost its control channel to the controller ({state.channel}) {still}"
     return describe_exit(state.exit_code)
-
-
-def leaks_of(states: list[RankState]) -> dict[str, tuple[list[int], bool]]:
-    """What the ranks' leak checks found: what -> (ranks, set back in place)."""
-    found: dict[str, tuple[list[int], bool]] = {}
-    for s in states:
-        for leak in (s.report.info.get("leaks", []) if s.report is not None else []):
-            ranks, restored = found.get(leak["what"], ([], True))
-            found[leak["what"]] = ([*ranks, s.rank], restored and bool(leak["restored"]))
-    return found
-
-
-def charge_leaks(combined: Combined, states: list[RankState]) -> None:
-    """Fails the test whose leak check found something (see harness/leaks.py), naming it."""
-    found = leaks_of(states)
-    if not found:
-        return
-    rebuild = not all(restored for _ranks, restored in found.values())
-    parts = [f"{what} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
-             for what, (ranks, _restored) in found.items()]
-    after = "the pool is rebuilt" if rebuild else "set back; later tests run without it"
-    combined.charge("LeakedState", f"changed the process for later tests: {'; '.join(parts)} ({after})",
-                    rebuild=rebuild)
 
 
 def combine(states: list[RankState], duration_s: float) -> Combined:
@@ -225,11 +198,11 @@ def combine(states: list[RankState], duration_s: float) -> Combined:
         return Combined(outcome, kind, exc_type, message, sig, ranks, duration_s, needs_rebuild)
 
     if dead:
-        first = dead[0]
+        first = next((s for s in dead if s.oom), dead[0])
         msg = f"rank {first.rank} {_death(first)}"
         if len(dead) > 1:
             msg += f" (ranks {', '.join(str(s.rank) for s in dead)} died)"
-        return done("failed", "crash", "RankCrash", msg)
+        return done("failed", "crash", "RankOOM" if first.oom else "RankCrash", msg)
     for s in failed:
         rep = s.report
         assert rep is not None

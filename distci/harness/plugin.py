@@ -29,6 +29,7 @@ from distci.harness import procs
 from distci.harness.pool import PoolStartError, RankPool
 from distci.harness.protocol import TestRequest
 from distci.harness.recorder import Recorder
+from distci.harness.timeouts import USER_TIMEOUT, describe_load, load_retry_factor, take_over_timeout_markers
 from distci.harness.torchrun import launch
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -49,6 +50,8 @@ MARKERS = (
     "requires_accelerator(name): skip unless the run's accelerator is `name` (cpu|cuda|npu)",
     "requires_sm(major_minor): skip unless the CUDA device capability is at least this (e.g. 90)",
     "torchrun(nproc=2): launch the test with torchrun; the test owns its process group",
+    "timeout(seconds): pytest-timeout's marker; on a distributed test it is distci's per-test timeout "
+    "(as dist_timeout), enforced on the ranks, never in the controller",
 )
 
 
@@ -63,7 +66,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--distci-mode", choices=("pool", "torchrun"), default="pool",
                     help="run every distributed test through the rank pool (default) or one torchrun per test")
     group.addoption("--distci-no-isolation", action="store_true",
-                    help="do not reset dynamo/configs/RNG between tests (only to prove isolation matters)")
+                    help="run every test in the rank workers themselves instead of a fresh fork of them, one "
+                         "process group for the pool's life (only to show what isolation prevents)")
     group.addoption("--distci-run-dir", default=None, help="write results.jsonl, junit.xml, stack.json and rank logs here")
     group.addoption("--distci-cell", default=None, help="cell id recorded with every result")
     group.addoption("--distci-run-id", default=None, help="run id recorded with every result")
@@ -115,6 +119,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)  # after the suites' tier and shard selection: a resume keeps their share
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    take_over_timeout_markers(items, is_distributed)
     path = config.getoption("--distci-skip-done", default=None)
     if not path:
         return
@@ -290,7 +295,7 @@ class Harness:
 
     def timeout_of(self, item: pytest.Item) -> float:
         m = item.get_closest_marker("dist_timeout")
-        timeout = float(m.args[0]) if m and m.args else self.default_timeout
+        timeout = float(m.args[0]) if m and m.args else item.stash.get(USER_TIMEOUT, self.default_timeout)
         return min(timeout, self.timeout_cap) if self.timeout_cap else timeout
 
     def request_for(self, item: pytest.Function) -> TestRequest:
@@ -336,7 +341,7 @@ class Harness:
             if self.reaper is None:
                 self.reaper = procs.Reaper(self.token)
             self.pools[key] = RankPool(world_size, self.device_type, self.log_dir, pg_timeout_s=pg_timeout,
-                                       token=self.token)
+                                       token=self.token, isolate=self.isolate)
         return self.pools[key]
 
     def run_with_reruns(self, item: pytest.Function) -> Combined:
@@ -347,15 +352,26 @@ class Harness:
         new failure, and a known one is judged by its entry either way (on the CPU nightly
         tier, rerunning the known failures was a quarter of a cell's time)."""
         attempts: list[tuple[str, str]] = []
+        load: dict | None = None
         while True:
-            combined = self.run(item)
-            if (combined.outcome != "failed" or len(attempts) >= self.reruns
+            combined = self.run(item, load_retry_factor(load) if load else 1.0)
+            if combined.slowed_by_load and load is None:
+                load = dict(combined.load or {})
+                load["retried_with_s"] = round(self.timeout_of(item) * load_retry_factor(load), 1)
+                attempts.append((combined.outcome, f"[{combined.failure_kind}] {combined.exc_type}: {combined.message} "
+                                 f"(on a saturated runner: {describe_load(load)}; run again with "
+                                 f"{load['retried_with_s']:.0f} s)"))
+                continue
+            if load is not None:
+                combined.load = dict(load, then=combined.load)
+            if (combined.outcome != "failed" or len(attempts) >= self.reruns + (load is not None)
                     or combined.known_issue(self.recorder.known_issues, item.nodeid, self.recorder.stack or {})):
                 combined.attempts = attempts
                 return combined
             attempts.append((combined.outcome, f"[{combined.failure_kind}] {combined.exc_type}: {combined.message}"))
 
-    def run(self, item: pytest.Function) -> Combined:
+    def run(self, item: pytest.Function, budget: float = 1.0) -> Combined:
+        """One attempt; `budget` scales the test's timeout (its process-group class stays)."""
         world_size = self.world_size_of(item)
         timeout = self.timeout_of(item)
         request = self.request_for(item)
@@ -366,11 +382,11 @@ class Harness:
         if torchrun_marker or self.mode == "torchrun":
             if self.reaper is None:
                 self.reaper = procs.Reaper(self.token)
-            combined = self.launcher(request, world_size, self.device_type, timeout, self.log_dir,
+            combined = self.launcher(request, world_size, self.device_type, timeout * budget, self.log_dir,
                               owns_process_group=torchrun_marker is not None,
                               pg_timeout_s=self.pg_timeout_of(timeout), token=self.token)
         else:
-            combined = self.run_on_pool(request, world_size, timeout)
+            combined = self.run_on_pool(request, world_size, timeout, budget)
         if combined.outcome not in ("passed", "skipped"):
             self.keep_scratch = True
         return combined
@@ -387,7 +403,7 @@ class Harness:
             p.shutdown()
             ranks -= k[0]
 
-    def run_on_pool(self, request: TestRequest, world_size: int, timeout: float) -> Combined:
+    def run_on_pool(self, request: TestRequest, world_size: int, timeout: float, budget: float = 1.0) -> Combined:
         key = (world_size, self.pg_timeout_of(timeout))
         pool = self.pool(*key)
         self.tests_run += 1
@@ -408,7 +424,7 @@ class Harness:
                 return Combined("error", "infra", "PoolStartError", f"{exc}\n{exc.logs}",
                                 f"PoolStartError: {exc}"[:300])
             failures.clear()
-        return pool.run(request, timeout)
+        return pool.run(request, timeout * budget)
 
     def close(self) -> None:
         for pool in self.pools.values():

@@ -1,12 +1,11 @@
 """RankPool: N rank workers that live for the whole pytest session.
 
-Starting ranks (spawn Python, import torch, join a process group) costs seconds; a
-suite has hundreds of tests. The pool pays that once per world size and then only a
-message round-trip per test. After EVERY test the pool's health is checked (process
-group alive, the same number of collectives issued on every rank, one tiny all-reduce
-with a known answer): a test that leaves the ranks unusable (a hang, a crash, a
-timeout, a destroyed process group, an un-waited collective) is charged for it, and the
-pool is killed and rebuilt for the next test, which is judged on its own.
+Starting ranks (spawn Python, import torch) costs seconds; a suite has hundreds of tests.
+The pool pays that once per world size. Each worker is a template that runs every test in
+a fresh fork of itself, with a process group of its own (template.py): nothing a test does
+to its processes reaches the next test, so there is nothing to check or reset between
+tests. A hang, a crash or a timeout kills that test's processes only; the pool is rebuilt
+only when a worker itself is lost (a test that killed it, a broken control channel).
 """
 
 from __future__ import annotations
@@ -24,11 +23,13 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from distci.harness import procs
-from distci.harness.outcome import Combined, RankState, charge_leaks, combine, describe_exit
-from distci.harness.protocol import CHANNEL_BROKEN_EXIT, HealthCheck, RankReport, Shutdown, TestRequest
+from distci.harness.outcome import Combined, RankState, combine, describe_exit
+from distci.harness.timeouts import load_at_timeout
+from distci.harness.protocol import CHANNEL_BROKEN_EXIT, ChildExit, RankReport, Shutdown, Started, TestRequest
 
 FAILURE_GRACE_S = 10.0  # other ranks' time to finish after one rank failed or died
 DUMP_SETTLE_S = 1.5
+DRAIN_S = 10.0  # a worker's time to report that the test's killed process is gone
 
 
 class PoolStartError(RuntimeError):
@@ -47,6 +48,7 @@ class _Rank:
     dump_sock: socket.socket | None
     log_path: Path
     log_offset: int = 0
+    worker_pid: int = 0  # the worker under `proc` (its keeper, procs.keep_tree): the forks' parent
 
 
 def _read_from(path: Path, offset: int) -> str:
@@ -95,7 +97,11 @@ class RankPool:
         start_timeout_s: float = 300.0,
         python: str = sys.executable,
         token: str = "",
+        isolate: bool = True,
     ) -> None:
+        self.isolate = isolate  # False: tests run in the workers themselves (--distci-no-isolation)
+        self.seq = 0  # tests sent since the workers started: the forked ranks of one test meet under it
+        self._oom_kills: int | None = None  # the cgroup's OOM kills when the test in flight began
         self.token = token or procs.run_token()
         self.world_size = world_size
         self.device_type = device_type
@@ -138,9 +144,9 @@ class RankPool:
                 "--rank", str(rank), "--world-size", str(self.world_size),
                 "--device-type", self.device_type, "--init-file", str(init_file),
                 "--fd", str(theirs.fileno()), "--dump-fd", str(dump_theirs.fileno()),
-                "--pg-timeout", str(self.pg_timeout_s), "--start-timeout", str(self.start_timeout_s), "--parent-pid", str(os.getpid()),
+                "--pg-timeout", str(self.pg_timeout_s), "--start-timeout", str(self.start_timeout_s),
                 "--trace-dir", str(trace_dir),
-            ]
+            ] + ([] if self.isolate else ["--in-place"])
             rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
             group = 0 if self.pgid is None else self.pgid
             kwargs = {"process_group": group} if sys.version_info >= (3, 11) else {"preexec_fn": lambda g=group: os.setpgid(0, g)}
@@ -157,7 +163,10 @@ class RankPool:
         # The FileStore stays while the ranks live: every later new_group (a 2-D
         # DeviceMesh's dim groups) creates its gloo/NCCL backend through it.
         self.init_dir = init_dir
+        self.seq = 0
         self.health = self._collect_health(self.start_timeout_s, "start-up")
+        for r, report in zip(self.ranks, self.health):
+            r.worker_pid = int(report.info.get("worker_pid") or r.proc.pid)
 
     def _collect_health(self, timeout_s: float, what: str) -> list[RankReport]:
         reports: dict[int, RankReport] = {}
@@ -170,9 +179,12 @@ class RankPool:
             for conn in wait([r.conn for r in self.ranks if r.rank not in reports], timeout=min(left, 1.0)):
                 r = by_conn[conn]
                 try:
-                    reports[r.rank] = conn.recv()
+                    got = conn.recv()
                 except (EOFError, OSError):
                     self._fail_start(f"rank {r.rank} died during {what} (it {describe_exit(self._exit_code(r))})")
+                if isinstance(got, ChildExit):
+                    self._fail_start(f"rank {r.rank}'s first forked process {describe_exit(got.code)} during {what}")
+                reports[r.rank] = got
             for r in self.ranks:
                 if r.rank not in reports and r.proc.poll() is not None:
                     self._fail_start(f"rank {r.rank} exited with code {r.proc.returncode} during {what}")
@@ -235,29 +247,65 @@ class RankPool:
     def run(self, request: TestRequest, timeout_s: float) -> Combined:
         if not self.alive:
             self.start()
+        self.seq += 1
+        request.seq = self.seq
         start = time.monotonic()
         for r in self.ranks:
             r.log_offset = r.log_path.stat().st_size
         states = {r.rank: RankState(r.rank) for r in self.ranks}
+        self._oom_kills = procs.oom_kills()
         for r in self.ranks:
             r.conn.send(request)
         self._wait(states, start + timeout_s)
         stuck = [self._rank(s.rank) for s in states.values() if s.stuck]
+        progress: dict[int, bool] = {}
         if stuck:
+            pids = {r.rank: states[r.rank].pid or r.proc.pid for r in stuck}
+            advancing = procs.cpu_advancing(list(pids.values()))
+            progress = {rank: advancing[pid] for rank, pid in pids.items()}
             self._dump_stacks(stuck, states)
         duration = time.monotonic() - start  # until the outcome is known, stacks included
+        clean = all(s.report is not None and s.report.outcome in ("passed", "skipped") for s in states.values())
+        settled = self._end_test(stuck, clean)
         for r in self.ranks:
             states[r.rank].log = _read_from(r.log_path, r.log_offset)
         ordered = [states[i] for i in sorted(states)]
         combined = combine(ordered, duration)
-        charge_leaks(combined, ordered)
-        if not combined.needs_rebuild:
-            problem = self.health_problem()
-            if problem:
-                combined.charge_broken_pool(problem)
+        if combined.failure_kind in ("timeout", "hang") and stuck:
+            combined.load = load_at_timeout(ordered, progress)
+        if self.isolate:
+            combined.needs_rebuild = not settled
         if combined.needs_rebuild:
             self.kill()
         return combined
+
+    def _end_test(self, stuck: list[_Rank], clean: bool) -> bool:
+        """After a test that did not end cleanly on every rank: kills every rank's processes
+        under the workers (the test's, ranks waiting for a peer that never comes, the spares),
+        waits for the `stuck` ranks' workers to say their test process is gone, and moves the
+        next test's number on by one more, so every worker forks afresh for it. False when a
+        worker is lost (the pool must be rebuilt)."""
+        if not self.isolate:
+            return not stuck and self.alive
+        if clean:
+            return self.alive
+        for r in self.ranks:  # the workers' trees, not the workers
+            procs.kill_descendants(r.worker_pid or r.proc.pid)
+        self.seq += 1
+        deadline = time.monotonic() + DRAIN_S
+        for r in stuck:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not r.conn.poll(min(left, 0.5)):
+                    if left <= 0 or r.proc.poll() is not None:
+                        return False
+                    continue
+                try:
+                    if isinstance(r.conn.recv(), (ChildExit, RankReport)):
+                        break
+                except (EOFError, OSError):
+                    return False
+        return self.alive
 
     def _rank(self, rank: int) -> _Rank:
         return self.ranks[rank]
@@ -276,11 +324,25 @@ class RankPool:
             for conn in wait([self.ranks[i].conn for i in pending], timeout=min(left, 0.5)):
                 r = by_conn[conn]
                 try:
-                    states[r.rank].report = conn.recv()
+                    got = conn.recv()
                 except (EOFError, OSError) as exc:
                     states[r.rank].exit_code = self._exit_code(r)
+                    if states[r.rank].exit_code == -signal.SIGKILL:
+                        states[r.rank].oom = procs.oom_evidence(r.proc.pid, 0, self._oom_kills)
                     if states[r.rank].exit_code is None or states[r.rank].exit_code == CHANNEL_BROKEN_EXIT:
                         states[r.rank].channel = f"{type(exc).__name__} on the socket"
+                    pending.discard(r.rank)
+                    continue
+                if isinstance(got, Started):
+                    states[r.rank].pid = got.pid
+                    continue
+                if isinstance(got, ChildExit):
+                    states[r.rank].exit_code = got.code
+                    if got.code == -signal.SIGKILL:  # the harness kills nothing before the outcome is known
+                        states[r.rank].oom = procs.oom_evidence(states[r.rank].pid or -1, got.max_rss_kb,
+                                                                self._oom_kills)
+                else:
+                    states[r.rank].report = got
                 pending.discard(r.rank)
             for i in list(pending):
                 code = self.ranks[i].proc.poll()
@@ -306,12 +368,12 @@ class RankPool:
                 except OSError:
                     pass
             try:
-                os.kill(r.proc.pid, signal.SIGUSR1)
+                os.kill(states[r.rank].pid or r.proc.pid, signal.SIGUSR1)
             except ProcessLookupError:
                 pass
         self._await_dumps(stuck)
         for r in stuck:
-            spy = dump_stack(r.proc.pid)
+            spy = dump_stack(states[r.rank].pid or r.proc.pid)
             faulthandler_text = _read_from(r.log_path, r.log_offset)
             found = [i for i in (faulthandler_text.find("Thread 0x"), faulthandler_text.find("Current thread 0x")) if i >= 0]
             fh_stack = faulthandler_text[min(found):] if found else ""
@@ -330,53 +392,3 @@ class RankPool:
             if all("Current thread 0x" in _read_from(r.log_path, r.log_offset) for r in stuck):
                 return
             time.sleep(0.25)
-
-    def health_problem(self, timeout_s: float = 30.0) -> str | None:
-        """What is wrong with the pool after a test, in words the test's record can carry;
-        None when the next test can use it."""
-        reports = self._ask_health(HealthCheck(collective=False), timeout_s)
-        if isinstance(reports, str):
-            return reports
-        destroyed = [rep.rank for rep in reports if rep.exc_type == "ProcessGroupDestroyed"]
-        if destroyed:
-            return f"left the process group destroyed (rank(s) {', '.join(map(str, destroyed))})"
-        leaked = [rep for rep in reports if rep.exc_type == "LeakedDispatchMode"]
-        if leaked:
-            return (f"left a dispatch mode active ({leaked[0].message.split(': ', 1)[-1]}) on rank(s) "
-                    f"{', '.join(str(rep.rank) for rep in leaked)}")
-        seqs = {rep.rank: rep.info.get("seq") for rep in reports}
-        if None not in seqs.values() and len(set(seqs.values())) > 1:
-            top = max(seqs.values())
-            ahead = [rank for rank, seq in seqs.items() if seq == top]
-            return (f"left an un-waited collective: rank(s) {', '.join(map(str, ahead))} issued more "
-                    f"collectives than their peers (sequence numbers {seqs})")
-        reports = self._ask_health(HealthCheck(collective=True, timeout_s=min(timeout_s, 10.0)), timeout_s)
-        if isinstance(reports, str):
-            return reports
-        bad = [rep for rep in reports if rep.outcome != "passed"]
-        if bad:
-            return f"left the pool unusable: the health all-reduce on rank {bad[0].rank}: {bad[0].message}"
-        return None
-
-    def _ask_health(self, check: HealthCheck, timeout_s: float) -> list[RankReport] | str:
-        try:
-            for r in self.ranks:
-                r.conn.send(check)
-        except OSError as exc:
-            return f"left the pool unusable: a rank stopped listening ({exc})"
-        reports: dict[int, RankReport] = {}
-        deadline = time.monotonic() + timeout_s
-        by_conn = {r.conn: r for r in self.ranks}
-        while len(reports) < len(self.ranks) and time.monotonic() < deadline:
-            waiting = [r.conn for r in self.ranks if r.rank not in reports]
-            for conn in wait(waiting, timeout=min(1.0, max(0.0, deadline - time.monotonic()))):
-                r = by_conn[conn]
-                try:
-                    reports[r.rank] = conn.recv()
-                except (EOFError, OSError):
-                    return (f"left the pool unusable: rank {r.rank}'s control channel closed after the test "
-                            f"(the rank {describe_exit(self._exit_code(r))})")
-        if len(reports) < len(self.ranks):
-            missing = sorted(set(range(len(self.ranks))) - set(reports))
-            return f"left the pool unusable: rank(s) {missing} did not answer the health check within {timeout_s:.0f}s"
-        return [reports[i] for i in sorted(reports)]

@@ -58,6 +58,54 @@ def become_subreaper() -> bool:
     return _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
+def keep_tree(close_fds: tuple[int, ...] = ()) -> None:
+    """Splits this process in two: the child returns from this call and goes on; this process
+    stays behind as the keeper of the child's tree and never returns. The keeper is a child
+    subreaper, so whatever the child's tree leaves orphaned (a daemon in a session of its
+    own, with its environment cleared: no run token finds it) is re-parented to it, even when
+    the child itself dies (killed by a test, or by the OOM killer). When the child ends, the
+    keeper kills everything left under it and ends the way the child did (the same exit code
+    or signal), so its parent sees the child's death as the keeper's. `close_fds` are the
+    child's channels, closed in the keeper so the child's death closes them."""
+    become_subreaper()
+    die_with_parent()
+    pid = os.fork()
+    if pid == 0:
+        die_with_parent()  # the keeper now
+        return
+    try:
+        _keep(pid, close_fds)
+    finally:  # the keeper never returns into its caller's code, whatever happened
+        os._exit(70)
+
+
+def _keep(pid: int, close_fds: tuple[int, ...]) -> None:
+    """The keeper's life (see keep_tree): reap until `pid` ends, kill what is left, end as it did."""
+    for fd in close_fds:
+        os.close(fd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller stops the tree by killing it
+    signal.signal(signal.SIGUSR1, lambda *_: os.kill(pid, signal.SIGUSR1))  # stack dumps are the child's
+    status = 0
+    while True:
+        try:
+            got, found = os.wait()
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
+        if got == pid:
+            status = found
+            break
+    kill_descendants(os.getpid())
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        time.sleep(1)  # a signal the default action ignores: fall through
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 70)
+
+
 def _owned_child(death_signal: int = signal.SIGKILL) -> None:  # preexec_fn: in the child, before exec
     os.setsid()
     # A controller started with SIGINT ignored (a background job of a non-interactive
@@ -137,6 +185,132 @@ def _ppid(pid: int) -> int | None:
         return None
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time (user + system) used so far by `pids` and everything under them."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total = 0
+    for pid in {p for root in pids for p in (root, *descendants(root))}:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / tick
+
+
+def cpu_advancing(pids: list[int], window_s: float = 1.0) -> dict[int, bool]:
+    """Per pid: did it (or its tree) use CPU time during `window_s`? Each is read in turn, so a
+    process that gets a slice every few hundred ms on a saturated machine still shows."""
+    before = {pid: cpu_seconds([pid]) for pid in pids}
+    time.sleep(window_s)
+    return {pid: cpu_seconds([pid]) > before[pid] for pid in pids}
+
+
+SATURATED_ENV = "DISTCI_SATURATED_LOAD_PER_CPU"  # default 1.0; 0 counts every runner as saturated (tests)
+
+
+def runner_load() -> dict[str, float]:
+    """The machine's load: 1, 5 and 15 minute load averages and the CPUs this process may use;
+    `saturated` when the 1-minute load is at least $DISTCI_SATURATED_LOAD_PER_CPU (default 1)
+    runnable tasks per CPU."""
+    try:
+        load1, load5, load15 = os.getloadavg()
+    except OSError:
+        load1 = load5 = load15 = 0.0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return {"load1": round(load1, 2), "load5": round(load5, 2), "load15": round(load15, 2), "cpus": cpus,
+            "saturated": load1 >= cpus * float(os.environ.get(SATURATED_ENV) or 1.0)}
+
+
+def _cgroup_file(v2_name: str, v1_controller: str, v1_name: str) -> Path | None:
+    """This process's cgroup file: `v2_name` in the unified hierarchy, else `v1_name` in the
+    cgroup v1 `v1_controller` hierarchy; None where neither is readable."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _id, controllers, path = line.split(":", 2)
+        if controllers == "" and (Path("/sys/fs/cgroup") / path.lstrip("/") / v2_name).is_file():
+            return Path("/sys/fs/cgroup") / path.lstrip("/") / v2_name
+        if v1_controller in controllers.split(","):
+            candidate = Path("/sys/fs/cgroup") / v1_controller / path.lstrip("/") / v1_name
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def oom_kills() -> int | None:
+    """The OOM killer's kills in this process's cgroup so far (cgroup v2 memory.events or v1
+    memory.oom_control `oom_kill`); None where the cgroup does not say."""
+    path = _cgroup_file("memory.events", "memory", "memory.oom_control")
+    try:
+        for line in path.read_text().splitlines() if path else []:
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def memory_limit() -> int | None:
+    """Bytes this process's cgroup may use (memory.max / memory.limit_in_bytes), else the machine's RAM."""
+    path = _cgroup_file("memory.max", "memory", "memory.limit_in_bytes")
+    try:
+        value = path.read_text().strip() if path else "max"
+        if value != "max" and int(value) < 1 << 60:  # v1 writes "no limit" as a huge number
+            return int(value)
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _kernel_log_oom(pid: int) -> str:
+    """The kernel log's line saying the OOM killer killed `pid`, where /dev/kmsg is readable."""
+    found = ""
+    try:
+        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return ""
+    try:
+        while True:
+            try:
+                record = os.read(fd, 8192).decode("utf-8", "replace")
+            except BlockingIOError:
+                break
+            except OSError:  # EPIPE: a record was overwritten while reading; go on
+                continue
+            if not record:
+                break
+            message = record.split(";", 1)[-1].strip()
+            if f"Killed process {pid} " in message or (f"pid={pid}," in message and "oom" in message.lower()):
+                found = message
+    finally:
+        os.close(fd)
+    return found
+
+
+def oom_evidence(pid: int, max_rss_kb: int = 0, kills_before: int | None = None) -> str:
+    """Why a SIGKILLed `pid` was the OOM killer's, in words naming the evidence; "" when none
+    says so. In order: the cgroup's oom_kill count rose during the test, the kernel log
+    names the pid, or its peak RSS came within 10% of the memory limit."""
+    kills = oom_kills()
+    if kills_before is not None and kills is not None and kills > kills_before:
+        return f"the cgroup's oom_kill count went from {kills_before} to {kills}"
+    line = _kernel_log_oom(pid)
+    if line:
+        return f"the kernel log: {line[:300]}"
+    limit = memory_limit()
+    if max_rss_kb and limit and max_rss_kb * 1024 >= 0.9 * limit:
+        return (f"its peak RSS {max_rss_kb / 2**20:.1f} GiB was {100 * max_rss_kb * 1024 / limit:.0f}% "
+                f"of the {limit / 2**30:.1f} GiB memory limit")
+    return ""
+
+
 def descendants(pid: int) -> list[int]:
     """Every process under `pid` (from /proc), children before grandchildren."""
     children: dict[int, list[int]] = {}
@@ -178,9 +352,24 @@ def kill_pids(pids: list[int]) -> None:
             pass
 
 
+def has_children() -> bool:
+    """Does this process have a child (alive, or dead and not yet reaped: reaped here)? Without
+    reading /proc: a subreaper with no child has nothing under it at all, which is what most
+    tests leave, so the tree walk (tens of ms on a loaded runner) is skipped then."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+
+
 def kill_descendants(pid: int, keep: set[int] = frozenset()) -> list[int]:  # type: ignore[assignment]
     """SIGKILL everything under `pid` except `keep`; returns what was killed. Called on
     this process's own tree, it also reaps the dead (a subreaper inherits them as zombies)."""
+    if pid == os.getpid() and not keep and not has_children():
+        return []
     doomed = [p for p in descendants(pid) if p not in keep]
     kill_pids(doomed)
     if pid == os.getpid():

@@ -22,6 +22,25 @@ class TestRequest:
     seed: int = 1234
     isolate: bool = True
     timeout_s: float = 300.0
+    seq: int = 0  # the pool's count of tests: every rank's process for this test meets its peers under it
+
+
+@dataclass
+class Started:
+    """A rank template's word that `pid`, a fresh fork, now runs the test (where its stack is read)."""
+
+    rank: int
+    pid: int
+
+
+@dataclass
+class ChildExit:
+    """A rank's process for one test ended without a report: `code` as Popen.returncode words it
+    (negative: the signal). The template that forked it is fine and serves the next test."""
+
+    rank: int
+    code: int
+    max_rss_kb: int = 0  # its peak resident memory (rusage), for telling an OOM kill
 
 
 @dataclass

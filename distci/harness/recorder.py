@@ -186,7 +186,8 @@ class Recorder:
             # the ranks' time where they ran it: a pool's start-up is not the test's
             duration = combined.duration_s if combined is not None else sum(r.duration for r in reports)
             combined = Combined(outcome, kind, "", message, signature, ranks=combined.ranks if combined else [],
-                                duration_s=duration, attempts=combined.attempts if combined else [])
+                                duration_s=duration, attempts=combined.attempts if combined else [],
+                                load=combined.load if combined else None)
         return combined.to_result(
             run_id=self.run_id, cell_id=self.cell, test_id=nodeid, stack=self.stack,
             repro=_repro(self.cell if self.cell != "local" else None, nodeid),

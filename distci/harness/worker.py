@@ -1,9 +1,16 @@
-"""A rank worker: one long-lived process per rank, serving tests from the controller.
+"""A rank worker: one long-lived process per rank that runs each test in a fresh fork of itself.
 
-Started by RankPool with `python -m distci.harness.worker`. It joins the process group
-once, then loops: receive a TestRequest, isolate, run it, send a RankReport. It dies
-with its controller (PR_SET_PDEATHSIG and a parent watchdog) so no rank outlives a
-pytest session, even one killed with SIGKILL.
+Started by RankPool with `python -m distci.harness.worker`. The worker is a warm template:
+it has imported torch (and Dynamo, and each test module once asked for it) and never runs a
+test itself. Every test runs in a child forked from it (templates.py): whatever the test does
+to its process (a patched torch, a replaced sys.stdout, a lowered rlimit, an atexit hook, a
+mode left on) ends with that child, so isolation needs no list of what to reset. The child
+joins a process group of its own per test (a FileStore rendezvous), forked ahead of the
+request so the join overlaps the controller's work between tests.
+
+`--in-place` runs the tests in the worker itself, one process group for the pool's life,
+nothing reset: only to show what isolation prevents. The worker dies with its controller
+(PR_SET_PDEATHSIG and a parent watchdog), and every test child with the worker.
 """
 
 from __future__ import annotations
@@ -11,23 +18,28 @@ from __future__ import annotations
 import argparse
 import datetime
 import faulthandler
+import importlib
 import os
 import signal
 import sys
 import threading
 import time
 from multiprocessing.connection import Connection
+from typing import Callable, Iterator
 
-from distci.harness import isolation, leaks, procs
+from distci.harness import procs
 from distci.harness.context import DistContext
 from distci.harness.devices import device_kind
 from distci.harness.execute import execute, prepare_path
-from distci.harness.protocol import CHANNEL_BROKEN_EXIT, HealthCheck, RankReport, Shutdown, TestRequest
+from distci.harness.isolation import reseed
+from distci.harness.protocol import CHANNEL_BROKEN_EXIT, HealthCheck, RankReport, Shutdown, Started, TestRequest
+from distci.harness.template import Rendezvous, Template, join
 
 
 def _die_with_parent(parent_pid: int) -> None:
-    """The kernel kills this rank when the controller dies; as a rank is a subreaper, what
-    its tests start (and leave orphaned) stays under it, where the pool can find it."""
+    """The kernel kills this rank when its keeper (procs.keep_tree), and so the controller,
+    dies; as a rank is a subreaper, what its tests start (and leave orphaned) stays under it,
+    where it is killed after the test."""
     procs.die_with_parent()
     procs.become_subreaper()
 
@@ -82,59 +94,62 @@ def arm_stack_dumps() -> None:
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
 
 
-def _run_test(msg: TestRequest, ctx: DistContext, saved: dict) -> RankReport:
-    """One test, isolated: reset before, leak check after (its findings in `info["leaks"]`)."""
-    if msg.isolate:
-        isolation.reset(saved, msg.seed)
-    arm_stack_dumps()
-    prepare_path(msg)
-    before: list[leaks.Snapshot] = []
-
-    def take_snapshot() -> None:
-        module = sys.modules.get(msg.module)
-        before.append(leaks.snapshot(getattr(module, "__file__", "") or ""))
-
-    report = execute(msg, ctx, take_snapshot if msg.isolate else None)
-    if msg.isolate:  # at once, so the health check after the test sees a clean process too
-        isolation.restore_globals(saved.get("globals", {}))
-        if before:
-            found = leaks.check(before[0])
-            if found:
-                report.info["leaks"] = [leak.to_dict() for leak in found]
-                print(f"distci: the test left: {'; '.join(leak.what for leak in found)}", flush=True)
-    return report
-
-
-def _init(args: argparse.Namespace) -> DistContext:
-    import torch
-    import torch.distributed as dist
-
+def _rendezvous(args: argparse.Namespace) -> Rendezvous:
     kind = device_kind(args.device_type)
-    if kind.name == "cpu":
+    return Rendezvous(rank=args.rank, world_size=args.world_size, device_type=kind.name, backend=kind.backend,
+                      init_file=args.init_file, pg_timeout_s=args.pg_timeout, start_timeout_s=args.start_timeout)
+
+
+def _warm_up(args: argparse.Namespace) -> None:
+    """What every test would otherwise import again: torch, its distributed and Dynamo
+    packages (seconds). Nothing here may start a CUDA context or a process group."""
+    import torch
+    import torch._dynamo  # noqa: F401
+    import torch.distributed  # noqa: F401
+
+    if device_kind(args.device_type).name == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.world_size))
-    else:
-        kind.device_module().set_device(args.rank)
-    # All ranks meet at the store first, with the start-up's patience; the process group
-    # (whose timeout may be a short test's few seconds) is created only once all are up.
-    store = dist.FileStore(args.init_file, args.world_size)
-    store.set_timeout(datetime.timedelta(seconds=args.start_timeout))
-    store.set(f"distci_up_{args.rank}", "1")
-    store.wait([f"distci_up_{r}" for r in range(args.world_size)])
-    dist.init_process_group(
-        kind.backend,
-        store=store,
-        rank=args.rank,
-        world_size=args.world_size,
-        timeout=datetime.timedelta(seconds=args.pg_timeout),
-    )
-    return DistContext(
-        rank=args.rank,
-        world_size=args.world_size,
-        device_type=kind.name,
-        backend=kind.backend,
-        local_rank=args.rank,
-        group=dist.group.WORLD,
-    )
+
+
+def _warm_module(args: argparse.Namespace, msg: TestRequest) -> None:
+    """The test's module, imported into the template once its first test ran, so later tests of
+    it fork with it imported (a suite module imports seconds of torch.distributed.tensor,
+    Dynamo and the suites). CPU only: an import that touched CUDA would leave the template
+    unable to fork ranks that use it. A module that fails to import is left to its tests."""
+    if msg.module in sys.modules or device_kind(args.device_type).name != "cpu":
+        return
+    try:
+        prepare_path(msg)
+        importlib.import_module(msg.module)
+    except BaseException as exc:  # noqa: BLE001 - the forked test reports its own import error
+        print(f"distci: the worker could not import {msg.module} ahead ({type(exc).__name__}); its tests import it",
+              flush=True)
+
+
+def _device_setup(args: argparse.Namespace) -> Callable[[], None]:
+    """What a rank's process does before it joins its group: its device, the flight recorder."""
+
+    def setup() -> None:
+        kind = device_kind(args.device_type)
+        if kind.name != "cpu":
+            kind.device_module().set_device(args.rank)
+        if args.dump_fd >= 0 and args.trace_dir:
+            _serve_dumps(args.dump_fd, os.path.join(args.trace_dir, f"flight_recorder_rank{args.rank}.bin"))
+
+    return setup
+
+
+def run_on_rank(msg: object, ctx: DistContext) -> RankReport:
+    """One test (or the start-up HealthCheck) on this rank, the log marking where it begins and ends."""
+    if isinstance(msg, HealthCheck):
+        return _health(ctx, msg)
+    assert isinstance(msg, TestRequest)
+    print(f"distci: ==== start {msg.nodeid} ====", flush=True)
+    reseed(msg.seed)
+    prepare_path(msg)
+    report = execute(msg, ctx)
+    print(f"distci: ==== end {msg.nodeid}: {report.outcome} ====", flush=True)
+    return report
 
 
 def _active_dispatch_modes() -> list[str]:
@@ -189,6 +204,73 @@ def _health(ctx: DistContext, check: HealthCheck) -> RankReport:
     return RankReport(ctx.rank, "passed", duration_s=time.monotonic() - start, info=info)
 
 
+def _requests(conn: Connection) -> Iterator[TestRequest]:
+    """The tests the controller sends, until it says Shutdown or goes away."""
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if isinstance(msg, Shutdown):
+            return
+        if isinstance(msg, TestRequest):
+            yield msg
+
+
+def _send(conn: Connection, outcome: object) -> None:
+    """An outcome to the controller; a broken channel (a test closed it in place) ends the
+    worker with an exit code that says so."""
+    try:
+        conn.send(outcome)
+    except OSError as exc:
+        print(f"distci: the control channel to the controller broke: {exc}", flush=True)
+        os._exit(CHANNEL_BROKEN_EXIT)
+
+
+def _say_killed(left: list[int]) -> None:
+    if left:
+        print(f"distci: killed {len(left)} process(es) the test left running: {left}", flush=True)
+
+
+def _serve_forked(args: argparse.Namespace, conn: Connection) -> int:
+    """The template's loop: each test in a fresh fork (template.py)."""
+    template = Template(_rendezvous(args), args.fd, run_on_rank, _device_setup(args))
+    ready = template.start_up()
+    if isinstance(ready, RankReport):
+        ready.info["worker_pid"] = os.getpid()  # the forks' parent, under its keeper
+    conn.send(ready)
+    for msg in _requests(conn):
+        _send(conn, template.test(msg, conn))
+        template.finish()
+        _say_killed(template.kill_leftovers())
+        _warm_module(args, msg)
+        template.fork_spare(msg.seq + 1)
+    template.drop_spare()
+    template.kill_leftovers()
+    return 0
+
+
+def _serve_in_place(args: argparse.Namespace, conn: Connection) -> int:
+    """`--in-place`: every test in this process, one process group, nothing reset."""
+    _device_setup(args)()
+    ctx, _store = join(_rendezvous(args), "in-place")
+    ready = _health(ctx, HealthCheck())
+    ready.info["worker_pid"] = os.getpid()
+    conn.send(ready)
+    for msg in _requests(conn):
+        conn.send(Started(args.rank, os.getpid()))
+        report = run_on_rank(msg, ctx)
+        _say_killed(procs.kill_descendants(os.getpid()))
+        _send(conn, report)
+    try:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        pass
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="distci.harness.worker")
     parser.add_argument("--rank", type=int, required=True)
@@ -199,64 +281,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dump-fd", type=int, default=-1, help="inherited socket: a byte asks for a flight-recorder dump")
     parser.add_argument("--pg-timeout", type=float, default=240.0)
     parser.add_argument("--start-timeout", type=float, default=300.0)
-    parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--trace-dir", default="")
+    parser.add_argument("--in-place", action="store_true", help="run the tests in this process (no isolation)")
     args = parser.parse_args(argv)
 
-    _die_with_parent(args.parent_pid)
+    procs.keep_tree(close_fds=tuple(fd for fd in (args.fd, args.dump_fd) if fd >= 0))
+    _die_with_parent(os.getppid())
     # A rank is stopped by its controller, never by KeyboardInterrupt: a real SIGINT ends it
     # as a signal, and a KeyboardInterrupt raised by a test is that test's exception.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     faulthandler.enable(file=sys.stderr, all_threads=True)  # a SIGSEGV/SIGABRT leaves its Python stack in the rank log
     arm_stack_dumps()
     conn = Connection(args.fd)
-    if args.dump_fd >= 0 and args.trace_dir:
-        _serve_dumps(args.dump_fd, os.path.join(args.trace_dir, f"flight_recorder_rank{args.rank}.bin"))
-
     try:
-        ctx = _init(args)
-        # Before the ranks report ready: snapshot() imports Dynamo and its configs, seconds
-        # of start-up that would otherwise be charged to the first test's timeout.
-        saved = isolation.snapshot()
-        import torch._dynamo  # noqa: F401 - reset() uses it before every test
-
-        conn.send(_health(ctx, HealthCheck()))
+        _warm_up(args)
+        serve = _serve_in_place if args.in_place else _serve_forked
+        return serve(args, conn)
     except BaseException as exc:  # noqa: BLE001 - start-up failure is infra, reported
-        conn.send(RankReport(args.rank, "failed", kind="infra", exc_type=type(exc).__name__, message=str(exc)))
-        return 2
-
-    while True:
         try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            break
-        if isinstance(msg, Shutdown):
-            break
-        if isinstance(msg, HealthCheck):
-            conn.send(_health(ctx, msg))
-            continue
-        if isinstance(msg, TestRequest):
-            print(f"distci: ==== start {msg.nodeid} ====", flush=True)
-            before = set(procs.descendants(os.getpid()))
-            report = _run_test(msg, ctx, saved)
-            left = procs.kill_descendants(os.getpid(), keep=before)
-            if left:
-                print(f"distci: killed {len(left)} process(es) the test left running: {left}", flush=True)
-            print(f"distci: ==== end {msg.nodeid}: {report.outcome} ====", flush=True)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            try:
-                conn.send(report)
-            except OSError as exc:  # the channel broke (a test closed it): say so by the exit code
-                print(f"distci: the control channel to the controller broke: {exc}", flush=True)
-                os._exit(CHANNEL_BROKEN_EXIT)
-    try:
-        import torch.distributed as dist
-
-        dist.destroy_process_group()
-    except Exception:  # noqa: BLE001
-        pass
-    return 0
+            conn.send(RankReport(args.rank, "failed", kind="infra", exc_type=type(exc).__name__, message=str(exc)))
+        except OSError:
+            pass
+        return 2
 
 
 if __name__ == "__main__":

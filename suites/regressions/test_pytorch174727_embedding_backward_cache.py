@@ -5,10 +5,10 @@ an invalid gradient at index 0 - got [256, 16] but expected shape compatible wit
 of its key (fixed by pytorch#174727, 2026-02).
 
 Found on torch 2.10.0 CPU (2026-12-04): the table's `tp-eager-uneven` row (vocab 257) failed
-after `tp-eager` (vocab 256) in the same rank worker and passed alone. Since then the
-harness empties DTensor's caches between tests (distci.harness.isolation
-.clear_dtensor_caches), so table rows no longer depend on their order, and this test keeps
-the bug in view by building both embeddings itself. Users meet it whenever one process
+after `tp-eager` (vocab 256) in the same rank worker and passed alone. Since then every
+test runs in a fresh fork of its rank worker (distci/harness/template.py), with DTensor's
+caches as empty as the worker's, so table rows no longer depend on their order, and this
+test keeps the bug in view by building both embeddings itself. Users meet it whenever one process
 trains or evaluates two models of different vocabularies under TP (a draft and a target
 model, an eval harness). The control builds the same vocabulary twice.
 """

@@ -11,18 +11,20 @@ import pytest
 
 
 def _live_workers() -> int:
+    """Rank workers of this session: each is a tree (a keeper, the worker, the forks that run
+    tests) of processes with the worker's command line; only the tree's root is counted."""
     token = os.environ["DISTCI_TEST_TOKEN"].encode()
-    count = 0
+    workers: dict[int, int] = {}  # pid -> parent pid
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             if b"distci.harness.worker" in (entry / "cmdline").read_bytes() and \
                     b"DISTCI_TEST_TOKEN=" + token in (entry / "environ").read_bytes():
-                count += 1
-        except OSError:
+                workers[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
             continue
-    return count
+    return sum(parent not in workers for parent in workers.values())
 
 
 def _check(dist) -> None:

@@ -7,6 +7,7 @@ checks that no process carrying the run's token survives.
 """
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -51,7 +52,36 @@ def test_rank_leaves_processes_and_passes(dist, tmp_path):
 
 @pytest.mark.world_size(2)
 def test_after_leaves_processes(dist):
-    """Nothing the previous test started is still under this rank (a child subreaper)."""
+    """Nothing the previous test started is still under this rank's worker (a child subreaper,
+    of which this test's process is a fresh fork)."""
     from distci.harness import procs
 
-    assert procs.descendants(os.getpid()) == [], f"rank {dist.rank} still has the last test's processes"
+    others = [pid for pid in procs.descendants(os.getppid()) if pid != os.getpid()]
+    assert others == [], f"rank {dist.rank}'s worker still has the last test's processes: {others}"
+
+
+_ESCAPEE = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(3600)"
+
+
+@pytest.mark.world_size(2)
+def test_rank_kills_its_worker_leaving_a_tokenless_daemon(dist, tmp_path):
+    """Rank 1 starts a daemon in a session of its own with an empty environment (no run token
+    finds it), then kills its own worker: the daemon still dies with the test (the worker's
+    keeper adopts it)."""
+    if dist.rank == 1:
+        where = Path(os.environ.get("DISTCI_FAULT_DIR") or tmp_path) / "daemon.pid"
+        subprocess.Popen([sys.executable, "-c", _ESCAPEE, str(where)], start_new_session=True, env={})
+        while not where.exists() or not where.read_text():
+            time.sleep(0.05)
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(60)
+
+
+@pytest.mark.world_size(2)
+def test_after_kills_its_worker(dist):
+    import torch
+    import torch.distributed as d
+
+    t = torch.ones(1, device=dist.device)
+    d.all_reduce(t)
+    assert t.item() == dist.world_size

@@ -13,6 +13,7 @@ import time
 import warnings
 
 import pytest
+from faults_memo import recall, remember
 
 
 def _check_allreduce(dist):
@@ -135,7 +136,6 @@ def test_after_segfault(dist):
 
 
 # -- leaked globals: each `test_leak_X` changes X, `test_sees_X` (next) must not see it ----
-_BEFORE: dict = {}  # per rank process: what X was before the leak
 
 
 def _torch():
@@ -184,9 +184,10 @@ def test_global(dist, name, phase):
     get, change = LEAKS[name]
     dt = dist.device.type
     if phase == "leak":
-        _BEFORE[name] = get(dt)
+        before = get(dt)
+        remember(name, dist.rank, before)
         change(dt)
-        assert get(dt) != _BEFORE[name], f"the case did not change {name}"
+        assert get(dt) != before, f"the case did not change {name}"
     else:
-        assert name in _BEFORE, "the leak case did not run first on this rank"
-        assert get(dt) == _BEFORE[name], f"{name} leaked from the previous test: {get(dt)!r} != {_BEFORE[name]!r}"
+        before = recall(name, dist.rank)
+        assert get(dt) == before, f"{name} leaked from the previous test: {get(dt)!r} != {before!r}"

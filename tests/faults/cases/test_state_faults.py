@@ -7,7 +7,6 @@ Run by tests/test_faults.py (CPU, gloo); device-agnostic, as test_pool_faults.py
     python -m pytest -p distci.harness.plugin tests/faults/cases/test_state_faults.py --distci-device=cuda --distci-timeout=12
 """
 
-import colorsys  # imported before any test: a test that replaces it in sys.modules is caught
 import logging
 import os
 import signal
@@ -18,8 +17,8 @@ import time
 import types
 
 import pytest
+from faults_memo import recall, remember
 
-_BEFORE: dict = {}  # per rank process: what the leak case saw before it changed something
 _kept: list = []  # objects kept alive on purpose (a mode entered and never left)
 
 
@@ -85,7 +84,7 @@ def test_patches_torch(dist):
     import torch
     import torch.nn.functional as F
 
-    _BEFORE["gelu"] = F.gelu(torch.ones(1)).item()
+    remember("gelu", dist.rank, F.gelu(torch.ones(1)).item())
     F.gelu = lambda x, approximate="none": x * 0
     torch.tanh = lambda x: x * 0
     torch.Tensor.relu = lambda self: self * 0
@@ -96,7 +95,7 @@ def test_after_patches_torch(dist):
     import torch
     import torch.nn.functional as F
 
-    assert F.gelu(torch.ones(1)).item() == _BEFORE["gelu"]
+    assert F.gelu(torch.ones(1)).item() == recall("gelu", dist.rank)
     assert torch.tanh(torch.ones(1)).item() > 0.7
     assert torch.ones(1).relu().item() == 1.0
     _check_allreduce(dist)
@@ -108,7 +107,6 @@ def test_leaves_ddp_state_and_patches_a_collective(dist):
     import torch.distributed as d
     from torch.nn.parallel import DistributedDataParallel
 
-    _BEFORE["all_reduce"] = d.all_reduce
     DistributedDataParallel._active_ddp_module = object()  # what a failed compiled DDP forward leaves
     d.all_reduce = lambda tensor, *args, **kwargs: None
 
@@ -119,7 +117,7 @@ def test_after_leaves_ddp_state_and_patches_a_collective(dist):
     from torch.nn.parallel import DistributedDataParallel
 
     assert DistributedDataParallel._active_ddp_module is None
-    assert d.all_reduce is _BEFORE["all_reduce"]
+    assert d.all_reduce is d.distributed_c10d.all_reduce
     _check_allreduce(dist)
 
 
@@ -128,7 +126,6 @@ def test_after_leaves_ddp_state_and_patches_a_collective(dist):
 def test_leaves_sys_path_and_modules(dist):
     sys.path.insert(0, "/nonexistent/distci-leaked-path")
     sys.modules["distci_fault_fake"] = types.ModuleType("distci_fault_fake")
-    _BEFORE["colorsys"] = colorsys
     sys.modules["colorsys"] = types.SimpleNamespace(rgb_to_hsv=None)
 
 
@@ -138,7 +135,7 @@ def test_after_leaves_sys_path_and_modules(dist):
 
     assert "/nonexistent/distci-leaked-path" not in sys.path
     assert "distci_fault_fake" not in sys.modules
-    assert now is _BEFORE["colorsys"] and now.rgb_to_hsv(1, 0, 0)[2] == 1
+    assert isinstance(now, types.ModuleType) and now.rgb_to_hsv(1, 0, 0)[2] == 1
     _check_allreduce(dist)
 
 
@@ -148,10 +145,10 @@ def test_leaves_root_logger_and_anomaly_mode(dist):
     import torch
 
     root = logging.getLogger()
-    _BEFORE["logger"] = (root.level, list(root.handlers))
+    remember("logger", dist.rank, (root.level, [type(h).__name__ for h in root.handlers]))
     root.addHandler(logging.StreamHandler())
     root.setLevel(logging.DEBUG)
-    _BEFORE["anomaly"] = torch.is_anomaly_enabled()
+    remember("anomaly", dist.rank, torch.is_anomaly_enabled())
     torch.autograd.set_detect_anomaly(True)
 
 
@@ -160,8 +157,8 @@ def test_after_leaves_root_logger_and_anomaly_mode(dist):
     import torch
 
     root = logging.getLogger()
-    assert (root.level, list(root.handlers)) == _BEFORE["logger"]
-    assert torch.is_anomaly_enabled() == _BEFORE["anomaly"] is False
+    assert (root.level, [type(h).__name__ for h in root.handlers]) == recall("logger", dist.rank)
+    assert torch.is_anomaly_enabled() == recall("anomaly", dist.rank) is False
     _check_allreduce(dist)
 
 

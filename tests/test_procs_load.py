@@ -1,0 +1,78 @@
+"""procs' view of a runner's load and of a process's progress, which decide whether a
+timeout was the machine's (rerun with a longer budget) or the test's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from distci.harness import procs
+from distci.harness.outcome import RankState
+from distci.harness.timeouts import load_at_timeout
+
+
+def test_a_computing_process_advances_and_a_sleeping_one_does_not() -> None:
+    busy = subprocess.Popen([sys.executable, "-c", "print('up', flush=True)\nwhile True: pass"], stdout=subprocess.PIPE)
+    idle = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                            stdout=subprocess.PIPE)
+    try:
+        for proc in (busy, idle):  # past the interpreter's start-up, which uses CPU
+            assert proc.stdout.readline() == b"up\n"
+        advancing = procs.cpu_advancing([busy.pid, idle.pid], window_s=1.0)
+    finally:
+        for proc in (busy, idle):
+            proc.kill()
+            proc.wait()
+    assert advancing == {busy.pid: True, idle.pid: False}
+
+
+def test_the_runner_is_saturated_from_one_runnable_task_per_cpu(monkeypatch) -> None:
+    monkeypatch.setattr(procs.os, "getloadavg", lambda: (4.0, 3.0, 2.0))
+    monkeypatch.setattr(procs.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    assert procs.runner_load() == {"load1": 4.0, "load5": 3.0, "load15": 2.0, "cpus": 4, "saturated": True}
+    monkeypatch.setattr(procs.os, "sched_getaffinity", lambda _pid: set(range(8)))
+    assert not procs.runner_load()["saturated"]
+    monkeypatch.setenv(procs.SATURATED_ENV, "0.25")
+    assert procs.runner_load()["saturated"]
+
+
+COLLECTIVE_STACK = ('Current thread 0x1 (most recent call first):\n'
+                    '  File "/x/torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n')
+COMPUTE_STACK = 'Current thread 0x1 (most recent call first):\n  File "/x/suites/step.py", line 9 in forward\n'
+
+
+def test_only_a_rank_computing_outside_a_collective_is_progress() -> None:
+    waiting = RankState(0, stuck=True, stack=COLLECTIVE_STACK)
+    computing = RankState(1, stuck=True, stack=COMPUTE_STACK)
+    load = load_at_timeout([waiting, computing], {0: True, 1: True})
+    assert load["progressing"] and load["computing_ranks"] == [1]
+    assert not load_at_timeout([waiting, computing], {0: True, 1: False})["progressing"]
+
+
+def test_an_oom_kill_is_told_by_the_cgroup_the_kernel_log_or_the_peak_rss(monkeypatch, tmp_path) -> None:
+    events = tmp_path / "memory.events"
+    events.write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    monkeypatch.setattr(procs, "_cgroup_file", lambda v2, _c, _v1: events if v2 == "memory.events" else None)
+    monkeypatch.setattr(procs, "_kernel_log_oom", lambda pid: "")
+    monkeypatch.setattr(procs, "memory_limit", lambda: 8 * 2**30)
+    assert procs.oom_kills() == 1
+    assert procs.oom_evidence(42, 0, kills_before=0) == "the cgroup's oom_kill count went from 0 to 1"
+    assert procs.oom_evidence(42, 0, kills_before=1) == ""  # no new kill: a SIGKILL someone else sent
+    assert procs.oom_evidence(42, int(7.8 * 2**20), kills_before=1) == (
+        "its peak RSS 7.8 GiB was 97% of the 8.0 GiB memory limit")
+    monkeypatch.setattr(procs, "_kernel_log_oom", lambda pid: f"Out of memory: Killed process {pid} (python)")
+    assert procs.oom_evidence(42, 0, kills_before=1) == "the kernel log: Out of memory: Killed process 42 (python)"
+
+
+def test_a_rank_the_oom_killer_took_is_recorded_as_oom_not_a_bare_sigkill() -> None:
+    from distci.harness.outcome import combine
+    from distci.harness.protocol import RankReport
+
+    peer = RankState(0, report=RankReport(0, "failed", kind="exception", message="Connection closed by peer"))
+    killed = RankState(1, exit_code=-9, oom="the cgroup's oom_kill count went from 0 to 1")
+    combined = combine([peer, killed], 1.0)
+    assert (combined.outcome, combined.failure_kind, combined.exc_type) == ("failed", "crash", "RankOOM")
+    assert combined.message == ("rank 1 was killed by the kernel's OOM killer (SIGKILL; the cgroup's oom_kill "
+                                "count went from 0 to 1)")
+    plain = combine([peer, RankState(1, exit_code=-9)], 1.0)
+    assert plain.exc_type == "RankCrash" and plain.message == "rank 1 killed by SIGKILL"
