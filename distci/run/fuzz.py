@@ -294,7 +294,18 @@ def public_command(argv: list[str]) -> str:
     return shlex.join(out)
 
 
+GENERATORS: dict[str, str | None] = {
+    # name: the module whose `run_generator(args, cell, seed, command) -> exit code` runs it
+    # (None: this module's configuration fuzzer). Imported by name, as distci.cli's REGISTRY
+    # does: the engines sit above this stage (distci/fuzz/), and the command only dispatches.
+    "configs": None,
+    "ops": "distci.fuzz.ops_command",
+}
+
+
 def _cmd_fuzz(args: argparse.Namespace) -> int:
+    import importlib
+
     from distci.matrix import load_matrix
 
     if hasattr(sys.stdout, "reconfigure"):
@@ -303,6 +314,9 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
     if len(cells) != 1:
         raise FuzzSpecError(f"--cell {args.cell!r} names {len(cells)} cells; fuzz one cell at a time")
     seed = args.seed or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    if GENERATORS[args.generator] is not None:
+        module = importlib.import_module(GENERATORS[args.generator])
+        return module.run_generator(args, cells[0], seed, public_command(["python", "-m", "distci", *sys.argv[1:]]))
     if args.list:
         for line in list_draws(build_space(cells[0].accelerator, args.space), seed, args.max_configs or 20):
             print(line)
@@ -320,6 +334,11 @@ def add_parser(sub) -> None:
     p = sub.add_parser("fuzz", help="draw scenario configurations on one cell, run them on its rank pool, "
                        "shrink what fails")
     p.add_argument("--cell", required=True, help="the cell whose stack runs the configurations")
+    p.add_argument("--generator", choices=list(GENERATORS), default="configs",
+                   help="what to draw: configs (scenario-space points, the default), ops (DTensor ops on every "
+                        "mesh and placement, docs/fuzz.md)")
+    p.add_argument("--ops", default=None, metavar="OP1,OP2", help="ops generator: draw only these ops")
+    p.add_argument("--max-cases", type=int, default=None, help="ops generator: stop after this many cases")
     p.add_argument("--seed", default=None, help="any text (default: today's UTC date); the same seed draws the same list")
     p.add_argument("--budget", default="30m", help="wall-clock budget: seconds or 90s / 30m / 1h (default 30m)")
     p.add_argument("--max-configs", type=int, default=None, help="stop after drawing this many configurations")

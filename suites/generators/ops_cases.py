@@ -221,11 +221,12 @@ def run_case(case: OpCase, dist, plant=None) -> CaseOutcome:
         out = plant.outputs(case, out, mesh) if plant else out
     except Exception as exc:
         return _raised(case, exc, "the op", done)
-    problems = []
+    # a local shape can be wrong on one rank only: agree before any collective reads it
+    problems = [p for p in [_everywhere(_local_problem(out, ref_out, mesh, DTensor))] if p]
     for i, (o, r) in enumerate(zip(out, ref_out)):
-        problems += _check_output(i, o, r, mesh, case, terms, DTensor)
         if problems:
             break
+        problems += _check_output(i, o, r, mesh, case, terms, DTensor)
     if len(out) != len(ref_out):
         problems.append(f"outputs: count: {len(out)}, the full op gives {len(ref_out)}")
     if not problems and cotangents:
@@ -259,14 +260,31 @@ def _check_output(i: int, o, r: torch.Tensor, mesh, case: OpCase, terms: int, DT
     if len(o.placements) != mesh.ndim or bad:
         return [f"{what}: placements: {tuple(o.placements)} are not legal for a {o.ndim}-dim result on a "
                 f"{mesh.ndim}-axis mesh"]
-    if tuple(o.shape) == tuple(r.shape):
-        local = expected_local_shape(tuple(o.shape), o.placements, mesh)
-        if local is not None and tuple(o.to_local().shape) != local:
-            return [f"{what}: local shape: {tuple(o.to_local().shape)} on mesh coordinate {mesh.get_coordinate()}, "
-                    f"its placements {tuple(o.placements)} of {tuple(o.shape)} say {local}"]
     full, problem = _gathered(what, o)
     bad = problem or _compare(what, full, r, case.dtype, terms)
     return [bad] if bad else []
+
+
+def _local_problem(outs, refs, mesh, DTensor) -> str | None:
+    """The first output whose local shape on this rank is not what its placements say."""
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        if not isinstance(o, DTensor) or tuple(o.shape) != tuple(r.shape) or len(o.placements) != mesh.ndim:
+            continue
+        local = expected_local_shape(tuple(o.shape), o.placements, mesh)
+        if local is not None and tuple(o.to_local().shape) != local:
+            return (f"output {i}: local shape: {tuple(o.to_local().shape)} on mesh coordinate "
+                    f"{mesh.get_coordinate()}, its placements {tuple(o.placements)} of {tuple(o.shape)} say {local}")
+    return None
+
+
+def _everywhere(problem: str | None) -> str | None:
+    """The first rank's problem, on every rank (a collective over the whole world: every
+    rank runs every case, a submesh case on its own submesh)."""
+    import torch.distributed as tdist
+
+    everyone: list[Any] = [None] * tdist.get_world_size()
+    tdist.all_gather_object(everyone, problem)
+    return next((p for p in everyone if p), None)
 
 
 def _gathered(what: str, t) -> tuple[torch.Tensor | None, str | None]:
@@ -298,7 +316,8 @@ def _raised(case: OpCase, exc: Exception, during: str, done) -> CaseOutcome:
     if isinstance(exc, NotImplementedError) and GAP.search(str(exc)):
         return done("gap", f"{case.op}: no sharding strategy", f"{during}: {text[:500]}")
     first = error_signature(type(exc).__name__, str(exc))
-    signature = f"{case.op}: {during} raised {first}"[:240]
+    # no op in it: one DTensor error (a redistribution it cannot do) is one find across ops
+    signature = f"{during} raised {first}"[:240]
     return done("fail", signature, f"{signature}\n  {text[:1500]}\n  case {case.id}\n  {_where(case)}")
 
 
