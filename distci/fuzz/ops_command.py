@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .op_case import parse_case
+from .op_case import MESHES, parse_case
 from .ops import draw_cases
 from .op_inventory import BY_NAME
 
@@ -84,13 +84,17 @@ def plan_size(done: int, seconds: float, session_s: float, first: int = 120, mos
 
 
 def read_outcomes(out_dir: Path) -> list[dict[str, Any]]:
-    rows = []
+    """The sweep's rows, one per case (the first, should a sweep have run twice)."""
+    rows, seen = [], set()
     for path in sorted(out_dir.glob("ws*.jsonl")):
         for line in path.read_text().splitlines():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except ValueError:  # a line cut by a dying rank
                 continue
+            if row["id"] not in seen:
+                seen.add(row["id"])
+                rows.append(row)
     return rows
 
 
@@ -98,11 +102,13 @@ class Sweeps:
     """Draws, runs sweeps, keeps the tally: the loop of one ops fuzz run, runner given."""
 
     def __init__(self, seed: str, run_sweep: Callable[[Path, list], list[dict]], work: Path, *,
-                 ops: list[str] | None = None, shrink: bool = True, shrink_s: float = 120.0,
+                 ops: list[str] | None = None, meshes: list[str] | None = None, shrink: bool = True,
+                 shrink_s: float = 120.0,
                  session_s: float = 150.0, log: Callable[[str], Any] = print,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.seed, self.run_sweep, self.work, self.log, self.clock = seed, run_sweep, work, log, clock
         self.specs = [BY_NAME[o] for o in ops] if ops else None
+        self.meshes = meshes
         self.shrink, self.shrink_s, self.session_s = shrink, shrink_s, session_s
         self.report = OpsReport(seed)
         self.signatures: dict[str, OpsFind] = {}
@@ -113,7 +119,7 @@ class Sweeps:
         while self.clock() - start < budget_s and (max_cases is None or self.report.drawn < max_cases):
             size = plan_size(self.report.cases, self.report.wall_s, self.session_s)
             size = min(size, max_cases - self.report.drawn) if max_cases is not None else size
-            fresh = draw_cases(self.seed, self.report.drawn, max(0, size - len(queue)), self.specs)
+            fresh = draw_cases(self.seed, self.report.drawn, max(0, size - len(queue)), self.specs, self.meshes)
             self.report.drawn += len(fresh)
             batch, queue = queue + fresh, []
             self.report.sessions += 1
@@ -185,7 +191,8 @@ def case_test_id(case_id: str) -> str:
 
 def fuzz_ops(cell, *, seed: str, budget_s: float, python: str | None = None, runs_root: Path = Path(".distci/runs"),
              known_issues: str | None = None, report_path: Path | None = None, command: str = "",
-             ops: list[str] | None = None, max_cases: int | None = None, shrink: bool = True,
+             ops: list[str] | None = None, meshes: list[str] | None = None, max_cases: int | None = None,
+             shrink: bool = True,
              shrink_s: float = 120.0, session_s: float = 150.0, log: Callable[[str], Any] = print) -> int:
     """Fuzz one cell's DTensor ops; returns the exit code (see the module docstring)."""
     from distci.errors import ConfigError, InfraError, SourceError
@@ -203,6 +210,10 @@ def fuzz_ops(cell, *, seed: str, budget_s: float, python: str | None = None, run
         from distci.errors import FuzzSpecError
 
         raise FuzzSpecError(f"--ops {','.join(unknown)}: not in the ops inventory; ops: {', '.join(BY_NAME)}")
+    if any(m not in MESHES for m in meshes or []):
+        from distci.errors import FuzzSpecError
+
+        raise FuzzSpecError(f"--meshes {','.join(meshes or [])}: meshes are {', '.join(MESHES)}")
     if absent_accelerator_run(cell, runs_root, tier=None, log=log) is not None:
         return EXIT_INFRA
     info, run_dir = start_run(cell, runs_root, tier=None,
@@ -216,6 +227,7 @@ def fuzz_ops(cell, *, seed: str, budget_s: float, python: str | None = None, run
         return EXIT_INFRA
     registry_path = Path(known_issues) if known_issues else REPO / "suites" / "known_issues.toml"
     extra = [f"--distci-known-issues={registry_path}"] if registry_path.exists() else []
+    sweep_args = [*extra, "--distci-reruns=0"]  # a rerun of a dead sweep would rerun the case that killed it
     work = run_dir / FUZZ_DIR / "ops"
     work.mkdir(parents=True, exist_ok=True)
     relay = open(run_dir / FUZZ_DIR / "pytest-relay.log", "a")
@@ -226,10 +238,12 @@ def fuzz_ops(cell, *, seed: str, budget_s: float, python: str | None = None, run
 
     def run_sweep(folder: Path, cases: list) -> list[dict]:
         with _environ(**{CASES_ENV: str(sweeps.batch_file(folder, cases))}):
-            run_in_env(cell, Path(env.python), info, run_dir, tests=[SWEEP], extra_pytest_args=extra, log=pytest_log)
+            run_in_env(cell, Path(env.python), info, run_dir, tests=[SWEEP], extra_pytest_args=sweep_args,
+                       log=pytest_log)
         return read_outcomes(folder)
 
-    sweeps = Sweeps(seed, run_sweep, work, ops=ops, shrink=shrink, shrink_s=shrink_s, session_s=session_s, log=log)
+    sweeps = Sweeps(seed, run_sweep, work, ops=ops, meshes=meshes, shrink=shrink, shrink_s=shrink_s,
+                    session_s=session_s, log=log)
     started = now()
     log(f"fuzz ops {cell.id}: seed {seed}, budget {budget_s:.0f}s"
         + (f", at most {max_cases} cases" if max_cases else "") + (f", ops {','.join(ops)}" if ops else ""))
@@ -286,5 +300,6 @@ def run_generator(args, cell, seed: str, command: str) -> int:
     return fuzz_ops(cell, seed=seed, budget_s=parse_budget(args.budget), python=args.python,
                     runs_root=Path(args.runs_root), known_issues=args.known_issues, report_path=args.report,
                     command=command, ops=[o.strip() for o in args.ops.split(",")] if args.ops else None,
+                    meshes=[m.strip() for m in args.meshes.split(",")] if args.meshes else None,
                     max_cases=args.max_cases, shrink=not args.no_shrink,
                     shrink_s=parse_budget(args.shrink_limit, "--shrink-limit") if args.shrink_limit else 120.0)

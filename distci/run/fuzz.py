@@ -338,6 +338,7 @@ def add_parser(sub) -> None:
                    help="what to draw: configs (scenario-space points, the default), ops (DTensor ops on every "
                         "mesh and placement, docs/fuzz.md)")
     p.add_argument("--ops", default=None, metavar="OP1,OP2", help="ops generator: draw only these ops")
+    p.add_argument("--meshes", default=None, metavar="M1,M2", help="ops generator: draw only these meshes (2, 4, 2x2)")
     p.add_argument("--max-cases", type=int, default=None, help="ops generator: stop after this many cases")
     p.add_argument("--seed", default=None, help="any text (default: today's UTC date); the same seed draws the same list")
     p.add_argument("--budget", default="30m", help="wall-clock budget: seconds or 90s / 30m / 1h (default 30m)")

@@ -11,6 +11,8 @@ Not collected with `suites/` (the file name is not test_*.py): `python -m distci
   candidate a case like any other: the 1-D mesh of 2 runs on the tp submesh of a 2x2
   world). Rank 0 writes one JSON line per case as it finishes, so a crash loses one case.
   The sweep passes whatever its cases did: the finds become Results of their own below.
+  Its timeout (900 s) holds a sweep sized to 150 s plus 240 s of shrinking: only a case
+  that hangs its ranks (an error raised on some ranks only) runs into it.
 - `test_op_case[<case id>]`: one case (its id names it entirely), failing with the case's
   problem, first line its signature: what a find is recorded as, what a repro reruns, what
   a known-issues entry matches. A capability gap or an invalid draw skips with the reason.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -69,7 +72,7 @@ def _agreed(dist, case, plant):
     return agree(dist, outcome)
 
 
-@pytest.mark.dist_timeout(1800)
+@pytest.mark.dist_timeout(900)
 def test_op_sweep(dist, world) -> None:
     from distci.fuzz.ops import shrink
 
@@ -82,18 +85,22 @@ def test_op_sweep(dist, world) -> None:
     bounds = batch.get("shrink", {})
     out = Path(batch["out"]) / f"ws{dist.world_size}.jsonl"
     sink = open(out, "a") if dist.rank == 0 else None
+    shrunk_s = 0.0  # a sweep shrinks for at most bounds["sweep_s"]: later finds come unshrunk, never a timeout
     try:
         for case in cases:
             o = _agreed(dist, case, plant)
             record = {"id": case.id, "status": o.status, "signature": o.signature, "message": o.message,
                       "seconds": round(o.seconds, 4)}
-            if o.status == "fail" and o.signature not in seen and bounds.get("max_checks", 1):
+            shrinking_left = bounds.get("sweep_s", 240.0) - shrunk_s
+            if o.status == "fail" and o.signature not in seen and bounds.get("max_checks", 1) and shrinking_left > 0:
+                began = time.monotonic()
                 seen.add(o.signature)
                 done = shrink(case, o.signature, lambda c: _as_check(_agreed(dist, c, plant)),
-                              max_checks=bounds.get("max_checks", 300), max_s=bounds.get("max_s", 120.0),
+                              max_checks=bounds.get("max_checks", 300), max_s=min(bounds.get("max_s", 120.0), shrinking_left),
                               message=o.message)
                 record["shrunk"] = {"id": done.case.id, "message": done.message, "steps": done.steps,
                                     "checks": done.checks, "complete": done.complete}
+                shrunk_s += time.monotonic() - began
             if sink:
                 sink.write(json.dumps(record) + "\n")
                 sink.flush()
