@@ -5,7 +5,7 @@
     nox -s dist_tests -- --cell ID [--tier NAME] [-k EXPR] [--test NODEID] [--backend docker]
     nox -s matrix -- --json [--tier nightly]
     nox -s tests                 distci's own tests (all tiers); nox -s tests_quick: the quick tier
-    nox -s bench -- harness | images | provision | pr | store
+    nox -s bench -- harness | images | provision | pr | store | fuzz-ops
     nox -s fuzz -- --cell ID --budget 30m --seed S   draw configurations, shrink what fails
     nox -s images -- --cell ID | --tier NAME
     nox -s ingest | gate | export | dashboard | bisect | lint | aggregate | teardown
@@ -200,7 +200,8 @@ def tests_quick(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """`-- harness`: rank pool vs one torchrun per test; `-- images`: cold vs warm image builds;
-    `-- provision`: a cell's env, cold and warm; `-- pr`: the pr tier's phases, cold then warm."""
+    `-- provision`: a cell's env, cold and warm; `-- pr`: the pr tier's phases, cold then warm;
+    `-- fuzz-ops`: the ops generator's cases an hour."""
     _install(session, TORCH)
     _install(session, "-e", ".[test,docker]", "torchao==0.18.0")
     session.run("python", "-m", "distci", "bench", *(session.posargs or ["harness"]))

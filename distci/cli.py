@@ -191,8 +191,9 @@ def build_parser(registry: tuple[str, ...] = REGISTRY) -> argparse.ArgumentParse
 
     p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm "
                        "builds), `provision` (a cell's env, cold and warm), `pr` (the pr tier's phases, cold then warm), "
-                       "`store` (ingest, gate, dashboard at 1/10/100x)")
-    p.add_argument("what", choices=("harness", "images", "provision", "pr", "store"))
+                       "`store` (ingest, gate, dashboard at 1/10/100x), `fuzz-ops` (op cases an hour)")
+    p.add_argument("what", choices=("harness", "images", "provision", "pr", "store", "fuzz-ops"))
+    p.add_argument("--budget-s", type=float, default=None, help="fuzz-ops: seconds of fuzzing (default 600)")
     p.add_argument("--repeat", type=int, default=1, help="pr: how many runs of the tier (default 2: cold, then warm)")
     p.add_argument("--pip", action="store_true", help="provision: also time the pip fallback install")
     p.add_argument("--keep", action="store_true", help="provision, store: keep what the bench generated")

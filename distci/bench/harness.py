@@ -115,6 +115,10 @@ def run_bench(what: str, args: argparse.Namespace) -> int:
         root = Path(getattr(args, "root", None) or DEFAULT_STORE_ROOT)
         return run_store_bench(console, scales=scales, keep=bool(getattr(args, "keep", False)), root=root,
                                ingest_up_to=int(getattr(args, "ingest_up_to", None) or max(scales)))
+    if what == "fuzz-ops":
+        from distci.bench.fuzz_ops import run_fuzz_ops_bench
+
+        return run_fuzz_ops_bench(console, budget_s=float(getattr(args, "budget_s", None) or 600.0))
     if what == "images":
         from distci.images import bench_images
 
