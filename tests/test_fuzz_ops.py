@@ -205,3 +205,11 @@ def test_a_planted_op_bug_is_found_and_shrunk(tmp_path, plant):
     replay = next(r for r in results if r["test_id"] == find["test_id"])
     assert replay["outcome"] == "failed" and signature.strip(": ") in replay["message"]
     assert find["shrunk"] in (tmp_path / "report.md").read_text()
+
+
+def test_a_find_is_judged_as_a_fuzz_result_never_expected():
+    from distci.fuzz.ops_command import ENTRY, case_test_id
+    from distci.judge.rows import GENERATOR_TESTS, is_fuzz
+
+    assert ENTRY.startswith(GENERATOR_TESTS)
+    assert is_fuzz(case_test_id("cat~2~f32~1x7,1x7~R,S1~dim=0~0"))
