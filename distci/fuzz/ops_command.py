@@ -195,12 +195,10 @@ def fuzz_ops(cell, *, seed: str, budget_s: float, python: str | None = None, run
              shrink: bool = True,
              shrink_s: float = 120.0, session_s: float = 150.0, log: Callable[[str], Any] = print) -> int:
     """Fuzz one cell's DTensor ops; returns the exit code (see the module docstring)."""
-    from distci.errors import ConfigError, InfraError, SourceError
     from distci.harness.known_issues import load_registry
     from distci.rundir import RunDir, now
-    from distci.run.cellrun import (REPO, absent_accelerator_run, infra_run, provision, record_failure, run_in_env,
-                                    start_run, uses_installed)
-    from distci.run.fuzz import FUZZ_DIR, _environ
+    from distci.run.cellrun import REPO, run_in_env
+    from distci.run.fuzz import FUZZ_DIR, _environ, finish_fuzz_run, start_fuzz_run
     from distci.run.terminal import EXIT_INFRA
 
     from .ops_report import render_report
@@ -214,17 +212,10 @@ def fuzz_ops(cell, *, seed: str, budget_s: float, python: str | None = None, run
         from distci.errors import FuzzSpecError
 
         raise FuzzSpecError(f"--meshes {','.join(meshes or [])}: meshes are {', '.join(MESHES)}")
-    if absent_accelerator_run(cell, runs_root, tier=None, log=log) is not None:
+    started_run = start_fuzz_run(cell, runs_root, python=python, command=command, log=log)
+    if started_run is None:
         return EXIT_INFRA
-    info, run_dir = start_run(cell, runs_root, tier=None,
-                              backend="installed" if uses_installed(cell, python) else "venv", log=log)
-    info.command = command
-    try:
-        env = provision(cell, run_dir, python=python, log=log)
-    except (InfraError, SourceError, ConfigError) as exc:
-        log(f"[{cell.id}] infra: {exc}")
-        infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
-        return EXIT_INFRA
+    info, run_dir, env = started_run
     registry_path = Path(known_issues) if known_issues else REPO / "suites" / "known_issues.toml"
     extra = [f"--distci-known-issues={registry_path}"] if registry_path.exists() else []
     sweep_args = [*extra, "--distci-reruns=0"]  # a rerun of a dead sweep would rerun the case that killed it
@@ -277,10 +268,7 @@ def fuzz_ops(cell, *, seed: str, budget_s: float, python: str | None = None, run
         Path(report_path).parent.mkdir(parents=True, exist_ok=True)
         Path(report_path).write_text(render_report(report, cell.id, stack, started, command))
         log(f"report: {report_path}")
-    code = 1 if any(f.new for f in report.finds) else 0
-    info.ended_at, info.exit_code = now(), code
-    RunDir(run_dir).write_info(info)
-    RunDir(run_dir).write_junit(cell.id)
+    code = finish_fuzz_run(cell, info, run_dir, 1 if any(f.new for f in report.finds) else 0)
     log(f"fuzz ops {cell.id}: {report.cases} case(s) in {report.wall_s:.0f}s ({report.per_hour():.0f}/hour), "
         f"{sum(f.new for f in report.finds)} new find(s), {len(report.finds)} find(s) in all; run {run_dir}")
     return code

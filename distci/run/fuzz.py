@@ -173,6 +173,37 @@ class BatchRunner:
         return out
 
 
+def start_fuzz_run(cell, runs_root: Path, *, python: str | None, command: str, log) -> tuple | None:
+    """A fuzz run's run directory on `cell`, its environment provisioned (as `distci run`
+    does): (info, run_dir, env), or None when the environment never came up (then the
+    run directory records it as infra, and the caller exits EXIT_INFRA). Every generator
+    starts its run here."""
+    from distci.errors import ConfigError, InfraError, SourceError
+    from distci.run.cellrun import (absent_accelerator_run, infra_run, provision, record_failure, start_run,
+                                    uses_installed)
+
+    if absent_accelerator_run(cell, runs_root, tier=None, log=log) is not None:
+        return None
+    info, run_dir = start_run(cell, runs_root, tier=None, backend="installed" if uses_installed(cell, python)
+                              else "venv", log=log)
+    info.command = command
+    try:
+        env = provision(cell, run_dir, python=python, log=log)
+    except (InfraError, SourceError, ConfigError) as exc:
+        log(f"[{cell.id}] infra: {exc}")
+        infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
+        return None
+    return info, run_dir, env
+
+
+def finish_fuzz_run(cell, info, run_dir: Path, code: int) -> int:
+    """Closes a fuzz run's directory (run.json with its end and exit code, JUnit); returns `code`."""
+    info.ended_at, info.exit_code = _now(), code
+    RunDir(run_dir).write_info(info)
+    RunDir(run_dir).write_junit(cell.id)
+    return code
+
+
 def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_configs: int | None = None,
               batch_size: int = 6, shrink: bool = True, python: str | None = None,
               runs_root: Path = Path(".distci/runs"), replay: str | None = None, known_issues: str | None = None,
@@ -182,24 +213,15 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
     from suites.fuzz import Fuzzer, Report, ShrinkLimits
     from suites.fuzz_plants import PLANT_ENV
 
-    from distci.run.cellrun import absent_accelerator_run, infra_run, provision, record_failure, start_run, uses_installed
-    from distci.errors import ConfigError, InfraError, SourceError
     from distci.run.terminal import EXIT_INFRA
     from distci.run.fuzz_report import FuzzRun, find_lines, render_report, update_coverage
 
     space = build_space(cell.accelerator, space_specs)
     point = parse_replay(space, replay) if replay else None
-    if absent_accelerator_run(cell, runs_root, tier=None, log=log) is not None:
+    started_run = start_fuzz_run(cell, runs_root, python=python, command=command, log=log)
+    if started_run is None:
         return EXIT_INFRA
-    info, run_dir = start_run(cell, runs_root, tier=None, backend="installed" if uses_installed(cell, python)
-                              else "venv", log=log)
-    info.command = command
-    try:
-        env = provision(cell, run_dir, python=python, log=log)
-    except (InfraError, SourceError, ConfigError) as exc:
-        log(f"[{cell.id}] infra: {exc}")
-        infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
-        return EXIT_INFRA
+    info, run_dir, env = started_run
     from distci.run.cellrun import REPO
 
     registry = Path(known_issues) if known_issues else REPO / "suites" / "known_issues.toml"
@@ -243,10 +265,7 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
         update_coverage(Path(coverage_path), run, report.tried)
         log(f"coverage: {coverage_path}")
     new = report.finds or [o for o in report.tried if o.failed and not o.known_issue and fuzzer is None]
-    code = 1 if new else 0
-    info.ended_at, info.exit_code = _now(), code
-    RunDir(run_dir).write_info(info)
-    RunDir(run_dir).write_junit(cell.id)
+    code = finish_fuzz_run(cell, info, run_dir, 1 if new else 0)
     log(f"fuzz {cell.id}: {len(report.tried)} configuration(s), {len(report.finds) + len(unexplained)} new find(s), "
         f"{len(report.known)} known issue(s), {len(report.slow)} timed out; run {run_dir}")
     return code
