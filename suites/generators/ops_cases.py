@@ -27,7 +27,7 @@ from distci.fuzz.op_case import DTYPES, MESHES, OpCase
 from distci.fuzz.op_inventory import spec_of
 from distci.results import error_signature
 
-from ..tolerances import op_threshold
+from ..tolerances import ROUNDING, op_threshold
 from .op_calls import CALLS, Context
 
 GAP = re.compile(r"sharding strateg|does not have a sharding|no sharding|sharding propagation (?:is )?not")
@@ -167,10 +167,12 @@ def _compare(what: str, got: torch.Tensor, ref: torch.Tensor, dtype: str, terms:
     err = torch.where(both, (g - r).abs(), torch.zeros_like(g))
     scale = max(float(torch.where(both, r.abs(), torch.zeros_like(r)).max()), 1.0)  # inputs are O(1)
     worst = float(err.max()) / scale
-    limit = op_threshold(DTYPES.get(dtype, dtype), terms)
+    # the coarser of the case's dtype and the result's (a cast to bf16 rounds each Partial share)
+    names = [DTYPES.get(dtype, dtype), str(ref.dtype).replace("torch.", "")]
+    limit, name = max((op_threshold(n, terms), n) for n in names if n in ROUNDING)
     if worst > limit:
         idx = tuple(int(i) for i in (err == err.max()).nonzero()[0])
-        return (f"{what}: value: differs by {worst:.3g} of max(max|ref|, 1) ({worst / limit:.3g}x the {DTYPES.get(dtype, dtype)} "
+        return (f"{what}: value: differs by {worst:.3g} of max(max|ref|, 1) ({worst / limit:.3g}x the {name} "
                 f"threshold {limit:.2g}) first at {idx}: {float(g[idx]):.6g} vs {float(r[idx]):.6g}")
     return None
 
