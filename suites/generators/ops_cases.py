@@ -225,15 +225,18 @@ def run_case(case: OpCase, dist, plant=None) -> CaseOutcome:
         return _raised(case, exc, "the op", done)
     # a local shape can be wrong on one rank only: agree before any collective reads it
     problems = [p for p in [_everywhere(_local_problem(out, ref_out, mesh, DTensor))] if p]
+    gathered = []  # each output read once: the loss below reuses it (a second reduction is another op)
     for i, (o, r) in enumerate(zip(out, ref_out)):
         if problems:
             break
-        problems += _check_output(i, o, r, mesh, case, terms, DTensor)
+        found, full = _check_output(i, o, r, mesh, case, terms, DTensor)
+        problems += found
+        gathered.append(full)
     if len(out) != len(ref_out):
         problems.append(f"outputs: count: {len(out)}, the full op gives {len(ref_out)}")
     if not problems and cotangents:
         try:
-            _loss([o.full_tensor() if c is not None else None for o, c in zip(out, cotangents)], cotangents).backward()
+            _loss(gathered, cotangents).backward()
         except Exception as exc:
             return _raised(case, exc, "the backward", done)
         for i, (dt, ref) in enumerate(zip(dts, refs)):
@@ -254,17 +257,19 @@ def run_case(case: OpCase, dist, plant=None) -> CaseOutcome:
     return done("pass")
 
 
-def _check_output(i: int, o, r: torch.Tensor, mesh, case: OpCase, terms: int, DTensor) -> list[str]:
+def _check_output(i: int, o, r: torch.Tensor, mesh, case: OpCase, terms: int, DTensor
+                  ) -> tuple[list[str], torch.Tensor | None]:
+    """(the output's problems, its full_tensor())."""
     what = f"output {i}"
     if not isinstance(o, DTensor):
-        return [f"{what}: type: a plain {type(o).__name__}, not a DTensor"]
+        return [f"{what}: type: a plain {type(o).__name__}, not a DTensor"], None
     bad = [p for p in o.placements if p.is_shard() and not -o.ndim <= p.dim < max(o.ndim, 1)]
     if len(o.placements) != mesh.ndim or bad:
         return [f"{what}: placements: {tuple(o.placements)} are not legal for a {o.ndim}-dim result on a "
-                f"{mesh.ndim}-axis mesh"]
+                f"{mesh.ndim}-axis mesh"], None
     full, problem = _gathered(what, o)
     bad = problem or _compare(what, full, r, case.dtype, terms)
-    return [bad] if bad else []
+    return ([bad] if bad else []), full
 
 
 def _local_problem(outs, refs, mesh, DTensor) -> str | None:
