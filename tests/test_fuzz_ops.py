@@ -213,3 +213,9 @@ def test_a_find_is_judged_as_a_fuzz_result_never_expected():
 
     assert ENTRY.startswith(GENERATOR_TESTS)
     assert is_fuzz(case_test_id("cat~2~f32~1x7,1x7~R,S1~dim=0~0"))
+
+
+def test_the_engine_imports_without_torch():
+    code = ("import sys, distci.fuzz.ops, distci.fuzz.ops_command, distci.fuzz.ops_report; "
+            "assert 'torch' not in sys.modules, 'the ops engine imported torch'")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)

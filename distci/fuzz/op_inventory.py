@@ -87,7 +87,8 @@ INVENTORY: tuple[OpSpec, ...] = (
            "torchtune/modules/loss (F.nll_loss(F.log_softmax(x, -1), y, ignore_index=-100))", mins={"V": 1}),
     OpSpec("logprobs_gather", (_a("B S V"), _a("B S", "index:V", grad=False)),
            f"{TUNE_DPO} (torch.gather(logits.log_softmax(-1), 2, labels.unsqueeze(-1)).squeeze(-1))", mins={"V": 1}),
-    _unary("softmax", f"{HF_LLAMA} (eager attention: softmax(dim=-1, dtype=float32)), {TITAN_MOE} (router softmax dim=1)",
+    _unary("softmax", f"{HF_LLAMA} (eager attention: softmax(dim=-1, dtype=float32)), "
+           f"{TITAN_MOE} (router softmax dim=1)",
            params={"dim": "dim:0"}),
     _unary("log_softmax", f"{TUNE_DPO}, torchtitan/models/*/generate (log_softmax(-1))", params={"dim": "dim:0"}),
     _unary("sigmoid", f"{TITAN_MOE} (router: torch.sigmoid(scores.to(torch.float32)))"),
@@ -158,7 +159,8 @@ INVENTORY: tuple[OpSpec, ...] = (
     _unary("cumsum", f"{TITAN_MOE} (offsets = torch.cumsum(num_tokens_per_expert, dim=0))",
            params={"dim": "dim:0"}),
     # elementwise with masks and clamps
-    OpSpec("where", (_a("M N", "mask", grad=False), _a("M N"), _a("M N")), "HF masking utils (torch.where(mask, x, min))"),
+    OpSpec("where", (_a("M N", "mask", grad=False), _a("M N"), _a("M N")),
+           "HF masking utils (torch.where(mask, x, min))"),
     OpSpec("masked_fill", (_a("B? M N"), _a("M N", "mask", grad=False)),
            "HF eager attention (scores.masked_fill(mask, finfo.min)), torchtune padding masks",
            {"value": (-10000.0, 0.0)}),

@@ -1,1 +1,1 @@
-"""The generators' cell side: what runs a drawn case on the rank pool and judges it against the full-tensor reference."""
+"""The generators' cell side: runs a drawn case on the rank pool, judges it against the full-tensor op."""

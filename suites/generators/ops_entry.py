@@ -96,7 +96,8 @@ def test_op_sweep(dist, world) -> None:
                 began = time.monotonic()
                 seen.add(o.signature)
                 done = shrink(case, o.signature, lambda c: _as_check(_agreed(dist, c, plant)),
-                              max_checks=bounds.get("max_checks", 300), max_s=min(bounds.get("max_s", 120.0), shrinking_left),
+                              max_checks=bounds.get("max_checks", 300),
+                              max_s=min(bounds.get("max_s", 120.0), shrinking_left),
                               message=o.message)
                 record["shrunk"] = {"id": done.case.id, "message": done.message, "steps": done.steps,
                                     "checks": done.checks, "complete": done.complete}
