@@ -123,3 +123,24 @@ TRUTH_TOLERANCES: dict[tuple[str, str], Tolerance] = {
 def truth_tolerance(compute_dtype: str, float8: str) -> Tolerance:
     """How close a one-device row computing in `compute_dtype` must stay to eager float32."""
     return TRUTH_TOLERANCES[(compute_dtype, float8)]
+
+
+# One op on DTensors against the same op on the full tensor, both in the case's dtype (the
+# ops generator, suites/generators/). The DTensor side computes the same roundings in
+# another order (a sharded reduction sums per-shard results, a Partial input is summed by a
+# collective; the generator splits a Partial input into unequal shares, each rounded once),
+# so the two differ by a few units of rounding of the largest value, growing with log2 of
+# how many terms a reduction adds (summation-tree depth), not with their count. Judged
+# relative to max(max|ref|, 1): the inputs are unit-normal, so a result that is rounding
+# noise after cancellation (rms_norm's input gradient over a dim of 1: 1e-7 both sides,
+# 25% apart, measured on torch 2.13.0) is judged at the inputs' scale, not its own. Bugs are O(1) of the scale: a missing or doubled reduction (>= 1/2 on a mesh of
+# 2), a divide twice, a dropped or misplaced shard, a zeroed gradient. float32: 8 + 2 log2(n)
+# roundings is 3.3e-6 at n = 1000 terms; bfloat16 0.14 (a factor-2 bug still fails).
+ROUNDING = {"float32": 2.0 ** -23, "bfloat16": 2.0 ** -7, "float16": 2.0 ** -10, "float64": 2.0 ** -52}
+
+
+def op_threshold(dtype: str, terms: int) -> float:
+    """How far (max|run - ref| / max|ref|) one op on DTensors may be from the full-tensor op."""
+    import math
+
+    return ROUNDING[dtype] * (8 + 2 * math.log2(max(terms, 1)))

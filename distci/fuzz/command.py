@@ -178,6 +178,37 @@ class BatchRunner:
         return out
 
 
+def start_fuzz_run(cell, runs_root: Path, *, python: str | None, command: str, log) -> tuple | None:
+    """A fuzz run's run directory on `cell`, its environment provisioned (as `distci run`
+    does): (info, run_dir, env), or None when the environment never came up (then the
+    run directory records it as infra, and the caller exits EXIT_INFRA). Every generator
+    starts its run here."""
+    from distci.errors import ConfigError, InfraError, SourceError
+    from distci.run.cellrun import (absent_accelerator_run, infra_run, provision, record_failure, start_run,
+                                    uses_installed)
+
+    if absent_accelerator_run(cell, runs_root, tier=None, log=log) is not None:
+        return None
+    info, run_dir = start_run(cell, runs_root, tier=None, backend="installed" if uses_installed(cell, python)
+                              else "venv", log=log)
+    info.command = command
+    try:
+        env = provision(cell, run_dir, python=python, log=log)
+    except (InfraError, SourceError, ConfigError) as exc:
+        log(f"[{cell.id}] infra: {exc}")
+        infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
+        return None
+    return info, run_dir, env
+
+
+def finish_fuzz_run(cell, info, run_dir: Path, code: int) -> int:
+    """Closes a fuzz run's directory (run.json with its end and exit code, JUnit); returns `code`."""
+    info.ended_at, info.exit_code = _now(), code
+    RunDir(run_dir).write_info(info)
+    RunDir(run_dir).write_junit(cell.id)
+    return code
+
+
 def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_configs: int | None = None,
               batch_size: int = 6, shrink: bool = True, python: str | None = None,
               runs_root: Path = Path(".distci/runs"), replay: str | None = None, known_issues: str | None = None,
@@ -186,8 +217,6 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
     """Fuzz one cell; returns the exit code (see the module docstring)."""
     from distci.fuzz.engine import Fuzzer, Report, ShrinkLimits
 
-    from distci.run.cellrun import absent_accelerator_run, infra_run, provision, record_failure, start_run, uses_installed
-    from distci.errors import ConfigError, InfraError, SourceError
     from distci.run.terminal import EXIT_INFRA
     from distci.fuzz.report import FuzzRun, find_lines, render_report, update_coverage
 
@@ -199,17 +228,10 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
     registry = Path(known_issues) if known_issues else REPO / "suites" / "known_issues.toml"
     if known_issues or registry.exists():
         load_registry(registry)  # a mistake in it: one line now, not a cell that cannot start
-    if absent_accelerator_run(cell, runs_root, tier=None, log=log) is not None:
+    started_run = start_fuzz_run(cell, runs_root, python=python, command=command, log=log)
+    if started_run is None:
         return EXIT_INFRA
-    info, run_dir = start_run(cell, runs_root, tier=None, backend="installed" if uses_installed(cell, python)
-                              else "venv", log=log)
-    info.command = command
-    try:
-        env = provision(cell, run_dir, python=python, log=log)
-    except (InfraError, SourceError, ConfigError) as exc:
-        log(f"[{cell.id}] infra: {exc}")
-        infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
-        return EXIT_INFRA
+    info, run_dir, env = started_run
     extra = []
     if registry.exists():
         (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
@@ -250,10 +272,7 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
         update_coverage(Path(coverage_path), run, report.tried)
         log(f"coverage: {coverage_path}")
     new = report.finds or [o for o in report.tried if o.failed and not o.known_issue and fuzzer is None]
-    code = 1 if new else 0
-    info.ended_at, info.exit_code = _now(), code
-    RunDir(run_dir).write_info(info)
-    RunDir(run_dir).write_junit(cell.id)
+    code = finish_fuzz_run(cell, info, run_dir, 1 if new else 0)
     log(f"fuzz {cell.id}: {len(report.tried)} configuration(s), {len(report.finds) + len(unexplained)} new find(s), "
         f"{len(report.known)} known issue(s), {len(report.slow)} timed out; run {run_dir}")
     return code
@@ -299,7 +318,18 @@ def public_command(argv: list[str]) -> str:
     return shlex.join(out)
 
 
+GENERATORS: dict[str, str | None] = {
+    # name: the module whose `run_generator(args, cell, seed, command) -> exit code` runs it
+    # (None: this module's configuration fuzzer). Imported by name, as distci.cli's REGISTRY
+    # does: the engines sit above this stage (distci/fuzz/), and the command only dispatches.
+    "configs": None,
+    "ops": "distci.fuzz.ops_command",
+}
+
+
 def _cmd_fuzz(args: argparse.Namespace) -> int:
+    import importlib
+
     from distci.matrix import load_matrix
 
     if hasattr(sys.stdout, "reconfigure"):
@@ -308,6 +338,9 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
     if len(cells) != 1:
         raise FuzzSpecError(f"--cell {args.cell!r} names {len(cells)} cells; fuzz one cell at a time")
     seed = args.seed or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    if GENERATORS[args.generator] is not None:
+        module = importlib.import_module(GENERATORS[args.generator])
+        return module.run_generator(args, cells[0], seed, public_command(["python", "-m", "distci", *sys.argv[1:]]))
     if args.list:
         for line in list_draws(build_space(cells[0].accelerator, args.space), seed, args.max_configs or 20):
             print(line)
@@ -325,6 +358,12 @@ def add_parser(sub) -> None:
     p = sub.add_parser("fuzz", help="draw scenario configurations on one cell, run them on its rank pool, "
                        "shrink what fails")
     p.add_argument("--cell", required=True, help="the cell whose stack runs the configurations")
+    p.add_argument("--generator", choices=list(GENERATORS), default="configs",
+                   help="what to draw: configs (scenario-space points, the default), ops (DTensor ops on every "
+                        "mesh and placement, docs/fuzz.md)")
+    p.add_argument("--ops", default=None, metavar="OP1,OP2", help="ops generator: draw only these ops")
+    p.add_argument("--meshes", default=None, metavar="M1,M2", help="ops generator: draw only these meshes (2, 4, 2x2)")
+    p.add_argument("--max-cases", type=int, default=None, help="ops generator: stop after this many cases")
     p.add_argument("--seed", default=None, help="any text (default: today's UTC date); the same seed draws the same list")
     p.add_argument("--budget", default="30m", help="wall-clock budget: seconds or 90s / 30m / 1h (default 30m)")
     p.add_argument("--max-configs", type=int, default=None, help="stop after drawing this many configurations")

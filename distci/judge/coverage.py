@@ -28,7 +28,7 @@ from typing import Sequence
 
 from distci.errors import SelectionError
 from distci.judge.store import Store
-from distci.judge.rows import FUZZ_TESTS, ResultRow, RunRow, is_environment, is_fuzz
+from distci.judge.rows import FUZZ_PREFIXES, ResultRow, RunRow, is_environment, is_fuzz
 from distci.judge.verdicts import BLOCKING, env_key
 from distci.results import is_interruption
 from distci.rundir import Selection
@@ -105,9 +105,10 @@ def judge_cell(
         # an earlier fuzz result on this stack: the latest of its id counts. Only the fuzz rows
         # are read: a stack that holds for a year must not read a year of results (5.4 M results:
         # 5.8 s of gate, nearly all of it here, before)
-        for r in store.results(run_id=run.run_id, test_prefix=FUZZ_TESTS):
-            if is_fuzz(r.test_id) and r.test_id not in latest and r.test_id not in carried and r.verdict != "infra":
-                carried[r.test_id] = r
+        for prefix in FUZZ_PREFIXES:
+            for r in store.results(run_id=run.run_id, test_prefix=prefix):
+                if r.test_id not in latest and r.test_id not in carried and r.verdict != "infra":
+                    carried[r.test_id] = r
     latest.update({t: r for t, r in carried.items() if r.verdict in BLOCKING})
     judged = [latest[t] for t in sorted(latest)]
 

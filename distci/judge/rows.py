@@ -22,9 +22,15 @@ FUZZ_TESTS = "suites/fuzz_entry.py::"
 night, so no run of them says which tests a cell is expected to have (distci.judge.coverage)."""
 
 
+GENERATOR_TESTS = "suites/generators/"
+"""The generators' cases (the ops generator's `ops_entry.py::test_op_case[<case id>]` finds):
+drawn anew every night like the configurations, so judged alike."""
+FUZZ_PREFIXES = (FUZZ_TESTS, GENERATOR_TESTS)
+
+
 def is_fuzz(test_id: str) -> bool:
-    """Whether a result is one of the fuzzer's drawn configurations."""
-    return test_id.startswith(FUZZ_TESTS)
+    """Whether a result is one of the fuzzer's drawn configurations or a generator's case."""
+    return test_id.startswith(FUZZ_PREFIXES)
 
 
 @lru_cache(maxsize=65536)

@@ -1,0 +1,188 @@
+"""The ops the generator draws: what models, losses and training loops call, and where.
+
+Each entry names the trainer code that calls the op (`where`), the tensor inputs as
+shape templates over named size variables, and the op's parameters with their choices
+(the first is the simplest: the shrinker moves toward it). The cell side
+(suites/generators/ops_cases.py) holds one small function per entry that calls the op the
+way that code calls it; an entry without one is a test failure (tests/test_fuzz_ops.py).
+
+A shape template is a space-separated list of dims: a size variable (`M`), an optional
+one (`B?`: present or absent, drawn per case, dropped first when shrinking), or a product
+(`H*D`: the dim a view splits). An input's `kind`:
+  float     random normal values (the drawn dtype), differentiable when `grad`
+  pos       positive floats (for rsqrt, log): |x| + 0.5
+  distinct  distinct floats (for topk / argmax / argsort: no tie decides an index)
+  index:V   int64 in [0, V)
+  target:V  int64 in [0, V), about one in five set to -100 (ignore_index, as loss code pads)
+  mask      bool
+Param values never hold `,` or `~` (a case id joins them): an einsum equation writes
+`.` between operands and `-` for `->`, dims lists `:`.
+Param choices given as a string are drawn from the case: `dim:<i>` a dim of input i
+(negative ones too, as trainers write dim=-1), `dim?:<i>` that or None (all dims),
+`var:<V>` the size of variable V (a factor of a product dim the op needs to know).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+TITAN_LLAMA = "torchtitan/models/llama3/model/model.py"
+TITAN_MOE = "torchtitan/models/moe/moe.py"
+TITAN_LOSS = "torchtitan/components/loss.py"
+TITAN_CLIP = "torchtitan/distributed/utils.py (clip_grad_norm_)"
+TUNE_CE = "torchtune/modules/loss/ce_chunked_output_loss.py"
+TUNE_DPO = "torchtune/rlhf/loss/dpo.py + torchtune/rlhf/_generation.py (logits_to_logprobs)"
+HF_LLAMA = "transformers/models/llama/modeling_llama.py"
+HF_GPT2 = "transformers/pytorch_utils.py (Conv1D) + models/gpt2/modeling_gpt2.py"
+HF_TRAINER = "transformers/trainer_pt_utils.py (LabelSmoother) + trainer.py"
+OPTIM = "torch/optim/adamw.py, sgd.py (_multi_tensor_*: the foreach path every trainer's optimizer takes)"
+
+
+@dataclass(frozen=True)
+class Arg:
+    dims: str
+    kind: str = "float"
+    grad: bool = True
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    args: tuple[Arg, ...]
+    where: str
+    params: dict[str, tuple | str] = field(default_factory=dict)
+    dtypes: tuple[str, ...] = ("f32", "bf16")
+    mins: dict[str, int] = field(default_factory=dict)
+    """Smallest size of a variable (a vocabulary of 0 has no valid index)."""
+    grad: bool = True
+    """False: no backward (index outputs only, optimizer updates under no_grad)."""
+
+
+def _a(dims: str, kind: str = "float", grad: bool = True) -> Arg:
+    return Arg(dims, kind, grad)
+
+
+def _unary(name: str, where: str, dims: str = "B? M N", kind: str = "float", **kw: Any) -> OpSpec:
+    return OpSpec(name, (_a(dims, kind),), where, **kw)
+
+
+INVENTORY: tuple[OpSpec, ...] = (
+    # matmuls: every projection, attention score, expert loop
+    OpSpec("linear", (_a("B? M K"), _a("N K"), _a("N")), f"{TITAN_LLAMA} (nn.Linear: wq/wk/wv/wo, w1/w2/w3, output)",
+           {"bias": (1, 0)}),
+    OpSpec("matmul", (_a("B? M K"), _a("K N")), f"{TITAN_MOE} (_run_experts_for_loop: torch.matmul(x, w.transpose))"),
+    OpSpec("addmm", (_a("N"), _a("M K"), _a("K N")), f"{HF_GPT2} (torch.addmm(bias, x.view(-1, nx), weight))"),
+    OpSpec("bmm", (_a("B M K"), _a("B K N")), f"{HF_LLAMA} (batched attention scores), {TITAN_MOE} experts"),
+    OpSpec("einsum", (_a("B H S E"), _a("B H T E")), "transformers rotary / attention einsum ('bhqd,bhkd->bhqk')",
+           {"eq": ("bhqd.bhkd-bhqk", "bhqd.bhkd-bqhk")}),
+    OpSpec("embedding", (_a("B? M", "index:V", grad=False), _a("V D")), f"{TITAN_LLAMA} (tok_embeddings)",
+           mins={"V": 1}),
+    # losses
+    OpSpec("cross_entropy", (_a("M V"), _a("M", "target:V", grad=False)),
+           f"{TITAN_LOSS} (cross_entropy_loss: pred.flatten(0, 1).float()), {TUNE_CE} (ignore_index=-100), "
+           f"{HF_TRAINER} (label smoothing)",
+           {"reduction": ("mean", "sum", "none"), "label_smoothing": (0.0, 0.1)}, mins={"V": 1}),
+    OpSpec("nll_log_softmax", (_a("M V"), _a("M", "target:V", grad=False)),
+           "torchtune/modules/loss (F.nll_loss(F.log_softmax(x, -1), y, ignore_index=-100))", mins={"V": 1}),
+    OpSpec("logprobs_gather", (_a("B S V"), _a("B S", "index:V", grad=False)),
+           f"{TUNE_DPO} (torch.gather(logits.log_softmax(-1), 2, labels.unsqueeze(-1)).squeeze(-1))", mins={"V": 1}),
+    _unary("softmax", f"{HF_LLAMA} (eager attention: softmax(dim=-1, dtype=float32)), "
+           f"{TITAN_MOE} (router softmax dim=1)",
+           params={"dim": "dim:0"}),
+    _unary("log_softmax", f"{TUNE_DPO}, torchtitan/models/*/generate (log_softmax(-1))", params={"dim": "dim:0"}),
+    _unary("sigmoid", f"{TITAN_MOE} (router: torch.sigmoid(scores.to(torch.float32)))"),
+    # norms
+    OpSpec("layer_norm", (_a("B? M D"), _a("D"), _a("D")), "nn.LayerNorm (torchtitan flux / HF GPT-2 ln_f)"),
+    OpSpec("rms_norm", (_a("B? M D"), _a("D")), f"{TITAN_LLAMA} (nn.RMSNorm: attention_norm, ffn_norm, norm)"),
+    OpSpec("rms_norm_manual", (_a("B? M D"), _a("D")),
+           f"{HF_LLAMA} (LlamaRMSNorm: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)), torchtune RMSNorm"),
+    # attention
+    OpSpec("sdpa", (_a("B H S E"), _a("B H T E"), _a("B H T E")),
+           f"{TITAN_LLAMA} (ScaledDotProductAttention: F.scaled_dot_product_attention(q, k, v, is_causal=True))",
+           {"is_causal": (0, 1)}, mins={"E": 1}),
+    OpSpec("rotary", (_a("B S H D2*2"), _a("S D2*2")),
+           f"{HF_LLAMA} (apply_rotary_pos_emb: q * cos + rotate_half(q) * sin; rotate_half = cat(-x2, x1))"),
+    # activations
+    _unary("gelu", "transformers GPT-2 / BERT MLP (F.gelu, approximate='tanh' in gelu_new)",
+           params={"approximate": ("none", "tanh")}),
+    _unary("silu", f"{TITAN_LLAMA} (FeedForward: F.silu(w1(x)))"),
+    OpSpec("swiglu", (_a("B? M N"), _a("B? M N")), f"{TITAN_LLAMA} (FeedForward: F.silu(w1(x)) * w3(x))"),
+    OpSpec("swiglu_chunk", (_a("B? M N*2"),), "fused w13 projections (x1, x3 = h.chunk(2, dim=-1); silu(x1) * x3)"),
+    _unary("dropout_eval", "every model's dropout in eval (F.dropout(x, p, training=False))", params={"p": (0.1, 0.0)}),
+    # reductions
+    _unary("sum", f"{TITAN_LOSS} (sum reductions), torchtune per-token loss sums",
+           params={"dim": "dim?:0", "keepdim": (0, 1)}),
+    _unary("mean", f"{HF_LLAMA} (variance = x.pow(2).mean(-1, keepdim=True)), loss means",
+           params={"dim": "dim?:0", "keepdim": (0, 1)}),
+    _unary("amax", "torchao/float8/float8_utils.py (amax = torch.max(torch.abs(x)) / amax over dim for rowwise)",
+           params={"dim": "dim?:0", "keepdim": (0, 1)}),
+    _unary("vector_norm", f"{TITAN_CLIP} (torch.linalg.vector_norm(torch.stack(norms), norm_type))",
+           params={"ord": (2, "inf"), "dim": "dim?:0", "keepdim": (0, 1)}),
+    OpSpec("foreach_norm", (_a("M N", grad=False), _a("K", grad=False)),
+           f"{TITAN_CLIP} + torch/nn/utils/clip_grad.py (torch._foreach_norm(grads, norm_type))",
+           {"ord": (2, "inf")}, grad=False),
+    OpSpec("clip_grad_norm", (_a("M N", grad=False), _a("K", grad=False)),
+           f"{TITAN_CLIP} (clip_grads_with_norm_ / torch.nn.utils.clip_grad_norm_(foreach=True))",
+           {"max_norm": (1.0, 0.01), "ord": (2, "inf")}, grad=False),
+    # views
+    OpSpec("view_heads", (_a("B S H*D"),), f"{TITAN_LLAMA} (Attention: xq.view(bs, seqlen, -1, head_dim))",
+           {"head_dim": "var:D", "then": ("none", "transpose12")}),
+    _unary("flatten01", f"{TITAN_LOSS} (pred.flatten(0, 1))", dims="B M N"),
+    _unary("transpose", f"{TITAN_LLAMA} (xq.transpose(1, 2)), {TITAN_MOE} (w.transpose(-2, -1))", dims="B M N",
+           params={"dims": ("1:2", "-2:-1", "0:1")}),
+    _unary("permute", "HF attention (permute(0, 2, 1, 3)), torchtune kv caches", dims="B S H D",
+           params={"perm": ("0:2:1:3", "1:0:2:3", "3:2:1:0")}),
+    _unary("reshape_merge", f"{TITAN_LLAMA} (output.view(bs, seqlen, -1) after attention)", dims="B S H D"),
+    _unary("unsqueeze_expand", f"{TITAN_MOE} (token_indices.reshape(-1, 1).expand(-1, dim))", dims="M",
+           params={"to": (3, 1, 5)}),
+    # joins and splits
+    OpSpec("cat", (_a("M N"), _a("M N")), f"{HF_LLAMA} (rotate_half: torch.cat((-x2, x1), dim=-1)), {TITAN_MOE} "
+           "(torch.cat(out_experts_splits, dim=0))", {"dim": "dim:0"}),
+    OpSpec("stack", (_a("M N"), _a("M N")), f"{TITAN_CLIP} (torch.stack(norms))", {"dim": ("0", "-1", "1")}),
+    _unary("split", "qkv / w13 splits (x.split([n1, n2], dim=-1))", params={"size": (1, 2, 3), "dim": "dim:0"}),
+    _unary("chunk", "fused-projection chunks (h.chunk(2, dim=-1)), pipeline microbatches (x.chunk(n))",
+           params={"chunks": (2, 1, 3, 4), "dim": "dim:0"}),
+    # indexing
+    OpSpec("index_select", (_a("V D"), _a("J", "index:V", grad=False)), f"{TITAN_MOE} (top_scores.view(-1)[indices]), "
+           "embedding-style lookups (weight.index_select(0, ids))", mins={"V": 1}),
+    OpSpec("gather", (_a("M V"), _a("M J", "index:V", grad=False)), f"{TITAN_MOE} (scores.gather(dim=1, index=...))",
+           mins={"V": 1}),
+    OpSpec("scatter_add", (_a("V D"), _a("J D", "index:V", grad=False), _a("J D")),
+           f"{TITAN_MOE} (out.scatter_add(dim=0, index=token_indices, src=routed_output))", mins={"V": 1}),
+    _unary("topk", f"{TITAN_MOE} (torch.topk(scores, k=top_k, dim=1))", dims="M N", kind="distinct",
+           params={"k": (1, 2, 3), "dim": ("-1", "0")}, dtypes=("f32",)),
+    _unary("argmax", "accuracy metrics and greedy generation (logits.argmax(dim=-1))", dims="B? M N", kind="distinct",
+           params={"dim": "dim:0"}, dtypes=("f32",), grad=False),
+    _unary("argsort", f"{TITAN_MOE} (torch.argsort(selected_experts_indices.view(-1), stable=True))", dims="M",
+           kind="distinct", dtypes=("f32",), grad=False),
+    _unary("cumsum", f"{TITAN_MOE} (offsets = torch.cumsum(num_tokens_per_expert, dim=0))",
+           params={"dim": "dim:0"}),
+    # elementwise with masks and clamps
+    OpSpec("where", (_a("M N", "mask", grad=False), _a("M N"), _a("M N")),
+           "HF masking utils (torch.where(mask, x, min))"),
+    OpSpec("masked_fill", (_a("B? M N"), _a("M N", "mask", grad=False)),
+           "HF eager attention (scores.masked_fill(mask, finfo.min)), torchtune padding masks",
+           {"value": (-10000.0, 0.0)}),
+    _unary("clamp", "loss / logit clamps (logits.clamp(min, max)), torchao amax clamp(min=EPS)",
+           params={"lo": (-0.5, "none"), "hi": (0.5, "none")}),
+    _unary("pow_rsqrt", f"{HF_LLAMA} (torch.rsqrt(variance + eps)) and x.pow(2)", kind="pos",
+           params={"exp": (2, 3)}),
+    _unary("to_dtype", f"{HF_LLAMA} (hidden_states.to(torch.float32) ... .to(input_dtype)), {TITAN_LOSS} (.float())",
+           params={"to": ("float32", "bfloat16")}),
+    # optimizer steps: the foreach kernels every trainer's optimizer runs on DTensor parameters
+    OpSpec("adamw_foreach", (_a("M N", grad=False), _a("K", grad=False)),
+           f"{OPTIM}: _foreach_lerp_, _foreach_mul_, _foreach_addcmul_, _foreach_sqrt, _foreach_addcdiv_",
+           {"steps": (1, 2), "weight_decay": (0.1, 0.0)}, grad=False),
+    OpSpec("sgd_foreach", (_a("M N", grad=False), _a("K", grad=False)),
+           f"{OPTIM}: _foreach_add_ (momentum buffers), _foreach_mul_", {"momentum": (0.9, 0.0)}, grad=False),
+)
+
+BY_NAME: dict[str, OpSpec] = {spec.name: spec for spec in INVENTORY}
+
+
+def spec_of(name: str) -> OpSpec:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"no op {name!r} in the ops inventory; ops: {', '.join(BY_NAME)}") from None

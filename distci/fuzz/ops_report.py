@@ -1,0 +1,39 @@
+"""The ops fuzz run's markdown report: command, stack, cases, throughput, gaps and finds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def render_report(report, cell_id: str, stack: dict[str, Any], started: str, command: str) -> str:
+    """`report` is an ops_command.OpsReport."""
+    lines = [f"# ops fuzz: {cell_id}, seed {report.seed}", "",
+             f"- command: `{command}`" if command else "- command: (library call)",
+             f"- started: {started}",
+             f"- stack: torch {stack.get('torch', '?')} ({stack.get('torch_git', stack.get('git_version', '?'))}), "
+             f"python {stack.get('python', '?')}, fixes {stack.get('fixes_mode', stack.get('fixes', '?'))}",
+             f"- cases: {report.cases} in {report.sessions} sweep(s), {report.wall_s:.0f} s of sweeps: "
+             f"**{report.per_hour():.0f} cases/hour** (shrinking included)",
+             "- outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(report.counts.items())), ""]
+    if report.gaps:
+        lines += ["## Capability gaps (no sharding strategy registered: counted, not failures)", "",
+                  "| op | cases |", "|---|---|"]
+        lines += [f"| {op} | {n} |" for op, n in sorted(report.gaps.items())]
+        lines.append("")
+    lines += ["## Finds", ""]
+    if not report.finds:
+        lines += ["None.", ""]
+    for i, f in enumerate(report.finds, 1):
+        label = (f"known issue `{f.known_issue}`" if f.known_issue else
+                 f"near miss of `{', '.join(f.near_miss)}`" if f.near_miss else
+                 "did not fail again on its own" if f.outcome == "passed" else "**new**: to be triaged")
+        lines += [f"### {i}. `{f.signature}` ({label})", "",
+                  f"- drawn: `{f.found}`",
+                  f"- shrunk: `{f.shrunk}` ({f.steps} step(s), {f.checks} check(s)"
+                  + ("" if f.complete else ", stopped by its bound: may not be minimal") + ")",
+                  f"- repeats: {report.repeats.get(f.signature, 0)} more case(s) with this signature",
+                  f"- repro: `python -m distci run --cell {cell_id} --test '{f.test_id}'`", "", "```",
+                  *f.message.splitlines()[:8], "```", ""]
+    lines += ["## Cases per op", "", "| op | cases |", "|---|---|"]
+    lines += [f"| {op} | {n} |" for op, n in sorted(report.by_op.items())]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,151 @@
+"""How each op of the ops inventory is called: the same code on full tensors and on DTensors.
+
+One function per entry of distci/fuzz/op_inventory.py (whose `where` names the trainer code
+each call is written after). A function takes the case's inputs, its parameters and a
+Context (random tensors laid out like an input, for gradients an optimizer step needs) and
+returns a tuple of tensors: the op's outputs. Nothing here knows whether it runs on DTensors:
+that is the point.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+
+class Context:
+    """What an op call may need besides its inputs: `like(t, k)`, a seeded random tensor
+    with t's shape and dtype, laid out as t is (a DTensor with t's placements for a DTensor)."""
+
+    def __init__(self, like: Callable[[torch.Tensor, int], torch.Tensor]) -> None:
+        self.like = like
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in str(text).split(":"))
+
+
+def _dim_kw(p: dict[str, Any]) -> dict[str, Any]:
+    return {} if p["dim"] is None else {"dim": p["dim"], "keepdim": bool(p["keepdim"])}
+
+
+def _ord(p: dict[str, Any]) -> float:
+    return float("inf") if p["ord"] == "inf" else float(p["ord"])
+
+
+def _rotary(x, p, c):
+    q, freqs = x
+    cos, sin = freqs.cos().unsqueeze(0).unsqueeze(2), freqs.sin().unsqueeze(0).unsqueeze(2)
+    half = q.shape[-1] // 2
+    rotated = torch.cat((-q[..., half:], q[..., :half]), dim=-1)
+    return (q * cos + rotated * sin,)
+
+
+def _swiglu_chunk(x, p, c):
+    a, b = x[0].chunk(2, dim=-1)
+    return (F.silu(a) * b,)
+
+
+def _rms_manual(x, p, c):
+    h = x[0].to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    return (x[1] * h.to(x[0].dtype),)
+
+
+def _reduce(fn_all: Callable, fn_dim: Callable) -> Callable:
+    return lambda x, p, c: (fn_all(x[0]) if p["dim"] is None else fn_dim(x[0], **_dim_kw(p)),)
+
+
+def _view_heads(x, p, c):
+    b, s, _ = x[0].shape
+    y = x[0].view(b, s, -1, p["head_dim"])
+    return (y.transpose(1, 2) if p["then"] == "transpose12" else y,)
+
+
+def _clip(x, p, c):
+    params = [t.detach().clone() for t in x]
+    for i, t in enumerate(params):
+        t.grad = c.like(t, i)
+    total = torch.nn.utils.clip_grad_norm_(params, p["max_norm"], norm_type=_ord(p), foreach=True)
+    return (total, *[t.grad for t in params])
+
+
+def _optimizer(make: Callable, steps: int) -> Callable:
+    def run(x, p, c):
+        params = [t.detach().clone() for t in x]
+        opt = make(params, p)
+        for step in range(steps if steps else p["steps"]):
+            for i, t in enumerate(params):
+                t.grad = c.like(t, 10 * step + i)
+            opt.step()
+        return tuple(params)
+    return run
+
+
+def _clamp(x, p, c):
+    lo, hi = (None if v == "none" else float(v) for v in (p["lo"], p["hi"]))
+    return (x[0].clamp(min=lo, max=hi),)
+
+
+def _amax_all(t):
+    return torch.max(torch.abs(t))
+
+
+CALLS: dict[str, Callable[[list, dict, Context], tuple]] = {
+    "linear": lambda x, p, c: (F.linear(x[0], x[1], x[2] if p["bias"] else None),),
+    "matmul": lambda x, p, c: (torch.matmul(x[0], x[1]),),
+    "addmm": lambda x, p, c: (torch.addmm(x[0], x[1], x[2]),),
+    "bmm": lambda x, p, c: (torch.bmm(x[0], x[1]),),
+    "einsum": lambda x, p, c: (torch.einsum(p["eq"].replace(".", ",").replace("-", "->"), x[0], x[1]),),
+    "embedding": lambda x, p, c: (F.embedding(x[0], x[1]),),
+    "cross_entropy": lambda x, p, c: (F.cross_entropy(x[0].float(), x[1], ignore_index=-100, reduction=p["reduction"],
+                                                      label_smoothing=p["label_smoothing"]),),
+    "nll_log_softmax": lambda x, p, c: (F.nll_loss(F.log_softmax(x[0].float(), dim=-1), x[1], ignore_index=-100),),
+    "logprobs_gather": lambda x, p, c: (torch.gather(x[0].log_softmax(-1), 2, x[1].unsqueeze(-1)).squeeze(-1),),
+    "softmax": lambda x, p, c: (F.softmax(x[0], dim=p["dim"], dtype=torch.float32),),
+    "log_softmax": lambda x, p, c: (F.log_softmax(x[0], dim=p["dim"]),),
+    "sigmoid": lambda x, p, c: (torch.sigmoid(x[0].to(torch.float32)),),
+    "layer_norm": lambda x, p, c: (F.layer_norm(x[0], (x[0].shape[-1],), x[1], x[2]),),
+    "rms_norm": lambda x, p, c: (F.rms_norm(x[0], (x[0].shape[-1],), x[1], eps=1e-6),),
+    "rms_norm_manual": _rms_manual,
+    "sdpa": lambda x, p, c: (F.scaled_dot_product_attention(x[0], x[1], x[2], is_causal=bool(p["is_causal"])),),
+    "rotary": _rotary,
+    "gelu": lambda x, p, c: (F.gelu(x[0], approximate=p["approximate"]),),
+    "silu": lambda x, p, c: (F.silu(x[0]),),
+    "swiglu": lambda x, p, c: (F.silu(x[0]) * x[1],),
+    "swiglu_chunk": _swiglu_chunk,
+    "dropout_eval": lambda x, p, c: (F.dropout(x[0], p=p["p"], training=False),),
+    "sum": _reduce(torch.sum, torch.sum),
+    "mean": _reduce(torch.mean, torch.mean),
+    "amax": _reduce(_amax_all, torch.amax),
+    "vector_norm": lambda x, p, c: (torch.linalg.vector_norm(x[0], _ord(p), **_dim_kw(p)),),
+    "foreach_norm": lambda x, p, c: tuple(torch._foreach_norm(list(x), _ord(p))),
+    "clip_grad_norm": _clip,
+    "view_heads": _view_heads,
+    "flatten01": lambda x, p, c: (x[0].flatten(0, 1),),
+    "transpose": lambda x, p, c: (x[0].transpose(*_ints(p["dims"])),),
+    "permute": lambda x, p, c: (x[0].permute(*_ints(p["perm"])),),
+    "reshape_merge": lambda x, p, c: (x[0].reshape(x[0].shape[0], x[0].shape[1], -1),),
+    "unsqueeze_expand": lambda x, p, c: (x[0].reshape(-1, 1).expand(-1, p["to"]),),
+    "cat": lambda x, p, c: (torch.cat([x[0], x[1]], dim=p["dim"]),),
+    "stack": lambda x, p, c: (torch.stack([x[0], x[1]], dim=int(p["dim"])),),
+    "split": lambda x, p, c: tuple(x[0].split(p["size"], dim=p["dim"])),
+    "chunk": lambda x, p, c: tuple(x[0].chunk(p["chunks"], dim=p["dim"])),
+    "index_select": lambda x, p, c: (x[0].index_select(0, x[1]),),
+    "gather": lambda x, p, c: (x[0].gather(1, x[1]),),
+    "scatter_add": lambda x, p, c: (x[0].scatter_add(0, x[1], x[2]),),
+    "topk": lambda x, p, c: tuple(torch.topk(x[0], p["k"], dim=int(p["dim"]))),
+    "argmax": lambda x, p, c: (x[0].argmax(dim=p["dim"]),),
+    "argsort": lambda x, p, c: (torch.argsort(x[0], stable=True),),
+    "cumsum": lambda x, p, c: (torch.cumsum(x[0], dim=p["dim"]),),
+    "where": lambda x, p, c: (torch.where(x[0], x[1], x[2]),),
+    "masked_fill": lambda x, p, c: (x[0].masked_fill(x[1], p["value"]),),
+    "clamp": _clamp,
+    "pow_rsqrt": lambda x, p, c: (torch.rsqrt(x[0].pow(p["exp"]) + 1e-6),),
+    "to_dtype": lambda x, p, c: (x[0].to(getattr(torch, p["to"])),),
+    "adamw_foreach": _optimizer(lambda ps, p: torch.optim.AdamW(ps, lr=1e-2, weight_decay=p["weight_decay"],
+                                                                 foreach=True), 0),
+    "sgd_foreach": _optimizer(lambda ps, p: torch.optim.SGD(ps, lr=0.1, momentum=p["momentum"], foreach=True), 2),
+}

@@ -1,0 +1,350 @@
+"""Runs one op case on the rank pool and judges it against the same op on the full tensors.
+
+Every rank builds the full inputs from the case's seed, distributes them with the case's
+placements, runs the op (suites/generators/op_calls.py) on the DTensors and on the full
+tensors, backpropagates the same seeded cotangent through both, and compares:
+  1. an exception on the DTensor side where the full op ran is a failure, unless it is a
+     "no sharding strategy registered" NotImplementedError: a capability gap (counted);
+  2. each output: a DTensor, legal placements, the local shape its placements say, the
+     full shape and dtype, and its value within the dtype's rounding (suites/tolerances);
+  3. each input's gradient: present where the reference has one, and its value.
+The first of these that fails localizes the case: the problem names the op, mesh,
+placements, sizes and the first output or gradient that differs and by how much against
+the threshold. Its `signature` (op and what differs, numbers out) is what the shrinker
+keeps. A case whose full-tensor op raises is `invalid` (the draw asked for something the
+op does not take: a 0-sized head dim, k > size), not a find.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from distci.fuzz.op_case import DTYPES, MESHES, OpCase
+from distci.fuzz.op_inventory import spec_of
+from distci.results import error_signature
+
+from ..tolerances import ROUNDING, op_threshold
+from .op_calls import CALLS, Context
+
+GAP = re.compile(r"sharding strateg|does not have a sharding|no sharding|sharding propagation (?:is )?not")
+
+
+@dataclass
+class CaseOutcome:
+    status: str
+    """pass | fail | gap | invalid"""
+    signature: str | None = None
+    message: str = ""
+    seconds: float = 0.0
+
+
+def placement(text: str, mesh, axis: int):
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    if text == "R":
+        return Replicate()
+    if text in ("Psum", "Pavg"):
+        return Partial(text[1:])
+    if text.startswith("SS"):
+        from torch.distributed.tensor.placement_types import _StridedShard
+
+        return _StridedShard(int(text[2:]), split_factor=mesh.size(axis + 1))
+    return Shard(int(text[1:]))
+
+
+def mesh_for(case: OpCase, dist):
+    """The case's mesh over this pool: the whole world, or a 1-D mesh of 2 as the tp
+    submesh of the 2x2 mesh (every rank takes part, as in a trainer's submesh)."""
+    shape, names = MESHES[case.mesh]
+    size = case.world_size
+    if size == dist.world_size:
+        return dist.mesh(shape, names)
+    if case.mesh == "2" and dist.world_size == 4:
+        return dist.mesh(*MESHES["2x2"])["tp"]
+    raise ValueError(f"case {case.id}: mesh {case.mesh} does not fit a world of {dist.world_size}")
+
+
+def full_inputs(case: OpCase, device) -> list[torch.Tensor]:
+    spec, dtype = spec_of(case.op), getattr(torch, DTYPES[case.dtype])
+    out = []
+    for i, (arg, shape) in enumerate(zip(spec.args, case.shapes)):
+        g = torch.Generator().manual_seed(case.seed * 1009 + i)
+        kind, _, var = arg.kind.partition(":")
+        if kind in ("index", "target"):
+            high = max(1, dict(case.extra.get("sizes") or {}).get(var) or _size_of(case, var))
+            t = torch.randint(0, high, shape, generator=g)
+            if kind == "target":
+                t = torch.where(torch.rand(shape, generator=g) < 0.2, torch.full_like(t, -100), t)
+        elif kind == "mask":
+            t = torch.rand(shape, generator=g) < 0.5
+        elif kind == "distinct":
+            n = 1
+            for s in shape:
+                n *= s
+            t = (torch.randperm(n, generator=g).float() / max(n, 1)).reshape(shape).to(dtype)
+        else:
+            t = torch.randn(shape, generator=g)
+            t = (t.abs() + 0.5 if kind == "pos" else t).to(dtype)
+        out.append(t.to(device))
+    return out
+
+
+def _size_of(case: OpCase, var: str) -> int:
+    """A size variable read back from the shapes (a case from an id alone): the op's
+    templates name where it sits."""
+    spec = spec_of(case.op)
+    for arg, shape in zip(spec.args, case.shapes):
+        tokens = [t for t in arg.dims.split() if not t.endswith("?")]
+        optional = [t for t in arg.dims.split() if t.endswith("?")]
+        if var in tokens and len(shape) in (len(tokens), len(tokens) + len(optional)):
+            return shape[len(shape) - len(tokens) + tokens.index(var)]
+    return 1
+
+
+def distribute(full: torch.Tensor, mesh, places: tuple[str, ...], share: int = 0):
+    """`full` laid out with `places`; a Partial axis holds unequal shares that sum (or
+    average) to the full value, as partial results of a sharded reduction do."""
+    from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+
+    objs = [placement(p, mesh, a) for a, p in enumerate(places)]
+    if not any(p.startswith("P") for p in places):
+        return distribute_tensor(full, mesh, objs)
+    base = distribute_tensor(full, mesh, [Replicate() if p.startswith("P") else o for p, o in zip(places, objs)])
+    local = base.to_local()
+    for a, p in enumerate(places):
+        if p.startswith("P"):
+            n, c = mesh.size(a), mesh.get_local_rank(a)
+            weight = 1.0 + (c - (n - 1) / 2) / n
+            local = local * (weight / n if p == "Psum" else weight)
+    return DTensor.from_local(local, mesh, objs, run_check=False, shape=full.shape, stride=full.stride())
+
+
+def expected_local_shape(shape: tuple[int, ...], placements, mesh) -> tuple[int, ...] | None:
+    """The local shape torch's even-chunk sharding gives (None for _StridedShard: skipped)."""
+    out = list(shape)
+    for axis, p in enumerate(placements):
+        if type(p).__name__ == "_StridedShard":
+            return None
+        if p.is_shard():
+            d = p.dim + len(shape) if p.dim < 0 else p.dim
+            n, c = mesh.size(axis), mesh.get_local_rank(axis)
+            chunk = -(-out[d] // n) if out[d] else 0
+            out[d] = max(0, min(chunk, out[d] - c * chunk))
+    return tuple(out)
+
+
+def _where(case: OpCase) -> str:
+    return f"{case.op} on mesh {case.mesh}, {DTYPES[case.dtype]}, sizes {list(case.shapes)}, " \
+           f"placements {[list(p) for p in case.placements]}, params {case.param}"
+
+
+def _compare(what: str, got: torch.Tensor, ref: torch.Tensor, dtype: str, terms: int) -> str | None:
+    """None, or the problem: where and by how much against the threshold."""
+    if tuple(got.shape) != tuple(ref.shape):
+        return f"{what}: shape: {tuple(got.shape)}, expected {tuple(ref.shape)}"
+    if got.dtype != ref.dtype:
+        return f"{what}: dtype: {got.dtype}, expected {ref.dtype}"
+    if ref.numel() == 0:
+        return None
+    if not ref.is_floating_point():
+        diff = (got != ref)
+        if diff.any():
+            idx = tuple(int(i) for i in diff.nonzero()[0])
+            return f"{what}: value: differs at {idx} ({int(got[idx])} vs {int(ref[idx])}), exact expected"
+        return None
+    g, r = got.double(), ref.double()
+    nan = g.isnan() != r.isnan()
+    if nan.any():
+        idx = tuple(int(i) for i in nan.nonzero()[0])
+        return f"{what}: NaN: where the reference has none (or the other way) at {idx}"
+    both = torch.isfinite(g) & torch.isfinite(r)
+    if (torch.isinf(g) != torch.isinf(r)).any() or (torch.isinf(g) & (g != r)).any():
+        return f"{what}: infinity: where the reference has none (or of the other sign)"
+    err = torch.where(both, (g - r).abs(), torch.zeros_like(g))
+    scale = max(float(torch.where(both, r.abs(), torch.zeros_like(r)).max()), 1.0)  # inputs are O(1)
+    worst = float(err.max()) / scale
+    # the coarser of the case's dtype and the result's (a cast to bf16 rounds each Partial share)
+    names = [DTYPES.get(dtype, dtype), str(ref.dtype).replace("torch.", "")]
+    limit, name = max((op_threshold(n, terms), n) for n in names if n in ROUNDING)
+    if worst > limit:
+        idx = tuple(int(i) for i in (err == err.max()).nonzero()[0])
+        return (f"{what}: value: differs by {worst:.3g} of max(max|ref|, 1) ({worst / limit:.3g}x the {name} "
+                f"threshold {limit:.2g}) first at {idx}: {float(g[idx]):.6g} vs {float(r[idx]):.6g}")
+    return None
+
+
+def run_case(case: OpCase, dist, plant=None) -> CaseOutcome:
+    """Run and judge one case on this rank (callers agree across ranks: suites/generators/ops_entry.py)."""
+    import time
+
+    from torch.distributed.tensor import DTensor
+
+    started = time.monotonic()
+    spec = spec_of(case.op)
+    call = CALLS[case.op]
+    device = dist.device
+    mesh = mesh_for(case, dist)
+    params = case.param
+    fulls = full_inputs(case, device)
+    wants_grad = [spec.grad and arg.grad and t.is_floating_point() for arg, t in zip(spec.args, fulls)]
+    terms = max([t.numel() for t in fulls] + [1])
+
+    def done(status: str, signature: str | None = None, message: str = "") -> CaseOutcome:
+        return CaseOutcome(status, signature, message, time.monotonic() - started)
+
+    def like_full(t: torch.Tensor, k: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(case.seed * 7919 + 101 * k)
+        return torch.randn(t.shape, generator=g).to(t.dtype).to(device)
+
+    def like_dt(t, k: int):
+        return distribute(like_full(t, k), t.device_mesh, tuple(_text(p) for p in t.placements))
+
+    # the reference: the op on the full tensors
+    refs = [t.clone().requires_grad_(w) for t, w in zip(fulls, wants_grad)]
+    try:
+        ref_out = call(refs, params, Context(like_full))
+        cotangents = _cotangents(case, ref_out)
+        if cotangents:
+            _loss(ref_out, cotangents).backward()
+    except Exception as exc:  # the op does not take this draw
+        return done("invalid", None, f"the full-tensor op raised {type(exc).__name__}: {str(exc)[:300]}")
+    # the same op on DTensors
+    try:
+        dts = [distribute(t, mesh, pl).requires_grad_(w) for t, pl, w in zip(fulls, case.placements, wants_grad)]
+    except Exception as exc:
+        return _raised(case, exc, "distributing the inputs", done)
+    ins = plant.inputs(case, dts) if plant else dts
+    try:
+        out = call(ins, params, Context(like_dt))
+        out = plant.outputs(case, out, mesh) if plant else out
+    except Exception as exc:
+        return _raised(case, exc, "the op", done)
+    # a local shape can be wrong on one rank only: agree before any collective reads it
+    problems = [p for p in [_everywhere(_local_problem(out, ref_out, mesh, DTensor))] if p]
+    gathered = []  # each output read once: the loss below reuses it (a second reduction is another op)
+    for i, (o, r) in enumerate(zip(out, ref_out)):
+        if problems:
+            break
+        found, full = _check_output(i, o, r, mesh, case, terms, DTensor)
+        problems += found
+        gathered.append(full)
+    if len(out) != len(ref_out):
+        problems.append(f"outputs: count: {len(out)}, the full op gives {len(ref_out)}")
+    if not problems and cotangents:
+        try:
+            _loss(gathered, cotangents).backward()
+        except Exception as exc:
+            return _raised(case, exc, "the backward", done)
+        for i, (dt, ref) in enumerate(zip(dts, refs)):
+            if ref.grad is None:
+                continue
+            if dt.grad is None:
+                problems.append(f"gradient of input {i}: missing: the full op gives one")
+            else:
+                full, bad = _gathered(f"gradient of input {i}", dt.grad)
+                bad = bad or _compare(f"gradient of input {i}", full, ref.grad, case.dtype, terms)
+                problems += [bad] if bad else []
+            if problems:
+                break
+    if problems:
+        first = problems[0]
+        signature = f"{case.op}: " + ": ".join(first.split(": ")[:2])
+        return done("fail", signature, f"{signature}\n  {first}\n  case {case.id}\n  {_where(case)}")
+    return done("pass")
+
+
+def _check_output(i: int, o, r: torch.Tensor, mesh, case: OpCase, terms: int, DTensor
+                  ) -> tuple[list[str], torch.Tensor | None]:
+    """(the output's problems, its full_tensor())."""
+    what = f"output {i}"
+    if not isinstance(o, DTensor):
+        return [f"{what}: type: a plain {type(o).__name__}, not a DTensor"], None
+    bad = [p for p in o.placements if p.is_shard() and not -o.ndim <= p.dim < max(o.ndim, 1)]
+    if len(o.placements) != mesh.ndim or bad:
+        return [f"{what}: placements: {tuple(o.placements)} are not legal for a {o.ndim}-dim result on a "
+                f"{mesh.ndim}-axis mesh"], None
+    full, problem = _gathered(what, o)
+    bad = problem or _compare(what, full, r, case.dtype, terms)
+    return ([bad] if bad else []), full
+
+
+def _local_problem(outs, refs, mesh, DTensor) -> str | None:
+    """The first output whose local shape on this rank is not what its placements say."""
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        if not isinstance(o, DTensor) or tuple(o.shape) != tuple(r.shape) or len(o.placements) != mesh.ndim:
+            continue
+        local = expected_local_shape(tuple(o.shape), o.placements, mesh)
+        if local is not None and tuple(o.to_local().shape) != local:
+            return (f"output {i}: local shape: {tuple(o.to_local().shape)} on mesh coordinate "
+                    f"{mesh.get_coordinate()}, its placements {tuple(o.placements)} of {tuple(o.shape)} say {local}")
+    return None
+
+
+def _everywhere(problem: str | None) -> str | None:
+    """The first rank's problem, on every rank (a collective over the whole world: every
+    rank runs every case, a submesh case on its own submesh)."""
+    import torch.distributed as tdist
+
+    everyone: list[Any] = [None] * tdist.get_world_size()
+    tdist.all_gather_object(everyone, problem)
+    return next((p for p in everyone if p), None)
+
+
+def _gathered(what: str, t) -> tuple[torch.Tensor | None, str | None]:
+    """`t.full_tensor()`, or the problem that it raised (DTensor's own reduction failing)."""
+    try:
+        return t.full_tensor(), None
+    except Exception as exc:
+        return None, f"{what}: full_tensor raised: {error_signature(type(exc).__name__, str(exc))}"
+
+
+def _cotangents(case: OpCase, outputs) -> list:
+    spec = spec_of(case.op)
+    if not spec.grad:
+        return []
+    out = []
+    for i, o in enumerate(outputs):
+        g = torch.Generator().manual_seed(case.seed * 31 + i)
+        ok = o.is_floating_point() and o.requires_grad
+        out.append(torch.randn(tuple(o.shape), generator=g).to(o.device) if ok else None)
+    return out if any(c is not None for c in out) else []
+
+
+def _loss(outputs, cotangents) -> torch.Tensor:
+    return sum((o.float() * c).sum() for o, c in zip(outputs, cotangents) if c is not None)
+
+
+def _raised(case: OpCase, exc: Exception, during: str, done) -> CaseOutcome:
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, NotImplementedError) and GAP.search(str(exc)):
+        return done("gap", f"{case.op}: no sharding strategy", f"{during}: {text[:500]}")
+    first = error_signature(type(exc).__name__, str(exc))
+    # no op in it: one DTensor error (a redistribution it cannot do) is one find across ops
+    signature = f"{during} raised {first}"[:240]
+    return done("fail", signature, f"{signature}\n  {text[:1500]}\n  case {case.id}\n  {_where(case)}")
+
+
+def _text(p) -> str:
+    name = type(p).__name__
+    if name == "Replicate":
+        return "R"
+    if name == "Partial":
+        return "P" + p.reduce_op
+    if name == "_StridedShard":
+        return f"SS{p.dim}"
+    return f"S{p.dim}"
+
+
+def agree(dist, outcome: CaseOutcome) -> CaseOutcome:
+    """One outcome for all ranks: the first failing rank's (a local shape can be wrong on one
+    rank only), else rank 0's."""
+    import torch.distributed as tdist
+
+    everyone: list[Any] = [None] * dist.world_size
+    tdist.all_gather_object(everyone, (outcome.status, outcome.signature, outcome.message, outcome.seconds))
+    pick = next((o for o in everyone if o[0] == "fail"), everyone[0])
+    return CaseOutcome(*pick)

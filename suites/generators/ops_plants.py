@@ -1,0 +1,96 @@
+"""Bugs planted on purpose in the DTensor side of an op case, for the tests that prove the ops
+generator finds and shrinks them (tests/test_fuzz_ops.py). A real run never sets
+DISTCI_OPS_PLANT.
+
+Each is written the way such bugs sit in DTensor's sharding rules: right for most sizes,
+placements and ops, wrong in one corner, and quiet (nothing raises):
+  - shard_shape: `cat`'s rule computes the local shape of a result sharded on a dim of
+    global size 7 one row short on the last shard (a ceil/floor slip only an odd size hits);
+  - avg_twice: `sum` / `mean` of a Partial(avg) input divide by the mesh axis size twice;
+  - grad_drop: the backward of `rms_norm` drops the input's gradient when the input is
+    sharded on its last (the normalized) dim.
+None is shaped like a column of the scenario table: each needs an op, a placement and
+(shard_shape) a size together, which is what the shrinker must keep and nothing more.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+PLANT_ENV = "DISTCI_OPS_PLANT"
+
+
+class _Plant:
+    def inputs(self, case, dts: list) -> list:
+        return dts
+
+    def outputs(self, case, outs: tuple, mesh) -> tuple:
+        return outs
+
+
+class ShardShape(_Plant):
+    def outputs(self, case, outs, mesh):
+        from torch.distributed.tensor import DTensor
+
+        if case.op != "cat":
+            return outs
+        fixed = []
+        for o in outs:
+            shard = next((a for a, p in enumerate(o.placements) if p.is_shard() and o.shape[p.dim] == 7), None)
+            if shard is not None and mesh.get_local_rank(shard) == mesh.size(shard) - 1:
+                d = o.placements[shard].dim
+                local = o.to_local().narrow(d, 0, max(0, o.to_local().shape[d] - 1))
+                o = DTensor.from_local(local, mesh, o.placements, run_check=False, shape=o.shape, stride=o.stride())
+            fixed.append(o)
+        return tuple(fixed)
+
+
+class AvgTwice(_Plant):
+    def outputs(self, case, outs, mesh):
+        from torch.distributed.tensor import DTensor
+
+        if case.op not in ("sum", "mean"):
+            return outs
+        axes = [a for a, p in enumerate(case.placements[0]) if p == "Pavg"]
+        if not axes:
+            return outs
+        o = outs[0]
+        n = 1
+        for a in axes:
+            n *= mesh.size(a)
+        return (DTensor.from_local(o.to_local() / n, mesh, o.placements, run_check=False, shape=o.shape,
+                                   stride=o.stride()),)
+
+
+class _DropGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 0
+
+
+class GradDrop(_Plant):
+    def inputs(self, case, dts):
+        last = len(case.shapes[0]) - 1
+        sharded_last = any(p in (f"S{last}", "S-1") for p in case.placements[0])
+        if case.op != "rms_norm" or not sharded_last:
+            return dts
+        return [_DropGrad.apply(dts[0]), *dts[1:]]
+
+
+PLANTS = {"shard_shape": ShardShape, "avg_twice": AvgTwice, "grad_drop": GradDrop}
+
+
+def planted(name: str | None = None) -> _Plant | None:
+    """The plant named by `name` (default: $DISTCI_OPS_PLANT), or None."""
+    name = os.environ.get(PLANT_ENV, "") if name is None else name
+    if not name:
+        return None
+    if name not in PLANTS:
+        raise ValueError(f"{PLANT_ENV}={name!r} is not a plant; plants: {', '.join(PLANTS)}")
+    return PLANTS[name]()

@@ -1,0 +1,221 @@
+"""The ops generator: its drawing and shrinking (quick, no torch), its sweep loop against a fake
+cell (quick), and each planted DTensor bug found and shrunk end to end on gloo ranks (slow).
+
+The slow tests run `python -m distci fuzz --generator ops` for real on this interpreter's
+stack with one bug of suites/generators/ops_plants.py planted, the draw narrowed to the ops
+the plant lives in (each plant needs an op, a placement and, for one, a size: what the
+shrunk case must keep) and to the 1-D mesh of 2 (a 4-rank pool costs more than the rest
+of the test on 2 cores; shrinking a 2x2 or 4 mesh down is a quick test below).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distci.fuzz.op_case import CaseIdError, MESHES, OpCase, parse_case
+from distci.fuzz.op_inventory import INVENTORY
+from distci.fuzz.ops import draw_case, draw_cases, shrink, simpler, valid
+from distci.fuzz.ops_command import OpsFind, Sweeps, near_misses, plan_size
+
+REPO = Path(__file__).resolve().parents[1]
+CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_off"
+
+
+def test_a_seed_draws_the_same_cases_and_another_seed_others():
+    assert [c.id for c in draw_cases("a", 0, 50)] == [c.id for c in draw_cases("a", 0, 50)]
+    assert [c.id for c in draw_cases("a", 0, 50)] != [c.id for c in draw_cases("b", 0, 50)]
+    assert draw_case("a", 37).id == draw_cases("a", 30, 10)[7].id  # a case is its index's, not its batch's
+
+
+def test_draws_cover_every_op_mesh_placement_and_the_awkward_sizes():
+    cases = draw_cases("coverage", 0, 3000)
+    assert {c.op for c in cases} == {s.name for s in INVENTORY}
+    assert {c.mesh for c in cases} == set(MESHES)
+    kinds = {re.sub(r"\d+", "d", p) for c in cases for pl in c.placements for p in pl}
+    assert kinds == {"R", "Sd", "S-d", "Psum", "Pavg", "SSd"}
+    sizes = {n for c in cases for s in c.shapes for n in s}
+    assert {0, 1, 7, 13} <= sizes  # empty, size-1, and sizes neither mesh divides
+    uneven = [c for c in cases if any(p.startswith("S") and not p.startswith("SS") and
+                                      s[int(p[1:])] % MESHES[c.mesh][0][a] for s, pl in zip(c.shapes, c.placements)
+                                      for a, p in enumerate(pl))]
+    assert len(uneven) > 300
+    for c in cases:
+        assert valid(c), c.id
+        assert parse_case(c.id).id == c.id
+
+
+def test_a_case_id_names_the_case_and_a_bad_one_says_what_is_wrong():
+    case = parse_case("linear~2x2~f32~3x7,5x7,5~S0.R,R.S-1,R.R~bias=1~11")
+    assert case.world_size == 4 and case.param == {"bias": 1} and case.shapes[1] == (5, 7)
+    for bad, part in [("linear~3~f32~3x7~R~-~1", "mesh"), ("linear~2~f64~3x7~R~-~1", "dtype"),
+                      ("linear~2~f32~3x7~Q~-~1", "placement"), ("linear~2~f32~3x7", "7 parts")]:
+        with pytest.raises(CaseIdError, match=part):
+            parse_case(bad)
+
+
+def _sharded_seven(case: OpCase) -> tuple[str | None, str]:
+    """A fake bug: fails when a Shard sits on a dim of size 7 (whatever else the case holds)."""
+    for shape, placement in zip(case.shapes, case.placements):
+        for p in placement:
+            if p.startswith("S") and not p.startswith("SS") and shape[int(p[1:])] == 7:
+                return "local shape", "..."
+    return None, ""
+
+
+def test_shrinking_keeps_what_the_failure_needs_and_nothing_else():
+    case = next(c for c in draw_cases("shrink", 0, 4000, [s for s in INVENTORY if s.name == "linear"])
+                if c.mesh == "2x2" and c.dtype == "bf16" and _sharded_seven(c)[0] and c.seed
+                and len(c.shapes[0]) == 3 and sum(p != "R" for pl in c.placements for p in pl) >= 3)
+    done = shrink(case, "local shape", _sharded_seven)
+    small = done.case
+    assert done.complete and done.steps
+    assert small.mesh == "2" and small.dtype == "f32" and small.seed == 0 and small.param == {"bias": 1}
+    assert _sharded_seven(small)[0] == "local shape"
+    assert sum(p != "R" for pl in small.placements for p in pl) == 1  # one Shard, of the 7
+    assert sorted(n for s in small.shapes for n in s if n != 7) == [1] * len([n for s in small.shapes for n in s
+                                                                              if n != 7])
+    assert all(simpler_case.id != small.id and _sharded_seven(simpler_case)[0] is None
+               for simpler_case in simpler(small))  # minimal: no one-step simplification keeps it
+
+
+def test_every_simplification_is_a_valid_and_different_case():
+    for case in draw_cases("simpler", 0, 150):
+        for s in simpler(case):
+            assert valid(s) and s.id != case.id, (case.id, s.id)
+            assert s.world_size <= case.world_size
+        # a case rebuilt from its id alone (a find's test id) shrinks the same way
+        assert [s.id for s in simpler(parse_case(case.id))] == [s.id for s in simpler(case)]
+
+
+def test_shrinking_stops_at_its_bound_and_says_so():
+    case = next(c for c in draw_cases("bound", 0, 2000) if _sharded_seven(c)[0] and len(simpler(c)) > 5)
+    done = shrink(case, "local shape", _sharded_seven, max_checks=2)
+    assert not done.complete and done.checks == 2
+
+
+def _fake_sweep(fail_on: dict[str, str], die_on: set[str] = frozenset()):
+    def run(folder: Path, cases: list) -> list[dict]:
+        """Each world size's sweep stops at its first case of a `die_on` op, as a dead pool does."""
+        rows, dead = [], set()
+        for c in cases:
+            if c.op in die_on or c.world_size in dead:
+                dead.add(c.world_size)
+                continue
+            sig = fail_on.get(c.op)
+            rows.append({"id": c.id, "status": "fail" if sig else "pass", "signature": sig, "message": sig or "",
+                         "seconds": 0.01})
+        return rows
+    return run
+
+
+def test_sweeps_count_file_each_signature_once_and_requeue_after_a_dead_case(tmp_path):
+    ticks = iter(range(0, 10_000, 5))
+    sweeps = Sweeps("s", _fake_sweep({"cat": "cat: output 0: value"}, die_on={"sdpa"}), tmp_path,
+                    clock=lambda: next(ticks), log=lambda m: None)
+    report = sweeps.run(budget_s=1e9, max_cases=300)
+    cats = [f for f in report.finds if f.signature == "cat: output 0: value"]
+    assert len(cats) == 1 and report.repeats["cat: output 0: value"] >= 1
+    died = [f for f in report.finds if "died" in f.signature]
+    assert died and all(f.found.startswith("sdpa~") for f in died)
+    assert len(died) == 1 and report.counts["lost"] >= 2  # one find, however many sweeps it killed
+    assert report.drawn == 300 and report.cases >= 250
+
+
+def test_a_sweep_is_sized_to_the_measured_rate():
+    assert plan_size(0, 0.0, 150) == 120
+    assert plan_size(100, 10.0, 150) == 1500
+    assert plan_size(1, 100.0, 150) == 20 and plan_size(10**6, 1.0, 150) == 3000
+
+
+def test_a_find_with_a_registered_signature_is_a_near_miss(tmp_path):
+    from distci.harness.known_issues import load_registry
+
+    path = tmp_path / "known.toml"
+    path.write_text('[[issue]]\nid = "pytorch1-partial-mix"\ntests = ["suites/test_other.py::*"]\n'
+                    'signature = "Redistribution from one partial type"\n[issue.applies]\ntorch = ">=2.5"\n')
+    registry = load_registry(path)
+    find = OpsFind("the op raised AssertionError: Redistribution from one partial type (P(avg)) to another", "a", "b",
+                   "m")
+    assert near_misses(registry, find, {"torch": "2.13.0"}) == ["pytorch1-partial-mix"]
+    assert near_misses(registry, find, {"torch": "2.4.0"}) == []
+    assert near_misses(registry, OpsFind("cat: output 0: value", "a", "b", "m"), {"torch": "2.13.0"}) == []
+
+
+def test_every_inventory_entry_has_a_call_and_names_where_trainers_call_it():
+    pytest.importorskip("torch")
+    from suites.generators.op_calls import CALLS
+
+    assert {s.name for s in INVENTORY} == set(CALLS)
+    assert all(s.where for s in INVENTORY)
+
+
+def test_the_fuzz_command_lists_its_generators():
+    from distci.cli import build_parser
+
+    args = build_parser().parse_args(["fuzz", "--cell", CELL, "--generator", "ops", "--ops", "cat"])
+    assert args.generator == "ops" and args.ops == "cat"
+    assert build_parser().parse_args(["fuzz", "--cell", CELL]).generator == "configs"
+
+
+PLANTS = {
+    # plant: (ops drawn, the find's signature, what the shrunk case must keep, seed)
+    "shard_shape": ("cat", "cat: output 0: local shape", lambda c: 7 in [n for s in c.shapes for n in s], "p1"),
+    "avg_twice": ("sum,mean", ": output 0: value", lambda c: "Pavg" in c.placements[0], "p1"),
+    "grad_drop": ("rms_norm", "rms_norm: gradient of input 0: value",
+                  lambda c: any(p in ("S-1", f"S{len(c.shapes[0]) - 1}") for p in c.placements[0]), "p1"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plant", list(PLANTS))
+def test_a_planted_op_bug_is_found_and_shrunk(tmp_path, plant):
+    pytest.importorskip("torch")
+    from distci.harness import procs
+
+    ops, signature, keeps, seed = PLANTS[plant]
+    env = {**os.environ, "DISTCI_OPS_PLANT": plant}
+    cmd = [sys.executable, "-m", "distci", "fuzz", "--generator", "ops", "--cell", CELL, "--python", sys.executable,
+           "--runs-root", str(tmp_path / "runs"), "--seed", seed, "--ops", ops, "--meshes", "2",
+           "--max-cases", "40", "--budget", "5m", "--report", str(tmp_path / "report.md")]
+    child = procs.start_owned(cmd, env=env, token=procs.run_token(), death_signal=signal.SIGTERM, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = child.communicate(timeout=600)
+    finally:
+        if child.poll() is None:
+            procs.stop(child)
+    report = json.loads(next((tmp_path / "runs").glob("*/fuzz/ops-report.json")).read_text())
+    finds = [f for f in report["finds"] if signature in f["signature"]]
+    assert finds, out[-3000:]
+    find = finds[0]
+    small = parse_case(find["shrunk"])
+    assert keeps(small), find
+    assert small.seed == 0 and small.dtype == "f32" and find["steps"] >= 1, find
+    assert find["outcome"] == "failed" and find["new"]  # replayed as its own Result, unexplained
+    assert child.returncode == 1
+    results = [json.loads(line) for line in next((tmp_path / "runs").glob("*/results.jsonl")).read_text().splitlines()]
+    replay = next(r for r in results if r["test_id"] == find["test_id"])
+    assert replay["outcome"] == "failed" and signature.strip(": ") in replay["message"]
+    assert find["shrunk"] in (tmp_path / "report.md").read_text()
+
+
+def test_a_find_is_judged_as_a_fuzz_result_never_expected():
+    from distci.fuzz.ops_command import ENTRY, case_test_id
+    from distci.judge.rows import GENERATOR_TESTS, is_fuzz
+
+    assert ENTRY.startswith(GENERATOR_TESTS)
+    assert is_fuzz(case_test_id("cat~2~f32~1x7,1x7~R,S1~dim=0~0"))
+
+
+def test_the_engine_imports_without_torch():
+    code = ("import sys, distci.fuzz.ops, distci.fuzz.ops_command, distci.fuzz.ops_report; "
+            "assert 'torch' not in sys.modules, 'the ops engine imported torch'")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
