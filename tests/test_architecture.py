@@ -154,6 +154,13 @@ KNOWN_UPWARD = {
     # a thin re-export of the engine's old place, for imports written before it moved to
     # distci/fuzz/engine.py (the fuzz generators' merge removes it)
     ("suites.fuzz", "distci.fuzz.engine"),
+    # the ops generator's case record and op inventory (pure, torch-free) and its shrinker,
+    # which the cell side runs in-session so a shrink costs no pool start; they belong on the
+    # cell side, loaded by name as distci.fuzz.space.cell_side() loads suites/space.py
+    ("suites.generators.ops_cases", "distci.fuzz.op_case"),
+    ("suites.generators.ops_cases", "distci.fuzz.op_inventory"),
+    ("suites.generators.ops_entry", "distci.fuzz.op_case"),
+    ("suites.generators.ops_entry", "distci.fuzz.ops"),
 }
 
 

@@ -136,7 +136,7 @@ def test_a_sweep_is_sized_to_the_measured_rate():
 
 
 def test_a_find_with_a_registered_signature_is_a_near_miss(tmp_path):
-    from distci.harness.known_issues import load_registry
+    from distci.known_issues import load_registry
 
     path = tmp_path / "known.toml"
     path.write_text('[[issue]]\nid = "pytorch1-partial-mix"\ntests = ["suites/test_other.py::*"]\n'

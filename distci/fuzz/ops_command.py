@@ -195,7 +195,7 @@ def fuzz_ops(cell, *, seed: str, budget_s: float, python: str | None = None, run
              shrink: bool = True,
              shrink_s: float = 120.0, session_s: float = 150.0, log: Callable[[str], Any] = print) -> int:
     """Fuzz one cell's DTensor ops; returns the exit code (see the module docstring)."""
-    from distci.harness.known_issues import load_registry
+    from distci.known_issues import load_registry
     from distci.rundir import RunDir, now
     from distci.run.cellrun import REPO, run_in_env
     from distci.run.fuzz import FUZZ_DIR, _environ, finish_fuzz_run, start_fuzz_run
