@@ -303,6 +303,8 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
     if len(cells) != 1:
         raise FuzzSpecError(f"--cell {args.cell!r} names {len(cells)} cells; fuzz one cell at a time")
     seed = args.seed or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    if args.generator == "programs":
+        return _fuzz_programs(cells[0], seed, args)
     if args.list:
         for line in list_draws(build_space(cells[0].accelerator, args.space), seed, args.max_configs or 20):
             print(line)
@@ -316,13 +318,44 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
                      shrink_limit_s=parse_budget(args.shrink_limit, "--shrink-limit") if args.shrink_limit else None)
 
 
+GENERATORS = {
+    "configs": "points of the scenario space (suites/space.py): the table's columns, drawn and shrunk",
+    "programs": "training programs: sequences of the calls real training loops make (distci/fuzz/programs.py)",
+}
+"""What `--generator` draws; `configs` is the default."""
+
+
+def _fuzz_programs(cell, seed: str, args: argparse.Namespace) -> int:
+    from distci.fuzz.programs import draw
+    from distci.fuzz.programs_cell import fuzz_programs_cell
+
+    layouts = tuple(x for spec in args.layout for x in spec.split(",") if x)
+    if args.list:
+        from distci.fuzz.program_actions import LAYOUTS
+
+        for i in range(args.max_configs or 20):
+            print(draw(seed, i, layouts or tuple(LAYOUTS)).text)
+        return 0
+    return fuzz_programs_cell(cell, seed=seed, budget_s=parse_budget(args.budget), max_programs=args.max_configs,
+                              batch_size=args.batch, shrink=not args.no_shrink, python=args.python,
+                              runs_root=Path(args.runs_root), replay=args.replay, known_issues=args.known_issues,
+                              layouts=layouts, command=public_command(["python", "-m", "distci", *sys.argv[1:]]),
+                              shrink_limit_s=parse_budget(args.shrink_limit, "--shrink-limit")
+                              if args.shrink_limit else None)
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("fuzz", help="draw scenario configurations on one cell, run them on its rank pool, "
                        "shrink what fails")
     p.add_argument("--cell", required=True, help="the cell whose stack runs the configurations")
+    p.add_argument("--generator", choices=list(GENERATORS), default="configs",
+                   help="what to draw: " + "; ".join(f"{k}: {v}" for k, v in GENERATORS.items()))
+    p.add_argument("--layout", action="append", default=[], metavar="L1,L2",
+                   help="programs: draw only these layouts (fsdp, tp, fsdp_tp, ddp)")
     p.add_argument("--seed", default=None, help="any text (default: today's UTC date); the same seed draws the same list")
     p.add_argument("--budget", default="30m", help="wall-clock budget: seconds or 90s / 30m / 1h (default 30m)")
-    p.add_argument("--max-configs", type=int, default=None, help="stop after drawing this many configurations")
+    p.add_argument("--max-configs", "--max-programs", type=int, default=None,
+                   help="stop after drawing this many configurations (programs)")
     p.add_argument("--space", action="append", default=[], metavar="AXIS=V1,V2",
                    help="keep only these values of an axis (repeatable; one value fixes it)")
     p.add_argument("--batch", type=int, default=6, help="configurations per pytest session (default 6)")

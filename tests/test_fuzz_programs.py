@@ -1,0 +1,180 @@
+"""The programs generator: its engine (draw, preconditions, replay, shrink) quickly, and, slow,
+each planted bug of suites/generators/program_plants.py found on the rank pool and shrunk
+to the program that needs it.
+
+The slow tests run `python -m distci fuzz --generator programs` for real (this
+interpreter's stack, gloo ranks) with one plant, on a seed whose first programs include
+one the plant breaks among others it leaves alone (`--list` with the same arguments
+shows them); the shrunk program must keep exactly the calls the bug needs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distci.fuzz.program_actions import INVENTORY, LAYOUTS, State
+from distci.fuzz.programs import (Outcome, Program, ProgramError, ProgramFuzzer, check, draw, parse, smaller,
+                                  valid)
+
+REPO = Path(__file__).resolve().parents[1]
+CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_off"
+
+
+def test_a_program_is_its_text_and_parses_back():
+    for i in range(200):
+        program = draw("s", i)
+        assert parse(program.text) == program
+        assert valid(program), check(program)
+
+
+def test_a_seed_draws_the_same_programs_and_another_seed_others():
+    assert [draw("night", i).text for i in range(20)] == [draw("night", i).text for i in range(20)]
+    assert [draw("night", i).text for i in range(20)] != [draw("day", i).text for i in range(20)]
+
+
+def test_draws_cover_every_action_and_layout():
+    programs = [draw("cover", i) for i in range(300)]
+    names = {tok.partition("=")[0] for p in programs for tok in p.actions}
+    assert names == {a.name for a in INVENTORY}
+    assert {p.layout for p in programs} == set(LAYOUTS)
+
+
+def test_every_inventory_row_says_what_it_does_and_where_it_comes_from():
+    for a in INVENTORY:
+        assert a.does and a.sources and a.args and a.weight > 0
+        assert a.enabled(State(), "fsdp", a.args[0]) in (True, False)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("fsdp-ws2-w8-l1-sgd:clip", "not where a loop makes it"),        # clip before any backward
+    ("fsdp-ws2-w8-l1-sgd:load", "not where a loop makes it"),        # load before any save
+    ("tp-ws2-w8-l1-sgd:fwd_bwd=nosync,fwd_bwd", "not where"),        # no-sync without data parallelism
+    ("fsdp-ws2-w8-l1-sgd:fwd_bwd=nosync", "ends inside a no-sync"),
+    ("fsdp-ws2-w8-l1-sgd:fwd_bwd=nosync,step,fwd_bwd", "not where"),  # a step inside the accumulation
+    ("fsdp_tp-ws2-w8-l1-sgd:fwd_bwd", "world sizes"),
+    ("fsdp-ws2-w8-l1-sgd:fly", "no action 'fly'"),
+    ("fsdp-ws2-w8-l1-sgd:clip=7", "clip takes"),
+    ("fsdp-2-w8:fwd_bwd", "write LAYOUT"),
+])
+def test_a_bad_program_names_what_is_wrong(text, why):
+    with pytest.raises(ProgramError, match=why):
+        parse(text)
+
+
+def test_simplifications_are_programs_and_shorter_or_plainer():
+    program = parse("fsdp_tp-ws4-w32-l3-adamw:fwd_bwd,fwd_bwd=nosync,fwd_bwd,clip=inf,step,save=full,"
+                    "fwd_bwd,step,load,eval=inference_mode")
+    out = smaller(program)
+    assert out and all(valid(p) for p in out)
+    assert all(len(p.actions) < len(program.actions) or p.text != program.text for p in out)
+    assert len(out[0].actions) <= len(program.actions) // 2 + 1  # a half goes first
+    texts = {p.text for p in out}
+    assert program.text.replace("clip=inf", "clip") in texts
+    assert any(p.layers == 1 for p in out) and any(p.width == 8 for p in out) and any(p.optim == "sgd" for p in out)
+
+
+def _fake_runner(bug):
+    """A batch runner whose programs fail (with one signature) where `bug(program)` holds."""
+    calls = []
+
+    def run(programs):
+        calls.append(len(programs))
+        return [Outcome(p, "failed", "AssertionError: at action load: optimizer state N", 1.0) if bug(p)
+                else Outcome(p, "passed", seconds=1.0) for p in programs]
+    return run, calls
+
+
+def _needs_save_step_load(p: Program) -> bool:
+    acts = [a.partition("=")[0] for a in p.actions]
+    return p.layout in ("fsdp", "fsdp_tp") and "save" in acts and "load" in acts[acts.index("save"):] and \
+        "step" in acts[acts.index("save"):acts.index("save") + acts[acts.index("save"):].index("load")]
+
+
+def test_a_find_shrinks_to_the_shortest_program_and_smallest_model_that_fail_alike():
+    run, calls = _fake_runner(_needs_save_step_load)
+    clock = iter(range(10**6))
+    fuzzer = ProgramFuzzer("shrink", run, budget_s=10**6, max_programs=200, log=lambda m: None,
+                           clock=lambda: next(clock))
+    report = fuzzer.run()
+    assert report.finds, "200 programs drew none that saves, steps and loads under fsdp"
+    shrunk = report.finds[0].shrunk.program
+    assert [a.partition("=")[0] for a in shrunk.actions] == ["save", "step", "load"]
+    assert (shrunk.layout, shrunk.world_size, shrunk.width, shrunk.layers, shrunk.optim) == ("fsdp", 2, 8, 1, "sgd")
+    assert shrunk.actions[0] == "save"  # its plainest form: dcp
+    assert report.finds[0].complete
+    assert len(report.finds) == 1  # later draws with the signature are repeats, not finds
+
+
+def test_a_failure_a_known_issue_explains_by_signature_is_not_a_find():
+    def run(programs):
+        return [Outcome(p, "failed", "AssertionError: x", 1.0, near_miss="pytorch-123") for p in programs]
+    report = ProgramFuzzer("k", run, budget_s=100, max_programs=4, log=lambda m: None).run()
+    assert not report.finds and len(report.known) == 4
+
+
+def test_the_near_miss_matcher_reads_the_registry_by_signature_alone(tmp_path):
+    from distci.fuzz.programs_cell import near_miss
+    from distci.harness.known_issues import load_registry
+
+    path = tmp_path / "known_issues.toml"
+    path.write_text('''
+[[issue]]
+id = "upstream-1"
+title = "a table row's bug"
+tests = ["suites/test_scenarios.py::test_scenario?fsdp-*"]
+signature = "optimizer state: entries the reference lacks"
+upstream = "https://github.com/pytorch/pytorch/issues/1"
+[issue.applies]
+torch = ">=2.5"
+''')
+    registry = load_registry(path)
+    sig = "AssertionError: at action save: optimizer state: entries the reference lacks (exp_avg; first x)"
+    assert near_miss(registry, sig, sig, {"torch": "2.13.0"}) == "upstream-1"
+    assert near_miss(registry, sig, sig, {"torch": "2.4.0"}) is None  # outside where it applies
+    assert near_miss(registry, "AssertionError: at action step: lr N vs reference N", "", {"torch": "2.13.0"}) is None
+
+
+def fuzz(tmp: Path, *args: str, plant: str = "", timeout: int = 600) -> tuple[subprocess.CompletedProcess, dict]:
+    from distci.harness import procs
+
+    env = {**os.environ, "DISTCI_PROGRAMS_PLANT": plant}
+    runs = tmp / "runs"
+    cmd = [sys.executable, "-m", "distci", "fuzz", "--generator", "programs", "--cell", CELL,
+           "--python", sys.executable, "--runs-root", str(runs), *args]
+    child = procs.start_owned(cmd, env=env, token=procs.run_token(), death_signal=signal.SIGTERM, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = child.communicate(timeout=timeout)
+    finally:
+        if child.poll() is None:
+            procs.stop(child)
+    proc = subprocess.CompletedProcess(cmd, child.returncode, out, err)
+    reports = sorted(runs.glob("*/fuzz/report.json"))
+    assert reports, f"no report.json:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc, json.loads(reports[-1].read_text())
+
+
+PLANT_CASES = {
+    # plant: (fuzz arguments, the calls (names) the shrunk program must be, what the layout must be)
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plant", list(PLANT_CASES))
+def test_a_planted_bug_is_found_and_shrunk_to_the_calls_it_needs(tmp_path, plant):
+    pytest.importorskip("torch")
+    args, calls, layouts = PLANT_CASES[plant]
+    proc, report = fuzz(tmp_path, *args, plant=plant)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert len(report["finds"]) == 1, report["finds"]
+    shrunk = parse(report["finds"][0]["shrunk"]["program"])
+    assert [a.partition("=")[0] for a in shrunk.actions] == calls, shrunk.text
+    assert shrunk.layout in layouts and (shrunk.width, shrunk.layers) == (8, 1), shrunk.text
+    assert report["finds"][0]["complete"], report["finds"][0]["stopped"]
