@@ -178,3 +178,19 @@ def test_a_planted_bug_is_found_and_shrunk_to_the_calls_it_needs(tmp_path, plant
     assert [a.partition("=")[0] for a in shrunk.actions] == calls, shrunk.text
     assert shrunk.layout in layouts and (shrunk.width, shrunk.layers) == (8, 1), shrunk.text
     assert report["finds"][0]["complete"], report["finds"][0]["stopped"]
+
+
+def test_keepers_combine_so_a_long_program_shrinks_in_few_batches():
+    long = parse("fsdp_tp-ws4-w32-l3-adamw:fwd_bwd,step,eval,metric,sched,fwd_bwd,clip=inf,step,save=full,lr=2.0,"
+                 "fwd_bwd,step,sched,metric,load,eval,sched")
+    run, calls = _fake_runner(_needs_save_step_load)
+    fuzzer = ProgramFuzzer("combine", run, budget_s=10**6, batch_size=16, log=lambda m: None)
+    found = run([long])[0]
+    assert found.failed
+    from distci.fuzz.programs import Find
+
+    find = Find(found, found)
+    fuzzer._shrink(find)
+    assert [a.partition("=")[0] for a in find.shrunk.program.actions] == ["save", "step", "load"]
+    print(f"{len(calls) - 1} batches")
+    assert len(calls) - 1 <= 8, f"{len(calls) - 1} batches to shrink {len(long.actions)} actions"

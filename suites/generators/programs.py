@@ -274,9 +274,11 @@ def _load(p: Program) -> None:
 
 
 def _freeze(p: Program, name: str, trainable: bool) -> None:
+    """As Lightning's BaseFinetuning.freeze_module / make_trainable: through the module's
+    parameters as they are registered now (under FSDP2 the unsharded ones while unsharded)."""
     for twin in (p.ref, p.run):
-        prefix = "blocks.0." if name == "block0" else "head."
-        for param in (q for n, q in twin.named.items() if n.startswith(prefix)):
+        module = twin.model.blocks[0] if name == "block0" else twin.model.head
+        for param in module.parameters():
             param.requires_grad_(trainable)
             if not trainable:
                 param.grad = None
@@ -411,8 +413,10 @@ def compare(p: Program) -> list[str]:
     problems += [f"{x} on rank {p.par.rank}" for x in _close("buffer", buffers_ref, buffers_run, 120.0)]
     trainable_ref = sorted(n for n, q in p.ref.named.items() if q.requires_grad)
     trainable_run = sorted(n for n, q in p.run.named.items() if q.requires_grad)
-    if trainable_ref != trainable_run:
-        problems.append(f"requires_grad differs: run {trainable_run}, reference {trainable_ref}")
+    for names, how in ((sorted(set(trainable_run) - set(trainable_ref)), "train in the run only"),
+                       (sorted(set(trainable_ref) - set(trainable_run)), "are frozen in the run only")):
+        if names:
+            problems.append(f"requires_grad differs: parameters {how} (first {names[0]})")
     return problems
 
 
