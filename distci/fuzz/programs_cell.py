@@ -40,12 +40,20 @@ def repro(cell_id: str, program: Program, plant: str = "") -> str:
     return f"{env}nox -s dist_tests -- --cell {cell_id} --test {shlex.quote(test_id(program))}"
 
 
+JUDGE_WORDS = re.compile(r"SQNR|max [|]diff[|]|vs reference|^step |gradient$")
+"""What the suites' own judges write about any numeric difference: an entry whose signature
+matches only these says nothing about which bug it is (its test patterns did that)."""
+
+
 def near_miss(registry: Any, signature: str | None, message: str, stack: dict[str, Any]) -> str | None:
-    """The registered known issues whose signature explains this failure on this stack,
-    whatever tests their patterns name (a program is no table row, yet the same bug)."""
+    """The registered known issues whose signature names this failure's bug on this stack,
+    whatever tests their patterns name (a program is no table row, yet the same bug). Read
+    off the signature (the failure's first line) only, and only where the entry's match is
+    more than a judge's generic words."""
     if registry is None or not signature:
         return None
-    ids = [e.id for e in registry.entries if (e.explains(signature) or e.explains(message)) and e.applies_to(stack)]
+    ids = [e.id for e in registry.entries if e.applies_to(stack)
+           and any(not JUDGE_WORDS.search(m.group(0)) for m in e.signature.finditer(signature))]
     return ",".join(ids) or None
 
 
