@@ -69,15 +69,18 @@ class ProgramBatches:
         (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
 
     def __call__(self, programs: list[Program]) -> list[Outcome]:
+        from unittest import mock
+
         from distci.run.cellrun import run_in_env
-        from distci.run.fuzz import _environ
 
         self.batches += 1
         batch = self.run_dir / FUZZ_DIR / f"programs-{self.batches:03d}.json"
         batch.write_text(json.dumps([p.text for p in programs], indent=1))
         self.log(f"batch {self.batches}: {len(programs)} program(s)")
         before = {r.test_id for r in RunDir(self.run_dir).results()}
-        with _environ(**{PROGRAMS_ENV: str(batch)}), open(self.run_dir / FUZZ_DIR / "pytest-relay.log", "a") as relay:
+        # run_in_env hands os.environ to the cell's pytest: the batch file rides there, for this batch only
+        relay_path = self.run_dir / FUZZ_DIR / "pytest-relay.log"
+        with mock.patch.dict(os.environ, {PROGRAMS_ENV: str(batch)}), open(relay_path, "a") as relay:
             run_in_env(self.cell, self.python, self.info, self.run_dir, tests=[ENTRY_TEST],
                        extra_pytest_args=self.extra_args, log=lambda m: relay.write(m + "\n"))
         by_id = {r.test_id: r for r in RunDir(self.run_dir).results() if r.test_id not in before}
