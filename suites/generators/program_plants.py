@@ -4,9 +4,10 @@ DISTCI_PROGRAMS_PLANT.
 
 None is shaped like a table column: each sits on one call path of one program shape and
 stays quiet elsewhere, as such bugs sit upstream:
-  - optim_load_fsdp: a DCP resume under FSDP2 restores the model but not the optimizer
-    state (set_optimizer_state_dict skipped): visible only if the optimizer state moved
-    between the save and the load, under fsdp / fsdp_tp, on the dcp path;
+  - optim_load_fsdp: a resume from full state dicts (rank 0's, broadcast) under FSDP2
+    restores the model but not the optimizer state (set_optimizer_state_dict skipped):
+    visible only if the optimizer state moved between the save and the load, under fsdp /
+    fsdp_tp, on the full path (the dcp path loads into the optimizer's own tensors in place);
   - buffer_load: a resume restores persistent buffers on rank 0 only (the other ranks keep
     theirs): visible only if a training forward moved the buffer between save and load,
     and not under DDP, whose forward broadcasts rank 0's buffers;
@@ -32,7 +33,7 @@ class Plant:
     name: str = ""
 
     def skips_optimizer_load(self, layout: str, kind: str) -> bool:
-        return self.name == "optim_load_fsdp" and layout in ("fsdp", "fsdp_tp") and kind == "dcp"
+        return self.name == "optim_load_fsdp" and layout in ("fsdp", "fsdp_tp") and kind == "full"
 
     def keeps_buffers_on_load(self, rank: int) -> bool:
         return self.name == "buffer_load" and rank != 0

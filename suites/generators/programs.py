@@ -257,12 +257,12 @@ def _load(p: Program) -> None:
         state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
         dcp.load(state, checkpoint_id=p.checkpoint_dir)
         set_model_state_dict(model, state["model"])
-        if not p.plant.skips_optimizer_load(p.par.layout, kind):
-            set_optimizer_state_dict(model, opt, state["optim"])
+        set_optimizer_state_dict(model, opt, state["optim"])
     else:
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_model_state_dict(model, full[0], options=options)
-        set_optimizer_state_dict(model, opt, full[1], options=options)
+        if not p.plant.skips_optimizer_load(p.par.layout, kind):
+            set_optimizer_state_dict(model, opt, full[1], options=options)
     with torch.no_grad():
         for name, b in p.run.model.named_buffers():
             if name in kept:
