@@ -193,7 +193,7 @@ PLANT_CASES = {
                      ("tp",)),
     "zero_grad_ddp": (["--layout", "ddp", "--seed", "zero_1378"], ["fwd_bwd", "zero_grad", "fwd_bwd"], ("ddp",)),
 }
-COMMON = ["--max-programs", "4", "--batch", "32", "--budget", "20m"]
+COMMON = ["--max-programs", "4", "--batch", "8", "--budget", "20m"]
 
 
 @pytest.mark.slow
