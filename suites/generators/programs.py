@@ -449,6 +449,21 @@ def run_program(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Dive
         now = _placements(p.run)
         if now != structure:
             problems.append(f"placements changed: {sorted(set(now.items()) ^ set(structure.items()))}")
+        problems = _every_ranks(problems)
         if problems:
             return Divergence(i, tok, problems)
     return None
+
+
+def _every_ranks(problems: list[str]) -> list[str]:
+    """Every rank's problems, the same list on every rank (collective): a problem one rank
+    sees alone (a buffer of its own) must stop all ranks at the same action, or the others
+    would walk into the next collective and hang."""
+    import torch.distributed as tdist
+
+    lists: list = [None] * tdist.get_world_size()
+    tdist.all_gather_object(lists, problems)
+    out: list[str] = []
+    for rank_problems in lists:
+        out += [x for x in rank_problems if x not in out]
+    return out
