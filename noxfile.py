@@ -216,7 +216,8 @@ def bench(session: nox.Session) -> None:
 @controller
 def fuzz(session: nox.Session) -> None:
     """Draw scenario configurations on one cell, run them, shrink what fails:
-    `-- --cell ID [--budget 30m] [--seed S] [--space AXIS=V1,V2] [--list] [--replay JSON]`."""
+    `-- --cell ID [--budget 30m] [--seed S] [--space AXIS=V1,V2] [--list] [--replay JSON]`;
+    `--generator programs` draws training programs instead (docs/fuzz.md)."""
     _distci(session, "fuzz")
 
 

@@ -24,6 +24,7 @@ import os
 import re
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -318,13 +319,24 @@ def public_command(argv: list[str]) -> str:
     return shlex.join(out)
 
 
-GENERATORS: dict[str, str | None] = {
-    # name: the module whose `run_generator(args, cell, seed, command) -> exit code` runs it
-    # (None: this module's configuration fuzzer). Imported by name, as distci.cli's REGISTRY
-    # does: the engines sit above this stage (distci/fuzz/), and the command only dispatches.
-    "configs": None,
-    "ops": "distci.fuzz.ops_command",
+@dataclass(frozen=True)
+class Generator:
+    """One `--generator`: the module whose `run_generator(args, cell, seed, command) -> exit
+    code` runs it (None: this module's configuration fuzzer), imported by name only when
+    chosen, and what it draws (the option's help)."""
+
+    module: str | None
+    help: str
+
+
+GENERATORS: dict[str, Generator] = {
+    "configs": Generator(None, "points of the scenario space (suites/space.py): the table's columns, drawn and shrunk"),
+    "ops": Generator("distci.fuzz.ops_command", "DTensor ops forward and backward on every mesh and placement "
+                     "trainers produce, against the full-tensor op"),
+    "programs": Generator("distci.fuzz.programs_cell", "training programs: sequences of the calls real training "
+                          "loops make, against a single-process run after every step"),
 }
+"""What `--generator` draws; `configs` is the default."""
 
 
 def _cmd_fuzz(args: argparse.Namespace) -> int:
@@ -334,12 +346,14 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
 
     if hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(line_buffering=True)
-    cells = load_matrix(args.matrix).select(cell_ids=[args.cell])
+    matrix = load_matrix(args.matrix)
+    cells = matrix.select(cell_ids=[args.cell]) if args.cell else matrix.select(tier="pr")[:1]
     if len(cells) != 1:
         raise FuzzSpecError(f"--cell {args.cell!r} names {len(cells)} cells; fuzz one cell at a time")
     seed = args.seed or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    if GENERATORS[args.generator] is not None:
-        module = importlib.import_module(GENERATORS[args.generator])
+    generator = GENERATORS[args.generator]
+    if generator.module is not None:
+        module = importlib.import_module(generator.module)
         return module.run_generator(args, cells[0], seed, public_command(["python", "-m", "distci", *sys.argv[1:]]))
     if args.list:
         for line in list_draws(build_space(cells[0].accelerator, args.space), seed, args.max_configs or 20):
@@ -357,16 +371,19 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
 def add_parser(sub) -> None:
     p = sub.add_parser("fuzz", help="draw scenario configurations on one cell, run them on its rank pool, "
                        "shrink what fails")
-    p.add_argument("--cell", required=True, help="the cell whose stack runs the configurations")
+    p.add_argument("--cell", default=None, help="the cell whose stack runs what is drawn (default: the pr tier's "
+                   "cell, as `distci run` defaults to)")
     p.add_argument("--generator", choices=list(GENERATORS), default="configs",
-                   help="what to draw: configs (scenario-space points, the default), ops (DTensor ops on every "
-                        "mesh and placement, docs/fuzz.md)")
+                   help="what to draw: " + "; ".join(f"{k}: {g.help}" for k, g in GENERATORS.items()))
     p.add_argument("--ops", default=None, metavar="OP1,OP2", help="ops generator: draw only these ops")
     p.add_argument("--meshes", default=None, metavar="M1,M2", help="ops generator: draw only these meshes (2, 4, 2x2)")
     p.add_argument("--max-cases", type=int, default=None, help="ops generator: stop after this many cases")
+    p.add_argument("--layout", action="append", default=[], metavar="L1,L2",
+                   help="programs: draw only these layouts (fsdp, tp, fsdp_tp, ddp)")
     p.add_argument("--seed", default=None, help="any text (default: today's UTC date); the same seed draws the same list")
     p.add_argument("--budget", default="30m", help="wall-clock budget: seconds or 90s / 30m / 1h (default 30m)")
-    p.add_argument("--max-configs", type=int, default=None, help="stop after drawing this many configurations")
+    p.add_argument("--max-configs", "--max-programs", type=int, default=None,
+                   help="stop after drawing this many configurations (programs)")
     p.add_argument("--space", action="append", default=[], metavar="AXIS=V1,V2",
                    help="keep only these values of an axis (repeatable; one value fixes it)")
     p.add_argument("--batch", type=int, default=6, help="configurations per pytest session (default 6)")

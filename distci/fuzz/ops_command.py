@@ -198,7 +198,7 @@ def fuzz_ops(cell, *, seed: str, budget_s: float, python: str | None = None, run
     from distci.known_issues import load_registry
     from distci.rundir import RunDir, now
     from distci.run.cellrun import REPO, run_in_env
-    from distci.run.fuzz import FUZZ_DIR, _environ, finish_fuzz_run, start_fuzz_run
+    from distci.fuzz.command import FUZZ_DIR, _environ, finish_fuzz_run, start_fuzz_run
     from distci.run.terminal import EXIT_INFRA
 
     from .ops_report import render_report
@@ -282,8 +282,8 @@ def _as_json(report: OpsReport, cell_id: str, stack: dict[str, Any]) -> dict[str
 
 
 def run_generator(args, cell, seed: str, command: str) -> int:
-    """The `fuzz --generator ops` entry (distci/run/fuzz.py's GENERATORS): arguments to fuzz_ops."""
-    from distci.run.fuzz import parse_budget
+    """The `fuzz --generator ops` entry (distci/fuzz/command.py's GENERATORS): arguments to fuzz_ops."""
+    from distci.fuzz.command import parse_budget
 
     return fuzz_ops(cell, seed=seed, budget_s=parse_budget(args.budget), python=args.python,
                     runs_root=Path(args.runs_root), known_issues=args.known_issues, report_path=args.report,

@@ -1,1 +1,1 @@
-"""The generators' cell side: runs a drawn case on the rank pool, judges it against the full-tensor op."""
+"""The generators' cell side: run what distci.fuzz draws (programs, ops, models) on the rank pool and judge it against a single-process reference."""

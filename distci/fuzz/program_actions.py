@@ -1,0 +1,151 @@
+"""The inventory: the calls real training loops make, as data, with where each comes from.
+
+Vocabulary. An **action** is one call (or one short idiom) a training loop makes on its
+model, parameters, gradients, optimizer, LR scheduler, state dicts or process groups;
+`name=arg` picks one of its forms, the first arg the plainest. A **program** is a
+sequence of actions on one model under one **layout** (how it is parallelized) on
+`world_size` ranks. The **state** is what the preconditions read: an action is drawn
+only where the loops it comes from make it (no clip before a backward, no load before a
+save, no optimizer step in the middle of a no-sync accumulation).
+
+Each row says what the action does and which trainers make it (paths in their upstream
+repositories, read 2026-12-06): torchtitan `torchtitan/train.py` (train_step: zero_grad,
+microbatch forward/backward, clip_grad_norm_, optimizers.step, lr_schedulers.step;
+validator; checkpointer.save per step) and `torchtitan/components/checkpoint.py` (DCP
+save/load of get/set_model_state_dict and get/set_optimizer_state_dict); torchtune
+`recipes/full_finetune_distributed.py` (zero_grad(set_to_none=True) after step, clip,
+validate(): eval + no_grad + all_reduce of the metric + train()) and
+`recipes/lora_finetune_distributed.py` (frozen base, trainable adapters, full state
+dicts gathered to rank 0 on CPU, `torchtune/training/_distributed.py`
+load_from_full_model_state_dict broadcasting rank 0's); Hugging Face accelerate
+`src/accelerate/accelerator.py` (accumulate(): no_sync / FSDP2
+set_requires_gradient_sync, clip_grad_norm_, save_state/load_state); Lightning
+`src/lightning/fabric/strategies/model_parallel.py` (ModelParallelStrategy: fully_shard,
+StateDictOptions(full_state_dict, cpu_offload) save and load).
+
+Pure data and pure functions: no torch (the engine draws and shrinks on the controller).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+LAYOUTS: dict[str, tuple[int, ...]] = {"fsdp": (2, 4), "tp": (2, 4), "fsdp_tp": (4,), "ddp": (2, 4)}
+"""Layout -> the world sizes it runs on (fsdp_tp: a 2x2 mesh, dp outer, tp inner)."""
+DATA_PARALLEL = ("fsdp", "fsdp_tp", "ddp")
+"""Layouts whose ranks see different rows and reduce gradients (no-sync accumulation exists)."""
+FSDP = ("fsdp", "fsdp_tp")
+OPTIMIZERS = ("sgd", "adamw")
+WIDTHS = (8, 16, 32)
+LAYERS = (1, 2, 3)
+PARTS = ("block0", "head")
+"""Submodules a program freezes and unfreezes (block0: the first block; head: the output)."""
+
+
+@dataclass(frozen=True)
+class State:
+    """What the preconditions read: the abstract state of the model and its optimizer."""
+
+    grads: bool = False
+    """Some parameter holds a gradient (None after zero_grad(set_to_none=True))."""
+    unsynced: bool = False
+    """A no-sync backward ran since the last synchronized one: local gradients are partial."""
+    saved: str = ""
+    """The kind of the last checkpoint saved ("" none yet)."""
+    frozen: frozenset = frozenset()
+    compiled: bool = False
+    backwards: int = 0
+
+
+@dataclass(frozen=True)
+class Action:
+    """One row of the inventory."""
+
+    name: str
+    args: tuple[str, ...]
+    does: str
+    sources: str
+    weight: float
+    enabled: Callable[[State, str, str], bool]
+    """(state, layout, arg) -> may a loop make this call here?"""
+    effect: Callable[[State, str], State]
+
+
+def _synced(s: State, layout: str, arg: str) -> bool:
+    return not s.unsynced
+
+
+def _fwd_bwd_ok(s: State, layout: str, arg: str) -> bool:
+    return (arg == "sync" or layout in DATA_PARALLEL) and len(s.frozen) < len(PARTS)
+
+
+def _fwd_bwd(s: State, arg: str) -> State:
+    return replace(s, grads=True, unsynced=arg == "nosync", backwards=s.backwards + 1)
+
+
+def _freeze_ok(s: State, layout: str, arg: str) -> bool:
+    return not s.unsynced and arg not in s.frozen and len(s.frozen) + 1 < len(PARTS)
+
+
+INVENTORY: tuple[Action, ...] = (
+    Action("fwd_bwd", ("sync", "nosync"),
+           "forward of the next batch, loss, backward; `nosync`: without the gradient reduction "
+           "(FSDP2 set_requires_gradient_sync(False), DDP no_sync()), as accumulation's early microbatches",
+           "torchtitan train.py forward_backward_step; accelerate accumulate(); torchtune recipes", 6.0,
+           _fwd_bwd_ok, _fwd_bwd),
+    Action("zero_grad", ("none", "zeros"),
+           "optimizer.zero_grad(set_to_none=True) / (set_to_none=False): gradients dropped or zeroed in place",
+           "torchtitan train_step start; torchtune after step (set_to_none=True); Lightning/accelerate default",
+           2.0, _synced, lambda s, a: replace(s, grads=a == "zeros" and s.grads)),
+    Action("clip", ("1.0", "0.05", "inf"),
+           "torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type) over DTensor gradients",
+           "torchtitan dist_utils.clip_grad_norm_; torchtune recipes; accelerate clip_grad_norm_", 1.5,
+           lambda s, l, a: s.grads and not s.unsynced, lambda s, a: s),
+    Action("step", ("",), "optimizer.step()", "every trainer", 3.0, _synced, lambda s, a: s),
+    Action("sched", ("",), "lr_scheduler.step() (linear warmup then decay, a LambdaLR)",
+           "torchtitan lr_schedulers.step; torchtune after step", 1.5, _synced, lambda s, a: s),
+    Action("eval", ("no_grad", "inference_mode"),
+           "model.eval(); forward of the eval batch under torch.no_grad() / torch.inference_mode(); model.train()",
+           "torchtune validate(); torchtitan validator; Lightning validation loop", 1.0, _synced, lambda s, a: s),
+    Action("metric", ("all_reduce", "barrier"),
+           "the step's loss all-reduced (avg) over the data-parallel ranks for logging / a barrier",
+           "torchtitan dist_mean of the loss; torchtune all_reduce of running_loss", 0.7, _synced, lambda s, a: s),
+    Action("save", ("dcp", "full"),
+           "checkpoint: dcp.save of get_model_state_dict + get_optimizer_state_dict + scheduler state "
+           "(sharded) / full_state_dict=True, cpu_offload=True gathered to rank 0 (full)",
+           "torchtitan checkpoint.py (dcp); torchtune / Lightning full state dicts", 1.5, _synced,
+           lambda s, a: replace(s, saved=a)),
+    Action("load", ("",),
+           "resume from the last save: dcp.load + set_model_state_dict + set_optimizer_state_dict + scheduler "
+           "load_state_dict (dcp) / rank 0's full dicts with broadcast_from_rank0=True (full)",
+           "torchtitan checkpointer.load; torchtune load_from_full_model_state_dict; Lightning load_checkpoint",
+           2.0, lambda s, l, a: bool(s.saved) and not s.unsynced, lambda s, a: s),
+    Action("freeze", PARTS, "requires_grad_(False) on a submodule mid-run (its gradients set to None)",
+           "torchtune LoRA set_trainable_params; staged fine-tuning (unfreeze schedules)", 0.5,
+           _freeze_ok, lambda s, a: replace(s, frozen=s.frozen | {a})),
+    Action("unfreeze", PARTS, "requires_grad_(True) on a frozen submodule",
+           "staged fine-tuning (gradual unfreezing)", 0.5,
+           lambda s, l, a: not s.unsynced and a in s.frozen, lambda s, a: replace(s, frozen=s.frozen - {a})),
+    Action("lr", ("0.5", "2.0"), "every param group's lr multiplied (a manual LR change)",
+           "LR range tests, warm restarts; accelerate/Lightning param_groups edits", 0.5, _synced,
+           lambda s, a: s),
+    Action("new_optim", ("",), "the optimizer and its scheduler made again over the parameters that require grad",
+           "torchtune LoRA recipes after set_trainable_params; staged fine-tuning", 0.4, _synced, lambda s, a: s),
+    Action("reset_state", ("",), "optimizer.state cleared (moments and step counts reset)",
+           "warm restarts; RL trainers resetting Adam state", 0.3, _synced, lambda s, a: s),
+    Action("reshard", ("false", "true"), "FSDP2 set_reshard_after_backward(False/True) on every FSDP module",
+           "torchtitan/torchtune gradient accumulation (keep unsharded params between microbatches)", 0.4,
+           lambda s, l, a: l in FSDP and not s.unsynced, lambda s, a: s),
+    Action("compile", ("aot_eager",), "torch.compile of the module mid-run (later forwards run compiled)",
+           "torchtitan compile of blocks; accelerate dynamo_backend", 0.15,
+           lambda s, l, a: not s.compiled and not s.unsynced, lambda s, a: replace(s, compiled=True)),
+)
+BY_NAME = {a.name: a for a in INVENTORY}
+
+
+def action(name: str) -> Action:
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"no action {name!r}; actions: {', '.join(BY_NAME)}") from None

@@ -1,0 +1,377 @@
+"""The programs generator's engine: draw training programs, run them in batches, shrink what fails.
+
+A program (vocabulary in program_actions.py) is a layout, a world size, a model size, an
+optimizer and a sequence of inventoried actions; its text is its test id, e.g.
+
+    fsdp-ws2-w8-l2-adamw:fwd_bwd,step,save=dcp,fwd_bwd,step,load,fwd_bwd,step
+
+so a find replays from its text alone, and a seed replays a night: program `i` of seed
+`S` is drawn from random.Random(f"{S}/{i}") (a string seed: the same on every platform
+and Python, independent of PYTHONHASHSEED and of what earlier programs did).
+
+Why an own engine and not Hypothesis's RuleBasedStateMachine (which draws and shrinks
+rule sequences well): its rules run synchronously in the process that draws them, one
+example at a time, while a program here runs on a rank pool in another interpreter (the
+cell's stack), and batching candidates into one pytest session is what makes drawing
+and shrinking affordable (a pool start costs more than a program). Its shrink order and
+database also change between its releases, and replay from a seed must hold across
+them. What we need is small: preconditions as data (program_actions.INVENTORY), a seeded
+draw, and a greedy shrinker: drop chunks of actions (halves down to one action),
+actions back to their plainest form, then the smallest model, world size, optimizer and
+layout that still fail with the SAME error signature. Every candidate is checked against
+the preconditions before it runs, so a shrunk program is still a program a loop makes.
+
+Pure: it never starts a process (`run_batch(programs) -> outcomes` is given by the
+caller; distci.fuzz.programs_cell runs a batch on a cell's rank pool; tests give fakes).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from .program_actions import (BY_NAME, INVENTORY, LAYERS, LAYOUTS, OPTIMIZERS, WIDTHS, State,
+                              action)
+
+FAILED = ("failed", "error")
+ENTRY_TEST = "suites/generators/programs_entry.py"
+TEST_NAME = "test_program"
+PROGRAMS_ENV = "DISTCI_FUZZ_PROGRAMS"
+"""A JSON file: the list of program texts one batch runs (the entry reads it)."""
+PROGRAM_ENV = "DISTCI_FUZZ_PROGRAM"
+"""One program's text, for a repro."""
+MIN_ACTIONS, MAX_ACTIONS = 4, 14
+HEAD = re.compile(r"^(?P<layout>[a-z_]+)-ws(?P<ws>\d+)-w(?P<width>\d+)-l(?P<layers>\d+)-(?P<optim>[a-z]+)$")
+
+
+class ProgramError(ValueError):
+    """A program text that does not parse or breaks a precondition; the message names the part."""
+
+
+@dataclass(frozen=True)
+class Program:
+    layout: str
+    world_size: int
+    width: int
+    layers: int
+    optim: str
+    actions: tuple[str, ...]
+    """Each `name` or `name=arg` (program_actions.INVENTORY)."""
+
+    @property
+    def text(self) -> str:
+        return (f"{self.layout}-ws{self.world_size}-w{self.width}-l{self.layers}-{self.optim}:"
+                + ",".join(self.actions))
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def split(token: str) -> tuple[str, str]:
+    """`name=arg` -> (name, arg); `name` -> (name, its first arg)."""
+    name, _, arg = token.partition("=")
+    return name, arg or action(name).args[0]
+
+
+def token(name: str, arg: str) -> str:
+    return name if arg == action(name).args[0] else f"{name}={arg}"
+
+
+def parse(text: str) -> Program:
+    """A program from its text; raises ProgramError naming the bad part."""
+    head, sep, body = text.strip().partition(":")
+    m = HEAD.match(head)
+    if not sep or not m:
+        raise ProgramError(f"program {text!r}: write LAYOUT-wsN-wN-lN-OPTIM:ACTION,ACTION=ARG,... "
+                           f"(layouts {', '.join(LAYOUTS)}; optimizers {', '.join(OPTIMIZERS)})")
+    program = Program(m["layout"], int(m["ws"]), int(m["width"]), int(m["layers"]), m["optim"],
+                      tuple(t.strip() for t in body.split(",") if t.strip()))
+    problems = check(program)
+    if problems:
+        raise ProgramError(f"program {text!r}: {'; '.join(problems)}")
+    return program
+
+
+def check(program: Program) -> list[str]:
+    """Why `program` is not one a training loop makes (empty: it is)."""
+    out = []
+    if program.layout not in LAYOUTS:
+        return [f"no layout {program.layout!r}; layouts: {', '.join(LAYOUTS)}"]
+    if program.world_size not in LAYOUTS[program.layout]:
+        out.append(f"{program.layout} runs on world sizes {LAYOUTS[program.layout]}, not {program.world_size}")
+    if program.optim not in OPTIMIZERS:
+        out.append(f"no optimizer {program.optim!r}; optimizers: {', '.join(OPTIMIZERS)}")
+    if program.width not in WIDTHS or program.layers not in LAYERS:
+        out.append(f"width {program.width} / layers {program.layers}: widths {WIDTHS}, layers {LAYERS}")
+    state = State()
+    for i, tok in enumerate(program.actions):
+        name, arg = tok.partition("=")[0], tok.partition("=")[2]
+        if name not in BY_NAME:
+            out.append(f"action {i} {tok!r}: no action {name!r}; actions: {', '.join(BY_NAME)}")
+            break
+        a = BY_NAME[name]
+        arg = arg or a.args[0]
+        if arg not in a.args:
+            out.append(f"action {i} {tok!r}: {name} takes {', '.join(a.args)}")
+            break
+        if not a.enabled(state, program.layout, arg):
+            out.append(f"action {i} {tok!r}: not where a loop makes it (state {state})")
+            break
+        state = a.effect(state, arg)
+    if not out and state.unsynced:
+        out.append("ends inside a no-sync accumulation (its gradients are never reduced)")
+    return out
+
+
+def valid(program: Program) -> bool:
+    return not check(program)
+
+
+def draw(seed: str, index: int, layouts: tuple[str, ...] = tuple(LAYOUTS)) -> Program:
+    """Program `index` of `seed`: layout, size and optimizer, then actions drawn by weight
+    among those enabled where the program stands (a no-sync run is closed by a synced backward)."""
+    rng = random.Random(f"{seed}/{index}")
+    layout = rng.choice(sorted(layouts))
+    ws = rng.choice(LAYOUTS[layout])
+    head = dict(layout=layout, world_size=ws, width=rng.choice(WIDTHS), layers=rng.choice(LAYERS),
+                optim=rng.choice(OPTIMIZERS))
+    length = rng.randint(MIN_ACTIONS, MAX_ACTIONS)
+    state, actions = State(), []
+    while len(actions) < length or state.unsynced:
+        choices = [(a, arg) for a in INVENTORY for arg in a.args if a.enabled(state, layout, arg)]
+        if len(actions) >= length:  # close the accumulation
+            choices = [(a, arg) for a, arg in choices if a.name == "fwd_bwd" and arg == "sync"]
+        weights = [a.weight / len(a.args) for a, _ in choices]
+        a, arg = rng.choices(choices, weights)[0]
+        actions.append(token(a.name, arg))
+        state = a.effect(state, arg)
+    return Program(actions=tuple(actions), **head)
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One simplification: actions dropped, actions put in their plainest form, model fields set."""
+
+    drop: frozenset = frozenset()
+    plain: frozenset = frozenset()
+    model: tuple = ()
+    """(field, value) pairs of Program's layout, world_size, width, layers, optim."""
+
+    def __add__(self, other: "Edit") -> "Edit":
+        fields = dict(self.model)
+        fields.update((k, v) for k, v in other.model if k not in fields)
+        return Edit(self.drop | other.drop, self.plain | other.plain, tuple(fields.items()))
+
+    def apply(self, program: Program) -> Program:
+        actions = tuple(split(tok)[0] if i in self.plain else tok
+                        for i, tok in enumerate(program.actions) if i not in self.drop)
+        return replace(program, actions=actions, **dict(self.model))
+
+
+def edits(program: Program) -> list[Edit]:
+    """The one-step simplifications of `program`, shortest first: chunks of actions dropped
+    (halves down to single actions), then the model (layers, width), world size, optimizer
+    and layout toward the plainest, then each action's plainest form."""
+    out: list[Edit] = []
+    n = len(program.actions)
+    size = max(n // 2, 1)
+    while True:
+        out += [Edit(drop=frozenset(range(start, min(start + size, n)))) for start in range(0, n, size)]
+        if size == 1:
+            break
+        size //= 2
+    if program.layers > LAYERS[0]:
+        out += [Edit(model=(("layers", LAYERS[0]),)), Edit(model=(("layers", program.layers - 1),))]
+    if program.width > WIDTHS[0]:
+        out.append(Edit(model=(("width", WIDTHS[0]),)))
+    if program.world_size > min(LAYOUTS[program.layout]):
+        out.append(Edit(model=(("world_size", min(LAYOUTS[program.layout])),)))
+    if program.optim != OPTIMIZERS[0]:
+        out.append(Edit(model=(("optim", OPTIMIZERS[0]),)))
+    for layout in ("tp", "fsdp", "ddp") if program.layout == "fsdp_tp" else ():
+        out.append(Edit(model=(("layout", layout), ("world_size", min(LAYOUTS[layout])))))
+    out += [Edit(plain=frozenset({i})) for i, tok in enumerate(program.actions)
+            if split(tok)[1] != action(split(tok)[0]).args[0]]
+    return out
+
+
+def simplifications(program: Program) -> list[tuple[Edit, Program]]:
+    """`edits(program)` applied, keeping those that are still programs (and new)."""
+    out, seen = [], {program.text}
+    for edit in edits(program):
+        p = edit.apply(program)
+        if p.text not in seen and valid(p):
+            seen.add(p.text)
+            out.append((edit, p))
+    return out
+
+
+def smaller(program: Program) -> list[Program]:
+    return [p for _, p in simplifications(program)]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one program did (read off its Result)."""
+
+    program: Program
+    outcome: str
+    signature: str | None = None
+    seconds: float = 0.0
+    known_issue: str | None = None
+    message: str = ""
+    test_id: str = ""
+    kind: str | None = None
+    near_miss: str | None = None
+    """A known issue whose signature this failure has, though its test pattern does not cover programs."""
+
+    @property
+    def key(self) -> str:
+        return self.program.text
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome in FAILED
+
+
+@dataclass
+class Find:
+    found: Outcome
+    shrunk: Outcome
+    steps: list[str] = field(default_factory=list)
+    complete: bool = True
+    stopped: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class Report:
+    tried: list[Outcome] = field(default_factory=list)
+    drawn: list[str] = field(default_factory=list)
+    finds: list[Find] = field(default_factory=list)
+    repeats: dict[str, str] = field(default_factory=dict)
+    known: list[Outcome] = field(default_factory=list)
+    """Failures a known issue explains, by its test pattern or (near miss) by its signature alone."""
+    slow: list[Outcome] = field(default_factory=list)
+    shrink_s: float = 0.0
+
+
+RunBatch = Callable[[list[Program]], list[Outcome]]
+
+
+@dataclass
+class ProgramFuzzer:
+    seed: str
+    run_batch: RunBatch
+    budget_s: float = 1800.0
+    max_programs: int | None = None
+    batch_size: int = 8
+    shrink: bool = True
+    layouts: tuple[str, ...] = tuple(LAYOUTS)
+    shrink_limit_s: float = 900.0
+    log: Callable[[str], Any] = print
+    clock: Callable[[], float] = time.monotonic
+    cache: dict[str, Outcome] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.report = Report()
+        self.started = self.clock()
+
+    def left_s(self) -> float:
+        return self.budget_s - (self.clock() - self.started)
+
+    def run(self) -> Report:
+        """Draw and run batches until the budget (time or programs) is spent."""
+        index = 0
+        while self.left_s() > 0:
+            size = self.batch_size
+            if self.max_programs is not None:
+                size = min(size, self.max_programs - index)
+            if size <= 0:
+                break
+            batch = [draw(self.seed, index + i, self.layouts) for i in range(size)]
+            index += size
+            self.report.drawn += [p.text for p in batch]
+            for outcome in self._run(batch):
+                if outcome.failed:
+                    self._found(outcome)
+        return self.report
+
+    def _run(self, programs: list[Program]) -> list[Outcome]:
+        todo = [p for p in programs if p.text not in self.cache]
+        if todo:
+            for outcome in self.run_batch(todo):
+                self.cache[outcome.key] = outcome
+                self.report.tried.append(outcome)
+        missing = [p.text for p in programs if p.text not in self.cache]
+        if missing:
+            raise RuntimeError(f"the batch runner returned no outcome for {', '.join(missing)}")
+        return [self.cache[p.text] for p in programs]
+
+    def _found(self, outcome: Outcome) -> None:
+        if outcome.kind == "timeout":
+            self.report.slow.append(outcome)
+            self.log(f"  timed out, not shrunk: {outcome.key}")
+            return
+        if outcome.known_issue or outcome.near_miss:
+            self.report.known.append(outcome)
+            self.log(f"  known issue {outcome.known_issue or outcome.near_miss}"
+                     f"{' (near miss: its signature)' if not outcome.known_issue else ''}: {outcome.key}")
+            return
+        for find in self.report.finds:
+            if find.found.signature == outcome.signature:
+                self.report.repeats[outcome.key] = find.found.key
+                return
+        find = Find(outcome, outcome)
+        self.report.finds.append(find)
+        if self.shrink:
+            started = self.clock()
+            try:
+                self._shrink(find)
+            finally:
+                find.seconds = self.clock() - started
+                self.report.shrink_s += find.seconds
+
+    def _shrink(self, find: Find) -> None:
+        """Greedy first improvement: each round runs the current program's simplifications in
+        batches and moves to the first that fails with the same signature; when a batch holds
+        several keepers, their edits combined (if still a program) lead the next round, so a
+        program with k removable parts shrinks in about log2(k) + 2 batches, not k."""
+        signature, current = find.found.signature, find.found
+        limit = min(self.shrink_limit_s, 0.5 * self.budget_s)
+        start = self.clock()
+        combo: Program | None = None
+        self.log(f"  shrinking {current.key} ({signature})")
+        while True:
+            candidates = simplifications(current.program)
+            programs = [p for _, p in candidates]
+            if combo is not None and valid(combo) and combo.text not in self.cache:
+                programs = [combo] + [p for p in programs if p.text != combo.text]
+            keepers: list[Outcome] = []
+            for i in range(0, len(programs), self.batch_size):
+                if self.clock() - start > limit or self.left_s() <= 0:
+                    find.complete, find.stopped = False, "its shrink limit or the budget ran out"
+                    break
+                keepers = [o for o in self._run(programs[i:i + self.batch_size])
+                           if o.failed and o.signature == signature]
+                if keepers:
+                    break
+            if not keepers:
+                break
+            keeper = keepers[0]
+            by_text = {p.text: e for e, p in candidates}
+            kept = [by_text[o.key] for o in keepers if o.key in by_text]
+            combo = sum(kept[1:], kept[0]).apply(current.program) if len(kept) > 1 else None
+            find.steps.append(keeper.key)
+            self.log(f"  shrunk to {keeper.key}")
+            current = keeper
+        find.shrunk = current
+
+
+def first_action(message: str) -> str | None:
+    """The action where the parallel run first left the reference, as the entry writes it."""
+    m = re.search(r"at action (\d+) \(([^)]*)\)", message)
+    return f"{m.group(1)} ({m.group(2)})" if m else None

@@ -1,0 +1,52 @@
+"""Bugs planted on purpose in the programs runner, for the tests that prove the programs
+generator finds and shrinks them (tests/test_fuzz_programs.py). A real run never sets
+DISTCI_PROGRAMS_PLANT.
+
+None is shaped like a table column: each sits on one call path of one program shape and
+stays quiet elsewhere, as such bugs sit upstream:
+  - optim_load_fsdp: a resume from full state dicts (rank 0's, broadcast) under FSDP2
+    restores the model but not the optimizer state (set_optimizer_state_dict skipped):
+    visible only if the optimizer state moved between the save and the load, under fsdp /
+    fsdp_tp, on the full path (the dcp path loads into the optimizer's own tensors in place);
+  - buffer_load: a resume restores persistent buffers on rank 0 only (the other ranks keep
+    theirs): visible only if a training forward moved the buffer between save and load,
+    and not under DDP, whose forward broadcasts rank 0's buffers;
+  - sched_resume: a resume drops the LR scheduler's state (it starts over): visible only
+    at a scheduler step after a load that followed scheduler steps;
+  - zero_grad_ddp: zero_grad(set_to_none=False) under DDP leaves the gradients in place:
+    visible only at the next backward after that form of zero_grad, under ddp.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+PLANT_ENV = "DISTCI_PROGRAMS_PLANT"
+PLANTS = ("optim_load_fsdp", "buffer_load", "sched_resume", "zero_grad_ddp")
+
+
+@dataclass(frozen=True)
+class Plant:
+    """Which planted bug (if any) this run carries; each flag is read at its one call site."""
+
+    name: str = ""
+
+    def skips_optimizer_load(self, layout: str, kind: str) -> bool:
+        return self.name == "optim_load_fsdp" and layout in ("fsdp", "fsdp_tp") and kind == "full"
+
+    def keeps_buffers_on_load(self, rank: int) -> bool:
+        return self.name == "buffer_load" and rank != 0
+
+    def drops_scheduler_on_load(self) -> bool:
+        return self.name == "sched_resume"
+
+    def keeps_grads_on_zero(self, layout: str, set_to_none: bool) -> bool:
+        return self.name == "zero_grad_ddp" and layout == "ddp" and not set_to_none
+
+
+def planted() -> Plant:
+    name = os.environ.get(PLANT_ENV, "")
+    if name and name not in PLANTS:
+        raise ValueError(f"{PLANT_ENV}={name!r} is not a plant; plants: {', '.join(PLANTS)}")
+    return Plant(name)

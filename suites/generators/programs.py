@@ -1,0 +1,469 @@
+"""Runs one training program (distci.fuzz.programs) twice, side by side in every rank:
+parallelized as its layout says, and as the single-process reference (the same seed-built
+model, the full global batch), comparing the two after every action.
+
+Vocabulary: the **run** is the parallel model, its optimizer and scheduler; the **ref**
+is the single-process copy; a **twin** holds one of them with what it needs to act (the
+module it calls, its optimizer, scheduler, checkpoint). Every action is applied to both
+twins (program_actions.py says what each does and which trainers make it); after each,
+`compare` judges the loss (all-reduced over the data-parallel ranks, as trainers log it),
+every gradient (while no no-sync accumulation is open), every parameter, the optimizer
+state and LR, every rank's buffers, and which parameters require grad. The first action
+with a problem ends the program: the failure names it (`at action N (name=arg)`), so a
+find arrives localized to the call that diverged, and its first line is the signature
+the shrinker keeps.
+
+Numbers are judged as the suites judge them: losses and gradients by
+checks.check_numerics, parameters and optimizer state by checks.sqnr, at the fp32
+tolerance (tolerances.py: TP/FSDP reorder sums only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..checks import check_numerics, sqnr
+from ..evidence import TrainRecord, clean_name, placement_name
+from ..parallelize import fsdp_api
+from ..tolerances import tolerance
+from .program_plants import Plant
+
+SEED = 1234
+ROWS = 4
+"""Rows of the global batch per data-parallel rank."""
+LR = {"sgd": 0.1, "adamw": 1e-2}
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.w1 = nn.Linear(width, 2 * width)
+        self.w2 = nn.Linear(2 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.w2(F.gelu(self.w1(self.norm(x))))
+
+
+class Net(nn.Module):
+    """Residual MLP blocks and a head, with a persistent buffer that training forwards move
+    (as BatchNorm's num_batches_tracked or an EMA step count): a checkpoint must carry it."""
+
+    def __init__(self, width: int, layers: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(width) for _ in range(layers))
+        self.head = nn.Linear(width, width)
+        self.register_buffer("seen", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            with torch.no_grad():
+                self.seen.add_(1)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x) * (1 + 0.1 * torch.tanh(self.seen / 4))
+
+
+def schedule(step: int) -> float:
+    """Linear warmup over 3 steps, then 0.8x a step: every scheduler step changes the LR."""
+    return min((step + 1) / 3, 1.0) * 0.8 ** max(0, step - 2)
+
+
+@dataclass
+class Twin:
+    """One side of the comparison."""
+
+    model: nn.Module
+    """The module whose parameters train (names as the full model's)."""
+    runnable: nn.Module
+    """What a forward calls (the model, its DDP wrapper, or either compiled)."""
+    optim_name: str
+    opt: Any = None
+    sched: Any = None
+    checkpoint: Any = None
+    last_loss: float = math.nan
+    named: dict[str, nn.Parameter] = field(default_factory=dict)
+    """The parameters by name as the optimizer holds them, taken once after parallelizing:
+    FSDP2 swaps the root's unsharded tensors in after a forward that no backward follows
+    (an eval), and named_parameters() would then name those instead."""
+
+    def new_optimizer(self) -> None:
+        params = [p for p in self.named.values() if p.requires_grad]
+        cls = torch.optim.SGD if self.optim_name == "sgd" else torch.optim.AdamW
+        extra = {"momentum": 0.9} if self.optim_name == "sgd" else {}
+        self.opt = cls(params, lr=LR[self.optim_name], **extra)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, schedule)
+
+
+@dataclass
+class Parallel:
+    """How the run is laid out on this rank."""
+
+    layout: str
+    dp_rank: int = 0
+    dp_size: int = 1
+    dp_group: Any = None
+    rank: int = 0
+
+
+def layout_model(model: Net, layout: str, dist: Any) -> tuple[nn.Module, Parallel]:
+    """(runnable, parallel facts): FSDP2 per block then the root (torchtitan's order), TP
+    with w1 column- and w2 row-wise (a 2x2 mesh for fsdp_tp, TP inner), or DDP."""
+    import torch.distributed as tdist
+
+    rank = tdist.get_rank()
+    if layout == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        mesh = dist.mesh()
+        return DistributedDataParallel(model, process_group=mesh.get_group()), \
+            Parallel(layout, rank, dist.world_size, mesh.get_group(), rank)
+    if layout == "fsdp_tp":
+        mesh = dist.mesh((2, dist.world_size // 2), ("dp", "tp"))
+        dp_mesh, tp_mesh = mesh["dp"], mesh["tp"]
+    elif layout == "tp":
+        dp_mesh, tp_mesh = None, dist.mesh()
+    else:
+        dp_mesh, tp_mesh = dist.mesh(), None
+    if tp_mesh is not None:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        for block in model.blocks:
+            parallelize_module(block, tp_mesh, {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+    if dp_mesh is None:
+        return model, Parallel(layout, rank=rank)
+    fully_shard, _ = fsdp_api()
+    for block in model.blocks:
+        fully_shard(block, mesh=dp_mesh)
+    fully_shard(model, mesh=dp_mesh)
+    return model, Parallel(layout, dp_mesh.get_local_rank(), dp_mesh.size(), dp_mesh.get_group(), rank)
+
+
+def batch(index: int, width: int, dp_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of the `index`-th forward (the same on every rank)."""
+    gen = torch.Generator().manual_seed(SEED + 1 + index)
+    rows = ROWS * dp_size
+    return torch.randn(rows, width, generator=gen), torch.randn(rows, width, generator=gen)
+
+
+@dataclass
+class Program:
+    """A program being run: both twins, the layout, and what the comparison needs."""
+
+    spec: Any
+    """The distci.fuzz.programs.Program."""
+    ref: Twin
+    run: Twin
+    par: Parallel
+    plant: Plant = field(default_factory=Plant)
+    forwards: int = 0
+    unsynced: bool = False
+    ref_grads: dict = field(default_factory=dict)
+    run_grads: dict = field(default_factory=dict)
+    losses: tuple[float, float] | None = None
+    checkpoint_dir: str = ""
+
+
+def start(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Program:
+    torch.manual_seed(SEED)
+    ref_model = Net(spec.width, spec.layers)
+    run_model = copy.deepcopy(ref_model)
+    runnable, par = layout_model(run_model, spec.layout, dist)
+    ref, run = Twin(ref_model, ref_model, spec.optim), Twin(run_model, runnable, spec.optim)
+    for twin in (ref, run):
+        twin.named = {clean_name(n): q for n, q in twin.model.named_parameters()}
+        twin.new_optimizer()
+    return Program(spec, ref, run, par, plant, checkpoint_dir=checkpoint_dir)
+
+
+def _forward_backward(p: Program, sync: bool) -> None:
+    import torch.distributed as tdist
+
+    x, y = batch(p.forwards, p.spec.width, p.par.dp_size)
+    p.forwards += 1
+    ref_loss = F.mse_loss(p.ref.runnable(x), y)
+    ref_loss.backward()
+    rows = slice(p.par.dp_rank * ROWS, (p.par.dp_rank + 1) * ROWS) if p.par.dp_size > 1 else slice(None)
+    ctx = contextlib.nullcontext()
+    if p.par.layout == "ddp" and not sync:
+        ctx = p.run.runnable.no_sync()
+    elif p.par.layout in ("fsdp", "fsdp_tp"):
+        p.run.model.set_requires_gradient_sync(sync)
+    with ctx:
+        loss = F.mse_loss(p.run.runnable(x[rows]), y[rows])
+        loss.backward()
+    total = loss.detach().clone()
+    if p.par.dp_size > 1:
+        tdist.all_reduce(total, group=p.par.dp_group)
+        total /= p.par.dp_size
+    p.unsynced = not sync
+    p.ref.last_loss, p.run.last_loss = float(ref_loss.detach()), float(total)
+    p.losses = (p.ref.last_loss, p.run.last_loss)
+
+
+def _eval(p: Program, mode: str) -> None:
+    x, y = batch(10_000, p.spec.width, 1)
+    guard = torch.inference_mode if mode == "inference_mode" else torch.no_grad
+    out = []
+    for twin in (p.ref, p.run):
+        twin.runnable.eval()
+        with guard():
+            out.append(float(F.mse_loss(twin.runnable(x), y)))
+        twin.runnable.train()
+    p.losses = (out[0], out[1])
+
+
+def _save(p: Program, kind: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    p.ref.checkpoint = copy.deepcopy((p.ref.model.state_dict(), p.ref.opt.state_dict(), p.ref.sched.state_dict()))
+    model, opt = p.run.runnable if p.par.layout == "ddp" else p.run.model, p.run.opt
+    sched = copy.deepcopy(p.run.sched.state_dict())
+    if kind == "dcp":
+        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+        dcp.save(state, checkpoint_id=p.checkpoint_dir)
+        p.run.checkpoint = ("dcp", None, sched)
+    else:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        p.run.checkpoint = ("full", (get_model_state_dict(model, options=options),
+                                     get_optimizer_state_dict(model, opt, options=options)), sched)
+
+
+def _load(p: Program) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    ref_model, ref_opt, ref_sched = p.ref.checkpoint
+    p.ref.model.load_state_dict(ref_model)
+    p.ref.opt.load_state_dict(ref_opt)
+    p.ref.sched.load_state_dict(ref_sched)
+    model, opt = p.run.runnable if p.par.layout == "ddp" else p.run.model, p.run.opt
+    kind, full, sched = p.run.checkpoint
+    kept = {n: b.clone() for n, b in p.run.model.named_buffers()} \
+        if p.plant.keeps_buffers_on_load(p.par.rank) else {}
+    if kind == "dcp":
+        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+        dcp.load(state, checkpoint_id=p.checkpoint_dir)
+        set_model_state_dict(model, state["model"])
+        set_optimizer_state_dict(model, opt, state["optim"])
+    else:
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(model, full[0], options=options)
+        if not p.plant.skips_optimizer_load(p.par.layout, kind):
+            set_optimizer_state_dict(model, opt, full[1], options=options)
+    with torch.no_grad():
+        for name, b in p.run.model.named_buffers():
+            if name in kept:
+                b.copy_(kept[name])
+    if p.plant.drops_scheduler_on_load():
+        p.run.sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+    else:
+        p.run.sched.load_state_dict(sched)
+
+
+def _freeze(p: Program, name: str, trainable: bool) -> None:
+    """As Lightning's BaseFinetuning.freeze_module / make_trainable: through the module's
+    parameters as they are registered now (under FSDP2 the unsharded ones while unsharded)."""
+    for twin in (p.ref, p.run):
+        module = twin.model.blocks[0] if name == "block0" else twin.model.head
+        for param in module.parameters():
+            param.requires_grad_(trainable)
+            if not trainable:
+                param.grad = None
+
+
+def _metric(p: Program, kind: str) -> None:
+    import torch.distributed as tdist
+
+    if kind == "barrier":
+        tdist.barrier()
+        return
+    value = torch.tensor(p.run.last_loss if not math.isnan(p.run.last_loss) else 0.0)
+    if p.par.dp_size > 1:
+        tdist.all_reduce(value, group=p.par.dp_group)
+        value /= p.par.dp_size
+    p.losses = (p.ref.last_loss if not math.isnan(p.ref.last_loss) else 0.0, float(value))
+
+
+def apply(p: Program, name: str, arg: str) -> None:
+    """One action on both twins."""
+    p.losses = None
+    if name == "fwd_bwd":
+        _forward_backward(p, arg == "sync")
+    elif name == "zero_grad":
+        none = arg == "none"
+        p.ref.opt.zero_grad(set_to_none=none)
+        if not p.plant.keeps_grads_on_zero(p.par.layout, none):
+            p.run.opt.zero_grad(set_to_none=none)
+    elif name == "clip":
+        norm = math.inf if arg == "inf" else float(arg)
+        for twin in (p.ref, p.run):
+            params = [q for q in twin.model.parameters() if q.grad is not None]  # as trainers clip
+            torch.nn.utils.clip_grad_norm_(params, norm, norm_type=2.0 if arg != "inf" else math.inf)
+    elif name in ("step", "sched"):
+        for twin in (p.ref, p.run):
+            (twin.opt if name == "step" else twin.sched).step()
+    elif name == "eval":
+        _eval(p, arg)
+    elif name == "metric":
+        _metric(p, arg)
+    elif name == "save":
+        _save(p, arg)
+    elif name == "load":
+        _load(p)
+    elif name in ("freeze", "unfreeze"):
+        _freeze(p, arg, name == "unfreeze")
+    elif name == "lr":
+        for twin in (p.ref, p.run):
+            for group in twin.opt.param_groups:
+                group["lr"] *= float(arg)
+    elif name == "new_optim":
+        p.ref.new_optimizer()
+        p.run.new_optimizer()
+    elif name == "reset_state":
+        p.ref.opt.state.clear()
+        p.run.opt.state.clear()
+    elif name == "reshard":
+        for m in p.run.model.modules():
+            if hasattr(m, "set_reshard_after_backward"):
+                m.set_reshard_after_backward(arg == "true")
+    elif name == "compile":  # the run only: the reference stays eager, what users expect compile to equal
+        p.run.runnable = torch.compile(p.run.runnable, backend=arg)
+    else:
+        raise ValueError(f"the programs runner has no action {name!r}")
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    t = t.full_tensor() if hasattr(t, "full_tensor") else t
+    return t.detach().float().cpu()
+
+
+def _params(twin: Twin) -> dict[str, torch.Tensor]:
+    return {n: _full(q) for n, q in twin.named.items()}
+
+
+def _grads(twin: Twin) -> dict[str, torch.Tensor | None]:
+    return {n: None if q.grad is None else _full(q.grad) for n, q in twin.named.items()}
+
+
+def _placements(twin: Twin) -> dict[str, str]:
+    return {n: ",".join(map(placement_name, q.placements)) if hasattr(q, "placements") else "local"
+            for n, q in twin.named.items()}
+
+
+def _optimizer_state(twin: Twin) -> dict[str, torch.Tensor]:
+    names = {id(q): n for n, q in twin.named.items()}
+    out = {}
+    for q, state in twin.opt.state.items():
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                out[f"{key} of {names.get(id(q), '?')}"] = _full(value)
+    return out
+
+
+def _close(what: str, ref: dict[str, torch.Tensor], run: dict[str, torch.Tensor], min_db: float) -> list[str]:
+    missing, extra = sorted(set(ref) - set(run)), sorted(set(run) - set(ref))
+    out = []
+    for keys, how in ((extra, "the reference lacks"), (missing, "missing from the run")):
+        if keys:  # the kinds of entry, not the names: the signature must not count the model's layers
+            kinds = sorted({k.split(" of ")[0] if " of " in k else k.rsplit(".", 1)[-1] for k in keys})
+            out.append(f"{what}: entries {how} ({', '.join(kinds)}; first {keys[0]})")
+    if out:
+        return out
+    for key in sorted(ref):
+        r, g = ref[key], run[key]
+        if r.shape != g.shape:
+            out.append(f"{what} {key}: shape {tuple(g.shape)} vs reference {tuple(r.shape)}")
+        elif not bool(torch.isfinite(g).all()):
+            out.append(f"{what} {key}: non-finite values")
+        elif (db := sqnr(r, g)) < min_db:
+            out.append(f"{what} {key}: SQNR {db:.1f} dB < {min_db:g} dB")
+    return out
+
+
+def compare(p: Program) -> list[str]:
+    """Every problem of the run against the reference after an action (empty: none)."""
+    tol = tolerance("float32", "none")
+    problems: list[str] = []
+    grads_ref = _grads(p.ref)
+    grads_run = _grads(p.run) if not p.unsynced else grads_ref
+    ref_rec = TrainRecord(losses=[p.losses[0]] if p.losses else [], grads=[grads_ref])
+    run_rec = TrainRecord(losses=[p.losses[1]] if p.losses else [], grads=[grads_run])
+    problems += [x.removeprefix("step 0: ") for x in check_numerics(ref_rec, run_rec, tol)]
+    problems += _close("parameter", _params(p.ref), _params(p.run), tol.grad_min_sqnr)
+    problems += _close("optimizer state", _optimizer_state(p.ref), _optimizer_state(p.run), tol.grad_min_sqnr)
+    lr_ref, lr_run = p.ref.opt.param_groups[0]["lr"], p.run.opt.param_groups[0]["lr"]
+    if abs(lr_ref - lr_run) > 1e-9 * max(abs(lr_ref), 1e-12):
+        problems.append(f"lr {lr_run:.6g} vs reference {lr_ref:.6g}")
+    buffers_ref = {n: b.float() for n, b in p.ref.model.named_buffers()}
+    buffers_run = {clean_name(n): _full(b) for n, b in p.run.model.named_buffers()}
+    problems += [f"{x} on rank {p.par.rank}" for x in _close("buffer", buffers_ref, buffers_run, 120.0)]
+    trainable_ref = sorted(n for n, q in p.ref.named.items() if q.requires_grad)
+    trainable_run = sorted(n for n, q in p.run.named.items() if q.requires_grad)
+    for names, how in ((sorted(set(trainable_run) - set(trainable_ref)), "train in the run only"),
+                       (sorted(set(trainable_ref) - set(trainable_run)), "are frozen in the run only")):
+        if names:
+            problems.append(f"requires_grad differs: parameters {how} (first {names[0]})")
+    return problems
+
+
+def lead(problems: list[str]) -> str:
+    """The problem that names the bug best: optimizer state, lr, buffers and gradients
+    before parameters and losses (which every such bug moves later)."""
+    for word in ("optimizer state", "lr ", "buffer", "requires_grad", "gradient", "parameter"):
+        hit = next((x for x in problems if word in x), None)
+        if hit:
+            return hit
+    return problems[0]
+
+
+@dataclass
+class Divergence:
+    index: int
+    action: str
+    problems: list[str]
+
+
+def run_program(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Divergence | None:
+    """Runs `spec` on every rank; the first action where the run leaves the reference, or None."""
+    from distci.fuzz.programs import split
+
+    p = start(spec, dist, plant, checkpoint_dir)
+    structure = _placements(p.run)
+    for i, tok in enumerate(spec.actions):
+        name, arg = split(tok)
+        apply(p, name, arg)
+        problems = compare(p)
+        now = _placements(p.run)
+        if now != structure:
+            problems.append(f"placements changed: {sorted(set(now.items()) ^ set(structure.items()))}")
+        problems = _every_ranks(problems)
+        if problems:
+            return Divergence(i, tok, problems)
+    return None
+
+
+def _every_ranks(problems: list[str]) -> list[str]:
+    """Every rank's problems, the same list on every rank (collective): a problem one rank
+    sees alone (a buffer of its own) must stop all ranks at the same action, or the others
+    would walk into the next collective and hang."""
+    import torch.distributed as tdist
+
+    lists: list = [None] * tdist.get_world_size()
+    tdist.all_gather_object(lists, problems)
+    out: list[str] = []
+    for rank_problems in lists:
+        out += [x for x in rank_problems if x not in out]
+    return out

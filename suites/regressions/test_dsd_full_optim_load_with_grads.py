@@ -1,0 +1,49 @@
+"""DSD: loading a full optimizer state dict into an optimizer that has no state yet while
+gradients exist raises "Expected device to be set".
+
+Trigger: a backward (gradients exist), no optimizer step yet (no state), then
+`set_optimizer_state_dict(model, opt, full, StateDictOptions(full_state_dict=True, ...))`,
+as a resume from rank 0's full state dicts (torchtune's, Lightning's full checkpoints)
+does when it happens inside a step (fault-tolerant recovery, a reload after a bad step).
+torch.distributed.checkpoint.state_dict's `_init_optim_state` returns early when any
+parameter has a gradient (written for stateless optimizers: pytorch PR #135535), so the
+optimizer stays without state; `_load_optim_state_dict` then looks for the device among the
+local state's tensors, finds none and raises. Found by the programs generator as
+`tp-ws4-w32-l3-sgd:step,fwd_bwd,zero_grad,fwd_bwd,save=full,sched,load,...`, replayed as
+`tp-ws2-w8-l1-sgd:fwd_bwd,save=full,load` and `fsdp-ws2-w8-l1-sgd:fwd_bwd,save=full,load`
+(torch 2.13.0 CPU, fixes off, 2026-12-06). Control: a step before the load (state exists).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ..conftest import tier_marks
+
+pytestmark = tier_marks("nightly")
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.dist_timeout(300)
+@pytest.mark.parametrize("before_load", ["backward", "backward_step_control"])
+def test_a_full_optimizer_state_dict_loads_before_the_first_step(dist, before_load: str) -> None:
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                         set_optimizer_state_dict)
+
+    from ..parallelize import fsdp_api
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    fully_shard, _ = fsdp_api()
+    fully_shard(model, mesh=dist.mesh())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(4, 8)).sum().backward()
+    if before_load != "backward":
+        opt.step()
+    full = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    try:
+        set_optimizer_state_dict(model, opt, full,
+                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    except AssertionError as exc:
+        pytest.fail(f"set_optimizer_state_dict(full_state_dict=True) after a backward, before any step: {exc}")

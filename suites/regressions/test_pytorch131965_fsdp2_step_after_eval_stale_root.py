@@ -1,0 +1,56 @@
+"""FSDP2: an optimizer step between an eval forward and the next forward is lost on the root's
+parameters: the next forward computes with the pre-step weights.
+
+Trigger: the root module keeps its unsharded parameters after a forward no backward follows
+(by design, pytorch#131965 / #144289), e.g. an eval forward under no_grad; the optimizer,
+which holds the sharded parameters, steps; the next forward finds the root "already
+unsharded", does not all-gather, and computes with the stale unsharded weights. Silent.
+Loops that evaluate between the backward and the step (validation or an EMA/metric forward
+inside an accumulation window, before the optimizer step) meet it; torchtune's and
+torchtitan's order (step, then validate) does not. Found by the programs generator as
+`fsdp_tp-ws4-w8-l3-sgd:...,eval=inference_mode,step,eval=inference_mode,...`, and as
+`fsdp-ws2-w8-l1-sgd:fwd_bwd,eval,step,fwd_bwd` ("at action fwd_bwd: gradient SQNR"),
+torch 2.13.0 CPU, fixes off, 2026-12-06. Controls: one process; model.reshard() after the
+eval forward.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ..conftest import tier_marks
+
+pytestmark = tier_marks("nightly")
+
+
+def _output_after_step(dist, sharded: bool, reshard_after_eval: bool) -> torch.Tensor:
+    from ..parallelize import fsdp_api
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    if sharded:
+        fully_shard, _ = fsdp_api()
+        fully_shard(model[0], mesh=dist.mesh())
+        fully_shard(model, mesh=dist.mesh())
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    model(x).sum().backward()
+    with torch.no_grad():
+        model(x)  # an eval forward between the backward and the step
+    if sharded and reshard_after_eval:
+        model.reshard()
+    opt.step()
+    with torch.no_grad():
+        return model(x).detach().clone()
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.dist_timeout(300)
+@pytest.mark.parametrize("reshard_after_eval", [False, True], ids=["plain", "reshard_control"])
+def test_a_step_after_an_eval_forward_reaches_the_next_forward(dist, reshard_after_eval: bool) -> None:
+    expected = _output_after_step(dist, sharded=False, reshard_after_eval=False)
+    got = _output_after_step(dist, sharded=True, reshard_after_eval=reshard_after_eval)
+    assert torch.allclose(got, expected, atol=1e-5), (
+        "FSDP2: the forward after the optimizer step computed with the root's pre-step weights "
+        f"(max |diff| {float((got - expected).abs().max()):.3g} against one process)")
