@@ -121,7 +121,7 @@ def test_a_failure_a_known_issue_explains_by_signature_is_not_a_find():
 
 def test_the_near_miss_matcher_reads_the_registry_by_signature_alone(tmp_path):
     from distci.fuzz.programs_cell import near_miss
-    from distci.harness.known_issues import load_registry
+    from distci.known_issues import load_registry
 
     path = tmp_path / "known_issues.toml"
     path.write_text('''
@@ -145,7 +145,7 @@ def test_an_entry_that_matches_only_the_judges_words_is_no_near_miss(tmp_path):
     """Table entries whose signature is `gradient SQNR` rely on their test patterns: any
     numeric bug says so, so a program's numeric failure must stay a find."""
     from distci.fuzz.programs_cell import near_miss
-    from distci.harness.known_issues import load_registry
+    from distci.known_issues import load_registry
 
     path = tmp_path / "known_issues.toml"
     path.write_text('''
