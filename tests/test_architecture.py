@@ -161,6 +161,9 @@ KNOWN_UPWARD = {
     ("suites.generators.ops_cases", "distci.fuzz.op_inventory"),
     ("suites.generators.ops_entry", "distci.fuzz.op_case"),
     ("suites.generators.ops_entry", "distci.fuzz.ops"),
+    # the programs generator's program record and parser (pure, torch-free), likewise
+    ("suites.generators.programs", "distci.fuzz.programs"),
+    ("suites.generators.programs_entry", "distci.fuzz.programs"),
 }
 
 
