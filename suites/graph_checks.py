@@ -19,6 +19,9 @@ from .fsdp import FSDP_LAYOUTS
 from .scenario_record import DDP_BUCKET_MB, DDP_LAYOUTS, MAX_VARLEN_GRAPHS_PER_REGION, Scenario
 from .uneven import uneven_problems
 
+TP_LAYOUTS = ("tp", "tp_sp", "fsdp_tp", "pp_tp")
+TP_EVIDENCE_LAYOUTS = ("tp", "tp_sp", "fsdp_tp")
+"""Layouts whose last step's collectives the runner records (a pipeline's are its schedule's)."""
 SCALED_MM = ("aten::_scaled_mm",)
 FUSED_AG_MM = ("symm_mem::fused_all_gather_matmul", "symm_mem::fused_all_gather_scaled_matmul")
 FUSED_MM_RS = ("symm_mem::fused_matmul_reduce_scatter", "symm_mem::fused_scaled_matmul_reduce_scatter")
@@ -71,6 +74,12 @@ class GraphExpectation:
     optimizer_impl: str | None = None
     """`foreach` / `fused`: the kernels the last optimizer step must show (None: not judged)."""
     optim: str = "sgd"
+    tp_collective_dtypes: tuple[str, ...] = ()
+    """The dtypes TP's functional collectives (and DTensor's redistributes) may move in the
+    last step: the compute dtype, and float32 for what the suites keep in float32 (the
+    loss, norms). Empty: not judged."""
+    tp_collectives_seen: bool = False
+    """An eager TP row: its functional collectives must have been recorded at all."""
     tied: tuple[str, ...] = ()  # moments at which output and embedding must hold one parameter (tying.py)
     uneven: str | None = None  # the layout that must shard some parameter unevenly (uneven.py)
 
@@ -214,6 +223,9 @@ def expected_graph(scenario: Scenario, dtype: str | None = None) -> GraphExpecta
     if layout in DDP_LAYOUTS and dtype is not None:  # autocast (mp) keeps float32 parameters and gradients
         exp.ddp_all_reduce_dtype = "bfloat16" if scenario.ddp_hook == "bf16" else dtype
         exp.ddp_syncs = 1 if scenario.grad_sync == "last" else scenario.accum
+    if layout in TP_LAYOUTS and scenario.float8 == "none" and dtype is not None:
+        exp.tp_collective_dtypes = tuple(sorted({scenario.compute_dtype or dtype, "float32"}))
+        exp.tp_collectives_seen = not scenario.compiled and layout in TP_EVIDENCE_LAYOUTS
     if layout in ("tp", "tp_sp", "pp_tp"):
         exp.sharded = {k: f"S{d}" for k, d in sharded_weights(args).items()}
     elif layout == "fsdp_tp":
@@ -270,6 +282,7 @@ def check_graph(exp: GraphExpectation, ev) -> list[str]:
             if missing:
                 problems.append(f"parameters that train do not require grad: {missing} ({when})")
     problems.extend(_collective_dtype_problems(exp, ev.collectives))
+    problems.extend(_tp_collective_problems(exp, ev.collectives))
     problems.extend(_ddp_all_reduce_problems(exp, ev))
     if exp.fsdp_gradient_reduce_scatters is not None:
         from .collectives import FSDP_REDUCE_SCATTER_OPS, calls_of
@@ -349,6 +362,22 @@ def _collective_dtype_problems(exp: GraphExpectation, collectives: Counter) -> l
         if wrong:
             problems.append(f"FSDP {what} ran in {dict(sorted(wrong.items()))}, the MixedPrecisionPolicy says {want}")
     return problems
+
+
+def _tp_collective_problems(exp: GraphExpectation, collectives: Counter) -> list[str]:
+    """TP's functional collectives (DTensor redistributes) in the dtypes the row computes in."""
+    if not exp.tp_collective_dtypes:
+        return []
+    from .collectives import functional_dtypes
+
+    seen = functional_dtypes(collectives)
+    if not seen and exp.tp_collectives_seen:
+        return ["no TP functional collective was recorded in the last step (DTensor's redistributes went unseen)"]
+    wrong = {d: n for d, n in seen.items() if d not in exp.tp_collective_dtypes}
+    if wrong:
+        return [f"TP functional collectives ran in {dict(sorted(wrong.items()))}, expected only "
+                f"{', '.join(exp.tp_collective_dtypes)}"]
+    return []
 
 
 def _ddp_all_reduce_problems(exp: GraphExpectation, ev) -> list[str]:

@@ -28,6 +28,7 @@ from . import parallelize as par
 from . import step as stp
 from . import tying
 from .collectives import record_collectives
+from .graph_checks import TP_EVIDENCE_LAYOUTS
 from .evidence import (  # noqa: F401  (re-exported: the run's records and readers)
     Evidence, Mutation, TrainRecord, _gathered, _graph_breaks, clean_name, count_executed_ops, full_grads,
     inductor_probe, placement_name, placements,
@@ -285,8 +286,8 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
         last = scenario.steps - 1
 
         final = scenario.parallel if scenario.resume == "none" else scenario.resume
-        watch = (last, evidence.collectives) if final in FSDP2_LAYOUTS and not scenario.fsdp_float8_all_gather \
-            else None  # FSDP2's collective dtypes, judged by checks.py
+        watch = (last, evidence.collectives) if (final in FSDP2_LAYOUTS or final in TP_EVIDENCE_LAYOUTS) \
+            and not scenario.fsdp_float8_all_gather else None  # FSDP2's and TP's collective dtypes (graph_checks)
 
         @contextlib.contextmanager
         def last_step():
