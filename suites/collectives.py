@@ -99,10 +99,12 @@ def _group_arg(args: tuple, kwargs: dict) -> Any:
 
 
 @contextlib.contextmanager
-def record_collectives(into: Counter, calls: list[CollectiveCall] | None = None) -> Iterator[None]:
+def record_collectives(into: Counter, calls: list[CollectiveCall] | None = None,
+                       functional: bool = True) -> Iterator[None]:
     """Counts (op, dtype name) of every wrapped torch.distributed and functional-collective
     call in the block (functional ones as `funcol.<name>`); `calls`: also each call's
-    CollectiveCall, in order.
+    CollectiveCall, in order. `functional=False`: the c10d functions only, for a block that
+    runs compiled code (see below).
 
     The originals are put back on exit, whatever happens inside.
     """
@@ -113,7 +115,8 @@ def record_collectives(into: Counter, calls: list[CollectiveCall] | None = None)
     except ImportError:  # a torch without them: the c10d functions only
         funcol = None
     targets = [(dist, n, n) for n in (*FSDP_ALL_GATHER_OPS, *FSDP_REDUCE_OPS) if hasattr(dist, n)]
-    targets += [(funcol, n, FUNCOL + n) for n in FUNCTIONAL_OPS if funcol is not None and hasattr(funcol, n)]
+    targets += [(funcol, n, FUNCOL + n) for n in FUNCTIONAL_OPS if functional and funcol is not None
+                and hasattr(funcol, n)]
     originals = [(module, attr, label, getattr(module, attr)) for module, attr, label in targets]
     compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
     inside = [0]

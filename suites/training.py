@@ -167,7 +167,8 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
                     layout.model.set_requires_gradient_sync(sync_now)
                 with _loss_context(scenario), _cp_context(layout, x, y), \
                         layout.sync(sync_now) if layout.sync else contextlib.nullcontext(), \
-                        record_collectives(layout.watch[1]) if watched else contextlib.nullcontext():
+                        record_collectives(layout.watch[1], functional=not scenario.compiled) if watched \
+                        else contextlib.nullcontext():
                     with _autocast(layout, device, scenario):
                         loss = step_parts.loss(layout.runnable(x), y) / scenario.accum
                     stp.scaled(loss, step_parts.scaler, step, layout.dp_rank == 0 and micro == 0).backward()
@@ -221,7 +222,7 @@ def _pipeline_step(scenario: Scenario, layout: Layout, tokens, labels, device, r
     part = slice(layout.dp_rank * rows, (layout.dp_rank + 1) * rows)
     with ctx:
         step_parts.opt.zero_grad(set_to_none=scenario.zero_grad == "none")
-        with record_collectives(layout.watch[1]) if watched else contextlib.nullcontext():
+        with record_collectives(layout.watch[1], functional=not scenario.compiled) if watched else contextlib.nullcontext():
             total = pipeline.step(layout.pipe, tokens[part].to(device), labels[part].to(device))
         if layout.dp_size > 1:
             dist.all_reduce(total, group=layout.dp_group)
