@@ -303,6 +303,8 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
     if len(cells) != 1:
         raise FuzzSpecError(f"--cell {args.cell!r} names {len(cells)} cells; fuzz one cell at a time")
     seed = args.seed or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    if args.generator == "models":
+        return _fuzz_models(cells[0], seed, args)
     if args.list:
         for line in list_draws(build_space(cells[0].accelerator, args.space), seed, args.max_configs or 20):
             print(line)
@@ -316,10 +318,40 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
                      shrink_limit_s=parse_budget(args.shrink_limit, "--shrink-limit") if args.shrink_limit else None)
 
 
+GENERATORS = {
+    "configs": "points of the scenario space (suites/space.py): the table's columns, drawn and shrunk",
+    "models": "model structures production models have (MoE loops, ties, buffers, parametrizations, FSDP2 units) "
+              "crossed with the layouts (distci/fuzz/models.py)",
+}
+"""What `--generator` draws; `configs` is the default."""
+
+
+def _fuzz_models(cell, seed: str, args: argparse.Namespace) -> int:
+    from distci.fuzz.models import Drawer, parse_space
+    from distci.fuzz.models_cell import fuzz_models_cell
+    from suites.generators.model_space import key
+
+    try:
+        allowed = parse_space(args.space)
+    except ValueError as exc:
+        raise FuzzSpecError(str(exc)) from None
+    if args.list:
+        drawer = Drawer(seed, allowed)
+        for _ in range(args.max_configs or 20):
+            print(key(drawer.draw()))
+        return 0
+    return fuzz_models_cell(cell, seed=seed, budget_s=parse_budget(args.budget), max_structures=args.max_configs,
+                            batch_size=args.batch, shrink=not args.no_shrink, python=args.python,
+                            runs_root=Path(args.runs_root), known_issues=args.known_issues, allowed=allowed,
+                            report_path=args.report, command=public_command(["python", "-m", "distci", *sys.argv[1:]]))
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("fuzz", help="draw scenario configurations on one cell, run them on its rank pool, "
                        "shrink what fails")
     p.add_argument("--cell", required=True, help="the cell whose stack runs the configurations")
+    p.add_argument("--generator", choices=list(GENERATORS), default="configs",
+                   help="what to draw: " + "; ".join(f"{k}: {v}" for k, v in GENERATORS.items()))
     p.add_argument("--seed", default=None, help="any text (default: today's UTC date); the same seed draws the same list")
     p.add_argument("--budget", default="30m", help="wall-clock budget: seconds or 90s / 30m / 1h (default 30m)")
     p.add_argument("--max-configs", type=int, default=None, help="stop after drawing this many configurations")
