@@ -190,6 +190,11 @@ def _fully_shard(model: StructureModel, mesh: Any, wrap: str) -> None:
             fully_shard(block.ffn, mesh=mesh)
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    if model.structure["experts"] and hasattr(model, "set_reduce_scatter_unused_params"):
+        # an expert idle on one rank has no gradient there: without this FSDP2 reduce-scatters
+        # different tensors on different ranks (pytorch#158719: a hang, or gloo's abort); MoE
+        # users opt in where the stack has it, as DDP users pass find_unused_parameters
+        model.set_reduce_scatter_unused_params(True)
 
 
 def _tensor_parallel(model: StructureModel, mesh: Any) -> None:
