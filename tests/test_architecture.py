@@ -17,7 +17,8 @@ PACKAGE = REPO / "distci"
 MAX_LINES = 500
 RECORDS = {"__init__", "__main__", "cli", "command", "errors", "matrix", "cells", "tomlloc", "results", "rundir",
            "stack"}
-STAGES = {"provision", "images", "harness", "run", "external", "judge", "audit", "bisect", "bench", "dashboard", "ci"}
+STAGES = {"provision", "images", "harness", "run", "fuzz", "external", "judge", "audit", "bisect", "bench", "dashboard",
+          "ci"}
 
 
 def _modules() -> dict[str, Path]:
