@@ -156,7 +156,10 @@ def judge(opts: AggregateOptions, recorded: Recorded, *, log: Log = print) -> Ju
                 log(f"aggregate: store: {exc}")
         if history.bisect_dir.is_dir():
             import_bisects(store, history.bisect_dir)
-        found = regressions(store, recorded.collected.tonight)
+        from distci.harness.known_issues import load_registry
+
+        registry = load_registry(Path(DEFAULT_KNOWN_ISSUES)) if Path(DEFAULT_KNOWN_ISSUES).exists() else None
+        found = regressions(store, recorded.collected.tonight, registry)
         site = None
         if opts.site is not None:
             from distci.dashboard import render_dashboard

@@ -22,9 +22,13 @@ FUZZ_TESTS = "suites/fuzz_entry.py::"
 night, so no run of them says which tests a cell is expected to have (distci.judge.coverage)."""
 
 
+GENERATOR_TESTS = "suites/generators/"
+"""The generators' cell side (models_entry.py, ...): drawn anew every night too."""
+
+
 def is_fuzz(test_id: str) -> bool:
-    """Whether a result is one of the fuzzer's drawn configurations."""
-    return test_id.startswith(FUZZ_TESTS)
+    """Whether a result is one of the fuzzer's or a generator's drawn cases."""
+    return test_id.startswith((FUZZ_TESTS, GENERATOR_TESTS))
 
 
 @lru_cache(maxsize=65536)

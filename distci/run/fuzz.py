@@ -226,6 +226,7 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
                         shrink=shrink, log=log, limits=limits)
         report = fuzzer.run()
         unexplained = []
+    _name_near_misses(registry, report, runner.stack)
     run = FuzzRun(cell.id, seed, budget_s, space, str(run_dir), runner.stack, os.environ.get(PLANT_ENV, ""))
     for find in report.finds:
         for line in find_lines(run, find):
@@ -242,7 +243,8 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
     if coverage_path:
         update_coverage(Path(coverage_path), run, report.tried)
         log(f"coverage: {coverage_path}")
-    new = report.finds or [o for o in report.tried if o.failed and not o.known_issue and fuzzer is None]
+    new = [f for f in report.finds if not f.known_like] or [o for o in report.tried if o.failed and not o.known_issue
+                                                           and fuzzer is None]
     code = 1 if new else 0
     info.ended_at, info.exit_code = _now(), code
     RunDir(run_dir).write_info(info)
@@ -250,6 +252,21 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
     log(f"fuzz {cell.id}: {len(report.tried)} configuration(s), {len(report.finds) + len(unexplained)} new find(s), "
         f"{len(report.known)} known issue(s), {len(report.slow)} timed out; run {run_dir}")
     return code
+
+
+def _name_near_misses(registry_path: Path, report, stack: dict[str, Any]) -> None:
+    """A find whose signature a registered entry explains outside that entry's tests is that
+    entry's near miss (Registry.explained_elsewhere): named, never counted as new."""
+    from distci.harness.known_issues import load_registry
+
+    if not registry_path.exists():
+        return
+    registry = load_registry(registry_path)
+    for find in report.finds:
+        if not find.known_like:
+            o = find.shrunk
+            near = registry.explained_elsewhere(o.test_id, o.signature or "", o.message, stack)
+            find.known_like = near[0].split(" ", 1)[0] if near else None
 
 
 def _report_json(run, report) -> dict:
