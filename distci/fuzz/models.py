@@ -242,7 +242,9 @@ def find_lines(cell_id: str, find: Find, plant: str = "") -> list[str]:
              f"  repro:     {env}python -m distci run --cell {cell_id} --test '{test}'"]
     if find.shrunk.near_miss:
         lines.append(f"  near miss: {find.shrunk.near_miss}")
-    if not find.complete:
+    if find.shrunk.near_miss:
+        lines.append("  (a near miss: one shrink round only)")
+    elif not find.complete:
         lines.append("  (shrunk so far: the budget ran out before every simplification was tried)")
     return lines
 

@@ -189,13 +189,14 @@ class Registry:
 
     def explained_elsewhere(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> list[str]:
         """For a failure no entry explains: the entries applying to this stack whose signature
-        explains it though their test patterns do not name this test (a generator's find of a
+        is in its error signature (its first line: the problems listed below it are generic
+        sentences many entries' consequences share) though their test patterns do not name this test (a generator's find of a
         registered bug through another door), each with why it did not match. Such a find is
         that entry's near miss: reported under its id, never filed as new."""
-        if self.match(test_id, signature, message, stack) is not None:
+        if not signature or self.match(test_id, signature, message, stack) is not None:
             return []
         return [f"{e.id} (its tests do not name {test_id})" for e in self.entries
-                if not e.covers(test_id) and e.applies_to(stack) and (e.explains(signature) or e.explains(message))]
+                if not e.covers(test_id) and e.applies_to(stack) and e.explains(signature)]
 
     def _match(self, test_id: str, signature: str, message: str, candidates: list[KnownIssue]) -> str | None:
         """The entries among `candidates` (covering the test, in registry order) that explain
