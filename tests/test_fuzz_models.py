@@ -182,14 +182,18 @@ def _space(drawn: dict[str, str]) -> list[str]:
 
 
 PLANTS = {
-    # plant: (features drawn, what the shrunk structure must need, what the signature names, seed)
+    # plant: (features drawn, what the shrunk structure must need, what the signature names, seed
+    # whose first draw carries distractor features: `--list` with the same --space shows it)
     "buffer_drift": ({"parallel": "fsdp", "buffer": "rope", "tie": "true,false", "steps": "1,2"},
-                     {"buffer": "rope"}, "the forward output of layers.N", "drift"),
+                     lambda n: n == {"buffer": "rope"}, "the forward output of layers.N", "drift6"),
     "tied_grad_once": ({"parallel": "fsdp", "tie": "true", "buffer": "none,persistent", "blocks": "1,2"},
-                       {"tie": True}, "gradient of tok.weight", "tie"),
+                       lambda n: n == {"tie": True}, "gradient of tok.weight", "tie"),
+    # routing decides where an expert idles: the shrinker may keep 2 of the 4 experts, or one step
+    # with two microbatches; never the tie, never a buffer
     "idle_expert_stale": ({"parallel": "ddp", "experts": "4", "steps": "2", "tie": "true,false",
-                           "buffer": "none,persistent"}, {"parallel": "ddp", "experts": 4, "steps": 2},
-                          "gradient of layers.N.ffn.experts.N.w1", "idle"),
+                           "buffer": "none,persistent"},
+                          lambda n: n.get("parallel") == "ddp" and n.get("experts") and not {"tie", "buffer"} & set(n),
+                          "of layers.N.ffn.experts.N.w1.weight", "idle1"),
 }
 
 
@@ -216,11 +220,11 @@ def fuzz(tmp: Path, plant: str, *args: str) -> tuple[subprocess.CompletedProcess
 @pytest.mark.parametrize("plant", list(PLANTS))
 def test_a_planted_bug_is_found_shrunk_and_localized(tmp_path, plant):
     drawn, needs, names, seed = PLANTS[plant]
-    proc, report = fuzz(tmp_path, plant, "--seed", seed, "--max-configs", "2", "--batch", "2", "--budget", "15m",
+    proc, report = fuzz(tmp_path, plant, "--seed", seed, "--max-configs", "1", "--batch", "3", "--budget", "15m",
                         *_space(drawn))
     assert proc.returncode == 1, proc.stdout[-3000:]
     find = report["finds"][0]
-    assert find["complete"], proc.stdout[-3000:]
-    assert non_default(find["shrunk"]["structure"]) == needs, proc.stdout[-3000:]
+    assert find["complete"] and find["steps"], f"the draw had distractors to shrink away: {proc.stdout[-3000:]}"
+    assert needs(non_default(find["shrunk"]["structure"])), proc.stdout[-3000:]
     assert names in find["shrunk"]["signature"], find["shrunk"]["signature"]
     assert "repro:" in proc.stdout and f"test_model_structure[{find['shrunk']['id']}]" in proc.stdout
