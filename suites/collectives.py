@@ -20,7 +20,8 @@ attribute too), so those are wrapped the same way and recorded as `funcol.<name>
 from FSDP2's c10d calls. Inside a Dynamo trace a wrapper records nothing and only calls
 through (`torch.compiler.is_compiling()` is a constant to Dynamo: no side effect, no graph
 break, the frame still compiles); what a compiled graph runs is seen at run time by the
-profiler instead (evidence.count_executed_ops: `_c10d_functional::*` by name).
+profiler instead (evidence.count_executed_ops: `_c10d_functional::*` by name). A compiled
+row records the c10d functions only (`functional=False`), a precaution not measured either way.
 Each call is also kept as a CollectiveCall (op, dtype, group, elements) when asked: the
 group is the mesh dim's name where the caller passed (mesh, dim), as DTensor does.
 """
