@@ -65,23 +65,14 @@ def fuzz_models_cell(cell, *, seed: str, budget_s: float, max_structures: int | 
                      known_issues: str | None = None, allowed: dict[str, tuple] | None = None,
                      report_path: Path | None = None, command: str = "", log=print) -> int:
     """Fuzz model structures on one cell; returns the exit code (distci/fuzz/models.py)."""
-    from distci.errors import ConfigError, InfraError, SourceError
     from distci.harness.known_issues import load_registry
-    from distci.run.cellrun import REPO, absent_accelerator_run, infra_run, provision, record_failure, start_run, \
-        uses_installed
+    from distci.run.cellrun import REPO, start_provisioned
     from distci.run.terminal import EXIT_INFRA
 
-    if absent_accelerator_run(cell, runs_root, tier=None, log=log) is not None:
+    started_run = start_provisioned(cell, runs_root, python=python, command=command, log=log)
+    if started_run is None:
         return EXIT_INFRA
-    info, run_dir = start_run(cell, runs_root, tier=None, backend="installed" if uses_installed(cell, python)
-                              else "venv", log=log)
-    info.command = command
-    try:
-        env = provision(cell, run_dir, python=python, log=log)
-    except (InfraError, SourceError, ConfigError) as exc:
-        log(f"[{cell.id}] infra: {exc}")
-        infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
-        return EXIT_INFRA
+    info, run_dir, env = started_run
     registry_path = Path(known_issues) if known_issues else REPO / "suites" / "known_issues.toml"
     registry = load_registry(registry_path) if registry_path.exists() else None
     extra = [f"--distci-known-issues={registry_path}"] if registry is not None else []

@@ -182,24 +182,16 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
     from suites.fuzz import Fuzzer, Report, ShrinkLimits
     from suites.fuzz_plants import PLANT_ENV
 
-    from distci.run.cellrun import absent_accelerator_run, infra_run, provision, record_failure, start_run, uses_installed
-    from distci.errors import ConfigError, InfraError, SourceError
+    from distci.run.cellrun import start_provisioned
     from distci.run.terminal import EXIT_INFRA
     from distci.run.fuzz_report import FuzzRun, find_lines, render_report, update_coverage
 
     space = build_space(cell.accelerator, space_specs)
     point = parse_replay(space, replay) if replay else None
-    if absent_accelerator_run(cell, runs_root, tier=None, log=log) is not None:
+    started_run = start_provisioned(cell, runs_root, python=python, command=command, log=log)
+    if started_run is None:
         return EXIT_INFRA
-    info, run_dir = start_run(cell, runs_root, tier=None, backend="installed" if uses_installed(cell, python)
-                              else "venv", log=log)
-    info.command = command
-    try:
-        env = provision(cell, run_dir, python=python, log=log)
-    except (InfraError, SourceError, ConfigError) as exc:
-        log(f"[{cell.id}] infra: {exc}")
-        infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
-        return EXIT_INFRA
+    info, run_dir, env = started_run
     from distci.run.cellrun import REPO
 
     registry = Path(known_issues) if known_issues else REPO / "suites" / "known_issues.toml"
