@@ -38,7 +38,8 @@ class ModelBatches:
         batch.write_text(json.dumps([key(s) for s in structures], indent=1))
         self.log(f"batch {self.batches}: {len(structures)} structure(s)")
         before = {r.test_id for r in RunDir(self.run_dir).results()}
-        with mock.patch.dict(os.environ, {MODELS_ENV: str(batch)}), open(self.run_dir / FUZZ_DIR / "pytest-relay.log", "a") as relay:
+        relay_path = self.run_dir / FUZZ_DIR / "pytest-relay.log"
+        with mock.patch.dict(os.environ, {MODELS_ENV: str(batch)}), open(relay_path, "a") as relay:
             run_in_env(self.cell, self.python, self.info, self.run_dir, tests=[ENTRY_TEST],
                        extra_pytest_args=self.extra_args, log=lambda m: relay.write(m + "\n"))
         by_id = {r.test_id: r for r in RunDir(self.run_dir).results() if r.test_id not in before}

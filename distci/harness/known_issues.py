@@ -188,11 +188,11 @@ class Registry:
                 if i and not by_id[i].applies_to(stack)]
 
     def explained_elsewhere(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> list[str]:
-        """For a failure no entry explains: the entries applying to this stack whose signature
-        is in its error signature (its first line: the problems listed below it are generic
-        sentences many entries' consequences share) though their test patterns do not name this test (a generator's find of a
-        registered bug through another door), each with why it did not match. Such a find is
-        that entry's near miss: reported under its id, never filed as new."""
+        """For a failure no entry explains: the entries applying to this stack whose signature is
+        in its error signature (its first line: the problems listed below it are generic
+        sentences many entries share) though their test patterns do not name this test (a
+        generator's find of a registered bug through another door), each with why it did not
+        match. Such a find is that entry's near miss: reported under its id, never filed as new."""
         if not signature or self.match(test_id, signature, message, stack) is not None:
             return []
         return [f"{e.id} (its tests do not name {test_id})" for e in self.entries
