@@ -220,8 +220,11 @@ def fuzz(tmp: Path, plant: str, *args: str) -> tuple[subprocess.CompletedProcess
 @pytest.mark.parametrize("plant", list(PLANTS))
 def test_a_planted_bug_is_found_shrunk_and_localized(tmp_path, plant):
     drawn, needs, names, seed = PLANTS[plant]
+    # an empty registry: a plant's signature may be a registered bug's (idle_expert_stale's is
+    # pytorch158719's face under FSDP2), which would make the find that entry's near miss
+    (tmp_path / "no-known-issues.toml").write_text("")
     proc, report = fuzz(tmp_path, plant, "--seed", seed, "--max-configs", "1", "--batch", "3", "--budget", "15m",
-                        *_space(drawn))
+                        "--known-issues", str(tmp_path / "no-known-issues.toml"), *_space(drawn))
     assert proc.returncode == 1, proc.stdout[-3000:]
     find = report["finds"][0]
     assert find["complete"] and find["steps"], f"the draw had distractors to shrink away: {proc.stdout[-3000:]}"
