@@ -317,6 +317,17 @@ class Registry:
         return [f"{i} ({by_id[i].why_not(stack)})" for i in (anywhere or "").split(",")
                 if i and not by_id[i].applies_to(stack)]
 
+    def explained_elsewhere(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> list[str]:
+        """For a failure no entry explains: the entries applying to this stack whose signature is
+        in its error signature (its first line: the problems listed below it are generic
+        sentences many entries share) though their test patterns do not name this test (a
+        generator's find of a registered bug through another door), each with why it did not
+        match. Such a find is that entry's near miss: reported under its id, never filed as new."""
+        if not signature or self.match(test_id, signature, message, stack) is not None:
+            return []
+        return [f"{e.id} (its tests do not name {test_id})" for e in self.entries
+                if not e.covers(test_id) and e.applies_to(stack) and e.explains(signature)]
+
     def _match(self, test_id: str, signature: str, message: str, candidates: list[KnownIssue]) -> str | None:
         """The entries among `candidates` (covering the test, in registry order) that explain
         the failure: one whose signature is in it, or for a failure that lists its problems,

@@ -1,4 +1,4 @@
-"""Evidence of the collectives a step ran: which c10d call, in which dtype, how often.
+"""Evidence of the collectives a step ran: which call, in which dtype, on which group, how much.
 
 Numbers alone cannot see precision routing: a gradient reduce-scatter that runs in bf16
 where the MixedPrecisionPolicy says float32 is one more bf16 rounding (about 50 dB),
@@ -11,8 +11,19 @@ Wrapping the module functions (not a TorchDispatchMode): FSDP2 calls them by mod
 attribute (`dist.all_gather_single`, `dist.reduce_scatter_tensor`, ... the names moved
 between releases, every known one is wrapped), from hooks Dynamo does not trace; and a
 dispatch mode active around a compiled model makes its frames run eager (measured: the
-FSDP2 whole-model-compile rows ran their last step with 0 compiled graphs). TP's DTensor
-collectives are functional ops, not these functions, so on a 2-D mesh FSDP2's stay apart.
+FSDP2 whole-model-compile rows ran their last step with 0 compiled graphs).
+
+TP's collectives and every DTensor redistribute (FSDP2-over-TP's included) go through the
+functional collectives' Python entry points instead (`funcol.all_gather_tensor`,
+`funcol.reduce_scatter_tensor`, `funcol.all_reduce`, ...: DTensor calls them by module
+attribute too), so those are wrapped the same way and recorded as `funcol.<name>`, apart
+from FSDP2's c10d calls. Inside a Dynamo trace a wrapper records nothing and only calls
+through (`torch.compiler.is_compiling()` is a constant to Dynamo: no side effect, no graph
+break, the frame still compiles); what a compiled graph runs is seen at run time by the
+profiler instead (evidence.count_executed_ops: `_c10d_functional::*` by name). A compiled
+row records the c10d functions only (`functional=False`), a precaution not measured either way.
+Each call is also kept as a CollectiveCall (op, dtype, group, elements) when asked: the
+group is the mesh dim's name where the caller passed (mesh, dim), as DTensor does.
 """
 
 from __future__ import annotations
@@ -20,7 +31,8 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections import Counter
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 import torch
 
@@ -29,6 +41,40 @@ FSDP_REDUCE_SCATTER_OPS = ("reduce_scatter_single", "reduce_scatter_tensor", "_r
 FSDP_REDUCE_OPS = (*FSDP_REDUCE_SCATTER_OPS, "all_reduce")
 """Parameter all-gathers; gradient reductions (reduce-scatter, HSDP's all-reduce over the
 replicas); FSDP2 issues one reduce-scatter per unit and gradient sync."""
+FUNCTIONAL_OPS = ("all_gather_tensor", "all_gather_single", "reduce_scatter_single", "all_gather_tensor_autograd", "reduce_scatter_tensor",
+                  "reduce_scatter_tensor_autograd", "all_reduce", "all_to_all_single", "all_to_all_single_autograd",
+                  "broadcast", "permute_tensor", "all_reduce_coalesced", "all_gather_into_tensor_coalesced",
+                  "reduce_scatter_tensor_coalesced")
+"""torch.distributed._functional_collectives' entry points (DTensor's redistributes, TP,
+expert all-to-alls); recorded as `funcol.<name>` (every name this torch has)."""
+FUNCOL = "funcol."
+
+
+@dataclass(frozen=True)
+class CollectiveCall:
+    """One recorded collective: `op` as the Counter keys it, the dtype and element count of
+    the tensor it moves (its first tensor argument), and the group it ran on."""
+
+    op: str
+    dtype: str
+    group: str
+    numel: int
+
+
+def group_name(group: Any) -> str:
+    """The group as a reader names it: a mesh dim's name ((mesh, dim) as DTensor passes it, or
+    a 1-D mesh), a process group's name, else its repr."""
+    mesh, dim = (group if isinstance(group, tuple) and len(group) == 2 else (group, None))
+    names = getattr(mesh, "mesh_dim_names", None)
+    if names and isinstance(dim, int):
+        return names[dim]
+    if names and len(names) == 1:
+        return names[0]
+    if hasattr(mesh, "ndim"):
+        return f"mesh_dim{dim if dim is not None else 0}"
+    if hasattr(mesh, "group_name"):
+        return str(mesh.group_name)
+    return "default" if group is None else str(group)
 
 
 def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
@@ -38,31 +84,69 @@ def _first_tensor(args: tuple, kwargs: dict) -> torch.Tensor | None:
     return None
 
 
+REDUCE_OPS = {"sum", "avg", "max", "min", "product", "premul_sum", "band", "bor", "bxor"}
+
+
+def _group_arg(args: tuple, kwargs: dict) -> Any:
+    """The group a call names: `group=`, else the first positional mesh, (mesh, dim) or
+    process group, else a group name (a string that is not funcol's reduce op)."""
+    if kwargs.get("group") is not None:
+        return kwargs["group"]
+    for a in args[1:]:
+        if isinstance(a, tuple) or hasattr(a, "mesh_dim_names") or hasattr(a, "group_name"):
+            return a
+    names = [a for a in args[1:] if isinstance(a, str) and a and a.lower() not in REDUCE_OPS]
+    return names[0] if names else None
+
+
 @contextlib.contextmanager
-def record_collectives(into: Counter) -> Iterator[None]:
-    """Counts (function name, dtype name) of every wrapped torch.distributed call in the block.
+def record_collectives(into: Counter, calls: list[CollectiveCall] | None = None,
+                       functional: bool = True) -> Iterator[None]:
+    """Counts (op, dtype name) of every wrapped torch.distributed and functional-collective
+    call in the block (functional ones as `funcol.<name>`); `calls`: also each call's
+    CollectiveCall, in order. `functional=False`: the c10d functions only, for a block that
+    runs compiled code (see below).
 
     The originals are put back on exit, whatever happens inside.
     """
     import torch.distributed as dist
 
-    originals = {n: getattr(dist, n) for n in (*FSDP_ALL_GATHER_OPS, *FSDP_REDUCE_OPS) if hasattr(dist, n)}
+    try:
+        import torch.distributed._functional_collectives as funcol
+    except ImportError:  # a torch without them: the c10d functions only
+        funcol = None
+    targets = [(dist, n, n) for n in (*FSDP_ALL_GATHER_OPS, *FSDP_REDUCE_OPS) if hasattr(dist, n)]
+    targets += [(funcol, n, FUNCOL + n) for n in FUNCTIONAL_OPS if functional and funcol is not None
+                and hasattr(funcol, n)]
+    originals = [(module, attr, label, getattr(module, attr)) for module, attr, label in targets]
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+    inside = [0]
 
-    def wrap(name: str, fn):
+    def wrap(label: str, fn):
         @functools.wraps(fn)
         def call(*args, **kwargs):
+            if compiling() or inside[0]:  # traced into a graph (the profiler sees it run); or one entry
+                return fn(*args, **kwargs)     # point calling another (a deprecated name): counted once
             t = _first_tensor(args, kwargs)
-            into[(name, str(t.dtype).replace("torch.", "") if t is not None else "-")] += 1
-            return fn(*args, **kwargs)
+            dtype = str(t.dtype).replace("torch.", "") if t is not None else "-"
+            into[(label, dtype)] += 1
+            if calls is not None:
+                calls.append(CollectiveCall(label, dtype, group_name(_group_arg(args, kwargs)),
+                                            int(t.numel()) if t is not None else 0))
+            inside[0] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                inside[0] -= 1
         return call
 
     try:
-        for name, fn in originals.items():
-            setattr(dist, name, wrap(name, fn))
+        for module, attr, label, fn in originals:
+            setattr(module, attr, wrap(label, fn))
         yield
     finally:
-        for name, fn in originals.items():
-            setattr(dist, name, fn)
+        for module, attr, _, fn in originals:
+            setattr(module, attr, fn)
 
 
 def calls_of(collectives: Counter, ops: tuple[str, ...]) -> int:
@@ -77,3 +161,8 @@ def dtypes_of(collectives: Counter, ops: tuple[str, ...]) -> Counter:
         if op in ops:
             out[dtype] += n
     return out
+
+
+def functional_dtypes(collectives: Counter) -> Counter:
+    """{dtype: calls} of the functional collectives (TP's, DTensor's redistributes) recorded."""
+    return dtypes_of(collectives, tuple(FUNCOL + n for n in FUNCTIONAL_OPS))

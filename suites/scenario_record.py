@@ -220,9 +220,8 @@ RULES: tuple[Rule, ...] = (
          "pp microbatches (accum) must be a multiple of the 2 pipeline ranks, at least 2"),
     Rule(lambda s: s.parallel in ("pp_fsdp", "pp_tp") and s.world_size != 4,
          "pp_fsdp and pp_tp are 2 x 2 meshes (pp outermost): they need world_size=4"),
-    Rule(lambda s: s.parallel == "ep_fsdp" and (s.compiled or s.clip in ("norm", "foreach") or s.world_size == 1),
-         "ep_fsdp's dispatch sizes its all-to-all from the routing (no fullgraph compile), and its gradients live on "
-         "two meshes: it runs eager, with clip none, mesh or inf (both combine a norm per mesh)"),
+    Rule(lambda s: s.parallel == "ep_fsdp" and (s.compiled or s.world_size == 1),
+         "ep_fsdp's dispatch sizes its all-to-all from the routing (no fullgraph compile): it runs eager, on 2 x ws/2"),
     Rule(lambda s: s.parallel == "cp" and (s.model != "dense" or s.mp != "none" or s.float8 != "none"
                                            or s.resume != "none" or s.train == "lora" or s.shapes != "static"
                                            or s.eval != "none" or s.world_size != 2),

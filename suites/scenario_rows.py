@@ -253,6 +253,10 @@ def layout_rows() -> list[Scenario]:
         row("ep_fsdp", model="moe", world_size=4, mp="bf16", clip="mesh"),  # 8 bf16 microbatches: routing budget
         row("ep_fsdp", model="moe", world_size=4, accum=2, routing="empty_middle", clip="mesh"),
         row("ep_fsdp", model="moe", world_size=4, optim="adamw", sched="warmup_cosine", clip="mesh"),
+        # plain clip_grad_norm_ (and its foreach form) over gradients on two meshes: a RULE forbade it as
+        # "fails upstream"; on torch 2.13.0 (CPU, fixes on) both pass, so they are rows that judge it
+        row("ep_fsdp", model="moe", world_size=4, clip="norm"),
+        row("ep_fsdp", model="moe", world_size=4, clip="foreach"),
         # context parallel: ring attention over the sequence (CUDA rows: CPU attention cannot shard)
         row("cp"),
         row("cp", accum=2, clip="norm"),

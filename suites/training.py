@@ -28,6 +28,7 @@ from . import parallelize as par
 from . import step as stp
 from . import tying
 from .collectives import record_collectives
+from .graph_checks import TP_EVIDENCE_LAYOUTS
 from .evidence import (  # noqa: F401  (re-exported: the run's records and readers)
     Evidence, Mutation, TrainRecord, _gathered, _graph_breaks, clean_name, count_executed_ops, full_grads,
     inductor_probe, placement_name, placements,
@@ -166,7 +167,8 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
                     layout.model.set_requires_gradient_sync(sync_now)
                 with _loss_context(scenario), _cp_context(layout, x, y), \
                         layout.sync(sync_now) if layout.sync else contextlib.nullcontext(), \
-                        record_collectives(layout.watch[1]) if watched else contextlib.nullcontext():
+                        record_collectives(layout.watch[1], functional=not scenario.compiled) if watched \
+                        else contextlib.nullcontext():
                     with _autocast(layout, device, scenario):
                         loss = step_parts.loss(layout.runnable(x), y) / scenario.accum
                     stp.scaled(loss, step_parts.scaler, step, layout.dp_rank == 0 and micro == 0).backward()
@@ -220,7 +222,7 @@ def _pipeline_step(scenario: Scenario, layout: Layout, tokens, labels, device, r
     part = slice(layout.dp_rank * rows, (layout.dp_rank + 1) * rows)
     with ctx:
         step_parts.opt.zero_grad(set_to_none=scenario.zero_grad == "none")
-        with record_collectives(layout.watch[1]) if watched else contextlib.nullcontext():
+        with record_collectives(layout.watch[1], functional=not scenario.compiled) if watched else contextlib.nullcontext():
             total = pipeline.step(layout.pipe, tokens[part].to(device), labels[part].to(device))
         if layout.dp_size > 1:
             dist.all_reduce(total, group=layout.dp_group)
@@ -285,8 +287,8 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
         last = scenario.steps - 1
 
         final = scenario.parallel if scenario.resume == "none" else scenario.resume
-        watch = (last, evidence.collectives) if final in FSDP2_LAYOUTS and not scenario.fsdp_float8_all_gather \
-            else None  # FSDP2's collective dtypes, judged by checks.py
+        watch = (last, evidence.collectives) if (final in FSDP2_LAYOUTS or final in TP_EVIDENCE_LAYOUTS) \
+            and not scenario.fsdp_float8_all_gather else None  # FSDP2's and TP's collective dtypes (graph_checks)
 
         @contextlib.contextmanager
         def last_step():

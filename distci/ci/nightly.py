@@ -158,7 +158,10 @@ def judge(opts: AggregateOptions, recorded: Recorded, *, log: Log = print) -> Ju
             import_bisects(store, history.bisect_dir)
         rewritten = rewrite_artifact_junit(store, recorded.collected.run_dirs)
         log(f"aggregate: {rewritten} junit.xml of tonight's artifacts rewritten from the judged verdicts")
-        found = regressions(store, recorded.collected.tonight)
+        from distci.known_issues import load_registry
+
+        registry = load_registry(Path(DEFAULT_KNOWN_ISSUES)) if Path(DEFAULT_KNOWN_ISSUES).exists() else None
+        found = regressions(store, recorded.collected.tonight, registry)
         site = None
         if opts.site is not None:
             from distci.dashboard import render_dashboard

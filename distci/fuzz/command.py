@@ -183,23 +183,10 @@ def start_fuzz_run(cell, runs_root: Path, *, python: str | None, command: str, l
     """A fuzz run's run directory on `cell`, its environment provisioned (as `distci run`
     does): (info, run_dir, env), or None when the environment never came up (then the
     run directory records it as infra, and the caller exits EXIT_INFRA). Every generator
-    starts its run here."""
-    from distci.errors import ConfigError, InfraError, SourceError
-    from distci.run.cellrun import (absent_accelerator_run, infra_run, provision, record_failure, start_run,
-                                    uses_installed)
+    starts its run here (the run stage's start_provisioned)."""
+    from distci.run.cellrun import start_provisioned
 
-    if absent_accelerator_run(cell, runs_root, tier=None, log=log) is not None:
-        return None
-    info, run_dir = start_run(cell, runs_root, tier=None, backend="installed" if uses_installed(cell, python)
-                              else "venv", log=log)
-    info.command = command
-    try:
-        env = provision(cell, run_dir, python=python, log=log)
-    except (InfraError, SourceError, ConfigError) as exc:
-        log(f"[{cell.id}] infra: {exc}")
-        infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
-        return None
-    return info, run_dir, env
+    return start_provisioned(cell, runs_root, python=python, command=command, log=log)
 
 
 def finish_fuzz_run(cell, info, run_dir: Path, code: int) -> int:
@@ -256,6 +243,7 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
                         shrink=shrink, log=log, limits=limits)
         report = fuzzer.run()
         unexplained = []
+    _name_near_misses(registry, report, runner.stack)
     run = FuzzRun(cell.id, seed, budget_s, space, str(run_dir), runner.stack, os.environ.get(space.cell.PLANT_ENV, ""))
     for find in report.finds:
         for line in find_lines(run, find):
@@ -272,11 +260,27 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
     if coverage_path:
         update_coverage(Path(coverage_path), run, report.tried)
         log(f"coverage: {coverage_path}")
-    new = report.finds or [o for o in report.tried if o.failed and not o.known_issue and fuzzer is None]
+    new = [f for f in report.finds if not f.known_like] or [o for o in report.tried if o.failed and not o.known_issue
+                                                           and fuzzer is None]
     code = finish_fuzz_run(cell, info, run_dir, 1 if new else 0)
     log(f"fuzz {cell.id}: {len(report.tried)} configuration(s), {len(report.finds) + len(unexplained)} new find(s), "
         f"{len(report.known)} known issue(s), {len(report.slow)} timed out; run {run_dir}")
     return code
+
+
+def _name_near_misses(registry_path: Path, report, stack: dict[str, Any]) -> None:
+    """A find whose signature a registered entry explains outside that entry's tests is that
+    entry's near miss (Registry.explained_elsewhere): named, never counted as new."""
+    from distci.known_issues import load_registry
+
+    if not registry_path.exists():
+        return
+    registry = load_registry(registry_path)
+    for find in report.finds:
+        if not find.known_like:
+            o = find.shrunk
+            near = registry.explained_elsewhere(o.test_id, o.signature or "", o.message, stack)
+            find.known_like = near[0].split(" ", 1)[0] if near else None
 
 
 def _report_json(run, report) -> dict:
@@ -335,6 +339,8 @@ GENERATORS: dict[str, Generator] = {
                      "trainers produce, against the full-tensor op"),
     "programs": Generator("distci.fuzz.programs_cell", "training programs: sequences of the calls real training "
                           "loops make, against a single-process run after every step"),
+    "models": Generator("distci.fuzz.models_cell", "model structures production models have (MoE loops, ties, "
+                        "buffers, parametrizations, FSDP2 units) crossed with the layouts"),
 }
 """What `--generator` draws; `configs` is the default."""
 

@@ -69,7 +69,7 @@ class ProgramBatches:
         (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
 
     def __call__(self, programs: list[Program]) -> list[Outcome]:
-        from unittest import mock
+        from distci.fuzz.command import _environ
 
         from distci.run.cellrun import run_in_env
 
@@ -80,7 +80,7 @@ class ProgramBatches:
         before = {r.test_id for r in RunDir(self.run_dir).results()}
         # run_in_env hands os.environ to the cell's pytest: the batch file rides there, for this batch only
         relay_path = self.run_dir / FUZZ_DIR / "pytest-relay.log"
-        with mock.patch.dict(os.environ, {PROGRAMS_ENV: str(batch)}), open(relay_path, "a") as relay:
+        with _environ(**{PROGRAMS_ENV: str(batch)}), open(relay_path, "a") as relay:
             run_in_env(self.cell, self.python, self.info, self.run_dir, tests=[ENTRY_TEST],
                        extra_pytest_args=self.extra_args, log=lambda m: relay.write(m + "\n"))
         by_id = {r.test_id: r for r in RunDir(self.run_dir).results() if r.test_id not in before}

@@ -83,6 +83,16 @@ def stack_line(stack: dict[str, Any]) -> str:
     return f"{shown or 'unknown stack'}; python {stack.get('python', '?')}; fixes {stack.get('fixes_mode', '?')}"
 
 
+def classification(find: Find) -> str:
+    """A find's classification line as the run can say it: a registered entry's near miss when
+    one explains the signature (never a new bug to file), else new, with the triage it needs."""
+    if find.known_like:
+        return (f"near miss of registered {find.known_like}: its signature, on a configuration outside the "
+                "entry's tests (widen the entry's tests when the cause is the same; not filed as new)")
+    return ("new: no registered entry explains it; triage it as a known issue, a new upstream bug "
+            "(repro in suites/regressions/, entry, draft under reports/) or a distci bug (fixed)")
+
+
 def render_report(run: FuzzRun, report: Report, started: str, command: str) -> str:
     """A reports/fuzz-<date>-<stack>.md: inputs, every configuration tried, every find."""
     drawn = set(report.drawn)
@@ -104,7 +114,7 @@ def render_report(run: FuzzRun, report: Report, started: str, command: str) -> s
         lines.append("None: every configuration passed or was skipped.")
     for n, find in enumerate(report.finds, 1):
         lines += [f"### {n}. `{find.shrunk.signature}`", "", "```", *find_lines(run, find), "```",
-                  "", "Classification: (to be written by whoever triages this find)", ""]
+                  "", f"Classification: {classification(find)}", ""]
     for o in report.known:
         lines.append(f"- known issue `{o.known_issue}`: `{o.key}` ({o.signature})")
     if report.slow:

@@ -353,6 +353,25 @@ def stack_inputs(cell: Cell, python: str = sys.executable, tags=None) -> tuple[l
     return sources, reqs, pip_args(sources, config, variant=cell.variant)
 
 
+def start_provisioned(cell: Cell, runs_root: Path, *, python: str | None, command: str, log: Log = print):
+    """A fuzz run's start, as `distci run` starts a cell: the run directory and its provisioned
+    environment, as (info, run_dir, env); None when the accelerator is absent or the environment
+    never came up (the infra run is recorded either way)."""
+
+    if absent_accelerator_run(cell, runs_root, tier=None, log=log) is not None:
+        return None
+    info, run_dir = start_run(cell, runs_root, tier=None, backend="installed" if uses_installed(cell, python)
+                              else "venv", log=log)
+    info.command = command
+    try:
+        env = provision(cell, run_dir, python=python, log=log)
+    except (InfraError, SourceError, ConfigError) as exc:
+        log(f"[{cell.id}] infra: {exc}")
+        infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
+        return None
+    return info, run_dir, env
+
+
 def uses_installed(cell: Cell, python: str | None) -> bool:
     """A run uses an interpreter's preinstalled stack when given one, or when a source says 'installed'."""
     return python is not None or any(s.kind == "installed" for s in cell.sources)

@@ -1,0 +1,267 @@
+"""`distci fuzz --generator models`: draw model structures (suites/generators/model_space.py),
+run each on one cell's rank pool against its single-process reference, shrink what fails
+to the smallest structure that still fails the same way, report.
+
+The engine is pure (draw, shrink: `ModelFuzzer` over a `run_batch(structures) -> outcomes`
+function); `fuzz_models_cell` provisions the cell as `distci run` does and runs each batch
+as one pytest session of suites/generators/models_entry.py, so every structure is an
+ordinary Result in the one run directory (cell, stack, error signature, known-issue
+match) and ingest, verdicts, the gate and the dashboard treat a find like any failure.
+
+Draws are seeded (random.Random over a string seed: the same list on every platform);
+each feature sits at its default with probability 1/2, else takes another value, and a
+meaningless draw (model_space.RULES) moves features back to their defaults until it is
+not. Shrinking is greedy over the one-step simplifications (a feature back to its default,
+a number to any smaller value, smallest first), keeping a candidate only while the SAME
+error signature persists: the shrunk structure holds no feature the failure does not need.
+
+A failure the registry explains (its entry's tests name models_entry) is a known issue; one
+whose signature an entry explains though its tests do not name this test is that entry's
+near miss (Registry.explained_elsewhere): reported under the entry's id, not shrunk beyond
+one round, never counted as new. Exit code: 1 when a find no entry explains remains, 3 when
+the cell's environment never came up, else 0.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from suites.generators.model_space import FEATURES, SIZES, complete, key, non_default, valid
+
+ENTRY_TEST = "suites/generators/models_entry.py"
+TEST_NAME = "test_model_structure"
+MODELS_ENV = "DISTCI_FUZZ_MODELS"
+FUZZ_DIR = "fuzz"
+FAILED = ("failed", "error")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one structure did (read off its Result)."""
+
+    structure: dict[str, Any]
+    outcome: str
+    signature: str | None = None
+    seconds: float = 0.0
+    known_issue: str | None = None
+    message: str = ""
+    kind: str | None = None
+    near_miss: str | None = None
+
+    @property
+    def key(self) -> str:
+        return key(self.structure)
+
+    @property
+    def failed(self) -> bool:
+        return self.outcome in FAILED
+
+
+@dataclass
+class Find:
+    found: Outcome
+    shrunk: Outcome
+    steps: list[str] = field(default_factory=list)
+    complete: bool = True
+
+
+@dataclass
+class Report:
+    tried: list[Outcome] = field(default_factory=list)
+    drawn: list[str] = field(default_factory=list)
+    finds: list[Find] = field(default_factory=list)
+    known: list[Outcome] = field(default_factory=list)
+    near_misses: list[Outcome] = field(default_factory=list)
+    repeats: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def new(self) -> list[Find]:
+        """Finds no registered entry explains, even as a near miss."""
+        return [f for f in self.finds if not f.shrunk.near_miss and not f.shrunk.known_issue]
+
+
+class Drawer:
+    """Seeded draws of valid structures, never the same one twice; `allowed` keeps only some
+    values of a feature (`--space parallel=ddp,tp`); the parallelism is always drawn."""
+
+    def __init__(self, seed: str, allowed: dict[str, tuple] | None = None) -> None:
+        self.rng = random.Random(f"distci-fuzz-models:{seed}")
+        self.allowed = allowed or {}
+        self.drawn: set[str] = set()
+
+    def _value(self, f) -> Any:
+        values = self.allowed.get(f.name, f.values)
+        if f.name != "parallel" and f.default in values and self.rng.random() < 0.5:
+            return f.default
+        return self.rng.choice(values)
+
+    def draw(self, tries: int = 200) -> dict[str, Any] | None:
+        for _ in range(tries):
+            s = {f.name: self._value(f) for f in FEATURES}
+            moved = [f.name for f in FEATURES[1:] if s[f.name] != f.default and f.default in
+                     self.allowed.get(f.name, f.values)]
+            self.rng.shuffle(moved)
+            while not valid(s) and moved:
+                name = moved.pop()
+                s[name] = _default(name)
+            if valid(s) and key(s) not in self.drawn:
+                self.drawn.add(key(s))
+                return complete(s)
+        return None
+
+
+def _default(name: str) -> Any:
+    return next(f.default for f in FEATURES if f.name == name)
+
+
+def smaller(structure: dict[str, Any]) -> list[dict[str, Any]]:
+    """The one-step simplifications of `structure`, simplest first, each valid; the
+    parallelism never moves (it is part of what a find is)."""
+    full = complete(structure)
+    out, seen = [], {key(full)}
+    for f in FEATURES[1:]:
+        if full[f.name] == f.default:
+            continue
+        targets = [f.default]
+        if f.name in SIZES:
+            targets += [v for v in f.values if f.default < v < full[f.name]]
+        for value in targets:
+            candidate = {**full, f.name: value}
+            if not valid(candidate):  # e.g. experts 0 takes top_k and the shared expert with it
+                candidate = {**candidate, **{g: _default(g) for g in ("top_k", "shared_expert")}}
+            if valid(candidate) and key(candidate) not in seen:
+                seen.add(key(candidate))
+                out.append(candidate)
+    return out
+
+
+RunBatch = Callable[[list[dict[str, Any]]], list[Outcome]]
+
+
+@dataclass
+class ModelFuzzer:
+    """Draw, run in batches, shrink each find while its signature persists."""
+
+    seed: str
+    run_batch: RunBatch
+    budget_s: float
+    max_structures: int | None = None
+    batch_size: int = 6
+    shrink: bool = True
+    allowed: dict[str, tuple] | None = None
+    log: Callable[[str], Any] = print
+    clock: Callable[[], float] = time.monotonic
+    cache: dict[str, Outcome] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.drawer = Drawer(self.seed, self.allowed)
+        self.report = Report()
+        self.started = self.clock()
+
+    def left_s(self) -> float:
+        return self.budget_s - (self.clock() - self.started)
+
+    def run(self) -> Report:
+        while self.left_s() > 0:
+            room = None if self.max_structures is None else self.max_structures - len(self.report.drawn)
+            if room is not None and room <= 0:
+                break
+            batch = []
+            for _ in range(self.batch_size if room is None else min(room, self.batch_size)):
+                s = self.drawer.draw()
+                if s is None:
+                    break
+                batch.append(s)
+                self.report.drawn.append(key(s))
+            if not batch:
+                break
+            for outcome in self._run(batch):
+                if outcome.failed:
+                    self._found(outcome)
+        return self.report
+
+    def _run(self, structures: list[dict[str, Any]]) -> list[Outcome]:
+        todo = [s for s in structures if key(s) not in self.cache]
+        if todo:
+            for o in self.run_batch(todo):
+                self.cache[o.key] = o
+                self.report.tried.append(o)
+        return [self.cache[key(s)] for s in structures if key(s) in self.cache]
+
+    def _found(self, outcome: Outcome) -> None:
+        if outcome.known_issue:
+            self.report.known.append(outcome)
+            self.log(f"  known issue {outcome.known_issue}: {outcome.key}")
+            return
+        for find in self.report.finds:
+            if find.found.signature == outcome.signature:
+                self.report.repeats[outcome.key] = find.found.key
+                return
+        find = Find(outcome, outcome)
+        self.report.finds.append(find)
+        if outcome.near_miss:
+            self.report.near_misses.append(outcome)
+            self.log(f"  near miss of {outcome.near_miss}: {outcome.key}")
+        if self.shrink:
+            self._shrink(find, rounds=1 if outcome.near_miss else 50)
+
+    def _shrink(self, find: Find, rounds: int) -> None:
+        current = find.found
+        for _ in range(rounds):
+            candidates = smaller(current.structure)
+            keeper = None
+            for i in range(0, len(candidates), self.batch_size):
+                if self.left_s() <= 0:
+                    find.complete = False
+                    break
+                keeper = next((o for o in self._run(candidates[i:i + self.batch_size])
+                               if o.failed and o.signature == find.found.signature), None)
+                if keeper is not None:
+                    break
+            if keeper is None:
+                break
+            current = keeper
+            find.steps.append(keeper.key)
+            self.log(f"  shrunk to {keeper.key}")
+        else:
+            find.complete = False
+        find.shrunk = current
+
+
+def find_lines(cell_id: str, find: Find, plant: str = "") -> list[str]:
+    """A find as printed and reported: its structure, what it needs, a repro."""
+    env = f"DISTCI_MODELS_PLANT={plant} " if plant else ""
+    test = f"{ENTRY_TEST}::{TEST_NAME}[{find.shrunk.key}]"
+    lines = [f"find: {find.shrunk.signature}", f"  structure: {find.shrunk.key} (drawn as {find.found.key})",
+             f"  needs:     {json.dumps(non_default(find.shrunk.structure))}",
+             f"  repro:     {env}python -m distci run --cell {cell_id} --test '{test}'"]
+    if find.shrunk.near_miss:
+        lines.append(f"  near miss: {find.shrunk.near_miss}")
+    if find.shrunk.near_miss:
+        lines.append("  (a near miss: one shrink round only)")
+    elif not find.complete:
+        lines.append("  (shrunk so far: the budget ran out before every simplification was tried)")
+    return lines
+
+
+def parse_space(specs: list[str]) -> dict[str, tuple]:
+    """`FEATURE=V1,V2` specs -> allowed values (ValueError naming the bad feature or value)."""
+    from suites.generators.model_space import FEATURE
+
+    out: dict[str, tuple] = {}
+    for spec in specs:
+        name, _, text = spec.partition("=")
+        f = FEATURE.get(name.strip())
+        if f is None or not text:
+            raise ValueError(f"--space {spec!r}: write FEATURE=V1,V2; features: {', '.join(FEATURE)}")
+        by_text = {str(v).lower(): v for v in f.values}
+        wrong = [v for v in text.split(",") if v.strip().lower() not in by_text]
+        if wrong:
+            raise ValueError(f"--space {spec!r}: {', '.join(wrong)} not among {', '.join(map(str, f.values))}")
+        out[f.name] = tuple(by_text[v.strip().lower()] for v in text.split(","))
+    return out

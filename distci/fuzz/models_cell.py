@@ -1,0 +1,165 @@
+"""The models generator on one cell: provision it as `distci run` does, run each batch of
+structures as one pytest session of suites/generators/models_entry.py in one run
+directory, read the outcomes back off the Results, write the report (distci/fuzz/models.py
+holds the engine and says what the exit code means)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from distci.rundir import RunDir, now as _now
+
+from .models import ENTRY_TEST, FUZZ_DIR, MODELS_ENV, TEST_NAME, ModelFuzzer, Outcome, Report, find_lines
+
+
+def structure_key() -> Callable[[dict[str, Any]], str]:
+    """A structure's id, from the cell side's one declaration (suites/generators/model_space.py),
+    loaded by name as distci.fuzz.space.cell_side() loads suites/space.py: the controller
+    never imports suites/."""
+    import importlib
+
+    return importlib.import_module("suites.generators.model_space").key
+
+
+class ModelBatches:
+    """Runs a batch of structures as one pytest session in the started run; returns their Outcomes."""
+
+    def __init__(self, cell, python: Path, info, run_dir: Path, extra_args: list[str], registry: Any,
+                 log: Callable[[str], Any]) -> None:
+        self.cell, self.python, self.info, self.run_dir = cell, python, info, run_dir
+        self.extra_args, self.registry, self.log = extra_args, registry, log
+        self.batches = 0
+        self.stack: dict[str, Any] = {}
+        (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
+
+    def __call__(self, structures: list[dict[str, Any]]) -> list[Outcome]:
+        key = structure_key()
+
+        from distci.fuzz.command import _environ
+
+        from distci.run.cellrun import run_in_env
+
+        self.batches += 1
+        batch = self.run_dir / FUZZ_DIR / f"models-{self.batches:03d}.json"
+        batch.write_text(json.dumps([key(s) for s in structures], indent=1))
+        self.log(f"batch {self.batches}: {len(structures)} structure(s)")
+        before = {r.test_id for r in RunDir(self.run_dir).results()}
+        relay_path = self.run_dir / FUZZ_DIR / "pytest-relay.log"
+        with _environ(**{MODELS_ENV: str(batch)}), open(relay_path, "a") as relay:
+            run_in_env(self.cell, self.python, self.info, self.run_dir, tests=[ENTRY_TEST],
+                       extra_pytest_args=self.extra_args, log=lambda m: relay.write(m + "\n"))
+        by_id = {r.test_id: r for r in RunDir(self.run_dir).results() if r.test_id not in before}
+        out = []
+        for s in structures:
+            r = by_id.get(f"{ENTRY_TEST}::{TEST_NAME}[{key(s)}]")
+            if r is None:
+                o = Outcome(s, "infra", message="no result recorded (see pytest.log)")
+            else:
+                self.stack = self.stack or r.stack
+                near = None
+                if r.outcome in ("failed", "error") and not r.known_issue and self.registry is not None:
+                    near = "; ".join(self.registry.explained_elsewhere(r.test_id, r.error_signature or "",
+                                                                       r.message, r.stack)) or None
+                o = Outcome(s, r.outcome, r.error_signature, r.duration_s, r.known_issue, r.message[:2000],
+                            r.failure_kind, near)
+            self.log(f"{o.outcome.upper():7} {o.seconds:5.1f}s {o.key}" + (f": {o.signature}" if o.failed else ""))
+            out.append(o)
+        return out
+
+
+def fuzz_models_cell(cell, *, seed: str, budget_s: float, max_structures: int | None = None, batch_size: int = 6,
+                     shrink: bool = True, python: str | None = None, runs_root: Path = Path(".distci/runs"),
+                     known_issues: str | None = None, allowed: dict[str, tuple] | None = None,
+                     report_path: Path | None = None, command: str = "", log=print) -> int:
+    """Fuzz model structures on one cell; returns the exit code (distci/fuzz/models.py)."""
+    from distci.known_issues import load_registry
+    from distci.run.cellrun import REPO, start_provisioned
+    from distci.run.terminal import EXIT_INFRA
+
+    started_run = start_provisioned(cell, runs_root, python=python, command=command, log=log)
+    if started_run is None:
+        return EXIT_INFRA
+    info, run_dir, env = started_run
+    registry_path = Path(known_issues) if known_issues else REPO / "suites" / "known_issues.toml"
+    registry = load_registry(registry_path) if registry_path.exists() else None
+    extra = [f"--distci-known-issues={registry_path}"] if registry is not None else []
+    runner = ModelBatches(cell, Path(env.python), info, run_dir, extra, registry, log)
+    started = _now()
+    log(f"fuzz models on {cell.id}: seed {seed}, budget {budget_s:.0f}s")
+    report = ModelFuzzer(seed, runner, budget_s, max_structures=max_structures, batch_size=batch_size,
+                         shrink=shrink, allowed=allowed, log=log).run()
+    plant = os.environ.get("DISTCI_MODELS_PLANT", "")
+    for find in report.finds:
+        for line in find_lines(cell.id, find, plant):
+            log(line)
+    (run_dir / FUZZ_DIR / "models-report.json").write_text(json.dumps(report_json(cell.id, seed, report), indent=1))
+    if report_path:
+        Path(report_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(report_path).write_text(render(cell.id, seed, budget_s, runner.stack, report, started, command, plant))
+        log(f"report: {report_path}")
+    code = 1 if report.new else 0
+    info.ended_at, info.exit_code = _now(), code
+    RunDir(run_dir).write_info(info)
+    RunDir(run_dir).write_junit(cell.id)
+    log(f"fuzz models {cell.id}: {len(report.tried)} structure(s), {len(report.new)} new find(s), "
+        f"{len(report.near_misses)} near miss(es), {len(report.known)} known issue(s); run {run_dir}")
+    return code
+
+
+def report_json(cell_id: str, seed: str, report: Report) -> dict:
+    def outcome(o: Outcome) -> dict:
+        return {"id": o.key, "structure": o.structure, "outcome": o.outcome, "signature": o.signature,
+                "seconds": o.seconds, "known_issue": o.known_issue, "near_miss": o.near_miss}
+    return {"cell": cell_id, "seed": seed, "drawn": report.drawn, "tried": [outcome(o) for o in report.tried],
+            "finds": [{"found": f.found.key, "shrunk": outcome(f.shrunk), "steps": f.steps, "complete": f.complete}
+                      for f in report.finds],
+            "known": [o.key for o in report.known], "near_misses": [o.key for o in report.near_misses]}
+
+
+def render(cell_id: str, seed: str, budget_s: float, stack: dict, report: Report, started: str, command: str,
+           plant: str) -> str:
+    """The run's markdown: inputs, every structure tried, every find with its classification line."""
+    from distci.fuzz.report import stack_line
+
+    lines = [f"# Models fuzz run: {cell_id}, seed {seed}", "", f"- date: {started}", f"- command: `{command}`",
+             f"- stack: {stack_line(stack)}", f"- budget: {budget_s:.0f} s; structures tried: {len(report.tried)} "
+             f"({len(report.drawn)} drawn)", "", "## Finds", ""]
+    if not report.finds and not report.known:
+        lines.append("None: every structure passed.")
+    for n, find in enumerate(report.finds, 1):
+        why = (f"near miss of registered {find.shrunk.near_miss}" if find.shrunk.near_miss
+               else "new: no registered entry explains it (triage below)")
+        lines += [f"### {n}. `{find.shrunk.signature}`", "", "```", *find_lines(cell_id, find, plant), "```", "",
+                  f"Classification: {why}", ""]
+    lines += [f"- known issue `{o.known_issue}`: `{o.key}` ({o.signature})" for o in report.known]
+    lines += ["", "## Every structure", "", "| structure | outcome | seconds |", "|---|---|---|"]
+    lines += [f"| `{o.key}` | {o.outcome}{' (' + o.known_issue + ')' if o.known_issue else ''} | {o.seconds:.1f} |"
+              for o in report.tried]
+    return "\n".join(lines) + "\n"
+
+
+def run_generator(args, cell, seed: str, command: str) -> int:
+    """`distci fuzz --generator models` (distci.fuzz.command's table): list the drawn
+    structures, or draw, run and shrink them on `cell`."""
+    from distci.errors import FuzzSpecError
+    from distci.fuzz.command import parse_budget
+
+    from .models import Drawer, parse_space
+
+    try:
+        allowed = parse_space(args.space)
+    except ValueError as exc:
+        raise FuzzSpecError(str(exc)) from None
+    if args.list:
+        key = structure_key()
+        drawer = Drawer(seed, allowed)
+        for _ in range(args.max_configs or 20):
+            print(key(drawer.draw()))
+        return 0
+    return fuzz_models_cell(cell, seed=seed, budget_s=parse_budget(args.budget), max_structures=args.max_configs,
+                            batch_size=args.batch, shrink=not args.no_shrink, python=args.python,
+                            runs_root=Path(args.runs_root), known_issues=args.known_issues, allowed=allowed,
+                            report_path=args.report, command=command)

@@ -1,0 +1,100 @@
+"""Bugs planted on purpose in the models generator's parallel run, for the tests that prove
+it finds and shrinks them (tests/test_fuzz_models.py). A real run never sets the variable.
+
+None is shaped like a table column: each needs a structure feature AND a layout, and is
+quiet (training completes, nothing raises), the way such bugs sit upstream:
+  - buffer_drift: a buffer not kept in sync across ranks (rank 1 rebuilds its rope cache /
+    scale with another constant after parallelize). DDP broadcasts buffers from rank 0 at
+    every forward and hides it; FSDP2 and TP keep each rank's own: found under those.
+  - tied_grad_once: under FSDP2, the tied weight's gradient counts only the embedding's use
+    (the head's contribution dropped, as a unit that registers the shared parameter once
+    and reduces one use): found only where tie and fsdp meet.
+  - idle_expert_stale: an expert that got no token on a rank does not stay without a
+    gradient: it re-adds the last gradient it had there (a stale per-expert buffer, as a
+    grouped-GEMM fallback that reuses its last output): needs experts, and a step or
+    microbatch after the expert ran, on a rank where it then got none.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+PLANT_ENV = "DISTCI_MODELS_PLANT"
+
+
+def _buffer_drift(model: nn.Module, parallel: str, rank: int) -> None:
+    if rank == 0:
+        return
+    with torch.no_grad():
+        for block in model.layers:
+            for name in ("cos", "sin", "scale"):
+                if hasattr(block, name):
+                    getattr(block, name).mul_(1.01)
+
+
+def _tied_grad_once(model: nn.Module, parallel: str, rank: int) -> None:
+    if parallel != "fsdp" or not model.structure["tie"]:
+        return
+    head = model.output
+
+    def head_without_weight_grad(module, args, output):
+        (x,) = args
+        return torch.nn.functional.linear(x, module.weight.detach())
+
+    head.register_forward_hook(head_without_weight_grad)
+
+
+class _Stale(torch.autograd.Function):
+    """Adds `stale` to `weight`'s gradient and nothing to the forward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, stale):
+        ctx.save_for_backward(stale)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (stale,) = ctx.saved_tensors
+        return grad, stale, None
+
+
+def _idle_expert_stale(model: nn.Module, parallel: str, rank: int) -> None:
+    from .model_structures import LoopMoE
+
+    for moe in (m for m in model.modules() if isinstance(m, LoopMoE)):
+        last: dict[int, torch.Tensor] = {}
+        hooked: set[int] = set()
+        for e, expert in enumerate(moe.experts):
+            def keep(module, args, output, e=e):
+                w = module.w1.weight
+                if w.requires_grad and not hasattr(w, "placements") and id(w) not in hooked:
+                    hooked.add(id(w))
+                    w.register_hook(lambda g, e=e: last.__setitem__(e, g.detach().clone()))
+            expert.register_forward_hook(keep)
+
+        def stale_into_skipped(module, args, output, last=last):
+            for e in module.skipped:
+                w = module.experts[e].w1.weight
+                if e in last and last[e].shape == w.shape:
+                    output = _Stale.apply(output, w, last[e])
+            return output
+
+        moe.register_forward_hook(stale_into_skipped)
+
+
+PLANTS: dict[str, Callable[[nn.Module, str, int], None]] = {
+    "buffer_drift": _buffer_drift, "tied_grad_once": _tied_grad_once, "idle_expert_stale": _idle_expert_stale}
+
+
+def plant(model: nn.Module, parallel: str, rank: int, name: str | None = None) -> None:
+    """Plants $DISTCI_MODELS_PLANT (or `name`) into the parallel run's model, after parallelize."""
+    name = os.environ.get(PLANT_ENV, "") if name is None else name
+    if not name:
+        return
+    if name not in PLANTS:
+        raise ValueError(f"{PLANT_ENV}={name!r} is not a plant; plants: {', '.join(PLANTS)}")
+    PLANTS[name](model, parallel, rank)

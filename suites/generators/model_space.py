@@ -1,0 +1,133 @@
+"""The models generator's space: a model structure is one value per feature, each a thing
+production models do that the table's one Transformer does not.
+
+Features, and where they come from:
+  - experts / top_k / shared_expert: MoE written as real MoE code writes it, a Python loop
+    over the experts that runs only those that got a token (HF Mixtral / Qwen-MoE's
+    `expert_hit` loop, torchtitan's GroupedExperts for-loop path): an expert no token
+    reached neither runs nor gets a gradient on that rank; a shared expert every token
+    passes (Qwen2-MoE, DeepSeek-MoE);
+  - tie: the output head holds the token embedding's weight (Llama 3.2 1B/3B, Gemma);
+  - reuse: one block applied twice per forward (ALBERT, Universal Transformers): one set of
+    parameters, two uses, two backward contributions;
+  - buffer: `rope`, a non-persistent cos/sin cache built at init (Llama's rotary cache); or
+    `persistent`, a persistent per-channel scale buffer read in forward;
+  - param: the feed-forward's first projection under torch.nn.utils.parametrizations
+    (weight_norm: wav2vec2 / HiFi-GAN; spectral_norm: GAN discriminators, with its u/v
+    buffers updated by every training forward);
+  - wrap: FSDP2 units as trainers place them: every block (+ root), the root only, a subset
+    (the first block only), nested (each block's feed-forward, then the block, then root);
+  - uneven: widths no mesh divides (vocab 33, hidden 31): padded FSDP2 shards, uneven TP shards;
+  - parallel: the layout (FSDP2, TP, classic DDP, composable replicate), crossed with all;
+  - accum, steps: microbatches per step, optimizer steps.
+
+A structure's key spells the parallelism then every feature off its default, e.g.
+`ddp-blocks2-moe4-top2-tied-steps2`; `parse` reads one back (a test id alone names its
+structure). RULES say what is meaningless, never what is broken upstream. Importable
+without torch: the controller draws and shrinks here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+Structure = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One feature: its values (shrinking walks toward `default`), its id fragment, its doc."""
+
+    name: str
+    values: tuple
+    default: Any
+    fragment: str
+    doc: str
+
+
+FEATURES: tuple[Feature, ...] = (
+    Feature("parallel", ("fsdp", "tp", "ddp", "replicate"), "fsdp", "{}", "the layout over all ranks"),
+    Feature("blocks", (1, 2, 3), 1, "blocks{}", "residual blocks"),
+    Feature("experts", (0, 2, 4), 0, "moe{}", "routed experts in every block's feed-forward (0: a dense MLP)"),
+    Feature("top_k", (1, 2), 1, "top{}", "experts each token goes to"),
+    Feature("shared_expert", (False, True), False, "shared_expert", "an expert every token passes"),
+    Feature("tie", (False, True), False, "tied", "the output head holds the embedding's weight"),
+    Feature("reuse", (False, True), False, "reused_block", "the first block runs again after the last"),
+    Feature("buffer", ("none", "rope", "persistent"), "none", "buf_{}", "a buffer read in every block's forward"),
+    Feature("param", ("none", "weight_norm", "spectral_norm"), "none", "{}", "a parametrized first projection"),
+    Feature("wrap", ("blocks", "root", "subset", "nested"), "blocks", "wrap_{}", "FSDP2 units"),
+    Feature("uneven", (False, True), False, "uneven", "vocab 33 and hidden 31: no mesh divides them"),
+    Feature("accum", (1, 2), 1, "ga{}", "microbatches per optimizer step"),
+    Feature("steps", (1, 2, 3), 1, "steps{}", "optimizer steps"),
+)
+FEATURE = {f.name: f for f in FEATURES}
+SIZES = ("blocks", "experts", "top_k", "accum", "steps")
+"""Numbers: the shrinker tries every smaller value, the smallest first."""
+
+RULES: tuple[tuple[Any, str], ...] = (
+    (lambda s: s["top_k"] > max(s["experts"], 1), "top_k picks among the routed experts: top_k <= experts"),
+    (lambda s: s["shared_expert"] and not s["experts"], "a shared expert sits beside routed experts: experts > 0"),
+    (lambda s: s["wrap"] != "blocks" and s["parallel"] != "fsdp", "wrap places FSDP2's units: parallel=fsdp"),
+)
+"""Only what is meaningless (a structure that cannot be built as stated)."""
+
+
+def complete(structure: Structure) -> dict[str, Any]:
+    """Every feature, missing ones at their default; an unknown feature or value is a ValueError."""
+    unknown = sorted(set(structure) - set(FEATURE))
+    if unknown:
+        raise ValueError(f"unknown model feature(s) {', '.join(unknown)}; features: {', '.join(FEATURE)}")
+    full = {f.name: structure.get(f.name, f.default) for f in FEATURES}
+    for f in FEATURES:
+        if full[f.name] not in f.values or type(full[f.name]) is not type(f.default):
+            raise ValueError(f"model feature {f.name}={full[f.name]!r}; values: {', '.join(map(str, f.values))}")
+    return full
+
+
+def problems(structure: Structure) -> list[str]:
+    """Why `structure` is meaningless (empty: it is not)."""
+    try:
+        full = complete(structure)
+    except ValueError as exc:
+        return [str(exc)]
+    return [message for broken, message in RULES if broken(full)]
+
+
+def valid(structure: Structure) -> bool:
+    return not problems(structure)
+
+
+def _fragment(f: Feature, value: Any) -> str:
+    return f.fragment if "{}" not in f.fragment else f.fragment.format(value)
+
+
+def key(structure: Structure) -> str:
+    """The structure's id: the parallelism, then every feature off its default."""
+    full = complete(structure)
+    parts = [full["parallel"]]
+    parts += [_fragment(f, full[f.name]) for f in FEATURES[1:] if full[f.name] != f.default]
+    return "-".join(parts)
+
+
+def parse(text: str) -> dict[str, Any]:
+    """The structure a key names (ValueError naming the token that is no feature)."""
+    tokens = text.strip().split("-")
+    out: dict[str, Any] = {}
+    if tokens[0] not in FEATURE["parallel"].values:
+        raise ValueError(f"{text!r}: starts with {tokens[0]!r}, not a layout of {FEATURE['parallel'].values}")
+    out["parallel"] = tokens[0]
+    table = {_fragment(f, v): (f.name, v) for f in FEATURES[1:] for v in f.values if v != f.default}
+    for token in tokens[1:]:
+        if token not in table:
+            raise ValueError(f"{text!r}: {token!r} is no model feature; fragments: {', '.join(sorted(table))}")
+        name, value = table[token]
+        out[name] = value
+    return complete(out)
+
+
+def non_default(structure: Structure) -> dict[str, Any]:
+    """The features of `structure` off their default (what a shrunk failure needs)."""
+    full = complete(structure)
+    return {f.name: full[f.name] for f in FEATURES if full[f.name] != f.default}
+
