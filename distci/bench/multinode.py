@@ -63,9 +63,11 @@ def compare_runs(one_host: Path, two_hosts: Path) -> dict[str, Any]:
     a = {r.test_id: r for r in RunDir(one_host).results()}
     b = {r.test_id: r for r in RunDir(two_hosts).results()}
     both = sorted(set(a) & set(b))
-    differ = [t for t in both if a[t].outcome != b[t].outcome]
+    ran = [t for t in both if "skipped" not in (a[t].outcome, b[t].outcome)]  # rows both can run
+    differ = [t for t in ran if a[t].outcome != b[t].outcome]
     return {
         "one_host_run": one_host.name, "two_hosts_run": two_hosts.name, "rows": len(both),
+        "both_ran": len(ran), "skipped_on_one_side": sorted(t for t in both if t not in ran),
         "only_one_host": sorted(set(a) - set(b)), "only_two_hosts": sorted(set(b) - set(a)),
         "differ": [{"test": t, "one_host": a[t].outcome, "two_hosts": b[t].outcome} for t in differ],
         "one_host_s": round(sum(a[t].duration_s for t in both), 1),
@@ -93,7 +95,7 @@ def run_multinode_bench(console: Console, runs_root: Path = REPO / ".distci" / "
     if one and two:
         summary["pr_rows"] = cmp = compare_runs(one, two)
         console.print(f"pr rows, 1 node x 2 ranks ({one.name}) against 2 nodes x 1 rank ({two.name}): "
-                      f"{cmp['rows']} rows in both, {cmp['one_host_s']} s against {cmp['two_hosts_s']} s of test time")
+                      f"{cmp['rows']} rows in both, {cmp['both_ran']} run by both, {len(cmp['differ'])} differ; {cmp['one_host_s']} s against {cmp['two_hosts_s']} s of test time")
         for d in cmp["differ"]:
             console.print(f"  DIFFERENT: {d['test']}: one host {d['one_host']}, two hosts {d['two_hosts']}")
         code = 1 if cmp["differ"] else 0
