@@ -43,7 +43,7 @@ def slurm(tmp_path: Path):
 @pytest.mark.slow
 def test_the_two_node_cell_passes_through_slurm(slurm: LocalSlurm, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "pytest", "-p", "distci.harness", "-p", "distci.launch.plugin",
+    command = [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "distci.launch.plugin",
                "-p", "no:cacheprovider", f"--rootdir={REPO}", "--distci-nodes=2", "--distci-hosts=slurm",
                "--distci-world-size=2", f"--distci-run-dir={run_dir}", f"--distci-cell={CELL}",
                *[str(REPO / r) for r in ROWS]]
