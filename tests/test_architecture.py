@@ -108,7 +108,7 @@ def test_no_import_loop_in_distci() -> None:
 
 # Modules over the ceiling when the suites came under it; being split by their owner. The
 # set only shrinks: a module leaving it must leave this list too, and no other may join.
-KNOWN_OVER_CEILING = {"suites/checks.py", "suites/parallelize.py"}
+KNOWN_OVER_CEILING: set[str] = set()
 
 
 def test_no_module_over_the_ceiling() -> None:
@@ -164,6 +164,9 @@ KNOWN_UPWARD = {
     # the programs generator's program record and parser (pure, torch-free), likewise
     ("suites.generators.programs", "distci.fuzz.programs"),
     ("suites.generators.programs_entry", "distci.fuzz.programs"),
+    # the models engine reads the structure space declared on the cell side; to be loaded by
+    # name (distci.fuzz.models_cell.structure_key does so already), so the wheel needs no suites/
+    ("distci.fuzz.models", "suites.generators.model_space"),
 }
 
 

@@ -417,7 +417,7 @@ def _polluter_kinds() -> list[str]:
 
 def _polluter_run(tmp_path: Path, *args: str) -> tuple[dict, dict[int, str]]:
     (tmp_path / "memo").mkdir()
-    _proc, results, _ = _run(tmp_path, str(POLLUTERS), "--distci-timeout=30", *args,
+    _proc, results, _ = _run(tmp_path, str(POLLUTERS), "--distci-timeout=30", *args, timeout=1800,
                              DISTCI_FAULT_DIR=str(tmp_path / "memo"))
     logs = {rank: (tmp_path / "run" / "logs" / f"ws2-rank{rank}.log").read_text(errors="replace") for rank in (0, 1)}
     return results, logs

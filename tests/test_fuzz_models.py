@@ -89,7 +89,7 @@ def test_a_near_miss_is_never_new_and_gets_one_shrink_round():
 
 
 def test_the_registry_names_an_entry_explaining_a_find_outside_its_tests(tmp_path):
-    from distci.harness.known_issues import load_registry
+    from distci.known_issues import load_registry
 
     (tmp_path / "k.toml").write_text('''
 [[issue]]
@@ -236,7 +236,7 @@ def test_a_planted_bug_is_found_shrunk_and_localized(tmp_path, plant):
 def test_uneven_tp_structures_are_the_registered_pytorch150336():
     """The generator's TP structures with hidden 31 hit pytorch#150336 (the table keeps its TP
     hidden width even for it): known, not new, on every stack the entry applies to."""
-    from distci.harness.known_issues import load_registry
+    from distci.known_issues import load_registry
 
     registry = load_registry(REPO / "suites" / "known_issues.toml")
     test = "suites/generators/models_entry.py::test_model_structure[tp-blocks2-tied-uneven]"

@@ -41,6 +41,18 @@ COLLECTIVE_STACK = ('Current thread 0x1 (most recent call first):\n'
 COMPUTE_STACK = 'Current thread 0x1 (most recent call first):\n  File "/x/suites/step.py", line 9 in forward\n'
 
 
+SHARDING_STACK = ('Current thread 0x1 (most recent call first):\n'
+                  '  File "/x/torch/distributed/tensor/_collective_utils.py", line 550 in redistribute_cost\n'
+                  '  File "/x/torch/distributed/tensor/_sharding_prop.py", line 780 in propagate_op_sharding_non_cached\n')
+
+
+def test_a_rank_in_dtensor_sharding_propagation_is_computing_not_waiting() -> None:
+    """Seen in the pr tier at load 45 (tp-eager-f8_rowwise): both ranks busy in DTensor's
+    sharding propagation, under torch/distributed/, which is work, not a wait for a peer."""
+    load = load_at_timeout([RankState(0, stuck=True, stack=SHARDING_STACK)], {0: True})
+    assert load["progressing"] and load["computing_ranks"] == [0]
+
+
 def test_only_a_rank_computing_outside_a_collective_is_progress() -> None:
     waiting = RankState(0, stuck=True, stack=COLLECTIVE_STACK)
     computing = RankState(1, stuck=True, stack=COMPUTE_STACK)

@@ -136,6 +136,19 @@ def in_collective(stack: str) -> bool:
     return False
 
 
+COLLECTIVE_WAIT_FILE = re.compile(r"(?:^|/)torch/distributed/(?:distributed_c10d|_functional_collectives|c10d_logger)\.py$")
+
+
+def waiting_in_collective(stack: str) -> bool:
+    """Is the main thread's innermost Python frame a collective call (where a rank blocks on its
+    peers)? Narrower than in_collective: DTensor's sharding propagation and cost models live
+    under torch/distributed/ too, and a rank computing there is busy, not waiting."""
+    for match in FRAME_FILES.finditer(_main_thread(stack)):  # most recent call first
+        path = (match.group(1) or match.group(2) or "").replace("\\", "/")
+        return bool(COLLECTIVE_WAIT_FILE.search(path))
+    return False
+
+
 def describe_exit(code: int | None) -> str:
     if code is None:
         return "is still running"

@@ -16,7 +16,7 @@ from typing import Callable
 import pytest
 
 from distci.harness import procs
-from distci.harness.outcome import RankState, in_collective
+from distci.harness.outcome import RankState, waiting_in_collective
 
 LOAD_RETRY_FACTOR = 3.0
 LOAD_RETRY_MAX_FACTOR = 40.0
@@ -51,9 +51,10 @@ def take_over_timeout_markers(items: list[pytest.Item], distributed: Callable[[p
 
 def load_at_timeout(states: list[RankState], progress: dict[int, bool]) -> dict:
     """The runner's load when a test ran out of time, and whether its ranks were still making
-    progress: CPU time advancing on a stuck rank whose main thread is not waiting in a
-    collective (a rank blocked on a peer that never comes uses none)."""
-    computing = [s.rank for s in states if s.stuck and progress.get(s.rank) and not in_collective(s.stack)]
+    progress: CPU time advancing on a stuck rank whose main thread is not blocked in a collective
+    call (a rank waiting for a peer that never comes uses none; one in DTensor's sharding
+    propagation, under torch/distributed/ too, is computing)."""
+    computing = [s.rank for s in states if s.stuck and progress.get(s.rank) and not waiting_in_collective(s.stack)]
     return dict(procs.runner_load(), progressing=bool(computing), computing_ranks=computing)
 
 
