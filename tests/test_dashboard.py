@@ -143,7 +143,9 @@ def test_dashboard_in_headless_chromium(seeded_store: Path, tmp_path: Path) -> N
     chips = [a for t, a in parser.elements if "data-suite" in a]
     assert rows == {c for c in rows if "ws2" in c} and len(rows) == 5
     assert len(chips) == 5 * len({a["data-suite"] for a in chips}) >= 25
-    assert {a["data-verdict"] for a in chips} >= {"regression", "pass", "flaky", "infra", "xfail", "skip"}
+    # (an infra result of a test that has an answer since the complete run never replaces it, as
+    # in the gate: the infra verdict shows as the npu cell's row, whose run never came up)
+    assert {a["data-verdict"] for a in chips} >= {"regression", "pass", "flaky", "xfail", "skip"}
 
     start = dom.index('data-verdict="regression"', dom.index('id="breaks"'))
     article = dom[start : dom.index("</article>", start)]

@@ -8,8 +8,11 @@ puppeteer-core with axe-core (tests/browser/check.cjs; both npm packages are ins
 into a cache by the fixture below when absent: `DISTCI_NODE_MODULES` points at an
 existing node_modules instead). Skipped with the reason when chromium or npm is missing.
 
-DISTCI_DASHBOARD_SCREENSHOTS=reports keeps the screenshots (dashboard-1280.png,
-dashboard-390.png) of the generated site's index page.
+Beyond width and axe, a layout review sees what only looking saw before (check.cjs):
+text wrapped to a few characters a line, sibling boxes that cover each other, a heading
+beside its own content. DISTCI_DASHBOARD_SCREENSHOTS=reports keeps a screenshot of every
+page checked, both sites, both widths (reports/dashboard/<site>-<page>-<width>.png), for a
+person's review next to the check.
 """
 
 from __future__ import annotations
@@ -98,18 +101,38 @@ SPLIT = ("cell", "week", "tier")
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize(("name", "page"), [(n, p) for n in ("generated", "recorded") for p in PAGES + SPLIT
                                             if (n, p) != ("recorded", "tier")])  # no matrix there: no tiers
-def test_no_sideways_scroll_and_no_axe_violation(sites: dict[str, Path], node_modules: Path, name: str, page: str,
-                                                 width: int, tmp_path: Path) -> None:
-    shot = tmp_path / f"dashboard-{width}.png" if (name, page) == ("generated", "index.html") else None
+def test_no_sideways_scroll_no_axe_violation_and_no_broken_layout(sites: dict[str, Path], node_modules: Path,
+                                                                  name: str, page: str, width: int,
+                                                                  tmp_path: Path) -> None:
     if page in SPLIT:
         page = sorted(p.name for p in sites[name].glob(f"{page}-*.html"))[0]
+    shot = tmp_path / f"{name}-{Path(page).stem.split('-')[0]}-{width}.png"
     found = browser_check(node_modules, sites[name] / page, width, shot)
+    keep = os.environ.get("DISTCI_DASHBOARD_SCREENSHOTS")
+    if keep:
+        (Path(keep) / "dashboard").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, Path(keep) / "dashboard" / shot.name)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert found["width"] == width
     assert found["scrollWidth"] <= width, f"{page} is {found['scrollWidth']} px wide at {width}: {found['wide']}"
     assert found["violations"] == [], found["violations"]
-    keep = os.environ.get("DISTCI_DASHBOARD_SCREENSHOTS")
-    if shot is not None:
-        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        if keep:
-            Path(keep).mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(shot, Path(keep) / shot.name)
+    assert found["narrow"] == [], f"{page} at {width} px wraps text to a few characters a line"
+    assert found["overlap"] == [], f"{page} at {width} px has boxes covering each other"
+    assert found["beside"] == [], f"{page} at {width} px has a heading beside its content"
+
+
+@pytest.mark.slow
+def test_the_layout_review_sees_a_squeezed_column_covering_boxes_and_a_heading_beside(
+        node_modules: Path, tmp_path: Path) -> None:
+    page = tmp_path / "broken.html"
+    page.write_text(
+        '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>t</title></head><body><main>'
+        '<table><tr><td style="width:1px;word-break:break-all">cpu-cpu-torch_2.13.0-ao_0.18.0-ws2</td>'
+        '<td style="width:99%">wide</td></tr></table>'
+        '<div><p style="margin:0;height:20px">first</p><p style="margin:-15px 0 0 0;height:20px">second</p></div>'
+        '<section style="display:flex"><h2>Stacks</h2><ul><li>torch 2.13.0</li></ul></section>'
+        '</main></body></html>')
+    found = browser_check(node_modules, page, 390)
+    assert any("cpu-cpu-torch" in n for n in found["narrow"]), found
+    assert any('"first"' in o and '"second"' in o for o in found["overlap"]), found
+    assert any("Stacks" in b for b in found["beside"]), found

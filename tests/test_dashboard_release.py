@@ -342,3 +342,79 @@ def test_ci_links_need_no_run_directory(site: dict, tmp_path: Path) -> None:
     base = f"{CI['server']}/{CI['repository']}/actions/runs/{CI['run_id']}"
     assert f'href="{base}/attempts/2"' in html and f'href="{base}#artifacts"' in html
     assert "pytest.log" not in html and "javascript:" not in html
+
+
+@pytest.fixture(scope="module")
+def rerun_site(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The generated store after two narrowed reruns on the last night's stacks: one passing
+    test of the blocked release cell, and two of the fixes-off twin's hidden failures."""
+    from datetime import timedelta
+
+    from fixtures_dashboard import HIDDEN_KNOWN as KNOWN, NIGHTS, START, _rows, _stack
+    from fixtures_runs import write_run
+
+    root = tmp_path_factory.mktemp("rerun")
+    gen = generate(root)
+    night = (START + timedelta(days=NIGHTS - 1)).date().isoformat()
+    red, twin = gen.cells["release_red"], gen.cells["twin_off"]
+    write_run(gen.root, f"20261130T133000Z-rr-{red}", red, [{"test_id": TP[0], "duration_s": 2.0}],
+              started_at=NOW - timedelta(minutes=30), stack=_stack(red, night, triton="3.5.1"), tier="nightly",
+              runner="gpu-runner-1", selection=["-k", "test_tp_loss and 0"])
+    twin_rows = [r for r in _rows("twin_off", NIGHTS - 1) if r["test_id"] in HIDDEN[:2]]
+    assert [r.get("known_issue") for r in twin_rows] == KNOWN[:2]
+    write_run(gen.root, f"20261130T134000Z-rr-{twin}", twin, twin_rows, started_at=NOW - timedelta(minutes=20),
+              stack=_stack(twin, night), tier="nightly", runner="ubuntu-2c", backend="venv", selection=["-k", "bug"])
+    never = gen.cells["missing"]  # never ran whole: its one run is narrowed, so the gate calls it partial
+    write_run(gen.root, f"20261130T135000Z-rr-{never}", never, [{"test_id": TP[1], "duration_s": 2.0}],
+              started_at=NOW - timedelta(minutes=10), stack=_stack(never, night), tier="nightly", runner="ubuntu-2c",
+              backend="venv", selection=["-k", "test_tp_loss and 1"])
+    with Store(root / "store.sqlite") as store:
+        ingest_runs(store, [gen.root])
+        index = render_dashboard(store, root / "site", matrix_path=gen.matrix, now=NOW, issues=gen.issues,
+                                 known_issues=gen.known_issues, index=INDEX)
+        from distci.judge.gate import evaluate
+
+        gate = {c.cell_id: c for c in evaluate(store, "nightly", matrix_path=gen.matrix, now=NOW).cells}
+    return {"gen": gen, "html": index.read_text(), "data": json.loads((root / "site" / "data.json").read_text()),
+            "gate": gate}
+
+
+def test_after_a_narrowed_rerun_every_card_agrees_with_the_gate(rerun_site: dict) -> None:
+    """A narrowed rerun adds evidence and never replaces the complete run (DESIGN rule 12):
+    the gate stays BLOCKED by the same test, and so does every card of the page: the
+    blocker's card link resolves, Breaks keeps the regression, the grid counts the whole
+    tier, the Fix story still counts the twin's five hidden bugs."""
+    cells, html, data = rerun_site["gen"].cells, rerun_site["html"], rerun_site["data"]
+    assert data["gate"]["release"]["status"] == "BLOCKED"
+    red = cells["release_red"]
+    start = html.index(f'data-blocking="{red}::{TP[7]}"')
+    item = html[start: html.index("</li>", start)]
+    card = re.search(r'href="#(break-[0-9a-f]+)">its break card', item).group(1)
+    assert f'id="{card}" data-signature="{escape(RELEASE_SIG)}"' in html
+    ids = set(re.findall(r'\bid="([^"]+)"', html))
+    assert sorted(set(re.findall(r'href="#([^"]+)"', html)) - ids) == [], "anchors the page does not have"
+    breaks = html[html.index('id="breaks"'):html.index('id="fixstory"')]
+    assert f'data-signature="{escape(RELEASE_SIG)}"' in breaks
+    grid = html[html.index('id="grid"'):html.index('id="nights"')]
+    row = _row(grid, f'data-cell="{red}"')
+    assert "39/40" in row and ">1/1<" not in row, row
+    story = _article(html, f'data-off="{cells["twin_off"]}"')
+    assert 'data-bugs="5"' in story and "hides <strong>5 upstream bugs</strong>" in story
+    twin = _row(grid, f'data-cell="{cells["twin_off"]}"')
+    assert "hides 5 upstream bugs" in twin and "35/40 · 5 known" in twin
+
+
+def test_a_partial_cell_has_a_badge_and_the_gates_one_cause(rerun_site: dict) -> None:
+    """`partial` is shown as a badge where the gate's states are, with the cause the gate
+    gave (the page never words its own), in the release view and in the grid."""
+    cell = rerun_site["gen"].cells["missing"]
+    state = rerun_site["gate"][cell]
+    assert state.state == "partial" and state.reason
+    html = rerun_site["html"]
+    night = _article(html, 'data-tier="nightly"')
+    row = _row(night, f'data-cell="{cell}"')
+    assert 'data-cell-state="partial"' in row and 'class="badge st-partial">◑ partial<' in row
+    assert str(escape(state.reason)) in row
+    assert "1 partial" in night
+    grid = html[html.index('id="grid"'):html.index('id="nights"')]
+    assert "◑ partial" in _row(grid, f'data-cell="{cell}"')

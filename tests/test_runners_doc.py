@@ -14,10 +14,15 @@ And the guide is walked as written: the step-by-step commands for one CUDA or on
 machine, registered to a repository (or an organization), run in order in a runner
 directory, each vendor tool replaced by a stub that fails where the tool would
 (tests/runnerstubs.py: the runner's config.sh options, run.sh before config.sh, ...).
+The files it shows (```` ```ini file=PATH ````: the runner's `.env`, the supervisor's
+credential file, the proxies) are written where it says, under the walk's home. A fleet
+set up that way, long-lived or ephemeral, must take every job a nightly queues on its
+labels, with registration tokens that expire after an hour and runners that take one job.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -28,13 +33,15 @@ import pytest
 import yaml
 
 from conftest import REPO
-from distci.images.base import BASE_RECIPE
+from distci.images.base import BASE_RECIPE, PUBLIC_BASES
+from distci.matrix import load_matrix
+from runnerstubs import IDLE, new_fleet
 
 DOC = REPO / "docs" / "runners.md"
 CPU_CELL_ID = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on"
 # The first word of a vendor's or the OS's command (after sudo and VAR=value).
 VENDOR = {"apt-get", "usermod", "nvidia-smi", "nvidia-ctk", "systemctl", "npu-smi", "getent", "./config.sh",
-          "./run.sh", "./svc.sh"}
+          "./run.sh", "./svc.sh", "chmod", "cp"}
 VENDOR_PREFIXES = ("./Ascend-hdk-",)
 
 
@@ -103,29 +110,41 @@ def test_every_distci_command_of_the_guide_is_exercised():
 
 # ---------------------------------------------------------------- the guide, walked
 
-# What a person types for each placeholder of the guide's commands.
+# What a person types for each placeholder of the guide's commands (the walk adds the paths
+# of its home: <cache-dir>, <runner-dir>, <distci-checkout>).
 PLACEHOLDERS = {"<owner>": "example", "<repo>": "distci", "<org>": "example-org", "<registration-token>": "AAAAREGTOKEN",
                 "<runner-user>": "runner", "<version>": "24.1.rc3", "<debian-mirror-url>": "http://mirror.invalid/debian",
-                "<hash>": "0123abcd", "<run-id>": "123456", "<attempt>": "1", "<cell-id>": CPU_CELL_ID}
+                "<hash>": "0123abcd", "<run-id>": "123456", "<attempt>": "1", "<cell-id>": CPU_CELL_ID,
+                "<proxy-url>": "http://proxy.invalid:3128", "<fine-grained-token>": "github_pat_WALK"}
 STEPS_HEADING = "## Setting up a self-hosted runner, step by step"
 # The machine kinds the guide sets up: the sections each skips, the label its registration carries.
 KINDS = {"cuda": ("(Ascend NPU)", "cuda"), "npu": ("(CUDA)", "npu")}
+# How the runner is kept: the section each mode skips.
+MODES = {"long-lived": "(ephemeral)", "ephemeral": "(long-lived)"}
 STUB = Path(__file__).with_name("runnerstubs.py")
+BLOCK = re.compile(r"^[ \t]*```(\w+)(?: file=(\S+))?\n(.*?)^[ \t]*```", re.S | re.M)
 
 
-def guide_steps(kind: str, scope: str) -> list[str]:
-    """The commands a person runs, in order, to set up one `kind` machine for a `scope`
-    (repository or organization): the step-by-step sections, minus the other device's,
-    and the registration lines of this kind and scope."""
+def guide_steps(kind: str, scope: str, mode: str = "long-lived") -> list:
+    """What a person does, in order, to set up one `kind` machine for a `scope`
+    (repository or organization) kept as `mode`: the step-by-step sections minus the
+    other device's and the other mode's; the registration lines of this kind and scope;
+    the files the guide shows, as (path, text)."""
     text = DOC.read_text()
     body = text[text.index(STEPS_HEADING):]
     body = body[: body.index("\n## ", len(STEPS_HEADING))]
     skip, label = KINDS[kind]
-    out = []
+    out: list = []
     for section in re.split(r"^### ", body, flags=re.M)[1:]:
-        if skip in section.splitlines()[0]:
+        heading = section.splitlines()[0]
+        if skip in heading or MODES[mode] in heading:
             continue
-        for block in re.findall(r"^\s*```sh\n(.*?)^\s*```", section, re.S | re.M):
+        for lang, path, block in BLOCK.findall(section):
+            if path:
+                out.append((path, "\n".join(x.strip() for x in block.splitlines()) + "\n"))
+                continue
+            if lang != "sh":
+                continue
             lines = [x.strip() for x in block.splitlines() if x.strip() and not x.strip().startswith("#")]
             registrations = [x for x in lines if _words(x)[0] == "./config.sh"]
             mine = [x for x in registrations if _registers(x, label, scope)]
@@ -146,37 +165,54 @@ def _url_scope(url: str) -> str:
     return "repository" if len(parts) == 2 else "organization"
 
 
-def walk(commands: list[str], home: Path) -> list[tuple[str, int, str]]:
-    """Runs each command in bash from a runner directory, vendor tools replaced by the stubs of
-    tests/runnerstubs.py (which check arguments as the tools do); distci's own commands are
-    recorded here and run for real by the tests that test_every_distci_command_... names."""
+def _stub(path: Path, name: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{STUB}" "{name}" "$@"\n')
+    path.chmod(0o755)
+
+
+def walk(steps: list, home: Path, github: Path | None = None) -> list[tuple[str, int, str]]:
+    """Does each step from a runner directory where the runner application is unpacked:
+    a file is written where the guide says (`~/` the home, `/` a fake root under it,
+    else the runner directory); a command runs in bash, vendor tools replaced by the stubs
+    of tests/runnerstubs.py (which check arguments as the tools do, and act on `github`,
+    the fake GitHub, when given); distci's own commands are recorded here and run for real
+    by the tests that test_every_distci_command_... names."""
     bindir = home / "bin"
-    bindir.mkdir(parents=True, exist_ok=True)
     for name in ("sudo", "apt-get", "usermod", "nvidia-smi", "nvidia-ctk", "systemctl", "npu-smi", "getent", "nox",
-                 "python"):
-        stub = bindir / name
-        stub.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{STUB}" "{name}" "$@"\n')
-        stub.chmod(0o755)
+                 "python", "gh"):
+        _stub(bindir / name, name)
     runner_dir = home / "actions-runner"
-    runner_dir.mkdir(exist_ok=True)
+    for name in ("config.sh", "run.sh", "svc.sh"):
+        _stub(runner_dir / name, name)
+    values = {**PLACEHOLDERS, "<cache-dir>": str(home / "cache"), "<runner-dir>": str(runner_dir),
+              "<distci-checkout>": str(REPO)}
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(home), "CELL": CPU_CELL_ID, "RUNNER_TEMP": str(home),
+           "DISTCI_STUB_LOG": str(home / "calls.log")}
+    if github:
+        env["DISTCI_STUB_GITHUB"] = str(github)
     done = []
-    for command in commands:
+    for step in steps:
+        command = step if isinstance(step, str) else step[1]
         text = command
-        for placeholder, value in PLACEHOLDERS.items():
+        for placeholder, value in values.items():
             text = text.replace(placeholder, value)
         left = re.findall(r"<[\w-]+>", text)
         assert not left, f"{command}: placeholders the guide does not explain: {left}"
+        if not isinstance(step, str):
+            where = step[0]
+            path = home / where[2:] if where.startswith("~/") else home / "root" / where[1:] if where.startswith(
+                "/") else runner_dir / where
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            done.append((where, 0, ""))
+            continue
         for word in _words(text):
-            if "/" in word and not word.startswith(("-", "/", "http")) and not (runner_dir / word).exists():
-                path = runner_dir / word  # a file the vendor's download or the checkout provides
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{STUB}" "{word}" "$@"\n')
-                path.chmod(0o755)
+            if "/" in word and not word.startswith(("-", "/", "http", "~")) and not (runner_dir / word).exists():
+                _stub(runner_dir / word, word)  # a file the vendor's download or the checkout provides
                 break
-        env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(home), "CELL": CPU_CELL_ID, "RUNNER_TEMP": str(home),
-               "DISTCI_STUB_LOG": str(home / "calls.log")}
         proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", text], cwd=runner_dir,
-                              env=env, capture_output=True, text=True, timeout=60)
+                              env=env, capture_output=True, text=True, timeout=120)
         done.append((command, proc.returncode, proc.stdout + proc.stderr))
     return done
 
@@ -184,18 +220,19 @@ def walk(commands: list[str], home: Path) -> list[tuple[str, int, str]]:
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_following_the_guide_for_a_repository_fails_no_command(kind, tmp_path):
     commands = guide_steps(kind, "repository")
-    registrations = [c for c in commands if c.startswith("./config.sh")]
+    registrations = [c for c in commands if isinstance(c, str) and c.startswith("./config.sh")]
     assert len(registrations) == 1 and "--runnergroup" not in registrations[0], registrations
-    assert commands.index(registrations[0]) < commands.index("./run.sh")
+    assert commands.index(registrations[0]) < commands.index("sudo ./svc.sh start")
     failed = [(c, rc, out) for c, rc, out in walk(commands, tmp_path) if rc != 0]
     assert failed == [], failed
     calls = (tmp_path / "calls.log").read_text().splitlines()
-    assert any(c.startswith("config.sh ") for c in calls) and "run.sh" in calls
+    assert any(c.startswith("config.sh ") for c in calls) and "svc.sh start" in calls
+    assert (tmp_path / "actions-runner" / ".env").read_text().startswith("DISTCI_WHEELHOUSE_ROOT=")
 
 
 def test_following_the_guide_for_an_organization_uses_its_runner_group(tmp_path):
     commands = guide_steps("cuda", "organization")
-    (registration,) = [c for c in commands if c.startswith("./config.sh")]
+    (registration,) = [c for c in commands if isinstance(c, str) and c.startswith("./config.sh")]
     assert "--runnergroup distci" in registration
     assert [(c, rc) for c, rc, _ in walk(commands, tmp_path) if rc != 0] == []
 
@@ -215,3 +252,101 @@ def test_the_walk_fails_a_registration_the_runner_refuses(tmp_path):
         assert rc != 0 and message in out, (command, out)
     twice = walk([repo + " --unattended", repo + " --unattended"], tmp_path / "twice")
     assert [rc for _, rc, _ in twice][0] == 0 and twice[1][1] != 0 and "already configured" in twice[1][2]
+
+
+# ---------------------------------------------------------------- a fleet takes a whole nightly
+
+def nightly_self_hosted_jobs() -> list[list[str]]:
+    """The `runs-on` labels of every job nightly.yml queues on self-hosted runners."""
+    include = load_matrix(REPO / "matrix.toml").actions_include("nightly")
+    return [job["runner"] for job in include if "self-hosted" in job["runner"]]
+
+
+def _fleet(tmp_path: Path) -> Path:
+    github = tmp_path / "github.json"
+    new_fleet(github, nightly_self_hosted_jobs(), tokens=(PLACEHOLDERS["<registration-token>"],))
+    return github
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_a_fleet_set_up_by_the_guide_takes_every_job_of_a_nightly(mode, tmp_path):
+    """One CUDA machine and one Ascend machine, each set up by the guide for a repository,
+    take every self-hosted job of the nightly (several per label), each job's environment
+    has the `.env`'s caches, and the wheelhouse survives the checkout's clean: every job
+    after a machine's first finds it warm."""
+    jobs = nightly_self_hosted_jobs()
+    assert len(jobs) > 2 and {"cuda", "npu"} <= {label for job in jobs for label in job}
+    github = _fleet(tmp_path)
+    for kind in sorted(KINDS):
+        steps = guide_steps(kind, "repository", mode)
+        if kind == "npu" and mode == "ephemeral":  # the guide's words: "On an Ascend machine DISTCI_RUNNER_LABELS=..."
+            steps = [s if isinstance(s, str) else
+                     (s[0], re.sub(r"DISTCI_RUNNER_LABELS=.*", "DISTCI_RUNNER_LABELS=self-hosted,linux,ARM64,npu", s[1]))
+                     for s in steps]
+        state = json.loads(github.read_text())  # this machine's admin gets a token now (valid one hour)
+        state["tokens"][PLACEHOLDERS["<registration-token>"]] = state["clock"]
+        github.write_text(json.dumps(state))
+        failed = [(c, rc, out) for c, rc, out in walk(steps, tmp_path / kind, github) if rc != 0]
+        assert failed == [], failed
+    state = json.loads(github.read_text())
+    assert state["queue"] == [], f"jobs left queued: {state['queue']}"
+    assert len(state["taken"]) == len(jobs)
+    for kind in sorted(KINDS):
+        mine = [t for t in state["taken"] if kind in t["job"]]
+        assert all({x.lower() for x in t["job"]} <= {x.lower() for x in t["labels"]} for t in mine)
+        assert all("DISTCI_WHEELHOUSE_ROOT" in t["env"] for t in mine)
+        assert [t["warm"] for t in mine] == [False] + [True] * (len(mine) - 1)
+    if mode == "ephemeral":
+        assert len({t["runner"] for t in state["taken"]}) == len(jobs)  # one registration per job
+        assert all(u.get("state") in ("idle", "linked") for u in state["units"].values()), state["units"]
+
+
+def test_the_stubs_model_one_job_runners_expiring_tokens_and_the_checkouts_clean(tmp_path):
+    """What the fleet test would miss if the stubs were lenient: an ephemeral registration
+    takes one job; a loop that keeps one registration token fails once it is an hour old;
+    a just-in-time configuration is used once; a wheelhouse inside the checkout is lost."""
+    repo = "./config.sh --url https://github.com/<owner>/<repo> --token <registration-token> --labels cuda,gpu-2"
+    github = _fleet(tmp_path)
+    walk([repo + " --ephemeral --unattended", "./run.sh"], tmp_path / "once", github)
+    assert len(json.loads(github.read_text())["taken"]) == 1
+
+    github = _fleet(tmp_path)
+    loop = f"for i in 1 2 3 4; do {repo} --ephemeral --unattended; ./run.sh; done"
+    ((_, rc, out),) = walk([loop], tmp_path / "loop", github)
+    assert rc != 0 and "expired" in out and len(json.loads(github.read_text())["taken"]) == 2
+
+    github = _fleet(tmp_path)
+    jit = ("jit=$(GH_TOKEN=t gh api -X POST repos/example/distci/actions/runners/generate-jitconfig -f name=a "
+           "-F runner_group_id=1 -f 'labels[]=self-hosted' -f 'labels[]=linux' -f 'labels[]=cuda' -f 'labels[]=gpu-2' "
+           "--jq .encoded_jit_config); ./run.sh --jitconfig $jit; ./run.sh --jitconfig $jit")
+    ((_, rc, out),) = walk([jit], tmp_path / "jit", github)
+    assert rc != 0 and "used once" in out and len(json.loads(github.read_text())["taken"]) == 1
+    nolabels = jit.replace(" -f 'labels[]=self-hosted' -f 'labels[]=linux'", "").rsplit(";", 1)[0]
+    ((_, rc, _),) = walk([nolabels], tmp_path / "nolabels", github)
+    assert rc == IDLE  # a just-in-time runner without self-hosted/linux matches no job
+
+    github = _fleet(tmp_path)
+    steps = [s for s in guide_steps("cuda", "repository") if not (isinstance(s, tuple) and s[0] == ".env")]
+    walk(steps, tmp_path / "noenv", github)
+    taken = json.loads(github.read_text())["taken"]
+    assert len(taken) > 1 and not any(t["warm"] for t in taken)
+
+
+def test_the_guides_base_images_are_the_code_s(tmp_path):
+    """The pre-pull table of docs/runners.md is PUBLIC_BASES, row for row."""
+    text = DOC.read_text()
+    table = text[text.index("<!-- bases:"): text.index("<!-- /bases -->")]
+    assert table.splitlines()[3:] == bases_rows(), "regenerate: python tests/test_runners_doc.py"
+
+
+def bases_rows() -> list[str]:
+    return [f"| {family} | {python} | `{base.name}` | "
+            f"{f'`{base.digest}`' if base.digest else '**none: pin it yourself (below)**'} | {base.why} |"
+            for (family, python), base in PUBLIC_BASES.items()]
+
+
+if __name__ == "__main__":  # rewrite the guide's pre-pull table from PUBLIC_BASES
+    text = DOC.read_text()
+    head, rest = text.split("|---|---|---|---|---|\n", 1)
+    rest = rest[rest.index("<!-- /bases -->"):]
+    DOC.write_text(head + "|---|---|---|---|---|\n" + "\n".join(bases_rows()) + "\n" + rest)

@@ -22,7 +22,7 @@ import pytest
 from packaging.tags import Tag, sys_tags
 from packaging.version import Version
 
-from distci.errors import ConfigError, MatrixError, SourceError
+from distci.errors import ConfigError, InfraError, MatrixError, SourceError
 from distci.provision.index import list_index_versions
 from distci.provision.sources import IndexConfig, pip_args, requirement_lines
 from distci.sources import Source
@@ -346,3 +346,40 @@ def test_git_source_resolves_to_a_commit(tmp_path: Path) -> None:
         resolve(Source.parse("torchtitan", "git:tiny@nope"), config)
     with pytest.raises(ConfigError, match="DISTCI_GIT_OTHER is not set"):
         resolve(Source.parse("torchtitan", "git:other@main"), config)
+
+
+def test_the_index_reader_retries_passing_troubles_and_stops(index: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 503 (then a 429 with Retry-After) is retried and the page read; an index that
+    keeps answering 503 is infra after the retries, naming the status and the tries."""
+    import distci.provision.index as index_module
+
+    answers: list[int] = []
+
+    class Flaky(_IndexHandler):
+        def send_head(self):  # type: ignore[override]
+            if self.server.troubles:  # type: ignore[attr-defined]
+                code = self.server.troubles.pop(0)  # type: ignore[attr-defined]
+                answers.append(code)
+                self.send_response(code)
+                self.send_header("Retry-After", "0")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return None
+            answers.append(200)
+            return super().send_head()
+
+    monkeypatch.setitem(index_module.INDEX_RETRY, "backoff_factor", 0)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Flaky, directory=str(index)))
+    server.json_pages = False  # type: ignore[attr-defined]
+    server.troubles = [503, 429]  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/simple"
+        assert len(list_index_versions(url, "tinytorch")) == 5 and answers == [503, 429, 200]
+        server.troubles = [503] * 10  # type: ignore[attr-defined]
+        with pytest.raises(InfraError, match=r"HTTP 503 .*\(5 tries\)"):
+            list_index_versions(url, "tinytorch")
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -358,7 +358,7 @@ def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = 
     for run in all_runs:
         runs_of[run.cell_id].append(run)
     latest = {cell: runs[-1] for cell, runs in sorted(runs_of.items())}
-    latest_results = {c: store.results(run_id=r.run_id) for c, r in latest.items()}
+    latest_results = {c: judged_results(store, c, runs_of[c], now) for c in latest}
     suites = sorted({r.suite for rs in latest_results.values() for r in rs if _is_test(r.test_id)})
     tiers = release_views(store, matrix_path, now, issues=issues, index=index)
     states = {c.cell_id: c.state for t in reversed(tiers) for c in t.cells}
@@ -375,10 +375,11 @@ def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = 
     cells.sort(key=lambda c: (order[c.status], c.cell_id))
 
     changes = []
-    for cell, run in latest.items():
+    run_of = {r.run_id: r for r in all_runs}
+    for cell in latest:
         for r in latest_results[cell]:
             if r.verdict in ("regression", "fixed"):
-                changes.append(Change(r, run, store.run(r.compared_run) if r.compared_run else None))
+                changes.append(Change(r, run_of[r.run_id], store.run(r.compared_run) if r.compared_run else None))
     changes.sort(key=lambda c: (c.result.verdict != "regression", c.result.cell_id, natural_key(c.result.test_id)))
 
 
@@ -427,6 +428,16 @@ def build_page(store: Store, *, title: str = "distci", audit_dir: Path | None = 
         weeks=weeks(sorted(latest), all_runs, counts_by_run),
         upstream=upstream,
     )
+
+
+def judged_results(store: Store, cell: str, runs: list[RunRow], now: datetime) -> list[ResultRow]:
+    """The results the gate judges `cell` by (distci.judge.coverage.judge_cell): each test's
+    latest since the cell's latest complete run, so a narrowed rerun adds evidence and never
+    replaces the complete run on any card. The tier is the newest one a run of it declared."""
+    from distci.judge.coverage import judge_cell
+
+    tier = next((r.tier for r in reversed(runs) if r.tier), "")
+    return judge_cell(store, cell, tier, now=now)[1]
 
 
 def upstream_links(registry: Path | None) -> dict[str, str]:

@@ -37,6 +37,7 @@ STATE_LABELS = {
     "stale": "stale",
     "infra_only": "infra only: no test ran",
     "in_flight": "in flight",
+    "partial": "partial: expected tests without a result",
     "waived": "waived",
 }
 

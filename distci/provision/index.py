@@ -10,12 +10,11 @@ import datetime as _dt
 import json
 import os
 import ssl
-import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 from urllib.parse import unquote, urljoin, urlparse, urlsplit, urlunsplit
 from urllib.request import url2pathname
 
@@ -86,6 +85,27 @@ def _ssl_context(ca_bundle: str = "") -> ssl.SSLContext:
     return ssl.create_default_context(cafile=cafile)
 
 
+# An index's passing troubles (a rate limit, a CDN's 5xx, a dropped connection) are retried
+# with exponential backoff (0.5, 1, 2, 4 s), honouring Retry-After; a 404 is an answer.
+# (urllib3's Retry; imported where it is used: the harness imports this module in cell
+# environments, which need only stdlib + pytest + torch.)
+INDEX_RETRY = {"total": 4, "backoff_factor": 0.5, "status_forcelist": (429, 500, 502, 503, 504),
+               "allowed_methods": ("GET",), "respect_retry_after_header": True, "raise_on_status": False}
+
+
+def _pool(url: str, ca_bundle: str) -> Any:
+    """A urllib3 connection pool for `url` that retries as INDEX_RETRY says, through the
+    proxy the environment names for it (HTTPS_PROXY / NO_PROXY, as urllib and pip read them)."""
+    import urllib3
+
+    scheme, host = urlsplit(url).scheme, urlsplit(url).hostname or ""
+    proxy = urllib.request.getproxies().get(scheme)
+    options = {"ssl_context": _ssl_context(ca_bundle), "retries": urllib3.util.Retry(**INDEX_RETRY)}
+    if proxy and not urllib.request.proxy_bypass(host):
+        return urllib3.ProxyManager(proxy, **options)
+    return urllib3.PoolManager(**options)
+
+
 def redact_url(url: str) -> str:
     """Hide credentials (user:token@) in a URL before it is printed or stored."""
     parts = urlsplit(url)
@@ -112,17 +132,24 @@ def _read(url: str, *, ca_bundle: str = "", timeout: float = 60.0) -> tuple[byte
         raise SourceError(f"{url} does not exist")
     if parsed.scheme not in ("http", "https"):
         raise SourceError(f"{redact_url(url)}: only file://, http:// and https:// indexes are supported")
-    request = urllib.request.Request(url, headers={"Accept": _SIMPLE_ACCEPT, "User-Agent": "distci"})
+    import urllib3
+
     try:
-        with urllib.request.urlopen(request, timeout=timeout, context=_ssl_context(ca_bundle)) as resp:
-            return resp.read(), resp.headers.get("Content-Type", ""), resp.geturl()
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            raise SourceError(f"{redact_url(url)}: not found (404)") from None
-        raise InfraError(f"{redact_url(url)}: HTTP {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
+        resp = _pool(url, ca_bundle).request("GET", url, headers={"Accept": _SIMPLE_ACCEPT, "User-Agent": "distci"},
+                                             timeout=urllib3.Timeout(total=timeout))
+    except urllib3.exceptions.HTTPError as exc:  # retries spent: connection refused, reset, timed out
+        reason = getattr(exc, "reason", None) or exc
         raise InfraError(f"cannot read index {redact_url(url)}: {reason}") from None
+    if resp.status == 404:
+        raise SourceError(f"{redact_url(url)}: not found (404)")
+    if resp.status >= 400:
+        tries = len(resp.retries.history) + 1 if resp.retries else 1
+        raise InfraError(f"{redact_url(url)}: HTTP {resp.status} {resp.reason} ({tries} tries)")
+    final = url
+    for step in resp.retries.history if resp.retries else ():
+        if step.redirect_location:
+            final = urljoin(final, step.redirect_location)
+    return resp.data, resp.headers.get("Content-Type", ""), final
 
 
 def _entry(package: str, filename: str, url: str, sha256: str | None, yanked: bool) -> IndexEntry | None:

@@ -2,6 +2,10 @@
 // prints JSON: the document's scroll width, the elements that stick out past the right
 // edge (outside any scrolling box), axe-core's violations, and optionally a screenshot.
 // Every <details> is opened first, so folded content is measured and audited too.
+// And what only looking saw before: `narrow`, text wrapped to a few characters a line (an
+// id squeezed into a column one to four characters wide); `overlap`, sibling boxes that
+// cover each other; `beside`, a heading with its own content on the same line (a class
+// that turned a card's header row into a flex row).
 //
 //   node check.cjs NODE_MODULES CHROMIUM URL WIDTH [SCREENSHOT.png]
 //
@@ -42,7 +46,51 @@ const axePath = require.resolve(path.join(modules, "axe-core", "axe.min.js"));
         }
         if (!scroller) wide.push(`${el.tagName.toLowerCase()}.${String(el.className).trim().split(/\s+/).join(".")} right=${Math.round(r.right)} "${el.textContent.trim().slice(0, 60)}"`);
       }
-      return {width, scrollWidth: document.documentElement.scrollWidth, wide: wide.slice(0, 12)};
+      const describe = el => `${el.closest("[id]") ? "#" + el.closest("[id]").id + " " : ""}${el.tagName.toLowerCase()}.${String(el.className).trim().split(/\s+/).join(".")} "${el.textContent.trim().slice(0, 40)}"`;
+      const visible = el => { const r = el.getBoundingClientRect(); const st = getComputedStyle(el);
+                              return r.width > 0 && r.height > 0 && st.visibility !== "hidden" && st.display !== "none"; };
+      // Text wrapped to a few characters a line: the element's own text nodes, their line boxes.
+      const narrow = [];
+      for (const el of document.body.querySelectorAll("*")) {
+        if (!visible(el) || el.closest("svg, script, style")) continue;
+        const texts = [...el.childNodes].filter(n => n.nodeType === 3 && n.textContent.trim());
+        const chars = texts.reduce((k, n) => k + n.textContent.trim().length, 0);
+        if (chars < 8) continue;
+        const tops = new Set();
+        for (const n of texts) {
+          const range = document.createRange();
+          range.selectNodeContents(n);
+          for (const r of range.getClientRects()) if (r.width > 0) tops.add(Math.round(r.top));
+        }
+        if (tops.size >= 3 && chars / tops.size < 5)
+          narrow.push(`${describe(el)} ${chars} chars on ${tops.size} lines`);
+      }
+      // Sibling boxes in the flow that cover each other by more than 2 px both ways.
+      const overlap = [];
+      // (inline boxes are left out: a wrapped inline's bounding box spans lines it does not fill)
+      const inFlow = el => { const st = getComputedStyle(el);
+                             return st.position !== "absolute" && st.position !== "fixed" && st.display !== "inline" && visible(el); };
+      for (const parent of document.body.querySelectorAll("*")) {
+        const kids = [...parent.children].filter(inFlow);
+        if (kids.length < 2 || kids.length > 400) continue;
+        const rects = kids.map(k => k.getBoundingClientRect());
+        for (let i = 0; i < kids.length; i++) for (let j = i + 1; j < kids.length; j++) {
+          const a = rects[i], b = rects[j];
+          const x = Math.min(a.right, b.right) - Math.max(a.left, b.left);
+          const y = Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top);
+          if (x > 2 && y > 2) overlap.push(`${describe(kids[i])} / ${describe(kids[j])} (${Math.round(x)}x${Math.round(y)} px)`);
+        }
+      }
+      // A heading sharing its line with the content after it.
+      const beside = [];
+      for (const h of document.body.querySelectorAll("h1, h2, h3, h4")) {
+        const next = h.nextElementSibling;
+        if (!next || !visible(h) || !visible(next)) continue;
+        const a = h.getBoundingClientRect(), b = next.getBoundingClientRect();
+        if (b.left >= a.right - 1 && b.top < a.bottom - 2) beside.push(`${describe(h)} beside ${describe(next)}`);
+      }
+      return {width, scrollWidth: document.documentElement.scrollWidth, wide: wide.slice(0, 12),
+              narrow: narrow.slice(0, 12), overlap: overlap.slice(0, 12), beside: beside.slice(0, 12)};
     });
     await page.addScriptTag({path: axePath});
     const violations = await page.evaluate(async () => {
