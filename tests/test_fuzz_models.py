@@ -217,6 +217,7 @@ def fuzz(tmp: Path, plant: str, *args: str) -> tuple[subprocess.CompletedProcess
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("plant", list(PLANTS))
 def test_a_planted_bug_is_found_shrunk_and_localized(tmp_path, plant):
     drawn, needs, names, seed = PLANTS[plant]

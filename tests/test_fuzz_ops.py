@@ -175,6 +175,7 @@ PLANTS = {
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("plant", list(PLANTS))
 def test_a_planted_op_bug_is_found_and_shrunk(tmp_path, plant):
     pytest.importorskip("torch")

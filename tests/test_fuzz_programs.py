@@ -197,6 +197,7 @@ COMMON = ["--max-programs", "4", "--batch", "8", "--budget", "20m"]
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("plant", list(PLANT_CASES))
 def test_a_planted_bug_is_found_and_shrunk_to_the_calls_it_needs(tmp_path, plant):
     pytest.importorskip("torch")
