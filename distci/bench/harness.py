@@ -99,6 +99,7 @@ def time_plain_torchrun(target: str, nproc: int = 2) -> Timing:
 
 def run_harness_bench(console: Console) -> dict:
     rows: list[Timing] = []
+    load_before = list(os.getloadavg())
     workloads = [TRIVIAL] + ([FIRST_SUITE] if (REPO / FIRST_SUITE).exists() else [])
     for workload in workloads:
         for mode in MODES:
@@ -112,7 +113,7 @@ def run_harness_bench(console: Console) -> dict:
     for t in rows:
         table.add_row(t.workload, t.mode, str(t.tests), str(t.passed), f"{t.wall_s:.1f}s", f"{t.median_test_s:.3f}s")
     console.print(table)
-    summary: dict = {"load_before": list(os.getloadavg()), "cpus": os.cpu_count(),
+    summary: dict = {"load_before": load_before, "cpus": os.cpu_count(),
                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     for workload in workloads:
         wall = {t.mode: t.wall_s for t in rows if t.workload == workload}

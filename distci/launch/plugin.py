@@ -1,4 +1,4 @@
-"""`pytest -p distci.harness -p distci.launch.plugin --distci-nodes=N`: the cell spans N hosts.
+"""`pytest -p distci.harness.plugin -p distci.launch.plugin --distci-nodes=N`: the cell spans N hosts.
 
 Every distributed test then runs as one torchrun launch across the nodes (one agent per
 node, c10d rendezvous, `distci.launch.agents`) in place of the rank pool: the ranks see

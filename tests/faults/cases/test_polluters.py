@@ -7,7 +7,7 @@ check is proven able to fail by the `--distci-no-isolation` run in tests/test_fa
 and writes its marker to stdout, stderr and logging, which the driver looks for in the
 rank logs. The witnesses at the end (a hang, a crash) must still leave their stacks.
 
-    python -m pytest -p distci.harness tests/faults/cases/test_polluters.py --distci-device=cuda --distci-timeout=12
+    python -m pytest -p distci.harness.plugin tests/faults/cases/test_polluters.py --distci-device=cuda --distci-timeout=12
 
 What the pollute phase saw before its change reaches the check through faults_memo.py.
 """
