@@ -128,10 +128,9 @@ def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | 
                        replay: str | None = None, known_issues: str | None = None, layouts: tuple[str, ...] = (),
                        shrink_limit_s: float | None = None, command: str = "", log=print) -> int:
     """Fuzz one cell with training programs; returns the exit code (module docstring)."""
-    from distci.errors import ConfigError, FuzzSpecError, InfraError, SourceError
+    from distci.errors import FuzzSpecError
     from distci.known_issues import load_registry
-    from distci.run.cellrun import (REPO, absent_accelerator_run, infra_run, provision, record_failure, start_run,
-                                    uses_installed)
+    from distci.run.cellrun import REPO, start_provisioned
     from distci.run.terminal import EXIT_INFRA
 
     from .program_actions import LAYOUTS
@@ -144,17 +143,10 @@ def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | 
         replayed = parse(replay) if replay else None
     except ProgramError as exc:
         raise FuzzSpecError(f"--replay: {exc}") from None
-    if absent_accelerator_run(cell, runs_root, tier=None, log=log) is not None:
+    started_run = start_provisioned(cell, runs_root, python=python, command=command, log=log)
+    if started_run is None:
         return EXIT_INFRA
-    info, run_dir = start_run(cell, runs_root, tier=None,
-                              backend="installed" if uses_installed(cell, python) else "venv", log=log)
-    info.command = command
-    try:
-        env = provision(cell, run_dir, python=python, log=log)
-    except (InfraError, SourceError, ConfigError) as exc:
-        log(f"[{cell.id}] infra: {exc}")
-        infra_run(cell, info, run_dir, exc, record_failure(run_dir, exc))
-        return EXIT_INFRA
+    info, run_dir, env = started_run
     path = Path(known_issues) if known_issues else REPO / "suites" / "known_issues.toml"
     registry = load_registry(path) if path.exists() else None
     extra = [f"--distci-known-issues={path}"] if path.exists() else []
