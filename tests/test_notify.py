@@ -27,11 +27,12 @@ SIG = "AssertionError: loss differs by N"
 class _Hook(BaseHTTPRequestHandler):
     received: list[tuple[str, dict]] = []
     status = 200
+    failures: list[int] = []  # statuses to answer first, one per request, before `status`
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         body = self.rfile.read(int(self.headers["Content-Length"]))
         type(self).received.append((self.headers["Content-Type"], json.loads(body)))
-        self.send_response(type(self).status)
+        self.send_response(type(self).failures.pop(0) if type(self).failures else type(self).status)
         self.end_headers()
 
     def log_message(self, *args: object) -> None:
@@ -40,7 +41,7 @@ class _Hook(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def hook() -> Iterator[tuple[str, type[_Hook]]]:
-    handler = type("Hook", (_Hook,), {"received": [], "status": 200})
+    handler = type("Hook", (_Hook,), {"received": [], "status": 200, "failures": []})
     server = HTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -107,6 +108,26 @@ def test_configuration_and_delivery_errors(hook) -> None:
     handler.status = 500
     with pytest.raises(InfraError, match="HTTP 500"):
         post(url, {"text": "x"})
+
+
+def test_a_passing_trouble_is_retried_and_a_lasting_one_is_one_infra_error(hook, monkeypatch) -> None:
+    """A 503 then a 200 delivers the message once (urllib3's Retry, as the index reader
+    does); a webhook that keeps answering 500 is an InfraError after the retries, naming the
+    status; no answer at all is 'unreachable'."""
+    from distci.publish import notify as notify_mod
+
+    monkeypatch.setitem(notify_mod.WEBHOOK_RETRY, "backoff_factor", 0.0)
+    url, handler = hook
+    handler.failures = [503, 429]
+    assert post(url, {"text": "hello"}) == 200
+    assert [m["text"] for _, m in handler.received] == ["hello"] * 3, "two troubles retried, then delivered"
+    handler.received.clear()
+    handler.status = 500
+    with pytest.raises(InfraError, match="HTTP 500"):
+        post(url, {"text": "x"})
+    assert len(handler.received) == 1 + notify_mod.WEBHOOK_RETRY["status"]
+    with pytest.raises(InfraError, match="unreachable"):
+        post("http://127.0.0.1:9/hook", {"text": "x"}, timeout=2)
 
 
 def test_cli_is_off_without_a_url(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ import json
 import os
 import re
 import sys
-import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,22 +122,36 @@ def gate_message(view: Any, dashboard_url: str = "") -> dict[str, Any] | None:
     return _message(text, lines, dashboard_url)
 
 
+WEBHOOK_RETRY = {"total": 3, "connect": 3, "read": 0, "status": 3, "backoff_factor": 0.5,
+                 "status_forcelist": (429, 500, 502, 503, 504), "allowed_methods": ("POST",),
+                 "respect_retry_after_header": True, "raise_on_status": False}
+"""How a webhook post is retried (urllib3's Retry): a refused connection and a 429 / 5xx answer
+(Slack's rate limit, a proxy's hiccup) are tried again with backoff, honouring Retry-After; a
+read that timed out is not, since the message may have been delivered (no duplicate posts)."""
+
+
 def post(url: str, message: dict[str, Any], *, timeout: float = TIMEOUT_S) -> int:
-    """POSTs the JSON message; returns the HTTP status, InfraError when it is not 2xx."""
-    data = json.dumps(message).encode()
-    request = urllib.request.Request(url, data=data, method="POST",
-                                     headers={"Content-Type": "application/json", "User-Agent": "distci"})
+    """POSTs the JSON message (retried as WEBHOOK_RETRY says, through the proxy the environment
+    names); returns the HTTP status, InfraError when the last answer is not 2xx."""
+    import urllib3
+
+    scheme, host = urllib.parse.urlsplit(url).scheme, urllib.parse.urlsplit(url).hostname or ""
+    proxy = urllib.request.getproxies().get(scheme)
+    options: dict[str, Any] = {"retries": urllib3.util.Retry(**WEBHOOK_RETRY),
+                               "timeout": urllib3.util.Timeout(total=timeout)}
+    pool = (urllib3.ProxyManager(proxy, **options) if proxy and not urllib.request.proxy_bypass(host)
+            else urllib3.PoolManager(**options))
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - the URL is configuration
-            status = response.status
-    except urllib.error.HTTPError as exc:
-        raise InfraError(f"webhook answered HTTP {exc.code} ({exc.reason}); message not delivered") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
+        response = pool.request("POST", url, body=json.dumps(message).encode(),
+                                headers={"Content-Type": "application/json", "User-Agent": "distci"})
+    except urllib3.exceptions.HTTPError as exc:
+        reason = getattr(exc, "reason", None) or exc
         raise InfraError(f"webhook unreachable: {reason}; message not delivered") from None
-    if not 200 <= status < 300:
-        raise InfraError(f"webhook answered HTTP {status}; message not delivered")
-    return status
+    finally:
+        pool.clear()
+    if not 200 <= response.status < 300:
+        raise InfraError(f"webhook answered HTTP {response.status} ({response.reason}); message not delivered")
+    return response.status
 
 
 def notify(store: Store, config: WebhookConfig, *, tiers: Sequence[str], matrix_path: Path | None) -> list[dict]:
