@@ -54,13 +54,19 @@ sys.exit(1 if out.isnan().any() else 0)
 """
 
 
+# These tests check the mode against real torch; one fresh confirmation run keeps each within
+# minutes on 2 cores. The default (CONFIRM_RUNS, chosen by distci.bisect.simulate) is held by
+# test_the_compiler_mode_defaults_name_no_wrong_backend_at_a_lie_rate_of_one_in_five below.
+ONE_CONFIRM = ("--confirm", "1")
+
+
 @pytest.mark.slow
 def test_compiler_bisector_names_backend_subsystem_and_op(tmp_path, monkeypatch, capsys):
     (tmp_path / "repro.py").write_text(REPRO)
     monkeypatch.chdir(tmp_path)
     # starting at aot_eager skips one step (eager) and still crosses a backend boundary
     argv = ["bisect", "--compiler", "--command", "python repro.py", "--compiler-backend", "aot_eager",
-            "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--timeout", "300"]
+            "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--timeout", "300", *ONE_CONFIRM]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "with torch.compile as an identity the command exits 0" in out
@@ -110,7 +116,7 @@ def test_a_fullgraph_model_with_a_broken_pass_is_inductors(tmp_path, monkeypatch
     (tmp_path / "repro.py").write_text(PASS_REPRO)
     monkeypatch.chdir(tmp_path)
     argv = ["bisect", "--compiler", "--command", "python repro.py", "--compiler-backend", "inductor",
-            "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--timeout", "300"]
+            "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--timeout", "300", *ONE_CONFIRM]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "with torch.compile as an identity the command exits 0" in out
@@ -144,7 +150,7 @@ def test_a_test_id_is_bisected_in_the_pr_cells_stack_env(tmp_path, monkeypatch, 
     monkeypatch.setenv("DISTCI_WHEELHOUSE_ROOT", str(REPO / ".distci" / "wheelhouse"))
     monkeypatch.setenv("DISTCI_ENV_ROOT", str(REPO / ".distci" / "envs"))
     argv = ["bisect", "test_broken_pass.py::test_linear_compiles", "--compiler", "--compiler-backend", "inductor",
-            "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--timeout", "300"]
+            "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--timeout", "300", *ONE_CONFIRM]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert re.search(r"compiler bisect in the stack env of cell cpu-\S+ \(--cell CELL or --in-env VENV", out), out
