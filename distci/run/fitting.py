@@ -104,11 +104,13 @@ def shorten_test_id(test_id: str, width: int) -> str:
     min_func = min(len(func), 2 * len(ELLIPSIS) + 1)
     if fixed + min_func <= width:
         return path + sep + shorten(func, width - fixed, head=0.5) + params
-    func = shorten(func, min_func, head=0.5)
+    whole_func, func = func, shorten(func, min_func, head=0.5)
     fixed = len(sep) + len(func) + len(params)
     min_path = min(len(path), 2 * len(ELLIPSIS) + 1)
     if fixed + min_path <= width:
         return shorten(path, width - fixed, head=0.5) + sep + func + params
+    if len(params) + min_path <= width:  # the parametrization is what tells two lines apart: keep it whole
+        return shorten(path + sep + whole_func, width - len(params), head=0.5) + params
     return shorten(shorten(path, min_path, head=0.5) + sep + func + params, width)
 
 
