@@ -99,6 +99,14 @@ def test_per_test_lines_fit_80_columns_and_say_known_for_a_known_issue() -> None
     assert shorten("abcdefghij", 7) == "a...hij" and shorten("abc", 7) == "abc"
 
 
+def test_a_passing_line_never_carries_a_failure_tag_however_narrow() -> None:
+    passed = _r(LONG_ID, "passed", duration_s=3.0)
+    for width in (40, 50, 64):
+        line = result_line(passed, width)
+        assert len(line) <= width and line.startswith("PASSED") and "[passed]" not in line, line
+        assert line.endswith("-ac-ws2]"), "the room a failure's tag would take goes to the id"
+
+
 def test_a_cell_tag_keeps_the_versions_that_tell_nightly_cells_apart() -> None:
     tags = {cell_tag(f"cpu-cpu-torch_{v}-ao_0.18.0-ws2-fix_{m}") for v in ("2.13.0", "2.14.1", "2.15.0")
             for m in ("on", "off")}

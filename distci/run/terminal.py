@@ -188,7 +188,7 @@ def result_line(r: Result, width: int | None = None) -> str:
     if width is None or len(head) + len(r.test_id) + len(why) <= width:
         return head + r.test_id + why
     room = width - len(head)
-    if not is_known(r) and room - len(why) < MIN_ID_CHARS:
+    if why and not is_known(r) and room - len(why) < MIN_ID_CHARS:
         why = f"  {tag(r)}"  # the failing ranks go first (the summary and the rank logs have them)
     if is_known(r):  # KNOWN already says it; the id gets what the test id leaves
         left = room - max(min(len(r.test_id), MIN_ID_CHARS), room - len(why))
