@@ -87,6 +87,22 @@ def parse_replay(space, text: str) -> dict[str, Any]:
     return full
 
 
+def run_cases(cell, python: Path, info, run_dir: Path, *, entry_test: str, env_var: str, batch: Path,
+              cases: list[str], extra_args: list[str]) -> dict[str, Any]:
+    """One batch of drawn cases as one pytest session of `entry_test` in the started run:
+    the case list goes to the cell's pytest as a file named by `env_var` (for this batch
+    only), pytest's output to FUZZ_DIR's relay log; returns the Results it added, by test id.
+    What every generator's batch runner shares."""
+    from distci.run.cellrun import run_in_env
+
+    batch.write_text(json.dumps(cases, indent=1))
+    before = {r.test_id for r in RunDir(run_dir).results()}
+    with _environ(**{env_var: str(batch)}), open(run_dir / FUZZ_DIR / "pytest-relay.log", "a") as relay:
+        run_in_env(cell, python, info, run_dir, tests=[entry_test], extra_pytest_args=extra_args,
+                   log=lambda m: relay.write(m + "\n"))
+    return {r.test_id: r for r in RunDir(run_dir).results() if r.test_id not in before}
+
+
 @contextlib.contextmanager
 def _environ(**values: str) -> Iterator[None]:
     """Variables the cell's pytest inherits for one batch (run_in_env passes os.environ on)."""

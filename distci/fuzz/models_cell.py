@@ -38,20 +38,13 @@ class ModelBatches:
     def __call__(self, structures: list[dict[str, Any]]) -> list[Outcome]:
         key = structure_key()
 
-        from distci.fuzz.command import _environ
-
-        from distci.run.cellrun import run_in_env
+        from distci.fuzz.command import run_cases
 
         self.batches += 1
-        batch = self.run_dir / FUZZ_DIR / f"models-{self.batches:03d}.json"
-        batch.write_text(json.dumps([key(s) for s in structures], indent=1))
         self.log(f"batch {self.batches}: {len(structures)} structure(s)")
-        before = {r.test_id for r in RunDir(self.run_dir).results()}
-        relay_path = self.run_dir / FUZZ_DIR / "pytest-relay.log"
-        with _environ(**{MODELS_ENV: str(batch)}), open(relay_path, "a") as relay:
-            run_in_env(self.cell, self.python, self.info, self.run_dir, tests=[ENTRY_TEST],
-                       extra_pytest_args=self.extra_args, log=lambda m: relay.write(m + "\n"))
-        by_id = {r.test_id: r for r in RunDir(self.run_dir).results() if r.test_id not in before}
+        by_id = run_cases(self.cell, self.python, self.info, self.run_dir, entry_test=ENTRY_TEST, env_var=MODELS_ENV,
+                          batch=self.run_dir / FUZZ_DIR / f"models-{self.batches:03d}.json",
+                          cases=[key(s) for s in structures], extra_args=self.extra_args)
         out = []
         for s in structures:
             r = by_id.get(f"{ENTRY_TEST}::{TEST_NAME}[{key(s)}]")

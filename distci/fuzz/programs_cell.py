@@ -19,7 +19,6 @@ import os
 import re
 import shlex
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -69,21 +68,13 @@ class ProgramBatches:
         (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
 
     def __call__(self, programs: list[Program]) -> list[Outcome]:
-        from distci.fuzz.command import _environ
-
-        from distci.run.cellrun import run_in_env
+        from distci.fuzz.command import run_cases
 
         self.batches += 1
-        batch = self.run_dir / FUZZ_DIR / f"programs-{self.batches:03d}.json"
-        batch.write_text(json.dumps([p.text for p in programs], indent=1))
         self.log(f"batch {self.batches}: {len(programs)} program(s)")
-        before = {r.test_id for r in RunDir(self.run_dir).results()}
-        # run_in_env hands os.environ to the cell's pytest: the batch file rides there, for this batch only
-        relay_path = self.run_dir / FUZZ_DIR / "pytest-relay.log"
-        with _environ(**{PROGRAMS_ENV: str(batch)}), open(relay_path, "a") as relay:
-            run_in_env(self.cell, self.python, self.info, self.run_dir, tests=[ENTRY_TEST],
-                       extra_pytest_args=self.extra_args, log=lambda m: relay.write(m + "\n"))
-        by_id = {r.test_id: r for r in RunDir(self.run_dir).results() if r.test_id not in before}
+        by_id = run_cases(self.cell, self.python, self.info, self.run_dir, entry_test=ENTRY_TEST, env_var=PROGRAMS_ENV,
+                          batch=self.run_dir / FUZZ_DIR / f"programs-{self.batches:03d}.json",
+                          cases=[p.text for p in programs], extra_args=self.extra_args)
         out = []
         for p in programs:
             r = by_id.get(test_id(p))
