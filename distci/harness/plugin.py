@@ -23,11 +23,12 @@ from typing import Any
 
 import pytest
 
-from distci.harness.devices import detect_device_type, device_capability, device_kind
+from distci.harness.compile_cache import CACHE_ENV, compile_cache_env
+from distci.harness.devices import detect_device_type, device_capability, device_kind, guess_device_type
 from distci.harness.outcome import Combined
 from distci.harness import procs
 from distci.harness.pool import PoolStartError, RankPool
-from distci.harness.protocol import TestRequest
+from distci.harness.protocol import TestRequest, Warm
 from distci.harness.recorder import Recorder
 from distci.harness.timeouts import USER_TIMEOUT, describe_load, load_retry_factor, take_over_timeout_markers
 from distci.harness.torchrun import launch
@@ -115,6 +116,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[HARNESS] = harness
     config.pluginmanager.register(harness.recorder, "distci-recorder")
     harness.take_stop_signals()
+    harness.prestart()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    harness = harness_of(session.config)
+    if harness is not None:
+        harness.warm_pools(session.items)
 
 
 @pytest.hookimpl(trylast=True)  # after the suites' tier and shard selection: a resume keeps their share
@@ -199,7 +207,7 @@ class Harness:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         opt = config.getoption
-        self.device_type = opt("--distci-device") or detect_device_type()
+        self.device_type = opt("--distci-device") or guess_device_type() or detect_device_type()
         device_kind(self.device_type)
         self.default_world_size = opt("--distci-world-size")
         self.default_timeout = opt("--distci-timeout") or float(os.environ.get("DISTCI_TEST_TIMEOUT", DEFAULT_TIMEOUT_S))
@@ -229,6 +237,8 @@ class Harness:
         cap = opt("--distci-max-live-ranks") or os.environ.get("DISTCI_MAX_LIVE_RANKS")
         self.max_live_ranks = int(cap) if cap else DEFAULT_MAX_LIVE_RANKS
         self.recorder = Recorder(config, self.run_dir)
+        self.warm_modules: dict[tuple[int, float], list[str]] = {}  # per pool: its tests' modules (warm_pools)
+        self.compile_cache = compile_cache_env(self.run_dir)
         self._device_count: int | None = None
         self._previous_handlers: dict[int, Any] = {}
 
@@ -341,8 +351,53 @@ class Harness:
             if self.reaper is None:
                 self.reaper = procs.Reaper(self.token)
             self.pools[key] = RankPool(world_size, self.device_type, self.log_dir, pg_timeout_s=pg_timeout,
-                                       token=self.token, isolate=self.isolate)
+                                       token=self.token, isolate=self.isolate, env=self.compile_cache)
         return self.pools[key]
+
+    def default_pool_key(self) -> tuple[int, float]:
+        """The pool of a test with no world_size or timeout marker."""
+        timeout = min(self.default_timeout, self.timeout_cap) if self.timeout_cap else self.default_timeout
+        return self.default_world_size, self.pg_timeout_of(timeout)
+
+    def pool_key(self, item: pytest.Item) -> tuple[int, float] | None:
+        """The pool a distributed test runs on (None: a torchrun launch, or not distributed)."""
+        if not is_distributed(item) or self.mode == "torchrun" or item.get_closest_marker("torchrun"):
+            return None
+        return self.world_size_of(item), self.pg_timeout_of(self.timeout_of(item))
+
+    def prestart(self) -> None:
+        """Launches the pool most sessions run their first test on (the default world size and
+        timeout) while this process is still starting: its ranks import torch while pytest
+        imports and collects here. warm_pools() then tells it what to import, or stops it."""
+        option = self.config.option
+        if (self.mode != "pool" or self.runner_problem() is not None
+                or any(getattr(option, name, False) for name in ("help", "collectonly", "showfixtures",
+                                                                  "show_fixtures_per_test", "markers"))):
+            return
+        self.pool(*self.default_pool_key()).launch()
+
+    def warm_pools(self, items: list[pytest.Item]) -> None:
+        """Once the selection is known: a launched pool gets the modules its tests import (in
+        run order) to import before it forks; one that no selected test needs is stopped."""
+        modules: dict[tuple[int, float], list[str]] = {}
+        for item in items:
+            key = self.pool_key(item)
+            if key is not None and isinstance(item, pytest.Function):
+                names = modules.setdefault(key, [])
+                if item.module.__name__ not in names:
+                    names.append(item.module.__name__)
+        self.warm_modules = modules
+        for key, pool in list(self.pools.items()):
+            if not pool.ranks:
+                continue
+            if key in modules:
+                pool.send_warm(Warm(modules[key], list(sys.path)))
+            else:
+                pool.kill()
+
+    def warm_for(self, key: tuple[int, float], request: TestRequest) -> Warm:
+        """What a pool started now imports ahead: its tests' modules, else this test's."""
+        return Warm(self.warm_modules.get(key) or [request.module], list(request.sys_path))
 
     def run_with_reruns(self, item: pytest.Function) -> Combined:
         """Run the test; a failure is run again (up to --distci-reruns times), the pool
@@ -417,13 +472,16 @@ class Harness:
                            f"it; the last start: {failures[-1]}")
                 return Combined("error", "infra", "PoolStartsExhausted", message,
                                 f"PoolStartsExhausted: {world_size}-rank pool")
-            try:
-                pool.start()
-            except PoolStartError as exc:
-                failures.append(str(exc))
-                return Combined("error", "infra", "PoolStartError", f"{exc}\n{exc.logs}",
-                                f"PoolStartError: {exc}"[:300])
-            failures.clear()
+        try:
+            if not pool.alive:
+                pool.start(self.warm_for(key, request))
+            elif not pool.ready:  # launched ahead (prestart): its start-up ends here
+                pool.await_ready()
+        except PoolStartError as exc:
+            failures.append(str(exc))
+            return Combined("error", "infra", "PoolStartError", f"{exc}\n{exc.logs}",
+                            f"PoolStartError: {exc}"[:300])
+        failures.clear()
         return pool.run(request, timeout * budget)
 
     def close(self) -> None:
@@ -436,6 +494,9 @@ class Harness:
         if self.reaper is not None:
             self.reaper.close()
             self.reaper = None
+        run_cache = self.run_dir / "compile-cache"
+        if Path(self.compile_cache.get(CACHE_ENV, "")) == run_cache:  # one run's own: nothing reuses it
+            shutil.rmtree(run_cache, ignore_errors=True)
         if self.scratch and not self.keep_scratch and not self.recorder.interrupted:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         if self._run_dir_lock is not None:
