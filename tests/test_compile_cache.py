@@ -51,5 +51,6 @@ def test_a_second_identical_compiled_test_hits_the_cache_with_the_same_evidence(
         assert second["fx_misses"] == 0 and second["fx_hits"] + second["aot_hits"] > 0, second
         for attempt in ("first", "second"):
             got = seen[attempt, rank]
+            assert got["compile_fx_ahead"], "a `compiles` test's fork starts with inductor imported"
             assert got["cache_dir"] == str(cache)
             assert (got["graphs"], got["ops"], got["loss"]) == (first["graphs"], first["ops"], first["loss"]), got

@@ -1,17 +1,21 @@
 """Two identical compiled training steps in one run, each in its own fork of the rank template:
 the second must take its graphs from the on-disk caches the first filled, and its post-grad
 evidence (suites/evidence.py's inductor_probe) must equal the first's. Each rank writes what it
-saw to $DISTCI_CASE_OUT; tests/test_compile_cache.py compares."""
+saw to $DISTCI_CASE_OUT; tests/test_compile_cache.py compares. Marked `compiles`: the rank
+templates import inductor before they fork, so the test starts with it imported."""
 
 import json
 import os
+import sys
 
 import pytest
 
 
 @pytest.mark.world_size(2)
+@pytest.mark.compiles
 @pytest.mark.parametrize("attempt", ["first", "second"])
 def test_compiled_step(dist, attempt):
+    compile_fx_ahead = "torch._inductor.compile_fx" in sys.modules
     import torch
     from torch._dynamo.utils import counters
 
@@ -34,6 +38,7 @@ def test_compiled_step(dist, attempt):
         "aot_hits": counters["aot_autograd"]["autograd_cache_hit"],
         "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
         "loss": float(loss),
+        "compile_fx_ahead": compile_fx_ahead,
     }
     with open(os.path.join(os.environ["DISTCI_CASE_OUT"], f"{attempt}-rank{dist.rank}.json"), "w") as fh:
         json.dump(seen, fh)
