@@ -64,11 +64,14 @@ class Timing:
 def _run_timed(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float, float]:
     """Runs `cmd`; its wall seconds and the CPU seconds of its whole tree (every process in it
     is waited for by its parent, so the children's rusage holds them all). On a loaded runner
-    the wall time is mostly waiting for a core; the CPU seconds are the work."""
+    the wall time is mostly waiting for a core; the CPU seconds are the work. Every run starts
+    with an empty inductor cache of its own: no mode reuses what an earlier run compiled."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True)
-    wall = time.monotonic() - start
+    with tempfile.TemporaryDirectory(prefix="distci-bench-inductor-") as cache:
+        proc = subprocess.run(cmd, cwd=REPO, env=dict(_env(), TORCHINDUCTOR_CACHE_DIR=cache), capture_output=True,
+                              text=True)
+        wall = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return proc, wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
