@@ -100,8 +100,8 @@ class RankPool:
         isolate: bool = True,
         env: dict[str, str] | None = None,
     ) -> None:
-        self.isolate = isolate
-        self.env = dict(env or {})  # set in the ranks' environment (the compile cache's directory)  # False: tests run in the workers themselves (--distci-no-isolation)
+        self.isolate = isolate  # False: tests run in the workers themselves (--distci-no-isolation)
+        self.env = dict(env or {})  # set in the ranks' environment (the compile cache's directory)
         self.seq = 0  # tests sent since the workers started: the forked ranks of one test meet under it
         self._oom_kills: int | None = None  # the cgroup's OOM kills when the test in flight began
         self.token = token or procs.run_token()

@@ -1,7 +1,8 @@
 """A rank worker: one long-lived process per rank that runs each test in a fresh fork of itself.
 
 Started by RankPool with `python -m distci.harness.worker`. The worker is a warm template:
-it has imported torch (and Dynamo, and each test module once asked for it) and never runs a
+it has imported torch, then its tests' modules (the controller's Warm message, before its
+first fork) and the torch modules its tests turned out to import (warm.py), and never runs a
 test itself. Every test runs in a child forked from it (templates.py): whatever the test does
 to its process (a patched torch, a replaced sys.stdout, a lowered rlimit, an atexit hook, a
 mode left on) ends with that child, so isolation needs no list of what to reset. The child
