@@ -37,7 +37,7 @@ def test_a_second_identical_compiled_test_hits_the_cache_with_the_same_evidence(
     out.mkdir()
     cache = tmp_path / "inductor-cache"  # fresh: the first test must compile, the second may not
     proc = run_pytest([str(CASES / "test_compile_cache.py"), "--distci-run-dir", str(tmp_path / "run")],
-                      env={"DISTCI_CASE_OUT": str(out), CACHE_ENV: str(cache)})
+                      env={"DISTCI_CASE_OUT": str(out), CACHE_ENV: str(cache)}, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-4000:]
     seen = {(attempt, rank): json.loads((out / f"{attempt}-rank{rank}.json").read_text())
             for attempt in ("first", "second") for rank in (0, 1)}
