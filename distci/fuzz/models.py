@@ -17,8 +17,8 @@ error signature persists: the shrunk structure holds no feature the failure does
 
 A failure the registry explains (its entry's tests name models_entry) is a known issue; one
 whose signature an entry explains though its tests do not name this test is that entry's
-near miss (Registry.explained_elsewhere): reported under the entry's id, not shrunk beyond
-one round, never counted as new. Exit code: 1 when a find no entry explains remains, 3 when
+near miss (Registry.near_misses, read in distci.fuzz.records.outcome_of): reported under the
+entry's id, not shrunk beyond one round, never counted as new. Exit code: 1 when a find no entry explains remains, 3 when
 the cell's environment never came up, else 0.
 """
 
@@ -27,62 +27,18 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from suites.generators.model_space import FEATURES, SIZES, complete, key, non_default, valid
 
+from .records import Find, Outcome, Report
+
 ENTRY_TEST = "suites/generators/models_entry.py"
 TEST_NAME = "test_model_structure"
 MODELS_ENV = "DISTCI_FUZZ_MODELS"
 FUZZ_DIR = "fuzz"
-FAILED = ("failed", "error")
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one structure did (read off its Result)."""
-
-    structure: dict[str, Any]
-    outcome: str
-    signature: str | None = None
-    seconds: float = 0.0
-    known_issue: str | None = None
-    message: str = ""
-    kind: str | None = None
-    near_miss: str | None = None
-
-    @property
-    def key(self) -> str:
-        return key(self.structure)
-
-    @property
-    def failed(self) -> bool:
-        return self.outcome in FAILED
-
-
-@dataclass
-class Find:
-    found: Outcome
-    shrunk: Outcome
-    steps: list[str] = field(default_factory=list)
-    complete: bool = True
-
-
-@dataclass
-class Report:
-    tried: list[Outcome] = field(default_factory=list)
-    drawn: list[str] = field(default_factory=list)
-    finds: list[Find] = field(default_factory=list)
-    known: list[Outcome] = field(default_factory=list)
-    near_misses: list[Outcome] = field(default_factory=list)
-    repeats: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def new(self) -> list[Find]:
-        """Finds no registered entry explains, even as a near miss."""
-        return [f for f in self.finds if not f.shrunk.near_miss and not f.shrunk.known_issue]
 
 
 class Drawer:
@@ -189,23 +145,24 @@ class ModelFuzzer:
         todo = [s for s in structures if key(s) not in self.cache]
         if todo:
             for o in self.run_batch(todo):
+                o = o if o.key else replace(o, key=key(o.case))
                 self.cache[o.key] = o
                 self.report.tried.append(o)
         return [self.cache[key(s)] for s in structures if key(s) in self.cache]
 
     def _found(self, outcome: Outcome) -> None:
-        if outcome.known_issue:
-            self.report.known.append(outcome)
-            self.log(f"  known issue {outcome.known_issue}: {outcome.key}")
+        filed = self.report.file(outcome)
+        if filed:
+            self.log(f"  timed out, not shrunk: {outcome.key}" if filed == "slow" else
+                     f"  known issue {outcome.known_issue}: {outcome.key}")
             return
-        for find in self.report.finds:
-            if find.found.signature == outcome.signature:
-                self.report.repeats[outcome.key] = find.found.key
-                return
+        repeated = self.report.repeat_of(outcome)
+        if repeated is not None:
+            self.report.repeats[outcome.key] = repeated.found.key
+            return
         find = Find(outcome, outcome)
         self.report.finds.append(find)
         if outcome.near_miss:
-            self.report.near_misses.append(outcome)
             self.log(f"  near miss of {outcome.near_miss}: {outcome.key}")
         if self.shrink:
             self._shrink(find, rounds=1 if outcome.near_miss else 50)
@@ -213,7 +170,7 @@ class ModelFuzzer:
     def _shrink(self, find: Find, rounds: int) -> None:
         current = find.found
         for _ in range(rounds):
-            candidates = smaller(current.structure)
+            candidates = smaller(current.case)
             keeper = None
             for i in range(0, len(candidates), self.batch_size):
                 if self.left_s() <= 0:
@@ -238,12 +195,10 @@ def find_lines(cell_id: str, find: Find, plant: str = "") -> list[str]:
     env = f"DISTCI_MODELS_PLANT={plant} " if plant else ""
     test = f"{ENTRY_TEST}::{TEST_NAME}[{find.shrunk.key}]"
     lines = [f"find: {find.shrunk.signature}", f"  structure: {find.shrunk.key} (drawn as {find.found.key})",
-             f"  needs:     {json.dumps(non_default(find.shrunk.structure))}",
+             f"  needs:     {json.dumps(non_default(find.shrunk.case))}",
              f"  repro:     {env}python -m distci run --cell {cell_id} --test '{test}'"]
-    if find.shrunk.near_miss:
-        lines.append(f"  near miss: {find.shrunk.near_miss}")
-    if find.shrunk.near_miss:
-        lines.append("  (a near miss: one shrink round only)")
+    if find.near_miss:
+        lines += [f"  near miss: {find.near_miss}", "  (a near miss: one shrink round only)"]
     elif not find.complete:
         lines.append("  (shrunk so far: the budget ran out before every simplification was tried)")
     return lines

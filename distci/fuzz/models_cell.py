@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 from distci.rundir import RunDir, now as _now
 
-from .models import ENTRY_TEST, FUZZ_DIR, MODELS_ENV, TEST_NAME, ModelFuzzer, Outcome, Report, find_lines
+from .models import ENTRY_TEST, FUZZ_DIR, MODELS_ENV, TEST_NAME, ModelFuzzer, find_lines
+from .records import Outcome, Report, outcome_of
 
 
 def structure_key() -> Callable[[dict[str, Any]], str]:
@@ -48,16 +49,8 @@ class ModelBatches:
         out = []
         for s in structures:
             r = by_id.get(f"{ENTRY_TEST}::{TEST_NAME}[{key(s)}]")
-            if r is None:
-                o = Outcome(s, "infra", message="no result recorded (see pytest.log)")
-            else:
-                self.stack = self.stack or r.stack
-                near = None
-                if r.outcome in ("failed", "error") and not r.known_issue and self.registry is not None:
-                    near = "; ".join(self.registry.explained_elsewhere(r.test_id, r.error_signature or "",
-                                                                       r.message, r.stack)) or None
-                o = Outcome(s, r.outcome, r.error_signature, r.duration_s, r.known_issue, r.message[:2000],
-                            r.failure_kind, near)
+            self.stack = self.stack or (r.stack if r is not None else {})
+            o = outcome_of(s, key(s), r, self.registry)
             self.log(f"{o.outcome.upper():7} {o.seconds:5.1f}s {o.key}" + (f": {o.signature}" if o.failed else ""))
             out.append(o)
         return out
@@ -104,12 +97,13 @@ def fuzz_models_cell(cell, *, seed: str, budget_s: float, max_structures: int | 
 
 def report_json(cell_id: str, seed: str, report: Report) -> dict:
     def outcome(o: Outcome) -> dict:
-        return {"id": o.key, "structure": o.structure, "outcome": o.outcome, "signature": o.signature,
+        return {"id": o.key, "structure": o.case, "outcome": o.outcome, "signature": o.signature,
                 "seconds": o.seconds, "known_issue": o.known_issue, "near_miss": o.near_miss}
     return {"cell": cell_id, "seed": seed, "drawn": report.drawn, "tried": [outcome(o) for o in report.tried],
-            "finds": [{"found": f.found.key, "shrunk": outcome(f.shrunk), "steps": f.steps, "complete": f.complete}
-                      for f in report.finds],
-            "known": [o.key for o in report.known], "near_misses": [o.key for o in report.near_misses]}
+            "finds": [{"found": f.found.key, "shrunk": outcome(f.shrunk), "steps": f.steps, "complete": f.complete,
+                       "near_miss": f.near_miss} for f in report.finds],
+            "known": [o.key for o in report.known], "near_misses": [f.found.key for f in report.near_misses],
+            "slow": [o.key for o in report.slow]}
 
 
 def render(cell_id: str, seed: str, budget_s: float, stack: dict, report: Report, started: str, command: str,
@@ -123,7 +117,7 @@ def render(cell_id: str, seed: str, budget_s: float, stack: dict, report: Report
     if not report.finds and not report.known:
         lines.append("None: every structure passed.")
     for n, find in enumerate(report.finds, 1):
-        why = (f"near miss of registered {find.shrunk.near_miss}" if find.shrunk.near_miss
+        why = (f"near miss of registered {find.near_miss}" if find.near_miss
                else "new: no registered entry explains it (triage below)")
         lines += [f"### {n}. `{find.shrunk.signature}`", "", "```", *find_lines(cell_id, find, plant), "```", "",
                   f"Classification: {why}", ""]

@@ -35,8 +35,8 @@ from typing import Any, Callable
 
 from .program_actions import (BY_NAME, INVENTORY, LAYERS, LAYOUTS, OPTIMIZERS, WIDTHS, State,
                               action)
+from .records import Find, Outcome, Report
 
-FAILED = ("failed", "error")
 ENTRY_TEST = "suites/generators/programs_entry.py"
 TEST_NAME = "test_program"
 PROGRAMS_ENV = "DISTCI_FUZZ_PROGRAMS"
@@ -213,52 +213,6 @@ def smaller(program: Program) -> list[Program]:
     return [p for _, p in simplifications(program)]
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What one program did (read off its Result)."""
-
-    program: Program
-    outcome: str
-    signature: str | None = None
-    seconds: float = 0.0
-    known_issue: str | None = None
-    message: str = ""
-    test_id: str = ""
-    kind: str | None = None
-    near_miss: str | None = None
-    """A known issue whose signature this failure has, though its test pattern does not cover programs."""
-
-    @property
-    def key(self) -> str:
-        return self.program.text
-
-    @property
-    def failed(self) -> bool:
-        return self.outcome in FAILED
-
-
-@dataclass
-class Find:
-    found: Outcome
-    shrunk: Outcome
-    steps: list[str] = field(default_factory=list)
-    complete: bool = True
-    stopped: str = ""
-    seconds: float = 0.0
-
-
-@dataclass
-class Report:
-    tried: list[Outcome] = field(default_factory=list)
-    drawn: list[str] = field(default_factory=list)
-    finds: list[Find] = field(default_factory=list)
-    repeats: dict[str, str] = field(default_factory=dict)
-    known: list[Outcome] = field(default_factory=list)
-    """Failures a known issue explains, by its test pattern or (near miss) by its signature alone."""
-    slow: list[Outcome] = field(default_factory=list)
-    shrink_s: float = 0.0
-
-
 RunBatch = Callable[[list[Program]], list[Outcome]]
 
 
@@ -304,6 +258,7 @@ class ProgramFuzzer:
         todo = [p for p in programs if p.text not in self.cache]
         if todo:
             for outcome in self.run_batch(todo):
+                outcome = outcome if outcome.key else replace(outcome, key=outcome.case.text)
                 self.cache[outcome.key] = outcome
                 self.report.tried.append(outcome)
         missing = [p.text for p in programs if p.text not in self.cache]
@@ -312,21 +267,19 @@ class ProgramFuzzer:
         return [self.cache[p.text] for p in programs]
 
     def _found(self, outcome: Outcome) -> None:
-        if outcome.kind == "timeout":
-            self.report.slow.append(outcome)
-            self.log(f"  timed out, not shrunk: {outcome.key}")
+        filed = self.report.file(outcome)
+        if filed:
+            self.log(f"  timed out, not shrunk: {outcome.key}" if filed == "slow" else
+                     f"  known issue {outcome.known_issue}: {outcome.key}")
             return
-        if outcome.known_issue or outcome.near_miss:
-            self.report.known.append(outcome)
-            self.log(f"  known issue {outcome.known_issue or outcome.near_miss}"
-                     f"{' (near miss: its signature)' if not outcome.known_issue else ''}: {outcome.key}")
+        repeated = self.report.repeat_of(outcome)
+        if repeated is not None:
+            self.report.repeats[outcome.key] = repeated.found.key
             return
-        for find in self.report.finds:
-            if find.found.signature == outcome.signature:
-                self.report.repeats[outcome.key] = find.found.key
-                return
         find = Find(outcome, outcome)
         self.report.finds.append(find)
+        if find.near_miss:
+            self.log(f"  near miss of {find.near_miss}: {outcome.key} (one shrink round)")
         if self.shrink:
             started = self.clock()
             try:
@@ -344,9 +297,14 @@ class ProgramFuzzer:
         limit = min(self.shrink_limit_s, 0.5 * self.budget_s)
         start = self.clock()
         combo: Program | None = None
+        rounds = 0
         self.log(f"  shrinking {current.key} ({signature})")
         while True:
-            candidates = simplifications(current.program)
+            if find.near_miss and rounds >= 1:
+                find.complete, find.stopped = False, f"a near miss of {find.near_miss}: one round only"
+                break
+            rounds += 1
+            candidates = simplifications(current.case)
             programs = [p for _, p in candidates]
             if combo is not None and valid(combo) and combo.text not in self.cache:
                 programs = [combo] + [p for p in programs if p.text != combo.text]
@@ -364,7 +322,7 @@ class ProgramFuzzer:
             keeper = keepers[0]
             by_text = {p.text: e for e, p in candidates}
             kept = [by_text[o.key] for o in keepers if o.key in by_text]
-            combo = sum(kept[1:], kept[0]).apply(current.program) if len(kept) > 1 else None
+            combo = sum(kept[1:], kept[0]).apply(current.case) if len(kept) > 1 else None
             find.steps.append(keeper.key)
             self.log(f"  shrunk to {keeper.key}")
             current = keeper

@@ -6,7 +6,8 @@ each batch is one pytest session of suites/generators/programs_entry.py, so ever
 is an ordinary Result in the one run directory (cell, stack, error signature, known-issue
 match) and ingest, verdicts, the gate and the dashboard treat a find like any failure.
 A failure whose signature a registered known issue explains, though the entry's test
-pattern does not cover programs, is reported as that entry (a near miss), never as new.
+pattern does not cover programs, is that entry's near miss (Registry.near_misses, read in
+distci.fuzz.records.outcome_of): named, shrunk one round, never counted as new.
 
 Exit code: 1 when the run found a failure no known issue explains, 3 when the cell's
 environment never came up, else 0.
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import time
 from pathlib import Path
@@ -24,8 +24,8 @@ from typing import Any, Callable
 
 from distci.rundir import RunDir, now as _now
 
-from .programs import (ENTRY_TEST, PROGRAMS_ENV, TEST_NAME, Find, Outcome, Program, ProgramFuzzer, Report,
-                       first_action)
+from .programs import ENTRY_TEST, PROGRAMS_ENV, TEST_NAME, Program, ProgramFuzzer, first_action
+from .records import Find, Outcome, Report, outcome_of
 
 FUZZ_DIR = "fuzz"
 
@@ -37,23 +37,6 @@ def test_id(program: Program) -> str:
 def repro(cell_id: str, program: Program, plant: str = "") -> str:
     env = f"DISTCI_PROGRAMS_PLANT={plant} " if plant else ""
     return f"{env}nox -s dist_tests -- --cell {cell_id} --test {shlex.quote(test_id(program))}"
-
-
-JUDGE_WORDS = re.compile(r"SQNR|max [|]diff[|]|vs reference|^step |gradient$")
-"""What the suites' own judges write about any numeric difference: an entry whose signature
-matches only these says nothing about which bug it is (its test patterns did that)."""
-
-
-def near_miss(registry: Any, signature: str | None, message: str, stack: dict[str, Any]) -> str | None:
-    """The registered known issues whose signature names this failure's bug on this stack,
-    whatever tests their patterns name (a program is no table row, yet the same bug). Read
-    off the signature (the failure's first line) only, and only where the entry's match is
-    more than a judge's generic words."""
-    if registry is None or not signature:
-        return None
-    ids = [e.id for e in registry.entries if e.applies_to(stack)
-           and any(not JUDGE_WORDS.search(m.group(0)) for m in e.signature.finditer(signature))]
-    return ",".join(ids) or None
 
 
 class ProgramBatches:
@@ -78,17 +61,11 @@ class ProgramBatches:
         out = []
         for p in programs:
             r = by_id.get(test_id(p))
-            if r is None:
-                o = Outcome(p, "infra", message="no result recorded (see pytest.log)")
-            else:
-                self.stack = self.stack or r.stack
-                o = Outcome(p, r.outcome, r.error_signature, r.duration_s, r.known_issue, r.message[:4000],
-                            r.test_id, r.failure_kind)
-                if o.failed and not o.known_issue:
-                    o = Outcome(**{**o.__dict__, "near_miss": near_miss(self.registry, o.signature, r.message,
-                                                                          r.stack)})
+            self.stack = self.stack or (r.stack if r is not None else {})
+            o = outcome_of(p, p.text, r, self.registry, message_chars=4000)
             self.log(f"  {o.outcome.upper():7s} {o.seconds:5.1f}s {p.text}"
-                     + (f"\n      {o.signature}" if o.failed else ""))
+                     + (f"\n      {o.signature}" if o.failed else "")
+                     + (f" (near miss of {o.near_miss})" if o.near_miss else ""))
             out.append(o)
         return out
 
@@ -97,9 +74,11 @@ def find_lines(cell_id: str, find: Find, plant: str = "") -> list[str]:
     s = find.shrunk
     state = "shrunk" if find.complete else f"shrunk so far, not minimal ({find.stopped})"
     return [f"find: {s.signature}",
+            *([f"  near miss of {find.near_miss} (its signature names that bug; its tests do not name programs)"]
+              if find.near_miss else []),
             f"  found as {find.found.key}, {state} to {s.key} in {len(find.steps)} step(s), {find.seconds:.0f} s",
             f"  first diverging action: {first_action(s.message) or '?'}",
-            f"  repro:  {repro(cell_id, s.program, plant)}"]
+            f"  repro:  {repro(cell_id, s.case, plant)}"]
 
 
 def report_json(cell_id: str, seed: str, budget_s: float, stack: dict, report: Report, seconds: float) -> dict:
@@ -109,7 +88,7 @@ def report_json(cell_id: str, seed: str, budget_s: float, stack: dict, report: R
     return {"generator": "programs", "cell": cell_id, "seed": seed, "budget_s": budget_s, "wall_s": seconds,
             "stack": stack, "drawn": report.drawn, "tried": [outcome(o) for o in report.tried],
             "finds": [{"found": f.found.key, "shrunk": outcome(f.shrunk), "steps": f.steps, "complete": f.complete,
-                       "stopped": f.stopped, "seconds": f.seconds} for f in report.finds],
+                       "stopped": f.stopped, "seconds": f.seconds, "near_miss": f.near_miss} for f in report.finds],
             "known": [outcome(o) for o in report.known], "repeats": report.repeats, "shrink_s": report.shrink_s,
             "slow": [o.key for o in report.slow]}
 
@@ -154,7 +133,7 @@ def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | 
                                shrink=shrink, layouts=tuple(layouts) or tuple(LAYOUTS), log=log,
                                shrink_limit_s=shrink_limit_s if shrink_limit_s is not None else 900.0)
         report = fuzzer.run()
-        new = report.finds
+        new = report.new
         for find in report.finds:
             for line in find_lines(cell.id, find, plant):
                 log(line)
@@ -167,7 +146,8 @@ def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | 
     RunDir(run_dir).write_junit(cell.id)
     rate = 3600 * len(report.tried) / seconds if seconds else 0.0
     log(f"fuzz programs {cell.id}: {len(report.tried)} program(s) in {seconds:.0f} s ({rate:.0f}/h), "
-        f"{len(new)} new find(s), {len(report.known)} known issue(s), {len(report.slow)} timed out; run {run_dir}")
+        f"{len(new)} new find(s), {len(report.near_misses)} near miss(es), {len(report.known)} known issue(s), "
+        f"{len(report.slow)} timed out; run {run_dir}")
     return code
 
 

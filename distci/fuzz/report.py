@@ -11,7 +11,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-from distci.fuzz.engine import Find, Outcome, Report
+from distci.fuzz.records import Find, Outcome, Report
 from distci.fuzz.space import Space
 
 
@@ -69,12 +69,12 @@ def find_lines(run: FuzzRun, find: Find) -> list[str]:
         f"find: {s.signature}",
         f"  found as {find.found.key}, {shrink_state(find)} to {s.key} in {len(find.steps)} step(s), "
         f"{find.seconds:.0f} s",
-        *([f"  known-issue signature: {find.known_like} (its test pattern does not cover this configuration)"]
-          if find.known_like else []),
-        f"  row:    {table_row(run.space, s.point)}",
+        *([f"  near miss of {find.near_miss} (its signature names that bug; its tests do not name this configuration)"]
+          if find.near_miss else []),
+        f"  row:    {table_row(run.space, s.case)}",
         f"  id:     {s.key}",
-        f"  repro:  {repro(run.space, run.cell_id, s.point, run.plant)}",
-        f"  replay: nox -s fuzz -- --cell {run.cell_id} --replay {shlex.quote(config_json(run.space, s.point))}",
+        f"  repro:  {repro(run.space, run.cell_id, s.case, run.plant)}",
+        f"  replay: nox -s fuzz -- --cell {run.cell_id} --replay {shlex.quote(config_json(run.space, s.case))}",
     ]
 
 
@@ -86,8 +86,8 @@ def stack_line(stack: dict[str, Any]) -> str:
 def classification(find: Find) -> str:
     """A find's classification line as the run can say it: a registered entry's near miss when
     one explains the signature (never a new bug to file), else new, with the triage it needs."""
-    if find.known_like:
-        return (f"near miss of registered {find.known_like}: its signature, on a configuration outside the "
+    if find.near_miss:
+        return (f"near miss of registered {find.near_miss}: its signature, on a configuration outside the "
                 "entry's tests (widen the entry's tests when the cause is the same; not filed as new)")
     return ("new: no registered entry explains it; triage it as a known issue, a new upstream bug "
             "(repro in suites/regressions/, entry, draft under reports/) or a distci bug (fixed)")
@@ -138,7 +138,7 @@ def coverage(space: Space, tried: list[Outcome]) -> tuple[Counter, set, int]:
     values: Counter = Counter()
     pairs: set = set()
     for o in tried:
-        full = space.complete(o.point)
+        full = space.complete(o.case)
         for a in space.axes:
             values[(a.name, full[a.name])] += 1
         names = [a.name for a in space.axes]
