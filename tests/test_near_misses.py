@@ -35,8 +35,8 @@ OP_CASE = "suites/generators/ops_entry.py::test_op_case[log_softmax~2~f32~8x5~S1
 GENERIC = [
     # (a test of another door, the first line its judge writes about a numeric difference)
     (CONFIG, "AssertionError: step N: layers.N.attention.wq.weight: gradient SQNR N dB < N dB (N problem(s))"),
-    (CONFIG, "AssertionError: step N: loss N vs reference N (relative error N > N) (N problem(s))"),
-    (PROGRAM, "AssertionError: at action step: blocks.N.w1.weight: gradient SQNR -inf dB < N dB (N problem(s))"),
+    (CONFIG, "AssertionError: step N: loss N vs reference N (|diff| N > N + N*|ref|) (N problem(s))"),
+    (PROGRAM, "AssertionError: at action fwd_bwd: blocks.0.norm.bias: gradient SQNR N dB < N dB (N problem(s))"),
     (PROGRAM, "AssertionError: at action eval=inference_mode: loss N vs reference N (N problem(s))"),
     (PROGRAM, "AssertionError: at action fwd_bwd: head.weight: gradient max |diff| N > N * max|ref| (N) (N problem(s))"),
     (STRUCTURE, "AssertionError: the parameter gradient of tok.weight leaves the reference first (N problem(s))"),
@@ -44,13 +44,14 @@ GENERIC = [
 ]
 
 # What each entry's own repro prints when the bug is present (suites/regressions/, fixes off,
-# torch 2.13.0 CPU, 2026-12-06; the async-TP one in its emulated mode), as error signature
-# and the message's first line, with the repro's test id.
+# torch 2.13.0 CPU, 2026-12-06; the async-TP one in its emulated mode): the repro's test id
+# and its message's first line. OWN_ROWS below: the same for rows of their tests that are no
+# repro (a table row, the programs the generator shrank them to).
 REAL = {
     "pytorch190746-loss-parallel-log-softmax": (
         "suites/regressions/test_pytorch190746_loss_parallel_losses.py::test_loss_parallel_matches_the_plain_loss"
         "[soft_ce]",
-        "soft_ce: the logits' gradient under loss_parallel() is off by 0.068 (max |grad| 0.058)"),
+        "soft_ce: the logits' gradient under loss_parallel() is off by 0.068 (max |grad| 0.0581)"),
     "pytorch197039-compile-recomputes-mutated-buffer": (
         "suites/regressions/test_pytorch197039_compile_recomputes_mutated_buffer.py::"
         "test_a_compiled_forward_that_bumps_a_buffer_has_eagers_gradient[aot_eager]",
@@ -64,13 +65,32 @@ REAL = {
         "suites/regressions/test_pytorch131965_fsdp2_step_after_eval_stale_root.py::"
         "test_a_step_after_an_eval_forward_reaches_the_next_forward[plain]",
         "FSDP2: the forward after the optimizer step computed with the root's pre-step weights "
-        "(max |diff| 0.0123 against one process)"),
+        "(max |diff| 10.4 against one process)"),
     "distci-asynctp-float8-sp-rows": (
         "suites/regressions/test_asynctp_float8_sp_rows.py::test_fused_scaled_mm_reduce_scatter_rows[emulated-b2-rowwise]",
-        "fused_scaled_matmul_reduce_scatter(A (16, 32), orig_scatter_dim=1, scatter_dim_after_maybe_reshape=0, "
-        "output_shape=[2, 4, 16]) on rank 0: SQNR 1.1 dB against the reduce-scatter along the sequence (< 20 dB)"),
+        "fused_scaled_matmul_reduce_scatter(A (32, 32), orig_scatter_dim=1, scatter_dim_after_maybe_reshape=0, "
+        "output_shape=[2, 16, 32]) on rank 0: SQNR 1.1 dB against the reduce-scatter along the sequence (< 25 dB) - "
+        "it equals the batch-major row chunk (rows mixed up across sequence positions)"),
 }
 ENTRIES = list(REAL)
+SOFT_CE_ROW = """tp-eager-soft_ce-loss_parallel on 2 cpu ranks (float32): 64 problem(s)
+  step 1: loss 5.569398 vs reference 5.569703 (|diff| 0.000304 > 1e-06 + 1e-05*|ref|)
+  step 0: layers.0.attention.wk.weight: gradient SQNR -11.5 dB < 60 dB
+  step 0: layers.0.attention.wo.weight: gradient SQNR -15.6 dB < 60 dB"""
+OWN_ROWS = [
+    # (entry, a row of its own tests that is no repro, what that row printed: same stack)
+    ("pytorch190746-loss-parallel-log-softmax", "suites/test_scenarios.py::test_scenario[tp-eager-soft_ce-loss_parallel]",
+     SOFT_CE_ROW),
+    ("distci-ddp-freeze-after-wrap",
+     "suites/generators/programs_entry.py::test_program[ddp-ws2-w8-l1-sgd:freeze=head,fwd_bwd]",
+     "at action fwd_bwd: blocks.0.norm.bias: gradient SQNR N dB < N dB (6 problem(s))"),
+    ("pytorch131965-fsdp2-step-after-eval-stale-root",
+     "suites/generators/programs_entry.py::test_program[fsdp-ws2-w8-l1-sgd:fwd_bwd,eval,step,fwd_bwd]",
+     "at action fwd_bwd: blocks.0.norm.bias: gradient SQNR N dB < N dB (9 problem(s))"),
+    ("pytorch197039-compile-recomputes-mutated-buffer",
+     "suites/generators/programs_entry.py::test_program[ddp-ws2-w8-l1-sgd:compile,fwd_bwd]",
+     "at action fwd_bwd: blocks.0.norm.bias: gradient SQNR N dB < N dB (8 problem(s))"),
+]
 
 
 def _signature(first_line: str) -> str:
@@ -91,6 +111,15 @@ def test_each_entrys_real_failure_text_still_matches_its_own_rows(entry_id):
     test, first = REAL[entry_id]
     sig = _signature(first)
     assert REGISTRY.match(test, sig, f"{first}\n  traceback ...", STACK) == entry_id
+
+
+@pytest.mark.parametrize("entry_id, test, message", OWN_ROWS)
+def test_an_entrys_generic_alternative_still_serves_its_own_table_and_program_rows(entry_id, test, message):
+    """The rule narrows near misses only: an entry's own rows, which print the judges' generic
+    lines, stay its known issue (the generic alternative serves its test patterns)."""
+    assert REGISTRY.match(test, _signature(message), message, STACK) == entry_id
+    other = PROGRAM if test != PROGRAM else CONFIG
+    assert REGISTRY.near_misses(other, _signature(message), message, STACK) == []
 
 
 @pytest.mark.parametrize("entry_id", ENTRIES)
