@@ -24,6 +24,7 @@ the cell's environment never came up, else 0.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import time
@@ -31,14 +32,28 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from suites.generators.model_space import FEATURES, SIZES, complete, key, non_default, valid
-
 from .records import Find, Outcome, Report
 
+MODEL_SPACE = "suites.generators.model_space"
+"""The cell side's one declaration of the structure space (features, rules, ids)."""
 ENTRY_TEST = "suites/generators/models_entry.py"
 TEST_NAME = "test_model_structure"
 MODELS_ENV = "DISTCI_FUZZ_MODELS"
 FUZZ_DIR = "fuzz"
+
+
+@functools.lru_cache(maxsize=None)
+def model_space() -> Any:
+    """The structure space the cell side declares (suites/generators/model_space.py), loaded by
+    name from the checkout as distci.fuzz.space.cell_side loads suites/space.py."""
+    from distci.fuzz.space import cell_side
+
+    return cell_side(module=MODEL_SPACE)
+
+
+def key(structure: dict[str, Any]) -> str:
+    """A structure's id (the cell side's `key`): its test id's parameter."""
+    return model_space().key(structure)
 
 
 class Drawer:
@@ -58,39 +73,41 @@ class Drawer:
 
     def draw(self, tries: int = 200) -> dict[str, Any] | None:
         for _ in range(tries):
-            s = {f.name: self._value(f) for f in FEATURES}
-            moved = [f.name for f in FEATURES[1:] if s[f.name] != f.default and f.default in
+            space = model_space()
+            s = {f.name: self._value(f) for f in space.FEATURES}
+            moved = [f.name for f in space.FEATURES[1:] if s[f.name] != f.default and f.default in
                      self.allowed.get(f.name, f.values)]
             self.rng.shuffle(moved)
-            while not valid(s) and moved:
+            while not space.valid(s) and moved:
                 name = moved.pop()
                 s[name] = _default(name)
-            if valid(s) and key(s) not in self.drawn:
+            if space.valid(s) and key(s) not in self.drawn:
                 self.drawn.add(key(s))
-                return complete(s)
+                return space.complete(s)
         return None
 
 
 def _default(name: str) -> Any:
-    return next(f.default for f in FEATURES if f.name == name)
+    return next(f.default for f in model_space().FEATURES if f.name == name)
 
 
 def smaller(structure: dict[str, Any]) -> list[dict[str, Any]]:
     """The one-step simplifications of `structure`, simplest first, each valid; the
     parallelism never moves (it is part of what a find is)."""
-    full = complete(structure)
+    space = model_space()
+    full = space.complete(structure)
     out, seen = [], {key(full)}
-    for f in FEATURES[1:]:
+    for f in space.FEATURES[1:]:
         if full[f.name] == f.default:
             continue
         targets = [f.default]
-        if f.name in SIZES:
+        if f.name in space.SIZES:
             targets += [v for v in f.values if f.default < v < full[f.name]]
         for value in targets:
             candidate = {**full, f.name: value}
-            if not valid(candidate):  # e.g. experts 0 takes top_k and the shared expert with it
+            if not space.valid(candidate):  # e.g. experts 0 takes top_k and the shared expert with it
                 candidate = {**candidate, **{g: _default(g) for g in ("top_k", "shared_expert")}}
-            if valid(candidate) and key(candidate) not in seen:
+            if space.valid(candidate) and key(candidate) not in seen:
                 seen.add(key(candidate))
                 out.append(candidate)
     return out
@@ -195,7 +212,7 @@ def find_lines(cell_id: str, find: Find, plant: str = "") -> list[str]:
     env = f"DISTCI_MODELS_PLANT={plant} " if plant else ""
     test = f"{ENTRY_TEST}::{TEST_NAME}[{find.shrunk.key}]"
     lines = [f"find: {find.shrunk.signature}", f"  structure: {find.shrunk.key} (drawn as {find.found.key})",
-             f"  needs:     {json.dumps(non_default(find.shrunk.case))}",
+             f"  needs:     {json.dumps(model_space().non_default(find.shrunk.case))}",
              f"  repro:     {env}python -m distci run --cell {cell_id} --test '{test}'"]
     if find.near_miss:
         lines += [f"  near miss: {find.near_miss}", "  (a near miss: one shrink round only)"]
@@ -206,8 +223,7 @@ def find_lines(cell_id: str, find: Find, plant: str = "") -> list[str]:
 
 def parse_space(specs: list[str]) -> dict[str, tuple]:
     """`FEATURE=V1,V2` specs -> allowed values (ValueError naming the bad feature or value)."""
-    from suites.generators.model_space import FEATURE
-
+    FEATURE = model_space().FEATURE
     out: dict[str, tuple] = {}
     for spec in specs:
         name, _, text = spec.partition("=")

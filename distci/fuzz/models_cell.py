@@ -12,17 +12,8 @@ from typing import Any, Callable
 
 from distci.rundir import RunDir, now as _now
 
-from .models import ENTRY_TEST, FUZZ_DIR, MODELS_ENV, TEST_NAME, ModelFuzzer, find_lines
+from .models import ENTRY_TEST, FUZZ_DIR, MODELS_ENV, TEST_NAME, ModelFuzzer, find_lines, key
 from .records import Outcome, Report, outcome_of
-
-
-def structure_key() -> Callable[[dict[str, Any]], str]:
-    """A structure's id, from the cell side's one declaration (suites/generators/model_space.py),
-    loaded by name as distci.fuzz.space.cell_side() loads suites/space.py: the controller
-    never imports suites/."""
-    import importlib
-
-    return importlib.import_module("suites.generators.model_space").key
 
 
 class ModelBatches:
@@ -37,8 +28,6 @@ class ModelBatches:
         (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
 
     def __call__(self, structures: list[dict[str, Any]]) -> list[Outcome]:
-        key = structure_key()
-
         from distci.fuzz.command import run_cases
 
         self.batches += 1
@@ -141,7 +130,6 @@ def run_generator(args, cell, seed: str, command: str) -> int:
     except ValueError as exc:
         raise FuzzSpecError(str(exc)) from None
     if args.list:
-        key = structure_key()
         drawer = Drawer(seed, allowed)
         for _ in range(args.max_configs or 20):
             print(key(drawer.draw()))
