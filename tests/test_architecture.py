@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "distci"
 MAX_LINES = 500
 RECORDS = {"__init__", "__main__", "cli", "command", "errors", "matrix", "cells", "tomlloc", "results", "rundir",
-           "known_issues", "signatures", "sources", "stack"}
+           "known_issues", "signatures", "sources", "stack", "training_program"}
 STAGES = {"provision", "images", "harness", "run", "external", "judge", "audit", "bisect", "bench", "dashboard",
           "publish", "ci", "launch", "fuzz"}
 
@@ -158,9 +158,6 @@ KNOWN_UPWARD = {
     ("suites.generators.ops_cases", "distci.fuzz.op_inventory"),
     ("suites.generators.ops_entry", "distci.fuzz.op_case"),
     ("suites.generators.ops_entry", "distci.fuzz.ops"),
-    # the programs generator's program record and parser (pure, torch-free), likewise
-    ("suites.generators.programs", "distci.fuzz.programs"),
-    ("suites.generators.programs_entry", "distci.fuzz.programs"),
 }
 
 

@@ -23,7 +23,7 @@ import pytest
 from distci.fuzz.op_case import CaseIdError, MESHES, OpCase, parse_case
 from distci.fuzz.op_inventory import INVENTORY
 from distci.fuzz.ops import draw_case, draw_cases, shrink, simpler, valid
-from distci.fuzz.ops_command import OpsFind, Sweeps, plan_size
+from distci.fuzz.ops_command import Sweeps, plan_size
 
 REPO = Path(__file__).resolve().parents[1]
 CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_off"

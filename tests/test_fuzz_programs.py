@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from distci.fuzz.program_actions import INVENTORY, LAYOUTS, State
-from distci.fuzz.programs import Program, ProgramError, ProgramFuzzer, check, draw, parse, smaller, valid
+from distci.fuzz.programs import ProgramFuzzer, draw, smaller
+from distci.training_program import INVENTORY, LAYOUTS, Program, ProgramError, State, check, parse, valid
 from distci.fuzz.records import Outcome
 
 REPO = Path(__file__).resolve().parents[1]

@@ -29,7 +29,6 @@ import json
 import random
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Callable
 
 from .records import Find, Outcome, Report

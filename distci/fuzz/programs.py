@@ -1,6 +1,6 @@
 """The programs generator's engine: draw training programs, run them in batches, shrink what fails.
 
-A program (vocabulary in program_actions.py) is a layout, a world size, a model size, an
+A program (vocabulary in distci/training_program.py) is a layout, a world size, a model size, an
 optimizer and a sequence of inventoried actions; its text is its test id, e.g.
 
     fsdp-ws2-w8-l2-adamw:fwd_bwd,step,save=dcp,fwd_bwd,step,load,fwd_bwd,step
@@ -15,7 +15,7 @@ example at a time, while a program here runs on a rank pool in another interpret
 cell's stack), and batching candidates into one pytest session is what makes drawing
 and shrinking affordable (a pool start costs more than a program). Its shrink order and
 database also change between its releases, and replay from a seed must hold across
-them. What we need is small: preconditions as data (program_actions.INVENTORY), a seeded
+them. What we need is small: preconditions as data (training_program.INVENTORY), a seeded
 draw, and a greedy shrinker: drop chunks of actions (halves down to one action),
 actions back to their plainest form, then the smallest model, world size, optimizer and
 layout that still fail with the SAME error signature. Every candidate is checked against
@@ -33,102 +33,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from .program_actions import (BY_NAME, INVENTORY, LAYERS, LAYOUTS, OPTIMIZERS, WIDTHS, State,
-                              action)
+from distci.training_program import (INVENTORY, LAYERS, LAYOUTS, OPTIMIZERS, WIDTHS, Program, State, action, split,
+                                      token, valid)
 from .records import Find, Outcome, Report
 
-ENTRY_TEST = "suites/generators/programs_entry.py"
-TEST_NAME = "test_program"
-PROGRAMS_ENV = "DISTCI_FUZZ_PROGRAMS"
-"""A JSON file: the list of program texts one batch runs (the entry reads it)."""
-PROGRAM_ENV = "DISTCI_FUZZ_PROGRAM"
-"""One program's text, for a repro."""
 MIN_ACTIONS, MAX_ACTIONS = 4, 14
-HEAD = re.compile(r"^(?P<layout>[a-z_]+)-ws(?P<ws>\d+)-w(?P<width>\d+)-l(?P<layers>\d+)-(?P<optim>[a-z]+)$")
-
-
-class ProgramError(ValueError):
-    """A program text that does not parse or breaks a precondition; the message names the part."""
-
-
-@dataclass(frozen=True)
-class Program:
-    layout: str
-    world_size: int
-    width: int
-    layers: int
-    optim: str
-    actions: tuple[str, ...]
-    """Each `name` or `name=arg` (program_actions.INVENTORY)."""
-
-    @property
-    def text(self) -> str:
-        return (f"{self.layout}-ws{self.world_size}-w{self.width}-l{self.layers}-{self.optim}:"
-                + ",".join(self.actions))
-
-    def __str__(self) -> str:
-        return self.text
-
-
-def split(token: str) -> tuple[str, str]:
-    """`name=arg` -> (name, arg); `name` -> (name, its first arg)."""
-    name, _, arg = token.partition("=")
-    return name, arg or action(name).args[0]
-
-
-def token(name: str, arg: str) -> str:
-    return name if arg == action(name).args[0] else f"{name}={arg}"
-
-
-def parse(text: str) -> Program:
-    """A program from its text; raises ProgramError naming the bad part."""
-    head, sep, body = text.strip().partition(":")
-    m = HEAD.match(head)
-    if not sep or not m:
-        raise ProgramError(f"program {text!r}: write LAYOUT-wsN-wN-lN-OPTIM:ACTION,ACTION=ARG,... "
-                           f"(layouts {', '.join(LAYOUTS)}; optimizers {', '.join(OPTIMIZERS)})")
-    program = Program(m["layout"], int(m["ws"]), int(m["width"]), int(m["layers"]), m["optim"],
-                      tuple(t.strip() for t in body.split(",") if t.strip()))
-    problems = check(program)
-    if problems:
-        raise ProgramError(f"program {text!r}: {'; '.join(problems)}")
-    return program
-
-
-def check(program: Program) -> list[str]:
-    """Why `program` is not one a training loop makes (empty: it is)."""
-    out = []
-    if program.layout not in LAYOUTS:
-        return [f"no layout {program.layout!r}; layouts: {', '.join(LAYOUTS)}"]
-    if program.world_size not in LAYOUTS[program.layout]:
-        out.append(f"{program.layout} runs on world sizes {LAYOUTS[program.layout]}, not {program.world_size}")
-    if program.optim not in OPTIMIZERS:
-        out.append(f"no optimizer {program.optim!r}; optimizers: {', '.join(OPTIMIZERS)}")
-    if program.width not in WIDTHS or program.layers not in LAYERS:
-        out.append(f"width {program.width} / layers {program.layers}: widths {WIDTHS}, layers {LAYERS}")
-    state = State()
-    for i, tok in enumerate(program.actions):
-        name, arg = tok.partition("=")[0], tok.partition("=")[2]
-        if name not in BY_NAME:
-            out.append(f"action {i} {tok!r}: no action {name!r}; actions: {', '.join(BY_NAME)}")
-            break
-        a = BY_NAME[name]
-        arg = arg or a.args[0]
-        if arg not in a.args:
-            out.append(f"action {i} {tok!r}: {name} takes {', '.join(a.args)}")
-            break
-        if not a.enabled(state, program.layout, arg):
-            out.append(f"action {i} {tok!r}: not where a loop makes it (state {state})")
-            break
-        state = a.effect(state, arg)
-    if not out and state.unsynced:
-        out.append("ends inside a no-sync accumulation (its gradients are never reduced)")
-    return out
-
-
-def valid(program: Program) -> bool:
-    return not check(program)
-
 
 def draw(seed: str, index: int, layouts: tuple[str, ...] = tuple(LAYOUTS)) -> Program:
     """Program `index` of `seed`: layout, size and optimizer, then actions drawn by weight

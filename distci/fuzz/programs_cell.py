@@ -24,7 +24,9 @@ from typing import Any, Callable
 
 from distci.rundir import RunDir, now as _now
 
-from .programs import ENTRY_TEST, PROGRAMS_ENV, TEST_NAME, Program, ProgramFuzzer, first_action
+from distci.training_program import ENTRY_TEST, PROGRAMS_ENV, TEST_NAME, Program
+
+from .programs import ProgramFuzzer, first_action
 from .records import Find, Outcome, Report, outcome_of
 
 FUZZ_DIR = "fuzz"
@@ -103,8 +105,7 @@ def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | 
     from distci.run.cellrun import REPO, start_provisioned
     from distci.run.terminal import EXIT_INFRA
 
-    from .program_actions import LAYOUTS
-    from .programs import ProgramError, parse
+    from distci.training_program import LAYOUTS, ProgramError, parse
 
     bad = [x for x in layouts if x not in LAYOUTS]
     if bad:
@@ -156,7 +157,8 @@ def run_generator(args, cell, seed: str, command: str) -> int:
     programs, or draw, run and shrink them on `cell`."""
     from distci.fuzz.command import parse_budget
 
-    from .program_actions import LAYOUTS
+    from distci.training_program import LAYOUTS
+
     from .programs import draw
 
     layouts = tuple(x for spec in args.layout for x in spec.split(",") if x)
