@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "distci"
 MAX_LINES = 500
 RECORDS = {"__init__", "__main__", "cli", "command", "errors", "matrix", "cells", "tomlloc", "results", "rundir",
-           "known_issues", "signatures", "sources", "stack", "training_program"}
+           "known_issues", "signatures", "sources", "stack", "training_program",
+           "op_case", "op_inventory"}
 STAGES = {"provision", "images", "harness", "run", "external", "judge", "audit", "bisect", "bench", "dashboard",
           "publish", "ci", "launch", "fuzz"}
 
@@ -151,12 +152,10 @@ KNOWN_UPWARD = {
     # `distci run --backend docker`: the run command dispatches to the images stage, which
     # builds on run/cellrun; the docker backend belongs beside launch/ (see DESIGN).
     ("distci.run.command", "distci.images"),
-    # the ops generator's case record and op inventory (pure, torch-free) and its shrinker,
-    # which the cell side runs in-session so a shrink costs no pool start; they belong on the
-    # cell side, loaded by name as distci.fuzz.space.cell_side() loads suites/space.py
-    ("suites.generators.ops_cases", "distci.fuzz.op_case"),
-    ("suites.generators.ops_cases", "distci.fuzz.op_inventory"),
-    ("suites.generators.ops_entry", "distci.fuzz.op_case"),
+    # the ops engine's shrinker (pure, torch-free), which the cell side runs inside a sweep so
+    # a shrink costs no pool start: engine logic, not a record, so it cannot move down to the
+    # records (the case record and the op inventory did: distci/op_case.py, op_inventory.py);
+    # it goes when the sweep hands its failures back and the controller shrinks in batches
     ("suites.generators.ops_entry", "distci.fuzz.ops"),
 }
 

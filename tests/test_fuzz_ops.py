@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from distci.fuzz.op_case import CaseIdError, MESHES, OpCase, parse_case
-from distci.fuzz.op_inventory import INVENTORY
+from distci.op_case import CaseIdError, MESHES, OpCase, parse_case
+from distci.op_inventory import INVENTORY
 from distci.fuzz.ops import draw_case, draw_cases, shrink, simpler, valid
 from distci.fuzz.ops_command import Sweeps, plan_size
 

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .op_case import MESHES, parse_case
+from distci.op_case import MESHES, parse_case
+from distci.op_inventory import BY_NAME
+
 from .ops import draw_cases
-from .op_inventory import BY_NAME
 
 ENTRY = "suites/generators/ops_entry.py"
 SWEEP = f"{ENTRY}::test_op_sweep"
