@@ -135,20 +135,8 @@ class Fuzzer:
         return [self.cache[self.space.key(p)] for p in points]
 
     def _found(self, outcome: Outcome) -> None:
-        filed = self.report.file(outcome)
-        if filed == "slow":
-            self.log(f"  timed out, not shrunk: {outcome.key}")
-            return
-        if filed == "known":
-            self.log(f"  known issue {outcome.known_issue}: {outcome.key}")
-            return
-        repeated = self.report.repeat_of(outcome)
-        if repeated is not None:
-            self.report.repeats[outcome.key] = repeated.found.key
-            return
-        find = Find(outcome, outcome)
-        self.report.finds.append(find)
-        if not self.shrink:
+        find = self.report.take(outcome, self.log)
+        if find is None or not self.shrink:
             return
         started = self.clock()
         try:

@@ -167,19 +167,9 @@ class ModelFuzzer:
         return [self.cache[key(s)] for s in structures if key(s) in self.cache]
 
     def _found(self, outcome: Outcome) -> None:
-        filed = self.report.file(outcome)
-        if filed:
-            self.log(f"  timed out, not shrunk: {outcome.key}" if filed == "slow" else
-                     f"  known issue {outcome.known_issue}: {outcome.key}")
+        find = self.report.take(outcome, self.log)
+        if find is None:
             return
-        repeated = self.report.repeat_of(outcome)
-        if repeated is not None:
-            self.report.repeats[outcome.key] = repeated.found.key
-            return
-        find = Find(outcome, outcome)
-        self.report.finds.append(find)
-        if outcome.near_miss:
-            self.log(f"  near miss of {outcome.near_miss}: {outcome.key}")
         if self.shrink:
             self._shrink(find, rounds=1 if outcome.near_miss else 50)
 

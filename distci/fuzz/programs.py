@@ -176,19 +176,9 @@ class ProgramFuzzer:
         return [self.cache[p.text] for p in programs]
 
     def _found(self, outcome: Outcome) -> None:
-        filed = self.report.file(outcome)
-        if filed:
-            self.log(f"  timed out, not shrunk: {outcome.key}" if filed == "slow" else
-                     f"  known issue {outcome.known_issue}: {outcome.key}")
+        find = self.report.take(outcome, self.log)
+        if find is None:
             return
-        repeated = self.report.repeat_of(outcome)
-        if repeated is not None:
-            self.report.repeats[outcome.key] = repeated.found.key
-            return
-        find = Find(outcome, outcome)
-        self.report.finds.append(find)
-        if find.near_miss:
-            self.log(f"  near miss of {find.near_miss}: {outcome.key} (one shrink round)")
         if self.shrink:
             started = self.clock()
             try:

@@ -12,7 +12,7 @@ Pure: no process, no torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 FAILED = ("failed", "error")
 NO_RESULT = "no result recorded (see pytest.log)"
@@ -109,9 +109,24 @@ class Report:
             return "known"
         return None
 
-    def repeat_of(self, outcome: Outcome) -> Find | None:
-        """The find of this run whose signature a failure repeats (then it is not shrunk again)."""
-        return next((f for f in self.finds if f.found.signature == outcome.signature), None)
+    def take(self, outcome: Outcome, log: Callable[[str], Any]) -> Find | None:
+        """A failure drawn by an engine, accounted for and said in one line: filed (`file`), a
+        repeat of a find of this run (same signature: not shrunk again), or a new Find, returned
+        for the engine to shrink (a near miss's one quick round is the engine's to bound)."""
+        filed = self.file(outcome)
+        if filed:
+            log(f"  timed out, not shrunk: {outcome.key}" if filed == "slow" else
+                f"  known issue {outcome.known_issue}: {outcome.key}")
+            return None
+        repeated = next((f for f in self.finds if f.found.signature == outcome.signature), None)
+        if repeated is not None:
+            self.repeats[outcome.key] = repeated.found.key
+            return None
+        find = Find(outcome, outcome)
+        self.finds.append(find)
+        if find.near_miss:
+            log(f"  near miss of {find.near_miss}: {outcome.key} (its signature names that bug; one shrink round)")
+        return find
 
     @property
     def near_misses(self) -> list[Find]:
