@@ -202,6 +202,7 @@ def find_lines(cell_id: str, find: Find, plant: str = "") -> list[str]:
     test = f"{ENTRY_TEST}::{TEST_NAME}[{find.shrunk.key}]"
     lines = [f"find: {find.shrunk.signature}", f"  structure: {find.shrunk.key} (drawn as {find.found.key})",
              f"  needs:     {json.dumps(model_space().non_default(find.shrunk.case))}",
+             f"  where:     {find.shrunk.first_divergence or 'no traced tensor left its rounding bound'}",
              f"  repro:     {env}python -m distci run --cell {cell_id} --test '{test}'"]
     if find.near_miss:
         lines += [f"  near miss: {find.near_miss}", "  (a near miss: one shrink round only)"]

@@ -98,23 +98,10 @@ def report_json(cell_id: str, seed: str, report: Report) -> dict:
 def render(cell_id: str, seed: str, budget_s: float, stack: dict, report: Report, started: str, command: str,
            plant: str) -> str:
     """The run's markdown: inputs, every structure tried, every find with its classification line."""
-    from distci.fuzz.report import stack_line
+    from distci.fuzz.report import generator_report
 
-    lines = [f"# Models fuzz run: {cell_id}, seed {seed}", "", f"- date: {started}", f"- command: `{command}`",
-             f"- stack: {stack_line(stack)}", f"- budget: {budget_s:.0f} s; structures tried: {len(report.tried)} "
-             f"({len(report.drawn)} drawn)", "", "## Finds", ""]
-    if not report.finds and not report.known:
-        lines.append("None: every structure passed.")
-    for n, find in enumerate(report.finds, 1):
-        why = (f"near miss of registered {find.near_miss}" if find.near_miss
-               else "new: no registered entry explains it (triage below)")
-        lines += [f"### {n}. `{find.shrunk.signature}`", "", "```", *find_lines(cell_id, find, plant), "```", "",
-                  f"Classification: {why}", ""]
-    lines += [f"- known issue `{o.known_issue}`: `{o.key}` ({o.signature})" for o in report.known]
-    lines += ["", "## Every structure", "", "| structure | outcome | seconds |", "|---|---|---|"]
-    lines += [f"| `{o.key}` | {o.outcome}{' (' + o.known_issue + ')' if o.known_issue else ''} | {o.seconds:.1f} |"
-              for o in report.tried]
-    return "\n".join(lines) + "\n"
+    return generator_report("Models fuzz run", "structure", cell_id, seed, budget_s, stack, report, started, command,
+                            lambda find: find_lines(cell_id, find, plant))
 
 
 def run_generator(args, cell, seed: str, command: str) -> int:

@@ -79,7 +79,7 @@ def find_lines(cell_id: str, find: Find, plant: str = "") -> list[str]:
             *([f"  near miss of {find.near_miss} (its signature names that bug; its tests do not name programs)"]
               if find.near_miss else []),
             f"  found as {find.found.key}, {state} to {s.key} in {len(find.steps)} step(s), {find.seconds:.0f} s",
-            f"  first diverging action: {first_action(s.message) or '?'}",
+            f"  where:  {s.first_divergence or '?'}",
             f"  repro:  {repro(cell_id, s.case, plant)}"]
 
 
@@ -95,10 +95,21 @@ def report_json(cell_id: str, seed: str, budget_s: float, stack: dict, report: R
             "slow": [o.key for o in report.slow]}
 
 
+def render(cell_id: str, seed: str, budget_s: float, stack: dict, report: Report, started: str, command: str,
+           plant: str) -> str:
+    """The run's markdown (`--report`): inputs, every program tried, every find with where it
+    diverged and its classification."""
+    from distci.fuzz.report import generator_report
+
+    return generator_report("Programs fuzz run", "program", cell_id, seed, budget_s, stack, report, started, command,
+                            lambda find: find_lines(cell_id, find, plant))
+
+
 def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | None = None, batch_size: int = 8,
                        shrink: bool = True, python: str | None = None, runs_root: Path = Path(".distci/runs"),
                        replay: str | None = None, known_issues: str | None = None, layouts: tuple[str, ...] = (),
-                       shrink_limit_s: float | None = None, command: str = "", log=print) -> int:
+                       shrink_limit_s: float | None = None, report_path: Path | None = None, command: str = "",
+                       log=print) -> int:
     """Fuzz one cell with training programs; returns the exit code (module docstring)."""
     from distci.errors import FuzzSpecError
     from distci.known_issues import load_registry
@@ -141,6 +152,10 @@ def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | 
     seconds = time.monotonic() - started
     (run_dir / FUZZ_DIR / "report.json").write_text(
         json.dumps(report_json(cell.id, seed, budget_s, runner.stack, report, seconds), indent=1, default=str))
+    if report_path:
+        Path(report_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(report_path).write_text(render(cell.id, seed, budget_s, runner.stack, report, _now(), command, plant))
+        log(f"report: {report_path}")
     code = 1 if new else 0
     info.ended_at, info.exit_code = _now(), code
     RunDir(run_dir).write_info(info)
@@ -169,6 +184,6 @@ def run_generator(args, cell, seed: str, command: str) -> int:
     return fuzz_programs_cell(cell, seed=seed, budget_s=parse_budget(args.budget), max_programs=args.max_configs,
                               batch_size=args.batch, shrink=not args.no_shrink, python=args.python,
                               runs_root=Path(args.runs_root), replay=args.replay, known_issues=args.known_issues,
-                              layouts=layouts, command=command,
+                              layouts=layouts, command=command, report_path=args.report,
                               shrink_limit_s=parse_budget(args.shrink_limit, "--shrink-limit")
                               if args.shrink_limit else None)

@@ -42,6 +42,14 @@ class Outcome:
     def failed(self) -> bool:
         return self.outcome in FAILED
 
+    @property
+    def first_divergence(self) -> str | None:
+        """Where the parallel run first left the reference, as the cell side's entry wrote it
+        (its line starting `first divergence`): the module and step (models, suites/localize.py),
+        the action (programs); None where the entry does not localize (the configurations)."""
+        return next((line.strip() for line in self.message.splitlines()
+                     if line.strip().startswith("first divergence")), None)
+
 
 def outcome_of(case: Any, key: str, result: Any, registry: Any = None, *, message_chars: int = 2000) -> Outcome:
     """A case's Result (None: none was recorded, `infra`) as an Outcome. A failure no entry
