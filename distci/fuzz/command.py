@@ -26,7 +26,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from distci.errors import FuzzSpecError
 from distci.rundir import RunDir, now as _now
@@ -101,6 +101,43 @@ def run_cases(cell, python: Path, info, run_dir: Path, *, entry_test: str, env_v
         run_in_env(cell, python, info, run_dir, tests=[entry_test], extra_pytest_args=extra_args,
                    log=lambda m: relay.write(m + "\n"))
     return {r.test_id: r for r in RunDir(run_dir).results() if r.test_id not in before}
+
+
+class CaseBatches:
+    """Runs a batch of drawn cases (programs, model structures) as one pytest session of the
+    generator's entry test in the started run (`run_cases`) and reads each case's Result as its
+    Outcome (records.outcome_of: near misses by the registry's one rule). The programs and models
+    generators' batch runner; the configurations' BatchRunner also relays pytest's lines."""
+
+    def __init__(self, cell, python: Path, info, run_dir: Path, extra_args: list[str], registry: Any,
+                 log: Callable[[str], Any], *, entry_test: str, test_name: str, env_var: str, noun: str,
+                 key: Callable[[Any], str], message_chars: int = 2000) -> None:
+        self.cell, self.python, self.info, self.run_dir = cell, python, info, run_dir
+        self.extra_args, self.registry, self.log = extra_args, registry, log
+        self.entry_test, self.test_name, self.env_var, self.noun = entry_test, test_name, env_var, noun
+        self.key, self.message_chars = key, message_chars
+        self.batches = 0
+        self.stack: dict[str, Any] = {}
+        (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
+
+    def __call__(self, cases: list[Any]) -> list[Any]:
+        from distci.fuzz.records import outcome_of
+
+        self.batches += 1
+        self.log(f"batch {self.batches}: {len(cases)} {self.noun}(s)")
+        keys = [self.key(c) for c in cases]
+        by_id = run_cases(self.cell, self.python, self.info, self.run_dir, entry_test=self.entry_test,
+                          env_var=self.env_var, batch=self.run_dir / FUZZ_DIR / f"{self.noun}s-{self.batches:03d}.json",
+                          cases=keys, extra_args=self.extra_args)
+        out = []
+        for case, key in zip(cases, keys):
+            r = by_id.get(f"{self.entry_test}::{self.test_name}[{key}]")
+            self.stack = self.stack or (r.stack if r is not None else {})
+            o = outcome_of(case, key, r, self.registry, message_chars=self.message_chars)
+            self.log(f"  {o.outcome.upper():7s} {o.seconds:5.1f}s {key}" + (f"\n      {o.signature}" if o.failed else "")
+                     + (f" (near miss of {o.near_miss})" if o.near_miss else ""))
+            out.append(o)
+        return out
 
 
 @contextlib.contextmanager

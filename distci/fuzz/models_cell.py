@@ -8,41 +8,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable
 
 from distci.rundir import RunDir, now as _now
 
 from .models import ENTRY_TEST, FUZZ_DIR, MODELS_ENV, TEST_NAME, ModelFuzzer, find_lines, key
-from .records import Outcome, Report, outcome_of
-
-
-class ModelBatches:
-    """Runs a batch of structures as one pytest session in the started run; returns their Outcomes."""
-
-    def __init__(self, cell, python: Path, info, run_dir: Path, extra_args: list[str], registry: Any,
-                 log: Callable[[str], Any]) -> None:
-        self.cell, self.python, self.info, self.run_dir = cell, python, info, run_dir
-        self.extra_args, self.registry, self.log = extra_args, registry, log
-        self.batches = 0
-        self.stack: dict[str, Any] = {}
-        (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
-
-    def __call__(self, structures: list[dict[str, Any]]) -> list[Outcome]:
-        from distci.fuzz.command import run_cases
-
-        self.batches += 1
-        self.log(f"batch {self.batches}: {len(structures)} structure(s)")
-        by_id = run_cases(self.cell, self.python, self.info, self.run_dir, entry_test=ENTRY_TEST, env_var=MODELS_ENV,
-                          batch=self.run_dir / FUZZ_DIR / f"models-{self.batches:03d}.json",
-                          cases=[key(s) for s in structures], extra_args=self.extra_args)
-        out = []
-        for s in structures:
-            r = by_id.get(f"{ENTRY_TEST}::{TEST_NAME}[{key(s)}]")
-            self.stack = self.stack or (r.stack if r is not None else {})
-            o = outcome_of(s, key(s), r, self.registry)
-            self.log(f"{o.outcome.upper():7} {o.seconds:5.1f}s {o.key}" + (f": {o.signature}" if o.failed else ""))
-            out.append(o)
-        return out
+from .records import Outcome, Report
 
 
 def fuzz_models_cell(cell, *, seed: str, budget_s: float, max_structures: int | None = None, batch_size: int = 6,
@@ -50,6 +20,7 @@ def fuzz_models_cell(cell, *, seed: str, budget_s: float, max_structures: int | 
                      known_issues: str | None = None, allowed: dict[str, tuple] | None = None,
                      report_path: Path | None = None, command: str = "", log=print) -> int:
     """Fuzz model structures on one cell; returns the exit code (distci/fuzz/models.py)."""
+    from distci.fuzz.command import CaseBatches
     from distci.known_issues import load_registry
     from distci.run.cellrun import REPO, start_provisioned
     from distci.run.terminal import EXIT_INFRA
@@ -61,7 +32,8 @@ def fuzz_models_cell(cell, *, seed: str, budget_s: float, max_structures: int | 
     registry_path = Path(known_issues) if known_issues else REPO / "suites" / "known_issues.toml"
     registry = load_registry(registry_path) if registry_path.exists() else None
     extra = [f"--distci-known-issues={registry_path}"] if registry is not None else []
-    runner = ModelBatches(cell, Path(env.python), info, run_dir, extra, registry, log)
+    runner = CaseBatches(cell, Path(env.python), info, run_dir, extra, registry, log, entry_test=ENTRY_TEST,
+                         test_name=TEST_NAME, env_var=MODELS_ENV, noun="structure", key=key)
     started = _now()
     log(f"fuzz models on {cell.id}: seed {seed}, budget {budget_s:.0f}s")
     report = ModelFuzzer(seed, runner, budget_s, max_structures=max_structures, batch_size=batch_size,

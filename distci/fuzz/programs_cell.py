@@ -20,14 +20,13 @@ import os
 import shlex
 import time
 from pathlib import Path
-from typing import Any, Callable
 
 from distci.rundir import RunDir, now as _now
 
 from distci.training_program import ENTRY_TEST, PROGRAMS_ENV, TEST_NAME, Program
 
 from .programs import ProgramFuzzer, first_action
-from .records import Find, Outcome, Report, outcome_of
+from .records import Find, Outcome, Report
 
 FUZZ_DIR = "fuzz"
 
@@ -39,37 +38,6 @@ def test_id(program: Program) -> str:
 def repro(cell_id: str, program: Program, plant: str = "") -> str:
     env = f"DISTCI_PROGRAMS_PLANT={plant} " if plant else ""
     return f"{env}nox -s dist_tests -- --cell {cell_id} --test {shlex.quote(test_id(program))}"
-
-
-class ProgramBatches:
-    """Runs a batch of programs as one pytest session in the started run; returns their Outcomes."""
-
-    def __init__(self, cell, python: Path, info, run_dir: Path, extra_args: list[str], registry: Any,
-                 log: Callable[[str], Any]) -> None:
-        self.cell, self.python, self.info, self.run_dir = cell, python, info, run_dir
-        self.extra_args, self.registry, self.log = extra_args, registry, log
-        self.batches = 0
-        self.stack: dict[str, Any] = {}
-        (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
-
-    def __call__(self, programs: list[Program]) -> list[Outcome]:
-        from distci.fuzz.command import run_cases
-
-        self.batches += 1
-        self.log(f"batch {self.batches}: {len(programs)} program(s)")
-        by_id = run_cases(self.cell, self.python, self.info, self.run_dir, entry_test=ENTRY_TEST, env_var=PROGRAMS_ENV,
-                          batch=self.run_dir / FUZZ_DIR / f"programs-{self.batches:03d}.json",
-                          cases=[p.text for p in programs], extra_args=self.extra_args)
-        out = []
-        for p in programs:
-            r = by_id.get(test_id(p))
-            self.stack = self.stack or (r.stack if r is not None else {})
-            o = outcome_of(p, p.text, r, self.registry, message_chars=4000)
-            self.log(f"  {o.outcome.upper():7s} {o.seconds:5.1f}s {p.text}"
-                     + (f"\n      {o.signature}" if o.failed else "")
-                     + (f" (near miss of {o.near_miss})" if o.near_miss else ""))
-            out.append(o)
-        return out
 
 
 def find_lines(cell_id: str, find: Find, plant: str = "") -> list[str]:
@@ -112,6 +80,7 @@ def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | 
                        log=print) -> int:
     """Fuzz one cell with training programs; returns the exit code (module docstring)."""
     from distci.errors import FuzzSpecError
+    from distci.fuzz.command import CaseBatches
     from distci.known_issues import load_registry
     from distci.run.cellrun import REPO, start_provisioned
     from distci.run.terminal import EXIT_INFRA
@@ -132,12 +101,14 @@ def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | 
     path = Path(known_issues) if known_issues else REPO / "suites" / "known_issues.toml"
     registry = load_registry(path) if path.exists() else None
     extra = [f"--distci-known-issues={path}"] if path.exists() else []
-    runner = ProgramBatches(cell, Path(env.python), info, run_dir, extra + ["--distci-reruns=0"], registry, log)
+    runner = CaseBatches(cell, Path(env.python), info, run_dir, extra + ["--distci-reruns=0"], registry, log,
+                         entry_test=ENTRY_TEST, test_name=TEST_NAME, env_var=PROGRAMS_ENV, noun="program",
+                         key=lambda p: p.text, message_chars=4000)
     started = time.monotonic()
     plant = os.environ.get("DISTCI_PROGRAMS_PLANT", "")
     if replayed is not None:
         report = Report(tried=runner([replayed]), drawn=[replayed.text])
-        new = [o for o in report.tried if o.failed and not o.known_issue and not o.near_miss]
+        new = [o for o in report.tried if o.failed and report.file(o) is None and not o.near_miss]
     else:
         log(f"fuzz programs {cell.id}: seed {seed}, budget {budget_s:.0f}s"
             + (f", at most {max_programs} programs" if max_programs else ""))
