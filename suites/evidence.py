@@ -11,6 +11,10 @@ their owners, pipeline stages from every rank), so one comparison judges every l
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
+import importlib
+import inspect
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -233,27 +237,82 @@ def count_executed_ops(into: Counter, all_reduces: Counter | None = None):
                     all_reduces[dtype] += 1
 
 
+POST_GRAD = "distci_post_grad"
+"""The prefix of the post-grad pass's entries in inductor's counters (`<prefix>_graphs`,
+`<prefix>:<op>`): inductor stores a compiled graph's counter increments with it in the FX
+graph cache and adds them again on a hit, so counts kept there survive a cache hit."""
+
+
+def _count_post_grad_ops(graph: torch.fx.Graph) -> None:
+    """The post-grad pass: which ops a compiled graph holds, into inductor's counters. It runs
+    after inductor's own post-grad passes (micro-pipeline TP included), so a fused
+    symmetric-memory op counted here is one inductor really emitted."""
+    from torch._dynamo.utils import counters
+
+    counts = counters["inductor"]
+    counts[f"{POST_GRAD}_graphs"] += 1
+    for node in graph.nodes:
+        if node.op == "call_function":
+            counts[f"{POST_GRAD}:{par.op_name(node.target)}"] += 1
+
+
+@functools.lru_cache(maxsize=None)
+def cached_post_grad_pass() -> Any:
+    """The counting pass as a CustomGraphPass whose uuid (the hash of its code) enters inductor's
+    cache key, where this torch replays a cached graph's counter increments on a hit (its
+    CompiledFxGraph keeps `counter_deltas`); None where it does not: the counts would be lost
+    on a hit, so the caches must be off."""
+    try:
+        from torch._inductor.custom_graph_pass import CustomGraphPass
+    except ImportError:
+        return None
+    graph_types = []
+    for module in ("torch._inductor.output_code", "torch._inductor.codecache"):
+        try:
+            graph_types.append(getattr(importlib.import_module(module), "CompiledFxGraph"))
+        except (ImportError, AttributeError):
+            continue
+    if not any("counter_deltas" in getattr(t, "__annotations__", {}) for t in graph_types):
+        return None
+    code = inspect.getsource(_count_post_grad_ops) + inspect.getsource(par.op_name) + POST_GRAD
+
+    class PostGradOpCount(CustomGraphPass):
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            _count_post_grad_ops(graph)
+
+        def uuid(self) -> str:
+            return hashlib.sha256(code.encode()).hexdigest()
+
+    return PostGradOpCount()
+
+
 @contextlib.contextmanager
 def inductor_probe(evidence: Evidence):
-    """Records the post-grad ops of every graph inductor compiles inside the block.
-
-    Inductor's caches are turned off so the pass sees every graph: a cache hit skips the
-    passes, and the fused async-TP ops would look absent.
-    """
+    """Records the post-grad ops of every graph inductor compiles inside the block, compiled
+    or taken from inductor's caches (see cached_post_grad_pass). Where a cache hit would
+    lose them, the FX graph and AOTAutograd caches are off inside the block, so the pass
+    sees every graph: the fused async-TP ops must never look absent."""
     import torch._inductor.config as inductor_config
+    from torch._dynamo.utils import counters
 
-    counter = par.PostGradOpCounter()
-    patch = {"post_grad_custom_post_pass": counter, "fx_graph_cache": False}
+    counting = cached_post_grad_pass()
+    patch: dict[str, Any] = {"post_grad_custom_post_pass": counting or _count_post_grad_ops}
+    if counting is None:
+        patch["fx_graph_cache"] = False
+    before = Counter(counters["inductor"])
     with contextlib.ExitStack() as stack:
         stack.enter_context(inductor_config.patch({k: v for k, v in patch.items() if hasattr(inductor_config, k)}))
         try:
             import torch._functorch.config as functorch_config
         except ImportError:
             functorch_config = None
-        if functorch_config is not None and hasattr(functorch_config, "enable_autograd_cache"):
+        if counting is None and functorch_config is not None and hasattr(functorch_config, "enable_autograd_cache"):
             stack.enter_context(functorch_config.patch(enable_autograd_cache=False))
         try:
             yield
         finally:
-            evidence.post_grad_graphs = counter.graphs
-            evidence.post_grad_ops = counter.ops
+            counted = Counter(counters["inductor"])
+            counted.subtract(before)
+            evidence.post_grad_graphs = counted[f"{POST_GRAD}_graphs"]
+            evidence.post_grad_ops = Counter({name.split(":", 1)[1]: n for name, n in counted.items()
+                                              if name.startswith(f"{POST_GRAD}:") and n > 0})

@@ -11,7 +11,7 @@ TP styles, symmetric memory).
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from typing import Any, Callable
 
 import torch
@@ -218,26 +218,6 @@ def op_name(target: Any) -> str:
     if qualified:
         return qualified
     return getattr(target, "__name__", str(target))
-
-
-class PostGradOpCounter:
-    """An inductor post-grad pass that records which ops each compiled graph holds.
-
-    It runs after inductor's own post-grad passes (micro-pipeline TP included), so a
-    fused symmetric-memory op counted here is one inductor really emitted. A plain
-    callable (not a CustomGraphPass with a uuid) on purpose: it makes inductor bypass its
-    FX graph cache, so the pass sees every graph instead of a cache hit.
-    """
-
-    def __init__(self) -> None:
-        self.ops: Counter[str] = Counter()
-        self.graphs = 0
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        self.graphs += 1
-        for node in graph.nodes:
-            if node.op == "call_function":
-                self.ops[op_name(node.target)] += 1
 
 
 # The layouts' own modules; re-exported so `parallelize` stays the one name the runner applies them by.

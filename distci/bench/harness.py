@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -41,6 +42,10 @@ FIRST_SUITE = "suites/test_tp_mlp.py"
 
 
 MODES = ("pool", "pool-in-place", "plain-torchrun", "torchrun-per-test")
+QUIET_PLUGINS = ["-p", "no:cacheprovider", "-p", "no:hypothesispytest"]
+"""Left out of every mode: hypothesis (a test dependency of distci, absent from cell envs)
+has pytest rewrite its 75 modules and import itself at the end of each pytest process:
+2-4 s of CPU in every mode's every pytest process, none of it the harness's."""
 MAX_OVER_PLAIN = 1.2  # the pool's wall time over plain torchrun's, trivial tests
 MIN_OVER_PER_TEST = 8.0  # one torchrun per test's wall time over the pool's, trivial tests
 
@@ -53,6 +58,22 @@ class Timing:
     passed: int
     wall_s: float
     median_test_s: float
+    cpu_s: float = float("nan")  # user + system seconds of every process of the run (forks included)
+
+
+def _run_timed(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float, float]:
+    """Runs `cmd`; its wall seconds and the CPU seconds of its whole tree (every process in it
+    is waited for by its parent, so the children's rusage holds them all). On a loaded runner
+    the wall time is mostly waiting for a core; the CPU seconds are the work. Every run starts
+    with an empty inductor cache of its own: no mode reuses what an earlier run compiled."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="distci-bench-inductor-") as cache:
+        proc = subprocess.run(cmd, cwd=REPO, env=dict(_env(), TORCHINDUCTOR_CACHE_DIR=cache), capture_output=True,
+                              text=True)
+        wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return proc, wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
 
 
 def _env() -> dict[str, str]:
@@ -64,27 +85,23 @@ def time_pytest(target: str, mode: str) -> Timing:
     harness_mode = {"pool": ["--distci-mode", "pool"], "pool-in-place": ["--distci-mode", "pool", "--distci-no-isolation"],
                     "torchrun-per-test": ["--distci-mode", "torchrun"]}[mode]
     with tempfile.TemporaryDirectory(prefix="distci-bench-") as tmp:
-        cmd = [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-q",
+        cmd = [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", *QUIET_PLUGINS, "-q",
                *harness_mode, "--distci-run-dir", tmp, target]
-        start = time.monotonic()
-        proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True)
-        wall = time.monotonic() - start
+        proc, wall, cpu = _run_timed(cmd)
         records = [r.to_dict() for r in RunDir(Path(tmp)).results()]
         if proc.returncode not in (0, 1):
             raise RuntimeError(f"pytest failed ({proc.returncode}) on {target} in {mode} mode:\n{proc.stdout[-3000:]}")
     durations = [r["duration_s"] for r in records if r["outcome"] == "passed"]
     # The first pool test also pays the pool's start-up; the median is the steady state.
     return Timing(target, mode, len(records), sum(r["outcome"] == "passed" for r in records), wall,
-                  statistics.median(durations) if durations else float("nan"))
+                  statistics.median(durations) if durations else float("nan"), cpu)
 
 
 def time_plain_torchrun(target: str, nproc: int = 2) -> Timing:
     """`torchrun --nproc-per-node 2 -m pytest target`: every rank runs every test (rank 0's count)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "pytest",
-           "-p", "distci.bench.plain", "-p", "no:cacheprovider", "-q", target]
-    start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True)
-    wall = time.monotonic() - start
+           "-p", "distci.bench.plain", *QUIET_PLUGINS, "-q", target]
+    proc, wall, cpu = _run_timed(cmd)
     summaries = [line for line in proc.stdout.splitlines() if re.search(r"\b(passed|failed)\b.* in [\d.]+s", line)]
     if not summaries:
         raise RuntimeError(f"plain torchrun gave no pytest summary on {target}:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
@@ -94,7 +111,7 @@ def time_plain_torchrun(target: str, nproc: int = 2) -> Timing:
         return int(found.group(1)) if found else 0
 
     passed, failed = count("passed"), count("failed")
-    return Timing(target, "plain-torchrun", passed + failed, passed, wall, float("nan"))
+    return Timing(target, "plain-torchrun", passed + failed, passed, wall, float("nan"), cpu)
 
 
 def run_harness_bench(console: Console) -> dict:
@@ -105,27 +122,32 @@ def run_harness_bench(console: Console) -> dict:
         for mode in MODES:
             console.print(f"bench: {workload} via {mode} ...")
             rows.append(time_plain_torchrun(workload) if mode == "plain-torchrun" else time_pytest(workload, mode))
-            console.print(f"bench:   {rows[-1].passed}/{rows[-1].tests} passed in {rows[-1].wall_s:.1f}s "
-                          f"(load {os.getloadavg()[0]:.1f})")
+            console.print(f"bench:   {rows[-1].passed}/{rows[-1].tests} passed in {rows[-1].wall_s:.1f}s, "
+                          f"{rows[-1].cpu_s:.1f} CPU-s (load {os.getloadavg()[0]:.1f})")
     table = Table(title="harness: the isolated rank pool vs the pool in place, plain torchrun, torchrun per test")
-    for col in ("workload", "mode", "tests", "passed", "wall", "median/test"):
+    for col in ("workload", "mode", "tests", "passed", "wall", "CPU", "median/test"):
         table.add_column(col)
     for t in rows:
-        table.add_row(t.workload, t.mode, str(t.tests), str(t.passed), f"{t.wall_s:.1f}s", f"{t.median_test_s:.3f}s")
+        table.add_row(t.workload, t.mode, str(t.tests), str(t.passed), f"{t.wall_s:.1f}s", f"{t.cpu_s:.1f}s",
+                      f"{t.median_test_s:.3f}s")
     console.print(table)
     summary: dict = {"load_before": load_before, "cpus": os.cpu_count(),
                      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     for workload in workloads:
         wall = {t.mode: t.wall_s for t in rows if t.workload == workload}
+        cpu = {t.mode: t.cpu_s for t in rows if t.workload == workload}
         pool = wall["pool"]
         summary[workload] = {
             "wall_s": {mode: round(w, 2) for mode, w in wall.items()},
+            "cpu_s": {mode: round(c, 2) for mode, c in cpu.items()},
+            "pool_cpu_over_plain": round(cpu["pool"] / cpu["plain-torchrun"], 2),
             "pool_over_plain": round(pool / wall["plain-torchrun"], 2),
             "pool_over_in_place": round(pool / wall["pool-in-place"], 2),
             "per_test_over_pool": round(wall["torchrun-per-test"] / pool, 2),
             "pool_per_test_s": round(next(t.median_test_s for t in rows if t.workload == workload and t.mode == "pool"), 3),
         }
-        console.print(f"{workload}: pool {pool:.1f}s = {summary[workload]['pool_over_plain']}x plain torchrun, "
+        console.print(f"{workload}: pool {pool:.1f}s = {summary[workload]['pool_over_plain']}x plain torchrun "
+                      f"({summary[workload]['pool_cpu_over_plain']}x its CPU seconds), "
                       f"{summary[workload]['pool_over_in_place']}x the pool in place; one torchrun per test is "
                       f"{summary[workload]['per_test_over_pool']}x the pool")
     summary["load_after"] = list(os.getloadavg())

@@ -26,6 +26,19 @@ class DeviceKind:
             importlib.import_module(self.import_first)
         return getattr(torch, self.module) if self.module else None
 
+    def initialized(self) -> bool:
+        """Has this process started the device's runtime (a CUDA/NPU context, its threads)?
+        A process that has must not fork ranks that use the device. False for cpu, and for
+        a device whose module was never imported (it cannot have started)."""
+        import sys
+
+        if self.module is None or "torch" not in sys.modules:
+            return False
+        if self.import_first and self.import_first not in sys.modules:
+            return False
+        probe = getattr(getattr(sys.modules["torch"], self.module, None), "is_initialized", None)
+        return bool(probe()) if callable(probe) else False
+
     def count(self) -> int:
         mod = self.device_module()
         if mod is None:
@@ -64,6 +77,21 @@ def detect_device_type() -> str:
     except ImportError:
         pass
     return "cpu"
+
+
+ACCELERATOR_NODES = ("/dev/nvidia*", "/dev/kfd", "/dev/dxg", "/dev/davinci*")
+"""Device nodes of the accelerators torch can use (NVIDIA, ROCm, WSL's GPU, Ascend NPU)."""
+
+
+def guess_device_type() -> str | None:
+    """detect_device_type()'s answer where it is certain without importing torch (seconds):
+    DISTCI_DEVICE, or `cpu` on a machine with no accelerator device node; None otherwise."""
+    import glob
+
+    wanted = os.environ.get("DISTCI_DEVICE")
+    if wanted:
+        return wanted
+    return None if any(glob.glob(pattern) for pattern in ACCELERATOR_NODES) else "cpu"
 
 
 def device_capability(device_type: str) -> tuple[int, int] | None:

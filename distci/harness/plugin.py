@@ -23,12 +23,14 @@ from typing import Any
 
 import pytest
 
-from distci.harness.devices import detect_device_type, device_capability, device_kind
+from distci.harness.compile_cache import CACHE_ENV, compile_cache_env
+from distci.harness.devices import detect_device_type, device_capability, device_kind, guess_device_type
 from distci.harness.outcome import Combined
 from distci.harness import procs
-from distci.harness.pool import PoolStartError, RankPool
+from distci.harness.pools import Pools
 from distci.harness.protocol import TestRequest
 from distci.harness.recorder import Recorder
+from distci.harness.warm import COMPILER
 from distci.harness.timeouts import USER_TIMEOUT, describe_load, load_retry_factor, take_over_timeout_markers
 from distci.harness.torchrun import launch
 
@@ -50,6 +52,8 @@ MARKERS = (
     "requires_accelerator(name): skip unless the run's accelerator is `name` (cpu|cuda|npu)",
     "requires_sm(major_minor): skip unless the CUDA device capability is at least this (e.g. 90)",
     "torchrun(nproc=2): launch the test with torchrun; the test owns its process group",
+    "compiles: the test compiles with inductor: its rank templates import Dynamo and inductor before "
+    "they fork (tests that do not say so teach the templates after their first compile)",
     "timeout(seconds): pytest-timeout's marker; on a distributed test it is distci's per-test timeout "
     "(as dist_timeout), enforced on the ranks, never in the controller",
 )
@@ -115,6 +119,19 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[HARNESS] = harness
     config.pluginmanager.register(harness.recorder, "distci-recorder")
     harness.take_stop_signals()
+
+
+@pytest.hookimpl(tryfirst=True)  # before the recorder's stack capture imports torch here: they overlap
+def pytest_sessionstart(session: pytest.Session) -> None:
+    harness = harness_of(session.config)
+    if harness is not None:  # every pytest_configure has run (distci.launch may have chosen torchrun)
+        harness.prestart()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    harness = harness_of(session.config)
+    if harness is not None:
+        harness.warm_pools(session.items)
 
 
 @pytest.hookimpl(trylast=True)  # after the suites' tier and shard selection: a resume keeps their share
@@ -199,7 +216,7 @@ class Harness:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         opt = config.getoption
-        self.device_type = opt("--distci-device") or detect_device_type()
+        self.device_type = opt("--distci-device") or guess_device_type() or detect_device_type()
         device_kind(self.device_type)
         self.default_world_size = opt("--distci-world-size")
         self.default_timeout = opt("--distci-timeout") or float(os.environ.get("DISTCI_TEST_TIMEOUT", DEFAULT_TIMEOUT_S))
@@ -215,19 +232,18 @@ class Harness:
         self._run_dir_lock = None if self.scratch else lock_run_dir(self.run_dir)
         self.keep_scratch = False  # a failed test's full rank logs stay for reading
         self.log_dir = self.run_dir / "logs"
-        self.max_pool_starts = max(1, opt("--distci-max-pool-starts") or DEFAULT_MAX_POOL_STARTS)
-        self.failed_starts: dict[tuple[int, float], list[str]] = {}  # per pool: failed starts in a row
         self.reruns = max(0, opt("--distci-reruns") or 0)
         self.token = procs.run_token()
         self.reaper: procs.Reaper | None = None
         # One torchrun launch per test: `launch` on this host; a plugin that places ranks on
         # several hosts (distci.launch.plugin) puts its own here, with the same signature.
         self.launcher = launch
-        self.pools: dict[tuple[int, float], RankPool] = {}
-        self.last_used: dict[tuple[int, float], int] = {}  # pool key -> the test count when it last ran one
-        self.tests_run = 0
         cap = opt("--distci-max-live-ranks") or os.environ.get("DISTCI_MAX_LIVE_RANKS")
-        self.max_live_ranks = int(cap) if cap else DEFAULT_MAX_LIVE_RANKS
+        self.compile_cache = compile_cache_env(self.run_dir)
+        self.pools = Pools(self.device_type, self.log_dir, self.token, self.isolate, env=self.compile_cache,
+                           max_starts=max(1, opt("--distci-max-pool-starts") or DEFAULT_MAX_POOL_STARTS),
+                           max_live_ranks=int(cap) if cap else DEFAULT_MAX_LIVE_RANKS,
+                           before_first_start=self.start_reaper)
         self.recorder = Recorder(config, self.run_dir)
         self._device_count: int | None = None
         self._previous_handlers: dict[int, Any] = {}
@@ -261,9 +277,8 @@ class Harness:
         """SIGKILL every pool rank's tree at once, touching no pool state (this runs in a
         signal handler): the ranks are gone within the stop's first second, however long
         pytest then takes to write its records. close() tidies up after."""
-        for pool in list(self.pools.values()):
-            for pid in pool.pids():
-                procs.kill_pids([*procs.descendants(pid), pid])
+        for pid in self.pools.pids():
+            procs.kill_pids([*procs.descendants(pid), pid])
 
     def release_stop_signals(self) -> None:
         for sig, handler in self._previous_handlers.items():
@@ -333,16 +348,43 @@ class Harness:
 
         return max(below(self.default_timeout), below(timeout))
 
-    def pool(self, world_size: int, pg_timeout: float) -> RankPool:
-        """The pool of this world size and process-group timeout class. Classes are few (the
-        default, and one per long marker value), so each stays up for the session."""
-        key = (world_size, pg_timeout)
-        if key not in self.pools:
-            if self.reaper is None:
-                self.reaper = procs.Reaper(self.token)
-            self.pools[key] = RankPool(world_size, self.device_type, self.log_dir, pg_timeout_s=pg_timeout,
-                                       token=self.token, isolate=self.isolate)
-        return self.pools[key]
+    def start_reaper(self) -> None:
+        """The reaper that kills what outlives this controller, started with the first ranks."""
+        if self.reaper is None:
+            self.reaper = procs.Reaper(self.token)
+
+    def default_pool_key(self) -> tuple[int, float]:
+        """The pool of a test with no world_size or timeout marker."""
+        timeout = min(self.default_timeout, self.timeout_cap) if self.timeout_cap else self.default_timeout
+        return self.default_world_size, self.pg_timeout_of(timeout)
+
+    def pool_key(self, item: pytest.Item) -> tuple[int, float] | None:
+        """The pool a distributed test runs on (None: a torchrun launch, or not distributed)."""
+        if not is_distributed(item) or self.mode == "torchrun" or item.get_closest_marker("torchrun"):
+            return None
+        return self.world_size_of(item), self.pg_timeout_of(self.timeout_of(item))
+
+    def prestart(self) -> None:
+        """Launches the pool most sessions run their first test on (the default world size and
+        timeout) while pytest is still starting (Pools.launch_ahead)."""
+        option = self.config.option
+        if (self.mode != "pool" or self.runner_problem() is not None
+                or any(getattr(option, name, False) for name in ("help", "collectonly", "showfixtures",
+                                                                  "show_fixtures_per_test", "markers"))):
+            return
+        self.pools.launch_ahead(self.default_pool_key())
+
+    def warm_pools(self, items: list[pytest.Item]) -> None:
+        """Once the selection is known: each pool's test modules, in run order (with Dynamo and
+        inductor first where a test is marked `compiles`), for it to import before it forks."""
+        modules: dict[tuple[int, float], list[str]] = {}
+        for item in items:
+            key = self.pool_key(item)
+            if key is not None and isinstance(item, pytest.Function):
+                names = modules.setdefault(key, [])
+                ahead = [*COMPILER] if item.get_closest_marker("compiles") else []
+                names.extend(name for name in [*ahead, item.module.__name__] if name not in names)
+        self.pools.warm(modules)
 
     def run_with_reruns(self, item: pytest.Function) -> Combined:
         """Run the test; a failure is run again (up to --distci-reruns times), the pool
@@ -380,62 +422,24 @@ class Harness:
             return Combined("error", "infra", "DeviceHealthError", problem, f"DeviceHealthError: {problem}")
         torchrun_marker = item.get_closest_marker("torchrun")
         if torchrun_marker or self.mode == "torchrun":
-            if self.reaper is None:
-                self.reaper = procs.Reaper(self.token)
+            self.start_reaper()
             combined = self.launcher(request, world_size, self.device_type, timeout * budget, self.log_dir,
                               owns_process_group=torchrun_marker is not None,
                               pg_timeout_s=self.pg_timeout_of(timeout), token=self.token)
         else:
-            combined = self.run_on_pool(request, world_size, timeout, budget)
+            combined = self.pools.run(request, (world_size, self.pg_timeout_of(timeout)), timeout * budget)
         if combined.outcome not in ("passed", "skipped"):
             self.keep_scratch = True
         return combined
 
-    def make_room(self, key: tuple[int, float]) -> None:
-        """Shut idle pools down, least recently used first, until the pool of `key` fits
-        under --distci-max-live-ranks beside those still up (a pool larger than the cap
-        still starts: alone)."""
-        live = [(k, p) for k, p in self.pools.items() if k != key and p.alive]
-        ranks = sum(k[0] for k, _ in live)
-        for k, p in sorted(live, key=lambda kp: self.last_used.get(kp[0], -1)):
-            if ranks + key[0] <= self.max_live_ranks:
-                break
-            p.shutdown()
-            ranks -= k[0]
-
-    def run_on_pool(self, request: TestRequest, world_size: int, timeout: float, budget: float = 1.0) -> Combined:
-        key = (world_size, self.pg_timeout_of(timeout))
-        pool = self.pool(*key)
-        self.tests_run += 1
-        self.last_used[key] = self.tests_run
-        failures = self.failed_starts.setdefault(key, [])
-        if not pool.alive:
-            self.make_room(key)
-            if len(failures) >= self.max_pool_starts:
-                message = (f"not started: the {world_size}-rank pool failed to start {len(failures)} times in a "
-                           f"row (--distci-max-pool-starts={self.max_pool_starts}), so this run stopped starting "
-                           f"it; the last start: {failures[-1]}")
-                return Combined("error", "infra", "PoolStartsExhausted", message,
-                                f"PoolStartsExhausted: {world_size}-rank pool")
-            try:
-                pool.start()
-            except PoolStartError as exc:
-                failures.append(str(exc))
-                return Combined("error", "infra", "PoolStartError", f"{exc}\n{exc.logs}",
-                                f"PoolStartError: {exc}"[:300])
-            failures.clear()
-        return pool.run(request, timeout * budget)
-
     def close(self) -> None:
-        for pool in self.pools.values():
-            if self.recorder.interrupted:
-                pool.kill()  # its ranks are still inside the interrupted test
-            else:
-                pool.shutdown()
-        self.pools.clear()
+        self.pools.close(interrupted=self.recorder.interrupted)
         if self.reaper is not None:
             self.reaper.close()
             self.reaper = None
+        run_cache = self.run_dir / "compile-cache"
+        if Path(self.compile_cache.get(CACHE_ENV, "")) == run_cache:  # one run's own: nothing reuses it
+            shutil.rmtree(run_cache, ignore_errors=True)
         if self.scratch and not self.keep_scratch and not self.recorder.interrupted:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         if self._run_dir_lock is not None:
@@ -467,6 +471,7 @@ def lock_run_dir(run_dir: Path) -> int:
 
 
 __all__ = [
-    "pytest_addoption", "pytest_configure", "pytest_unconfigure", "pytest_runtest_setup",
+    "pytest_addoption", "pytest_configure", "pytest_sessionstart", "pytest_collection_finish",
+    "pytest_unconfigure", "pytest_runtest_setup",
     "pytest_pyfunc_call", "dist", "Harness", "is_distributed",
 ]

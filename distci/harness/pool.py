@@ -25,7 +25,7 @@ from pathlib import Path
 from distci.harness import procs
 from distci.harness.outcome import Combined, RankState, combine, describe_exit
 from distci.harness.timeouts import load_at_timeout
-from distci.harness.protocol import CHANNEL_BROKEN_EXIT, ChildExit, RankReport, Shutdown, Started, TestRequest
+from distci.harness.protocol import CHANNEL_BROKEN_EXIT, ChildExit, RankReport, Shutdown, Started, TestRequest, Warm
 
 FAILURE_GRACE_S = 10.0  # other ranks' time to finish after one rank failed or died
 DUMP_SETTLE_S = 1.5
@@ -98,8 +98,10 @@ class RankPool:
         python: str = sys.executable,
         token: str = "",
         isolate: bool = True,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.isolate = isolate  # False: tests run in the workers themselves (--distci-no-isolation)
+        self.env = dict(env or {})  # set in the ranks' environment (the compile cache's directory)
         self.seq = 0  # tests sent since the workers started: the forked ranks of one test meet under it
         self._oom_kills: int | None = None  # the cgroup's OOM kills when the test in flight began
         self.token = token or procs.run_token()
@@ -114,6 +116,7 @@ class RankPool:
         self.generation = 0
         self.health: list[RankReport] = []
         self.init_dir: Path | None = None
+        self._warm_pending = False  # launched ranks still wait for their Warm message
 
     @property
     def alive(self) -> bool:
@@ -122,8 +125,44 @@ class RankPool:
     def pids(self) -> list[int]:
         return [r.proc.pid for r in self.ranks]
 
+    @property
+    def ready(self) -> bool:
+        """Started and its start-up health check answered (launch() alone does not wait)."""
+        return self.alive and bool(self.health)
+
     # -- start / stop -------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, warm: Warm | None = None) -> None:
+        """launch() and wait for the ranks' start-up health check (PoolStartError if it fails)."""
+        self.launch(warm)
+        self.await_ready()
+
+    def await_ready(self) -> None:
+        """Waits for the start-up health check of launched ranks (PoolStartError if it fails)."""
+        if self.ready:
+            return
+        if not self.ranks:
+            raise PoolStartError("the pool was never launched")
+        if self._warm_pending:
+            self.send_warm(Warm(sys_path=list(sys.path)))
+        self.health = self._collect_health(self.start_timeout_s, "start-up")
+        for r, report in zip(self.ranks, self.health):
+            r.worker_pid = int(report.info.get("worker_pid") or r.proc.pid)
+
+    def send_warm(self, warm: Warm) -> None:
+        """What the ranks import before they fork their first test's process (their first
+        message; each waits for it once torch is imported)."""
+        if not self._warm_pending:
+            return
+        for r in self.ranks:
+            try:
+                r.conn.send(warm)
+            except OSError:
+                pass  # a rank that died: await_ready() says how
+        self._warm_pending = False
+
+    def launch(self, warm: Warm | None = None) -> None:
+        """Spawns the rank workers without waiting for them: they import torch while the
+        controller goes on (collecting, say). `warm` is sent now, or later by send_warm()."""
         self.kill()
         self.generation += 1
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -131,7 +170,7 @@ class RankPool:
         trace_dir.mkdir(exist_ok=True)
         init_dir = Path(tempfile.mkdtemp(prefix="distci-pg-"))
         init_file = init_dir / "store"
-        env = worker_env(self.device_type, self.world_size, trace_dir, self.token)
+        env = dict(worker_env(self.device_type, self.world_size, trace_dir, self.token), **self.env)
         for rank in range(self.world_size):
             ours, theirs = socket.socketpair()
             dump_ours, dump_theirs = socket.socketpair()
@@ -164,9 +203,10 @@ class RankPool:
         # DeviceMesh's dim groups) creates its gloo/NCCL backend through it.
         self.init_dir = init_dir
         self.seq = 0
-        self.health = self._collect_health(self.start_timeout_s, "start-up")
-        for r, report in zip(self.ranks, self.health):
-            r.worker_pid = int(report.info.get("worker_pid") or r.proc.pid)
+        self.health = []
+        self._warm_pending = True
+        if warm is not None:
+            self.send_warm(warm)
 
     def _collect_health(self, timeout_s: float, what: str) -> list[RankReport]:
         reports: dict[int, RankReport] = {}
@@ -224,6 +264,8 @@ class RankPool:
             if r.dump_sock:
                 r.dump_sock.close()
         self.ranks = []
+        self.health = []
+        self._warm_pending = False
         self.pgid = None
         if self.init_dir is not None:
             shutil.rmtree(self.init_dir, ignore_errors=True)
@@ -246,7 +288,8 @@ class RankPool:
     # -- running tests ------------------------------------------------------------
     def run(self, request: TestRequest, timeout_s: float) -> Combined:
         if not self.alive:
-            self.start()
+            self.start(Warm([request.module], list(request.sys_path)))
+        self.await_ready()
         self.seq += 1
         request.seq = self.seq
         start = time.monotonic()

@@ -58,6 +58,17 @@ class RankReport:
 
 
 @dataclass
+class Warm:
+    """The first message a rank worker receives: the modules its tests will import (the
+    selection's test modules, in run order), which it imports before it forks a test's
+    process, and the sys.path they import from. A pool started before collection ended
+    (distci.harness.plugin) gets it once the selection is known."""
+
+    modules: list[str] = field(default_factory=list)
+    sys_path: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Shutdown:
     pass
 

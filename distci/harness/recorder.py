@@ -4,14 +4,14 @@ Lines are appended as each test finishes, so a run killed half way keeps every f
 result. Distributed tests carry what the ranks said (failure kind, per-rank excerpts);
 the rest are classified from pytest's own report.
 
-junit.xml is kept whole on disk as the run goes (rewritten atomically when a test starts
-and when it ends): the tests that finished, the one in flight as interrupted, the rest as
-not run. A runner killed at once (SIGKILL: a cancelled job past its grace, a lost machine)
+junit.xml is kept whole on disk as the run goes (rewritten atomically when a test starts:
+once a test, as the file grows with the run): the tests that finished, the one in flight as
+interrupted, the rest as not run. A runner killed at once (SIGKILL: a cancelled job past its grace, a lost machine)
 still leaves a JUnit file that says how far the run got; a run that ends normally or is
 stopped rewrites it from results.jsonl at the end, as before.
 
-results.jsonl is written first and junit.xml just after: a kill between the two leaves the
-last recorded test shown in junit.xml as interrupted. junit.xml can lag the record by that
+results.jsonl is written when a test ends and junit.xml when the next starts: a kill between
+the two leaves the last recorded test shown in junit.xml as interrupted. junit.xml can lag the record by that
 one test, never run ahead of it (it never claims a result the record lacks).
 """
 
@@ -138,7 +138,6 @@ class Recorder:
             self._lost(result, exc)
             return
         self.finished[nodeid] = result
-        self._live_junit()
 
     def _lost(self, result: Result, exc: RecordError) -> None:
         """A Result could not be written (disk full, file-size limit): stop the run after

@@ -37,6 +37,7 @@ from typing import Any, Callable
 from distci.harness import procs
 from distci.harness.context import DistContext
 from distci.harness.protocol import ChildExit, HealthCheck, RankReport, Started, TestRequest
+from distci.harness.warm import newly_imported
 
 EXIT_SETTLE_S = 5.0  # a child that sent its report has this long to be gone before SIGKILL
 
@@ -127,6 +128,7 @@ class Template:
     # -- the child's side ------------------------------------------------------------
     def _child_main(self, seq: int, requests: Connection, reports: Connection) -> int:
         procs.die_with_parent()
+        before = frozenset(sys.modules)
         self.child_setup()
         ctx, store = join(self.rdv, seq)
         try:
@@ -134,6 +136,7 @@ class Template:
         except (EOFError, OSError):  # the template dropped this spare
             return 0
         report = self.run(request, ctx)
+        report.info["imported"] = newly_imported(before)  # for the template to import ahead of the next fork
         for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
             try:
                 stream.flush()
@@ -169,10 +172,14 @@ class Template:
     # -- the template's side ---------------------------------------------------------
     def start_up(self) -> RankReport | ChildExit:
         """The first child answers the start-up HealthCheck (a collective with a known answer);
-        then the spare for the pool's first test is forked."""
-        outcome = self._serve(self.fork(0), HealthCheck())
-        self.finish()
+        the spare for the pool's first test is forked beside it, so it joins its group while
+        the check runs (each has a group of its own: the check leaves no trace in the test's)."""
+        check = self.fork(0)
         self.spare = self.fork(1)
+        outcome = self._serve(check, HealthCheck())
+        self.finish()
+        if not isinstance(outcome, RankReport) or outcome.outcome != "passed":
+            self.drop_spare()
         return outcome
 
     def test(self, request: TestRequest, controller: Connection) -> RankReport | ChildExit:

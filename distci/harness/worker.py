@@ -1,7 +1,8 @@
 """A rank worker: one long-lived process per rank that runs each test in a fresh fork of itself.
 
 Started by RankPool with `python -m distci.harness.worker`. The worker is a warm template:
-it has imported torch (and Dynamo, and each test module once asked for it) and never runs a
+it has imported torch, then its tests' modules (the controller's Warm message, before its
+first fork) and the torch modules its tests turned out to import (warm.py), and never runs a
 test itself. Every test runs in a child forked from it (templates.py): whatever the test does
 to its process (a patched torch, a replaced sys.stdout, a lowered rlimit, an atexit hook, a
 mode left on) ends with that child, so isolation needs no list of what to reset. The child
@@ -18,12 +19,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import faulthandler
-import importlib
+import json
 import os
 import signal
 import sys
 import threading
 import time
+from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from typing import Callable, Iterator
 
@@ -32,8 +34,9 @@ from distci.harness.context import DistContext
 from distci.harness.devices import device_kind
 from distci.harness.execute import execute, prepare_path
 from distci.harness.isolation import reseed
-from distci.harness.protocol import CHANNEL_BROKEN_EXIT, HealthCheck, RankReport, Shutdown, Started, TestRequest
+from distci.harness.protocol import CHANNEL_BROKEN_EXIT, HealthCheck, RankReport, Shutdown, Started, TestRequest, Warm
 from distci.harness.template import Rendezvous, Template, join
+from distci.harness.warm import BEFORE_ANY, import_ahead
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -101,29 +104,83 @@ def _rendezvous(args: argparse.Namespace) -> Rendezvous:
 
 
 def _warm_up(args: argparse.Namespace) -> None:
-    """What every test would otherwise import again: torch, its distributed and Dynamo
-    packages (seconds). Nothing here may start a CUDA context or a process group."""
+    """What every test imports: torch and its distributed package (seconds). Dynamo and
+    inductor come with the test modules that use them (the Warm message) or are learned
+    from the tests (warm.py): a selection that never compiles never pays for them. Nothing
+    here may start a CUDA context or a process group."""
     import torch
-    import torch._dynamo  # noqa: F401
     import torch.distributed  # noqa: F401
 
     if device_kind(args.device_type).name == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.world_size))
 
 
-def _warm_module(args: argparse.Namespace, msg: TestRequest) -> None:
-    """The test's module, imported into the template once its first test ran, so later tests of
-    it fork with it imported (a suite module imports seconds of torch.distributed.tensor,
-    Dynamo and the suites). CPU only: an import that touched CUDA would leave the template
-    unable to fork ranks that use it. A module that fails to import is left to its tests."""
-    if msg.module in sys.modules or device_kind(args.device_type).name != "cpu":
-        return
+@dataclass
+class WarmState:
+    """What this worker's template imports ahead (the Warm message, then what tests taught
+    it) and what it must not (imports that initialized the device); kept across a
+    replacement of the template (`--replaced`)."""
+
+    modules: list[str] = field(default_factory=list)
+    sys_path: list[str] = field(default_factory=list)
+    skip: list[str] = field(default_factory=list)
+    serving: bool = False  # replaced after its start-up: the controller awaits test outcomes only
+
+
+def _receive_warm(conn: Connection) -> WarmState | None:
+    """The controller's Warm message (always its first); None when it said Shutdown or left."""
     try:
-        prepare_path(msg)
-        importlib.import_module(msg.module)
-    except BaseException as exc:  # noqa: BLE001 - the forked test reports its own import error
-        print(f"distci: the worker could not import {msg.module} ahead ({type(exc).__name__}); its tests import it",
-              flush=True)
+        msg = conn.recv()
+    except (EOFError, OSError):
+        return None
+    if isinstance(msg, Shutdown):
+        return None
+    if not isinstance(msg, Warm):
+        raise RuntimeError(f"the controller's first message is {type(msg).__name__}, not Warm")
+    return WarmState(list(msg.modules), list(msg.sys_path))
+
+
+def _add_path(entries: list[str]) -> None:
+    for entry in reversed(entries):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+
+
+def _import_ahead(args: argparse.Namespace, state: WarmState, modules: list[str]) -> bool:
+    """Imports `modules` into the template. True when one initialized the device: the
+    template must then be replaced before it forks again (a process with a CUDA context
+    cannot fork working ranks); the module is in `state.skip` and said so once."""
+    _add_path(state.sys_path)
+    kind = device_kind(args.device_type)
+    warmed = import_ahead(modules, kind.initialized, skip=state.skip)
+    state.modules += [m for m in warmed.imported if m not in state.modules]
+    for name, error in warmed.failed.items():
+        print(f"distci: the worker could not import {name} ahead ({error}); its tests import it", flush=True)
+    if warmed.poisoned == BEFORE_ANY:
+        raise RuntimeError(f"{kind.name} was initialized in the rank template before it imported anything ahead "
+                           "(by torch's import, a fix or a plugin): it cannot fork ranks that use the device")
+    if warmed.poisoned is None:
+        return False
+    state.skip.append(warmed.poisoned)
+    print(f"distci: importing {warmed.poisoned} initialized {kind.name} in the rank template, which could then "
+          f"no longer fork; the template is replaced by a fresh one that leaves it to the tests that import it",
+          flush=True)
+    return True
+
+
+def _replace_template(args: argparse.Namespace, state: WarmState) -> None:
+    """Becomes a fresh worker (exec: the same pid, keeper and channels to the controller)
+    that imports what this one did, less the modules in `state.skip`."""
+    argv = [a for a in args.argv]
+    if "--replaced" in argv:
+        del argv[argv.index("--replaced"):argv.index("--replaced") + 2]
+    for fd in (args.fd, args.dump_fd):
+        if fd >= 0:
+            os.set_inheritable(fd, True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-u", "-m", "distci.harness.worker", *argv,
+                              "--replaced", json.dumps(asdict(state))])
 
 
 def _device_setup(args: argparse.Namespace) -> Callable[[], None]:
@@ -232,26 +289,46 @@ def _say_killed(left: list[int]) -> None:
         print(f"distci: killed {len(left)} process(es) the test left running: {left}", flush=True)
 
 
-def _serve_forked(args: argparse.Namespace, conn: Connection) -> int:
-    """The template's loop: each test in a fresh fork (template.py)."""
+def _serve_forked(args: argparse.Namespace, conn: Connection, state: WarmState) -> int:
+    """The template's loop: each test in a fresh fork (template.py), forked once the modules
+    its tests import are imported here (warm.py)."""
     template = Template(_rendezvous(args), args.fd, run_on_rank, _device_setup(args))
-    ready = template.start_up()
-    if isinstance(ready, RankReport):
-        ready.info["worker_pid"] = os.getpid()  # the forks' parent, under its keeper
-    conn.send(ready)
+
+    def import_ahead_or_replace(modules: list[str]) -> None:
+        if _import_ahead(args, state, modules):
+            template.drop_spare()
+            template.kill_leftovers()
+            _replace_template(args, state)
+
+    import_ahead_or_replace(state.modules)
+    if not state.serving:
+        ready = template.start_up()
+        learned = ready.info.pop("imported", []) if isinstance(ready, RankReport) else []
+        if isinstance(ready, RankReport):
+            ready.info["worker_pid"] = os.getpid()  # the forks' parent, under its keeper
+        conn.send(ready)
+        state.serving = True
+        if learned:  # what joining a group imports: for the forks after the first test's
+            import_ahead_or_replace(learned)
     for msg in _requests(conn):
-        _send(conn, template.test(msg, conn))
+        outcome = template.test(msg, conn)
+        learned = outcome.info.pop("imported", []) if isinstance(outcome, RankReport) else []
+        _send(conn, outcome)
         template.finish()
         _say_killed(template.kill_leftovers())
-        _warm_module(args, msg)
+        if learned:
+            import_ahead_or_replace(learned)
         template.fork_spare(msg.seq + 1)
     template.drop_spare()
     template.kill_leftovers()
     return 0
 
 
-def _serve_in_place(args: argparse.Namespace, conn: Connection) -> int:
-    """`--in-place`: every test in this process, one process group, nothing reset."""
+def _serve_in_place(args: argparse.Namespace, conn: Connection, state: WarmState) -> int:
+    """`--in-place`: every test in this process, one process group, nothing reset (its
+    modules imported first, as the template does: the comparison is of isolation alone)."""
+    _add_path(state.sys_path)
+    import_ahead(state.modules, lambda: False)
     _device_setup(args)()
     ctx, _store = join(_rendezvous(args), "in-place")
     ready = _health(ctx, HealthCheck())
@@ -283,9 +360,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start-timeout", type=float, default=300.0)
     parser.add_argument("--trace-dir", default="")
     parser.add_argument("--in-place", action="store_true", help="run the tests in this process (no isolation)")
+    parser.add_argument("--replaced", default=None, help="JSON WarmState of the template this process replaces")
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
 
-    procs.keep_tree(close_fds=tuple(fd for fd in (args.fd, args.dump_fd) if fd >= 0))
+    if args.replaced is None:  # a replacement stays under the keeper of the template it replaces
+        procs.keep_tree(close_fds=tuple(fd for fd in (args.fd, args.dump_fd) if fd >= 0))
     _die_with_parent(os.getppid())
     # A rank is stopped by its controller, never by KeyboardInterrupt: a real SIGINT ends it
     # as a signal, and a KeyboardInterrupt raised by a test is that test's exception.
@@ -295,14 +375,22 @@ def main(argv: list[str] | None = None) -> int:
     conn = Connection(args.fd)
     try:
         _warm_up(args)
+        state = WarmState(**json.loads(args.replaced)) if args.replaced else _receive_warm(conn)
+        if state is None:
+            return 0
         serve = _serve_in_place if args.in_place else _serve_forked
-        return serve(args, conn)
+        code = serve(args, conn, state)
     except BaseException as exc:  # noqa: BLE001 - start-up failure is infra, reported
         try:
             conn.send(RankReport(args.rank, "failed", kind="infra", exc_type=type(exc).__name__, message=str(exc)))
         except OSError:
             pass
         return 2
+    # Nothing is left to flush or tear down (the tests ran in forks, the logs are unbuffered):
+    # torch's interpreter teardown would only delay the controller's shutdown.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

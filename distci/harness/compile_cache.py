@@ -1,0 +1,42 @@
+"""Where a run's ranks keep inductor's on-disk caches (FX graph, AOTAutograd, Triton, C++ kernels).
+
+Every test runs in a fresh fork (template.py), so Dynamo's and inductor's in-memory caches die
+with it; the on-disk caches are what lets test N+1 reuse what test N compiled. They live in one
+directory per stack and fixes mode: inside the cell's environment (a venv: a stack has one, and
+the directory goes when the environment does), so a stack's nightly runs reuse each other's
+kernels, and never a directory shared with other stacks or other runs' fix selections (the
+fixes patch torch at run time, which inductor's cache key cannot see: a fix_off cell must not
+hit a graph a fix_on cell compiled). A Python that is not a venv (a preinstalled stack) gets
+one directory per run instead, removed with the run's scratch. A TORCHINDUCTOR_CACHE_DIR the
+caller set (the compiler bisect's private one, a user's) is left as it is.
+
+Triton's cache follows inductor's (torch puts it under this directory when TRITON_CACHE_DIR is
+unset). suites/evidence.py keeps the post-grad evidence whole when a graph comes from the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def compile_cache_dir(run_dir: Path, fixes: str | None = None) -> Path:
+    """The inductor cache directory of this interpreter's stack and `fixes` mode
+    ($DISTCI_FIXES, default all), or `run_dir`/compile-cache where there is no venv to hold it."""
+    fixes = os.environ.get("DISTCI_FIXES", "all") if fixes is None else fixes
+    if sys.prefix != sys.base_prefix and os.access(sys.prefix, os.W_OK):
+        mode = hashlib.sha256(fixes.encode()).hexdigest()[:12]
+        return Path(sys.prefix) / "var" / "distci-compile-cache" / f"fixes-{mode}"
+    return Path(run_dir) / "compile-cache"
+
+
+def compile_cache_env(run_dir: Path) -> dict[str, str]:
+    """The environment entries that point the ranks at the stack's cache (empty when the
+    caller chose a directory)."""
+    if os.environ.get(CACHE_ENV):
+        return {}
+    return {CACHE_ENV: str(compile_cache_dir(run_dir))}

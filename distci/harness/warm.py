@@ -1,0 +1,83 @@
+"""What a rank template imports ahead of its tests, and the guard that keeps it forkable.
+
+Every test runs in a fresh fork of its rank's template (template.py), so whatever the
+template has imported, no test imports again: the selection's test modules (sent as the
+Warm message before the first fork) and the torch and triton modules a test turned out to
+import lazily (Dynamo, inductor's compile_fx and codegen, triton), learned from each test's
+report. An import that starts the device's runtime (a CUDA context: some module calls
+torch.cuda at import time) would leave the template unable to fork ranks that use the
+device, so every import is followed by the device kind's `initialized()` probe; the first
+one that flips it stops the warming, and the worker replaces its template (worker.py) with
+a fresh one that leaves that module to the tests that import it.
+
+Only library modules are learned from tests (`LEARNED_PREFIXES`): importing a torch module
+is what the next test's own import would do, while a test's helper module may change its
+process on import, which must stay inside that test's fork.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+LEARNED_PREFIXES = ("torch", "triton")
+COMPILER = ("torch._dynamo", "torch._inductor.compile_fx", "torch._inductor.codegen.wrapper",
+            "torch._inductor.codegen.cpp", "torch._inductor.codegen.simd", "torch._inductor.codegen.triton",
+            "triton")
+"""Dynamo's and inductor's heavy lazy imports (seconds), imported ahead when the selection has a
+test marked `compiles`; one that is missing (triton on a CPU build) is skipped."""
+NOT_LEARNED = ("torch.testing",)  # torch's own test helpers change process state on import
+BEFORE_ANY = "(before any import ahead)"  # `poisoned` when the device was initialized already
+
+
+@dataclass
+class Warmed:
+    """What `import_ahead` did: `imported` (in order), `failed` (module -> its error, left
+    for its tests to report), and `poisoned`: the module whose import initialized the
+    device; nothing after it was imported and the template must not fork again."""
+
+    imported: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    poisoned: str | None = None
+
+
+def import_ahead(modules: Iterable[str], initialized: Callable[[], bool], skip: Iterable[str] = ()) -> Warmed:
+    """Imports `modules` in order, checking `initialized()` after each; stops at the first
+    import that made it true. Modules in `skip` (found poisonous before) are left out."""
+    done = Warmed()
+    left_out = set(skip)
+    if initialized():
+        done.poisoned = BEFORE_ANY
+        return done
+    for name in modules:
+        if name in sys.modules or name in left_out:
+            continue
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:  # a module it imports is missing: its tests will fail on that
+                done.failed[name] = f"{type(exc).__name__}: {exc}"[:200]
+            else:  # not installed here (triton on a CPU build): nothing to import
+                continue
+        except BaseException as exc:  # noqa: BLE001 - the tests that import it report it
+            done.failed[name] = f"{type(exc).__name__}: {exc}"[:200]
+        if initialized():
+            done.poisoned = name
+            return done
+        if name not in done.failed:
+            done.imported.append(name)
+    return done
+
+
+def newly_imported(before: frozenset[str]) -> list[str]:
+    """The library modules (LEARNED_PREFIXES) imported since `before` was taken, for the
+    template to import ahead of the next test."""
+    found = []
+    for name in list(sys.modules):
+        if name in before or not name.startswith(LEARNED_PREFIXES) or name.startswith(NOT_LEARNED):
+            continue
+        if name.split(".")[0] in LEARNED_PREFIXES:
+            found.append(name)
+    return sorted(found)

@@ -1,0 +1,143 @@
+"""The rank template's imports ahead and the guard that keeps it forkable (distci.harness.warm).
+
+No GPU here: a stand-in "initialized" probe (a flag a module sets when it is imported)
+plays the part of torch.cuda.is_initialized(); the lead runs the CUDA case on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from distci.harness.devices import DEVICES
+from distci.harness.warm import BEFORE_ANY, import_ahead, newly_imported
+
+
+@pytest.fixture
+def modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A package of modules: `good_a`, `good_b`, `starts_device` (sets the probe's flag on
+    import, as a module that calls torch.cuda at import time would), `broken` (raises)."""
+    pkg = tmp_path / "warmcase"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "probe.py").write_text("INITIALIZED = False\n")
+    (pkg / "good_a.py").write_text("")
+    (pkg / "good_b.py").write_text("")
+    (pkg / "starts_device.py").write_text("from warmcase import probe\nprobe.INITIALIZED = True\n")
+    (pkg / "broken.py").write_text("raise ImportError('no such thing')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in [m for m in sys.modules if m == "warmcase" or m.startswith("warmcase.")]:
+        del sys.modules[name]
+
+
+def _initialized() -> bool:
+    from warmcase import probe
+
+    return probe.INITIALIZED
+
+
+def test_the_import_that_initializes_the_device_stops_the_warming(modules):
+    warmed = import_ahead(["warmcase.good_a", "warmcase.broken", "warmcase.starts_device", "warmcase.good_b"],
+                          _initialized)
+    assert warmed.poisoned == "warmcase.starts_device"
+    assert warmed.imported == ["warmcase.good_a"]
+    assert "ImportError" in warmed.failed["warmcase.broken"]
+    assert "warmcase.good_b" not in sys.modules, "nothing may be imported after the device was initialized"
+
+
+def test_a_replaced_template_skips_what_poisoned_its_predecessor(modules):
+    warmed = import_ahead(["warmcase.good_a", "warmcase.starts_device", "warmcase.good_b"], _initialized,
+                          skip=["warmcase.starts_device"])
+    assert warmed.poisoned is None
+    assert warmed.imported == ["warmcase.good_a", "warmcase.good_b"]
+    assert not _initialized()
+
+
+def test_a_template_initialized_before_any_import_is_never_warmed(modules):
+    import warmcase.starts_device  # noqa: F401
+
+    warmed = import_ahead(["warmcase.good_a"], _initialized)
+    assert warmed.poisoned == BEFORE_ANY and warmed.imported == []
+
+
+def test_only_library_modules_are_learned_from_a_test(modules):
+    before = frozenset(sys.modules)
+    import warmcase.good_a  # noqa: F401 - a test's own helper: may change its process on import
+
+    import torch.utils.checkpoint  # noqa: F401 - may already be imported: then it is not new
+    learned = newly_imported(before)
+    assert not [m for m in learned if m.startswith("warmcase")]
+    assert all(m.split(".")[0] in ("torch", "triton") and not m.startswith("torch.testing") for m in learned)
+
+
+def test_the_cpu_and_an_untouched_cuda_are_not_initialized():
+    import torch  # noqa: F401 - the probe looks only where torch is imported
+
+    assert DEVICES["cpu"].initialized() is False
+    assert DEVICES["cuda"].initialized() is False  # no CUDA call was made in this process
+    assert DEVICES["npu"].initialized() is False  # torch_npu not imported: it cannot have started
+
+
+WORKER_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    sys.path.insert(0, sys.argv[1])
+    from distci.harness import worker
+    from distci.harness.devices import DeviceKind
+
+    class StandIn(DeviceKind):  # a device whose runtime starts when warmcase.starts_device is imported
+        def initialized(self):
+            return bool(getattr(sys.modules.get("warmcase.probe"), "INITIALIZED", False))
+
+    worker.device_kind = lambda name: StandIn("cuda", "nccl", "cuda")
+    args = worker.argparse.Namespace(device_type="cuda", fd=-1, dump_fd=-1,
+                                     argv=["--rank", "0", "--replaced", "{}"])
+    state = worker.WarmState(modules=[], sys_path=[sys.argv[2]], skip=json.loads(sys.argv[4]))
+    replaced = worker._import_ahead(args, state, json.loads(sys.argv[3]))
+    def execv(path, argv):
+        print(json.dumps({"replaced": replaced, "argv": argv[1:]}))
+        sys.stdout.flush()
+        os._exit(0)
+    os.execv = execv
+    if replaced:
+        worker._replace_template(args, state)
+    print(json.dumps({"replaced": replaced, "argv": None}))
+""")
+
+
+def _worker_imports_ahead(case_root: Path, modules: list[str], skip: list[str] = ()) -> tuple[dict, str]:
+    """A worker process's _import_ahead of `modules` with a stand-in device, and its
+    replacement's command line (exec intercepted) when it asked for one."""
+    proc = subprocess.run([sys.executable, "-c", WORKER_SCRIPT, str(REPO), str(case_root), json.dumps(modules),
+                           json.dumps(list(skip))],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout
+
+
+def test_a_poisoned_template_is_replaced_once_and_says_so(modules):
+    got, out = _worker_imports_ahead(modules, ["warmcase.good_a", "warmcase.starts_device", "warmcase.good_b"])
+    assert got["replaced"] is True
+    assert out.count("initialized cuda in the rank template") == 1, out
+    argv = got["argv"]
+    assert argv[:3] == ["-u", "-m", "distci.harness.worker"]
+    assert argv.count("--replaced") == 1, "the replacement's state replaces the old one, never stacks"
+    state = json.loads(argv[argv.index("--replaced") + 1])
+    assert state["skip"] == ["warmcase.starts_device"]
+    assert state["modules"] == ["warmcase.good_a"]
+    # the replacement, given the same selection, leaves the module that poisoned its predecessor out
+    again, out = _worker_imports_ahead(modules, ["warmcase.good_a", "warmcase.starts_device", "warmcase.good_b"],
+                                       skip=state["skip"])
+    assert again == {"replaced": False, "argv": None}, out
+
+
+def test_a_clean_selection_never_replaces_the_template(modules):
+    got, out = _worker_imports_ahead(modules, ["warmcase.good_a", "warmcase.good_b"])
+    assert got == {"replaced": False, "argv": None}
+    assert "initialized" not in out
