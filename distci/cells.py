@@ -170,9 +170,19 @@ class Matrix:
     def cell(self, cell_id: str) -> Cell:
         return self.select([cell_id])[0]
 
-    def default_cell(self) -> Cell:
+    def default_cell(self, *, multi_node: bool = False) -> Cell:
         """The cell a command means when none is named: the pr tier's first CPU cell (it runs on
-        any machine), else the pr tier's first cell. The one answer to "which cell by default"."""
+        any machine), else the pr tier's first cell. The one answer to "which cell by default".
+
+        `multi_node`: for the commands only a multi-node cell makes sense for (a Slurm script,
+        a TrainJob): the first such cell of the pr tier, else of the matrix, CPU first."""
+        if multi_node:
+            spread = [c for c in self.cells if c.nodes > 1]
+            spread = [c for c in spread if "pr" in c.tiers] or spread
+            if not spread:
+                raise SelectionError("no multi-node cell (nodes > 1) to default to: name one with --cell CELL "
+                                     "(list them with `nox -s matrix`)", where=str(self.path))
+            return next((c for c in spread if c.accelerator == "cpu"), spread[0])
         pr = [c for c in self.cells if "pr" in c.tiers]
         if not pr:
             raise SelectionError("no cell in the pr tier to default to: name one with --cell CELL "

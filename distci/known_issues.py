@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import fnmatch
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from distci.errors import RegistryError
-from distci.signatures import SEARCH_BUDGET_S, compile_signature, search
+from distci.signatures import SEARCH_BUDGET_S, alternatives, compile_signature, required_words, search
 from distci.sources import nightly_date_of
 from distci.tomlloc import Locator, read as read_toml, suggest
 
@@ -163,6 +164,23 @@ def normalize_space(text: str) -> str:
     return " ".join(text.split())
 
 
+JUDGE_WORDS = frozenset("""
+    step microbatch loss eval logits vs reference gradient grad total norm relative error sqnr db max diff ref
+    at action the of is parameter leaves first divergence forward output value differs by threshold rounding
+    bound problem problems inf nan""".split())
+"""The words the suites' judges write about ANY numeric difference (suites/checks.py's loss and
+gradient lines, the generators' `at action`, suites/localize.py's `leaves the reference first`,
+the ops judge's `value: differs by`): a failure whose text an entry matched with these words
+only (and numbers) says that a number moved, not which bug moved it."""
+
+
+def names_a_bug(words: list[str]) -> bool:
+    """Whether a signature's words hold one the judges do not write about every numeric
+    difference: `never averaged over the ranks` does, `gradient SQNR` and `step N: loss N vs
+    reference` do not (a lone letter, an `N` or a number like `1e` never counts)."""
+    return any(len(w) > 1 and not w[0].isdigit() and w.lower() not in JUDGE_WORDS for w in words)
+
+
 def _nightly_yyyymmdd(version: str) -> str | None:
     """YYYYMMDD of a nightly build (the bounds' form), from the one parser (distci.sources)."""
     day = nightly_date_of(version)
@@ -265,6 +283,23 @@ class KnownIssue:
         torch 2.11 breaks a message's line inside the signature ("guessed its\nmetadata")."""
         return self._found(self.signature, "signature", text)
 
+    @functools.cached_property
+    def specific(self) -> list[re.Pattern[str]]:
+        """The top-level alternatives of the signature whose required text names a bug
+        (`names_a_bug`): `never averaged over the ranks` of `never averaged over the ranks|gradient SQNR`."""
+        try:
+            alts = [re.compile(a, self.signature.flags) for a in alternatives(self.signature.pattern)]
+        except re.error:  # a split the parser reads otherwise: judge the pattern whole
+            alts = [self.signature]
+        return [a for a in alts if names_a_bug(required_words(a.pattern))]
+
+    def names_the_bug_in(self, signature: str) -> bool:
+        """Whether one of the entry's `specific` alternatives is in a failure's error signature
+        (its first line): what lets a find outside the entry's tests be called its near miss.
+        A match of the judges' generic words only (`gradient SQNR`) says a number moved, not
+        which bug moved it. Bounded like `explains`."""
+        return any(self._found(alt, "signature", signature) for alt in self.specific)
+
     def caused(self, problem: str) -> bool:
         """Whether a problem line is one of this bug's downstream `consequences`."""
         return self.consequences is not None and self._found(self.consequences, "consequences", problem)
@@ -305,11 +340,11 @@ class Registry:
     def match(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> str | None:
         return self._match(test_id, signature, message, self.applicable(test_id, stack))
 
-    def near_miss(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> list[str]:
-        """For a failure no entry explains: the entries that would, but for where they
-        apply (a version range drawn too narrow, a fix applied), each with why not. A
-        range that missed a stack outside the ones it was measured on shows up here
-        instead of as an unexplained failure somebody must trace by hand."""
+    def missed_by_stack(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> list[str]:
+        """For a failure no entry explains: the entries covering the test that would explain
+        it but for where they apply (a version range drawn too narrow, a fix applied), each
+        with why not. A range that missed a stack outside the ones it was measured on shows
+        up here instead of as an unexplained failure somebody must trace by hand."""
         if self.match(test_id, signature, message, stack) is not None:
             return []
         anywhere = self._match(test_id, signature, message, [e for e in self.entries if e.covers(test_id)])
@@ -317,16 +352,19 @@ class Registry:
         return [f"{i} ({by_id[i].why_not(stack)})" for i in (anywhere or "").split(",")
                 if i and not by_id[i].applies_to(stack)]
 
-    def explained_elsewhere(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> list[str]:
-        """For a failure no entry explains: the entries applying to this stack whose signature is
-        in its error signature (its first line: the problems listed below it are generic
-        sentences many entries share) though their test patterns do not name this test (a
-        generator's find of a registered bug through another door), each with why it did not
-        match. Such a find is that entry's near miss: reported under its id, never filed as new."""
+    def near_misses(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> list[str]:
+        """THE near-miss rule, for every generator's finds and the nightly's filing: the ids of
+        the entries a failure no entry explains repeats through another door. An entry counts
+        when it applies to this stack, its tests do not name this test, and its signature is
+        in the failure's error signature (the first line: the problems listed below it are
+        sentences many bugs share) through words that name a bug (`KnownIssue.names_the_bug_in`).
+        An entry matched only by the judges' generic words (`gradient SQNR`, `loss N vs
+        reference`) leans on its test patterns to say which bug it is, so any numeric difference
+        elsewhere would look like it: such a failure stays a find, to be triaged and filed."""
         if not signature or self.match(test_id, signature, message, stack) is not None:
             return []
-        return [f"{e.id} (its tests do not name {test_id})" for e in self.entries
-                if not e.covers(test_id) and e.applies_to(stack) and e.explains(signature)]
+        return [e.id for e in self.entries
+                if not e.covers(test_id) and e.applies_to(stack) and e.names_the_bug_in(signature)]
 
     def _match(self, test_id: str, signature: str, message: str, candidates: list[KnownIssue]) -> str | None:
         """The entries among `candidates` (covering the test, in registry order) that explain

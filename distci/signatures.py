@@ -110,6 +110,51 @@ def compile_signature(text: str) -> re.Pattern[str]:
     return pattern
 
 
+def required_words(pattern: str) -> list[str]:
+    """The whole words every match of `pattern` contains: what the pattern itself says, never
+    what a wildcard happened to match (a parameter's name in `[a-z.]+`). A word touching
+    anything but literal text (a class, a wildcard, an optional part, a nested alternation,
+    whose common prefix the parser factors out) may be a fragment and is left out."""
+    gap = "\0"
+
+    def walk(nodes: Any) -> str:
+        out = []
+        for op, av in nodes:
+            if op is _sre_const.LITERAL:
+                out.append(chr(av))
+            elif op is _sre_const.SUBPATTERN:
+                out.append(walk(av[-1]))
+            elif op in (_sre_const.MAX_REPEAT, _sre_const.MIN_REPEAT) and av[0] >= 1:
+                out.append(gap + walk(av[2]) + gap)
+            else:
+                out.append(gap)
+        return "".join(out)
+    text = walk(_sre_parse.parse(pattern))
+    return [m.group(0) for m in re.finditer(r"\w+", text)
+            if text[m.start() - 1:m.start()] != gap and text[m.end():m.end() + 1] != gap]
+
+
+def alternatives(pattern: str) -> list[str]:
+    """The top-level alternatives of a regex source (`a|(b|c)|[|]` -> `a`, `(b|c)`, `[|]`)."""
+    parts, depth, start, in_class, i = [], 0, 0, False, 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 1
+        elif in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            i += 2 if pattern.startswith("^]", i + 1) else 1 if pattern.startswith("]", i + 1) else 0  # `[]x]`
+        elif c in "()":
+            depth += 1 if c == "(" else -1
+        elif c == "|" and depth == 0:
+            parts.append(pattern[start:i])
+            start = i + 1
+        i += 1
+    return [*parts, pattern[start:]]
+
+
 _compiled: dict[tuple[str, int], Any] = {}
 
 

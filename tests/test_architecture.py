@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "distci"
 MAX_LINES = 500
 RECORDS = {"__init__", "__main__", "cli", "command", "errors", "matrix", "cells", "tomlloc", "results", "rundir",
-           "known_issues", "signatures", "sources", "stack"}
+           "known_issues", "signatures", "sources", "stack", "training_program",
+           "op_case", "op_inventory"}
 STAGES = {"provision", "images", "harness", "run", "external", "judge", "audit", "bisect", "bench", "dashboard",
           "publish", "ci", "launch", "fuzz"}
 
@@ -151,22 +152,11 @@ KNOWN_UPWARD = {
     # `distci run --backend docker`: the run command dispatches to the images stage, which
     # builds on run/cellrun; the docker backend belongs beside launch/ (see DESIGN).
     ("distci.run.command", "distci.images"),
-    # a thin re-export of the engine's old place, for imports written before it moved to
-    # distci/fuzz/engine.py (the fuzz generators' merge removes it)
-    ("suites.fuzz", "distci.fuzz.engine"),
-    # the ops generator's case record and op inventory (pure, torch-free) and its shrinker,
-    # which the cell side runs in-session so a shrink costs no pool start; they belong on the
-    # cell side, loaded by name as distci.fuzz.space.cell_side() loads suites/space.py
-    ("suites.generators.ops_cases", "distci.fuzz.op_case"),
-    ("suites.generators.ops_cases", "distci.fuzz.op_inventory"),
-    ("suites.generators.ops_entry", "distci.fuzz.op_case"),
+    # the ops engine's shrinker (pure, torch-free), which the cell side runs inside a sweep so
+    # a shrink costs no pool start: engine logic, not a record, so it cannot move down to the
+    # records (the case record and the op inventory did: distci/op_case.py, op_inventory.py);
+    # it goes when the sweep hands its failures back and the controller shrinks in batches
     ("suites.generators.ops_entry", "distci.fuzz.ops"),
-    # the programs generator's program record and parser (pure, torch-free), likewise
-    ("suites.generators.programs", "distci.fuzz.programs"),
-    ("suites.generators.programs_entry", "distci.fuzz.programs"),
-    # the models engine reads the structure space declared on the cell side; to be loaded by
-    # name (distci.fuzz.models_cell.structure_key does so already), so the wheel needs no suites/
-    ("distci.fuzz.models", "suites.generators.model_space"),
 }
 
 

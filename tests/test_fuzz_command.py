@@ -16,7 +16,7 @@ from distci.errors import FuzzSpecError
 from distci.fuzz import command as cmd
 from distci.fuzz.report import FuzzRun, render_report, repro, table_row, update_coverage
 from distci.fuzz import space as fuzz_space
-from distci.fuzz.engine import Find, Outcome, Report
+from distci.fuzz.records import Find, Outcome, Report
 from suites import scenarios as sc
 from suites import space as cell
 from suites.space import ENTRY_TEST, key, point_of

@@ -8,7 +8,8 @@ import itertools
 import pytest
 
 from distci.fuzz import space as fuzz_space
-from distci.fuzz.engine import Fuzzer, Outcome, Report, ShrinkLimits
+from distci.fuzz.engine import Fuzzer, ShrinkLimits
+from distci.fuzz.records import Outcome, Report
 from distci.fuzz.space import Drawer, smaller
 from suites import scenarios as sc
 from suites import space as cell
@@ -167,7 +168,7 @@ def test_a_failure_shrinks_to_the_axes_the_bug_needs(name):
     report = Fuzzer(space, "shrink", _oracle(bug), max_configs=80, log=lambda m: None).run()
     assert report.finds, f"{name}: 80 draws never hit it"
     find = report.finds[0]
-    assert space.non_default(find.shrunk.point) == needs
+    assert space.non_default(find.shrunk.case) == needs
     assert find.complete
 
 
@@ -222,7 +223,7 @@ def test_shrinking_a_find_stops_at_its_limit_and_drawing_goes_on():
     assert not find.complete and "its shrink limit of 100 s ran out" in find.stopped
     assert 100 <= find.seconds <= 110
     assert find.shrunk.failed and find.shrunk.signature == find.found.signature
-    assert len(WIDE.non_default(find.shrunk.point)) < len(WIDE.non_default(find.found.point))
+    assert len(WIDE.non_default(find.shrunk.case)) < len(WIDE.non_default(find.found.case))
     # drawing went on after the find; without limits the shrink eats the budget
     assert len(limited.drawn) - limited.drawn.index(find.found.key) - 1 >= 10
     unlimited_run, unlimited_clock = _timed_oracle(bug, 10.0)
@@ -245,21 +246,20 @@ def test_all_shrinking_together_takes_at_most_half_the_budget():
     assert any("the run's shrink share (50% of the budget) ran out" in f.stopped for f in report.finds)
 
 
-def test_a_find_with_a_known_issues_signature_gets_one_quick_round():
+def test_a_registered_entrys_near_miss_gets_one_quick_round_and_is_not_new():
     seen = []
 
     def run(points):
         seen.extend(key(p) for p in points)
-        return [Outcome(p, "failed", "E: same", 1.0) for p in points]
+        return [Outcome(p, "failed", "E: same", 1.0, near_miss="ki-1") for p in points]
     fuzzer = Fuzzer(WIDE, "k", run, log=lambda m: None)
-    fuzzer._found(Outcome({"parallel": "tp", "optim": "adamw"}, "failed", "E: same", 1.0, known_issue="ki-1"))
     point = WIDE.complete({"parallel": "fsdp", "ac": "full", "optim": "adamw", "accum": 4, "eval": "no_grad"})
-    fuzzer._found(Outcome(point, "failed", "E: same", 1.0))
+    fuzzer._found(Outcome(point, "failed", "E: same", 1.0, near_miss="ki-1"))
     find = fuzzer.report.finds[0]
-    assert find.known_like == "ki-1"
+    assert find.near_miss == "ki-1" and fuzzer.report.new == [] and fuzzer.report.near_misses == [find]
     assert len(find.steps) == 1 and not find.complete and "quick round" in find.stopped
     # one batch of the round, then the combination of its keepers with its own simplifications
-    assert len(seen) <= fuzzer.batch_size + 1 + len(smaller(WIDE, find.shrunk.point))
+    assert len(seen) <= fuzzer.batch_size + 1 + len(smaller(WIDE, find.shrunk.case))
 
 
 def test_a_bug_of_the_second_step_shrinks_to_steps_2_and_the_smallest_sizes():
@@ -269,7 +269,7 @@ def test_a_bug_of_the_second_step_shrinks_to_steps_2_and_the_smallest_sizes():
     report = Fuzzer(space, "steps", _oracle(lambda p: p["steps"] >= 2), max_configs=40, log=lambda m: None).run()
     find = report.finds[0]
     assert find.complete
-    assert space.non_default(find.shrunk.point) == {"steps": 2, "dim": 64, "seq": 16, "layers": 1}
+    assert space.non_default(find.shrunk.case) == {"steps": 2, "dim": 64, "seq": 16, "layers": 1}
 
 
 def test_a_timeout_is_listed_not_shrunk_and_a_hang_is_shrunk():

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from distci.fuzz.models import Drawer, ModelFuzzer, Outcome, parse_space, smaller
+from distci.fuzz.models import Drawer, ModelFuzzer, parse_space, smaller
+from distci.fuzz.records import Outcome
 from suites.generators.model_space import FEATURES, key, non_default, parse, problems, valid
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,7 +76,7 @@ def test_a_find_shrinks_to_the_features_it_needs():
     bug = _fake(lambda s: s["tie"] and s["steps"] >= 2)
     report = ModelFuzzer("shrink3", bug, budget_s=1e9, max_structures=40, log=lambda m: None).run()
     assert len(report.finds) == 1 and report.finds[0].complete
-    needs = non_default(report.finds[0].shrunk.structure)
+    needs = non_default(report.finds[0].shrunk.case)
     needs.pop("parallel", None)
     assert needs == {"tie": True, "steps": 2}
     assert report.new == report.finds
@@ -86,23 +87,6 @@ def test_a_near_miss_is_never_new_and_gets_one_shrink_round():
     report = ModelFuzzer("near", bug, budget_s=1e9, max_structures=30, log=lambda m: None).run()
     assert report.finds and report.new == []
     assert report.near_misses and all(len(f.steps) <= 1 for f in report.finds)
-
-
-def test_the_registry_names_an_entry_explaining_a_find_outside_its_tests(tmp_path):
-    from distci.known_issues import load_registry
-
-    (tmp_path / "k.toml").write_text('''
-[[issue]]
-id = "upstream-uneven"
-tests = ["suites/test_scenarios.py::test_scenario[tp-*uneven*]"]
-signature = "must have same reduction dim"
-upstream = "https://github.com/pytorch/pytorch/issues/150336"
-''')
-    registry = load_registry(tmp_path / "k.toml")
-    test = "suites/generators/models_entry.py::test_model_structure[tp-uneven]"
-    said = registry.explained_elsewhere(test, "RuntimeError: a and b must have same reduction dim", "", {})
-    assert said == [f"upstream-uneven (its tests do not name {test})"]
-    assert registry.explained_elsewhere(test, "RuntimeError: something else", "", {}) == []
 
 
 # --- localization ------------------------------------------------------------------------

@@ -85,15 +85,14 @@ def test_a_planted_bug_is_found_and_shrunk_to_what_it_needs(tmp_path, plant):
     space, needs, seed = CASES[plant]
     # the issue's 20-minute budget; a find may use all of its half for shrinking (the default
     # quarter is for nights with many finds; on a loaded 2-core runner one round can take minutes)
-    # judged against an empty registry: a plant is a new bug by construction, and the real
-    # registry's generic numeric signatures ("gradient SQNR") would name it a near miss
-    (tmp_path / "no-known-issues.toml").write_text("")
+    # judged against the real registry: a plant is a new bug by construction, and no entry's
+    # generic numeric alternative ("gradient SQNR") may name it a near miss (Registry.near_misses)
     proc, report = fuzz(tmp_path, "--seed", seed, "--max-configs", "3", "--budget", "20m", "--shrink-limit", "10m",
-                        "--reruns", "0", "--known-issues", str(tmp_path / "no-known-issues.toml"),
-                        "--report", str(tmp_path / "report.md"), *_space_args(space), plant=plant)
+                        "--reruns", "0", "--report", str(tmp_path / "report.md"), *_space_args(space), plant=plant)
     out = proc.stdout
     assert proc.returncode == 1, out[-3000:]
     assert len(report["finds"]) >= 1, out[-3000:]
+    assert report["finds"][0]["near_miss"] is None, report["finds"][0]
     shrunk = report["finds"][0]["shrunk"]
     assert Space().non_default(shrunk["point"]) == needs, out[-3000:]
     assert report["finds"][0]["complete"]

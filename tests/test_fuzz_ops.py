@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from distci.fuzz.op_case import CaseIdError, MESHES, OpCase, parse_case
-from distci.fuzz.op_inventory import INVENTORY
+from distci.op_case import CaseIdError, MESHES, OpCase, parse_case
+from distci.op_inventory import INVENTORY
 from distci.fuzz.ops import draw_case, draw_cases, shrink, simpler, valid
-from distci.fuzz.ops_command import OpsFind, Sweeps, near_misses, plan_size
+from distci.fuzz.ops_command import Sweeps, plan_size
 
 REPO = Path(__file__).resolve().parents[1]
 CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_off"
@@ -133,20 +133,6 @@ def test_a_sweep_is_sized_to_the_measured_rate():
     assert plan_size(0, 0.0, 150) == 120
     assert plan_size(100, 10.0, 150) == 1500
     assert plan_size(1, 100.0, 150) == 20 and plan_size(10**6, 1.0, 150) == 3000
-
-
-def test_a_find_with_a_registered_signature_is_a_near_miss(tmp_path):
-    from distci.known_issues import load_registry
-
-    path = tmp_path / "known.toml"
-    path.write_text('[[issue]]\nid = "pytorch1-partial-mix"\ntests = ["suites/test_other.py::*"]\n'
-                    'signature = "Redistribution from one partial type"\n[issue.applies]\ntorch = ">=2.5"\n')
-    registry = load_registry(path)
-    find = OpsFind("the op raised AssertionError: Redistribution from one partial type (P(avg)) to another", "a", "b",
-                   "m")
-    assert near_misses(registry, find, {"torch": "2.13.0"}) == ["pytorch1-partial-mix"]
-    assert near_misses(registry, find, {"torch": "2.4.0"}) == []
-    assert near_misses(registry, OpsFind("cat: output 0: value", "a", "b", "m"), {"torch": "2.13.0"}) == []
 
 
 def test_every_inventory_entry_has_a_call_and_names_where_trainers_call_it():

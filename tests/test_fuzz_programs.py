@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from distci.fuzz.program_actions import INVENTORY, LAYOUTS, State
-from distci.fuzz.programs import (Outcome, Program, ProgramError, ProgramFuzzer, check, draw, parse, smaller,
-                                  valid)
+from distci.fuzz.programs import ProgramFuzzer, draw, smaller
+from distci.training_program import INVENTORY, LAYOUTS, Program, ProgramError, State, check, parse, valid
+from distci.fuzz.records import Outcome
 
 REPO = Path(__file__).resolve().parents[1]
 CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_off"
@@ -104,7 +104,7 @@ def test_a_find_shrinks_to_the_shortest_program_and_smallest_model_that_fail_ali
                            clock=lambda: next(clock))
     report = fuzzer.run()
     assert report.finds, "200 programs drew none that saves, steps and loads under fsdp"
-    shrunk = report.finds[0].shrunk.program
+    shrunk = report.finds[0].shrunk.case
     assert [a.partition("=")[0] for a in shrunk.actions] == ["save", "step", "load"]
     assert (shrunk.layout, shrunk.world_size, shrunk.width, shrunk.layers, shrunk.optim) == ("fsdp", 2, 8, 1, "sgd")
     assert shrunk.actions[0] == "save"  # its plainest form: dcp
@@ -112,52 +112,12 @@ def test_a_find_shrinks_to_the_shortest_program_and_smallest_model_that_fail_ali
     assert len(report.finds) == 1  # later draws with the signature are repeats, not finds
 
 
-def test_a_failure_a_known_issue_explains_by_signature_is_not_a_find():
+def test_a_near_miss_of_a_registered_entry_is_named_never_new_and_shrinks_one_round():
     def run(programs):
         return [Outcome(p, "failed", "AssertionError: x", 1.0, near_miss="pytorch-123") for p in programs]
     report = ProgramFuzzer("k", run, budget_s=100, max_programs=4, log=lambda m: None).run()
-    assert not report.finds and len(report.known) == 4
-
-
-def test_the_near_miss_matcher_reads_the_registry_by_signature_alone(tmp_path):
-    from distci.fuzz.programs_cell import near_miss
-    from distci.known_issues import load_registry
-
-    path = tmp_path / "known_issues.toml"
-    path.write_text('''
-[[issue]]
-id = "upstream-1"
-title = "a table row's bug"
-tests = ["suites/test_scenarios.py::test_scenario?fsdp-*"]
-signature = "optimizer state: entries the reference lacks"
-upstream = "https://github.com/pytorch/pytorch/issues/1"
-[issue.applies]
-torch = ">=2.5"
-''')
-    registry = load_registry(path)
-    sig = "AssertionError: at action save: optimizer state: entries the reference lacks (exp_avg; first x)"
-    assert near_miss(registry, sig, sig, {"torch": "2.13.0"}) == "upstream-1"
-    assert near_miss(registry, sig, sig, {"torch": "2.4.0"}) is None  # outside where it applies
-    assert near_miss(registry, "AssertionError: at action step: lr N vs reference N", "", {"torch": "2.13.0"}) is None
-
-
-def test_an_entry_that_matches_only_the_judges_words_is_no_near_miss(tmp_path):
-    """Table entries whose signature is `gradient SQNR` rely on their test patterns: any
-    numeric bug says so, so a program's numeric failure must stay a find."""
-    from distci.fuzz.programs_cell import near_miss
-    from distci.known_issues import load_registry
-
-    path = tmp_path / "known_issues.toml"
-    path.write_text('''
-[[issue]]
-id = "table-numeric"
-title = "a table row's numeric bug"
-tests = ["suites/test_scenarios.py::test_scenario?tp-*"]
-signature = "gradient SQNR|gradient max [|]diff[|]"
-upstream = "https://github.com/pytorch/pytorch/issues/2"
-''')
-    sig = "AssertionError: at action zero_grad=zeros: blocks.N.norm.bias: gradient SQNR -inf dB < N dB"
-    assert near_miss(load_registry(path), sig, sig, {"torch": "2.13.0"}) is None
+    assert report.finds and report.new == [] and report.near_misses == report.finds
+    assert all(f.near_miss == "pytorch-123" and len(f.steps) <= 1 for f in report.finds)
 
 
 def fuzz(tmp: Path, *args: str, plant: str = "", timeout: int = 600) -> tuple[subprocess.CompletedProcess, dict]:
@@ -191,7 +151,8 @@ PLANT_CASES = {
                     ("tp",)),
     "sched_resume": (["--layout", "tp", "--seed", "sched2029"], ["fwd_bwd", "step", "sched", "save", "load"],
                      ("tp",)),
-    "zero_grad_ddp": (["--layout", "ddp", "--seed", "zero_1378"], ["fwd_bwd", "zero_grad", "fwd_bwd"], ("ddp",)),
+    # programs compare gradients after every call, so the kept gradients show at the zero_grad itself
+    "zero_grad_ddp": (["--layout", "ddp", "--seed", "zero_1378"], ["fwd_bwd", "zero_grad"], ("ddp",)),
 }
 COMMON = ["--max-programs", "4", "--batch", "8", "--budget", "20m"]
 
@@ -204,11 +165,12 @@ def test_a_planted_bug_is_found_and_shrunk_to_the_calls_it_needs(tmp_path, plant
     args, calls, layouts = PLANT_CASES[plant]
     proc, report = fuzz(tmp_path, *COMMON, *args, plant=plant, timeout=1200)
     assert proc.returncode == 1, proc.stdout[-3000:]
-    assert len(report["finds"]) == 1, report["finds"]
-    shrunk = parse(report["finds"][0]["shrunk"]["program"])
+    new = [f for f in report["finds"] if not f["near_miss"]]  # a registered entry's near miss is named, not new
+    assert len(new) == 1, report["finds"]
+    shrunk = parse(new[0]["shrunk"]["program"])
     assert [a.partition("=")[0] for a in shrunk.actions] == calls, shrunk.text
     assert shrunk.layout in layouts and (shrunk.width, shrunk.layers) == (8, 1), shrunk.text
-    assert report["finds"][0]["complete"], report["finds"][0]["stopped"]
+    assert new[0]["complete"], new[0]["stopped"]
 
 
 def test_keepers_combine_so_a_long_program_shrinks_in_few_batches():
@@ -218,11 +180,11 @@ def test_keepers_combine_so_a_long_program_shrinks_in_few_batches():
     fuzzer = ProgramFuzzer("combine", run, budget_s=10**6, batch_size=16, log=lambda m: None)
     found = run([long])[0]
     assert found.failed
-    from distci.fuzz.programs import Find
+    from distci.fuzz.records import Find
 
     find = Find(found, found)
     fuzzer._shrink(find)
-    assert [a.partition("=")[0] for a in find.shrunk.program.actions] == ["save", "step", "load"]
+    assert [a.partition("=")[0] for a in find.shrunk.case.actions] == ["save", "step", "load"]
     print(f"{len(calls) - 1} batches")
     assert len(calls) - 1 <= 8, f"{len(calls) - 1} batches to shrink {len(long.actions)} actions"
 

@@ -3,8 +3,8 @@
 Tests marked `docker` need dockerd: the session fixture starts it when docker.io is
 installed and nothing answers (and stops it, by pid, at the end), and skips otherwise.
 Nothing can be pulled here, so they build with DISTCI_BASE_IMAGE=local: the debootstrap
-base, made once per machine and reused by tag, tagged under the public base's name (the
-build then takes the same path as FROM the pulled image). The cpu image builds from it
+base, made once per machine and reused by its own tag (distci/base:bookworm-<hash>; never
+the public base's name, which other builds on a shared daemon rely on). The cpu image builds from it
 and the default cell's wheelhouse (torch 2.13.0). The no-daemon test and the small unit
 tests need no daemon and run everywhere.
 """
@@ -295,10 +295,10 @@ def test_prepared_base_tag_follows_base_packages_and_recipe():
 
 
 @pytest.mark.docker
-def test_cuda_base_is_prepared_once_from_the_public_name(docker_client, monkeypatch):
-    """The air-gapped path: the local base tagged as NVIDIA's image goes through the same
-    prepare build (it already has python3 and gcc, so nothing is installed, no network)."""
-    from distci.images import PUBLIC_BASES, resolve_base
+def test_cuda_base_is_prepared_once_from_the_local_base(docker_client, monkeypatch):
+    """The air-gapped path: the local base goes through the same prepare build as NVIDIA's
+    image (it already has python3 and gcc, so nothing is installed, no network)."""
+    from distci.images import PUBLIC_BASES, local_base_tag, resolve_base
 
     monkeypatch.setenv("DISTCI_BASE_IMAGE", "local")
     monkeypatch.delenv("DISTCI_CUDA_BASE_IMAGE", raising=False)
@@ -307,7 +307,7 @@ def test_cuda_base_is_prepared_once_from_the_public_name(docker_client, monkeypa
     ref = resolve_base("cuda", "3.12", docker_client, log=logs.append)
     assert ref.startswith("distci/base-prepared:"), ref
     image = docker_client.images.get(ref)
-    assert image.labels["distci.prepared-from"] == public.name
+    assert image.labels["distci.prepared-from"] == local_base_tag() != public.name
     assert "python3-dev" in image.labels["distci.prepared-packages"]
     check = 'python3 -m venv "$(mktemp -d)/v" && gcc --version | head -1'
     out = docker_client.containers.run(ref, ["sh", "-c", check], network_mode="none", remove=True).decode()
@@ -327,10 +327,108 @@ def test_base_overrides_per_runner(monkeypatch):
     assert resolve_base("cuda", "3.11", None) == "registry.invalid/any:1"
     monkeypatch.setenv("DISTCI_CUDA_BASE_IMAGE", "registry.invalid/cuda:2")
     assert resolve_base("cuda", "3.11", None) == "registry.invalid/cuda:2"
-    assert resolve_base("npu", "3.11", None) == PUBLIC_BASES[("npu", "3.11")].ref  # DISTCI_BASE_IMAGE is not npu's
+    monkeypatch.setenv("DISTCI_NPU_BASE_IMAGE", "registry.invalid/cann@sha256:" + "0" * 64)
+    assert resolve_base("npu", "3.11", None) == "registry.invalid/cann@sha256:" + "0" * 64  # not DISTCI_BASE_IMAGE
     with pytest.raises(ConfigError, match="no public base image for the cpu family with Python 3.7"):
         monkeypatch.delenv("DISTCI_BASE_IMAGE")
         resolve_base("cpu", "3.7", None)
+
+
+def test_an_unpinned_base_is_refused_with_the_command_that_pins_it(monkeypatch):
+    """The CANN base has no verified digest: building FROM its bare tag is refused in one line
+    naming the base, the two commands that print its digest and the variable to set, unless
+    the runner opts out; every base that has a digest builds FROM it."""
+    from distci.images import PUBLIC_BASES, resolve_base
+
+    for var in ("DISTCI_NPU_BASE_IMAGE", "DISTCI_ALLOW_UNPINNED_BASE"):
+        monkeypatch.delenv(var, raising=False)
+    unpinned = [(key, base) for key, base in PUBLIC_BASES.items() if base.digest is None]
+    assert [family for (family, _), _ in unpinned] == ["npu"]  # the day CANN is pinned, this list empties
+    for (family, python), base in unpinned:
+        with pytest.raises(ConfigError) as refused:
+            resolve_base(family, python, None)
+        line = str(refused.value)
+        assert "\n" not in line and f"base image {base.name} is not pinned by digest" in line
+        assert f"`docker buildx imagetools inspect {base.name}`" in line and f"`crane digest {base.name}`" in line
+        assert "DISTCI_NPU_BASE_IMAGE=ascendai/cann@sha256:<digest>" in line and "DISTCI_ALLOW_UNPINNED_BASE=1" in line
+        monkeypatch.setenv("DISTCI_ALLOW_UNPINNED_BASE", "1")
+        assert resolve_base(family, python, None) == base.name
+        monkeypatch.delenv("DISTCI_ALLOW_UNPINNED_BASE")
+    for (family, python), base in PUBLIC_BASES.items():
+        if base.digest and not base.prepare:
+            assert resolve_base(family, python, None) == f"{base.name}@{base.digest}"
+
+
+def test_bases_file_errors_name_the_file_line_and_the_fix(tmp_path):
+    from distci.images.base import BASES_FILE, load_bases
+
+    assert load_bases(BASES_FILE)  # the checkout's own file loads
+    good = 'family = "cpu"\npython = "3.11"\nimage = "python:3.11-bookworm"\nwhy = "w"\n'
+    cases = {
+        good.replace('why = "w"', 'why = "w"\ndigets = "sha256:00"'): (r"bases.toml:6: \[\[base\]\] #1: unknown key "
+                                                                     r"'digets' \(did you mean 'digest'\?\)"),
+        good + 'digest = "sha256:abc"\n': r"bases.toml:6: .*digest 'sha256:abc' is not sha256:<64 hex digits>",
+        good.replace('family = "cpu"', 'family = "tpu"'): r"bases.toml:2: .*family 'tpu' is not one of cpu, cuda, npu",
+        good.replace('why = "w"\n', ""): r"bases.toml:1: .*missing why",
+        good + "prepare = [1]\n": r"bases.toml:6: .*prepare must be a list of strings",
+        good + "\n[[base]]\n" + good: r"bases.toml:9: \[\[base\]\] #2: a second base for cpu with Python 3.11",
+    }
+    for i, (body, message) in enumerate(cases.items()):
+        path = tmp_path / f"{i}" / "bases.toml"
+        path.parent.mkdir()
+        path.write_text("[[base]]\n" + body)
+        with pytest.raises(ConfigError, match=message):
+            load_bases(path)
+
+
+class FakeDaemon:
+    """The Docker SDK's images API as resolve_base uses it, over a dict of tag -> image id."""
+
+    def __init__(self, tags: dict[str, str]) -> None:
+        self.tags = dict(tags)
+        self.images = self
+
+    def get(self, ref: str):
+        from docker.errors import ImageNotFound
+
+        if ref not in self.tags:
+            raise ImageNotFound(ref)
+        return type("Image", (), {"id": self.tags[ref], "tags": [t for t, i in self.tags.items() if i == self.tags[ref]]})
+
+    def remove(self, ref: str, noprune: bool = False) -> None:
+        assert noprune, "removing a name must never prune the image under it"
+        del self.tags[ref]
+
+
+def test_the_air_gapped_base_keeps_a_private_tag_on_a_shared_daemon(monkeypatch):
+    """`local` builds FROM distci/base:bookworm-<hash>, never under python:3.11-bookworm; the
+    public name an older distci gave the local base on this daemon is taken back, and a
+    pulled image of that name (another team's) is left alone."""
+    pytest.importorskip("docker")
+    from distci.images import PUBLIC_BASES, local_base_tag, resolve_base
+    from distci.images.base import prepared_tag
+
+    monkeypatch.setenv("DISTCI_BASE_IMAGE", "local")
+    for var in ("DISTCI_CPU_BASE_IMAGE", "DISTCI_CUDA_BASE_IMAGE"):
+        monkeypatch.delenv(var, raising=False)
+    local, public = local_base_tag(), PUBLIC_BASES[("cpu", "3.11")].name
+    assert local.startswith("distci/") and public == "python:3.11-bookworm"
+
+    daemon = FakeDaemon({local: "sha256:local", public: "sha256:local", "other/team:1": "sha256:theirs"})
+    logs: list[str] = []
+    assert resolve_base("cpu", "3.11", daemon, log=logs.append) == local
+    assert daemon.tags == {local: "sha256:local", "other/team:1": "sha256:theirs"}
+    assert any(f"docker pull {PUBLIC_BASES[('cpu', '3.11')].ref}" in line for line in logs), logs
+
+    pulled = FakeDaemon({local: "sha256:local", public: "sha256:python"})
+    assert resolve_base("cpu", "3.11", pulled, log=lambda m: None) == local
+    assert pulled.tags[public] == "sha256:python"
+
+    cuda = PUBLIC_BASES[("cuda", "3.12")]
+    prepared = prepared_tag(local, cuda.prepare)
+    daemon = FakeDaemon({local: "sha256:local", prepared: "sha256:prepared"})
+    assert resolve_base("cuda", "3.12", daemon, log=lambda m: None) == prepared  # prepared FROM the private tag
+    assert cuda.name not in daemon.tags and public not in daemon.tags
 
 
 def test_npu_variant_is_named_after_the_cann_and_a_different_cann_is_infra():
@@ -379,15 +477,31 @@ def _sleeper(client, base: str, job: str, cell: str):
 
 
 @pytest.mark.docker
-def test_local_base_is_tagged_under_the_public_name(docker_client, monkeypatch):
+def test_local_base_keeps_a_private_tag(docker_client, monkeypatch):
+    """On a real daemon: the local base is built FROM by its own tag, and the public name an
+    older distci had given it is removed (the image itself stays)."""
     from distci.images import PUBLIC_BASES, ensure_local_base, resolve_base
 
     monkeypatch.setenv("DISTCI_BASE_IMAGE", "local")
     monkeypatch.delenv("DISTCI_CPU_BASE_IMAGE", raising=False)
-    ref = resolve_base("cpu", "3.11", docker_client, log=lambda m: None)
-    assert ref == PUBLIC_BASES[("cpu", "3.11")].name
     local = ensure_local_base(docker_client, log=lambda m: None)
-    assert docker_client.images.get(ref).id == docker_client.images.get(local).id
+    public = PUBLIC_BASES[("cpu", "3.11")].name
+    repository, _, tag = public.rpartition(":")
+    local_id = docker_client.images.get(local).id
+    try:
+        pulled = docker_client.images.get(public).id
+    except Exception:  # noqa: BLE001 - ImageNotFound: the name is free, so make the old alias
+        pulled = None
+        docker_client.images.get(local).tag(repository, tag)
+    if pulled == local_id:  # the old alias is already there (an older distci ran on this daemon)
+        pulled = None
+    assert resolve_base("cpu", "3.11", docker_client, log=lambda m: None) == local
+    names = [t for image in docker_client.images.list() for t in image.tags]
+    assert local in names
+    if pulled is None:
+        assert public not in names
+    else:  # a pulled image of that name is another team's: left alone
+        assert docker_client.images.get(public).id == pulled != docker_client.images.get(local).id
 
 
 @pytest.mark.docker

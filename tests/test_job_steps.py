@@ -2,8 +2,8 @@
 
 A `workflow_dispatch` of the release tier with `select` narrowing each cell to one small
 test: the matrix job lists the tier's cells; the CPU cell's leg builds its image FROM the
-public base's name (DISTCI_BASE_IMAGE=local: the debootstrap base tagged under it, since
-nothing can be pulled here) and runs in a container; its container is torn down; the
+debootstrap base (DISTCI_BASE_IMAGE=local, under its own distci/base tag, since nothing can
+be pulled here) and runs in a container; its container is torn down; the
 aggregate job records the run in a history branch (a bare repository standing in for the
 GitHub remote), renders the dashboard and writes the HUD rows; the gate job judges the
 tier, and fails because the GPU cells had no runner (their infra runs make it

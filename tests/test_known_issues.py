@@ -202,19 +202,19 @@ def test_rows_the_bug_cannot_reach_are_neither_fixed_nor_known(tmp_path):
     assert reg.known_issue_of(carved, "failed", signature=err, message=err, stack={}) is None
 
 
-def test_a_failure_outside_an_entrys_range_is_named_as_a_near_miss(registry):
+def test_a_failure_outside_an_entrys_range_names_the_entry_it_missed(registry):
     """A range drawn too narrow (the entry measured on 2.13-2.15, the bug also on 2.12)
-    leaves the failure unexplained, as it must; near_miss names the entry and the condition
+    leaves the failure unexplained, as it must; missed_by_stack names the entry and the condition
     that kept it out, so the person widening the range has the evidence in one line."""
     outside = {"torch": "2.16.0+cpu"}  # REGISTRY's entry: torch >=2.5,<2.15
     assert registry.match(TEST, SIG, SIG, outside) is None
-    assert registry.near_miss(TEST, SIG, SIG, outside) == [
+    assert registry.missed_by_stack(TEST, SIG, SIG, outside) == [
         "pytorch-184980 (applies to torch >=2.5,<2.15 nightly_from 2026-01-01 nightly_until 2026-12-31; "
         "this stack has torch 2.16.0+cpu)"]
     masked = {"torch": "2.13.0+cpu", "fixes": [{"id": "act_tangent_coercion", "status": "applied"}]}
-    assert registry.near_miss(TEST, SIG, SIG, masked) == [
+    assert registry.missed_by_stack(TEST, SIG, SIG, masked) == [
         "pytorch-184980 (its fix act_tangent_coercion is applied in this stack)"]
-    assert registry.near_miss(TEST, SIG, SIG, {"torch": "2.13.0+cpu"}) == []  # explained: no miss
+    assert registry.missed_by_stack(TEST, SIG, SIG, {"torch": "2.13.0+cpu"}) == []  # explained: no miss
     other = "RuntimeError: something else"
-    assert registry.near_miss(TEST, other, other, outside) == []  # another error: no entry's
-    assert registry.near_miss("suites/test_other.py::test_x", SIG, SIG, outside) == []  # another test
+    assert registry.missed_by_stack(TEST, other, other, outside) == []  # another error: no entry's
+    assert registry.missed_by_stack("suites/test_other.py::test_x", SIG, SIG, outside) == []  # another test

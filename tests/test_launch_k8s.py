@@ -58,3 +58,4 @@ def test_names_fit_kubernetes_and_an_image_is_required(cells) -> None:
     assert job_name("cpu-cpu-torch_2.13.0-ao_0.18.0-ws4-n2-fix_on", "R" * 80).startswith("distci-rrr")
     with pytest.raises(ManifestError, match="no image"):
         trainjob(cells[0], "", run="r")
+

@@ -66,3 +66,20 @@ def test_the_batch_script_asks_for_one_task_per_node() -> None:
     assert {"#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --partition=cpu",
             "export DISTCI_HOSTS=slurm"} <= set(lines)
     assert lines[-1] == "exec python -m distci run --cell 'cell n2'"
+
+
+def test_trainjob_without_the_published_models_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """A controller installed without the kubernetes extra: `distci trainjob` names what to
+    install in one line and exits 2 (the models' import is blocked here to make that state)."""
+    import os
+    import subprocess
+    import sys
+
+    block = tmp_path / "sitecustomize.py"
+    block.write_text("import sys\nsys.modules['kubeflow_trainer_api'] = None\nsys.modules['kubeflow'] = None\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parents[1])])}
+    proc = subprocess.run([sys.executable, "-m", "distci", "trainjob", "--image", "registry.invalid/distci:cell"],
+                          cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "kubeflow-trainer-api" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

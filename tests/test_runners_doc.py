@@ -41,7 +41,7 @@ DOC = REPO / "docs" / "runners.md"
 CPU_CELL_ID = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on"
 # The first word of a vendor's or the OS's command (after sudo and VAR=value).
 VENDOR = {"apt-get", "usermod", "nvidia-smi", "nvidia-ctk", "systemctl", "npu-smi", "getent", "./config.sh",
-          "./run.sh", "./svc.sh", "chmod", "cp"}
+          "./run.sh", "./svc.sh", "chmod", "cp", "helm", "kubectl"}
 VENDOR_PREFIXES = ("./Ascend-hdk-",)
 
 
@@ -343,6 +343,67 @@ def bases_rows() -> list[str]:
     return [f"| {family} | {python} | `{base.name}` | "
             f"{f'`{base.digest}`' if base.digest else '**none: pin it yourself (below)**'} | {base.why} |"
             for (family, python), base in PUBLIC_BASES.items()]
+
+
+# ---------------------------------------------------------------- actions-runner-controller scale sets
+
+ARC_VALUES = sorted((REPO / "tools" / "runner").glob("arc-*.values.yaml"))
+# The top-level keys the gha-runner-scale-set chart's values.yaml documents (set or commented
+# out), chart 0.14.2 (actions/actions-runner-controller, charts/gha-runner-scale-set), read
+# there; a key outside this set is silently ignored by helm, so a typo would go unseen.
+ARC_CHART_VERSION = "0.14.2"
+ARC_CHART_KEYS = {"githubConfigUrl", "scaleSetLabels", "githubConfigSecret", "proxy", "maxRunners", "minRunners",
+                  "runnerGroup", "runnerScaleSetName", "githubServerTLS", "keyVault", "containerMode",
+                  "listenerTemplate", "listenerMetrics", "template", "controllerServiceAccount",
+                  "namespaceOverride", "annotations", "labels", "resourceMeta"}
+
+
+def scale_sets() -> dict[str, dict]:
+    return {path.name: yaml.safe_load(path.read_text()) for path in ARC_VALUES}
+
+
+def test_the_scale_sets_take_every_self_hosted_job_of_the_nightly_and_release_tiers():
+    """Every self-hosted job's runs-on labels are covered by one scale set's labels (its name
+    plus scaleSetLabels), and every scale set serves some job."""
+    sets = scale_sets()
+    assert set(sets) == {"arc-cuda.values.yaml", "arc-npu.values.yaml"}
+    labels = {name: {v["runnerScaleSetName"], *v["scaleSetLabels"]} for name, v in sets.items()}
+    matrix = load_matrix(REPO / "matrix.toml")
+    jobs = [tuple(job["runner"]) for tier in ("nightly", "release") for job in matrix.actions_include(tier)
+            if "self-hosted" in job["runner"]]
+    assert jobs
+    served = {name: [job for job in jobs if set(job) <= have] for name, have in labels.items()}
+    unserved = [job for job in jobs if not any(job in taken for taken in served.values())]
+    assert unserved == [], f"no scale set has every label of these jobs' runs-on: {sorted(set(unserved))}"
+    assert all(served.values()), f"a scale set no job targets: {served}"
+    for name, values in sets.items():
+        assert 0 <= values["minRunners"] <= values["maxRunners"] and values["maxRunners"] >= 1, name
+
+
+def test_the_scale_set_values_use_only_the_charts_keys_and_reach_a_daemon_with_the_devices():
+    for name, values in scale_sets().items():
+        assert set(values) <= ARC_CHART_KEYS, (name, sorted(set(values) - ARC_CHART_KEYS))
+        # The docker tier needs a daemon that sees the devices: not dind's, not kubernetes mode's.
+        assert "containerMode" not in values, name
+        spec = values["template"]["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        (runner,) = [c for c in spec["containers"] if c["name"] == "runner"]
+        mounts = {m["name"]: m["mountPath"] for m in runner["volumeMounts"]}
+        env = {e["name"]: e["value"] for e in runner["env"]}
+        assert volumes["docker-sock"]["hostPath"]["path"] == mounts["docker-sock"] == "/var/run/docker.sock"
+        assert env["DOCKER_HOST"] == "unix://" + mounts["docker-sock"]
+        # The node's daemon bind-mounts run directories by path: the work directory is the node's, same path.
+        assert volumes["work"]["hostPath"]["path"] == mounts["work"] == "/home/runner/_work"
+        cache = env["DISTCI_WHEELHOUSE_ROOT"]
+        assert any(cache.startswith(volumes[v]["hostPath"]["path"] + "/") for v in mounts if v != "docker-sock")
+
+
+def test_the_guide_installs_each_scale_set_with_its_values_file():
+    commands = [c for c in doc_commands() if c.startswith("helm install")]
+    for path in ARC_VALUES:
+        (install,) = [c for c in commands if f"-f {path.relative_to(REPO)}" in c]
+        assert install.endswith(f"gha-runner-scale-set --version {ARC_CHART_VERSION}"), install
+    assert any("gha-runner-scale-set-controller --version " + ARC_CHART_VERSION in c for c in commands)
 
 
 if __name__ == "__main__":  # rewrite the guide's pre-pull table from PUBLIC_BASES

@@ -248,6 +248,13 @@ def test_relay_prints_each_test_as_it_finishes_and_beats_in_silence(tmp_path: Pa
     def log(m: str) -> None:
         lines.append((time.monotonic(), m, log_file.stat().st_size if log_file.exists() else 0))
 
+    # An earlier session's results in the same run directory (a resume, a fuzz run's sweeps):
+    # neither printed again nor counted as this session's progress.
+    from distci.results import Result
+    from distci.rundir import RunDir
+
+    RunDir(run_dir).append(Result(run_id="r", cell_id="c", test_id="t.py::test_earlier", outcome="passed", stack={},
+                                  duration_s=0.1))
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(run_dir)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     code = relay_pytest(proc, log_file, run_dir / "results.jsonl", log, interval_s=1.0, poll_s=0.1)
@@ -258,6 +265,7 @@ def test_relay_prints_each_test_as_it_finishes_and_beats_in_silence(tmp_path: Pa
     failed = text.index("FAILED      2s  t.py::test_slow[[bold]x[/bold]]  [assert]")
     beats = [i for i, m in enumerate(text) if m.startswith("tests: still running after")]
     assert any(first < b < failed for b in beats), text
+    assert not any("test_earlier" in m for m in text), "an earlier session's result is not this session's line"
     assert all(", 1/2, about " in text[b] and text[b].endswith(" left") for b in beats if first < b < failed), \
         "the heartbeat counts against pytest's collected total, with an ETA"
     assert not any("DEBUG" in m for m in text), "DEBUG log lines stay in pytest.log"

@@ -26,7 +26,10 @@ def modules(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     pkg = tmp_path / "warmcase"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "probe.py").write_text("INITIALIZED = False\n")
+    (pkg / "probe.py").write_text("INITIALIZED = False\nBAD_FORK = False\n")
+    # starts the runtime without a lazy init, as torch.cuda.is_available() does: only forks see it
+    (pkg / "starts_driver.py").write_text("import os\nfrom warmcase import probe\n"
+                                          "os.register_at_fork(after_in_child=lambda: setattr(probe, 'BAD_FORK', True))\n")
     (pkg / "good_a.py").write_text("")
     (pkg / "good_b.py").write_text("")
     (pkg / "starts_device.py").write_text("from warmcase import probe\nprobe.INITIALIZED = True\n")
@@ -141,3 +144,50 @@ def test_a_clean_selection_never_replaces_the_template(modules):
     got, out = _worker_imports_ahead(modules, ["warmcase.good_a", "warmcase.good_b"])
     assert got == {"replaced": False, "argv": None}
     assert "initialized" not in out
+
+
+DRIVER_SCRIPT = textwrap.dedent("""
+    import json, os, sys, types
+    sys.path.insert(0, sys.argv[1])
+    sys.path.insert(0, sys.argv[2])
+    import torch
+    from warmcase import probe
+    from distci.harness import worker
+    from distci.harness.devices import DeviceKind
+
+    # torch.<module> of a stand-in device: never lazily initialized, yet its forks are "bad"
+    # once warmcase.starts_driver was imported (torch's at-fork hook after is_available())
+    torch.standin = types.SimpleNamespace(is_initialized=lambda: False, _is_in_bad_fork=lambda: probe.BAD_FORK)
+    worker.device_kind = lambda name: DeviceKind("cuda", "nccl", "standin")
+    args = worker.argparse.Namespace(device_type="cuda", fd=-1, dump_fd=-1, argv=["--rank", "0"])
+    state = worker.WarmState(modules=["warmcase.good_a"], sys_path=[sys.argv[2]])
+    replaced = worker._import_ahead(args, state, json.loads(sys.argv[3]))
+    print(json.dumps({"replaced": replaced, "modules": state.modules, "skip": state.skip}))
+""")
+
+
+def test_an_import_that_poisons_fork_without_initializing_replaces_the_template(modules):
+    """On an H100 a template that imported inductor's modules ahead passed the
+    is_initialized() guard, then every fork failed "Cannot re-initialize CUDA in forked
+    subprocess": something called is_available()/device_count(). The guard asks a fork."""
+    batch = ["warmcase.good_b", "warmcase.starts_driver"]
+    proc = subprocess.run([sys.executable, "-c", DRIVER_SCRIPT, str(REPO), str(modules), json.dumps(batch)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["replaced"] is True, proc.stdout
+    assert got["skip"] == batch, "none of the batch is imported ahead again: which one did it is not known"
+    assert got["modules"] == ["warmcase.good_a"], "the replacement imports only what stayed safe"
+    assert "started cuda in the rank template" in proc.stdout
+    clean = subprocess.run([sys.executable, "-c", DRIVER_SCRIPT, str(REPO), str(modules), json.dumps(["warmcase.good_b"])],
+                           capture_output=True, text=True, timeout=120)
+    assert json.loads(clean.stdout.strip().splitlines()[-1])["replaced"] is False, clean.stdout + clean.stderr
+
+
+def test_learned_modules_keep_the_order_the_test_imported_them(modules):
+    before = frozenset(sys.modules)
+    import torch._dynamo  # noqa: F401 - may be imported already; then the order is checked on what is new
+
+    learned = newly_imported(before)
+    order = [m for m in sys.modules if m in set(learned)]
+    assert learned == order, "alphabetical order imports a submodule before the package that breaks its cycle"

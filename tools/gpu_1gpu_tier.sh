@@ -26,7 +26,8 @@ export DISTCI_FIND_LINKS="$wheels"
 # The controller's own dependencies (pyproject.toml): name those missing or too old.
 need=$("$py" - <<'EOF'
 import importlib.metadata as md
-least = {"packaging": (23,), "rich": (13,), "jinja2": (3, 1), "setuptools": (70, 1)}
+least = {"packaging": (23,), "rich": (13,), "jinja2": (3, 1), "setuptools": (70, 1),
+         "urllib3": (2,), "filelock": (3, 12), "orjson": (3, 9), "regex": (2023,)}
 for name, version in least.items():
     try:
         have = tuple(int(x) for x in md.version(name).split(".")[:len(version)] if x.isdigit())

@@ -106,7 +106,8 @@ class BisectArgs:
     store: str | None = option(help="the store (default: DISTCI_STORE or .distci/store.sqlite)", group="store")
     cell: str | None = option(group="store", help="with --from-regression: which cell; else the cell whose "
                               "newest run's stack pins the other packages",
-                              mode_help={"compiler": "; compiler: the cell whose stack env fails"})
+                              mode_help={"compiler": "; compiler: the cell whose stack env fails (default: the pr "
+                                                     "tier's cell, as `distci run`)"})
     # -- where release / nightly / wheelhouse candidates come from
     source: str | None = option(group="index", choices=tuple(s for s in SOURCES if s != "git"),
                                 help="default: wheelhouse with --wheelhouse, nightly for dates, else release")

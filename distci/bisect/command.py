@@ -43,7 +43,6 @@ from distci.bisect.install import EnvCache
 from distci.bisect.probes import CommitProbe, WheelProbe
 from distci.bisect.report import format_result, store_record, to_markdown, write_report
 from distci.bisect.state import BisectError, BisectState
-from distci.errors import ConfigError
 from distci.bisect.question import Question, commit_builder, question_candidates, args_digest, build_question, env_cache, make_check, question_meta
 from distci.bisect.question import Log
 
@@ -64,10 +63,7 @@ def run(ns: argparse.Namespace, *, log: Log = print) -> int:
         return 0 if argv else 2
     args, options = parse_bisect(argv, extra=add_backend_options)
     if getattr(options, "backend", "host") == "docker":
-        cell = options.image_cell or options.cell
-        if not cell:
-            raise ConfigError("--backend docker runs the bisect in a cell's image: give --image-cell or --cell")
-        return run_in_image(cell, _raw_argv(), log=log)
+        return run_in_image(options.image_cell or options.cell, _raw_argv(), log=log)
     return main(args, log=log)
 
 

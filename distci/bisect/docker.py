@@ -34,7 +34,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=BACKENDS, default="host",
                    help="host: probe here; docker: run the bisect in the cell's image (its CANN/CUDA and Python)")
     p.add_argument("--image-cell", default=None,
-                   help="with --backend docker: the cell whose image runs the bisect (default: --cell)")
+                   help="with --backend docker: the cell whose image runs the bisect (default: --cell, else "
+                        "the default cell, as `distci run`)")
 
 
 def in_image_argv(argv: Sequence[str], python: str) -> list[str]:
@@ -69,9 +70,9 @@ def path_mounts(argv: Sequence[str], cwd: Path) -> dict[str, dict[str, str]]:
     return {str(p): {"bind": str(p), "mode": "rw"} for p in keep}
 
 
-def run_in_image(cell_id: str, argv: Sequence[str], *, matrix_path: str = "matrix.toml",
+def run_in_image(cell_id: str | None, argv: Sequence[str], *, matrix_path: str = "matrix.toml",
                  log: Log = print) -> int:
-    """Run `distci bisect argv` in a container of `cell_id`'s image; its exit code."""
+    """Run `distci bisect argv` in a container of `cell_id`'s image (None: the default cell's); its exit code."""
     from distci.errors import InfraError
     from distci.images.base import connect
     from distci.images.build import ensure_image
@@ -79,7 +80,9 @@ def run_in_image(cell_id: str, argv: Sequence[str], *, matrix_path: str = "matri
     from distci.images.run import IMAGE_PYTHON, container_options, run_labels, sigterm_stops
     from distci.matrix import load_matrix
 
-    cell = load_matrix(matrix_path).cell(cell_id)
+    matrix = load_matrix(matrix_path)
+    cell = matrix.cell(cell_id) if cell_id else matrix.default_cell()
+    log(f"bisect: in the image of cell {cell.id}{'' if cell_id else ' (the default cell; --image-cell for another)'}")
     client = connect()
     options = container_options(family_of(cell))
     image = ensure_image(cell, client, log=log)

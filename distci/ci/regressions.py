@@ -152,14 +152,14 @@ class Regression:
 def regressions(store: Store, run_ids: Iterable[str], registry: Any = None) -> list[Regression]:
     """Tonight's regressions and fuzz finds, in cell then test order. A fuzz find whose
     signature a registered entry explains outside that entry's tests is the entry's near
-    miss (`registry`, Registry.explained_elsewhere): not filed, so no duplicate issue opens."""
+    miss (`registry`, Registry.near_misses): not filed, so no duplicate issue opens."""
     found = []
     for run_id in sorted(set(run_ids)):
         run = store.run(run_id)
         if run is None:
             continue
         fuzzed = [r for r in store.results(run_id=run_id, verdicts=["fail"]) if is_fuzz(r.test_id)
-                  and not (registry is not None and registry.explained_elsewhere(
+                  and not (registry is not None and registry.near_misses(
                       r.test_id, r.error_signature or "", r.excerpt or "", run.stack))]
         for r in [*store.results(run_id=run_id, verdicts=["regression"]), *fuzzed]:
             base = store.run(r.compared_run) if r.compared_run else None

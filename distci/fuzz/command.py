@@ -26,7 +26,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from distci.errors import FuzzSpecError
 from distci.rundir import RunDir, now as _now
@@ -103,6 +103,43 @@ def run_cases(cell, python: Path, info, run_dir: Path, *, entry_test: str, env_v
     return {r.test_id: r for r in RunDir(run_dir).results() if r.test_id not in before}
 
 
+class CaseBatches:
+    """Runs a batch of drawn cases (programs, model structures) as one pytest session of the
+    generator's entry test in the started run (`run_cases`) and reads each case's Result as its
+    Outcome (records.outcome_of: near misses by the registry's one rule). The programs and models
+    generators' batch runner; the configurations' BatchRunner also relays pytest's lines."""
+
+    def __init__(self, cell, python: Path, info, run_dir: Path, extra_args: list[str], registry: Any,
+                 log: Callable[[str], Any], *, entry_test: str, test_name: str, env_var: str, noun: str,
+                 key: Callable[[Any], str], message_chars: int = 2000) -> None:
+        self.cell, self.python, self.info, self.run_dir = cell, python, info, run_dir
+        self.extra_args, self.registry, self.log = extra_args, registry, log
+        self.entry_test, self.test_name, self.env_var, self.noun = entry_test, test_name, env_var, noun
+        self.key, self.message_chars = key, message_chars
+        self.batches = 0
+        self.stack: dict[str, Any] = {}
+        (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
+
+    def __call__(self, cases: list[Any]) -> list[Any]:
+        from distci.fuzz.records import outcome_of
+
+        self.batches += 1
+        self.log(f"batch {self.batches}: {len(cases)} {self.noun}(s)")
+        keys = [self.key(c) for c in cases]
+        by_id = run_cases(self.cell, self.python, self.info, self.run_dir, entry_test=self.entry_test,
+                          env_var=self.env_var, batch=self.run_dir / FUZZ_DIR / f"{self.noun}s-{self.batches:03d}.json",
+                          cases=keys, extra_args=self.extra_args)
+        out = []
+        for case, key in zip(cases, keys):
+            r = by_id.get(f"{self.entry_test}::{self.test_name}[{key}]")
+            self.stack = self.stack or (r.stack if r is not None else {})
+            o = outcome_of(case, key, r, self.registry, message_chars=self.message_chars)
+            self.log(f"  {o.outcome.upper():7s} {o.seconds:5.1f}s {key}" + (f"\n      {o.signature}" if o.failed else "")
+                     + (f" (near miss of {o.near_miss})" if o.near_miss else ""))
+            out.append(o)
+        return out
+
+
 @contextlib.contextmanager
 def _environ(**values: str) -> Iterator[None]:
     """Variables the cell's pytest inherits for one batch (run_in_env passes os.environ on)."""
@@ -136,15 +173,15 @@ def fuzz_registry(source: Path, target: Path) -> Path:
 class BatchRunner:
     """Runs a batch of points as one pytest session in the started run; returns their Outcomes."""
 
-    def __init__(self, cell, python: Path, info, run_dir: Path, extra_args: list[str], log) -> None:
+    def __init__(self, cell, python: Path, info, run_dir: Path, extra_args: list[str], log, registry=None) -> None:
         self.cell, self.python, self.info, self.run_dir = cell, python, info, run_dir
-        self.extra_args, self.log = extra_args, log
+        self.extra_args, self.log, self.registry = extra_args, log, registry
         self.batches = 0
         self.stack: dict[str, Any] = {}
         (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
 
     def __call__(self, points: list[dict[str, Any]]):
-        from distci.fuzz.engine import Outcome
+        from distci.fuzz.records import outcome_of
         from distci.fuzz.space import cell_side
 
         cell = cell_side()
@@ -181,14 +218,10 @@ class BatchRunner:
         out = []
         for p in points:
             r = by_id.get(f"{ENTRY_TEST}::test_fuzz_config[{key(p)}]")
-            if r is None:
-                o = Outcome(p, "infra", None, 0.0, message="no result recorded (see pytest.log)", key=key(p))
-            else:
-                self.stack = self.stack or r.stack
-                o = Outcome(p, r.outcome, r.error_signature, r.duration_s, r.known_issue, r.message[:2000], r.test_id,
-                            r.failure_kind, key(p))
+            self.stack = self.stack or (r.stack if r is not None else {})
+            o = outcome_of(p, key(p), r, self.registry)
             if o.failed:
-                self.log(f"    {o.key}: {o.signature}")
+                self.log(f"    {o.key}: {o.signature}" + (f" (near miss of {o.near_miss})" if o.near_miss else ""))
             elif o.outcome == "infra":
                 self.log(f"INFRA   {o.key}: {o.message}")
             out.append(o)
@@ -219,7 +252,8 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
               report_path: Path | None = None, coverage_path: Path | None = None, command: str = "",
               reruns: int | None = None, shrink_limit_s: float | None = None, log=print) -> int:
     """Fuzz one cell; returns the exit code (see the module docstring)."""
-    from distci.fuzz.engine import Fuzzer, Report, ShrinkLimits
+    from distci.fuzz.engine import Fuzzer, ShrinkLimits
+    from distci.fuzz.records import Report
 
     from distci.run.terminal import EXIT_INFRA
     from distci.fuzz.report import FuzzRun, find_lines, render_report, update_coverage
@@ -236,19 +270,21 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
     if started_run is None:
         return EXIT_INFRA
     info, run_dir, env = started_run
-    extra = []
+    extra, judged = [], None
     if registry.exists():
         (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
-        extra.append(f"--distci-known-issues={fuzz_registry(registry, run_dir / FUZZ_DIR / 'known_issues.toml')}")
+        cells_registry = fuzz_registry(registry, run_dir / FUZZ_DIR / "known_issues.toml")
+        extra.append(f"--distci-known-issues={cells_registry}")
+        judged = load_registry(cells_registry)
     if reruns is not None:  # after the cell's own --distci-reruns: the last one counts
         extra.append(f"--distci-reruns={reruns}")
-    runner = BatchRunner(cell, Path(env.python), info, run_dir, extra, log)
+    runner = BatchRunner(cell, Path(env.python), info, run_dir, extra, log, judged)
     started = _now()
     if point is not None:
         report = Report()
         report.tried = runner([point])
         report.drawn = [o.key for o in report.tried]
-        unexplained = [o for o in report.tried if o.failed and report.file(o) is None]
+        unexplained = [o for o in report.tried if o.failed and report.file(o) is None and not o.near_miss]
         fuzzer = None
     else:
         log(f"fuzz {cell.id}: seed {seed}, budget {budget_s:.0f}s"
@@ -259,7 +295,6 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
                         shrink=shrink, log=log, limits=limits)
         report = fuzzer.run()
         unexplained = []
-    _name_near_misses(registry, report, runner.stack)
     run = FuzzRun(cell.id, seed, budget_s, space, str(run_dir), runner.stack, os.environ.get(space.cell.PLANT_ENV, ""))
     for find in report.finds:
         for line in find_lines(run, find):
@@ -276,38 +311,22 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
     if coverage_path:
         update_coverage(Path(coverage_path), run, report.tried)
         log(f"coverage: {coverage_path}")
-    new = [f for f in report.finds if not f.known_like] or [o for o in report.tried if o.failed and not o.known_issue
-                                                           and fuzzer is None]
-    code = finish_fuzz_run(cell, info, run_dir, 1 if new else 0)
-    log(f"fuzz {cell.id}: {len(report.tried)} configuration(s), {len(report.finds) + len(unexplained)} new find(s), "
-        f"{len(report.known)} known issue(s), {len(report.slow)} timed out; run {run_dir}")
+    code = finish_fuzz_run(cell, info, run_dir, 1 if report.new or unexplained else 0)
+    log(f"fuzz {cell.id}: {len(report.tried)} configuration(s), {len(report.new) + len(unexplained)} new find(s), "
+        f"{len(report.near_misses)} near miss(es), {len(report.known)} known issue(s), {len(report.slow)} timed out; "
+        f"run {run_dir}")
     return code
-
-
-def _name_near_misses(registry_path: Path, report, stack: dict[str, Any]) -> None:
-    """A find whose signature a registered entry explains outside that entry's tests is that
-    entry's near miss (Registry.explained_elsewhere): named, never counted as new."""
-    from distci.known_issues import load_registry
-
-    if not registry_path.exists():
-        return
-    registry = load_registry(registry_path)
-    for find in report.finds:
-        if not find.known_like:
-            o = find.shrunk
-            near = registry.explained_elsewhere(o.test_id, o.signature or "", o.message, stack)
-            find.known_like = near[0].split(" ", 1)[0] if near else None
 
 
 def _report_json(run, report) -> dict:
     def outcome(o):
-        return {"id": o.key, "point": o.point, "outcome": o.outcome, "signature": o.signature,
-                "seconds": o.seconds, "known_issue": o.known_issue, "test_id": o.test_id}
+        return {"id": o.key, "point": o.case, "outcome": o.outcome, "signature": o.signature,
+                "seconds": o.seconds, "known_issue": o.known_issue, "near_miss": o.near_miss, "test_id": o.test_id}
     return {"cell": run.cell_id, "seed": run.seed, "budget_s": run.budget_s, "stack": run.stack,
             "drawn": report.drawn, "tried": [outcome(o) for o in report.tried],
             "finds": [{"found": f.found.key, "shrunk": outcome(f.shrunk), "steps": f.steps,
                        "complete": f.complete, "stopped": f.stopped, "seconds": f.seconds,
-                       "known_like": f.known_like} for f in report.finds],
+                       "near_miss": f.near_miss} for f in report.finds],
             "known": [o.key for o in report.known], "repeats": report.repeats, "shrink_s": report.shrink_s,
             "slow": [o.key for o in report.slow]}
 

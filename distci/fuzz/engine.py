@@ -29,10 +29,10 @@ configurations): each find may shrink for at most `ShrinkLimits.per_find_s(budge
 (default min(15 min, 25% of the budget)), all shrinking together for at most
 `ShrinkLimits.total_share` of the budget (default half); a find whose limit ran out is
 reported "shrunk so far, not minimal" with the point it reached. A failure with the
-signature of a find of this run is a repeat (not shrunk); one with the signature of a
-known issue seen this run, on a configuration the registry's pattern does not cover,
-gets one quick round only (`ShrinkLimits.quick_rounds`): its smaller face is worth a line,
-not a budget.
+signature of a find of this run is a repeat (not shrunk); a registered entry's near miss
+(distci.fuzz.records.Find.near_miss) gets one quick round only (`ShrinkLimits.quick_rounds`):
+its smaller face is worth a line, not a budget. The records (Outcome, Find, Report) are
+distci/fuzz/records.py's, shared with the other generators' engines.
 """
 
 from __future__ import annotations
@@ -42,48 +42,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from distci.fuzz.records import Find, Outcome, Report
 from distci.fuzz.space import Drawer, Space, smaller
-
-FAILED = ("failed", "error")
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one configuration did (read off its Result)."""
-
-    point: dict[str, Any]
-    outcome: str
-    signature: str | None = None
-    seconds: float = 0.0
-    known_issue: str | None = None
-    message: str = ""
-    test_id: str = ""
-    kind: str | None = None
-    """The Result's failure kind (assert, exception, timeout, hang, crash, ...)."""
-    key: str = ""
-    """The configuration's id (`Space.key`): set by the batch runner, else by the Fuzzer."""
-
-    @property
-    def failed(self) -> bool:
-        return self.outcome in FAILED
-
-
-@dataclass
-class Find:
-    """A failure and its shrunk form; `steps` lists the accepted simplifications in order."""
-
-    found: Outcome
-    shrunk: Outcome
-    steps: list[str] = field(default_factory=list)
-    complete: bool = True
-    """False when shrinking stopped early: `shrunk` still fails the same way but may not be minimal."""
-    stopped: str = ""
-    """Why shrinking stopped early (empty when complete): which limit ran out."""
-    seconds: float = 0.0
-    """Wall time spent shrinking this find."""
-    known_like: str | None = None
-    """The known issue whose signature this find repeats on a configuration its pattern misses."""
-
 
 @dataclass(frozen=True)
 class ShrinkLimits:
@@ -96,38 +56,6 @@ class ShrinkLimits:
 
     def per_find_s(self, budget_s: float) -> float:
         return min(self.per_find_max_s, self.per_find_share * budget_s)
-
-
-@dataclass
-class Report:
-    tried: list[Outcome] = field(default_factory=list)
-    """Every configuration run, in order (draws and shrink candidates)."""
-    drawn: list[str] = field(default_factory=list)
-    """The drawn configurations' ids, in order: what a seed replays."""
-    finds: list[Find] = field(default_factory=list)
-    repeats: dict[str, str] = field(default_factory=dict)
-    """A failing draw's id -> the find whose signature it repeats (not shrunk again)."""
-    known: list[Outcome] = field(default_factory=list)
-    """Failures the known-issues registry explained (not shrunk)."""
-    exhausted: bool = False
-    shrink_s: float = 0.0
-    """Wall time spent shrinking, all finds together."""
-    slow: list[Outcome] = field(default_factory=list)
-    """Configurations that ran past the test timeout (kind `timeout`, ranks still computing,
-    not stuck in a collective): not shrunk, since a smaller configuration is faster whatever
-    the bug, and on a loaded machine a timeout is no bug's signature. A `hang` is shrunk."""
-
-    def file(self, outcome: Outcome) -> str | None:
-        """Files a failure no run shrinks: a timeout in `slow`, one the registry explained in
-        `known`; returns which ("slow", "known"), or None for a failure that is a find. The
-        fuzzer and a `--replay` both file through here, so their summaries count alike."""
-        if outcome.kind == "timeout":
-            self.slow.append(outcome)
-            return "slow"
-        if outcome.known_issue:
-            self.known.append(outcome)
-            return "known"
-        return None
 
 
 RunBatch = Callable[[list[dict[str, Any]]], list[Outcome]]
@@ -198,7 +126,7 @@ class Fuzzer:
         todo = [p for p in points if self.space.key(p) not in self.cache]
         if todo:
             for outcome in self.run_batch(todo):
-                outcome = outcome if outcome.key else dataclasses.replace(outcome, key=self.space.key(outcome.point))
+                outcome = outcome if outcome.key else dataclasses.replace(outcome, key=self.space.key(outcome.case))
                 self.cache[outcome.key] = outcome
                 self.report.tried.append(outcome)
         missing = [self.space.key(p) for p in points if self.space.key(p) not in self.cache]
@@ -207,21 +135,8 @@ class Fuzzer:
         return [self.cache[self.space.key(p)] for p in points]
 
     def _found(self, outcome: Outcome) -> None:
-        filed = self.report.file(outcome)
-        if filed == "slow":
-            self.log(f"  timed out, not shrunk: {outcome.key}")
-            return
-        if filed == "known":
-            self.log(f"  known issue {outcome.known_issue}: {outcome.key}")
-            return
-        for find in self.report.finds:
-            if find.found.signature == outcome.signature:
-                self.report.repeats[outcome.key] = find.found.key
-                return
-        find = Find(outcome, outcome)
-        find.known_like = next((o.known_issue for o in self.report.known if o.signature == outcome.signature), None)
-        self.report.finds.append(find)
-        if not self.shrink:
+        find = self.report.take(outcome, self.log)
+        if find is None or not self.shrink:
             return
         started = self.clock()
         try:
@@ -254,8 +169,8 @@ class Fuzzer:
         def stop(why: str) -> None:
             find.complete, find.stopped = False, why
 
-        if find.known_like:
-            self.log(f"  {current.key} has the signature of known issue {find.known_like}: "
+        if find.near_miss:
+            self.log(f"  {current.key} is a near miss of known issue {find.near_miss}: "
                      f"{self.limits.quick_rounds} quick shrink round(s)")
         else:
             self.log(f"  shrinking {current.key} ({signature}) for at most {max(limit_s, 0):.0f} s")
@@ -263,11 +178,11 @@ class Fuzzer:
             if left() <= 0:
                 stop(f"{limit_name} ran out")
                 break
-            if find.known_like and rounds >= self.limits.quick_rounds:
-                stop(f"a known issue's signature ({find.known_like}): {self.limits.quick_rounds} quick round(s) only")
+            if find.near_miss and rounds >= self.limits.quick_rounds:
+                stop(f"a near miss of {find.near_miss}: {self.limits.quick_rounds} quick round(s) only")
                 break
             rounds += 1
-            candidates = smaller(self.space, current.point)
+            candidates = smaller(self.space, current.case)
             keepers: list[Outcome] = []
             tried_all, i = True, 0
             while i < len(candidates):
@@ -285,7 +200,7 @@ class Fuzzer:
                 break
             nxt = keepers[0]
             if len(keepers) > 1 and left() > 0:
-                combo = _combine(self.space, current.point, [k.point for k in keepers])
+                combo = _combine(self.space, current.case, [k.case for k in keepers])
                 if combo is not None and self.space.key(combo) not in self.cache:
                     # speculative: the combination and its own simplifications in one batch
                     self._run([combo, *smaller(self.space, combo)][:max(1, self._fits(left()))])

@@ -17,72 +17,42 @@ error signature persists: the shrunk structure holds no feature the failure does
 
 A failure the registry explains (its entry's tests name models_entry) is a known issue; one
 whose signature an entry explains though its tests do not name this test is that entry's
-near miss (Registry.explained_elsewhere): reported under the entry's id, not shrunk beyond
-one round, never counted as new. Exit code: 1 when a find no entry explains remains, 3 when
+near miss (Registry.near_misses, read in distci.fuzz.records.outcome_of): reported under the
+entry's id, not shrunk beyond one round, never counted as new. Exit code: 1 when a find no entry explains remains, 3 when
 the cell's environment never came up, else 0.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from suites.generators.model_space import FEATURES, SIZES, complete, key, non_default, valid
+from .records import Find, Outcome, Report
 
+MODEL_SPACE = "suites.generators.model_space"
+"""The cell side's one declaration of the structure space (features, rules, ids)."""
 ENTRY_TEST = "suites/generators/models_entry.py"
 TEST_NAME = "test_model_structure"
 MODELS_ENV = "DISTCI_FUZZ_MODELS"
 FUZZ_DIR = "fuzz"
-FAILED = ("failed", "error")
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What one structure did (read off its Result)."""
+@functools.lru_cache(maxsize=None)
+def model_space() -> Any:
+    """The structure space the cell side declares (suites/generators/model_space.py), loaded by
+    name from the checkout as distci.fuzz.space.cell_side loads suites/space.py."""
+    from distci.fuzz.space import cell_side
 
-    structure: dict[str, Any]
-    outcome: str
-    signature: str | None = None
-    seconds: float = 0.0
-    known_issue: str | None = None
-    message: str = ""
-    kind: str | None = None
-    near_miss: str | None = None
-
-    @property
-    def key(self) -> str:
-        return key(self.structure)
-
-    @property
-    def failed(self) -> bool:
-        return self.outcome in FAILED
+    return cell_side(module=MODEL_SPACE)
 
 
-@dataclass
-class Find:
-    found: Outcome
-    shrunk: Outcome
-    steps: list[str] = field(default_factory=list)
-    complete: bool = True
-
-
-@dataclass
-class Report:
-    tried: list[Outcome] = field(default_factory=list)
-    drawn: list[str] = field(default_factory=list)
-    finds: list[Find] = field(default_factory=list)
-    known: list[Outcome] = field(default_factory=list)
-    near_misses: list[Outcome] = field(default_factory=list)
-    repeats: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def new(self) -> list[Find]:
-        """Finds no registered entry explains, even as a near miss."""
-        return [f for f in self.finds if not f.shrunk.near_miss and not f.shrunk.known_issue]
+def key(structure: dict[str, Any]) -> str:
+    """A structure's id (the cell side's `key`): its test id's parameter."""
+    return model_space().key(structure)
 
 
 class Drawer:
@@ -102,39 +72,41 @@ class Drawer:
 
     def draw(self, tries: int = 200) -> dict[str, Any] | None:
         for _ in range(tries):
-            s = {f.name: self._value(f) for f in FEATURES}
-            moved = [f.name for f in FEATURES[1:] if s[f.name] != f.default and f.default in
+            space = model_space()
+            s = {f.name: self._value(f) for f in space.FEATURES}
+            moved = [f.name for f in space.FEATURES[1:] if s[f.name] != f.default and f.default in
                      self.allowed.get(f.name, f.values)]
             self.rng.shuffle(moved)
-            while not valid(s) and moved:
+            while not space.valid(s) and moved:
                 name = moved.pop()
                 s[name] = _default(name)
-            if valid(s) and key(s) not in self.drawn:
+            if space.valid(s) and key(s) not in self.drawn:
                 self.drawn.add(key(s))
-                return complete(s)
+                return space.complete(s)
         return None
 
 
 def _default(name: str) -> Any:
-    return next(f.default for f in FEATURES if f.name == name)
+    return next(f.default for f in model_space().FEATURES if f.name == name)
 
 
 def smaller(structure: dict[str, Any]) -> list[dict[str, Any]]:
     """The one-step simplifications of `structure`, simplest first, each valid; the
     parallelism never moves (it is part of what a find is)."""
-    full = complete(structure)
+    space = model_space()
+    full = space.complete(structure)
     out, seen = [], {key(full)}
-    for f in FEATURES[1:]:
+    for f in space.FEATURES[1:]:
         if full[f.name] == f.default:
             continue
         targets = [f.default]
-        if f.name in SIZES:
+        if f.name in space.SIZES:
             targets += [v for v in f.values if f.default < v < full[f.name]]
         for value in targets:
             candidate = {**full, f.name: value}
-            if not valid(candidate):  # e.g. experts 0 takes top_k and the shared expert with it
+            if not space.valid(candidate):  # e.g. experts 0 takes top_k and the shared expert with it
                 candidate = {**candidate, **{g: _default(g) for g in ("top_k", "shared_expert")}}
-            if valid(candidate) and key(candidate) not in seen:
+            if space.valid(candidate) and key(candidate) not in seen:
                 seen.add(key(candidate))
                 out.append(candidate)
     return out
@@ -189,31 +161,22 @@ class ModelFuzzer:
         todo = [s for s in structures if key(s) not in self.cache]
         if todo:
             for o in self.run_batch(todo):
+                o = o if o.key else replace(o, key=key(o.case))
                 self.cache[o.key] = o
                 self.report.tried.append(o)
         return [self.cache[key(s)] for s in structures if key(s) in self.cache]
 
     def _found(self, outcome: Outcome) -> None:
-        if outcome.known_issue:
-            self.report.known.append(outcome)
-            self.log(f"  known issue {outcome.known_issue}: {outcome.key}")
+        find = self.report.take(outcome, self.log)
+        if find is None:
             return
-        for find in self.report.finds:
-            if find.found.signature == outcome.signature:
-                self.report.repeats[outcome.key] = find.found.key
-                return
-        find = Find(outcome, outcome)
-        self.report.finds.append(find)
-        if outcome.near_miss:
-            self.report.near_misses.append(outcome)
-            self.log(f"  near miss of {outcome.near_miss}: {outcome.key}")
         if self.shrink:
             self._shrink(find, rounds=1 if outcome.near_miss else 50)
 
     def _shrink(self, find: Find, rounds: int) -> None:
         current = find.found
         for _ in range(rounds):
-            candidates = smaller(current.structure)
+            candidates = smaller(current.case)
             keeper = None
             for i in range(0, len(candidates), self.batch_size):
                 if self.left_s() <= 0:
@@ -238,12 +201,11 @@ def find_lines(cell_id: str, find: Find, plant: str = "") -> list[str]:
     env = f"DISTCI_MODELS_PLANT={plant} " if plant else ""
     test = f"{ENTRY_TEST}::{TEST_NAME}[{find.shrunk.key}]"
     lines = [f"find: {find.shrunk.signature}", f"  structure: {find.shrunk.key} (drawn as {find.found.key})",
-             f"  needs:     {json.dumps(non_default(find.shrunk.structure))}",
+             f"  needs:     {json.dumps(model_space().non_default(find.shrunk.case))}",
+             f"  where:     {find.shrunk.first_divergence or 'no traced tensor left its rounding bound'}",
              f"  repro:     {env}python -m distci run --cell {cell_id} --test '{test}'"]
-    if find.shrunk.near_miss:
-        lines.append(f"  near miss: {find.shrunk.near_miss}")
-    if find.shrunk.near_miss:
-        lines.append("  (a near miss: one shrink round only)")
+    if find.near_miss:
+        lines += [f"  near miss: {find.near_miss}", "  (a near miss: one shrink round only)"]
     elif not find.complete:
         lines.append("  (shrunk so far: the budget ran out before every simplification was tried)")
     return lines
@@ -251,8 +213,7 @@ def find_lines(cell_id: str, find: Find, plant: str = "") -> list[str]:
 
 def parse_space(specs: list[str]) -> dict[str, tuple]:
     """`FEATURE=V1,V2` specs -> allowed values (ValueError naming the bad feature or value)."""
-    from suites.generators.model_space import FEATURE
-
+    FEATURE = model_space().FEATURE
     out: dict[str, tuple] = {}
     for spec in specs:
         name, _, text = spec.partition("=")

@@ -8,59 +8,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable
 
 from distci.rundir import RunDir, now as _now
 
-from .models import ENTRY_TEST, FUZZ_DIR, MODELS_ENV, TEST_NAME, ModelFuzzer, Outcome, Report, find_lines
-
-
-def structure_key() -> Callable[[dict[str, Any]], str]:
-    """A structure's id, from the cell side's one declaration (suites/generators/model_space.py),
-    loaded by name as distci.fuzz.space.cell_side() loads suites/space.py: the controller
-    never imports suites/."""
-    import importlib
-
-    return importlib.import_module("suites.generators.model_space").key
-
-
-class ModelBatches:
-    """Runs a batch of structures as one pytest session in the started run; returns their Outcomes."""
-
-    def __init__(self, cell, python: Path, info, run_dir: Path, extra_args: list[str], registry: Any,
-                 log: Callable[[str], Any]) -> None:
-        self.cell, self.python, self.info, self.run_dir = cell, python, info, run_dir
-        self.extra_args, self.registry, self.log = extra_args, registry, log
-        self.batches = 0
-        self.stack: dict[str, Any] = {}
-        (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
-
-    def __call__(self, structures: list[dict[str, Any]]) -> list[Outcome]:
-        key = structure_key()
-
-        from distci.fuzz.command import run_cases
-
-        self.batches += 1
-        self.log(f"batch {self.batches}: {len(structures)} structure(s)")
-        by_id = run_cases(self.cell, self.python, self.info, self.run_dir, entry_test=ENTRY_TEST, env_var=MODELS_ENV,
-                          batch=self.run_dir / FUZZ_DIR / f"models-{self.batches:03d}.json",
-                          cases=[key(s) for s in structures], extra_args=self.extra_args)
-        out = []
-        for s in structures:
-            r = by_id.get(f"{ENTRY_TEST}::{TEST_NAME}[{key(s)}]")
-            if r is None:
-                o = Outcome(s, "infra", message="no result recorded (see pytest.log)")
-            else:
-                self.stack = self.stack or r.stack
-                near = None
-                if r.outcome in ("failed", "error") and not r.known_issue and self.registry is not None:
-                    near = "; ".join(self.registry.explained_elsewhere(r.test_id, r.error_signature or "",
-                                                                       r.message, r.stack)) or None
-                o = Outcome(s, r.outcome, r.error_signature, r.duration_s, r.known_issue, r.message[:2000],
-                            r.failure_kind, near)
-            self.log(f"{o.outcome.upper():7} {o.seconds:5.1f}s {o.key}" + (f": {o.signature}" if o.failed else ""))
-            out.append(o)
-        return out
+from .models import ENTRY_TEST, FUZZ_DIR, MODELS_ENV, TEST_NAME, ModelFuzzer, find_lines, key
+from .records import Outcome, Report
 
 
 def fuzz_models_cell(cell, *, seed: str, budget_s: float, max_structures: int | None = None, batch_size: int = 6,
@@ -68,6 +20,7 @@ def fuzz_models_cell(cell, *, seed: str, budget_s: float, max_structures: int | 
                      known_issues: str | None = None, allowed: dict[str, tuple] | None = None,
                      report_path: Path | None = None, command: str = "", log=print) -> int:
     """Fuzz model structures on one cell; returns the exit code (distci/fuzz/models.py)."""
+    from distci.fuzz.command import CaseBatches
     from distci.known_issues import load_registry
     from distci.run.cellrun import REPO, start_provisioned
     from distci.run.terminal import EXIT_INFRA
@@ -79,7 +32,8 @@ def fuzz_models_cell(cell, *, seed: str, budget_s: float, max_structures: int | 
     registry_path = Path(known_issues) if known_issues else REPO / "suites" / "known_issues.toml"
     registry = load_registry(registry_path) if registry_path.exists() else None
     extra = [f"--distci-known-issues={registry_path}"] if registry is not None else []
-    runner = ModelBatches(cell, Path(env.python), info, run_dir, extra, registry, log)
+    runner = CaseBatches(cell, Path(env.python), info, run_dir, extra, registry, log, entry_test=ENTRY_TEST,
+                         test_name=TEST_NAME, env_var=MODELS_ENV, noun="structure", key=key)
     started = _now()
     log(f"fuzz models on {cell.id}: seed {seed}, budget {budget_s:.0f}s")
     report = ModelFuzzer(seed, runner, budget_s, max_structures=max_structures, batch_size=batch_size,
@@ -104,34 +58,22 @@ def fuzz_models_cell(cell, *, seed: str, budget_s: float, max_structures: int | 
 
 def report_json(cell_id: str, seed: str, report: Report) -> dict:
     def outcome(o: Outcome) -> dict:
-        return {"id": o.key, "structure": o.structure, "outcome": o.outcome, "signature": o.signature,
+        return {"id": o.key, "structure": o.case, "outcome": o.outcome, "signature": o.signature,
                 "seconds": o.seconds, "known_issue": o.known_issue, "near_miss": o.near_miss}
     return {"cell": cell_id, "seed": seed, "drawn": report.drawn, "tried": [outcome(o) for o in report.tried],
-            "finds": [{"found": f.found.key, "shrunk": outcome(f.shrunk), "steps": f.steps, "complete": f.complete}
-                      for f in report.finds],
-            "known": [o.key for o in report.known], "near_misses": [o.key for o in report.near_misses]}
+            "finds": [{"found": f.found.key, "shrunk": outcome(f.shrunk), "steps": f.steps, "complete": f.complete,
+                       "near_miss": f.near_miss} for f in report.finds],
+            "known": [o.key for o in report.known], "near_misses": [f.found.key for f in report.near_misses],
+            "slow": [o.key for o in report.slow]}
 
 
 def render(cell_id: str, seed: str, budget_s: float, stack: dict, report: Report, started: str, command: str,
            plant: str) -> str:
     """The run's markdown: inputs, every structure tried, every find with its classification line."""
-    from distci.fuzz.report import stack_line
+    from distci.fuzz.report import generator_report
 
-    lines = [f"# Models fuzz run: {cell_id}, seed {seed}", "", f"- date: {started}", f"- command: `{command}`",
-             f"- stack: {stack_line(stack)}", f"- budget: {budget_s:.0f} s; structures tried: {len(report.tried)} "
-             f"({len(report.drawn)} drawn)", "", "## Finds", ""]
-    if not report.finds and not report.known:
-        lines.append("None: every structure passed.")
-    for n, find in enumerate(report.finds, 1):
-        why = (f"near miss of registered {find.shrunk.near_miss}" if find.shrunk.near_miss
-               else "new: no registered entry explains it (triage below)")
-        lines += [f"### {n}. `{find.shrunk.signature}`", "", "```", *find_lines(cell_id, find, plant), "```", "",
-                  f"Classification: {why}", ""]
-    lines += [f"- known issue `{o.known_issue}`: `{o.key}` ({o.signature})" for o in report.known]
-    lines += ["", "## Every structure", "", "| structure | outcome | seconds |", "|---|---|---|"]
-    lines += [f"| `{o.key}` | {o.outcome}{' (' + o.known_issue + ')' if o.known_issue else ''} | {o.seconds:.1f} |"
-              for o in report.tried]
-    return "\n".join(lines) + "\n"
+    return generator_report("Models fuzz run", "structure", cell_id, seed, budget_s, stack, report, started, command,
+                            lambda find: find_lines(cell_id, find, plant))
 
 
 def run_generator(args, cell, seed: str, command: str) -> int:
@@ -147,7 +89,6 @@ def run_generator(args, cell, seed: str, command: str) -> int:
     except ValueError as exc:
         raise FuzzSpecError(str(exc)) from None
     if args.list:
-        key = structure_key()
         drawer = Drawer(seed, allowed)
         for _ in range(args.max_configs or 20):
             print(key(drawer.draw()))

@@ -5,7 +5,7 @@ whether it fails and with what signature; this module decides what to run. A cas
 drawn from a string seed and its index (random.Random over a string: the same stream on
 every platform and Python), so a night's case list replays from the seed alone.
 
-What a draw covers: every op of the inventory (distci/fuzz/op_inventory.py), the meshes
+What a draw covers: every op of the inventory (distci/op_inventory.py), the meshes
 trainers build (1-D of 2 and 4, 2-D dp_shard x tp), every placement a parallelism
 produces on every input (Replicate; Shard on every dim, negative dims as trainers write
 them; Partial sum and avg; _StridedShard on the dp axis over a tp Shard of the same dim,
@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from .op_case import MESHES, OpCase
-from .op_inventory import INVENTORY, Arg, OpSpec, spec_of
+from distci.op_case import MESHES, OpCase
+from distci.op_inventory import INVENTORY, Arg, OpSpec, spec_of
 
 SIZES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 7, 7, 8, 9, 11, 12, 13, 16)
 """Drawn sizes, weighted by repetition: small (cases stay fast), odd and prime ones the mesh

@@ -8,7 +8,8 @@ new to the run is shrunk inside its sweep. Every find (its shrunk case) is then 
 more as its own test, `test_op_case[<case id>]`: an ordinary Result of the run directory
 (cell, stack, signature, known-issue match), so ingest, the gate and the dashboard see it
 like any failure. A find the registry does not explain for that test but whose signature
-an entry has (another test's pattern) is reported as that entry, a near miss, not as new.
+names an entry's bug (Registry.near_misses: the registry's one rule) is reported as that
+entry's near miss, not as new.
 
 Exit code: 1 when a find no known issue explains (nor names as a near miss), 3 when the
 cell's environment never came up, else 0.
@@ -22,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .op_case import MESHES, parse_case
+from distci.op_case import MESHES, parse_case
+from distci.op_inventory import BY_NAME
+
 from .ops import draw_cases
-from .op_inventory import BY_NAME
 
 ENTRY = "suites/generators/ops_entry.py"
 SWEEP = f"{ENTRY}::test_op_sweep"
@@ -179,10 +181,16 @@ class Sweeps:
         return path
 
 
-def near_misses(registry, find: OpsFind, stack: dict[str, Any]) -> list[str]:
-    """Entries whose signature explains the find on this stack, whatever tests they list."""
-    return [e.id for e in registry.entries
-            if (e.explains(find.signature) or e.explains(find.message)) and e.applies_to(stack)]
+def judge_find(find: OpsFind, test_id: str, result: Any, registry: Any) -> None:
+    """A find's own Result (its rerun as `test_op_case`; None: none recorded) read into it: the
+    known issue the harness matched, else the entries it is a near miss of (Registry.near_misses)."""
+    find.test_id, find.outcome = test_id, result.outcome if result is not None else "missing"
+    if result is None:
+        return
+    find.known_issue = result.known_issue
+    if registry is not None and not result.known_issue and result.outcome == "failed":
+        find.near_miss = registry.near_misses(result.test_id, result.error_signature or "", result.message,
+                                              result.stack)
 
 
 def case_test_id(case_id: str) -> str:
@@ -249,12 +257,8 @@ def fuzz_ops(cell, *, seed: str, budget_s: float, python: str | None = None, run
             registry = load_registry(registry_path) if registry_path.exists() else None
             for find, test_id in zip(report.finds, ids):
                 r = results.get(test_id)
-                find.test_id, find.outcome = test_id, r.outcome if r else "missing"
-                if r is not None:
-                    stack = stack or r.stack
-                    find.known_issue = r.known_issue
-                    if registry is not None and not r.known_issue and r.outcome == "failed":
-                        find.near_miss = near_misses(registry, find, r.stack)
+                judge_find(find, test_id, r, registry)
+                stack = stack or (r.stack if r is not None else {})
     finally:
         relay.close()
     for find in report.finds:

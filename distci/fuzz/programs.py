@@ -1,6 +1,6 @@
 """The programs generator's engine: draw training programs, run them in batches, shrink what fails.
 
-A program (vocabulary in program_actions.py) is a layout, a world size, a model size, an
+A program (vocabulary in distci/training_program.py) is a layout, a world size, a model size, an
 optimizer and a sequence of inventoried actions; its text is its test id, e.g.
 
     fsdp-ws2-w8-l2-adamw:fwd_bwd,step,save=dcp,fwd_bwd,step,load,fwd_bwd,step
@@ -15,7 +15,7 @@ example at a time, while a program here runs on a rank pool in another interpret
 cell's stack), and batching candidates into one pytest session is what makes drawing
 and shrinking affordable (a pool start costs more than a program). Its shrink order and
 database also change between its releases, and replay from a seed must hold across
-them. What we need is small: preconditions as data (program_actions.INVENTORY), a seeded
+them. What we need is small: preconditions as data (training_program.INVENTORY), a seeded
 draw, and a greedy shrinker: drop chunks of actions (halves down to one action),
 actions back to their plainest form, then the smallest model, world size, optimizer and
 layout that still fail with the SAME error signature. Every candidate is checked against
@@ -33,102 +33,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from .program_actions import (BY_NAME, INVENTORY, LAYERS, LAYOUTS, OPTIMIZERS, WIDTHS, State,
-                              action)
+from distci.training_program import (INVENTORY, LAYERS, LAYOUTS, OPTIMIZERS, WIDTHS, Program, State, action, split,
+                                      token, valid)
+from .records import Find, Outcome, Report
 
-FAILED = ("failed", "error")
-ENTRY_TEST = "suites/generators/programs_entry.py"
-TEST_NAME = "test_program"
-PROGRAMS_ENV = "DISTCI_FUZZ_PROGRAMS"
-"""A JSON file: the list of program texts one batch runs (the entry reads it)."""
-PROGRAM_ENV = "DISTCI_FUZZ_PROGRAM"
-"""One program's text, for a repro."""
 MIN_ACTIONS, MAX_ACTIONS = 4, 14
-HEAD = re.compile(r"^(?P<layout>[a-z_]+)-ws(?P<ws>\d+)-w(?P<width>\d+)-l(?P<layers>\d+)-(?P<optim>[a-z]+)$")
-
-
-class ProgramError(ValueError):
-    """A program text that does not parse or breaks a precondition; the message names the part."""
-
-
-@dataclass(frozen=True)
-class Program:
-    layout: str
-    world_size: int
-    width: int
-    layers: int
-    optim: str
-    actions: tuple[str, ...]
-    """Each `name` or `name=arg` (program_actions.INVENTORY)."""
-
-    @property
-    def text(self) -> str:
-        return (f"{self.layout}-ws{self.world_size}-w{self.width}-l{self.layers}-{self.optim}:"
-                + ",".join(self.actions))
-
-    def __str__(self) -> str:
-        return self.text
-
-
-def split(token: str) -> tuple[str, str]:
-    """`name=arg` -> (name, arg); `name` -> (name, its first arg)."""
-    name, _, arg = token.partition("=")
-    return name, arg or action(name).args[0]
-
-
-def token(name: str, arg: str) -> str:
-    return name if arg == action(name).args[0] else f"{name}={arg}"
-
-
-def parse(text: str) -> Program:
-    """A program from its text; raises ProgramError naming the bad part."""
-    head, sep, body = text.strip().partition(":")
-    m = HEAD.match(head)
-    if not sep or not m:
-        raise ProgramError(f"program {text!r}: write LAYOUT-wsN-wN-lN-OPTIM:ACTION,ACTION=ARG,... "
-                           f"(layouts {', '.join(LAYOUTS)}; optimizers {', '.join(OPTIMIZERS)})")
-    program = Program(m["layout"], int(m["ws"]), int(m["width"]), int(m["layers"]), m["optim"],
-                      tuple(t.strip() for t in body.split(",") if t.strip()))
-    problems = check(program)
-    if problems:
-        raise ProgramError(f"program {text!r}: {'; '.join(problems)}")
-    return program
-
-
-def check(program: Program) -> list[str]:
-    """Why `program` is not one a training loop makes (empty: it is)."""
-    out = []
-    if program.layout not in LAYOUTS:
-        return [f"no layout {program.layout!r}; layouts: {', '.join(LAYOUTS)}"]
-    if program.world_size not in LAYOUTS[program.layout]:
-        out.append(f"{program.layout} runs on world sizes {LAYOUTS[program.layout]}, not {program.world_size}")
-    if program.optim not in OPTIMIZERS:
-        out.append(f"no optimizer {program.optim!r}; optimizers: {', '.join(OPTIMIZERS)}")
-    if program.width not in WIDTHS or program.layers not in LAYERS:
-        out.append(f"width {program.width} / layers {program.layers}: widths {WIDTHS}, layers {LAYERS}")
-    state = State()
-    for i, tok in enumerate(program.actions):
-        name, arg = tok.partition("=")[0], tok.partition("=")[2]
-        if name not in BY_NAME:
-            out.append(f"action {i} {tok!r}: no action {name!r}; actions: {', '.join(BY_NAME)}")
-            break
-        a = BY_NAME[name]
-        arg = arg or a.args[0]
-        if arg not in a.args:
-            out.append(f"action {i} {tok!r}: {name} takes {', '.join(a.args)}")
-            break
-        if not a.enabled(state, program.layout, arg):
-            out.append(f"action {i} {tok!r}: not where a loop makes it (state {state})")
-            break
-        state = a.effect(state, arg)
-    if not out and state.unsynced:
-        out.append("ends inside a no-sync accumulation (its gradients are never reduced)")
-    return out
-
-
-def valid(program: Program) -> bool:
-    return not check(program)
-
 
 def draw(seed: str, index: int, layouts: tuple[str, ...] = tuple(LAYOUTS)) -> Program:
     """Program `index` of `seed`: layout, size and optimizer, then actions drawn by weight
@@ -213,52 +122,6 @@ def smaller(program: Program) -> list[Program]:
     return [p for _, p in simplifications(program)]
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """What one program did (read off its Result)."""
-
-    program: Program
-    outcome: str
-    signature: str | None = None
-    seconds: float = 0.0
-    known_issue: str | None = None
-    message: str = ""
-    test_id: str = ""
-    kind: str | None = None
-    near_miss: str | None = None
-    """A known issue whose signature this failure has, though its test pattern does not cover programs."""
-
-    @property
-    def key(self) -> str:
-        return self.program.text
-
-    @property
-    def failed(self) -> bool:
-        return self.outcome in FAILED
-
-
-@dataclass
-class Find:
-    found: Outcome
-    shrunk: Outcome
-    steps: list[str] = field(default_factory=list)
-    complete: bool = True
-    stopped: str = ""
-    seconds: float = 0.0
-
-
-@dataclass
-class Report:
-    tried: list[Outcome] = field(default_factory=list)
-    drawn: list[str] = field(default_factory=list)
-    finds: list[Find] = field(default_factory=list)
-    repeats: dict[str, str] = field(default_factory=dict)
-    known: list[Outcome] = field(default_factory=list)
-    """Failures a known issue explains, by its test pattern or (near miss) by its signature alone."""
-    slow: list[Outcome] = field(default_factory=list)
-    shrink_s: float = 0.0
-
-
 RunBatch = Callable[[list[Program]], list[Outcome]]
 
 
@@ -304,6 +167,7 @@ class ProgramFuzzer:
         todo = [p for p in programs if p.text not in self.cache]
         if todo:
             for outcome in self.run_batch(todo):
+                outcome = outcome if outcome.key else replace(outcome, key=outcome.case.text)
                 self.cache[outcome.key] = outcome
                 self.report.tried.append(outcome)
         missing = [p.text for p in programs if p.text not in self.cache]
@@ -312,21 +176,9 @@ class ProgramFuzzer:
         return [self.cache[p.text] for p in programs]
 
     def _found(self, outcome: Outcome) -> None:
-        if outcome.kind == "timeout":
-            self.report.slow.append(outcome)
-            self.log(f"  timed out, not shrunk: {outcome.key}")
+        find = self.report.take(outcome, self.log)
+        if find is None:
             return
-        if outcome.known_issue or outcome.near_miss:
-            self.report.known.append(outcome)
-            self.log(f"  known issue {outcome.known_issue or outcome.near_miss}"
-                     f"{' (near miss: its signature)' if not outcome.known_issue else ''}: {outcome.key}")
-            return
-        for find in self.report.finds:
-            if find.found.signature == outcome.signature:
-                self.report.repeats[outcome.key] = find.found.key
-                return
-        find = Find(outcome, outcome)
-        self.report.finds.append(find)
         if self.shrink:
             started = self.clock()
             try:
@@ -344,9 +196,14 @@ class ProgramFuzzer:
         limit = min(self.shrink_limit_s, 0.5 * self.budget_s)
         start = self.clock()
         combo: Program | None = None
+        rounds = 0
         self.log(f"  shrinking {current.key} ({signature})")
         while True:
-            candidates = simplifications(current.program)
+            if find.near_miss and rounds >= 1:
+                find.complete, find.stopped = False, f"a near miss of {find.near_miss}: one round only"
+                break
+            rounds += 1
+            candidates = simplifications(current.case)
             programs = [p for _, p in candidates]
             if combo is not None and valid(combo) and combo.text not in self.cache:
                 programs = [combo] + [p for p in programs if p.text != combo.text]
@@ -364,7 +221,7 @@ class ProgramFuzzer:
             keeper = keepers[0]
             by_text = {p.text: e for e, p in candidates}
             kept = [by_text[o.key] for o in keepers if o.key in by_text]
-            combo = sum(kept[1:], kept[0]).apply(current.program) if len(kept) > 1 else None
+            combo = sum(kept[1:], kept[0]).apply(current.case) if len(kept) > 1 else None
             find.steps.append(keeper.key)
             self.log(f"  shrunk to {keeper.key}")
             current = keeper

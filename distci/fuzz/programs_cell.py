@@ -6,7 +6,8 @@ each batch is one pytest session of suites/generators/programs_entry.py, so ever
 is an ordinary Result in the one run directory (cell, stack, error signature, known-issue
 match) and ingest, verdicts, the gate and the dashboard treat a find like any failure.
 A failure whose signature a registered known issue explains, though the entry's test
-pattern does not cover programs, is reported as that entry (a near miss), never as new.
+pattern does not cover programs, is that entry's near miss (Registry.near_misses, read in
+distci.fuzz.records.outcome_of): named, shrunk one round, never counted as new.
 
 Exit code: 1 when the run found a failure no known issue explains, 3 when the cell's
 environment never came up, else 0.
@@ -16,16 +17,16 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import time
 from pathlib import Path
-from typing import Any, Callable
 
 from distci.rundir import RunDir, now as _now
 
-from .programs import (ENTRY_TEST, PROGRAMS_ENV, TEST_NAME, Find, Outcome, Program, ProgramFuzzer, Report,
-                       first_action)
+from distci.training_program import ENTRY_TEST, PROGRAMS_ENV, TEST_NAME, Program
+
+from .programs import ProgramFuzzer, first_action
+from .records import Find, Outcome, Report
 
 FUZZ_DIR = "fuzz"
 
@@ -39,67 +40,15 @@ def repro(cell_id: str, program: Program, plant: str = "") -> str:
     return f"{env}nox -s dist_tests -- --cell {cell_id} --test {shlex.quote(test_id(program))}"
 
 
-JUDGE_WORDS = re.compile(r"SQNR|max [|]diff[|]|vs reference|^step |gradient$")
-"""What the suites' own judges write about any numeric difference: an entry whose signature
-matches only these says nothing about which bug it is (its test patterns did that)."""
-
-
-def near_miss(registry: Any, signature: str | None, message: str, stack: dict[str, Any]) -> str | None:
-    """The registered known issues whose signature names this failure's bug on this stack,
-    whatever tests their patterns name (a program is no table row, yet the same bug). Read
-    off the signature (the failure's first line) only, and only where the entry's match is
-    more than a judge's generic words."""
-    if registry is None or not signature:
-        return None
-    ids = [e.id for e in registry.entries if e.applies_to(stack)
-           and any(not JUDGE_WORDS.search(m.group(0)) for m in e.signature.finditer(signature))]
-    return ",".join(ids) or None
-
-
-class ProgramBatches:
-    """Runs a batch of programs as one pytest session in the started run; returns their Outcomes."""
-
-    def __init__(self, cell, python: Path, info, run_dir: Path, extra_args: list[str], registry: Any,
-                 log: Callable[[str], Any]) -> None:
-        self.cell, self.python, self.info, self.run_dir = cell, python, info, run_dir
-        self.extra_args, self.registry, self.log = extra_args, registry, log
-        self.batches = 0
-        self.stack: dict[str, Any] = {}
-        (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
-
-    def __call__(self, programs: list[Program]) -> list[Outcome]:
-        from distci.fuzz.command import run_cases
-
-        self.batches += 1
-        self.log(f"batch {self.batches}: {len(programs)} program(s)")
-        by_id = run_cases(self.cell, self.python, self.info, self.run_dir, entry_test=ENTRY_TEST, env_var=PROGRAMS_ENV,
-                          batch=self.run_dir / FUZZ_DIR / f"programs-{self.batches:03d}.json",
-                          cases=[p.text for p in programs], extra_args=self.extra_args)
-        out = []
-        for p in programs:
-            r = by_id.get(test_id(p))
-            if r is None:
-                o = Outcome(p, "infra", message="no result recorded (see pytest.log)")
-            else:
-                self.stack = self.stack or r.stack
-                o = Outcome(p, r.outcome, r.error_signature, r.duration_s, r.known_issue, r.message[:4000],
-                            r.test_id, r.failure_kind)
-                if o.failed and not o.known_issue:
-                    o = Outcome(**{**o.__dict__, "near_miss": near_miss(self.registry, o.signature, r.message,
-                                                                          r.stack)})
-            self.log(f"  {o.outcome.upper():7s} {o.seconds:5.1f}s {p.text}"
-                     + (f"\n      {o.signature}" if o.failed else ""))
-            out.append(o)
-        return out
-
-
 def find_lines(cell_id: str, find: Find, plant: str = "") -> list[str]:
     s = find.shrunk
     state = "shrunk" if find.complete else f"shrunk so far, not minimal ({find.stopped})"
     return [f"find: {s.signature}",
+            *([f"  near miss of {find.near_miss} (its signature names that bug; its tests do not name programs)"]
+              if find.near_miss else []),
             f"  found as {find.found.key}, {state} to {s.key} in {len(find.steps)} step(s), {find.seconds:.0f} s",
-            f"  first diverging action: {first_action(s.message) or '?'}",
-            f"  repro:  {repro(cell_id, s.program, plant)}"]
+            f"  where:  {s.first_divergence or '?'}",
+            f"  repro:  {repro(cell_id, s.case, plant)}"]
 
 
 def report_json(cell_id: str, seed: str, budget_s: float, stack: dict, report: Report, seconds: float) -> dict:
@@ -109,23 +58,34 @@ def report_json(cell_id: str, seed: str, budget_s: float, stack: dict, report: R
     return {"generator": "programs", "cell": cell_id, "seed": seed, "budget_s": budget_s, "wall_s": seconds,
             "stack": stack, "drawn": report.drawn, "tried": [outcome(o) for o in report.tried],
             "finds": [{"found": f.found.key, "shrunk": outcome(f.shrunk), "steps": f.steps, "complete": f.complete,
-                       "stopped": f.stopped, "seconds": f.seconds} for f in report.finds],
+                       "stopped": f.stopped, "seconds": f.seconds, "near_miss": f.near_miss} for f in report.finds],
             "known": [outcome(o) for o in report.known], "repeats": report.repeats, "shrink_s": report.shrink_s,
             "slow": [o.key for o in report.slow]}
+
+
+def render(cell_id: str, seed: str, budget_s: float, stack: dict, report: Report, started: str, command: str,
+           plant: str) -> str:
+    """The run's markdown (`--report`): inputs, every program tried, every find with where it
+    diverged and its classification."""
+    from distci.fuzz.report import generator_report
+
+    return generator_report("Programs fuzz run", "program", cell_id, seed, budget_s, stack, report, started, command,
+                            lambda find: find_lines(cell_id, find, plant))
 
 
 def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | None = None, batch_size: int = 8,
                        shrink: bool = True, python: str | None = None, runs_root: Path = Path(".distci/runs"),
                        replay: str | None = None, known_issues: str | None = None, layouts: tuple[str, ...] = (),
-                       shrink_limit_s: float | None = None, command: str = "", log=print) -> int:
+                       shrink_limit_s: float | None = None, report_path: Path | None = None, command: str = "",
+                       log=print) -> int:
     """Fuzz one cell with training programs; returns the exit code (module docstring)."""
     from distci.errors import FuzzSpecError
+    from distci.fuzz.command import CaseBatches
     from distci.known_issues import load_registry
     from distci.run.cellrun import REPO, start_provisioned
     from distci.run.terminal import EXIT_INFRA
 
-    from .program_actions import LAYOUTS
-    from .programs import ProgramError, parse
+    from distci.training_program import LAYOUTS, ProgramError, parse
 
     bad = [x for x in layouts if x not in LAYOUTS]
     if bad:
@@ -141,12 +101,14 @@ def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | 
     path = Path(known_issues) if known_issues else REPO / "suites" / "known_issues.toml"
     registry = load_registry(path) if path.exists() else None
     extra = [f"--distci-known-issues={path}"] if path.exists() else []
-    runner = ProgramBatches(cell, Path(env.python), info, run_dir, extra + ["--distci-reruns=0"], registry, log)
+    runner = CaseBatches(cell, Path(env.python), info, run_dir, extra + ["--distci-reruns=0"], registry, log,
+                         entry_test=ENTRY_TEST, test_name=TEST_NAME, env_var=PROGRAMS_ENV, noun="program",
+                         key=lambda p: p.text, message_chars=4000)
     started = time.monotonic()
     plant = os.environ.get("DISTCI_PROGRAMS_PLANT", "")
     if replayed is not None:
         report = Report(tried=runner([replayed]), drawn=[replayed.text])
-        new = [o for o in report.tried if o.failed and not o.known_issue and not o.near_miss]
+        new = [o for o in report.tried if o.failed and report.file(o) is None and not o.near_miss]
     else:
         log(f"fuzz programs {cell.id}: seed {seed}, budget {budget_s:.0f}s"
             + (f", at most {max_programs} programs" if max_programs else ""))
@@ -154,20 +116,25 @@ def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | 
                                shrink=shrink, layouts=tuple(layouts) or tuple(LAYOUTS), log=log,
                                shrink_limit_s=shrink_limit_s if shrink_limit_s is not None else 900.0)
         report = fuzzer.run()
-        new = report.finds
+        new = report.new
         for find in report.finds:
             for line in find_lines(cell.id, find, plant):
                 log(line)
     seconds = time.monotonic() - started
     (run_dir / FUZZ_DIR / "report.json").write_text(
         json.dumps(report_json(cell.id, seed, budget_s, runner.stack, report, seconds), indent=1, default=str))
+    if report_path:
+        Path(report_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(report_path).write_text(render(cell.id, seed, budget_s, runner.stack, report, _now(), command, plant))
+        log(f"report: {report_path}")
     code = 1 if new else 0
     info.ended_at, info.exit_code = _now(), code
     RunDir(run_dir).write_info(info)
     RunDir(run_dir).write_junit(cell.id)
     rate = 3600 * len(report.tried) / seconds if seconds else 0.0
     log(f"fuzz programs {cell.id}: {len(report.tried)} program(s) in {seconds:.0f} s ({rate:.0f}/h), "
-        f"{len(new)} new find(s), {len(report.known)} known issue(s), {len(report.slow)} timed out; run {run_dir}")
+        f"{len(new)} new find(s), {len(report.near_misses)} near miss(es), {len(report.known)} known issue(s), "
+        f"{len(report.slow)} timed out; run {run_dir}")
     return code
 
 
@@ -176,7 +143,8 @@ def run_generator(args, cell, seed: str, command: str) -> int:
     programs, or draw, run and shrink them on `cell`."""
     from distci.fuzz.command import parse_budget
 
-    from .program_actions import LAYOUTS
+    from distci.training_program import LAYOUTS
+
     from .programs import draw
 
     layouts = tuple(x for spec in args.layout for x in spec.split(",") if x)
@@ -187,6 +155,6 @@ def run_generator(args, cell, seed: str, command: str) -> int:
     return fuzz_programs_cell(cell, seed=seed, budget_s=parse_budget(args.budget), max_programs=args.max_configs,
                               batch_size=args.batch, shrink=not args.no_shrink, python=args.python,
                               runs_root=Path(args.runs_root), replay=args.replay, known_issues=args.known_issues,
-                              layouts=layouts, command=command,
+                              layouts=layouts, command=command, report_path=args.report,
                               shrink_limit_s=parse_budget(args.shrink_limit, "--shrink-limit")
                               if args.shrink_limit else None)

@@ -9,9 +9,9 @@ from collections import Counter
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from distci.fuzz.engine import Find, Outcome, Report
+from distci.fuzz.records import Find, Outcome, Report
 from distci.fuzz.space import Space
 
 
@@ -69,12 +69,12 @@ def find_lines(run: FuzzRun, find: Find) -> list[str]:
         f"find: {s.signature}",
         f"  found as {find.found.key}, {shrink_state(find)} to {s.key} in {len(find.steps)} step(s), "
         f"{find.seconds:.0f} s",
-        *([f"  known-issue signature: {find.known_like} (its test pattern does not cover this configuration)"]
-          if find.known_like else []),
-        f"  row:    {table_row(run.space, s.point)}",
+        *([f"  near miss of {find.near_miss} (its signature names that bug; its tests do not name this configuration)"]
+          if find.near_miss else []),
+        f"  row:    {table_row(run.space, s.case)}",
         f"  id:     {s.key}",
-        f"  repro:  {repro(run.space, run.cell_id, s.point, run.plant)}",
-        f"  replay: nox -s fuzz -- --cell {run.cell_id} --replay {shlex.quote(config_json(run.space, s.point))}",
+        f"  repro:  {repro(run.space, run.cell_id, s.case, run.plant)}",
+        f"  replay: nox -s fuzz -- --cell {run.cell_id} --replay {shlex.quote(config_json(run.space, s.case))}",
     ]
 
 
@@ -86,11 +86,32 @@ def stack_line(stack: dict[str, Any]) -> str:
 def classification(find: Find) -> str:
     """A find's classification line as the run can say it: a registered entry's near miss when
     one explains the signature (never a new bug to file), else new, with the triage it needs."""
-    if find.known_like:
-        return (f"near miss of registered {find.known_like}: its signature, on a configuration outside the "
+    if find.near_miss:
+        return (f"near miss of registered {find.near_miss}: its signature, on a case outside the "
                 "entry's tests (widen the entry's tests when the cause is the same; not filed as new)")
     return ("new: no registered entry explains it; triage it as a known issue, a new upstream bug "
             "(repro in suites/regressions/, entry, draft under reports/) or a distci bug (fixed)")
+
+
+def generator_report(title: str, noun: str, cell_id: str, seed: str, budget_s: float, stack: dict[str, Any],
+                     report: Report, started: str, command: str, lines_of: Callable[[Find], list[str]]) -> str:
+    """The markdown of a programs or models run (`noun`: what a case is): inputs, every find
+    with its lines (`lines_of`: the generator's own, where it diverged and its repro) and its
+    classification, every case tried."""
+    lines = [f"# {title}: {cell_id}, seed {seed}", "", f"- date: {started}", f"- command: `{command}`",
+             f"- stack: {stack_line(stack)}", f"- budget: {budget_s:.0f} s; {noun}s tried: {len(report.tried)} "
+             f"({len(report.drawn)} drawn)", "", "## Finds", ""]
+    if not report.finds and not report.known and not report.slow:
+        lines.append(f"None: every {noun} passed.")
+    for n, find in enumerate(report.finds, 1):
+        lines += [f"### {n}. `{find.shrunk.signature}`", "", "```", *lines_of(find), "```", "",
+                  f"Classification: {classification(find)}", ""]
+    lines += [f"- known issue `{o.known_issue}`: `{o.key}` ({o.signature})" for o in report.known]
+    lines += [f"- timed out, not shrunk: `{o.key}` ({o.seconds:.0f} s)" for o in report.slow]
+    lines += ["", f"## Every {noun}", "", f"| {noun} | outcome | seconds |", "|---|---|---|"]
+    lines += [f"| `{o.key}` | {o.outcome}{' (' + o.known_issue + ')' if o.known_issue else ''} | {o.seconds:.1f} |"
+              for o in report.tried]
+    return "\n".join(lines) + "\n"
 
 
 def render_report(run: FuzzRun, report: Report, started: str, command: str) -> str:
@@ -138,7 +159,7 @@ def coverage(space: Space, tried: list[Outcome]) -> tuple[Counter, set, int]:
     values: Counter = Counter()
     pairs: set = set()
     for o in tried:
-        full = space.complete(o.point)
+        full = space.complete(o.case)
         for a in space.axes:
             values[(a.name, full[a.name])] += 1
         names = [a.name for a in space.axes]

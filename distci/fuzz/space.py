@@ -25,17 +25,19 @@ Point = Mapping[str, Any]
 CELL_SIDE = "suites.space"
 
 
-def cell_side(root: Path | str | None = None) -> Any:
-    """The cell side's space module (suites/space.py) of the checkout at `root` (default:
-    the working directory, where `distci fuzz` runs its suites from). Importable without
-    torch. A checkout without it is a ValueError naming the root."""
+def cell_side(root: Path | str | None = None, module: str = CELL_SIDE) -> Any:
+    """A cell-side declaration module (default: the scenario space, suites/space.py) of the
+    checkout at `root` (default: the working directory, where `distci fuzz` runs its suites
+    from), loaded by name: the package never imports suites/ (it is not in the wheel).
+    Importable without torch. A checkout without it is a ValueError naming the root."""
     root = Path(root or Path.cwd()).resolve()
-    if not (root / "suites" / "space.py").is_file():
-        raise ValueError(f"no suites/space.py under {root}: distci fuzz draws over the checkout's scenario "
-                         "table; run it from the checkout whose suites the cells run")
+    path = Path(*module.split(".")).with_suffix(".py")
+    if not (root / path).is_file():
+        raise ValueError(f"no {path.as_posix()} under {root}: distci fuzz draws over the checkout's cell side; "
+                         "run it from the checkout whose suites the cells run")
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
-    return importlib.import_module(CELL_SIDE)
+    return importlib.import_module(module)
 
 
 @dataclass(frozen=True)

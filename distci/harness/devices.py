@@ -39,6 +39,33 @@ class DeviceKind:
         probe = getattr(getattr(sys.modules["torch"], self.module, None), "is_initialized", None)
         return bool(probe()) if callable(probe) else False
 
+    def fork_poisoned(self) -> bool:
+        """Would a fork of this process be unable to use the device? `initialized()` does not
+        see every way: `torch.cuda.is_available()` and `device_count()` start the driver and
+        mark the process's future forks "bad" without a lazy init, so `is_initialized()` stays
+        False while every forked rank fails with "Cannot re-initialize CUDA in forked
+        subprocess" (seen on an H100 when a template imported inductor ahead). Asked of a
+        child forked for the purpose: torch's at-fork hook has marked it or not. False for cpu
+        and for a device whose module was never imported."""
+        import sys
+
+        if self.module is None or "torch" not in sys.modules:
+            return False
+        if self.import_first and self.import_first not in sys.modules:
+            return False
+        bad = getattr(getattr(sys.modules["torch"], self.module, None), "_is_in_bad_fork", None)
+        if not callable(bad):
+            return False
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child only answers
+            try:
+                code = 1 if bad() else 0
+            except BaseException:  # noqa: BLE001 - an answer the parent reads as "not known"
+                code = 2
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status) == 1
+
     def count(self) -> int:
         mod = self.device_module()
         if mod is None:

@@ -73,11 +73,15 @@ def import_ahead(modules: Iterable[str], initialized: Callable[[], bool], skip: 
 
 def newly_imported(before: frozenset[str]) -> list[str]:
     """The library modules (LEARNED_PREFIXES) imported since `before` was taken, for the
-    template to import ahead of the next test."""
+    template to import ahead of the next test, in the order the test imported them
+    (sys.modules keeps it): the first usually imports the rest as the test's import did,
+    where an alphabetical order imports a submodule before the package that breaks its
+    import cycle ("cannot import name ... from partially initialized module", seen with
+    inductor's codegen and kernel modules)."""
     found = []
     for name in list(sys.modules):
         if name in before or not name.startswith(LEARNED_PREFIXES) or name.startswith(NOT_LEARNED):
             continue
         if name.split(".")[0] in LEARNED_PREFIXES:
             found.append(name)
-    return sorted(found)
+    return found

@@ -153,12 +153,20 @@ def _import_ahead(args: argparse.Namespace, state: WarmState, modules: list[str]
     _add_path(state.sys_path)
     kind = device_kind(args.device_type)
     warmed = import_ahead(modules, kind.initialized, skip=state.skip)
-    state.modules += [m for m in warmed.imported if m not in state.modules]
     for name, error in warmed.failed.items():
         print(f"distci: the worker could not import {name} ahead ({error}); its tests import it", flush=True)
     if warmed.poisoned == BEFORE_ANY:
         raise RuntimeError(f"{kind.name} was initialized in the rank template before it imported anything ahead "
                            "(by torch's import, a fix or a plugin): it cannot fork ranks that use the device")
+    if warmed.poisoned is None and warmed.imported and kind.fork_poisoned():
+        # Started without a lazy init (is_available(), device_count()): which module did it is
+        # not known, so none of this batch is imported ahead again.
+        state.skip += [m for m in warmed.imported if m not in state.skip]
+        print(f"distci: importing {len(warmed.imported)} module(s) ahead ({', '.join(warmed.imported[:3])}, ...) "
+              f"started {kind.name} in the rank template, which could then no longer fork ranks that use it; the "
+              "template is replaced by a fresh one that leaves them to the tests that import them", flush=True)
+        return True
+    state.modules += [m for m in warmed.imported if m not in state.modules]
     if warmed.poisoned is None:
         return False
     state.skip.append(warmed.poisoned)

@@ -1,18 +1,23 @@
 """The daemon connection and the base images cell images build FROM.
 
 By default a family builds FROM a maintained public image, pinned by digest in
-`PUBLIC_BASES` (the one table of them), so a self-hosted runner needs nothing but
-Docker and the docker group. A runner overrides it with DISTCI_<FAMILY>_BASE_IMAGE or
-DISTCI_BASE_IMAGE (any image with python3 + venv + headers and gcc). The value `local`
-selects the air-gapped fallback: a Debian base made once per machine by
-docker/base/make-base.sh (debootstrap + docker import, no registry), tagged under the
-public name so the build takes the same path as with the pulled image; this is what
-distci's own tests use, since nothing can be pulled there.
+docker/bases.toml (`PUBLIC_BASES`, the one declaration of them; docs/runners.md's
+pre-pull table shows the same file), so a self-hosted runner needs nothing but Docker
+and the docker group. A base the file gives no digest is refused at build time, with
+the command that pins it, unless the runner names a base of its own or opts out
+(DISTCI_ALLOW_UNPINNED_BASE=1): an unpinned tag builds from whatever it points at today.
+A runner overrides the base with DISTCI_<FAMILY>_BASE_IMAGE or DISTCI_BASE_IMAGE (any
+image with python3 + venv + headers and gcc). The value `local` selects the air-gapped
+fallback: a Debian base made once per machine by docker/base/make-base.sh (debootstrap +
+docker import, no registry) under a distci-owned tag, never under the public name: the
+daemon is shared, and another team's `FROM python:3.11-bookworm` must keep getting
+Python's image. This is what distci's own tests use, since nothing can be pulled there.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from distci import tomlloc
 from distci.errors import ConfigError, InfraError
 from distci.provision.selfwheels import REPO
 from distci.provision.files import sha256_file
@@ -35,12 +41,16 @@ BUILD_TIMEOUT_S = 3600
 LOCAL = "local"
 
 
+BASES_FILE = DOCKER_DIR / "bases.toml"
+UNPINNED_OPT_OUT = "DISTCI_ALLOW_UNPINNED_BASE"
+
+
 @dataclass(frozen=True)
 class PublicBase:
-    """A maintained public image a family builds FROM, for one Python."""
+    """A maintained public image a family builds FROM, for one Python (an entry of docker/bases.toml)."""
 
-    name: str            # repository:tag, what the local fallback is tagged as
-    digest: str | None   # sha256:..., the pin; None where no digest could be verified
+    name: str            # repository:tag, what the daemon pulls
+    digest: str | None   # sha256:..., the pin; None where no digest has been verified
     why: str
     prepare: tuple[str, ...] = ()
     """Distribution packages the image lacks for a cell build (NVIDIA's CUDA runtime images
@@ -52,32 +62,43 @@ class PublicBase:
         return f"{self.name}@{self.digest}" if self.digest else self.name
 
 
-# (family, python) -> base. CPU: a full python image, not -slim: Inductor compiles C++ on
-# CPU and Triton compiles its launchers in C, and an offline build cannot apt-get a
-# compiler. CUDA: NVIDIA's CUDA runtime image (Ubuntu 24.04, so Python 3.12: the CUDA
-# cells' Python), which sets up what the NVIDIA container toolkit expects; it has neither
-# Python nor gcc, which `prepare` adds once. PyPI's CUDA wheels bring their own CUDA
-# libraries (nvidia-* wheels); the driver comes from the host. A CUDA cell pinned to
-# Python 3.11 builds FROM the python image instead. NPU: Ascend's CANN image with the
-# CANN that torch_npu's compatibility table pairs with the cell's torch_npu (npu.py).
-# Digests are the multi-arch index digests of the tags (`docker buildx imagetools
-# inspect NAME` prints them); a runner that mirrors images overrides them (BASE_VARS).
-PUBLIC_BASES: dict[tuple[str, str], PublicBase] = {
-    ("cpu", "3.11"): PublicBase(
-        "python:3.11-bookworm", "sha256:a8f8fbe1a0edc9e4dddafa64ba73f7e04be7be5ebc23f332362e779e0a2e4e52",
-        "Debian bookworm + CPython 3.11 with gcc/g++ and headers"),
-    ("cuda", "3.12"): PublicBase(
-        "nvidia/cuda:13.0.1-runtime-ubuntu24.04",
-        "sha256:c3fde347d52d578c84fd644bc177bc7ec333feaf11550d990da4084d7612e4c7",
-        "NVIDIA's CUDA 13.0 runtime on Ubuntu 24.04; Python 3.12 and gcc added once (prepare)",
-        prepare=("python3", "python3-venv", "python3-dev", "gcc", "g++", "ca-certificates")),
-    ("cuda", "3.11"): PublicBase(
-        "python:3.11-bookworm", "sha256:a8f8fbe1a0edc9e4dddafa64ba73f7e04be7be5ebc23f332362e779e0a2e4e52",
-        "CPython 3.11 + gcc; CUDA runtime from the torch wheels, driver from the host"),
-    ("npu", "3.11"): PublicBase(
-        "ascendai/cann:9.2.0-910b-ubuntu22.04-py3.11", None,
-        "CANN 9.2.0 (torch_npu 2.13.0 / 2.14.0); set DISTCI_NPU_BASE_IMAGE to a digest-pinned ref"),
-}
+BASE_KEYS = {"family": str, "python": str, "image": str, "digest": str, "why": str, "prepare": list}
+REQUIRED_BASE_KEYS = ("family", "python", "image", "why")
+
+
+def load_bases(path: Path = BASES_FILE) -> dict[tuple[str, str], PublicBase]:
+    """docker/bases.toml as (family, python) -> PublicBase; a bad entry is a ConfigError at its file:line."""
+    data, locator = tomlloc.read(path, kind=ConfigError, max_bytes=64_000,
+                                 missing="it is part of distci's checkout (docker/bases.toml)")
+    bases: dict[tuple[str, str], PublicBase] = {}
+    entries = data.get("base")
+    if set(data) - {"base"} or not isinstance(entries, list) or not entries:
+        raise ConfigError("expected only [[base]] entries", where=str(path))
+    for i, entry in enumerate(entries):
+        def bad(message: str, key: str | None = None) -> ConfigError:
+            return ConfigError(f"[[base]] #{i + 1}: {message}", where=locator.where(locator.entry_line("base", i, key)))
+
+        for key, value in entry.items():
+            if key not in BASE_KEYS:
+                raise bad(f"unknown key {key!r}{tomlloc.suggest(key, BASE_KEYS)}", key)
+            if not isinstance(value, BASE_KEYS[key]) or (key == "prepare" and not all(isinstance(p, str) for p in value)):
+                raise bad(f"{key} must be a {BASE_KEYS[key].__name__}" + (" of strings" if key == "prepare" else ""), key)
+        missing = [k for k in REQUIRED_BASE_KEYS if k not in entry]
+        if missing:
+            raise bad(f"missing {', '.join(missing)}")
+        if entry["family"] not in FAMILIES:
+            raise bad(f"family {entry['family']!r} is not one of {', '.join(FAMILIES)}", "family")
+        if "digest" in entry and not re.fullmatch(r"sha256:[0-9a-f]{64}", entry["digest"]):
+            raise bad(f"digest {entry['digest']!r} is not sha256:<64 hex digits> (leave it out where none is known)",
+                      "digest")
+        key = (entry["family"], entry["python"])
+        if key in bases:
+            raise bad(f"a second base for {key[0]} with Python {key[1]}", "python")
+        bases[key] = PublicBase(entry["image"], entry.get("digest"), entry["why"], tuple(entry.get("prepare", ())))
+    return bases
+
+
+PUBLIC_BASES: dict[tuple[str, str], PublicBase] = load_bases()
 BASE_VARS = {"cpu": ("DISTCI_CPU_BASE_IMAGE", "DISTCI_BASE_IMAGE"),
              "cuda": ("DISTCI_CUDA_BASE_IMAGE", "DISTCI_BASE_IMAGE"),
              "npu": ("DISTCI_NPU_BASE_IMAGE",)}
@@ -134,24 +155,49 @@ def configured_base(family: str) -> str | None:
 def resolve_base(family: str, python: str, client, *, log: Log = print) -> str:
     """The image reference the family's Dockerfile builds FROM on this runner.
 
-    `local` makes (once) the debootstrap base and tags it under the public name, so the
-    rest of the build cannot tell it from the pulled image.
+    `local` makes (once) the debootstrap base and builds FROM its own tag
+    (`distci/base:bookworm-<recipe hash>`); a public name an older distci gave it on this
+    daemon is taken back (public_alias_dropped).
     """
     chosen = configured_base(family)
     if chosen and chosen != LOCAL:
         return chosen
     public = public_base(family, python)
     if chosen != LOCAL:
+        check_pinned(family, public)
         return ensure_prepared(client, public.ref, public.prepare, log=log) if public.prepare else public.ref
     if family == "npu":
         raise ConfigError("DISTCI_NPU_BASE_IMAGE=local: there is no air-gapped CANN base; "
                           "load Ascend's CANN image into the daemon and name it")
     made = ensure_local_base(client, log=log)
-    image = client.images.get(made)
-    repository, _, tag = public.name.rpartition(":")
-    if public.name not in (image.tags or []):
-        image.tag(repository, tag)
-    return ensure_prepared(client, public.name, public.prepare, log=log) if public.prepare else public.name
+    if public_alias_dropped(client, public.name, made):
+        log(f"base image {public.name}: untagged on this daemon (an older distci had given that name to {made}; "
+            f"`docker pull {public.ref}` brings Python's image back)")
+    return ensure_prepared(client, made, public.prepare, log=log) if public.prepare else made
+
+
+def check_pinned(family: str, base: PublicBase) -> None:
+    """A public base with no digest in docker/bases.toml is refused (one line: the command that
+    pins it, and the opt-out), unless DISTCI_ALLOW_UNPINNED_BASE=1: a tag alone builds from
+    whatever the registry serves that day, so two nights of one cell could differ unseen."""
+    if base.digest or os.environ.get(UNPINNED_OPT_OUT, "").strip() == "1":
+        return
+    repository = base.name.rsplit(":", 1)[0]
+    raise ConfigError(f"base image {base.name} is not pinned by digest (docker/bases.toml has none): print its "
+                      f"digest with `docker buildx imagetools inspect {base.name}` (or `crane digest {base.name}`) "
+                      f"and set {BASE_VARS[family][0]}={repository}@sha256:<digest>, or set {UNPINNED_OPT_OUT}=1 "
+                      f"to build FROM the tag as it is")
+
+
+def public_alias_dropped(client, public_name: str, local_tag: str) -> bool:
+    """Remove `public_name` from this daemon when it names the local base (what distci did
+    before its tag was private); True when it did. A pulled image of that name is left alone."""
+    if client is None or not image_exists(client, public_name) or not image_exists(client, local_tag):
+        return False
+    if client.images.get(public_name).id != client.images.get(local_tag).id:
+        return False
+    client.images.remove(public_name, noprune=True)  # the image keeps its distci tag: only the name goes
+    return True
 
 
 PREPARE_RECIPE = DOCKER_DIR / "base" / "prepare.Dockerfile"

@@ -26,7 +26,7 @@ def _cmd_images(args: argparse.Namespace) -> int:
     from distci.matrix import load_matrix
 
     matrix = load_matrix(args.matrix)
-    cells = matrix.select(cell_ids=args.cell or None, tier=args.tier if not args.cell else None)
+    cells = matrix.select(cell_ids=args.cell or None, tier=None if args.cell else (args.tier or "pr"))
     client = connect()
     table = Table(title="distci images")
     for col in ("cell", "tag", "image id", "built", "time"):
@@ -48,9 +48,9 @@ def _cmd_images(args: argparse.Namespace) -> int:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("images", help="build the cells' images (docker/<family>/Dockerfile) with the Docker SDK")
-    which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--cell", action="append", help="cell id (repeatable, globs allowed)")
-    which.add_argument("--tier", help="every cell of this tier")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--cell", action="append", help="cell id (repeatable, globs allowed); default: the --tier's cells")
+    which.add_argument("--tier", help="every cell of this tier (default: pr, as `distci run`)")
     p.add_argument("--force", action="store_true", help="build even when the tag exists (the layer cache still applies)")
     p.add_argument("--no-cache", action="store_true", help="build without the layer cache")
     p.set_defaults(fn=_cmd_images)

@@ -101,10 +101,10 @@ def plan_image(cell: Cell, client, *, log: Log = print) -> ImagePlan:
     """Resolve a cell's stack and hash every input of its image into its tag."""
     family = family_of(cell)
     python, target = wheel_target(cell)
+    base = resolve_base(family, cell.python, client, log=log)  # before any index is read: an unpinned base stops here
     tags = target.tags() if target else interpreter_tags(python)
     _, requirements, pip_args = stack_inputs(cell, python=python,
                                              tags=target.packaging_tags() if target else None)
-    base = resolve_base(family, cell.python, client, log=log)
     base_id = client.images.get(base).id if image_exists(client, base) else None
     inputs = {
         "schema": 1,

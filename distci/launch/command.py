@@ -2,8 +2,9 @@
 
 - `hosts-teardown`: remove simulated hosts a killed run left (namespaces named `distci-*`);
 - `cluster-check --nodes N [--ranks-per-node M]`: the placement check on N simulated hosts;
-- `trainjob --cell ID --image TAG [--submit]`: a cell's Kubernetes TrainJob (validated; JSON);
-- `sbatch-script --cell ID`: a cell's Slurm batch script (`distci run` under DISTCI_HOSTS=slurm).
+- `trainjob [--cell ID] --image TAG [--submit]`: a cell's Kubernetes TrainJob (validated; JSON);
+- `sbatch-script [--cell ID]`: a cell's Slurm batch script (`distci run` under DISTCI_HOSTS=slurm).
+A command given no --cell takes the matrix's default multi-node cell (Matrix.default_cell).
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ def add_parser(sub) -> None:
     p.add_argument("--ranks-per-node", type=int, default=1)
     p.set_defaults(fn=_cmd_check)
     p = sub.add_parser("trainjob", help="print a multi-node cell's Kubernetes TrainJob (validated), or --submit it")
-    p.add_argument("--cell", required=True)
+    p.add_argument("--cell", default=None, help="the multi-node cell (default: the matrix's first, CPU first)")
     p.add_argument("--image", required=True, help="the cell's image (nox -s images -- --cell ID)")
     p.add_argument("--namespace", default="default")
     p.add_argument("--submit", action="store_true", help="create it with the kubernetes client and wait for it")
     p.set_defaults(fn=_cmd_trainjob)
     p = sub.add_parser("sbatch-script", help="print a multi-node cell's Slurm batch script")
-    p.add_argument("--cell", required=True)
+    p.add_argument("--cell", default=None, help="the multi-node cell (default: the matrix's first, CPU first)")
     p.add_argument("--tier", default="pr")
     p.add_argument("--workdir", default=".", help="the checkout on the cluster's shared filesystem")
     p.set_defaults(fn=_cmd_sbatch)
@@ -63,7 +64,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _cell(args: argparse.Namespace):
     from distci.matrix import load_matrix
 
-    return load_matrix(args.matrix).cell(args.cell)
+    matrix = load_matrix(args.matrix)
+    return matrix.cell(args.cell) if args.cell else matrix.default_cell(multi_node=True)
 
 
 def _cmd_trainjob(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ import re
 import time
 from typing import Any
 
+from distci.errors import DistciError
 from distci.launch.topology import JOIN_TIMEOUT_S, RDZV_PORT
 
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
@@ -29,8 +30,9 @@ CHECK_PROGRAM = ("-m", "distci.launch.check")
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
-class ManifestError(ValueError):
-    """A generated manifest that the published schema rejects, or bad input to generate one."""
+class ManifestError(DistciError, ValueError):
+    """A generated manifest that the published schema rejects, or bad input to generate one
+    (a DistciError: the CLI prints it as one line, exit 2, never a traceback)."""
 
 
 def job_name(cell_id: str, run: str) -> str:

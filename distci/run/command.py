@@ -5,6 +5,7 @@ collaborators are built once from typed options (`RunOptions`), and `main` calls
 steps in order, each a function a reader or a test can take alone:
 
     select_cells     matrix.toml's cells for --cell / --tier, fixes mode applied
+    check_selection  -k / --test against the collected ids, where they are known without the cell
     resumed_runs     the runs --resume names, checked before anything is provisioned
     run_cells        each cell on its backend (venv: distci.run.cellrun; docker: distci.images)
     report           the summary table and any selection error, then the exit code
@@ -82,6 +83,16 @@ def check_registry(options: RunOptions) -> None:
         load_registry(registry)
 
 
+def check_selection(options: RunOptions, cells: Sequence[Cell]) -> None:
+    """A -k / --test that matches nothing fails here, in seconds, before anything is
+    provisioned, where the cell's ids can be collected without the cell (distci.run.precheck)."""
+    from distci.provision.envs import default_root
+    from distci.run.precheck import check_selection as check
+
+    check(cells, tests=options.tests, keyword=options.keyword, tier=options.test_tier, python=options.python,
+          env_root=default_root())
+
+
 def resumed_runs(options: RunOptions, cells: Sequence[Cell]) -> list[RunContents]:
     """The runs `--resume` names, checked before anything is provisioned: one cell's, on
     the venv backend (a container sees only its own run directory)."""
@@ -144,6 +155,7 @@ def main(options: RunOptions) -> tuple[int, list[CellRun]]:
     """The steps, in order: (the exit code, the runs)."""
     cells = select_cells(options)
     check_registry(options)
+    check_selection(options, cells)
     resume = resumed_runs(options, cells)
     runs = run_cells(options, cells, resume)
     code = report(runs)

@@ -71,7 +71,7 @@ def render(run_dirs: Path | Sequence[Path], *, title: str, command: str, notes: 
             lines += ["", f"{superseded} result(s) left out: a later run answered the same test (a rerun, or `--resume`)."]
     known = {id(r): result_known_issue(r, registry) for r in results}
     words = {id(r): _outcome(r, known[id(r)]) for r in results}
-    near = {id(r): registry.near_miss(r.test_id, r.error_signature or "", r.message, r.stack)
+    near = {id(r): registry.missed_by_stack(r.test_id, r.error_signature or "", r.message, r.stack)
             for r in results if registry is not None and words[id(r)] == "failed"}
     counts = Counter(words.values())
     total = sum(r.duration_s for r in results)

@@ -197,11 +197,18 @@ def result_line(r: Result, width: int | None = None) -> str:
 
 
 class ResultTail:
-    """New complete lines of a results.jsonl since the last call (the harness appends them)."""
+    """New complete lines of a results.jsonl since the last call (the harness appends them).
+
+    It starts where the file ends when it is made: a run directory may already hold the
+    results of earlier pytest sessions (a `--resume`, a fuzz run's sweeps and batches), and
+    those are neither this session's lines to print nor its progress to count ("5/2")."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.offset = 0
+        try:
+            self.offset = self.path.stat().st_size
+        except FileNotFoundError:
+            self.offset = 0
         self.count = 0
 
     def new(self) -> list[Result]:

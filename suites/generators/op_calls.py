@@ -1,6 +1,6 @@
 """How each op of the ops inventory is called: the same code on full tensors and on DTensors.
 
-One function per entry of distci/fuzz/op_inventory.py (whose `where` names the trainer code
+One function per entry of distci/op_inventory.py (whose `where` names the trainer code
 each call is written after). A function takes the case's inputs, its parameters and a
 Context (random tensors laid out like an input, for gradients an optimizer step needs) and
 returns a tuple of tensors: the op's outputs. Nothing here knows whether it runs on DTensors:

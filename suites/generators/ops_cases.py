@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from distci.fuzz.op_case import DTYPES, MESHES, OpCase
-from distci.fuzz.op_inventory import spec_of
+from distci.op_case import DTYPES, MESHES, OpCase
+from distci.op_inventory import spec_of
 from distci.results import error_signature
 
 from ..tolerances import ROUNDING, op_threshold

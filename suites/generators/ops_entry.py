@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from distci.fuzz.op_case import case_from_json, parse_case
+from distci.op_case import case_from_json, parse_case
 
 CASES_ENV = "DISTCI_OPS_CASES"
 CASE_ENV = "DISTCI_OPS_CASE"

@@ -14,7 +14,7 @@ stays quiet elsewhere, as such bugs sit upstream:
   - sched_resume: a resume drops the LR scheduler's state (it starts over): visible only
     at a scheduler step after a load that followed scheduler steps;
   - zero_grad_ddp: zero_grad(set_to_none=False) under DDP leaves the gradients in place:
-    visible only at the next backward after that form of zero_grad, under ddp.
+    visible right after that form of zero_grad (gradients are compared after every call), under ddp.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Runs one training program (distci.fuzz.programs) twice, side by side in every rank:
+"""Runs one training program (distci/training_program.py) twice, side by side in every rank:
 parallelized as its layout says, and as the single-process reference (the same seed-built
 model, the full global batch), comparing the two after every action.
 
 Vocabulary: the **run** is the parallel model, its optimizer and scheduler; the **ref**
 is the single-process copy; a **twin** holds one of them with what it needs to act (the
 module it calls, its optimizer, scheduler, checkpoint). Every action is applied to both
-twins (program_actions.py says what each does and which trainers make it); after each,
+twins (distci/training_program.py says what each does and which trainers make it); after each,
 `compare` judges the loss (all-reduced over the data-parallel ranks, as trainers log it),
 every gradient (while no no-sync accumulation is open), every parameter, the optimizer
 state and LR, every rank's buffers, and which parameters require grad. The first action
@@ -159,7 +159,7 @@ class Program:
     """A program being run: both twins, the layout, and what the comparison needs."""
 
     spec: Any
-    """The distci.fuzz.programs.Program."""
+    """The distci.training_program.Program."""
     ref: Twin
     run: Twin
     par: Parallel
@@ -438,7 +438,7 @@ class Divergence:
 
 def run_program(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Divergence | None:
     """Runs `spec` on every rank; the first action where the run leaves the reference, or None."""
-    from distci.fuzz.programs import split
+    from distci.training_program import split
 
     p = start(spec, dist, plant, checkpoint_dir)
     structure = _placements(p.run)

@@ -1,4 +1,4 @@
-"""Runs training programs the programs generator drew (distci.fuzz.programs) as tests on the rank pool.
+"""Runs training programs the programs generator drew (distci/training_program.py) as tests on the rank pool.
 
 Not collected with `suites/` (the file name is not test_*.py): `python -m distci fuzz
 --generator programs` names it, with the programs in $DISTCI_FUZZ_PROGRAMS (a JSON file:
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from distci.fuzz.programs import PROGRAM_ENV, PROGRAMS_ENV, TEST_NAME, parse
+from distci.training_program import PROGRAM_ENV, PROGRAMS_ENV, TEST_NAME, parse
 
 from .. import capabilities
 from ..checkpoint import shared_dir

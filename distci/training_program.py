@@ -1,4 +1,7 @@
-"""The inventory: the calls real training loops make, as data, with where each comes from.
+"""A training program, the programs generator's case: its text, its parser, and the inventory
+of the calls real training loops make, as data, with where each comes from. A record both
+sides read: the engine (distci/fuzz/programs.py) draws and shrinks programs, the cell side
+(suites/generators/programs_entry.py) parses a program back from its test id and runs it.
 
 Vocabulary. An **action** is one call (or one short idiom) a training loop makes on its
 model, parameters, gradients, optimizer, LR scheduler, state dicts or process groups;
@@ -24,10 +27,13 @@ set_requires_gradient_sync, clip_grad_norm_, save_state/load_state); Lightning
 StateDictOptions(full_state_dict, cpu_offload) save and load).
 
 Pure data and pure functions: no torch (the engine draws and shrinks on the controller).
+
+A program's text is its test id, e.g. `fsdp-ws2-w8-l2-adamw:fwd_bwd,step,save=dcp,fwd_bwd,step,load`.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -149,3 +155,95 @@ def action(name: str) -> Action:
         return BY_NAME[name]
     except KeyError:
         raise ValueError(f"no action {name!r}; actions: {', '.join(BY_NAME)}") from None
+
+
+ENTRY_TEST = "suites/generators/programs_entry.py"
+TEST_NAME = "test_program"
+PROGRAMS_ENV = "DISTCI_FUZZ_PROGRAMS"
+"""A JSON file: the list of program texts one batch runs (the entry reads it)."""
+PROGRAM_ENV = "DISTCI_FUZZ_PROGRAM"
+"""One program's text, for a repro."""
+HEAD = re.compile(r"^(?P<layout>[a-z_]+)-ws(?P<ws>\d+)-w(?P<width>\d+)-l(?P<layers>\d+)-(?P<optim>[a-z]+)$")
+
+
+class ProgramError(ValueError):
+    """A program text that does not parse or breaks a precondition; the message names the part."""
+
+
+@dataclass(frozen=True)
+class Program:
+    layout: str
+    world_size: int
+    width: int
+    layers: int
+    optim: str
+    actions: tuple[str, ...]
+    """Each `name` or `name=arg` (INVENTORY above)."""
+
+    @property
+    def text(self) -> str:
+        return (f"{self.layout}-ws{self.world_size}-w{self.width}-l{self.layers}-{self.optim}:"
+                + ",".join(self.actions))
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def split(token: str) -> tuple[str, str]:
+    """`name=arg` -> (name, arg); `name` -> (name, its first arg)."""
+    name, _, arg = token.partition("=")
+    return name, arg or action(name).args[0]
+
+
+def token(name: str, arg: str) -> str:
+    return name if arg == action(name).args[0] else f"{name}={arg}"
+
+
+def parse(text: str) -> Program:
+    """A program from its text; raises ProgramError naming the bad part."""
+    head, sep, body = text.strip().partition(":")
+    m = HEAD.match(head)
+    if not sep or not m:
+        raise ProgramError(f"program {text!r}: write LAYOUT-wsN-wN-lN-OPTIM:ACTION,ACTION=ARG,... "
+                           f"(layouts {', '.join(LAYOUTS)}; optimizers {', '.join(OPTIMIZERS)})")
+    program = Program(m["layout"], int(m["ws"]), int(m["width"]), int(m["layers"]), m["optim"],
+                      tuple(t.strip() for t in body.split(",") if t.strip()))
+    problems = check(program)
+    if problems:
+        raise ProgramError(f"program {text!r}: {'; '.join(problems)}")
+    return program
+
+
+def check(program: Program) -> list[str]:
+    """Why `program` is not one a training loop makes (empty: it is)."""
+    out = []
+    if program.layout not in LAYOUTS:
+        return [f"no layout {program.layout!r}; layouts: {', '.join(LAYOUTS)}"]
+    if program.world_size not in LAYOUTS[program.layout]:
+        out.append(f"{program.layout} runs on world sizes {LAYOUTS[program.layout]}, not {program.world_size}")
+    if program.optim not in OPTIMIZERS:
+        out.append(f"no optimizer {program.optim!r}; optimizers: {', '.join(OPTIMIZERS)}")
+    if program.width not in WIDTHS or program.layers not in LAYERS:
+        out.append(f"width {program.width} / layers {program.layers}: widths {WIDTHS}, layers {LAYERS}")
+    state = State()
+    for i, tok in enumerate(program.actions):
+        name, arg = tok.partition("=")[0], tok.partition("=")[2]
+        if name not in BY_NAME:
+            out.append(f"action {i} {tok!r}: no action {name!r}; actions: {', '.join(BY_NAME)}")
+            break
+        a = BY_NAME[name]
+        arg = arg or a.args[0]
+        if arg not in a.args:
+            out.append(f"action {i} {tok!r}: {name} takes {', '.join(a.args)}")
+            break
+        if not a.enabled(state, program.layout, arg):
+            out.append(f"action {i} {tok!r}: not where a loop makes it (state {state})")
+            break
+        state = a.effect(state, arg)
+    if not out and state.unsynced:
+        out.append("ends inside a no-sync accumulation (its gradients are never reduced)")
+    return out
+
+
+def valid(program: Program) -> bool:
+    return not check(program)

@@ -1,0 +1,166 @@
+"""`-k` and `--test` checked against the suites' collected ids before a cell is provisioned.
+
+A selection that matches nothing used to be found by the cell's own pytest, after the
+wheelhouse and the env were made (minutes, cold). The ids are the checkout's, but
+collecting them imports torch (every suite does) and the ids a generator draws can
+follow the torch it imports, so they are known without the cell only where an
+interpreter with the cell's torch is at hand:
+
+- `--python`: the run's own interpreter (its preinstalled stack is the cell's);
+- this controller's interpreter, when it has pytest and the torch release the cell pins;
+- an env already provisioned under the env root with that release (a warm runner's).
+
+That interpreter runs the cell's own pytest command (distci.run.cellrun.pytest_command:
+same plugin, tier, device, world size) with `--collect-only -q`, about ten seconds. A
+cell on a nightly, a git build or a wheelhouse, a machine with no such interpreter yet, or
+a collection that fails (a CUDA cell collected by a CPU torch) is not checked: one line
+says so and the run goes on as before, its pytest saying "no test selected" if so.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from distci.cells import Cell
+from distci.errors import SelectionError
+
+Log = Callable[[str], None]
+
+COLLECT_TIMEOUT_S = 180.0
+PYTEST_OK, PYTEST_USAGE, PYTEST_NO_TESTS = 0, 4, 5
+_PROBE = ("import importlib.metadata as m, pytest; "
+          "print(m.version('torch').split('+')[0])")
+
+
+@dataclass(frozen=True)
+class Collector:
+    """An interpreter that collects the suites as the cell would, and why it may."""
+
+    python: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What a collection said: how many tests the selection matched, or why it could not tell."""
+
+    matched: int | None
+    output: str = ""
+
+
+def pinned_torch(cell: Cell) -> str | None:
+    """The torch release the cell pins exactly (``==X``), else None (nightly, git, a range...)."""
+    if cell.torch.kind != "release":
+        return None
+    match = re.fullmatch(r"==\s*([0-9][0-9A-Za-z.]*)", cell.torch.spec.strip())
+    return match.group(1) if match else None
+
+
+def torch_release(python: str) -> str | None:
+    """The public torch version `python` imports with pytest beside it, else None."""
+    try:
+        proc = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (proc.stdout.strip() or None) if proc.returncode == 0 else None
+
+
+def provisioned_pythons(env_root: Path, release: str) -> list[str]:
+    """Interpreters of envs under `env_root` that hold torch `release` (found by its dist-info,
+    no import): a warm runner's stack envs."""
+    found = []
+    for dist in sorted(env_root.glob(f"*/lib/python3*/site-packages/torch-{release}*.dist-info")):
+        version = dist.name[len("torch-"):-len(".dist-info")].split("+")[0]
+        python = dist.parents[3] / "bin" / "python"
+        if version == release and python.exists():
+            found.append(str(python))
+    return found
+
+
+def find_collector(cell: Cell, python: str | None, env_root: Path) -> Collector | str:
+    """The interpreter that can collect `cell`'s ids here, or the reason none can."""
+    if python:
+        return Collector(python, "the run's --python")
+    release = pinned_torch(cell)
+    if release is None:
+        return f"cell {cell.id} does not pin a torch release, so its ids are known once its env is up"
+    if torch_release(sys.executable) == release:
+        return Collector(sys.executable, f"this controller has torch {release}")
+    for candidate in provisioned_pythons(env_root, release):
+        if torch_release(candidate) == release:
+            return Collector(candidate, f"a provisioned env has torch {release}")
+    return f"no interpreter here has pytest and cell {cell.id}'s torch {release} yet (its env checks it)"
+
+
+def collect(cell: Cell, collector: Collector, *, tests: Sequence[str], keyword: str | None, tier: str | None,
+            timeout_s: float = COLLECT_TIMEOUT_S) -> Collected:
+    """Run the cell's pytest command with --collect-only -q; the number of tests it selects,
+    or matched=None when the collection itself failed (the cell's stack is needed)."""
+    from distci.harness import procs
+    from distci.provision.selfwheels import REPO
+    from distci.run.cellrun import cell_environment, pytest_command
+
+    with tempfile.TemporaryDirectory(prefix="distci-precheck-") as scratch:
+        cmd = pytest_command(cell, Path(collector.python), Path(scratch), "precheck", tests=list(tests),
+                             keyword=keyword, extra_args=["--collect-only", "-q"])
+        env = {**os.environ, **cell_environment(cell, tier), "PYTHONUNBUFFERED": "1"}
+        env.pop("PYTHONPATH", None)
+        proc = procs.start_owned(cmd, env=env, token=procs.run_token(), cwd=REPO, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            procs.kill_tree(proc)
+            return Collected(None, f"collection took over {timeout_s:.0f}s")
+        except KeyboardInterrupt:
+            procs.stop(proc, signal.SIGINT, grace_s=5.0)
+            raise
+    if proc.returncode == PYTEST_NO_TESTS or (proc.returncode == PYTEST_USAGE and "not found:" in output):
+        return Collected(0, output)
+    if proc.returncode != PYTEST_OK:
+        return Collected(None, output)
+    counted = re.search(r"^(\d+)(?:/\d+)? tests? collected", output, re.M)
+    return Collected(int(counted.group(1)) if counted else None, output)
+
+
+def check_selection(cells: Sequence[Cell], *, tests: Sequence[str], keyword: str | None, tier: str | None,
+                    python: str | None, env_root: Path, log: Log = print) -> None:
+    """Raise SelectionError (one line: the selection, the cell, how to list ids) when `-k` /
+    `--test` match no test of a cell whose ids can be known here; log why a cell was not checked."""
+    from distci.run.cellrun import no_test_message
+    from distci.run.externals import split_tests
+
+    native, _ = split_tests(list(tests))
+    if not keyword and not native:
+        return
+    chosen = " ".join(([f"-k {shlex.quote(keyword)}"] if keyword else []) + [f"--test {shlex.quote(t)}" for t in native])
+    for cell in cells:
+        if cell.external and keyword:
+            log(f"{chosen}: not checked before provisioning: cell {cell.id} also runs external suites, "
+                f"whose ids are known once they are fetched")
+            continue
+        collector = find_collector(cell, python, env_root)
+        if isinstance(collector, str):
+            log(f"{chosen}: not checked before provisioning: {collector}")
+            continue
+        found = collect(cell, collector, tests=native, keyword=keyword, tier=tier)
+        if found.matched is None:
+            log(f"{chosen}: not checked before provisioning: collecting cell {cell.id}'s suites here failed "
+                f"(it needs the cell's own stack); its env checks it")
+            continue
+        if found.matched == 0:
+            listing = shlex.join([*(["env", f"DISTCI_TIER={tier}"] if tier else []), collector.python, "-m", "pytest",
+                                  "-p", "distci.harness.plugin", f"--distci-device={cell.accelerator}",
+                                  "--collect-only", "-q", *cell.suites])
+            raise SelectionError(f"{no_test_message(cell, native, keyword)}{f' (tier {tier})' if tier else ''}, "
+                                 f"checked before provisioning ({collector.why}); list its test ids with: {listing}")
+        log(f"{chosen}: {found.matched} test(s) of cell {cell.id} selected (checked before provisioning)")
