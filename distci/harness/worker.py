@@ -302,6 +302,13 @@ def _serve_forked(args: argparse.Namespace, conn: Connection, state: WarmState) 
     its tests import are imported here (warm.py)."""
     template = Template(_rendezvous(args), args.fd, run_on_rank, _device_setup(args))
 
+    # Learning what tests import lazily pays on CPU only. On an H100 (2026-12-06) the torch
+    # modules a compiled test pulls in included one that starts CUDA at import (inductor's
+    # device queries); every batch that imported it, directly or through another module,
+    # poisoned fork, so the template was replaced after each test and compiled rows ran
+    # slower than with no learning at all (reports/gpu/2026-12-06-1gpu-fork-per-test.md).
+    learns = device_kind(args.device_type).name == "cpu"
+
     def import_ahead_or_replace(modules: list[str]) -> None:
         if _import_ahead(args, state, modules):
             template.drop_spare()
@@ -316,7 +323,7 @@ def _serve_forked(args: argparse.Namespace, conn: Connection, state: WarmState) 
             ready.info["worker_pid"] = os.getpid()  # the forks' parent, under its keeper
         conn.send(ready)
         state.serving = True
-        if learned:  # what joining a group imports: for the forks after the first test's
+        if learned and learns:  # what joining a group imports: for the forks after the first test's
             import_ahead_or_replace(learned)
     for msg in _requests(conn):
         outcome = template.test(msg, conn)
@@ -324,7 +331,7 @@ def _serve_forked(args: argparse.Namespace, conn: Connection, state: WarmState) 
         _send(conn, outcome)
         template.finish()
         _say_killed(template.kill_leftovers())
-        if learned:
+        if learned and learns:
             import_ahead_or_replace(learned)
         template.fork_spare(msg.seq + 1)
     template.drop_spare()
