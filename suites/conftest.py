@@ -26,8 +26,8 @@ import os
 
 import pytest
 
-from . import capabilities
-from .scenario_record import TIERS, Scenario
+from .probes import capabilities
+from .scenario.record import TIERS, Scenario
 
 TIER_ENV = "DISTCI_TIER"
 SHARD_ENV = "DISTCI_SHARD"
@@ -81,7 +81,7 @@ def _device_type(config: pytest.Config) -> str:
         harness = harness_of(config)
     if harness is not None:
         return harness.device_type
-    from .devices import detect_device_type
+    from .probes.devices import detect_device_type
 
     return detect_device_type()
 

@@ -6,4 +6,4 @@ A thin re-export for imports written before the move; remove once nothing import
 """
 
 from distci.fuzz.engine import FAILED, Find, Fuzzer, Outcome, Report, ShrinkLimits  # noqa: F401
-from .space import CONFIG_ENV, CONFIGS_ENV, ENTRY_TEST  # noqa: F401
+from .generators.space import CONFIG_ENV, CONFIGS_ENV, ENTRY_TEST  # noqa: F401

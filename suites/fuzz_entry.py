@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from .fuzz_plants import planted
-from .space import CONFIG_ENV, CONFIGS_ENV, complete, point_from_id, scenario
+from .generators.config_plants import planted
+from .generators.space import CONFIG_ENV, CONFIGS_ENV, complete, point_from_id, scenario
 from .test_scenarios import marks_of, scenario_problems
 
 

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import pytest
 
-from .checks import check_graph, check_numerics, check_routing, expected_graph, require
+from .judges.checks import check_graph, check_numerics, check_routing, expected_graph, require
 from .conftest import tier_marks
-from .devices import suite_device
-from .scenarios import Scenario
-from .single_device import first_step_gradients, numbers, reference_of, routing_unobservable, single_device_slice
+from .probes.devices import suite_device
+from .scenario.table import Scenario
+from .judges.single_device import first_step_gradients, numbers, reference_of, routing_unobservable, single_device_slice
 from .test_scenarios import timeout_of
-from .reference import run_reference
-from .routing import edge_problems
-from .training import run_parallel
+from .runner.reference import run_reference
+from .runner.routing import edge_problems
+from .runner.training import run_parallel
 
 SLICE = single_device_slice()
 

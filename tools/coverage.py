@@ -22,7 +22,7 @@ END = "<!-- coverage:end -->"
 DEVICES = ("cpu", "cuda", "npu")
 
 
-def _scenarios_module(module: str = "suites.scenarios") -> Any:
+def _scenarios_module(module: str = "suites.scenario.table") -> Any:
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
@@ -31,12 +31,12 @@ def _scenarios_module(module: str = "suites.scenarios") -> Any:
         raise ConfigError(f"cannot import the scenario table {module!r} ({exc}); run from the repo root") from None
 
 
-def load_table(module: str = "suites.scenarios") -> list[Any]:
+def load_table(module: str = "suites.scenario.table") -> list[Any]:
     """The scenario rows (suites.scenarios.TABLE); the repo root must be importable."""
     return list(_scenarios_module(module).TABLE)
 
 
-def load_columns(module: str = "suites.scenarios") -> tuple[Any, ...]:
+def load_columns(module: str = "suites.scenario.table") -> tuple[Any, ...]:
     """The table's column declarations (suites.scenarios.COLUMNS): the table's headers."""
     return tuple(_scenarios_module(module).COLUMNS)
 

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping
 Point = Mapping[str, Any]
 """axis name -> value; missing axes take their defaults."""
 
-CELL_SIDE = "suites.space"
+CELL_SIDE = "suites.generators.space"
 
 
 def cell_side(root: Path | str | None = None) -> Any:
@@ -30,8 +30,8 @@ def cell_side(root: Path | str | None = None) -> Any:
     the working directory, where `distci fuzz` runs its suites from). Importable without
     torch. A checkout without it is a ValueError naming the root."""
     root = Path(root or Path.cwd()).resolve()
-    if not (root / "suites" / "space.py").is_file():
-        raise ValueError(f"no suites/space.py under {root}: distci fuzz draws over the checkout's scenario "
+    if not (root / "suites" / "generators" / "space.py").is_file():
+        raise ValueError(f"no suites/generators/space.py under {root}: distci fuzz draws over the checkout's scenario "
                          "table; run it from the checkout whose suites the cells run")
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from .. import capabilities
+from ..probes import capabilities
 from ..conftest import tier_marks
 
 S, K, N = 16, 32, 32  # sequence S is split across the ranks; fp8 mm wants multiples of 16

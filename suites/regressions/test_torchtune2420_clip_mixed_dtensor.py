@@ -30,7 +30,7 @@ def test_clip_over_dtensor_and_plain_grads(dist, form: str) -> None:
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
-    from ..step import clip_grads
+    from ..runner.step import clip_grads
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(DIM, DIM, bias=False), nn.RMSNorm(DIM)).to(dist.device)

@@ -29,14 +29,14 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from . import scenarios as sc
+from ..scenario import table as sc
 
 ENTRY_TEST = "suites/fuzz_entry.py"
 CONFIGS_ENV = "DISTCI_FUZZ_CONFIGS"
 """A JSON file: the list of points one batch runs (suites/fuzz_entry.py reads it)."""
 CONFIG_ENV = "DISTCI_FUZZ_CONFIG"
 """Inline JSON: one point (axes at their defaults left out), for a repro."""
-from .fuzz_plants import PLANT_ENV  # noqa: E402,F401 - the plant a run carries, read by the controller
+from .config_plants import PLANT_ENV  # noqa: E402,F401 - the plant a run carries, read by the controller
 
 Point = Mapping[str, Any]
 """axis name -> value; missing axes take their defaults."""

@@ -18,11 +18,11 @@ import torch.nn as nn
 from . import parallelize as par
 from . import step as stp
 from . import tying
-from .evidence import Evidence, Mutation, _gathered, clean_name, placements
+from ..judges.evidence import Evidence, Mutation, _gathered, clean_name, placements
 from . import checkpoint as ckpt
 from .models import Transformer, build_model, is_frozen, rope_cache
 from .uneven import uneven_params
-from .scenario_record import (DDP_BUCKET_MB, DDP_LAYOUTS, EP_DEGREE, META_LOAD_LAYOUTS, PP_DEGREE_2D, PP_LAYOUTS, SEED,
+from ..scenario.record import (DDP_BUCKET_MB, DDP_LAYOUTS, EP_DEGREE, META_LOAD_LAYOUTS, PP_DEGREE_2D, PP_LAYOUTS, SEED,
                               Scenario)
 
 Meshes = Callable[..., Any]

@@ -27,16 +27,16 @@ from . import checkpoint as ckpt
 from . import parallelize as par
 from . import step as stp
 from . import tying
-from .collectives import record_collectives
-from .graph_checks import TP_EVIDENCE_LAYOUTS
-from .evidence import (  # noqa: F401  (re-exported: the run's records and readers)
+from ..judges.collectives import record_collectives
+from ..judges.graph_checks import TP_EVIDENCE_LAYOUTS
+from ..judges.evidence import (  # noqa: F401  (re-exported: the run's records and readers)
     Evidence, Mutation, TrainRecord, _gathered, _graph_breaks, clean_name, count_executed_ops, full_grads,
     inductor_probe, placement_name, placements,
 )
 from .layout import Layout, _as_meshes, _dtype, build_layout, freeze  # noqa: F401
 from .models import ModelArgs, is_frozen
 from .routing import RoutingClock, gather_routing, steer, watch_routing
-from .scenario_record import BATCH, RESUME_AT, SEED, Scenario
+from ..scenario.record import BATCH, RESUME_AT, SEED, Scenario
 
 FSDP2_LAYOUTS = (*par.FSDP_LAYOUTS, "pp_fsdp", "ep_fsdp")
 """Layouts whose gradients FSDP2 reduces (their collective dtypes are recorded and judged)."""

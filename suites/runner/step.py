@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.nn.functional as F
 
-from .scenario_record import LR, Scenario
+from ..scenario.record import LR, Scenario
 
 LABEL_SMOOTHING = 0.1
 Z_LOSS_WEIGHT = 1e-2

@@ -21,7 +21,7 @@ from . import parallelize as par
 from . import step as stp
 from .models import build_model
 from .routing import RoutingClock, steer, watch_routing
-from .scenario_record import SEED, Scenario
+from ..scenario.record import SEED, Scenario
 from .training import TrainRecord, _dtype, _eval, _finish_step, _new_step, _unscale, batches, freeze, full_grads
 
 

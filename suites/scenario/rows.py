@@ -9,7 +9,7 @@ is cheap and catches a class nothing else in the pr tier does.
 
 from __future__ import annotations
 
-from .scenario_record import Scenario, row
+from .record import Scenario, row
 
 
 def training_step_rows() -> list[Scenario]:

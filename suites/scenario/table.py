@@ -11,9 +11,9 @@ the parallelisms users combine them with) are built in suites/scenario_rows.py.
 from __future__ import annotations
 
 from .columns import REQUIRED, Column, Rule, ScenarioError  # noqa: F401  (the table's public face)
-from .scenario_rows import (crossing_rows, ddp_rows, fp16_rows, grad_sync_rows, layout_rows, meta_load_rows,
+from .rows import (crossing_rows, ddp_rows, fp16_rows, grad_sync_rows, layout_rows, meta_load_rows,
                             optimizer_rows, tie_rows, training_step_rows, uneven_rows)
-from .scenario_record import (  # noqa: F401
+from .record import (  # noqa: F401
     BATCH, COLUMN, COLUMNS, DDP_BUCKET_MB, DDP_LAYOUTS, LORA_MODEL, LR, MAX_VARLEN_GRAPHS_PER_REGION, MODEL, MOE_MODEL, PP_MODEL, RESUME_AT,
     RULES, SEED, STEPS, TIERS, TP_DEGREE_2D, VARLEN_SEQ, Scenario, row,
 )

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .scenarios import TABLE, TIERS, Scenario
+from ..scenario.table import TABLE, TIERS, Scenario
 from .tolerances import Tolerance, tolerance, truth_tolerance
 
 ONE_DEVICE = {"parallel": "single", "world_size": 1, "async_tp": False, "resume": "none", "dcp": "sync",

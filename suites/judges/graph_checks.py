@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from . import tying
-from .model_args import ModelArgs
-from .models import sharded_weights
-from .fsdp import FSDP_LAYOUTS
-from .scenario_record import DDP_BUCKET_MB, DDP_LAYOUTS, MAX_VARLEN_GRAPHS_PER_REGION, Scenario
-from .uneven import uneven_problems
+from ..runner import tying
+from ..runner.model_args import ModelArgs
+from ..runner.models import sharded_weights
+from ..runner.fsdp import FSDP_LAYOUTS
+from ..scenario.record import DDP_BUCKET_MB, DDP_LAYOUTS, MAX_VARLEN_GRAPHS_PER_REGION, Scenario
+from ..runner.uneven import uneven_problems
 
 TP_LAYOUTS = ("tp", "tp_sp", "fsdp_tp", "pp_tp")
 TP_EVIDENCE_LAYOUTS = ("tp", "tp_sp", "fsdp_tp")
@@ -117,7 +117,7 @@ def fsdp_units(args: ModelArgs, reshard: bool = True, mode: str = "titan",
     parallelize.apply_fsdp wraps: every block plus the root gathers in forward; blocks
     that reshard after forward gather again in backward; a unit whose parameters are
     all frozen has nothing to reduce."""
-    from .fsdp import resharded_blocks
+    from ..runner.fsdp import resharded_blocks
 
     gathers = args.n_layers + 1 + sum(resharded_blocks(args.n_layers, reshard, mode))
     if trainable is None:
@@ -128,7 +128,7 @@ def fsdp_units(args: ModelArgs, reshard: bool = True, mode: str = "titan",
 
 def trainable_names(scenario: Scenario) -> tuple[str, ...]:
     """The parameters a correct run of the row trains: all but what `train` freezes."""
-    from .models import build_model, is_frozen  # the names only: a tiny CPU build
+    from ..runner.models import build_model, is_frozen  # the names only: a tiny CPU build
 
     return tuple(sorted(n for n, _ in build_model(scenario.model_args, 0).named_parameters()
                         if not is_frozen(n, scenario.train)))
@@ -136,7 +136,7 @@ def trainable_names(scenario: Scenario) -> tuple[str, ...]:
 
 def trainable_bytes(scenario: Scenario, dtype: str) -> int:
     """Bytes of the parameters a correct run trains, in the training dtype."""
-    from .models import build_model, is_frozen
+    from ..runner.models import build_model, is_frozen
 
     size = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
     return size * sum(p.numel() for n, p in build_model(scenario.model_args, 0).named_parameters()
