@@ -17,7 +17,7 @@ float8 kernels, float8 collectives that gloo lacks) are turned into the harness'
 `requires_accelerator` / `requires_sm` markers or a skip with the reason, for the
 accelerator this run uses; what the stack itself cannot do (torchao missing, CPU
 `_scaled_mm` without rowwise scales, no differentiable all-to-all, ...) is probed by
-suites/capabilities.py, and the row skips with the probe's reason.
+suites/probes/capabilities.py, and the row skips with the probe's reason.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Runs configurations the fuzzer drew (points of suites/space.py) as ordinary tests on the rank pool.
+"""Runs configurations the fuzzer drew (points of suites/generators/space.py) as ordinary tests on the rank pool.
 
 Not collected with `suites/` (the file name is not test_*.py): `python -m distci fuzz`
 names it, with the configurations in $DISTCI_FUZZ_CONFIGS (a JSON file: a list of points)

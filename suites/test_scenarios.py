@@ -1,4 +1,4 @@
-"""Runs the scenario table (suites/scenarios.py): every row, on every rank of the pool.
+"""Runs the scenario table (suites/scenario/table.py): every row, on every rank of the pool.
 
 Each scenario trains the parallel model and its single-process reference for a few
 steps and must match it in loss and gradients (and the eval forward) within the

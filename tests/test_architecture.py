@@ -156,7 +156,7 @@ KNOWN_UPWARD = {
     ("suites.fuzz", "distci.fuzz.engine"),
     # the ops generator's case record and op inventory (pure, torch-free) and its shrinker,
     # which the cell side runs in-session so a shrink costs no pool start; they belong on the
-    # cell side, loaded by name as distci.fuzz.space.cell_side() loads suites/space.py
+    # cell side, loaded by name as distci.fuzz.space.cell_side() loads suites/generators/space.py
     ("suites.generators.ops_cases", "distci.fuzz.op_case"),
     ("suites.generators.ops_cases", "distci.fuzz.op_inventory"),
     ("suites.generators.ops_entry", "distci.fuzz.op_case"),

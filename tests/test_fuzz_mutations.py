@@ -1,7 +1,7 @@
 """The fuzzer finds planted bugs and shrinks each to the axes the bug needs, end to end.
 
 Each test runs `python -m distci fuzz` for real (this interpreter's stack, 2 gloo ranks)
-with one bug of suites/fuzz_plants.py planted, in a space restricted to a few axes and a
+with one bug of suites/generators/config_plants.py planted, in a space restricted to a few axes and a
 budget of a few draws and no reruns (the plants are deterministic) so it fits CI. The
 bug is only visible in a combination (accumulation; a Float8 recipe; FSDP x full AC),
 the draws carry distractor axes, and the shrunk configuration must keep exactly the

@@ -1,4 +1,4 @@
-"""The world-size-1 slice (suites/single_device.py): derived from the table, judged for real.
+"""The world-size-1 slice (suites/judges/single_device.py): derived from the table, judged for real.
 
 The slice must follow the table by itself (a new row joins it, a row that needs a mesh
 leaves it), and its checks must bite on one device: a one-device run trains in this

@@ -17,7 +17,7 @@ from .models import ENTRY_TEST, FUZZ_DIR, MODELS_ENV, TEST_NAME, ModelFuzzer, Ou
 
 def structure_key() -> Callable[[dict[str, Any]], str]:
     """A structure's id, from the cell side's one declaration (suites/generators/model_space.py),
-    loaded by name as distci.fuzz.space.cell_side() loads suites/space.py: the controller
+    loaded by name as distci.fuzz.space.cell_side() loads suites/generators/space.py: the controller
     never imports suites/."""
     import importlib
 

@@ -1,7 +1,7 @@
 """The fuzzer's space: points, drawing and shrinking, over the axes the cell side declares.
 
 A point is one value per axis. The axes, which points are valid and a point's id are the
-cell side's (suites/space.py: the scenario table's columns and the fuzzer's sizes), loaded
+cell side's (suites/generators/space.py: the scenario table's columns and the fuzzer's sizes), loaded
 from the checkout's suites by `cell_side`, so a column is declared once, there, and this
 package (in the wheel, with no suites) carries no copy. What is generic lives here: a
 space restricted to fewer values (`Space.restrict`), seeded draws biased toward untried
@@ -26,7 +26,7 @@ CELL_SIDE = "suites.generators.space"
 
 
 def cell_side(root: Path | str | None = None) -> Any:
-    """The cell side's space module (suites/space.py) of the checkout at `root` (default:
+    """The cell side's space module (suites/generators/space.py) of the checkout at `root` (default:
     the working directory, where `distci fuzz` runs its suites from). Importable without
     torch. A checkout without it is a ValueError naming the root."""
     root = Path(root or Path.cwd()).resolve()
@@ -44,7 +44,7 @@ class Space:
     plus the device (`cell.problems`), a point's id the cell's (`cell.key`)."""
 
     cell: Any
-    """The cell side: suites/space.py as `cell_side()` loads it."""
+    """The cell side: suites/generators/space.py as `cell_side()` loads it."""
     device_type: str | None = "cpu"
     """Points this accelerator cannot run (a `skip` need, another accelerator) are invalid
     here; None: any accelerator (the table's rows span all of them)."""

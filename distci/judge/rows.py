@@ -18,7 +18,7 @@ def is_environment(test_id: str) -> bool:
 
 
 FUZZ_TESTS = "suites/fuzz_entry.py::"
-"""The fuzzer's configurations (suites.space.ENTRY_TEST, tested to agree): drawn anew every
+"""The fuzzer's configurations (suites.generators.space.ENTRY_TEST, tested to agree): drawn anew every
 night, so no run of them says which tests a cell is expected to have (distci.judge.coverage)."""
 
 

@@ -78,7 +78,7 @@ class Evidence:
     tied: dict[str, bool] = field(default_factory=dict)
     uneven: dict[str, list[str]] = field(default_factory=dict)
     """Uneven rows: layout -> the parameters whose local shards differ in shape between ranks."""
-    """Tie rows: moment (suites/tying.py) -> whether output and embedding held one parameter."""
+    """Tie rows: moment (suites/runner/tying.py) -> whether output and embedding held one parameter."""
     collectives: Counter = field(default_factory=Counter)
     """(op, dtype) -> calls of every c10d / functional collective in the last step."""
     grad_all_reduces: Counter = field(default_factory=Counter)

@@ -1,6 +1,6 @@
 """The world-size-1 slice of the scenario table: what one GPU (or one CPU) can check.
 
-Most of what a row of the table (suites/scenarios.py) trains runs on every rank the same
+Most of what a row of the table (suites/scenario/table.py) trains runs on every rank the same
 way it would run on one device: inductor's code for a block under AC, Float8's scaled
 matmuls and casts, bf16 autocast, the optimizer step, recompiles on a new sequence
 length. `single_device_slice()` projects every row onto one device, resetting the columns

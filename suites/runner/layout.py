@@ -43,7 +43,7 @@ class Layout:
     autocast: bool = False
     """bf16 autocast around forward and loss: mixed precision on one device (no FSDP2)."""
     pipe: Any = None
-    """A pp row's suites.pipeline.Pipeline (this rank's stages and their schedule)."""
+    """A pp row's suites.runner.pipeline.Pipeline (this rank's stages and their schedule)."""
     watch: tuple[int, Counter] | None = None
     """(step, counter): record that step's collectives (forward + backward) into counter."""
     local_group: Any = None

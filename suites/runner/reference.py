@@ -2,7 +2,7 @@
 
 The unsharded model on one process, eager, no AC (with the scenario's Float8 recipe when
 it has one: Float8 is judged against Float8, as torchao does), one step per global
-batch, with the same loss, clipping, optimizer and schedule (suites/step.py) as the
+batch, with the same loss, clipping, optimizer and schedule (suites/runner/step.py) as the
 parallel run; its optimizer always steps with torch's per-parameter loop, so a foreach or
 fused row's difference is the parallel kernels' doing. A mixed-precision row's reference computes as FSDP2's bf16 policy does,
 microbatch by microbatch, so bf16 routing is judged by bf16 routing; a routing-edge row

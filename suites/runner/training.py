@@ -1,10 +1,10 @@
 """The parallel run of a scenario, and the evidence of what it did.
 
 It starts from the same seed-built weights as the single-process reference
-(suites/reference.py) and sees the same global batches. It applies the scenario
+(suites/runner/reference.py) and sees the same global batches. It applies the scenario
 (parallelize.py): data-parallel ranks take their slice of the global batch, split it
 into `accum` microbatches and accumulate, so a correct run matches the reference's
-full-batch step; the loss, clipping, optimizer and schedule are suites/step.py's, as in
+full-batch step; the loss, clipping, optimizer and schedule are suites/runner/step.py's, as in
 the reference; a `resume` row saves a DCP checkpoint mid-run and goes on under another
 layout (checkpoint.py). Each step records the loss and every gradient (DTensor gradients
 gathered with full_tensor()), and the run records what the compiler and the step really

@@ -6,7 +6,7 @@ Declared as data, in the spirit of torchtitan's integration-test definitions: CO
 declares every column once (name, values, default, id fragment, doc); the Scenario record,
 its validation, its pytest id, the README coverage table and the column list below derive
 from it. RULES: the invalid combinations, as (predicate, message). The rows themselves are
-suites/scenarios.py's TABLE. An id is built from the columns in declaration order, e.g.
+suites/scenario/table.py's TABLE. An id is built from the columns in declaration order, e.g.
 `fsdp_tp-compile_block-ac_full-mp_bf16-ga2-ws4`; a column at its default adds nothing
 (`compile` spells `eager`), so old rows keep their ids when a column is added (declare it
 and its RULES here, write its rows in scenarios.py, implement it in training.py / step.py /
@@ -80,7 +80,7 @@ COLUMNS: tuple[Column, ...] = (
            "as torchtitan does (dense weights FSDP2 on every rank, experts owned on an ep mesh of 2 with FSDP2 over "
            "the efsdp = ws/2 ranks that own the same experts); pp_fsdp / pp_tp: a 2 x 2 mesh, pp outermost, FSDP2 "
            "or TP (SP) inside each stage; cp: context parallel (ring attention over the sequence); single: one device, no mesh (the "
-           "world-size-1 slice suites/single_device.py derives from the table); ddp: classic DistributedDataParallel "
+           "world-size-1 slice suites/judges/single_device.py derives from the table); ddp: classic DistributedDataParallel "
            "(bucket_cap_mb 1; grad_sync last: no_sync accumulation), dp = ws; replicate: composable replicate on a dp_replicate mesh, as "
            "torchtitan's apply_ddp (optimize_ddp ddp_optimizer when compiled)", "Parallel"),
     Column("schedule", ("none", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"), "none", "{}",

@@ -2,10 +2,10 @@
 
 TABLE: the rows, in one notation, `row(parallel, compile, backend, column=value, ...)`;
 the columns, their rules and the Scenario record are declared once in
-suites/scenario_record.py (re-exported here: this module is the table's one public face).
+suites/scenario/record.py (re-exported here: this module is the table's one public face).
 One runner (training.py) executes any row; the checks (checks.py) judge it by numbers and
 graphs. Rows a user trains beyond the base table (the training step's columns crossed with
-the parallelisms users combine them with) are built in suites/scenario_rows.py.
+the parallelisms users combine them with) are built in suites/scenario/rows.py.
 """
 
 from __future__ import annotations
