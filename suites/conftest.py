@@ -81,7 +81,7 @@ def _device_type(config: pytest.Config) -> str:
         harness = harness_of(config)
     if harness is not None:
         return harness.device_type
-    from .probes.devices import detect_device_type
+    from .scenario.devices import detect_device_type
 
     return detect_device_type()
 

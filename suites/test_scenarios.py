@@ -14,7 +14,7 @@ import pytest
 
 from .judges.checks import check_graph, check_numerics, check_routing, expected_graph, require
 from .conftest import tier_marks
-from .probes.devices import suite_device
+from .scenario.devices import suite_device
 from .scenario.table import TABLE, Scenario
 from .judges.tolerances import BF16_COMM_HOOK, tolerance
 from .runner.reference import run_reference

@@ -15,7 +15,7 @@ import pytest
 
 from .judges.checks import check_graph, check_numerics, check_routing, expected_graph, require
 from .conftest import tier_marks
-from .probes.devices import suite_device
+from .scenario.devices import suite_device
 from .scenario.table import Scenario
 from .judges.single_device import first_step_gradients, numbers, reference_of, routing_unobservable, single_device_slice
 from .test_scenarios import timeout_of

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from .judges.checks import check_numerics, require
 from .conftest import tier_marks
-from .probes.devices import suite_device
+from .scenario.devices import suite_device
 from .runner.parallelize import CompileCounter
 from .judges.tolerances import tolerance
 from .runner.training import TrainRecord, full_grads

@@ -31,7 +31,7 @@ def test_functional_collectives_are_recorded_with_dtype_group_and_size(one_rank)
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.device_mesh import init_device_mesh
 
-    from suites.judges.collectives import CollectiveCall, functional_dtypes, record_collectives
+    from suites.runner.collectives import CollectiveCall, functional_dtypes, record_collectives
 
     mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
     seen: Counter = Counter()
@@ -49,8 +49,8 @@ def test_functional_collectives_are_recorded_with_dtype_group_and_size(one_rank)
 def test_recording_around_a_compiled_function_keeps_it_compiled(one_rank):
     import torch.distributed._functional_collectives as funcol
 
-    from suites.judges.collectives import record_collectives
-    from suites.judges.evidence import count_executed_ops
+    from suites.runner.collectives import record_collectives
+    from suites.runner.evidence import count_executed_ops
     from suites.runner.parallelize import CompileCounter
 
     torch._dynamo.reset()

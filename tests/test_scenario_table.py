@@ -80,7 +80,7 @@ def test_the_coverage_table_has_a_column_per_declared_column():
 
 
 def test_cp_rows_skip_on_cpu_with_the_measured_reason_and_run_on_cuda():
-    from suites.probes.devices import CP_NOT_ON_CPU, scenario_needs
+    from suites.scenario.devices import CP_NOT_ON_CPU, scenario_needs
 
     cp = [s for s in TABLE if s.parallel == "cp"]
     assert cp, "the table has context-parallel rows"

@@ -82,7 +82,7 @@ def render(table: Iterable[Any], columns: Iterable[Any] | None = None) -> str:
     lines.append("")
     lines.append("¹ tensorwise Float8 with sequence parallel (or FSDP2's float8 weight all-gather) moves "
                  "float8 tensors, which gloo cannot carry; a `cp` row's ring attention shards CUDA's SDPA kernels "
-                 "only (suites/probes/devices.py `CP_NOT_ON_CPU`). `—`: not run on that accelerator (async TP is CUDA-only). "
+                 "only (suites/scenario/devices.py `CP_NOT_ON_CPU`). `—`: not run on that accelerator (async TP is CUDA-only). "
                  "`SM90+`: needs that CUDA compute capability. A blank cell is the column's default "
                  "(the column list: `suites/scenario/record.py`).")
     lines.append("")

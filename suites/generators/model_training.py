@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..judges.checks import check_numerics
-from ..judges.evidence import TrainRecord, full_grads
+from ..runner.evidence import TrainRecord, full_grads
 from ..judges.localize import Divergence, Trace, Tracer, first_divergence, gather_trace
 from ..judges.tolerances import tolerance
 from . import model_structures as ms

@@ -31,7 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..judges.checks import check_numerics, sqnr
-from ..judges.evidence import TrainRecord, clean_name, placement_name
+from ..runner.evidence import TrainRecord, clean_name, placement_name
 from ..runner.parallelize import fsdp_api
 from ..judges.tolerances import tolerance
 from .program_plants import Plant

@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..runner import tying
-from ..runner.model_args import ModelArgs
+from ..scenario.model_args import ModelArgs
 from ..runner.models import sharded_weights
 from ..runner.fsdp import FSDP_LAYOUTS
 from ..scenario.record import DDP_BUCKET_MB, DDP_LAYOUTS, MAX_VARLEN_GRAPHS_PER_REGION, Scenario
@@ -285,7 +285,7 @@ def check_graph(exp: GraphExpectation, ev) -> list[str]:
     problems.extend(_tp_collective_problems(exp, ev.collectives))
     problems.extend(_ddp_all_reduce_problems(exp, ev))
     if exp.fsdp_gradient_reduce_scatters is not None:
-        from .collectives import FSDP_REDUCE_SCATTER_OPS, calls_of
+        from ..runner.collectives import FSDP_REDUCE_SCATTER_OPS, calls_of
 
         rs = calls_of(ev.collectives, FSDP_REDUCE_SCATTER_OPS)
         if rs != exp.fsdp_gradient_reduce_scatters:
@@ -348,7 +348,7 @@ def _optimizer_problems(exp: GraphExpectation, ops: Counter) -> list[str]:
 
 def _collective_dtype_problems(exp: GraphExpectation, collectives: Counter) -> list[str]:
     """FSDP2's all-gathers in param_dtype, its gradient reductions in reduce_dtype."""
-    from .collectives import FSDP_ALL_GATHER_OPS, FSDP_REDUCE_OPS, dtypes_of
+    from ..runner.collectives import FSDP_ALL_GATHER_OPS, FSDP_REDUCE_OPS, dtypes_of
 
     problems = []
     for what, ops, want in (("parameter all-gathers", FSDP_ALL_GATHER_OPS, exp.fsdp_param_dtype),
@@ -368,7 +368,7 @@ def _tp_collective_problems(exp: GraphExpectation, collectives: Counter) -> list
     """TP's functional collectives (DTensor redistributes) in the dtypes the row computes in."""
     if not exp.tp_collective_dtypes:
         return []
-    from .collectives import functional_dtypes
+    from ..runner.collectives import functional_dtypes
 
     seen = functional_dtypes(collectives)
     if not seen and exp.tp_collectives_seen:

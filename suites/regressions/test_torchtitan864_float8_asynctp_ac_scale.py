@@ -115,7 +115,7 @@ def test_e2e_float8_rowwise_asynctp_full_ac(dist) -> None:
     if dist.group is None:
         dist.init()
     from ..judges.checks import check_graph, check_numerics, expected_graph, require
-    from ..probes.devices import suite_device
+    from ..scenario.devices import suite_device
     from ..scenario.table import MODEL, SCENARIOS
     from ..judges.tolerances import tolerance
     from ..runner.reference import run_reference

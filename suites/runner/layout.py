@@ -18,7 +18,7 @@ import torch.nn as nn
 from . import parallelize as par
 from . import step as stp
 from . import tying
-from ..judges.evidence import Evidence, Mutation, _gathered, clean_name, placements
+from .evidence import Evidence, Mutation, _gathered, clean_name, placements
 from . import checkpoint as ckpt
 from .models import Transformer, build_model, is_frozen, rope_cache
 from .uneven import uneven_params

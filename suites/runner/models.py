@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .model_args import ModelArgs
+from ..scenario.model_args import ModelArgs
 
 __all__ = ["ModelArgs", "Transformer", "MoE", "Adapter", "build_model", "tp_plan", "TPStyles", "SHARDED_WEIGHTS",
            "ADAPTED", "frozen_by_default", "is_frozen"]

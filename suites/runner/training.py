@@ -27,9 +27,9 @@ from . import checkpoint as ckpt
 from . import parallelize as par
 from . import step as stp
 from . import tying
-from ..judges.collectives import record_collectives
+from .collectives import record_collectives
 from ..judges.graph_checks import TP_EVIDENCE_LAYOUTS
-from ..judges.evidence import (  # noqa: F401  (re-exported: the run's records and readers)
+from .evidence import (  # noqa: F401  (re-exported: the run's records and readers)
     Evidence, Mutation, TrainRecord, _gathered, _graph_breaks, clean_name, count_executed_ops, full_grads,
     inductor_probe, placement_name, placements,
 )

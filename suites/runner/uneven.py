@@ -13,7 +13,7 @@ from typing import Any
 
 
 def _local_shapes(model: Any) -> dict[str, tuple[int, ...]]:
-    from ..judges.evidence import clean_name
+    from .evidence import clean_name
 
     return {clean_name(n): tuple((p.to_local() if hasattr(p, "to_local") else p).shape)
             for n, p in model.named_parameters()}

@@ -21,7 +21,7 @@ import difflib
 from typing import Any
 
 from .columns import REQUIRED, Column, Rule, ScenarioError, describe, with_columns
-from ..runner.model_args import ModelArgs
+from .model_args import ModelArgs
 
 MODEL = ModelArgs()
 MOE_MODEL = ModelArgs(n_experts=4, top_k=2, expert_hidden=64)
@@ -389,7 +389,7 @@ class Scenario:
 
     def needs(self, device_type: str) -> list[tuple[str, tuple, str]]:
         """Markers (name, args, why) this scenario needs on `device_type` (devices.scenario_needs)."""
-        from ..probes.devices import scenario_needs
+        from .devices import scenario_needs
 
         return scenario_needs(self, device_type)
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
-from ..runner import parallelize as par
+from . import parallelize as par
 
 _WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
 
