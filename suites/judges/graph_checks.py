@@ -17,11 +17,10 @@ from ..scenario.model_args import ModelArgs
 from ..runner.models import sharded_weights
 from ..runner.fsdp import FSDP_LAYOUTS
 from ..scenario.record import DDP_BUCKET_MB, DDP_LAYOUTS, MAX_VARLEN_GRAPHS_PER_REGION, Scenario
+from ..runner.training import TP_EVIDENCE_LAYOUTS
 from ..runner.uneven import uneven_problems
 
 TP_LAYOUTS = ("tp", "tp_sp", "fsdp_tp", "pp_tp")
-TP_EVIDENCE_LAYOUTS = ("tp", "tp_sp", "fsdp_tp")
-"""Layouts whose last step's collectives the runner records (a pipeline's are its schedule's)."""
 SCALED_MM = ("aten::_scaled_mm",)
 FUSED_AG_MM = ("symm_mem::fused_all_gather_matmul", "symm_mem::fused_all_gather_scaled_matmul")
 FUSED_MM_RS = ("symm_mem::fused_matmul_reduce_scatter", "symm_mem::fused_scaled_matmul_reduce_scatter")

@@ -28,7 +28,6 @@ from . import parallelize as par
 from . import step as stp
 from . import tying
 from .collectives import record_collectives
-from ..judges.graph_checks import TP_EVIDENCE_LAYOUTS
 from .evidence import (  # noqa: F401  (re-exported: the run's records and readers)
     Evidence, Mutation, TrainRecord, _gathered, _graph_breaks, clean_name, count_executed_ops, full_grads,
     inductor_probe, placement_name, placements,
@@ -40,6 +39,8 @@ from ..scenario.record import BATCH, RESUME_AT, SEED, Scenario
 
 FSDP2_LAYOUTS = (*par.FSDP_LAYOUTS, "pp_fsdp", "ep_fsdp")
 """Layouts whose gradients FSDP2 reduces (their collective dtypes are recorded and judged)."""
+TP_EVIDENCE_LAYOUTS = ("tp", "tp_sp", "fsdp_tp")
+"""Layouts whose last step's collectives the runner records (a pipeline's are its schedule's)."""
 
 
 def batches(scenario: Scenario, seed: int = SEED) -> list[tuple[torch.Tensor, torch.Tensor]]:
