@@ -32,7 +32,7 @@ from .conftest import tier_marks
 from .runner.parallelize import CompileCounter, count_float8_linears
 from .judges.tolerances import tolerance
 from .titan import Job, Line, select_or_skip, version
-from .runner.training import Evidence, TrainRecord, clean_name, count_executed_ops, full_grads, inductor_probe, placement_name
+from .runner.evidence import Evidence, TrainRecord, clean_name, count_executed_ops, full_grads, inductor_probe, placement_name
 
 N_LAYERS, SEQ, BATCH, STEPS, SEED, LR = 2, 64, 2, 3, 20251130, 1e-3
 DTYPE = "float32"

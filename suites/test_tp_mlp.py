@@ -22,7 +22,7 @@ from .conftest import tier_marks
 from .scenario.devices import suite_device
 from .runner.parallelize import CompileCounter
 from .judges.tolerances import tolerance
-from .runner.training import TrainRecord, full_grads
+from .runner.evidence import TrainRecord, full_grads
 
 DIM, HIDDEN, TOKENS, STEPS, SEED = 32, 64, 16, 3, 7
 

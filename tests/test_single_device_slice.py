@@ -77,7 +77,7 @@ def test_reference_is_eager_float32_without_the_rows_features():
 
 
 def test_only_compiled_reduced_precision_moe_rows_are_judged_at_the_first_step():
-    from suites.runner.training import TrainRecord
+    from suites.runner.evidence import TrainRecord
 
     rows = sd.single_device_slice()
     flagged = {r.id for r in rows if sd.routing_unobservable(r, "bfloat16")}
@@ -107,7 +107,7 @@ def _judge(row: Scenario, mutation=None) -> list[str]:
 
 @pytest.mark.slow
 def test_one_device_control_passes_and_a_dropped_gradient_fails():
-    from suites.runner.training import Mutation
+    from suites.runner.evidence import Mutation
 
     row = _row("single-eager-ac_full-ws1")
     assert _judge(row) == []
@@ -123,7 +123,7 @@ def test_one_device_control_passes_and_a_dropped_gradient_fails():
 def test_float8_that_did_not_happen_fails_on_one_device():
     import torch
 
-    from suites.runner.training import Mutation
+    from suites.runner.evidence import Mutation
 
     from suites.probes import capabilities
 

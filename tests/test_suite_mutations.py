@@ -121,7 +121,7 @@ def _scenario(sid: str):
 
 
 def _mutation(kind: str | None):
-    from suites.runner.training import Mutation
+    from suites.runner.evidence import Mutation
 
     if kind is None:
         return None
@@ -289,7 +289,7 @@ def test_float8_not_converted_fails_graph(mutated):
 
 
 def _async_tp_evidence(fused: bool):
-    from suites.runner.training import Evidence
+    from suites.runner.evidence import Evidence
 
     ops = Counter({"_c10d_functional::all_gather_into_tensor": 8, "aten::mm": 24,
                    "_c10d_functional::reduce_scatter_tensor": 8})
@@ -367,7 +367,7 @@ def test_an_uneven_row_that_ran_even_shards_fails_graph():
 
 
 def _evidence(**fields):
-    from suites.runner.training import Evidence
+    from suites.runner.evidence import Evidence
 
     base = dict(compiled=True, graphs_after_first_step=2, graphs_total=2, graph_calls=[2, 2, 2])
     return Evidence(**{**base, **fields})
@@ -419,7 +419,7 @@ def test_eval_numbers_and_routing_are_judged():
 
     from suites.judges.checks import check_numerics, check_routing
     from suites.judges.tolerances import tolerance
-    from suites.runner.training import TrainRecord
+    from suites.runner.evidence import TrainRecord
 
     logits = torch.randn(2, 8, 16)
     ref = TrainRecord(eval_loss=1.0, eval_logits=logits)
@@ -440,7 +440,7 @@ def test_rerouted_steps_are_judged_by_loss_within_a_budget():
 
     from suites.judges.checks import check_numerics, compare_routing
     from suites.judges.tolerances import tolerance
-    from suites.runner.training import TrainRecord
+    from suites.runner.evidence import TrainRecord
 
     tol = tolerance("float32", "none")
     same = {(s, 0, c): (60, 50, 18, 0) for s in range(3) for c in range(2)}
@@ -472,7 +472,7 @@ def test_near_tie_tokens_may_move_in_every_step_and_nothing_more():
     from suites.judges.checks import compare_routing
     from suites.runner.routing import top_k_margins
     from suites.judges.tolerances import tolerance
-    from suites.runner.training import TrainRecord
+    from suites.runner.evidence import TrainRecord
     import torch
 
     bf16 = tolerance("bfloat16", "none")
@@ -543,7 +543,7 @@ def test_an_untied_output_projection_fails_the_tie_check(mutated):
 
 def test_a_routing_edge_that_did_not_happen_fails():
     from suites.runner.routing import edge_problems
-    from suites.runner.training import TrainRecord
+    from suites.runner.evidence import TrainRecord
 
     starved = TrainRecord(routing={(0, 0, 0): (6, 0, 2, 0), (0, 0, 1): (4, 2, 1, 1)})
     assert edge_problems(starved, "empty_first", 2) == []
@@ -616,7 +616,7 @@ def test_a_cancelling_bias_gradient_is_judged_against_its_weights_scale():
 
     from suites.judges.checks import bias_floors, check_numerics
     from suites.judges.tolerances import tolerance
-    from suites.runner.training import TrainRecord
+    from suites.runner.evidence import TrainRecord
 
     torch.manual_seed(0)
     tol = tolerance("bfloat16", "none")

@@ -237,7 +237,7 @@ def _count(ops: Counter, names: tuple[str, ...]) -> int:
 
 
 def check_graph(exp: GraphExpectation, ev) -> list[str]:
-    """Judges an Evidence record (suites.runner.training.Evidence) against the expectation."""
+    """Judges an Evidence record (suites.runner.evidence.Evidence) against the expectation."""
     problems: list[str] = []
     lo, hi = exp.graphs
     if not lo <= ev.graphs_after_first_step <= hi:

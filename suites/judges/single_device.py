@@ -97,7 +97,7 @@ def routing_unobservable(row: Scenario, device_dtype: str) -> bool:
 
 
 def first_step_gradients(record):
-    """`record` (a training.TrainRecord) with every loss but only the first step's gradients."""
+    """`record` (an evidence.TrainRecord) with every loss but only the first step's gradients."""
     return dataclasses.replace(record, grads=record.grads[:1])
 
 

@@ -75,7 +75,7 @@ def _make_buffers(model: nn.Module, zeros: bool = False) -> None:
                 module.rope.copy_(torch.zeros_like(module.rope) if zeros else rope_cache(module.args))
 
 
-def _dtype(name: str) -> torch.dtype:
+def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
@@ -123,7 +123,7 @@ def _build_pipeline(scenario: Scenario, parallel: str, meshes: Meshes, device, d
     from . import pipeline
 
     def fresh() -> nn.Module:
-        model = build_model(scenario.model_args, SEED).to(device=device, dtype=_dtype(dtype))
+        model = build_model(scenario.model_args, SEED).to(device=device, dtype=torch_dtype(dtype))
         freeze(model, scenario.train)
         return model
 
@@ -164,9 +164,9 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
     meta = scenario.init == "meta_load" and parallel in META_LOAD_LAYOUTS
     if meta:  # fine-tuning's load: parallelized on meta, filled from rank 0's full state dict below
         with torch.device("meta"):
-            model = Transformer(scenario.model_args).to(dtype=_dtype(dtype))
+            model = Transformer(scenario.model_args).to(dtype=torch_dtype(dtype))
     else:
-        model = build_model(scenario.model_args, SEED).to(device=device, dtype=_dtype(dtype))
+        model = build_model(scenario.model_args, SEED).to(device=device, dtype=torch_dtype(dtype))
     freeze(model, scenario.train)
     if scenario.float8 != "none":
         evidence.float8_linears = par.convert_float8(model, scenario.float8, mutation.float8_filter,
@@ -222,7 +222,7 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
                                reduce_dtype=mutation.fsdp_reduce_dtype, divide=not mutation.ep_default_divide)
         layout.local_group, layout.partial_params = ep.group, True
     if meta:
-        ckpt.load_pretrained(model, lambda: build_model(scenario.model_args, SEED).to(dtype=_dtype(dtype)), device,
+        ckpt.load_pretrained(model, lambda: build_model(scenario.model_args, SEED).to(dtype=torch_dtype(dtype)), device,
                              lambda m: _make_buffers(m, zeros=mutation.meta_load_keeps_buffers))
     if mutation.after_parallelize:
         mutation.after_parallelize(model)
