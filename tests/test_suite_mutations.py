@@ -36,7 +36,8 @@ accumulation that all-reduces in every microbatch (no no_sync), DDP gradients al
 where the row says float32, a compiled DDP model without DDPOptimizer (one graph, not split at
 the buckets); a model loaded on the meta device (init=meta_load) whose rotary cache, a buffer no
 state dict carries, was left as to_empty left it (every step's loss differs, from the first);
-an fp16 row whose GradScaler is disabled (the overflowing step is taken).
+an fp16 row whose GradScaler is disabled (the overflowing step is taken); a prefetch=explicit
+row whose blocks kept FSDP2's implicit order (same numbers, block 1 gathered a block late).
 Unmutated controls run through the same checks and must pass, so a failure is the
 mutation's doing. All real runs share one spawn of two ranks (~60 s on 2 cores).
 """
@@ -109,6 +110,8 @@ RUNS = {
     "meta_load_buffers_left_empty": ("fsdp-eager-tied-meta_load", "meta_load_keeps_buffers"),
     "control_fp16": ("fsdp-eager-mp_fp16-ga2", None),
     "fp16_scaler_disabled": ("fsdp-eager-mp_fp16-ga2", "scaler_disabled"),
+    "control_prefetch": ("fsdp-eager-prefetch", None),
+    "prefetch_ignored": ("fsdp-eager-prefetch", "prefetch_ignored"),
 }
 
 
@@ -175,6 +178,8 @@ def _mutation(kind: str | None):
         return Mutation(optimizer_impl="for_loop")
     if kind == "sync_every_microbatch":
         return Mutation(sync_every_microbatch=True)
+    if kind == "prefetch_ignored":
+        return Mutation(prefetch_ignored=True)
     if kind == "ddp_bf16_hook":
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 
@@ -666,6 +671,15 @@ def test_grad_sync_last_that_reduces_every_microbatch_fails_graph(mutated):
     problems = _problems(mutated, "sync_every_microbatch", "graph")
     assert any(p.startswith("the last step issued 6 gradient reduce-scatters, expected 3") for p in problems), problems
     assert any("FSDP reduce-scatters, expected 3" in p for p in problems), problems
+
+
+def test_explicit_prefetch_that_was_not_set_fails_graph(mutated):
+    """prefetch=explicit whose blocks kept FSDP2's implicit order: the same numbers and the
+    same all-gathers, but block 1's is issued in its own pre-forward, not in block 0's."""
+    assert _problems(mutated, "prefetch_ignored", "numerics") == []
+    problems = _problems(mutated, "prefetch_ignored", "graph")
+    assert any(p.startswith("FSDP2 all-gathers issued before each block's forward (2, 3), expected (3, 3)")
+               for p in problems), problems
 
 
 def test_meta_load_that_leaves_buffers_empty_fails_numerics(mutated):

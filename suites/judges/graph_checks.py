@@ -46,6 +46,9 @@ class GraphExpectation:
     """Most new graphs the eval forward may compile (a grad-mode guard: one per region)."""
     fsdp_all_gathers: int | None = None
     fsdp_reduce_scatters: int | None = None
+    gathers_before_blocks: tuple[int, ...] | None = None
+    """FSDP2 all-gathers issued before each block's first forward of the last step: the root
+    unit's and every block's up to this one, and under explicit prefetch the next block's too."""
     fsdp_gradient_reduce_scatters: int | None = None
     """c10d reduce-scatter calls FSDP2 must issue in the last step (grad_sync=last: one per
     unit, the last microbatch's; never one per microbatch)."""
@@ -202,6 +205,9 @@ def expected_graph(scenario: Scenario, dtype: str | None = None) -> GraphExpecta
         mode = scenario.reshard if layout == scenario.parallel else "titan"
         gathers, units = fsdp_units(args, mode=mode, trainable=exp.trainable)
         exp.fsdp_all_gathers = gathers * scenario.accum
+        if not scenario.compiled and scenario.resume == "none" and not scenario.fsdp_float8_all_gather:
+            ahead = 2 if scenario.prefetch == "explicit" else 1  # this block's gather, and the next one's
+            exp.gathers_before_blocks = tuple(1 + min(i + ahead, args.n_layers) for i in range(args.n_layers))
         syncs = 1 if scenario.grad_sync == "last" else scenario.accum  # microbatches that reduce
         exp.fsdp_reduce_scatters = units * syncs
         if scenario.grad_sync == "last":
@@ -263,6 +269,10 @@ def check_graph(exp: GraphExpectation, ev) -> list[str]:
         if ag != exp.fsdp_all_gathers:
             problems.append(f"the last step ran {ag} FSDP all-gathers, expected {exp.fsdp_all_gathers} "
                             "(every unit in forward, the resharded ones again in backward)")
+    if exp.gathers_before_blocks is not None and tuple(ev.gathers_before_blocks) != exp.gathers_before_blocks:
+        problems.append(f"FSDP2 all-gathers issued before each block's forward {tuple(ev.gathers_before_blocks)}, "
+                        f"expected {exp.gathers_before_blocks} (each block gathers in its own pre-forward; "
+                        "under explicit prefetch the next block's all-gather is issued a block earlier)")
     if exp.fsdp_reduce_scatters is not None:
         rs = _count_labelled(ev.runtime_ops, FSDP_REDUCE_SCATTER)
         if rs != exp.fsdp_reduce_scatters:

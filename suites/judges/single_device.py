@@ -29,10 +29,11 @@ from ..scenario.table import TABLE, TIERS, Scenario
 from .tolerances import Tolerance, tolerance, truth_tolerance
 
 ONE_DEVICE = {"parallel": "single", "world_size": 1, "async_tp": False, "resume": "none", "dcp": "sync",
-              "loss_parallel": False, "schedule": "none", "offload": False, "reshard": "titan", "init": "seed"}
+              "loss_parallel": False, "schedule": "none", "offload": False, "reshard": "titan", "prefetch": "implicit",
+              "init": "seed"}
 """The columns only a mesh gives, at their one-device value: no layout to resume into,
 vocab-parallel cross entropy is plain cross entropy on one shard, no pipeline schedule,
-no FSDP2 offload or resharding, no rank 0 to broadcast a full state dict from."""
+no FSDP2 offload, resharding or prefetch, no rank 0 to broadcast a full state dict from."""
 
 
 FIRST_TIER = "nightly"

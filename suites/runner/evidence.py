@@ -85,6 +85,9 @@ class Evidence:
     """dtype -> the process group's all-reduces of gradient buckets (non-scalar tensors) in
     the last step, as the profiler saw them run (DDP's C++ reducer calls no Python
     function the collective wrappers could see)."""
+    gathers_before_blocks: list[int] = field(default_factory=list)
+    """FSDP2 all-gathers the last step had issued when each block's first forward began, in
+    block order (eager FSDP2 rows): explicit prefetch issues the next block's a block earlier."""
     ddp_buckets: int = 0
     """Gradient buckets of a ddp / replicate row's reducer (each all-reduced once a step)."""
     optimizer_ops: Counter = field(default_factory=Counter)
@@ -129,6 +132,8 @@ class Mutation:
     grad_scaler: Callable[..., Any] | None = None
     """A loss-scaled row's parallel run takes its GradScaler from this factory (keyword
     arguments: step.grad_scaler's), not torch.amp.GradScaler."""
+    prefetch_ignored: bool = False
+    """A prefetch=explicit row's blocks are sharded without their prefetch lists (FSDP2's implicit order)."""
     sync_every_microbatch: bool = False
     """A grad_sync=last row's FSDP2 still reduces every microbatch's gradients (never told not to);
     a ddp / replicate one all-reduces in every microbatch (no no_sync)."""

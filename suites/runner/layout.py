@@ -214,7 +214,8 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
         layout.sync = par.gradient_sync(layout.runnable, model, parallel)
     if parallel in par.FSDP_LAYOUTS:
         par.apply_fsdp(model, dp_mesh, scenario.mp, reshard=mutation.fsdp_reshard, mode=scenario.reshard,
-                       offload=scenario.offload, reduce_dtype=mutation.fsdp_reduce_dtype)
+                       offload=scenario.offload, reduce_dtype=mutation.fsdp_reduce_dtype,
+                       prefetch="implicit" if mutation.prefetch_ignored else scenario.prefetch)
     if parallel == "ep_fsdp":  # data parallel over every rank; experts' norms summed over their ep group
         every = meshes((world,), ("dp_shard",))
         layout.dp_group, layout.dp_rank, layout.dp_size = every.get_group(), every.get_local_rank(), world

@@ -197,8 +197,13 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
         watch = (last, evidence.collectives) if (final in FSDP2_LAYOUTS or final in TP_EVIDENCE_LAYOUTS) \
             and not scenario.fsdp_float8_all_gather else None  # FSDP2's and TP's collective dtypes (graph_checks)
 
+        armed = [False]
+        if watch is not None and scenario.fsdp and not scenario.compiled and scenario.resume == "none":
+            _record_gather_order(layout.model, evidence, armed)
+
         @contextlib.contextmanager
         def last_step():
+            armed[0] = True
             with count_executed_ops(evidence.runtime_ops,
                                     evidence.grad_all_reduces if layout.sync is not None else None):
                 yield
@@ -267,6 +272,19 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
             if counter is not None:
                 evidence.eval_graphs, evidence.eval_calls = counter.graphs - graphs, counter.calls - calls
     return record, evidence
+
+
+def _record_gather_order(model: nn.Module, evidence: Evidence, armed: list[bool]) -> None:
+    """Before each block's first forward of the last step (once `armed`): how many FSDP2
+    all-gathers that step has issued so far (FSDP2's own pre-forward, prepended, runs first)."""
+    from .collectives import FSDP_ALL_GATHER_OPS, calls_of
+
+    for index, block in enumerate(model.layers.children()):
+        def before(module: nn.Module, args: Any, index: int = index) -> None:
+            if armed[0] and len(evidence.gathers_before_blocks) == index:
+                evidence.gathers_before_blocks.append(calls_of(evidence.collectives, FSDP_ALL_GATHER_OPS))
+
+        block.register_forward_pre_hook(before)
 
 
 def _export(model: nn.Module, record: TrainRecord, mutation: Mutation) -> None:

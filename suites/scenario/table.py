@@ -131,6 +131,18 @@ TABLE: list[Scenario] = [
     row("tp_sp", loss_parallel=True, tier="pr"),
     row("tp_sp", "model", "inductor", loss_parallel=True),
     row("fsdp_tp", loss_parallel=True, world_size=4),
+    # FSDP2 explicit prefetching (torchtitan's apply_fsdp under EP): each block issues the next one's
+    # all-gather (forward) and the previous one's (backward); the numbers must not change, the
+    # all-gathers must be the same ones, issued a block earlier
+    row("fsdp", prefetch="explicit"),
+    row("fsdp", mp="bf16", accum=2, prefetch="explicit"),
+    row("fsdp", accum=2, grad_sync="last", prefetch="explicit"),
+    row("fsdp", reshard="true", prefetch="explicit", optim="adamw"),
+    row("fsdp", offload=True, prefetch="explicit"),
+    row("fsdp", tie=True, prefetch="explicit"),
+    row("fsdp", "block", "inductor", prefetch="explicit"),
+    row("hsdp", world_size=4, prefetch="explicit"),
+    row("fsdp_tp", world_size=4, prefetch="explicit"),
 ]
 # fmt: on
 
