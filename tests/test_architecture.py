@@ -161,9 +161,6 @@ KNOWN_UPWARD = {
     # `distci run --backend docker`: the run command dispatches to the images stage, which
     # builds on run/cellrun; the docker backend belongs beside launch/ (see DESIGN).
     ("distci.run.command", "distci.images"),
-    # a thin re-export of the engine's old place, for imports written before it moved to
-    # distci/fuzz/engine.py (the fuzz generators' merge removes it)
-    ("suites.fuzz", "distci.fuzz.engine"),
     # the ops generator's case record and op inventory (pure, torch-free) and its shrinker,
     # which the cell side runs in-session so a shrink costs no pool start; they belong on the
     # cell side, loaded by name as distci.fuzz.space.cell_side() loads suites/generators/space.py
