@@ -191,7 +191,7 @@ def placements(model: nn.Module) -> dict[str, str]:
     return out
 
 
-def _gathered(table: dict) -> dict:
+def gathered(table: dict) -> dict:
     """Every rank's entries in one dict (a pp rank holds its stages' parameters only)."""
     import torch.distributed as dist
 
@@ -203,7 +203,8 @@ def _gathered(table: dict) -> dict:
     return dict(sorted(out.items()))
 
 
-def _graph_breaks() -> int:
+def count_graph_breaks() -> int:
+    """Graph breaks Dynamo has counted in this process so far (a run reads the difference)."""
     from torch._dynamo.utils import counters
 
     return int(sum(counters["graph_break"].values()))

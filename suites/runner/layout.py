@@ -18,7 +18,7 @@ import torch.nn as nn
 from . import parallelize as par
 from . import step as stp
 from . import tying
-from .evidence import Evidence, Mutation, _gathered, clean_name, placements
+from .evidence import Evidence, Mutation, gathered, clean_name, placements
 from . import checkpoint as ckpt
 from .models import Transformer, build_model, is_frozen, rope_cache
 from .uneven import uneven_params
@@ -79,7 +79,7 @@ def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def _as_meshes(mesh: Any) -> Meshes:
+def as_meshes(mesh: Any) -> Meshes:
     """A mesh factory from the harness's `dist.mesh`, or from one DeviceMesh (1-D rows)."""
     if callable(mesh) and not hasattr(mesh, "mesh_dim_names"):
         return mesh
@@ -147,8 +147,8 @@ def _build_pipeline(scenario: Scenario, parallel: str, meshes: Meshes, device, d
     pipe, modules = pipeline.build(scenario.schedule, fresh, stp.build_loss(scenario), scenario.accum, device,
                                    group=group, sum_microbatches=mutation.pp_sum_microbatches, prepare=prepare)
     stages = pipeline.Stages(modules)
-    evidence.placements = _gathered(placements(stages))
-    evidence.trainable = sorted(_gathered({clean_name(n): 1 for n, p in stages.named_parameters() if p.requires_grad}))
+    evidence.placements = gathered(placements(stages))
+    evidence.trainable = sorted(gathered({clean_name(n): 1 for n, p in stages.named_parameters() if p.requires_grad}))
     layout.runnable = layout.model = stages
     layout.pipe, layout.local_group = pipe, group
     return layout
@@ -231,7 +231,7 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
         evidence.tied[tying.AFTER_PARALLELIZE] = tying.tied(model)
     if scenario.shard == "uneven" and parallel != "single":
         evidence.uneven[parallel] = uneven_params(model)
-    gather = _gathered if layout.partial_params else (lambda table: table)
+    gather = gathered if layout.partial_params else (lambda table: table)
     evidence.placements = gather(placements(model))
     evidence.trainable = sorted(gather({clean_name(n): 1 for n, p in model.named_parameters() if p.requires_grad}))
     evidence.float8_all_gather_weights = par.count_float8_all_gather_weights(model) if scenario.float8 != "none" else 0

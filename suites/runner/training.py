@@ -26,9 +26,9 @@ from . import parallelize as par
 from . import step as stp
 from . import tying
 from .collectives import record_collectives
-from .evidence import (Evidence, Mutation, TrainRecord, _gathered, _graph_breaks, clean_name, count_executed_ops,
+from .evidence import (Evidence, Mutation, TrainRecord, gathered, count_graph_breaks, clean_name, count_executed_ops,
                        full_grads, inductor_probe)
-from .layout import Layout, _as_meshes, build_layout, torch_dtype
+from .layout import Layout, as_meshes, build_layout, torch_dtype
 from .models import is_frozen
 from .routing import RoutingClock, gather_routing, steer, watch_routing
 from ..scenario.record import RESUME_AT, Scenario
@@ -105,7 +105,7 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
         _clip(scenario, layout, record, mutation)
         record.losses.append(float(total.cpu()))
         grads = full_grads(layout.model, layout.ep)
-        record.grads.append(_gathered(grads) if layout.partial_params else grads)
+        record.grads.append(gathered(grads) if layout.partial_params else grads)
         stp.optimizer_step(step_parts, step, record)
         if scenario.fsdp_float8_all_gather:
             par.precompute_float8_scales(layout.model)
@@ -147,7 +147,7 @@ def _pipeline_step(scenario: Scenario, layout: Layout, tokens, labels, device, r
             total /= layout.dp_size
     _clip(scenario, layout, record, mutation)
     record.losses.append(float(total.cpu()))
-    record.grads.append(_gathered(full_grads(layout.model)))
+    record.grads.append(gathered(full_grads(layout.model)))
     stp.optimizer_step(step_parts, index)
 
 
@@ -172,7 +172,7 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
     meshes than the 1-D one) or, for 1-D rows, a DeviceMesh.
     """
     mutation = mutation or Mutation()
-    meshes = _as_meshes(mesh)
+    meshes = as_meshes(mesh)
     evidence = Evidence(compiled=scenario.compiled)
     dtype = scenario.train_dtype_override or dtype
     record = TrainRecord()
@@ -190,7 +190,7 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
 
             stack.enter_context(dynamo_config.patch(mutation.dynamo_config))
         layout = build_layout(scenario, scenario.parallel, meshes, device, dtype, evidence, mutation)
-        breaks_before = _graph_breaks()
+        breaks_before = count_graph_breaks()
         last = scenario.steps - 1
 
         final = scenario.parallel if scenario.resume == "none" else scenario.resume
@@ -257,13 +257,13 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
             evidence.graphs_total = counter.graphs
             if scenario.steps == 1:
                 evidence.graphs_after_first_step = counter.graphs
-        evidence.graph_breaks = _graph_breaks() - breaks_before
+        evidence.graph_breaks = count_graph_breaks() - breaks_before
         if final in ckpt.EXPORTED_LAYOUTS:
             _export(layout.model, record, mutation)
         if scenario.tie:
             evidence.tied[tying.AFTER_LAST_STEP] = tying.tied(layout.model)
         trainable_end = {clean_name(n): 1 for n, p in layout.model.named_parameters() if p.requires_grad}
-        evidence.trainable_end = sorted(_gathered(trainable_end) if layout.partial_params else trainable_end)
+        evidence.trainable_end = sorted(gathered(trainable_end) if layout.partial_params else trainable_end)
         evidence.frozen_with_grad = sorted(n for n, g in record.grads[-1].items()
                                            if g is not None and is_frozen(n, scenario.train))
         if scenario.eval != "none":
