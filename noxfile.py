@@ -278,7 +278,7 @@ def aggregate(session: nox.Session) -> None:
 
 @nox.session
 def coverage(session: nox.Session) -> None:
-    """Regenerate docs/suites.md's scenario coverage table from suites/scenarios.py (`-- --check` in CI).
+    """Regenerate docs/suites.md's scenario coverage table from suites/scenario/table.py (`-- --check` in CI).
 
     The table reads each scenario's markers, which come through the pytest plugin: pytest is needed."""
     _install(session, "-e", ".", "pytest")

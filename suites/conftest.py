@@ -17,7 +17,7 @@ float8 kernels, float8 collectives that gloo lacks) are turned into the harness'
 `requires_accelerator` / `requires_sm` markers or a skip with the reason, for the
 accelerator this run uses; what the stack itself cannot do (torchao missing, CPU
 `_scaled_mm` without rowwise scales, no differentiable all-to-all, ...) is probed by
-suites/capabilities.py, and the row skips with the probe's reason.
+suites/probes/capabilities.py, and the row skips with the probe's reason.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import os
 
 import pytest
 
-from . import capabilities
-from .scenario_record import TIERS, Scenario
+from .probes import capabilities
+from .scenario.record import TIERS, Scenario
 
 TIER_ENV = "DISTCI_TIER"
 SHARD_ENV = "DISTCI_SHARD"
@@ -81,7 +81,7 @@ def _device_type(config: pytest.Config) -> str:
         harness = harness_of(config)
     if harness is not None:
         return harness.device_type
-    from .devices import detect_device_type
+    from .scenario.devices import detect_device_type
 
     return detect_device_type()
 

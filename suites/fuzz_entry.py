@@ -1,4 +1,4 @@
-"""Runs configurations the fuzzer drew (points of suites/space.py) as ordinary tests on the rank pool.
+"""Runs configurations the fuzzer drew (points of suites/generators/space.py) as ordinary tests on the rank pool.
 
 Not collected with `suites/` (the file name is not test_*.py): `python -m distci fuzz`
 names it, with the configurations in $DISTCI_FUZZ_CONFIGS (a JSON file: a list of points)
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from .fuzz_plants import planted
-from .space import CONFIG_ENV, CONFIGS_ENV, complete, point_from_id, scenario
+from .generators.config_plants import planted
+from .generators.space import CONFIG_ENV, CONFIGS_ENV, complete, point_from_id, scenario
 from .test_scenarios import marks_of, scenario_problems
 
 

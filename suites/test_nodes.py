@@ -14,9 +14,9 @@ import socket
 
 import pytest
 
-from .checks import require
+from .judges.checks import require
 from .conftest import tier_marks
-from .scenarios import TABLE
+from .scenario.table import TABLE
 from .test_scenarios import scenario_problems, timeout_of
 
 

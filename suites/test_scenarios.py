@@ -1,4 +1,4 @@
-"""Runs the scenario table (suites/scenarios.py): every row, on every rank of the pool.
+"""Runs the scenario table (suites/scenario/table.py): every row, on every rank of the pool.
 
 Each scenario trains the parallel model and its single-process reference for a few
 steps and must match it in loss and gradients (and the eval forward) within the
@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import pytest
 
-from .checks import check_graph, check_numerics, check_routing, expected_graph, require
+from .judges.checks import check_graph, check_numerics, check_routing, expected_graph, require
 from .conftest import tier_marks
-from .devices import suite_device
-from .scenarios import TABLE, Scenario
-from .tolerances import BF16_COMM_HOOK, tolerance
-from .reference import run_reference
-from .routing import edge_problems
-from .training import run_parallel
+from .scenario.devices import suite_device
+from .scenario.table import TABLE, Scenario
+from .judges.tolerances import BF16_COMM_HOOK, tolerance
+from .runner.reference import run_reference
+from .runner.routing import edge_problems
+from .runner.training import run_parallel
 
 TIMEOUT_S = {"none": 180, "eager": 300, "aot_eager": 300, "inductor": 900}
 """Per-test timeout by compile backend: CPU inductor compiles (C++) of both ranks share

@@ -1,4 +1,4 @@
-"""Runs the world-size-1 slice of the scenario table (suites/single_device.py) on one device.
+"""Runs the world-size-1 slice of the scenario table (suites/judges/single_device.py) on one device.
 
 Each row trains on one rank of a world-size-1 pool and must match its eager float32
 reference in loss and gradients, and must show the graph its features imply (the
@@ -6,22 +6,22 @@ checks of the table's rows: graphs compiled, no break, no eager fallback, scaled
 at runtime and in inductor's post-grad graph for Float8). On a one-GPU runner these are
 the real kernels (inductor's Triton code, `_scaled_mm` on SM89/SM90, bf16); a CPU cell runs
 the same rows as controls, a Float8 recipe that this CPU `_scaled_mm` lacks skipping
-with the probe's reason (suites/capabilities.py, applied by suites/conftest.py).
+with the probe's reason (suites/probes/capabilities.py, applied by suites/conftest.py).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from .checks import check_graph, check_numerics, check_routing, expected_graph, require
+from .judges.checks import check_graph, check_numerics, check_routing, expected_graph, require
 from .conftest import tier_marks
-from .devices import suite_device
-from .scenarios import Scenario
-from .single_device import first_step_gradients, numbers, reference_of, routing_unobservable, single_device_slice
+from .scenario.devices import suite_device
+from .scenario.table import Scenario
+from .judges.single_device import first_step_gradients, numbers, reference_of, routing_unobservable, single_device_slice
 from .test_scenarios import timeout_of
-from .reference import run_reference
-from .routing import edge_problems
-from .training import run_parallel
+from .runner.reference import run_reference
+from .runner.routing import edge_problems
+from .runner.training import run_parallel
 
 SLICE = single_device_slice()
 

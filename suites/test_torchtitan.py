@@ -27,12 +27,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .checks import FLOAT8_MMS_PER_LINEAR, GraphExpectation, block_graphs, check_graph, check_numerics, require
+from .judges.checks import FLOAT8_MMS_PER_LINEAR, GraphExpectation, block_graphs, check_graph, check_numerics, require
 from .conftest import tier_marks
-from .parallelize import CompileCounter, count_float8_linears
-from .tolerances import tolerance
+from .runner.parallelize import CompileCounter, count_float8_linears
+from .judges.tolerances import tolerance
 from .titan import Job, Line, select_or_skip, version
-from .training import Evidence, TrainRecord, clean_name, count_executed_ops, full_grads, inductor_probe, placement_name
+from .runner.evidence import Evidence, TrainRecord, clean_name, count_executed_ops, full_grads, inductor_probe, placement_name
 
 N_LAYERS, SEQ, BATCH, STEPS, SEED, LR = 2, 64, 2, 3, 20251130, 1e-3
 DTYPE = "float32"

@@ -17,12 +17,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import check_numerics, require
+from .judges.checks import check_numerics, require
 from .conftest import tier_marks
-from .devices import suite_device
-from .parallelize import CompileCounter
-from .tolerances import tolerance
-from .training import TrainRecord, full_grads
+from .scenario.devices import suite_device
+from .runner.parallelize import CompileCounter
+from .judges.tolerances import tolerance
+from .runner.evidence import TrainRecord, full_grads
 
 DIM, HIDDEN, TOKENS, STEPS, SEED = 32, 64, 16, 3, 7
 

@@ -34,14 +34,24 @@ def _modules(*roots: Path) -> dict[str, Path]:
     return mods
 
 
+def _absolute(mod: str, path: Path, node: ast.ImportFrom) -> str:
+    """The module a `from X import` names, relative ones (`from ..runner import y`) resolved."""
+    if node.level == 0:
+        return node.module or ""
+    package = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+    base = package[:len(package) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
-    """Module -> the distci modules it imports (anywhere in its body)."""
+    """Module -> the distci (or suites) modules it imports (anywhere in its body)."""
     edges: dict[str, set[str]] = {m: set() for m in mods}
     for mod, path in mods.items():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in mods]
-                targets = subs + ([node.module] if len(subs) < len(node.names) else [])
+            if isinstance(node, ast.ImportFrom) and (node.module or node.level):
+                module = _absolute(mod, path, node)
+                subs = [f"{module}.{a.name}" for a in node.names if f"{module}.{a.name}" in mods]
+                targets = subs + ([module] if len(subs) < len(node.names) else [])
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             else:
@@ -235,3 +245,47 @@ def test_launch_imports_only_records_provision_and_harness() -> None:
                  if mod.startswith("distci.launch") for target in targets
                  if target.split(".")[1] not in below and target.split(".")[1] not in RECORDS)
     assert not bad, f"launch/ imports a stage above it: {bad}"
+
+
+SUITE_ROOMS = ("scenario", "runner", "judges", "probes", "generators")
+"""suites/'s rooms, lowest first (docs/architecture.md): a room imports only the rooms before
+it; the pytest files (test_*.py, conftest.py, fuzz_entry.py, regressions/) and titan/ import
+any room, and no room imports them."""
+
+
+def room_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in SUITE_ROOMS + ("titan",) else None
+
+
+def room_arrows(edges: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Imports from a room to a later room, or to a pytest file."""
+    rank = {room: i for i, room in enumerate(SUITE_ROOMS)}
+    bad = set()
+    for a, targets in edges.items():
+        ra = room_of(a)
+        if ra is None or ra == "titan":
+            continue
+        for b in targets:
+            rb = room_of(b)
+            if b.startswith("suites") and b != "suites" and (rb is None or (rb != "titan" and rank[rb] > rank[ra])):
+                bad.add((a, b))
+    return bad
+
+
+def test_the_room_finder_finds_a_planted_upward_import() -> None:
+    edges = {"suites.scenario.record": {"suites.runner.models", "suites.scenario.columns"},
+             "suites.judges.checks": {"suites.runner.step", "suites.conftest"},
+             "suites.test_x": {"suites.generators.space"}}
+    assert room_arrows(edges) == {("suites.scenario.record", "suites.runner.models"),
+                                  ("suites.judges.checks", "suites.conftest")}
+
+
+def test_suites_rooms_import_only_the_rooms_before_them() -> None:
+    mods = _modules(REPO / "suites")
+    assert {m.split(".")[1] for m in mods if m.count(".") >= 2 and (REPO / "suites" / m.split(".")[1]).is_dir()} \
+        <= set(SUITE_ROOMS) | {"titan", "regressions"}, "a new folder in suites/: add it to SUITE_ROOMS"
+    found = room_arrows(import_graph(mods))
+    assert not found, "suites/ rooms importing a later room or a pytest file (move the shared part down): " + \
+        "; ".join(f"{a} -> {b}" for a, b in sorted(found))
+    assert not cycles(import_graph(mods)), f"import loops in suites/: {cycles(import_graph(mods))}"

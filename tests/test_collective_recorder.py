@@ -31,7 +31,7 @@ def test_functional_collectives_are_recorded_with_dtype_group_and_size(one_rank)
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.device_mesh import init_device_mesh
 
-    from suites.collectives import CollectiveCall, functional_dtypes, record_collectives
+    from suites.runner.collectives import CollectiveCall, functional_dtypes, record_collectives
 
     mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
     seen: Counter = Counter()
@@ -49,9 +49,9 @@ def test_functional_collectives_are_recorded_with_dtype_group_and_size(one_rank)
 def test_recording_around_a_compiled_function_keeps_it_compiled(one_rank):
     import torch.distributed._functional_collectives as funcol
 
-    from suites.collectives import record_collectives
-    from suites.evidence import count_executed_ops
-    from suites.parallelize import CompileCounter
+    from suites.runner.collectives import record_collectives
+    from suites.runner.evidence import count_executed_ops
+    from suites.runner.parallelize import CompileCounter
 
     torch._dynamo.reset()
     counter = CompileCounter("eager")
@@ -73,7 +73,7 @@ def test_recording_around_a_compiled_function_keeps_it_compiled(one_rank):
 
 
 def test_tp_collectives_in_the_wrong_dtype_fail_the_check():
-    from suites.graph_checks import GraphExpectation, _tp_collective_problems
+    from suites.judges.graph_checks import GraphExpectation, _tp_collective_problems
 
     exp = GraphExpectation(tp_collective_dtypes=("bfloat16", "float32"), tp_collectives_seen=True)
     good = Counter({("funcol.all_reduce", "bfloat16"): 4, ("funcol.all_gather_tensor", "float32"): 1})
@@ -86,8 +86,8 @@ def test_tp_collectives_in_the_wrong_dtype_fail_the_check():
 
 
 def test_the_expectation_asks_eager_tp_rows_for_their_collectives():
-    from suites.graph_checks import expected_graph
-    from suites.scenario_record import row
+    from suites.judges.graph_checks import expected_graph
+    from suites.scenario.record import row
 
     assert expected_graph(row("tp_sp"), "float32").tp_collective_dtypes == ("float32",)
     assert expected_graph(row("tp_sp"), "float32").tp_collectives_seen

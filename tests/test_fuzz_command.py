@@ -17,9 +17,9 @@ from distci.fuzz import command as cmd
 from distci.fuzz.report import FuzzRun, render_report, repro, table_row, update_coverage
 from distci.fuzz import space as fuzz_space
 from distci.fuzz.records import Find, Outcome, Report
-from suites import scenarios as sc
-from suites import space as cell
-from suites.space import ENTRY_TEST, key, point_of
+from suites.scenario import table as sc
+from suites.generators import space as cell
+from suites.generators.space import ENTRY_TEST, key, point_of
 
 
 def Space(**kwargs) -> fuzz_space.Space:
@@ -71,7 +71,7 @@ def test_a_repro_is_a_command_that_selects_the_configuration():
 
 
 def test_a_scenario_id_names_its_point():
-    from suites.space import point_from_id
+    from suites.generators.space import point_from_id
 
     for row in sc.TABLE:
         assert point_from_id(row.id) == point_of(row), row.id

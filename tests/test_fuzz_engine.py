@@ -11,9 +11,9 @@ from distci.fuzz import space as fuzz_space
 from distci.fuzz.engine import Fuzzer, ShrinkLimits
 from distci.fuzz.records import Outcome, Report
 from distci.fuzz.space import Drawer, smaller
-from suites import scenarios as sc
-from suites import space as cell
-from suites.space import AXES, AXIS_VALUES, SIZES, SizedScenario, key, point_from_id, point_of, scenario
+from suites.scenario import table as sc
+from suites.generators import space as cell
+from suites.generators.space import AXES, AXIS_VALUES, SIZES, SizedScenario, key, point_from_id, point_of, scenario
 
 
 def Space(**kwargs) -> fuzz_space.Space:

@@ -9,11 +9,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("torchao.float8")
 
-from suites.checks import expected_graph  # noqa: E402 - after the torch check
+from suites.judges.checks import expected_graph  # noqa: E402 - after the torch check
 from suites.fuzz_entry import judged  # noqa: E402
-from suites.models import build_model  # noqa: E402
-from suites.parallelize import convert_float8  # noqa: E402
-from suites.space import scenario  # noqa: E402
+from suites.runner.models import build_model  # noqa: E402
+from suites.runner.parallelize import convert_float8  # noqa: E402
+from suites.generators.space import scenario  # noqa: E402
 
 STARVED = "routing: experts [3] never got a token: their gradients are not tested"
 NO_EMPTY = "routing: every expert got tokens in every microbatch (min 1): the empty-expert path was not exercised"

@@ -95,7 +95,7 @@ torch = pytest.importorskip("torch")
 
 
 def _traced(model, x):
-    from suites.localize import Tracer
+    from suites.judges.localize import Tracer
 
     tracer = Tracer(model)
     with tracer.tracing():
@@ -117,7 +117,7 @@ def _pair(break_layer: int | None, noise: float = 0.0):
 
 @pytest.mark.parametrize("broken", [0, 2, 3])
 def test_localization_names_the_first_module_that_leaves_the_reference(broken):
-    from suites.localize import Trace, first_divergence
+    from suites.judges.localize import Trace, first_divergence
 
     ref, run = _pair(broken)
     x = torch.randn(5, 8)
@@ -126,7 +126,7 @@ def test_localization_names_the_first_module_that_leaves_the_reference(broken):
 
 
 def test_rounding_level_differences_stay_inside_the_bound():
-    from suites.localize import Trace, first_divergence
+    from suites.judges.localize import Trace, first_divergence
 
     ref, run = _pair(None, noise=torch.finfo(torch.float32).eps)
     x = torch.randn(5, 8)
@@ -134,7 +134,7 @@ def test_rounding_level_differences_stay_inside_the_bound():
 
 
 def test_data_parallel_and_tp_shards_are_put_back_together():
-    from suites.localize import combine
+    from suites.judges.localize import combine
 
     full = torch.arange(24.0).view(4, 6)
     assert torch.equal(combine([full[:2], full[2:]], full, True), full)
@@ -144,7 +144,7 @@ def test_data_parallel_and_tp_shards_are_put_back_together():
 
 
 def test_a_gradient_bug_is_localized_to_the_parameter():
-    from suites.localize import Trace, first_divergence
+    from suites.judges.localize import Trace, first_divergence
 
     ref, run = _pair(None)
     grads_ref = [{"3.weight": torch.ones(4, 8)}]

@@ -1,7 +1,7 @@
 """The fuzzer finds planted bugs and shrinks each to the axes the bug needs, end to end.
 
 Each test runs `python -m distci fuzz` for real (this interpreter's stack, 2 gloo ranks)
-with one bug of suites/fuzz_plants.py planted, in a space restricted to a few axes and a
+with one bug of suites/generators/config_plants.py planted, in a space restricted to a few axes and a
 budget of a few draws and no reruns (the plants are deterministic) so it fits CI. The
 bug is only visible in a combination (accumulation; a Float8 recipe; FSDP x full AC),
 the draws carry distractor axes, and the shrunk configuration must keep exactly the
@@ -68,7 +68,7 @@ def fuzz(tmp: Path, *args: str, plant: str = "", timeout: int = 1500) -> tuple[s
 
 
 def _space_args(drawn: dict[str, str]) -> list[str]:
-    from suites.space import AXES
+    from suites.generators.space import AXES
 
     return [arg for a in AXES for arg in ("--space", f"{a.name}={drawn.get(a.name, a.default)}")]
 
@@ -77,7 +77,7 @@ def _space_args(drawn: dict[str, str]) -> list[str]:
 @pytest.mark.parametrize("plant", list(CASES))
 def test_a_planted_bug_is_found_and_shrunk_to_what_it_needs(tmp_path, plant):
     from distci.fuzz import space as fuzz_space
-    from suites import space as cell
+    from suites.generators import space as cell
 
     def Space():
         return fuzz_space.Space(cell)

@@ -34,7 +34,7 @@ def judge(runs: Path, db: Path, matrix: Path) -> gate.GateResult:
 
 
 def test_the_fuzzers_ids_agree_with_its_entry_test():
-    from suites.space import ENTRY_TEST
+    from suites.generators.space import ENTRY_TEST
 
     assert FUZZ_TESTS == f"{ENTRY_TEST}::"
     assert is_fuzz(FIND) and not is_fuzz(TP)

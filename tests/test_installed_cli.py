@@ -94,6 +94,6 @@ def test_every_command_help_works_from_the_wheel_without_pytest(tmp_path: Path) 
     assert drawn.returncode == 0, drawn.stderr[-2000:]
     from distci.fuzz.command import list_draws
     from distci.fuzz.space import Space
-    from suites import space as cell_side
+    from suites.generators import space as cell_side
 
     assert drawn.stdout.split() == list_draws(Space(cell_side, device_type="cpu"), "s", 3)

@@ -172,7 +172,7 @@ def test_the_configurations_report_names_the_near_miss_and_a_generic_failure_sta
     from distci.fuzz.engine import Fuzzer
     from distci.fuzz.records import outcome_of
     from distci.fuzz.report import FuzzRun, render_report
-    from suites import space as cell
+    from suites.generators import space as cell
 
     space = fuzz_space.Space(cell)
     for line, near in ((SPECIFIC, True), (GENERIC_LINE, False)):

@@ -38,7 +38,7 @@ def test_the_runner_is_saturated_from_one_runnable_task_per_cpu(monkeypatch) -> 
 
 COLLECTIVE_STACK = ('Current thread 0x1 (most recent call first):\n'
                     '  File "/x/torch/distributed/distributed_c10d.py", line 3252 in all_reduce\n')
-COMPUTE_STACK = 'Current thread 0x1 (most recent call first):\n  File "/x/suites/step.py", line 9 in forward\n'
+COMPUTE_STACK = 'Current thread 0x1 (most recent call first):\n  File "/x/suites/runner/step.py", line 9 in forward\n'
 
 
 SHARDING_STACK = ('Current thread 0x1 (most recent call first):\n'

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from suites.scenarios import COLUMNS, RULES, SCENARIOS, TABLE, Scenario, ScenarioError, row
+from suites.scenario.table import COLUMNS, RULES, SCENARIOS, TABLE, Scenario, ScenarioError, row
 
 
 def test_the_record_has_exactly_the_declared_columns_in_order():
@@ -80,7 +80,7 @@ def test_the_coverage_table_has_a_column_per_declared_column():
 
 
 def test_cp_rows_skip_on_cpu_with_the_measured_reason_and_run_on_cuda():
-    from suites.devices import CP_NOT_ON_CPU, scenario_needs
+    from suites.scenario.devices import CP_NOT_ON_CPU, scenario_needs
 
     cp = [s for s in TABLE if s.parallel == "cp"]
     assert cp, "the table has context-parallel rows"
@@ -92,7 +92,7 @@ def test_cp_rows_skip_on_cpu_with_the_measured_reason_and_run_on_cuda():
 
 def test_multi_mesh_rows_never_enter_the_one_device_slice_as_themselves():
     """A cp / pp_* / ep_fsdp row needs >= 2 ranks: its projection is a plain one-device row."""
-    from suites.single_device import single_device_slice
+    from suites.judges.single_device import single_device_slice
 
     for s in single_device_slice():
         assert s.parallel == "single" and s.world_size == 1 and s.schedule == "none", s.id

@@ -1,4 +1,4 @@
-"""The world-size-1 slice (suites/single_device.py): derived from the table, judged for real.
+"""The world-size-1 slice (suites/judges/single_device.py): derived from the table, judged for real.
 
 The slice must follow the table by itself (a new row joins it, a row that needs a mesh
 leaves it), and its checks must bite on one device: a one-device run trains in this
@@ -14,9 +14,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from suites import single_device as sd  # noqa: E402
-from suites.scenarios import SCENARIOS, TABLE, TIERS, Scenario, row  # noqa: E402
-from suites.tolerances import truth_tolerance  # noqa: E402
+from suites.judges import single_device as sd  # noqa: E402
+from suites.scenario.table import SCENARIOS, TABLE, TIERS, Scenario, row  # noqa: E402
+from suites.judges.tolerances import truth_tolerance  # noqa: E402
 
 
 def test_every_slice_row_is_one_device_and_unique():
@@ -29,7 +29,7 @@ def test_every_slice_row_is_one_device_and_unique():
 
 
 def test_every_table_row_is_represented_in_its_earliest_tier():
-    from suites.scenarios import ScenarioError
+    from suites.scenario.table import ScenarioError
 
     rows = {r.id: r for r in sd.single_device_slice()}
     dropped = []
@@ -77,7 +77,7 @@ def test_reference_is_eager_float32_without_the_rows_features():
 
 
 def test_only_compiled_reduced_precision_moe_rows_are_judged_at_the_first_step():
-    from suites.training import TrainRecord
+    from suites.runner.evidence import TrainRecord
 
     rows = sd.single_device_slice()
     flagged = {r.id for r in rows if sd.routing_unobservable(r, "bfloat16")}
@@ -95,9 +95,9 @@ def _row(sid: str) -> Scenario:
 def _judge(row: Scenario, mutation=None) -> list[str]:
     import torch
 
-    from suites.checks import check_graph, check_numerics, expected_graph
-    from suites.reference import run_reference
-    from suites.training import run_parallel
+    from suites.judges.checks import check_graph, check_numerics, expected_graph
+    from suites.runner.reference import run_reference
+    from suites.runner.training import run_parallel
 
     ref_row, ref_dtype, tol = sd.reference_of(row, "float32")
     reference = run_reference(ref_row, torch.device("cpu"), ref_dtype)
@@ -107,7 +107,7 @@ def _judge(row: Scenario, mutation=None) -> list[str]:
 
 @pytest.mark.slow
 def test_one_device_control_passes_and_a_dropped_gradient_fails():
-    from suites.training import Mutation
+    from suites.runner.evidence import Mutation
 
     row = _row("single-eager-ac_full-ws1")
     assert _judge(row) == []
@@ -123,9 +123,9 @@ def test_one_device_control_passes_and_a_dropped_gradient_fails():
 def test_float8_that_did_not_happen_fails_on_one_device():
     import torch
 
-    from suites.training import Mutation
+    from suites.runner.evidence import Mutation
 
-    from suites import capabilities
+    from suites.probes import capabilities
 
     row = _row("single-eager-f8_tensorwise-ws1")
     missing = capabilities.torchao() or capabilities.scaled_mm("cpu", "tensorwise")
@@ -140,9 +140,9 @@ def test_mixed_precision_on_one_device_computes_in_bf16():
     beyond the float32 one (so a run that silently stayed float32 would show ~inf dB)."""
     import torch
 
-    from suites.checks import check_numerics
-    from suites.reference import run_reference
-    from suites.training import run_parallel
+    from suites.judges.checks import check_numerics
+    from suites.runner.reference import run_reference
+    from suites.runner.training import run_parallel
 
     row = _row("single-eager-mp_bf16-ws1")
     ref_row, ref_dtype, tol = sd.reference_of(row, "float32")

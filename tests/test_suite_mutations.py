@@ -36,7 +36,8 @@ accumulation that all-reduces in every microbatch (no no_sync), DDP gradients al
 where the row says float32, a compiled DDP model without DDPOptimizer (one graph, not split at
 the buckets); a model loaded on the meta device (init=meta_load) whose rotary cache, a buffer no
 state dict carries, was left as to_empty left it (every step's loss differs, from the first);
-an fp16 row whose GradScaler is disabled (the overflowing step is taken).
+an fp16 row whose GradScaler is disabled (the overflowing step is taken); a prefetch=explicit
+row whose blocks kept FSDP2's implicit order (same numbers, block 1 gathered a block late).
 Unmutated controls run through the same checks and must pass, so a failure is the
 mutation's doing. All real runs share one spawn of two ranks (~60 s on 2 cores).
 """
@@ -109,11 +110,13 @@ RUNS = {
     "meta_load_buffers_left_empty": ("fsdp-eager-tied-meta_load", "meta_load_keeps_buffers"),
     "control_fp16": ("fsdp-eager-mp_fp16-ga2", None),
     "fp16_scaler_disabled": ("fsdp-eager-mp_fp16-ga2", "scaler_disabled"),
+    "control_prefetch": ("fsdp-eager-prefetch", None),
+    "prefetch_ignored": ("fsdp-eager-prefetch", "prefetch_ignored"),
 }
 
 
 def _scenario(sid: str):
-    from suites.scenarios import SCENARIOS, Scenario
+    from suites.scenario.table import SCENARIOS, Scenario
 
     if sid == VARLEN:
         return Scenario(parallel="tp", compile="model", backend="eager", shapes="varlen")
@@ -121,7 +124,7 @@ def _scenario(sid: str):
 
 
 def _mutation(kind: str | None):
-    from suites.training import Mutation
+    from suites.runner.evidence import Mutation
 
     if kind is None:
         return None
@@ -175,6 +178,8 @@ def _mutation(kind: str | None):
         return Mutation(optimizer_impl="for_loop")
     if kind == "sync_every_microbatch":
         return Mutation(sync_every_microbatch=True)
+    if kind == "prefetch_ignored":
+        return Mutation(prefetch_ignored=True)
     if kind == "ddp_bf16_hook":
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook
 
@@ -208,10 +213,10 @@ def _rank_main(rank: int, world_size: int, out_dir: str) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from suites.checks import check_graph, check_numerics, check_routing, expected_graph
-    from suites.tolerances import tolerance
-    from suites.reference import run_reference
-    from suites.training import run_parallel
+    from suites.judges.checks import check_graph, check_numerics, check_routing, expected_graph
+    from suites.judges.tolerances import tolerance
+    from suites.runner.reference import run_reference
+    from suites.runner.training import run_parallel
 
     torch.set_num_threads(1)
     # A bounded process-group timeout: a run that raises on one rank only must fail the
@@ -289,7 +294,7 @@ def test_float8_not_converted_fails_graph(mutated):
 
 
 def _async_tp_evidence(fused: bool):
-    from suites.training import Evidence
+    from suites.runner.evidence import Evidence
 
     ops = Counter({"_c10d_functional::all_gather_into_tensor": 8, "aten::mm": 24,
                    "_c10d_functional::reduce_scatter_tensor": 8})
@@ -302,8 +307,8 @@ def _async_tp_evidence(fused: bool):
 
 
 def test_async_tp_without_fusion_fails_graph():
-    from suites.checks import check_graph, expected_graph
-    from suites.scenarios import SCENARIOS
+    from suites.judges.checks import check_graph, expected_graph
+    from suites.scenario.table import SCENARIOS
 
     expect = expected_graph(SCENARIOS["tp_sp-compile_block-asynctp"])
     assert check_graph(expect, _async_tp_evidence(fused=True)) == []
@@ -342,8 +347,8 @@ def test_varlen_without_dynamic_shapes_breaks_the_recompile_budget(mutated):
 
 
 def test_step_that_ran_eager_fails_graph():
-    from suites.checks import check_graph, expected_graph
-    from suites.scenarios import SCENARIOS
+    from suites.judges.checks import check_graph, expected_graph
+    from suites.scenario.table import SCENARIOS
 
     expect = expected_graph(SCENARIOS["fsdp-compile_model_aot_eager"])
     assert expect.min_calls_per_step == 1
@@ -354,8 +359,8 @@ def test_step_that_ran_eager_fails_graph():
 
 
 def test_an_uneven_row_that_ran_even_shards_fails_graph():
-    from suites.checks import check_graph, expected_graph
-    from suites.scenarios import SCENARIOS
+    from suites.judges.checks import check_graph, expected_graph
+    from suites.scenario.table import SCENARIOS
 
     expect = expected_graph(SCENARIOS["fsdp-eager-uneven"])
     assert expect.uneven == "fsdp"
@@ -367,15 +372,15 @@ def test_an_uneven_row_that_ran_even_shards_fails_graph():
 
 
 def _evidence(**fields):
-    from suites.training import Evidence
+    from suites.runner.evidence import Evidence
 
     base = dict(compiled=True, graphs_after_first_step=2, graphs_total=2, graph_calls=[2, 2, 2])
     return Evidence(**{**base, **fields})
 
 
 def test_fsdp_float8_all_gather_in_high_precision_fails_graph():
-    from suites.checks import check_graph, expected_graph
-    from suites.scenarios import SCENARIOS
+    from suites.judges.checks import check_graph, expected_graph
+    from suites.scenario.table import SCENARIOS
 
     expect = expected_graph(SCENARIOS["fsdp-compile_block-f8_tensorwise"])
     assert expect.float8_all_gather_weights == expect.float8_linears > 0
@@ -387,8 +392,8 @@ def test_fsdp_float8_all_gather_in_high_precision_fails_graph():
 
 
 def test_fsdp_missing_reduce_scatter_and_unsharded_param_fail_graph():
-    from suites.checks import FSDP_ALL_GATHER, FSDP_REDUCE_SCATTER, check_graph, expected_graph
-    from suites.scenarios import SCENARIOS
+    from suites.judges.checks import FSDP_ALL_GATHER, FSDP_REDUCE_SCATTER, check_graph, expected_graph
+    from suites.scenario.table import SCENARIOS
 
     expect = expected_graph(SCENARIOS["fsdp-compile_block"])
     ops = Counter({f"{FSDP_ALL_GATHER} (layers.0)": expect.fsdp_all_gathers,
@@ -401,8 +406,8 @@ def test_fsdp_missing_reduce_scatter_and_unsharded_param_fail_graph():
 
 
 def test_eval_that_ran_eager_or_recompiled_fails_graph():
-    from suites.checks import check_graph, expected_graph
-    from suites.scenarios import SCENARIOS
+    from suites.judges.checks import check_graph, expected_graph
+    from suites.scenario.table import SCENARIOS
 
     expect = expected_graph(SCENARIOS["tp-compile_model-eval_no_grad"])
     shards = {"layers.0.attention.wq.weight": "S0"}
@@ -417,9 +422,9 @@ def test_eval_that_ran_eager_or_recompiled_fails_graph():
 def test_eval_numbers_and_routing_are_judged():
     import torch
 
-    from suites.checks import check_numerics, check_routing
-    from suites.tolerances import tolerance
-    from suites.training import TrainRecord
+    from suites.judges.checks import check_numerics, check_routing
+    from suites.judges.tolerances import tolerance
+    from suites.runner.evidence import TrainRecord
 
     logits = torch.randn(2, 8, 16)
     ref = TrainRecord(eval_loss=1.0, eval_logits=logits)
@@ -438,9 +443,9 @@ def test_rerouted_steps_are_judged_by_loss_within_a_budget():
     """A token moved by rounding skips that step's gradients; a broken router fails."""
     import torch
 
-    from suites.checks import check_numerics, compare_routing
-    from suites.tolerances import tolerance
-    from suites.training import TrainRecord
+    from suites.judges.checks import check_numerics, compare_routing
+    from suites.judges.tolerances import tolerance
+    from suites.runner.evidence import TrainRecord
 
     tol = tolerance("float32", "none")
     same = {(s, 0, c): (60, 50, 18, 0) for s in range(3) for c in range(2)}
@@ -469,10 +474,10 @@ def test_rerouted_steps_are_judged_by_loss_within_a_budget():
 def test_near_tie_tokens_may_move_in_every_step_and_nothing_more():
     """bf16 rounding flips a token whose top-k logits nearly tie in most steps: such moves
     are free, every other move is judged as before (and the margin is the tolerance's)."""
-    from suites.checks import compare_routing
-    from suites.routing import top_k_margins
-    from suites.tolerances import tolerance
-    from suites.training import TrainRecord
+    from suites.judges.checks import compare_routing
+    from suites.runner.routing import top_k_margins
+    from suites.judges.tolerances import tolerance
+    from suites.runner.evidence import TrainRecord
     import torch
 
     bf16 = tolerance("bfloat16", "none")
@@ -542,8 +547,8 @@ def test_an_untied_output_projection_fails_the_tie_check(mutated):
 
 
 def test_a_routing_edge_that_did_not_happen_fails():
-    from suites.routing import edge_problems
-    from suites.training import TrainRecord
+    from suites.runner.routing import edge_problems
+    from suites.runner.evidence import TrainRecord
 
     starved = TrainRecord(routing={(0, 0, 0): (6, 0, 2, 0), (0, 0, 1): (4, 2, 1, 1)})
     assert edge_problems(starved, "empty_first", 2) == []
@@ -614,9 +619,9 @@ def test_a_cancelling_bias_gradient_is_judged_against_its_weights_scale():
     and a dropped or doubled bias gradient still fails."""
     import torch
 
-    from suites.checks import bias_floors, check_numerics
-    from suites.tolerances import tolerance
-    from suites.training import TrainRecord
+    from suites.judges.checks import bias_floors, check_numerics
+    from suites.judges.tolerances import tolerance
+    from suites.runner.evidence import TrainRecord
 
     torch.manual_seed(0)
     tol = tolerance("bfloat16", "none")
@@ -666,6 +671,15 @@ def test_grad_sync_last_that_reduces_every_microbatch_fails_graph(mutated):
     problems = _problems(mutated, "sync_every_microbatch", "graph")
     assert any(p.startswith("the last step issued 6 gradient reduce-scatters, expected 3") for p in problems), problems
     assert any("FSDP reduce-scatters, expected 3" in p for p in problems), problems
+
+
+def test_explicit_prefetch_that_was_not_set_fails_graph(mutated):
+    """prefetch=explicit whose blocks kept FSDP2's implicit order: the same numbers and the
+    same all-gathers, but block 1's is issued in its own pre-forward, not in block 0's."""
+    assert _problems(mutated, "prefetch_ignored", "numerics") == []
+    problems = _problems(mutated, "prefetch_ignored", "graph")
+    assert any(p.startswith("FSDP2 all-gathers issued before each block's forward (2, 3), expected (3, 3)")
+               for p in problems), problems
 
 
 def test_meta_load_that_leaves_buffers_empty_fails_numerics(mutated):

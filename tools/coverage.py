@@ -2,7 +2,7 @@
 
 `python -m tools.coverage` prints it; `--write docs/suites.md` replaces the text between the
 two markers below; `--check docs/suites.md` exits 1 when the page is out of date (CI).
-The table is read from suites/scenarios.py, which imports no torch, so this runs in the
+The table is read from suites/scenario/table.py, which imports no torch, so this runs in the
 controller's environment.
 """
 
@@ -22,7 +22,7 @@ END = "<!-- coverage:end -->"
 DEVICES = ("cpu", "cuda", "npu")
 
 
-def _scenarios_module(module: str = "suites.scenarios") -> Any:
+def _scenarios_module(module: str = "suites.scenario.table") -> Any:
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
@@ -31,13 +31,13 @@ def _scenarios_module(module: str = "suites.scenarios") -> Any:
         raise ConfigError(f"cannot import the scenario table {module!r} ({exc}); run from the repo root") from None
 
 
-def load_table(module: str = "suites.scenarios") -> list[Any]:
-    """The scenario rows (suites.scenarios.TABLE); the repo root must be importable."""
+def load_table(module: str = "suites.scenario.table") -> list[Any]:
+    """The scenario rows (suites.scenario.table.TABLE); the repo root must be importable."""
     return list(_scenarios_module(module).TABLE)
 
 
-def load_columns(module: str = "suites.scenarios") -> tuple[Any, ...]:
-    """The table's column declarations (suites.scenarios.COLUMNS): the table's headers."""
+def load_columns(module: str = "suites.scenario.table") -> tuple[Any, ...]:
+    """The table's column declarations (suites.scenario.table.COLUMNS): the table's headers."""
     return tuple(_scenarios_module(module).COLUMNS)
 
 
@@ -82,9 +82,9 @@ def render(table: Iterable[Any], columns: Iterable[Any] | None = None) -> str:
     lines.append("")
     lines.append("¹ tensorwise Float8 with sequence parallel (or FSDP2's float8 weight all-gather) moves "
                  "float8 tensors, which gloo cannot carry; a `cp` row's ring attention shards CUDA's SDPA kernels "
-                 "only (suites/devices.py `CP_NOT_ON_CPU`). `—`: not run on that accelerator (async TP is CUDA-only). "
+                 "only (suites/scenario/devices.py `CP_NOT_ON_CPU`). `—`: not run on that accelerator (async TP is CUDA-only). "
                  "`SM90+`: needs that CUDA compute capability. A blank cell is the column's default "
-                 "(the column list: `suites/scenario_record.py`).")
+                 "(the column list: `suites/scenario/record.py`).")
     lines.append("")
     lines.append(END)
     return "\n".join(lines)

@@ -3,7 +3,7 @@
 Usage: PYTHONPATH=<site>:. python3 -m torch.distributed.run --standalone --nproc-per-node=2 tools/diag_titan_scales.py
 (2 GPUs; torchtitan and torchao installed). Prints each _scaled_mm's tensorwise scales at
 TP=1 and TP=2 for one step of torchtitan's llama3 debug model (eager), and each
-gradient's SQNR. Evidence behind the float32 tensorwise tolerance in suites/scenarios.py.
+gradient's SQNR. Evidence behind the float32 tensorwise tolerance in suites/scenario/table.py.
 """
 import copy, math, torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh

@@ -24,23 +24,10 @@ from packaging.version import InvalidVersion, Version
 from distci.bisect.state import BisectError
 from distci.provision.sources import PACKAGE_AXES
 from distci.judge.store import Store
-from distci.judge.rows import ResultRow, RunRow
+from distci.judge.rows import Regression, ResultRow
 
 AXES = PACKAGE_AXES
 _GIT_LOCAL = re.compile(r"(?:^|[.+])g?(?:it)?([0-9a-f]{7,40})$")
-
-
-@dataclass
-class Regression:
-    """A regression verdict with the two runs it compares."""
-
-    result: ResultRow
-    bad_run: RunRow
-    good_run: RunRow
-
-    @property
-    def ident(self) -> str:
-        return f"{self.result.run_id}::{self.result.test_id}"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from typing import Any, Callable, Sequence
 
 from distci.provision.github import GitHub
 from distci.ci.ids import marker, markers
-from distci.ci.regressions import BisectPlan, Regression, stack_changes
+from distci.ci.regressions import BisectPlan, bisect_plan, issue_key, occurrence_key, stack_changes
+from distci.judge.rows import Regression
 
 Log = Callable[[str], None]
 
@@ -122,7 +123,7 @@ def _occurrence_table(items: Sequence[Regression], run_url: str) -> str:
     for g in items:
         changes = "<br>".join(code(c) for c in stack_changes(g.good_stack, g.bad_stack)[:6]) or "nothing recorded"
         run = f"[{code(g.run_id)}]({run_url})" if run_url else code(g.run_id)
-        rows.append(f"| {code(g.cell_id)} | {code(g.test_id)} | {run} | {code(g.compared_run or '-')} | {changes} |")
+        rows.append(f"| {code(g.cell_id)} | {code(g.test_id)} | {run} | {code(g.result.compared_run or '-')} | {changes} |")
     return "\n".join(rows)
 
 
@@ -143,11 +144,11 @@ def issue_body(signature: str, items: Sequence[Regression], run_url: str, bisect
         f"**Error signature** (one issue per signature; new occurrences are added as comments):\n\n"
         f"~~~text\n{signature}\n~~~",
         _occurrence_table(items, run_url),
-        f"**Reproduce** (from a checkout, on the cell's runner):\n\n~~~sh\n{first.repro}\n~~~",
-        f"**Why it is a regression:** {first.reason}",
-        "**Failure** (first occurrence):\n\n" + _excerpt_block(first.excerpt),
+        f"**Reproduce** (from a checkout, on the cell's runner):\n\n~~~sh\n{first.result.repro}\n~~~",
+        f"**Why it is a regression:** {first.result.verdict_reason}",
+        "**Failure** (first occurrence):\n\n" + _excerpt_block(first.result.excerpt),
         "**Bisect:**\n\n" + "\n".join(f"- {n}" for n in bisect_notes),
-        "\n".join([marker("signature", first.key), *(marker("occurrence", g.occurrence) for g in items)]),
+        "\n".join([marker("signature", issue_key(first)), *(marker("occurrence", occurrence_key(g)) for g in items)]),
     ]
     return _fit("\n\n".join(parts))
 
@@ -159,7 +160,7 @@ def occurrence_comment(items: Sequence[Regression], run_url: str, bisect_notes: 
     parts = [head, _occurrence_table(items, run_url)]
     if bisect_notes:
         parts.append("**Bisect:**\n\n" + "\n".join(f"- {n}" for n in bisect_notes))
-    parts.append("\n".join(marker("occurrence", g.occurrence) for g in items))
+    parts.append("\n".join(marker("occurrence", occurrence_key(g)) for g in items))
     return _fit("\n\n".join(parts))
 
 
@@ -199,10 +200,10 @@ def file_regressions(found: Sequence[Regression], tracker: Tracker, *, ref: str,
         groups.setdefault(g.signature, []).append(g)
     budget = max_bisects
     for signature, items in groups.items():
-        issue = existing.get(items[0].key)
+        issue = existing.get(issue_key(items[0]))
         if issue is not None:
             tracker.load_comment_markers(issue)
-        new = [g for g in items if issue is None or f"occurrence={g.occurrence}" not in issue.markers]
+        new = [g for g in items if issue is None or f"occurrence={occurrence_key(g)}" not in issue.markers]
         plans = _bisect_plans(items, issue)
         chosen, budget = plans[:max(budget, 0)], budget - len(plans)
         notes = [f"{p.axis} {code(p.good)} .. {code(p.bad)} on {code(p.cell_id)} for {code(p.test_id)}: "
@@ -233,7 +234,7 @@ def _bisect_plans(items: Sequence[Regression], issue: Issue | None) -> list[Bise
     plans: list[BisectPlan] = []
     seen: set[str] = set()
     for g in items:
-        plan = g.bisect_plan()
+        plan = bisect_plan(g)
         if plan is None or plan.cell_id in seen:
             continue
         seen.add(plan.cell_id)

@@ -28,7 +28,8 @@ from distci.provision.github import GitHub
 from distci.ci.history import DATA_BRANCH, History, HistoryUpdate, cell_of, run_id_of
 from distci.ci.ids import marker, now
 from distci.ci.issues import FilingReport, Issue, Tracker, code, file_regressions
-from distci.ci.regressions import BisectPlan, Regression, expected_cells, missing_cell_runs, regressions
+from distci.ci.regressions import BisectPlan, expected_cells, missing_cell_runs, regressions
+from distci.judge.rows import Regression
 from distci.errors import ConfigError, StoreError
 from distci.judge.ingest import DEFAULT_KNOWN_ISSUES
 from distci.rundir import RunDirError, find_run_dirs, read_run

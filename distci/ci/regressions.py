@@ -20,7 +20,7 @@ from distci.rundir import RunDir, RunInfo
 from distci.judge.store import Store
 from distci.sources import nightly_date_of
 from distci.judge.verdicts import ENV_KEYS
-from distci.judge.rows import is_fuzz
+from distci.judge.rows import Regression, is_fuzz
 from distci.sources import PACKAGE_AXES
 
 BISECT_AXES = PACKAGE_AXES
@@ -112,36 +112,25 @@ def stack_changes(good: Mapping[str, Any], bad: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-@dataclass(frozen=True)
-class Regression:
-    """A result of tonight whose verdict is `regression`, with what the issue and bisect need."""
+def issue_key(found: Regression) -> str:
+    """The issue a regression is filed under: one per error signature."""
+    return key(found.signature)
 
-    cell_id: str
-    run_id: str
-    test_id: str
-    signature: str
-    reason: str
-    excerpt: str
-    repro: str
-    compared_run: str | None
-    good_stack: Mapping[str, Any]
-    bad_stack: Mapping[str, Any]
 
-    @property
-    def key(self) -> str:
-        return key(self.signature)
+def occurrence_key(found: Regression) -> str:
+    """One occurrence of a signature: the run and the test."""
+    return key(found.run_id, found.test_id)
 
-    @property
-    def occurrence(self) -> str:
-        return key(self.run_id, self.test_id)
 
-    def bisect_plan(self) -> BisectPlan | None:
-        for axis in BISECT_AXES:
-            good, bad = self.good_stack.get(axis), self.bad_stack.get(axis)
-            if good and bad and good != bad and bisect_point(str(good)) != bisect_point(str(bad)):
-                return BisectPlan(self.cell_id, self.test_id, axis, bisect_point(str(good)), bisect_point(str(bad)),
-                                  self.run_id)
-        return None
+def bisect_plan(found: Regression) -> BisectPlan | None:
+    """The bisect a regression asks for: the first package axis whose bisect point differs
+    between the green run's stack and the failing run's; None when none does."""
+    for axis in BISECT_AXES:
+        good, bad = found.good_stack.get(axis), found.bad_stack.get(axis)
+        if good and bad and good != bad and bisect_point(str(good)) != bisect_point(str(bad)):
+            return BisectPlan(found.cell_id, found.test_id, axis, bisect_point(str(good)), bisect_point(str(bad)),
+                              found.run_id)
+    return None
 
 
 # The fuzzer's configurations (distci.judge.rows.FUZZ_TESTS) are each new, so they have no
@@ -162,12 +151,6 @@ def regressions(store: Store, run_ids: Iterable[str], registry: Any = None) -> l
                   and not (registry is not None and registry.near_misses(
                       r.test_id, r.error_signature or "", r.excerpt or "", run.stack))]
         for r in [*store.results(run_id=run_id, verdicts=["regression"]), *fuzzed]:
-            base = store.run(r.compared_run) if r.compared_run else None
-            found.append(Regression(
-                cell_id=r.cell_id, run_id=run_id, test_id=r.test_id,
-                signature=r.error_signature or f"{r.failure_kind or r.outcome}: {r.test_id}",
-                reason=r.verdict_reason, excerpt=r.excerpt, repro=r.repro, compared_run=r.compared_run,
-                good_stack=base.stack if base else {}, bad_stack=run.stack,
-            ))
+            found.append(Regression(r, run, store.run(r.compared_run) if r.compared_run else None))
     return sorted(found, key=lambda g: (g.cell_id, g.test_id, g.run_id))
 

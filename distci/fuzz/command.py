@@ -6,7 +6,7 @@ from the seed and runs them in batches, each batch one pytest session of
 suites/fuzz_entry.py on the cell's rank pool. Every configuration is an ordinary Result
 in the one run directory (cell, stack, error signature, known-issue match), so ingest,
 verdicts, the dashboard and bisect treat a find like any failure. Each configuration
-prints one line; each find prints as a row to paste into suites/scenarios.py, its id and
+prints one line; each find prints as a row to paste into suites/scenario/table.py, its id and
 a one-line repro. `--report` writes the run's markdown report, `--coverage` the cell's
 section of the coverage page.
 
@@ -369,7 +369,7 @@ class Generator:
 
 
 GENERATORS: dict[str, Generator] = {
-    "configs": Generator(None, "points of the scenario space (suites/space.py): the table's columns, drawn and shrunk"),
+    "configs": Generator(None, "points of the scenario space (suites/generators/space.py): the table's columns, drawn and shrunk"),
     "ops": Generator("distci.fuzz.ops_command", "DTensor ops forward and backward on every mesh and placement "
                      "trainers produce, against the full-tensor op"),
     "programs": Generator("distci.fuzz.programs_cell", "training programs: sequences of the calls real training "

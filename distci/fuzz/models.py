@@ -44,7 +44,7 @@ FUZZ_DIR = "fuzz"
 @functools.lru_cache(maxsize=None)
 def model_space() -> Any:
     """The structure space the cell side declares (suites/generators/model_space.py), loaded by
-    name from the checkout as distci.fuzz.space.cell_side loads suites/space.py."""
+    name from the checkout as distci.fuzz.space.cell_side loads suites/generators/space.py."""
     from distci.fuzz.space import cell_side
 
     return cell_side(module=MODEL_SPACE)

@@ -30,7 +30,7 @@ class FuzzRun:
 
 
 def table_row(space: Space, point: dict[str, Any]) -> str:
-    """The point as a line of suites/scenarios.py's TABLE (its `row(parallel, compile, backend, ...)`).
+    """The point as a line of suites/scenario/table.py's TABLE (its `row(parallel, compile, backend, ...)`).
     Sizes off the table's defaults are no column: they follow as a comment (the id and the
     repro carry them), so the line still pastes."""
     extra = space.non_default(point)

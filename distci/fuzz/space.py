@@ -22,11 +22,11 @@ from typing import Any, Iterable, Mapping
 Point = Mapping[str, Any]
 """axis name -> value; missing axes take their defaults."""
 
-CELL_SIDE = "suites.space"
+CELL_SIDE = "suites.generators.space"
 
 
 def cell_side(root: Path | str | None = None, module: str = CELL_SIDE) -> Any:
-    """A cell-side declaration module (default: the scenario space, suites/space.py) of the
+    """A cell-side declaration module (default: the scenario space, suites/generators/space.py) of the
     checkout at `root` (default: the working directory, where `distci fuzz` runs its suites
     from), loaded by name: the package never imports suites/ (it is not in the wheel).
     Importable without torch. A checkout without it is a ValueError naming the root."""

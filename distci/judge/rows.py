@@ -18,7 +18,7 @@ def is_environment(test_id: str) -> bool:
 
 
 FUZZ_TESTS = "suites/fuzz_entry.py::"
-"""The fuzzer's configurations (suites.space.ENTRY_TEST, tested to agree): drawn anew every
+"""The fuzzer's configurations (suites.generators.space.ENTRY_TEST, tested to agree): drawn anew every
 night, so no run of them says which tests a cell is expected to have (distci.judge.coverage)."""
 
 
@@ -90,6 +90,48 @@ class ResultRow:
     reruns: int
     rerun_outcomes: list[str]
     started_at: str
+
+
+@dataclass(frozen=True)
+class Regression:
+    """A result worth filing or bisecting (verdict `regression`, or a fuzz find that failed)
+    with the runs it compares: the run it failed in and the green run its verdict was judged
+    against (None: it has none, as a fuzz find). Bisect searches between the two runs'
+    stacks; CI files it as an issue by its signature."""
+
+    result: ResultRow
+    bad_run: RunRow
+    good_run: RunRow | None = None
+
+    @property
+    def cell_id(self) -> str:
+        return self.result.cell_id
+
+    @property
+    def run_id(self) -> str:
+        return self.result.run_id
+
+    @property
+    def test_id(self) -> str:
+        return self.result.test_id
+
+    @property
+    def ident(self) -> str:
+        return f"{self.run_id}::{self.test_id}"
+
+    @property
+    def signature(self) -> str:
+        """The error signature, or what failed and how when the failure left none."""
+        r = self.result
+        return r.error_signature or f"{r.failure_kind or r.outcome}: {r.test_id}"
+
+    @property
+    def good_stack(self) -> dict[str, Any]:
+        return self.good_run.stack if self.good_run is not None else {}
+
+    @property
+    def bad_stack(self) -> dict[str, Any]:
+        return self.bad_run.stack
 
 
 @dataclass

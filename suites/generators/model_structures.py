@@ -180,7 +180,7 @@ def parallelize(model: StructureModel, mesh: Any) -> nn.Module:
 
 
 def _fully_shard(model: StructureModel, mesh: Any, wrap: str) -> None:
-    from ..fsdp import fsdp_api
+    from ..runner.fsdp import fsdp_api
 
     fully_shard, _ = fsdp_api()
     blocks = list(model.layers)

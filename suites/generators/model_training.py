@@ -16,10 +16,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..checks import check_numerics
-from ..evidence import TrainRecord, full_grads
-from ..localize import Divergence, Trace, Tracer, first_divergence, gather_trace
-from ..tolerances import tolerance
+from ..judges.checks import check_numerics
+from ..runner.evidence import TrainRecord, full_grads
+from ..judges.localize import Divergence, Trace, Tracer, first_divergence, gather_trace
+from ..judges.tolerances import tolerance
 from . import model_structures as ms
 from .model_space import complete
 

@@ -27,7 +27,7 @@ from distci.op_case import DTYPES, MESHES, OpCase
 from distci.op_inventory import spec_of
 from distci.results import error_signature
 
-from ..tolerances import ROUNDING, op_threshold
+from ..judges.tolerances import ROUNDING, op_threshold
 from .op_calls import CALLS, Context
 
 GAP = re.compile(r"sharding strateg|does not have a sharding|no sharding|sharding propagation (?:is )?not")

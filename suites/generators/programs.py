@@ -30,10 +30,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..checks import check_numerics, sqnr
-from ..evidence import TrainRecord, clean_name, placement_name
-from ..parallelize import fsdp_api
-from ..tolerances import tolerance
+from ..judges.checks import check_numerics, sqnr
+from ..runner.evidence import TrainRecord, clean_name, placement_name
+from ..runner.parallelize import fsdp_api
+from ..judges.tolerances import tolerance
 from .program_plants import Plant
 
 SEED = 1234

@@ -23,8 +23,8 @@ import pytest
 
 from distci.training_program import PROGRAM_ENV, PROGRAMS_ENV, TEST_NAME, parse
 
-from .. import capabilities
-from ..checkpoint import shared_dir
+from ..probes import capabilities
+from ..runner.checkpoint import shared_dir
 from .program_plants import planted
 from .programs import lead, run_program
 

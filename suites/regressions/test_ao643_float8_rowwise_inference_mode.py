@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .. import capabilities
+from ..probes import capabilities
 from ..conftest import tier_marks
 
 pytestmark = tier_marks("nightly")

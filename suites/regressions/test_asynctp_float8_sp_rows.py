@@ -9,7 +9,7 @@ orig_scatter_dim=1, scatter_dim_after_maybe_reshape=0, output_shape=[B, S, N])`.
 The op (torch 2.8 to 2.14.1 at least) then chunks the 2-D A by rows, which are
 batch-major: rank r reduces the rows of batch chunk r, and the result is re-read as if
 it were sequence chunk r. That is right only for B == 1. On 2×H200 (torch 2.11) every
-Float8 + async-TP scenario of suites/scenarios.py matches the reference loss but has
+Float8 + async-TP scenario of suites/scenario/table.py matches the reference loss but has
 gradients at 3-11 dB SQNR: the backward of the column-parallel input (a reduce-scatter
 along the sequence) is where the pass fuses.
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from .. import capabilities
+from ..probes import capabilities
 from ..conftest import tier_marks
 
 S, K, N = 16, 32, 32  # sequence S is split across the ranks; fp8 mm wants multiples of 16

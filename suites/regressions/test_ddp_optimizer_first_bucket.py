@@ -6,7 +6,7 @@ bucket_cap_mb, every bucket is 0.25 MB); DDPOptimizer keeps a 1 MiB first bucket
 (`torch.distributed._DEFAULT_FIRST_BUCKET_BYTES`) whatever DDP's is, and asserts it is no
 larger than the cap: the first compiled forward raises "AssertionError: First bucket
 should be smaller/equal to other buckets to get comms warmed up ASAP" (torch 2.13.0 CPU,
-gloo, 2026-12-04; measured while choosing suites/scenario_record.py's DDP_BUCKET_MB).
+gloo, 2026-12-04; measured while choosing suites/scenario/record.py's DDP_BUCKET_MB).
 Eager DDP trains with the same cap; bucket_cap_mb=1 is the control. No upstream issue
 found (reports/upstream-draft-ddp-optimizer-first-bucket.md).
 

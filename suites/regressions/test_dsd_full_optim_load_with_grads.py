@@ -31,7 +31,7 @@ def test_a_full_optimizer_state_dict_loads_before_the_first_step(dist, before_lo
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
                                                          set_optimizer_state_dict)
 
-    from ..parallelize import fsdp_api
+    from ..runner.parallelize import fsdp_api
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))

@@ -2,7 +2,7 @@
 
 Trigger: a plain-TP model (ColwiseParallel / RowwiseParallel linears, the norm a plain
 replicated tensor) whose optimizer keeps DTensor and plain parameters in separate groups
-(the foreach kernels cannot mix them; suites/step.py's `param_groups`), saved with
+(the foreach kernels cannot mix them; suites/runner/step.py's `param_groups`), saved with
 dcp.save, then resumed into a layout that groups them otherwise (here an unsharded copy
 with one group, as `resume='single'`; tp_sp and FSDP2 have every parameter a DTensor, one
 group too) through dcp.load + set_optimizer_state_dict. The saved `param_groups` are

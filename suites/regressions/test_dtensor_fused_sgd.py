@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ..capabilities import optimizer_impl
+from ..probes.capabilities import optimizer_impl
 from ..conftest import tier_marks
 
 pytestmark = tier_marks("nightly")

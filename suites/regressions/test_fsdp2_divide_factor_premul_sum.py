@@ -30,7 +30,7 @@ FACTOR = 4.0
 @pytest.mark.dist_timeout(120)
 @pytest.mark.parametrize("path", ["divide_factor", "force_sum"])
 def test_gradient_divide_factor_reduces_on_every_backend(dist, path: str) -> None:
-    from ..parallelize import fsdp_api
+    from ..runner.parallelize import fsdp_api
 
     fully_shard, _ = fsdp_api()
     torch.manual_seed(0)

@@ -28,7 +28,7 @@ pytestmark = tier_marks("nightly")
 
 
 def _frozen_head_gets_a_gradient(dist, sharded: bool, moment: str) -> bool:
-    from ..parallelize import fsdp_api
+    from ..runner.parallelize import fsdp_api
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))

@@ -37,7 +37,7 @@ def _build(dist, layout: str) -> nn.Module:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    from ..parallelize import fsdp_api
+    from ..runner.parallelize import fsdp_api
 
     torch.manual_seed(0)
     model = Tiny().to(dist.device)

@@ -25,7 +25,7 @@ pytestmark = tier_marks("nightly")
 
 
 def _output_after_step(dist, sharded: bool, reshard_after_eval: bool) -> torch.Tensor:
-    from ..parallelize import fsdp_api
+    from ..runner.parallelize import fsdp_api
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))

@@ -6,7 +6,7 @@ Trigger: inside one autocast region, a module runs once under torch.no_grad() (a
 or logging hook, a metric, an eval peek), then again with grad. The first call caches the
 low-precision copy of its weight without autograd history; the second reuses it. Found by
 the single-device slice's MoE rows under autocast on torch 2.10.0 CPU (2026-12-04): the
-routing record (suites/routing.py) runs the router under no_grad in a forward pre-hook, as
+routing record (suites/runner/routing.py) runs the router under no_grad in a forward pre-hook, as
 routing statistics hooks do, and the router then trained on no gradient at all, while the
 loss still matched. Controls: the same layer without the no_grad call.
 """

@@ -40,7 +40,7 @@ def test_a_parameter_no_rank_used_keeps_no_gradient(dist, wrapper: str) -> None:
     torch.manual_seed(0)
     model = TwoBranches().to(dist.device)
     if wrapper == "fsdp2":
-        from ..fsdp import fsdp_api
+        from ..runner.fsdp import fsdp_api
 
         fully_shard, _ = fsdp_api()
         fully_shard(model, mesh=dist.mesh())

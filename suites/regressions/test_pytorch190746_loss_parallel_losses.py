@@ -31,7 +31,7 @@ def test_loss_parallel_matches_the_plain_loss(dist, kind: str) -> None:
     from torch.distributed.tensor import Shard, distribute_tensor
     from torch.distributed.tensor.parallel import loss_parallel
 
-    from ..step import loss_fn
+    from ..runner.step import loss_fn
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(1, ROWS, VOCAB, generator=gen).to(dist.device)

@@ -114,12 +114,12 @@ def test_e2e_float8_rowwise_asynctp_full_ac(dist) -> None:
     pytest.importorskip("torchao")
     if dist.group is None:
         dist.init()
-    from ..checks import check_graph, check_numerics, expected_graph, require
-    from ..devices import suite_device
-    from ..scenarios import MODEL, SCENARIOS
-    from ..tolerances import tolerance
-    from ..reference import run_reference
-    from ..training import run_parallel
+    from ..judges.checks import check_graph, check_numerics, expected_graph, require
+    from ..scenario.devices import suite_device
+    from ..scenario.table import MODEL, SCENARIOS
+    from ..judges.tolerances import tolerance
+    from ..runner.reference import run_reference
+    from ..runner.training import run_parallel
 
     scenario = SCENARIOS[E2E_SCENARIO]
     dtype = suite_device(dist.device_type).dtype

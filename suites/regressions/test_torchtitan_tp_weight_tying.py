@@ -12,7 +12,7 @@ Parameter in place, which is then distributed into a second DTensor Parameter. A
 `parallelize_llama` at TP=2 the two modules hold two parameters (CPU, gloo, torch 2.13.0,
 2026-12-04): they get separate gradients and separate optimizer updates, so the model
 trains untied while its config says tied (and a checkpoint saves two diverging weights).
-distci's own TP layout re-ties after the plan (suites/tying.py), as torchtitan's pre-0.3
+distci's own TP layout re-ties after the plan (suites/runner/tying.py), as torchtitan's pre-0.3
 qwen3 did after parallelizing.
 """
 

@@ -7,7 +7,7 @@ over all parameters (torchtitan's `training.max_norm`, 1.0 by default) then rais
 foreach and without (torch.stack of mixed norms). Reported against torchtune
 (meta-pytorch/torchtune#2420); torch's own follow-ups: pytorch#121020 (DTensor clipping)
 and pytorch#180346 (norms from different meshes). The per-mesh form (a norm per mesh,
-combined, as torchtitan does for EP/PP; suites/step.py `clip=mesh`) is the control.
+combined, as torchtitan does for EP/PP; suites/runner/step.py `clip=mesh`) is the control.
 Found by suites/test_scenarios.py's `tp-eager-clip_norm`; norm_type=inf (`tp-eager-clip_inf`,
 2026-12-04) raises the same way (foreach norms of the mixed list, on torch 2.13.0).
 """
@@ -30,7 +30,7 @@ def test_clip_over_dtensor_and_plain_grads(dist, form: str) -> None:
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
 
-    from ..step import clip_grads
+    from ..runner.step import clip_grads
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(DIM, DIM, bias=False), nn.RMSNorm(DIM)).to(dist.device)

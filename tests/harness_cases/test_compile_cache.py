@@ -19,7 +19,7 @@ def test_compiled_step(dist, attempt):
     import torch
     from torch._dynamo.utils import counters
 
-    from suites.evidence import Evidence, inductor_probe
+    from suites.runner.evidence import Evidence, inductor_probe
 
     def step(x, w):
         return torch.relu(x @ w).sum()

@@ -25,7 +25,7 @@ PLANT_ENV = "DISTCI_FUZZ_PLANT"
 
 
 def _accum_drop(scenario):
-    from .training import Mutation
+    from ..runner.evidence import Mutation
 
     def plant(model) -> None:
         param = model.layers["0"].feed_forward.w1.weight
@@ -40,7 +40,7 @@ def _accum_drop(scenario):
 
 
 def _float8_scale(scenario):
-    from .training import Mutation
+    from ..runner.evidence import Mutation
 
     def plant(model) -> None:
         for module in model.modules():
@@ -51,13 +51,13 @@ def _float8_scale(scenario):
 
 
 def _ac_all_gather(scenario):
-    from .training import Mutation
+    from ..runner.evidence import Mutation
 
     return Mutation(fsdp_reshard=False) if scenario.ac == "full" else None
 
 
 def _late_step_drop(scenario):
-    from .training import Mutation
+    from ..runner.evidence import Mutation
 
     def plant(model) -> None:
         param = model.layers["0"].feed_forward.w1.weight

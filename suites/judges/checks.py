@@ -81,7 +81,7 @@ def check_numerics(ref, run, tol: Tolerance) -> list[str]:
 def skipped_steps(record) -> set[int]:
     """The steps a loss-scaled run's GradScaler skipped: its scale fell after them (it
     starts at step.INIT_SCALE and halves on each overflow)."""
-    from .step import INIT_SCALE
+    from ..runner.step import INIT_SCALE
 
     before = [INIT_SCALE, *record.loss_scales]
     return {i for i, after in enumerate(record.loss_scales) if after < before[i]}

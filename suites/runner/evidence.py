@@ -82,13 +82,16 @@ class Evidence:
     tied: dict[str, bool] = field(default_factory=dict)
     uneven: dict[str, list[str]] = field(default_factory=dict)
     """Uneven rows: layout -> the parameters whose local shards differ in shape between ranks."""
-    """Tie rows: moment (suites/tying.py) -> whether output and embedding held one parameter."""
+    """Tie rows: moment (suites/runner/tying.py) -> whether output and embedding held one parameter."""
     collectives: Counter = field(default_factory=Counter)
     """(op, dtype) -> calls of every c10d / functional collective in the last step."""
     grad_all_reduces: Counter = field(default_factory=Counter)
     """dtype -> the process group's all-reduces of gradient buckets (non-scalar tensors) in
     the last step, as the profiler saw them run (DDP's C++ reducer calls no Python
     function the collective wrappers could see)."""
+    gathers_before_blocks: list[int] = field(default_factory=list)
+    """FSDP2 all-gathers the last step had issued when each block's first forward began, in
+    block order (eager FSDP2 rows): explicit prefetch issues the next block's a block earlier."""
     ddp_buckets: int = 0
     """Gradient buckets of a ddp / replicate row's reducer (each all-reduced once a step)."""
     optimizer_ops: Counter = field(default_factory=Counter)
@@ -133,6 +136,8 @@ class Mutation:
     grad_scaler: Callable[..., Any] | None = None
     """A loss-scaled row's parallel run takes its GradScaler from this factory (keyword
     arguments: step.grad_scaler's), not torch.amp.GradScaler."""
+    prefetch_ignored: bool = False
+    """A prefetch=explicit row's blocks are sharded without their prefetch lists (FSDP2's implicit order)."""
     sync_every_microbatch: bool = False
     """A grad_sync=last row's FSDP2 still reduces every microbatch's gradients (never told not to);
     a ddp / replicate one all-reduces in every microbatch (no no_sync)."""
@@ -190,7 +195,7 @@ def placements(model: nn.Module) -> dict[str, str]:
     return out
 
 
-def _gathered(table: dict) -> dict:
+def gathered(table: dict) -> dict:
     """Every rank's entries in one dict (a pp rank holds its stages' parameters only)."""
     import torch.distributed as dist
 
@@ -202,7 +207,8 @@ def _gathered(table: dict) -> dict:
     return dict(sorted(out.items()))
 
 
-def _graph_breaks() -> int:
+def count_graph_breaks() -> int:
+    """Graph breaks Dynamo has counted in this process so far (a run reads the difference)."""
     from torch._dynamo.utils import counters
 
     return int(sum(counters["graph_break"].values()))

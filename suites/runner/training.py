@@ -1,10 +1,10 @@
 """The parallel run of a scenario, and the evidence of what it did.
 
 It starts from the same seed-built weights as the single-process reference
-(suites/reference.py) and sees the same global batches. It applies the scenario
+(suites/runner/reference.py) and sees the same global batches. It applies the scenario
 (parallelize.py): data-parallel ranks take their slice of the global batch, split it
 into `accum` microbatches and accumulate, so a correct run matches the reference's
-full-batch step; the loss, clipping, optimizer and schedule are suites/step.py's, as in
+full-batch step; the loss, clipping, optimizer and schedule are suites/runner/step.py's, as in
 the reference; a `resume` row saves a DCP checkpoint mid-run and goes on under another
 layout (checkpoint.py). Each step records the loss and every gradient (DTensor gradients
 gathered with full_tensor()), and the run records what the compiler and the step really
@@ -16,8 +16,6 @@ placements and which of them require grad.
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -28,76 +26,17 @@ from . import parallelize as par
 from . import step as stp
 from . import tying
 from .collectives import record_collectives
-from .graph_checks import TP_EVIDENCE_LAYOUTS
-from .evidence import (  # noqa: F401  (re-exported: the run's records and readers)
-    Evidence, Mutation, TrainRecord, _gathered, _graph_breaks, clean_name, count_executed_ops, full_grads,
-    inductor_probe, placement_name, placements,
-)
-from .layout import Layout, _as_meshes, _dtype, build_layout, freeze  # noqa: F401
-from .models import ModelArgs, is_frozen
+from .evidence import (Evidence, Mutation, TrainRecord, gathered, count_graph_breaks, clean_name, count_executed_ops,
+                       full_grads, inductor_probe)
+from .layout import Layout, as_meshes, build_layout, torch_dtype
+from .models import is_frozen
 from .routing import RoutingClock, gather_routing, steer, watch_routing
-from .scenario_record import BATCH, RESUME_AT, SEED, Scenario
+from ..scenario.record import RESUME_AT, Scenario
 
 FSDP2_LAYOUTS = (*par.FSDP_LAYOUTS, "pp_fsdp", "ep_fsdp")
 """Layouts whose gradients FSDP2 reduces (their collective dtypes are recorded and judged)."""
-
-
-def batches(scenario: Scenario, seed: int = SEED) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The global batch of every step: BATCH rows per data-parallel rank and microbatch.
-
-    From a private generator (identical on every rank). A TP-only row with one
-    microbatch draws exactly what the table's first rows always drew.
-    """
-    args = scenario.model_args
-    rows = BATCH * scenario.data_parallel_max * scenario.accum
-    gen = torch.Generator().manual_seed(seed + 1)
-    out = []
-    for step in range(scenario.steps):
-        shape = (rows, scenario.seq_len(step))
-        tokens = torch.randint(0, args.vocab_size, shape, generator=gen)
-        labels = torch.randint(0, args.vocab_size, shape, generator=gen)
-        out.append((tokens, labels))
-    return out
-
-
-def eval_batch(args: ModelArgs, seed: int = SEED) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed + 2)
-    return torch.randint(0, args.vocab_size, (BATCH, args.max_seq_len), generator=gen)
-
-
-def _value(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def _loss_context(scenario: Scenario):
-    if not scenario.loss_parallel:
-        return contextlib.nullcontext()
-    from torch.distributed.tensor.parallel import loss_parallel
-
-    return loss_parallel()
-
-
-@dataclass
-class Step:
-    """What every step of a run shares: the loss, the optimizer and its schedule."""
-
-    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    opt: torch.optim.Optimizer
-    sched: Any = None
-    scaler: Any = None
-    """torch.amp.GradScaler of a loss-scaled (fp16) row: it scales backward, unscales before
-    the gradients are read, and steps (or skips) the optimizer."""
-    watch: tuple[int, Counter] | None = None
-    """(step, counter): count the ops that step's optimizer.step() executes into counter."""
-
-
-def _new_step(scenario: Scenario, model: nn.Module, loss: Callable | None = None, impl: str | None = None,
-              scaler: Callable[..., Any] | None = None) -> Step:
-    """The step's parts; `impl` overrides the row's optimizer implementation (the reference: the loop);
-    `scaler`, a loss-scaled row's GradScaler factory (a mutation's)."""
-    opt, sched = stp.make_optimizer(((clean_name(n), p) for n, p in model.named_parameters()), scenario, impl)
-    device_type = next(model.parameters()).device.type
-    return Step(loss or stp.build_loss(scenario), opt, sched, stp.grad_scaler(scenario, device_type, scaler))
+TP_EVIDENCE_LAYOUTS = ("tp", "tp_sp", "fsdp_tp")
+"""Layouts whose last step's collectives the runner records (a pipeline's are its schedule's)."""
 
 
 def _clip(scenario: Scenario, layout: Layout, record: TrainRecord, mutation: "Mutation") -> None:
@@ -114,29 +53,8 @@ def _clip(scenario: Scenario, layout: Layout, record: TrainRecord, mutation: "Mu
     record.grad_norms.append(float(norm.cpu()))
 
 
-def _unscale(step: Step) -> None:
-    """A loss-scaled step's gradients divided by the scale (and checked for inf) before
-    anything reads them, as users unscale before clipping."""
-    if step.scaler is not None:
-        step.scaler.unscale_(step.opt)
-
-
-def _finish_step(step: Step, index: int | None = None, record: TrainRecord | None = None) -> None:
-    watched = step.watch is not None and step.watch[0] == index
-    with count_executed_ops(step.watch[1]) if watched else contextlib.nullcontext():
-        if step.scaler is not None:
-            step.scaler.step(step.opt)  # skipped when unscale_ found inf or nan
-            step.scaler.update()
-            if record is not None:
-                record.loss_scales.append(float(step.scaler.get_scale()))
-        else:
-            step.opt.step()
-    if step.sched is not None:
-        step.sched.step()
-
-
 def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device, record: TrainRecord,
-                 step_parts: Step, mutation: "Mutation", on_step: Callable[[int], Any] | None = None,
+                 step_parts: stp.StepParts, mutation: "Mutation", on_step: Callable[[int], Any] | None = None,
                  clock: RoutingClock | None = None) -> None:
     """Steps of data-parallel, accumulated training; records the global loss and full grads."""
     import torch.distributed as dist
@@ -165,14 +83,14 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
                             or mutation.sync_every_microbatch)
                 if scenario.grad_sync == "last" and layout.sync is None:
                     layout.model.set_requires_gradient_sync(sync_now)
-                with _loss_context(scenario), _cp_context(layout, x, y), \
+                with stp.loss_context(scenario), _cp_context(layout, x, y), \
                         layout.sync(sync_now) if layout.sync else contextlib.nullcontext(), \
                         record_collectives(layout.watch[1], functional=not scenario.compiled) if watched \
                         else contextlib.nullcontext():
                     with _autocast(layout, device, scenario):
                         loss = step_parts.loss(layout.runnable(x), y) / scenario.accum
                     stp.scaled(loss, step_parts.scaler, step, layout.dp_rank == 0 and micro == 0).backward()
-                total += _value(loss).detach().float()
+                total += stp.full_value(loss).detach().float()
             if layout.dp_size > 1:
                 dist.all_reduce(total, group=layout.dp_group)
                 total /= layout.dp_size
@@ -183,12 +101,12 @@ def _train_steps(scenario: Scenario, layout: Layout, data, steps: range, device,
                 dist.all_reduce(total, group=layout.cp_mesh.get_group())
                 total /= cp_size
                 _average_ep_grads(layout.model, layout.cp_mesh.get_group(), cp_size)  # no experts: all averaged
-        _unscale(step_parts)
+        stp.unscale(step_parts)
         _clip(scenario, layout, record, mutation)
         record.losses.append(float(total.cpu()))
         grads = full_grads(layout.model, layout.ep)
-        record.grads.append(_gathered(grads) if layout.partial_params else grads)
-        _finish_step(step_parts, step, record)
+        record.grads.append(gathered(grads) if layout.partial_params else grads)
+        stp.optimizer_step(step_parts, step, record)
         if scenario.fsdp_float8_all_gather:
             par.precompute_float8_scales(layout.model)
 
@@ -208,11 +126,11 @@ def _cp_context(layout: Layout, tokens: torch.Tensor, labels: torch.Tensor):
 def _autocast(layout: Layout, device, scenario: Scenario):
     if not layout.autocast:
         return contextlib.nullcontext()
-    return torch.autocast(torch.device(device).type, dtype=_dtype(scenario.compute_dtype or "bfloat16"))
+    return torch.autocast(torch.device(device).type, dtype=torch_dtype(scenario.compute_dtype or "bfloat16"))
 
 
 def _pipeline_step(scenario: Scenario, layout: Layout, tokens, labels, device, record: TrainRecord,
-                   step_parts: Step, mutation: "Mutation", ctx: Any, watched: bool = False, index: int = 0) -> None:
+                   step_parts: stp.StepParts, mutation: "Mutation", ctx: Any, watched: bool = False, index: int = 0) -> None:
     """One step of a pp row: the schedule runs every microbatch through the stages."""
     from . import pipeline
 
@@ -223,14 +141,14 @@ def _pipeline_step(scenario: Scenario, layout: Layout, tokens, labels, device, r
     with ctx:
         step_parts.opt.zero_grad(set_to_none=scenario.zero_grad == "none")
         with record_collectives(layout.watch[1], functional=not scenario.compiled) if watched else contextlib.nullcontext():
-            total = pipeline.step(layout.pipe, tokens[part].to(device), labels[part].to(device))
+            total = pipeline.forward_backward(layout.pipe, tokens[part].to(device), labels[part].to(device))
         if layout.dp_size > 1:
             dist.all_reduce(total, group=layout.dp_group)
             total /= layout.dp_size
     _clip(scenario, layout, record, mutation)
     record.losses.append(float(total.cpu()))
-    record.grads.append(_gathered(full_grads(layout.model)))
-    _finish_step(step_parts, index)
+    record.grads.append(gathered(full_grads(layout.model)))
+    stp.optimizer_step(step_parts, index)
 
 
 def _average_ep_grads(model: nn.Module, group: Any, size: int) -> None:
@@ -246,17 +164,6 @@ def _average_ep_grads(model: nn.Module, group: Any, size: int) -> None:
         p.grad.div_(size)
 
 
-def _eval(scenario: Scenario, runnable: nn.Module, device, loss: Callable) -> tuple[float, torch.Tensor]:
-    mode = torch.inference_mode() if scenario.eval == "inference" else torch.no_grad()
-    tokens = eval_batch(scenario.model_args)
-    gen = torch.Generator().manual_seed(SEED + 3)
-    labels = torch.randint(0, scenario.model_args.vocab_size, tokens.shape, generator=gen)
-    with mode, _loss_context(scenario):
-        logits = runnable(tokens.to(device))
-        value = loss(logits, labels.to(device))
-        return float(_value(value).float().cpu()), _value(logits).float().cpu().clone()
-
-
 def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str,
                  mutation: Mutation | None = None) -> tuple[TrainRecord, Evidence]:
     """The scenario's parallel run, with the evidence of what compiled and what executed.
@@ -265,11 +172,11 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
     meshes than the 1-D one) or, for 1-D rows, a DeviceMesh.
     """
     mutation = mutation or Mutation()
-    meshes = _as_meshes(mesh)
+    meshes = as_meshes(mesh)
     evidence = Evidence(compiled=scenario.compiled)
     dtype = scenario.train_dtype_override or dtype
     record = TrainRecord()
-    data = batches(scenario)
+    data = stp.batches(scenario)
     with contextlib.ExitStack() as stack:
         stack.enter_context(_config_for(scenario, evidence))
         if scenario.replicated:
@@ -283,15 +190,20 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
 
             stack.enter_context(dynamo_config.patch(mutation.dynamo_config))
         layout = build_layout(scenario, scenario.parallel, meshes, device, dtype, evidence, mutation)
-        breaks_before = _graph_breaks()
+        breaks_before = count_graph_breaks()
         last = scenario.steps - 1
 
         final = scenario.parallel if scenario.resume == "none" else scenario.resume
         watch = (last, evidence.collectives) if (final in FSDP2_LAYOUTS or final in TP_EVIDENCE_LAYOUTS) \
             and not scenario.fsdp_float8_all_gather else None  # FSDP2's and TP's collective dtypes (graph_checks)
 
+        armed = [False]
+        if watch is not None and scenario.fsdp and not scenario.compiled and scenario.resume == "none":
+            _record_gather_order(layout.model, evidence, armed)
+
         @contextlib.contextmanager
         def last_step():
+            armed[0] = True
             with count_executed_ops(evidence.runtime_ops,
                                     evidence.grad_all_reduces if layout.sync is not None else None):
                 yield
@@ -310,7 +222,7 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
             watch_routing(layout.model, record, clock)
             steer(layout.model, scenario.routing, scenario.dp_degree * scenario.accum, clock)
 
-        def train(layout: Layout, steps: range, parts: Step) -> None:
+        def train(layout: Layout, steps: range, parts: stp.StepParts) -> None:
             layout.watch = watch
             for step in steps:
                 _train_steps(scenario, layout, data, range(step, step + 1), device, record, parts, mutation,
@@ -319,7 +231,7 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
                     evidence.graph_calls[-1] += layout.counter.calls
 
         opt_watch = (last, evidence.optimizer_ops) if scenario.opt_impl in ("foreach", "fused") else None  # checks.py
-        parts = _new_step(scenario, layout.model, impl=mutation.optimizer_impl, scaler=mutation.grad_scaler)
+        parts = stp.new_step_parts(scenario, layout.model, impl=mutation.optimizer_impl, scaler=mutation.grad_scaler)
         parts.watch = opt_watch
         if scenario.resume == "none":
             train(layout, range(scenario.steps), parts)
@@ -328,7 +240,7 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
             with ckpt.shared_dir() as path:
                 ckpt.save(layout.model, parts.opt, path, asynchronous=scenario.dcp == "async")
                 layout = build_layout(scenario, scenario.resume, meshes, device, dtype, evidence, mutation)
-                parts = _new_step(scenario, layout.model, parts.loss, impl=mutation.optimizer_impl)
+                parts = stp.new_step_parts(scenario, layout.model, parts.loss, impl=mutation.optimizer_impl)
                 parts.watch = opt_watch
                 if not mutation.skip_checkpoint_load:
                     ckpt.load(layout.model, parts.opt, path)
@@ -345,27 +257,40 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
             evidence.graphs_total = counter.graphs
             if scenario.steps == 1:
                 evidence.graphs_after_first_step = counter.graphs
-        evidence.graph_breaks = _graph_breaks() - breaks_before
+        evidence.graph_breaks = count_graph_breaks() - breaks_before
         if final in ckpt.EXPORTED_LAYOUTS:
             _export(layout.model, record, mutation)
         if scenario.tie:
             evidence.tied[tying.AFTER_LAST_STEP] = tying.tied(layout.model)
         trainable_end = {clean_name(n): 1 for n, p in layout.model.named_parameters() if p.requires_grad}
-        evidence.trainable_end = sorted(_gathered(trainable_end) if layout.partial_params else trainable_end)
+        evidence.trainable_end = sorted(gathered(trainable_end) if layout.partial_params else trainable_end)
         evidence.frozen_with_grad = sorted(n for n, g in record.grads[-1].items()
                                            if g is not None and is_frozen(n, scenario.train))
         if scenario.eval != "none":
             graphs, calls = (counter.graphs, counter.calls) if counter else (0, 0)
-            record.eval_loss, record.eval_logits = _eval(scenario, layout.runnable, device, parts.loss)
+            record.eval_loss, record.eval_logits = stp.evaluate(scenario, layout.runnable, device, parts.loss)
             if counter is not None:
                 evidence.eval_graphs, evidence.eval_calls = counter.graphs - graphs, counter.calls - calls
     return record, evidence
 
 
+def _record_gather_order(model: nn.Module, evidence: Evidence, armed: list[bool]) -> None:
+    """Before each block's first forward of the last step (once `armed`): how many FSDP2
+    all-gathers that step has issued so far (FSDP2's own pre-forward, prepended, runs first)."""
+    from .collectives import FSDP_ALL_GATHER_OPS, calls_of
+
+    for index, block in enumerate(model.layers.children()):
+        def before(module: nn.Module, args: Any, index: int = index) -> None:
+            if armed[0] and len(evidence.gathers_before_blocks) == index:
+                evidence.gathers_before_blocks.append(calls_of(evidence.collectives, FSDP_ALL_GATHER_OPS))
+
+        block.register_forward_pre_hook(before)
+
+
 def _export(model: nn.Module, record: TrainRecord, mutation: Mutation) -> None:
     """The trained parameters (gathered with full_tensor()) and the full state dict users
     export, kept on the rank that receives the export (checks.export_problems compares them)."""
-    trained = {clean_name(n): _value(p).detach().cpu() for n, p in model.named_parameters()}
+    trained = {clean_name(n): stp.full_value(p).detach().cpu() for n, p in model.named_parameters()}
     exported = ckpt.full_state_dict(model, local_shards=mutation.export_local_shards)
     if exported:
         record.trained = trained

@@ -6,7 +6,7 @@ Declared as data, in the spirit of torchtitan's integration-test definitions: CO
 declares every column once (name, values, default, id fragment, doc); the Scenario record,
 its validation, its pytest id, the README coverage table and the column list below derive
 from it. RULES: the invalid combinations, as (predicate, message). The rows themselves are
-suites/scenarios.py's TABLE. An id is built from the columns in declaration order, e.g.
+suites/scenario/table.py's TABLE. An id is built from the columns in declaration order, e.g.
 `fsdp_tp-compile_block-ac_full-mp_bf16-ga2-ws4`; a column at its default adds nothing
 (`compile` spells `eager`), so old rows keep their ids when a column is added (declare it
 and its RULES here, write its rows in scenarios.py, implement it in training.py / step.py /
@@ -80,7 +80,7 @@ COLUMNS: tuple[Column, ...] = (
            "as torchtitan does (dense weights FSDP2 on every rank, experts owned on an ep mesh of 2 with FSDP2 over "
            "the efsdp = ws/2 ranks that own the same experts); pp_fsdp / pp_tp: a 2 x 2 mesh, pp outermost, FSDP2 "
            "or TP (SP) inside each stage; cp: context parallel (ring attention over the sequence); single: one device, no mesh (the "
-           "world-size-1 slice suites/single_device.py derives from the table); ddp: classic DistributedDataParallel "
+           "world-size-1 slice suites/judges/single_device.py derives from the table); ddp: classic DistributedDataParallel "
            "(bucket_cap_mb 1; grad_sync last: no_sync accumulation), dp = ws; replicate: composable replicate on a dp_replicate mesh, as "
            "torchtitan's apply_ddp (optimize_ddp ddp_optimizer when compiled)", "Parallel"),
     Column("schedule", ("none", "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"), "none", "{}",
@@ -138,6 +138,11 @@ COLUMNS: tuple[Column, ...] = (
     Column("reshard", ("titan", "true", "false", "int2"), "titan", "raf_{}",
            "FSDP2 reshard_after_forward per block: torchtitan's (all but the last block), True, False, or 2 (to "
            "2-rank groups)", "Reshard"),
+    Column("prefetch", ("implicit", "explicit"), "implicit", {"explicit": "prefetch"},
+           "FSDP2's all-gather order: implicit (each block gathers in its own pre-forward, backward prefetches by "
+           "reverse forward order), or explicit (set_modules_to_forward_prefetch: each block prefetches the next "
+           "one's all-gather, set_modules_to_backward_prefetch: the previous one's, as torchtitan's apply_fsdp "
+           "does under EP)", "Prefetch"),
     Column("tie", (False, True), False, {True: "tied"},
            "the output projection shares the token embedding's weight (Llama 3.2 1B/3B, small Qwen3, Gemma): one "
            "parameter in two modules, in one FSDP2 unit, vocab-sharded once under TP", "Tied"),
@@ -202,6 +207,8 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda s: s.parallel == "hsdp" and s.world_size != 4, "hsdp is a 2 x 2 mesh: it needs world_size=4"),
     Rule(lambda s: (s.offload or s.reshard != "titan") and not s.fsdp,
          "offload and reshard are FSDP2 settings: they need fsdp, fsdp_tp or hsdp"),
+    Rule(lambda s: s.prefetch != "implicit" and not (s.fsdp and s.resume == "none"),
+         "explicit prefetch orders FSDP2's per-block units: it needs fsdp, fsdp_tp or hsdp, without resume"),
     Rule(lambda s: s.reshard == "int2" and not (s.parallel == "fsdp" and s.world_size == 4),
          "reshard_after_forward=2 must divide the shard group and be smaller: it needs fsdp on 4 ranks"),
     Rule(lambda s: s.dcp != "sync" and s.resume == "none", "dcp=async is how a resume row saves: it needs resume"),

@@ -99,7 +99,7 @@ def tolerance(dtype: str, float8: str) -> Tolerance:
 BF16_COMM_HOOK = Tolerance(loss_rtol=1e-4, loss_atol=1e-5, grad_min_sqnr=40.0, grad_max_rel=2e-2)
 
 
-# The world-size-1 slice (suites/single_device.py) is judged against what one device
+# The world-size-1 slice (suites/judges/single_device.py) is judged against what one device
 # computes without the row's features: eager, float32, no Float8, no mixed precision. Keyed
 # by what the row computes in (its device's dtype, bf16 under mixed precision) and its recipe.
 TRUTH_TOLERANCES: dict[tuple[str, str], Tolerance] = {

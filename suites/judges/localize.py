@@ -29,7 +29,7 @@ from typing import Iterator
 import torch
 import torch.nn as nn
 
-from .evidence import clean_name
+from ..runner.evidence import clean_name
 
 ROUNDINGS = 128
 """Roundings a correct parallel run may be off by, per element (measured: TP and FSDP2 over

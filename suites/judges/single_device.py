@@ -1,6 +1,6 @@
 """The world-size-1 slice of the scenario table: what one GPU (or one CPU) can check.
 
-Most of what a row of the table (suites/scenarios.py) trains runs on every rank the same
+Most of what a row of the table (suites/scenario/table.py) trains runs on every rank the same
 way it would run on one device: inductor's code for a block under AC, Float8's scaled
 matmuls and casts, bf16 autocast, the optimizer step, recompiles on a new sequence
 length. `single_device_slice()` projects every row onto one device, resetting the columns
@@ -25,14 +25,15 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .scenarios import TABLE, TIERS, Scenario
+from ..scenario.table import TABLE, TIERS, Scenario
 from .tolerances import Tolerance, tolerance, truth_tolerance
 
 ONE_DEVICE = {"parallel": "single", "world_size": 1, "async_tp": False, "resume": "none", "dcp": "sync",
-              "loss_parallel": False, "schedule": "none", "offload": False, "reshard": "titan", "init": "seed"}
+              "loss_parallel": False, "schedule": "none", "offload": False, "reshard": "titan", "prefetch": "implicit",
+              "init": "seed"}
 """The columns only a mesh gives, at their one-device value: no layout to resume into,
 vocab-parallel cross entropy is plain cross entropy on one shard, no pipeline schedule,
-no FSDP2 offload or resharding, no rank 0 to broadcast a full state dict from."""
+no FSDP2 offload, resharding or prefetch, no rank 0 to broadcast a full state dict from."""
 
 
 FIRST_TIER = "nightly"
@@ -97,7 +98,7 @@ def routing_unobservable(row: Scenario, device_dtype: str) -> bool:
 
 
 def first_step_gradients(record):
-    """`record` (a training.TrainRecord) with every loss but only the first step's gradients."""
+    """`record` (an evidence.TrainRecord) with every loss but only the first step's gradients."""
     return dataclasses.replace(record, grads=record.grads[:1])
 
 

@@ -12,16 +12,15 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from . import tying
-from .model_args import ModelArgs
-from .models import sharded_weights
-from .fsdp import FSDP_LAYOUTS
-from .scenario_record import DDP_BUCKET_MB, DDP_LAYOUTS, MAX_VARLEN_GRAPHS_PER_REGION, Scenario
-from .uneven import uneven_problems
+from ..runner import tying
+from ..scenario.model_args import ModelArgs
+from ..runner.models import sharded_weights
+from ..runner.fsdp import FSDP_LAYOUTS
+from ..scenario.record import DDP_BUCKET_MB, DDP_LAYOUTS, MAX_VARLEN_GRAPHS_PER_REGION, Scenario
+from ..runner.training import TP_EVIDENCE_LAYOUTS
+from ..runner.uneven import uneven_problems
 
 TP_LAYOUTS = ("tp", "tp_sp", "fsdp_tp", "pp_tp")
-TP_EVIDENCE_LAYOUTS = ("tp", "tp_sp", "fsdp_tp")
-"""Layouts whose last step's collectives the runner records (a pipeline's are its schedule's)."""
 SCALED_MM = ("aten::_scaled_mm",)
 FUSED_AG_MM = ("symm_mem::fused_all_gather_matmul", "symm_mem::fused_all_gather_scaled_matmul")
 FUSED_MM_RS = ("symm_mem::fused_matmul_reduce_scatter", "symm_mem::fused_scaled_matmul_reduce_scatter")
@@ -47,6 +46,9 @@ class GraphExpectation:
     """Most new graphs the eval forward may compile (a grad-mode guard: one per region)."""
     fsdp_all_gathers: int | None = None
     fsdp_reduce_scatters: int | None = None
+    gathers_before_blocks: tuple[int, ...] | None = None
+    """FSDP2 all-gathers issued before each block's first forward of the last step: the root
+    unit's and every block's up to this one, and under explicit prefetch the next block's too."""
     fsdp_gradient_reduce_scatters: int | None = None
     """c10d reduce-scatter calls FSDP2 must issue in the last step (grad_sync=last: one per
     unit, the last microbatch's; never one per microbatch)."""
@@ -117,7 +119,7 @@ def fsdp_units(args: ModelArgs, reshard: bool = True, mode: str = "titan",
     parallelize.apply_fsdp wraps: every block plus the root gathers in forward; blocks
     that reshard after forward gather again in backward; a unit whose parameters are
     all frozen has nothing to reduce."""
-    from .fsdp import resharded_blocks
+    from ..runner.fsdp import resharded_blocks
 
     gathers = args.n_layers + 1 + sum(resharded_blocks(args.n_layers, reshard, mode))
     if trainable is None:
@@ -128,7 +130,7 @@ def fsdp_units(args: ModelArgs, reshard: bool = True, mode: str = "titan",
 
 def trainable_names(scenario: Scenario) -> tuple[str, ...]:
     """The parameters a correct run of the row trains: all but what `train` freezes."""
-    from .models import build_model, is_frozen  # the names only: a tiny CPU build
+    from ..runner.models import build_model, is_frozen  # the names only: a tiny CPU build
 
     return tuple(sorted(n for n, _ in build_model(scenario.model_args, 0).named_parameters()
                         if not is_frozen(n, scenario.train)))
@@ -136,7 +138,7 @@ def trainable_names(scenario: Scenario) -> tuple[str, ...]:
 
 def trainable_bytes(scenario: Scenario, dtype: str) -> int:
     """Bytes of the parameters a correct run trains, in the training dtype."""
-    from .models import build_model, is_frozen
+    from ..runner.models import build_model, is_frozen
 
     size = {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
     return size * sum(p.numel() for n, p in build_model(scenario.model_args, 0).named_parameters()
@@ -203,6 +205,9 @@ def expected_graph(scenario: Scenario, dtype: str | None = None) -> GraphExpecta
         mode = scenario.reshard if layout == scenario.parallel else "titan"
         gathers, units = fsdp_units(args, mode=mode, trainable=exp.trainable)
         exp.fsdp_all_gathers = gathers * scenario.accum
+        if not scenario.compiled and scenario.resume == "none" and not scenario.fsdp_float8_all_gather:
+            ahead = 2 if scenario.prefetch == "explicit" else 1  # this block's gather, and the next one's
+            exp.gathers_before_blocks = tuple(1 + min(i + ahead, args.n_layers) for i in range(args.n_layers))
         syncs = 1 if scenario.grad_sync == "last" else scenario.accum  # microbatches that reduce
         exp.fsdp_reduce_scatters = units * syncs
         if scenario.grad_sync == "last":
@@ -238,7 +243,7 @@ def _count(ops: Counter, names: tuple[str, ...]) -> int:
 
 
 def check_graph(exp: GraphExpectation, ev) -> list[str]:
-    """Judges an Evidence record (suites.training.Evidence) against the expectation."""
+    """Judges an Evidence record (suites.runner.evidence.Evidence) against the expectation."""
     problems: list[str] = []
     lo, hi = exp.graphs
     if not lo <= ev.graphs_after_first_step <= hi:
@@ -264,6 +269,10 @@ def check_graph(exp: GraphExpectation, ev) -> list[str]:
         if ag != exp.fsdp_all_gathers:
             problems.append(f"the last step ran {ag} FSDP all-gathers, expected {exp.fsdp_all_gathers} "
                             "(every unit in forward, the resharded ones again in backward)")
+    if exp.gathers_before_blocks is not None and tuple(ev.gathers_before_blocks) != exp.gathers_before_blocks:
+        problems.append(f"FSDP2 all-gathers issued before each block's forward {tuple(ev.gathers_before_blocks)}, "
+                        f"expected {exp.gathers_before_blocks} (each block gathers in its own pre-forward; "
+                        "under explicit prefetch the next block's all-gather is issued a block earlier)")
     if exp.fsdp_reduce_scatters is not None:
         rs = _count_labelled(ev.runtime_ops, FSDP_REDUCE_SCATTER)
         if rs != exp.fsdp_reduce_scatters:
@@ -285,7 +294,7 @@ def check_graph(exp: GraphExpectation, ev) -> list[str]:
     problems.extend(_tp_collective_problems(exp, ev.collectives))
     problems.extend(_ddp_all_reduce_problems(exp, ev))
     if exp.fsdp_gradient_reduce_scatters is not None:
-        from .collectives import FSDP_REDUCE_SCATTER_OPS, calls_of
+        from ..runner.collectives import FSDP_REDUCE_SCATTER_OPS, calls_of
 
         rs = calls_of(ev.collectives, FSDP_REDUCE_SCATTER_OPS)
         if rs != exp.fsdp_gradient_reduce_scatters:
@@ -348,7 +357,7 @@ def _optimizer_problems(exp: GraphExpectation, ops: Counter) -> list[str]:
 
 def _collective_dtype_problems(exp: GraphExpectation, collectives: Counter) -> list[str]:
     """FSDP2's all-gathers in param_dtype, its gradient reductions in reduce_dtype."""
-    from .collectives import FSDP_ALL_GATHER_OPS, FSDP_REDUCE_OPS, dtypes_of
+    from ..runner.collectives import FSDP_ALL_GATHER_OPS, FSDP_REDUCE_OPS, dtypes_of
 
     problems = []
     for what, ops, want in (("parameter all-gathers", FSDP_ALL_GATHER_OPS, exp.fsdp_param_dtype),
@@ -368,7 +377,7 @@ def _tp_collective_problems(exp: GraphExpectation, collectives: Counter) -> list
     """TP's functional collectives (DTensor redistributes) in the dtypes the row computes in."""
     if not exp.tp_collective_dtypes:
         return []
-    from .collectives import functional_dtypes
+    from ..runner.collectives import functional_dtypes
 
     seen = functional_dtypes(collectives)
     if not seen and exp.tp_collectives_seen:

@@ -104,7 +104,7 @@ def build(schedule: str, build_model: Callable[[], nn.Module], loss_fn: Callable
     return Pipeline(runner, mine, n_stages, owner, group), modules
 
 
-def step(pipe: Pipeline, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def forward_backward(pipe: Pipeline, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """One pipelined forward + backward of this rank's batch; returns its mean loss on every
     rank of the pipeline."""
     import torch.distributed as dist

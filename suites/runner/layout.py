@@ -18,11 +18,11 @@ import torch.nn as nn
 from . import parallelize as par
 from . import step as stp
 from . import tying
-from .evidence import Evidence, Mutation, _gathered, clean_name, placements
+from .evidence import Evidence, Mutation, gathered, clean_name, placements
 from . import checkpoint as ckpt
 from .models import Transformer, build_model, is_frozen, rope_cache
 from .uneven import uneven_params
-from .scenario_record import (DDP_BUCKET_MB, DDP_LAYOUTS, EP_DEGREE, META_LOAD_LAYOUTS, PP_DEGREE_2D, PP_LAYOUTS, SEED,
+from ..scenario.record import (DDP_BUCKET_MB, DDP_LAYOUTS, EP_DEGREE, META_LOAD_LAYOUTS, PP_DEGREE_2D, PP_LAYOUTS, SEED,
                               Scenario)
 
 Meshes = Callable[..., Any]
@@ -43,7 +43,7 @@ class Layout:
     autocast: bool = False
     """bf16 autocast around forward and loss: mixed precision on one device (no FSDP2)."""
     pipe: Any = None
-    """A pp row's suites.pipeline.Pipeline (this rank's stages and their schedule)."""
+    """A pp row's suites.runner.pipeline.Pipeline (this rank's stages and their schedule)."""
     watch: tuple[int, Counter] | None = None
     """(step, counter): record that step's collectives (forward + backward) into counter."""
     local_group: Any = None
@@ -75,11 +75,11 @@ def _make_buffers(model: nn.Module, zeros: bool = False) -> None:
                 module.rope.copy_(torch.zeros_like(module.rope) if zeros else rope_cache(module.args))
 
 
-def _dtype(name: str) -> torch.dtype:
+def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def _as_meshes(mesh: Any) -> Meshes:
+def as_meshes(mesh: Any) -> Meshes:
     """A mesh factory from the harness's `dist.mesh`, or from one DeviceMesh (1-D rows)."""
     if callable(mesh) and not hasattr(mesh, "mesh_dim_names"):
         return mesh
@@ -123,7 +123,7 @@ def _build_pipeline(scenario: Scenario, parallel: str, meshes: Meshes, device, d
     from . import pipeline
 
     def fresh() -> nn.Module:
-        model = build_model(scenario.model_args, SEED).to(device=device, dtype=_dtype(dtype))
+        model = build_model(scenario.model_args, SEED).to(device=device, dtype=torch_dtype(dtype))
         freeze(model, scenario.train)
         return model
 
@@ -147,8 +147,8 @@ def _build_pipeline(scenario: Scenario, parallel: str, meshes: Meshes, device, d
     pipe, modules = pipeline.build(scenario.schedule, fresh, stp.build_loss(scenario), scenario.accum, device,
                                    group=group, sum_microbatches=mutation.pp_sum_microbatches, prepare=prepare)
     stages = pipeline.Stages(modules)
-    evidence.placements = _gathered(placements(stages))
-    evidence.trainable = sorted(_gathered({clean_name(n): 1 for n, p in stages.named_parameters() if p.requires_grad}))
+    evidence.placements = gathered(placements(stages))
+    evidence.trainable = sorted(gathered({clean_name(n): 1 for n, p in stages.named_parameters() if p.requires_grad}))
     layout.runnable = layout.model = stages
     layout.pipe, layout.local_group = pipe, group
     return layout
@@ -164,9 +164,9 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
     meta = scenario.init == "meta_load" and parallel in META_LOAD_LAYOUTS
     if meta:  # fine-tuning's load: parallelized on meta, filled from rank 0's full state dict below
         with torch.device("meta"):
-            model = Transformer(scenario.model_args).to(dtype=_dtype(dtype))
+            model = Transformer(scenario.model_args).to(dtype=torch_dtype(dtype))
     else:
-        model = build_model(scenario.model_args, SEED).to(device=device, dtype=_dtype(dtype))
+        model = build_model(scenario.model_args, SEED).to(device=device, dtype=torch_dtype(dtype))
     freeze(model, scenario.train)
     if scenario.float8 != "none":
         evidence.float8_linears = par.convert_float8(model, scenario.float8, mutation.float8_filter,
@@ -214,7 +214,8 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
         layout.sync = par.gradient_sync(layout.runnable, model, parallel)
     if parallel in par.FSDP_LAYOUTS:
         par.apply_fsdp(model, dp_mesh, scenario.mp, reshard=mutation.fsdp_reshard, mode=scenario.reshard,
-                       offload=scenario.offload, reduce_dtype=mutation.fsdp_reduce_dtype)
+                       offload=scenario.offload, reduce_dtype=mutation.fsdp_reduce_dtype,
+                       prefetch="implicit" if mutation.prefetch_ignored else scenario.prefetch)
     if parallel == "ep_fsdp":  # data parallel over every rank; experts' norms summed over their ep group
         every = meshes((world,), ("dp_shard",))
         layout.dp_group, layout.dp_rank, layout.dp_size = every.get_group(), every.get_local_rank(), world
@@ -222,7 +223,7 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
                                reduce_dtype=mutation.fsdp_reduce_dtype, divide=not mutation.ep_default_divide)
         layout.local_group, layout.partial_params = ep.group, True
     if meta:
-        ckpt.load_pretrained(model, lambda: build_model(scenario.model_args, SEED).to(dtype=_dtype(dtype)), device,
+        ckpt.load_pretrained(model, lambda: build_model(scenario.model_args, SEED).to(dtype=torch_dtype(dtype)), device,
                              lambda m: _make_buffers(m, zeros=mutation.meta_load_keeps_buffers))
     if mutation.after_parallelize:
         mutation.after_parallelize(model)
@@ -230,7 +231,7 @@ def build_layout(scenario: Scenario, parallel: str, meshes: Meshes, device, dtyp
         evidence.tied[tying.AFTER_PARALLELIZE] = tying.tied(model)
     if scenario.shard == "uneven" and parallel != "single":
         evidence.uneven[parallel] = uneven_params(model)
-    gather = _gathered if layout.partial_params else (lambda table: table)
+    gather = gathered if layout.partial_params else (lambda table: table)
     evidence.placements = gather(placements(model))
     evidence.trainable = sorted(gather({clean_name(n): 1 for n, p in model.named_parameters() if p.requires_grad}))
     evidence.float8_all_gather_weights = par.count_float8_all_gather_weights(model) if scenario.float8 != "none" else 0

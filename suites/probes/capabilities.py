@@ -17,7 +17,7 @@ import functools
 import importlib.util
 from typing import Any
 
-from .scenario_record import PP_LAYOUTS
+from ..scenario.record import PP_LAYOUTS
 
 @functools.cache
 def torchao() -> str | None:
@@ -114,7 +114,7 @@ def clip_by_norm_parts() -> str | None:
 @functools.cache
 def pipelining_schedule(schedule: str) -> str | None:
     """The pp row's schedule class is present in torch.distributed.pipelining."""
-    from .pipeline import SCHEDULES
+    from ..runner.pipeline import SCHEDULES
 
     try:
         from torch.distributed.pipelining import schedules
@@ -127,7 +127,7 @@ def pipelining_schedule(schedule: str) -> str | None:
 @functools.cache
 def fsdp2_gradient_divide_factor() -> str | None:
     """ep_fsdp divides its experts' reduction by the data-parallel size, as torchtitan does."""
-    from .parallelize import fsdp_api
+    from ..runner.parallelize import fsdp_api
 
     try:
         from torch.distributed.fsdp import FSDPModule
@@ -177,7 +177,7 @@ def ddp_comm_hook(hook: str) -> str | None:
 
     from torch.nn.parallel import DistributedDataParallel
 
-    from .parallelize import ddp_comm_hook as hook_of
+    from ..runner.parallelize import ddp_comm_hook as hook_of
 
     check = getattr(DistributedDataParallel, "_check_comm_hook", None)
     if check is None:

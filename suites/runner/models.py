@@ -19,7 +19,7 @@ on an empty batch as in real MoE code).
 
 A tied model (args.tie) shares one parameter between the token embedding and the
 output projection, as Llama 3.2 1B/3B, small Qwen3 and Gemma do: named_parameters()
-lists it once, as `tok_embeddings.weight` (suites/tying.py keeps layouts from untying it).
+lists it once, as `tok_embeddings.weight` (suites/runner/tying.py keeps layouts from untying it).
 
 Attention and the feed-forward infer their local head count and width from the shapes
 they get, as torchtitan's do, so the same module runs unsharded and column-sharded.
@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .model_args import ModelArgs
+from ..scenario.model_args import ModelArgs
 
 __all__ = ["ModelArgs", "Transformer", "MoE", "Adapter", "build_model", "tp_plan", "TPStyles", "SHARDED_WEIGHTS",
            "ADAPTED", "frozen_by_default", "is_frozen"]
@@ -134,10 +134,10 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(FeedForward(args, args.expert_hidden) for _ in range(args.n_experts))
         self.steer = None
         """None, or a callable (n_experts) -> logit offset | None that steers the router to
-        a routing edge (suites.routing.steer)."""
+        a routing edge (suites.runner.routing.steer)."""
         self.dispatch = None
         """None: every expert local; else a callable (moe, tokens, weights, chosen) -> output
-        that moves tokens to experts elsewhere (suites.parallelize.ExpertParallel)."""
+        that moves tokens to experts elsewhere (suites.runner.parallelize.ExpertParallel)."""
 
     def router_logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """The router's float32 logits, steered (tokens, n_experts): what top-k picks from."""
@@ -193,7 +193,7 @@ class Transformer(nn.Module):
         self.register_buffer("rope", rope_cache(args), persistent=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        # A pipeline stage (suites/pipeline.py) holds some blocks and maybe neither end.
+        # A pipeline stage (suites/runner/pipeline.py) holds some blocks and maybe neither end.
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for layer in self.layers.values():
             h = layer(h, self.rope)

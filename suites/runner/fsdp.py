@@ -62,7 +62,7 @@ def resharded_blocks(n_layers: int, reshard: bool = True, mode: str = "titan") -
 
 
 def apply_fsdp(model: Transformer, mesh: Any, mp: str, reshard: bool = True, mode: str = "titan",
-               offload: bool = False, reduce_dtype: torch.dtype | None = None) -> None:
+               offload: bool = False, reduce_dtype: torch.dtype | None = None, prefetch: str = "implicit") -> None:
     """FSDP2 as torchtitan's apply_fsdp: fully_shard every block, then the root.
 
     A tied model (args.tie) groups the token embedding, the final norm and the output in
@@ -74,6 +74,7 @@ def apply_fsdp(model: Transformer, mesh: Any, mp: str, reshard: bool = True, mod
     in float32 (torchtitan's mixed_precision_param / mixed_precision_reduce defaults).
     A 2-D mesh (dp_replicate, dp_shard) is HSDP. `reshard=False` and `reduce_dtype` are
     mutations: no block ever frees its unsharded weights; gradients reduce in that dtype.
+    `prefetch`: the `prefetch` column (`explicit_prefetch`).
     """
     fully_shard, _ = fsdp_api()
     policy = mp_policy(mp, reduce_dtype)
@@ -86,3 +87,14 @@ def apply_fsdp(model: Transformer, mesh: Any, mp: str, reshard: bool = True, mod
                                         resharded_blocks(len(blocks), reshard, mode)):
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=again if on else False, **extra)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False, **extra)
+    if prefetch == "explicit":
+        explicit_prefetch([block for _, block in blocks])
+
+
+def explicit_prefetch(blocks: list[Any]) -> None:
+    """FSDP2 explicit prefetching, as torchtitan's apply_fsdp sets it under EP (where a
+    device-to-host sync would stall the implicit kind): each block issues the next block's
+    all-gather in its pre-forward and the previous block's in its pre-backward."""
+    for earlier, later in zip(blocks, blocks[1:]):
+        earlier.set_modules_to_forward_prefetch([later])
+        later.set_modules_to_backward_prefetch([earlier])

@@ -1,5 +1,5 @@
 """The notation of the scenario table: a Column record, a Rule record, and the decorator
-that turns a tuple of columns into the Scenario dataclass (suites/scenarios.py)."""
+that turns a tuple of columns into the Scenario dataclass (suites/scenario/table.py)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 The unsharded model on one process, eager, no AC (with the scenario's Float8 recipe when
 it has one: Float8 is judged against Float8, as torchao does), one step per global
-batch, with the same loss, clipping, optimizer and schedule (suites/step.py) as the
+batch, with the same loss, clipping, optimizer and schedule (suites/runner/step.py) as the
 parallel run; its optimizer always steps with torch's per-parameter loop, so a foreach or
 fused row's difference is the parallel kernels' doing. A mixed-precision row's reference computes as FSDP2's bf16 policy does,
 microbatch by microbatch, so bf16 routing is judged by bf16 routing; a routing-edge row
@@ -21,8 +21,9 @@ from . import parallelize as par
 from . import step as stp
 from .models import build_model
 from .routing import RoutingClock, steer, watch_routing
-from .scenario_record import SEED, Scenario
-from .training import TrainRecord, _dtype, _eval, _finish_step, _new_step, _unscale, batches, freeze, full_grads
+from ..scenario.record import SEED, Scenario
+from .evidence import TrainRecord, full_grads
+from .layout import freeze, torch_dtype
 
 
 def _chunked_reference(scenario: Scenario) -> bool:
@@ -34,7 +35,7 @@ def _chunked_reference(scenario: Scenario) -> bool:
 def run_reference(scenario: Scenario, device: torch.device, dtype: str) -> TrainRecord:
     """The unsharded model on one process, eager, no AC; Float8 only when the scenario has it."""
     args = scenario.model_args
-    model = build_model(args, SEED).to(device=device, dtype=_dtype(scenario.train_dtype_override or dtype))
+    model = build_model(args, SEED).to(device=device, dtype=torch_dtype(scenario.train_dtype_override or dtype))
     freeze(model, scenario.train)
     if scenario.float8 != "none":
         par.convert_float8(model, scenario.float8)
@@ -42,8 +43,8 @@ def run_reference(scenario: Scenario, device: torch.device, dtype: str) -> Train
     clock = RoutingClock(parts=scenario.dp_degree * scenario.accum)
     if args.n_experts and not _chunked_reference(scenario):
         watch_routing(model, record, clock)
-    data = batches(scenario)
-    parts = _new_step(scenario, model, stp.loss_fn(scenario.loss), impl="for_loop")
+    data = stp.batches(scenario)
+    parts = stp.new_step_parts(scenario, model, stp.loss_fn(scenario.loss), impl="for_loop")
     for clock.step, (tokens, labels) in enumerate(data):
         parts.opt.zero_grad(set_to_none=scenario.zero_grad == "none")
         if _chunked_reference(scenario):
@@ -52,16 +53,16 @@ def run_reference(scenario: Scenario, device: torch.device, dtype: str) -> Train
         else:
             loss = parts.loss(model(tokens.to(device)), labels.to(device))
             loss.backward()
-        _unscale(parts)
+        stp.unscale(parts)
         if scenario.clip != "none":
             form = "inf" if scenario.clip == "inf" else "norm"  # every other form measures the 2-norm
             record.grad_norms.append(float(stp.clip_grads(list(model.parameters()), form).cpu()))
         record.losses.append(float(loss.detach().float().cpu()))
         record.grads.append(full_grads(model))
-        _finish_step(parts, record=record)
+        stp.optimizer_step(parts, record=record)
     if scenario.eval != "none":
         clock.on = False
-        record.eval_loss, record.eval_logits = _eval(scenario, model, device, parts.loss)
+        record.eval_loss, record.eval_logits = stp.evaluate(scenario, model, device, parts.loss)
     return record
 
 
@@ -85,7 +86,7 @@ def _chunked_grads(scenario: Scenario, model: nn.Module, tokens: torch.Tensor, l
     shadow = copy.deepcopy(model)
     if scenario.mp != "none":
         for p in shadow.parameters():
-            p.data = p.data.to(_dtype(scenario.compute_dtype))
+            p.data = p.data.to(torch_dtype(scenario.compute_dtype))
     shadow_clock = RoutingClock(step=clock.step)
     if scenario.model_args.n_experts:
         watch_routing(shadow, record, shadow_clock)

@@ -9,7 +9,7 @@ is cheap and catches a class nothing else in the pr tier does.
 
 from __future__ import annotations
 
-from .scenario_record import Scenario, row
+from .record import Scenario, row
 
 
 def training_step_rows() -> list[Scenario]:
@@ -214,7 +214,7 @@ def crossing_rows() -> list[Scenario]:
              row("hsdp", "block", "aot_eager", world_size=4, train="frozen_norms")]
     # MoE routing edges on 4 ranks (FSDP2 and EP, accumulation), in float32 and under mixed
     # precision (bf16 moves a near-tie token in most steps: checks.compare_routing lets
-    # near-ties move, measured 2026-12-02, suites/tolerances.py)
+    # near-ties move, measured 2026-12-02, suites/judges/tolerances.py)
     for edge in ("empty_first", "empty_middle", "empty_last", "one_expert"):
         rows += [row("fsdp", model="moe", world_size=4, accum=2, routing=edge),
                  row("fsdp", model="moe", world_size=4, accum=2, mp="bf16", routing=edge)]

@@ -2,18 +2,18 @@
 
 TABLE: the rows, in one notation, `row(parallel, compile, backend, column=value, ...)`;
 the columns, their rules and the Scenario record are declared once in
-suites/scenario_record.py (re-exported here: this module is the table's one public face).
+suites/scenario/record.py (re-exported here: this module is the table's one public face).
 One runner (training.py) executes any row; the checks (checks.py) judge it by numbers and
 graphs. Rows a user trains beyond the base table (the training step's columns crossed with
-the parallelisms users combine them with) are built in suites/scenario_rows.py.
+the parallelisms users combine them with) are built in suites/scenario/rows.py.
 """
 
 from __future__ import annotations
 
 from .columns import REQUIRED, Column, Rule, ScenarioError  # noqa: F401  (the table's public face)
-from .scenario_rows import (crossing_rows, ddp_rows, fp16_rows, grad_sync_rows, layout_rows, meta_load_rows,
+from .rows import (crossing_rows, ddp_rows, fp16_rows, grad_sync_rows, layout_rows, meta_load_rows,
                             optimizer_rows, tie_rows, training_step_rows, uneven_rows)
-from .scenario_record import (  # noqa: F401
+from .record import (  # noqa: F401
     BATCH, COLUMN, COLUMNS, DDP_BUCKET_MB, DDP_LAYOUTS, LORA_MODEL, LR, MAX_VARLEN_GRAPHS_PER_REGION, MODEL, MOE_MODEL, PP_MODEL, RESUME_AT,
     RULES, SEED, STEPS, TIERS, TP_DEGREE_2D, VARLEN_SEQ, Scenario, row,
 )
@@ -131,6 +131,18 @@ TABLE: list[Scenario] = [
     row("tp_sp", loss_parallel=True, tier="pr"),
     row("tp_sp", "model", "inductor", loss_parallel=True),
     row("fsdp_tp", loss_parallel=True, world_size=4),
+    # FSDP2 explicit prefetching (torchtitan's apply_fsdp under EP): each block issues the next one's
+    # all-gather (forward) and the previous one's (backward); the numbers must not change, the
+    # all-gathers must be the same ones, issued a block earlier
+    row("fsdp", prefetch="explicit"),
+    row("fsdp", mp="bf16", accum=2, prefetch="explicit"),
+    row("fsdp", accum=2, grad_sync="last", prefetch="explicit"),
+    row("fsdp", reshard="true", prefetch="explicit", optim="adamw"),
+    row("fsdp", offload=True, prefetch="explicit"),
+    row("fsdp", tie=True, prefetch="explicit"),
+    row("fsdp", "block", "inductor", prefetch="explicit"),
+    row("hsdp", world_size=4, prefetch="explicit"),
+    row("fsdp_tp", world_size=4, prefetch="explicit"),
 ]
 # fmt: on
 

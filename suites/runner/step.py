@@ -1,5 +1,6 @@
 """The parts of a training step users configure: the loss, gradient clipping, the
-optimizer with its parameter groups and LR schedule.
+optimizer with its parameter groups and LR schedule; and the step's machinery both runs
+share (the global batches, `StepParts`, unscale, the optimizer's step, eval).
 
 The single-process reference and the parallel run call these same functions, so a
 difference between the two is the parallelism's doing. The forms are the ones
@@ -10,13 +11,19 @@ linear warmup then cosine decay.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
-from .scenario_record import LR, Scenario
+from ..scenario.model_args import ModelArgs
+from ..scenario.record import BATCH, LR, SEED, Scenario
+from .evidence import TrainRecord, clean_name, count_executed_ops
 
 LABEL_SMOOTHING = 0.1
 Z_LOSS_WEIGHT = 1e-2
@@ -247,3 +254,102 @@ def scaled(loss: torch.Tensor, scaler: Any, step: int, first_microbatch: bool) -
     if scaler is None:
         return loss
     return scaler.scale(loss * SPIKE if step == SPIKE_STEP and first_microbatch else loss)
+
+
+# The step's parts both runs share: the parallel run (training.py) and the reference
+# (reference.py) build, unscale, step and evaluate through these same functions.
+
+def batches(scenario: Scenario, seed: int = SEED) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The global batch of every step: BATCH rows per data-parallel rank and microbatch.
+
+    From a private generator (identical on every rank). A TP-only row with one
+    microbatch draws exactly what the table's first rows always drew.
+    """
+    args = scenario.model_args
+    rows = BATCH * scenario.data_parallel_max * scenario.accum
+    gen = torch.Generator().manual_seed(seed + 1)
+    out = []
+    for step in range(scenario.steps):
+        shape = (rows, scenario.seq_len(step))
+        tokens = torch.randint(0, args.vocab_size, shape, generator=gen)
+        labels = torch.randint(0, args.vocab_size, shape, generator=gen)
+        out.append((tokens, labels))
+    return out
+
+
+def eval_batch(args: ModelArgs, seed: int = SEED) -> torch.Tensor:
+    """The tokens an eval row evaluates on (a generator of their own, after training's)."""
+    gen = torch.Generator().manual_seed(seed + 2)
+    return torch.randint(0, args.vocab_size, (BATCH, args.max_seq_len), generator=gen)
+
+
+def full_value(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor made whole (full_tensor()); a plain tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def loss_context(scenario: Scenario) -> Any:
+    """loss_parallel() for a row that computes its loss over TP-sharded logits."""
+    if not scenario.loss_parallel:
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
+@dataclass
+class StepParts:
+    """What every step of a run shares: the loss, the optimizer and its schedule."""
+
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    opt: torch.optim.Optimizer
+    sched: Any = None
+    scaler: Any = None
+    """torch.amp.GradScaler of a loss-scaled (fp16) row: it scales backward, unscales before
+    the gradients are read, and steps (or skips) the optimizer."""
+    watch: tuple[int, Counter] | None = None
+    """(step, counter): count the ops that step's optimizer.step() executes into counter."""
+
+
+def new_step_parts(scenario: Scenario, model: nn.Module, loss: Callable | None = None, impl: str | None = None,
+                   scaler: Callable[..., Any] | None = None) -> StepParts:
+    """The step's parts; `impl` overrides the row's optimizer implementation (the reference: the loop);
+    `scaler`, a loss-scaled row's GradScaler factory (a mutation's)."""
+    opt, sched = make_optimizer(((clean_name(n), p) for n, p in model.named_parameters()), scenario, impl)
+    device_type = next(model.parameters()).device.type
+    return StepParts(loss or build_loss(scenario), opt, sched, grad_scaler(scenario, device_type, scaler))
+
+
+def unscale(parts: StepParts) -> None:
+    """A loss-scaled step's gradients divided by the scale (and checked for inf) before
+    anything reads them, as users unscale before clipping."""
+    if parts.scaler is not None:
+        parts.scaler.unscale_(parts.opt)
+
+
+def optimizer_step(parts: StepParts, index: int | None = None, record: TrainRecord | None = None) -> None:
+    """The optimizer's step (through the GradScaler of a loss-scaled row, which may skip it),
+    then the schedule's; step `index`'s kernels counted when `parts.watch` names it."""
+    watched = parts.watch is not None and parts.watch[0] == index
+    with count_executed_ops(parts.watch[1]) if watched else contextlib.nullcontext():
+        if parts.scaler is not None:
+            parts.scaler.step(parts.opt)  # skipped when unscale_ found inf or nan
+            parts.scaler.update()
+            if record is not None:
+                record.loss_scales.append(float(parts.scaler.get_scale()))
+        else:
+            parts.opt.step()
+    if parts.sched is not None:
+        parts.sched.step()
+
+
+def evaluate(scenario: Scenario, runnable: nn.Module, device, loss: Callable) -> tuple[float, torch.Tensor]:
+    """An eval row's forward after training (no_grad or inference_mode): its loss and logits."""
+    mode = torch.inference_mode() if scenario.eval == "inference" else torch.no_grad()
+    tokens = eval_batch(scenario.model_args)
+    gen = torch.Generator().manual_seed(SEED + 3)
+    labels = torch.randint(0, scenario.model_args.vocab_size, tokens.shape, generator=gen)
+    with mode, loss_context(scenario):
+        logits = runnable(tokens.to(device))
+        value = loss(logits, labels.to(device))
+        return float(full_value(value).float().cpu()), full_value(logits).float().cpu().clone()

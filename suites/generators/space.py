@@ -3,10 +3,10 @@
 distci.fuzz.space draws and shrinks in a space whose axes, validity and point ids come from
 here (`AXES`, `complete`, `problems`, `key`): the controller loads this module from the
 checkout's suites (distci.fuzz.space.cell_side), so the columns are declared once, in
-suites/scenarios.py, and the package carries no copy of them. `ENTRY_TEST`, `CONFIGS_ENV`
+suites/scenario/table.py, and the package carries no copy of them. `ENTRY_TEST`, `CONFIGS_ENV`
 and `CONFIG_ENV` are how the controller hands a batch to suites/fuzz_entry.py.
 
-A point is one value per axis. Most axes are the table's columns (suites/scenarios.py's
+A point is one value per axis. Most axes are the table's columns (suites/scenario/table.py's
 COLUMNS, every column but the tier): their ordered values and their defaults (the value
 the id leaves out), so a column added there is an axis here with nothing else to write.
 After them come the SIZES, axes of the fuzzer only (no table column: every row runs the
@@ -29,14 +29,14 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from . import scenarios as sc
+from ..scenario import table as sc
 
 ENTRY_TEST = "suites/fuzz_entry.py"
 CONFIGS_ENV = "DISTCI_FUZZ_CONFIGS"
 """A JSON file: the list of points one batch runs (suites/fuzz_entry.py reads it)."""
 CONFIG_ENV = "DISTCI_FUZZ_CONFIG"
 """Inline JSON: one point (axes at their defaults left out), for a repro."""
-from .fuzz_plants import PLANT_ENV  # noqa: E402,F401 - the plant a run carries, read by the controller
+from .config_plants import PLANT_ENV  # noqa: E402,F401 - the plant a run carries, read by the controller
 
 Point = Mapping[str, Any]
 """axis name -> value; missing axes take their defaults."""
@@ -98,7 +98,7 @@ def _size_rules(s: sc.Scenario, sizes: dict[str, int]) -> list[str]:
         out.append("a pp row has one block per stage: layers stays at the table's for parallel=pp")
     if sizes and s.loss_scaled:
         out.append("an mp=fp16 row keeps the table's sizes: its loss spike overflows float16 at them "
-                   "(suites/step.py SPIKE is measured there; step 1 is the spike's)")
+                   "(suites/runner/step.py SPIKE is measured there; step 1 is the spike's)")
     return out
 
 
