@@ -1,0 +1,51 @@
+"""FSDP2: a training forward after an eval forward under torch.inference_mode() raises.
+
+Trigger: `fully_shard` a model, run an eval forward under `torch.inference_mode()` (a
+validation loop, Lightning's default for `validate`/`test`; vLLM-style generation), then a
+training forward. The root keeps the unsharded parameters it allocated inside inference mode
+(after a forward no backward follows it stays unsharded, pytorch#131965), so the training
+forward's in-place update of them raises "Inplace update to inference tensor outside
+InferenceMode is not allowed". The same eval under `torch.no_grad()` is the control, and so is
+the same program in one process. Found by the programs generator as
+`fsdp-ws4-w16-l1-sgd:eval=inference_mode,fwd_bwd,...`, shrunk to
+`fsdp-ws2-w8-l1-sgd:eval=inference_mode,fwd_bwd`, torch 2.13.0 and 2.15.0 CPU, fixes off,
+2026-12-06. Upstream: FSDP2 under inference mode, pytorch PR #197327 (a crash while
+unsharding in inference mode) and torchtitan#3070 (FSDP skipped for inference for this reason).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ..conftest import tier_marks
+
+pytestmark = tier_marks("nightly")
+
+
+def _train_after_eval(dist, sharded: bool, eval_mode: str) -> None:
+    from ..parallelize import fsdp_api
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    if sharded:
+        fully_shard, _ = fsdp_api()
+        fully_shard(model[0], mesh=dist.mesh())
+        fully_shard(model, mesh=dist.mesh())
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    model.eval()
+    with torch.inference_mode() if eval_mode == "inference_mode" else torch.no_grad():
+        model(x)
+    model.train()
+    model(x).sum().backward()
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.dist_timeout(300)
+@pytest.mark.parametrize("eval_mode", ["inference_mode", "no_grad_control"])
+def test_training_forward_after_an_eval_forward(dist, eval_mode: str) -> None:
+    _train_after_eval(dist, sharded=False, eval_mode=eval_mode)
+    try:
+        _train_after_eval(dist, sharded=True, eval_mode=eval_mode)
+    except RuntimeError as error:
+        pytest.fail(f"FSDP2: the training forward after an eval forward under {eval_mode} raised: {error}")
