@@ -1,12 +1,13 @@
-"""FSDP2: a training forward after an eval forward under torch.inference_mode() raises.
+"""FSDP2: training after a first forward run under torch.inference_mode() raises.
 
-Trigger: `fully_shard` a model, run an eval forward under `torch.inference_mode()` (a
-validation loop, Lightning's default for `validate`/`test`; vLLM-style generation), then a
-training forward. The root keeps the unsharded parameters it allocated inside inference mode
-(after a forward no backward follows it stays unsharded, pytorch#131965), so the training
-forward's in-place update of them raises "Inplace update to inference tensor outside
-InferenceMode is not allowed". The same eval under `torch.no_grad()` is the control, and so is
-the same program in one process. Found by the programs generator as
+Trigger: `fully_shard` a model, run its first forward under `torch.inference_mode()` (a
+sanity-check validation before training, Lightning's `num_sanity_val_steps` under its default
+inference mode; an eval of the initial weights), then a training forward. FSDP2's lazy init
+runs inside that first forward, so what it allocates are inference tensors; the training
+forward updates them in place and raises "Inplace update to inference tensor outside
+InferenceMode is not allowed". `model.reshard()` between the two does not help. Controls: the
+same eval under `torch.no_grad()`; the inference-mode eval after one training step (lazy init
+already done); the same program in one process. Found by the programs generator as
 `fsdp-ws4-w16-l1-sgd:eval=inference_mode,fwd_bwd,...`, shrunk to
 `fsdp-ws2-w8-l1-sgd:eval=inference_mode,fwd_bwd`, torch 2.13.0 and 2.15.0 CPU, fixes off,
 2026-12-06. Upstream: FSDP2 under inference mode, pytorch PR #197327 (a crash while
@@ -24,6 +25,7 @@ pytestmark = tier_marks("nightly")
 
 
 def _train_after_eval(dist, sharded: bool, eval_mode: str) -> None:
+    """Eval (first forward, or after a training step), then one training forward/backward."""
     from ..parallelize import fsdp_api
 
     torch.manual_seed(0)
@@ -33,8 +35,10 @@ def _train_after_eval(dist, sharded: bool, eval_mode: str) -> None:
         fully_shard(model[0], mesh=dist.mesh())
         fully_shard(model, mesh=dist.mesh())
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    if eval_mode == "inference_mode_after_a_step_control":
+        model(x).sum().backward()
     model.eval()
-    with torch.inference_mode() if eval_mode == "inference_mode" else torch.no_grad():
+    with torch.no_grad() if eval_mode == "no_grad_control" else torch.inference_mode():
         model(x)
     model.train()
     model(x).sum().backward()
@@ -42,10 +46,10 @@ def _train_after_eval(dist, sharded: bool, eval_mode: str) -> None:
 
 @pytest.mark.world_size(2)
 @pytest.mark.dist_timeout(300)
-@pytest.mark.parametrize("eval_mode", ["inference_mode", "no_grad_control"])
+@pytest.mark.parametrize("eval_mode", ["inference_mode_first", "no_grad_control", "inference_mode_after_a_step_control"])
 def test_training_forward_after_an_eval_forward(dist, eval_mode: str) -> None:
     _train_after_eval(dist, sharded=False, eval_mode=eval_mode)
     try:
         _train_after_eval(dist, sharded=True, eval_mode=eval_mode)
     except RuntimeError as error:
-        pytest.fail(f"FSDP2: the training forward after an eval forward under {eval_mode} raised: {error}")
+        pytest.fail(f"FSDP2: training after an eval forward ({eval_mode}) raised: {error}")
