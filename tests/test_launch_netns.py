@@ -124,7 +124,11 @@ def test_a_run_stopped_leaves_no_namespace(how: signal.Signals) -> None:
     """SIGTERM/SIGINT: the run removes its hosts itself; SIGKILL: `teardown` removes them by prefix."""
     tag = f"t{os.getpid() % 10000}{how.value}"
     prefix = f"{netns.PREFIX}{tag}-"
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, tag], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    # The run as a person starts it from a terminal: SIGINT at its default. A shell that runs
+    # pytest in the background (`nox ... &` in a script) leaves SIGINT ignored for its children,
+    # and a run started that way rightly goes on ignoring it.
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, tag], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "up"
         assert len(netns.namespaces(prefix)) == 3
