@@ -235,3 +235,14 @@ def test_the_nightly_files_a_generic_fuzz_failure_and_not_a_near_miss():
     assert REGISTRY.near_misses(CONFIG, generic.error_signature, generic.message, STACK) == []
     assert REGISTRY.near_misses(CONFIG, specific.error_signature, specific.message, STACK) == [
         "distci-ddp-freeze-after-wrap"]
+
+
+def test_a_dead_sweep_of_another_op_is_no_near_miss_of_the_max_entry():
+    """The night runs' argmax sweep died and was named `dtensor-max-empty-shard`'s near miss
+    only because that entry's signature also says "the sweep died on this case", words the ops
+    generator writes for every op's crash, hang or timeout."""
+    dead = "suites/generators/ops_entry.py::test_op_case[argmax~2~f32~1x2~S-1~dim=-1~671]"
+    sig = "argmax: the sweep died on this case"
+    assert REGISTRY.near_misses(dead, sig, sig, STACK) == []
+    real = "amax with empty shards raised on ranks [1] only"
+    assert REGISTRY.near_misses(dead, real, real, STACK) == ["dtensor-max-empty-shard"]
