@@ -63,7 +63,7 @@ def test_a_dcp_checkpoint_saved_before_the_first_step_loads_after_it(dist, tmp_p
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
-    from ..parallelize import fsdp_api
+    from ..runner.parallelize import fsdp_api
 
     where = [str(tmp_path)]
     tdist.broadcast_object_list(where, src=0)  # one directory for every rank

@@ -26,7 +26,7 @@ pytestmark = tier_marks("nightly")
 
 def _train_after_eval(dist, sharded: bool, eval_mode: str) -> None:
     """Eval (first forward, or after a training step), then one training forward/backward."""
-    from ..parallelize import fsdp_api
+    from ..runner.parallelize import fsdp_api
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
