@@ -206,3 +206,19 @@ def test_the_engine_imports_without_torch():
     code = ("import sys, distci.fuzz.ops, distci.fuzz.ops_command, distci.fuzz.ops_report; "
             "assert 'torch' not in sys.modules, 'the ops engine imported torch'")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
+
+
+@pytest.mark.slow
+def test_an_explicit_redistribute_refusal_is_a_gap_not_a_find(tmp_path):
+    """The night runs re-filed DTensor's "Please redistribute the input first" (a reshape that
+    merges a sharded dim) as a new find every night: upstream names that limit. The case runs
+    on two ranks through the harness and is counted as a gap (a skip naming the refusal)."""
+    pytest.importorskip("torch")
+    case = "reshape_merge~2~f32~1x1x1x2~S2~-~0"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider",
+                           f"suites/generators/ops_entry.py::test_op_case[{case}]",
+                           f"--distci-run-dir={tmp_path / 'run'}", "-q"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    results = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    assert [r["outcome"] for r in results] == ["skipped"], proc.stdout[-3000:]
+    assert "refused, redistribute first" in results[0]["message"], results[0]["message"]

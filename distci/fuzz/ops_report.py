@@ -16,7 +16,8 @@ def render_report(report, cell_id: str, stack: dict[str, Any], started: str, com
              f"**{report.per_hour():.0f} cases/hour** (shrinking included)",
              "- outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(report.counts.items())), ""]
     if report.gaps:
-        lines += ["## Capability gaps (no sharding strategy registered: counted, not failures)", "",
+        lines += ["## Capability gaps (no sharding strategy registered, or the op refused its placements with "
+                  "\"Please redistribute\": counted, not failures)", "",
                   "| op | cases |", "|---|---|"]
         lines += [f"| {op} | {n} |" for op, n in sorted(report.gaps.items())]
         lines.append("")

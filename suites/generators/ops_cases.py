@@ -4,7 +4,8 @@ Every rank builds the full inputs from the case's seed, distributes them with th
 placements, runs the op (suites/generators/op_calls.py) on the DTensors and on the full
 tensors, backpropagates the same seeded cotangent through both, and compares:
   1. an exception on the DTensor side where the full op ran is a failure, unless it is a
-     "no sharding strategy registered" NotImplementedError: a capability gap (counted);
+     "no sharding strategy registered" NotImplementedError or DTensor's explicit "Please
+     redistribute" refusal of the op's own call: a capability gap (counted);
   2. each output: a DTensor, legal placements, the local shape its placements say, the
      full shape and dtype, and its value within the dtype's rounding (suites/tolerances);
   3. each input's gradient: present where the reference has one, and its value.
@@ -31,6 +32,13 @@ from ..judges.tolerances import ROUNDING, op_threshold
 from .op_calls import CALLS, Context
 
 GAP = re.compile(r"sharding strateg|does not have a sharding|no sharding|sharding propagation (?:is )?not")
+REFUSED = re.compile(r"[Pp]lease redistribute|cannot be evenly sharded, resulting in biased")
+"""DTensor's explicit refusals of placements an op cannot take as given ("... requires
+redistribution. Please redistribute the input first"): upstream names the limit and what to
+do, nothing is computed wrong, so the case is counted as a gap like a missing sharding
+strategy, never re-filed as a new find every night (DESIGN rule 10: refused is not broken,
+and it stays visible in the gaps table). Only for the op's own call: a backward that refuses
+the placements its own forward produced is a find (nobody can redistribute inside autograd)."""
 
 
 @dataclass
@@ -322,6 +330,8 @@ def _raised(case: OpCase, exc: Exception, during: str, done) -> CaseOutcome:
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, NotImplementedError) and GAP.search(str(exc)):
         return done("gap", f"{case.op}: no sharding strategy", f"{during}: {text[:500]}")
+    if during == "the op" and REFUSED.search(str(exc)):
+        return done("gap", f"{case.op}: refused, redistribute first", f"{during}: {text[:500]}")
     first = error_signature(type(exc).__name__, str(exc))
     # no op in it: one DTensor error (a redistribution it cannot do) is one find across ops
     signature = f"{during} raised {first}"[:240]
