@@ -9,7 +9,7 @@
     command.py  `distci images`, `distci teardown`, `distci bench images`
 """
 
-from distci.images.base import PUBLIC_BASES, connect, ensure_local_base, local_base_tag, resolve_base
+from distci.images.base import connect, ensure_local_base, local_base_tag, public_bases, resolve_base
 from distci.images.build import BuiltImage, ensure_image
 from distci.images.command import add_parser, bench_images
 from distci.images.context import split_stack
@@ -20,5 +20,11 @@ from distci.images.run import container_options, run_cell_in_docker, run_cells_i
 __all__ = [
     "PUBLIC_BASES", "BuiltImage", "add_parser", "bench_images", "check_cann", "check_npu_pairing", "connect",
     "container_options", "ensure_image", "ensure_local_base", "image_tag", "local_base_tag", "plan_image",
-    "resolve_base", "run_cell_in_docker", "run_cells_in_docker", "split_stack", "teardown",
+    "public_bases", "resolve_base", "run_cell_in_docker", "run_cells_in_docker", "split_stack", "teardown",
 ]
+
+
+def __getattr__(name: str):  # PEP 562: PUBLIC_BASES is read on first use (distci.images.base)
+    if name == "PUBLIC_BASES":
+        return public_bases()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,6 +16,8 @@ Python's image. This is what distci's own tests use, since nothing can be pulled
 
 from __future__ import annotations
 
+import functools
+
 import os
 import re
 import shutil
@@ -98,7 +100,18 @@ def load_bases(path: Path = BASES_FILE) -> dict[tuple[str, str], PublicBase]:
     return bases
 
 
-PUBLIC_BASES: dict[tuple[str, str], PublicBase] = load_bases()
+@functools.cache
+def public_bases() -> dict[tuple[str, str], PublicBase]:
+    """docker/bases.toml, read on first use (`PUBLIC_BASES`): not at import, so an installed
+    controller without a checkout's docker/ still starts and prints every command's --help
+    (tests/test_installed_cli.py); building an image needs the checkout's docker/ anyway."""
+    return load_bases()
+
+
+def __getattr__(name: str):  # PEP 562: `PUBLIC_BASES` keeps its name, loaded when first read
+    if name == "PUBLIC_BASES":
+        return public_bases()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 BASE_VARS = {"cpu": ("DISTCI_CPU_BASE_IMAGE", "DISTCI_BASE_IMAGE"),
              "cuda": ("DISTCI_CUDA_BASE_IMAGE", "DISTCI_BASE_IMAGE"),
              "npu": ("DISTCI_NPU_BASE_IMAGE",)}
@@ -137,9 +150,9 @@ def image_exists(client, ref: str) -> bool:
 
 def public_base(family: str, python: str) -> PublicBase:
     try:
-        return PUBLIC_BASES[(family, python)]
+        return public_bases()[(family, python)]
     except KeyError:
-        known = ", ".join(f"{f}/py{p}" for f, p in PUBLIC_BASES)
+        known = ", ".join(f"{f}/py{p}" for f, p in public_bases())
         raise ConfigError(f"no public base image for the {family} family with Python {python} (known: {known}); "
                           f"set {BASE_VARS[family][0]} to one") from None
 
