@@ -297,9 +297,9 @@ class KnownIssue:
 
     def names_the_bug_in(self, signature: str) -> bool:
         """Whether one of the entry's `specific` alternatives is in a failure's error signature
-        (its first line): what lets a find outside the entry's tests be called its near miss.
-        A match of the judges' generic words only (`gradient SQNR`) says a number moved, not
-        which bug moved it. Bounded like `explains`."""
+        (its headline, `results.headline`): what lets a find outside the entry's tests be called
+        its near miss. A match of the judges' generic words only (`gradient SQNR`) says a number
+        moved, not which bug moved it. Bounded like `explains`."""
         return any(self._found(alt, "signature", signature) for alt in self.specific)
 
     def caused(self, problem: str) -> bool:
@@ -358,7 +358,7 @@ class Registry:
         """THE near-miss rule, for every generator's finds and the nightly's filing: the ids of
         the entries a failure no entry explains repeats through another door. An entry counts
         when it applies to this stack, its tests do not name this test, and its signature is
-        in the failure's error signature (the first line: the problems listed below it are
+        in the failure's error signature (its headline: the problems listed below it are
         sentences many bugs share) through words that name a bug (`KnownIssue.names_the_bug_in`).
         An entry matched only by the judges' generic words (`gradient SQNR`, `loss N vs
         reference`) leans on its test patterns to say which bug it is, so any numeric difference

@@ -147,19 +147,36 @@ def is_interruption(error_signature: str | None) -> bool:
     return bool(error_signature) and error_signature.startswith(INTERRUPTED)
 
 
-def first_line(message: str) -> str:
-    """The first non-blank line of a failure message, as it was (numbers and all)."""
-    return next((line.strip() for line in message.splitlines() if line.strip()), "")
+_WRAPPED_TRACEBACK = "Traceback (most recent call last)"
+
+
+def headline(message: str) -> str:
+    """The line of a failure message that names its error, as it was (numbers and all).
+
+    That is the first non-blank line, unless the message wraps tracebacks: a first line
+    followed at once by a traceback is a wrapper's generic headline (DCP's
+    `CheckpointException ranks:dict_keys([0, 1])` before each failing rank's traceback,
+    torch.multiprocessing's `-- Process 0 terminated with the following error:`), the same
+    for every error it wraps, so the headline is the error line that ends the first
+    wrapped traceback (its lowest rank's own error).
+    """
+    lines = [line for line in message.splitlines() if line.strip()]
+    if len(lines) > 1 and lines[1].lstrip().startswith(_WRAPPED_TRACEBACK):
+        inner = next((line for line in lines[2:] if not line[:1].isspace()
+                      and not line.startswith(_WRAPPED_TRACEBACK)), None)
+        if inner is not None:
+            return inner.strip()
+    return lines[0].strip() if lines else ""
 
 
 def error_signature(exc_type: str, message: str) -> str:
     """A stable one-line key for a failure, so one bug groups across cells and nights.
 
     Addresses, numbers (shapes, timings, ranks), line numbers and directory prefixes
-    change between runs of the same bug; they are normalized away. Only the first line
-    of the message counts.
+    change between runs of the same bug; they are normalized away. Only the message's
+    headline counts (its first line, or the wrapped error's line, see `headline`).
     """
-    text = first_line(message)
+    text = headline(message)
     for pattern, repl in _SIGNATURE_RULES:
         text = pattern.sub(repl, text)
     return f"{exc_type}: {text.strip()}"[:300]
@@ -283,7 +300,7 @@ def write_junit(results: Iterable[Result], path: Path, *, suite_name: str = "dis
         if r.repro:
             _element(cprops, "property", name="repro", value=r.repro)
         body = "\n".join(f"--- rank {x.rank} ({x.outcome}) ---\n{x.excerpt}" for x in r.ranks)
-        summary = first_line(r.message)[:200] or r.error_signature  # the real words, numbers included
+        summary = headline(r.message)[:200] or r.error_signature  # the real words, numbers included
         if kind == "xfail":
             _element(case, "skipped", r.message + ("\n" + body if body else ""), type="pytest.xfail",
                      message=f"known issue {r.known_issue}: {summary}")
