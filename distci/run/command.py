@@ -64,10 +64,11 @@ class RunOptions:
 
 def select_cells(options: RunOptions) -> list[Cell]:
     """The cells to run: those named with --cell, else the tier's (default pr), fixes mode applied."""
+    from distci.external.spec import suite_names
     from distci.matrix import load_matrix
     from distci.run.fixesmode import fixes_override
 
-    matrix = load_matrix(options.matrix)
+    matrix = load_matrix(options.matrix, external_names=suite_names)
     return fixes_override(matrix.select(cell_ids=list(options.cells) or None,
                                         tier=None if options.cells else (options.tier or "pr")))
 
