@@ -61,6 +61,8 @@ class _Loader:
         self.data = data
         self.loc = loc
         self.declared = Declared(external_names=external_names)
+        self.baseline_at: dict[str, Where] = {}
+        """Cell id -> the block or [[include]] that set its baseline, for the error's line."""
 
     def load(self) -> Matrix:
         data = self.data
@@ -93,6 +95,7 @@ class _Loader:
                 cells.append(cell)
 
         final = self._apply_includes(self._apply_excludes(cells), cells)
+        self._check_baselines(final, cells)
         order = {name: i for i, name in enumerate(tiers)}
         final = [replace(c, tiers=tuple(sorted(c.tiers, key=order.__getitem__))) for c in final]
         for name, tier in tiers.items():
@@ -237,8 +240,10 @@ class _Loader:
                     torchtitan=titan, torch_npu=npu, fixes=fix, world_size=ws, nodes=nodes, suites=value["suites"],
                     tiers=value["tiers"], runner=acc.runner, backend=acc.backend, python=value["python"],
                     timeout=value["timeout"], family=acc.family, external=value["external"],
-                    requirements=value["requirements"], container=acc.container,
+                    requirements=value["requirements"], container=acc.container, baseline=value.get("baseline"),
                 ))
+        if "baseline" in value:
+            self.baseline_at.update((c.id, at) for c in cells)
         return cells
 
     # ---- rules
@@ -273,6 +278,25 @@ class _Loader:
             kept = [c for c in kept if not matches(c)]
         return kept
 
+    def _check_baselines(self, cells: list[Cell], expanded: list[Cell]) -> None:
+        """A baseline names another cell of the final matrix (the gate and rejudge read its
+        history): a typo, an excluded cell or the cell itself would judge against nothing."""
+        ids = [c.id for c in cells]
+        for cell in cells:
+            if cell.baseline is None:
+                continue
+            label, section = self.baseline_at[cell.id]
+            if cell.baseline == cell.id:
+                raise self.loc.error(f"{label}: cell '{cell.id}' names itself as its baseline (its own history is "
+                                     "already what it is judged against); remove 'baseline'", section, "baseline")
+            if cell.baseline not in ids:
+                if any(c.id == cell.baseline for c in expanded):
+                    hint = " (it is removed by [[exclude]])"
+                else:
+                    hint = _suggest(cell.baseline, [i for i in ids if i != cell.id]) or "; `nox -s matrix` lists the cells"
+                raise self.loc.error(f"{label}: baseline '{cell.baseline}' of cell '{cell.id}' is not a cell of this "
+                                     f"matrix{hint}", section, "baseline")
+
     def _apply_includes(self, cells: list[Cell], expanded: list[Cell]) -> list[Cell]:
         result = list(cells)
         for index, rule in enumerate(self._array(self.data, "include"), 1):
@@ -290,6 +314,8 @@ class _Loader:
             if not hits:
                 why = " (the cells it matches are removed by [[exclude]])" if any(matches(c) for c in expanded) else ""
                 raise self.loc.error(f"{label}: matches no cell{why}; fix 'match' or delete the rule", section, "match")
+            if "baseline" in update:
+                self.baseline_at.update((result[i].id, (label, section)) for i in hits)
             for i in hits:
                 cell = result[i]
                 result[i] = replace(cell, **{

@@ -171,6 +171,13 @@ def _external(value: Any, key: str, declared: Declared) -> tuple[str, ...]:
     return names
 
 
+def _cell_id(value: Any, key: str, declared: Declared) -> str:
+    if not isinstance(value, str) or not value:
+        raise Invalid(f"'{key}' must be a cell id (a string, e.g. \"cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on\"; "
+                      "`nox -s matrix` lists them)")
+    return value
+
+
 def _requirements(value: Any, key: str, declared: Declared) -> tuple[str, ...]:
     lines = strings(value, "requirements")
     for line in lines:
@@ -201,6 +208,9 @@ KEYS: tuple[Key, ...] = (
         default=[], include="add"),
     Key("requirements", _requirements, (DEFAULTS, BLOCK), "extra pip requirement lines installed with the stack",
         default=[]),
+    Key("baseline", _cell_id, (BLOCK, INCLUDE),
+        "the cell this one is judged against while a test has no history of its own here (e.g. a nightly or "
+        "release-candidate cell against the release cell)", include="set"),
     Key("runner", nonempty, (INCLUDE,), "GitHub Actions `runs-on` labels (default: the accelerator's)",
         include="set"),
 )

@@ -634,3 +634,52 @@ def test_every_key_of_the_grammar_is_documented_in_the_schema_comment_and_has_he
     undocumented = [k.name for k in KEYS if not re.search(rf"\b{k.name}\b", schema)]
     assert not undocumented, f"keys missing from matrix.toml's schema comment: {undocumented}"
     assert all(k.help for k in KEYS)
+
+
+# ----------------------------------------------------------------------------- baseline
+
+TWINS = '\n[[matrix]]\naccelerator = "cpu"\ntorch = "nightly"\ntorchao = "0.18.0"\n'
+RELEASE_CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on"
+NIGHTLY_CELL = "cpu-cpu-torch_nightly-ao_0.18.0-ws2-fix_on"
+
+
+def test_a_cell_declares_its_baseline_in_its_block_or_through_an_include(tmp_path: Path) -> None:
+    in_block = load_matrix(write(tmp_path, TWINS + f'baseline = "{RELEASE_CELL}"\n'))
+    assert {c.id: c.baseline for c in in_block.cells} == {RELEASE_CELL: None, NIGHTLY_CELL: RELEASE_CELL}
+    assert in_block.cell(NIGHTLY_CELL).as_dict()["baseline"] == RELEASE_CELL
+    assert "baseline" not in in_block.cell(RELEASE_CELL).as_dict()  # run.json's cell as before when none is set
+    include = TWINS + f'\n[[include]]\nmatch = {{torch = "nightly"}}\nbaseline = "{RELEASE_CELL}"\n'
+    assert load_matrix(write(tmp_path, include)).cell(NIGHTLY_CELL).baseline == RELEASE_CELL
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected", "needle"),
+    [
+        (TWINS + 'baseline = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_of"\n',
+         f"[[matrix]] #2: baseline 'cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_of' of cell '{NIGHTLY_CELL}' is not a "
+         f"cell of this matrix (did you mean '{RELEASE_CELL}'?)", "baseline"),
+        (TWINS + f'\n[[include]]\nmatch = {{torch = "nightly"}}\nbaseline = "{NIGHTLY_CELL}"\n',
+         f"[[include]] #1: cell '{NIGHTLY_CELL}' names itself as its baseline (its own history is already what it is "
+         "judged against); remove 'baseline'", "baseline"),
+        (TWINS + "baseline = 3\n", "[[matrix]] #2: 'baseline' must be a cell id (a string, e.g. "
+         "\"cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on\"; `nox -s matrix` lists them)", "baseline"),
+        (TWINS + f'baseline = "{RELEASE_CELL}"\n\n[[exclude]]\ntorch = "2.13.0"\n',
+         f"[[matrix]] #2: baseline '{RELEASE_CELL}' of cell '{NIGHTLY_CELL}' is not a cell of this matrix (it is "
+         "removed by [[exclude]])", "baseline"),
+        (TWINS + 'baseline = "gpu"\n',
+         f"[[matrix]] #2: baseline 'gpu' of cell '{NIGHTLY_CELL}' is not a cell of this matrix; `nox -s matrix` "
+         "lists the cells", "baseline"),
+    ],
+)
+def test_a_baseline_names_another_cell_of_the_final_matrix(
+    tmp_path: Path, extra: str, expected: str, needle: str
+) -> None:
+    with pytest.raises(MatrixError) as err:
+        load_matrix(write(tmp_path, extra))
+    assert str(err.value) == f"{tmp_path / 'matrix.toml'}:{line_of(BASE + extra, needle)}: {expected}"
+
+
+def test_baseline_is_not_a_default(tmp_path: Path) -> None:
+    """Every cell of [defaults] would take the same baseline, itself included: meaningless."""
+    with pytest.raises(MatrixError, match=r"\[defaults\]: unknown key 'baseline'"):
+        load_matrix(write(tmp_path, base=BASE.replace('tiers = ["nightly"]', f'tiers = ["nightly"]\nbaseline = "x"')))

@@ -123,7 +123,7 @@ def start_run(cell: Cell, runs_root: Path, *, tier: str | None, backend: str = "
     run_id = new_run_id(cell)
     rundir = RunDir.create(runs_root, run_id)
     info = RunInfo(run_id=run_id, cell_id=cell.id, started_at=_now(), tier=tier or "", cell=cell.as_dict(),
-                   backend=backend, runner=os.environ.get("DISTCI_RUNNER") or socket.gethostname(), ci=ci_block())
+                   baseline_cell=cell.baseline, backend=backend, runner=os.environ.get("DISTCI_RUNNER") or socket.gethostname(), ci=ci_block())
     rundir.write_info(info)
     run_dir = rundir.path
     log(f"cell {cell.id}")
