@@ -682,4 +682,4 @@ def test_a_baseline_names_another_cell_of_the_final_matrix(
 def test_baseline_is_not_a_default(tmp_path: Path) -> None:
     """Every cell of [defaults] would take the same baseline, itself included: meaningless."""
     with pytest.raises(MatrixError, match=r"\[defaults\]: unknown key 'baseline'"):
-        load_matrix(write(tmp_path, base=BASE.replace('tiers = ["nightly"]', f'tiers = ["nightly"]\nbaseline = "x"')))
+        load_matrix(write(tmp_path, base=BASE.replace('tiers = ["nightly"]', 'tiers = ["nightly"]\nbaseline = "x"')))
