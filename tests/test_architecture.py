@@ -156,9 +156,6 @@ SUITES_MAY_IMPORT = {"suites", "records", "harness"}
 # Upward arrows that existed when direction became a test, each with who removes it. The
 # set only shrinks: a new upward arrow fails, and so does an entry that no longer exists.
 KNOWN_UPWARD = {
-    # `distci run --backend docker`: the run command dispatches to the images stage, which
-    # builds on run/cellrun; the docker backend belongs beside launch/ (see DESIGN).
-    ("distci.run.command", "distci.images"),
     # the ops engine's shrinker (pure, torch-free), which the cell side runs inside a sweep so
     # a shrink costs no pool start: engine logic, not a record, so it cannot move down to the
     # records (the case record and the op inventory did: distci/op_case.py, op_inventory.py);
