@@ -110,6 +110,7 @@ class Cell:
     requirements: tuple[str, ...] = ()  # extra pip requirement lines installed with the stack
     container: ContainerLimits = ContainerLimits()  # its accelerator's; not part of the id
     nodes: int = 1  # hosts the world spans, world_size // nodes ranks on each (distci.launch)
+    baseline: str | None = None  # the cell it is judged against while a test has no history of its own here
 
     @property
     def ranks_per_node(self) -> int:
@@ -157,6 +158,7 @@ class Cell:
             "external": list(self.external),
             "requirements": list(self.requirements),
             "container": asdict(self.container),
+            **({"baseline": self.baseline} if self.baseline else {}),
         }
 
 

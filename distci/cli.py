@@ -22,9 +22,10 @@ from distci.errors import DistciError, error_text
 
 
 def _cmd_matrix(args: argparse.Namespace) -> int:
+    from distci.external.spec import suite_names
     from distci.matrix import load_matrix
 
-    matrix = load_matrix(args.matrix)
+    matrix = load_matrix(args.matrix, external_names=suite_names)
     if args.json:
         tier = args.tier or "nightly"
         include = matrix.actions_include(tier)

@@ -59,12 +59,3 @@ def write_exit_file(command: str, code: int, meaning: str, path: Path | str | No
     tmp.write_text(json.dumps({"command": command, "exit_code": code, "meaning": meaning, **extra}, indent=1) + "\n")
     os.replace(tmp, target)
     return target
-
-
-def read_exit_file(path: Path | str) -> dict[str, Any] | None:
-    """The exit file's record, or None when there is none (the command died before writing it)."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and isinstance(data.get("exit_code"), int) else None

@@ -5,159 +5,47 @@ schema is documented at the top of the file itself). Every mistake in it becomes
 `MatrixError` line that names the file, line, block and key, and says what to write
 instead, because a CI matrix that silently drops a cell is worse than one that fails.
 
-The grammar is data, as the scenario table's COLUMNS / RULES: `KEYS` says, for every key a
-cell is declared with, where it may be written, how one value is checked, whether it is an
-axis (it multiplies the cells and makes the id) and what an [[include]] does with it;
-`RULES` says what keys must hold together. A new key is one `Key` row (and its Cell field).
+The grammar is data (distci/matrix_keys.py: KEYS and RULES, as the scenario table's
+COLUMNS / RULES); this module is the one loop that reads the file against it, expands the
+blocks and applies [[exclude]] / [[include]].
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from packaging.requirements import InvalidRequirement, Requirement
-
 from distci.errors import MatrixError
 from distci.tomlloc import Locator as _Locator, read as _read_toml, suggest as _suggest
-from distci.external.spec import DEFAULT_PATH as EXTERNAL_PATH, load_suites
-from distci.sources import PACKAGE_AXES, Source
+from distci.sources import Source
 from distci.cells import Accelerator, Cell, ContainerLimits, Matrix, Tier
+from distci.matrix_keys import (
+    ACCELERATOR_KEYS, ACCELERATOR_REQUIRED, AXES, BACKENDS, BLOCK_KEYS, BUILTIN_DEFAULTS, DEFAULT_KEYS, DEFAULTS,
+    INCLUDE_KEYS, KEY, KEYS_ORDER, KNOWN_ACCELERATORS, MAX_JOBS, RULES, TIER_KEYS, TOP_KEYS, Declared, Invalid, Key,
+    nonempty, strings,
+)
 
 SCHEMA = 1
-# The checkout's external suites: the file cell runs read (distci.run.cellrun), so names are
-# checked against what will run, wherever the matrix file itself lives.
-EXTERNAL_SUITES = Path(__file__).resolve().parents[1] / EXTERNAL_PATH
-
-KNOWN_ACCELERATORS = ("cpu", "cuda", "npu")
-BACKENDS = ("gloo", "nccl", "hccl")
-FIXES = ("on", "off")
-
-# Bounds on counts, from what runners and GitHub allow: a count past them is a typo, and
-# expanding it anyway (`shards = 1000000000`) would eat memory before anything complains.
-MAX_JOBS = 256
-"""GitHub Actions runs at most 256 jobs per matrix: a tier's cells x shards."""
-MAX_WORLD_SIZE = 128
-"""Ranks of one cell: the largest hosts hold 8-16 devices, and CPU ranks past this on one
-runner measure the runner, not the stack."""
-MAX_TIMEOUT_S = 6 * 3600
-"""A job runs at most 6 hours on GitHub-hosted runners; a test's timeout cannot exceed it."""
 MAX_MATRIX_BYTES = 1 << 20
 """A matrix is a few KB; a file past 1 MiB is the wrong file."""
-LIMITS = {"world_size": MAX_WORLD_SIZE, "nodes": MAX_WORLD_SIZE, "timeout": MAX_TIMEOUT_S, "shards": MAX_JOBS}
-"""The largest value of each count key."""
-
-DEFAULTS, BLOCK, INCLUDE = "[defaults]", "[[matrix]]", "[[include]]"
-"""The tables a cell key may be written in (an axis may also be matched by a rule)."""
 
 
-@dataclass(frozen=True)
-class Key:
-    """One key a cell is declared with: where it may be written and how a value is checked.
-
-    An axis is list-valued (each value multiplies the cells of its block) and makes the id;
-    an attribute is the same for every cell of its block. `check` names the _Loader method
-    that checks one value (one element, for an axis) and returns it converted.
-    """
-
-    name: str
-    check: str
-    tables: tuple[str, ...]
-    axis: bool = False
-    include: str = ""
-    """What an [[include]] does with the cells' value: "add" to the list, "set" it; "": not allowed."""
-
-
-# fmt: off
-KEYS: tuple[Key, ...] = (
-    Key("accelerator", "_accelerator_name", (BLOCK,), axis=True),
-    Key("arch", "_any", (BLOCK,), axis=True),
-    Key("variant", "_any", (BLOCK,), axis=True),
-    *(Key(axis, "_source", (BLOCK,) if axis == "torch_npu" else (DEFAULTS, BLOCK), axis=True) for axis in PACKAGE_AXES),
-    Key("fixes", "_fixes", (DEFAULTS, BLOCK), axis=True),
-    Key("world_size", "_count", (DEFAULTS, BLOCK), axis=True),
-    Key("nodes", "_count", (DEFAULTS, BLOCK), axis=True),  # hosts a cell's world spans (distci.launch)
-    Key("suites", "_nonempty", (DEFAULTS, BLOCK, INCLUDE), include="add"),
-    Key("tiers", "_tier_names", (DEFAULTS, BLOCK, INCLUDE), include="add"),
-    Key("python", "_python", (DEFAULTS, BLOCK, INCLUDE), include="set"),
-    Key("timeout", "_count", (DEFAULTS, BLOCK, INCLUDE), include="set"),
-    Key("external", "_external", (DEFAULTS, BLOCK, INCLUDE), include="add"),
-    Key("requirements", "_requirements", (DEFAULTS, BLOCK)),
-    Key("runner", "_nonempty", (INCLUDE,), include="set"),
-)
-# fmt: on
-KEY = {k.name: k for k in KEYS}
-AXES = tuple(k.name for k in KEYS if k.axis)
-"""Product axes: what a cell's id is made of, and what [[exclude]] / [[include]] match on."""
-BLOCK_KEYS = tuple(k.name for k in KEYS if BLOCK in k.tables)
-DEFAULT_KEYS = tuple(k.name for k in KEYS if DEFAULTS in k.tables)
-INCLUDE_KEYS = ("match", *(k.name for k in KEYS if INCLUDE in k.tables))
-TOP_KEYS = ("schema", "defaults", "accelerators", "matrix", "exclude", "include", "tiers")
-ACCELERATOR_KEYS = ("backend", "runner", "archs", "variants", "family", "description", "container")
-ACCELERATOR_REQUIRED = ("backend", "runner", "archs", "variants")
-TIER_KEYS = ("description", "blocking_suites", "shards")
-
-
-@dataclass(frozen=True)
-class Rule:
-    """What one block's checked values must hold with each of its accelerators: `broken`
-    says what is wrong (after "[[matrix]] #N: "), or nothing; `key` is the line it names."""
-
-    broken: Callable[[dict[str, Any], Accelerator], str | None]
-    key: str | None
-
-
-def _outside(values: Sequence[Any], allowed: Sequence[Any]) -> Any:
-    return next((v for v in values if v not in allowed), None)
-
-
-RULES: tuple[Rule, ...] = (
-    Rule(lambda v, acc: "torch = 'none' is not allowed; every cell needs torch"
-         if any(s.kind == "none" for s in v["torch"]) else None, "torch"),
-    Rule(lambda v, acc: (bad := _outside(v.get("arch", ()), acc.archs)) is not None and
-         f"arch '{bad}' is not in [accelerators.{acc.name}] archs ({', '.join(acc.archs)})", "arch"),
-    Rule(lambda v, acc: (bad := _outside(v.get("variant", ()), acc.variants)) is not None and
-         f"variant '{bad}' is not in [accelerators.{acc.name}] variants ({', '.join(acc.variants)}); "
-         "put other accelerators in their own block", "variant"),
-    Rule(lambda v, acc: 'an npu cell needs torch_npu (e.g. torch_npu = "~=2.13.0")'
-         if acc.name == "npu" and "torch_npu" not in v else None, None),
-    Rule(lambda v, acc: f"torch_npu is only for accelerator 'npu' (this block has '{acc.name}')"
-         if acc.name != "npu" and "torch_npu" in v else None, "torch_npu"),
-    Rule(lambda v, acc: next((f"world_size {ws} is not a multiple of nodes = {n} (every node runs the same number "
-                              "of ranks); change world_size or nodes" for ws in v["world_size"] for n in v["nodes"]
-                              if ws % n), None), "nodes"),
-)
-"""The rules between keys; a key's own values are checked by its Key."""
-
-BUILTIN_DEFAULTS: dict[str, Any] = {
-    "python": "3.11",
-    "world_size": 2,
-    "nodes": 1,
-    "suites": ["suites"],
-    "timeout": 300,
-    "tiers": [],
-    "external": [],
-    "requirements": [],
-    "fixes": "on",
-    "torchao": "none",
-    "torchtitan": "none",
-}
-
-
-def load_matrix(path: str | Path = "matrix.toml", *, external_suites: str | Path | None = None) -> Matrix:
+def load_matrix(path: str | Path = "matrix.toml", *,
+                external_names: Callable[[], Sequence[str]] | None = None) -> Matrix:
     """Parse, validate and expand matrix.toml; raises a one-line MatrixError on any mistake.
 
-    External suite names are checked against `external_suites` (default: the checkout's
-    suites/external.toml, the file cell runs read), loaded only when some cell declares
-    `external`; a mistake inside that file is its own one-line ConfigError.
+    `external_names` gives the declared external suites' names (the stage that owns them:
+    `distci.external.spec.suite_names`), called once, when some cell first declares
+    `external`; it raises FileNotFoundError when their file is missing. None: `external`
+    values are checked for their shape only (commands that run no external suite).
     """
     path = Path(path)
     data, loc = _read_toml(path, kind=MatrixError, max_bytes=MAX_MATRIX_BYTES,
                            missing="distci reads the matrix from matrix.toml at the repo root")
-    return _Loader(path, data, loc, Path(external_suites or EXTERNAL_SUITES)).load()
+    return _Loader(path, data, loc, external_names).load()
 
 
 Where = tuple[str, "tuple[str, int] | None"]  # (label, section): what an error names, where its line is
@@ -167,14 +55,14 @@ class _Loader:
     """One load of matrix.toml: the tables checked key by key against KEYS, blocks expanded,
     then [[exclude]] and [[include]] applied. Every mistake raises a one-line MatrixError."""
 
-    def __init__(self, path: Path, data: dict[str, Any], loc: _Locator, external_path: Path) -> None:
+    def __init__(self, path: Path, data: dict[str, Any], loc: _Locator,
+                 external_names: Callable[[], Sequence[str]] | None) -> None:
         self.path = path
         self.data = data
         self.loc = loc
-        self.external_path = external_path
-        self._external_names: tuple[str, ...] | None = None
-        self.accelerators: dict[str, Accelerator] = {}
-        self.tiers: dict[str, Tier] = {}
+        self.declared = Declared(external_names=external_names)
+        self.baseline_at: dict[str, Where] = {}
+        """Cell id -> the block or [[include]] that set its baseline, for the error's line."""
 
     def load(self) -> Matrix:
         data = self.data
@@ -182,8 +70,8 @@ class _Loader:
         if data.get("schema") != SCHEMA:
             raise self.loc.error(f"top level: 'schema' must be {SCHEMA} (found {data.get('schema')!r}); "
                                  f"add `schema = {SCHEMA}` as the first line", None, "schema")
-        self.accelerators = self._accelerators()
-        self.tiers = tiers = self._tiers()
+        self.declared.accelerators = self._accelerators()
+        self.declared.tiers = tiers = self._tiers()
         raw_defaults = self._table(data, "defaults", "top level")
         self._check_keys(raw_defaults, DEFAULT_KEYS, DEFAULTS, ("defaults", 0))
         for key, value in raw_defaults.items():  # on its own, so its mistakes are not blamed on a block
@@ -207,6 +95,7 @@ class _Loader:
                 cells.append(cell)
 
         final = self._apply_includes(self._apply_excludes(cells), cells)
+        self._check_baselines(final, cells)
         order = {name: i for i, name in enumerate(tiers)}
         final = [replace(c, tiers=tuple(sorted(c.tiers, key=order.__getitem__))) for c in final]
         for name, tier in tiers.items():
@@ -214,7 +103,7 @@ class _Loader:
             if jobs > MAX_JOBS:
                 raise self.loc.error(f"[tiers.{name}]: {jobs} jobs (cells x shards) is past GitHub's {MAX_JOBS} per "
                                      "matrix; split the tier or lower its shards", (f"tiers.{name}", 0), "shards")
-        return Matrix(path=self.path, cells=tuple(final), tiers=tiers, accelerators=self.accelerators)
+        return Matrix(path=self.path, cells=tuple(final), tiers=tiers, accelerators=self.declared.accelerators)
 
     # ---- tables
 
@@ -259,9 +148,9 @@ class _Loader:
                                      section, "backend")
             at = (label, section)
             result[name] = Accelerator(
-                name=name, backend=spec["backend"], runner=self._nonempty(spec["runner"], "runner", at),
-                archs=self._strings(spec["archs"], "archs", at, allow_empty=False),
-                variants=self._strings(spec["variants"], "variants", at, allow_empty=False),
+                name=name, backend=spec["backend"], runner=self._value(nonempty, spec["runner"], "runner", at),
+                archs=self._value(nonempty, spec["archs"], "archs", at),
+                variants=self._value(nonempty, spec["variants"], "variants", at),
                 family=str(spec.get("family", name)), description=str(spec.get("description", "")),
                 container=self._container(spec.get("container", {}), label, section),
             )
@@ -288,7 +177,7 @@ class _Loader:
             result[name] = Tier(
                 name=name,
                 description=str(spec.get("description", "")),
-                blocking_suites=self._strings(spec.get("blocking_suites", []), "blocking_suites", (label, section)),
+                blocking_suites=self._value(strings, spec.get("blocking_suites", []), "blocking_suites", (label, section)),
                 shards=self._shards(spec.get("shards", 1), label, section),
             )
         return result
@@ -299,102 +188,23 @@ class _Loader:
                                  f"GitHub runs at most {MAX_JOBS} jobs per matrix), got {value!r}", section, "shards")
         return value
 
-    # ---- one key's value (KEYS names these by `check`)
+    # ---- one key's value (its Key's check, the error placed where it was written)
+
+    def _value(self, check: Callable[..., Any], value: Any, key: str, at: Where) -> Any:
+        try:
+            return check(value, key, self.declared)
+        except Invalid as exc:
+            raise self.loc.error(f"{at[0]}: {exc}", at[1], key) from None
 
     def _checked(self, key: Key, value: Any, at: Where) -> Any:
         """A key's value checked by its `check`: each element of an axis (a tuple, in order,
         duplicates dropped), or the whole value of an attribute."""
-        check = getattr(self, key.check)
         if not key.axis:
-            return check(value, key.name, at)
+            return self._value(key.check, value, key.name, at)
         listed = value if isinstance(value, list) else [value]
         if not listed:
             raise self.loc.error(f"{at[0]}: '{key.name}' is an empty list; give at least one value", at[1], key.name)
-        return tuple(dict.fromkeys(check(v, key.name, at) for v in listed))
-
-    def _any(self, value: Any, key: str, at: Where) -> Any:
-        return value
-
-    def _strings(self, value: Any, key: str, at: Where, *, allow_empty: bool = True) -> tuple[str, ...]:
-        label, section = at
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise self.loc.error(f"{label}: '{key}' must be a list of strings (got {value!r})", section, key)
-        if not value and not allow_empty:
-            raise self.loc.error(f"{label}: '{key}' is empty; give at least one value", section, key)
-        return tuple(dict.fromkeys(value))
-
-    def _nonempty(self, value: Any, key: str, at: Where) -> tuple[str, ...]:
-        return self._strings(value, key, at, allow_empty=False)
-
-    def _python(self, value: Any, key: str, at: Where) -> str:
-        if not isinstance(value, str) or not value:
-            raise self.loc.error(f"{at[0]}: 'python' must be a string like \"3.11\"", at[1], key)
-        return value
-
-    def _count(self, value: Any, key: str, at: Where) -> int:
-        label, section = at
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise self.loc.error(f"{label}: '{key}' must be a positive integer (got {value!r})", section, key)
-        if key in LIMITS and value > LIMITS[key]:
-            raise self.loc.error(f"{label}: '{key}' = {value} is past the most distci runs ({LIMITS[key]})",
-                                 section, key)
-        return value
-
-    def _fixes(self, value: Any, key: str, at: Where) -> str:
-        if value not in FIXES:
-            hint = f' (write "{"on" if value else "off"}")' if isinstance(value, bool) else ""
-            raise self.loc.error(f"{at[0]}: fixes = {value!r} must be \"on\" or \"off\"{hint}", at[1], "fixes")
-        return value
-
-    def _source(self, value: Any, key: str, at: Where) -> Source:
-        try:
-            return Source.parse(key, value)
-        except MatrixError as exc:
-            raise self.loc.error(f"{at[0]}: {exc}", at[1], key) from None
-
-    def _accelerator_name(self, value: Any, key: str, at: Where) -> str:
-        if value not in self.accelerators:
-            raise self.loc.error(f"{at[0]}: unknown accelerator '{value}'{_suggest(str(value), self.accelerators)}; "
-                                 f"declared: {', '.join(self.accelerators)}", at[1], key)
-        return value
-
-    def _tier_names(self, value: Any, key: str, at: Where) -> tuple[str, ...]:
-        names = self._strings(value, "tiers", at)
-        for name in names:
-            if name not in self.tiers:
-                raise self.loc.error(f"{at[0]}: unknown tier '{name}'{_suggest(name, self.tiers)}; declare "
-                                     f"[tiers.{name}] or use one of: {', '.join(self.tiers) or 'none declared'}",
-                                     at[1], "tiers")
-        return names
-
-    def _external(self, value: Any, key: str, at: Where) -> tuple[str, ...]:
-        names = self._strings(value, "external", at)
-        if not names:
-            return names
-        if self._external_names is None:
-            if not self.external_path.is_file():
-                raise self.loc.error(f"{at[0]}: 'external' names suites of {self.external_path}, which does not "
-                                     "exist; declare them there or remove 'external'", at[1], "external")
-            self._external_names = tuple(s.name for s in load_suites(self.external_path))
-        declared = self._external_names
-        for name in names:
-            if name not in declared:
-                hint = _suggest(name, declared) or f"; declared: {', '.join(declared) or 'none'}"
-                raise self.loc.error(f"{at[0]}: unknown external suite '{name}'{hint}", at[1], "external")
-        return names
-
-    def _requirements(self, value: Any, key: str, at: Where) -> tuple[str, ...]:
-        lines = self._strings(value, "requirements", at)
-        for line in lines:
-            try:
-                Requirement(line)
-            except InvalidRequirement as exc:
-                why = str(exc).splitlines()[0]
-                raise self.loc.error(f"{at[0]}: requirements entry {line!r} is not a pip requirement ({why})",
-                                     at[1], "requirements") from None
-        return lines
+        return tuple(dict.fromkeys(self._value(key.check, v, key.name, at) for v in listed))
 
     # ---- expansion
 
@@ -411,7 +221,7 @@ class _Loader:
         value = {key: self._checked(KEY[key], merged[key], at) for key in KEYS_ORDER if key in merged}
         cells = []
         for acc_name in value["accelerator"]:
-            acc = self.accelerators[acc_name]
+            acc = self.declared.accelerators[acc_name]
             for rule in RULES:
                 problem = rule.broken(value, acc)
                 if problem:
@@ -430,8 +240,10 @@ class _Loader:
                     torchtitan=titan, torch_npu=npu, fixes=fix, world_size=ws, nodes=nodes, suites=value["suites"],
                     tiers=value["tiers"], runner=acc.runner, backend=acc.backend, python=value["python"],
                     timeout=value["timeout"], family=acc.family, external=value["external"],
-                    requirements=value["requirements"], container=acc.container,
+                    requirements=value["requirements"], container=acc.container, baseline=value.get("baseline"),
                 ))
+        if "baseline" in value:
+            self.baseline_at.update((c.id, at) for c in cells)
         return cells
 
     # ---- rules
@@ -466,6 +278,25 @@ class _Loader:
             kept = [c for c in kept if not matches(c)]
         return kept
 
+    def _check_baselines(self, cells: list[Cell], expanded: list[Cell]) -> None:
+        """A baseline names another cell of the final matrix (the gate and rejudge read its
+        history): a typo, an excluded cell or the cell itself would judge against nothing."""
+        ids = [c.id for c in cells]
+        for cell in cells:
+            if cell.baseline is None:
+                continue
+            label, section = self.baseline_at[cell.id]
+            if cell.baseline == cell.id:
+                raise self.loc.error(f"{label}: cell '{cell.id}' names itself as its baseline (its own history is "
+                                     "already what it is judged against); remove 'baseline'", section, "baseline")
+            if cell.baseline not in ids:
+                if any(c.id == cell.baseline for c in expanded):
+                    hint = " (it is removed by [[exclude]])"
+                else:
+                    hint = _suggest(cell.baseline, [i for i in ids if i != cell.id]) or "; `nox -s matrix` lists the cells"
+                raise self.loc.error(f"{label}: baseline '{cell.baseline}' of cell '{cell.id}' is not a cell of this "
+                                     f"matrix{hint}", section, "baseline")
+
     def _apply_includes(self, cells: list[Cell], expanded: list[Cell]) -> list[Cell]:
         result = list(cells)
         for index, rule in enumerate(self._array(self.data, "include"), 1):
@@ -483,6 +314,8 @@ class _Loader:
             if not hits:
                 why = " (the cells it matches are removed by [[exclude]])" if any(matches(c) for c in expanded) else ""
                 raise self.loc.error(f"{label}: matches no cell{why}; fix 'match' or delete the rule", section, "match")
+            if "baseline" in update:
+                self.baseline_at.update((result[i].id, (label, section)) for i in hits)
             for i in hits:
                 cell = result[i]
                 result[i] = replace(cell, **{
@@ -490,9 +323,6 @@ class _Loader:
                     for key, value in update.items()})
         return result
 
-
-KEYS_ORDER = tuple(k.name for k in KEYS)
-"""The order a block's keys are checked in: KEYS', so the first mistake reported is stable."""
 
 
 def _comparable(value: Any) -> Any:

@@ -199,11 +199,6 @@ def numbered_results(path: Path, problems: list[LineProblem] | None = None) -> I
         yield from numbered_lines(path, fh, problems)
 
 
-def read_results(path: Path) -> list[Result]:
-    """The good Results of a results.jsonl file or run directory (bad lines skipped)."""
-    return list(parse_results(path))
-
-
 class RecordError(OSError):
     """A Result could not be written (a full disk, a file-size limit). results.jsonl still
     ends with its last whole record; the run must end as `infra`, not as test failures."""

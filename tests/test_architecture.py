@@ -16,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "distci"
 MAX_LINES = 500
-RECORDS = {"__init__", "__main__", "cli", "command", "errors", "matrix", "cells", "tomlloc", "results", "rundir",
+RECORDS = {"__init__", "__main__", "cli", "command", "errors", "matrix", "matrix_keys", "cells", "tomlloc", "results", "rundir",
            "known_issues", "signatures", "sources", "stack", "training_program",
            "op_case", "op_inventory"}
 STAGES = {"provision", "images", "harness", "run", "external", "judge", "audit", "bisect", "bench", "dashboard",
@@ -156,12 +156,6 @@ SUITES_MAY_IMPORT = {"suites", "records", "harness"}
 # Upward arrows that existed when direction became a test, each with who removes it. The
 # set only shrinks: a new upward arrow fails, and so does an entry that no longer exists.
 KNOWN_UPWARD = {
-    # matrix.toml's loader checks `external` names against suites/external.toml; the loader's
-    # owner (matrix rules as data) takes the names as an argument instead.
-    ("distci.matrix", "distci.external.spec"),
-    # `distci run --backend docker`: the run command dispatches to the images stage, which
-    # builds on run/cellrun; the docker backend belongs beside launch/ (see DESIGN).
-    ("distci.run.command", "distci.images"),
     # the ops engine's shrinker (pure, torch-free), which the cell side runs inside a sweep so
     # a shrink costs no pool start: engine logic, not a record, so it cannot move down to the
     # records (the case record and the op inventory did: distci/op_case.py, op_inventory.py);

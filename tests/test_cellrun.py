@@ -271,6 +271,7 @@ def external_cell(tmp_path, monkeypatch):
     """A cell declaring two external suites, its suites file, and the tiny upstream's sources."""
     from test_external import PYTEST_FILE, SCRIPT, _write
 
+    from distci.external.spec import suite_names
     from distci.matrix import load_matrix
 
     upstream = tmp_path / "tinyup-src"
@@ -278,7 +279,7 @@ def external_cell(tmp_path, monkeypatch):
     suites = tmp_path / "external.toml"
     suites.write_text(EXTERNAL_SUITES)
     (tmp_path / "matrix.toml").write_text(EXTERNAL_MATRIX)
-    (cell,) = load_matrix(tmp_path / "matrix.toml", external_suites=suites).cells
+    (cell,) = load_matrix(tmp_path / "matrix.toml", external_names=lambda: suite_names(suites)).cells
     monkeypatch.setenv("DISTCI_EXTERNAL_TINYUP", str(upstream))
     for var in ("DISTCI_GIT_NOWHERE_FOR_DISTCI_TESTS", "DISTCI_EXTERNAL_NOSOURCE"):
         monkeypatch.delenv(var, raising=False)

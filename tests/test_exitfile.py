@@ -14,8 +14,18 @@ from pathlib import Path
 
 from conftest import REPO
 
-from distci.command import read_exit_file, write_exit_file
+from distci.command import write_exit_file
 from distci.judge.store import Store
+
+
+def read_exit_file(path: Path | str) -> dict | None:
+    """The exit file's record as the workflows read it, or None when there is none (the command
+    died before writing it) or it is not a whole record."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("exit_code"), int) else None
 
 MATRIX = """\
 schema = 1

@@ -25,7 +25,7 @@ from distci.errors import ConfigError
 from distci.external import readers
 from distci.external.runner import ExternalRun, run_external
 from distci.external.spec import load_suites
-from distci.rundir import read_results
+from distci.rundir import parse_results
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -328,7 +328,7 @@ def _run(upstream, monkeypatch, name: str, *, fixes: str, select=(), suites=None
     chosen = [s for s in load_suites(upstream["suites"])
               if (s.name in suites if suites is not None else s.name != "tinysleep")]
     run_external(chosen, run, world_size=2, log=lambda m: None)
-    return {r.test_id: r for r in read_results(run_dir)}, run_dir
+    return {r.test_id: r for r in list(parse_results(run_dir))}, run_dir
 
 
 def _fixes_ready() -> str:
@@ -498,7 +498,7 @@ def test_a_stopped_run_records_the_test_it_was_in(upstream, tmp_path):
     proc.send_signal(sig.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 143, out[-3000:]
-    (stopped,) = read_results(run_dir)
+    (stopped,) = list(parse_results(run_dir))
     assert stopped.test_id == "external/tinysleep/dist/test_collectives.py::_test_sleep[sleep]"
     assert (stopped.outcome, stopped.failure_kind) == ("error", "infra"), stopped.message
     assert "stopped (SIGTERM)" in stopped.message and stopped.error_signature == "Interrupted: stopped by SIGTERM"

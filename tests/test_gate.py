@@ -25,6 +25,7 @@ from distci.publish.gate import main as gate_main
 from distci.errors import SelectionError
 from distci.judge.ingest import ingest
 from distci.judge.store import Store
+from distci.matrix import load_matrix
 
 NOW = datetime.now(timezone.utc).replace(microsecond=0)
 T0 = NOW - timedelta(days=1, hours=2)  # night 2 started two hours ago: fresh
@@ -175,12 +176,9 @@ def test_fixed_and_infra_do_not_block(
 def test_only_release_blocking_suites_block(tmp_path: Path) -> None:
     db = two_nights(tmp_path, night2=[{"test_id": TP}, failed(F8), {"test_id": WAIT}, {"test_id": ASYNC}])
     matrix = matrix_file(tmp_path, MATRIX)
-    suites = gate.blocking_suites_from_matrix("release", matrix)
+    suites = list(load_matrix(matrix).tiers["release"].blocking_suites)
     assert suites == ["suites/test_tp.py", "suites/regressions"]
-    assert gate.blocking_suites_from_matrix("nightly", matrix) == []
-    assert gate.blocking_suites_from_matrix("release", tmp_path / "absent.toml") is None
-    with pytest.raises(SelectionError, match="weekly"):
-        gate.blocking_suites_from_matrix("weekly", matrix)
+    assert load_matrix(matrix).tiers["nightly"].blocking_suites == ()
     with Store(db) as s:
         result = gate.evaluate_cells(s, "release", [RELEASE], blocking_suites=suites)
         assert result.ok and [i.test_id for i in result.not_blocking] == [F8]

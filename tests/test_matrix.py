@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from distci.errors import MatrixError, SelectionError
+from distci.external.spec import suite_names
 from distci.matrix import load_matrix
 from distci.cells import Cell
 
@@ -479,7 +481,7 @@ def test_external_is_an_attribute_that_include_adds_to(tmp_path: Path) -> None:
         '\n[[matrix]]\naccelerator = "cuda"\ntorch = "2.14.1"\ntorchao = ["0.17.0", "0.18.0"]\nexternal = ["torchao"]\n'
         '\n[[include]]\nmatch = { torchao = "0.18.0", accelerator = "cuda" }\nexternal = ["torchtitan", "torchao"]\n'
     )
-    cells = {c.id: c for c in load_matrix(write(tmp_path, extra), external_suites=suites).cells}
+    cells = {c.id: c for c in load_matrix(write(tmp_path, extra), external_names=partial(suite_names, suites)).cells}
     assert list(cells) == [
         "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on",
         "cuda-cu130-torch_2.14.1-ao_0.17.0-ws2-fix_on",
@@ -527,27 +529,35 @@ def test_external_names_are_checked_against_the_suites_file(
     suites.write_text(EXTERNAL)
     base = BASE.replace(*base_edit, 1) if base_edit else BASE
     with pytest.raises(MatrixError) as err:
-        load_matrix(write(tmp_path, extra, base), external_suites=suites)
+        load_matrix(write(tmp_path, extra, base), external_names=partial(suite_names, suites))
     message = str(err.value)
     assert message == f"{tmp_path / 'matrix.toml'}:{line_of(base + extra, needle)}: {expected}"
 
 
 def test_external_without_a_suites_file_says_where_they_are_declared(tmp_path: Path) -> None:
     gone = tmp_path / "gone.toml"
-    assert load_matrix(write(tmp_path), external_suites=gone).cells[0].external == ()  # not needed: not read
+    assert load_matrix(write(tmp_path), external_names=partial(suite_names, gone)).cells[0].external == ()  # not needed: not read
     with pytest.raises(MatrixError) as err:
         load_matrix(write(tmp_path, '\n[[include]]\nmatch = {accelerator = "cpu"}\nexternal = ["torchao"]\n'),
-                    external_suites=gone)
+                    external_names=partial(suite_names, gone))
     assert str(err.value).endswith(
         f"[[include]] #1: 'external' names suites of {gone}, which does not exist; "
         "declare them there or remove 'external'"
     )
 
 
+def test_without_external_names_only_the_shape_of_external_is_checked(tmp_path: Path) -> None:
+    """Commands that run no external suite load the matrix without the external stage."""
+    extra = '\n[[include]]\nmatch = {accelerator = "cpu"}\nexternal = ["megatron"]\n'
+    assert load_matrix(write(tmp_path, extra)).cells[0].external == ("megatron",)
+    with pytest.raises(MatrixError, match="'external' must be a list of strings"):
+        load_matrix(write(tmp_path, extra.replace('["megatron"]', "[1]")))
+
+
 def test_repository_matrix_runs_upstream_tests_on_pinned_cuda_stacks_only() -> None:
     """Upstream tests need a ref to check out (a release, not a nightly) and GPUs; the pr
-    tier must stay a quick CPU run."""
-    matrix = load_matrix(REPO / "matrix.toml")
+    tier must stay a quick CPU run; the suites it names are the checkout's."""
+    matrix = load_matrix(REPO / "matrix.toml", external_names=suite_names)
     with_external = [c for c in matrix.cells if c.external]
     assert with_external
     for cell in with_external:
@@ -613,3 +623,63 @@ def test_bad_nodes_name_the_line(tmp_path: Path, edit: str, expected: str) -> No
 def test_bad_nodes_in_defaults(tmp_path: Path) -> None:
     message = error_of(tmp_path, base=BASE.replace('tiers = ["nightly"]', 'tiers = ["nightly"]\nnodes = -2'))
     assert message.endswith("[defaults]: 'nodes' must be a positive integer (got -2)")
+
+
+def test_every_key_of_the_grammar_is_documented_in_the_schema_comment_and_has_help() -> None:
+    """KEYS is the one declaration: a key added there without a word in matrix.toml's own
+    schema comment (what users read) or without help fails here."""
+    from distci.matrix_keys import KEYS
+
+    schema = "\n".join(line for line in (REPO / "matrix.toml").read_text().splitlines() if line.startswith("#"))
+    undocumented = [k.name for k in KEYS if not re.search(rf"\b{k.name}\b", schema)]
+    assert not undocumented, f"keys missing from matrix.toml's schema comment: {undocumented}"
+    assert all(k.help for k in KEYS)
+
+
+# ----------------------------------------------------------------------------- baseline
+
+TWINS = '\n[[matrix]]\naccelerator = "cpu"\ntorch = "nightly"\ntorchao = "0.18.0"\n'
+RELEASE_CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on"
+NIGHTLY_CELL = "cpu-cpu-torch_nightly-ao_0.18.0-ws2-fix_on"
+
+
+def test_a_cell_declares_its_baseline_in_its_block_or_through_an_include(tmp_path: Path) -> None:
+    in_block = load_matrix(write(tmp_path, TWINS + f'baseline = "{RELEASE_CELL}"\n'))
+    assert {c.id: c.baseline for c in in_block.cells} == {RELEASE_CELL: None, NIGHTLY_CELL: RELEASE_CELL}
+    assert in_block.cell(NIGHTLY_CELL).as_dict()["baseline"] == RELEASE_CELL
+    assert "baseline" not in in_block.cell(RELEASE_CELL).as_dict()  # run.json's cell as before when none is set
+    include = TWINS + f'\n[[include]]\nmatch = {{torch = "nightly"}}\nbaseline = "{RELEASE_CELL}"\n'
+    assert load_matrix(write(tmp_path, include)).cell(NIGHTLY_CELL).baseline == RELEASE_CELL
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected", "needle"),
+    [
+        (TWINS + 'baseline = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_of"\n',
+         f"[[matrix]] #2: baseline 'cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_of' of cell '{NIGHTLY_CELL}' is not a "
+         f"cell of this matrix (did you mean '{RELEASE_CELL}'?)", "baseline"),
+        (TWINS + f'\n[[include]]\nmatch = {{torch = "nightly"}}\nbaseline = "{NIGHTLY_CELL}"\n',
+         f"[[include]] #1: cell '{NIGHTLY_CELL}' names itself as its baseline (its own history is already what it is "
+         "judged against); remove 'baseline'", "baseline"),
+        (TWINS + "baseline = 3\n", "[[matrix]] #2: 'baseline' must be a cell id (a string, e.g. "
+         "\"cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on\"; `nox -s matrix` lists them)", "baseline"),
+        (TWINS + f'baseline = "{RELEASE_CELL}"\n\n[[exclude]]\ntorch = "2.13.0"\n',
+         f"[[matrix]] #2: baseline '{RELEASE_CELL}' of cell '{NIGHTLY_CELL}' is not a cell of this matrix (it is "
+         "removed by [[exclude]])", "baseline"),
+        (TWINS + 'baseline = "gpu"\n',
+         f"[[matrix]] #2: baseline 'gpu' of cell '{NIGHTLY_CELL}' is not a cell of this matrix; `nox -s matrix` "
+         "lists the cells", "baseline"),
+    ],
+)
+def test_a_baseline_names_another_cell_of_the_final_matrix(
+    tmp_path: Path, extra: str, expected: str, needle: str
+) -> None:
+    with pytest.raises(MatrixError) as err:
+        load_matrix(write(tmp_path, extra))
+    assert str(err.value) == f"{tmp_path / 'matrix.toml'}:{line_of(BASE + extra, needle)}: {expected}"
+
+
+def test_baseline_is_not_a_default(tmp_path: Path) -> None:
+    """Every cell of [defaults] would take the same baseline, itself included: meaningless."""
+    with pytest.raises(MatrixError, match=r"\[defaults\]: unknown key 'baseline'"):
+        load_matrix(write(tmp_path, base=BASE.replace('tiers = ["nightly"]', 'tiers = ["nightly"]\nbaseline = "x"')))

@@ -50,6 +50,9 @@ from distci.errors import ConfigError
 
 SCHEMA = 1
 DEFAULT_PATH = Path("suites") / "external.toml"
+CHECKOUT_SUITES = Path(__file__).resolve().parents[2] / DEFAULT_PATH
+"""The checkout's external suites: the file cell runs read (distci.run.cellrun), wherever the
+matrix file itself lives."""
 ACCELERATORS = ("cpu", "cuda", "npu")
 
 SUITE_KEYS = ("name", "adapter", "package", "git", "ref", "sdist", "keep", "timeout", "env",
@@ -281,3 +284,13 @@ def load_suites(path: str | Path = DEFAULT_PATH) -> list[SuiteSpec]:
             raise ConfigError(f"suite '{s.name}' is declared twice", where=s.where)
         seen.add(s.name)
     return suites
+
+
+def suite_names(path: str | Path = CHECKOUT_SUITES) -> tuple[str, ...]:
+    """The declared suites' names, for matrix.toml's `external` (distci.matrix.load_matrix's
+    `external_names`); FileNotFoundError when the file is missing, so the matrix's error
+    names the line that asked for them."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(2, "no external suites file", str(path))
+    return tuple(s.name for s in load_suites(path))

@@ -362,16 +362,3 @@ def in_suite(test_id: str, suite: str) -> bool:
     path = test_id.split("::", 1)[0]
     prefix = suite.strip().rstrip("/")
     return path == prefix or path.startswith(prefix + "/") or suite_of(test_id) == prefix
-
-
-def blocking_suites_from_matrix(tier: str, matrix_path: Path) -> list[str] | None:
-    """`[tiers.<tier>] blocking_suites` of matrix.toml; None (every suite blocks) when
-    there is no matrix file. An empty list means nothing blocks (e.g. nightly)."""
-    if not Path(matrix_path).exists():
-        return None
-    from distci.matrix import load_matrix
-
-    matrix = load_matrix(matrix_path)
-    if tier not in matrix.tiers:
-        raise SelectionError(f"tier {tier!r} is not declared; tiers: {', '.join(matrix.tiers)}", where=str(matrix_path))
-    return list(matrix.tiers[tier].blocking_suites)

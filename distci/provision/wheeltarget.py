@@ -86,13 +86,6 @@ class WheelTarget:
                 "platform_machine": self.machine, "sys_platform": "linux", "platform_system": "Linux",
                 "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython"}
 
-    @classmethod
-    def for_interpreter_or_none(cls, python: str, machine: str, controller: str = sys.executable) -> "WheelTarget | None":
-        """None when `controller` is that interpreter already (then it builds the wheelhouse itself)."""
-        here = interpreter_tags(controller)
-        target = cls(python, machine)
-        return None if here == target.tags() else target
-
 
 def wheel_requires(path: Path) -> list[Requirement]:
     """A wheel's Requires-Dist, from its METADATA."""

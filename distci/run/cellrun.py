@@ -29,7 +29,7 @@ from distci.provision.envs import default_root as envs_root
 from distci.provision.envs import ensure_env, installed_env
 from distci.errors import ConfigError, InfraError, SourceError
 from distci.harness import procs  # the one owner of process trees
-from distci.matrix import EXTERNAL_SUITES
+from distci.external.spec import CHECKOUT_SUITES
 from distci.cells import Cell
 from distci.rundir import (INFRA_PREFIX, RECORD_LOST_EXIT, RunDir, RunInfo, now as _now,
                            Selection)
@@ -123,7 +123,7 @@ def start_run(cell: Cell, runs_root: Path, *, tier: str | None, backend: str = "
     run_id = new_run_id(cell)
     rundir = RunDir.create(runs_root, run_id)
     info = RunInfo(run_id=run_id, cell_id=cell.id, started_at=_now(), tier=tier or "", cell=cell.as_dict(),
-                   backend=backend, runner=os.environ.get("DISTCI_RUNNER") or socket.gethostname(), ci=ci_block())
+                   baseline_cell=cell.baseline, backend=backend, runner=os.environ.get("DISTCI_RUNNER") or socket.gethostname(), ci=ci_block())
     rundir.write_info(info)
     run_dir = rundir.path
     log(f"cell {cell.id}")
@@ -214,7 +214,7 @@ def run_cell(
     keyword: str | None = None,
     tier: str | None = None,
     extra_pytest_args: list[str] | None = None,
-    external_suites: Path = EXTERNAL_SUITES,
+    external_suites: Path = CHECKOUT_SUITES,
     python: str | None = None,
     shard: str | None = None,
     resume: Sequence[RunContents] | None = None,
@@ -264,7 +264,7 @@ def run_in_env(
     keyword: str | None = None,
     tier: str | None = None,
     extra_pytest_args: list[str] | None = None,
-    external_suites: Path = EXTERNAL_SUITES,
+    external_suites: Path = CHECKOUT_SUITES,
     externals: list[str] | None = None,
     shard: str | None = None,
     resume: Sequence[RunContents] | None = None,

@@ -7,7 +7,8 @@ steps in order, each a function a reader or a test can take alone:
     select_cells     matrix.toml's cells for --cell / --tier, fixes mode applied
     check_selection  -k / --test against the collected ids, where they are known without the cell
     resumed_runs     the runs --resume names, checked before anything is provisioned
-    run_cells        each cell on its backend (venv: distci.run.cellrun; docker: distci.images)
+    run_cells        each cell on its backend (venv: distci.run.cellrun; others, docker included,
+                     registered by their own stage under the `distci.run_backends` entry points)
     report           the summary table and any selection error, then the exit code
     record_exits     each run's own part of that exit code into its run.json
 
@@ -21,7 +22,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from distci.cells import Cell
 from distci.errors import ConfigError
@@ -64,10 +65,11 @@ class RunOptions:
 
 def select_cells(options: RunOptions) -> list[Cell]:
     """The cells to run: those named with --cell, else the tier's (default pr), fixes mode applied."""
+    from distci.external.spec import suite_names
     from distci.matrix import load_matrix
     from distci.run.fixesmode import fixes_override
 
-    matrix = load_matrix(options.matrix)
+    matrix = load_matrix(options.matrix, external_names=suite_names)
     return fixes_override(matrix.select(cell_ids=list(options.cells) or None,
                                         tier=None if options.cells else (options.tier or "pr")))
 
@@ -115,14 +117,32 @@ def resumed_runs(options: RunOptions, cells: Sequence[Cell]) -> list[RunContents
     return runs
 
 
+BACKENDS = "distci.run_backends"
+"""The entry-point group of the backends other than venv: name -> `run_cells(cells, *, runs_root,
+tests, keyword, tier, shard) -> [CellRun]`. The docker backend is the images stage's, a stage
+above this one (it builds on run/cellrun): it registers itself in distci's metadata
+(pyproject.toml) instead of being imported from here, as pytest finds its plugins."""
+
+
+def backend(name: str) -> Callable[..., list[CellRun]]:
+    """The backend registered as `name` (raises ConfigError naming the fix when there is none)."""
+    from importlib.metadata import entry_points
+
+    found = entry_points()
+    group = found.select(group=BACKENDS) if hasattr(found, "select") else found.get(BACKENDS, ())
+    for entry in group:
+        if entry.name == name:
+            return entry.load()
+    raise ConfigError(f"--backend {name}: no such backend is registered (entry points {BACKENDS}); distci's "
+                      "metadata may predate it: reinstall distci (`pip install -e .` in a checkout)")
+
+
 def run_cells(options: RunOptions, cells: Sequence[Cell], resume: Sequence[RunContents]) -> list[CellRun]:
     """Each cell's run on its backend, in order."""
     tests, tier = list(options.tests) or None, options.test_tier
-    if options.backend == "docker":
-        from distci.images import run_cells_in_docker
-
-        return run_cells_in_docker(list(cells), runs_root=options.runs_root, tests=tests, keyword=options.keyword,
-                                   tier=tier, shard=options.shard)
+    if options.backend != "venv":
+        return backend(options.backend)(list(cells), runs_root=options.runs_root, tests=tests,
+                                        keyword=options.keyword, tier=tier, shard=options.shard)
     from distci.run.cellrun import run_cell
 
     extra = [f"--distci-known-issues={options.known_issues.resolve()}"] if options.known_issues else []

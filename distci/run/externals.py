@@ -11,8 +11,7 @@ from typing import Callable
 
 from distci.cells import Cell
 from distci.errors import ConfigError, InfraError, SelectionError, SourceError
-from distci.external.spec import SuiteSpec, load_suites
-from distci.matrix import EXTERNAL_SUITES
+from distci.external.spec import CHECKOUT_SUITES, SuiteSpec, load_suites
 from distci.provision.selfwheels import REPO
 from distci.results import Result
 from distci.run.infra import infra_result
@@ -29,7 +28,7 @@ def split_tests(tests: list[str]) -> tuple[list[str], list[str]]:
     return [t for t in tests if t not in external], external
 
 
-def external_plan(cell: Cell, tests: list[str], suites_path: Path = EXTERNAL_SUITES) -> list[str]:
+def external_plan(cell: Cell, tests: list[str], suites_path: Path = CHECKOUT_SUITES) -> list[str]:
     """The external suites a run of `cell` runs: all of the cell's when no test is selected,
     else those the selected ``external/<suite>/...`` ids name (none for pytest ids only).
 
@@ -61,7 +60,7 @@ def _external_select(selection: list[str], names: list[str]) -> list[str]:
 
 
 def run_external_suites(cell: Cell, python: Path, info: RunInfo, run_dir: Path, names: list[str], *,
-                        select: list[str], keyword: str | None, suites_path: Path = EXTERNAL_SUITES,
+                        select: list[str], keyword: str | None, suites_path: Path = CHECKOUT_SUITES,
                         log: Log = print) -> list[Result]:
     """Run the named external suites in the cell's environment; their Results join the run's.
 

@@ -400,9 +400,6 @@ class Scenario:
 
         return scenario_needs(self, device_type)
 
-    def in_tier(self, tier: str) -> bool:
-        return TIERS.index(self.tier) <= TIERS.index(tier)
-
 
 __doc__ += describe(COLUMNS)
 
