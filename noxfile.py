@@ -118,10 +118,10 @@ STACK_INSTALLS = ((TORCH,), ("-e", ".[test,docker]", "torchao==0.18.0", "hadolin
 on_stack = nox.session(venv_backend="none")
 
 
-def _on_stack(session: nox.Session, *args: str, **run_kwargs) -> None:
-    """Run `python *args` in the shared stack venv."""
+def _on_stack(session: nox.Session, *args: str, **run_kwargs) -> bool:
+    """Run `python *args` in the shared stack venv; False when nox skipped it (`--install-only`)."""
     python = _shared_venv(session, STACK, STACK_INSTALLS)
-    session.run(str(python), *args, external=True, env=_venv_env(python), **run_kwargs)
+    return session.run(str(python), *args, external=True, env=_venv_env(python), **run_kwargs) is not None
 
 
 # A stop (Ctrl-C in a terminal, a CI job's cancel: SIGINT, SIGTERM, SIGHUP) goes to the
@@ -238,13 +238,15 @@ def _pytest_tier(session: nox.Session, name: str, marker: str | None) -> dict:
     if not any(a.startswith("--cpu-report") for a in session.posargs):
         args.append(f"--cpu-report={report}")
     # 5: the selection holds no test of this tier (`-- tests/test_x.py` of quick tests only).
-    _on_stack(session, "-m", "pytest", *args, *session.posargs, success_codes=[0, 1, 2, 3, 4, 5])
+    if not _on_stack(session, "-m", "pytest", *args, *session.posargs, success_codes=[0, 1, 2, 3, 4, 5]):
+        return {"tier": name, "ran": False}
     totals = json.loads(report.read_text()) if report.exists() else {}
     return {"tier": name, **{k: v for k, v in totals.items() if k != "tests"}}
 
 
 def _print_tiers(session: nox.Session, tiers: list[dict]) -> None:
     """The totals of each tier, at the end where they are read, and a failure if any tier failed."""
+    tiers = [t for t in tiers if t.get("ran", True)]  # --install-only ran none
     for t in tiers:
         if "wall_s" not in t:
             session.log(f"tier {t['tier']}: pytest ended before its summary (see above)")
