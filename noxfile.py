@@ -231,11 +231,12 @@ def _pytest_tier(session: nox.Session, name: str, marker: str | None) -> dict:
     """One pytest run over tests/ or the paths the posargs name (a line per test file as it goes);
     returns its totals, which
     tests/cpu_time.py writes (`--cpu-report`): outcomes, wall, CPU seconds of the process tree."""
-    report = TIER_REPORTS / f"{name}.json"
+    given = [a.split("=", 1)[1] for a in session.posargs if a.startswith("--cpu-report=")]
+    report = Path(given[-1]) if given else TIER_REPORTS / f"{name}.json"  # the caller's (`=` form) is read
     report.unlink(missing_ok=True)
     named = any(not a.startswith("-") and Path(a.split("::", 1)[0]).exists() for a in session.posargs)
     args = [*([] if named else ["tests"]), "-rfEs", "--durations=25", *(["-m", marker] if marker else [])]
-    if not any(a.startswith("--cpu-report") for a in session.posargs):
+    if not given:
         args.append(f"--cpu-report={report}")
     # 5: the selection holds no test of this tier (`-- tests/test_x.py` of quick tests only).
     if not _on_stack(session, "-m", "pytest", *args, *session.posargs, success_codes=[0, 1, 2, 3, 4, 5]):

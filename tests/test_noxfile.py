@@ -242,3 +242,9 @@ def test_install_only_builds_the_venv_and_reports_no_tier(noxfile, tmp_path):
     noxfile.tests_quick(session)
     assert [a[1:3] for a, _ in session.runs] == [("-m", "venv"), ("-m", "pip"), ("-m", "pip")]
     assert not [line for line in session.logged if line.startswith("tier ")]
+
+
+def test_a_cpu_report_the_caller_names_is_the_one_read(noxfile, tmp_path):
+    session = _PytestSession(tmp_path / "venv", ["-m", "slow", f"--cpu-report={tmp_path / 'mine.json'}"])
+    noxfile.tests(session)
+    assert session.logged[-1].startswith("tier selected: 3 passed")
