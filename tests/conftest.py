@@ -22,6 +22,17 @@ tier whether or not it says so, so a new test over a shared slow fixture cannot 
 quick tier by accident."""
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--cpu-report", type=Path, default=None,
+                     help="write every test's CPU seconds (process tree) and wall time to this JSON file")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from cpu_time import CpuTime  # tests/cpu_time.py: the per-file CPU and wall summary
+
+    config.pluginmanager.register(CpuTime(config.getoption("--cpu-report")), "distci-tests-cpu-time")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):

@@ -38,13 +38,16 @@ class _Session:
 
     def run(self, *args: str, env: dict | None = None, success_codes: list[int] | None = None,
             external: bool = False, interrupt_timeout: float | None = 0.3, terminate_timeout: float | None = 0.2,
-            stdout=None, stderr=None) -> None:
+            stdout=None, stderr=None) -> bool:
         self.runs.append((args, {"env": env, "success_codes": success_codes, "interrupt_timeout": interrupt_timeout,
                                  "stdout": stdout, "stderr": stderr}))
         if args[1:3] == ("-m", "venv"):
             Path(args[-1]).mkdir(parents=True, exist_ok=True)
         if env and "DISTCI_EXIT_FILE" in env and self.exit_code is not None:
             Path(env["DISTCI_EXIT_FILE"]).write_text(json.dumps({"exit_code": self.exit_code, "meaning": "only infra"}))
+        return True  # nox's answer for a command it ran (None: skipped under --install-only)
+
+    run_install = run  # the install step: the same record
 
     def error(self, message: str) -> None:
         raise RuntimeError(message)
@@ -163,3 +166,85 @@ def test_gate_under_nox_fails_the_session_and_keeps_incomplete_apart_from_blocke
     with pytest.raises(RuntimeError, match="without writing .nox/distci-exit.json"):
         noxfile.gate(session)
     assert not (tmp_path / ".nox" / "distci-exit.json").exists(), "a stale exit file never survives a crash"
+
+
+class _PytestSession(_Session):
+    """Each pytest run "ends" with `exit_codes[marker]` and writes the report tests/cpu_time.py would."""
+
+    def __init__(self, location: Path, posargs: list[str] | None = None, exit_codes: dict | None = None) -> None:
+        super().__init__(location, posargs)
+        self.exit_codes = exit_codes or {}
+        self.install_only = False
+
+    def run(self, *args: str, **kw) -> bool | None:
+        if self.install_only and "pytest" in args:
+            return None
+        super().run(*args, **{k: v for k, v in kw.items() if k != "log"})
+        if args[1:3] == ("-m", "venv"):
+            (Path(args[-1]) / "bin").mkdir(parents=True, exist_ok=True)
+            (Path(args[-1]) / "bin" / "python").touch()
+        if "pytest" in args:
+            marker = args[args.index("-m", 2) + 1] if "-m" in args[2:] else None
+            (report,) = [a.split("=", 1)[1] for a in args if a.startswith("--cpu-report=")]
+            Path(report).parent.mkdir(parents=True, exist_ok=True)
+            Path(report).write_text(json.dumps({
+                "exit_code": self.exit_codes.get(marker, 0), "outcomes": {"passed": 3, "failed": 0},
+                "wall_s": 12.0, "total_cpu_s": 20.0, "load_1m": 1.0, "tests": []}))
+        return True
+
+    run_install = run
+
+
+def _pytest_runs(session: _Session) -> list[tuple[str, ...]]:
+    return [args for args, _ in session.runs if "pytest" in args]
+
+
+def test_tests_runs_each_tier_once_without_the_planted_bug_trials_and_prints_each_total(noxfile, tmp_path):
+    session = _PytestSession(tmp_path / "venv")
+    noxfile.tests(session)
+    markers = [args[args.index("-m", 2) + 1] for args in _pytest_runs(session)]
+    assert markers == list(noxfile.TIERS.values()) and all("not long" in m for m in markers)
+    assert [line.split(":")[0] for line in session.logged if line.startswith("tier ")] == [
+        "tier quick", "tier slow", "tier docker"]
+    assert "3 passed in 12 s wall, 20 CPU-s" in session.logged[-1]
+    venvs = [args for args, _ in session.runs if args[1:3] == ("-m", "venv")]
+    assert venvs == [(sys.executable, "-m", "venv", "--clear", str(noxfile.STACK))], "one venv for all three"
+
+    trials = _PytestSession(tmp_path / "venv")
+    noxfile.fuzz_trials(trials)
+    assert [args[args.index("-m", 2) + 1] for args in _pytest_runs(trials)] == ["long"]
+    assert not [a for a, _ in trials.runs if a[1:3] == ("-m", "venv")], "fuzz_trials reuses the tests' venv"
+    bench = _PytestSession(tmp_path / "venv", ["pr"])
+    noxfile.bench(bench)
+    assert [a for a, _ in bench.runs] == [(str(noxfile.STACK / "bin" / "python"), "-m", "distci", "bench", "pr")]
+
+
+def test_a_failed_tier_fails_the_session_after_every_tier_ran(noxfile, tmp_path):
+    session = _PytestSession(tmp_path / "venv", exit_codes={noxfile.TIERS["quick"]: 1, noxfile.TIERS["docker"]: 5})
+    with pytest.raises(RuntimeError, match="^tier quick failed"):
+        noxfile.tests(session)
+    assert len(_pytest_runs(session)) == 3, "a broken quick tier still lets slow and docker report"
+
+
+def test_a_marker_or_a_path_given_runs_that_selection_once(noxfile, tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").touch()
+    session = _PytestSession(tmp_path / "venv", ["-m", "slow", "tests/test_x.py::test_a"])
+    noxfile.tests(session)
+    ((args),) = _pytest_runs(session)
+    assert "tests" not in args and args[-3:] == ("-m", "slow", "tests/test_x.py::test_a")
+
+
+def test_install_only_builds_the_venv_and_reports_no_tier(noxfile, tmp_path):
+    """`nox -s tests_quick bench --install-only` (how a CI image is warmed) is a success."""
+    session = _PytestSession(tmp_path / "venv")
+    session.install_only = True
+    noxfile.tests_quick(session)
+    assert [a[1:3] for a, _ in session.runs] == [("-m", "venv"), ("-m", "pip"), ("-m", "pip")]
+    assert not [line for line in session.logged if line.startswith("tier ")]
+
+
+def test_a_cpu_report_the_caller_names_is_the_one_read(noxfile, tmp_path):
+    session = _PytestSession(tmp_path / "venv", ["-m", "slow", f"--cpu-report={tmp_path / 'mine.json'}"])
+    noxfile.tests(session)
+    assert session.logged[-1].startswith("tier selected: 3 passed")

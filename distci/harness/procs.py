@@ -185,14 +185,16 @@ def _ppid(pid: int) -> int | None:
         return None
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """CPU time (user + system) used so far by `pids` and everything under them."""
+def cpu_seconds(pids: list[int], *, reaped: bool = False) -> float:
+    """CPU time (user + system) used so far by `pids` and everything under them; with `reaped`,
+    also what their children that already exited and were waited for used (the whole tree's cost,
+    as tests/cpu_time.py charges a test)."""
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     total = 0
     for pid in {p for root in pids for p in (root, *descendants(root))}:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
+            total += int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if reaped else 0)
         except (OSError, IndexError, ValueError):
             continue
     return total / tick
