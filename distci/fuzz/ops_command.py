@@ -145,7 +145,7 @@ class Sweeps:
             self.report.case_s += r.get("seconds", 0.0)
             if r["status"] == "gap":
                 self.report.gaps[op] = self.report.gaps.get(op, 0) + 1
-            if r["status"] == "fail":
+            if r["status"] in ("fail", "lost"):  # lost: the case a resume slot found its sweep died on
                 self._failed(r)
         missing = [c for c in batch if c.id not in answered]
         by_world: dict[int, list] = {}
