@@ -120,19 +120,19 @@ def test_sweeps_count_file_each_signature_once_and_requeue_after_a_dead_case(tmp
     ticks = iter(range(0, 10_000, 5))
     sweeps = Sweeps("s", _fake_sweep({"cat": "cat: output 0: value"}, die_on={"sdpa"}), tmp_path,
                     clock=lambda: next(ticks), log=lambda m: None)
-    report = sweeps.run(budget_s=1e9, max_cases=300)
+    report = sweeps.run(budget_s=1e9, max_cases=900)
     cats = [f for f in report.finds if f.signature == "cat: output 0: value"]
     assert len(cats) == 1 and report.repeats["cat: output 0: value"] >= 1
     died = [f for f in report.finds if "died" in f.signature]
     assert died and all(f.found.startswith("sdpa~") for f in died)
     assert len(died) == 1 and report.counts["lost"] >= 2  # one find, however many sweeps it killed
-    assert report.drawn == 300 and report.cases >= 250
+    assert report.drawn == 900 and report.cases >= 750
 
 
 def test_a_sweep_is_sized_to_the_measured_rate():
-    assert plan_size(0, 0.0, 150) == 120
-    assert plan_size(100, 10.0, 150) == 1500
-    assert plan_size(1, 100.0, 150) == 20 and plan_size(10**6, 1.0, 150) == 3000
+    assert plan_size(0, 0.0, 300) == 300
+    assert plan_size(100, 10.0, 300) == 3000
+    assert plan_size(1, 100.0, 300) == 20 and plan_size(10**6, 1.0, 300) == 6000
 
 
 def test_every_inventory_entry_has_a_call_and_names_where_trainers_call_it():

@@ -9,10 +9,11 @@ Not collected with `suites/` (the file name is not test_*.py): `python -m distci
   a pytest session seconds: batching is what makes thousands an hour). A failure whose
   signature is new to the run is shrunk right there (distci/fuzz/ops.py's shrinker, each
   candidate a case like any other: the 1-D mesh of 2 runs on the tp submesh of a 2x2
-  world). Rank 0 writes one JSON line per case as it finishes, so a crash loses one case.
-  The sweep passes whatever its cases did: the finds become Results of their own below.
-  Its timeout (900 s) holds a sweep sized to 150 s plus 240 s of shrinking: only a case
-  that hangs its ranks (an error raised on some ranks only) runs into it.
+  world). Rank 0 writes one JSON line per case as it finishes. The sweep passes whatever its
+  cases did: the finds become Results of their own below. A case that kills or hangs its
+  ranks ends the slot; the next *resume slot* (`[ws4-resume1]`, ... on fresh forks of the
+  warm pool) records it and goes on with the cases after it (suites/generators/ops_sweep.py
+  says how). A slot hands over to the next after SLOT_S, far inside its timeout (900 s).
 - `test_op_case[<case id>]`: one case (its id names it entirely), failing with the case's
   problem, first line its signature: what a find is recorded as, what a repro reruns, what
   a known-issues entry matches. A capability gap or an invalid draw skips with the reason.
@@ -33,7 +34,7 @@ from dataclasses import asdict
 
 from distci.op_case import case_from_json, parse_case
 
-from .ops_sweep import CASE_LIMIT_S, HANG_S, RESUME_SLOTS, SweepFiles, dead_rows, hang_row
+from .ops_sweep import CASE_LIMIT_S, HANG_S, RESUME_SLOTS, SLOT_S, SweepFiles, dead_rows, hang_row
 
 CASES_ENV = "DISTCI_OPS_CASES"
 CASE_ENV = "DISTCI_OPS_CASE"
@@ -152,6 +153,7 @@ def test_op_sweep(dist, world, slot) -> None:
     cases = [c for c in map(case_from_json, batch["cases"])
              if c.world_size == dist.world_size and c.id not in answered and c.id not in dead]
     shrunk_s = 0.0  # a sweep shrinks for at most bounds["sweep_s"]: later finds come unshrunk, never a timeout
+    slot_began = time.monotonic()
 
     def check(case, parent=None, record=None, best=None):
         """One case on every rank, agreed; a rank whose peers never finish it ends the slot."""
@@ -179,6 +181,10 @@ def test_op_sweep(dist, world, slot) -> None:
 
     try:
         for case in cases:
+            if time.monotonic() - slot_began > batch.get("slot_s", SLOT_S):  # the next slot goes on
+                if sink:
+                    files.end()
+                return
             o = check(case)
             record = {"id": case.id, "status": o.status, "signature": o.signature, "message": o.message,
                       "seconds": round(o.seconds, 4)}

@@ -39,6 +39,9 @@ HANG_S = 30.0
 case costs milliseconds, under load a few seconds: 30 s is a hang, not a slow rank)."""
 CASE_LIMIT_S = 120.0
 """The watchdog: no case (one shrink candidate) may keep a rank longer."""
+SLOT_S = 480.0
+"""A slot takes no new case after this long: the next slot goes on, so a sweep slowed by load
+never reaches the test's timeout (900 s) in the middle of a healthy case."""
 
 
 @dataclass(frozen=True)
