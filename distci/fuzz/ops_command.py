@@ -69,6 +69,9 @@ class OpsReport:
     wall_s: float = 0.0
     sessions: int = 0
     drawn: int = 0
+    slowest: list = field(default_factory=list)
+    """[seconds, case id] of the slowest cases (a case that costs a minute is worth a look:
+    at the ranks' speed it is a trainer's step that stalls)."""
 
     @property
     def cases(self) -> int:
@@ -146,6 +149,7 @@ class Sweeps:
             op = r["id"].split("~", 1)[0]
             self.report.by_op[op] = self.report.by_op.get(op, 0) + 1
             self.report.case_s += r.get("seconds", 0.0)
+            self.report.slowest = sorted(self.report.slowest + [[r.get("seconds", 0.0), r["id"]]], reverse=True)[:5]
             if r["status"] == "gap":
                 self.report.gaps[op] = self.report.gaps.get(op, 0) + 1
             if r["status"] in ("fail", "lost"):  # lost: the case a resume slot found its sweep died on
