@@ -265,8 +265,12 @@ def test_a_slot_that_died_shrinking_records_the_case_shrunk_so_far_and_the_candi
               "message": "the op raised X", "seconds": 0.1}
     best = {"id": "argmax~2~f32~1x2~S-1~dim=-1~0", "message": "the op raised X (seed 0)"}
     flight = {"id": record["id"], "candidate": "argmax~2~f32~1x1~R~dim=-1~0", "record": record, "best": best}
+    import time
+
     died, drawn = dead_rows(flight, [], 2)
     assert died["id"] == flight["candidate"] and died["status"] == "lost" and "sweep died" in died["signature"]
+    held, _ = dead_rows({**flight, "started": time.time() - 301}, [], 2)  # the watchdog's 300 s passed
+    assert held["signature"] == "argmax: no rank finished the case within 300s"
     assert drawn["id"] == record["id"] and drawn["signature"] == "the op raised X"
     assert drawn["shrunk"]["id"] == best["id"] and not drawn["shrunk"]["complete"]
     # out of step after the candidate ran (it was agreed): no find for it, the drawn case shrunk so far

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,7 @@ class SweepFiles:
         """Rank 0, before a case (or a shrink candidate of `case_id`) runs; `probe`: the case
         ran (this is its row) and the ranks' groups are being checked for step after it."""
         _write(self.current, {"id": case_id, "candidate": candidate, "record": record, "best": best,
-                              "probe": probe})
+                              "probe": probe, "started": time.time()})
 
     def end(self) -> None:
         self.current.unlink(missing_ok=True)
@@ -139,11 +140,14 @@ def dead_rows(flight: dict[str, Any], stuck: list[dict[str, Any]], world: int) -
         dead["message"] = dead["message"].replace(
             "some ranks finished the case", f"ranks {finished} finished the case, ranks "
             f"{[r for r in range(world) if r not in finished]} never did", 1)
-    else:
-        signature = f"{dead_id.split('~', 1)[0]}: the sweep died on this case"
+    else:  # the watchdog's limit passed (every rank held: a deadlock, or that slow), or a crash
+        op = dead_id.split("~", 1)[0]
+        held = time.time() - flight.get("started", time.time()) >= CASE_LIMIT_S
+        signature = f"{op}: no rank finished the case within {CASE_LIMIT_S:.0f}s" if held else \
+            f"{op}: the sweep died on this case"
         dead = {"id": dead_id, "status": "lost", "signature": signature,
-                "message": f"{signature} (a rank crashed, or no rank finished it within {CASE_LIMIT_S:.0f}s: "
-                           f"the ranks' logs hold their stacks)\n  case {dead_id}", "seconds": 0.0, "died": True}
+                "message": f"{signature} ({'a deadlock, or a case that slow' if held else 'a rank crashed'}: the "
+                           f"ranks' logs hold their stacks)\n  case {dead_id}", "seconds": 0.0, "died": True}
     if flight.get("candidate") and flight.get("record"):  # it died shrinking `record`'s case
         return [dead, _interrupted(flight, f"a shrink candidate ended the sweep: {dead_id}")]
     return [dead]
