@@ -6,7 +6,7 @@
     nox -s matrix -- --json [--tier nightly]
     nox -s tests                 distci's own tests (quick, slow, docker tiers); nox -s tests_quick: the quick tier
     nox -s fuzz_trials           the generators' planted-bug trials (minutes each)
-    nox -s bench -- harness | images | provision | pr | store | multinode | fuzz-ops
+    nox -s bench -- harness | images | provision | pr | store | multinode | fuzz-ops | fuzz-programs
     nox -s fuzz -- --cell ID --budget 30m --seed S   draw configurations, shrink what fails
     nox -s images -- --cell ID | --tier NAME
     nox -s ingest | gate | export | dashboard | bisect | lint | aggregate | teardown
@@ -290,7 +290,8 @@ def bench(session: nox.Session) -> None:
     """`-- harness`: rank pool vs one torchrun per test; `-- images`: cold vs warm image builds;
     `-- provision`: a cell's env, cold and warm; `-- pr`: the pr tier's phases, cold then warm;
     `-- multinode`: rendezvous on 2 and 4 simulated nodes, the pr rows on 2 nodes against 1 (needs root);
-    `-- fuzz-ops`: the ops generator's cases an hour."""
+    `-- fuzz-ops`: the ops generator's cases an hour; `-- fuzz-programs`: the programs generator's
+    programs an hour (`--budget-s N` for both)."""
     _on_stack(session, "-m", "distci", "bench", *(session.posargs or ["harness"]))
 
 

@@ -67,7 +67,7 @@ COMMANDS = (
             "benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm builds), `provision` (a "
             "cell's env, cold and warm), `pr` (the pr tier's phases, cold then warm), `store` (ingest, gate, "
             "dashboard at 1/10/100x), `multinode` (rendezvous on 2 and 4 simulated nodes; the pr rows on 2 nodes x "
-            "1 rank against 1 node x 2 ranks), `fuzz-ops` (op cases an hour)"),
+            "1 rank against 1 node x 2 ranks), `fuzz-ops` (op cases an hour), `fuzz-programs` (training programs an hour)"),
     Command("ingest", "distci.judge.ingest", "index run directories into the results store"),
     Command("gate", "distci.publish.gate", "PASSED (0) / BLOCKED (1) / INCOMPLETE (3): may this tier ship?"),
     Command("export", "distci.publish.export",

@@ -193,6 +193,10 @@ def run_bench(what: str, args: argparse.Namespace) -> int:
         from distci.bench.fuzz_ops import run_fuzz_ops_bench
 
         return run_fuzz_ops_bench(console, budget_s=float(getattr(args, "budget_s", None) or 600.0))
+    if what == "fuzz-programs":
+        from distci.bench.fuzz_programs import run_fuzz_programs_bench
+
+        return run_fuzz_programs_bench(console, budget_s=float(getattr(args, "budget_s", None) or 600.0))
     if what == "images":
         from distci.images import bench_images
 
@@ -206,9 +210,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="benchmarks: `harness` (rank pool vs torchrun per test), `images` (cold vs warm "
                        "builds), `provision` (a cell's env, cold and warm), `pr` (the pr tier's phases, cold then warm), "
                        "`store` (ingest, gate, dashboard at 1/10/100x), `multinode` (rendezvous on 2 and 4 simulated "
-                       "nodes; the pr rows on 2 nodes x 1 rank against 1 node x 2 ranks), `fuzz-ops` (op cases an hour)")
-    p.add_argument("what", choices=("harness", "images", "provision", "pr", "store", "multinode", "fuzz-ops"))
-    p.add_argument("--budget-s", type=float, default=None, help="fuzz-ops: seconds of fuzzing (default 600)")
+                       "nodes; the pr rows on 2 nodes x 1 rank against 1 node x 2 ranks), `fuzz-ops` (op cases an hour), "
+                       "`fuzz-programs` (training programs an hour)")
+    p.add_argument("what", choices=("harness", "images", "provision", "pr", "store", "multinode", "fuzz-ops",
+                                    "fuzz-programs"))
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="fuzz-ops, fuzz-programs: seconds of fuzzing (default 600)")
     p.add_argument("--repeat", type=int, default=1, help="pr: how many runs of the tier (default 2: cold, then warm)")
     p.add_argument("--pip", action="store_true", help="provision: also time the pip fallback install")
     p.add_argument("--keep", action="store_true", help="provision, store: keep what the bench generated")

@@ -402,7 +402,7 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
         return 0
     command = public_command(["python", "-m", "distci", *sys.argv[1:]])
     return fuzz_cell(cells[0], seed=seed, budget_s=parse_budget(args.budget), space_specs=args.space,
-                     max_configs=args.max_configs, batch_size=args.batch, shrink=not args.no_shrink,
+                     max_configs=args.max_configs, batch_size=args.batch or 6, shrink=not args.no_shrink,
                      python=args.python, runs_root=Path(args.runs_root), replay=args.replay,
                      known_issues=args.known_issues, report_path=args.report, coverage_path=args.coverage,
                      command=command, reruns=args.reruns,
@@ -427,7 +427,9 @@ def add_parser(sub) -> None:
                    help="stop after drawing this many configurations (programs)")
     p.add_argument("--space", action="append", default=[], metavar="AXIS=V1,V2",
                    help="keep only these values of an axis (repeatable; one value fixes it)")
-    p.add_argument("--batch", type=int, default=6, help="configurations per pytest session (default 6)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="cases per pytest session (default: configurations and models 6, programs 16 drawn and 8 "
+                        "per shrink round: a session's pool starts cost more than a program)")
     p.add_argument("--no-shrink", action="store_true", help="report failures as drawn")
     p.add_argument("--shrink-limit", default=None, metavar="DURATION", help="how long one find may shrink "
                    "(default: min(15m, 25%% of the budget)); all shrinking stays within half the budget")

@@ -94,6 +94,6 @@ def run_generator(args, cell, seed: str, command: str) -> int:
             print(key(drawer.draw()))
         return 0
     return fuzz_models_cell(cell, seed=seed, budget_s=parse_budget(args.budget), max_structures=args.max_configs,
-                            batch_size=args.batch, shrink=not args.no_shrink, python=args.python,
+                            batch_size=args.batch or 6, shrink=not args.no_shrink, python=args.python,
                             runs_root=Path(args.runs_root), known_issues=args.known_issues, allowed=allowed,
                             report_path=args.report, command=command)

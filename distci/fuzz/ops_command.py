@@ -69,6 +69,9 @@ class OpsReport:
     wall_s: float = 0.0
     sessions: int = 0
     drawn: int = 0
+    slowest: list = field(default_factory=list)
+    """[seconds, case id] of the slowest cases (a case that costs a minute is worth a look:
+    at the ranks' speed it is a trainer's step that stalls)."""
 
     @property
     def cases(self) -> int:
@@ -78,7 +81,7 @@ class OpsReport:
         return self.cases / self.wall_s * 3600 if self.wall_s else 0.0
 
 
-def plan_size(done: int, seconds: float, session_s: float, first: int = 120, most: int = 3000) -> int:
+def plan_size(done: int, seconds: float, session_s: float, first: int = 300, most: int = 6000) -> int:
     """Cases for the next sweep: `session_s` at the rate so far (`first` before any)."""
     if not done or seconds <= 0:
         return first
@@ -106,7 +109,7 @@ class Sweeps:
     def __init__(self, seed: str, run_sweep: Callable[[Path, list], list[dict]], work: Path, *,
                  ops: list[str] | None = None, meshes: list[str] | None = None, shrink: bool = True,
                  shrink_s: float = 120.0,
-                 session_s: float = 150.0, log: Callable[[str], Any] = print,
+                 session_s: float = 300.0, log: Callable[[str], Any] = print,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.seed, self.run_sweep, self.work, self.log, self.clock = seed, run_sweep, work, log, clock
         self.specs = [BY_NAME[o] for o in ops] if ops else None
@@ -129,10 +132,13 @@ class Sweeps:
             folder.mkdir(parents=True, exist_ok=True)
             began = self.clock()
             rows = self.run_sweep(folder, batch)
-            self.report.wall_s += self.clock() - began
+            wall = self.clock() - began
+            self.report.wall_s += wall
             queue = self._tally(batch, rows)
-            self.log(f"sweep {self.report.sessions}: {len(batch)} case(s), {len(rows)} answered, "
-                     f"{self.report.per_hour():.0f} cases/hour so far, {len(self.report.finds)} find(s)")
+            in_cases = sum(r.get("seconds", 0.0) for r in rows)
+            self.log(f"sweep {self.report.sessions}: {len(batch)} case(s), {len(rows)} answered in {wall:.0f}s "
+                     f"({in_cases:.0f}s inside the drawn cases; the rest: pytest, pool starts, shrinking, dead "
+                     f"slots), {self.report.per_hour():.0f} cases/hour so far, {len(self.report.finds)} find(s)")
         return self.report
 
     def _tally(self, batch: list, rows: list[dict]) -> list:
@@ -143,9 +149,10 @@ class Sweeps:
             op = r["id"].split("~", 1)[0]
             self.report.by_op[op] = self.report.by_op.get(op, 0) + 1
             self.report.case_s += r.get("seconds", 0.0)
+            self.report.slowest = sorted(self.report.slowest + [[r.get("seconds", 0.0), r["id"]]], reverse=True)[:5]
             if r["status"] == "gap":
                 self.report.gaps[op] = self.report.gaps.get(op, 0) + 1
-            if r["status"] == "fail":
+            if r["status"] in ("fail", "lost"):  # lost: the case a resume slot found its sweep died on
                 self._failed(r)
         missing = [c for c in batch if c.id not in answered]
         by_world: dict[int, list] = {}
@@ -201,7 +208,7 @@ def fuzz_ops(cell, *, seed: str, budget_s: float, python: str | None = None, run
              known_issues: str | None = None, report_path: Path | None = None, command: str = "",
              ops: list[str] | None = None, meshes: list[str] | None = None, max_cases: int | None = None,
              shrink: bool = True,
-             shrink_s: float = 120.0, session_s: float = 150.0, log: Callable[[str], Any] = print) -> int:
+             shrink_s: float = 120.0, session_s: float = 300.0, log: Callable[[str], Any] = print) -> int:
     """Fuzz one cell's DTensor ops; returns the exit code (see the module docstring)."""
     from distci.known_issues import load_registry
     from distci.rundir import RunDir, now

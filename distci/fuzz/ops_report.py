@@ -14,7 +14,8 @@ def render_report(report, cell_id: str, stack: dict[str, Any], started: str, com
              f"python {stack.get('python', '?')}, fixes {stack.get('fixes_mode', stack.get('fixes', '?'))}",
              f"- cases: {report.cases} in {report.sessions} sweep(s), {report.wall_s:.0f} s of sweeps: "
              f"**{report.per_hour():.0f} cases/hour** (shrinking included)",
-             "- outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(report.counts.items())), ""]
+             "- outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(report.counts.items())),
+             "- slowest cases: " + (", ".join(f"`{i}` {s:.1f} s" for s, i in report.slowest) or "none"), ""]
     if report.gaps:
         lines += ["## Capability gaps (no sharding strategy registered, or the op refused its placements with "
                   "\"Please redistribute\": counted, not failures)", "",

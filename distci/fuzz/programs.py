@@ -132,6 +132,8 @@ class ProgramFuzzer:
     budget_s: float = 1800.0
     max_programs: int | None = None
     batch_size: int = 8
+    shrink_batch: int = 8
+    """Candidates per session while shrinking (at most batch_size): a round stops at its first keeper."""
     shrink: bool = True
     layouts: tuple[str, ...] = tuple(LAYOUTS)
     shrink_limit_s: float = 900.0
@@ -208,11 +210,12 @@ class ProgramFuzzer:
             if combo is not None and valid(combo) and combo.text not in self.cache:
                 programs = [combo] + [p for p in programs if p.text != combo.text]
             keepers: list[Outcome] = []
-            for i in range(0, len(programs), self.batch_size):
+            step = min(self.batch_size, self.shrink_batch)
+            for i in range(0, len(programs), step):
                 if self.clock() - start > limit or self.left_s() <= 0:
                     find.complete, find.stopped = False, "its shrink limit or the budget ran out"
                     break
-                keepers = [o for o in self._run(programs[i:i + self.batch_size])
+                keepers = [o for o in self._run(programs[i:i + step])
                            if o.failed and o.signature == signature]
                 if keepers:
                     break

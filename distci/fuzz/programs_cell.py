@@ -29,6 +29,11 @@ from .programs import ProgramFuzzer, first_action
 from .records import Find, Outcome, Report
 
 FUZZ_DIR = "fuzz"
+DRAW_BATCH = 16
+"""Programs drawn per pytest session: each session starts the 2- and 4-rank pools (seconds
+idle, a minute at load 20 on 2 cores), so 16 programs a session instead of 6 spend that
+start on more programs (docs/benchmarks.md, the generators' throughput). Shrink rounds use
+ProgramFuzzer.shrink_batch: first improvement wants its answer sooner."""
 
 
 def test_id(program: Program) -> str:
@@ -73,7 +78,8 @@ def render(cell_id: str, seed: str, budget_s: float, stack: dict, report: Report
                             lambda find: find_lines(cell_id, find, plant))
 
 
-def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | None = None, batch_size: int = 8,
+def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | None = None,
+                       batch_size: int = DRAW_BATCH,
                        shrink: bool = True, python: str | None = None, runs_root: Path = Path(".distci/runs"),
                        replay: str | None = None, known_issues: str | None = None, layouts: tuple[str, ...] = (),
                        shrink_limit_s: float | None = None, report_path: Path | None = None, command: str = "",
@@ -153,7 +159,7 @@ def run_generator(args, cell, seed: str, command: str) -> int:
             print(draw(seed, i, layouts or tuple(LAYOUTS)).text)
         return 0
     return fuzz_programs_cell(cell, seed=seed, budget_s=parse_budget(args.budget), max_programs=args.max_configs,
-                              batch_size=args.batch, shrink=not args.no_shrink, python=args.python,
+                              batch_size=args.batch or DRAW_BATCH, shrink=not args.no_shrink, python=args.python,
                               runs_root=Path(args.runs_root), replay=args.replay, known_issues=args.known_issues,
                               layouts=layouts, command=command, report_path=args.report,
                               shrink_limit_s=parse_budget(args.shrink_limit, "--shrink-limit")

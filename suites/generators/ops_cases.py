@@ -19,7 +19,7 @@ op does not take: a 0-sized head dim, k > size), not a find.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 import torch
@@ -48,6 +48,12 @@ class CaseOutcome:
     signature: str | None = None
     message: str = ""
     seconds: float = 0.0
+    empty: bool = False
+    """Some input's local shard on this rank is empty while the full input is not (what an
+    error raised on some ranks only usually comes from)."""
+    raised: bool = False
+    """The DTensor side raised on this rank (agreed: on some rank), so the ranks may have
+    issued different collectives: a sweep checks its groups are in step before going on."""
 
 
 def placement(text: str, mesh, axis: int):
@@ -119,6 +125,8 @@ def distribute(full: torch.Tensor, mesh, places: tuple[str, ...], share: int = 0
     from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 
     objs = [placement(p, mesh, a) for a, p in enumerate(places)]
+    if places[0].startswith("SS"):
+        return _fsdp_over_tp(full, mesh, objs)
     if not any(p.startswith("P") for p in places):
         return distribute_tensor(full, mesh, objs)
     base = distribute_tensor(full, mesh, [Replicate() if p.startswith("P") else o for p, o in zip(places, objs)])
@@ -129,6 +137,24 @@ def distribute(full: torch.Tensor, mesh, places: tuple[str, ...], share: int = 0
             weight = 1.0 + (c - (n - 1) / 2) / n
             local = local * (weight / n if p == "Psum" else weight)
     return DTensor.from_local(local, mesh, objs, run_check=False, shape=full.shape, stride=full.stride())
+
+
+def _fsdp_over_tp(full: torch.Tensor, mesh, objs):
+    """(_StridedShard(d), Shard(d)) on (dp, tp) built as FSDP2 builds it over a TP parameter
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py: the tp-local tensor chunked on the
+    dp axis, torch.chunk's uneven chunks, an empty one where chunk runs out, wrapped with
+    from_local): `distribute_tensor` asserts on this layout when the mesh does not divide
+    the dim (the night runs' c2), while FSDP2 over TP produces it for any size."""
+    from torch.distributed.tensor import DTensor
+
+    dim = objs[1].dim % full.ndim
+    local = full
+    for axis in (1, 0):  # tp first, then dp over tp's local shard
+        n, c = mesh.size(axis), mesh.get_local_rank(axis)
+        chunks = torch.chunk(local, n, dim=dim) if local.shape[dim] else ()
+        local = chunks[c] if c < len(chunks) else local.narrow(dim, 0, 0)
+    return DTensor.from_local(local.contiguous(), mesh, objs, run_check=False, shape=full.shape,
+                              stride=full.stride())
 
 
 def expected_local_shape(shape: tuple[int, ...], placements, mesh) -> tuple[int, ...] | None:
@@ -201,8 +227,10 @@ def run_case(case: OpCase, dist, plant=None) -> CaseOutcome:
     wants_grad = [spec.grad and arg.grad and t.is_floating_point() for arg, t in zip(spec.args, fulls)]
     terms = max([t.numel() for t in fulls] + [1])
 
+    empty = False
+
     def done(status: str, signature: str | None = None, message: str = "") -> CaseOutcome:
-        return CaseOutcome(status, signature, message, time.monotonic() - started)
+        return CaseOutcome(status, signature, message, time.monotonic() - started, empty)
 
     def like_full(t: torch.Tensor, k: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(case.seed * 7919 + 101 * k)
@@ -231,6 +259,7 @@ def run_case(case: OpCase, dist, plant=None) -> CaseOutcome:
             return done("fail", f"{case.op}: " + ": ".join(redone.split(": ")[:2]),
                         f"{case.op}: {redone}\n  case {case.id}\n  {_where(case)}")
         refs, ref_out, cotangents = redone
+    empty = any(d.to_local().numel() == 0 < t.numel() for d, t in zip(dts, fulls))
     ins = plant.inputs(case, dts) if plant else dts
     try:
         out = call(ins, params, Context(like_dt))
@@ -361,13 +390,16 @@ def _loss(outputs, cotangents) -> torch.Tensor:
 def _raised(case: OpCase, exc: Exception, during: str, done) -> CaseOutcome:
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, NotImplementedError) and GAP.search(str(exc)):
-        return done("gap", f"{case.op}: no sharding strategy", f"{during}: {text[:500]}")
-    if during == "the op" and REFUSED.search(str(exc)):
-        return done("gap", f"{case.op}: refused, redistribute first", f"{during}: {text[:500]}")
-    first = error_signature(type(exc).__name__, str(exc))
-    # no op in it: one DTensor error (a redistribution it cannot do) is one find across ops
-    signature = f"{during} raised {first}"[:240]
-    return done("fail", signature, f"{signature}\n  {text[:1500]}\n  case {case.id}\n  {_where(case)}")
+        out = done("gap", f"{case.op}: no sharding strategy", f"{during}: {text[:500]}")
+    elif during == "the op" and REFUSED.search(str(exc)):
+        out = done("gap", f"{case.op}: refused, redistribute first", f"{during}: {text[:500]}")
+    else:
+        first = error_signature(type(exc).__name__, str(exc))
+        # no op in it: one DTensor error (a redistribution it cannot do) is one find across ops
+        signature = f"{during} raised {first}"[:240]
+        out = done("fail", signature, f"{signature}\n  {text[:1500]}\n  case {case.id}\n  {_where(case)}")
+    out.raised = True
+    return out
 
 
 def _text(p) -> str:
@@ -381,12 +413,14 @@ def _text(p) -> str:
     return f"S{p.dim}"
 
 
-def agree(dist, outcome: CaseOutcome) -> CaseOutcome:
+def agree(dist, outcome: CaseOutcome, group=None) -> CaseOutcome:
     """One outcome for all ranks: the first failing rank's (a local shape can be wrong on one
-    rank only), else rank 0's."""
+    rank only), else rank 0's. `group`: a side group of every rank (the sweep's, whose timeout
+    tells a hang), so the agreement never pairs with a collective of a rank still in the case."""
     import torch.distributed as tdist
 
     everyone: list[Any] = [None] * dist.world_size
-    tdist.all_gather_object(everyone, (outcome.status, outcome.signature, outcome.message, outcome.seconds))
-    pick = next((o for o in everyone if o[0] == "fail"), everyone[0])
-    return CaseOutcome(*pick)
+    tdist.all_gather_object(everyone, astuple(outcome), group=group)
+    pick = CaseOutcome(*next((o for o in everyone if o[0] == "fail"), everyone[0]))
+    pick.raised = any(o[-1] for o in everyone)
+    return pick

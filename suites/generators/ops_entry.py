@@ -9,10 +9,11 @@ Not collected with `suites/` (the file name is not test_*.py): `python -m distci
   a pytest session seconds: batching is what makes thousands an hour). A failure whose
   signature is new to the run is shrunk right there (distci/fuzz/ops.py's shrinker, each
   candidate a case like any other: the 1-D mesh of 2 runs on the tp submesh of a 2x2
-  world). Rank 0 writes one JSON line per case as it finishes, so a crash loses one case.
-  The sweep passes whatever its cases did: the finds become Results of their own below.
-  Its timeout (900 s) holds a sweep sized to 150 s plus 240 s of shrinking: only a case
-  that hangs its ranks (an error raised on some ranks only) runs into it.
+  world). Rank 0 writes one JSON line per case as it finishes. The sweep passes whatever its
+  cases did: the finds become Results of their own below. A case that kills or hangs its
+  ranks ends the slot; the next *resume slot* (`[ws4-resume1]`, ... on fresh forks of the
+  warm pool) records it and goes on with the cases after it (suites/generators/ops_sweep.py
+  says how). A slot hands over to the next after SLOT_S, far inside its timeout (900 s).
 - `test_op_case[<case id>]`: one case (its id names it entirely), failing with the case's
   problem, first line its signature: what a find is recorded as, what a repro reruns, what
   a known-issues entry matches. A capability gap or an invalid draw skips with the reason.
@@ -29,7 +30,11 @@ from pathlib import Path
 
 import pytest
 
+from dataclasses import asdict
+
 from distci.op_case import case_from_json, parse_case
+
+from .ops_sweep import CASE_LIMIT_S, HANG_S, RESUME_SLOTS, SLOT_S, SweepFiles, dead_rows, hang_row
 
 CASES_ENV = "DISTCI_OPS_CASES"
 CASE_ENV = "DISTCI_OPS_CASE"
@@ -51,60 +56,163 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     name = metafunc.function.__name__
     if name == "test_op_sweep":
         sizes = sorted({case_from_json(c).world_size for c in _batch().get("cases", [])})
-        metafunc.parametrize("world", [pytest.param(n, id=f"ws{n}", marks=[pytest.mark.world_size(n)])
-                                       for n in sizes])
+        metafunc.parametrize("world,slot", [
+            pytest.param(n, k, id=f"ws{n}" + (f"-resume{k}" if k else ""), marks=[pytest.mark.world_size(n)])
+            for n in sizes for k in range(RESUME_SLOTS + 1)])
     elif name == "test_op_case":
         cases = [parse_case(i) for i in _case_ids(list(metafunc.config.args))]
         metafunc.parametrize("case_id", [pytest.param(c.id, id=c.id, marks=[pytest.mark.world_size(c.world_size)])
                                          for c in cases])
 
 
-def _agreed(dist, case, plant):
-    from .ops_cases import CaseOutcome, agree, run_case
+@pytest.fixture(autouse=True)
+def _resume_only_after_a_death(request: pytest.FixtureRequest) -> None:
+    """In the controller, before a resume slot forks ranks: skip it when its world size's
+    cases are all answered (the slot before did not die)."""
+    slot = getattr(request.node, "callspec", None) and request.node.callspec.params.get("slot")
+    if slot and SweepFiles(Path(_batch()["out"]), request.node.callspec.params["world"]).done.exists():
+        pytest.skip("nothing to resume: the sweep's earlier slot answered every case")
+
+
+def _run(dist, case, plant):
+    """This rank's outcome of `case` (not agreed yet)."""
+    from .ops_cases import CaseOutcome, run_case
 
     try:
-        outcome = run_case(case, dist, plant)
+        return run_case(case, dist, plant)
     except Exception as exc:  # a bug of the judge itself: reported as the case's failure, never lost
         import traceback
 
-        outcome = CaseOutcome("fail", f"{case.op}: judge raised {type(exc).__name__}",
-                              f"{case.op}: judge raised {type(exc).__name__}\n{traceback.format_exc()[-3000:]}")
-    return agree(dist, outcome)
+        return CaseOutcome("fail", f"{case.op}: judge raised {type(exc).__name__}",
+                           f"{case.op}: judge raised {type(exc).__name__}\n{traceback.format_exc()[-3000:]}")
+
+
+class SweepStuck(RuntimeError):
+    """This rank finished a case the other ranks never did: the slot ends, the next resumes."""
+
+
+class OutOfStep(Exception):
+    """Every rank knows the ranks' groups fell out of step: the slot ends quietly, the next resumes."""
+
+
+def _in_step(dist, side, hang_s: float) -> bool:
+    """Whether every group a case could have used (the world, each cached mesh's axes) still
+    completes a barrier within `hang_s`, on every rank (agreed on the side group). Only asked
+    after a case that raised somewhere: a rank that raised may have left a collective issued
+    that its peers never issued, and the next case would pair with it (or hang in it)."""
+    import datetime
+
+    import torch.distributed as tdist
+
+    groups = {id(g): g for g in [tdist.group.WORLD] + [m.get_group(a) for m in dist._meshes.values()
+                                                          for a in range(m.ndim)]}
+    works = [tdist.barrier(group=g, async_op=True) for g in groups.values()]
+    ok = True
+    for work in works:
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=hang_s))
+        except Exception:
+            ok = False
+    everyone: list = [None] * dist.world_size
+    tdist.all_gather_object(everyone, ok, group=side)
+    return all(everyone)
 
 
 @pytest.mark.dist_timeout(900)
-def test_op_sweep(dist, world) -> None:
+def test_op_sweep(dist, world, slot) -> None:
+    import datetime
+    import faulthandler
+    import sys
+
+    import torch.distributed as tdist
+
     from distci.fuzz.ops import shrink
 
+    from .ops_cases import agree
     from .ops_plants import planted
 
     batch = _batch()
     plant = planted()
-    cases = [c for c in map(case_from_json, batch["cases"]) if c.world_size == dist.world_size]
+    files = SweepFiles(Path(batch["out"]), dist.world_size)
+    hang_s, case_limit_s = batch.get("hang_s", HANG_S), batch.get("case_limit_s", CASE_LIMIT_S)
+    answered, flight, stuck = files.answered(), files.in_flight(), files.stuck()
+    dead = {flight["id"], flight.get("candidate")} if flight and flight["id"] not in answered else set()
+    # every rank has read the files before rank 0 writes to them
+    side = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=hang_s))
+    tdist.barrier(group=side)
     seen = set(batch.get("known_signatures", []))
     bounds = batch.get("shrink", {})
-    out = Path(batch["out"]) / f"ws{dist.world_size}.jsonl"
-    sink = open(out, "a") if dist.rank == 0 else None
+    sink = open(files.rows, "a") if dist.rank == 0 else None
+    if sink and dead:
+        for row in dead_rows(flight, stuck, dist.world_size):
+            sink.write(json.dumps(row) + "\n")
+            seen.add(row["signature"])
+        sink.flush()
+    if sink:
+        files.clear_stuck()
+    cases = [c for c in map(case_from_json, batch["cases"])
+             if c.world_size == dist.world_size and c.id not in answered and c.id not in dead]
     shrunk_s = 0.0  # a sweep shrinks for at most bounds["sweep_s"]: later finds come unshrunk, never a timeout
+    slot_began = time.monotonic()
+
+    def check(case, parent=None, record=None, best=None):
+        """One case on every rank, agreed; a rank whose peers never finish it ends the slot."""
+        if sink:
+            files.begin(parent or case.id, case.id if parent else None, record, best)
+        faulthandler.dump_traceback_later(case_limit_s, exit=True, file=sys.stderr)
+        try:
+            mine = _run(dist, case, plant)
+            try:
+                agreed = agree(dist, mine, side)
+            except Exception as exc:
+                files.write_stuck(dist.rank, case.id, asdict(mine))
+                raise SweepStuck(f"case {case.id}: this rank finished it, some other rank did not within {hang_s:.0f}s "
+                                 f"({type(exc).__name__}: {str(exc)[:200]})") from None
+            if agreed.raised:  # the ranks may have issued different collectives: in step still?
+                if sink:
+                    row = {"id": case.id, "status": agreed.status, "signature": agreed.signature,
+                           "message": agreed.message, "seconds": round(agreed.seconds, 4)}
+                    files.begin(parent or case.id, case.id if parent else None, record, best, probe=row)
+                if not _in_step(dist, side, hang_s):
+                    raise OutOfStep()
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+        return agreed
+
     try:
         for case in cases:
-            o = _agreed(dist, case, plant)
+            if time.monotonic() - slot_began > batch.get("slot_s", SLOT_S):  # the next slot goes on
+                if sink:
+                    files.end()
+                return
+            o = check(case)
             record = {"id": case.id, "status": o.status, "signature": o.signature, "message": o.message,
                       "seconds": round(o.seconds, 4)}
             shrinking_left = bounds.get("sweep_s", 240.0) - shrunk_s
             if o.status == "fail" and o.signature not in seen and bounds.get("max_checks", 1) and shrinking_left > 0:
                 began = time.monotonic()
                 seen.add(o.signature)
-                done = shrink(case, o.signature, lambda c: _as_check(_agreed(dist, c, plant)),
-                              max_checks=bounds.get("max_checks", 300),
-                              max_s=min(bounds.get("max_s", 120.0), shrinking_left),
-                              message=o.message)
+                best = {"id": case.id, "message": o.message}
+
+                def candidate(c, record=record, best=best, signature=o.signature):
+                    got = check(c, case.id, record, best)
+                    if got.status == "fail" and got.signature == signature:  # shrink() keeps it: the new best
+                        best.update(id=c.id, message=got.message)
+                    return _as_check(got)
+
+                done = shrink(case, o.signature, candidate, max_checks=bounds.get("max_checks", 300),
+                              max_s=min(bounds.get("max_s", 120.0), shrinking_left), message=o.message)
                 record["shrunk"] = {"id": done.case.id, "message": done.message, "steps": done.steps,
                                     "checks": done.checks, "complete": done.complete}
                 shrunk_s += time.monotonic() - began
             if sink:
                 sink.write(json.dumps(record) + "\n")
                 sink.flush()
+        if sink:
+            files.end()
+            files.done.touch()
+    except OutOfStep:  # on every rank: the next slot records the case in flight and goes on
+        return
     finally:
         if sink:
             sink.close()
@@ -115,9 +223,19 @@ def _as_check(outcome) -> tuple[str | None, str]:
 
 
 def test_op_case(dist, case_id) -> None:
+    import datetime
+
+    import torch.distributed as tdist
+
+    from .ops_cases import agree
     from .ops_plants import planted
 
-    o = _agreed(dist, parse_case(case_id), planted())
+    side = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=HANG_S))
+    mine = _run(dist, parse_case(case_id), planted())
+    try:
+        o = agree(dist, mine, side)
+    except Exception:  # this rank finished, another never returned from the case's collectives
+        raise AssertionError(hang_row(case_id, asdict(mine))["message"]) from None
     if o.status in ("gap", "invalid"):
         pytest.skip(f"{o.status}: {o.signature or ''} {o.message.splitlines()[0] if o.message else ''}".strip())
     if o.status == "fail":
