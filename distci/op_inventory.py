@@ -186,3 +186,38 @@ def spec_of(name: str) -> OpSpec:
         return BY_NAME[name]
     except KeyError:
         raise KeyError(f"no op {name!r} in the ops inventory; ops: {', '.join(BY_NAME)}") from None
+
+
+# ------------------------------------------------------------------ the templates' grammar
+
+def variables(spec: OpSpec) -> list[str]:
+    """The size variables of an op's templates, in order of first use."""
+    out: list[str] = []
+    for arg in spec.args:
+        for token in arg.dims.split():
+            for part in token.rstrip("?").split("*"):
+                if not part.isdigit() and part not in out:
+                    out.append(part)
+        if ":" in arg.kind and arg.kind.split(":", 1)[1] not in out:
+            out.append(arg.kind.split(":", 1)[1])
+    return out
+
+
+def optionals(spec: OpSpec) -> list[str]:
+    return list(dict.fromkeys(t[:-1] for a in spec.args for t in a.dims.split() if t.endswith("?")))
+
+
+def shape_of(arg: Arg, sizes: dict[str, int], absent: set[str]) -> tuple[int, ...]:
+    out = []
+    for token in arg.dims.split():
+        if token.endswith("?") and token[:-1] in absent:
+            continue
+        n = 1
+        for part in token.rstrip("?").split("*"):
+            n *= int(part) if part.isdigit() else sizes[part]
+        out.append(n)
+    return tuple(out)
+
+
+def shapes_of(spec: OpSpec, sizes: dict[str, int], absent: set[str]) -> tuple[tuple[int, ...], ...]:
+    return tuple(shape_of(a, sizes, absent) for a in spec.args)

@@ -18,7 +18,7 @@ PACKAGE = REPO / "distci"
 MAX_LINES = 500
 RECORDS = {"__init__", "__main__", "cli", "command", "errors", "matrix", "matrix_keys", "cells", "tomlloc", "results", "rundir",
            "known_issues", "signatures", "sources", "stack", "training_program",
-           "op_case", "op_inventory"}
+           "op_case", "op_inventory", "op_shrink"}
 STAGES = {"provision", "images", "harness", "run", "external", "judge", "audit", "bisect", "bench", "dashboard",
           "publish", "ci", "launch", "fuzz"}
 
@@ -155,13 +155,7 @@ SUITES_MAY_IMPORT = {"suites", "records", "harness"}
 
 # Upward arrows that existed when direction became a test, each with who removes it. The
 # set only shrinks: a new upward arrow fails, and so does an entry that no longer exists.
-KNOWN_UPWARD = {
-    # the ops engine's shrinker (pure, torch-free), which the cell side runs inside a sweep so
-    # a shrink costs no pool start: engine logic, not a record, so it cannot move down to the
-    # records (the case record and the op inventory did: distci/op_case.py, op_inventory.py);
-    # it goes when the sweep hands its failures back and the controller shrinks in batches
-    ("suites.generators.ops_entry", "distci.fuzz.ops"),
-}
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 
 def upward_arrows(edges: dict[str, set[str]], order: dict[str, int]) -> set[tuple[str, str]]:

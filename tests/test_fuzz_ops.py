@@ -22,7 +22,8 @@ import pytest
 
 from distci.op_case import CaseIdError, MESHES, OpCase, parse_case
 from distci.op_inventory import INVENTORY
-from distci.fuzz.ops import draw_case, draw_cases, shrink, simpler, valid
+from distci.fuzz.ops import draw_case, draw_cases
+from distci.op_shrink import shrink, simpler, valid
 from distci.fuzz.ops_command import Sweeps, plan_size
 
 REPO = Path(__file__).resolve().parents[1]

@@ -126,7 +126,7 @@ def test_op_sweep(dist, world, slot) -> None:
 
     import torch.distributed as tdist
 
-    from distci.fuzz.ops import shrink
+    from distci.op_shrink import shrink
 
     from .ops_cases import agree
     from .ops_plants import planted
