@@ -209,6 +209,16 @@ def test_the_engine_imports_without_torch():
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=60)
 
 
+def _one_case_through_the_harness(tmp_path, case: str):
+    """`test_op_case[case]` on two ranks through the harness: (its Results, the pytest process)."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider",
+                           f"suites/generators/ops_entry.py::test_op_case[{case}]",
+                           f"--distci-run-dir={tmp_path / 'run'}", "-q"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    results = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    return results, proc
+
+
 @pytest.mark.slow
 def test_an_explicit_redistribute_refusal_is_a_gap_not_a_find(tmp_path):
     """The night runs re-filed DTensor's "Please redistribute the input first" (a reshape that
@@ -216,11 +226,7 @@ def test_an_explicit_redistribute_refusal_is_a_gap_not_a_find(tmp_path):
     on two ranks through the harness and is counted as a gap (a skip naming the refusal)."""
     pytest.importorskip("torch")
     case = "reshape_merge~2~f32~1x1x1x2~S2~-~0"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider",
-                           f"suites/generators/ops_entry.py::test_op_case[{case}]",
-                           f"--distci-run-dir={tmp_path / 'run'}", "-q"], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
-    results = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    results, proc = _one_case_through_the_harness(tmp_path, case)
     assert [r["outcome"] for r in results] == ["skipped"], proc.stdout[-3000:]
     assert "refused, redistribute first" in results[0]["message"], results[0]["message"]
 
@@ -234,11 +240,7 @@ def test_the_reference_runs_on_the_value_a_partial_input_holds(tmp_path):
     passes; a wrong Partial reduction of the result is still found (the avg_twice plant)."""
     pytest.importorskip("torch")
     case = "layer_norm~2~f32~1x1,1,1~Psum,R,R~-~909"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider",
-                           f"suites/generators/ops_entry.py::test_op_case[{case}]",
-                           f"--distci-run-dir={tmp_path / 'run'}", "-q"], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
-    results = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    results, proc = _one_case_through_the_harness(tmp_path, case)
     assert [r["outcome"] for r in results] == ["passed"], proc.stdout[-3000:]
 
 
