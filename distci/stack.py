@@ -95,7 +95,7 @@ class Stack:
         if self.written is None:
             out = {k: getattr(self, k) for k in KEYS}
             if not self.partial:
-                for k in ("partial", "declared", "runner", "error"):
+                for k in _PARTIAL_KEYS:
                     out.pop(k)
             return {**out, **self.extra}
         out = {}
@@ -111,6 +111,19 @@ class Stack:
             out.setdefault(k, v)
         return out
 
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value of a key named at run time (an ENV_KEYS entry, a package axis, a key
+        only `extra` holds) as the stored JSON object has it: `default` when absent. A key
+        fixed in the code reads as an attribute (`stack.torch`)."""
+        if key not in _KEY_SET:
+            return self.extra.get(key, default)
+        value = getattr(self, key)
+        if self.written is None:
+            absent = key in _PARTIAL_KEYS and not self.partial
+        else:
+            absent = key not in self.written and value == _DEFAULTS[key]
+        return default if absent else value
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Stack":
         """A Stack from its JSON object (results.jsonl, stack.json, the store): any subset of
@@ -123,6 +136,7 @@ class Stack:
 
 KEYS: tuple[str, ...] = tuple(f.name for f in fields(Stack) if f.metadata.get("record", True))
 _KEY_SET = frozenset(KEYS)
+_PARTIAL_KEYS = ("partial", "declared", "runner", "error")  # written only by a partial stack
 _DEFAULTS: dict[str, Any] = {f.name: f.default_factory() if f.default_factory is not MISSING else f.default
                              for f in fields(Stack) if f.name in _KEY_SET}
 ENV_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Stack) if f.metadata.get("env"))

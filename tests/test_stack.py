@@ -62,3 +62,11 @@ def test_a_read_stack_reads_by_attribute_and_keeps_what_is_set() -> None:
 def test_a_stack_is_a_json_object() -> None:
     with pytest.raises(TypeError, match="JSON object, not list"):
         Stack.from_dict([1])  # type: ignore[arg-type]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(_NAMES, _JSON, max_size=12), _NAMES)
+def test_get_answers_as_the_stored_object_does(data: dict, key: str) -> None:
+    assert Stack.from_dict(data).get(key, "absent") == data.get(key, "absent")
+    built = Stack(torch="2.5.0")
+    assert built.get(key, "absent") == built.to_dict().get(key, "absent")
