@@ -91,7 +91,8 @@ class Stack:
     def to_dict(self) -> dict[str, Any]:
         """The JSON object stored with results. A Stack read by from_dict gives back the
         same keys in the same order (absent stays absent, None stays None) plus any key
-        set since; one built in code gives every declared key, then `extra`'s."""
+        set since to other than its default; one built in code gives every declared key,
+        then `extra`'s."""
         if self.written is None:
             out = {k: getattr(self, k) for k in KEYS}
             if not self.partial:
