@@ -31,6 +31,7 @@ from packaging.version import InvalidVersion, Version
 from distci.errors import RegistryError
 from distci.signatures import SEARCH_BUDGET_S, alternatives, compile_signature, required_words, search
 from distci.sources import nightly_date_of
+from distci.stack import Stack
 from distci.tomlloc import Locator, read as read_toml, suggest
 
 MAX_REGISTRY_BYTES = 16 << 20
@@ -214,8 +215,8 @@ def version_applies(version: str | None, spec: str | None, *, nightly_from: str 
     return SpecifierSet(spec).contains(Version(v.base_version), prereleases=True)
 
 
-def _fix_applied(stack: dict[str, Any], fix_id: str) -> bool:
-    for entry in stack.get("fixes") or []:
+def _fix_applied(stack: Stack, fix_id: str) -> bool:
+    for entry in stack.fixes or []:
         if isinstance(entry, dict) and entry.get("id") == fix_id and entry.get("status") == "applied":
             return True
     return False
@@ -242,7 +243,7 @@ class KnownIssue:
     stalled: str = ""
     """Set when a search of its patterns ran out of time: then it explains nothing more."""
 
-    def applies_to(self, stack: dict[str, Any]) -> bool:
+    def applies_to(self, stack: Stack) -> bool:
         """Whether the bug is expected to show on this stack.
 
         When the stack's fix package applied this entry's fix, the bug is masked and a
@@ -250,7 +251,7 @@ class KnownIssue:
         """
         return self.why_not(stack) is None
 
-    def why_not(self, stack: dict[str, Any]) -> str | None:
+    def why_not(self, stack: Stack) -> str | None:
         """Why the entry does not apply to this stack (None: it applies), in words a
         person acts on: the condition and what the stack has."""
         if self.fix and _fix_applied(stack, self.fix):
@@ -258,20 +259,20 @@ class KnownIssue:
         a = self.applies
         accel = a.get("accelerators")
         if accel:
-            here = "cuda" if stack.get("cuda_available") else ("npu" if stack.get("torch_npu") else "cpu")
+            here = "cuda" if stack.cuda_available else ("npu" if stack.torch_npu else "cpu")
             if here not in accel:
                 return f"applies on {', '.join(accel)}; this stack is {here}"
         git = a.get("git")
-        if git and stack.get("torch_git") and not any(str(stack["torch_git"]).startswith(g) for g in git):
-            return f"applies to torch git {', '.join(git)}; this stack has {stack['torch_git']}"
+        if git and stack.torch_git and not any(str(stack.torch_git).startswith(g) for g in git):
+            return f"applies to torch git {', '.join(git)}; this stack has {stack.torch_git}"
         for pkg in ("torch", "torchao", "torchtitan"):
             spec = a.get(pkg)
             if pkg == "torch":
                 nightly = {k: a[k] for k in ("nightly_from", "nightly_until") if a.get(k)}
-                if (spec or nightly) and not version_applies(stack.get("torch"), spec, nightly_from=a.get("nightly_from"),
+                if (spec or nightly) and not version_applies(stack.torch, spec, nightly_from=a.get("nightly_from"),
                                                              nightly_until=a.get("nightly_until")):
                     cond = " ".join([f"torch {spec}" if spec else "torch"] + [f"{k} {v}" for k, v in nightly.items()])
-                    return f"applies to {cond}; this stack has torch {stack.get('torch')}"
+                    return f"applies to {cond}; this stack has torch {stack.torch}"
             elif spec and not version_applies(stack.get(pkg), spec):
                 return f"applies to {pkg} {spec}; this stack has {pkg} {stack.get(pkg)}"
         return None
@@ -339,10 +340,10 @@ class Registry:
         self.reported.update(fresh)
         return fresh
 
-    def match(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> str | None:
+    def match(self, test_id: str, signature: str, message: str, stack: Stack) -> str | None:
         return self._match(test_id, signature, message, self.applicable(test_id, stack))
 
-    def missed_by_stack(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> list[str]:
+    def missed_by_stack(self, test_id: str, signature: str, message: str, stack: Stack) -> list[str]:
         """For a failure no entry explains: the entries covering the test that would explain
         it but for where they apply (a version range drawn too narrow, a fix applied), each
         with why not. A range that missed a stack outside the ones it was measured on shows
@@ -354,7 +355,7 @@ class Registry:
         return [f"{i} ({by_id[i].why_not(stack)})" for i in (anywhere or "").split(",")
                 if i and not by_id[i].applies_to(stack)]
 
-    def near_misses(self, test_id: str, signature: str, message: str, stack: dict[str, Any]) -> list[str]:
+    def near_misses(self, test_id: str, signature: str, message: str, stack: Stack) -> list[str]:
         """THE near-miss rule, for every generator's finds and the nightly's filing: the ids of
         the entries a failure no entry explains repeats through another door. An entry counts
         when it applies to this stack, its tests do not name this test, and its signature is
@@ -387,11 +388,11 @@ class Registry:
                 ids.append(entry.id)
         return ",".join(ids)
 
-    def applicable(self, test_id: str, stack: dict[str, Any]) -> list[KnownIssue]:
+    def applicable(self, test_id: str, stack: Stack) -> list[KnownIssue]:
         return [e for e in self.entries if e.covers(test_id) and e.applies_to(stack)]
 
     def known_issue_of(self, test_id: str, outcome: str, *, signature: str | None, message: str,
-                       stack: dict[str, Any], failure_kind: str | None = None) -> str | None:
+                       stack: Stack, failure_kind: str | None = None) -> str | None:
         """THE matcher: the known issue a test's outcome stands for, used by the harness's
         recorder, the external runner and ingest alike. A failure (not infra) names the
         entries that explain it (test, signature, stack); a pass where an entry applies

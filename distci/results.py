@@ -14,6 +14,7 @@ reading results.jsonl faster, with json's answers (`load_line`).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -21,6 +22,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Iterator
+
+from distci.stack import SUMMARY_KEYS, Stack
 
 try:
     import orjson
@@ -55,7 +58,7 @@ class Result:
     cell_id: str
     test_id: str
     outcome: str
-    stack: dict[str, Any]
+    stack: Stack  # a dict (a JSONL record's) is read with Stack.from_dict
     failure_kind: str | None = None
     error_signature: str | None = None
     message: str = ""
@@ -78,11 +81,19 @@ class Result:
             raise ValueError(f"failure_kind {self.failure_kind!r} is not one of {FAILURE_KINDS}")
         if not self.cell_id:
             raise ValueError("a Result needs its cell id")
+        if not isinstance(self.stack, Stack):
+            self.stack = Stack.from_dict(self.stack)
         if self.ranks:
             self.ranks = [r if isinstance(r, RankExcerpt) else RankExcerpt(**r) for r in self.ranks]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The JSONL record: every field, the stack as its own JSON object (Stack.to_dict)."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value.to_dict() if f.name == "stack" else (
+                [asdict(r) for r in value] if f.name == "ranks" else copy.deepcopy(value))
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Result":
@@ -182,11 +193,9 @@ def error_signature(exc_type: str, message: str) -> str:
     return f"{exc_type}: {text.strip()}"[:300]
 
 
-def stack_summary(stack: dict[str, Any]) -> dict[str, str]:
+def stack_summary(stack: Stack) -> dict[str, str]:
     """The few stack fields worth a JUnit property on every testcase."""
-    from distci.stack import SUMMARY_KEYS
-
-    return {k: str(stack[k]) for k in SUMMARY_KEYS if stack.get(k)}
+    return {k: str(stack.get(k)) for k in SUMMARY_KEYS if stack.get(k)}
 
 
 def test_location(test_id: str, root: Path | None = None) -> tuple[str, int]:
@@ -273,7 +282,7 @@ def write_junit(results: Iterable[Result], path: Path, *, suite_name: str = "dis
     )
     if results:
         props = _element(suite, "properties")
-        for key, value in sorted(results[0].stack.items()):
+        for key, value in sorted(results[0].stack.to_dict().items()):
             if isinstance(value, (str, int, float, bool)):
                 _element(props, "property", name=f"stack.{key}", value=str(value))
     for r, kind in zip(results, kinds):

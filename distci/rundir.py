@@ -31,6 +31,7 @@ from typing import Any, Iterable, Iterator
 
 from distci.errors import StoreError
 from distci.results import LineProblem, Result, numbered_lines, write_atomic, write_junit
+from distci.stack import Stack
 
 RESULTS_FILE = "results.jsonl"
 JUNIT_FILE = "junit.xml"
@@ -280,21 +281,21 @@ class RunDir:
             return None
         return RunInfo.from_dict(data) if isinstance(data, dict) and "run_id" in data and "cell_id" in data else None
 
-    def write_stack(self, stack: Any, *, keep: bool = False) -> None:
+    def write_stack(self, stack: Stack, *, keep: bool = False) -> None:
         """stack.json; `keep` leaves one that a runner before this one wrote."""
         if keep and self.stack_path.exists():
             return
-        data = stack.to_dict() if hasattr(stack, "to_dict") else stack
+        data = stack.to_dict()
         self.path.mkdir(parents=True, exist_ok=True)
         write_atomic(self.stack_path, json.dumps(data, indent=1, sort_keys=True, default=str).encode())
 
-    def read_stack(self) -> dict[str, Any] | None:
+    def read_stack(self) -> Stack | None:
         """The Stack the run captured, if it got that far."""
         try:
             data = json.loads(self.stack_path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        return data if isinstance(data, dict) else None
+        return Stack.from_dict(data) if isinstance(data, dict) else None
 
 
 def repro_line(cell_id: str | None, test_id: str | None = None, *, backend: str | None = None) -> str:
@@ -344,7 +345,7 @@ class RunContents:
 
     path: Path
     info: RunInfo
-    stack: dict[str, Any]
+    stack: Stack
     results: list[Result]
     problems: list[LineProblem]
     raw: bytes
@@ -400,12 +401,12 @@ def _read_meta(rd: RunDir, numbered: list[tuple[int, Result]], problems: list[Li
     run_dir = rd.path
     results = [r for _, r in numbered]
     meta = b""
-    stack: dict[str, Any] = {}
+    stack = Stack.from_dict({})
     if rd.stack_path.exists():
         meta += rd.stack_path.read_bytes()
-        stack = _json_object(rd.stack_path)
+        stack = Stack.from_dict(_json_object(rd.stack_path))
     elif results:
-        stack = dict(results[0].stack)
+        stack = results[0].stack
     if rd.info_path.exists():  # its times win; only the ids default to the results' (no pass over them)
         meta += b"\0" + rd.info_path.read_bytes()
         first = results[0] if results else None
@@ -425,7 +426,7 @@ def _read_meta(rd: RunDir, numbered: list[tuple[int, Result]], problems: list[Li
     info.started_at = utc(info.started_at) or min((utc(r.started_at) for r in kept if r.started_at), default="")
     info.ended_at = utc(info.ended_at)
     if info.image_digest is None:
-        info.image_digest = stack.get("image_digest")
+        info.image_digest = stack.image_digest
     return RunContents(run_dir, info, stack, kept, problems, raw, meta)
 
 

@@ -17,7 +17,7 @@ import os
 import platform
 import subprocess
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from importlib import metadata
 from typing import Any, Callable
 
@@ -83,23 +83,63 @@ class Stack:
     declared: dict[str, Any] | None = _key()
     runner: str | None = _key()
     error: str | None = _key()
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"record": False})
+    # the keys of the dict this Stack was read from, in order (None: built in code, by
+    # capture or an infra record); to_dict writes them back as they were
+    written: tuple[str, ...] | None = field(default=None, compare=False, repr=False, metadata={"record": False})
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object stored with results: every declared key, then `extra`'s."""
-        out = {k: getattr(self, k) for k in KEYS}
-        if not self.partial:
-            for k in ("partial", "declared", "runner", "error"):
-                out.pop(k)
-        return {**out, **self.extra}
+        """The JSON object stored with results. A Stack read by from_dict gives back the
+        same keys in the same order (absent stays absent, None stays None) plus any key
+        set since to other than its default; one built in code gives every declared key,
+        then `extra`'s."""
+        if self.written is None:
+            out = {k: getattr(self, k) for k in KEYS}
+            if not self.partial:
+                for k in _PARTIAL_KEYS:
+                    out.pop(k)
+            return {**out, **self.extra}
+        out = {}
+        for k in self.written:
+            if k in _KEY_SET:
+                out[k] = getattr(self, k)
+            elif k in self.extra:
+                out[k] = self.extra[k]
+        for k in KEYS:
+            if k not in out and getattr(self, k) != _DEFAULTS[k]:
+                out[k] = getattr(self, k)
+        for k, v in self.extra.items():
+            out.setdefault(k, v)
+        return out
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value of a key named at run time (an ENV_KEYS entry, a package axis, a key
+        only `extra` holds) as the stored JSON object has it: `default` when absent. A key
+        fixed in the code reads as an attribute (`stack.torch`)."""
+        if key not in _KEY_SET:
+            return self.extra.get(key, default)
+        value = getattr(self, key)
+        if self.written is None:
+            absent = key in _PARTIAL_KEYS and not self.partial
+        else:
+            absent = key not in self.written and value == _DEFAULTS[key]
+        return default if absent else value
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Stack":
-        known = {k: v for k, v in data.items() if k in KEYS}
-        return cls(**known, extra={k: v for k, v in data.items() if k not in KEYS})
+        """A Stack from its JSON object (results.jsonl, stack.json, the store): any subset of
+        the keys, unknown ones kept in `extra`; `to_dict` gives the same dict back."""
+        if not isinstance(data, dict):
+            raise TypeError(f"a Stack is a JSON object, not {type(data).__name__}")
+        known = {k: v for k, v in data.items() if k in _KEY_SET}
+        return cls(**known, extra={k: v for k, v in data.items() if k not in _KEY_SET}, written=tuple(data))
 
 
-KEYS: tuple[str, ...] = tuple(f.name for f in fields(Stack) if f.name != "extra")
+KEYS: tuple[str, ...] = tuple(f.name for f in fields(Stack) if f.metadata.get("record", True))
+_KEY_SET = frozenset(KEYS)
+_PARTIAL_KEYS = ("partial", "declared", "runner", "error")  # written only by a partial stack
+_DEFAULTS: dict[str, Any] = {f.name: f.default_factory() if f.default_factory is not MISSING else f.default
+                             for f in fields(Stack) if f.name in _KEY_SET}
 ENV_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Stack) if f.metadata.get("env"))
 """Stack keys that define an environment (see _key)."""
 SUMMARY_KEYS: tuple[str, ...] = tuple(f.name for f in fields(Stack) if f.metadata.get("summary"))
@@ -210,7 +250,7 @@ def capture_stack(*, import_torch: bool = True) -> Stack:
     stack["packages"] = sorted(
         f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions() if d.metadata["Name"]
     )
-    return Stack.from_dict(stack)
+    return Stack(**stack)
 
 
 NODE_KEYS = ("platform", "arch", "torch", "driver", "cuda", "cann", "device_count", "device_name", "device_capability")

@@ -33,6 +33,7 @@ from distci.bisect.state import BisectError
 from distci.errors import ConfigError
 from distci.judge.ingest import import_bisects, ingest_runs
 from distci.judge.store import Store
+from distci.stack import Stack
 
 pytestmark = pytest.mark.slow
 
@@ -148,7 +149,7 @@ def test_from_regression_takes_the_question_from_the_store_and_records_the_answe
 
 def test_changed_axis_prefers_torch_and_reads_nightlies_and_git_builds():
     def stack(**versions):
-        return {"packages": [f"{k}=={v}" for k, v in versions.items()]}
+        return Stack(packages=[f"{k}=={v}" for k, v in versions.items()])
 
     change = changed_axis(stack(torch="2.12.0.dev20260301+cu130", torchao="0.18.0.dev20260301"),
                           stack(torch="2.12.0.dev20260303+cu130", torchao="0.18.0.dev20260303"))
@@ -199,7 +200,7 @@ def test_pins_hold_the_stack_less_the_axis_and_distcis_own(tmp_path):
     assert pins.requirements("torch") == ["jinja2==3.1.6", "numpy==2.4.6", "nvidia-nccl-cu12==2.21.5"]
     assert pins.harness_requirements("numpy")[-2:] == ["pytest", "packaging"]
     with pytest.raises(ConfigError, match="not pinned with =="):
-        Pins.from_stack({"packages": ["torch>=2.5"]})
+        Pins.from_stack(Stack(packages=["torch>=2.5"]))
     with pytest.raises(ConfigError, match="no `packages` list"):
         (tmp_path / "bad.json").write_text("{}")
         load_stack(tmp_path / "bad.json")

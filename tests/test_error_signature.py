@@ -17,6 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:Us
 
 from distci.known_issues import load_registry
 from distci.results import error_signature, headline
+from distci.stack import Stack
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,7 +78,7 @@ def test_a_registered_dcp_cause_is_named_as_a_near_miss(tmp_path: Path) -> None:
                        {"model": {"w": torch.zeros(2)}, "optim": {"state": {"blocks.0.norm.weight": {"step": torch.zeros(())}}}})
     registry = load_registry(REPO / "suites" / "known_issues.toml")
     test_id = "suites/generators/programs_entry.py::test_program[tp-ws2-w8-l1-sgd:fwd_bwd,save,step,load]"
-    stack = {"torch": "2.13.0+cpu", "accelerator": "cpu"}
+    stack = Stack.from_dict({"torch": "2.13.0+cpu", "accelerator": "cpu"})
     assert registry.near_misses(test_id, _signature(exc), str(exc), stack) == ["distci-dsd-full-optim-load-with-grads"]
 
 

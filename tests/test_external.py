@@ -350,8 +350,8 @@ def test_upstream_suite_becomes_results(upstream, monkeypatch):
     ok = results[ids + "_test_double"]  # passes because the team's fix is on (see the next test)
     assert ok.outcome == "passed" and ok.failure_kind is None, ok.message
     assert ok.repro == f"nox -s dist_tests -- --cell {cell} --test {ids}_test_double"
-    assert ok.stack["torch"] and ok.stack["external"]["tinyup"]["ref"] == "v1.0.0"
-    assert len(ok.stack["external"]["tinyup"]["commit"]) == 40
+    assert ok.stack.torch and ok.stack.extra["external"]["tinyup"]["ref"] == "v1.0.0"
+    assert len(ok.stack.extra["external"]["tinyup"]["commit"]) == 40
 
     wrong = results[ids + "_test_allreduce_mean"]
     assert (wrong.outcome, wrong.failure_kind) == ("failed", "assert")
@@ -398,7 +398,7 @@ def test_team_fix_is_what_makes_upstream_pass(upstream, monkeypatch):
     off = results[test_id]
     assert (off.outcome, off.failure_kind) == ("failed", "assert")
     assert off.error_signature == "AssertionError: double(N) is N"
-    assert off.stack["fixes_mode"] == "none"
+    assert off.stack.fixes_mode == "none"
 
 
 def test_loss_check_against_upstream_file():

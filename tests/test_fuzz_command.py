@@ -17,6 +17,7 @@ from distci.fuzz import command as cmd
 from distci.fuzz.report import FuzzRun, render_report, repro, table_row, update_coverage
 from distci.fuzz import space as fuzz_space
 from distci.fuzz.records import Find, Outcome, Report
+from distci.stack import Stack
 from suites.scenario import table as sc
 from suites.generators import space as cell
 from suites.generators.space import ENTRY_TEST, key, point_of
@@ -113,7 +114,7 @@ def test_report_lists_every_configuration_and_the_coverage_section_is_replaced(t
     shrunk = _outcome({"parallel": "fsdp", "ac": "full"}, "failed", "AssertionError: x")
     report = Report(tried=[_outcome({}), found, shrunk], drawn=[key({}), found.key],
                     finds=[Find(found, shrunk, [shrunk.key])])
-    run = FuzzRun(CELL, "s", 60, Space(), "/x/run-1", {"torch": "2.13.0", "python": "3.11"})
+    run = FuzzRun(CELL, "s", 60, Space(), "/x/run-1", Stack.from_dict({"torch": "2.13.0", "python": "3.11"}))
     text = render_report(run, report, "2026-12-01T00:00:00Z", "python -m distci fuzz")
     assert text.count("| drawn |") == 2 and text.count("| shrink |") == 1
     assert "row('fsdp', ac='full')," in text and "torch 2.13.0" in text

@@ -21,6 +21,7 @@ import pytest
 
 from distci.fuzz.models import Drawer, ModelFuzzer, parse_space, smaller
 from distci.fuzz.records import Outcome
+from distci.stack import Stack
 from suites.generators.model_space import FEATURES, key, non_default, parse, problems, valid
 
 REPO = Path(__file__).resolve().parents[1]
@@ -226,4 +227,4 @@ def test_uneven_tp_structures_are_the_registered_pytorch150336():
     registry = load_registry(REPO / "suites" / "known_issues.toml")
     test = "suites/generators/models_entry.py::test_model_structure[tp-blocks2-tied-uneven]"
     sig = "RuntimeError: a and b must have same reduction dim, but got [N, N] X [N, N]."
-    assert registry.match(test, sig, "", {"torch": "2.13.0"}) == "pytorch150336-uneven-rowwise-input"
+    assert registry.match(test, sig, "", Stack(torch="2.13.0")) == "pytorch150336-uneven-rowwise-input"

@@ -9,9 +9,10 @@ programs_entry.py, ops_cases.py), as they print a real failure.
 from __future__ import annotations
 
 from distci.fuzz.records import Outcome
+from distci.stack import Stack
 
 CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_off"
-STACK = {"torch": "2.13.0", "python": "3.11"}
+STACK = Stack.from_dict({"torch": "2.13.0", "python": "3.11"})
 
 MODEL_MESSAGE = """the parameter gradient of tok.weight leaves the reference first (3 problem(s))
   fsdp-tied-steps2 on 2 cpu ranks

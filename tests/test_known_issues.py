@@ -3,6 +3,7 @@
 import pytest
 
 from distci.known_issues import RegistryError, load_registry, version_applies
+from distci.stack import Stack
 
 REGISTRY = """
 [[issue]]
@@ -30,7 +31,7 @@ def registry(tmp_path):
 
 
 def test_known_failure_matches(registry):
-    assert registry.match(TEST, SIG, SIG, {"torch": "2.13.0+cpu"}) == "pytorch-184980"
+    assert registry.match(TEST, SIG, SIG, Stack.from_dict({"torch": "2.13.0+cpu"})) == "pytorch-184980"
 
 
 def test_a_signature_broken_across_lines_still_matches(registry):
@@ -41,7 +42,7 @@ def test_a_signature_broken_across_lines_still_matches(registry):
     wrapped = "RuntimeError: During the backward, we encountered a tensor subclass where we guessed its\n" \
               "    metadata incorrectly."
     first_line = wrapped.splitlines()[0]
-    stack = {"torch": "2.11.0+cpu"}
+    stack = Stack.from_dict({"torch": "2.11.0+cpu"})
     assert registry.match(TEST, first_line, wrapped, stack) == "pytorch-184980"
     assert registry.known_issue_of(TEST, "failed", signature=first_line, message=wrapped, stack=stack) \
         == "pytorch-184980"
@@ -70,7 +71,7 @@ def test_the_recorder_the_external_runner_and_ingest_share_the_matcher():
 
 
 def test_a_new_error_in_the_same_test_is_not_hidden(registry):
-    assert registry.match(TEST, "AssertionError: grads differ", "", {"torch": "2.13.0"}) is None
+    assert registry.match(TEST, "AssertionError: grads differ", "", Stack.from_dict({"torch": "2.13.0"})) is None
 
 
 MULTI = """
@@ -97,34 +98,34 @@ def test_every_listed_problem_must_be_explained(tmp_path):
     sqnr = "step 0: layers.0.wq.weight: gradient SQNR 8.1 dB < 15 dB"
     unfused = ("async TP did not fuse the all-gather side: 0 fused all-gather matmuls in the post-grad graphs "
                "(the reduce-scatter side fused 3)")
-    assert reg.match(SCEN, "", _problems(sqnr, sqnr), {}) == "rows"
-    assert reg.match(SCEN, "", _problems(sqnr, unfused), {}) == "rows,ag-unfused"
+    assert reg.match(SCEN, "", _problems(sqnr, sqnr), Stack()) == "rows"
+    assert reg.match(SCEN, "", _problems(sqnr, unfused), Stack()) == "rows,ag-unfused"
     # one problem no entry explains keeps the whole failure red
-    assert reg.match(SCEN, "", _problems(sqnr, "step 1: loss 3.2 vs reference 2.9"), {}) is None
+    assert reg.match(SCEN, "", _problems(sqnr, "step 1: loss 3.2 vs reference 2.9"), Stack()) is None
     # a list cut short cannot be checked
-    assert reg.match(SCEN, "", _problems(sqnr) + "\n  ... and 40 more", {}) is None
+    assert reg.match(SCEN, "", _problems(sqnr) + "\n  ... and 40 more", Stack()) is None
     # both sides unfused: the all-gather entry does not explain the reduce-scatter line
     unfused_rs = ("async TP did not fuse the reduce-scatter side: 0 fused matmul reduce-scatters in the "
                   "post-grad graphs (the all-gather side fused 0)")
-    assert reg.match(SCEN, "", _problems(unfused.replace("fused 3", "fused 0"), unfused_rs), {}) is None
+    assert reg.match(SCEN, "", _problems(unfused.replace("fused 3", "fused 0"), unfused_rs), Stack()) is None
     # an entry that does not cover the test id explains nothing there
     other = SCEN.replace("f8_rowwise", "f8_tensorwise")
-    assert reg.match(other, "", _problems(sqnr, unfused), {}) is None
+    assert reg.match(other, "", _problems(sqnr, unfused), Stack()) is None
 
 
 def test_outside_the_versions_it_does_not_apply(registry):
-    assert registry.match(TEST, SIG, SIG, {"torch": "2.15.0"}) is None
+    assert registry.match(TEST, SIG, SIG, Stack.from_dict({"torch": "2.15.0"})) is None
 
 
 def test_nightly_dates_place_dev_builds(registry):
-    assert registry.match(TEST, SIG, SIG, {"torch": "2.15.0.dev20260301+cpu"}) == "pytorch-184980"
-    assert registry.match(TEST, SIG, SIG, {"torch": "2.16.0.dev20270105+cpu"}) is None
+    assert registry.match(TEST, SIG, SIG, Stack.from_dict({"torch": "2.15.0.dev20260301+cpu"})) == "pytorch-184980"
+    assert registry.match(TEST, SIG, SIG, Stack.from_dict({"torch": "2.16.0.dev20270105+cpu"})) is None
 
 
 def test_applied_fix_masks_the_entry(registry):
-    stack = {"torch": "2.13.0", "fixes": [{"id": "act_tangent_coercion", "status": "applied"}]}
+    stack = Stack.from_dict({"torch": "2.13.0", "fixes": [{"id": "act_tangent_coercion", "status": "applied"}]})
     assert registry.applicable(TEST, stack) == []
-    assert [e.id for e in registry.applicable(TEST, {"torch": "2.13.0", "fixes": []})] == ["pytorch-184980"]
+    assert [e.id for e in registry.applicable(TEST, Stack.from_dict({"torch": "2.13.0", "fixes": []}))] == ["pytorch-184980"]
 
 
 def test_version_applies_rules():
@@ -165,9 +166,9 @@ def test_consequences_are_explained_only_beside_their_root(tmp_path):
     def problems(*lines: str) -> str:
         return f"AssertionError: tp-eager-lora: {len(lines)} problem(s)\n  " + "\n  ".join(lines)
 
-    assert reg.match(LORA, "", problems(root, later_loss, later_sqnr), {}) == "unfreeze"
-    assert reg.match(LORA, "", problems(later_loss, later_sqnr), {}) is None
-    assert reg.match(LORA, "", problems(root, "step 0: loss 5.6 vs reference 5.5"), {}) is None
+    assert reg.match(LORA, "", problems(root, later_loss, later_sqnr), Stack()) == "unfreeze"
+    assert reg.match(LORA, "", problems(later_loss, later_sqnr), Stack()) is None
+    assert reg.match(LORA, "", problems(root, "step 0: loss 5.6 vs reference 5.5"), Stack()) is None
 
 
 def test_a_bad_consequences_regex_names_the_entry(tmp_path):
@@ -196,25 +197,25 @@ def test_rows_the_bug_cannot_reach_are_neither_fixed_nor_known(tmp_path):
     reached = "suites/test_scenarios.py::test_scenario[tp_sp-compile_block-tied]"
     carved = "suites/test_scenarios.py::test_scenario[tp_sp-compile_block-frozen_embed]"
     err = "AttributeError: 'Tensor' object has no attribute '_local_tensor'"
-    assert reg.known_issue_of(reached, "passed", signature=None, message="", stack={}) == "act-into-block"
-    assert reg.known_issue_of(carved, "passed", signature=None, message="", stack={}) is None
-    assert reg.known_issue_of(reached, "failed", signature=err, message=err, stack={}) == "act-into-block"
-    assert reg.known_issue_of(carved, "failed", signature=err, message=err, stack={}) is None
+    assert reg.known_issue_of(reached, "passed", signature=None, message="", stack=Stack()) == "act-into-block"
+    assert reg.known_issue_of(carved, "passed", signature=None, message="", stack=Stack()) is None
+    assert reg.known_issue_of(reached, "failed", signature=err, message=err, stack=Stack()) == "act-into-block"
+    assert reg.known_issue_of(carved, "failed", signature=err, message=err, stack=Stack()) is None
 
 
 def test_a_failure_outside_an_entrys_range_names_the_entry_it_missed(registry):
     """A range drawn too narrow (the entry measured on 2.13-2.15, the bug also on 2.12)
     leaves the failure unexplained, as it must; missed_by_stack names the entry and the condition
     that kept it out, so the person widening the range has the evidence in one line."""
-    outside = {"torch": "2.16.0+cpu"}  # REGISTRY's entry: torch >=2.5,<2.15
+    outside = Stack.from_dict({"torch": "2.16.0+cpu"})  # REGISTRY's entry: torch >=2.5,<2.15
     assert registry.match(TEST, SIG, SIG, outside) is None
     assert registry.missed_by_stack(TEST, SIG, SIG, outside) == [
         "pytorch-184980 (applies to torch >=2.5,<2.15 nightly_from 2026-01-01 nightly_until 2026-12-31; "
         "this stack has torch 2.16.0+cpu)"]
-    masked = {"torch": "2.13.0+cpu", "fixes": [{"id": "act_tangent_coercion", "status": "applied"}]}
+    masked = Stack.from_dict({"torch": "2.13.0+cpu", "fixes": [{"id": "act_tangent_coercion", "status": "applied"}]})
     assert registry.missed_by_stack(TEST, SIG, SIG, masked) == [
         "pytorch-184980 (its fix act_tangent_coercion is applied in this stack)"]
-    assert registry.missed_by_stack(TEST, SIG, SIG, {"torch": "2.13.0+cpu"}) == []  # explained: no miss
+    assert registry.missed_by_stack(TEST, SIG, SIG, Stack.from_dict({"torch": "2.13.0+cpu"})) == []  # explained: no miss
     other = "RuntimeError: something else"
     assert registry.missed_by_stack(TEST, other, other, outside) == []  # another error: no entry's
     assert registry.missed_by_stack("suites/test_other.py::test_x", SIG, SIG, outside) == []  # another test

@@ -20,10 +20,11 @@ import pytest
 from distci.known_issues import load_registry, names_a_bug
 from distci.results import Result, error_signature
 from distci.signatures import alternatives, required_words
+from distci.stack import Stack
 
 REPO = Path(__file__).resolve().parents[1]
 REGISTRY = load_registry(REPO / "suites" / "known_issues.toml")
-STACK = {"torch": "2.13.0", "cuda_available": True}
+STACK = Stack(torch="2.13.0", cuda_available=True)
 """A stack every entry below applies to (the async-TP entry applies on CUDA only)."""
 CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_off"
 
@@ -127,7 +128,7 @@ def test_the_real_failure_text_through_another_door_is_the_entrys_near_miss(entr
     sig = _signature(REAL[entry_id][1])
     for test in (CONFIG, PROGRAM, STRUCTURE, OP_CASE):
         assert REGISTRY.near_misses(test, sig, sig, STACK) == [entry_id], test
-    assert REGISTRY.near_misses(PROGRAM, sig, sig, {"torch": "2.4.0"}) == []  # where it does not apply
+    assert REGISTRY.near_misses(PROGRAM, sig, sig, Stack(torch="2.4.0")) == []  # where it does not apply
 
 
 def test_an_entrys_own_test_is_never_its_near_miss():

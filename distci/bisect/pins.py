@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from distci.errors import ConfigError
 from distci.rundir import STACK_FILE
+from distci.stack import Stack
 
 OWN = frozenset({"distci", "distci-fixes"})
 # What `python -m pytest -p distci.harness.plugin` needs besides torch, when a stack lacks it.
@@ -37,9 +37,9 @@ class Pins:
     where: str = ""
 
     @classmethod
-    def from_stack(cls, stack: Mapping[str, Any], where: str = "") -> "Pins":
+    def from_stack(cls, stack: Stack, where: str = "") -> "Pins":
         versions: dict[str, str] = {}
-        for line in stack.get("packages") or []:
+        for line in stack.packages or []:
             try:
                 req = Requirement(str(line))
             except InvalidRequirement:
@@ -65,7 +65,7 @@ class Pins:
         return self.requirements(without) + missing
 
 
-def load_stack(path: Path | str) -> dict[str, Any]:
+def load_stack(path: Path | str) -> Stack:
     """A stack.json, or the stack.json of a run directory."""
     path = Path(path)
     if path.is_dir():
@@ -80,4 +80,4 @@ def load_stack(path: Path | str) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("packages"), list):
         raise ConfigError("not a stack: it has no `packages` list (distci.stack writes one)",
                           where=str(path))
-    return data
+    return Stack.from_dict(data)

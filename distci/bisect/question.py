@@ -90,12 +90,12 @@ def build_question(args: BisectArgs, log: Log) -> Question:
         test_id = found.result.test_id if not command else None
         cell_id, regression = found.result.cell_id, found.ident
         pins = Pins.from_stack(found.bad_run.stack, where=f"run {found.bad_run.run_id}")
-        fixes_mode = found.bad_run.stack.get("fixes_mode")
+        fixes_mode = found.bad_run.stack.fixes_mode
         log(f"regression {found.ident} in {cell_id}: {axis} {change.good_version} (green, run "
             f"{found.good_run.run_id}) -> {change.bad_version} (red, run {found.bad_run.run_id})")
     elif args.stack:
         stack = load_stack(args.stack)
-        pins, fixes_mode = Pins.from_stack(stack, where=args.stack), stack.get("fixes_mode")
+        pins, fixes_mode = Pins.from_stack(stack, where=args.stack), stack.fixes_mode
     elif args.cell and args.mode != "compiler":  # with --compiler the cell names the env (compiler_command.py)
         from distci.judge.store import Store
 
@@ -104,7 +104,7 @@ def build_question(args: BisectArgs, log: Log) -> Question:
         if not runs:
             raise BisectError(f"no run of cell {args.cell} in the store: its stack gives the pins")
         pins = Pins.from_stack(runs[-1].stack, where=f"run {runs[-1].run_id}")
-        fixes_mode = runs[-1].stack.get("fixes_mode")
+        fixes_mode = runs[-1].stack.fixes_mode
     if bool(test_id) == bool(command):
         raise BisectError("give a TEST_ID or --command (not both)")
     axis = axis or "torch"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
@@ -25,6 +24,7 @@ from distci.bisect.state import BisectError
 from distci.provision.sources import PACKAGE_AXES
 from distci.judge.store import Store
 from distci.judge.rows import Regression, ResultRow
+from distci.stack import Stack
 
 AXES = PACKAGE_AXES
 _GIT_LOCAL = re.compile(r"(?:^|[.+])g?(?:it)?([0-9a-f]{7,40})$")
@@ -88,7 +88,7 @@ def _regression(store: Store, row: ResultRow) -> Regression:
     return Regression(row, bad, good)
 
 
-def changed_axis(good: Mapping[str, Any], bad: Mapping[str, Any],
+def changed_axis(good: Stack, bad: Stack,
                  prefer: str | None = None) -> AxisChange:
     """The package whose version differs between two stacks: `prefer` if given, else the
     first of AXES that differs, else the first other package (by name) that does."""
@@ -96,7 +96,7 @@ def changed_axis(good: Mapping[str, Any], bad: Mapping[str, Any],
     for axis in AXES:
         for pkgs, stack in ((good_pkgs, good), (bad_pkgs, bad)):
             if stack.get(axis) and canonicalize_name(axis) not in pkgs:
-                pkgs[canonicalize_name(axis)] = str(stack[axis])
+                pkgs[canonicalize_name(axis)] = str(stack.get(axis))
     names = [canonicalize_name(prefer)] if prefer else [
         *map(canonicalize_name, AXES),
         *sorted(set(good_pkgs) | set(bad_pkgs))]
@@ -107,16 +107,16 @@ def changed_axis(good: Mapping[str, Any], bad: Mapping[str, Any],
         if prefer:
             raise BisectError(f"{prefer} is {old or 'absent'} in the green run and "
                               f"{new or 'absent'} in the red one: nothing to bisect on that axis")
-    if good.get("torch_git") != bad.get("torch_git"):
+    if good.torch_git != bad.torch_git:
         raise BisectError("only torch's git hash differs (same version string): a source build; "
                           "bisect its commits with --source git")
     raise BisectError("the green and red runs have the same package versions: the change is "
                       "elsewhere (fixes, image, driver, device); compare their stacks")
 
 
-def _packages(stack: Mapping[str, Any]) -> dict[str, str]:
+def _packages(stack: Stack) -> dict[str, str]:
     out = {}
-    for line in stack.get("packages") or []:
+    for line in stack.packages or []:
         name, sep, version = str(line).partition("==")
         if sep:
             out[canonicalize_name(name)] = version

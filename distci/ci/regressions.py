@@ -22,6 +22,7 @@ from distci.sources import nightly_date_of
 from distci.judge.verdicts import ENV_KEYS
 from distci.judge.rows import Regression, is_fuzz
 from distci.sources import PACKAGE_AXES
+from distci.stack import Stack
 
 BISECT_AXES = PACKAGE_AXES
 
@@ -58,7 +59,7 @@ def missing_cell_runs(expected: Sequence[Mapping[str, Any]], present: set[str], 
             continue
         run_id = f"missing-{origin}-{cell}"
         run_dir = out / run_id
-        stack = {"partial": True, "declared": dict(entry), "runner": ",".join(entry.get("runner", []))}
+        stack = Stack.from_dict({"partial": True, "declared": dict(entry), "runner": ",".join(entry.get("runner", []))})
         RunDir(run_dir).append(Result(
             run_id=run_id, cell_id=cell, test_id=f"<infra>::{cell}", outcome="error", failure_kind="infra",
             error_signature=error_signature("MissingRun", "no results were uploaded for this cell"),
@@ -66,7 +67,7 @@ def missing_cell_runs(expected: Sequence[Mapping[str, Any]], present: set[str], 
             repro=f"nox -s dist_tests -- --cell {cell} --backend docker", started_at=now(),
         ))
         RunDir(run_dir).write_info(RunInfo(run_id=run_id, cell_id=cell, started_at=now(), ended_at=now(), tier=tier,
-                                           runner=stack["runner"], backend="docker"))
+                                           runner=stack.runner, backend="docker"))
         made.append(run_dir)
     return made
 
@@ -98,7 +99,7 @@ def bisect_point(version: str) -> str:
     return nightly_date_of(version) or version.split("+", 1)[0]
 
 
-def stack_changes(good: Mapping[str, Any], bad: Mapping[str, Any]) -> list[str]:
+def stack_changes(good: Stack, bad: Stack) -> list[str]:
     """What differs between two stacks, as `key: old -> new` lines (environment keys only)."""
     lines = []
     for name in ENV_KEYS:
@@ -106,7 +107,7 @@ def stack_changes(good: Mapping[str, Any], bad: Mapping[str, Any]) -> list[str]:
             continue
         if good.get(name) != bad.get(name):
             lines.append(f"{name}: {good.get(name)} -> {bad.get(name)}")
-    old, new = set(good.get("packages") or []), set(bad.get("packages") or [])
+    old, new = set(good.packages or []), set(bad.packages or [])
     if old != new:
         lines.append(f"packages: {len(new - old)} pins changed ({', '.join(sorted(new - old)[:5])})")
     return lines

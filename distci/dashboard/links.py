@@ -26,6 +26,7 @@ from distci.judge.history import compare_urls
 from distci.judge.rows import RunRow
 from distci.provision.sources import IndexConfig, format_url
 from distci.rundir import PYTEST_LOG, RESULTS_FILE, STACK_FILE, repro_line
+from distci.stack import Stack
 
 MAX_RANK_LOGS = 8
 MAX_PUBLISHED_BYTES = 4 << 20  # a bigger log stays in the run's Actions artifact (linked)
@@ -93,12 +94,12 @@ def run_links(run: RunRow, site: Path | None) -> list[Link]:
     return links
 
 
-def compare_links(good: Mapping[str, Any], bad: Mapping[str, Any]) -> list[Link]:
+def compare_links(good: Stack, bad: Stack) -> list[Link]:
     """`compare/<good>...<bad>` for each upstream package whose commit changed."""
     return [Link(label, url) for label, url in compare_urls(good, bad)]
 
 
-def pinned_requirements(stack: Mapping[str, Any]) -> list[str]:
+def pinned_requirements(stack: Stack) -> list[str]:
     """`name==version` for the tracked packages of a stack (what a pinned repro installs)."""
     out = []
     for package in ("torch", "torchao", "torchtitan", "torch_npu", "triton"):
@@ -164,7 +165,7 @@ def repro_lines(run: RunRow, test_id: str, *, world_size: int | None = None,
     accelerator, _, rest = cell.partition("-")
     harness = (f"DISTCI_FIXES={fixes} python -m pytest -p distci.harness.plugin --distci-world-size={ws} "
                f"--distci-device={accelerator} {shlex.quote(test_id)}")
-    digest = run.image_digest or run.stack.get("image_digest")
+    digest = run.image_digest or run.stack.image_digest
     if digest:
         image = run.image or "IMAGE"
         return [first, f"docker run --rm {image}@{digest} {harness}" if "@" not in str(image)

@@ -22,6 +22,7 @@ from distci.judge.store import Store
 from distci.judge.rows import BisectRow, ResultRow, RunRow, is_environment
 from distci.judge.verdicts import SEVERITY, worst
 from distci.provision.sources import IndexConfig
+from distci.stack import Stack
 
 STACK_KEYS = (
     "torch",
@@ -203,7 +204,7 @@ def _status(d: dict[str, Any]) -> str:
 
 
 def _packages(packages: Any) -> dict[str, str]:
-    """stack["packages"]: `name==version` strings (distci.stack) or a name -> version map."""
+    """Stack.packages: `name==version` strings (distci.stack) or a name -> version map."""
     if isinstance(packages, dict):
         return {str(k): str(v) for k, v in sorted(packages.items())}
     out = {}
@@ -213,11 +214,12 @@ def _packages(packages: Any) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-def _stack_items(stack: dict[str, Any]) -> list[tuple[str, str]]:
-    items = [(k, str(stack[k])) for k in STACK_KEYS if stack.get(k) not in (None, "", [])]
+def _stack_items(stack: Stack) -> list[tuple[str, str]]:
+    items = [(k, str(stack.get(k))) for k in STACK_KEYS if stack.get(k) not in (None, "", [])]
     known = set(STACK_KEYS) | {"fixes", "packages"}
-    for k in sorted(stack):
-        v = stack[k]
+    written = stack.to_dict()
+    for k in sorted(written):
+        v = written[k]
         if k not in known and isinstance(v, (str, int, float, bool)) and v not in ("", None):
             items.append((k, str(v)))
     return items
@@ -279,8 +281,8 @@ def _cell_view(store: Store, run: RunRow, latest: list[ResultRow], runs: list[Ru
         grid=grid,
         counts=dict(counts),
         stack=_stack_items(run.stack),
-        fixes=_fix_labels(run.stack.get("fixes")),
-        packages=_packages(run.stack.get("packages")),
+        fixes=_fix_labels(run.stack.fixes),
+        packages=_packages(run.stack.packages),
         history_runs=shown,
         history=rows,
         history_hidden=hidden,

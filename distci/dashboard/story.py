@@ -156,7 +156,7 @@ def fix_stories(latest_runs: Mapping[str, RunRow], latest: Mapping[str, list[Res
             continue
         on_verdicts = {r.test_id: r.verdict for r in latest[on]}
         hidden = [r for r in latest[off] if r.verdict in FAILING and on_verdicts.get(r.test_id) in PASSING]
-        fixes = _applied_fixes(latest_runs[on].stack.get("fixes"))
+        fixes = _applied_fixes(latest_runs[on].stack.fixes)
         stories.append(FixStory(
             on_cell=on,
             off_cell=off,

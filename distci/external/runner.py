@@ -29,6 +29,7 @@ from distci.errors import ConfigError, InfraError, SourceError
 from distci.harness.outcome import Combined
 from distci.results import Result, error_signature
 from distci.rundir import RecordError, RunDir, repro_line
+from distci.stack import Stack
 
 from distci.external.adapters import adapter
 from distci.external.fetch import Checkout, UpstreamRef, default_root, ensure_checkout, explicit_directory, upstream_ref
@@ -122,22 +123,22 @@ def probe(where: LaunchEnv, packages: Sequence[str], modules: Sequence[str]) -> 
     return json.loads(lines[-1])
 
 
-def slots_of(stack: Mapping[str, Any], device_type: str, default: int) -> int:
+def slots_of(stack: Stack, device_type: str, default: int) -> int:
     """How many ranks the cell can place: its devices on an accelerator, its world size on cpu."""
     if device_type == "cpu":
         return default
-    return int(stack.get("device_count") or 0)
+    return int(stack.device_count or 0)
 
 
-def _sm(stack: Mapping[str, Any]) -> int | None:
-    cap = stack.get("device_capability")
+def _sm(stack: Stack) -> int | None:
+    cap = stack.device_capability
     if not cap:
         return None
     major, _, minor = str(cap).partition(".")
     return int(major) * 10 + int(minor or 0)
 
 
-def skip_reason(case: Case, device_type: str, slots: int, stack: Mapping[str, Any], missing: set[str]) -> str:
+def skip_reason(case: Case, device_type: str, slots: int, stack: Stack, missing: set[str]) -> str:
     if case.skip:
         return case.skip
     req = case.requires
@@ -167,7 +168,7 @@ def selected(test_id: str, patterns: Sequence[str], keyword: str | None) -> bool
 class Recorder:
     """Turns outcomes into Results and appends them to the run's results.jsonl."""
 
-    def __init__(self, run: ExternalRun, stack: dict[str, Any]) -> None:
+    def __init__(self, run: ExternalRun, stack: Stack) -> None:
         self.run = run
         self.stack = stack
         self.writer = RunDir(run.run_dir)
@@ -179,7 +180,7 @@ class Recorder:
             self.registry = load_registry(Path(run.known_issues))
 
     def record(self, test_id: str, combined: Combined, *, started: str, log_path: Path | None,
-               stack: dict[str, Any] | None = None) -> Result:
+               stack: Stack | None = None) -> Result:
         stack = stack or self.stack
         result = combined.to_result(run_id=self.run.run_id, cell_id=self.run.cell_id, test_id=test_id, stack=stack,
                                     repro=repro(self.run.cell_id, test_id), started_at=started,
@@ -191,7 +192,7 @@ class Recorder:
         self.results.append(result)
         return result
 
-    def infra(self, test_id: str, exc: Exception, stack: dict[str, Any] | None = None) -> Result:
+    def infra(self, test_id: str, exc: Exception, stack: Stack | None = None) -> Result:
         log = getattr(exc, "log", "") or ""
         combined = Combined("error", "infra", type(exc).__name__, f"{exc}\n{log}".strip(),
                             error_signature(type(exc).__name__, str(exc)))
@@ -215,18 +216,18 @@ def run_external(suites: Sequence[SuiteSpec], run: ExternalRun, *, world_size: i
             x for c in s.cases for x in c.requires_modules)})
         found = probe(base, packages, modules)
     except (InfraError, ConfigError) as exc:
-        recorder = Recorder(run, {"partial": True, "error": str(exc)})
+        recorder = Recorder(run, Stack.from_dict({"partial": True, "error": str(exc)}))
         for suite in suites:
             recorder.infra(f"external/{suite.name}", exc)
         _finish(run)
         return recorder.results
-    stack = found["stack"]
-    stack["external_fix_packages"] = [Path(p).name for p in run.fix_packages]
+    stack = Stack.from_dict(found["stack"])
+    stack.extra["external_fix_packages"] = [Path(p).name for p in run.fix_packages]
     RunDir(run.run_dir).write_stack(stack, keep=True)
     slots = run.slots if run.slots is not None else slots_of(stack, run.device_type, world_size)
     missing = set(found.get("missing_modules", []))
     recorder = Recorder(run, stack)
-    log(f"external: stack torch {stack.get('torch')} on {run.device_type} x{slots}; fixes {fixes_env(run.fixes)}")
+    log(f"external: stack torch {stack.torch} on {run.device_type} x{slots}; fixes {fixes_env(run.fixes)}")
     try:
         with _interruptible():
             for suite in suites:
@@ -247,7 +248,7 @@ def _finish(run: ExternalRun) -> None:
 
 
 def _run_suite(suite: SuiteSpec, run: ExternalRun, base: LaunchEnv, installed: Mapping[str, Any] | None,
-               stack: dict[str, Any], slots: int, missing: set[str], recorder: Recorder, cache: Path,
+               stack: Stack, slots: int, missing: set[str], recorder: Recorder, cache: Path,
                log: Log) -> None:
     suite_id = f"external/{suite.name}"
     directory = run.sources.get(suite.name) or explicit_directory(suite)
@@ -266,7 +267,7 @@ def _run_suite(suite: SuiteSpec, run: ExternalRun, base: LaunchEnv, installed: M
         provenance = {"origin": checkout.origin, "ref": checkout.ref, "commit": checkout.commit}
         if checkout.substituted:
             provenance["substituted"] = dict(checkout.substituted)
-        suite_stack = {**stack, "external": {suite.name: provenance}}
+        suite_stack = replace(stack, extra={**stack.extra, "external": {suite.name: provenance}})
         cases = adapter(suite.adapter).expand(suite, checkout, where)
     except (InfraError, SourceError, ConfigError, OSError) as exc:
         log(f"external {suite.name}: infra: {exc}")

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator
 
 from distci.errors import FuzzSpecError
 from distci.rundir import RunDir, now as _now
+from distci.stack import Stack
 
 FUZZ_DIR = "fuzz"
 BUDGET = re.compile(r"^(\d+(?:\.\d+)?)([smh]?)$")
@@ -117,7 +118,7 @@ class CaseBatches:
         self.entry_test, self.test_name, self.env_var, self.noun = entry_test, test_name, env_var, noun
         self.key, self.message_chars = key, message_chars
         self.batches = 0
-        self.stack: dict[str, Any] = {}
+        self.stack: Stack | None = None  # the first result's
         (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
 
     def __call__(self, cases: list[Any]) -> list[Any]:
@@ -132,7 +133,7 @@ class CaseBatches:
         out = []
         for case, key in zip(cases, keys):
             r = by_id.get(f"{self.entry_test}::{self.test_name}[{key}]")
-            self.stack = self.stack or (r.stack if r is not None else {})
+            self.stack = self.stack or (r.stack if r is not None else None)
             o = outcome_of(case, key, r, self.registry, message_chars=self.message_chars)
             self.log(f"  {o.outcome.upper():7s} {o.seconds:5.1f}s {key}" + (f"\n      {o.signature}" if o.failed else "")
                      + (f" (near miss of {o.near_miss})" if o.near_miss else ""))
@@ -177,7 +178,7 @@ class BatchRunner:
         self.cell, self.python, self.info, self.run_dir = cell, python, info, run_dir
         self.extra_args, self.log, self.registry = extra_args, log, registry
         self.batches = 0
-        self.stack: dict[str, Any] = {}
+        self.stack: Stack | None = None  # the first result's
         (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
 
     def __call__(self, points: list[dict[str, Any]]):
@@ -218,7 +219,7 @@ class BatchRunner:
         out = []
         for p in points:
             r = by_id.get(f"{ENTRY_TEST}::test_fuzz_config[{key(p)}]")
-            self.stack = self.stack or (r.stack if r is not None else {})
+            self.stack = self.stack or (r.stack if r is not None else None)
             o = outcome_of(p, key(p), r, self.registry)
             if o.failed:
                 self.log(f"    {o.key}: {o.signature}" + (f" (near miss of {o.near_miss})" if o.near_miss else ""))
@@ -322,7 +323,7 @@ def _report_json(run, report) -> dict:
     def outcome(o):
         return {"id": o.key, "point": o.case, "outcome": o.outcome, "signature": o.signature,
                 "seconds": o.seconds, "known_issue": o.known_issue, "near_miss": o.near_miss, "test_id": o.test_id}
-    return {"cell": run.cell_id, "seed": run.seed, "budget_s": run.budget_s, "stack": run.stack,
+    return {"cell": run.cell_id, "seed": run.seed, "budget_s": run.budget_s, "stack": run.stack.to_dict() if run.stack else {},
             "drawn": report.drawn, "tried": [outcome(o) for o in report.tried],
             "finds": [{"found": f.found.key, "shrunk": outcome(f.shrunk), "steps": f.steps,
                        "complete": f.complete, "stopped": f.stopped, "seconds": f.seconds,

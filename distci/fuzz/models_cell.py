@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from distci.rundir import RunDir, now as _now
+from distci.stack import Stack
 
 from .models import ENTRY_TEST, FUZZ_DIR, MODELS_ENV, TEST_NAME, ModelFuzzer, find_lines, key
 from .records import Outcome, Report
@@ -67,7 +68,7 @@ def report_json(cell_id: str, seed: str, report: Report) -> dict:
             "slow": [o.key for o in report.slow]}
 
 
-def render(cell_id: str, seed: str, budget_s: float, stack: dict, report: Report, started: str, command: str,
+def render(cell_id: str, seed: str, budget_s: float, stack: Stack | None, report: Report, started: str, command: str,
            plant: str) -> str:
     """The run's markdown: inputs, every structure tried, every find with its classification line."""
     from distci.fuzz.report import generator_report

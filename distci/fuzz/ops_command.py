@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from distci.op_case import MESHES, parse_case
 from distci.op_inventory import BY_NAME
+from distci.stack import Stack
 
 from .ops import draw_cases
 
@@ -255,7 +256,7 @@ def fuzz_ops(cell, *, seed: str, budget_s: float, python: str | None = None, run
         + (f", at most {max_cases} cases" if max_cases else "") + (f", ops {','.join(ops)}" if ops else ""))
     try:
         report = sweeps.run(budget_s, max_cases)
-        stack: dict[str, Any] = {}
+        stack: Stack | None = None  # the first find's
         if report.finds:  # each find once more, as its own test: a Result like any failure
             ids = [case_test_id(f.shrunk) for f in report.finds]
             before = {r.test_id for r in RunDir(run_dir).results()}
@@ -265,7 +266,7 @@ def fuzz_ops(cell, *, seed: str, budget_s: float, python: str | None = None, run
             for find, test_id in zip(report.finds, ids):
                 r = results.get(test_id)
                 judge_find(find, test_id, r, registry)
-                stack = stack or (r.stack if r is not None else {})
+                stack = stack or (r.stack if r is not None else None)
     finally:
         relay.close()
     for find in report.finds:
@@ -285,10 +286,10 @@ def fuzz_ops(cell, *, seed: str, budget_s: float, python: str | None = None, run
     return code
 
 
-def _as_json(report: OpsReport, cell_id: str, stack: dict[str, Any]) -> dict[str, Any]:
+def _as_json(report: OpsReport, cell_id: str, stack: Stack | None) -> dict[str, Any]:
     from dataclasses import asdict
 
-    return {"cell": cell_id, "stack": stack, **{k: v for k, v in asdict(report).items() if k != "finds"},
+    return {"cell": cell_id, "stack": stack.to_dict() if stack else {}, **{k: v for k, v in asdict(report).items() if k != "finds"},
             "per_hour": round(report.per_hour()), "finds": [{**asdict(f), "new": f.new} for f in report.finds]}
 
 

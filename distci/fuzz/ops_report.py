@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from distci.stack import Stack
 
 
-def render_report(report, cell_id: str, stack: dict[str, Any], started: str, command: str) -> str:
+def render_report(report, cell_id: str, stack: Stack | None, started: str, command: str) -> str:
     """`report` is an ops_command.OpsReport."""
     lines = [f"# ops fuzz: {cell_id}, seed {report.seed}", "",
              f"- command: `{command}`" if command else "- command: (library call)",
              f"- started: {started}",
-             f"- stack: torch {stack.get('torch', '?')} ({stack.get('torch_git', stack.get('git_version', '?'))}), "
-             f"python {stack.get('python', '?')}, fixes {stack.get('fixes_mode', stack.get('fixes', '?'))}",
+             f"- stack: torch {stack.torch or '?'} ({stack.torch_git or stack.get('git_version') or '?'}), "
+             f"python {stack.python or '?'}, fixes {stack.fixes_mode or stack.fixes or '?'}" if stack else "- stack: ?",
              f"- cases: {report.cases} in {report.sessions} sweep(s), {report.wall_s:.0f} s of sweeps: "
              f"**{report.per_hour():.0f} cases/hour** (shrinking included)",
              "- outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(report.counts.items())),

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from distci.rundir import RunDir, now as _now
+from distci.stack import Stack
 
 from distci.training_program import ENTRY_TEST, PROGRAMS_ENV, TEST_NAME, Program
 
@@ -56,19 +57,20 @@ def find_lines(cell_id: str, find: Find, plant: str = "") -> list[str]:
             f"  repro:  {repro(cell_id, s.case, plant)}"]
 
 
-def report_json(cell_id: str, seed: str, budget_s: float, stack: dict, report: Report, seconds: float) -> dict:
+def report_json(cell_id: str, seed: str, budget_s: float, stack: Stack | None, report: Report,
+                seconds: float) -> dict:
     def outcome(o: Outcome) -> dict:
         return {"program": o.key, "outcome": o.outcome, "signature": o.signature, "seconds": o.seconds,
                 "known_issue": o.known_issue, "near_miss": o.near_miss, "first_action": first_action(o.message)}
     return {"generator": "programs", "cell": cell_id, "seed": seed, "budget_s": budget_s, "wall_s": seconds,
-            "stack": stack, "drawn": report.drawn, "tried": [outcome(o) for o in report.tried],
+            "stack": stack.to_dict() if stack else {}, "drawn": report.drawn, "tried": [outcome(o) for o in report.tried],
             "finds": [{"found": f.found.key, "shrunk": outcome(f.shrunk), "steps": f.steps, "complete": f.complete,
                        "stopped": f.stopped, "seconds": f.seconds, "near_miss": f.near_miss} for f in report.finds],
             "known": [outcome(o) for o in report.known], "repeats": report.repeats, "shrink_s": report.shrink_s,
             "slow": [o.key for o in report.slow]}
 
 
-def render(cell_id: str, seed: str, budget_s: float, stack: dict, report: Report, started: str, command: str,
+def render(cell_id: str, seed: str, budget_s: float, stack: Stack | None, report: Report, started: str, command: str,
            plant: str) -> str:
     """The run's markdown (`--report`): inputs, every program tried, every find with where it
     diverged and its classification."""

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from distci.fuzz.records import Find, Outcome, Report
 from distci.fuzz.space import Space
+from distci.stack import Stack
 
 
 
@@ -25,7 +26,7 @@ class FuzzRun:
     budget_s: float
     space: Space
     run_dir: str
-    stack: dict[str, Any]
+    stack: Stack | None  # None: no result recorded one
     plant: str = ""
 
 
@@ -78,9 +79,12 @@ def find_lines(run: FuzzRun, find: Find) -> list[str]:
     ]
 
 
-def stack_line(stack: dict[str, Any]) -> str:
-    shown = ", ".join(f"{k} {stack[k]}" for k in ("torch", "torchao", "torchtitan") if stack.get(k))
-    return f"{shown or 'unknown stack'}; python {stack.get('python', '?')}; fixes {stack.get('fixes_mode', '?')}"
+def stack_line(stack: Stack | None) -> str:
+    if stack is None:
+        return "unknown stack; python ?; fixes ?"
+    shown = ", ".join(f"{k} {v}" for k, v in (("torch", stack.torch), ("torchao", stack.torchao),
+                                               ("torchtitan", stack.torchtitan)) if v)
+    return f"{shown or 'unknown stack'}; python {stack.python or '?'}; fixes {stack.fixes_mode or '?'}"
 
 
 def classification(find: Find) -> str:
@@ -93,7 +97,7 @@ def classification(find: Find) -> str:
             "(repro in suites/regressions/, entry, draft under reports/) or a distci bug (fixed)")
 
 
-def generator_report(title: str, noun: str, cell_id: str, seed: str, budget_s: float, stack: dict[str, Any],
+def generator_report(title: str, noun: str, cell_id: str, seed: str, budget_s: float, stack: Stack | None,
                      report: Report, started: str, command: str, lines_of: Callable[[Find], list[str]]) -> str:
     """The markdown of a programs or models run (`noun`: what a case is): inputs, every find
     with its lines (`lines_of`: the generator's own, where it diverged and its repro) and its

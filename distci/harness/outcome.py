@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from distci.results import RankExcerpt, Result, error_signature
+from distci.stack import Stack
 from distci.harness.protocol import CHANNEL_BROKEN_EXIT, RankReport
 
 # Where a frame's file is named: faulthandler `File "PATH", line N in FN`, py-spy `FN (PATH:N)`.
@@ -86,7 +87,7 @@ class Combined:
             kind = "infra"  # the machine ran out of room, not the code under test
         return message, kind, self.signature if failing else None
 
-    def known_issue(self, registry: Any, test_id: str, stack: dict[str, Any]) -> str | None:
+    def known_issue(self, registry: Any, test_id: str, stack: Stack) -> str | None:
         """The known issue this outcome stands for, from the one matcher (None without a registry)."""
         if registry is None:
             return None
@@ -94,7 +95,7 @@ class Combined:
         return registry.known_issue_of(test_id, self.outcome, signature=signature, message=message, stack=stack,
                                        failure_kind=kind)
 
-    def to_result(self, *, run_id: str, cell_id: str, test_id: str, stack: dict[str, Any], repro: str,
+    def to_result(self, *, run_id: str, cell_id: str, test_id: str, stack: Stack, repro: str,
                   started_at: str = "", log_path: str = "", registry: Any = None) -> Result:
         """THE Combined -> Result builder (the harness's recorder and the external runner
         both record through it): the failure text, its kind and signature only for a

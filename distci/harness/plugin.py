@@ -407,7 +407,7 @@ class Harness:
             if load is not None:
                 combined.load = dict(load, then=combined.load)
             if (combined.outcome != "failed" or len(attempts) >= self.reruns + (load is not None)
-                    or combined.known_issue(self.recorder.known_issues, item.nodeid, self.recorder.stack or {})):
+                    or combined.known_issue(self.recorder.known_issues, item.nodeid, self.recorder.stack)):
                 combined.attempts = attempts
                 return combined
             attempts.append((combined.outcome, f"[{combined.failure_kind}] {combined.exc_type}: {combined.message}"))

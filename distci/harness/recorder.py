@@ -24,12 +24,12 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from distci.results import INTERRUPTED, RankExcerpt, Result, error_signature, write_junit
 from distci.rundir import INFRA_PREFIX, RECORD_LOST_EXIT, RecordError, RunDir
+from distci.stack import Stack, capture_stack
 from distci.harness.outcome import Combined
 
 
@@ -50,7 +50,7 @@ class Recorder:
         self.run_dir = run_dir
         self.cell = config.getoption("--distci-cell") or os.environ.get("DISTCI_CELL") or "local"
         self.run_id = config.getoption("--distci-run-id") or time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:6]
-        self.stack: dict[str, Any] = {}
+        self.stack = Stack()  # captured at session start when recording
         self.combined: dict[str, Combined] = {}
         self.reports: dict[str, list[pytest.TestReport]] = {}
         self.started: dict[str, str] = {}
@@ -74,9 +74,7 @@ class Recorder:
         self.session = session
         if not self.enabled:
             return
-        from distci import stack
-
-        self.stack = stack.capture()
+        self.stack = capture_stack()
         self.writer = RunDir(self.run_dir)
         self.writer.write_stack(self.stack)
         registry = self.config.getoption("--distci-known-issues")

@@ -117,7 +117,7 @@ def judge_cell(
         return (now - started).total_seconds() if started else None
 
     age = age_of(base or last)
-    state = CellState(cell, "ok", last, age_of(last), last.stack.get("torch"), last.torch_git or last.stack.get("torch_git"),
+    state = CellState(cell, "ok", last, age_of(last), last.stack.torch, last.torch_git or last.stack.torch_git,
                       evidence_runs=[r.run_id for r in since])
     last_rows = rows_of(last)
     if not last.ended_at:

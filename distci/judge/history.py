@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 from distci.judge.store import Store
 
 from distci.judge.rows import ResultRow, RunRow
 from distci.judge.verdicts import BLOCKING
+from distci.stack import Stack
 
 FAILING = BLOCKING | {"xfail"}
 PASSING = frozenset({"pass", "fixed"})
@@ -39,7 +40,7 @@ class Onset:
     compare: list[tuple[str, str]] = field(default_factory=list)  # (label, upstream compare URL)
 
 
-def stack_diff(good: Mapping[str, Any], bad: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+def stack_diff(good: Stack, bad: Stack) -> list[tuple[str, str, str]]:
     """(key, good value, bad value) for each tracked stack key that differs."""
     out = []
     for key in DIFF_KEYS:
@@ -49,7 +50,7 @@ def stack_diff(good: Mapping[str, Any], bad: Mapping[str, Any]) -> list[tuple[st
     return out
 
 
-def package_commit(stack: Mapping[str, Any], package: str) -> str | None:
+def package_commit(stack: Stack, package: str) -> str | None:
     """The upstream commit a stack names for a package: torch's git_version, a `<pkg>_git`
     key, or a `+git<sha>` local version (source installs)."""
     value = stack.get(f"{package}_git")
@@ -59,7 +60,7 @@ def package_commit(stack: Mapping[str, Any], package: str) -> str | None:
     return m.group(1) if m else None
 
 
-def compare_urls(good: Mapping[str, Any], bad: Mapping[str, Any]) -> list[tuple[str, str]]:
+def compare_urls(good: Stack, bad: Stack) -> list[tuple[str, str]]:
     """`compare/<good>...<bad>` on GitHub for each upstream package whose commit changed."""
     out = []
     for package, repo in UPSTREAM.items():

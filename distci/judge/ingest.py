@@ -224,8 +224,8 @@ def _index_run(conn: sqlite3.Connection, run: PreparedRun) -> tuple[str, tuple[s
            VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
         tuple(storable(v) if isinstance(v, str) else v for v in (
             info.run_id, info.cell_id, info.started_at, info.ended_at, info.runner, info.backend,
-            info.image_digest, info.tier or "", info.nightly_date or nightly_date_of(run.stack.get("torch")),
-            info.baseline_cell, run.stack.get("torch_git"), json.dumps(run.stack, sort_keys=True, default=str),
+            info.image_digest, info.tier or "", info.nightly_date or nightly_date_of(run.stack.torch),
+            info.baseline_cell, run.stack.torch_git, json.dumps(run.stack.to_dict(), sort_keys=True, default=str),
             str(run.path.resolve()), content_hash, len(run.raw), meta_hash, len(run.rows), _now(),
             json.dumps(info.ci or {}, sort_keys=True, default=str), info.image, json.dumps(info.selection or []),
         )),

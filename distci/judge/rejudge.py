@@ -28,6 +28,7 @@ from functools import lru_cache
 from typing import Callable, Iterable
 
 from distci.judge import verdicts as _verdicts
+from distci.stack import Stack
 
 _Key = tuple[str, str]  # (started_at, run_id): history order
 _Current = dict[tuple[str, str], tuple[str, "str | None", str]]
@@ -42,7 +43,7 @@ class _Envs:
     def __call__(self, run_id: str) -> str:
         if run_id not in self.known:
             row = self.conn.execute("SELECT stack_json FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-            self.known[run_id] = _verdicts.env_key(json.loads(row[0])) if row else ""
+            self.known[run_id] = _verdicts.env_key(Stack.from_dict(json.loads(row[0]))) if row else ""
         return self.known[run_id]
 
 
@@ -93,7 +94,7 @@ def _judge_and_write(conn: sqlite3.Connection, runs: list[_verdicts.RunHistory],
 def _cell_history(conn: sqlite3.Connection, cell: str) -> tuple[list[_verdicts.RunHistory], _Current]:
     runs: dict[str, _verdicts.RunHistory] = {}
     for r in conn.execute("SELECT run_id, started_at, stack_json FROM runs WHERE cell_id = ?", (cell,)):
-        runs[r[0]] = _verdicts.RunHistory(r[0], r[1], _verdicts.env_key(json.loads(r[2])))
+        runs[r[0]] = _verdicts.RunHistory(r[0], r[1], _verdicts.env_key(Stack.from_dict(json.loads(r[2]))))
     current: _Current = {}
     for r in conn.execute(
         """SELECT run_id, test_id, outcome, failure_kind, rerun_outcomes, known_issue, verdict,
@@ -262,7 +263,7 @@ def _runs_from(conn: sqlite3.Connection, cell: str, since: _Key, envs: _Envs, te
         sql, args = "SELECT run_id, started_at, stack_json FROM runs WHERE cell_id = ? AND started_at > ?", (cell, since[0])
     runs = {}
     for run_id, started_at, stack_json in conn.execute(sql, args):
-        envs.known[run_id] = _verdicts.env_key(json.loads(stack_json))  # fresh: a re-indexed run's stack may differ
+        envs.known[run_id] = _verdicts.env_key(Stack.from_dict(json.loads(stack_json)))  # fresh: a re-indexed run's stack may differ
         runs[run_id] = _verdicts.RunHistory(run_id, started_at, envs.known[run_id])
     current: _Current = {}
     whole = True

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
 
 from distci.rundir import RunInfo
+from distci.stack import Stack
 
 
 def is_environment(test_id: str) -> bool:
@@ -57,7 +57,7 @@ def suite_of(test_id: str) -> str:
 class RunRow(RunInfo):
     """A run as the store holds it."""
 
-    stack: dict[str, Any] = field(default_factory=dict)
+    stack: Stack = field(default_factory=lambda: Stack.from_dict({}))
     torch_git: str | None = None
     source_path: str = ""  # the run directory's absolute path, resolved at ingest
     content_hash: str = ""
@@ -126,11 +126,11 @@ class Regression:
         return r.error_signature or f"{r.failure_kind or r.outcome}: {r.test_id}"
 
     @property
-    def good_stack(self) -> dict[str, Any]:
-        return self.good_run.stack if self.good_run is not None else {}
+    def good_stack(self) -> Stack:
+        return self.good_run.stack if self.good_run is not None else Stack.from_dict({})
 
     @property
-    def bad_stack(self) -> dict[str, Any]:
+    def bad_stack(self) -> Stack:
         return self.bad_run.stack
 
 

@@ -27,6 +27,7 @@ from typing import Any, Iterator, Sequence
 from distci.judge.resultrows import plain_text, result_row
 from distci.results import Result
 from distci.rundir import RunDirError, RunInfo, read_run
+from distci.stack import Stack
 
 READER_MIN_RUNS = 8
 """Below this many runs a reader process costs more than it saves (a fork and a pipe for
@@ -60,7 +61,7 @@ class PreparedRun:
 
     path: Path
     info: RunInfo
-    stack: dict[str, Any]
+    stack: Stack
     raw: bytes
     """results.jsonl's bytes: an updated run's append-only check compares a prefix of them."""
     content_hash: str

@@ -32,6 +32,7 @@ from distci.judge.rejudge import Landing, Memo, rejudge_cells, rejudge_tail
 from distci.judge.storelock import LOCK_TIMEOUT_ENV, WRITER_SUFFIX, claim, holder_of, lock_timeout_s, release
 from distci.errors import StoreError
 from distci.judge.rows import BisectRow, FixAuditRow, ResultRow, RunRow
+from distci.stack import Stack
 
 SCHEMA_VERSION = 5
 # 2: runs keep run.json's ci block and image (links need no run directory); 3: selection;
@@ -438,7 +439,7 @@ class Store:
 
         Two stores built from the same files in any order have equal snapshots.
         """
-        runs = [asdict(r) for r in self.runs()]
+        runs = [{**asdict(r), "stack": r.stack.to_dict()} for r in self.runs()]
         for r in runs:
             r.pop("source_path")
         return {
@@ -456,7 +457,10 @@ class Store:
         d["selection"] = _stored_json(d, "selection_json", "[]")
         for k in ("content_size", "meta_hash", "ingested_at"):
             d.pop(k)
-        return RunRow(stack=stack, **d)
+        if not isinstance(stack, dict):
+            raise StoreError(f"run {d.get('run_id')!r}: its stored stack_json is not a JSON object; the store is an "
+                             "index of the run directories: delete it and run `nox -s ingest -- --rebuild`")
+        return RunRow(stack=Stack.from_dict(stack), **d)
 
     @staticmethod
     def _result_row(r: sqlite3.Row) -> ResultRow:

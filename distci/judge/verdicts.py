@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import AbstractSet as Set, Any, Iterable, Mapping, Sequence
+from typing import AbstractSet as Set, Iterable, Sequence
 
-from distci.stack import ENV_KEYS
+from distci.stack import ENV_KEYS, Stack
 
 VERDICTS = ("pass", "regression", "fail", "xfail", "fixed", "flaky", "infra", "skip")
 
@@ -54,7 +54,7 @@ def worst(verdicts: Iterable[str]) -> str | None:
     return min(verdicts, key=lambda v: SEVERITY.get(v, len(SEVERITY)), default=None)
 
 
-def env_key(stack: Mapping[str, Any]) -> str:
+def env_key(stack: Stack) -> str:
     """A fingerprint of the environment a stack describes (see ENV_KEYS)."""
     return json.dumps({k: stack.get(k) for k in ENV_KEYS if stack.get(k) is not None}, sort_keys=True, default=str)
 

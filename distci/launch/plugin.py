@@ -115,7 +115,7 @@ def pytest_sessionstart(session: pytest.Session):
     harness = harness_of(session.config)
     if cluster is None or harness is None or not harness.recorder.enabled:
         return
-    harness.recorder.stack["nodes"] = cluster.node_facts()
+    harness.recorder.stack.nodes = cluster.node_facts()
     harness.recorder.writer.write_stack(harness.recorder.stack)
 
 

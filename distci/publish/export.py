@@ -48,6 +48,7 @@ from distci.judge.coverage import tally
 from distci.judge.store import Store, default_store_path
 from distci.judge.rows import ResultRow, RunRow
 from distci.judge.verdicts import BLOCKING, ENV_KEYS
+from distci.stack import Stack
 
 UPSTREAM_REPO = "pytorch/pytorch"
 CATEGORIES = ("upstream", "backend", "unknown", "infra", "flake")
@@ -99,7 +100,7 @@ def _detail(r: ResultRow) -> dict[str, Any]:
     }
 
 
-def _env_differs_only_in_torch(a: dict[str, Any], b: dict[str, Any]) -> bool:
+def _env_differs_only_in_torch(a: Stack, b: Stack) -> bool:
     keys = [k for k in ENV_KEYS if k not in ("torch", "torch_git")]
     return all(a.get(k) == b.get(k) for k in keys)
 

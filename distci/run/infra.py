@@ -8,6 +8,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 from distci.cells import Cell
 from distci.results import Result, error_signature
@@ -16,17 +17,17 @@ from distci.stack import KEYS as STACK_KEYS
 from distci.stack import Stack
 
 
-def partial_stack(cell: Cell, **extra) -> dict:
+def partial_stack(cell: Cell, **extra: Any) -> Stack:
     """The provenance an infra record carries when the environment never came up."""
     known = {k: v for k, v in extra.items() if k in STACK_KEYS}
     stack = Stack(partial=True, declared=cell.as_dict(), python=sys.version.split()[0],
                   runner=os.environ.get("DISTCI_RUNNER") or socket.gethostname(), **known)
     stack.extra.update({k: v for k, v in extra.items() if k not in STACK_KEYS})
-    return stack.to_dict()
+    return stack
 
 
 def infra_result(run_id: str, cell: Cell, exc: Exception, log_path: Path | None, *,
-                 test_id: str | None = None, stack: dict | None = None) -> Result:
+                 test_id: str | None = None, stack: Stack | None = None) -> Result:
     """An `infra` Result: for the whole cell (`<infra>::<cell id>`), or for `test_id` (one
     external suite) when given. Rule 2 of the design: it carries the cell id, a stack (the
     captured one when the environment came up, else the partial one) and the log's tail."""

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from distci.known_issues import Registry, load_registry, result_known_issue
-from distci.rundir import RunDirError, read_run
-from distci.results import has_answer
+from distci.rundir import RunContents, RunDirError, read_run
+from distci.results import Result, has_answer
+from distci.stack import Stack
 from distci.run.resume import latest_results, public
 
 STACK_KEYS = ("torch", "torch_git", "torchao", "torchtitan", "torch_npu", "python", "cuda", "nccl", "driver",
@@ -37,8 +38,10 @@ def _outcome(r: Any, known: str | None) -> str:
     return r.outcome
 
 
-def _stack_of(run: Any) -> dict[str, Any]:
-    return run.stack or (run.results[0].stack if run.results else {})
+def _stack_of(run: RunContents, results: Sequence[Result] | None = None) -> Stack:
+    """The run's stack.json; when that is empty, the first result's stack."""
+    results = run.results if results is None else results
+    return run.stack if run.stack.to_dict() or not results else results[0].stack
 
 
 def render(run_dirs: Path | Sequence[Path], *, title: str, command: str, notes: str = "",
@@ -54,13 +57,13 @@ def render(run_dirs: Path | Sequence[Path], *, title: str, command: str, notes: 
     if len(stacks) > 1:  # an installed cell's id is the same on every interpreter
         raise RunDirError(f"one page is one stack's runs; these runs are of {len(stacks)}: {'; '.join(stacks)}", dirs[0])
     results, superseded = latest_results(runs)  # a resumed run's answer replaces the interrupted one
-    stack = runs[0].stack or (results[0].stack if results else {})
+    stack = _stack_of(runs[0], results)
     lines = [f"# {title}", ""]
     if notes:
         lines += [notes, ""]
     lines += ["## Command", "", "```", command, "```", "", "## Stack", "", "| key | value |", "| --- | --- |"]
     lines += [f"| {k} | {stack.get(k)} |" for k in STACK_KEYS if stack.get(k) not in (None, "")]
-    fixes = stack.get("fixes") or []
+    fixes = stack.fixes or []
     if fixes:
         lines += ["", "Fixes: " + ", ".join(f"{f.get('id')}={f.get('status')}" for f in fixes if isinstance(f, dict))]
     if len(runs) > 1:
