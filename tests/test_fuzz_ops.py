@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from distci.op_case import CaseIdError, MESHES, OpCase, parse_case
+from distci.stack import Stack
 from distci.op_inventory import INVENTORY
 from distci.fuzz.ops import draw_case, draw_cases
 from distci.op_shrink import shrink, simpler, valid
@@ -266,12 +267,12 @@ def test_a_case_that_hangs_some_ranks_is_a_find_naming_the_error_and_the_empty_s
     registry = load_registry(REPO / "suites" / "known_issues.toml")
     test_id = f"suites/generators/ops_entry.py::test_op_case[{case}]"
     assert registry.near_misses(test_id, f"AssertionError: {row['signature']}", row["message"],
-                                {"torch": "2.13.0"}) == ["dtensor-max-empty-shard"]
+                                Stack(torch="2.13.0")) == ["dtensor-max-empty-shard"]
     # the same error on ranks whose shards are not empty says so, and names no entry
     [other] = dead_rows({"id": case, "candidate": None}, [{**s, "empty": False} for s in stuck], 4)
     assert "raised on some ranks only" in other["signature"]
     assert registry.near_misses(test_id, f"AssertionError: {other['signature']}", other["message"],
-                                {"torch": "2.13.0"}) == []
+                                Stack(torch="2.13.0")) == []
 
 
 def test_a_slot_that_died_shrinking_records_the_case_shrunk_so_far_and_the_candidate_apart():
