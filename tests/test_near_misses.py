@@ -202,6 +202,24 @@ def test_the_programs_report_names_the_near_miss_and_a_generic_failure_stays_new
         assert bool(report.new) is not near
 
 
+def test_a_replayed_near_miss_is_counted_as_one_and_a_generic_failure_as_new():
+    """`--replay` files its failure as a run's draw is filed: the summary's counts, the exit code
+    and report.json's finds agree (a replayed near miss used to count as 0 near misses, 0 finds)."""
+    from distci.fuzz.programs_cell import report_json, test_id
+    from distci.fuzz.records import Report, outcome_of
+    from distci.training_program import parse
+
+    program = parse("tp-ws2-w8-l1-adamw:fwd_bwd,save,step")
+    for line, near in ((SPECIFIC, True), (GENERIC_LINE, False)):
+        said = []
+        report = Report.of_replay([outcome_of(program, program.text, _result(test_id(program), line), REGISTRY)],
+                                  said.append)
+        assert len(report.finds) == 1 and len(report.near_misses) == int(near) and len(report.new) == int(not near)
+        saved = report_json(CELL, "replay", 0, STACK, report, 1.0)
+        assert [f["near_miss"] for f in saved["finds"]] == (["distci-ddp-freeze-after-wrap"] if near else [None])
+        assert any("near miss of distci-ddp-freeze-after-wrap" in m for m in said) is near
+
+
 def test_the_models_report_names_the_near_miss_and_a_generic_failure_stays_new():
     from distci.fuzz.models import ENTRY_TEST, TEST_NAME, ModelFuzzer
     from distci.fuzz.models_cell import render

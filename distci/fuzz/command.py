@@ -282,10 +282,7 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
     runner = BatchRunner(cell, Path(env.python), info, run_dir, extra, log, judged)
     started = _now()
     if point is not None:
-        report = Report()
-        report.tried = runner([point])
-        report.drawn = [o.key for o in report.tried]
-        unexplained = [o for o in report.tried if o.failed and report.file(o) is None and not o.near_miss]
+        report = Report.of_replay(runner([point]), log)
         fuzzer = None
     else:
         log(f"fuzz {cell.id}: seed {seed}, budget {budget_s:.0f}s"
@@ -295,7 +292,6 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
         fuzzer = Fuzzer(space, seed, runner, budget_s=budget_s, max_configs=max_configs, batch_size=batch_size,
                         shrink=shrink, log=log, limits=limits)
         report = fuzzer.run()
-        unexplained = []
     run = FuzzRun(cell.id, seed, budget_s, space, str(run_dir), runner.stack, os.environ.get(space.cell.PLANT_ENV, ""))
     for find in report.finds:
         for line in find_lines(run, find):
@@ -312,8 +308,8 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
     if coverage_path:
         update_coverage(Path(coverage_path), run, report.tried)
         log(f"coverage: {coverage_path}")
-    code = finish_fuzz_run(cell, info, run_dir, 1 if report.new or unexplained else 0)
-    log(f"fuzz {cell.id}: {len(report.tried)} configuration(s), {len(report.new) + len(unexplained)} new find(s), "
+    code = finish_fuzz_run(cell, info, run_dir, 1 if report.new else 0)
+    log(f"fuzz {cell.id}: {len(report.tried)} configuration(s), {len(report.new)} new find(s), "
         f"{len(report.near_misses)} near miss(es), {len(report.known)} known issue(s), {len(report.slow)} timed out; "
         f"run {run_dir}")
     return code

@@ -115,8 +115,8 @@ def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | 
     started = time.monotonic()
     plant = os.environ.get("DISTCI_PROGRAMS_PLANT", "")
     if replayed is not None:
-        report = Report(tried=runner([replayed]), drawn=[replayed.text])
-        new = [o for o in report.tried if o.failed and report.file(o) is None and not o.near_miss]
+        report = Report.of_replay(runner([replayed]), log)
+        new = report.new
     else:
         log(f"fuzz programs {cell.id}: seed {seed}, budget {budget_s:.0f}s"
             + (f", at most {max_programs} programs" if max_programs else ""))

@@ -136,6 +136,17 @@ class Report:
             log(f"  near miss of {find.near_miss}: {outcome.key} (its signature names that bug; one shrink round)")
         return find
 
+    @classmethod
+    def of_replay(cls, tried: list[Outcome], log: Callable[[str], Any]) -> "Report":
+        """A `--replay`'s report: its failures accounted for as a run's draws are (`take`), left
+        unshrunk, so the summary's counts, the exit code and report.json's finds agree (a replayed
+        near miss is counted as one and is never new)."""
+        report = cls(tried=list(tried), drawn=[o.key for o in tried])
+        for outcome in tried:
+            if outcome.failed:
+                report.take(outcome, log)
+        return report
+
     @property
     def near_misses(self) -> list[Find]:
         return [f for f in self.finds if f.near_miss]
