@@ -191,3 +191,22 @@ def test_learned_modules_keep_the_order_the_test_imported_them(modules):
     learned = newly_imported(before)
     order = [m for m in sys.modules if m in set(learned)]
     assert learned == order, "alphabetical order imports a submodule before the package that breaks its cycle"
+
+
+def test_building_an_optimizer_imports_what_a_device_template_imports_ahead():
+    """A template that does not learn (on a device) imports OPTIMIZER_IMPORTS ahead because
+    building a torch optimizer imports them lazily in every test's fork (4.3 s against 1.1 s an
+    eager row on an H100). If a torch stops doing so, the list is stale: this says which."""
+    from distci.harness.warm import OPTIMIZER_IMPORTS
+
+    script = ("import sys, json, torch\n"
+              "names = json.loads(sys.argv[1])\n"
+              "before = [n for n in names if n in sys.modules]\n"
+              "torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)\n"
+              "print(json.dumps({'before': before, 'after': [n for n in names if n in sys.modules]}))\n")
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(list(OPTIMIZER_IMPORTS))],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["before"] == [], f"`import torch` already imports {got['before']}: nothing to import ahead"
+    assert got["after"] == list(OPTIMIZER_IMPORTS), f"an optimizer imported only {got['after']}"

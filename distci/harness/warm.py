@@ -28,6 +28,12 @@ COMPILER = ("torch._dynamo", "torch._inductor.compile_fx", "torch._inductor.code
             "triton")
 """Dynamo's and inductor's heavy lazy imports (seconds), imported ahead when the selection has a
 test marked `compiles`; one that is missing (triton on a CPU build) is skipped."""
+OPTIMIZER_IMPORTS = ("torch._dynamo",)
+"""What building any torch optimizer imports lazily (Optimizer.__init__ runs under
+torch._disable_dynamo, which imports Dynamo): nearly every test trains, so a template that
+does not learn (on a device, worker.py) imports it ahead. Without it an eager one-GPU row spent
+80 % of its time importing Dynamo in its fork (py-spy on an H100, 2026-12-06: 4.3 s a row
+against 1.1 s with Dynamo in the template; reports/gpu/2026-12-06-1gpu-eager-fork-cost.md)."""
 NOT_LEARNED = ("torch.testing",)  # torch's own test helpers change process state on import
 BEFORE_ANY = "(before any import ahead)"  # `poisoned` when the device was initialized already
 

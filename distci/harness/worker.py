@@ -36,7 +36,7 @@ from distci.harness.execute import execute, prepare_path
 from distci.harness.isolation import reseed
 from distci.harness.protocol import CHANNEL_BROKEN_EXIT, HealthCheck, RankReport, Shutdown, Started, TestRequest, Warm
 from distci.harness.template import Rendezvous, Template, join
-from distci.harness.warm import BEFORE_ANY, import_ahead
+from distci.harness.warm import BEFORE_ANY, OPTIMIZER_IMPORTS, import_ahead
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -315,7 +315,9 @@ def _serve_forked(args: argparse.Namespace, conn: Connection, state: WarmState) 
             template.kill_leftovers()
             _replace_template(args, state)
 
-    import_ahead_or_replace(state.modules)
+    # A template that does not learn is told what nearly every test imports lazily (warm.py);
+    # the guard covers it like any module (one that poisons fork is skipped from then on).
+    import_ahead_or_replace(state.modules if learns else [*OPTIMIZER_IMPORTS, *state.modules])
     if not state.serving:
         ready = template.start_up()
         learned = ready.info.pop("imported", []) if isinstance(ready, RankReport) else []
