@@ -18,6 +18,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import torch
+# Every optimizer's __init__ imports Dynamo lazily (torch.optim's _disable_dynamo: ~2 CPU-s).
+# Imported with this module it is in the rank template (the harness imports the test modules
+# there before its first fork: the Warm message), so no test's fork imports it again.
+import torch._dynamo  # noqa: F401
 import torch.nn as nn
 import torch.nn.functional as F
 

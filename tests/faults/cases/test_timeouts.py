@@ -13,6 +13,7 @@ import os
 import time
 
 import pytest
+from faults_compute import compute_until
 from faults_memo import recall, remember
 
 
@@ -24,9 +25,7 @@ def test_slow_only_the_first_time(dist):
         return
     except KeyError:
         remember("slow-first", dist.rank, os.getpid())
-    end = time.monotonic() + 30
-    while time.monotonic() < end:  # pure compute: the CPU time of the rank advances
-        sum(i * i for i in range(10000))
+    compute_until(time.monotonic() + 30)  # pure compute: the CPU time of the rank advances
 
 
 @pytest.mark.world_size(2)
