@@ -16,9 +16,11 @@ strategies upstream gives the CUDA flash kernel, adapted to the CPU op's schema 
 (out, logsumexp); `attn_mask` and `scale` keyword arguments; backward
 (grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, *, attn_mask, scale) ->
 (grad_q, grad_k, grad_v)): all-replicate, heads-sharded (dim 1) and batch-sharded (dim 0),
-expanded over every mesh axis by upstream's `expand_to_full_mesh_op_strategy`. A DTensor
-attn_mask follows q on the dims it does not broadcast over (Replicate where it has size 1
-or lacks the dim). Any other input layout is redistributed to one of these, as for CUDA.
+expanded over every mesh axis by upstream's `expand_to_full_mesh_op_strategy`. Any other
+layout of q, k, v is redistributed to one of these, as for CUDA. A DTensor attn_mask follows
+q on the dims it does not broadcast over (Replicate where it has size 1 or lacks the dim);
+DTensor never redistributes keyword arguments, so only the strategies that take the mask as
+it is laid out are offered, and a mask layout none takes raises, naming it.
 
 detect(): the bug is present while the CPU flash forward or backward has no entry in any of
 the propagator's registries (op strategies, single-dim strategies, rules); a torch whose
@@ -89,7 +91,7 @@ def _upstream_helpers() -> tuple[Callable[..., Any], type, type, type]:
     return expand_to_full_mesh_op_strategy, RuntimeSchemaInfo, Replicate, Shard
 
 
-def _mask_placement(op_schema: Any, q_dim: int, shard: type, replicate: type) -> Optional[List[Any]]:
+def _mask_placement(op_schema: Any, q_dim: int, shard: type, replicate: type) -> List[Any]:
     """The attn_mask's placement when q is sharded on `q_dim` (0 batch, 1 heads): [] when the
     mask is not a DTensor (nothing to place), else [Shard(d)] on the mask dim aligned with
     q_dim, or [Replicate()] where the mask broadcasts over it (size 1 or no such dim)."""
@@ -105,14 +107,41 @@ def _mask_placement(op_schema: Any, q_dim: int, shard: type, replicate: type) ->
     return [shard(dim)]
 
 
+def _placements(op_schema: Any, tensors: int, replicate: type, shard: type) -> List[List[Any]]:
+    """One mesh axis's strategies: [outputs..., inputs..., (attn_mask)] for all-replicate,
+    heads-sharded (dim 1, tensor parallel) and batch-sharded (dim 0, data parallel). Every
+    tensor but the mask has batch and heads as dims 0 and 1 (logsumexp is (B, H, L))."""
+    strategies = [[replicate()] * tensors + _mask_placement(op_schema, -1, shard, replicate)]
+    for dim in (1, 0):
+        strategies.append([shard(dim)] * tensors + _mask_placement(op_schema, dim, shard, replicate))
+    return strategies
+
+
+def _keeping_the_mask(op_schema: Any, strategy: Any) -> Any:
+    """Only the specs that take a DTensor attn_mask as it is laid out: DTensor's dispatch never
+    redistributes keyword arguments, so a spec that asks another layout of the mask would run
+    the kernel on the wrong mask shard. A layout no spec takes (e.g. a mask sharded on the
+    query's sequence) raises, naming it, instead of computing on the wrong shard."""
+    from torch.distributed.tensor._op_schema import OpStrategy
+
+    mask = op_schema.kwargs_schema.get("attn_mask")
+    if not isinstance(mask, OpStrategy):
+        return strategy
+    current = mask.strategies[0].output_spec.placements
+    kept = [spec for spec in strategy.strategies if spec.input_specs[-1].placements == current]
+    if not kept:
+        raise NotImplementedError(
+            f"{ID}: sdpa on CPU takes a DTensor attn_mask laid out {current} under no strategy (DTensor does not "
+            "redistribute keyword arguments): pass the mask Replicate, or sharded as q on its batch or heads dim")
+    return OpStrategy(kept)
+
+
 def _forward_strategy(op_schema: Any) -> Any:
     expand, _, replicate, shard = _upstream_helpers()
     mesh = op_schema.get_mesh_from_args()
-    # [out, logsumexp, q, k, v, (attn_mask)]; logsumexp is (B, H, L): it follows q's dim.
-    strategies = [[replicate()] * 5 + _mask_placement(op_schema, -1, shard, replicate)]
-    for dim in (1, 0):  # heads (tensor parallel), batch (data parallel)
-        strategies.append([shard(dim)] * 5 + _mask_placement(op_schema, dim, shard, replicate))
-    return expand(mesh, op_schema, strategies, input_index=2)
+    # [out, logsumexp, q, k, v, (attn_mask)]
+    return _keeping_the_mask(op_schema, expand(mesh, op_schema, _placements(op_schema, 5, replicate, shard),
+                                               input_index=2))
 
 
 def _backward_strategy(op_schema: Any) -> Any:
@@ -122,10 +151,8 @@ def _backward_strategy(op_schema: Any) -> Any:
     except TypeError:  # torches whose get_mesh_from_args takes no `validate`
         mesh = op_schema.get_mesh_from_args()
     # [grad_q, grad_k, grad_v, grad_out, q, k, v, out, logsumexp, (attn_mask)]
-    strategies = [[replicate()] * 9 + _mask_placement(op_schema, -1, shard, replicate)]
-    for dim in (1, 0):
-        strategies.append([shard(dim)] * 9 + _mask_placement(op_schema, dim, shard, replicate))
-    return expand(mesh, op_schema, strategies, input_index=3)
+    return _keeping_the_mask(op_schema, expand(mesh, op_schema, _placements(op_schema, 9, replicate, shard),
+                                               input_index=3))
 
 
 setattr(_forward_strategy, MARKER, ID)
