@@ -37,6 +37,7 @@ CASES = [
     ("Pavg", "R", "S0", None, "f32", True, None, 3, 2, 4, 4, 4),
     ("S1", "S1", "S1", "S0", "f32", False, None, 2, 4, 5, 5, 4),  # mask S0 while q is heads-sharded
     ("S1", "S0", "R", None, "f32", False, None, 2, 4, 3, 3, 2),  # mixed layouts
+    ("S1", "S1", "Psum", None, "f32", False, None, 3, 1, 3, 5, 4),  # 1 head: a heads split leaves a rank none
 ]
 TOL = {"f32": dict(atol=2e-5, rtol=2e-5), "bf16": dict(atol=3e-2, rtol=3e-2)}
 

@@ -136,12 +136,42 @@ def _keeping_the_mask(op_schema: Any, strategy: Any) -> Any:
     return OpStrategy(kept)
 
 
+def _smallest_shard(size: int, ways: int) -> int:
+    """The smallest piece of `size` split `ways` ways as DTensor's Shard splits (torch.chunk)."""
+    chunk = -(-size // ways) if size else 0
+    return max(0, size - chunk * (ways - 1))
+
+
+def _no_empty_shard(mesh: Any, q_shape: Any, strategy: Any, q_index: int) -> Any:
+    """Only the specs that leave every rank at least one batch row and one head of q, k, v.
+
+    The CPU flash kernel dies with SIGFPE on zero heads or zero queries (torch 2.13.0 and
+    2.15.0; plain sdpa never calls it on an empty input, its early return does), and
+    DTensor's Shard leaves a rank empty even where the dim is not smaller than the mesh
+    (5 heads over 4 ranks: 2, 2, 1, 0). Such a layout runs replicated on that axis instead."""
+    from torch.distributed.tensor._op_schema import OpStrategy
+
+    def keeps_every_rank(spec: Any) -> bool:
+        smallest = {0: q_shape[0], 1: q_shape[1]}
+        for axis, placement in enumerate(spec.input_specs[q_index].placements):
+            dim = getattr(placement, "dim", None)
+            if placement.is_shard() and dim in smallest:
+                smallest[dim] = _smallest_shard(smallest[dim], mesh.size(axis))
+        return all(smallest.values())
+
+    return OpStrategy([spec for spec in strategy.strategies if keeps_every_rank(spec)])
+
+
+def _q_shape(op_schema: Any, index: int) -> Any:
+    return op_schema.args_schema[index].strategies[0].output_spec.shape
+
+
 def _forward_strategy(op_schema: Any) -> Any:
     expand, _, replicate, shard = _upstream_helpers()
     mesh = op_schema.get_mesh_from_args()
     # [out, logsumexp, q, k, v, (attn_mask)]
-    return _keeping_the_mask(op_schema, expand(mesh, op_schema, _placements(op_schema, 5, replicate, shard),
-                                               input_index=2))
+    found = expand(mesh, op_schema, _placements(op_schema, 5, replicate, shard), input_index=2)
+    return _keeping_the_mask(op_schema, _no_empty_shard(mesh, _q_shape(op_schema, 0), found, 0))
 
 
 def _backward_strategy(op_schema: Any) -> Any:
@@ -151,8 +181,8 @@ def _backward_strategy(op_schema: Any) -> Any:
     except TypeError:  # torches whose get_mesh_from_args takes no `validate`
         mesh = op_schema.get_mesh_from_args()
     # [grad_q, grad_k, grad_v, grad_out, q, k, v, out, logsumexp, (attn_mask)]
-    return _keeping_the_mask(op_schema, expand(mesh, op_schema, _placements(op_schema, 9, replicate, shard),
-                                               input_index=3))
+    found = expand(mesh, op_schema, _placements(op_schema, 9, replicate, shard), input_index=3)
+    return _keeping_the_mask(op_schema, _no_empty_shard(mesh, _q_shape(op_schema, 1), found, 1))
 
 
 setattr(_forward_strategy, MARKER, ID)
