@@ -20,13 +20,14 @@ from distci.bench.fuzz_rate import measure_rate
 GOAL_PER_HOUR = 300
 
 
-def run_fuzz_programs_bench(console, *, budget_s: float = 600.0, root: Path | None = None) -> int:
+def run_fuzz_programs_bench(console, *, budget_s: float = 600.0, root: Path | None = None, fixes: str = "off") -> int:
     from distci.fuzz.programs_cell import fuzz_programs_cell
 
     def run(cell, runs: Path) -> tuple[int, float, dict]:
         os.environ.pop("DISTCI_PROGRAMS_PLANT", None)
         fuzz_programs_cell(cell, seed="bench", budget_s=budget_s, python=sys.executable, runs_root=runs,
-                           command=f"nox -s bench -- fuzz-programs (budget {budget_s:.0f}s)", log=console.print)
+                           command=f"nox -s bench -- fuzz-programs --fixes {fixes} (budget {budget_s:.0f}s)",
+                           log=console.print)
         report = json.loads(sorted(runs.glob("*/fuzz/report.json"))[-1].read_text())
         outcomes = [t["outcome"] for t in report["tried"]]
         return len(outcomes), report["wall_s"], {
@@ -34,4 +35,4 @@ def run_fuzz_programs_bench(console, *, budget_s: float = 600.0, root: Path | No
             "shrink_s": round(report["shrink_s"], 1), "torch": report["stack"].get("torch")}
 
     return measure_rate(console, name="fuzz-programs", noun="programs", goal_per_hour=GOAL_PER_HOUR, run=run,
-                        root=root)
+                        root=root, fixes=fixes)

@@ -192,11 +192,13 @@ def run_bench(what: str, args: argparse.Namespace) -> int:
     if what == "fuzz-ops":
         from distci.bench.fuzz_ops import run_fuzz_ops_bench
 
-        return run_fuzz_ops_bench(console, budget_s=float(getattr(args, "budget_s", None) or 600.0))
+        return run_fuzz_ops_bench(console, budget_s=float(getattr(args, "budget_s", None) or 600.0),
+                                  fixes=getattr(args, "fixes", None) or "off")
     if what == "fuzz-programs":
         from distci.bench.fuzz_programs import run_fuzz_programs_bench
 
-        return run_fuzz_programs_bench(console, budget_s=float(getattr(args, "budget_s", None) or 600.0))
+        return run_fuzz_programs_bench(console, budget_s=float(getattr(args, "budget_s", None) or 600.0),
+                                       fixes=getattr(args, "fixes", None) or "off")
     if what == "images":
         from distci.images import bench_images
 
@@ -216,6 +218,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                                     "fuzz-programs"))
     p.add_argument("--budget-s", type=float, default=None,
                    help="fuzz-ops, fuzz-programs: seconds of fuzzing (default 600)")
+    p.add_argument("--fixes", choices=("off", "on"), default="off",
+                   help="fuzz-ops, fuzz-programs: the cell's fixes mode (default off, as a night runs; on: what "
+                        "the fix package buys)")
     p.add_argument("--repeat", type=int, default=1, help="pr: how many runs of the tier (default 2: cold, then warm)")
     p.add_argument("--pip", action="store_true", help="provision: also time the pip fallback install")
     p.add_argument("--keep", action="store_true", help="provision, store: keep what the bench generated")
