@@ -25,6 +25,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from distci.harness.compile_cache import graph_entries
+from distci.provision.envs import default_root
 from distci.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,6 +48,10 @@ class Phases:
     tests: int
     load_1m: float
     slowest: list[tuple[str, float]] = field(default_factory=list)
+    new_graphs: dict[str, int] = field(default_factory=dict)
+    """FX graph / AOTAutograd cache entries the run wrote (a warm run's goal: none)."""
+    cpu_s: float = 0.0
+    """CPU seconds of the run's whole process tree (user + system)."""
 
 
 def _time(stamp: str) -> float:
@@ -88,6 +94,11 @@ def phases_of(run_dir: Path, *, load_1m: float = 0.0) -> Phases:
                   slowest=slowest)
 
 
+def _children_cpu_s() -> float:
+    usage = os.times()
+    return usage.children_user + usage.children_system
+
+
 def _newest_run(runs_root: Path, before: set[Path]) -> Path:
     made = [p for p in runs_root.iterdir() if p.is_dir() and p not in before and (p / "run.json").exists()]
     if not made:
@@ -105,17 +116,23 @@ def run_pr_bench(console, *, runs: int = 2, runs_root: Path = REPO / ".distci" /
         before = set(runs_root.iterdir())
         load = os.getloadavg()[0]
         console.print(f"pr tier, run {attempt + 1} of {runs} (load {load:.1f}) ...")
-        started = time.monotonic()
+        started, cpu_before, entries_before = time.monotonic(), _children_cpu_s(), graph_entries(REPO / default_root())
         proc = subprocess.run([sys.executable, "-m", "distci", "run", "--tier", "pr", "--runs-root", str(runs_root)],
                               cwd=REPO)
         console.print(f"  exit {proc.returncode} after {time.monotonic() - started:.0f} s")
-        measured.append(phases_of(_newest_run(runs_root, before), load_1m=load))
+        phases = phases_of(_newest_run(runs_root, before), load_1m=load)
+        phases.cpu_s = round(_children_cpu_s() - cpu_before, 1)
+        entries_after = graph_entries(REPO / default_root())
+        phases.new_graphs = {cache: entries_after[cache] - entries_before[cache] for cache in entries_after}
+        measured.append(phases)
     table = Table(title="pr tier: where the time goes (s)")
-    for column in ("run", "wall", "provision", "compiled", "eager", "other", "between", "closing", "tests", "load"):
+    for column in ("run", "wall", "provision", "compiled", "eager", "other", "between", "closing", "tests", "load",
+                   "CPU-s", "new FX graphs", "new AOT entries"):
         table.add_column(column, justify="right")
     for i, p in enumerate(measured, 1):
         table.add_row(str(i), f"{p.wall_s:.0f}", f"{p.provision_s:.0f}", f"{p.compiled_s:.0f}", f"{p.eager_s:.0f}",
-                      f"{p.other_s:.0f}", f"{p.between_s:.0f}", f"{p.closing_s:.0f}", str(p.tests), f"{p.load_1m:.1f}")
+                      f"{p.other_s:.0f}", f"{p.between_s:.0f}", f"{p.closing_s:.0f}", str(p.tests), f"{p.load_1m:.1f}",
+                      f"{p.cpu_s:.0f}", str(p.new_graphs.get("fxgraph", 0)), str(p.new_graphs.get("aotautograd", 0)))
     console.print(table)
     console.print("slowest tests of the last run: " + ", ".join(f"{t} {s}s" for t, s in measured[-1].slowest))
     out = REPO / ".distci" / "bench-pr.json"

@@ -22,6 +22,10 @@ import sys
 from pathlib import Path
 
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+IN_ENV = Path("var") / "distci-compile-cache"
+"""Where, inside a cell's venv, its stack's caches live (one folder per fixes mode)."""
+KEYED_CACHES = ("fxgraph", "aotautograd")
+"""The caches whose entries are whole compiled graphs: a warm run that writes one compiled again."""
 
 
 def compile_cache_dir(run_dir: Path, fixes: str | None = None) -> Path:
@@ -30,7 +34,7 @@ def compile_cache_dir(run_dir: Path, fixes: str | None = None) -> Path:
     fixes = os.environ.get("DISTCI_FIXES", "all") if fixes is None else fixes
     if sys.prefix != sys.base_prefix and os.access(sys.prefix, os.W_OK):
         mode = hashlib.sha256(fixes.encode()).hexdigest()[:12]
-        return Path(sys.prefix) / "var" / "distci-compile-cache" / f"fixes-{mode}"
+        return Path(sys.prefix) / IN_ENV / f"fixes-{mode}"
     return Path(run_dir) / "compile-cache"
 
 
@@ -40,3 +44,13 @@ def compile_cache_env(run_dir: Path) -> dict[str, str]:
     if os.environ.get(CACHE_ENV):
         return {}
     return {CACHE_ENV: str(compile_cache_dir(run_dir))}
+
+
+def graph_entries(env_root: Path) -> dict[str, int]:
+    """How many FX graph and AOTAutograd entries the cell envs under `env_root` hold, per cache:
+    the difference across a run is what it compiled instead of reusing."""
+    counts = dict.fromkeys(KEYED_CACHES, 0)
+    for cache in KEYED_CACHES:
+        for folder in Path(env_root).glob(f"*/{IN_ENV}/*/{cache}"):
+            counts[cache] += sum(1 for entry in folder.rglob("*") if entry.is_file())
+    return counts

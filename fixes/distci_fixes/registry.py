@@ -24,6 +24,7 @@ BUILTIN = (
     "distci_fixes.fixes.sequence_parallel_frozen",
     "distci_fixes.fixes.fsdp2_premul_sum_gloo",
     "distci_fixes.fixes.dtensor_sdpa_cpu_strategy",
+    "distci_fixes.fixes.inductor_fx_cache_opaque_key",
 )
 
 
