@@ -227,9 +227,10 @@ def images(session: nox.Session) -> None:
 # their own session, fuzz_trials.
 EVERY_TIER = "not long"
 QUICK_TIER = "not slow and not docker and not long"  # `nox -s tests_quick`
-# Workers on 2 cores: most slow tests wait (CPU/wall 0.5-1 per worker), so more workers than
-# cores pay; measured A/B in docs/benchmarks.md ("distci's own tests in time"). `-- -n N` overrides,
-# `-- -n 0` runs in one process.
+# Workers on 2 cores: serially the slow tier keeps one core of two busy (CPU/wall 0.97 on idle
+# cores), its tests waiting on rank processes, servers and timeouts, so more workers than cores
+# fill the waits. Chosen from that, not yet timed A/B on idle cores (docs/benchmarks.md, "Workers,
+# measured"). `-- -n N` overrides, `-- -n 0` runs in one process.
 TEST_WORKERS = 4
 TIER_REPORTS = Path(".nox") / "tiers"
 
