@@ -219,23 +219,38 @@ def images(session: nox.Session) -> None:
     _distci(session, "images", session.posargs or ["--tier", "pr"])
 
 
-# `nox -s tests`: the tiers in this order, quick first so a plain break shows in minutes. The
-# generators' planted-bug trials (`-m long`) are acceptance trials of the fuzzer, minutes each,
-# not tests of distci's code: they have their own session, fuzz_trials.
-TIERS = {"quick": "not slow and not docker and not long", "slow": "slow and not docker and not long",
-         "docker": "docker and not long"}
+# `nox -s tests`: every tier (quick, slow, docker) in ONE pytest run spread over pytest-xdist
+# workers, a file per worker, heaviest files first (tests/workers.py): the quick tests fill the
+# cores while the slow ones wait on rank processes, servers and timeouts; tests/cpu_time.py still
+# totals each tier (outcomes, CPU-s, wall) at the end. The generators' planted-bug trials (`-m
+# long`) are acceptance trials of the fuzzer, minutes each, not tests of distci's code: they have
+# their own session, fuzz_trials.
+EVERY_TIER = "not long"
+QUICK_TIER = "not slow and not docker and not long"  # `nox -s tests_quick`
+# Workers on 2 cores: serially the slow tier keeps one core of two busy (CPU/wall 0.97 on idle
+# cores), its tests waiting on rank processes, servers and timeouts, so more workers than cores
+# fill the waits. Chosen from that, not yet timed A/B on idle cores (docs/benchmarks.md, "Workers,
+# measured"). `-- -n N` overrides, `-- -n 0` runs in one process.
+TEST_WORKERS = 4
 TIER_REPORTS = Path(".nox") / "tiers"
 
 
-def _pytest_tier(session: nox.Session, name: str, marker: str | None) -> dict:
-    """One pytest run over tests/ or the paths the posargs name (a line per test file as it goes);
-    returns its totals, which
-    tests/cpu_time.py writes (`--cpu-report`): outcomes, wall, CPU seconds of the process tree."""
+def _has_workers_option(args: list[str]) -> bool:
+    return any(a in ("-n", "--numprocesses", "no:xdist") or a.startswith(("-n=", "--numprocesses=")) or
+               (a.startswith("-n") and a[2:].isdigit()) for a in args)
+
+
+def _pytest_tier(session: nox.Session, name: str, marker: str | None, workers: int = TEST_WORKERS) -> dict:
+    """One pytest run over tests/ or the paths the posargs name, on `workers` xdist workers (a line
+    per test file as it goes); returns its totals, which tests/cpu_time.py writes (`--cpu-report`):
+    outcomes, wall, CPU seconds of the process tree, and the same per tier."""
     given = [a.split("=", 1)[1] for a in session.posargs if a.startswith("--cpu-report=")]
     report = Path(given[-1]) if given else TIER_REPORTS / f"{name}.json"  # the caller's (`=` form) is read
     report.unlink(missing_ok=True)
     named = any(not a.startswith("-") and Path(a.split("::", 1)[0]).exists() for a in session.posargs)
     args = [*([] if named else ["tests"]), "-rfEs", "--durations=25", *(["-m", marker] if marker else [])]
+    if workers and not _has_workers_option(session.posargs):
+        args += ["-n", str(workers), "--dist", "loadfile"]
     if not given:
         args.append(f"--cpu-report={report}")
     # 5: the selection holds no test of this tier (`-- tests/test_x.py` of quick tests only).
@@ -245,36 +260,42 @@ def _pytest_tier(session: nox.Session, name: str, marker: str | None) -> dict:
     return {"tier": name, **{k: v for k, v in totals.items() if k != "tests"}}
 
 
-def _print_tiers(session: nox.Session, tiers: list[dict]) -> None:
-    """The totals of each tier, at the end where they are read, and a failure if any tier failed."""
-    tiers = [t for t in tiers if t.get("ran", True)]  # --install-only ran none
-    for t in tiers:
-        if "wall_s" not in t:
-            session.log(f"tier {t['tier']}: pytest ended before its summary (see above)")
-            continue
-        counts = ", ".join(f"{n} {k}" for k, n in t["outcomes"].items() if n) or "no tests"
-        session.log(f"tier {t['tier']}: {counts} in {t['wall_s']:.0f} s wall, {t['total_cpu_s']:.0f} CPU-s "
-                    f"(load {t['load_1m']:.1f})")
-    failed = [t["tier"] for t in tiers if t.get("exit_code", 1) not in (0, 5)]
-    if failed:
-        session.error(f"tier {', '.join(failed)} failed (see above)")
+def _counts(outcomes: dict) -> str:
+    return ", ".join(f"{n} {k}" for k, n in outcomes.items() if n) or "no tests"
+
+
+def _print_tiers(session: nox.Session, run: dict) -> None:
+    """Each tier's totals and the run's, at the end where they are read; a failure if the run failed."""
+    if not run.get("ran", True):  # --install-only ran nothing
+        return
+    if "wall_s" not in run:
+        session.error(f"{run['tier']}: pytest ended before its summary (see above)")
+    for tier, t in run.get("tiers", {}).items():
+        session.log(f"tier {tier}: {_counts(t['outcomes'])}; {t['cpu_s']:.0f} CPU-s, {t['test_wall_s']:.0f} s of "
+                    f"tests' wall, its last test ended at {t['done_at_s']:.0f} s")
+    workers = f", {run['workers']} workers" if run.get("workers") else ""
+    session.log(f"{run['tier']} total: {_counts(run['outcomes'])} in {run['wall_s']:.0f} s wall, {run['total_cpu_s']:.0f} "
+                f"CPU-s (load {run['load_1m']:.1f}{workers})")
+    if run.get("exit_code", 1) not in (0, 5):
+        bad = [tier for tier, t in run.get("tiers", {}).items() if t["outcomes"].get("failed") or t["outcomes"].get("error")]
+        session.error(f"tier {', '.join(bad) or run['tier']} failed (see above)")
 
 
 @on_stack
 def tests(session: nox.Session) -> None:
-    """distci's own tests, every tier, one pytest run each: quick, slow (rank workers, envs) and docker
-    (skipped, with the reason, where no daemon can be started); each tier's totals at the end.
-    `-- -m slow` (any -m) runs that selection alone. The planted-bug trials: `nox -s fuzz_trials`."""
+    """distci's own tests, every tier in one pytest run on xdist workers: quick, slow (rank workers, envs)
+    and docker (skipped, with the reason, where no daemon can be started); each tier's totals at the end.
+    `-- -m EXPR` runs that selection instead. The planted-bug trials: `nox -s fuzz_trials`."""
     if "-m" in session.posargs or any(a.startswith("-m=") for a in session.posargs):
-        _print_tiers(session, [_pytest_tier(session, "selected", None)])
+        _print_tiers(session, _pytest_tier(session, "selected", None))
         return
-    _print_tiers(session, [_pytest_tier(session, name, marker) for name, marker in TIERS.items()])
+    _print_tiers(session, _pytest_tier(session, "tests", EVERY_TIER))
 
 
 @on_stack
 def tests_quick(session: nox.Session) -> None:
     """The quick tier: tests not marked slow or docker (<= 2 min on 2 cores)."""
-    _print_tiers(session, [_pytest_tier(session, "quick", TIERS["quick"])])
+    _print_tiers(session, _pytest_tier(session, "quick", QUICK_TIER))
 
 
 @on_stack
@@ -282,7 +303,7 @@ def fuzz_trials(session: nox.Session) -> None:
     """The generators' planted-bug trials (`-m long`): each plants a bug in the cell side, runs a
     generator on the rank pool and checks it finds and shrinks it (3-20 minutes each on 2 cores).
     Acceptance trials of the fuzzer (docs/fuzz.md), kept out of `nox -s tests`."""
-    _print_tiers(session, [_pytest_tier(session, "fuzz_trials", "long")])
+    _print_tiers(session, _pytest_tier(session, "fuzz_trials", "long", workers=0))
 
 
 @on_stack

@@ -30,7 +30,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     from cpu_time import CpuTime  # tests/cpu_time.py: the per-file CPU and wall summary
 
-    config.pluginmanager.register(CpuTime(config.getoption("--cpu-report")), "distci-tests-cpu-time")
+    config.pluginmanager.register(CpuTime(config, config.getoption("--cpu-report")), "distci-tests-cpu-time")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadfile` as tests/workers.py spreads it (a file per worker, shared things on one
+    worker, heaviest first); any other `--dist` is xdist's own."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from workers import make_scheduler
+
+    return make_scheduler(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,7 +43,7 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={sock}
 StateSaveLocation={dir}/state
-SlurmdSpoolDir={dir}/spool-%n
+SlurmdSpoolDir={sockets}/spool-%n
 SlurmctldPidFile={dir}/slurmctld.pid
 SlurmdPidFile={dir}/slurmd-%n.pid
 SlurmctldLogFile={dir}/slurmctld.log
@@ -68,6 +69,10 @@ class LocalSlurm:
     def __init__(self, hosts: SimulatedHosts, workdir: Path) -> None:
         self.hosts = hosts
         self.dir = workdir
+        # munged's socket and slurmstepd's (in the spool dirs) must fit a Unix socket path's 108
+        # bytes, which pytest's tmp path under an xdist worker (.../popen-gw3/test_.../slurm/
+        # spool-node0/node0_1.4294967291) does not: they live in a short directory of their own.
+        self.sockets = Path(tempfile.mkdtemp(prefix="distci-slurm-"))
         self.procs: list[subprocess.Popen] = []
         self.conf = workdir / "slurm.conf"
 
@@ -82,14 +87,14 @@ class LocalSlurm:
     def start(self, timeout_s: float = 60.0) -> None:
         (self.dir / "state").mkdir(parents=True, exist_ok=True)
         for node in self.hosts.nodes:
-            (self.dir / f"spool-{node.hostname}").mkdir(exist_ok=True)
-        sock = self.dir / "munge.sock"
+            (self.sockets / f"spool-{node.hostname}").mkdir(exist_ok=True)
+        sock = self.sockets / "munge.sock"
         cpus = max(2, os.cpu_count() or 2)
         nodes = "\n".join(f"NodeName={n.hostname} NodeAddr={n.address} CPUs={cpus} State=UNKNOWN"
                           for n in self.hosts.nodes)
         head = self.hosts.nodes[0]
         self.conf.write_text(CONF.format(head=head.hostname, head_addr=head.address, sock=sock, dir=self.dir,
-                                         nodes=nodes))
+                                         sockets=self.sockets, nodes=nodes))
         self._spawn(["munged", "-F", "--force", f"--socket={sock}", f"--pid-file={self.dir}/munged.pid",
                      f"--log-file={self.dir}/munged.log", f"--seed-file={self.dir}/munged.seed"], "munged")
         self._wait_for(lambda: sock.exists(), timeout_s, "munged's socket")
@@ -134,3 +139,4 @@ class LocalSlurm:
                 p.kill()
                 p.wait()
         self.procs.clear()
+        shutil.rmtree(self.sockets, ignore_errors=True)

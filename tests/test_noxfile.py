@@ -187,9 +187,14 @@ class _PytestSession(_Session):
             marker = args[args.index("-m", 2) + 1] if "-m" in args[2:] else None
             (report,) = [a.split("=", 1)[1] for a in args if a.startswith("--cpu-report=")]
             Path(report).parent.mkdir(parents=True, exist_ok=True)
+            code = self.exit_codes.get(marker, 0)
+            tier = {"outcomes": {"passed": 3, "failed": 0}, "tests": 3, "cpu_s": 20.0, "test_wall_s": 12.0,
+                    "done_at_s": 12.0}
             Path(report).write_text(json.dumps({
-                "exit_code": self.exit_codes.get(marker, 0), "outcomes": {"passed": 3, "failed": 0},
-                "wall_s": 12.0, "total_cpu_s": 20.0, "load_1m": 1.0, "tests": []}))
+                "exit_code": code, "outcomes": {"passed": 6, "failed": 1 if code == 1 else 0},
+                "wall_s": 12.0, "total_cpu_s": 41.0, "load_1m": 1.0, "workers": 4,
+                "tiers": {"quick": {**tier, "outcomes": {"passed": 3, "failed": 1 if code == 1 else 0}}, "slow": tier},
+                "tests": []}))
         return True
 
     run_install = run
@@ -199,31 +204,41 @@ def _pytest_runs(session: _Session) -> list[tuple[str, ...]]:
     return [args for args, _ in session.runs if "pytest" in args]
 
 
-def test_tests_runs_each_tier_once_without_the_planted_bug_trials_and_prints_each_total(noxfile, tmp_path):
+def test_tests_runs_every_tier_in_one_run_on_workers_without_the_trials_and_prints_each_total(noxfile, tmp_path):
     session = _PytestSession(tmp_path / "venv")
     noxfile.tests(session)
-    markers = [args[args.index("-m", 2) + 1] for args in _pytest_runs(session)]
-    assert markers == list(noxfile.TIERS.values()) and all("not long" in m for m in markers)
-    assert [line.split(":")[0] for line in session.logged if line.startswith("tier ")] == [
-        "tier quick", "tier slow", "tier docker"]
-    assert "3 passed in 12 s wall, 20 CPU-s" in session.logged[-1]
+    (args,) = _pytest_runs(session)
+    assert args[args.index("-m", 2) + 1] == "not long"
+    assert args[args.index("-n") + 1] == str(noxfile.TEST_WORKERS) and args[args.index("--dist") + 1] == "loadfile"
+    assert [line.split(":")[0] for line in session.logged if line.startswith("tier ")] == ["tier quick", "tier slow"]
+    assert "tier slow: 3 passed; 20 CPU-s, 12 s of tests' wall" in session.logged[-2]
+    assert "tests total: 6 passed in 12 s wall, 41 CPU-s (load 1.0, 4 workers)" in session.logged[-1]
     venvs = [args for args, _ in session.runs if args[1:3] == ("-m", "venv")]
-    assert venvs == [(sys.executable, "-m", "venv", "--clear", str(noxfile.STACK))], "one venv for all three"
+    assert venvs == [(sys.executable, "-m", "venv", "--clear", str(noxfile.STACK))], "one venv for every session"
 
     trials = _PytestSession(tmp_path / "venv")
     noxfile.fuzz_trials(trials)
-    assert [args[args.index("-m", 2) + 1] for args in _pytest_runs(trials)] == ["long"]
+    (args,) = _pytest_runs(trials)
+    assert args[args.index("-m", 2) + 1] == "long" and "-n" not in args
     assert not [a for a, _ in trials.runs if a[1:3] == ("-m", "venv")], "fuzz_trials reuses the tests' venv"
     bench = _PytestSession(tmp_path / "venv", ["pr"])
     noxfile.bench(bench)
     assert [a for a, _ in bench.runs] == [(str(noxfile.STACK / "bin" / "python"), "-m", "distci", "bench", "pr")]
 
 
-def test_a_failed_tier_fails_the_session_after_every_tier_ran(noxfile, tmp_path):
-    session = _PytestSession(tmp_path / "venv", exit_codes={noxfile.TIERS["quick"]: 1, noxfile.TIERS["docker"]: 5})
+def test_a_failed_tier_fails_the_session_naming_it(noxfile, tmp_path):
+    session = _PytestSession(tmp_path / "venv", exit_codes={noxfile.EVERY_TIER: 1})
     with pytest.raises(RuntimeError, match="^tier quick failed"):
         noxfile.tests(session)
-    assert len(_pytest_runs(session)) == 3, "a broken quick tier still lets slow and docker report"
+    assert [line.split(":")[0] for line in session.logged if line.startswith("tier ")] == ["tier quick", "tier slow"]
+
+
+@pytest.mark.parametrize("given", [["-n", "0"], ["-n0"], ["--numprocesses=2"], ["-p", "no:xdist"]])
+def test_workers_the_caller_names_replace_the_default(noxfile, tmp_path, given):
+    session = _PytestSession(tmp_path / "venv", given)
+    noxfile.tests(session)
+    (args,) = _pytest_runs(session)
+    assert "--dist" not in args and args[-len(given):] == tuple(given)
 
 
 def test_a_marker_or_a_path_given_runs_that_selection_once(noxfile, tmp_path):
@@ -247,4 +262,4 @@ def test_install_only_builds_the_venv_and_reports_no_tier(noxfile, tmp_path):
 def test_a_cpu_report_the_caller_names_is_the_one_read(noxfile, tmp_path):
     session = _PytestSession(tmp_path / "venv", ["-m", "slow", f"--cpu-report={tmp_path / 'mine.json'}"])
     noxfile.tests(session)
-    assert session.logged[-1].startswith("tier selected: 3 passed")
+    assert session.logged[-1].startswith("selected total: 6 passed")

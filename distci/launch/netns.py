@@ -137,16 +137,18 @@ class SimulatedHosts:
         atexit.register(self.destroy)
         self._take_signals()
         try:
-            _ip("netns", "add", self.switch)
+            # Owned before it exists: a `teardown` running beside this (another run's, a test's)
+            # removes namespaces without a live owner, and would take one caught in between.
             self._own(self.switch)
+            _ip("netns", "add", self.switch)
             _ip("-n", self.switch, "link", "set", "lo", "up")
             _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
             _ip("-n", self.switch, "link", "set", "br0", "up")
             hosts = "127.0.0.1 localhost\n" + "".join(f"{n.address} {n.hostname}\n" for n in self.nodes)
             for node in self.nodes:
                 ns, port = self.namespace(node), f"v{node.index}"
-                _ip("netns", "add", ns)
                 self._own(ns)
+                _ip("netns", "add", ns)
                 _ip("-n", ns, "link", "set", "lo", "up")
                 _ip("-n", self.switch, "link", "add", port, "type", "veth", "peer", "name", IFNAME, "netns", ns)
                 _ip("-n", self.switch, "link", "set", port, "master", "br0")

@@ -62,8 +62,15 @@ def build_wheel(name: str, cache: Path, *, log=print) -> Path:
             elif "No module named" in output and "setuptools" in output:
                 hint = f": {sys.executable} has no setuptools; pip install setuptools"
             raise InfraError(f"building the {name} wheel failed{hint}", log=output[-4000:])
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
+        # Another process (a second cell run, a test beside this one) may have built the same
+        # sources meanwhile: its wheel stays, as something may be installing it right now.
+        if not any(out.glob("*.whl")):
+            shutil.rmtree(out, ignore_errors=True)
+            try:
+                tmp.rename(out)
+            except OSError:
+                if not any(out.glob("*.whl")):
+                    raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(build_dir, ignore_errors=True)

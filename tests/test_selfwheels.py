@@ -1,0 +1,25 @@
+"""distci's own wheels (provision/selfwheels.py) built by two processes at once, as two cell runs
+or two test workers do: the wheel the first one finished stays, since the other may be installing it."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from distci.provision import selfwheels
+
+
+def test_a_wheel_another_process_finished_meanwhile_is_kept(tmp_path: Path, monkeypatch) -> None:
+    out = tmp_path / f"distci_fixes-{selfwheels.source_hash(*selfwheels.SOURCES['distci_fixes'])}"
+    theirs = out / "distci_fixes-0.1.0-py3-none-any.whl"
+
+    def pip_wheel(cmd, **kw):  # this build, and meanwhile the other process's finishing first
+        Path(cmd[cmd.index("-w") + 1], "distci_fixes-0.1.0-py3-none-any.whl").write_bytes(b"ours")
+        out.mkdir()
+        theirs.write_bytes(b"theirs")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(selfwheels.subprocess, "run", pip_wheel)
+    built = selfwheels.build_wheel("distci_fixes", tmp_path, log=lambda m: None)
+    assert built == theirs and theirs.read_bytes() == b"theirs"
+    assert [p.name for p in tmp_path.iterdir()] == [out.name], "no build left behind"
