@@ -227,11 +227,11 @@ def images(session: nox.Session) -> None:
 # their own session, fuzz_trials.
 EVERY_TIER = "not long"
 QUICK_TIER = "not slow and not docker and not long"  # `nox -s tests_quick`
-# Workers on 2 cores: serially the slow tier keeps one core of two busy (CPU/wall 0.97 on idle
-# cores), its tests waiting on rank processes, servers and timeouts, so more workers than cores
-# fill the waits. Chosen from that, not yet timed A/B on idle cores (docs/benchmarks.md, "Workers,
-# measured"). `-- -n N` overrides, `-- -n 0` runs in one process.
-TEST_WORKERS = 4
+# Workers: one per core of the 2-core CI machine. Serially the slow tier keeps one core of two
+# busy (CPU/wall 0.97 on idle cores). 4 workers on loaded cores failed timing-bound tests side by
+# side (docs/benchmarks.md, "Workers, measured"); 2 on idle cores ran the quick tier in 119 s
+# against 213 s serially (2026-12-06). `-- -n N` overrides, `-- -n 0` runs in one process.
+TEST_WORKERS = 2
 TIER_REPORTS = Path(".nox") / "tiers"
 
 
