@@ -36,12 +36,20 @@ def cluster_view(dist) -> None:
 
 def collectives_for(dist, seconds: float = 60.0, numel: int = 256) -> None:
     """All-reduces with a known answer, one after another, for `seconds`: a fault injected
-    meanwhile lands mid-collective."""
+    meanwhile lands mid-collective.
+
+    The ranks agree when to stop (a MIN of "my clock has time left" each round): each rank
+    reading its own clock desyncs them on a slow link, where one more 1 MiB all-reduce takes
+    a second, so one rank would wait in a collective the other never issues."""
     import torch
     import torch.distributed as d
 
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    while True:
+        go = torch.tensor([1 if time.monotonic() < deadline else 0])
+        d.all_reduce(go, op=d.ReduceOp.MIN)
+        if not go.item():
+            return
         t = torch.ones(numel)
         d.all_reduce(t)
         assert t[0].item() == dist.world_size, t[0].item()
