@@ -130,32 +130,48 @@ def test_compiler_bisect_refuses_a_failure_that_is_not_the_compilers(tmp_path):
         compiler_bisect("exit 3", python=sys.executable, cwd=tmp_path, log=lambda line: None)
 
 
-PASS_TEST = PASS_REPRO.replace("import sys\n\n", "").split("\nx = torch.randn")[0] + '''
+TRACED_TEST = """\
+import torch
 
-def test_linear_compiles():
+
+@torch.compile(fullgraph=True)
+def double(x):
+    # a path only traced code takes (code gated on is_compiling): wrong as soon as Dynamo traces it
+    return x + 2 if torch.compiler.is_compiling() else x * 2
+
+
+def test_double():
     x = torch.randn(4, 8)
-    assert torch.allclose(f(x), linear(x))
-'''
+    assert torch.allclose(double(x), x * 2)
+"""
 
 
 @pytest.mark.slow
 def test_a_test_id_is_bisected_in_the_pr_cells_stack_env(tmp_path, monkeypatch, capsys):
     """`nox -s bisect -- TEST_ID --compiler` from the controller venv (no torch there):
-    with no --in-env the failing env is the pr cell's stack env, as its runs build it."""
+    with no --in-env the failing env is the pr cell's stack env, as its runs build it.
+
+    What the bisector names is proven by the two tests above; this one proves where a test id
+    runs. Its test fails once Dynamo traces it, so from `--compiler-backend eager` the search is
+    its first step and one confirmation (4 runs of the test in all, each a pytest and torchrun:
+    a broken inductor pass took 10)."""
     from distci.provision.selfwheels import REPO
 
-    (tmp_path / "test_broken_pass.py").write_text(PASS_TEST)
+    (tmp_path / "test_traced.py").write_text(TRACED_TEST)
     monkeypatch.chdir(tmp_path)
     # the checkout's caches: the same wheelhouse and env the pr tier's run uses
     monkeypatch.setenv("DISTCI_WHEELHOUSE_ROOT", str(REPO / ".distci" / "wheelhouse"))
     monkeypatch.setenv("DISTCI_ENV_ROOT", str(REPO / ".distci" / "envs"))
-    argv = ["bisect", "test_broken_pass.py::test_linear_compiles", "--compiler", "--compiler-backend", "inductor",
+    argv = ["bisect", "test_traced.py::test_double", "--compiler", "--compiler-backend", "eager",
             "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--timeout", "300", *ONE_CONFIRM]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert re.search(r"compiler bisect in the stack env of cell cpu-\S+ \(--cell CELL or --in-env VENV", out), out
+    assert "with torch.compile as an identity the command exits 0" in out
     report = json.loads(Path(re.search(r"^report: (.+)$", out, re.MULTILINE).group(1)).read_text())
-    assert (report["backend"], report["subsystem"]) == ("inductor", "joint_graph_passes"), report
+    assert (report["backend"], report["subsystem"]) == ("eager", None), report
+    assert report["culprit"] == "backend eager", report
+    assert report["test"] == "test_traced.py::test_double" and "--distci-mode=torchrun" in report["command"], report
     assert report["python"].startswith(str(REPO / ".distci" / "envs")), report["python"]
 
 
@@ -212,6 +228,23 @@ def test_a_backend_is_named_only_where_the_original_failure_is():
     assert finding.original.endswith("AssertionError: loss 1.25 != 1.5\n")
     # without the original's text, the other failure would have been blamed
     assert drive(CB, lambda env: run(env)[0], {}, log=lambda line: None).backend == "aot_eager"
+
+
+def test_a_failing_test_is_the_same_failure_however_long_pytest_took():
+    # an assertion in a test id names no error line: pytest's totals line is the signature, and
+    # past a minute (a loaded runner's original run) pytest adds "(0:01:03)" to it
+    def pytest_tail(seconds: float, warnings: int) -> str:
+        clock = f" (0:{int(seconds) // 60:02d}:{int(seconds) % 60:02d})" if seconds >= 60 else ""
+        return (f"exit 1\nE       assert False\nFAILED test_traced.py::test_double - assert False\n"
+                f"1 failed, {warnings} warning{'s' * (warnings != 1)} in {seconds:.2f}s{clock}\n")
+
+    def run(env):
+        return (0, "exit 0\n") if env["TORCH_BISECT_BACKEND"] == "eager" else (1, pytest_tail(12.5, 2))
+
+    finding = drive(CB, run, {}, original=pytest_tail(63.2, 1), log=lambda line: None)
+    assert (finding.status, finding.backend) == ("found", "aot_eager"), finding.steps
+    assert drive(CB, lambda env: (1, pytest_tail(9.0, 0).replace("1 failed", "1 passed, 1 error")), {},
+                 original=pytest_tail(63.2, 1), log=lambda line: None).backend is None  # another outcome
 
 
 def test_no_backend_is_named_when_no_step_fails_like_the_original():

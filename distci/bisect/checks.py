@@ -29,14 +29,25 @@ OnTimeout = Literal["skip", "bad"]
 
 
 _ERROR_LINE = re.compile(r"^(?:E\s+)?[\w.]*(?:Error|Exception|Failure|Failed)\b")
+_PYTEST_TOTALS = re.compile(r"^=*\s*(\d+ \w+(?:, \d+ \w+)*) in [\d.]+s(?: \(\d+:\d\d:\d\d\))?\s*=*$")
+"""pytest's last line ("1 failed, 2 warnings in 61.20s (0:01:01)"): its duration, and the
+(h:mm:ss) pytest adds past a minute, say how loaded the machine was, not what failed."""
+
+
+def _outcomes_only(line: str) -> str:
+    totals = _PYTEST_TOTALS.match(line)
+    if totals is None:
+        return line
+    return ", ".join(part for part in totals.group(1).split(", ") if not part.split(" ", 1)[1].startswith("warning"))
 
 
 def failure_signature(detail: str) -> tuple[str, str]:
     """What makes two failures the same failure: (the first line, e.g. `exit 1`; the last
     line that names an error, else the last line), numbers blanked (pids, times, sizes
-    vary). A probe counts as failing like the original only when the signatures match
-    (python-diff's overlays, the compiler bisector's steps)."""
-    lines = [re.sub(r"\d+", "#", line.strip()) for line in detail.strip().splitlines() if line.strip()]
+    vary) and pytest's totals line without its duration and warnings. A probe counts as
+    failing like the original only when the signatures match (python-diff's overlays, the
+    compiler bisector's steps)."""
+    lines = [re.sub(r"\d+", "#", _outcomes_only(line.strip())) for line in detail.strip().splitlines() if line.strip()]
     if not lines:
         return ("", "")
     errors = [line for line in lines[1:] if _ERROR_LINE.match(line)]
