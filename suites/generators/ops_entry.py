@@ -75,11 +75,17 @@ def _resume_only_after_a_death(request: pytest.FixtureRequest) -> None:
 
 
 def _run(dist, case, plant):
-    """This rank's outcome of `case` (not agreed yet)."""
-    from .ops_cases import CaseOutcome, run_case
+    """This rank's outcome of `case` (not agreed yet), under the case's time bound: a case that
+    spins in Python fails with where it spun (suites/generators/case_bound.py)."""
+    from .case_bound import Bound, CaseTimeout, bound_s
+    from .ops_cases import CaseOutcome, run_case, timed_out
 
+    bound = Bound(bound_s(case.shapes))
     try:
-        return run_case(case, dist, plant)
+        with bound:
+            return run_case(case, dist, plant)
+    except CaseTimeout:
+        return timed_out(case, bound)
     except Exception as exc:  # a bug of the judge itself: reported as the case's failure, never lost
         import traceback
 
