@@ -14,6 +14,8 @@ Not collected with `suites/` (the file name is not test_*.py): `python -m distci
   ranks ends the slot; the next *resume slot* (`[ws4-resume1]`, ... on fresh forks of the
   warm pool) records it and goes on with the cases after it (suites/generators/ops_sweep.py
   says how). A slot hands over to the next after SLOT_S, far inside its timeout (900 s).
+  Each case runs under a time bound (suites/generators/case_bound.py): one that spins in
+  Python fails in seconds with where it spun, and the sweep goes on.
 - `test_op_case[<case id>]`: one case (its id names it entirely), failing with the case's
   problem, first line its signature: what a find is recorded as, what a repro reruns, what
   a known-issues entry matches. A capability gap or an invalid draw skips with the reason.
