@@ -412,10 +412,11 @@ def test_a_spin_in_view_groups_is_a_near_miss_of_the_registered_loop_never_new()
         row = hang_row(case, {"status": "fail", "signature": hit.signature, "message": hit.signature})
         assert registry.near_misses(test_id, f"AssertionError: {row['signature']}", row["message"],
                                     Stack(torch="2.15.0")) == ["dtensor-view-zero-dim-loops"]
-    sdpa = BoundHit(40.0, "_propagate_through_decomp", True, ())  # the bench's sdpa cases, fixes off
-    assert registry.near_misses("suites/generators/ops_entry.py::test_op_case[sdpa~2~bf16~7x5x9x7,7x5x11x7,"
-                                "7x5x11x7~R,S1,Psum~is_causal=0~801]", f"AssertionError: {sdpa.signature}", "",
-                                Stack(torch="2.13.0")) == ["dtensor-sdpa-cpu-sharding-propagation-time"]
+    for where in ("_propagate_through_decomp", "propagate_strategy"):  # the bench's sdpa cases, fixes off
+        sdpa = BoundHit(40.0, where, True, ())
+        assert registry.near_misses("suites/generators/ops_entry.py::test_op_case[sdpa~2~bf16~7x5x9x7,7x5x11x7,"
+                                    "7x5x11x7~R,S1,Psum~is_causal=0~801]", f"AssertionError: {sdpa.signature}", "",
+                                    Stack(torch="2.13.0")) == ["dtensor-sdpa-cpu-sharding-propagation-time"]
     elsewhere = BoundHit(12.5, "_spin_forever", False, ())
     assert registry.near_misses("suites/generators/ops_entry.py::test_op_case[sigmoid~2~f32~3x4~S0~-~0]",
                                 f"AssertionError: {elsewhere.signature}", "", Stack(torch="2.13.0")) == []
