@@ -430,6 +430,8 @@ SPINNERS = [
     ("cat~2~f32~3x7,3x7~S0,R~dim=0~3", "pass"),
     ("gelu~2~f32~3x11x11~R~approximate=tanh~319", "(looping in _spin_forever) (some ranks only, the others hang)"),
     ("silu~2~f32~4x3~S1~-~2", "pass"),  # after the slot the rank-0 spin ended: resumed
+    ("softmax~2~f32~3x11x11~R~dim=2~816", "the case did not return in 10 s (looping in _spin_forever)"),
+    ("silu~2~f32~5x3~S0~-~7", "pass"),  # not under the mode the cut case left pushed: a fresh slot
 ]
 
 
@@ -438,7 +440,8 @@ def test_a_case_that_spins_fails_within_its_bound_and_the_sweep_goes_on(tmp_path
     """The ops bench (fixes off) hung 300 s on the zero-dim reshape (view_groups loops before any
     collective) and lost its slot. Under the case bound each spinning case (the real one, a
     planted loop on every rank, one on rank 0 alone while rank 1 waits in the judge's
-    collective) is a failure naming where it spun, within its bound, and the next case runs.
+    collective, one that leaves a dispatch mode pushed) is a failure naming where it spun, within
+    its bound, and the next case runs (on fresh ranks after the last two).
     The batch's watchdog is 150 s, so without the bound the spins are lost rows, not a hung test."""
     pytest.importorskip("torch")
     from suites.generators.case_bound import BASE_S, LOAD_CAP

@@ -12,7 +12,9 @@ placements and ops, wrong in one corner, and quiet (nothing raises):
   - spin: `sigmoid` loops forever in pure Python on every rank before any collective (as
     DTensor's view_groups does for `dtensor-view-zero-dim-loops`), `gelu` on mesh coordinate 0
     only, while the other ranks go on into the judge's collectives and wait there (what the
-    case's time bound must turn into a failure: suites/generators/case_bound.py).
+    case's time bound must turn into a failure: suites/generators/case_bound.py); `softmax`
+    first pushes a dispatch mode that breaks every later `silu` and never pops it (what a bound
+    that hits inside a mode's __exit__ can leave: the sweep must not run its next case there).
 None is shaped like a column of the scenario table: each needs an op, a placement and
 (shard_shape) a size together, which is what the shrinker must keep and nothing more.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import os
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 PLANT_ENV = "DISTCI_OPS_PLANT"
 
@@ -103,9 +106,20 @@ class PythonSpin(_Plant):
     def inputs(self, case, dts):
         import torch.distributed as tdist
 
-        if case.op == "sigmoid" or (case.op == "gelu" and tdist.get_rank() == 0):
+        if case.op == "softmax":
+            from torch.utils._python_dispatch import _push_mode
+
+            _push_mode(_BreaksSilu())
+        if case.op in ("sigmoid", "softmax") or (case.op == "gelu" and tdist.get_rank() == 0):
             _spin_forever()
         return dts
+
+
+class _BreaksSilu(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.silu.default:
+            raise RuntimeError("planted: a dispatch mode the case before left on")
+        return func(*args, **(kwargs or {}))
 
 
 PLANTS = {"shard_shape": ShardShape, "avg_twice": AvgTwice, "grad_drop": GradDrop, "spin": PythonSpin}
