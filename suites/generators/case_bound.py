@@ -23,10 +23,10 @@ hand may be large, and gets WORK_PER_S's time for its work on top.
 Where (`BoundHit.where`): once the bound passes, the timer samples the stack SAMPLES times,
 SAMPLE_S apart, then raises. `where` is the innermost function every sample shares (the loop
 itself, not a helper it happens to be in), preferring DTensor's own code (torch/distributed),
-then torch's, then any (a planted spin). The signature carries BASE_S, never the case's own
-bound (it moves with the load), so one loop is one find across cases, ops and nights, and
-reads like the repro's (`did not return in 10 s (sharding propagation looping in
-view_groups)`), which the known-issues entry matches.
+then torch's, then any (a planted spin). The signature carries no number (the bound moves with
+the load; stored signatures turn numbers into N anyway), so one loop is one find across cases,
+ops and nights: `the case did not return within its time bound (sharding propagation looping
+in view_groups)`, which the known-issues entry matches as it matches its repro's line.
 
 Stdlib only: this runs in cell environments.
 """
@@ -78,7 +78,7 @@ class BoundHit:
     @property
     def signature(self) -> str:
         what = "sharding propagation looping" if self.propagation else "looping"
-        return f"the case did not return in {BASE_S:.0f} s ({what} in {self.where})"
+        return f"the case did not return within its time bound ({what} in {self.where})"
 
     def describe(self) -> str:
         return (f"its bound was {self.bound_s:.1f} s (BASE_S {BASE_S:.0f} s x the load per core, plus its sizes' "
