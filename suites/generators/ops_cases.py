@@ -402,6 +402,16 @@ def _raised(case: OpCase, exc: Exception, during: str, done) -> CaseOutcome:
     return out
 
 
+def timed_out(case: OpCase, bound) -> CaseOutcome:
+    """The outcome of a case its bound (suites/generators/case_bound.py's Bound) cut: a failure
+    whose signature names where it spun, no op in it (one loop of DTensor's is one find across
+    ops, as a raised error is). Raised: a rank may have issued a collective its peers never
+    did, so a sweep checks its groups are in step before going on."""
+    hit = bound.hit
+    message = f"{hit.signature}\n  {hit.describe()}\n  case {case.id}\n  {_where(case)}"
+    return CaseOutcome("fail", hit.signature, message, bound.elapsed, raised=True)
+
+
 def _text(p) -> str:
     name = type(p).__name__
     if name == "Replicate":

@@ -14,6 +14,8 @@ Not collected with `suites/` (the file name is not test_*.py): `python -m distci
   ranks ends the slot; the next *resume slot* (`[ws4-resume1]`, ... on fresh forks of the
   warm pool) records it and goes on with the cases after it (suites/generators/ops_sweep.py
   says how). A slot hands over to the next after SLOT_S, far inside its timeout (900 s).
+  Each case runs under a time bound (suites/generators/case_bound.py): one that spins in
+  Python fails in seconds with where it spun, and the sweep goes on.
 - `test_op_case[<case id>]`: one case (its id names it entirely), failing with the case's
   problem, first line its signature: what a find is recorded as, what a repro reruns, what
   a known-issues entry matches. A capability gap or an invalid draw skips with the reason.
@@ -75,11 +77,17 @@ def _resume_only_after_a_death(request: pytest.FixtureRequest) -> None:
 
 
 def _run(dist, case, plant):
-    """This rank's outcome of `case` (not agreed yet)."""
-    from .ops_cases import CaseOutcome, run_case
+    """This rank's outcome of `case` (not agreed yet), under the case's time bound: a case that
+    spins in Python fails with where it spun (suites/generators/case_bound.py)."""
+    from .case_bound import Bound, CaseTimeout, bound_s
+    from .ops_cases import CaseOutcome, run_case, timed_out
 
+    bound = Bound(bound_s(case.shapes))
     try:
-        return run_case(case, dist, plant)
+        with bound:
+            return run_case(case, dist, plant)
+    except CaseTimeout:
+        return timed_out(case, bound)
     except Exception as exc:  # a bug of the judge itself: reported as the case's failure, never lost
         import traceback
 
@@ -95,11 +103,21 @@ class OutOfStep(Exception):
     """Every rank knows the ranks' groups fell out of step: the slot ends quietly, the next resumes."""
 
 
-def _in_step(dist, side, hang_s: float) -> bool:
+def _modes() -> tuple[int, ...]:
+    """How many dispatch and function modes are pushed (where this torch can say)."""
+    import torch
+
+    return tuple(getattr(torch._C, name, lambda: 0)() for name in ("_len_torch_dispatch_stack",
+                                                                   "_len_torch_function_stack"))
+
+
+def _in_step(dist, side, hang_s: float, modes: tuple[int, ...]) -> bool:
     """Whether every group a case could have used (the world, each cached mesh's axes) still
-    completes a barrier within `hang_s`, on every rank (agreed on the side group). Only asked
-    after a case that raised somewhere: a rank that raised may have left a collective issued
-    that its peers never issued, and the next case would pair with it (or hang in it)."""
+    completes a barrier within `hang_s`, and no rank has a mode pushed that was not there when
+    the slot began (`modes`), on every rank (agreed on the side group). Only asked after a case
+    that raised somewhere: a rank that raised may have left a collective issued that its peers
+    never issued, and the next case would pair with it (or hang in it); a case its time bound
+    cut inside torch's bookkeeping (a mode's __exit__) may have left the mode on for the rest."""
     import datetime
 
     import torch.distributed as tdist
@@ -113,6 +131,7 @@ def _in_step(dist, side, hang_s: float) -> bool:
             work.wait(timeout=datetime.timedelta(seconds=hang_s))
         except Exception:
             ok = False
+    ok = ok and _modes() == modes
     everyone: list = [None] * dist.world_size
     tdist.all_gather_object(everyone, ok, group=side)
     return all(everyone)
@@ -140,6 +159,7 @@ def test_op_sweep(dist, world, slot) -> None:
     # every rank has read the files before rank 0 writes to them
     side = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=hang_s))
     tdist.barrier(group=side)
+    modes = _modes()
     seen = set(batch.get("known_signatures", []))
     bounds = batch.get("shrink", {})
     sink = open(files.rows, "a") if dist.rank == 0 else None
@@ -173,7 +193,7 @@ def test_op_sweep(dist, world, slot) -> None:
                     row = {"id": case.id, "status": agreed.status, "signature": agreed.signature,
                            "message": agreed.message, "seconds": round(agreed.seconds, 4)}
                     files.begin(parent or case.id, case.id if parent else None, record, best, probe=row)
-                if not _in_step(dist, side, hang_s):
+                if not _in_step(dist, side, hang_s, modes):
                     raise OutOfStep()
         finally:
             faulthandler.cancel_dump_traceback_later()

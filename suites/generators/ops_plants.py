@@ -9,6 +9,12 @@ placements and ops, wrong in one corner, and quiet (nothing raises):
   - avg_twice: `sum` / `mean` of a Partial(avg) input divide by the mesh axis size twice;
   - grad_drop: the backward of `rms_norm` drops the input's gradient when the input is
     sharded on its last (the normalized) dim.
+  - spin: `sigmoid` loops forever in pure Python on every rank before any collective (as
+    DTensor's view_groups does for `dtensor-view-zero-dim-loops`), `gelu` on mesh coordinate 0
+    only, while the other ranks go on into the judge's collectives and wait there (what the
+    case's time bound must turn into a failure: suites/generators/case_bound.py); `softmax`
+    first pushes a dispatch mode that breaks every later `silu` and never pops it (what a bound
+    that hits inside a mode's __exit__ can leave: the sweep must not run its next case there).
 None is shaped like a column of the scenario table: each needs an op, a placement and
 (shard_shape) a size together, which is what the shrinker must keep and nothing more.
 """
@@ -18,6 +24,7 @@ from __future__ import annotations
 import os
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 PLANT_ENV = "DISTCI_OPS_PLANT"
 
@@ -83,7 +90,39 @@ class GradDrop(_Plant):
         return [_DropGrad.apply(dts[0]), *dts[1:]]
 
 
-PLANTS = {"shard_shape": ShardShape, "avg_twice": AvgTwice, "grad_drop": GradDrop}
+def _step(n: int) -> int:
+    return (n * 7 + 1) % 1_000_003
+
+
+def _spin_forever() -> None:
+    """A loop that never ends and calls a helper, as view_groups calls guard_or_false: the
+    bound must name this function, not the helper it happens to be in."""
+    n = 0
+    while n >= 0:
+        n = _step(n)
+
+
+class PythonSpin(_Plant):
+    def inputs(self, case, dts):
+        import torch.distributed as tdist
+
+        if case.op == "softmax":
+            from torch.utils._python_dispatch import _push_mode
+
+            _push_mode(_BreaksSilu())
+        if case.op in ("sigmoid", "softmax") or (case.op == "gelu" and tdist.get_rank() == 0):
+            _spin_forever()
+        return dts
+
+
+class _BreaksSilu(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.silu.default:
+            raise RuntimeError("planted: a dispatch mode the case before left on")
+        return func(*args, **(kwargs or {}))
+
+
+PLANTS = {"shard_shape": ShardShape, "avg_twice": AvgTwice, "grad_drop": GradDrop, "spin": PythonSpin}
 
 
 def planted(name: str | None = None) -> _Plant | None:

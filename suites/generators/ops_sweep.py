@@ -39,9 +39,10 @@ HANG_S = 30.0
 """How long a rank that finished a case waits for the others before it calls them stuck (a
 case costs milliseconds, under load a few seconds: 30 s is a hang, not a slow rank)."""
 CASE_LIMIT_S = 300.0
-"""The watchdog: no case (one shrink candidate) may keep a rank longer. Not lower: on torch
-2.13 one sdpa case (R, S1, Psum in bf16) spends 104 s in DTensor's sharding propagation
-through the op's decomposition at load 10 (docs/benchmarks.md), and is slow, not dead."""
+"""The watchdog: no case (one shrink candidate) may keep a rank longer. A case that spins in
+Python is cut well before by its own time bound (suites/generators/case_bound.py, 10-40 s);
+this is for ranks that all block in C (a deadlock every rank shares), which no Python-level
+bound interrupts."""
 SLOT_S = 480.0
 """A slot takes no new case after this long: the next slot goes on, so a sweep slowed by load
 never reaches the test's timeout (900 s) in the middle of a healthy case."""

@@ -13,26 +13,22 @@ after attention, `x.flatten(1)`), as the ops generator drew it:
 `reshape_merge~4~f32~16x12x0x12~Pavg~-~962` (seed bench, fixes on, 2026-12-06; the sweep's
 watchdog ended it after 300 s). Measured standalone on 2.13.0 and 2.15.0 (1 process, fake
 group: still looping after 8 s, faulthandler in view_groups). Control: the same reshape of a
-non-empty tensor. The test bounds the propagation with SIGALRM (the spin is Python code, so the
-alarm's exception ends it) and reports the loop as a failure, never as a hang of the session.
+non-empty tensor. The test bounds the propagation with the ops generator's case bound (SIGALRM: the spin is
+Python code, so the alarm's exception ends it; suites/generators/case_bound.py) and reports the
+loop as a failure, never as a hang of the session.
 """
 
 from __future__ import annotations
-
-import signal
 
 import pytest
 import torch
 
 from ..conftest import tier_marks
+from ..generators.case_bound import Bound, CaseTimeout
 
 pytestmark = tier_marks("nightly")
 
 BOUND_S = 20
-
-
-class _StillLooping(Exception):
-    pass
 
 
 @pytest.mark.world_size(2)
@@ -44,26 +40,11 @@ def test_reshape_returns(dist, shape, to) -> None:
 
     x = torch.zeros(shape)
     xd = DTensor.from_local(x, dist.mesh(), [Replicate()], run_check=False)
-
-    stack: list[str] = []
-
-    def stop(signum, frame):
-        while frame is not None:  # where the call was when the bound passed, innermost first
-            stack.append(frame.f_code.co_name)
-            frame = frame.f_back
-        raise _StillLooping()
-
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.alarm(BOUND_S)
+    bound = Bound(BOUND_S)  # the ops generator's case bound: it names the function the call loops in
     try:
-        got = xd.reshape(*to)
-    except Exception:  # DTensor wraps what its propagation raised ("Sharding propagation failed")
-        if not stack:
-            raise
-        where = "view_groups" if "view_groups" in stack else stack[0]
+        with bound:
+            got = xd.reshape(*to)
+    except CaseTimeout:
         pytest.fail(f"DTensor reshape {shape} -> {to} did not return in {BOUND_S} s "
-                    f"(sharding propagation looping in {where})")
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+                    f"(sharding propagation looping in {bound.hit.where})")
     assert tuple(got.shape) == tuple(x.reshape(*to).shape)
