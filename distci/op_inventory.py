@@ -37,6 +37,8 @@ HF_LLAMA = "transformers/models/llama/modeling_llama.py"
 HF_GPT2 = "transformers/pytorch_utils.py (Conv1D) + models/gpt2/modeling_gpt2.py"
 HF_TRAINER = "transformers/trainer_pt_utils.py (LabelSmoother) + trainer.py"
 OPTIM = "torch/optim/adamw.py, sgd.py (_multi_tensor_*: the foreach path every trainer's optimizer takes)"
+HF_VIT = "transformers/models/vit/modeling_vit.py (ViTPatchEmbeddings: nn.Conv2d(kernel_size=patch, stride=patch))"
+HF_MIXTRAL = "transformers/models/mixtral/modeling_mixtral.py (loss += router_aux_loss_coef * aux_loss)"
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,9 @@ INVENTORY: tuple[OpSpec, ...] = (
     OpSpec("bmm", (_a("B M K"), _a("B K N")), f"{HF_LLAMA} (batched attention scores), {TITAN_MOE} experts"),
     OpSpec("einsum", (_a("B H S E"), _a("B H T E")), "transformers rotary / attention einsum ('bhqd,bhkd->bhqk')",
            {"eq": ("bhqd.bhkd-bhqk", "bhqd.bhkd-bqhk")}),
+    OpSpec("conv2d_patch", (_a("B? C H*2 W*2"), _a("O C 2 2"), _a("O")),
+           f"{HF_VIT}, CLIP / SigLIP vision towers, torchtitan's flux autoencoder (nn.Conv2d)",
+           {"stride": (2, 1)}, mins={"C": 1}),
     OpSpec("embedding", (_a("B? M", "index:V", grad=False), _a("V D")), f"{TITAN_LLAMA} (tok_embeddings)",
            mins={"V": 1}),
     # losses
@@ -91,6 +96,10 @@ INVENTORY: tuple[OpSpec, ...] = (
            f"{TITAN_MOE} (router softmax dim=1)",
            params={"dim": "dim:0"}),
     _unary("log_softmax", f"{TUNE_DPO}, torchtitan/models/*/generate (log_softmax(-1))", params={"dim": "dim:0"}),
+    OpSpec("loss_plus_aux", (_a("M V"), _a("M E")),
+           f"{HF_MIXTRAL}, {TITAN_MOE} (load-balance loss added to the LM loss), z-loss terms: a scalar loss "
+           "built by reductions, scaled and added in place",
+           {"coef": (0.01, 1.0), "inplace": (1, 0)}),
     _unary("sigmoid", f"{TITAN_MOE} (router: torch.sigmoid(scores.to(torch.float32)))"),
     # norms
     OpSpec("layer_norm", (_a("B? M D"), _a("D"), _a("D")), "nn.LayerNorm (torchtitan flux / HF GPT-2 ln_f)"),
