@@ -139,7 +139,7 @@ def _applies(entry: str) -> bool:
 def test_a_bounded_ops_run_finds_the_conv_width_bug_and_files_it_known(tmp_path):
     pytest.importorskip("torch")
     out, results = _fuzz(tmp_path, "--generator", "ops", "--seed", "reach", "--ops", "conv2d_patch",
-                         "--meshes", "2", "--max-cases", "40", "--budget", "5m")
+                         "--meshes", "2", "--max-cases", "12", "--budget", "4m")
     conv = [r for r in results if "conv2d_patch" in r["test_id"] and r["outcome"] == "failed"]
     if _applies(CONV_ENTRY):
         assert conv, out[-3000:]
