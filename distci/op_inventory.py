@@ -37,6 +37,8 @@ HF_LLAMA = "transformers/models/llama/modeling_llama.py"
 HF_GPT2 = "transformers/pytorch_utils.py (Conv1D) + models/gpt2/modeling_gpt2.py"
 HF_TRAINER = "transformers/trainer_pt_utils.py (LabelSmoother) + trainer.py"
 OPTIM = "torch/optim/adamw.py, sgd.py (_multi_tensor_*: the foreach path every trainer's optimizer takes)"
+HF_VIT = "transformers/models/vit/modeling_vit.py (ViTPatchEmbeddings: nn.Conv2d(kernel_size=patch, stride=patch))"
+HF_MIXTRAL = "transformers/models/mixtral/modeling_mixtral.py (loss += router_aux_loss_coef * aux_loss)"
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,9 @@ class Arg:
     dims: str
     kind: str = "float"
     grad: bool = True
+    placed: bool = True
+    """False: always Replicate. A weight no trainer's parallelism leaves sharded when the op
+    runs (FSDP2 gathers a conv's weight before it; no TP plan shards convs)."""
 
 
 @dataclass(frozen=True)
@@ -59,8 +64,8 @@ class OpSpec:
     """False: no backward (index outputs only, optimizer updates under no_grad)."""
 
 
-def _a(dims: str, kind: str = "float", grad: bool = True) -> Arg:
-    return Arg(dims, kind, grad)
+def _a(dims: str, kind: str = "float", grad: bool = True, placed: bool = True) -> Arg:
+    return Arg(dims, kind, grad, placed)
 
 
 def _unary(name: str, where: str, dims: str = "B? M N", kind: str = "float", **kw: Any) -> OpSpec:
@@ -76,6 +81,9 @@ INVENTORY: tuple[OpSpec, ...] = (
     OpSpec("bmm", (_a("B M K"), _a("B K N")), f"{HF_LLAMA} (batched attention scores), {TITAN_MOE} experts"),
     OpSpec("einsum", (_a("B H S E"), _a("B H T E")), "transformers rotary / attention einsum ('bhqd,bhkd->bhqk')",
            {"eq": ("bhqd.bhkd-bhqk", "bhqd.bhkd-bqhk")}),
+    OpSpec("conv2d_patch", (_a("B? C H*2 W*2"), _a("O C 2 2", placed=False), _a("O", placed=False)),
+           f"{HF_VIT}, CLIP / SigLIP vision towers, torchtitan's flux autoencoder (nn.Conv2d)",
+           {"stride": (2, 1)}, mins={"C": 1}),
     OpSpec("embedding", (_a("B? M", "index:V", grad=False), _a("V D")), f"{TITAN_LLAMA} (tok_embeddings)",
            mins={"V": 1}),
     # losses
@@ -91,6 +99,10 @@ INVENTORY: tuple[OpSpec, ...] = (
            f"{TITAN_MOE} (router softmax dim=1)",
            params={"dim": "dim:0"}),
     _unary("log_softmax", f"{TUNE_DPO}, torchtitan/models/*/generate (log_softmax(-1))", params={"dim": "dim:0"}),
+    OpSpec("loss_plus_aux", (_a("M V"), _a("M E")),
+           f"{HF_MIXTRAL}, {TITAN_MOE} (load-balance loss added to the LM loss), z-loss terms: a scalar loss "
+           "built by reductions, scaled and added in place",
+           {"coef": (0.01, 1.0), "inplace": (1, 0)}),
     _unary("sigmoid", f"{TITAN_MOE} (router: torch.sigmoid(scores.to(torch.float32)))"),
     # norms
     OpSpec("layer_norm", (_a("B? M D"), _a("D"), _a("D")), "nn.LayerNorm (torchtitan flux / HF GPT-2 ln_f)"),

@@ -10,13 +10,19 @@ Features, and where they come from:
   - tie: the output head holds the token embedding's weight (Llama 3.2 1B/3B, Gemma);
   - reuse: one block applied twice per forward (ALBERT, Universal Transformers): one set of
     parameters, two uses, two backward contributions;
+  - mtp: a multi-token-prediction module that holds and calls the output head a second time
+    (DeepSeek-V3's MTP modules share the embedding and the output head; Megatron-LM's
+    MultiTokenPredictionBlock): one head, two callers, one of them a child of another module;
   - buffer: `rope`, a non-persistent cos/sin cache built at init (Llama's rotary cache); or
     `persistent`, a persistent per-channel scale buffer read in forward;
   - param: the feed-forward's first projection under torch.nn.utils.parametrizations
     (weight_norm: wav2vec2 / HiFi-GAN; spectral_norm: GAN discriminators, with its u/v
     buffers updated by every training forward);
   - wrap: FSDP2 units as trainers place them: every block (+ root), the root only, a subset
-    (the first block only), nested (each block's feed-forward, then the block, then root);
+    (the first block only), nested (each block's feed-forward, then the block, then root),
+    grouped (every block, then one unit of several modules, `fully_shard([model.norm,
+    model.output])` as torchtitan's llama3/deepseek_v3 parallelize.py and PyTorch's own
+    "mem_eff" tests write it; the tied embedding and the MTP module join that unit);
   - uneven: widths no mesh divides (vocab 33, hidden 31): padded FSDP2 shards, uneven TP shards;
   - parallel: the layout (FSDP2, TP, classic DDP, composable replicate), crossed with all;
   - accum, steps: microbatches per step, optimizer steps.
@@ -54,9 +60,10 @@ FEATURES: tuple[Feature, ...] = (
     Feature("shared_expert", (False, True), False, "shared_expert", "an expert every token passes"),
     Feature("tie", (False, True), False, "tied", "the output head holds the embedding's weight"),
     Feature("reuse", (False, True), False, "reused_block", "the first block runs again after the last"),
+    Feature("mtp", (False, True), False, "mtp", "a multi-token-prediction module that calls the output head again"),
     Feature("buffer", ("none", "rope", "persistent"), "none", "buf_{}", "a buffer read in every block's forward"),
     Feature("param", ("none", "weight_norm", "spectral_norm"), "none", "{}", "a parametrized first projection"),
-    Feature("wrap", ("blocks", "root", "subset", "nested"), "blocks", "wrap_{}", "FSDP2 units"),
+    Feature("wrap", ("blocks", "root", "subset", "nested", "grouped"), "blocks", "wrap_{}", "FSDP2 units"),
     Feature("uneven", (False, True), False, "uneven", "vocab 33 and hidden 31: no mesh divides them"),
     Feature("accum", (1, 2), 1, "ga{}", "microbatches per optimizer step"),
     Feature("steps", (1, 2, 3), 1, "steps{}", "optimizer steps"),

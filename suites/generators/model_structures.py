@@ -110,6 +110,25 @@ class Block(nn.Module):
         return x + out
 
 
+MTP_WEIGHT = 0.3
+"""DeepSeek-V3's weight of the MTP loss; the MTP logits join the main ones with it, so the
+loop's one loss trains both uses of the head."""
+
+
+class MultiTokenPrediction(nn.Module):
+    """An MTP module as DeepSeek-V3 / Megatron-LM write one: its own norm and projection, then
+    the model's output head (registered here too: one module, two parents)."""
+
+    def __init__(self, head: nn.Linear) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(DIM) if hasattr(nn, "RMSNorm") else nn.LayerNorm(DIM)
+        self.proj = nn.Linear(DIM, DIM, bias=False)
+        self.head = head
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.head(self.proj(self.norm(h)))
+
+
 class StructureModel(nn.Module):
     def __init__(self, structure: dict[str, Any]) -> None:
         super().__init__()
@@ -122,6 +141,7 @@ class StructureModel(nn.Module):
         self.output = nn.Linear(DIM, vocab, bias=False)
         if s["tie"]:
             self.output.weight = self.tok.weight
+        self.mtp = MultiTokenPrediction(self.output) if s["mtp"] else None
 
     @property
     def vocab(self) -> int:
@@ -133,7 +153,10 @@ class StructureModel(nn.Module):
             x = block(x)
         if self.structure["reuse"]:
             x = self.layers[0](x)
-        return self.output(self.norm(x))
+        logits = self.output(self.norm(x))
+        if self.mtp is not None:
+            logits = logits + MTP_WEIGHT * self.mtp(x)
+        return logits
 
 
 def build(structure: dict[str, Any], device: torch.device) -> StructureModel:
@@ -184,11 +207,14 @@ def _fully_shard(model: StructureModel, mesh: Any, wrap: str) -> None:
 
     fully_shard, _ = fsdp_api()
     blocks = list(model.layers)
-    units = {"blocks": blocks, "root": [], "subset": blocks[:1], "nested": blocks}[wrap]
+    units = {"blocks": blocks, "root": [], "subset": blocks[:1], "nested": blocks, "grouped": blocks}[wrap]
     for block in units:
         if wrap == "nested":
             fully_shard(block.ffn, mesh=mesh)
         fully_shard(block, mesh=mesh)
+    if wrap == "grouped":  # torchtitan: fully_shard([model.norm, model.output]); tied weights share one unit
+        group = [model.norm, model.output] + ([model.tok] if model.structure["tie"] else [])
+        fully_shard(group + ([model.mtp] if model.mtp is not None else []), mesh=mesh)
     fully_shard(model, mesh=mesh)
     if model.structure["experts"] and hasattr(model, "set_reduce_scatter_unused_params"):
         # an expert idle on one rank has no gradient there: without this FSDP2 reduce-scatters

@@ -84,6 +84,15 @@ def _optimizer(make: Callable, steps: int) -> Callable:
     return run
 
 
+def _loss_plus_aux(x, p, c):
+    loss = x[0].float().logsumexp(-1).mean()
+    aux = x[1].float().pow(2).sum() / max(x[1].numel(), 1)
+    if p["inplace"]:
+        loss += p["coef"] * aux
+        return (loss,)
+    return (loss + p["coef"] * aux,)
+
+
 def _clamp(x, p, c):
     lo, hi = (None if v == "none" else float(v) for v in (p["lo"], p["hi"]))
     return (x[0].clamp(min=lo, max=hi),)
@@ -99,6 +108,7 @@ CALLS: dict[str, Callable[[list, dict, Context], tuple]] = {
     "addmm": lambda x, p, c: (torch.addmm(x[0], x[1], x[2]),),
     "bmm": lambda x, p, c: (torch.bmm(x[0], x[1]),),
     "einsum": lambda x, p, c: (torch.einsum(p["eq"].replace(".", ",").replace("-", "->"), x[0], x[1]),),
+    "conv2d_patch": lambda x, p, c: (F.conv2d(x[0], x[1], x[2], stride=p["stride"]),),
     "embedding": lambda x, p, c: (F.embedding(x[0], x[1]),),
     "cross_entropy": lambda x, p, c: (F.cross_entropy(x[0].float(), x[1], ignore_index=-100, reduction=p["reduction"],
                                                       label_smoothing=p["label_smoothing"]),),
@@ -106,6 +116,7 @@ CALLS: dict[str, Callable[[list, dict, Context], tuple]] = {
     "logprobs_gather": lambda x, p, c: (torch.gather(x[0].log_softmax(-1), 2, x[1].unsqueeze(-1)).squeeze(-1),),
     "softmax": lambda x, p, c: (F.softmax(x[0], dim=p["dim"], dtype=torch.float32),),
     "log_softmax": lambda x, p, c: (F.log_softmax(x[0], dim=p["dim"]),),
+    "loss_plus_aux": _loss_plus_aux,
     "sigmoid": lambda x, p, c: (torch.sigmoid(x[0].to(torch.float32)),),
     "layer_norm": lambda x, p, c: (F.layer_norm(x[0], (x[0].shape[-1],), x[1], x[2]),),
     "rms_norm": lambda x, p, c: (F.rms_norm(x[0], (x[0].shape[-1],), x[1], eps=1e-6),),

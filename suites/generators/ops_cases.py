@@ -32,9 +32,12 @@ from ..judges.tolerances import ROUNDING, op_threshold
 from .op_calls import CALLS, Context
 
 GAP = re.compile(r"sharding strateg|does not have a sharding|no sharding|sharding propagation (?:is )?not")
-REFUSED = re.compile(r"[Pp]lease redistribute|cannot be evenly sharded, resulting in biased")
+REFUSED = re.compile(r"[Pp]lease redistribute|cannot be evenly sharded, resulting in biased"
+                     r"|in-place operations that require placement changes are not supported")
 """DTensor's explicit refusals of placements an op cannot take as given ("... requires
-redistribution. Please redistribute the input first"): upstream names the limit and what to
+redistribution. Please redistribute the input first"; an in-place op whose result would need
+another placement than its input's: "Please use the out-of-place version", as `loss += coef *
+aux` meets on a Partial loss): upstream names the limit and what to
 do, nothing is computed wrong, so the case is counted as a gap like a missing sharding
 strategy, never re-filed as a new find every night (DESIGN rule 10: refused is not broken,
 and it stays visible in the gaps table). Only for the op's own call: a backward that refuses

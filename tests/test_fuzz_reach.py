@@ -1,0 +1,161 @@
+"""The generators reach real upstream bugs nobody listed (reports/fuzz-reach-2026-12-06.md).
+
+Each widening of a generator, grounded in trainer code, is proven here twice: the generator now
+draws it (quick: seeded draws, no ranks), and where the upstream bug is present on this stack
+it finds it in a bounded run and files it under its registered entry (slow: a real
+`python -m distci fuzz` on 2 gloo ranks). Where the registry says the entry does not apply to
+this stack, the same run must find nothing there: both halves can fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distci.fuzz.models import Drawer, parse_space
+from distci.fuzz.ops import draw_cases
+from distci.known_issues import load_registry
+from distci.op_inventory import BY_NAME
+from distci.stack import Stack
+from suites.generators.model_space import key, parse
+
+REPO = Path(__file__).resolve().parents[1]
+CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_off"
+CONV_ENTRY = "dtensor-conv2d-placements-ignored"
+GROUPED_ENTRY = "pytorch183702-fsdp2-grouped-unit-shared-module"
+
+
+def _width_sharded(case) -> bool:
+    """The conv input sharded on its last (width) dim, however the draw wrote it."""
+    last = len(case.shapes[0]) - 1
+    return any(p in (f"S{last}", "S-1") for p in case.placements[0])
+
+
+def test_the_ops_generator_draws_patch_convs_sharded_on_the_width_with_both_strides():
+    cases = [c for c in draw_cases("reach", 0, 3000) if c.op == "conv2d_patch"]
+    assert "ViTPatchEmbeddings" in BY_NAME["conv2d_patch"].where
+    widths = [c for c in cases if _width_sharded(c)]
+    assert {c.param["stride"] for c in widths} == {1, 2}, [c.id for c in cases[:20]]
+    assert any(c.shapes[0][-1] % 4 == 0 and c.shapes[0][-1] for c in widths)  # a width both ranks split evenly
+    # the weight and bias as trainers run them: gathered (FSDP2) or never sharded (no TP plan shards a conv)
+    assert all(set(c.placements[1]) == set(c.placements[2]) == {"R"} for c in cases)
+
+
+def test_the_ops_generator_draws_the_in_place_aux_loss_on_a_partial_loss():
+    cases = [c for c in draw_cases("reach", 0, 3000) if c.op == "loss_plus_aux"]
+    assert "mixtral" in BY_NAME["loss_plus_aux"].where
+    # a loss reduced over a sharded dim is Partial: `loss += coef * aux` then adds in place to it
+    assert any(c.param["inplace"] == 1 and any(p.startswith("S0") for p in c.placements[0]) for c in cases)
+
+
+def test_the_models_generator_draws_grouped_units_with_a_head_reusing_mtp_module():
+    drawer = Drawer("reach", parse_space(["parallel=fsdp"]))
+    drawn = [drawer.draw() for _ in range(200)]
+    assert any(s["wrap"] == "grouped" and s["mtp"] for s in drawn)
+    assert any(s["wrap"] == "grouped" and s["tie"] for s in drawn)
+    assert parse(key({"parallel": "fsdp", "mtp": True, "wrap": "grouped"})) == parse("fsdp-mtp-wrap_grouped")
+
+
+@pytest.mark.parametrize("test_id,signature,torch_version,entry", [
+    ("suites/generators/ops_entry.py::test_op_case[conv2d_patch~2~f32~2x3x4x8,5x3x2x2,5~S3,R,R~stride=2~0]",
+     "AssertionError: conv2d_patch: output 0: local shape", "2.13.0", CONV_ENTRY),
+    ("suites/generators/ops_entry.py::test_op_case[conv2d_patch~2~f32~2x3x4x8,5x3x2x2,5~S3,R,R~stride=1~0]",
+     "AssertionError: conv2d_patch: output 0: local shape", "2.15.0", CONV_ENTRY),
+    ("suites/generators/ops_entry.py::test_op_case[conv2d_patch~2~f32~5x4x10,13x5x2x2,13~R,S1,S0~stride=2~840]",
+     "RuntimeError: the op raised RuntimeError: Given groups=N, weight of size [N, N, N, N], expected input[N, N, N, N] "
+     "to have N channels, but got N channels instead", "2.15.0", CONV_ENTRY),
+    ("suites/generators/ops_entry.py::test_op_case[conv2d_patch~2~f32~2x3x4x8,5x3x2x2,5~S3,R,R~stride=1~0]",
+     "AssertionError: conv2d_patch: output 0: local shape", "2.12.0", None),
+    ("suites/regressions/test_pytorch191926_dtensor_conv2d_shard_width.py::test_conv2d_matches_the_plain_op"
+     "[width_sharded_patch]", "AssertionError: conv2d of an input sharded on dim 3 (stride 2): the output's "
+     "placements (Replicate(),) of (2, 5, 2, 4) say (2, 5, 2, 4), the rank holds (2, 5, 2, 2)", "2.13.0",
+     "pytorch191926-dtensor-conv2d-shard-width"),
+    ("suites/generators/models_entry.py::test_model_structure[fsdp-mtp-wrap_grouped]",
+     "TypeError: Invariant encountered: value was None when it should not be", "2.13.0", GROUPED_ENTRY),
+    ("suites/generators/models_entry.py::test_model_structure[fsdp-blocks2-tied-mtp-wrap_grouped-steps2]",
+     "RuntimeError: Cannot concatenate overlapping meshes: [DeviceMesh((dp=2), 'cpu', stride=(1,))]", "2.15.0",
+     GROUPED_ENTRY),
+    ("suites/generators/models_entry.py::test_model_structure[fsdp-mtp]",
+     "TypeError: Invariant encountered: value was None when it should not be", "2.13.0", None),
+])
+def test_the_generators_finds_are_filed_under_the_registered_bug(test_id, signature, torch_version, entry):
+    registry = load_registry(REPO / "suites" / "known_issues.toml")
+    assert registry.match(test_id, signature, "", Stack(torch=torch_version)) == entry
+
+
+def test_an_in_place_refusal_on_a_partial_is_a_gap_not_a_find():
+    """DTensor refuses `loss += x` when the loss is Partial and the sum would need another
+    placement, and says what to do ("Please use the out-of-place version"): a named limit like
+    "Please redistribute the input first", counted as a gap (pytorch#145218's face since 2.13)."""
+    pytest.importorskip("torch")
+    from distci.op_case import parse_case
+    from suites.generators.ops_cases import CaseOutcome, _raised
+
+    case = parse_case("loss_plus_aux~2~f32~4x3,4x2~S0,R~coef=0.01,inplace=1~0")
+    exc = RuntimeError("aten.add_.Tensor: in-place operations that require placement changes are not supported. "
+                       "The input has placement (Partial(sum),), but no valid strategy preserves this placement. "
+                       "Please use the out-of-place version of this operation instead.")
+    out = _raised(case, exc, "the op", lambda status, signature=None, message="": CaseOutcome(status, signature, message))
+    assert out.status == "gap" and "refused" in out.signature
+    backward = _raised(case, exc, "backward", lambda status, signature=None, message="": CaseOutcome(status, signature,
+                                                                                                     message))
+    assert backward.status == "fail"  # nobody can redistribute inside autograd
+
+
+# --- bounded runs: the generator finds the bug where the stack has it ---------------------------
+
+def _fuzz(tmp: Path, *args: str) -> tuple[str, list[dict]]:
+    from distci.harness import procs
+
+    cmd = [sys.executable, "-m", "distci", "fuzz", "--cell", CELL, "--python", sys.executable,
+           "--runs-root", str(tmp / "runs"), *args]
+    child = procs.start_owned(cmd, env=dict(os.environ), token=procs.run_token(), death_signal=signal.SIGTERM,
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = child.communicate(timeout=900)
+    finally:
+        if child.poll() is None:
+            procs.stop(child)
+    results = [json.loads(line) for path in (tmp / "runs").glob("*/results.jsonl")
+               for line in path.read_text().splitlines()]
+    return out, results
+
+
+def _applies(entry: str) -> bool:
+    import torch
+
+    registry = load_registry(REPO / "suites" / "known_issues.toml")
+    spec = next(i for i in registry.entries if i.id == entry)
+    return spec.applies_to(Stack(torch=torch.__version__.split("+")[0]))
+
+
+@pytest.mark.slow
+def test_a_bounded_ops_run_finds_the_conv_width_bug_and_files_it_known(tmp_path):
+    pytest.importorskip("torch")
+    out, results = _fuzz(tmp_path, "--generator", "ops", "--seed", "reach", "--ops", "conv2d_patch",
+                         "--meshes", "2", "--max-cases", "12", "--budget", "4m")
+    conv = [r for r in results if "conv2d_patch" in r["test_id"] and r["outcome"] == "failed"]
+    if _applies(CONV_ENTRY):
+        assert conv, out[-3000:]
+        assert {r["known_issue"] for r in conv} == {CONV_ENTRY}, [(r["test_id"], r["message"][:200]) for r in conv]
+    else:
+        assert not conv, [(r["test_id"], r["message"][:200]) for r in conv]
+
+
+@pytest.mark.slow
+def test_a_bounded_models_run_finds_the_grouped_unit_bug_and_files_it_known(tmp_path):
+    pytest.importorskip("torch")
+    out, results = _fuzz(tmp_path, "--generator", "models", "--seed", "reach", "--max-configs", "2",
+                         "--batch", "2", "--budget", "10m", "--space", "parallel=fsdp", "--space", "wrap=grouped",
+                         "--space", "mtp=true", "--space", "experts=0", "--space", "blocks=1")
+    grouped = [r for r in results if "wrap_grouped" in r["test_id"] and r["outcome"] == "failed"]
+    if _applies(GROUPED_ENTRY):
+        assert grouped and {r["known_issue"] for r in grouped} == {GROUPED_ENTRY}, out[-3000:]
+    else:
+        assert not grouped, out[-3000:]
