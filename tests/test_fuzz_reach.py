@@ -106,6 +106,15 @@ def test_an_in_place_refusal_on_a_partial_is_a_gap_not_a_find():
     backward = _raised(case, exc, "backward", lambda status, signature=None, message="": CaseOutcome(status, signature,
                                                                                                      message))
     assert backward.status == "fail"  # nobody can redistribute inside autograd
+    # the same refusal inside an out-of-place op the caller cannot rewrite (F.rms_norm adds eps
+    # in place to a Partial mean) is a find: dtensor-rms-norm-sharded-hidden was found this way
+    norm = parse_case("rms_norm~2x2~f32~1x4,4~S1.S1,R.R~-~0")
+    inside = _raised(norm, RuntimeError(str(exc).replace("aten.add_.Tensor", "aten.add_.Scalar")), "the op",
+                     lambda status, signature=None, message="": CaseOutcome(status, signature, message))
+    assert inside.status == "fail", inside
+    written_out_of_place = parse_case("loss_plus_aux~2~f32~4x3,4x2~S0,R~coef=0.01,inplace=0~0")
+    assert _raised(written_out_of_place, exc, "the op",
+                   lambda status, signature=None, message="": CaseOutcome(status, signature, message)).status == "fail"
 
 
 # --- bounded runs: the generator finds the bug where the stack has it ---------------------------

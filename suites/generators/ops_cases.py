@@ -32,16 +32,30 @@ from ..judges.tolerances import ROUNDING, op_threshold
 from .op_calls import CALLS, Context
 
 GAP = re.compile(r"sharding strateg|does not have a sharding|no sharding|sharding propagation (?:is )?not")
-REFUSED = re.compile(r"[Pp]lease redistribute|cannot be evenly sharded, resulting in biased"
-                     r"|in-place operations that require placement changes are not supported")
+REFUSED = re.compile(r"[Pp]lease redistribute|cannot be evenly sharded, resulting in biased")
 """DTensor's explicit refusals of placements an op cannot take as given ("... requires
-redistribution. Please redistribute the input first"; an in-place op whose result would need
-another placement than its input's: "Please use the out-of-place version", as `loss += coef *
-aux` meets on a Partial loss): upstream names the limit and what to
+redistribution. Please redistribute the input first"): upstream names the limit and what to
 do, nothing is computed wrong, so the case is counted as a gap like a missing sharding
 strategy, never re-filed as a new find every night (DESIGN rule 10: refused is not broken,
 and it stays visible in the gaps table). Only for the op's own call: a backward that refuses
 the placements its own forward produced is a find (nobody can redistribute inside autograd)."""
+
+INPLACE_REFUSED = re.compile(r"in-place operations that require placement changes are not supported")
+"""DTensor's refusal of an in-place op whose result needs another placement than its input's
+("Please use the out-of-place version"). A gap only where the caller itself wrote the in-place
+op (a case drawn with `inplace=1`, as `loss += coef * aux` on a Partial loss): the caller can
+write the out-of-place form. Inside an out-of-place op (F.rms_norm adding eps in place to a
+Partial mean, label-smoothed cross_entropy's masked_fill_) the caller can do nothing, so there
+it stays a find (dtensor-rms-norm-sharded-hidden and
+dtensor-cross-entropy-label-smoothing-empty-shard were found that way)."""
+
+
+def refused(case: OpCase, exc: Exception, during: str) -> bool:
+    """Whether `exc` is a refusal the caller can act on (see REFUSED, INPLACE_REFUSED)."""
+    if during != "the op":
+        return False
+    text = str(exc)
+    return bool(REFUSED.search(text)) or (bool(case.param.get("inplace")) and bool(INPLACE_REFUSED.search(text)))
 
 
 @dataclass
@@ -394,7 +408,7 @@ def _raised(case: OpCase, exc: Exception, during: str, done) -> CaseOutcome:
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, NotImplementedError) and GAP.search(str(exc)):
         out = done("gap", f"{case.op}: no sharding strategy", f"{during}: {text[:500]}")
-    elif during == "the op" and REFUSED.search(str(exc)):
+    elif refused(case, exc, during):
         out = done("gap", f"{case.op}: refused, redistribute first", f"{during}: {text[:500]}")
     else:
         first = error_signature(type(exc).__name__, str(exc))
