@@ -470,3 +470,16 @@ def test_a_case_that_spins_fails_within_its_bound_and_the_sweep_goes_on(tmp_path
         assert rows[case]["seconds"] < BASE_S * LOAD_CAP + 5, rows[case]
         assert f"\n    {frame}" in rows[case]["message"], rows[case]["message"]
     assert (tmp_path / "ws2.done").exists()
+
+
+@pytest.mark.slow
+def test_the_in_step_check_sees_a_collective_one_rank_left_issued_at_once():
+    """After a case that raised, a rank may have left a collective issued that its peer never
+    issued; the sweep's in-step check must say so on both ranks (the slot ends, the next runs
+    on fresh ranks) and at once, by the collectives each rank issued: a barrier alone pairs with
+    the stray collective on one rank and waits out `hang_s` on the other (tests/instep_ranks.py)."""
+    pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "instep_ranks.py")], capture_output=True, text=True,
+                          timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("in step: True, then False") == 2, done.stdout

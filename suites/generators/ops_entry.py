@@ -111,19 +111,47 @@ def _modes() -> tuple[int, ...]:
                                                                    "_len_torch_function_stack"))
 
 
+def _issued(groups) -> dict[str, int]:
+    """How many collectives this rank issued on each group (its ranks as the key, the same on
+    every member), where this torch's process group counts them; {} where it cannot say."""
+    import torch.distributed as tdist
+
+    counts = {}
+    for g in groups:
+        try:
+            counts[",".join(map(str, tdist.get_process_group_ranks(g)))] = int(g._get_sequence_number_for_group())
+        except Exception:  # a backend or torch without the count: the barriers still decide
+            continue
+    return counts
+
+
 def _in_step(dist, side, hang_s: float, modes: tuple[int, ...]) -> bool:
-    """Whether every group a case could have used (the world, each cached mesh's axes) still
-    completes a barrier within `hang_s`, and no rank has a mode pushed that was not there when
-    the slot began (`modes`), on every rank (agreed on the side group). Only asked after a case
-    that raised somewhere: a rank that raised may have left a collective issued that its peers
-    never issued, and the next case would pair with it (or hang in it); a case its time bound
-    cut inside torch's bookkeeping (a mode's __exit__) may have left the mode on for the rest."""
+    """Whether every group a case could have used (the world, each cached mesh's axes) is in
+    step on every rank, and no rank has a mode pushed that was not there when the slot began
+    (`modes`), agreed on the side group. Only asked after a case that raised somewhere: a rank
+    that raised may have left a collective issued that its peers never issued, and the next
+    case would pair with it (or hang in it); a case its time bound cut inside torch's
+    bookkeeping (a mode's __exit__) may have left the mode on for the rest.
+
+    In step: the members of each group issued as many collectives on it (gloo and NCCL count
+    them), then each group completes a barrier within `hang_s`. The count comes first because
+    a barrier alone can pass out of step: gloo pairs a rank's next collective with whatever
+    its peer issued last, whatever the kind (checked on 2.13: a functional all_reduce on one
+    rank completed against a plain async all_reduce only its peer had issued)."""
     import datetime
 
     import torch.distributed as tdist
 
     groups = {id(g): g for g in [tdist.group.WORLD] + [m.get_group(a) for m in dist._meshes.values()
                                                           for a in range(m.ndim)]}
+    counted: list = [None] * dist.world_size
+    tdist.all_gather_object(counted, _issued(groups.values()), group=side)
+    by_group: dict[str, set[int]] = {}
+    for counts in counted:
+        for key, n in counts.items():
+            by_group.setdefault(key, set()).add(n)
+    if any(len(ns) > 1 for ns in by_group.values()):
+        return False  # the same answer on every rank: each gathered every rank's counts
     works = [tdist.barrier(group=g, async_op=True) for g in groups.values()]
     ok = True
     for work in works:

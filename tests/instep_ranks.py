@@ -1,0 +1,68 @@
+"""2 gloo ranks: the ops sweep's in-step check (suites/generators/ops_entry.py `_in_step`) after a
+case that left a collective issued on one rank only.
+
+Run by tests/test_fuzz_ops.py. Each rank builds a 1-D mesh as a case does, runs the check once
+in step (it must say in step), then rank 0 issues one all_reduce on the mesh's group that rank
+1 never issues, as a rank that raised after DTensor issued a collective leaves it, and runs the
+check again: it must say out of step on both ranks, and at once (counting the collectives each
+rank issued), not after the barriers' `hang_s`. Prints "in step: True, then False in N s" per
+rank and exits 0, or exits 1 naming what differed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+WORLD = 2
+HANG_S = 60.0
+
+
+@dataclass
+class Ranks:
+    """What `_in_step` reads of the harness's `dist` fixture: the world size and the cached meshes."""
+    world_size: int
+    _meshes: dict = field(default_factory=dict)
+
+
+def rank_main(rank: int, init: str, failed) -> None:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from suites.generators.ops_entry import _in_step, _modes
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=120))
+    side = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=HANG_S))
+    mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("tp",))
+    ranks = Ranks(WORLD, {"tp": mesh})
+    modes = _modes()
+    dist.all_reduce(torch.ones(2), group=mesh.get_group(0))
+    first = _in_step(ranks, side, HANG_S, modes)
+    if rank == 0:
+        dist.all_reduce(torch.ones(2), group=mesh.get_group(0), async_op=True)  # its peer never issues it
+    began = time.monotonic()
+    second = _in_step(ranks, side, HANG_S, modes)
+    took = time.monotonic() - began
+    print(f"rank {rank}: in step: {first}, then {second} in {took:.1f} s", flush=True)
+    if not first or second or took > HANG_S / 3:
+        failed.value = 1
+    os._exit(0)  # the world group is out of step by design: no orderly teardown
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        failed = mp.get_context("spawn").Value("i", 0)
+        mp.spawn(rank_main, args=(f"file://{tmp}/store", failed), nprocs=WORLD, join=True)
+        return int(failed.value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
