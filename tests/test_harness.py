@@ -134,10 +134,12 @@ def test_timeout_cap_bounds_a_markers_timeout(tmp_path):
 
 
 def test_idle_pools_beyond_the_cap_are_shut_down(tmp_path):
-    """A pool per (world size, timeout class) stays up for reuse, but no more rank workers
-    than --distci-max-live-ranks at once: idle pools go, least recently used first, and come
-    back when a test needs them (a nightly tier has ~10 classes; all up at once was ~12 GB a
-    session with a CUDA build of torch). Each case counts this session's live workers."""
+    """One pool per world size serves every timeout class (each test's fork joins a group with
+    its class's timeout); the selection's pools start ahead where they fit, and no more rank
+    workers than --distci-max-live-ranks are up at once: idle pools go, least recently used
+    first, and come back when a test needs them (all up at once was ~12 GB a session with a
+    CUDA build of torch). Each case counts this session's live workers and reads its group's
+    timeout; the 2-rank pool started twice (at the start, and after the 3-rank pool)."""
     import uuid
 
     token = uuid.uuid4().hex
@@ -146,7 +148,10 @@ def test_idle_pools_beyond_the_cap_are_shut_down(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert {k: r["outcome"] for k, r in _results(tmp_path).items()} == {
         name: "passed" for name in ("test_default_class", "test_long_class", "test_longer_class", "test_one_rank",
-                                    "test_default_class_again")}
+                                    "test_three_ranks", "test_default_class_again")}
+    starts = {ws: (tmp_path / "logs" / f"ws{ws}-rank0.log").read_text().count("===== distci pool generation")
+              for ws in (1, 2, 3)}
+    assert starts == {1: 1, 2: 2, 3: 1}, starts
     time.sleep(1)
     assert processes_with_env(token) == []
 

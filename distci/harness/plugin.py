@@ -189,11 +189,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         have = cap[0] * 10 + cap[1] if cap else None
         if have is None or have < need:
             pytest.skip(f"needs CUDA SM{need}+; this device is {'SM' + str(have) if have else harness.device_type}")
-    if is_distributed(item) and harness.device_type != "cpu":
+    if is_distributed(item) and harness.too_few_devices(harness.world_size_of(item)):
         n = harness.world_size_of(item)
-        have = harness.device_count()
-        if 0 < have < n:
-            pytest.skip(f"needs {n} {harness.device_type} devices; {have} visible")
+        pytest.skip(f"needs {n} {harness.device_type} devices; {harness.device_count()} visible")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -335,6 +333,7 @@ class Harness:
             sys_path=list(sys.path),
             isolate=self.isolate,
             timeout_s=self.timeout_of(item),
+            pg_timeout_s=self.pg_timeout_of(self.timeout_of(item)),
         )
 
     def pg_timeout_of(self, timeout: float) -> float:
@@ -353,16 +352,16 @@ class Harness:
         if self.reaper is None:
             self.reaper = procs.Reaper(self.token)
 
-    def default_pool_key(self) -> tuple[int, float]:
-        """The pool of a test with no world_size or timeout marker."""
+    def default_pg_timeout(self) -> float:
+        """The process-group timeout of a test with no timeout marker."""
         timeout = min(self.default_timeout, self.timeout_cap) if self.timeout_cap else self.default_timeout
-        return self.default_world_size, self.pg_timeout_of(timeout)
+        return self.pg_timeout_of(timeout)
 
-    def pool_key(self, item: pytest.Item) -> tuple[int, float] | None:
+    def pool_key(self, item: pytest.Item) -> tuple[int, float | None] | None:
         """The pool a distributed test runs on (None: a torchrun launch, or not distributed)."""
         if not is_distributed(item) or self.mode == "torchrun" or item.get_closest_marker("torchrun"):
             return None
-        return self.world_size_of(item), self.pg_timeout_of(self.timeout_of(item))
+        return self.pools.key(self.world_size_of(item), self.pg_timeout_of(self.timeout_of(item)))
 
     def prestart(self) -> None:
         """Launches the pool most sessions run their first test on (the default world size and
@@ -372,19 +371,31 @@ class Harness:
                 or any(getattr(option, name, False) for name in ("help", "collectonly", "showfixtures",
                                                                   "show_fixtures_per_test", "markers"))):
             return
-        self.pools.launch_ahead(self.default_pool_key())
+        self.pools.launch_ahead(self.default_world_size, self.default_pg_timeout())
 
     def warm_pools(self, items: list[pytest.Item]) -> None:
         """Once the selection is known: each pool's test modules, in run order (with Dynamo and
-        inductor first where a test is marked `compiles`), for it to import before it forks."""
-        modules: dict[tuple[int, float], list[str]] = {}
+        inductor first where a test is marked `compiles`), for it to import before it forks;
+        the pools not launched yet start now where they fit (Pools.warm). A pool wider than
+        the devices this runner has is left out: its tests skip (pytest_runtest_setup)."""
+        modules: dict[tuple[int, float | None], list[str]] = {}
+        first_pg_timeout: dict[tuple[int, float | None], float] = {}
         for item in items:
             key = self.pool_key(item)
-            if key is not None and isinstance(item, pytest.Function):
-                names = modules.setdefault(key, [])
-                ahead = [*COMPILER] if item.get_closest_marker("compiles") else []
-                names.extend(name for name in [*ahead, item.module.__name__] if name not in names)
-        self.pools.warm(modules)
+            if key is None or not isinstance(item, pytest.Function) or self.too_few_devices(key[0]):
+                continue
+            names = modules.setdefault(key, [])
+            first_pg_timeout.setdefault(key, self.pg_timeout_of(self.timeout_of(item)))
+            ahead = [*COMPILER] if item.get_closest_marker("compiles") else []
+            names.extend(name for name in [*ahead, item.module.__name__] if name not in names)
+        self.pools.warm(modules, first_pg_timeout)
+
+    def too_few_devices(self, world_size: int) -> bool:
+        """Does this runner have fewer devices than `world_size` ranks need (never on CPU)?"""
+        if self.device_type == "cpu":
+            return False
+        have = self.device_count()
+        return 0 < have < world_size
 
     def run_with_reruns(self, item: pytest.Function) -> Combined:
         """Run the test; a failure is run again (up to --distci-reruns times), the pool
@@ -427,7 +438,7 @@ class Harness:
                               owns_process_group=torchrun_marker is not None,
                               pg_timeout_s=self.pg_timeout_of(timeout), token=self.token)
         else:
-            combined = self.pools.run(request, (world_size, self.pg_timeout_of(timeout)), timeout * budget)
+            combined = self.pools.run(request, world_size, timeout * budget)
         if combined.outcome not in ("passed", "skipped"):
             self.keep_scratch = True
         return combined
