@@ -135,23 +135,27 @@ def test_timeout_cap_bounds_a_markers_timeout(tmp_path):
 
 def test_idle_pools_beyond_the_cap_are_shut_down(tmp_path):
     """One pool per world size serves every timeout class (each test's fork joins a group with
-    its class's timeout); the selection's pools start ahead where they fit, and no more rank
-    workers than --distci-max-live-ranks are up at once: idle pools go, least recently used
-    first, and come back when a test needs them (all up at once was ~12 GB a session with a
-    CUDA build of torch). Each case counts this session's live workers and reads its group's
-    timeout; the 2-rank pool started twice (at the start, and after the 3-rank pool)."""
+    its class's timeout); the selection's pools start ahead where they fit, those of tests that
+    will skip never, and no more rank workers than --distci-max-live-ranks are up at once: idle
+    pools go, least recently used first, and come back when a test needs them (all up at once
+    was ~12 GB a session with a CUDA build of torch). Each case counts this session's live
+    workers and reads its group's timeout; the 2-rank pool started twice (at the start, and
+    after the 4-rank pool), the 1-rank pool of the two skipped tests never."""
     import uuid
 
     token = uuid.uuid4().hex
     proc = run_pytest([str(CASES / "test_pool_classes.py"), "--distci-run-dir", str(tmp_path)],
-                      env={"DISTCI_TEST_TOKEN": token, "DISTCI_MAX_LIVE_RANKS": "3"}, timeout=600)
+                      env={"DISTCI_TEST_TOKEN": token, "DISTCI_MAX_LIVE_RANKS": "5"}, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert {k: r["outcome"] for k, r in _results(tmp_path).items()} == {
-        name: "passed" for name in ("test_default_class", "test_long_class", "test_longer_class", "test_one_rank",
-                                    "test_three_ranks", "test_default_class_again")}
-    starts = {ws: (tmp_path / "logs" / f"ws{ws}-rank0.log").read_text().count("===== distci pool generation")
-              for ws in (1, 2, 3)}
-    assert starts == {1: 1, 2: 2, 3: 1}, starts
+        **{name: "passed" for name in ("test_default_class", "test_long_class", "test_longer_class",
+                                       "test_three_ranks", "test_four_ranks", "test_default_class_again")},
+        "test_skipped_one_rank": "skipped", "test_one_rank_on_another_accelerator": "skipped"}
+    logs = tmp_path / "logs"
+    starts = {ws: (logs / f"ws{ws}-rank0.log").read_text().count("===== distci pool generation")
+              for ws in (2, 3, 4)}
+    assert starts == {2: 2, 3: 1, 4: 1}, starts
+    assert not (logs / "ws1-rank0.log").exists()
     time.sleep(1)
     assert processes_with_env(token) == []
 

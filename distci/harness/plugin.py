@@ -39,11 +39,11 @@ PG_TIMEOUT_MARGIN_S = 60.0
 PG_TIMEOUT_FLOOR_S = 5.0
 DEFAULT_MAX_POOL_STARTS = 3
 DEFAULT_MAX_LIVE_RANKS = 12
-"""Rank workers kept up at once by one session, over all its pools. Each (world size,
-process-group timeout class) has a pool of its own; a nightly tier has about ten such
-classes, which left every pool up would be ~20 workers of ~0.5 GB each with a CUDA build
-of torch: two shard jobs on a 24 GB runner ran out of memory and a collective starved past
-its timeout (torch 2.15.0, 2026-12-05). Idle pools beyond the cap are shut down, least
+"""Rank workers kept up at once by one session, over all its pools (one per world size;
+per world size and process-group timeout class in place). When each class had a pool of
+its own, a nightly tier's ten classes left up were ~20 workers of ~0.5 GB each with a CUDA
+build of torch: two shard jobs on a 24 GB runner ran out of memory and a collective starved
+past its timeout (torch 2.15.0, 2026-12-05). Idle pools beyond the cap are shut down, least
 recently used first; they start again when a test needs them."""
 
 MARKERS = (
@@ -177,21 +177,29 @@ def is_distributed(item: pytest.Item) -> bool:
     )
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    harness = item.config.stash[HARNESS]
+def skip_reason(harness: "Harness", item: pytest.Item) -> str | None:
+    """Why this runner skips `item` before it runs (another accelerator, an older SM, fewer
+    devices than its ranks), if it does: pytest_runtest_setup skips it, and no pool starts for it."""
     acc = item.get_closest_marker("requires_accelerator")
     if acc and acc.args and harness.device_type not in acc.args:
-        pytest.skip(f"needs accelerator {'/'.join(acc.args)}; this run is on {harness.device_type}")
+        return f"needs accelerator {'/'.join(acc.args)}; this run is on {harness.device_type}"
     sm = item.get_closest_marker("requires_sm")
     if sm and sm.args:
         need = int(sm.args[0])
         cap = device_capability(harness.device_type)
         have = cap[0] * 10 + cap[1] if cap else None
         if have is None or have < need:
-            pytest.skip(f"needs CUDA SM{need}+; this device is {'SM' + str(have) if have else harness.device_type}")
+            return f"needs CUDA SM{need}+; this device is {'SM' + str(have) if have else harness.device_type}"
     if is_distributed(item) and harness.too_few_devices(harness.world_size_of(item)):
         n = harness.world_size_of(item)
-        pytest.skip(f"needs {n} {harness.device_type} devices; {harness.device_count()} visible")
+        return f"needs {n} {harness.device_type} devices; {harness.device_count()} visible"
+    return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    reason = skip_reason(item.config.stash[HARNESS], item)
+    if reason:
+        pytest.skip(reason)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -376,13 +384,14 @@ class Harness:
     def warm_pools(self, items: list[pytest.Item]) -> None:
         """Once the selection is known: each pool's test modules, in run order (with Dynamo and
         inductor first where a test is marked `compiles`), for it to import before it forks;
-        the pools not launched yet start now where they fit (Pools.warm). A pool wider than
-        the devices this runner has is left out: its tests skip (pytest_runtest_setup)."""
+        the pools not launched yet start now where they fit (Pools.warm). Tests that will skip
+        (a skip marker, or skip_reason: another accelerator, fewer devices) need no pool."""
         modules: dict[tuple[int, float | None], list[str]] = {}
         first_pg_timeout: dict[tuple[int, float | None], float] = {}
         for item in items:
             key = self.pool_key(item)
-            if key is None or not isinstance(item, pytest.Function) or self.too_few_devices(key[0]):
+            if (key is None or not isinstance(item, pytest.Function) or item.get_closest_marker("skip")
+                    or skip_reason(self, item)):
                 continue
             names = modules.setdefault(key, [])
             first_pg_timeout.setdefault(key, self.pg_timeout_of(self.timeout_of(item)))
@@ -484,5 +493,5 @@ def lock_run_dir(run_dir: Path) -> int:
 __all__ = [
     "pytest_addoption", "pytest_configure", "pytest_sessionstart", "pytest_collection_finish",
     "pytest_unconfigure", "pytest_runtest_setup",
-    "pytest_pyfunc_call", "dist", "Harness", "is_distributed",
+    "pytest_pyfunc_call", "dist", "Harness", "is_distributed", "skip_reason",
 ]
