@@ -160,6 +160,20 @@ def test_idle_pools_beyond_the_cap_are_shut_down(tmp_path):
     assert processes_with_env(token) == []
 
 
+def test_collect_only_starts_no_rank_worker(tmp_path):
+    """--collect-only lists the selection and starts no pool, neither the default one nor the
+    ones the selection would launch ahead (their ranks would import torch for nothing)."""
+    import uuid
+
+    token = uuid.uuid4().hex
+    proc = run_pytest([str(CASES / "test_pool_classes.py"), "--collect-only", "--distci-run-dir", str(tmp_path)],
+                      env={"DISTCI_TEST_TOKEN": token, "DISTCI_MAX_LIVE_RANKS": "5"}, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "test_three_ranks" in proc.stdout
+    assert sorted(p.name for p in tmp_path.glob("logs/ws*-rank*.log")) == []
+    assert processes_with_env(token) == []
+
+
 @pytest.mark.parametrize("where", ["torchrun"])  # pool mode: test_faults.py's SIGTERM case
 def test_a_stopped_run_records_where_it_stopped(tmp_path, token, where):
     """SIGTERM (a CI job timeout) mid-test: finished results stay, the test in flight is

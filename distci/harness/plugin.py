@@ -190,8 +190,7 @@ def skip_reason(harness: "Harness", item: pytest.Item) -> str | None:
         have = cap[0] * 10 + cap[1] if cap else None
         if have is None or have < need:
             return f"needs CUDA SM{need}+; this device is {'SM' + str(have) if have else harness.device_type}"
-    if is_distributed(item) and harness.too_few_devices(harness.world_size_of(item)):
-        n = harness.world_size_of(item)
+    if is_distributed(item) and harness.too_few_devices(n := harness.world_size_of(item)):
         return f"needs {n} {harness.device_type} devices; {harness.device_count()} visible"
     return None
 
@@ -371,21 +370,27 @@ class Harness:
             return None
         return self.pools.key(self.world_size_of(item), self.pg_timeout_of(self.timeout_of(item)))
 
+    def starts_pools(self) -> bool:
+        """Will this session run tests on rank pools (not --collect-only, --help, ..., torchrun
+        mode, a runner without devices)? Only then are pools launched ahead of their tests."""
+        option = self.config.option
+        return not (self.mode != "pool" or self.runner_problem() is not None
+                    or any(getattr(option, name, False) for name in ("help", "collectonly", "showfixtures",
+                                                                      "show_fixtures_per_test", "markers")))
+
     def prestart(self) -> None:
         """Launches the pool most sessions run their first test on (the default world size and
         timeout) while pytest is still starting (Pools.launch_ahead)."""
-        option = self.config.option
-        if (self.mode != "pool" or self.runner_problem() is not None
-                or any(getattr(option, name, False) for name in ("help", "collectonly", "showfixtures",
-                                                                  "show_fixtures_per_test", "markers"))):
-            return
-        self.pools.launch_ahead(self.default_world_size, self.default_pg_timeout())
+        if self.starts_pools():
+            self.pools.launch_ahead(self.default_world_size, self.default_pg_timeout())
 
     def warm_pools(self, items: list[pytest.Item]) -> None:
         """Once the selection is known: each pool's test modules, in run order (with Dynamo and
         inductor first where a test is marked `compiles`), for it to import before it forks;
         the pools not launched yet start now where they fit (Pools.warm). Tests that will skip
         (a skip marker, or skip_reason: another accelerator, fewer devices) need no pool."""
+        if not self.starts_pools():
+            return
         modules: dict[tuple[int, float | None], list[str]] = {}
         first_pg_timeout: dict[tuple[int, float | None], float] = {}
         for item in items:
@@ -401,10 +406,7 @@ class Harness:
 
     def too_few_devices(self, world_size: int) -> bool:
         """Does this runner have fewer devices than `world_size` ranks need (never on CPU)?"""
-        if self.device_type == "cpu":
-            return False
-        have = self.device_count()
-        return 0 < have < world_size
+        return self.device_type != "cpu" and 0 < self.device_count() < world_size
 
     def run_with_reruns(self, item: pytest.Function) -> Combined:
         """Run the test; a failure is run again (up to --distci-reruns times), the pool
