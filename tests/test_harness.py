@@ -134,20 +134,43 @@ def test_timeout_cap_bounds_a_markers_timeout(tmp_path):
 
 
 def test_idle_pools_beyond_the_cap_are_shut_down(tmp_path):
-    """A pool per (world size, timeout class) stays up for reuse, but no more rank workers
-    than --distci-max-live-ranks at once: idle pools go, least recently used first, and come
-    back when a test needs them (a nightly tier has ~10 classes; all up at once was ~12 GB a
-    session with a CUDA build of torch). Each case counts this session's live workers."""
+    """One pool per world size serves every timeout class (each test's fork joins a group with
+    its class's timeout); the selection's pools start ahead where they fit, those of tests that
+    will skip never, and no more rank workers than --distci-max-live-ranks are up at once: idle
+    pools go, least recently used first, and come back when a test needs them (all up at once
+    was ~12 GB a session with a CUDA build of torch). Each case counts this session's live
+    workers and reads its group's timeout; the 2-rank pool started twice (at the start, and
+    after the 4-rank pool), the 1-rank pool of the two skipped tests never."""
     import uuid
 
     token = uuid.uuid4().hex
     proc = run_pytest([str(CASES / "test_pool_classes.py"), "--distci-run-dir", str(tmp_path)],
-                      env={"DISTCI_TEST_TOKEN": token, "DISTCI_MAX_LIVE_RANKS": "3"}, timeout=600)
+                      env={"DISTCI_TEST_TOKEN": token, "DISTCI_MAX_LIVE_RANKS": "5"}, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert {k: r["outcome"] for k, r in _results(tmp_path).items()} == {
-        name: "passed" for name in ("test_default_class", "test_long_class", "test_longer_class", "test_one_rank",
-                                    "test_default_class_again")}
+        **{name: "passed" for name in ("test_default_class", "test_long_class", "test_longer_class",
+                                       "test_three_ranks", "test_four_ranks", "test_default_class_again")},
+        "test_skipped_one_rank": "skipped", "test_one_rank_on_another_accelerator": "skipped"}
+    logs = tmp_path / "logs"
+    starts = {ws: (logs / f"ws{ws}-rank0.log").read_text().count("===== distci pool generation")
+              for ws in (2, 3, 4)}
+    assert starts == {2: 2, 3: 1, 4: 1}, starts
+    assert not (logs / "ws1-rank0.log").exists()
     time.sleep(1)
+    assert processes_with_env(token) == []
+
+
+def test_collect_only_starts_no_rank_worker(tmp_path):
+    """--collect-only lists the selection and starts no pool, neither the default one nor the
+    ones the selection would launch ahead (their ranks would import torch for nothing)."""
+    import uuid
+
+    token = uuid.uuid4().hex
+    proc = run_pytest([str(CASES / "test_pool_classes.py"), "--collect-only", "--distci-run-dir", str(tmp_path)],
+                      env={"DISTCI_TEST_TOKEN": token, "DISTCI_MAX_LIVE_RANKS": "5"}, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "test_three_ranks" in proc.stdout
+    assert sorted(p.name for p in tmp_path.glob("logs/ws*-rank*.log")) == []
     assert processes_with_env(token) == []
 
 

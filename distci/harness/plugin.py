@@ -39,11 +39,11 @@ PG_TIMEOUT_MARGIN_S = 60.0
 PG_TIMEOUT_FLOOR_S = 5.0
 DEFAULT_MAX_POOL_STARTS = 3
 DEFAULT_MAX_LIVE_RANKS = 12
-"""Rank workers kept up at once by one session, over all its pools. Each (world size,
-process-group timeout class) has a pool of its own; a nightly tier has about ten such
-classes, which left every pool up would be ~20 workers of ~0.5 GB each with a CUDA build
-of torch: two shard jobs on a 24 GB runner ran out of memory and a collective starved past
-its timeout (torch 2.15.0, 2026-12-05). Idle pools beyond the cap are shut down, least
+"""Rank workers kept up at once by one session, over all its pools (one per world size;
+per world size and process-group timeout class in place). When each class had a pool of
+its own, a nightly tier's ten classes left up were ~20 workers of ~0.5 GB each with a CUDA
+build of torch: two shard jobs on a 24 GB runner ran out of memory and a collective starved
+past its timeout (torch 2.15.0, 2026-12-05). Idle pools beyond the cap are shut down, least
 recently used first; they start again when a test needs them."""
 
 MARKERS = (
@@ -177,23 +177,28 @@ def is_distributed(item: pytest.Item) -> bool:
     )
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    harness = item.config.stash[HARNESS]
+def skip_reason(harness: "Harness", item: pytest.Item) -> str | None:
+    """Why this runner skips `item` before it runs (another accelerator, an older SM, fewer
+    devices than its ranks), if it does: pytest_runtest_setup skips it, and no pool starts for it."""
     acc = item.get_closest_marker("requires_accelerator")
     if acc and acc.args and harness.device_type not in acc.args:
-        pytest.skip(f"needs accelerator {'/'.join(acc.args)}; this run is on {harness.device_type}")
+        return f"needs accelerator {'/'.join(acc.args)}; this run is on {harness.device_type}"
     sm = item.get_closest_marker("requires_sm")
     if sm and sm.args:
         need = int(sm.args[0])
         cap = device_capability(harness.device_type)
         have = cap[0] * 10 + cap[1] if cap else None
         if have is None or have < need:
-            pytest.skip(f"needs CUDA SM{need}+; this device is {'SM' + str(have) if have else harness.device_type}")
-    if is_distributed(item) and harness.device_type != "cpu":
-        n = harness.world_size_of(item)
-        have = harness.device_count()
-        if 0 < have < n:
-            pytest.skip(f"needs {n} {harness.device_type} devices; {have} visible")
+            return f"needs CUDA SM{need}+; this device is {'SM' + str(have) if have else harness.device_type}"
+    if is_distributed(item) and harness.too_few_devices(n := harness.world_size_of(item)):
+        return f"needs {n} {harness.device_type} devices; {harness.device_count()} visible"
+    return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    reason = skip_reason(item.config.stash[HARNESS], item)
+    if reason:
+        pytest.skip(reason)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -335,6 +340,7 @@ class Harness:
             sys_path=list(sys.path),
             isolate=self.isolate,
             timeout_s=self.timeout_of(item),
+            pg_timeout_s=self.pg_timeout_of(self.timeout_of(item)),
         )
 
     def pg_timeout_of(self, timeout: float) -> float:
@@ -353,38 +359,54 @@ class Harness:
         if self.reaper is None:
             self.reaper = procs.Reaper(self.token)
 
-    def default_pool_key(self) -> tuple[int, float]:
-        """The pool of a test with no world_size or timeout marker."""
+    def default_pg_timeout(self) -> float:
+        """The process-group timeout of a test with no timeout marker."""
         timeout = min(self.default_timeout, self.timeout_cap) if self.timeout_cap else self.default_timeout
-        return self.default_world_size, self.pg_timeout_of(timeout)
+        return self.pg_timeout_of(timeout)
 
-    def pool_key(self, item: pytest.Item) -> tuple[int, float] | None:
+    def pool_key(self, item: pytest.Item) -> tuple[int, float | None] | None:
         """The pool a distributed test runs on (None: a torchrun launch, or not distributed)."""
         if not is_distributed(item) or self.mode == "torchrun" or item.get_closest_marker("torchrun"):
             return None
-        return self.world_size_of(item), self.pg_timeout_of(self.timeout_of(item))
+        return self.pools.key(self.world_size_of(item), self.pg_timeout_of(self.timeout_of(item)))
+
+    def starts_pools(self) -> bool:
+        """Will this session run tests on rank pools (not --collect-only, --help, ..., torchrun
+        mode, a runner without devices)? Only then are pools launched ahead of their tests."""
+        option = self.config.option
+        return not (self.mode != "pool" or self.runner_problem() is not None
+                    or any(getattr(option, name, False) for name in ("help", "collectonly", "showfixtures",
+                                                                      "show_fixtures_per_test", "markers")))
 
     def prestart(self) -> None:
         """Launches the pool most sessions run their first test on (the default world size and
         timeout) while pytest is still starting (Pools.launch_ahead)."""
-        option = self.config.option
-        if (self.mode != "pool" or self.runner_problem() is not None
-                or any(getattr(option, name, False) for name in ("help", "collectonly", "showfixtures",
-                                                                  "show_fixtures_per_test", "markers"))):
-            return
-        self.pools.launch_ahead(self.default_pool_key())
+        if self.starts_pools():
+            self.pools.launch_ahead(self.default_world_size, self.default_pg_timeout())
 
     def warm_pools(self, items: list[pytest.Item]) -> None:
         """Once the selection is known: each pool's test modules, in run order (with Dynamo and
-        inductor first where a test is marked `compiles`), for it to import before it forks."""
-        modules: dict[tuple[int, float], list[str]] = {}
+        inductor first where a test is marked `compiles`), for it to import before it forks;
+        the pools not launched yet start now where they fit (Pools.warm). Tests that will skip
+        (a skip marker, or skip_reason: another accelerator, fewer devices) need no pool."""
+        if not self.starts_pools():
+            return
+        modules: dict[tuple[int, float | None], list[str]] = {}
+        first_pg_timeout: dict[tuple[int, float | None], float] = {}
         for item in items:
             key = self.pool_key(item)
-            if key is not None and isinstance(item, pytest.Function):
-                names = modules.setdefault(key, [])
-                ahead = [*COMPILER] if item.get_closest_marker("compiles") else []
-                names.extend(name for name in [*ahead, item.module.__name__] if name not in names)
-        self.pools.warm(modules)
+            if (key is None or not isinstance(item, pytest.Function) or item.get_closest_marker("skip")
+                    or skip_reason(self, item)):
+                continue
+            names = modules.setdefault(key, [])
+            first_pg_timeout.setdefault(key, self.pg_timeout_of(self.timeout_of(item)))
+            ahead = [*COMPILER] if item.get_closest_marker("compiles") else []
+            names.extend(name for name in [*ahead, item.module.__name__] if name not in names)
+        self.pools.warm(modules, first_pg_timeout)
+
+    def too_few_devices(self, world_size: int) -> bool:
+        """Does this runner have fewer devices than `world_size` ranks need (never on CPU)?"""
+        return self.device_type != "cpu" and 0 < self.device_count() < world_size
 
     def run_with_reruns(self, item: pytest.Function) -> Combined:
         """Run the test; a failure is run again (up to --distci-reruns times), the pool
@@ -427,7 +449,7 @@ class Harness:
                               owns_process_group=torchrun_marker is not None,
                               pg_timeout_s=self.pg_timeout_of(timeout), token=self.token)
         else:
-            combined = self.pools.run(request, (world_size, self.pg_timeout_of(timeout)), timeout * budget)
+            combined = self.pools.run(request, world_size, timeout * budget)
         if combined.outcome not in ("passed", "skipped"):
             self.keep_scratch = True
         return combined
@@ -473,5 +495,5 @@ def lock_run_dir(run_dir: Path) -> int:
 __all__ = [
     "pytest_addoption", "pytest_configure", "pytest_sessionstart", "pytest_collection_finish",
     "pytest_unconfigure", "pytest_runtest_setup",
-    "pytest_pyfunc_call", "dist", "Harness", "is_distributed",
+    "pytest_pyfunc_call", "dist", "Harness", "is_distributed", "skip_reason",
 ]

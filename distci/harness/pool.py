@@ -29,6 +29,7 @@ from distci.harness.protocol import CHANNEL_BROKEN_EXIT, ChildExit, RankReport, 
 
 FAILURE_GRACE_S = 10.0  # other ranks' time to finish after one rank failed or died
 DUMP_SETTLE_S = 1.5
+DEFAULT_PG_TIMEOUT_S = 240.0  # a test's process group's, where the test names no class
 DRAIN_S = 10.0  # a worker's time to report that the test's killed process is gone
 
 
@@ -93,7 +94,7 @@ class RankPool:
         device_type: str,
         log_dir: Path,
         *,
-        pg_timeout_s: float = 240.0,
+        pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S,
         start_timeout_s: float = 300.0,
         python: str = sys.executable,
         token: str = "",

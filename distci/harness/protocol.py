@@ -22,6 +22,7 @@ class TestRequest:
     seed: int = 1234
     isolate: bool = True
     timeout_s: float = 300.0
+    pg_timeout_s: float | None = None  # its process group's timeout (its class's); None: the pool's
     seq: int = 0  # the pool's count of tests: every rank's process for this test meets its peers under it
 
 

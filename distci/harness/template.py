@@ -45,7 +45,8 @@ EXIT_SETTLE_S = 5.0  # a child that sent its report has this long to be gone bef
 @dataclass
 class Rendezvous:
     """Where and how the children of one pool meet: `init_file` is the pool's FileStore path
-    prefix (each test's group gets `<init_file>.t<seq>`)."""
+    prefix (each test's group gets `<init_file>.t<seq>.pg<its timeout>`); `pg_timeout_s` is the process-group
+    timeout of a child whose test names none (the start-up check's, the first spare's)."""
 
     rank: int
     world_size: int
@@ -56,18 +57,22 @@ class Rendezvous:
     start_timeout_s: float
 
 
-def join(rdv: Rendezvous, seq: int | str) -> tuple[DistContext, Any]:
+def join(rdv: Rendezvous, seq: int | str, pg_timeout_s: float | None = None) -> tuple[DistContext, Any]:
     """The default process group of this process, and the store its ranks met at: every rank
-    meets at the store first with the start-up's patience; the group (whose timeout may be a
-    short test's few seconds) is created only once all are there."""
+    meets at the store first with the start-up's patience; the group (whose timeout, the
+    test's class's or else the pool's, may be a short test's few seconds) is created only
+    once all are there."""
     import torch.distributed as dist
 
-    store = dist.FileStore(f"{rdv.init_file}.t{seq}", rdv.world_size)
+    pg_timeout_s = pg_timeout_s or rdv.pg_timeout_s
+    # Named by the timeout too: spares dropped for a test of another class met under the same
+    # number, and their keys must not let the new children through before their peers came.
+    store = dist.FileStore(f"{rdv.init_file}.t{seq}.pg{pg_timeout_s:g}", rdv.world_size)
     store.set_timeout(datetime.timedelta(seconds=rdv.start_timeout_s))
     store.set(f"distci_up_{rdv.rank}", "1")
     store.wait([f"distci_up_{r}" for r in range(rdv.world_size)])
     dist.init_process_group(rdv.backend, store=store, rank=rdv.rank, world_size=rdv.world_size,
-                            timeout=datetime.timedelta(seconds=rdv.pg_timeout_s))
+                            timeout=datetime.timedelta(seconds=pg_timeout_s))
     return DistContext(rank=rdv.rank, world_size=rdv.world_size, device_type=rdv.device_type,
                        backend=rdv.backend, local_rank=rdv.rank, group=dist.group.WORLD), store
 
@@ -91,6 +96,7 @@ class Child:
     requests: Connection  # template -> child: the TestRequest (or the start-up HealthCheck)
     reports: Connection  # child -> template: its RankReport
     pidfd: int | None  # readable once the child has ended (None where the kernel has no pidfd)
+    pg_timeout_s: float  # its process group's timeout: a test of another class needs another child
     status: int | None = None  # its wait status, once collected
     max_rss_kb: int = 0  # its peak resident memory, once collected
 
@@ -124,13 +130,16 @@ class Template:
         self.child_setup = child_setup
         self.spare: Child | None = None
         self.running: Child | None = None  # a child that reported and waits for its peers
+        # The process-group timeout the next spare joins with: the last test's (tests of one
+        # timeout class run side by side), so one pool serves every class of its world size.
+        self.spare_pg_timeout_s = rdv.pg_timeout_s
 
     # -- the child's side ------------------------------------------------------------
-    def _child_main(self, seq: int, requests: Connection, reports: Connection) -> int:
+    def _child_main(self, seq: int, pg_timeout_s: float, requests: Connection, reports: Connection) -> int:
         procs.die_with_parent()
         before = frozenset(sys.modules)
         self.child_setup()
-        ctx, store = join(self.rdv, seq)
+        ctx, store = join(self.rdv, seq, pg_timeout_s)
         try:
             request = requests.recv()
         except (EOFError, OSError):  # the template dropped this spare
@@ -146,7 +155,8 @@ class Template:
         wait_for_peers(store, self.rdv)
         return 0
 
-    def fork(self, seq: int) -> Child:
+    def fork(self, seq: int, pg_timeout_s: float | None = None) -> Child:
+        pg_timeout_s = pg_timeout_s or self.rdv.pg_timeout_s
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         gc.freeze()  # the template's objects out of the collector's sight: a collection in the child
@@ -160,14 +170,16 @@ class Template:
                 os.close(self.controller_fd)
                 os.close(req_w)
                 os.close(rep_r)
-                code = self._child_main(seq, Connection(req_r, writable=False), Connection(rep_w, readable=False))
+                code = self._child_main(seq, pg_timeout_s, Connection(req_r, writable=False),
+                                        Connection(rep_w, readable=False))
             except BaseException:  # noqa: BLE001 - its own start failed: the log says why
                 traceback.print_exc()
             finally:
                 os._exit(code)
         os.close(req_r)
         os.close(rep_w)
-        return Child(pid, seq, Connection(req_w, readable=False), Connection(rep_r, writable=False), _pidfd(pid))
+        return Child(pid, seq, Connection(req_w, readable=False), Connection(rep_r, writable=False), _pidfd(pid),
+                     pg_timeout_s)
 
     # -- the template's side ---------------------------------------------------------
     def start_up(self) -> RankReport | ChildExit:
@@ -184,17 +196,20 @@ class Template:
 
     def test(self, request: TestRequest, controller: Connection) -> RankReport | ChildExit:
         """Runs one test in the spare (forked anew when its number is not the request's: the
-        spare's peers are the other ranks' spares of the same number)."""
+        spare's peers are the other ranks' spares of the same number; or when its process group
+        has another timeout than the test's class)."""
+        pg_timeout_s = request.pg_timeout_s or self.rdv.pg_timeout_s
+        self.spare_pg_timeout_s = pg_timeout_s
         child = self.spare
-        if child is None or child.seq != request.seq or _ended(child):
+        if child is None or child.seq != request.seq or child.pg_timeout_s != pg_timeout_s or _ended(child):
             self.drop_spare()
-            child = self.fork(request.seq)
+            child = self.fork(request.seq, pg_timeout_s)
         self.spare = None
         controller.send(Started(self.rdv.rank, child.pid))
         return self._serve(child, request)
 
     def fork_spare(self, seq: int) -> None:
-        self.spare = self.fork(seq)
+        self.spare = self.fork(seq, self.spare_pg_timeout_s)
 
     def drop_spare(self) -> None:
         if self.spare is not None:
