@@ -1,7 +1,8 @@
 """2 gloo ranks: the ops sweep's in-step check (suites/generators/ops_entry.py `_in_step`) after a
 case that left a collective issued on one rank only.
 
-Run by tests/test_fuzz_ops.py. Each rank builds a 1-D mesh as a case does, runs the check once
+Run by tests/test_fuzz_ops.py. First the sweep's agreed clock (`_agreed_clock`) must read the
+same on both ranks though rank 1 reads it later. Then each rank builds a 1-D mesh as a case does, runs the check once
 in step (it must say in step), then rank 0 issues one all_reduce on the mesh's group that rank
 1 never issues, as a rank that raised after DTensor issued a collective leaves it, and runs the
 check again: it must say out of step on both ranks, and at once (counting the collectives each
@@ -35,7 +36,7 @@ class Ranks:
 
 def rank_main(rank: int, init: str, failed) -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from suites.generators.ops_entry import _in_step, _modes
+    from suites.generators.ops_entry import _agreed_clock, _in_step, _modes
     from torch.distributed.device_mesh import init_device_mesh
 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=WORLD,
@@ -44,6 +45,14 @@ def rank_main(rank: int, init: str, failed) -> None:
     mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("tp",))
     ranks = Ranks(WORLD, {"tp": mesh})
     modes = _modes()
+    now = _agreed_clock(side)
+    if rank == 1:
+        time.sleep(0.3)  # its own clock is later: the reading must still be rank 0's
+    readings: list = [None] * WORLD
+    dist.all_gather_object(readings, now(), group=side)
+    if readings[0] != readings[1]:
+        print(f"rank {rank}: the agreed clock read {readings} on the two ranks", flush=True)
+        failed.value = 1
     dist.all_reduce(torch.ones(2), group=mesh.get_group(0))
     first = _in_step(ranks, side, HANG_S, modes)
     if rank == 0:

@@ -474,7 +474,8 @@ def test_a_case_that_spins_fails_within_its_bound_and_the_sweep_goes_on(tmp_path
 
 @pytest.mark.slow
 def test_the_in_step_check_sees_a_collective_one_rank_left_issued_at_once():
-    """After a case that raised, a rank may have left a collective issued that its peer never
+    """The sweep's clock reads rank 0's time on every rank (its slot and shrink budgets decide
+    the same everywhere). After a case that raised, a rank may have left a collective issued that its peer never
     issued; the sweep's in-step check must say so on both ranks (the slot ends, the next runs
     on fresh ranks) and at once, by the collectives each rank issued: a barrier alone pairs with
     the stray collective on one rank and waits out `hang_s` on the other (tests/instep_ranks.py)."""

@@ -165,6 +165,21 @@ def _in_step(dist, side, hang_s: float, modes: tuple[int, ...]) -> bool:
     return all(everyone)
 
 
+def _agreed_clock(side):
+    """Rank 0's clock, read on every rank (a broadcast on the side group per reading). The
+    sweep stops a slot, and stops shrinking, by time: read on each rank's own clock, one rank
+    can run one more case or candidate than its peers, whose collectives then never pair (one
+    rank shrinking while the other went on left both in the 300 s watchdog)."""
+    import torch.distributed as tdist
+
+    def now() -> float:
+        box = [time.monotonic()]
+        tdist.broadcast_object_list(box, src=0, group=side)
+        return box[0]
+
+    return now
+
+
 @pytest.mark.dist_timeout(900)
 def test_op_sweep(dist, world, slot) -> None:
     import datetime
@@ -191,17 +206,22 @@ def test_op_sweep(dist, world, slot) -> None:
     seen = set(batch.get("known_signatures", []))
     bounds = batch.get("shrink", {})
     sink = open(files.rows, "a") if dist.rank == 0 else None
-    if sink and dead:
-        for row in dead_rows(flight, stuck, dist.world_size):
+    # every rank learns the dead case's signature (what it read before the barrier is the
+    # same everywhere): whether a later failure is shrunk depends on `seen`, and a rank that
+    # shrinks while its peers go on runs other collectives than theirs (the 300 s watchdog)
+    for row in dead_rows(flight, stuck, dist.world_size) if dead else []:
+        seen.add(row["signature"])
+        if sink:
             sink.write(json.dumps(row) + "\n")
-            seen.add(row["signature"])
+    if sink:
         sink.flush()
     if sink:
         files.clear_stuck()
     cases = [c for c in map(case_from_json, batch["cases"])
              if c.world_size == dist.world_size and c.id not in answered and c.id not in dead]
     shrunk_s = 0.0  # a sweep shrinks for at most bounds["sweep_s"]: later finds come unshrunk, never a timeout
-    slot_began = time.monotonic()
+    now = _agreed_clock(side)  # every decision by time below is the same on every rank
+    slot_began = now()
 
     def check(case, parent=None, record=None, best=None):
         """One case on every rank, agreed; a rank whose peers never finish it ends the slot."""
@@ -229,7 +249,7 @@ def test_op_sweep(dist, world, slot) -> None:
 
     try:
         for case in cases:
-            if time.monotonic() - slot_began > batch.get("slot_s", SLOT_S):  # the next slot goes on
+            if now() - slot_began > batch.get("slot_s", SLOT_S):  # the next slot goes on
                 if sink:
                     files.end()
                 return
@@ -238,7 +258,7 @@ def test_op_sweep(dist, world, slot) -> None:
                       "seconds": round(o.seconds, 4)}
             shrinking_left = bounds.get("sweep_s", 240.0) - shrunk_s
             if o.status == "fail" and o.signature not in seen and bounds.get("max_checks", 1) and shrinking_left > 0:
-                began = time.monotonic()
+                began = now()
                 seen.add(o.signature)
                 best = {"id": case.id, "message": o.message}
 
@@ -249,10 +269,10 @@ def test_op_sweep(dist, world, slot) -> None:
                     return _as_check(got)
 
                 done = shrink(case, o.signature, candidate, max_checks=bounds.get("max_checks", 300),
-                              max_s=min(bounds.get("max_s", 120.0), shrinking_left), message=o.message)
+                              max_s=min(bounds.get("max_s", 120.0), shrinking_left), clock=now, message=o.message)
                 record["shrunk"] = {"id": done.case.id, "message": done.message, "steps": done.steps,
                                     "checks": done.checks, "complete": done.complete}
-                shrunk_s += time.monotonic() - began
+                shrunk_s += now() - began
             if sink:
                 sink.write(json.dumps(record) + "\n")
                 sink.flush()
