@@ -215,7 +215,6 @@ def test_op_sweep(dist, world, slot) -> None:
             sink.write(json.dumps(row) + "\n")
     if sink:
         sink.flush()
-    if sink:
         files.clear_stuck()
     cases = [c for c in map(case_from_json, batch["cases"])
              if c.world_size == dist.world_size and c.id not in answered and c.id not in dead]
