@@ -39,6 +39,13 @@ HF_TRAINER = "transformers/trainer_pt_utils.py (LabelSmoother) + trainer.py"
 OPTIM = "torch/optim/adamw.py, sgd.py (_multi_tensor_*: the foreach path every trainer's optimizer takes)"
 HF_VIT = "transformers/models/vit/modeling_vit.py (ViTPatchEmbeddings: nn.Conv2d(kernel_size=patch, stride=patch))"
 HF_MIXTRAL = "transformers/models/mixtral/modeling_mixtral.py (loss += router_aux_loss_coef * aux_loss)"
+HF_MIXTRAL_AUX = "transformers/models/mixtral/modeling_mixtral.py (load_balancing_loss_func)"
+HF_MIXTRAL_MOE = "transformers/models/mixtral/modeling_mixtral.py (MixtralSparseMoeBlock: index_add_)"
+HF_GEMMA2 = "transformers/models/gemma2/modeling_gemma2.py (final_logit_softcapping, attn_logit_softcapping)"
+TUNE_KD = "torchtune/modules/loss/kd_losses.py (ForwardKLLoss: knowledge distillation recipes)"
+TITAN_FLUX = "torchtitan/experiments/flux (the denoising loss: F.mse_loss of the predicted noise)"
+HF_SEQ_CLS = ("transformers/models/*/modeling_*.py ForSequenceClassification (MSELoss for regression, "
+              "BCEWithLogitsLoss for multi-label)")
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,17 @@ INVENTORY: tuple[OpSpec, ...] = (
            "built by reductions, scaled and added in place",
            {"coef": (0.01, 1.0), "inplace": (1, 0)}),
     _unary("sigmoid", f"{TITAN_MOE} (router: torch.sigmoid(scores.to(torch.float32)))"),
+    OpSpec("router_aux_loss", (_a("M E", "distinct"),),
+           f"{HF_MIXTRAL_AUX} (softmax, topk, F.one_hot(selected_experts, num_experts).float() averaged over "
+           "tokens, times the mean routing weight, summed, times num_experts)",
+           {"top_k": (2, 1)}, dtypes=("f32",), mins={"E": 2}),
+    OpSpec("kl_distill", (_a("M V"), _a("M V", grad=False), _a("M", "target:V", grad=False)),
+           f"{TUNE_KD} (softmax(teacher, float32) * log_softmax(student, float32), masked_fill(isinf(student), 0), "
+           "summed over the vocabulary, masked by labels != -100, divided by the count)", mins={"V": 1}),
+    OpSpec("pointwise_loss", (_a("B? M N"), _a("B? M N", grad=False)),
+           f"{TITAN_FLUX}, {HF_SEQ_CLS}, box-regression heads (F.smooth_l1_loss / F.huber_loss), "
+           "F.l1_loss; bce_logits takes the target's sigmoid (probabilities)",
+           {"loss": ("mse", "l1", "smooth_l1", "huber", "bce_logits"), "reduction": ("mean", "sum")}),
     # norms
     OpSpec("layer_norm", (_a("B? M D"), _a("D"), _a("D")), "nn.LayerNorm (torchtitan flux / HF GPT-2 ln_f)"),
     OpSpec("rms_norm", (_a("B? M D"), _a("D")), f"{TITAN_LLAMA} (nn.RMSNorm: attention_norm, ffn_norm, norm)"),
@@ -115,12 +133,20 @@ INVENTORY: tuple[OpSpec, ...] = (
            {"is_causal": (0, 1)}, mins={"E": 1}),
     OpSpec("rotary", (_a("B S H D2*2"), _a("S D2*2")),
            f"{HF_LLAMA} (apply_rotary_pos_emb: q * cos + rotate_half(q) * sin; rotate_half = cat(-x2, x1))"),
+    OpSpec("rotary_complex", (_a("B S H D2*2"), _a("S D2", grad=False)),
+           f"{TITAN_LLAMA} (precompute_freqs_cis: torch.polar; apply_rotary_emb: view_as_complex(xq.float()"
+           ".reshape(..., -1, 2)) * freqs_cis, view_as_real(...).flatten(3).type_as(xq))"),
+    OpSpec("repeat_kv", (_a("B S H D"),), f"{TITAN_LLAMA} (repeat_kv: unsqueeze(x, 3).expand(bs, slen, "
+           "n_kv_heads, n_rep, head_dim).reshape(bs, slen, n_kv_heads * n_rep, head_dim): GQA)",
+           {"n_rep": (2, 1, 3)}),
     # activations
     _unary("gelu", "transformers GPT-2 / BERT MLP (F.gelu, approximate='tanh' in gelu_new)",
            params={"approximate": ("none", "tanh")}),
     _unary("silu", f"{TITAN_LLAMA} (FeedForward: F.silu(w1(x)))"),
     OpSpec("swiglu", (_a("B? M N"), _a("B? M N")), f"{TITAN_LLAMA} (FeedForward: F.silu(w1(x)) * w3(x))"),
     OpSpec("swiglu_chunk", (_a("B? M N*2"),), "fused w13 projections (x1, x3 = h.chunk(2, dim=-1); silu(x1) * x3)"),
+    _unary("softcap", f"{HF_GEMMA2} (logits / cap; torch.tanh(logits); logits * cap)",
+           params={"cap": (30.0, 1.0)}),
     _unary("dropout_eval", "every model's dropout in eval (F.dropout(x, p, training=False))", params={"p": (0.1, 0.0)}),
     # reductions
     _unary("sum", f"{TITAN_LOSS} (sum reductions), torchtune per-token loss sums",
@@ -160,6 +186,9 @@ INVENTORY: tuple[OpSpec, ...] = (
            "embedding-style lookups (weight.index_select(0, ids))", mins={"V": 1}),
     OpSpec("gather", (_a("M V"), _a("M J", "index:V", grad=False)), f"{TITAN_MOE} (scores.gather(dim=1, index=...))",
            mins={"V": 1}),
+    OpSpec("index_add", (_a("V D"), _a("J", "index:V", grad=False), _a("J D")),
+           f"{HF_MIXTRAL_MOE} (final_hidden_states.index_add_(0, top_x, current_hidden_states)); "
+           "inplace=0: torch.index_add", {"inplace": (1, 0)}, mins={"V": 1}),
     OpSpec("scatter_add", (_a("V D"), _a("J D", "index:V", grad=False), _a("J D")),
            f"{TITAN_MOE} (out.scatter_add(dim=0, index=token_indices, src=routed_output))", mins={"V": 1}),
     _unary("topk", f"{TITAN_MOE} (torch.topk(scores, k=top_k, dim=1))", dims="M N", kind="distinct",

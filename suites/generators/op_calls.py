@@ -43,6 +43,68 @@ def _rotary(x, p, c):
     return (q * cos + rotated * sin,)
 
 
+def _rotary_complex(x, p, c):
+    q, angles = x
+    freqs_cis = torch.polar(torch.ones_like(angles), angles)  # precompute_freqs_cis
+    q_ = torch.view_as_complex(q.float().reshape(*q.shape[:-1], -1, 2))
+    freqs_cis = freqs_cis.view(1, q_.shape[1], 1, q_.shape[-1])  # reshape_for_broadcast
+    return (torch.view_as_real(q_ * freqs_cis).flatten(3).type_as(q),)
+
+
+def _repeat_kv(x, p, c):
+    bs, slen, n_kv_heads, head_dim = x[0].shape
+    n_rep = p["n_rep"]
+    if n_rep == 1:
+        return (x[0],)
+    return (torch.unsqueeze(x[0], dim=3).expand(bs, slen, n_kv_heads, n_rep, head_dim)
+            .reshape(bs, slen, n_kv_heads * n_rep, head_dim),)
+
+
+def _router_aux_loss(x, p, c):
+    gate_logits = x[0]
+    num_experts = gate_logits.shape[-1]
+    routing_weights = F.softmax(gate_logits, dim=-1)
+    _, selected_experts = torch.topk(routing_weights, p["top_k"], dim=-1)
+    expert_mask = F.one_hot(selected_experts, num_experts)
+    tokens_per_expert = torch.mean(expert_mask.float(), dim=0)
+    router_prob_per_expert = torch.mean(routing_weights, dim=0)
+    return (torch.sum(tokens_per_expert * router_prob_per_expert.unsqueeze(0)) * num_experts,)
+
+
+def _kl_distill(x, p, c):
+    student_logits, teacher_logits, labels = x
+    teacher_prob = F.softmax(teacher_logits, dim=-1, dtype=torch.float32)
+    inf_mask = torch.isinf(student_logits)
+    student_logprob = F.log_softmax(student_logits, dim=-1, dtype=torch.float32)
+    prod_probs = torch.masked_fill(teacher_prob * student_logprob, inf_mask, 0)
+    per_token = torch.sum(prod_probs, dim=-1).view(-1)
+    mask = (labels != -100).int()
+    return (-torch.sum(per_token * mask.view(-1), dim=0) / torch.sum(mask.view(-1), dim=0),)
+
+
+_POINTWISE_LOSSES = {
+    "mse": F.mse_loss, "l1": F.l1_loss, "smooth_l1": F.smooth_l1_loss, "huber": F.huber_loss,
+    "bce_logits": lambda a, b, reduction: F.binary_cross_entropy_with_logits(a, b.sigmoid(), reduction=reduction),
+}
+
+
+def _pointwise_loss(x, p, c):
+    return (_POINTWISE_LOSSES[p["loss"]](x[0].float(), x[1].float(), reduction=p["reduction"]),)
+
+
+def _softcap(x, p, c):
+    logits = x[0] / p["cap"]
+    return (torch.tanh(logits) * p["cap"],)
+
+
+def _index_add(x, p, c):
+    if not p["inplace"]:
+        return (torch.index_add(x[0], 0, x[1], x[2].to(x[0].dtype)),)
+    out = x[0].clone()
+    out.index_add_(0, x[1], x[2].to(x[0].dtype))
+    return (out,)
+
+
 def _swiglu_chunk(x, p, c):
     a, b = x[0].chunk(2, dim=-1)
     return (F.silu(a) * b,)
@@ -123,6 +185,13 @@ CALLS: dict[str, Callable[[list, dict, Context], tuple]] = {
     "rms_norm_manual": _rms_manual,
     "sdpa": lambda x, p, c: (F.scaled_dot_product_attention(x[0], x[1], x[2], is_causal=bool(p["is_causal"])),),
     "rotary": _rotary,
+    "rotary_complex": _rotary_complex,
+    "repeat_kv": _repeat_kv,
+    "router_aux_loss": _router_aux_loss,
+    "kl_distill": _kl_distill,
+    "pointwise_loss": _pointwise_loss,
+    "softcap": _softcap,
+    "index_add": _index_add,
     "gelu": lambda x, p, c: (F.gelu(x[0], approximate=p["approximate"]),),
     "silu": lambda x, p, c: (F.silu(x[0]),),
     "swiglu": lambda x, p, c: (F.silu(x[0]) * x[1],),
