@@ -25,6 +25,7 @@ BUILTIN = (
     "distci_fixes.fixes.fsdp2_premul_sum_gloo",
     "distci_fixes.fixes.dtensor_sdpa_cpu_strategy",
     "distci_fixes.fixes.inductor_fx_cache_opaque_key",
+    "distci_fixes.fixes.dtensor_decomp_loss_strategy",
 )
 
 

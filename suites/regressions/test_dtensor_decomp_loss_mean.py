@@ -1,8 +1,9 @@
 """DTensor's decomposition-derived sharding of the fused pointwise losses divides by each rank's
 local element count: `F.mse_loss` / `smooth_l1_loss` / `huber_loss` / `binary_cross_entropy` /
 `soft_margin_loss` with `reduction="mean"` on a sharded input give a gradient scaled by the
-world size (even sharding), a wrong loss where the mesh does not divide the sharded dim, and
-an empty input's backward raises "float division by zero" in sharding propagation.
+world size (even sharding), and a wrong loss where the mesh does not divide the sharded dim.
+Also here: an empty input's backward raises "float division by zero" in DTensor's output-meta
+propagation (mse_loss_backward's decomposition under FakeTensor; fake-mse-loss-backward-empty-zerodiv).
 
 Trigger: the loss of a DTensor sharded on any dim (a batch-sharded prediction, a TP or CP
 output kept as a DTensor), `reduction="mean"` (every loss's default), then `backward()`.
@@ -14,7 +15,9 @@ pytorch#162692), and `mse_loss_backward` and its siblings compute `2 / input.num
 local shard, so every gradient element is multiplied by the number of shards. No error, no
 warning: a regression head, a diffusion model's denoising loss (torchtitan's flux
 `F.mse_loss(pred.float(), target.float())`) or a multi-label head trains with an N-times
-learning rate. `F.l1_loss` and `F.kl_div` (composite ops) are right, as is `reduction="sum"`:
+learning rate (`binary_cross_entropy_with_logits`: the loss is off on uneven shards, its
+gradient right). distci's fix `dtensor_decomp_loss_strategy` registers strategies for these
+ops (replicate; elementwise for reduction="none"): fixes on, every case passes. `F.l1_loss` and `F.kl_div` (composite ops) are right, as is `reduction="sum"`:
 the controls. Found by distci's ops generator (`pointwise_loss`, 2026-12-06); reproduced
 standalone on torch 2.13.0 and 2.15.0 CPU with 2 gloo ranks.
 """
@@ -34,6 +37,7 @@ _LOSSES = {
     "smooth_l1": F.smooth_l1_loss,
     "huber": F.huber_loss,
     "bce": lambda a, b, reduction: F.binary_cross_entropy(a.sigmoid(), b.sigmoid(), reduction=reduction),
+    "bce_logits": lambda a, b, reduction: F.binary_cross_entropy_with_logits(a, b.sigmoid(), reduction=reduction),
     "l1": F.l1_loss,
 }
 
@@ -57,9 +61,9 @@ def _loss_and_grad(dist, loss: str, shape: tuple[int, ...], reduction: str):
 @pytest.mark.dist_timeout(300)
 @pytest.mark.parametrize("loss,rows,reduction", [
     ("mse", 4, "mean"), ("smooth_l1", 4, "mean"), ("huber", 4, "mean"), ("bce", 4, "mean"),
-    ("mse", 3, "mean"),
+    ("mse", 3, "mean"), ("bce_logits", 3, "mean"),
     ("l1", 4, "mean"), ("l1", 3, "mean"), ("mse", 4, "sum"), ("mse", 3, "sum"),
-], ids=["mse_even", "smooth_l1_even", "huber_even", "bce_even", "mse_uneven",
+], ids=["mse_even", "smooth_l1_even", "huber_even", "bce_even", "mse_uneven", "bce_logits_uneven",
         "l1_even_control", "l1_uneven_control", "mse_sum_even_control", "mse_sum_uneven_control"])
 def test_a_sharded_loss_and_its_gradient_match_the_plain_op(dist, loss: str, rows: int, reduction: str) -> None:
     want, got, want_grad, got_grad = _loss_and_grad(dist, loss, (rows, 8), reduction)
