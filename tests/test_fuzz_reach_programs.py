@@ -148,11 +148,12 @@ def test_the_hidden_step_entry_names_a_flattened_save_as_its_near_miss():
 # seed -> (layouts, the entry its first programs meet, the drawn program that meets it): chosen with
 # the seeded draw alone (`python -m distci fuzz --generator programs --list --seed S --layout L`)
 BOUNDED = {
+    "reach13716": ("fsdp", FROZEN, "fsdp-ws2-w16-l1-adamw:fwd_bwd,sched,fwd_bwd,step,zero_grad,zero_grad,zero_grad,"
+                                   "freeze=head,zero_grad=zeros,save=flat,step,zero_grad=zeros,load"),
     "reach1145": ("fsdp", FLAT, "fsdp-ws4-w32-l1-sgd0:metric,sched,sched,fwd_bwd,sched,step,save=flat,load,"
                                 "fwd_bwd=nosync,fwd_bwd"),
-    "reach268": ("fsdp_mp", MP, "fsdp_mp-ws4-w8-l1-adamw:freeze,fwd_bwd,sched,unfreeze,zero_grad=zeros,"
-                                "fwd_bwd=nosync,fwd_bwd=nosync,fwd_bwd=nosync,fwd_bwd,fwd_bwd=nosync,fwd_bwd,"
-                                "fwd_bwd=nosync,fwd_bwd"),
+    "reach1021": ("fsdp_mp", MP, "fsdp_mp-ws2-w16-l3-sgd:freeze,fwd_bwd,new_optim,step,fwd_bwd,new_optim,sched,step,"
+                                 "zero_grad,unfreeze,fwd_bwd,save"),
 }
 
 
