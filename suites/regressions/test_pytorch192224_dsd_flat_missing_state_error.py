@@ -34,12 +34,14 @@ def test_a_load_without_a_parameters_state_names_it(dist, layout: str) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
     fully_shard, _ = fsdp_api()
+    fully_shard(model[0], mesh=dist.mesh())
     fully_shard(model, mesh=dist.mesh())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for q in model[1].parameters():
         q.requires_grad_(False)
     model(torch.randn(4, 8)).sum().backward()
     opt.step()
+    opt.zero_grad()
     for q in model[1].parameters():
         q.requires_grad_(True)
     options = StateDictOptions(flatten_optimizer_state_dict=layout == "flattened")

@@ -38,5 +38,7 @@ def test_a_stateless_optimizer_loads_no_state(dist, layout: str) -> None:
     options = StateDictOptions(flatten_optimizer_state_dict=layout == "flattened")
     resumed = torch.optim.SGD(model.parameters(), lr=0.1)
     set_optimizer_state_dict(model, resumed, get_optimizer_state_dict(model, opt, options=options), options=options)
-    assert dict(resumed.state) == dict(opt.state) == {}, (
-        f"{layout} round trip of a stateless optimizer: state {dict(resumed.state)} (saved from {dict(opt.state)})")
+    empty = sum(1 for entry in resumed.state.values() if not entry)
+    assert len(resumed.state) == len(opt.state) == 0, (
+        f"{layout} round trip of a stateless optimizer: {len(resumed.state)} state entries, {empty} of them empty "
+        f"(saved from {len(opt.state)})")
