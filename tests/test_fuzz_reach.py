@@ -198,7 +198,7 @@ def _base(text: str) -> str:
 
 
 def test_the_programs_generator_draws_flattened_checkpoints_bf16_fsdp_and_stateless_sgd():
-    programs = [draw("reach", i) for i in range(1500)]
+    programs = [draw("reach", i) for i in range(3000)]
     texts = [p.text for p in programs]
     assert any(p.layout == "fsdp_mp" for p in programs) and any(p.optim == "sgd0" for p in programs)
     flat = [p for p in programs if "save=flat" in p.actions and "load" in p.actions[p.actions.index("save=flat"):]]
