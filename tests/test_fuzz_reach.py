@@ -129,10 +129,18 @@ def test_an_in_place_refusal_on_a_partial_is_a_gap_not_a_find():
 
 # --- bounded runs: the generator finds the bug where the stack has it ---------------------------
 
+def _cell() -> str:
+    """This interpreter's cell: its torch release, fixes off (the 2.13.0 and 2.15.0 venvs)."""
+    import torch
+
+    version = torch.__version__.split("+")[0]
+    return CELL if version == "2.13.0" else f"cpu-cpu-torch_{version}-ao_0.18.0-ws2-fix_off"
+
+
 def _fuzz(tmp: Path, *args: str) -> tuple[str, list[dict]]:
     from distci.harness import procs
 
-    cmd = [sys.executable, "-m", "distci", "fuzz", "--cell", CELL, "--python", sys.executable,
+    cmd = [sys.executable, "-m", "distci", "fuzz", "--cell", _cell(), "--python", sys.executable,
            "--runs-root", str(tmp / "runs"), *args]
     child = procs.start_owned(cmd, env=dict(os.environ), token=procs.run_token(), death_signal=signal.SIGTERM,
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
