@@ -26,6 +26,15 @@ set_requires_gradient_sync, clip_grad_norm_, save_state/load_state); Lightning
 `src/lightning/fabric/strategies/model_parallel.py` (ModelParallelStrategy: fully_shard,
 StateDictOptions(full_state_dict, cpu_offload) save and load).
 
+A **form** is a variant of a drawn value that real trainers also write: torchtitan's
+`components/checkpoint.py` and `components/optimizer.py` save and load the optimizer with
+StateDictOptions(flatten_optimizer_state_dict=True) (`save=flat`); its default training config
+runs FSDP2 with MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), as
+torchtune's recipes do (`fsdp_mp`); plain SGD without momentum is stateless (`sgd0`, the
+examples' and many fine-tuning scripts' optimizer). FORMS maps a drawn value to its forms;
+`draw` (distci/fuzz/programs.py) picks among them with a stream of its own, so adding a form
+never moves what a seed drew before it (plants' seeds, replayed nights).
+
 Pure data and pure functions: no torch (the engine draws and shrinks on the controller).
 
 A program's text is its test id, e.g. `fsdp-ws2-w8-l2-adamw:fwd_bwd,step,save=dcp,fwd_bwd,step,load`.
@@ -37,12 +46,38 @@ import re
 from dataclasses import dataclass, replace
 from typing import Callable
 
-LAYOUTS: dict[str, tuple[int, ...]] = {"fsdp": (2, 4), "tp": (2, 4), "fsdp_tp": (4,), "ddp": (2, 4)}
-"""Layout -> the world sizes it runs on (fsdp_tp: a 2x2 mesh, dp outer, tp inner)."""
-DATA_PARALLEL = ("fsdp", "fsdp_tp", "ddp")
+LAYOUTS: dict[str, tuple[int, ...]] = {"fsdp": (2, 4), "tp": (2, 4), "fsdp_tp": (4,), "ddp": (2, 4),
+                                       "fsdp_mp": (2, 4)}
+"""Layout -> the world sizes it runs on (fsdp_tp: a 2x2 mesh, dp outer, tp inner; fsdp_mp: FSDP2
+computing in bfloat16, reducing in float32)."""
+DATA_PARALLEL = ("fsdp", "fsdp_tp", "ddp", "fsdp_mp")
 """Layouts whose ranks see different rows and reduce gradients (no-sync accumulation exists)."""
-FSDP = ("fsdp", "fsdp_tp")
-OPTIMIZERS = ("sgd", "adamw")
+FSDP = ("fsdp", "fsdp_tp", "fsdp_mp")
+OPTIMIZERS = ("sgd", "adamw", "sgd0")
+"""sgd: momentum 0.9; sgd0: no momentum (no optimizer state at all)."""
+FORMS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("layout", "fsdp"): ("fsdp_mp",),
+    ("optim", "sgd"): ("sgd0",),
+    ("save", "dcp"): ("flat",),
+}
+"""(what, drawn value) -> its forms (module docstring): drawn from their own stream."""
+LAYOUT_OPTIMIZERS: dict[str, tuple[str, ...]] = {"fsdp_mp": ("sgd", "sgd0")}
+"""Layouts judged only with some optimizers. fsdp_mp runs SGD: AdamW's first steps move every
+weight by about the learning rate whatever its gradient's size, so a near-zero gradient that
+bf16 rounding carries across zero moves its weight the other way (a zero-initialized norm bias:
+SQNR near 0 dB), and no bound on bf16 compute holds for the parameters. A meaningless
+comparison, not a broken combination (night run 2026-12-06:
+`fsdp_mp-ws2-w32-l3-adamw:fwd_bwd=nosync,...,fwd_bwd,step` failed "parameter blocks.2.norm.bias: SQNR")."""
+
+
+def forms(what: str, value: str) -> tuple[str, ...]:
+    """`value` and its forms, `value` first."""
+    return (value,) + FORMS.get((what, value), ())
+
+
+def is_form(what: str, value: str) -> bool:
+    """Whether `value` is only ever reached as a form of another value."""
+    return any(value in f for (w, _), f in FORMS.items() if w == what)
 WIDTHS = (8, 16, 32)
 LAYERS = (1, 2, 3)
 PARTS = ("block0", "head")
@@ -117,10 +152,12 @@ INVENTORY: tuple[Action, ...] = (
     Action("metric", ("all_reduce", "barrier"),
            "the step's loss all-reduced (avg) over the data-parallel ranks for logging / a barrier",
            "torchtitan dist_mean of the loss; torchtune all_reduce of running_loss", 0.7, _synced, lambda s, a: s),
-    Action("save", ("dcp", "full"),
+    Action("save", ("dcp", "full", "flat"),
            "checkpoint: dcp.save of get_model_state_dict + get_optimizer_state_dict + scheduler state "
-           "(sharded) / full_state_dict=True, cpu_offload=True gathered to rank 0 (full)",
-           "torchtitan checkpoint.py (dcp); torchtune / Lightning full state dicts", 1.5, _synced,
+           "(sharded) / full_state_dict=True, cpu_offload=True gathered to rank 0 (full) / dcp with "
+           "flatten_optimizer_state_dict=True on save and load (flat)",
+           "torchtitan checkpoint.py (dcp) and optimizer.py (flat); torchtune / Lightning full state dicts", 1.5,
+           _synced,
            lambda s, a: replace(s, saved=a)),
     Action("load", ("",),
            "resume from the last save: dcp.load + set_model_state_dict + set_optimizer_state_dict + scheduler "
@@ -163,7 +200,7 @@ PROGRAMS_ENV = "DISTCI_FUZZ_PROGRAMS"
 """A JSON file: the list of program texts one batch runs (the entry reads it)."""
 PROGRAM_ENV = "DISTCI_FUZZ_PROGRAM"
 """One program's text, for a repro."""
-HEAD = re.compile(r"^(?P<layout>[a-z_]+)-ws(?P<ws>\d+)-w(?P<width>\d+)-l(?P<layers>\d+)-(?P<optim>[a-z]+)$")
+HEAD = re.compile(r"^(?P<layout>[a-z_]+)-ws(?P<ws>\d+)-w(?P<width>\d+)-l(?P<layers>\d+)-(?P<optim>[a-z0-9]+)$")
 
 
 class ProgramError(ValueError):
@@ -187,6 +224,11 @@ class Program:
 
     def __str__(self) -> str:
         return self.text
+
+
+def drawn_args(a: Action) -> tuple[str, ...]:
+    """The args the main draw picks among (forms come from their own stream)."""
+    return tuple(x for x in a.args if not is_form(a.name, x))
 
 
 def split(token: str) -> tuple[str, str]:
@@ -223,6 +265,9 @@ def check(program: Program) -> list[str]:
         out.append(f"{program.layout} runs on world sizes {LAYOUTS[program.layout]}, not {program.world_size}")
     if program.optim not in OPTIMIZERS:
         out.append(f"no optimizer {program.optim!r}; optimizers: {', '.join(OPTIMIZERS)}")
+    if program.optim not in LAYOUT_OPTIMIZERS.get(program.layout, OPTIMIZERS):
+        out.append(f"{program.layout} is judged with {', '.join(LAYOUT_OPTIMIZERS[program.layout])} only "
+                   f"(training_program.LAYOUT_OPTIMIZERS says why), not {program.optim}")
     if program.width not in WIDTHS or program.layers not in LAYERS:
         out.append(f"width {program.width} / layers {program.layers}: widths {WIDTHS}, layers {LAYERS}")
     state = State()

@@ -33,28 +33,38 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from distci.training_program import (INVENTORY, LAYERS, LAYOUTS, OPTIMIZERS, WIDTHS, Program, State, action, split,
-                                      token, valid)
+from distci.training_program import (INVENTORY, LAYERS, LAYOUT_OPTIMIZERS, LAYOUTS, OPTIMIZERS, WIDTHS, Program,
+                                      State, action, drawn_args, forms, is_form, split, token, valid)
 from .records import Find, Outcome, Report
 
 MIN_ACTIONS, MAX_ACTIONS = 4, 14
 
 def draw(seed: str, index: int, layouts: tuple[str, ...] = tuple(LAYOUTS)) -> Program:
     """Program `index` of `seed`: layout, size and optimizer, then actions drawn by weight
-    among those enabled where the program stands (a no-sync run is closed by a synced backward)."""
+    among those enabled where the program stands (a no-sync run is closed by a synced backward).
+    Each drawn value then takes one of its forms (training_program.FORMS) from a second stream,
+    so the main stream, and with it every program drawn before a form was added, stays put."""
     rng = random.Random(f"{seed}/{index}")
-    layout = rng.choice(sorted(layouts))
+    pick = random.Random(f"{seed}/{index}/forms").choice
+    bases = sorted(x for x in layouts if not is_form("layout", x)) or sorted(layouts)
+    layout = rng.choice(bases)
     ws = rng.choice(LAYOUTS[layout])
-    head = dict(layout=layout, world_size=ws, width=rng.choice(WIDTHS), layers=rng.choice(LAYERS),
-                optim=rng.choice(OPTIMIZERS))
+    head = dict(world_size=ws, width=rng.choice(WIDTHS), layers=rng.choice(LAYERS))
+    optim = rng.choice([x for x in OPTIMIZERS if not is_form("optim", x)])
+    fits = [x for x in forms("layout", layout) if x in layouts and optim in LAYOUT_OPTIMIZERS.get(x, OPTIMIZERS)]
+    head["layout"] = layout = pick(fits) if fits else layout
+    if optim not in LAYOUT_OPTIMIZERS.get(layout, OPTIMIZERS):  # only that layout asked for (--layout)
+        optim = LAYOUT_OPTIMIZERS[layout][0]
+    head["optim"] = pick([x for x in forms("optim", optim) if x in LAYOUT_OPTIMIZERS.get(layout, OPTIMIZERS)])
     length = rng.randint(MIN_ACTIONS, MAX_ACTIONS)
     state, actions = State(), []
     while len(actions) < length or state.unsynced:
-        choices = [(a, arg) for a in INVENTORY for arg in a.args if a.enabled(state, layout, arg)]
+        choices = [(a, arg) for a in INVENTORY for arg in drawn_args(a) if a.enabled(state, layout, arg)]
         if len(actions) >= length:  # close the accumulation
             choices = [(a, arg) for a, arg in choices if a.name == "fwd_bwd" and arg == "sync"]
-        weights = [a.weight / len(a.args) for a, _ in choices]
+        weights = [a.weight / len(drawn_args(a)) for a, _ in choices]
         a, arg = rng.choices(choices, weights)[0]
+        arg = pick([x for x in forms(a.name, arg) if a.enabled(state, layout, x)])
         actions.append(token(a.name, arg))
         state = a.effect(state, arg)
     return Program(actions=tuple(actions), **head)
@@ -100,7 +110,8 @@ def edits(program: Program) -> list[Edit]:
         out.append(Edit(model=(("world_size", min(LAYOUTS[program.layout])),)))
     if program.optim != OPTIMIZERS[0]:
         out.append(Edit(model=(("optim", OPTIMIZERS[0]),)))
-    for layout in ("tp", "fsdp", "ddp") if program.layout == "fsdp_tp" else ():
+    plainer = {"fsdp_tp": ("tp", "fsdp", "ddp"), "fsdp_mp": ("fsdp",)}.get(program.layout, ())
+    for layout in plainer:
         out.append(Edit(model=(("layout", layout), ("world_size", min(LAYOUTS[layout])))))
     out += [Edit(plain=frozenset({i})) for i, tok in enumerate(program.actions)
             if split(tok)[1] != action(split(tok)[0]).args[0]]

@@ -15,7 +15,9 @@ the shrinker keeps.
 
 Numbers are judged as the suites judge them: losses and gradients by
 checks.check_numerics, parameters and optimizer state by checks.sqnr, at the fp32
-tolerance (tolerances.py: TP/FSDP reorder sums only).
+tolerance (tolerances.py: TP/FSDP reorder sums only), fsdp_mp at bfloat16's. An optimizer
+state entry with nothing in it counts as an entry (`(empty) of NAME`): a stateless
+optimizer's reference keeps none.
 """
 
 from __future__ import annotations
@@ -30,16 +32,19 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from distci.training_program import FSDP
+
 from ..judges.checks import check_numerics, sqnr
 from ..runner.evidence import TrainRecord, clean_name, placement_name
 from ..runner.parallelize import fsdp_api
 from ..judges.tolerances import tolerance
+from . import program_checkpoint as checkpoint
 from .program_plants import Plant
 
 SEED = 1234
 ROWS = 4
 """Rows of the global batch per data-parallel rank."""
-LR = {"sgd": 0.1, "adamw": 1e-2}
+LR = {"sgd": 0.1, "sgd0": 0.1, "adamw": 1e-2}
 
 
 class Block(nn.Module):
@@ -97,8 +102,8 @@ class Twin:
 
     def new_optimizer(self) -> None:
         params = [p for p in self.named.values() if p.requires_grad]
-        cls = torch.optim.SGD if self.optim_name == "sgd" else torch.optim.AdamW
-        extra = {"momentum": 0.9} if self.optim_name == "sgd" else {}
+        cls = torch.optim.AdamW if self.optim_name == "adamw" else torch.optim.SGD
+        extra = {"momentum": 0.9} if self.optim_name == "sgd" else {}  # sgd0: none, no optimizer state
         self.opt = cls(params, lr=LR[self.optim_name], **extra)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, schedule)
 
@@ -115,7 +120,8 @@ class Parallel:
 
 
 def layout_model(model: Net, layout: str, dist: Any) -> tuple[nn.Module, Parallel]:
-    """(runnable, parallel facts): FSDP2 per block then the root (torchtitan's order), TP
+    """(runnable, parallel facts): FSDP2 per block then the root (torchtitan's order; fsdp_mp:
+    bfloat16 compute, float32 reduction, torchtitan's and torchtune's default policy), TP
     with w1 column- and w2 row-wise (a 2x2 mesh for fsdp_tp, TP inner), or DDP."""
     import torch.distributed as tdist
 
@@ -140,10 +146,11 @@ def layout_model(model: Net, layout: str, dist: Any) -> tuple[nn.Module, Paralle
             parallelize_module(block, tp_mesh, {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
     if dp_mesh is None:
         return model, Parallel(layout, rank=rank)
-    fully_shard, _ = fsdp_api()
+    fully_shard, policy = fsdp_api()
+    mp = {"mp_policy": policy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} if layout == "fsdp_mp" else {}
     for block in model.blocks:
-        fully_shard(block, mesh=dp_mesh)
-    fully_shard(model, mesh=dp_mesh)
+        fully_shard(block, mesh=dp_mesh, **mp)
+    fully_shard(model, mesh=dp_mesh, **mp)
     return model, Parallel(layout, dp_mesh.get_local_rank(), dp_mesh.size(), dp_mesh.get_group(), rank)
 
 
@@ -195,10 +202,10 @@ def _forward_backward(p: Program, sync: bool) -> None:
     ctx = contextlib.nullcontext()
     if p.par.layout == "ddp" and not sync:
         ctx = p.run.runnable.no_sync()
-    elif p.par.layout in ("fsdp", "fsdp_tp"):
+    elif p.par.layout in FSDP:
         p.run.model.set_requires_gradient_sync(sync)
     with ctx:
-        loss = F.mse_loss(p.run.runnable(x[rows]), y[rows])
+        loss = F.mse_loss(p.run.runnable(x[rows]).float(), y[rows])
         loss.backward()
     total = loss.detach().clone()
     if p.par.dp_size > 1:
@@ -216,61 +223,9 @@ def _eval(p: Program, mode: str) -> None:
     for twin in (p.ref, p.run):
         twin.runnable.eval()
         with guard():
-            out.append(float(F.mse_loss(twin.runnable(x), y)))
+            out.append(float(F.mse_loss(twin.runnable(x).float(), y)))
         twin.runnable.train()
     p.losses = (out[0], out[1])
-
-
-def _save(p: Program, kind: str) -> None:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
-
-    p.ref.checkpoint = copy.deepcopy((p.ref.model.state_dict(), p.ref.opt.state_dict(), p.ref.sched.state_dict()))
-    model, opt = p.run.runnable if p.par.layout == "ddp" else p.run.model, p.run.opt
-    sched = copy.deepcopy(p.run.sched.state_dict())
-    if kind == "dcp":
-        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
-        dcp.save(state, checkpoint_id=p.checkpoint_dir)
-        p.run.checkpoint = ("dcp", None, sched)
-    else:
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        p.run.checkpoint = ("full", (get_model_state_dict(model, options=options),
-                                     get_optimizer_state_dict(model, opt, options=options)), sched)
-
-
-def _load(p: Program) -> None:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict, set_model_state_dict,
-                                                         set_optimizer_state_dict)
-
-    ref_model, ref_opt, ref_sched = p.ref.checkpoint
-    p.ref.model.load_state_dict(ref_model)
-    p.ref.opt.load_state_dict(ref_opt)
-    p.ref.sched.load_state_dict(ref_sched)
-    model, opt = p.run.runnable if p.par.layout == "ddp" else p.run.model, p.run.opt
-    kind, full, sched = p.run.checkpoint
-    kept = {n: b.clone() for n, b in p.run.model.named_buffers()} \
-        if p.plant.keeps_buffers_on_load(p.par.rank) else {}
-    if kind == "dcp":
-        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
-        dcp.load(state, checkpoint_id=p.checkpoint_dir)
-        set_model_state_dict(model, state["model"])
-        set_optimizer_state_dict(model, opt, state["optim"])
-    else:
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        set_model_state_dict(model, full[0], options=options)
-        if not p.plant.skips_optimizer_load(p.par.layout, kind):
-            set_optimizer_state_dict(model, opt, full[1], options=options)
-    with torch.no_grad():
-        for name, b in p.run.model.named_buffers():
-            if name in kept:
-                b.copy_(kept[name])
-    if p.plant.drops_scheduler_on_load():
-        p.run.sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
-    else:
-        p.run.sched.load_state_dict(sched)
 
 
 def _freeze(p: Program, name: str, trainable: bool) -> None:
@@ -320,9 +275,9 @@ def apply(p: Program, name: str, arg: str) -> None:
     elif name == "metric":
         _metric(p, arg)
     elif name == "save":
-        _save(p, arg)
+        checkpoint.save(p, arg)
     elif name == "load":
-        _load(p)
+        checkpoint.load(p, lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule))
     elif name in ("freeze", "unfreeze"):
         _freeze(p, arg, name == "unfreeze")
     elif name == "lr":
@@ -370,6 +325,8 @@ def _optimizer_state(twin: Twin) -> dict[str, torch.Tensor]:
         for key, value in state.items():
             if torch.is_tensor(value):
                 out[f"{key} of {names.get(id(q), '?')}"] = _full(value)
+        if not state:  # an entry with nothing in it: a stateless optimizer keeps none at all
+            out[f"(empty) of {names.get(id(q), '?')}"] = torch.zeros(())
     return out
 
 
@@ -395,7 +352,7 @@ def _close(what: str, ref: dict[str, torch.Tensor], run: dict[str, torch.Tensor]
 
 def compare(p: Program) -> list[str]:
     """Every problem of the run against the reference after an action (empty: none)."""
-    tol = tolerance("float32", "none")
+    tol = tolerance("bfloat16" if p.par.layout == "fsdp_mp" else "float32", "none")
     problems: list[str] = []
     grads_ref = _grads(p.ref)
     grads_run = _grads(p.run) if not p.unsynced else grads_ref

@@ -1,0 +1,86 @@
+"""The programs generator's checkpoint actions (`save=KIND`, `load`), on both twins.
+
+The reference saves and loads its plain `state_dict()`s (model, optimizer, scheduler) in memory;
+the run goes through torch.distributed.checkpoint as trainers do:
+  - `dcp`: dcp.save / dcp.load of get_model_state_dict + get_optimizer_state_dict, then
+    set_model_state_dict + set_optimizer_state_dict (torchtitan `components/checkpoint.py`);
+  - `flat`: the same with StateDictOptions(flatten_optimizer_state_dict=True) on the optimizer's
+    get and set, as torchtitan's OptimizersContainer (`components/optimizer.py`) saves and loads;
+  - `full`: full_state_dict=True, cpu_offload=True gathered, then loaded with
+    broadcast_from_rank0=True (torchtune's and Lightning's full state dicts).
+The scheduler's state_dict is kept in memory on both sides (trainers save it beside the model).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable
+
+import torch
+
+
+def _options(kind: str, loading: bool) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    if kind == "flat":
+        return StateDictOptions(flatten_optimizer_state_dict=True)
+    if kind == "full":
+        return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True) if loading else \
+            StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return StateDictOptions()
+
+
+def _module(p: Any) -> torch.nn.Module:
+    """What the state-dict functions take: DDP's wrapper, else the parallelized model."""
+    return p.run.runnable if p.par.layout == "ddp" else p.run.model
+
+
+def save(p: Any, kind: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    p.ref.checkpoint = copy.deepcopy((p.ref.model.state_dict(), p.ref.opt.state_dict(), p.ref.sched.state_dict()))
+    model, opt, options = _module(p), p.run.opt, _options(kind, loading=False)
+    sched = copy.deepcopy(p.run.sched.state_dict())
+    if kind == "full":
+        full = (get_model_state_dict(model, options=options), get_optimizer_state_dict(model, opt, options=options))
+        p.run.checkpoint = (kind, full, sched)
+        return
+    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt, options=options)}
+    dcp.save(state, checkpoint_id=p.checkpoint_dir)
+    p.run.checkpoint = (kind, None, sched)
+
+
+def load(p: Any, fresh_scheduler: Callable[[Any], Any]) -> None:
+    """Resume both twins from their last save; `fresh_scheduler(optimizer)` makes the
+    scheduler a plant that drops the scheduler's state gets instead."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+
+    ref_model, ref_opt, ref_sched = p.ref.checkpoint
+    p.ref.model.load_state_dict(ref_model)
+    p.ref.opt.load_state_dict(ref_opt)
+    p.ref.sched.load_state_dict(ref_sched)
+    model, opt = _module(p), p.run.opt
+    kind, full, sched = p.run.checkpoint
+    options = _options(kind, loading=True)
+    kept = {n: b.clone() for n, b in p.run.model.named_buffers()} \
+        if p.plant.keeps_buffers_on_load(p.par.rank) else {}
+    if kind == "full":
+        set_model_state_dict(model, full[0], options=options)
+        if not p.plant.skips_optimizer_load(p.par.layout, kind):
+            set_optimizer_state_dict(model, opt, full[1], options=options)
+    else:
+        state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt, options=options)}
+        dcp.load(state, checkpoint_id=p.checkpoint_dir)
+        set_model_state_dict(model, state["model"])
+        set_optimizer_state_dict(model, opt, state["optim"], options=options)
+    with torch.no_grad():
+        for name, b in p.run.model.named_buffers():
+            if name in kept:
+                b.copy_(kept[name])
+    if p.plant.drops_scheduler_on_load():
+        p.run.sched = fresh_scheduler(opt)
+    else:
+        p.run.sched.load_state_dict(sched)
