@@ -152,9 +152,25 @@ def distribute(full: torch.Tensor, mesh, places: tuple[str, ...], share: int = 0
     for a, p in enumerate(places):
         if p.startswith("P"):
             n, c = mesh.size(a), mesh.get_local_rank(a)
-            weight = 1.0 + (c - (n - 1) / 2) / n
+            weight = _share_weight(c, n)
             local = local * (weight / n if p == "Psum" else weight)
     return DTensor.from_local(local, mesh, objs, run_check=False, shape=full.shape, stride=full.stride())
+
+
+def _share_weight(coordinate: int, n: int) -> float:
+    """How many n-ths of a Partial input coordinate `coordinate` of `n` holds (unequal on purpose)."""
+    return 1.0 + (coordinate - (n - 1) / 2) / n
+
+
+def share_fractions(places: tuple[str, ...], mesh) -> list[float]:
+    """The fraction of the full value each rank's share of a Partial input holds (one per mesh
+    coordinate of its Partial axes, summing to 1): `distribute`'s split, as a number."""
+    fractions = [1.0]
+    for a, p in enumerate(places):
+        if p.startswith("P"):
+            n = mesh.size(a)
+            fractions = [f * _share_weight(c, n) / n for f in fractions for c in range(n)]
+    return fractions
 
 
 def _fsdp_over_tp(full: torch.Tensor, mesh, objs):
@@ -295,6 +311,8 @@ def run_case(case: OpCase, dist, plant=None) -> CaseOutcome:
         gathered.append(full)
     if len(out) != len(ref_out):
         problems.append(f"outputs: count: {len(out)}, the full op gives {len(ref_out)}")
+    fractions = next((share_fractions(pl, mesh) for pl in case.placements if any(p.startswith("P") for p in pl)), [])
+    split: list = []  # the reference's gradients with the cotangent split as the first Partial input's shares
     if not problems and cotangents:
         try:
             _loss(gathered, cotangents).backward()
@@ -308,6 +326,10 @@ def run_case(case: OpCase, dist, plant=None) -> CaseOutcome:
             else:
                 full, bad = _gathered(f"gradient of input {i}", dt.grad)
                 bad = bad or _compare(f"gradient of input {i}", full, ref.grad, case.dtype, terms)
+                if bad and full is not None and fractions:  # the single-device op's own answer, split as shares split?
+                    split = split or _split_cotangent_grads(call, params, refs, wants_grad, cotangents, fractions,
+                                                            like_full)
+                    bad = bad if split[i] is None or _compare("", full, split[i], case.dtype, terms) else None
                 problems += [bad] if bad else []
             if problems:
                 break
@@ -342,6 +364,29 @@ def _reference_on_shares(case: OpCase, call, params, fulls, dts, wants_grad, ter
     if cotangents:
         _loss(ref_out, cotangents).backward()
     return refs, ref_out, cotangents
+
+
+def _split_cotangent_grads(call, params, refs, wants_grad, cotangents, fractions: list[float], like_full) -> list:
+    """The reference's gradients again, its backward run once per share of the cotangent
+    (`fractions` of it, summing to 1) and summed: the same gradient for every op (a backward
+    is linear in its cotangent), rounded as a Partial input's ranks round it.
+
+    An op linear in a Partial input (rms_norm_manual's `weight * h`) keeps the result Partial,
+    so each rank backpropagates its share of the cotangent through h on its own and the
+    gradients are summed. Where the op's backward cancels (h = x / sqrt(mean(x^2) + eps) over
+    one element: two terms of ~1/|x| that cancel to eps-sized ones), the shares round apart
+    from the whole cotangent by many ulps of the result (the bench's
+    `rms_norm_manual~2~f32~4x4x1,1~R,Psum~-~431`: 4x the f32 threshold, and this split on one
+    device gives the DTensor's value to the bit). A gradient that matches this split is the
+    single-device op's own answer; a wrong one matches neither (tests/test_fuzz_ops.py)."""
+    held = [r.detach() for r in refs]
+    grads: list = [None] * len(held)
+    for fraction in fractions:
+        again = [t.clone().requires_grad_(w) for t, w in zip(held, wants_grad)]
+        out = call(again, params, Context(like_full))
+        _loss(out, [None if c is None else c * fraction for c in cotangents]).backward()
+        grads = [g if a.grad is None else (a.grad if g is None else g + a.grad) for g, a in zip(grads, again)]
+    return grads
 
 
 def _check_output(i: int, o, r: torch.Tensor, mesh, case: OpCase, terms: int, DTensor
