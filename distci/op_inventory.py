@@ -53,9 +53,6 @@ class Arg:
     dims: str
     kind: str = "float"
     grad: bool = True
-    placed: bool = True
-    """False: always Replicate. A weight no trainer's parallelism leaves sharded when the op
-    runs (FSDP2 gathers a conv's weight before it; no TP plan shards convs)."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +68,8 @@ class OpSpec:
     """False: no backward (index outputs only, optimizer updates under no_grad)."""
 
 
-def _a(dims: str, kind: str = "float", grad: bool = True, placed: bool = True) -> Arg:
-    return Arg(dims, kind, grad, placed)
+def _a(dims: str, kind: str = "float", grad: bool = True) -> Arg:
+    return Arg(dims, kind, grad)
 
 
 def _unary(name: str, where: str, dims: str = "B? M N", kind: str = "float", **kw: Any) -> OpSpec:
@@ -88,7 +85,7 @@ INVENTORY: tuple[OpSpec, ...] = (
     OpSpec("bmm", (_a("B M K"), _a("B K N")), f"{HF_LLAMA} (batched attention scores), {TITAN_MOE} experts"),
     OpSpec("einsum", (_a("B H S E"), _a("B H T E")), "transformers rotary / attention einsum ('bhqd,bhkd->bhqk')",
            {"eq": ("bhqd.bhkd-bhqk", "bhqd.bhkd-bqhk")}),
-    OpSpec("conv2d_patch", (_a("B? C H*2 W*2"), _a("O C 2 2", placed=False), _a("O", placed=False)),
+    OpSpec("conv2d_patch", (_a("B? C H*2 W*2"), _a("O C 2 2"), _a("O")),
            f"{HF_VIT}, CLIP / SigLIP vision towers, torchtitan's flux autoencoder (nn.Conv2d)",
            {"stride": (2, 1)}, mins={"C": 1}),
     OpSpec("embedding", (_a("B? M", "index:V", grad=False), _a("V D")), f"{TITAN_LLAMA} (tok_embeddings)",

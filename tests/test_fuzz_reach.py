@@ -47,8 +47,9 @@ def test_the_ops_generator_draws_patch_convs_sharded_on_the_width_with_both_stri
     widths = [c for c in cases if _width_sharded(c)]
     assert {c.param["stride"] for c in widths} == {1, 2}, [c.id for c in cases[:20]]
     assert any(c.shapes[0][-1] % 4 == 0 and c.shapes[0][-1] for c in widths)  # a width both ranks split evenly
-    # the weight and bias as trainers run them: gathered (FSDP2) or never sharded (no TP plan shards a conv)
-    assert all(set(c.placements[1]) == set(c.placements[2]) == {"R"} for c in cases)
+    # the weight and bias sharded too (a channel-sharded conv, FSDP2's layout before its all-gather): drawn
+    # replicated only while sharded weights desynchronized sweeps (fixed since: docs/fuzz.md)
+    assert any(set(c.placements[1]) != {"R"} for c in cases) and any(set(c.placements[2]) != {"R"} for c in cases)
 
 
 def test_the_ops_generator_draws_the_in_place_aux_loss_on_a_partial_loss():

@@ -55,8 +55,6 @@ def draw_placements(rng: random.Random, spec: OpSpec, mesh: str, shapes: tuple[t
     for arg, shape in zip(spec.args, shapes):
         partial = arg.kind in ("float", "pos") and spec.name not in PARTIAL_FREE
         choice = tuple(_pick(rng, _placement_choices(len(shape), partial)) for _ in range(axes))
-        if not arg.placed:
-            choice = ("R",) * axes
         if axes == 2 and choice[1].startswith("S") and rng.random() < 0.25:
             # FSDP2 over TP: the dp axis shards the dim tp already shards, strided
             dim = norm_dim(int(choice[1][1:]), len(shape))

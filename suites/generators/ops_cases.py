@@ -19,7 +19,6 @@ op does not take: a 0-sized head dim, k > size), not a find.
 from __future__ import annotations
 
 import re
-from dataclasses import astuple, dataclass
 from typing import Any
 
 import torch
@@ -30,6 +29,7 @@ from distci.results import error_signature
 
 from ..judges.tolerances import ROUNDING, op_threshold
 from .op_calls import CALLS, Context
+from .ops_outcome import CaseOutcome, RaisedAnywhere, leave_if_raised
 
 GAP = re.compile(r"sharding strateg|does not have a sharding|no sharding|sharding propagation (?:is )?not")
 REFUSED = re.compile(r"[Pp]lease\s+redistribute|cannot\s+be\s+evenly\s+sharded,\s+resulting\s+in\s+biased")
@@ -57,21 +57,6 @@ def refused(case: OpCase, exc: Exception, during: str) -> bool:
         return False
     text = str(exc)
     return bool(REFUSED.search(text)) or (bool(case.param.get("inplace")) and bool(INPLACE_REFUSED.search(text)))
-
-
-@dataclass
-class CaseOutcome:
-    status: str
-    """pass | fail | gap | invalid"""
-    signature: str | None = None
-    message: str = ""
-    seconds: float = 0.0
-    empty: bool = False
-    """Some input's local shard on this rank is empty while the full input is not (what an
-    error raised on some ranks only usually comes from)."""
-    raised: bool = False
-    """The DTensor side raised on this rank (agreed: on some rank), so the ranks may have
-    issued different collectives: a sweep checks its groups are in step before going on."""
 
 
 def placement(text: str, mesh, axis: int):
@@ -152,9 +137,25 @@ def distribute(full: torch.Tensor, mesh, places: tuple[str, ...], share: int = 0
     for a, p in enumerate(places):
         if p.startswith("P"):
             n, c = mesh.size(a), mesh.get_local_rank(a)
-            weight = 1.0 + (c - (n - 1) / 2) / n
+            weight = _share_weight(c, n)
             local = local * (weight / n if p == "Psum" else weight)
     return DTensor.from_local(local, mesh, objs, run_check=False, shape=full.shape, stride=full.stride())
+
+
+def _share_weight(coordinate: int, n: int) -> float:
+    """How many n-ths of a Partial input coordinate `coordinate` of `n` holds (unequal on purpose)."""
+    return 1.0 + (coordinate - (n - 1) / 2) / n
+
+
+def share_fractions(places: tuple[str, ...], mesh) -> list[float]:
+    """The fraction of the full value each rank's share of a Partial input holds (one per mesh
+    coordinate of its Partial axes, summing to 1): `distribute`'s split, as a number."""
+    fractions = [1.0]
+    for a, p in enumerate(places):
+        if p.startswith("P"):
+            n = mesh.size(a)
+            fractions = [f * _share_weight(c, n) / n for f in fractions for c in range(n)]
+    return fractions
 
 
 def _fsdp_over_tp(full: torch.Tensor, mesh, objs):
@@ -229,8 +230,9 @@ def _compare(what: str, got: torch.Tensor, ref: torch.Tensor, dtype: str, terms:
     return None
 
 
-def run_case(case: OpCase, dist, plant=None) -> CaseOutcome:
-    """Run and judge one case on this rank (callers agree across ranks: suites/generators/ops_entry.py)."""
+def run_case(case: OpCase, dist, plant=None, ask: RaisedAnywhere | None = None) -> CaseOutcome:
+    """Run and judge one case on this rank (callers agree across ranks: suites/generators/ops_entry.py);
+    `ask`: after each phase that can raise on some ranks only, whether any rank raised (all leave)."""
     import time
 
     from torch.distributed.tensor import DTensor
@@ -267,10 +269,13 @@ def run_case(case: OpCase, dist, plant=None) -> CaseOutcome:
     except Exception as exc:  # the op does not take this draw
         return done("invalid", None, f"the full-tensor op raised {type(exc).__name__}: {str(exc)[:300]}")
     # the same op on DTensors
+    failed = None
     try:
         dts = [distribute(t, mesh, pl).requires_grad_(w) for t, pl, w in zip(fulls, case.placements, wants_grad)]
     except Exception as exc:
-        return _raised(case, exc, "distributing the inputs", done)
+        failed = _raised(case, exc, "distributing the inputs", done)
+    if left := leave_if_raised(failed, ask):
+        return left
     if any(p.startswith("P") for pl in case.placements for p in pl):
         redone = _reference_on_shares(case, call, params, fulls, dts, wants_grad, terms, like_full)
         if isinstance(redone, str):
@@ -283,7 +288,9 @@ def run_case(case: OpCase, dist, plant=None) -> CaseOutcome:
         out = call(ins, params, Context(like_dt))
         out = plant.outputs(case, out, mesh) if plant else out
     except Exception as exc:
-        return _raised(case, exc, "the op", done)
+        failed = _raised(case, exc, "the op", done)
+    if left := leave_if_raised(failed, ask):
+        return left
     # a local shape can be wrong on one rank only: agree before any collective reads it
     problems = [p for p in [_everywhere(_local_problem(out, ref_out, mesh, DTensor))] if p]
     gathered = []  # each output read once: the loss below reuses it (a second reduction is another op)
@@ -295,11 +302,15 @@ def run_case(case: OpCase, dist, plant=None) -> CaseOutcome:
         gathered.append(full)
     if len(out) != len(ref_out):
         problems.append(f"outputs: count: {len(out)}, the full op gives {len(ref_out)}")
+    fractions = next((share_fractions(pl, mesh) for pl in case.placements if any(p.startswith("P") for p in pl)), [])
+    split: list = []  # the reference's gradients with the cotangent split as the first Partial input's shares
     if not problems and cotangents:
         try:
             _loss(gathered, cotangents).backward()
         except Exception as exc:
-            return _raised(case, exc, "the backward", done)
+            failed = _raised(case, exc, "the backward", done)
+        if left := leave_if_raised(failed, ask):
+            return left
         for i, (dt, ref) in enumerate(zip(dts, refs)):
             if ref.grad is None:
                 continue
@@ -308,6 +319,10 @@ def run_case(case: OpCase, dist, plant=None) -> CaseOutcome:
             else:
                 full, bad = _gathered(f"gradient of input {i}", dt.grad)
                 bad = bad or _compare(f"gradient of input {i}", full, ref.grad, case.dtype, terms)
+                if bad and full is not None and fractions:  # the single-device op's own answer, split as shares split?
+                    split = split or _split_cotangent_grads(call, params, refs, wants_grad, cotangents, fractions,
+                                                            like_full)
+                    bad = bad if split[i] is None or _compare("", full, split[i], case.dtype, terms) else None
                 problems += [bad] if bad else []
             if problems:
                 break
@@ -342,6 +357,29 @@ def _reference_on_shares(case: OpCase, call, params, fulls, dts, wants_grad, ter
     if cotangents:
         _loss(ref_out, cotangents).backward()
     return refs, ref_out, cotangents
+
+
+def _split_cotangent_grads(call, params, refs, wants_grad, cotangents, fractions: list[float], like_full) -> list:
+    """The reference's gradients again, its backward run once per share of the cotangent
+    (`fractions` of it, summing to 1) and summed: the same gradient for every op (a backward
+    is linear in its cotangent), rounded as a Partial input's ranks round it.
+
+    An op linear in a Partial input (rms_norm_manual's `weight * h`) keeps the result Partial,
+    so each rank backpropagates its share of the cotangent through h on its own and the
+    gradients are summed. Where the op's backward cancels (h = x / sqrt(mean(x^2) + eps) over
+    one element: two terms of ~1/|x| that cancel to eps-sized ones), the shares round apart
+    from the whole cotangent by many ulps of the result (the bench's
+    `rms_norm_manual~2~f32~4x4x1,1~R,Psum~-~431`: 4x the f32 threshold, and this split on one
+    device gives the DTensor's value to the bit). A gradient that matches this split is the
+    single-device op's own answer; a wrong one matches neither (tests/test_fuzz_ops.py)."""
+    held = [r.detach() for r in refs]
+    grads: list = [None] * len(held)
+    for fraction in fractions:
+        again = [t.clone().requires_grad_(w) for t, w in zip(held, wants_grad)]
+        out = call(again, params, Context(like_full))
+        _loss(out, [None if c is None else c * fraction for c in cotangents]).backward()
+        grads = [g if a.grad is None else (a.grad if g is None else g + a.grad) for g, a in zip(grads, again)]
+    return grads
 
 
 def _check_output(i: int, o, r: torch.Tensor, mesh, case: OpCase, terms: int, DTensor
@@ -439,16 +477,3 @@ def _text(p) -> str:
     if name == "_StridedShard":
         return f"SS{p.dim}"
     return f"S{p.dim}"
-
-
-def agree(dist, outcome: CaseOutcome, group=None) -> CaseOutcome:
-    """One outcome for all ranks: the first failing rank's (a local shape can be wrong on one
-    rank only), else rank 0's. `group`: a side group of every rank (the sweep's, whose timeout
-    tells a hang), so the agreement never pairs with a collective of a rank still in the case."""
-    import torch.distributed as tdist
-
-    everyone: list[Any] = [None] * dist.world_size
-    tdist.all_gather_object(everyone, astuple(outcome), group=group)
-    pick = CaseOutcome(*next((o for o in everyone if o[0] == "fail"), everyone[0]))
-    pick.raised = any(o[-1] for o in everyone)
-    return pick
