@@ -128,6 +128,7 @@ def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | 
         for find in report.finds:
             for line in find_lines(cell.id, find, plant):
                 log(line)
+    runner.close()  # the run's pytest session (its pytest also ends with this process)
     seconds = time.monotonic() - started
     (run_dir / FUZZ_DIR / "report.json").write_text(
         json.dumps(report_json(cell.id, seed, budget_s, runner.stack, report, seconds), indent=1, default=str))
