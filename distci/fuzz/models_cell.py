@@ -1,6 +1,6 @@
-"""The models generator on one cell: provision it as `distci run` does, run each batch of
-structures as one pytest session of suites/generators/models_entry.py in one run
-directory, read the outcomes back off the Results, write the report (distci/fuzz/models.py
+"""The models generator on one cell: provision it as `distci run` does, run the batches of
+structures in one pytest session of suites/generators/models_entry.py (distci/run/batches.py)
+in one run directory, read the outcomes back off the Results, write the report (distci/fuzz/models.py
 holds the engine and says what the exit code means)."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 pool in batches, shrink what fails, report.
 
 The cell is provisioned and the run started as `distci run` does (distci.run.cellrun);
-each batch is one pytest session of suites/generators/programs_entry.py, so every program
+the batches run in one pytest session of suites/generators/programs_entry.py (distci/run/batches.py), so every program
 is an ordinary Result in the one run directory (cell, stack, error signature, known-issue
 match) and ingest, verdicts, the gate and the dashboard treat a find like any failure.
 A failure whose signature a registered known issue explains, though the entry's test
