@@ -230,8 +230,11 @@ QUICK_TIER = "not slow and not docker and not long"  # `nox -s tests_quick`
 # Workers: one per core of the 2-core CI machine. Serially the slow tier keeps one core of two
 # busy (CPU/wall 0.97 on idle cores). 4 workers on loaded cores failed timing-bound tests side by
 # side (docs/benchmarks.md, "Workers, measured"); 2 on idle cores ran the quick tier in 119 s
-# against 213 s serially (2026-12-06). `-- -n N` overrides, `-- -n 0` runs in one process.
-TEST_WORKERS = 2
+# against 213 s serially (2026-12-06). A third worker fills the waits of the slow files (rank
+# pools, timeouts, pip): on the waiting-bound files, -n 3 against -n 2 alternated twice, 460 vs
+# 603 s and 401 vs 514 s wall for 170 vs 159 and 182 vs 205 CPU-s (load 6-16; docs/benchmarks.md,
+# round 3). `-- -n N` overrides, `-- -n 0` runs in one process.
+TEST_WORKERS = 3
 TIER_REPORTS = Path(".nox") / "tiers"
 
 

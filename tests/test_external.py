@@ -66,6 +66,7 @@ def _test_rank1_segfault(mesh):
 
 
 def _test_sleep(mesh):
+    print(f"sleeping: rank {dist.get_rank()}", flush=True)  # the stop test waits for both lines
     time.sleep(600)
 
 
@@ -491,10 +492,14 @@ def test_a_stopped_run_records_the_test_it_was_in(upstream, tmp_path):
          "--device", "cpu", "--fixes", "off", "--run-dir", str(run_dir), "--run-id", "stopped", "--cell-id", "c"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     logs = run_dir / "external" / "logs"
+
+    def sleeping() -> int:
+        return sum(p.read_text(errors="replace").count("sleeping: rank ") for p in logs.glob("*_test_sleep*.log"))
+
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and not any("_test_sleep" in p.name for p in logs.glob("*.log")):
-        time.sleep(0.5)
-    time.sleep(8)  # the ranks are up and sleeping
+    while time.monotonic() < deadline and sleeping() < 2:  # both ranks inside the test
+        time.sleep(0.2)
+    assert sleeping() == 2, f"the ranks never reached the test's sleep:\n{proc.stdout.read() if proc.poll() is not None else ''}"
     proc.send_signal(sig.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 143, out[-3000:]
@@ -503,5 +508,7 @@ def test_a_stopped_run_records_the_test_it_was_in(upstream, tmp_path):
     assert (stopped.outcome, stopped.failure_kind) == ("error", "infra"), stopped.message
     assert "stopped (SIGTERM)" in stopped.message and stopped.error_signature == "Interrupted: stopped by SIGTERM"
     assert "_test_sleep" in (run_dir / "junit.xml").read_text()
-    time.sleep(2)
+    deadline = time.monotonic() + 2  # as long as it ever had: gone at once is sooner
+    while time.monotonic() < deadline and processes_with_env(token):
+        time.sleep(0.1)
     assert processes_with_env(token) == []

@@ -36,7 +36,17 @@ def _first_result(temp: Path) -> bool:
     return any(p.stat().st_size > 0 for p in (temp / "runs").glob("*/results.jsonl"))
 
 
-def _pr_tier_runner(root: Path, cancel: Cancel) -> Runner:
+@pytest.fixture(scope="module")
+def machine_cache(tmp_path_factory) -> Path:
+    """What a self-hosted runner keeps between jobs: the wheelhouse (the job's cache step restores
+    it on hosted runners; jobsteps records that step without running it) and the stack
+    environments built from it. This file's two jobs share it, as two jobs of one runner do, so
+    the second does not download and build the pr cell's environment again: what they test is
+    the cancel, and a cold provisioning only delayed it (the first does it cold)."""
+    return tmp_path_factory.mktemp("runner-cache")
+
+
+def _pr_tier_runner(root: Path, cancel: Cancel, cache: Path) -> Runner:
     workspace = root / "workspace"
     workspace.mkdir()
     _copy_tree(workspace)
@@ -48,16 +58,18 @@ def _pr_tier_runner(root: Path, cancel: Cancel) -> Runner:
                 "GITHUB_SERVER_URL": "https://github.com", "RUNNER_OS": "Linux", "RUNNER_NAME": "distci-test-runner"})
     return Runner(workspace / ".github" / "workflows" / "pr.yml", workspace, root, user=None,
                   labels={"ubuntu-latest"}, inputs={}, variables={}, env=env, cancel=cancel,
-                  env_override={"DISTCI_INDEX_URL": "", "DISTCI_EXTRA_INDEX_URLS": ""})
+                  env_override={"DISTCI_INDEX_URL": "", "DISTCI_EXTRA_INDEX_URLS": "",
+                                "DISTCI_WHEELHOUSE_ROOT": str(cache / "wheelhouse"),
+                                "DISTCI_ENV_ROOT": str(cache / "envs")})
 
 
 STEP = "nox -s dist_tests -- --tier pr"
 
 
-def test_a_cancelled_pr_tier_job_uploads_its_run_and_junit(actions_root):
+def test_a_cancelled_pr_tier_job_uploads_its_run_and_junit(actions_root, machine_cache):
     root = actions_root
     step = STEP
-    runner = _pr_tier_runner(root, Cancel("pr-tier", step, _first_result))
+    runner = _pr_tier_runner(root, Cancel("pr-tier", step, _first_result), machine_cache)
     jobs = runner.wf["jobs"]
     started = time.monotonic()
     runner.jobs["pr-tier"] = [tier] = runner.run_job("pr-tier", jobs["pr-tier"])
@@ -89,11 +101,11 @@ def test_a_cancelled_pr_tier_job_uploads_its_run_and_junit(actions_root):
     assert gate.result == "failure" and gate.step("The pr tier ran to its end").rc == 1
 
 
-def test_a_pr_tier_job_killed_at_once_uploads_a_junit_file_of_how_far_it_got(actions_root):
+def test_a_pr_tier_job_killed_at_once_uploads_a_junit_file_of_how_far_it_got(actions_root, machine_cache):
     """SIGKILL with no grace (a lost runner, a cancel past its grace): no handler runs and
     nothing closes the run, yet the uploaded junit.xml parses, holds every test that
     finished as results.jsonl says, and names the rest interrupted or not run."""
-    runner = _pr_tier_runner(actions_root, Cancel("pr-tier", STEP, _first_result, kill_at_once=True))
+    runner = _pr_tier_runner(actions_root, Cancel("pr-tier", STEP, _first_result, kill_at_once=True), machine_cache)
     runner.jobs["pr-tier"] = [tier] = runner.run_job("pr-tier", runner.wf["jobs"]["pr-tier"])
     ran = tier.step(STEP)
     assert ran.cancelled and tier.result == "cancelled", ran.output[-3000:]

@@ -2,8 +2,9 @@
 
 The cell is provisioned once (as `distci run` does: a venv from the wheelhouse, or
 `--python`'s preinstalled stack); the engine (distci/fuzz/engine.py) then draws configurations
-from the seed and runs them in batches, each batch one pytest session of
-suites/fuzz_entry.py on the cell's rank pool. Every configuration is an ordinary Result
+from the seed and runs them in batches, every batch of the run in one pytest session of
+suites/fuzz_entry.py on the cell's rank pool (distci/run/batches.py: pytest and the pools
+start once per run). Every configuration is an ordinary Result
 in the one run directory (cell, stack, error signature, known-issue match), so ingest,
 verdicts, the dashboard and bisect treat a find like any failure. Each configuration
 prints one line; each find prints as a row to paste into suites/scenario/table.py, its id and
@@ -24,9 +25,10 @@ import os
 import re
 import shlex
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import IO, Any, Callable, Iterator
 
 from distci.errors import FuzzSpecError
 from distci.rundir import RunDir, now as _now
@@ -88,38 +90,51 @@ def parse_replay(space, text: str) -> dict[str, Any]:
     return full
 
 
-def run_cases(cell, python: Path, info, run_dir: Path, *, entry_test: str, env_var: str, batch: Path,
-              cases: list[str], extra_args: list[str]) -> dict[str, Any]:
-    """One batch of drawn cases as one pytest session of `entry_test` in the started run:
-    the case list goes to the cell's pytest as a file named by `env_var` (for this batch
-    only), pytest's output to FUZZ_DIR's relay log; returns the Results it added, by test id.
-    What every generator's batch runner shares."""
-    from distci.run.cellrun import run_in_env
+def batch_session(cell, python: Path, info, run_dir: Path, *, entry_test: str, extra_args: list[str],
+                  relay: IO[str]):
+    """The run's one pytest session of `entry_test` (distci/run/batches.py): every batch of the
+    run goes to it, so pytest and the rank pools start once per run, not once per batch;
+    pytest's output goes to FUZZ_DIR's relay log (`relay`)."""
+    from distci.run.batches import BatchSession
 
+    def write(message: str) -> None:
+        relay.write(message + "\n")
+        relay.flush()
+
+    return BatchSession(cell, python, info, run_dir, entry_test=entry_test, extra_args=extra_args,
+                        directory=run_dir / FUZZ_DIR / "sessions", log=write)
+
+
+def run_cases(session, run_dir: Path, *, env_var: str, batch: Path, cases: list[str]) -> dict[str, Any]:
+    """One batch of drawn cases in the run's session: the case list goes to the cell's pytest
+    as a file named by `env_var` (for this batch only); returns the Results it added, by test
+    id (a case without one: its session died, see distci/run/batches.py). What every
+    generator's batch runner shares."""
     batch.write_text(json.dumps(cases, indent=1))
     before = {r.test_id for r in RunDir(run_dir).results()}
-    with _environ(**{env_var: str(batch)}), open(run_dir / FUZZ_DIR / "pytest-relay.log", "a") as relay:
-        run_in_env(cell, python, info, run_dir, tests=[entry_test], extra_pytest_args=extra_args,
-                   log=lambda m: relay.write(m + "\n"))
+    session.run({env_var: str(batch)})
     return {r.test_id: r for r in RunDir(run_dir).results() if r.test_id not in before}
 
 
 class CaseBatches:
-    """Runs a batch of drawn cases (programs, model structures) as one pytest session of the
-    generator's entry test in the started run (`run_cases`) and reads each case's Result as its
-    Outcome (records.outcome_of: near misses by the registry's one rule). The programs and models
-    generators' batch runner; the configurations' BatchRunner also relays pytest's lines."""
+    """Runs a batch of drawn cases (programs, model structures) in the run's one pytest session
+    of the generator's entry test (`run_cases`) and reads each case's Result as its Outcome
+    (records.outcome_of: near misses by the registry's one rule). The programs and models
+    generators' batch runner; the configurations' BatchRunner also relays pytest's lines.
+    `close()` ends the session (the session's pytest also ends with this process)."""
 
     def __init__(self, cell, python: Path, info, run_dir: Path, extra_args: list[str], registry: Any,
                  log: Callable[[str], Any], *, entry_test: str, test_name: str, env_var: str, noun: str,
                  key: Callable[[Any], str], message_chars: int = 2000) -> None:
-        self.cell, self.python, self.info, self.run_dir = cell, python, info, run_dir
-        self.extra_args, self.registry, self.log = extra_args, registry, log
+        self.run_dir, self.registry, self.log = run_dir, registry, log
         self.entry_test, self.test_name, self.env_var, self.noun = entry_test, test_name, env_var, noun
         self.key, self.message_chars = key, message_chars
         self.batches = 0
         self.stack: Stack | None = None  # the first result's
         (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
+        self.relay = open(run_dir / FUZZ_DIR / "pytest-relay.log", "a")
+        self.session = batch_session(cell, python, info, run_dir, entry_test=entry_test, extra_args=extra_args,
+                                     relay=self.relay)
 
     def __call__(self, cases: list[Any]) -> list[Any]:
         from distci.fuzz.records import outcome_of
@@ -127,9 +142,8 @@ class CaseBatches:
         self.batches += 1
         self.log(f"batch {self.batches}: {len(cases)} {self.noun}(s)")
         keys = [self.key(c) for c in cases]
-        by_id = run_cases(self.cell, self.python, self.info, self.run_dir, entry_test=self.entry_test,
-                          env_var=self.env_var, batch=self.run_dir / FUZZ_DIR / f"{self.noun}s-{self.batches:03d}.json",
-                          cases=keys, extra_args=self.extra_args)
+        by_id = run_cases(self.session, self.run_dir, env_var=self.env_var,
+                          batch=self.run_dir / FUZZ_DIR / f"{self.noun}s-{self.batches:03d}.json", cases=keys)
         out = []
         for case, key in zip(cases, keys):
             r = by_id.get(f"{self.entry_test}::{self.test_name}[{key}]")
@@ -140,10 +154,14 @@ class CaseBatches:
             out.append(o)
         return out
 
+    def close(self) -> None:
+        self.session.close()
+        self.relay.close()
+
 
 @contextlib.contextmanager
 def _environ(**values: str) -> Iterator[None]:
-    """Variables the cell's pytest inherits for one batch (run_in_env passes os.environ on)."""
+    """Variables the cell's pytest inherits for one sweep (run_in_env passes os.environ on)."""
     old = {k: os.environ.get(k) for k in values}
     os.environ.update(values)
     try:
@@ -172,50 +190,48 @@ def fuzz_registry(source: Path, target: Path) -> Path:
 
 
 class BatchRunner:
-    """Runs a batch of points as one pytest session in the started run; returns their Outcomes."""
+    """Runs a batch of points in the run's one pytest session (`batch_session`); returns their
+    Outcomes. `close()` ends the session."""
 
     def __init__(self, cell, python: Path, info, run_dir: Path, extra_args: list[str], log, registry=None) -> None:
-        self.cell, self.python, self.info, self.run_dir = cell, python, info, run_dir
-        self.extra_args, self.log, self.registry = extra_args, log, registry
+        from distci.fuzz.space import cell_side
+        from distci.run.terminal import ResultTail
+
+        self.run_dir, self.log, self.registry = run_dir, log, registry
         self.batches = 0
         self.stack: Stack | None = None  # the first result's
         (run_dir / FUZZ_DIR).mkdir(exist_ok=True)
+        self.relay = open(run_dir / FUZZ_DIR / "pytest-relay.log", "a")
+        self.cell_side = cell_side()
+        self.tail = ResultTail(run_dir / "results.jsonl")
+        self.tail.new()  # what the run recorded before its first batch
+        self.lock = threading.Lock()  # the session's relay thread and this one both drain the tail
+        self.session = batch_session(cell, python, info, run_dir, entry_test=self.cell_side.ENTRY_TEST,
+                                     extra_args=extra_args, relay=self.relay)
+        self.session.log = self._relay_line
 
-    def __call__(self, points: list[dict[str, Any]]):
-        from distci.fuzz.records import outcome_of
-        from distci.fuzz.space import cell_side
+    def _relay_line(self, message: str) -> None:
+        """pytest's lines go to a file; each configuration that finished gets its one line
+        (outcome, seconds, id: the full id, read off its Result, never a shortened one)."""
+        from distci.run.terminal import result_line
 
-        cell = cell_side()
-        CONFIGS_ENV, ENTRY_TEST, key = cell.CONFIGS_ENV, cell.ENTRY_TEST, cell.key
-
-        from distci.run.cellrun import run_in_env
-
-        self.batches += 1
-        batch = self.run_dir / FUZZ_DIR / f"batch-{self.batches:03d}.json"
-        batch.write_text(json.dumps(points, indent=1))
-        self.log(f"batch {self.batches}: {len(points)} configuration(s)")
-        before = {r.test_id for r in RunDir(self.run_dir).results()}
-        quiet = self.run_dir / FUZZ_DIR / "pytest-relay.log"
-        from distci.run.terminal import ResultTail, result_line
-
-        tail = ResultTail(self.run_dir / "results.jsonl")
-        tail.new()  # what earlier batches recorded
-        prefix = f"{ENTRY_TEST}::test_fuzz_config["
-
-        def relay_line(message: str, relay) -> None:
-            """pytest's lines go to a file; each configuration that finished gets its one line
-            (outcome, seconds, id: the full id, read off its Result, never a shortened one)."""
-            relay.write(message + "\n")
-            relay.flush()
-            for r in tail.new():
+        prefix = f"{self.cell_side.ENTRY_TEST}::test_fuzz_config["
+        with self.lock:
+            self.relay.write(message + "\n")
+            self.relay.flush()
+            for r in self.tail.new():
                 if r.test_id.startswith(prefix):
                     self.log(re.sub(r"\](?=\s|$)", "", result_line(r).replace(prefix, ""), count=1))
 
-        with _environ(**{CONFIGS_ENV: str(batch)}), open(quiet, "a") as relay:
-            run_in_env(self.cell, self.python, self.info, self.run_dir, tests=[ENTRY_TEST],
-                       extra_pytest_args=self.extra_args, log=lambda m: relay_line(m, relay))
-            relay_line("", relay)  # the last result, recorded after pytest's last line
-        by_id = {r.test_id: r for r in RunDir(self.run_dir).results() if r.test_id not in before}
+    def __call__(self, points: list[dict[str, Any]]):
+        from distci.fuzz.records import outcome_of
+
+        ENTRY_TEST, key = self.cell_side.ENTRY_TEST, self.cell_side.key
+        self.batches += 1
+        self.log(f"batch {self.batches}: {len(points)} configuration(s)")
+        by_id = run_cases(self.session, self.run_dir, env_var=self.cell_side.CONFIGS_ENV,
+                          batch=self.run_dir / FUZZ_DIR / f"batch-{self.batches:03d}.json", cases=points)
+        self._relay_line("")  # the batch's last result, recorded after pytest's last line
         out = []
         for p in points:
             r = by_id.get(f"{ENTRY_TEST}::test_fuzz_config[{key(p)}]")
@@ -227,6 +243,11 @@ class BatchRunner:
                 self.log(f"INFRA   {o.key}: {o.message}")
             out.append(o)
         return out
+
+    def close(self) -> None:
+        self.session.close()
+        self._relay_line("")  # what the session's closing recorded
+        self.relay.close()
 
 
 def start_fuzz_run(cell, runs_root: Path, *, python: str | None, command: str, log) -> tuple | None:
@@ -281,17 +302,20 @@ def fuzz_cell(cell, *, seed: str, budget_s: float, space_specs: list[str], max_c
         extra.append(f"--distci-reruns={reruns}")
     runner = BatchRunner(cell, Path(env.python), info, run_dir, extra, log, judged)
     started = _now()
-    if point is not None:
-        report = Report.of_replay(runner([point]), log)
-        fuzzer = None
-    else:
-        log(f"fuzz {cell.id}: seed {seed}, budget {budget_s:.0f}s"
-            + (f", at most {max_configs} configurations" if max_configs else ""))
-        limits = ShrinkLimits() if shrink_limit_s is None else ShrinkLimits(per_find_max_s=shrink_limit_s,
-                                                                            per_find_share=1.0)
-        fuzzer = Fuzzer(space, seed, runner, budget_s=budget_s, max_configs=max_configs, batch_size=batch_size,
-                        shrink=shrink, log=log, limits=limits)
-        report = fuzzer.run()
+    try:
+        if point is not None:
+            report = Report.of_replay(runner([point]), log)
+            fuzzer = None
+        else:
+            log(f"fuzz {cell.id}: seed {seed}, budget {budget_s:.0f}s"
+                + (f", at most {max_configs} configurations" if max_configs else ""))
+            limits = ShrinkLimits() if shrink_limit_s is None else ShrinkLimits(per_find_max_s=shrink_limit_s,
+                                                                                per_find_share=1.0)
+            fuzzer = Fuzzer(space, seed, runner, budget_s=budget_s, max_configs=max_configs, batch_size=batch_size,
+                            shrink=shrink, log=log, limits=limits)
+            report = fuzzer.run()
+    finally:
+        runner.close()
     run = FuzzRun(cell.id, seed, budget_s, space, str(run_dir), runner.stack, os.environ.get(space.cell.PLANT_ENV, ""))
     for find in report.finds:
         for line in find_lines(run, find):

@@ -1,8 +1,8 @@
 """The fuzzer's engine: draw configurations, run them in batches, shrink what fails.
 
 Pure: it never starts a process. `run_batch(points) -> outcomes` is given by the caller
-(distci's `fuzz` command runs a batch as one pytest session of the cell side's entry test,
-suites/fuzz_entry.py, on the cell's rank pool; the tests give a fake). The space (axes,
+(distci's `fuzz` command runs each batch in the run's one pytest session of the cell side's
+entry test, suites/fuzz_entry.py, on the cell's rank pool; the tests give a fake). The space (axes,
 validity, ids) is distci.fuzz.space's over the cell side's declarations. A failure is shrunk while the SAME failure
 signature (the Result's `error_signature`) persists, to a point where every one-step
 simplification (an axis back to its default, a size halved toward it) passes or fails

@@ -1,6 +1,6 @@
-"""The models generator on one cell: provision it as `distci run` does, run each batch of
-structures as one pytest session of suites/generators/models_entry.py in one run
-directory, read the outcomes back off the Results, write the report (distci/fuzz/models.py
+"""The models generator on one cell: provision it as `distci run` does, run the batches of
+structures in one pytest session of suites/generators/models_entry.py (distci/run/batches.py)
+in one run directory, read the outcomes back off the Results, write the report (distci/fuzz/models.py
 holds the engine and says what the exit code means)."""
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def fuzz_models_cell(cell, *, seed: str, budget_s: float, max_structures: int | 
     log(f"fuzz models on {cell.id}: seed {seed}, budget {budget_s:.0f}s")
     report = ModelFuzzer(seed, runner, budget_s, max_structures=max_structures, batch_size=batch_size,
                          shrink=shrink, allowed=allowed, log=log).run()
+    runner.close()  # the run's pytest session (its pytest also ends with this process)
     plant = os.environ.get("DISTCI_MODELS_PLANT", "")
     for find in report.finds:
         for line in find_lines(cell.id, find, plant):

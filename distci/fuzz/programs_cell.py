@@ -2,7 +2,7 @@
 pool in batches, shrink what fails, report.
 
 The cell is provisioned and the run started as `distci run` does (distci.run.cellrun);
-each batch is one pytest session of suites/generators/programs_entry.py, so every program
+the batches run in one pytest session of suites/generators/programs_entry.py (distci/run/batches.py), so every program
 is an ordinary Result in the one run directory (cell, stack, error signature, known-issue
 match) and ingest, verdicts, the gate and the dashboard treat a find like any failure.
 A failure whose signature a registered known issue explains, though the entry's test
@@ -128,6 +128,7 @@ def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | 
         for find in report.finds:
             for line in find_lines(cell.id, find, plant):
                 log(line)
+    runner.close()  # the run's pytest session (its pytest also ends with this process)
     seconds = time.monotonic() - started
     (run_dir / FUZZ_DIR / "report.json").write_text(
         json.dumps(report_json(cell.id, seed, budget_s, runner.stack, report, seconds), indent=1, default=str))

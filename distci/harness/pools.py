@@ -47,6 +47,7 @@ class Pools:
     failed_starts: dict[PoolKey, list[str]] = field(default_factory=dict)  # per pool: failed starts in a row
     modules: dict[PoolKey, list[str]] = field(default_factory=dict)  # per pool: what its tests import (warm)
     tests_run: int = 0
+    keep_idle: bool = False  # a session serving batches (batches.py) keeps pools its selection does not need
 
     def key(self, world_size: int, pg_timeout_s: float) -> PoolKey:
         """The pool a test of this world size and process-group timeout runs on."""
@@ -66,7 +67,8 @@ class Pools:
 
     def warm(self, modules: dict[PoolKey, list[str]], first_pg_timeout: dict[PoolKey, float] | None = None) -> None:
         """The selection's modules per pool, in run order: a launched pool is sent its own to
-        import before it forks; one that no selected test needs is stopped; the others are
+        import before it forks; one that no selected test needs is stopped (kept under
+        `keep_idle`: the next batch may need it; make_room still caps them); the others are
         launched now, first needed first, as long as they fit under max_live_ranks beside the
         pools up (none is shut down for it). `first_pg_timeout`: the process-group timeout of
         each pool's first test (its start-up's), by key."""
@@ -76,7 +78,7 @@ class Pools:
                 continue
             if key in modules:
                 pool.send_warm(Warm(modules[key], list(sys.path)))
-            else:
+            elif not self.keep_idle:
                 pool.kill()
         for key, names in modules.items():
             live = sum(k[0] for k, p in self.pools.items() if p.ranks)

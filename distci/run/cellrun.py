@@ -254,6 +254,29 @@ def close_stopped(info: RunInfo, run_dir: Path) -> None:
         print(f"[{info.cell_id}] cannot close {RunDir(run_dir).info_path}: {err}", file=sys.stderr, flush=True)
 
 
+def start_pytest(cell: Cell, python: Path, info: RunInfo, run_dir: Path, *, tests: list[str],
+                 keyword: str | None = None, tier: str | None = None, extra_args: list[str] | None = None,
+                 shard: str | None = None, env: Mapping[str, str] | None = None,
+                 log: Log = print) -> tuple[subprocess.Popen, int]:
+    """Starts a started cell's pytest (its command printed and kept in run.json), stdout piped for
+    relay_pytest, `env` set on top of the cell's environment; (the process, the width its lines
+    get). It dies with this controller (SIGTERM, so it still records the test in flight)."""
+    cmd = pytest_command(cell, python, run_dir, info.run_id, tests=tests, keyword=keyword,
+                         extra_args=extra_args or [], shard=shard)
+    info.command = shlex.join(cmd)
+    # Unbuffered, so pytest.log fills as the run goes rather than when pytest exits.
+    width = columns() - len(cell_tag(cell.id))
+    # pytest's own lines (separators, reports) fit after the tag each relayed line gets.
+    child_env = {**os.environ, **cell_environment(cell, tier), **provenance_environment(run_dir), **(env or {}),
+                 "PYTHONUNBUFFERED": "1", "COLUMNS": str(width)}
+    child_env.pop("PYTHONPATH", None)
+    for line in command_lines(cmd, columns()):  # untagged: pasteable as it stands (the cell's line is above)
+        log(line)
+    proc = procs.start_owned(cmd, env=child_env, token=procs.run_token(), death_signal=signal.SIGTERM,
+                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return proc, width
+
+
 def run_in_env(
     cell: Cell,
     python: Path,
@@ -287,22 +310,10 @@ def run_in_env(
     if externals is None:
         externals = external_plan(cell, tests or [], external_suites)
     if native or not external:
-        cmd = pytest_command(cell, python, run_dir, info.run_id, tests=native, keyword=keyword,
-                             extra_args=extra_pytest_args or [], shard=shard)
-        info.command = shlex.join(cmd)
-        # Unbuffered, so pytest.log fills as the run goes rather than when pytest exits.
-        width = columns() - len(cell_tag(cell.id))
-        # pytest's own lines (separators, reports) fit after the tag each relayed line gets.
-        child_env = {**os.environ, **cell_environment(cell, tier), **provenance_environment(run_dir),
-                     "PYTHONUNBUFFERED": "1", "COLUMNS": str(width)}
-        child_env.pop("PYTHONPATH", None)
-        for line in command_lines(cmd, columns()):  # untagged: pasteable as it stands (the cell's line is above)
-            log(line)
         rundir = RunDir(run_dir)
         with procs.stop_signals_raise():
-            # pytest dies with this controller; SIGTERM, so it still records the test in flight
-            proc = procs.start_owned(cmd, env=child_env, token=procs.run_token(), death_signal=signal.SIGTERM,
-                                     cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            proc, width = start_pytest(cell, python, info, run_dir, tests=native, keyword=keyword, tier=tier,
+                                       extra_args=extra_pytest_args, shard=shard, log=log)
             try:
                 code = relay_pytest(proc, rundir.pytest_log, rundir.results_path, lambda m: log(f"{cell_tag(cell.id)}{m}"),
                                     status=StatusLine.for_stdout(cell_tag(cell.id)) if log is print else None,
