@@ -37,9 +37,11 @@ def fuzz_models_cell(cell, *, seed: str, budget_s: float, max_structures: int | 
                          test_name=TEST_NAME, env_var=MODELS_ENV, noun="structure", key=key)
     started = _now()
     log(f"fuzz models on {cell.id}: seed {seed}, budget {budget_s:.0f}s")
-    report = ModelFuzzer(seed, runner, budget_s, max_structures=max_structures, batch_size=batch_size,
-                         shrink=shrink, allowed=allowed, log=log).run()
-    runner.close()  # the run's pytest session (its pytest also ends with this process)
+    try:
+        report = ModelFuzzer(seed, runner, budget_s, max_structures=max_structures, batch_size=batch_size,
+                             shrink=shrink, allowed=allowed, log=log).run()
+    finally:
+        runner.close()  # the run's pytest session and its pools, also when the run raised
     plant = os.environ.get("DISTCI_MODELS_PLANT", "")
     for find in report.finds:
         for line in find_lines(cell.id, find, plant):

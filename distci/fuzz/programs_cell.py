@@ -112,23 +112,25 @@ def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | 
     runner = CaseBatches(cell, Path(env.python), info, run_dir, extra + ["--distci-reruns=0"], registry, log,
                          entry_test=ENTRY_TEST, test_name=TEST_NAME, env_var=PROGRAMS_ENV, noun="program",
                          key=lambda p: p.text, message_chars=4000)
-    started = time.monotonic()
-    plant = os.environ.get("DISTCI_PROGRAMS_PLANT", "")
-    if replayed is not None:
-        report = Report.of_replay(runner([replayed]), log)
-        new = report.new
-    else:
-        log(f"fuzz programs {cell.id}: seed {seed}, budget {budget_s:.0f}s"
-            + (f", at most {max_programs} programs" if max_programs else ""))
-        fuzzer = ProgramFuzzer(seed, runner, budget_s=budget_s, max_programs=max_programs, batch_size=batch_size,
-                               shrink=shrink, layouts=tuple(layouts) or tuple(LAYOUTS), log=log,
-                               shrink_limit_s=shrink_limit_s if shrink_limit_s is not None else 900.0)
-        report = fuzzer.run()
-        new = report.new
-        for find in report.finds:
-            for line in find_lines(cell.id, find, plant):
-                log(line)
-    runner.close()  # the run's pytest session (its pytest also ends with this process)
+    try:
+        started = time.monotonic()
+        plant = os.environ.get("DISTCI_PROGRAMS_PLANT", "")
+        if replayed is not None:
+            report = Report.of_replay(runner([replayed]), log)
+            new = report.new
+        else:
+            log(f"fuzz programs {cell.id}: seed {seed}, budget {budget_s:.0f}s"
+                + (f", at most {max_programs} programs" if max_programs else ""))
+            fuzzer = ProgramFuzzer(seed, runner, budget_s=budget_s, max_programs=max_programs, batch_size=batch_size,
+                                   shrink=shrink, layouts=tuple(layouts) or tuple(LAYOUTS), log=log,
+                                   shrink_limit_s=shrink_limit_s if shrink_limit_s is not None else 900.0)
+            report = fuzzer.run()
+            new = report.new
+            for find in report.finds:
+                for line in find_lines(cell.id, find, plant):
+                    log(line)
+    finally:
+        runner.close()  # the run's pytest session and its pools, also when the run raised
     seconds = time.monotonic() - started
     (run_dir / FUZZ_DIR / "report.json").write_text(
         json.dumps(report_json(cell.id, seed, budget_s, runner.stack, report, seconds), indent=1, default=str))
