@@ -413,6 +413,32 @@ def test_a_sweep_goes_on_after_cases_that_hang_or_desync_its_ranks(tmp_path):
     assert (tmp_path / "ws2.done").exists() and (tmp_path / "ws4.done").exists()
 
 
+@pytest.mark.slow
+def test_a_case_raised_on_some_ranks_only_is_agreed_in_seconds_not_waited_out(tmp_path):
+    """vector_norm(inf) of a (1, 1) tensor sharded on dim 1: rank 1 holds an empty shard and
+    raises, rank 0 goes on. The ranks agree right after the op that one raised, so the case is
+    the same hang find within its own slot in seconds; before, rank 0 waited in the judge's next
+    collective, rank 1 out the side group's timeout (60 s here) and a resume slot recorded it
+    ("died")."""
+    pytest.importorskip("torch")
+    hang, after = "vector_norm~2~f32~1x1~S1~ord=inf,dim=none,keepdim=0~0", "sum~2~f32~4x4~S0~dim=none,keepdim=0~0"
+    (tmp_path / "batch.json").write_text(json.dumps({
+        "cases": [{"id": c, "extra": {}} for c in (hang, after)], "out": str(tmp_path), "known_signatures": [],
+        "shrink": {"max_checks": 0}, "hang_s": 60}))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider",
+                           "suites/generators/ops_entry.py::test_op_sweep", f"--distci-run-dir={tmp_path / 'run'}",
+                           "-q"], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "DISTCI_OPS_CASES": str(tmp_path / "batch.json")})
+    rows = {json.loads(line)["id"]: json.loads(line) for line in (tmp_path / "ws2.jsonl").read_text().splitlines()}
+    assert rows[after]["status"] == "pass", (rows, proc.stdout[-3000:])
+    row = rows[hang]
+    assert not row.get("died") and row["seconds"] < 20, row  # its own slot, in seconds
+    assert row["signature"] == ("the op with empty shards raised on ranks holding them only, the others hang: "
+                                "RuntimeError: linalg.vector_norm cannot compute the inf norm on an empty tensor "
+                                "because the operation does not have an identity"), row
+    assert "ranks [1] raised, ranks [0] went on" in row["message"], row["message"]
+
+
 # ---------------------------------------------------------------- a case that spins fails in seconds
 
 def _loop_with_a_helper() -> None:

@@ -37,9 +37,10 @@ import os
 import signal
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
-from typing import Sequence
+from typing import Iterator, Sequence
 
 BASE_S = 10.0
 """The bound on idle cores: 8x the slowest case measured there (1.2 s)."""
@@ -133,6 +134,22 @@ class Bound:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, self._previous)
         return False
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """A wait on the other ranks (the op case's raised-anywhere agreement) is not the case's
+        time: the timer stops inside and restarts with what was left. A peer that never comes
+        is the side group's timeout's to tell, not a spin of this rank's."""
+        if not self.armed or self._left or self.hit is not None:
+            yield
+            return
+        left, _ = signal.setitimer(signal.ITIMER_REAL, 0)
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self.started += time.monotonic() - began
+            signal.setitimer(signal.ITIMER_REAL, max(left, SAMPLE_S), SAMPLE_S)
 
     @property
     def elapsed(self) -> float:

@@ -19,7 +19,6 @@ op does not take: a 0-sized head dim, k > size), not a find.
 from __future__ import annotations
 
 import re
-from dataclasses import astuple, dataclass
 from typing import Any
 
 import torch
@@ -30,6 +29,7 @@ from distci.results import error_signature
 
 from ..judges.tolerances import ROUNDING, op_threshold
 from .op_calls import CALLS, Context
+from .ops_outcome import CaseOutcome, RaisedAnywhere, leave_if_raised
 
 GAP = re.compile(r"sharding strateg|does not have a sharding|no sharding|sharding propagation (?:is )?not")
 REFUSED = re.compile(r"[Pp]lease\s+redistribute|cannot\s+be\s+evenly\s+sharded,\s+resulting\s+in\s+biased")
@@ -57,21 +57,6 @@ def refused(case: OpCase, exc: Exception, during: str) -> bool:
         return False
     text = str(exc)
     return bool(REFUSED.search(text)) or (bool(case.param.get("inplace")) and bool(INPLACE_REFUSED.search(text)))
-
-
-@dataclass
-class CaseOutcome:
-    status: str
-    """pass | fail | gap | invalid"""
-    signature: str | None = None
-    message: str = ""
-    seconds: float = 0.0
-    empty: bool = False
-    """Some input's local shard on this rank is empty while the full input is not (what an
-    error raised on some ranks only usually comes from)."""
-    raised: bool = False
-    """The DTensor side raised on this rank (agreed: on some rank), so the ranks may have
-    issued different collectives: a sweep checks its groups are in step before going on."""
 
 
 def placement(text: str, mesh, axis: int):
@@ -245,8 +230,9 @@ def _compare(what: str, got: torch.Tensor, ref: torch.Tensor, dtype: str, terms:
     return None
 
 
-def run_case(case: OpCase, dist, plant=None) -> CaseOutcome:
-    """Run and judge one case on this rank (callers agree across ranks: suites/generators/ops_entry.py)."""
+def run_case(case: OpCase, dist, plant=None, ask: RaisedAnywhere | None = None) -> CaseOutcome:
+    """Run and judge one case on this rank (callers agree across ranks: suites/generators/ops_entry.py);
+    `ask`: after each phase that can raise on some ranks only, whether any rank raised (all leave)."""
     import time
 
     from torch.distributed.tensor import DTensor
@@ -283,10 +269,13 @@ def run_case(case: OpCase, dist, plant=None) -> CaseOutcome:
     except Exception as exc:  # the op does not take this draw
         return done("invalid", None, f"the full-tensor op raised {type(exc).__name__}: {str(exc)[:300]}")
     # the same op on DTensors
+    failed = None
     try:
         dts = [distribute(t, mesh, pl).requires_grad_(w) for t, pl, w in zip(fulls, case.placements, wants_grad)]
     except Exception as exc:
-        return _raised(case, exc, "distributing the inputs", done)
+        failed = _raised(case, exc, "distributing the inputs", done)
+    if left := leave_if_raised(failed, ask):
+        return left
     if any(p.startswith("P") for pl in case.placements for p in pl):
         redone = _reference_on_shares(case, call, params, fulls, dts, wants_grad, terms, like_full)
         if isinstance(redone, str):
@@ -299,7 +288,9 @@ def run_case(case: OpCase, dist, plant=None) -> CaseOutcome:
         out = call(ins, params, Context(like_dt))
         out = plant.outputs(case, out, mesh) if plant else out
     except Exception as exc:
-        return _raised(case, exc, "the op", done)
+        failed = _raised(case, exc, "the op", done)
+    if left := leave_if_raised(failed, ask):
+        return left
     # a local shape can be wrong on one rank only: agree before any collective reads it
     problems = [p for p in [_everywhere(_local_problem(out, ref_out, mesh, DTensor))] if p]
     gathered = []  # each output read once: the loss below reuses it (a second reduction is another op)
@@ -317,7 +308,9 @@ def run_case(case: OpCase, dist, plant=None) -> CaseOutcome:
         try:
             _loss(gathered, cotangents).backward()
         except Exception as exc:
-            return _raised(case, exc, "the backward", done)
+            failed = _raised(case, exc, "the backward", done)
+        if left := leave_if_raised(failed, ask):
+            return left
         for i, (dt, ref) in enumerate(zip(dts, refs)):
             if ref.grad is None:
                 continue
@@ -484,16 +477,3 @@ def _text(p) -> str:
     if name == "_StridedShard":
         return f"SS{p.dim}"
     return f"S{p.dim}"
-
-
-def agree(dist, outcome: CaseOutcome, group=None) -> CaseOutcome:
-    """One outcome for all ranks: the first failing rank's (a local shape can be wrong on one
-    rank only), else rank 0's. `group`: a side group of every rank (the sweep's, whose timeout
-    tells a hang), so the agreement never pairs with a collective of a rank still in the case."""
-    import torch.distributed as tdist
-
-    everyone: list[Any] = [None] * dist.world_size
-    tdist.all_gather_object(everyone, astuple(outcome), group=group)
-    pick = CaseOutcome(*next((o for o in everyone if o[0] == "fail"), everyone[0]))
-    pick.raised = any(o[-1] for o in everyone)
-    return pick

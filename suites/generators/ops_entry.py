@@ -36,6 +36,7 @@ from dataclasses import asdict
 
 from distci.op_case import case_from_json, parse_case
 
+from .ops_outcome import ASKS_TIMEOUT_S
 from .ops_sweep import CASE_LIMIT_S, HANG_S, RESUME_SLOTS, SLOT_S, SweepFiles, dead_rows, hang_row
 
 CASES_ENV = "DISTCI_OPS_CASES"
@@ -76,18 +77,29 @@ def _resume_only_after_a_death(request: pytest.FixtureRequest) -> None:
         pytest.skip("nothing to resume: the sweep's earlier slot answered every case")
 
 
-def _run(dist, case, plant):
+def _run(dist, case, plant, asks):
     """This rank's outcome of `case` (not agreed yet), under the case's time bound: a case that
-    spins in Python fails with where it spun (suites/generators/case_bound.py)."""
+    spins in Python fails with where it spun (suites/generators/case_bound.py). The ranks agree
+    on `asks` after each phase whether one raised (suites/generators/ops_outcome.py); PeersGone
+    (that agreement timed out) goes to the caller with this rank's outcome."""
     from .case_bound import Bound, CaseTimeout, bound_s
-    from .ops_cases import CaseOutcome, run_case, timed_out
+    from .ops_cases import run_case, timed_out
+    from .ops_outcome import ASK_MARGIN_S, CaseOutcome, PeersGone, leave_if_raised, raised_anywhere
 
     bound = Bound(bound_s(case.shapes))
+    agreement = raised_anywhere(asks, bound.seconds + ASK_MARGIN_S)
+
+    def ask(mine: bool) -> bool:
+        with bound.paused():
+            return agreement(mine)
+
     try:
         with bound:
-            return run_case(case, dist, plant)
-    except CaseTimeout:
-        return timed_out(case, bound)
+            return run_case(case, dist, plant, ask)
+    except CaseTimeout:  # the peers may wait at the phase's raised-anywhere agreement: answer it
+        return leave_if_raised(timed_out(case, bound), agreement)
+    except PeersGone:
+        raise
     except Exception as exc:  # a bug of the judge itself: reported as the case's failure, never lost
         import traceback
 
@@ -190,7 +202,7 @@ def test_op_sweep(dist, world, slot) -> None:
 
     from distci.op_shrink import shrink
 
-    from .ops_cases import agree
+    from .ops_outcome import agree
     from .ops_plants import planted
 
     batch = _batch()
@@ -201,6 +213,7 @@ def test_op_sweep(dist, world, slot) -> None:
     dead = {flight["id"], flight.get("candidate")} if flight and flight["id"] not in answered else set()
     # every rank has read the files before rank 0 writes to them
     side = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=hang_s))
+    asks = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=ASKS_TIMEOUT_S))
     tdist.barrier(group=side)
     modes = _modes()
     seen = set(batch.get("known_signatures", []))
@@ -228,10 +241,12 @@ def test_op_sweep(dist, world, slot) -> None:
             files.begin(parent or case.id, case.id if parent else None, record, best)
         faulthandler.dump_traceback_later(case_limit_s, exit=True, file=sys.stderr)
         try:
-            mine = _run(dist, case, plant)
+            mine = None
             try:
-                agreed = agree(dist, mine, side)
-            except Exception as exc:
+                mine = _run(dist, case, plant, asks)
+                agreed = agree(dist, mine, side, case.id)
+            except Exception as exc:  # PeersGone (carries this rank's outcome), or the agreement's timeout
+                mine = getattr(exc, "outcome", mine)
                 files.write_stuck(dist.rank, case.id, asdict(mine))
                 raise SweepStuck(f"case {case.id}: this rank finished it, some other rank did not within {hang_s:.0f}s "
                                  f"({type(exc).__name__}: {str(exc)[:200]})") from None
@@ -294,15 +309,17 @@ def test_op_case(dist, case_id) -> None:
 
     import torch.distributed as tdist
 
-    from .ops_cases import agree
+    from .ops_outcome import agree
     from .ops_plants import planted
 
     side = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=HANG_S))
-    mine = _run(dist, parse_case(case_id), planted())
+    asks = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=ASKS_TIMEOUT_S))
+    mine = None
     try:
-        o = agree(dist, mine, side)
-    except Exception:  # this rank finished, another never returned from the case's collectives
-        raise AssertionError(hang_row(case_id, asdict(mine))["message"]) from None
+        mine = _run(dist, parse_case(case_id), planted(), asks)
+        o = agree(dist, mine, side, case_id)
+    except Exception as exc:  # this rank finished, another never returned from the case's collectives
+        raise AssertionError(hang_row(case_id, asdict(getattr(exc, "outcome", mine)))["message"]) from None
     if o.status in ("gap", "invalid"):
         pytest.skip(f"{o.status}: {o.signature or ''} {o.message.splitlines()[0] if o.message else ''}".strip())
     if o.status == "fail":

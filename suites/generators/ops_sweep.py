@@ -154,23 +154,28 @@ def dead_rows(flight: dict[str, Any], stuck: list[dict[str, Any]], world: int) -
     return [dead]
 
 
-def hang_row(case_id: str, outcome: dict[str, Any]) -> dict[str, Any]:
+def hang_row(case_id: str, outcome: dict[str, Any], raised_on: list[int] | None = None,
+             went_on: list[int] | None = None) -> dict[str, Any]:
     """The row of a case that ended on some ranks (`outcome`: one such rank's CaseOutcome
     fields) while the others never returned from its collectives: in a real job, a hang. The
     signature keeps the error and says so; "with empty shards raised on ranks" is what
     dtensor-max-empty-shard's repro prints, so a find of that bug through another op names the
-    entry as its near miss (Registry.near_misses)."""
+    entry as its near miss (Registry.near_misses). `raised_on` / `went_on`: the ranks agreed
+    right after the phase that some raised (suites/generators/ops_outcome.py): the same find,
+    learnt at once instead of waited out (no slot died)."""
     op = case_id.split("~", 1)[0]
     signature = outcome.get("signature") or f"{op}: {outcome['status']}"
     during, _, error = signature.partition(" raised ")
     where = "with empty shards raised on ranks holding them only" if outcome.get("empty") else \
         "raised on some ranks only"
     signature = f"{during} {where}, the others hang: {error}" if error else f"{signature} (some ranks only, the others hang)"
+    how = f"some ranks finished the case, the others never returned from its collectives within {HANG_S:.0f}s" \
+        if raised_on is None else f"ranks {raised_on} raised, ranks {went_on} went on toward the case's next " \
+                                  "collective (agreed on the side group right after)"
     return {"id": case_id, "status": "fail", "signature": signature[:240],
-            "message": f"{signature[:240]}\n  some ranks finished the case, the others never returned from its "
-                       f"collectives within {HANG_S:.0f}s (a hang in a real job)\n"
+            "message": f"{signature[:240]}\n  {how} (a hang in a real job)\n"
                        + "\n".join("  " + line for line in (outcome.get("message") or "").splitlines()),
-            "seconds": 0.0, "died": True}
+            "seconds": outcome.get("seconds", 0.0) if raised_on is not None else 0.0, "died": raised_on is None}
 
 
 def _interrupted(flight: dict[str, Any], why: str) -> dict[str, Any]:
