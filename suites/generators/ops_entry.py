@@ -82,12 +82,17 @@ def _run(dist, case, plant, asks):
     spins in Python fails with where it spun (suites/generators/case_bound.py). The ranks agree
     on `asks` after each phase whether one raised (suites/generators/ops_outcome.py); PeersGone
     (that agreement timed out) goes to the caller with this rank's outcome."""
-    from .case_bound import Bound, CaseTimeout, bound_s
+    from .case_bound import LOAD_CAP, Bound, CaseTimeout, bound_s
     from .ops_cases import run_case, timed_out
     from .ops_outcome import ASK_MARGIN_S, CaseOutcome, PeersGone, leave_if_raised, raised_anywhere
 
     bound = Bound(bound_s(case.shapes))
-    agreement = raised_anywhere(asks, bound.seconds + ASK_MARGIN_S)
+    # The wait for a peer: never shorter than the largest bound any rank can hold for this case
+    # (each reads the load itself; LOAD_CAP is the most it reads) nor than the side group's
+    # patience the sweep had before the agreement: a peer still inside a slow op (sdpa's CPU
+    # propagation, a signal deferred in C++) is waited for, not left behind to cost a slot.
+    wait_s = max(bound_s(case.shapes, load=LOAD_CAP), HANG_S) + ASK_MARGIN_S
+    agreement = raised_anywhere(asks, wait_s)
 
     def ask(mine: bool) -> bool:
         with bound.paused():
