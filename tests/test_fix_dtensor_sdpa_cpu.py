@@ -76,7 +76,9 @@ def test_a_vanished_registration_api_is_a_target_missing_naming_torch(monkeypatc
     from torch.distributed.tensor._api import DTensor
 
     monkeypatch.setattr(DTensor._op_dispatcher, "sharding_propagator", types.SimpleNamespace())
-    with pytest.raises(fix.TargetMissing, match=re.escape(f"register_op_strategy does not exist in torch {torch.__version__}")):
+    from distci_fixes.patching import TargetMissing
+
+    with pytest.raises(TargetMissing, match=re.escape(f"register_op_strategy does not exist in torch {torch.__version__}")):
         fix.detect(types.ModuleType("ops"))
 
 

@@ -22,22 +22,18 @@ registries; a torch that registers strategies itself reads `not_needed`.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any, Callable, List
+from typing import Any, List
 
+from distci_fixes.dtensor_propagator import propagator as _propagator
+from distci_fixes.dtensor_propagator import registered as _registered
+from distci_fixes.dtensor_propagator import strategy_helpers as _helpers
 from distci_fixes.model import Applies, Fix
-from distci_fixes.patching import MARKER, TargetMissing
+from distci_fixes.patching import MARKER
 
 ID = "dtensor_decomp_loss_strategy"
 LOSSES = ("mse_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
           "soft_margin_loss")
-REGISTRIES = ("op_strategy_funcs", "op_single_dim_strategy_funcs", "op_to_rules")
 REDUCTION_NONE = 0
-
-
-def _torch_version() -> str:
-    import torch
-
-    return f"torch {torch.__version__}"
 
 
 def _ops() -> List[Any]:
@@ -53,30 +49,8 @@ def _ops() -> List[Any]:
     return found
 
 
-def _propagator() -> Any:
-    from torch.distributed.tensor._api import DTensor
-
-    try:
-        propagator = DTensor._op_dispatcher.sharding_propagator
-    except AttributeError:
-        raise TargetMissing(f"DTensor._op_dispatcher.sharding_propagator does not exist in {_torch_version()}") from None
-    if not callable(getattr(propagator, "register_op_strategy", None)):
-        raise TargetMissing(f"ShardingPropagator.register_op_strategy does not exist in {_torch_version()}")
-    return propagator
-
-
 def _missing(propagator: Any) -> List[Any]:
-    return [op for op in _ops() if not any(op in getattr(propagator, name, {}) for name in REGISTRIES)]
-
-
-def _helpers() -> tuple[Callable[..., Any], type, type, type]:
-    try:
-        from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
-        from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
-        from torch.distributed.tensor.placement_types import Replicate, Shard
-    except ImportError as err:
-        raise TargetMissing(f"DTensor's strategy helpers are gone in {_torch_version()}: {err}") from None
-    return expand_to_full_mesh_op_strategy, RuntimeSchemaInfo, Replicate, Shard
+    return [op for op in _ops() if not _registered(propagator, op)]
 
 
 def _reduction(op_schema: Any) -> Any:

@@ -30,22 +30,17 @@ propagator registers one itself (or whose aten has no CPU flash op) reads `not_n
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any, Callable, List, Optional
+from typing import Any, List, Optional
 
+from distci_fixes.dtensor_propagator import propagator as _propagator
+from distci_fixes.dtensor_propagator import registered as _registered
+from distci_fixes.dtensor_propagator import strategy_helpers as _upstream_helpers
 from distci_fixes.model import Applies, Fix
-from distci_fixes.patching import MARKER, TargetMissing
+from distci_fixes.patching import MARKER
 
 ID = "dtensor_sdpa_cpu_strategy"
 FORWARD = "_scaled_dot_product_flash_attention_for_cpu"
 BACKWARD = "_scaled_dot_product_flash_attention_for_cpu_backward"
-REGISTRIES = ("op_strategy_funcs", "op_single_dim_strategy_funcs", "op_to_rules")
-"""The sharding propagator's dicts keyed by OpOverload: an op in any of them has a strategy."""
-
-
-def _torch_version() -> str:
-    import torch
-
-    return f"torch {torch.__version__}"
 
 
 def _cpu_flash_ops() -> Optional[tuple[Any, Any]]:
@@ -58,37 +53,9 @@ def _cpu_flash_ops() -> Optional[tuple[Any, Any]]:
         return None
 
 
-def _propagator() -> Any:
-    # From _api: the fix runs while torch.distributed.tensor's __init__ is still importing _ops.
-    from torch.distributed.tensor._api import DTensor
-
-    try:
-        propagator = DTensor._op_dispatcher.sharding_propagator
-    except AttributeError:
-        raise TargetMissing(f"DTensor._op_dispatcher.sharding_propagator does not exist in {_torch_version()}") from None
-    if not callable(getattr(propagator, "register_op_strategy", None)):
-        raise TargetMissing(f"ShardingPropagator.register_op_strategy does not exist in {_torch_version()}")
-    return propagator
-
-
-def _registered(propagator: Any, op: Any) -> bool:
-    return any(op in getattr(propagator, name, {}) for name in REGISTRIES)
-
-
 def _missing(propagator: Any) -> List[Any]:
     ops = _cpu_flash_ops()
     return [] if ops is None else [op for op in ops if not _registered(propagator, op)]
-
-
-def _upstream_helpers() -> tuple[Callable[..., Any], type, type, type]:
-    """expand_to_full_mesh_op_strategy, RuntimeSchemaInfo, Replicate, Shard: a vanished one is `broken`."""
-    try:
-        from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
-        from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
-        from torch.distributed.tensor.placement_types import Replicate, Shard
-    except ImportError as err:
-        raise TargetMissing(f"DTensor's strategy helpers are gone in {_torch_version()}: {err}") from None
-    return expand_to_full_mesh_op_strategy, RuntimeSchemaInfo, Replicate, Shard
 
 
 def _mask_placement(op_schema: Any, q_dim: int, shard: type, replicate: type) -> List[Any]:
