@@ -61,15 +61,6 @@ FORMS: dict[tuple[str, str], tuple[str, ...]] = {
     ("save", "dcp"): ("flat",),
 }
 """(what, drawn value) -> its forms (module docstring): drawn from their own stream."""
-LAYOUT_OPTIMIZERS: dict[str, tuple[str, ...]] = {"fsdp_mp": ("sgd", "sgd0")}
-"""Layouts judged only with some optimizers. fsdp_mp runs SGD: AdamW's first steps move every
-weight by about the learning rate whatever its gradient's size, so a near-zero gradient that
-bf16 rounding carries across zero moves its weight the other way (a zero-initialized norm bias:
-SQNR near 0 dB), and no bound on bf16 compute holds for the parameters. A meaningless
-comparison, not a broken combination (night run 2026-12-06:
-`fsdp_mp-ws2-w32-l3-adamw:fwd_bwd=nosync,...,fwd_bwd,step` failed "parameter blocks.2.norm.bias: SQNR")."""
-
-
 def forms(what: str, value: str) -> tuple[str, ...]:
     """`value` and its forms, `value` first."""
     return (value,) + FORMS.get((what, value), ())
@@ -265,9 +256,6 @@ def check(program: Program) -> list[str]:
         out.append(f"{program.layout} runs on world sizes {LAYOUTS[program.layout]}, not {program.world_size}")
     if program.optim not in OPTIMIZERS:
         out.append(f"no optimizer {program.optim!r}; optimizers: {', '.join(OPTIMIZERS)}")
-    if program.optim not in LAYOUT_OPTIMIZERS.get(program.layout, OPTIMIZERS):
-        out.append(f"{program.layout} is judged with {', '.join(LAYOUT_OPTIMIZERS[program.layout])} only "
-                   f"(training_program.LAYOUT_OPTIMIZERS says why), not {program.optim}")
     if program.width not in WIDTHS or program.layers not in LAYERS:
         out.append(f"width {program.width} / layers {program.layers}: widths {WIDTHS}, layers {LAYERS}")
     state = State()

@@ -157,6 +157,8 @@ PLANT_CASES = {
                      ("tp",)),
     # programs compare gradients after every call, so the kept gradients show at the zero_grad itself
     "zero_grad_ddp": (["--layout", "ddp", "--seed", "zero_1378"], ["fwd_bwd", "zero_grad"], ("ddp",)),
+    # ~50 dB of bfloat16 accumulation: found only because fsdp_mp's reference computes as the ranks do
+    "mp_accumulate_low": (["--layout", "fsdp_mp", "--seed", "mp1"], ["fwd_bwd", "fwd_bwd"], ("fsdp_mp",)),
 }
 COMMON = ["--max-programs", "4", "--batch", "8", "--budget", "20m"]
 
@@ -175,6 +177,21 @@ def test_a_planted_bug_is_found_and_shrunk_to_the_calls_it_needs(tmp_path, plant
     assert [a.partition("=")[0] for a in shrunk.actions] == calls, shrunk.text
     assert shrunk.layout in layouts and (shrunk.width, shrunk.layers) == (8, 1), shrunk.text
     assert new[0]["complete"], new[0]["stopped"]
+
+
+@pytest.mark.slow
+def test_fsdp_mp_with_adamw_passes_at_float32s_tolerance_against_a_reference_at_its_precision(tmp_path):
+    """fsdp_mp was judged at bfloat16's 20 dB against a float32 full-batch reference, and not
+    with AdamW at all (its sign-like first steps turn bfloat16 rounding into lr-sized moves).
+    Its reference now computes as the ranks do (programs.mixed_precision_reference), so a correct
+    run meets float32's tolerance with AdamW, accumulation and an eval; against the float32
+    reference this program fails at its first call (the loss outside float32's tolerance;
+    tried 2026-12-06, torch 2.13.0)."""
+    pytest.importorskip("torch")
+    program = "fsdp_mp-ws2-w16-l2-adamw:fwd_bwd=nosync,fwd_bwd,step,fwd_bwd,clip,step,eval,fwd_bwd"
+    proc, report = fuzz(tmp_path, "--replay", program, "--budget", "5m")
+    assert [(o["program"], o["outcome"]) for o in report["tried"]] == [(program, "passed")], proc.stdout[-3000:]
+    assert proc.returncode == 0, proc.stdout[-3000:]
 
 
 def test_keepers_combine_so_a_long_program_shrinks_in_few_batches():

@@ -15,7 +15,9 @@ the shrinker keeps.
 
 Numbers are judged as the suites judge them: losses and gradients by
 checks.check_numerics, parameters and optimizer state by checks.sqnr, at the fp32
-tolerance (tolerances.py: TP/FSDP reorder sums only), fsdp_mp at bfloat16's. An optimizer
+tolerance (tolerances.py: TP/FSDP reorder sums only), fsdp_mp too: its reference computes at
+the mixed-precision policy's precision, each rank's rows as that rank does
+(mixed_precision_reference). An optimizer
 state entry with nothing in it counts as an entry (`(empty) of NAME`): a stateless
 optimizer's reference keeps none.
 """
@@ -179,11 +181,26 @@ class Program:
     checkpoint_dir: str = ""
 
 
+def _accumulate_in_param_dtype(model: nn.Module) -> None:
+    """The mp_accumulate_low plant (program_plants.py): every FSDP2 parameter of `model` skips
+    its upcast of a no-sync gradient to the reduce dtype."""
+    for module in model.modules():
+        if not hasattr(module, "_get_fsdp_state"):
+            continue
+        state = module._get_fsdp_state()
+        groups = getattr(state, "_fsdp_param_groups", None) or [getattr(state, "_fsdp_param_group", None)]
+        for group in filter(None, groups):
+            for fsdp_param in group.fsdp_params:
+                fsdp_param.to_accumulated_grad_if_needed = lambda: None
+
+
 def start(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Program:
     torch.manual_seed(SEED)
     ref_model = Net(spec.width, spec.layers)
     run_model = copy.deepcopy(ref_model)
     runnable, par = layout_model(run_model, spec.layout, dist)
+    if plant.accumulates_in_param_dtype(spec.layout):
+        _accumulate_in_param_dtype(run_model)
     ref, run = Twin(ref_model, ref_model, spec.optim), Twin(run_model, runnable, spec.optim)
     for twin in (ref, run):
         twin.named = {clean_name(n): q for n, q in twin.model.named_parameters()}
@@ -191,13 +208,64 @@ def start(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Program:
     return Program(spec, ref, run, par, plant, checkpoint_dir=checkpoint_dir)
 
 
+def bf16_forward(model: nn.Module, x: torch.Tensor, state: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """`model`'s forward as FSDP2's bfloat16 policy runs it (parameters and input cast to
+    bfloat16, buffers as they are), its output in float32; `state` the tensors to use
+    (default: the parameters cast, the buffers themselves)."""
+    from torch.func import functional_call
+
+    if state is None:
+        state = {**{n: q.detach().to(torch.bfloat16) for n, q in model.named_parameters()}, **dict(model.named_buffers())}
+    return functional_call(model, state, (x.to(torch.bfloat16),)).float()
+
+
+def mixed_precision_reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dp_size: int) -> torch.Tensor:
+    """One forward and backward of the single-process reference at the precision of FSDP2's
+    mixed-precision policy (bfloat16 parameters and inputs, float32 gradient reduction): each
+    data-parallel rank's rows run on a bfloat16 copy of the parameters, as that rank computes
+    them, and the float32 casts of the ranks' gradients are averaged into the float32 `.grad`
+    (FSDP2 accumulates and reduces in float32). Returns the mean of the ranks' losses.
+
+    Why: a float32 full-batch reference differs from a bfloat16 run by bfloat16's rounding,
+    which no bound holds for once AdamW moves every weight by about its learning rate whatever
+    its gradient's size (a near-zero gradient rounded across zero moves its weight the other
+    way). Computed as the ranks compute, the reference differs from a correct run only by the
+    order of float32 sums, so fsdp_mp is judged at float32's tolerance with every optimizer,
+    and a reduction or cast in the wrong precision shows."""
+    low = {n: q.detach().to(torch.bfloat16).requires_grad_(q.requires_grad) for n, q in model.named_parameters()}
+    trainable = [n for n, q in low.items() if q.requires_grad]
+    buffers = dict(model.named_buffers())
+    sums: dict[str, torch.Tensor] = {}
+    losses = []
+    for rank in range(dp_size):
+        state = {**low, **{n: b.clone() for n, b in buffers.items()}}
+        rows = slice(rank * ROWS, (rank + 1) * ROWS)
+        loss = F.mse_loss(bf16_forward(model, x[rows], state), y[rows])
+        grads = torch.autograd.grad(loss, [low[n] for n in trainable], allow_unused=True) if trainable else ()
+        for name, grad in zip(trainable, grads):
+            if grad is not None:
+                sums[name] = sums[name] + grad.float() if name in sums else grad.float()
+        losses.append(loss.detach())
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, total in sums.items():
+            grad = total / dp_size
+            params[name].grad = grad if params[name].grad is None else params[name].grad + grad
+        for name, buffer in buffers.items():  # every rank's forward moved its buffers alike
+            buffer.copy_(state[name])
+    return torch.stack(losses).mean()
+
+
 def _forward_backward(p: Program, sync: bool) -> None:
     import torch.distributed as tdist
 
     x, y = batch(p.forwards, p.spec.width, p.par.dp_size)
     p.forwards += 1
-    ref_loss = F.mse_loss(p.ref.runnable(x), y)
-    ref_loss.backward()
+    if p.par.layout == "fsdp_mp":
+        ref_loss = mixed_precision_reference(p.ref.model, x, y, p.par.dp_size)
+    else:
+        ref_loss = F.mse_loss(p.ref.runnable(x), y)
+        ref_loss.backward()
     rows = slice(p.par.dp_rank * ROWS, (p.par.dp_rank + 1) * ROWS) if p.par.dp_size > 1 else slice(None)
     ctx = contextlib.nullcontext()
     if p.par.layout == "ddp" and not sync:
@@ -223,7 +291,10 @@ def _eval(p: Program, mode: str) -> None:
     for twin in (p.ref, p.run):
         twin.runnable.eval()
         with guard():
-            out.append(float(F.mse_loss(twin.runnable(x).float(), y)))
+            if twin is p.ref and p.par.layout == "fsdp_mp":  # at the run's precision, as a forward is
+                out.append(float(F.mse_loss(bf16_forward(twin.model, x), y)))
+            else:
+                out.append(float(F.mse_loss(twin.runnable(x).float(), y)))
         twin.runnable.train()
     p.losses = (out[0], out[1])
 
@@ -352,7 +423,7 @@ def _close(what: str, ref: dict[str, torch.Tensor], run: dict[str, torch.Tensor]
 
 def compare(p: Program) -> list[str]:
     """Every problem of the run against the reference after an action (empty: none)."""
-    tol = tolerance("bfloat16" if p.par.layout == "fsdp_mp" else "float32", "none")
+    tol = tolerance("float32", "none")  # fsdp_mp too: its reference computes as its ranks do
     problems: list[str] = []
     grads_ref = _grads(p.ref)
     grads_run = _grads(p.run) if not p.unsynced else grads_ref
