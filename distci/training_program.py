@@ -33,7 +33,9 @@ runs FSDP2 with MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)
 torchtune's recipes do (`fsdp_mp`); plain SGD without momentum is stateless (`sgd0`, the
 examples' and many fine-tuning scripts' optimizer). FORMS maps a drawn value to its forms;
 `draw` (distci/fuzz/programs.py) picks among them with a stream of its own, so adding a form
-never moves what a seed drew before it (plants' seeds, replayed nights).
+never moves a seed's main draw (layout, sizes, actions: plants' seeds, replayed nights); only
+the value that gains the form may now take it, and the forms picked after it may change.
+`adamw_groups` (two param groups, weight decay on matrices only) is a form of `adamw`.
 
 Pure data and pure functions: no torch (the engine draws and shrinks on the controller).
 
@@ -53,11 +55,14 @@ computing in bfloat16, reducing in float32)."""
 DATA_PARALLEL = ("fsdp", "fsdp_tp", "ddp", "fsdp_mp")
 """Layouts whose ranks see different rows and reduce gradients (no-sync accumulation exists)."""
 FSDP = ("fsdp", "fsdp_tp", "fsdp_mp")
-OPTIMIZERS = ("sgd", "adamw", "sgd0")
-"""sgd: momentum 0.9; sgd0: no momentum (no optimizer state at all)."""
+OPTIMIZERS = ("sgd", "adamw", "sgd0", "adamw_groups")
+"""sgd: momentum 0.9; sgd0: no momentum (no optimizer state at all); adamw_groups: AdamW with two
+param groups, weight decay on matrices only (nanoGPT's configure_optimizers, Hugging Face
+Trainer's get_decay_parameter_names, torchtune's and Lightning's examples)."""
 FORMS: dict[tuple[str, str], tuple[str, ...]] = {
     ("layout", "fsdp"): ("fsdp_mp",),
     ("optim", "sgd"): ("sgd0",),
+    ("optim", "adamw"): ("adamw_groups",),
     ("save", "dcp"): ("flat",),
 }
 """(what, drawn value) -> its forms (module docstring): drawn from their own stream."""
@@ -191,7 +196,7 @@ PROGRAMS_ENV = "DISTCI_FUZZ_PROGRAMS"
 """A JSON file: the list of program texts one batch runs (the entry reads it)."""
 PROGRAM_ENV = "DISTCI_FUZZ_PROGRAM"
 """One program's text, for a repro."""
-HEAD = re.compile(r"^(?P<layout>[a-z_]+)-ws(?P<ws>\d+)-w(?P<width>\d+)-l(?P<layers>\d+)-(?P<optim>[a-z0-9]+)$")
+HEAD = re.compile(r"^(?P<layout>[a-z_]+)-ws(?P<ws>\d+)-w(?P<width>\d+)-l(?P<layers>\d+)-(?P<optim>[a-z0-9_]+)$")
 
 
 class ProgramError(ValueError):

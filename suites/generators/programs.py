@@ -13,13 +13,7 @@ with a problem ends the program: the failure names it (`at action N (name=arg)`)
 find arrives localized to the call that diverged, and its first line is the signature
 the shrinker keeps.
 
-Numbers are judged as the suites judge them: losses and gradients by
-checks.check_numerics, parameters and optimizer state by checks.sqnr, at the fp32
-tolerance (tolerances.py: TP/FSDP reorder sums only), fsdp_mp too: its reference computes at
-the mixed-precision policy's precision, each rank's rows as that rank does
-(mixed_precision_reference). An optimizer
-state entry with nothing in it counts as an entry (`(empty) of NAME`): a stateless
-optimizer's reference keeps none.
+`compare` and the wording of a divergence live in program_judge.py.
 """
 
 from __future__ import annotations
@@ -36,17 +30,18 @@ import torch.nn.functional as F
 
 from distci.training_program import FSDP
 
-from ..judges.checks import check_numerics, sqnr
-from ..runner.evidence import TrainRecord, clean_name, placement_name
+from ..runner.evidence import clean_name
 from ..runner.parallelize import fsdp_api
-from ..judges.tolerances import tolerance
 from . import program_checkpoint as checkpoint
+from .program_judge import compare, placements
 from .program_plants import Plant
 
 SEED = 1234
 ROWS = 4
 """Rows of the global batch per data-parallel rank."""
-LR = {"sgd": 0.1, "sgd0": 0.1, "adamw": 1e-2}
+LR = {"sgd": 0.1, "sgd0": 0.1, "adamw": 1e-2, "adamw_groups": 1e-2}
+WEIGHT_DECAY = 0.1
+"""adamw_groups: the decay group's weight decay (the other group's is 0)."""
 
 
 class Block(nn.Module):
@@ -103,9 +98,12 @@ class Twin:
     (an eval), and named_parameters() would then name those instead."""
 
     def new_optimizer(self) -> None:
-        params = [p for p in self.named.values() if p.requires_grad]
-        cls = torch.optim.AdamW if self.optim_name == "adamw" else torch.optim.SGD
+        params: Any = [p for p in self.named.values() if p.requires_grad]
+        cls = torch.optim.AdamW if self.optim_name.startswith("adamw") else torch.optim.SGD
         extra = {"momentum": 0.9} if self.optim_name == "sgd" else {}  # sgd0: none, no optimizer state
+        if self.optim_name == "adamw_groups":  # matrices decay; biases and norms don't (nanoGPT, HF Trainer)
+            params = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": WEIGHT_DECAY},
+                      {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
         self.opt = cls(params, lr=LR[self.optim_name], **extra)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, schedule)
 
@@ -371,92 +369,6 @@ def apply(p: Program, name: str, arg: str) -> None:
         raise ValueError(f"the programs runner has no action {name!r}")
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
-    t = t.full_tensor() if hasattr(t, "full_tensor") else t
-    return t.detach().float().cpu()
-
-
-def _params(twin: Twin) -> dict[str, torch.Tensor]:
-    return {n: _full(q) for n, q in twin.named.items()}
-
-
-def _grads(twin: Twin) -> dict[str, torch.Tensor | None]:
-    return {n: None if q.grad is None else _full(q.grad) for n, q in twin.named.items()}
-
-
-def _placements(twin: Twin) -> dict[str, str]:
-    return {n: ",".join(map(placement_name, q.placements)) if hasattr(q, "placements") else "local"
-            for n, q in twin.named.items()}
-
-
-def _optimizer_state(twin: Twin) -> dict[str, torch.Tensor]:
-    names = {id(q): n for n, q in twin.named.items()}
-    out = {}
-    for q, state in twin.opt.state.items():
-        for key, value in state.items():
-            if torch.is_tensor(value):
-                out[f"{key} of {names.get(id(q), '?')}"] = _full(value)
-        if not state:  # an entry with nothing in it: a stateless optimizer keeps none at all
-            out[f"(empty) of {names.get(id(q), '?')}"] = torch.zeros(())
-    return out
-
-
-def _close(what: str, ref: dict[str, torch.Tensor], run: dict[str, torch.Tensor], min_db: float) -> list[str]:
-    missing, extra = sorted(set(ref) - set(run)), sorted(set(run) - set(ref))
-    out = []
-    for keys, how in ((extra, "the reference lacks"), (missing, "missing from the run")):
-        if keys:  # the kinds of entry, not the names: the signature must not count the model's layers
-            kinds = sorted({k.split(" of ")[0] if " of " in k else k.rsplit(".", 1)[-1] for k in keys})
-            out.append(f"{what}: entries {how} ({', '.join(kinds)}; first {keys[0]})")
-    if out:
-        return out
-    for key in sorted(ref):
-        r, g = ref[key], run[key]
-        if r.shape != g.shape:
-            out.append(f"{what} {key}: shape {tuple(g.shape)} vs reference {tuple(r.shape)}")
-        elif not bool(torch.isfinite(g).all()):
-            out.append(f"{what} {key}: non-finite values")
-        elif (db := sqnr(r, g)) < min_db:
-            out.append(f"{what} {key}: SQNR {db:.1f} dB < {min_db:g} dB")
-    return out
-
-
-def compare(p: Program) -> list[str]:
-    """Every problem of the run against the reference after an action (empty: none)."""
-    tol = tolerance("float32", "none")  # fsdp_mp too: its reference computes as its ranks do
-    problems: list[str] = []
-    grads_ref = _grads(p.ref)
-    grads_run = _grads(p.run) if not p.unsynced else grads_ref
-    ref_rec = TrainRecord(losses=[p.losses[0]] if p.losses else [], grads=[grads_ref])
-    run_rec = TrainRecord(losses=[p.losses[1]] if p.losses else [], grads=[grads_run])
-    problems += [x.removeprefix("step 0: ") for x in check_numerics(ref_rec, run_rec, tol)]
-    problems += _close("parameter", _params(p.ref), _params(p.run), tol.grad_min_sqnr)
-    problems += _close("optimizer state", _optimizer_state(p.ref), _optimizer_state(p.run), tol.grad_min_sqnr)
-    lr_ref, lr_run = p.ref.opt.param_groups[0]["lr"], p.run.opt.param_groups[0]["lr"]
-    if abs(lr_ref - lr_run) > 1e-9 * max(abs(lr_ref), 1e-12):
-        problems.append(f"lr {lr_run:.6g} vs reference {lr_ref:.6g}")
-    buffers_ref = {n: b.float() for n, b in p.ref.model.named_buffers()}
-    buffers_run = {clean_name(n): _full(b) for n, b in p.run.model.named_buffers()}
-    problems += [f"{x} on rank {p.par.rank}" for x in _close("buffer", buffers_ref, buffers_run, 120.0)]
-    trainable_ref = sorted(n for n, q in p.ref.named.items() if q.requires_grad)
-    trainable_run = sorted(n for n, q in p.run.named.items() if q.requires_grad)
-    for names, how in ((sorted(set(trainable_run) - set(trainable_ref)), "train in the run only"),
-                       (sorted(set(trainable_ref) - set(trainable_run)), "are frozen in the run only")):
-        if names:
-            problems.append(f"requires_grad differs: parameters {how} (first {names[0]})")
-    return problems
-
-
-def lead(problems: list[str]) -> str:
-    """The problem that names the bug best: optimizer state, lr, buffers and gradients
-    before parameters and losses (which every such bug moves later)."""
-    for word in ("optimizer state", "lr ", "buffer", "requires_grad", "gradient", "parameter"):
-        hit = next((x for x in problems if word in x), None)
-        if hit:
-            return hit
-    return problems[0]
-
-
 @dataclass
 class Divergence:
     index: int
@@ -469,12 +381,12 @@ def run_program(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Dive
     from distci.training_program import split
 
     p = start(spec, dist, plant, checkpoint_dir)
-    structure = _placements(p.run)
+    structure = placements(p.run)
     for i, tok in enumerate(spec.actions):
         name, arg = split(tok)
         apply(p, name, arg)
         problems = compare(p)
-        now = _placements(p.run)
+        now = placements(p.run)
         if now != structure:
             problems.append(f"placements changed: {sorted(set(now.items()) ^ set(structure.items()))}")
         problems = _every_ranks(problems)
