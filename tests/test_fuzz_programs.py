@@ -253,3 +253,20 @@ def test_every_param_group_is_judged_by_its_parameters_and_hyperparameters_not_i
     run = twin(0.1)
     run.opt.param_groups[1]["lr"] = 0.02
     assert param_groups(ref, run) == ["param group 1 lr 0.02 vs reference 0.01"]
+
+
+def test_a_clip_that_saw_no_gradient_says_so_and_names_its_registered_bug_as_a_near_miss():
+    from distci.known_issues import load_registry
+    from distci.stack import Stack
+    from suites.generators.program_judge import clip_totals
+
+    assert clip_totals(None, 1e-3) == [] and clip_totals((1.5, 1.5004), 1e-3) == []
+    assert clip_totals((1.5, 1.6), 1e-3) == ["clip total norm 1.6 vs reference 1.5"]
+    problem = clip_totals((1.219, 0.0), 1e-3)
+    assert problem == ["clip saw no gradient: total norm 0 where the reference's is 1.219"]
+    registry = load_registry(REPO / "suites" / "known_issues.toml")
+    program = "fsdp-ws2-w8-l1-sgd:reshard,fwd_bwd,clip=0.05"
+    signature = "AssertionError: at action clip=N: clip saw no gradient: total norm N where the reference's is N"
+    test_id = f"suites/generators/programs_entry.py::test_program[{program}]"
+    assert "fsdp2-reshard-after-backward-params-without-grads" in registry.near_misses(
+        test_id, signature, "", Stack(torch="2.13.0"))

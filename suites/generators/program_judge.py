@@ -13,6 +13,7 @@ hyperparameters (lr, weight_decay, ...), since a resume must restore each group'
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -103,6 +104,20 @@ def param_groups(ref: Any, run: Any) -> list[str]:
     return out
 
 
+def clip_totals(totals: tuple[float, float] | None, rel: float) -> list[str]:
+    """The total norm clip_grad_norm_ returned, run against reference: a clip that saw no
+    gradient (0 where the reference's is not) says so in its own words, the face of
+    parameters that hold none (FSDP2's unsharded ones after a backward that kept them)."""
+    if totals is None:
+        return []
+    ref, run = totals
+    if run == 0.0 and ref > 0.0:
+        return [f"clip saw no gradient: total norm 0 where the reference's is {ref:.6g}"]
+    if not math.isclose(run, ref, rel_tol=rel, abs_tol=1e-12):
+        return [f"clip total norm {run:.6g} vs reference {ref:.6g}"]
+    return []
+
+
 def compare(p: Any) -> list[str]:
     """Every problem of the run against the reference after an action (empty: none)."""
     tol = tolerance("float32", "none")  # fsdp_mp too: its reference computes as its ranks do
@@ -115,6 +130,7 @@ def compare(p: Any) -> list[str]:
     problems += _close("parameter", _params(p.ref), _params(p.run), tol.grad_min_sqnr)
     problems += _close("optimizer state", _optimizer_state(p.ref), _optimizer_state(p.run), tol.grad_min_sqnr)
     problems += param_groups(p.ref, p.run)
+    problems += clip_totals(p.clip_totals, tol.grad_max_rel or 1e-3)
     buffers_ref = {n: b.float() for n, b in p.ref.model.named_buffers()}
     buffers_run = {clean_name(n): _full(b) for n, b in p.run.model.named_buffers()}
     problems += [f"{x} on rank {p.par.rank}" for x in _close("buffer", buffers_ref, buffers_run, 120.0)]
@@ -130,7 +146,7 @@ def compare(p: Any) -> list[str]:
 def lead(problems: list[str]) -> str:
     """The problem that names the bug best: optimizer state, lr, buffers and gradients
     before parameters and losses (which every such bug moves later)."""
-    for word in ("optimizer state", "lr ", "param group", "buffer", "requires_grad", "gradient", "parameter"):
+    for word in ("optimizer state", "lr ", "param group", "clip ", "buffer", "requires_grad", "gradient", "parameter"):
         hit = next((x for x in problems if word in x), None)
         if hit:
             return hit

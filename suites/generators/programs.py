@@ -176,6 +176,8 @@ class Program:
     ref_grads: dict = field(default_factory=dict)
     run_grads: dict = field(default_factory=dict)
     losses: tuple[float, float] | None = None
+    clip_totals: tuple[float, float] | None = None
+    """(reference, run): the total norm each twin's clip_grad_norm_ returned at this action."""
     checkpoint_dir: str = ""
 
 
@@ -323,7 +325,7 @@ def _metric(p: Program, kind: str) -> None:
 
 def apply(p: Program, name: str, arg: str) -> None:
     """One action on both twins."""
-    p.losses = None
+    p.losses = p.clip_totals = None
     if name == "fwd_bwd":
         _forward_backward(p, arg == "sync")
     elif name == "zero_grad":
@@ -333,9 +335,12 @@ def apply(p: Program, name: str, arg: str) -> None:
             p.run.opt.zero_grad(set_to_none=none)
     elif name == "clip":
         norm = math.inf if arg == "inf" else float(arg)
+        totals = []
         for twin in (p.ref, p.run):
             params = [q for q in twin.model.parameters() if q.grad is not None]  # as trainers clip
-            torch.nn.utils.clip_grad_norm_(params, norm, norm_type=2.0 if arg != "inf" else math.inf)
+            total = torch.nn.utils.clip_grad_norm_(params, norm, norm_type=2.0 if arg != "inf" else math.inf)
+            totals.append(float(total.full_tensor() if hasattr(total, "full_tensor") else total))
+        p.clip_totals = (totals[0], totals[1])
     elif name in ("step", "sched"):
         for twin in (p.ref, p.run):
             (twin.opt if name == "step" else twin.sched).step()
