@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from distci.training_program import FSDP
+from distci.training_program import FSDP, part_of
 
 from ..runner.evidence import clean_name
 from ..runner.parallelize import fsdp_api
@@ -310,6 +310,19 @@ def _freeze(p: Program, name: str, trainable: bool) -> None:
                 param.grad = None
 
 
+def _add_param_group(p: Program, name: str) -> None:
+    """As Lightning's BaseFinetuning.unfreeze_and_add_param_group: the part's parameters (as the
+    optimizer holds parameters: the sharded ones) join the optimizer as a new param group at
+    the first group's lr over 10 (its initial_denom_lr). The scheduler is made again over the
+    new groups: torch's LRScheduler steps its groups with zip(strict=True) and refuses a group
+    added after it was made (ValueError), reference and run alike."""
+    prefix = "blocks.0." if name == "block0" else "head."
+    for twin in (p.ref, p.run):
+        params = [q for n, q in twin.named.items() if n.startswith(prefix)]
+        twin.opt.add_param_group({"params": params, "lr": twin.opt.param_groups[0]["lr"] / 10})
+        twin.sched = torch.optim.lr_scheduler.LambdaLR(twin.opt, schedule)
+
+
 def _metric(p: Program, kind: str) -> None:
     import torch.distributed as tdist
 
@@ -353,7 +366,9 @@ def apply(p: Program, name: str, arg: str) -> None:
     elif name == "load":
         checkpoint.load(p, lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule))
     elif name in ("freeze", "unfreeze"):
-        _freeze(p, arg, name == "unfreeze")
+        _freeze(p, part_of(arg), name == "unfreeze")
+        if arg != part_of(arg):
+            _add_param_group(p, part_of(arg))
     elif name == "lr":
         for twin in (p.ref, p.run):
             for group in twin.opt.param_groups:
