@@ -174,7 +174,7 @@ def test_collect_only_starts_no_rank_worker(tmp_path):
     assert processes_with_env(token) == []
 
 
-@pytest.mark.parametrize("where", ["torchrun"])  # pool mode: test_faults.py's SIGTERM case
+@pytest.mark.parametrize("where", ["torchrun"])  # pool mode: test_faults_stops.py's SIGTERM case
 def test_a_stopped_run_records_where_it_stopped(tmp_path, token, where):
     """SIGTERM (a CI job timeout) mid-test: finished results stay, the test in flight is
     an `Interrupted` infra Result, JUnit is written and no rank outlives the run."""
