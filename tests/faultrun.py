@@ -1,5 +1,5 @@
 """Running the fault cases (tests/faults/cases) through the harness and judging them from outside:
-what tests/test_faults*.py share.
+what tests/test_faults*.py share (and test_harness.py reads its runs with `read_results`).
 
 The fault cases' tests are split over several files by the controller runs they share (a module
 fixture each), so `--dist loadfile` spreads their waits (real hangs, timeouts, stops) over the
