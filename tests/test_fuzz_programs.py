@@ -265,8 +265,10 @@ def test_a_clip_that_saw_no_gradient_says_so_and_names_its_registered_bug_as_a_n
     problem = clip_totals((1.219, 0.0), 1e-3)
     assert problem == ["clip saw no gradient: total norm 0 where the reference's is 1.219"]
     registry = load_registry(REPO / "suites" / "known_issues.toml")
-    program = "fsdp-ws2-w8-l1-sgd:reshard,fwd_bwd,clip=0.05"
+    entry = "fsdp2-reshard-after-backward-params-without-grads"
     signature = "AssertionError: at action clip=N: clip saw no gradient: total norm N where the reference's is N"
-    test_id = f"suites/generators/programs_entry.py::test_program[{program}]"
-    assert "fsdp2-reshard-after-backward-params-without-grads" in registry.near_misses(
-        test_id, signature, "", Stack(torch="2.13.0"))
+    found = "suites/generators/programs_entry.py::test_program[fsdp-ws2-w8-l1-sgd:reshard,fwd_bwd,clip=0.05]"
+    assert registry.match(found, signature, "", Stack(torch="2.13.0")) == entry  # a program that sets it
+    other = "suites/generators/programs_entry.py::test_program[fsdp-ws2-w8-l1-sgd:fwd_bwd,clip=0.05]"
+    assert registry.match(other, signature, "", Stack(torch="2.13.0")) is None  # one that does not: a near miss
+    assert entry in registry.near_misses(other, signature, "", Stack(torch="2.13.0"))

@@ -50,3 +50,40 @@ def test_clip_grad_norm_over_model_parameters_sees_the_gradients(dist, reshard_a
     assert torch.allclose(total, expected, rtol=1e-4), (
         f"clip_grad_norm_(model.parameters()) after backward returned {float(total):.6g}, the gradients' "
         f"norm is {float(expected):.6g}: {with_grad} of {len(reference)} parameters hold a gradient")
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.dist_timeout(300)
+@pytest.mark.parametrize("reshard_after_backward", ["false", "default_control"])
+def test_the_forward_after_an_optimizer_step_uses_the_stepped_parameters(dist, reshard_after_backward) -> None:
+    """The second face: the optimizer steps the sharded parameters, but the modules keep the
+    unsharded ones registered, so the next forward computes with the weights from before the
+    step (found as `fsdp-ws2-w16-l3-adamw_groups:...,reshard,reset_state,clip,fwd_bwd,step,fwd_bwd`:
+    "at action fwd_bwd: blocks.0.norm.bias: gradient SQNR ... dB")."""
+    from ..runner.parallelize import fsdp_api
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    reference = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    fully_shard, _ = fsdp_api()
+    for module in (model[0], model[1], model):
+        fully_shard(module, mesh=dist.mesh())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference, lr=0.1)
+    if reshard_after_backward == "false":
+        model.set_reshard_after_backward(False)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))  # the same rows on every rank
+
+    def ref_forward() -> torch.Tensor:
+        w0, b0, w1, b1 = reference
+        return (x @ w0.T + b0) @ w1.T + b1
+
+    model(x).square().mean().backward()
+    ref_forward().square().mean().backward()
+    opt.step()
+    ref_opt.step()
+    with torch.no_grad():
+        out, expected = model(x), ref_forward()
+    assert torch.allclose(out, expected, atol=1e-6), (
+        f"the forward after the optimizer step differs from the stepped reference by up to "
+        f"{float((out - expected).abs().max()):.3g}: it used the parameters from before the step")
