@@ -19,6 +19,8 @@ Not collected with `suites/` (the file name is not test_*.py): `python -m distci
 - `test_op_case[<case id>]`: one case (its id names it entirely), failing with the case's
   problem, first line its signature: what a find is recorded as, what a repro reruns, what
   a known-issues entry matches. A capability gap or an invalid draw skips with the reason.
+  The fuzz run replays its finds in the session its sweeps ran in: a batch file whose
+  "finds" lists their ids (distci/harness/batches.py selects this test for that batch).
 
     python -m distci run --cell CELL --test 'suites/generators/ops_entry.py::test_op_case[<id>]'
 """
@@ -50,9 +52,11 @@ def _batch() -> dict:
 
 
 def _case_ids(args: list[str]) -> list[str]:
+    """The cases `test_op_case` runs: $DISTCI_OPS_CASE, else the batch's finds (the fuzz run
+    replays them in its session), else the ids the command line names."""
     if os.environ.get(CASE_ENV):
         return [os.environ[CASE_ENV]]
-    return [a.split(PREFIX, 1)[1].rsplit("]", 1)[0] for a in args if PREFIX in a]
+    return _batch().get("finds") or [a.split(PREFIX, 1)[1].rsplit("]", 1)[0] for a in args if PREFIX in a]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
