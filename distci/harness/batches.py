@@ -73,12 +73,27 @@ def _items(node: pytest.Item | pytest.Collector) -> list[pytest.Item]:
     return [item for child in node.collect() for item in _items(child)]
 
 
-def _selected(item: pytest.Item, tests: set[str]) -> bool:
-    """Whether `tests` (node ids: a function's, or one parametrization's) names `item`."""
-    return item.nodeid in tests or item.nodeid.split("[", 1)[0] in tests
+Wanted = set[tuple[Path, str]]
+"""Tests a batch runs: (a module's path, a test function's name or one parametrization's)."""
 
 
-def _collect_again(session: pytest.Session, modules: list[pytest.Module], tests: set[str]) -> None:
+def _key(item: pytest.Item) -> tuple[Path, str]:
+    return item.path.resolve(), item.nodeid.split("::", 1)[-1]
+
+
+def _named(config: pytest.Config, tests: list[str]) -> Wanted:
+    """Node ids as the controller writes them (paths relative to where pytest started, or
+    absolute), as keys `_selected` compares: the same module whatever its path's spelling."""
+    base = config.invocation_params.dir
+    return {((base / path).resolve(), name) for path, _, name in (t.partition("::") for t in tests)}
+
+
+def _selected(item: pytest.Item, tests: Wanted) -> bool:
+    path, name = _key(item)
+    return (path, name) in tests or (path, name.split("[", 1)[0]) in tests
+
+
+def _collect_again(session: pytest.Session, modules: list[pytest.Module], tests: Wanted) -> None:
     """The modules' tests collected anew (their parametrization is read again), those `tests`
     names kept, then selected as a first collection is (-k, -m, the harness's and the suites'
     hooks) and announced (the pools warm for them). The modules' nodes are kept, so conftest
@@ -119,7 +134,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     if harness is not None:
         harness.pools.keep_idle = True  # a pool this batch does not need, the next may
     modules = list(dict.fromkeys(item.getparent(pytest.Module) for item in session.items))
-    first = {item.nodeid.split("[", 1)[0] for item in session.items}  # the first batch's test functions
+    first = {(path, name.split("[", 1)[0]) for path, name in map(_key, session.items)}  # its test functions
     n = 1
     while True:
         _run_items(session)
@@ -132,4 +147,5 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
             return True
         os.environ.update({str(k): str(v) for k, v in command["env"].items()})
         tests = command.get("tests")
-        _collect_again(session, [m for m in modules if m is not None], set(tests) if tests is not None else first)
+        wanted = _named(session.config, tests) if tests is not None else first
+        _collect_again(session, [m for m in modules if m is not None], wanted)
