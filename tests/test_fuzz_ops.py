@@ -357,8 +357,9 @@ def test_a_partial_weights_rounding_through_a_cancelling_backward_is_not_a_find(
 def test_a_case_that_hangs_some_ranks_is_a_find_naming_the_error_and_the_empty_shard_entry():
     """The lead's bench (and the night runs' o5): foreach_norm ord=inf with empty shards on
     ranks 2-3 raises there only and ranks 0-1 wait in the norm's all-reduce. The resume slot
-    records the raising ranks' error as a hang find, which names dtensor-max-empty-shard (the
-    same bug through another op) as its near miss, never as new and never as "the sweep died"."""
+    records the raising ranks' error as a hang find: dtensor-max-empty-shard's (the inf norm is
+    its repro's second face), through another op that entry's near miss, never new and never
+    "the sweep died"."""
     from distci.known_issues import load_registry
     from suites.generators.ops_sweep import dead_rows
 
@@ -373,13 +374,18 @@ def test_a_case_that_hangs_some_ranks_is_a_find_naming_the_error_and_the_empty_s
     assert "ranks [2, 3] finished the case, ranks [0, 1] never did" in row["message"]
     registry = load_registry(REPO / "suites" / "known_issues.toml")
     test_id = f"suites/generators/ops_entry.py::test_op_case[{case}]"
-    assert registry.near_misses(test_id, f"AssertionError: {row['signature']}", row["message"],
-                                Stack(torch="2.13.0")) == ["dtensor-max-empty-shard"]
+    stack = Stack(torch="2.13.0")
+    # the inf norm's face is the entry's (its repro's second test); through another op, a near miss
+    assert registry.match(test_id, f"AssertionError: {row['signature']}", row["message"], stack) \
+        == "dtensor-max-empty-shard"
+    elsewhere = test_id.replace("foreach_norm~", "linear~")
+    assert registry.match(elsewhere, f"AssertionError: {row['signature']}", row["message"], stack) is None
+    assert registry.near_misses(elsewhere, f"AssertionError: {row['signature']}", row["message"],
+                                stack) == ["dtensor-max-empty-shard"]
     # the same error on ranks whose shards are not empty says so, and names no entry
     [other] = dead_rows({"id": case, "candidate": None}, [{**s, "empty": False} for s in stuck], 4)
     assert "raised on some ranks only" in other["signature"]
-    assert registry.near_misses(test_id, f"AssertionError: {other['signature']}", other["message"],
-                                Stack(torch="2.13.0")) == []
+    assert registry.near_misses(elsewhere, f"AssertionError: {other['signature']}", other["message"], stack) == []
 
 
 def test_a_slot_that_died_shrinking_records_the_case_shrunk_so_far_and_the_candidate_apart():
