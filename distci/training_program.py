@@ -33,7 +33,9 @@ runs FSDP2 with MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)
 torchtune's recipes do (`fsdp_mp`); plain SGD without momentum is stateless (`sgd0`, the
 examples' and many fine-tuning scripts' optimizer). FORMS maps a drawn value to its forms;
 `draw` (distci/fuzz/programs.py) picks among them with a stream of its own, so adding a form
-never moves what a seed drew before it (plants' seeds, replayed nights).
+never moves a seed's main draw (layout, sizes, actions: plants' seeds, replayed nights); only
+the value that gains the form may now take it, and the forms picked after it may change.
+`adamw_groups` (two param groups, weight decay on matrices only) is a form of `adamw`.
 
 Pure data and pure functions: no torch (the engine draws and shrinks on the controller).
 
@@ -53,23 +55,19 @@ computing in bfloat16, reducing in float32)."""
 DATA_PARALLEL = ("fsdp", "fsdp_tp", "ddp", "fsdp_mp")
 """Layouts whose ranks see different rows and reduce gradients (no-sync accumulation exists)."""
 FSDP = ("fsdp", "fsdp_tp", "fsdp_mp")
-OPTIMIZERS = ("sgd", "adamw", "sgd0")
-"""sgd: momentum 0.9; sgd0: no momentum (no optimizer state at all)."""
+OPTIMIZERS = ("sgd", "adamw", "sgd0", "adamw_groups")
+"""sgd: momentum 0.9; sgd0: no momentum (no optimizer state at all); adamw_groups: AdamW with two
+param groups, weight decay on matrices only (nanoGPT's configure_optimizers, Hugging Face
+Trainer's get_decay_parameter_names, torchtune's and Lightning's examples)."""
 FORMS: dict[tuple[str, str], tuple[str, ...]] = {
     ("layout", "fsdp"): ("fsdp_mp",),
     ("optim", "sgd"): ("sgd0",),
+    ("optim", "adamw"): ("adamw_groups",),
+    ("unfreeze", "block0"): ("block0_group",),
+    ("unfreeze", "head"): ("head_group",),
     ("save", "dcp"): ("flat",),
 }
 """(what, drawn value) -> its forms (module docstring): drawn from their own stream."""
-LAYOUT_OPTIMIZERS: dict[str, tuple[str, ...]] = {"fsdp_mp": ("sgd", "sgd0")}
-"""Layouts judged only with some optimizers. fsdp_mp runs SGD: AdamW's first steps move every
-weight by about the learning rate whatever its gradient's size, so a near-zero gradient that
-bf16 rounding carries across zero moves its weight the other way (a zero-initialized norm bias:
-SQNR near 0 dB), and no bound on bf16 compute holds for the parameters. A meaningless
-comparison, not a broken combination (night run 2026-12-06:
-`fsdp_mp-ws2-w32-l3-adamw:fwd_bwd=nosync,...,fwd_bwd,step` failed "parameter blocks.2.norm.bias: SQNR")."""
-
-
 def forms(what: str, value: str) -> tuple[str, ...]:
     """`value` and its forms, `value` first."""
     return (value,) + FORMS.get((what, value), ())
@@ -95,6 +93,13 @@ class State:
     saved: str = ""
     """The kind of the last checkpoint saved ("" none yet)."""
     frozen: frozenset = frozenset()
+    excluded: frozenset = frozenset()
+    """Frozen parts the optimizer was made without (new_optim while they were frozen): only
+    those can be added back as a param group (`unfreeze=PART_group`)."""
+    added: int = 0
+    """Param groups added since the optimizer was made."""
+    saved_added: int = 0
+    """`added` at the last save: a load needs the same groups (optimizer.load_state_dict refuses others)."""
     compiled: bool = False
     backwards: int = 0
 
@@ -129,6 +134,26 @@ def _freeze_ok(s: State, layout: str, arg: str) -> bool:
     return not s.unsynced and arg not in s.frozen and len(s.frozen) + 1 < len(PARTS)
 
 
+def part_of(arg: str) -> str:
+    """The submodule an unfreeze names (`head_group` -> `head`)."""
+    return arg.removesuffix("_group")
+
+
+def _unfreeze_ok(s: State, layout: str, arg: str) -> bool:
+    """A frozen part; added as a group only if the optimizer lacks it."""
+    part = part_of(arg)
+    if s.unsynced or part not in s.frozen:
+        return False
+    return arg == part or part in s.excluded
+
+
+def _unfreeze(s: State, arg: str) -> State:
+    part = part_of(arg)
+    if arg == part:
+        return replace(s, frozen=s.frozen - {part})
+    return replace(s, frozen=s.frozen - {part}, excluded=s.excluded - {part}, added=s.added + 1)
+
+
 INVENTORY: tuple[Action, ...] = (
     Action("fwd_bwd", ("sync", "nosync"),
            "forward of the next batch, loss, backward; `nosync`: without the gradient reduction "
@@ -158,23 +183,26 @@ INVENTORY: tuple[Action, ...] = (
            "flatten_optimizer_state_dict=True on save and load (flat)",
            "torchtitan checkpoint.py (dcp) and optimizer.py (flat); torchtune / Lightning full state dicts", 1.5,
            _synced,
-           lambda s, a: replace(s, saved=a)),
+           lambda s, a: replace(s, saved=a, saved_added=s.added)),
     Action("load", ("",),
            "resume from the last save: dcp.load + set_model_state_dict + set_optimizer_state_dict + scheduler "
            "load_state_dict (dcp) / rank 0's full dicts with broadcast_from_rank0=True (full)",
            "torchtitan checkpointer.load; torchtune load_from_full_model_state_dict; Lightning load_checkpoint",
-           2.0, lambda s, l, a: bool(s.saved) and not s.unsynced, lambda s, a: s),
+           2.0, lambda s, l, a: bool(s.saved) and not s.unsynced and s.saved_added == s.added, lambda s, a: s),
     Action("freeze", PARTS, "requires_grad_(False) on a submodule mid-run (its gradients set to None)",
            "torchtune LoRA set_trainable_params; staged fine-tuning (unfreeze schedules)", 0.5,
            _freeze_ok, lambda s, a: replace(s, frozen=s.frozen | {a})),
-    Action("unfreeze", PARTS, "requires_grad_(True) on a frozen submodule",
-           "staged fine-tuning (gradual unfreezing)", 0.5,
-           lambda s, l, a: not s.unsynced and a in s.frozen, lambda s, a: replace(s, frozen=s.frozen - {a})),
+    Action("unfreeze", PARTS + tuple(f"{p}_group" for p in PARTS),
+           "requires_grad_(True) on a frozen submodule; `PART_group`: and its parameters added to the "
+           "optimizer as a new param group at a tenth of the lr (after a new_optim that left it out)",
+           "staged fine-tuning (gradual unfreezing); Lightning BaseFinetuning.unfreeze_and_add_param_group", 0.5,
+           _unfreeze_ok, _unfreeze),
     Action("lr", ("0.5", "2.0"), "every param group's lr multiplied (a manual LR change)",
            "LR range tests, warm restarts; accelerate/Lightning param_groups edits", 0.5, _synced,
            lambda s, a: s),
     Action("new_optim", ("",), "the optimizer and its scheduler made again over the parameters that require grad",
-           "torchtune LoRA recipes after set_trainable_params; staged fine-tuning", 0.4, _synced, lambda s, a: s),
+           "torchtune LoRA recipes after set_trainable_params; staged fine-tuning", 0.4, _synced,
+           lambda s, a: replace(s, excluded=s.frozen, added=0)),
     Action("reset_state", ("",), "optimizer.state cleared (moments and step counts reset)",
            "warm restarts; RL trainers resetting Adam state", 0.3, _synced, lambda s, a: s),
     Action("reshard", ("false", "true"), "FSDP2 set_reshard_after_backward(False/True) on every FSDP module",
@@ -200,7 +228,7 @@ PROGRAMS_ENV = "DISTCI_FUZZ_PROGRAMS"
 """A JSON file: the list of program texts one batch runs (the entry reads it)."""
 PROGRAM_ENV = "DISTCI_FUZZ_PROGRAM"
 """One program's text, for a repro."""
-HEAD = re.compile(r"^(?P<layout>[a-z_]+)-ws(?P<ws>\d+)-w(?P<width>\d+)-l(?P<layers>\d+)-(?P<optim>[a-z0-9]+)$")
+HEAD = re.compile(r"^(?P<layout>[a-z_]+)-ws(?P<ws>\d+)-w(?P<width>\d+)-l(?P<layers>\d+)-(?P<optim>[a-z0-9_]+)$")
 
 
 class ProgramError(ValueError):
@@ -265,9 +293,6 @@ def check(program: Program) -> list[str]:
         out.append(f"{program.layout} runs on world sizes {LAYOUTS[program.layout]}, not {program.world_size}")
     if program.optim not in OPTIMIZERS:
         out.append(f"no optimizer {program.optim!r}; optimizers: {', '.join(OPTIMIZERS)}")
-    if program.optim not in LAYOUT_OPTIMIZERS.get(program.layout, OPTIMIZERS):
-        out.append(f"{program.layout} is judged with {', '.join(LAYOUT_OPTIMIZERS[program.layout])} only "
-                   f"(training_program.LAYOUT_OPTIMIZERS says why), not {program.optim}")
     if program.width not in WIDTHS or program.layers not in LAYERS:
         out.append(f"width {program.width} / layers {program.layers}: widths {WIDTHS}, layers {LAYERS}")
     state = State()

@@ -157,6 +157,8 @@ PLANT_CASES = {
                      ("tp",)),
     # programs compare gradients after every call, so the kept gradients show at the zero_grad itself
     "zero_grad_ddp": (["--layout", "ddp", "--seed", "zero_1378"], ["fwd_bwd", "zero_grad"], ("ddp",)),
+    # ~50 dB of bfloat16 accumulation: found only because fsdp_mp's reference computes as the ranks do
+    "mp_accumulate_low": (["--layout", "fsdp_mp", "--seed", "mp1"], ["fwd_bwd", "fwd_bwd"], ("fsdp_mp",)),
 }
 COMMON = ["--max-programs", "4", "--batch", "8", "--budget", "20m"]
 
@@ -175,6 +177,24 @@ def test_a_planted_bug_is_found_and_shrunk_to_the_calls_it_needs(tmp_path, plant
     assert [a.partition("=")[0] for a in shrunk.actions] == calls, shrunk.text
     assert shrunk.layout in layouts and (shrunk.width, shrunk.layers) == (8, 1), shrunk.text
     assert new[0]["complete"], new[0]["stopped"]
+
+
+@pytest.mark.slow
+def test_fsdp_mp_with_param_groups_and_a_full_resume_passes_at_float32s_tolerance(tmp_path):
+    """One program a correct stack passes, that each of three judge faults failed (each seen,
+    2026-12-06, torch 2.13.0): fsdp_mp judged against a float32 full-batch reference (its loss
+    outside float32's tolerance at the first call; the reference now computes as the ranks do,
+    programs.mixed_precision_reference); a `save=full` kept by reference, not copied (on CPU
+    the saved `step` tensors are the optimizer's own, so the steps after the save moved the
+    "saved" state: `optimizer state step ...` at the load); param groups compared by container
+    (`betas` comes back from a full load's broadcast as a list). AdamW with two param groups
+    (`adamw_groups`), accumulation, clipping, an lr change and an eval."""
+    pytest.importorskip("torch")
+    program = ("fsdp_mp-ws2-w16-l2-adamw_groups:fwd_bwd=nosync,fwd_bwd,step,save=full,fwd_bwd,clip,step,lr=0.5,"
+               "load,eval,fwd_bwd,step")
+    proc, report = fuzz(tmp_path, "--replay", program, "--budget", "5m")
+    assert [(o["program"], o["outcome"]) for o in report["tried"]] == [(program, "passed")], proc.stdout[-3000:]
+    assert proc.returncode == 0, proc.stdout[-3000:]
 
 
 def test_keepers_combine_so_a_long_program_shrinks_in_few_batches():
@@ -208,3 +228,45 @@ def test_the_command_lists_a_seeds_programs_without_a_cell_run(capsys):
     code = main(["fuzz", "--generator", "programs", "--cell", CELL, "--list", "--max-programs", "3", "--seed", "s"])
     assert code == 0
     assert capsys.readouterr().out.split() == [draw("s", i).text for i in range(3)]
+
+
+def test_every_param_group_is_judged_by_its_parameters_and_hyperparameters_not_its_containers():
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from suites.generators.program_judge import param_groups
+
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.LayerNorm(2))
+    named = dict(net.named_parameters())
+
+    def twin(decay: float, betas=(0.9, 0.999), split=lambda q: q.ndim >= 2):
+        groups = [{"params": [q for q in named.values() if split(q)], "weight_decay": decay},
+                  {"params": [q for q in named.values() if not split(q)], "weight_decay": 0.0}]
+        opt = torch.optim.AdamW(groups, lr=0.01, betas=betas)
+        return SimpleNamespace(opt=opt, named=named)
+
+    ref = twin(0.1)
+    assert param_groups(ref, twin(0.1, betas=[0.9, 0.999])) == []  # a list for a tuple: the same value
+    assert param_groups(ref, twin(0.0)) == ["param group 0 weight_decay: 0.0 vs reference 0.1"]
+    moved = param_groups(ref, twin(0.1, split=lambda q: q.ndim >= 1))
+    assert moved[0].startswith("param group 0: other parameters than the reference's"), moved
+    run = twin(0.1)
+    run.opt.param_groups[1]["lr"] = 0.02
+    assert param_groups(ref, run) == ["param group 1 lr 0.02 vs reference 0.01"]
+
+
+def test_a_clip_that_saw_no_gradient_says_so_and_names_its_registered_bug_as_a_near_miss():
+    from distci.known_issues import load_registry
+    from distci.stack import Stack
+    from suites.generators.program_judge import clip_totals
+
+    assert clip_totals(None, 1e-3) == [] and clip_totals((1.5, 1.5004), 1e-3) == []
+    assert clip_totals((1.5, 1.6), 1e-3) == ["clip total norm 1.6 vs reference 1.5"]
+    problem = clip_totals((1.219, 0.0), 1e-3)
+    assert problem == ["clip saw no gradient: total norm 0 where the reference's is 1.219"]
+    registry = load_registry(REPO / "suites" / "known_issues.toml")
+    program = "fsdp-ws2-w8-l1-sgd:reshard,fwd_bwd,clip=0.05"
+    signature = "AssertionError: at action clip=N: clip saw no gradient: total norm N where the reference's is N"
+    test_id = f"suites/generators/programs_entry.py::test_program[{program}]"
+    assert "fsdp2-reshard-after-backward-params-without-grads" in registry.near_misses(
+        test_id, signature, "", Stack(torch="2.13.0"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,16 +13,9 @@ from pathlib import Path
 import pytest
 
 from conftest import CASES, REPO, processes_with_env, run_pytest
+from faultrun import read_results
 
 pytestmark = pytest.mark.slow
-
-
-def _results(run_dir: Path) -> dict[str, dict]:
-    out = {}
-    for line in (run_dir / "results.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        out[rec["test_id"].split("::", 1)[1]] = rec
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +29,7 @@ def basic_run(tmp_path_factory):
         [str(CASES / "test_basic.py"), "--distci-run-dir", str(run_dir), "--distci-cell", "cpu-test-ws2-fix_on"],
         env={"DISTCI_TEST_TOKEN": token},
     )
-    return {"proc": proc, "dir": run_dir, "results": _results(run_dir), "token": token,
+    return {"proc": proc, "dir": run_dir, "results": read_results(run_dir), "token": token,
             "wall": time.monotonic() - start}
 
 
@@ -118,7 +110,7 @@ def test_torchrun_mode_for_tests_that_own_their_group(tmp_path):
     proc = run_pytest([str(CASES / "test_torchrun_mode.py"), "--distci-run-dir", str(tmp_path),
                        "-k", "not capped"])
     assert proc.returncode == 0, proc.stdout[-3000:]
-    rec = _results(tmp_path)["test_own_group"]
+    rec = read_results(tmp_path)["test_own_group"]
     assert rec["outcome"] == "passed"
 
 
@@ -128,7 +120,7 @@ def test_timeout_cap_bounds_a_markers_timeout(tmp_path):
     proc = run_pytest([str(CASES / "test_torchrun_mode.py"), "--distci-run-dir", str(tmp_path),
                        "-k", "capped", "--distci-timeout-cap=6"], timeout=300)
     assert proc.returncode == 1, proc.stdout[-3000:]
-    rec = _results(tmp_path)["test_marker_timeout_is_capped"]
+    rec = read_results(tmp_path)["test_marker_timeout_is_capped"]
     assert (rec["outcome"], rec["failure_kind"]) == ("failed", "timeout"), rec
     assert time.monotonic() - start < 120
 
@@ -147,7 +139,7 @@ def test_idle_pools_beyond_the_cap_are_shut_down(tmp_path):
     proc = run_pytest([str(CASES / "test_pool_classes.py"), "--distci-run-dir", str(tmp_path)],
                       env={"DISTCI_TEST_TOKEN": token, "DISTCI_MAX_LIVE_RANKS": "5"}, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:]
-    assert {k: r["outcome"] for k, r in _results(tmp_path).items()} == {
+    assert {k: r["outcome"] for k, r in read_results(tmp_path).items()} == {
         **{name: "passed" for name in ("test_default_class", "test_long_class", "test_longer_class",
                                        "test_three_ranks", "test_four_ranks", "test_default_class_again")},
         "test_skipped_one_rank": "skipped", "test_one_rank_on_another_accelerator": "skipped"}
@@ -174,7 +166,7 @@ def test_collect_only_starts_no_rank_worker(tmp_path):
     assert processes_with_env(token) == []
 
 
-@pytest.mark.parametrize("where", ["torchrun"])  # pool mode: test_faults.py's SIGTERM case
+@pytest.mark.parametrize("where", ["torchrun"])  # pool mode: test_faults_stops.py's SIGTERM case
 def test_a_stopped_run_records_where_it_stopped(tmp_path, token, where):
     """SIGTERM (a CI job timeout) mid-test: finished results stay, the test in flight is
     an `Interrupted` infra Result, JUnit is written and no rank outlives the run."""
@@ -196,7 +188,7 @@ def test_a_stopped_run_records_where_it_stopped(tmp_path, token, where):
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 2, out[-3000:]  # pytest's "interrupted"
-    results = _results(run_dir)
+    results = read_results(run_dir)
     assert results["test_finishes"]["outcome"] == "passed"
     stopped = results[target]
     assert (stopped["outcome"], stopped["failure_kind"]) == ("error", "infra"), stopped

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from distci.training_program import (INVENTORY, LAYERS, LAYOUT_OPTIMIZERS, LAYOUTS, OPTIMIZERS, WIDTHS, Program,
+from distci.training_program import (INVENTORY, LAYERS, LAYOUTS, OPTIMIZERS, WIDTHS, Program,
                                       State, action, drawn_args, forms, is_form, split, token, valid)
 from .records import Find, Outcome, Report
 
@@ -51,11 +51,9 @@ def draw(seed: str, index: int, layouts: tuple[str, ...] = tuple(LAYOUTS)) -> Pr
     ws = rng.choice(LAYOUTS[layout])
     head = dict(world_size=ws, width=rng.choice(WIDTHS), layers=rng.choice(LAYERS))
     optim = rng.choice([x for x in OPTIMIZERS if not is_form("optim", x)])
-    fits = [x for x in forms("layout", layout) if x in layouts and optim in LAYOUT_OPTIMIZERS.get(x, OPTIMIZERS)]
+    fits = [x for x in forms("layout", layout) if x in layouts]
     head["layout"] = layout = pick(fits) if fits else layout
-    if optim not in LAYOUT_OPTIMIZERS.get(layout, OPTIMIZERS):  # only that layout asked for (--layout)
-        optim = LAYOUT_OPTIMIZERS[layout][0]
-    head["optim"] = pick([x for x in forms("optim", optim) if x in LAYOUT_OPTIMIZERS.get(layout, OPTIMIZERS)])
+    head["optim"] = pick(forms("optim", optim))
     length = rng.randint(MIN_ACTIONS, MAX_ACTIONS)
     state, actions = State(), []
     while len(actions) < length or state.unsynced:

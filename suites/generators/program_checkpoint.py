@@ -43,7 +43,11 @@ def save(p: Any, kind: str) -> None:
     model, opt, options = _module(p), p.run.opt, _options(kind, loading=False)
     sched = copy.deepcopy(p.run.sched.state_dict())
     if kind == "full":
-        full = (get_model_state_dict(model, options=options), get_optimizer_state_dict(model, opt, options=options))
+        # a copy, as torch.save to a file is: on CPU, cpu_offload returns the optimizer's own
+        # tensors for what no collective gathered (plain parameters' state, every `step`), and
+        # the steps after the save would move the "saved" state with them
+        full = copy.deepcopy((get_model_state_dict(model, options=options),
+                              get_optimizer_state_dict(model, opt, options=options)))
         p.run.checkpoint = (kind, full, sched)
         return
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt, options=options)}

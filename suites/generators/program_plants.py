@@ -15,6 +15,12 @@ stays quiet elsewhere, as such bugs sit upstream:
     at a scheduler step after a load that followed scheduler steps;
   - zero_grad_ddp: zero_grad(set_to_none=False) under DDP leaves the gradients in place:
     visible right after that form of zero_grad (gradients are compared after every call), under ddp.
+  - mp_accumulate_low: under FSDP2's mixed precision, a backward without gradient sync keeps
+    the unsharded gradient in bfloat16 (FSDPParam.to_accumulated_grad_if_needed skipped), so
+    microbatches accumulate in bfloat16, not the reduce dtype: visible only under fsdp_mp, at a
+    synced backward after a no-sync one, and only as rounding (~50 dB): inside a bfloat16
+    tolerance against a float32 reference, outside the precision-matched one
+    (programs.mixed_precision_reference).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import os
 from dataclasses import dataclass
 
 PLANT_ENV = "DISTCI_PROGRAMS_PLANT"
-PLANTS = ("optim_load_fsdp", "buffer_load", "sched_resume", "zero_grad_ddp")
+PLANTS = ("optim_load_fsdp", "buffer_load", "sched_resume", "zero_grad_ddp", "mp_accumulate_low")
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,9 @@ class Plant:
 
     def keeps_grads_on_zero(self, layout: str, set_to_none: bool) -> bool:
         return self.name == "zero_grad_ddp" and layout == "ddp" and not set_to_none
+
+    def accumulates_in_param_dtype(self, layout: str) -> bool:
+        return self.name == "mp_accumulate_low" and layout == "fsdp_mp"
 
 
 def planted() -> Plant:

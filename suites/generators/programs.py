@@ -13,11 +13,7 @@ with a problem ends the program: the failure names it (`at action N (name=arg)`)
 find arrives localized to the call that diverged, and its first line is the signature
 the shrinker keeps.
 
-Numbers are judged as the suites judge them: losses and gradients by
-checks.check_numerics, parameters and optimizer state by checks.sqnr, at the fp32
-tolerance (tolerances.py: TP/FSDP reorder sums only), fsdp_mp at bfloat16's. An optimizer
-state entry with nothing in it counts as an entry (`(empty) of NAME`): a stateless
-optimizer's reference keeps none.
+`compare` and the wording of a divergence live in program_judge.py.
 """
 
 from __future__ import annotations
@@ -32,19 +28,20 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from distci.training_program import FSDP
+from distci.training_program import FSDP, part_of
 
-from ..judges.checks import check_numerics, sqnr
-from ..runner.evidence import TrainRecord, clean_name, placement_name
+from ..runner.evidence import clean_name
 from ..runner.parallelize import fsdp_api
-from ..judges.tolerances import tolerance
 from . import program_checkpoint as checkpoint
+from .program_judge import compare, placements
 from .program_plants import Plant
 
 SEED = 1234
 ROWS = 4
 """Rows of the global batch per data-parallel rank."""
-LR = {"sgd": 0.1, "sgd0": 0.1, "adamw": 1e-2}
+LR = {"sgd": 0.1, "sgd0": 0.1, "adamw": 1e-2, "adamw_groups": 1e-2}
+WEIGHT_DECAY = 0.1
+"""adamw_groups: the decay group's weight decay (the other group's is 0)."""
 
 
 class Block(nn.Module):
@@ -101,9 +98,12 @@ class Twin:
     (an eval), and named_parameters() would then name those instead."""
 
     def new_optimizer(self) -> None:
-        params = [p for p in self.named.values() if p.requires_grad]
-        cls = torch.optim.AdamW if self.optim_name == "adamw" else torch.optim.SGD
+        params: Any = [p for p in self.named.values() if p.requires_grad]
+        cls = torch.optim.AdamW if self.optim_name.startswith("adamw") else torch.optim.SGD
         extra = {"momentum": 0.9} if self.optim_name == "sgd" else {}  # sgd0: none, no optimizer state
+        if self.optim_name == "adamw_groups":  # matrices decay; biases and norms don't (nanoGPT, HF Trainer)
+            params = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": WEIGHT_DECAY},
+                      {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
         self.opt = cls(params, lr=LR[self.optim_name], **extra)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, schedule)
 
@@ -176,7 +176,22 @@ class Program:
     ref_grads: dict = field(default_factory=dict)
     run_grads: dict = field(default_factory=dict)
     losses: tuple[float, float] | None = None
+    clip_totals: tuple[float, float] | None = None
+    """(reference, run): the total norm each twin's clip_grad_norm_ returned at this action."""
     checkpoint_dir: str = ""
+
+
+def _accumulate_in_param_dtype(model: nn.Module) -> None:
+    """The mp_accumulate_low plant (program_plants.py): every FSDP2 parameter of `model` skips
+    its upcast of a no-sync gradient to the reduce dtype."""
+    for module in model.modules():
+        if not hasattr(module, "_get_fsdp_state"):
+            continue
+        state = module._get_fsdp_state()
+        groups = getattr(state, "_fsdp_param_groups", None) or [getattr(state, "_fsdp_param_group", None)]
+        for group in filter(None, groups):
+            for fsdp_param in group.fsdp_params:
+                fsdp_param.to_accumulated_grad_if_needed = lambda: None
 
 
 def start(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Program:
@@ -184,6 +199,8 @@ def start(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Program:
     ref_model = Net(spec.width, spec.layers)
     run_model = copy.deepcopy(ref_model)
     runnable, par = layout_model(run_model, spec.layout, dist)
+    if plant.accumulates_in_param_dtype(spec.layout):
+        _accumulate_in_param_dtype(run_model)
     ref, run = Twin(ref_model, ref_model, spec.optim), Twin(run_model, runnable, spec.optim)
     for twin in (ref, run):
         twin.named = {clean_name(n): q for n, q in twin.model.named_parameters()}
@@ -191,13 +208,64 @@ def start(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Program:
     return Program(spec, ref, run, par, plant, checkpoint_dir=checkpoint_dir)
 
 
+def bf16_forward(model: nn.Module, x: torch.Tensor, state: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """`model`'s forward as FSDP2's bfloat16 policy runs it (parameters and input cast to
+    bfloat16, buffers as they are), its output in float32; `state` the tensors to use
+    (default: the parameters cast, the buffers themselves)."""
+    from torch.func import functional_call
+
+    if state is None:
+        state = {**{n: q.detach().to(torch.bfloat16) for n, q in model.named_parameters()}, **dict(model.named_buffers())}
+    return functional_call(model, state, (x.to(torch.bfloat16),)).float()
+
+
+def mixed_precision_reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dp_size: int) -> torch.Tensor:
+    """One forward and backward of the single-process reference at the precision of FSDP2's
+    mixed-precision policy (bfloat16 parameters and inputs, float32 gradient reduction): each
+    data-parallel rank's rows run on a bfloat16 copy of the parameters, as that rank computes
+    them, and the float32 casts of the ranks' gradients are averaged into the float32 `.grad`
+    (FSDP2 accumulates and reduces in float32). Returns the mean of the ranks' losses.
+
+    Why: a float32 full-batch reference differs from a bfloat16 run by bfloat16's rounding,
+    which no bound holds for once AdamW moves every weight by about its learning rate whatever
+    its gradient's size (a near-zero gradient rounded across zero moves its weight the other
+    way). Computed as the ranks compute, the reference differs from a correct run only by the
+    order of float32 sums, so fsdp_mp is judged at float32's tolerance with every optimizer,
+    and a reduction or cast in the wrong precision shows."""
+    low = {n: q.detach().to(torch.bfloat16).requires_grad_(q.requires_grad) for n, q in model.named_parameters()}
+    trainable = [n for n, q in low.items() if q.requires_grad]
+    buffers = dict(model.named_buffers())
+    sums: dict[str, torch.Tensor] = {}
+    losses = []
+    for rank in range(dp_size):
+        state = {**low, **{n: b.clone() for n, b in buffers.items()}}
+        rows = slice(rank * ROWS, (rank + 1) * ROWS)
+        loss = F.mse_loss(bf16_forward(model, x[rows], state), y[rows])
+        grads = torch.autograd.grad(loss, [low[n] for n in trainable], allow_unused=True) if trainable else ()
+        for name, grad in zip(trainable, grads):
+            if grad is not None:
+                sums[name] = sums[name] + grad.float() if name in sums else grad.float()
+        losses.append(loss.detach())
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, total in sums.items():
+            grad = total / dp_size
+            params[name].grad = grad if params[name].grad is None else params[name].grad + grad
+        for name, buffer in buffers.items():  # every rank's forward moved its buffers alike
+            buffer.copy_(state[name])
+    return torch.stack(losses).mean()
+
+
 def _forward_backward(p: Program, sync: bool) -> None:
     import torch.distributed as tdist
 
     x, y = batch(p.forwards, p.spec.width, p.par.dp_size)
     p.forwards += 1
-    ref_loss = F.mse_loss(p.ref.runnable(x), y)
-    ref_loss.backward()
+    if p.par.layout == "fsdp_mp":
+        ref_loss = mixed_precision_reference(p.ref.model, x, y, p.par.dp_size)
+    else:
+        ref_loss = F.mse_loss(p.ref.runnable(x), y)
+        ref_loss.backward()
     rows = slice(p.par.dp_rank * ROWS, (p.par.dp_rank + 1) * ROWS) if p.par.dp_size > 1 else slice(None)
     ctx = contextlib.nullcontext()
     if p.par.layout == "ddp" and not sync:
@@ -223,7 +291,10 @@ def _eval(p: Program, mode: str) -> None:
     for twin in (p.ref, p.run):
         twin.runnable.eval()
         with guard():
-            out.append(float(F.mse_loss(twin.runnable(x).float(), y)))
+            if twin is p.ref and p.par.layout == "fsdp_mp":  # at the run's precision, as a forward is
+                out.append(float(F.mse_loss(bf16_forward(twin.model, x), y)))
+            else:
+                out.append(float(F.mse_loss(twin.runnable(x).float(), y)))
         twin.runnable.train()
     p.losses = (out[0], out[1])
 
@@ -237,6 +308,19 @@ def _freeze(p: Program, name: str, trainable: bool) -> None:
             param.requires_grad_(trainable)
             if not trainable:
                 param.grad = None
+
+
+def _add_param_group(p: Program, name: str) -> None:
+    """As Lightning's BaseFinetuning.unfreeze_and_add_param_group: the part's parameters (as the
+    optimizer holds parameters: the sharded ones) join the optimizer as a new param group at
+    the first group's lr over 10 (its initial_denom_lr). The scheduler is made again over the
+    new groups: torch's LRScheduler steps its groups with zip(strict=True) and refuses a group
+    added after it was made (ValueError), reference and run alike."""
+    prefix = "blocks.0." if name == "block0" else "head."
+    for twin in (p.ref, p.run):
+        params = [q for n, q in twin.named.items() if n.startswith(prefix)]
+        twin.opt.add_param_group({"params": params, "lr": twin.opt.param_groups[0]["lr"] / 10})
+        twin.sched = torch.optim.lr_scheduler.LambdaLR(twin.opt, schedule)
 
 
 def _metric(p: Program, kind: str) -> None:
@@ -254,7 +338,7 @@ def _metric(p: Program, kind: str) -> None:
 
 def apply(p: Program, name: str, arg: str) -> None:
     """One action on both twins."""
-    p.losses = None
+    p.losses = p.clip_totals = None
     if name == "fwd_bwd":
         _forward_backward(p, arg == "sync")
     elif name == "zero_grad":
@@ -264,9 +348,12 @@ def apply(p: Program, name: str, arg: str) -> None:
             p.run.opt.zero_grad(set_to_none=none)
     elif name == "clip":
         norm = math.inf if arg == "inf" else float(arg)
+        totals = []
         for twin in (p.ref, p.run):
             params = [q for q in twin.model.parameters() if q.grad is not None]  # as trainers clip
-            torch.nn.utils.clip_grad_norm_(params, norm, norm_type=2.0 if arg != "inf" else math.inf)
+            total = torch.nn.utils.clip_grad_norm_(params, norm, norm_type=2.0 if arg != "inf" else math.inf)
+            totals.append(float(total.full_tensor() if hasattr(total, "full_tensor") else total))
+        p.clip_totals = (totals[0], totals[1])
     elif name in ("step", "sched"):
         for twin in (p.ref, p.run):
             (twin.opt if name == "step" else twin.sched).step()
@@ -279,7 +366,9 @@ def apply(p: Program, name: str, arg: str) -> None:
     elif name == "load":
         checkpoint.load(p, lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule))
     elif name in ("freeze", "unfreeze"):
-        _freeze(p, arg, name == "unfreeze")
+        _freeze(p, part_of(arg), name == "unfreeze")
+        if arg != part_of(arg):
+            _add_param_group(p, part_of(arg))
     elif name == "lr":
         for twin in (p.ref, p.run):
             for group in twin.opt.param_groups:
@@ -300,92 +389,6 @@ def apply(p: Program, name: str, arg: str) -> None:
         raise ValueError(f"the programs runner has no action {name!r}")
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
-    t = t.full_tensor() if hasattr(t, "full_tensor") else t
-    return t.detach().float().cpu()
-
-
-def _params(twin: Twin) -> dict[str, torch.Tensor]:
-    return {n: _full(q) for n, q in twin.named.items()}
-
-
-def _grads(twin: Twin) -> dict[str, torch.Tensor | None]:
-    return {n: None if q.grad is None else _full(q.grad) for n, q in twin.named.items()}
-
-
-def _placements(twin: Twin) -> dict[str, str]:
-    return {n: ",".join(map(placement_name, q.placements)) if hasattr(q, "placements") else "local"
-            for n, q in twin.named.items()}
-
-
-def _optimizer_state(twin: Twin) -> dict[str, torch.Tensor]:
-    names = {id(q): n for n, q in twin.named.items()}
-    out = {}
-    for q, state in twin.opt.state.items():
-        for key, value in state.items():
-            if torch.is_tensor(value):
-                out[f"{key} of {names.get(id(q), '?')}"] = _full(value)
-        if not state:  # an entry with nothing in it: a stateless optimizer keeps none at all
-            out[f"(empty) of {names.get(id(q), '?')}"] = torch.zeros(())
-    return out
-
-
-def _close(what: str, ref: dict[str, torch.Tensor], run: dict[str, torch.Tensor], min_db: float) -> list[str]:
-    missing, extra = sorted(set(ref) - set(run)), sorted(set(run) - set(ref))
-    out = []
-    for keys, how in ((extra, "the reference lacks"), (missing, "missing from the run")):
-        if keys:  # the kinds of entry, not the names: the signature must not count the model's layers
-            kinds = sorted({k.split(" of ")[0] if " of " in k else k.rsplit(".", 1)[-1] for k in keys})
-            out.append(f"{what}: entries {how} ({', '.join(kinds)}; first {keys[0]})")
-    if out:
-        return out
-    for key in sorted(ref):
-        r, g = ref[key], run[key]
-        if r.shape != g.shape:
-            out.append(f"{what} {key}: shape {tuple(g.shape)} vs reference {tuple(r.shape)}")
-        elif not bool(torch.isfinite(g).all()):
-            out.append(f"{what} {key}: non-finite values")
-        elif (db := sqnr(r, g)) < min_db:
-            out.append(f"{what} {key}: SQNR {db:.1f} dB < {min_db:g} dB")
-    return out
-
-
-def compare(p: Program) -> list[str]:
-    """Every problem of the run against the reference after an action (empty: none)."""
-    tol = tolerance("bfloat16" if p.par.layout == "fsdp_mp" else "float32", "none")
-    problems: list[str] = []
-    grads_ref = _grads(p.ref)
-    grads_run = _grads(p.run) if not p.unsynced else grads_ref
-    ref_rec = TrainRecord(losses=[p.losses[0]] if p.losses else [], grads=[grads_ref])
-    run_rec = TrainRecord(losses=[p.losses[1]] if p.losses else [], grads=[grads_run])
-    problems += [x.removeprefix("step 0: ") for x in check_numerics(ref_rec, run_rec, tol)]
-    problems += _close("parameter", _params(p.ref), _params(p.run), tol.grad_min_sqnr)
-    problems += _close("optimizer state", _optimizer_state(p.ref), _optimizer_state(p.run), tol.grad_min_sqnr)
-    lr_ref, lr_run = p.ref.opt.param_groups[0]["lr"], p.run.opt.param_groups[0]["lr"]
-    if abs(lr_ref - lr_run) > 1e-9 * max(abs(lr_ref), 1e-12):
-        problems.append(f"lr {lr_run:.6g} vs reference {lr_ref:.6g}")
-    buffers_ref = {n: b.float() for n, b in p.ref.model.named_buffers()}
-    buffers_run = {clean_name(n): _full(b) for n, b in p.run.model.named_buffers()}
-    problems += [f"{x} on rank {p.par.rank}" for x in _close("buffer", buffers_ref, buffers_run, 120.0)]
-    trainable_ref = sorted(n for n, q in p.ref.named.items() if q.requires_grad)
-    trainable_run = sorted(n for n, q in p.run.named.items() if q.requires_grad)
-    for names, how in ((sorted(set(trainable_run) - set(trainable_ref)), "train in the run only"),
-                       (sorted(set(trainable_ref) - set(trainable_run)), "are frozen in the run only")):
-        if names:
-            problems.append(f"requires_grad differs: parameters {how} (first {names[0]})")
-    return problems
-
-
-def lead(problems: list[str]) -> str:
-    """The problem that names the bug best: optimizer state, lr, buffers and gradients
-    before parameters and losses (which every such bug moves later)."""
-    for word in ("optimizer state", "lr ", "buffer", "requires_grad", "gradient", "parameter"):
-        hit = next((x for x in problems if word in x), None)
-        if hit:
-            return hit
-    return problems[0]
-
-
 @dataclass
 class Divergence:
     index: int
@@ -398,12 +401,12 @@ def run_program(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Dive
     from distci.training_program import split
 
     p = start(spec, dist, plant, checkpoint_dir)
-    structure = _placements(p.run)
+    structure = placements(p.run)
     for i, tok in enumerate(spec.actions):
         name, arg = split(tok)
         apply(p, name, arg)
         problems = compare(p)
-        now = _placements(p.run)
+        now = placements(p.run)
         if now != structure:
             problems.append(f"placements changed: {sorted(set(now.items()) ^ set(structure.items()))}")
         problems = _every_ranks(problems)

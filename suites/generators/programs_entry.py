@@ -26,7 +26,8 @@ from distci.training_program import PROGRAM_ENV, PROGRAMS_ENV, TEST_NAME, parse
 from ..probes import capabilities
 from ..runner.checkpoint import shared_dir
 from .program_plants import planted
-from .programs import lead, run_program
+from .program_judge import lead
+from .programs import run_program
 
 NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w])")
 TIMEOUT_S = 240

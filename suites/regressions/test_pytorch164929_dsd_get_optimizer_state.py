@@ -45,3 +45,31 @@ def test_saving_before_the_first_step_leaves_the_first_update_alone(optim: str) 
     assert torch.allclose(saved, plain, rtol=1e-5, atol=1e-7), (
         f"get_optimizer_state_dict before the first step changed the first {kind} update: "
         f"its norm is {ratio:.3f}x the update without the save")
+
+
+@pytest.mark.parametrize("kind", ["full_load", "sharded_load_control"])
+def test_loading_a_state_saved_before_the_first_step_adds_no_state(kind: str) -> None:
+    """The set side of the same `_init_optim_state`: set_optimizer_state_dict(full_state_dict=True)
+    of a checkpoint taken before the first step (no state in it) into an optimizer without
+    state or gradients (after zero_grad) runs the hidden step itself and keeps its state:
+    AdamW holds `step` 1 where the checkpoint held nothing. Found by the programs generator as
+    `tp-ws4-w16-l2-adamw_groups:fwd_bwd,save=full,zero_grad,step,load` (torch 2.13.0 CPU, fixes
+    off, 2026-12-06: "at action load: optimizer state: entries the reference lacks"). The
+    sharded path (full_state_dict=False) adds nothing: the control."""
+    import copy
+
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                         set_optimizer_state_dict)
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(2, 8)).sum().backward()  # gradients exist: the save itself adds nothing
+    options = StateDictOptions(full_state_dict=kind == "full_load")
+    saved = copy.deepcopy(get_optimizer_state_dict(model, opt, options=options))
+    assert not saved["state"] and not opt.state
+    opt.zero_grad(set_to_none=True)
+    set_optimizer_state_dict(model, opt, saved, options=options)
+    steps = [float(s["step"]) for s in opt.state.values() if "step" in s]
+    assert not opt.state, (f"get_optimizer_state_dict before the first step changed the optimizer at the load: "
+                           f"{len(opt.state)} state entries appeared, steps {steps}")

@@ -1,6 +1,6 @@
 """Fault cases that leave processes behind: each rank starts a child, which starts a
 grandchild in a session of its own (`start_new_session=True`, as daemons do), then
-everything sleeps. tests/test_faults.py stops or kills the controller meanwhile and
+everything sleeps. tests/test_faults_stops.py stops or kills the controller meanwhile and
 checks that no process carrying the run's token survives.
 
 `DISTCI_FAULT_DIR`, when set, is where each rank says it is ready.

@@ -3,7 +3,7 @@ names, each followed by an innocent test that must pass and leave whole evidence
 
 `test_kind[<kind>-pollute]` changes one thing about its process and passes;
 `test_kind[<kind>-check]`, the next test, asserts the process is as a fresh one is (each
-check is proven able to fail by the `--distci-no-isolation` run in tests/test_faults.py)
+check is proven able to fail by the `--distci-no-isolation` run in tests/test_faults_polluters.py)
 and writes its marker to stdout, stderr and logging, which the driver looks for in the
 rank logs. The witnesses at the end (a hang, a crash) must still leave their stacks.
 

@@ -2,7 +2,7 @@
 way that is easy to mis-attribute. Each `test_X` is followed by `test_after_X`, which must
 pass (the state is as it was, the pool answers a known all-reduce) whatever X did.
 
-Run by tests/test_faults.py (CPU, gloo); device-agnostic, as test_pool_faults.py:
+Run by tests/test_faults_state.py (CPU, gloo); device-agnostic, as test_pool_faults.py:
 
     python -m pytest -p distci.harness.plugin tests/faults/cases/test_state_faults.py --distci-device=cuda --distci-timeout=12
 """

@@ -1,4 +1,4 @@
-"""Fault cases for timeouts that know the machine (run by tests/test_faults.py with
+"""Fault cases for timeouts that know the machine (run by tests/test_faults_state.py with
 DISTCI_SATURATED_LOAD_PER_CPU=0, so the runner counts as saturated whatever its load).
 
 - `test_slow_only_the_first_time`: its first attempt computes past its 4 s budget (CPU time
