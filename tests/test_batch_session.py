@@ -39,6 +39,10 @@ def test_case(dist, case):
     if case == "pytest_dies" and dist.rank == 0:
         os.kill(int(Path(os.environ["BATCH_CASES"]).with_name("pytest.pid").read_text()), signal.SIGKILL)
     assert case != "fails", "a failing case"
+
+
+def test_other(case):
+    assert case != "fails_other", "a failing case of the other test"
 '''
 
 
@@ -55,19 +59,21 @@ def session(tmp_path):
     entry.write_text(ENTRY)
     info, run_dir = start_run(cell, tmp_path / "runs", tier="pr", log=lambda m: None)
     lines: list[str] = []
-    s = BatchSession(cell, Path(sys.executable), info, run_dir, entry_test=str(entry),
+    s = BatchSession(cell, Path(sys.executable), info, run_dir, entry_test=f"{entry}::test_case",
                      extra_args=["--distci-reruns=0"], directory=run_dir / "sessions", log=lines.append)
     yield s
     s.close(interrupted=True)
 
 
-def run_batch(session, n: int, cases: list[str]) -> dict[str, tuple[str, str | None]]:
-    """Runs one batch; (outcome, failure kind) of each of its cases that has a Result, by case."""
+def run_batch(session, n: int, cases: list[str], tests: list[str] | None = None,
+              test: str = "test_case") -> dict[str, tuple[str, str | None]]:
+    """Runs one batch; (outcome, failure kind) of each of its cases that has a Result of
+    `test`, by case."""
     path = session.run_dir / f"batch-{n}.json"
     path.write_text(json.dumps(cases))
-    session.run({"BATCH_CASES": str(path)})
+    session.run({"BATCH_CASES": str(path)}, tests=tests)
     found = {r.test_id.rsplit("[", 1)[1].rstrip("]"): (r.outcome, r.failure_kind)
-             for r in RunDir(session.run_dir).results()}
+             for r in RunDir(session.run_dir).results() if f"::{test}[" in r.test_id}
     return {c: found[c] for c in cases if c in found}
 
 
@@ -102,3 +108,19 @@ def test_a_dead_rank_or_a_dead_pytest_is_recorded_and_the_next_batch_starts_clea
     assert info["pytest_exit"] == -9, info  # closed as a run's pytest is: how it ended is on record
     assert run_batch(session, 3, ["clean"]) == {"clean": ("passed", None)}
     assert session.sessions == 2
+
+
+@pytest.mark.slow
+def test_a_batch_runs_the_test_functions_it_names_else_the_first_batchs(session):
+    """The ops generator's sweeps and its finds' replay are two test functions of one module:
+    a batch naming `tests` runs those only; a batch naming none, the first batch's functions."""
+    assert run_batch(session, 1, ["a"]) == {"a": ("passed", None)}
+    assert run_batch(session, 2, ["b"], test="test_other") == {}  # not the first batch's function
+    other = f"{session.entry_test.split('::')[0]}::test_other"
+    assert run_batch(session, 3, ["c", "fails_other"], tests=[other], test="test_other") == {
+        "c": ("passed", None), "fails_other": ("failed", "assert")}
+    assert run_batch(session, 4, ["d"], tests=[other], test="test_case") == {}  # not named
+    assert session.sessions == 1
+    tests = [r.test_id.rsplit("::", 1)[1] for r in RunDir(session.run_dir).results()]
+    assert tests == ["test_case[a]", "test_case[b]", "test_other[c]", "test_other[fails_other]",
+                     "test_other[d]"], tests

@@ -30,7 +30,8 @@ def run_fuzz_ops_bench(console, *, budget_s: float = 600.0, root: Path | None = 
                  command=f"nox -s bench -- fuzz-ops --fixes {fixes} (budget {budget_s:.0f}s)", log=console.print)
         report = json.loads(sorted(runs.glob("*/fuzz/ops-report.json"))[-1].read_text())
         return sum(report["counts"].values()), report["wall_s"], {
-            "finds": len(report["finds"]), "counts": report["counts"], "sweeps": report["sessions"],
+            "finds": len(report["finds"]), "counts": report["counts"], "sweeps": report["sweeps"],
+            "sessions": report["sessions"],
             "torch": report["stack"].get("torch")}
 
     return measure_rate(console, name="fuzz-ops", noun="cases", goal_per_hour=GOAL_PER_HOUR, run=run, root=root,

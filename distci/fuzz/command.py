@@ -18,7 +18,6 @@ environment never came up, else 0.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -28,7 +27,7 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any, Callable
 
 from distci.errors import FuzzSpecError
 from distci.rundir import RunDir, now as _now
@@ -157,21 +156,6 @@ class CaseBatches:
     def close(self) -> None:
         self.session.close()
         self.relay.close()
-
-
-@contextlib.contextmanager
-def _environ(**values: str) -> Iterator[None]:
-    """Variables the cell's pytest inherits for one sweep (run_in_env passes os.environ on)."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 TABLE_PATTERN = re.compile(r'"suites/test_scenarios\.py::test_scenario(\?[^"]*)"')

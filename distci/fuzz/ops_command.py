@@ -1,11 +1,15 @@
 """`python -m distci fuzz --generator ops`: draw DTensor op cases on one cell, shrink what fails.
 
 The cell is provisioned once (as `distci run` does); cases are drawn from the seed
-(distci/fuzz/ops.py) and run in sweeps, each one pytest session of
+(distci/fuzz/ops.py) and run in sweeps, each one batch of
 suites/generators/ops_entry.py::test_op_sweep on the cell's rank pools (2 and 4 ranks),
-sized to about `session_s` seconds at the rate measured so far. A failure with a signature
-new to the run is shrunk inside its sweep. Every find (its shrunk case) is then run once
-more as its own test, `test_op_case[<case id>]`: an ordinary Result of the run directory
+sized to about `session_s` seconds at the rate measured so far. Every sweep of the run goes
+to one pytest session (distci/run/batches.py, as the other generators' batches): pytest,
+the stack capture and the rank pools start once per run, not once per sweep; a session that
+dies costs its sweep's unanswered cases (the first of each world size a find, the rest
+drawn again) and the next sweep starts a new one. A failure with a signature new to the run
+is shrunk inside its sweep. Every find (its shrunk case) is then run once more, in the same
+session, as its own test, `test_op_case[<case id>]`: an ordinary Result of the run directory
 (cell, stack, signature, known-issue match), so ingest, the gate and the dashboard see it
 like any failure. A find the registry does not explain for that test but whose signature
 names an entry's bug (Registry.near_misses: the registry's one rule) is reported as that
@@ -68,7 +72,9 @@ class OpsReport:
     case_s: float = 0.0
     """Time inside cases (all ranks agreeing), shrinking included."""
     wall_s: float = 0.0
+    sweeps: int = 0
     sessions: int = 0
+    """pytest sessions the sweeps and the finds' replay ran in (1 unless one died)."""
     drawn: int = 0
     slowest: list = field(default_factory=list)
     """[seconds, case id] of the slowest cases (a case that costs a minute is worth a look:
@@ -128,8 +134,8 @@ class Sweeps:
             fresh = draw_cases(self.seed, self.report.drawn, max(0, size - len(queue)), self.specs, self.meshes)
             self.report.drawn += len(fresh)
             batch, queue = queue + fresh, []
-            self.report.sessions += 1
-            folder = self.work / f"sweep-{self.report.sessions:03d}"
+            self.report.sweeps += 1
+            folder = self.work / f"sweep-{self.report.sweeps:03d}"
             folder.mkdir(parents=True, exist_ok=True)
             began = self.clock()
             rows = self.run_sweep(folder, batch)
@@ -137,7 +143,7 @@ class Sweeps:
             self.report.wall_s += wall
             queue = self._tally(batch, rows)
             in_cases = sum(r.get("seconds", 0.0) for r in rows)
-            self.log(f"sweep {self.report.sessions}: {len(batch)} case(s), {len(rows)} answered in {wall:.0f}s "
+            self.log(f"sweep {self.report.sweeps}: {len(batch)} case(s), {len(rows)} answered in {wall:.0f}s "
                      f"({in_cases:.0f}s inside the drawn cases; the rest: pytest, pool starts, shrinking, dead "
                      f"slots), {self.report.per_hour():.0f} cases/hour so far, {len(self.report.finds)} find(s)")
         return self.report
@@ -213,8 +219,8 @@ def fuzz_ops(cell, *, seed: str, budget_s: float, python: str | None = None, run
     """Fuzz one cell's DTensor ops; returns the exit code (see the module docstring)."""
     from distci.known_issues import load_registry
     from distci.rundir import RunDir, now
-    from distci.run.cellrun import REPO, run_in_env
-    from distci.fuzz.command import FUZZ_DIR, _environ, finish_fuzz_run, start_fuzz_run
+    from distci.run.cellrun import REPO
+    from distci.fuzz.command import FUZZ_DIR, batch_session, finish_fuzz_run, start_fuzz_run
     from distci.run.terminal import EXIT_INFRA
 
     from .ops_report import render_report
@@ -234,19 +240,15 @@ def fuzz_ops(cell, *, seed: str, budget_s: float, python: str | None = None, run
     info, run_dir, env = started_run
     registry_path = Path(known_issues) if known_issues else REPO / "suites" / "known_issues.toml"
     extra = [f"--distci-known-issues={registry_path}"] if registry_path.exists() else []
-    sweep_args = [*extra, "--distci-reruns=0"]  # a rerun of a dead sweep would rerun the case that killed it
+    # no reruns (the default, said aloud): a rerun of a dead sweep would rerun the case that killed it
     work = run_dir / FUZZ_DIR / "ops"
     work.mkdir(parents=True, exist_ok=True)
     relay = open(run_dir / FUZZ_DIR / "pytest-relay.log", "a")
-
-    def pytest_log(message: str) -> None:
-        relay.write(message + "\n")
-        relay.flush()
+    session = batch_session(cell, Path(env.python), info, run_dir, entry_test=SWEEP,
+                            extra_args=[*extra, "--distci-reruns=0"], relay=relay)
 
     def run_sweep(folder: Path, cases: list) -> list[dict]:
-        with _environ(**{CASES_ENV: str(sweeps.batch_file(folder, cases))}):
-            run_in_env(cell, Path(env.python), info, run_dir, tests=[SWEEP], extra_pytest_args=sweep_args,
-                       log=pytest_log)
+        session.run({CASES_ENV: str(sweeps.batch_file(folder, cases))})
         return read_outcomes(folder)
 
     sweeps = Sweeps(seed, run_sweep, work, ops=ops, meshes=meshes, shrink=shrink, shrink_s=shrink_s,
@@ -257,17 +259,21 @@ def fuzz_ops(cell, *, seed: str, budget_s: float, python: str | None = None, run
     try:
         report = sweeps.run(budget_s, max_cases)
         stack: Stack | None = None  # the first find's
-        if report.finds:  # each find once more, as its own test: a Result like any failure
+        if report.finds:  # each find once more, as its own test, in the same session: a Result like any failure
             ids = [case_test_id(f.shrunk) for f in report.finds]
+            finds = work / "finds.json"
+            finds.write_text(json.dumps({"finds": [parse_case(f.shrunk).id for f in report.finds], "out": str(work)}))
             before = {r.test_id for r in RunDir(run_dir).results()}
-            run_in_env(cell, Path(env.python), info, run_dir, tests=ids, extra_pytest_args=extra, log=pytest_log)
+            session.run({CASES_ENV: str(finds)}, tests=[f"{ENTRY}::test_op_case"])
             results = {r.test_id: r for r in RunDir(run_dir).results() if r.test_id not in before}
             registry = load_registry(registry_path) if registry_path.exists() else None
             for find, test_id in zip(report.finds, ids):
                 r = results.get(test_id)
                 judge_find(find, test_id, r, registry)
                 stack = stack or (r.stack if r is not None else None)
+        report.sessions = session.sessions
     finally:
+        session.close()
         relay.close()
     for find in report.finds:
         label = (f"known issue {find.known_issue}" if find.known_issue else

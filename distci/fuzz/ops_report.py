@@ -12,7 +12,7 @@ def render_report(report, cell_id: str, stack: Stack | None, started: str, comma
              f"- started: {started}",
              f"- stack: torch {stack.torch or '?'} ({stack.torch_git or stack.get('git_version') or '?'}), "
              f"python {stack.python or '?'}, fixes {stack.fixes_mode or stack.fixes or '?'}" if stack else "- stack: ?",
-             f"- cases: {report.cases} in {report.sessions} sweep(s), {report.wall_s:.0f} s of sweeps: "
+             f"- cases: {report.cases} in {report.sweeps} sweep(s) ({report.sessions} pytest session(s)), {report.wall_s:.0f} s of sweeps: "
              f"**{report.per_hour():.0f} cases/hour** (shrinking included)",
              "- outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(report.counts.items())),
              "- slowest cases: " + (", ".join(f"`{i}` {s:.1f} s" for s, i in report.slowest) or "none"), ""]

@@ -14,6 +14,10 @@ The exchange, files in DIR (distci/run/batches.py is the controller's side):
 - the controller writes `next-<n+1>.json` (atomically): `{"env": {NAME: VALUE}}` sets those
   variables and collects the first batch's test modules again (their `pytest_generate_tests`
   read the new batch from the environment), or `{"stop": true}` ends the session as usual.
+  Of the tests collected again, a batch runs those of the first batch's test functions, or
+  those `"tests": [NODE ID, ...]` names (test functions of those modules, a parametrization's
+  id optional): the ops generator sends its sweeps and then its finds' replays, two test
+  functions of one module, to one session.
 
 Nothing carries over between batches that a test could see: every distributed test already
 runs in a fresh fork of its rank template, and after a batch's last test every fixture is torn
@@ -69,12 +73,32 @@ def _items(node: pytest.Item | pytest.Collector) -> list[pytest.Item]:
     return [item for child in node.collect() for item in _items(child)]
 
 
-def _collect_again(session: pytest.Session, modules: list[pytest.Module]) -> None:
-    """The modules' tests collected anew (their parametrization is read again), then selected as
-    a first collection is (-k, -m, the harness's and the suites' hooks) and announced (the pools
-    warm for them). The modules' nodes are kept, so conftest fixtures stay in sight (pytest 9
-    binds them to the directory nodes of the first collection)."""
-    items = [item for module in modules for item in _items(module)]
+Wanted = set[tuple[Path, str]]
+"""Tests a batch runs: (a module's path, a test function's name or one parametrization's)."""
+
+
+def _key(item: pytest.Item) -> tuple[Path, str]:
+    return item.path.resolve(), item.nodeid.split("::", 1)[-1]
+
+
+def _named(config: pytest.Config, tests: list[str]) -> Wanted:
+    """Node ids as the controller writes them (paths relative to where pytest started, or
+    absolute), as keys `_selected` compares: the same module whatever its path's spelling."""
+    base = config.invocation_params.dir
+    return {((base / path).resolve(), name) for path, _, name in (t.partition("::") for t in tests)}
+
+
+def _selected(item: pytest.Item, tests: Wanted) -> bool:
+    path, name = _key(item)
+    return (path, name) in tests or (path, name.split("[", 1)[0]) in tests
+
+
+def _collect_again(session: pytest.Session, modules: list[pytest.Module], tests: Wanted) -> None:
+    """The modules' tests collected anew (their parametrization is read again), those `tests`
+    names kept, then selected as a first collection is (-k, -m, the harness's and the suites'
+    hooks) and announced (the pools warm for them). The modules' nodes are kept, so conftest
+    fixtures stay in sight (pytest 9 binds them to the directory nodes of the first collection)."""
+    items = [item for module in modules for item in _items(module) if _selected(item, tests)]
     session.items = items
     config = session.config
     config.hook.pytest_collection_modifyitems(session=session, config=config, items=items)
@@ -91,8 +115,11 @@ def _await(directory: Path, n: int) -> dict:
             return {"stop": True}
         time.sleep(POLL_S)
     command = json.loads(path.read_text())
-    if not isinstance(command, dict) or not (command.get("stop") or isinstance(command.get("env"), dict)):
-        raise pytest.UsageError(f"{path}: expected {{\"env\": {{...}}}} or {{\"stop\": true}}, got {command!r}")
+    tests = command.get("tests") if isinstance(command, dict) else None
+    if not isinstance(command, dict) or not (command.get("stop") or isinstance(command.get("env"), dict)) \
+            or not (tests is None or isinstance(tests, list) and all(isinstance(t, str) for t in tests)):
+        raise pytest.UsageError(f"{path}: expected {{\"env\": {{...}}, \"tests\": [NODE ID, ...] (optional)}} "
+                                f"or {{\"stop\": true}}, got {command!r}")
     return command
 
 
@@ -107,6 +134,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     if harness is not None:
         harness.pools.keep_idle = True  # a pool this batch does not need, the next may
     modules = list(dict.fromkeys(item.getparent(pytest.Module) for item in session.items))
+    first = {(path, name.split("[", 1)[0]) for path, name in map(_key, session.items)}  # its test functions
     n = 1
     while True:
         _run_items(session)
@@ -118,4 +146,6 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         if command.get("stop"):
             return True
         os.environ.update({str(k): str(v) for k, v in command["env"].items()})
-        _collect_again(session, [m for m in modules if m is not None])
+        tests = command.get("tests")
+        wanted = _named(session.config, tests) if tests is not None else first
+        _collect_again(session, [m for m in modules if m is not None], wanted)

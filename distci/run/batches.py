@@ -64,16 +64,18 @@ class BatchSession:
     def up(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def run(self, env: dict[str, str]) -> None:
+    def run(self, env: dict[str, str], tests: list[str] | None = None) -> None:
         """One batch: sent to the session (started with it when none is up); returns once the
-        session says it ran, or once the session ended."""
+        session says it ran, or once the session ended. `tests`: node ids of test functions of
+        the entry test's module to run instead of the entry test (the ops generator's finds,
+        replayed after its sweeps)."""
         with procs.stop_signals_raise():
             try:
                 if self.up:
-                    self._send({"env": env})
+                    self._send({"env": env, **({"tests": tests} if tests is not None else {})})
                 else:
                     self._ended()
-                    self._start(env)
+                    self._start(env, tests or [self.entry_test])
                 self._await_batch()
             except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM: pytest records the test in flight
                 self._stop(getattr(signal, str(stop), signal.SIGINT) if str(stop).startswith("SIG") else signal.SIGINT)
@@ -95,14 +97,14 @@ class BatchSession:
         self._ended()
 
     # -- the exchange -----------------------------------------------------------------
-    def _start(self, env: dict[str, str]) -> None:
+    def _start(self, env: dict[str, str], tests: list[str]) -> None:
         self.sessions += 1
         self.directory = self.root / f"session-{self.sessions:03d}"
         self.directory.mkdir(parents=True, exist_ok=True)
         self.batch = 1
-        self.info.selection = Selection(None, (self.entry_test,), None, ()).to_list()
+        self.info.selection = Selection(None, tuple(tests), None, ()).to_list()
         args = [*self.extra_args, "-p", BATCHES_PLUGIN, f"--distci-batches={self.directory}"]
-        self.proc, width = start_pytest(self.cell, self.python, self.info, self.run_dir, tests=[self.entry_test],
+        self.proc, width = start_pytest(self.cell, self.python, self.info, self.run_dir, tests=tests,
                                         extra_args=args, env=env, log=self.log)
         rundir, proc, tag = RunDir(self.run_dir), self.proc, cell_tag(self.cell.id)
 

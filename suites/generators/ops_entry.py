@@ -19,6 +19,8 @@ Not collected with `suites/` (the file name is not test_*.py): `python -m distci
 - `test_op_case[<case id>]`: one case (its id names it entirely), failing with the case's
   problem, first line its signature: what a find is recorded as, what a repro reruns, what
   a known-issues entry matches. A capability gap or an invalid draw skips with the reason.
+  The fuzz run replays its finds in the session its sweeps ran in: a batch file whose
+  "finds" lists their ids (distci/harness/batches.py selects this test for that batch).
 
     python -m distci run --cell CELL --test 'suites/generators/ops_entry.py::test_op_case[<id>]'
 """
@@ -37,30 +39,36 @@ from dataclasses import asdict
 from distci.op_case import case_from_json, parse_case
 
 from .ops_outcome import ASKS_TIMEOUT_S
-from .ops_sweep import CASE_LIMIT_S, HANG_S, RESUME_SLOTS, SLOT_S, SweepFiles, dead_rows, hang_row
+from .ops_sweep import CASE_LIMIT_S, HANG_S, RESUME_SLOTS, SLOT_S, Pulse, SweepFiles, dead_rows, hang_row
 
 CASES_ENV = "DISTCI_OPS_CASES"
 CASE_ENV = "DISTCI_OPS_CASE"
 PREFIX = "::test_op_case["
 
 
-def _batch() -> dict:
-    path = os.environ.get(CASES_ENV)
+def _batch(path: str | None = None) -> dict:
+    """The batch file `path` names, else $DISTCI_OPS_CASES's. Read in the controller: the
+    sweep gets its file as a parameter, since the ranks' environment is the one their pool
+    started with (a fuzz run's later sweeps run on the same pools, distci/harness/batches.py)."""
+    path = path or os.environ.get(CASES_ENV)
     return json.loads(Path(path).read_text()) if path else {}
 
 
 def _case_ids(args: list[str]) -> list[str]:
+    """The cases `test_op_case` runs: $DISTCI_OPS_CASE, else the batch's finds (the fuzz run
+    replays them in its session), else the ids the command line names."""
     if os.environ.get(CASE_ENV):
         return [os.environ[CASE_ENV]]
-    return [a.split(PREFIX, 1)[1].rsplit("]", 1)[0] for a in args if PREFIX in a]
+    return _batch().get("finds") or [a.split(PREFIX, 1)[1].rsplit("]", 1)[0] for a in args if PREFIX in a]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     name = metafunc.function.__name__
     if name == "test_op_sweep":
         sizes = sorted({case_from_json(c).world_size for c in _batch().get("cases", [])})
-        metafunc.parametrize("world,slot", [
-            pytest.param(n, k, id=f"ws{n}" + (f"-resume{k}" if k else ""), marks=[pytest.mark.world_size(n)])
+        path = os.environ.get(CASES_ENV, "")
+        metafunc.parametrize("world,slot,batch_file", [
+            pytest.param(n, k, path, id=f"ws{n}" + (f"-resume{k}" if k else ""), marks=[pytest.mark.world_size(n)])
             for n in sizes for k in range(RESUME_SLOTS + 1)])
     elif name == "test_op_case":
         cases = [parse_case(i) for i in _case_ids(list(metafunc.config.args))]
@@ -73,15 +81,17 @@ def _resume_only_after_a_death(request: pytest.FixtureRequest) -> None:
     """In the controller, before a resume slot forks ranks: skip it when its world size's
     cases are all answered (the slot before did not die)."""
     slot = getattr(request.node, "callspec", None) and request.node.callspec.params.get("slot")
-    if slot and SweepFiles(Path(_batch()["out"]), request.node.callspec.params["world"]).done.exists():
+    params = slot and request.node.callspec.params
+    if params and SweepFiles(Path(_batch(params["batch_file"])["out"]), params["world"]).done.exists():
         pytest.skip("nothing to resume: the sweep's earlier slot answered every case")
 
 
-def _run(dist, case, plant, asks):
+def _run(dist, case, plant, asks, blocked=None):
     """This rank's outcome of `case` (not agreed yet), under the case's time bound: a case that
     spins in Python fails with where it spun (suites/generators/case_bound.py). The ranks agree
     on `asks` after each phase whether one raised (suites/generators/ops_outcome.py); PeersGone
-    (that agreement timed out) goes to the caller with this rank's outcome."""
+    (that agreement timed out, or `blocked` named a peer waiting in a collective of the op)
+    goes to the caller with this rank's outcome."""
     from .case_bound import LOAD_CAP, Bound, CaseTimeout, bound_s
     from .ops_cases import run_case, timed_out
     from .ops_outcome import ASK_MARGIN_S, CaseOutcome, PeersGone, leave_if_raised, raised_anywhere
@@ -92,7 +102,7 @@ def _run(dist, case, plant, asks):
     # patience the sweep had before the agreement: a peer still inside a slow op (sdpa's CPU
     # propagation, a signal deferred in C++) is waited for, not left behind to cost a slot.
     wait_s = max(bound_s(case.shapes, load=LOAD_CAP), HANG_S) + ASK_MARGIN_S
-    agreement = raised_anywhere(asks, wait_s)
+    agreement = raised_anywhere(asks, wait_s, blocked)
 
     def ask(mine: bool) -> bool:
         with bound.paused():
@@ -142,6 +152,14 @@ def _issued(groups) -> dict[str, int]:
     return counts
 
 
+def _groups(dist) -> dict:
+    """Every group a case could have used: the world, each cached mesh's axes."""
+    import torch.distributed as tdist
+
+    return {id(g): g for g in [tdist.group.WORLD] + [m.get_group(a) for m in list(dist._meshes.values())
+                                                        for a in range(m.ndim)]}
+
+
 def _in_step(dist, side, hang_s: float, modes: tuple[int, ...]) -> bool:
     """Whether every group a case could have used (the world, each cached mesh's axes) is in
     step on every rank, and no rank has a mode pushed that was not there when the slot began
@@ -159,8 +177,7 @@ def _in_step(dist, side, hang_s: float, modes: tuple[int, ...]) -> bool:
 
     import torch.distributed as tdist
 
-    groups = {id(g): g for g in [tdist.group.WORLD] + [m.get_group(a) for m in dist._meshes.values()
-                                                          for a in range(m.ndim)]}
+    groups = _groups(dist)
     counted: list = [None] * dist.world_size
     tdist.all_gather_object(counted, _issued(groups.values()), group=side)
     by_group: dict[str, set[int]] = {}
@@ -198,7 +215,7 @@ def _agreed_clock(side):
 
 
 @pytest.mark.dist_timeout(900)
-def test_op_sweep(dist, world, slot) -> None:
+def test_op_sweep(dist, world, slot, batch_file) -> None:
     import datetime
     import faulthandler
     import sys
@@ -210,12 +227,13 @@ def test_op_sweep(dist, world, slot) -> None:
     from .ops_outcome import agree
     from .ops_plants import planted
 
-    batch = _batch()
+    batch = _batch(batch_file)
     plant = planted()
     files = SweepFiles(Path(batch["out"]), dist.world_size)
     hang_s, case_limit_s = batch.get("hang_s", HANG_S), batch.get("case_limit_s", CASE_LIMIT_S)
     answered, flight, stuck = files.answered(), files.in_flight(), files.stuck()
     dead = {flight["id"], flight.get("candidate")} if flight and flight["id"] not in answered else set()
+    files.pulse_file(dist.rank).unlink(missing_ok=True)  # a dead slot's, of groups gone with it
     # every rank has read the files before rank 0 writes to them
     side = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=hang_s))
     asks = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=ASKS_TIMEOUT_S))
@@ -248,7 +266,7 @@ def test_op_sweep(dist, world, slot) -> None:
         try:
             mine = None
             try:
-                mine = _run(dist, case, plant, asks)
+                mine = _run(dist, case, plant, asks, pulse.blocked_peer)
                 agreed = agree(dist, mine, side, case.id)
             except Exception as exc:  # PeersGone (carries this rank's outcome), or the agreement's timeout
                 mine = getattr(exc, "outcome", mine)
@@ -266,7 +284,9 @@ def test_op_sweep(dist, world, slot) -> None:
             faulthandler.cancel_dump_traceback_later()
         return agreed
 
+    pulse = Pulse(files, dist.rank, dist.world_size, lambda: _issued(_groups(dist).values()))
     try:
+        pulse.__enter__()
         for case in cases:
             if now() - slot_began > batch.get("slot_s", SLOT_S):  # the next slot goes on
                 if sink:
@@ -301,6 +321,7 @@ def test_op_sweep(dist, world, slot) -> None:
     except OutOfStep:  # on every rank: the next slot records the case in flight and goes on
         return
     finally:
+        pulse.__exit__()
         if sink:
             sink.close()
 

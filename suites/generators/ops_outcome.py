@@ -68,11 +68,17 @@ ASKS_TIMEOUT_S = 600.0
 bounded by its own timeout; the group's only keeps gloo from cutting a longer one short)."""
 
 
-def raised_anywhere(group, wait_s: float) -> RaisedAnywhere:
+FIRST_WAIT_S = 2.0
+"""The agreement's first wait: past it, a rank also asks `blocked` once a second."""
+
+
+def raised_anywhere(group, wait_s: float, blocked: Callable[[], int | None] | None = None) -> RaisedAnywhere:
     """The agreement over `group` (a gloo group of every rank, with ASKS_TIMEOUT_S, not the side
     group's short timeout: a peer may take its whole bound to arrive): one int all_reduce (MAX),
-    waited for at most `wait_s` (the case's bound plus ASK_MARGIN_S)."""
+    waited for at most `wait_s` (the case's bound plus ASK_MARGIN_S), or until `blocked` names a
+    peer waiting in a collective inside the op (ops_sweep.Pulse: it never arrives)."""
     import datetime
+    import time
 
     import torch
     import torch.distributed as tdist
@@ -80,9 +86,25 @@ def raised_anywhere(group, wait_s: float) -> RaisedAnywhere:
     def ask(mine: bool) -> bool:
         flag = torch.tensor([int(mine)])
         work = tdist.all_reduce(flag, op=tdist.ReduceOp.MAX, group=group, async_op=True)
-        if work.wait(timeout=datetime.timedelta(seconds=wait_s)) is False:
-            raise TimeoutError(f"no answer within {wait_s:.0f}s")
-        return bool(flag.item())
+        began = time.monotonic()
+        step = min(FIRST_WAIT_S, wait_s) if blocked is not None else wait_s
+        while True:
+            try:
+                if work.wait(timeout=datetime.timedelta(seconds=step)) is False:
+                    raise TimeoutError(f"no answer within {wait_s:.0f}s")
+                return bool(flag.item())
+            except Exception:  # gloo raises on a wait's timeout; the all_reduce goes on behind it
+                if work.is_completed():  # it ended as the wait did: its answer (or its error)
+                    work.wait()
+                    return bool(flag.item())
+                left = wait_s - (time.monotonic() - began)
+                if blocked is None or left <= 0:
+                    raise
+                peer = blocked()
+                if peer is not None:
+                    raise TimeoutError(f"rank {peer} waits in a collective of the op this rank never issued") \
+                        from None
+                step = min(1.0, left)
 
     return ask
 

@@ -22,16 +22,20 @@ Files, per world size, in the sweep's folder (all on the host the ranks share):
   ws{n}.current.json     the case in flight (and the shrink candidate, with the shrink so far)
   ws{n}.stuck-r{k}.json  rank k's outcome of a case the other ranks never finished
   ws{n}.done             the world size's cases are all answered: no resume slot runs
+  ws{n}.pulse-r{k}.json  rank k's count of collectives issued per group, and since when
+                         unchanged (a Pulse: how a peer tells a rank blocked in the op's own
+                         collective from one still working, without asking it)
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 RESUME_SLOTS = 6
 """Resume slots per world size and sweep: deaths beyond them go back to the controller."""
@@ -46,6 +50,13 @@ bound interrupts."""
 SLOT_S = 480.0
 """A slot takes no new case after this long: the next slot goes on, so a sweep slowed by load
 never reaches the test's timeout (900 s) in the middle of a healthy case."""
+
+
+PULSE_S = 0.5
+"""How often a rank's Pulse writes its counts."""
+STALL_S = 3.0
+"""A peer whose counts stood still this long while ahead of this rank's is blocked (a case's
+collective is milliseconds; a peer computing issues none, so it is never ahead)."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,66 @@ class SweepFiles:
     def clear_stuck(self) -> None:
         for path in self.folder.glob(f"ws{self.world}.stuck-r*.json"):
             path.unlink(missing_ok=True)
+
+    def pulse_file(self, rank: int) -> Path:
+        return self.folder / f"ws{self.world}.pulse-r{rank}.json"
+
+
+class Pulse:
+    """A rank's collectives issued per group (`counts`: group key -> count, the same keys on
+    every rank), written every PULSE_S by a thread while the slot runs; `blocked_peer` reads the
+    peers'. Why: a rank waiting at the raised-anywhere agreement cannot tell a peer blocked in a
+    collective inside the op (clip_grad_norm's inf norm with an empty shard raises on its rank,
+    the peers wait in the op's all-reduce: they never arrive) from a peer still in a slow op
+    (sdpa's CPU propagation: it arrives), so it waited the largest bound any rank can hold
+    (~45 s) before ending the slot. A peer that issued more collectives on a group than this
+    rank did, and has issued none for STALL_S, waits in one this rank, done with the phase,
+    never issues: that wait ends now. The thread reads counts only (no collective, no lock)."""
+
+    def __init__(self, files: SweepFiles, rank: int, world: int, counts: Callable[[], dict[str, int]]) -> None:
+        self.files, self.rank, self.world, self.counts = files, rank, world, counts
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="distci-ops-pulse", daemon=True)
+
+    def __enter__(self) -> "Pulse":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.files.pulse_file(self.rank).unlink(missing_ok=True)
+
+    def _beat(self) -> None:
+        last: dict[str, int] | None = None
+        changed = time.time()
+        while not self._stop.is_set():
+            try:
+                now = self.counts()
+            except Exception:  # a mesh cached while read: the next beat reads it
+                now = last
+            if now != last:
+                last, changed = now, time.time()
+            if last:
+                _write(self.files.pulse_file(self.rank), {"counts": last, "changed": changed, "at": time.time()})
+            self._stop.wait(PULSE_S)
+
+    def blocked_peer(self) -> int | None:
+        """A peer waiting in a collective this rank never issued (see the class), or None."""
+        mine = self.counts()
+        now = time.time()
+        for peer in range(self.world):
+            if peer == self.rank:
+                continue
+            try:
+                beat = json.loads(self.files.pulse_file(peer).read_text())
+            except (OSError, ValueError):
+                continue
+            if now - beat["at"] > 3 * PULSE_S + 1 or now - beat["changed"] < STALL_S:
+                continue  # not beating (gone, or no counts on this torch), or still issuing
+            if any(n > mine[key] for key, n in beat["counts"].items() if key in mine):
+                return peer
+        return None
 
 
 def _write(path: Path, data: dict) -> None:

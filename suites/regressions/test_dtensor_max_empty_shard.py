@@ -41,3 +41,32 @@ def test_full_max_of_a_sharded_dtensor(dist, rows: int) -> None:
     failed = [(rank, r) for rank, r in enumerate(everyone) if r]
     assert not failed, f"a full max of a DTensor with empty shards raised on ranks {[r for r, _ in failed]} only: " \
                        f"{failed[0][1]}"
+
+
+@pytest.mark.world_size(4)
+@pytest.mark.parametrize("rows", [1, 4], ids=["empty_shards", "no_empty_shard"])
+def test_inf_norm_of_sharded_gradients(dist, rows: int) -> None:
+    """The same max through gradient clipping: `clip_grad_norm_(params, max_norm,
+    norm_type=inf, foreach=True)` (torchtitan's clip_grad_norm_ on FSDP2 gradients) starts
+    with `torch._foreach_norm(grads, inf)`, which raises "_foreach_norm cannot compute the
+    infinity norm on an empty tensor" on the ranks holding an empty shard; the others go on
+    into clip_grad_norm_'s own all-reduce and wait there (the bench's lost 4-rank slots,
+    2026-12-06; checked on 2 ranks with the whole clip_grad_norm_: rank 0 held in the
+    collective until rank 1 exited). Only the local step is run here, so no rank is left
+    in a collective. torchrec filters empty gradients out before this call for the same
+    error (meta-pytorch/torchrec#3809, #3891)."""
+    import torch.distributed as tdist
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    grad = distribute_tensor((torch.arange(3.0 * rows).reshape(rows, 3) - 1.5).to(dist.device), dist.mesh(),
+                             [Shard(0)])
+    try:
+        torch._foreach_norm([grad], float("inf"))
+        raised = None
+    except RuntimeError as exc:
+        raised = str(exc).splitlines()[0]
+    everyone: list = [None] * dist.world_size
+    tdist.all_gather_object(everyone, raised)
+    failed = [(rank, r) for rank, r in enumerate(everyone) if r]
+    assert not failed, f"an inf norm of DTensor gradients with empty shards raised on ranks " \
+                       f"{[r for r, _ in failed]} only: {failed[0][1]}"
