@@ -34,7 +34,7 @@ def test_every_drawn_structure_is_valid_and_its_key_reads_back():
     assert len({key(s) for s in drawn}) == 60
     for s in drawn:
         assert valid(s) and parse(key(s)) == s
-    assert {s["parallel"] for s in drawn} == {"fsdp", "tp", "ddp", "replicate"}
+    assert {s["parallel"] for s in drawn} == {"fsdp", "tp", "ddp", "replicate", "hsdp"}
     assert any(s["experts"] and s["tie"] for s in drawn)
 
 
@@ -50,7 +50,8 @@ def test_a_seed_replays_and_space_restricts():
 
 def test_rules_say_only_what_is_meaningless():
     assert problems({"parallel": "ddp", "top_k": 2}) == ["top_k picks among the routed experts: top_k <= experts"]
-    assert problems({"parallel": "tp", "wrap": "nested"}) == ["wrap places FSDP2's units: parallel=fsdp"]
+    assert problems({"parallel": "tp", "wrap": "nested"}) == ["wrap places FSDP2's units: parallel=fsdp or hsdp"]
+    assert valid({"parallel": "hsdp", "wrap": "nested"})
     assert valid({"parallel": "tp", "experts": 4, "top_k": 2, "uneven": True, "param": "spectral_norm"})
     assert problems({"parallel": "ddp", "balance": True}) == ["the balancing bias steers routed experts: experts > 0"]
     assert valid({"parallel": "tp", "frozen": "lora", "ac": "selective", "experts": 2, "balance": True})

@@ -98,7 +98,7 @@ def _idle_expert_stale(model: nn.Module, parallel: str, rank: int) -> None:
 
 
 def _frozen_grad(model: nn.Module, parallel: str, rank: int) -> None:
-    if parallel != "fsdp":
+    if parallel not in ("fsdp", "hsdp"):
         return
     frozen = [p for p in model.parameters() if not p.requires_grad]
 
@@ -125,7 +125,7 @@ def _recompute_drift(model: nn.Module, parallel: str, rank: int) -> None:
 
 
 def _balance_local_counts(model: nn.Module, parallel: str, rank: int) -> None:
-    model.balance_group = None
+    model.balance_groups = []
 
 
 PLANTS: dict[str, Callable[[nn.Module, str, int], None]] = {

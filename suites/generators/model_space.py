@@ -38,6 +38,9 @@ Features, and where they come from:
     outside autograd from the token counts all-reduced over the data-parallel ranks;
   - uneven: widths no mesh divides (vocab 33, hidden 31): padded FSDP2 shards, uneven TP shards;
   - parallel: the layout (FSDP2, TP, classic DDP, composable replicate), crossed with all;
+    `hsdp` is the 2-D layout torchtitan's ParallelDims builds for dp_replicate x dp_shard
+    (fully_shard over a ("dp_replicate", "dp_shard") mesh): always 4 ranks, a 2x2 mesh,
+    whatever the cell's world size (RANKS);
   - accum, steps: microbatches per step, optimizer steps.
 
 A structure's key spells the parallelism then every feature off its default, e.g.
@@ -66,7 +69,7 @@ class Feature:
 
 
 FEATURES: tuple[Feature, ...] = (
-    Feature("parallel", ("fsdp", "tp", "ddp", "replicate"), "fsdp", "{}", "the layout over all ranks"),
+    Feature("parallel", ("fsdp", "tp", "ddp", "replicate", "hsdp"), "fsdp", "{}", "the layout over all ranks"),
     Feature("blocks", (1, 2, 3), 1, "blocks{}", "residual blocks"),
     Feature("experts", (0, 2, 4), 0, "moe{}", "routed experts in every block's feed-forward (0: a dense MLP)"),
     Feature("top_k", (1, 2), 1, "top{}", "experts each token goes to"),
@@ -85,13 +88,16 @@ FEATURES: tuple[Feature, ...] = (
     Feature("steps", (1, 2, 3), 1, "steps{}", "optimizer steps"),
 )
 FEATURE = {f.name: f for f in FEATURES}
+RANKS = {"hsdp": 4}
+"""Layouts that need a world of their own size (a 2x2 mesh); the rest run on the cell's ranks."""
 SIZES = ("blocks", "experts", "top_k", "accum", "steps")
 """Numbers: the shrinker tries every smaller value, the smallest first."""
 
 RULES: tuple[tuple[Any, str], ...] = (
     (lambda s: s["top_k"] > max(s["experts"], 1), "top_k picks among the routed experts: top_k <= experts"),
     (lambda s: s["shared_expert"] and not s["experts"], "a shared expert sits beside routed experts: experts > 0"),
-    (lambda s: s["wrap"] != "blocks" and s["parallel"] != "fsdp", "wrap places FSDP2's units: parallel=fsdp"),
+    (lambda s: s["wrap"] != "blocks" and s["parallel"] not in ("fsdp", "hsdp"),
+     "wrap places FSDP2's units: parallel=fsdp or hsdp"),
     (lambda s: s["balance"] and not s["experts"], "the balancing bias steers routed experts: experts > 0"),
 )
 """Only what is meaningless (a structure that cannot be built as stated)."""

@@ -245,17 +245,16 @@ three steps of it would move no token; this one moves some)."""
 @torch.no_grad()
 def update_expert_bias(model: nn.Module) -> None:
     """torchtitan's `_update_expert_bias`, an optimizer step pre-hook: the step's token counts
-    summed over the data-parallel ranks (`model.balance_group`, set by parallelize; None in the
-    reference and under TP, where every rank saw every token), then each bias moves toward
-    the under-loaded experts and the counts restart."""
+    summed over the data-parallel ranks (`model.balance_groups`, one per mesh axis, set by
+    parallelize; none in the reference and under TP, where every rank saw every token), then
+    each bias moves toward the under-loaded experts and the counts restart."""
     import torch.distributed as dist
 
     moes = [m for m in model.modules() if isinstance(m, LoopMoE) and m.balance]
     if not moes:
         return
     counts = torch.vstack([m.tokens_per_expert for m in moes])
-    group = getattr(model, "balance_group", None)
-    if group is not None:
+    for group in getattr(model, "balance_groups", []):
         dist.all_reduce(counts, group=group)
     for moe, count in zip(moes, counts):
         delta = BALANCE_RATE * torch.sign(count.mean() - count)
@@ -273,15 +272,26 @@ def data(structure: dict[str, Any], vocab: int, world_size: int) -> list[list[tu
 
 
 def data_parallel(parallel: str) -> bool:
-    """Each rank trains on its own rows (FSDP2, DDP, replicate); TP ranks all see every row."""
+    """Each rank trains on its own rows (FSDP2, HSDP, DDP, replicate); TP ranks all see every row."""
     return parallel != "tp"
+
+
+MESHES = {"hsdp": ((2, 2), ("dp_replicate", "dp_shard"))}
+"""The 2-D layouts' meshes, named as torchtitan's ParallelDims names them (model_space.RANKS)."""
+
+
+def mesh_of(structure: dict[str, Any], dist: Any) -> Any:
+    """The structure's mesh over the harness's ranks (`dist.mesh`: cached per shape)."""
+    shape, names = MESHES.get(structure["parallel"], (None, None))
+    return dist.mesh(shape, names)
 
 
 def parallelize(model: StructureModel, mesh: Any) -> nn.Module:
     """Lays `model` out as its structure says; returns what the training loop calls."""
     s = model.structure
-    model.balance_group = mesh.get_group() if data_parallel(s["parallel"]) and s["balance"] else None
-    if s["parallel"] == "fsdp":
+    model.balance_groups = ([mesh.get_group(axis) for axis in range(mesh.ndim)]
+                            if data_parallel(s["parallel"]) and s["balance"] else [])
+    if s["parallel"] in ("fsdp", "hsdp"):  # a 2-D mesh makes fully_shard HSDP
         _fully_shard(model, mesh, s["wrap"])
         return model
     if s["parallel"] == "tp":
