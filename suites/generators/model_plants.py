@@ -16,7 +16,7 @@ quiet (training completes, nothing raises), the way such bugs sit upstream:
   - frozen_grad: under FSDP2, a frozen parameter comes out of backward with a zero
     gradient (as flat-parameter sharding that reduces frozen and trainable parameters
     together materializes one): training numbers stay right; requires_grad does not
-    survive. Needs frozen parameters and fsdp.
+    survive. Needs frozen parameters and an FSDP2 layout (fsdp, hsdp).
   - recompute_drift: under FSDP2, a checkpointed block's recomputation gives its first
     projection's output a relative 1e-3 off the forward's (as a recompute that reads
     state the forward changed): the forward is right, the gradients are not. Needs ac.
