@@ -34,7 +34,7 @@ def test_every_drawn_structure_is_valid_and_its_key_reads_back():
     assert len({key(s) for s in drawn}) == 60
     for s in drawn:
         assert valid(s) and parse(key(s)) == s
-    assert {s["parallel"] for s in drawn} == {"fsdp", "tp", "ddp", "replicate"}
+    assert {s["parallel"] for s in drawn} == {"fsdp", "tp", "ddp", "replicate", "hsdp"}
     assert any(s["experts"] and s["tie"] for s in drawn)
 
 
@@ -50,8 +50,11 @@ def test_a_seed_replays_and_space_restricts():
 
 def test_rules_say_only_what_is_meaningless():
     assert problems({"parallel": "ddp", "top_k": 2}) == ["top_k picks among the routed experts: top_k <= experts"]
-    assert problems({"parallel": "tp", "wrap": "nested"}) == ["wrap places FSDP2's units: parallel=fsdp"]
+    assert problems({"parallel": "tp", "wrap": "nested"}) == ["wrap places FSDP2's units: parallel=fsdp or hsdp"]
+    assert valid({"parallel": "hsdp", "wrap": "nested"})
     assert valid({"parallel": "tp", "experts": 4, "top_k": 2, "uneven": True, "param": "spectral_norm"})
+    assert problems({"parallel": "ddp", "balance": True}) == ["the balancing bias steers routed experts: experts > 0"]
+    assert valid({"parallel": "tp", "frozen": "lora", "ac": "selective", "experts": 2, "balance": True})
     with pytest.raises(ValueError, match="'moe3' is no model feature"):
         parse("fsdp-moe3")
 
@@ -63,6 +66,7 @@ def test_smaller_moves_one_feature_toward_its_default():
     assert parse("ddp-blocks3-tied-steps3") in out, "experts 0 takes top_k with it"
     assert parse("ddp-moe4-top2-tied-steps3") in out and parse("ddp-blocks2-moe4-top2-tied-steps3") in out
     assert smaller(parse("fsdp")) == []
+    assert parse("ddp-frozen_lora") in smaller(parse("ddp-moe2-frozen_lora-lb_bias")), "experts 0 takes the bias"
 
 
 def _fake(bug, near=None):
@@ -75,7 +79,7 @@ def _fake(bug, near=None):
 
 def test_a_find_shrinks_to_the_features_it_needs():
     bug = _fake(lambda s: s["tie"] and s["steps"] >= 2)
-    report = ModelFuzzer("shrink3", bug, budget_s=1e9, max_structures=40, log=lambda m: None).run()
+    report = ModelFuzzer("shrink3", bug, budget_s=1e9, max_structures=80, log=lambda m: None).run()
     assert len(report.finds) == 1 and report.finds[0].complete
     needs = non_default(report.finds[0].shrunk.case)
     needs.pop("parallel", None)
@@ -157,6 +161,53 @@ def test_a_gradient_bug_is_localized_to_the_parameter():
     assert found.signature == "the parameter gradient of 3.weight leaves the reference first"
 
 
+# --- the structures as production code builds them (one process) -------------------------
+
+def _grads(structure: str) -> tuple[float, dict]:
+    from suites.generators import model_structures as ms
+    from suites.runner.evidence import clean_name
+
+    model = ms.build(parse(structure), torch.device("cpu"))
+    tokens, labels = ms.data(parse(structure), model.vocab, 2)[0][0]
+    loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), labels.flatten())
+    loss.backward()
+    return float(loss.detach()), {clean_name(n): p.grad for n, p in model.named_parameters()}
+
+
+def test_frozen_parameters_are_the_ones_real_recipes_freeze():
+    _, lora = _grads("fsdp-moe2-frozen_lora")
+    trained = {n for n, g in lora.items() if g is not None}
+    assert trained and all(".lora_" in n for n in trained), "torchtune: only the adapters train"
+    assert len(trained) < len(lora) and any(n.endswith("w2.lora_b.weight") for n in trained)
+    _, tied = _grads("fsdp-tied-frozen_embedding")
+    assert tied["tok.weight"] is None and tied["layers.0.ffn.w1.weight"] is not None
+
+
+@pytest.mark.parametrize("ac", ["full", "selective"])
+def test_checkpointing_a_block_changes_no_number(ac):
+    loss, grads = _grads("fsdp-blocks2-moe2-shared_expert")
+    loss_ac, grads_ac = _grads(f"fsdp-blocks2-moe2-shared_expert-ac_{ac}")
+    assert loss_ac == loss and grads_ac.keys() == grads.keys()
+    for name, g in grads.items():
+        assert (g is None) == (grads_ac[name] is None), name
+        assert g is None or torch.allclose(g, grads_ac[name], rtol=1e-6, atol=1e-7), name
+
+
+def test_the_balancing_bias_steers_toward_idle_experts_outside_autograd():
+    from suites.generators import model_structures as ms
+
+    model = ms.build(parse("ddp-moe4-lb_bias"), torch.device("cpu"))
+    moe = model.layers[0].ffn
+    tokens, _ = ms.data(parse("ddp-moe4-lb_bias"), model.vocab, 2)[0][0]
+    model(tokens).sum().backward()
+    counts = moe.tokens_per_expert.clone()
+    assert counts.sum() == tokens.numel() and moe.expert_bias.grad is None
+    ms.update_expert_bias(model)
+    busiest, idlest = int(counts.argmax()), int(counts.argmin())
+    assert moe.expert_bias[busiest] < 0 < moe.expert_bias[idlest], (counts, moe.expert_bias)
+    assert abs(float(moe.expert_bias.sum())) < 1e-6 and moe.tokens_per_expert.sum() == 0
+
+
 # --- planted bugs, end to end ----------------------------------------------------------------
 
 def _space(drawn: dict[str, str]) -> list[str]:
@@ -179,6 +230,17 @@ PLANTS = {
                            "buffer": "none,persistent"},
                           lambda n: n.get("parallel") == "ddp" and n.get("experts") and not {"tie", "buffer"} & set(n),
                           "of layers.N.ffn.experts.N.w1.weight", "idle1"),
+    # requires_grad does not survive: the numbers are right, the frozen weight has a gradient
+    "frozen_grad": ({"parallel": "fsdp", "frozen": "embedding", "tie": "true,false", "steps": "1,2"},
+                    lambda n: n == {"frozen": "embedding"}, "(present on one side only) of tok.weight", "frozen2"),
+    # full AC only: op-level SAC notices an op the forward did not run and raises instead
+    "recompute_drift": ({"parallel": "fsdp", "ac": "full", "blocks": "1,2", "buffer": "none,persistent"},
+                        lambda n: n == {"ac": "full"}, "the forward output of layers.N.ffn.w1", "recompute"),
+    # a step after the first bias update; the tie is a distractor
+    "balance_local_counts": ({"parallel": "ddp", "experts": "4", "balance": "true", "steps": "2,3",
+                              "tie": "true,false"},
+                             lambda n: n.get("balance") and n.get("experts") and n.get("steps", 1) >= 2
+                             and "tie" not in n, "the forward output of layers.N.ffn", "f2"),
 }
 
 

@@ -104,8 +104,8 @@ def smaller(structure: dict[str, Any]) -> list[dict[str, Any]]:
             targets += [v for v in f.values if f.default < v < full[f.name]]
         for value in targets:
             candidate = {**full, f.name: value}
-            if not space.valid(candidate):  # e.g. experts 0 takes top_k and the shared expert with it
-                candidate = {**candidate, **{g: _default(g) for g in ("top_k", "shared_expert")}}
+            if not space.valid(candidate):  # e.g. experts 0 takes top_k, the shared expert, the bias
+                candidate = {**candidate, **{g: _default(g) for g in ("top_k", "shared_expert", "balance")}}
             if space.valid(candidate) and key(candidate) not in seen:
                 seen.add(key(candidate))
                 out.append(candidate)

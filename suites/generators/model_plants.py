@@ -13,6 +13,17 @@ quiet (training completes, nothing raises), the way such bugs sit upstream:
     gradient: it re-adds the last gradient it had there (a stale per-expert buffer, as a
     grouped-GEMM fallback that reuses its last output): needs experts, and a step or
     microbatch after the expert ran, on a rank where it then got none.
+  - frozen_grad: under FSDP2, a frozen parameter comes out of backward with a zero
+    gradient (as flat-parameter sharding that reduces frozen and trainable parameters
+    together materializes one): training numbers stay right; requires_grad does not
+    survive. Needs frozen parameters and an FSDP2 layout (fsdp, hsdp).
+  - recompute_drift: under FSDP2, a checkpointed block's recomputation gives its first
+    projection's output a relative 1e-3 off the forward's (as a recompute that reads
+    state the forward changed): the forward is right, the gradients are not. Needs ac.
+  - balance_local_counts: the load-balancing bias is updated from the rank's own token
+    counts (the all-reduce over the data-parallel ranks forgotten): ranks route
+    differently from the step after. Needs balance, a data-parallel layout and a step
+    after the first update.
 """
 
 from __future__ import annotations
@@ -86,8 +97,40 @@ def _idle_expert_stale(model: nn.Module, parallel: str, rank: int) -> None:
         moe.register_forward_hook(stale_into_skipped)
 
 
+def _frozen_grad(model: nn.Module, parallel: str, rank: int) -> None:
+    if parallel not in ("fsdp", "hsdp"):
+        return
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+
+    def zero_grads(module, args, output):
+        def at_backward(grad):
+            for p in frozen:
+                p.grad = torch.zeros_like(p)
+            return grad
+        if output.requires_grad:
+            output.register_hook(at_backward)
+    model.register_forward_hook(zero_grads)
+
+
+def _recompute_drift(model: nn.Module, parallel: str, rank: int) -> None:
+    from .model_structures import Expert
+
+    if parallel != "fsdp":
+        return
+
+    def drift(module, args, output):
+        return output * (1 + 1e-3) if torch._C._current_graph_task_id() != -1 else output
+    for expert in [m for m in model.modules() if isinstance(m, Expert)]:
+        expert.w1.register_forward_hook(drift)
+
+
+def _balance_local_counts(model: nn.Module, parallel: str, rank: int) -> None:
+    model.balance_groups = []
+
+
 PLANTS: dict[str, Callable[[nn.Module, str, int], None]] = {
-    "buffer_drift": _buffer_drift, "tied_grad_once": _tied_grad_once, "idle_expert_stale": _idle_expert_stale}
+    "buffer_drift": _buffer_drift, "tied_grad_once": _tied_grad_once, "idle_expert_stale": _idle_expert_stale,
+    "frozen_grad": _frozen_grad, "recompute_drift": _recompute_drift, "balance_local_counts": _balance_local_counts}
 
 
 def plant(model: nn.Module, parallel: str, rank: int, name: str | None = None) -> None:

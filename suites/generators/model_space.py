@@ -23,8 +23,24 @@ Features, and where they come from:
     grouped (every block, then one unit of several modules, `fully_shard([model.norm,
     model.output])` as torchtitan's llama3/deepseek_v3 parallelize.py and PyTorch's own
     "mem_eff" tests write it; the tied embedding and the MTP module join that unit);
+  - frozen: parameters that never train: `embedding`, a frozen token embedding (and the
+    head it is tied to; HF `model.get_input_embeddings().requires_grad_(False)`); `lora`,
+    every feed-forward projection wrapped PEFT-style (base_layer + lora_A + lora_B, B zero at
+    init) and every base parameter frozen, as torchtune's LoRA recipes do
+    (`set_trainable_params(model, get_adapter_params(model))`, then fully_shard per layer);
+  - ac: activation checkpointing per block as torchtitan's apply_ac wraps every block
+    (`ptd_checkpoint_wrapper(block, preserve_rng_state=False)`): `full`, or `selective`
+    (op-level SAC: matmul outputs saved, the rest recomputed,
+    create_selective_checkpoint_contexts);
+  - balance: DeepSeek-V3's auxiliary-loss-free load balancing as torchtitan writes it
+    (moe.py's `expert_bias` / `tokens_per_expert` buffers, optimizer.py's
+    `_update_expert_bias` step pre-hook): a bias that only steers expert selection, updated
+    outside autograd from the token counts all-reduced over the data-parallel ranks;
   - uneven: widths no mesh divides (vocab 33, hidden 31): padded FSDP2 shards, uneven TP shards;
   - parallel: the layout (FSDP2, TP, classic DDP, composable replicate), crossed with all;
+    `hsdp` is the 2-D layout torchtitan's ParallelDims builds for dp_replicate x dp_shard
+    (fully_shard over a ("dp_replicate", "dp_shard") mesh): always 4 ranks, a 2x2 mesh,
+    whatever the cell's world size (RANKS);
   - accum, steps: microbatches per step, optimizer steps.
 
 A structure's key spells the parallelism then every feature off its default, e.g.
@@ -53,7 +69,7 @@ class Feature:
 
 
 FEATURES: tuple[Feature, ...] = (
-    Feature("parallel", ("fsdp", "tp", "ddp", "replicate"), "fsdp", "{}", "the layout over all ranks"),
+    Feature("parallel", ("fsdp", "tp", "ddp", "replicate", "hsdp"), "fsdp", "{}", "the layout over all ranks"),
     Feature("blocks", (1, 2, 3), 1, "blocks{}", "residual blocks"),
     Feature("experts", (0, 2, 4), 0, "moe{}", "routed experts in every block's feed-forward (0: a dense MLP)"),
     Feature("top_k", (1, 2), 1, "top{}", "experts each token goes to"),
@@ -64,18 +80,25 @@ FEATURES: tuple[Feature, ...] = (
     Feature("buffer", ("none", "rope", "persistent"), "none", "buf_{}", "a buffer read in every block's forward"),
     Feature("param", ("none", "weight_norm", "spectral_norm"), "none", "{}", "a parametrized first projection"),
     Feature("wrap", ("blocks", "root", "subset", "nested", "grouped"), "blocks", "wrap_{}", "FSDP2 units"),
+    Feature("frozen", ("none", "embedding", "lora"), "none", "frozen_{}", "parameters that never train"),
+    Feature("ac", ("none", "full", "selective"), "none", "ac_{}", "activation checkpointing of every block"),
+    Feature("balance", (False, True), False, "lb_bias", "an expert-selection bias updated from token counts"),
     Feature("uneven", (False, True), False, "uneven", "vocab 33 and hidden 31: no mesh divides them"),
     Feature("accum", (1, 2), 1, "ga{}", "microbatches per optimizer step"),
     Feature("steps", (1, 2, 3), 1, "steps{}", "optimizer steps"),
 )
 FEATURE = {f.name: f for f in FEATURES}
+RANKS = {"hsdp": 4}
+"""Layouts that need a world of their own size (a 2x2 mesh); the rest run on the cell's ranks."""
 SIZES = ("blocks", "experts", "top_k", "accum", "steps")
 """Numbers: the shrinker tries every smaller value, the smallest first."""
 
 RULES: tuple[tuple[Any, str], ...] = (
     (lambda s: s["top_k"] > max(s["experts"], 1), "top_k picks among the routed experts: top_k <= experts"),
     (lambda s: s["shared_expert"] and not s["experts"], "a shared expert sits beside routed experts: experts > 0"),
-    (lambda s: s["wrap"] != "blocks" and s["parallel"] != "fsdp", "wrap places FSDP2's units: parallel=fsdp"),
+    (lambda s: s["wrap"] != "blocks" and s["parallel"] not in ("fsdp", "hsdp"),
+     "wrap places FSDP2's units: parallel=fsdp or hsdp"),
+    (lambda s: s["balance"] and not s["experts"], "the balancing bias steers routed experts: experts > 0"),
 )
 """Only what is meaningless (a structure that cannot be built as stated)."""
 

@@ -32,6 +32,29 @@ SEED = 20261206
 LR = 0.1
 
 
+LORA_RANK = 2
+LORA_ALPHA = 4.0
+
+
+class LoRALinear(nn.Module):
+    """A LoRA adapter around an existing projection, as PEFT's lora.Linear wraps its
+    `base_layer`: out = base(x) + B(A(x)) * alpha / rank, B zero at init (torchtune, PEFT)."""
+
+    def __init__(self, base: nn.Linear) -> None:
+        super().__init__()
+        self.base_layer = base
+        self.lora_a = nn.Linear(base.in_features, LORA_RANK, bias=False)
+        self.lora_b = nn.Linear(LORA_RANK, base.out_features, bias=False)
+        nn.init.zeros_(self.lora_b.weight)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base_layer.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base_layer(x) + self.lora_b(self.lora_a(x)) * (LORA_ALPHA / LORA_RANK)
+
+
 class Expert(nn.Module):
     def __init__(self, dim: int, hidden: int, param: str = "none") -> None:
         super().__init__()
@@ -49,7 +72,7 @@ class Expert(nn.Module):
 class LoopMoE(nn.Module):
     """Top-k routing and a per-expert loop that skips experts without tokens (module docstring)."""
 
-    def __init__(self, dim: int, hidden: int, experts: int, top_k: int, shared: bool) -> None:
+    def __init__(self, dim: int, hidden: int, experts: int, top_k: int, shared: bool, balance: bool = False) -> None:
         super().__init__()
         self.top_k = top_k
         self.router = nn.Linear(dim, experts, bias=False)
@@ -57,11 +80,21 @@ class LoopMoE(nn.Module):
         self.shared_expert = Expert(dim, hidden) if shared else None
         self.skipped: list[int] = []
         """Experts the last forward skipped on this rank (no token): the plants read it."""
+        self.balance = balance
+        if balance:  # torchtitan moe.py: the bias persists (checkpointed), the counts do not
+            self.register_buffer("expert_bias", torch.zeros(experts, dtype=torch.float32))
+            self.register_buffer("tokens_per_expert", torch.zeros(experts, dtype=torch.float32), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         probs = F.softmax(self.router(flat), dim=-1, dtype=torch.float32)
-        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        if self.balance:  # the bias picks the experts; the weights stay the unbiased scores
+            chosen = torch.topk(probs + self.expert_bias, self.top_k, dim=-1).indices
+            weights = probs.gather(-1, chosen)
+            with torch.no_grad():
+                self.tokens_per_expert.add_(torch.bincount(chosen.flatten(), minlength=len(self.experts)))
+        else:
+            weights, chosen = torch.topk(probs, self.top_k, dim=-1)
         if self.top_k > 1:  # top-k renormalized (Mixtral, Qwen norm_topk_prob); top-1 keeps its probability (Switch)
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(flat.dtype)
@@ -88,7 +121,7 @@ class Block(nn.Module):
     def __init__(self, s: dict[str, Any], hidden: int) -> None:
         super().__init__()
         self.norm = nn.RMSNorm(DIM) if hasattr(nn, "RMSNorm") else nn.LayerNorm(DIM)
-        self.ffn = (LoopMoE(DIM, hidden, s["experts"], s["top_k"], s["shared_expert"]) if s["experts"]
+        self.ffn = (LoopMoE(DIM, hidden, s["experts"], s["top_k"], s["shared_expert"], s["balance"]) if s["experts"]
                     else Expert(DIM, hidden, s["param"]))
         self.buffer = s["buffer"]
         if self.buffer == "rope":
@@ -165,7 +198,68 @@ def build(structure: dict[str, Any], device: torch.device) -> StructureModel:
     model = StructureModel(structure)
     with torch.no_grad():  # embeddings and head at a transformer's scale, not N(0, 1)
         model.tok.weight.normal_(0, 1 / math.sqrt(DIM))
+    _freeze(model, model.structure["frozen"])
+    _checkpoint(model, model.structure["ac"])
     return model.to(device)
+
+
+def _freeze(model: StructureModel, frozen: str) -> None:
+    """torchtune's LoRA recipes: adapters on the projections, only the adapters train."""
+    if frozen == "embedding":
+        model.tok.weight.requires_grad_(False)
+    elif frozen == "lora":
+        for expert in [m for m in model.modules() if isinstance(m, Expert)]:
+            expert.w1, expert.w2 = LoRALinear(expert.w1), LoRALinear(expert.w2)
+        adapters = {id(p) for m in model.modules() if isinstance(m, LoRALinear)
+                    for p in (*m.lora_a.parameters(), *m.lora_b.parameters())}
+        for p in model.parameters():
+            p.requires_grad_(id(p) in adapters)
+
+
+def _checkpoint(model: StructureModel, ac: str) -> None:
+    """torchtitan's apply_ac: every block in a checkpoint wrapper (non-reentrant, RNG state not
+    preserved); `selective` is its op-level policy: save matmul outputs, recompute the rest."""
+    if ac == "none":
+        return
+    import functools
+
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    kwargs: dict[str, Any] = {"preserve_rng_state": False}
+    if ac == "selective":
+        from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+        def policy(ctx, op, *args, **kw):
+            return CheckpointPolicy.MUST_SAVE if op == torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, policy)
+    for i, block in enumerate(model.layers):
+        model.layers[i] = checkpoint_wrapper(block, **kwargs)
+
+
+BALANCE_RATE = 0.05
+"""The bias step per update (torchtitan's load_balance_coeff is 1e-3: on a model this small,
+three steps of it would move no token; this one moves some)."""
+
+
+@torch.no_grad()
+def update_expert_bias(model: nn.Module) -> None:
+    """torchtitan's `_update_expert_bias`, an optimizer step pre-hook: the step's token counts
+    summed over the data-parallel ranks (`model.balance_groups`, one per mesh axis, set by
+    parallelize; none in the reference and under TP, where every rank saw every token), then
+    each bias moves toward the under-loaded experts and the counts restart."""
+    import torch.distributed as dist
+
+    moes = [m for m in model.modules() if isinstance(m, LoopMoE) and m.balance]
+    if not moes:
+        return
+    counts = torch.vstack([m.tokens_per_expert for m in moes])
+    for group in getattr(model, "balance_groups", []):
+        dist.all_reduce(counts, group=group)
+    for moe, count in zip(moes, counts):
+        delta = BALANCE_RATE * torch.sign(count.mean() - count)
+        moe.expert_bias.add_(delta - delta.mean())
+        moe.tokens_per_expert.zero_()
 
 
 def data(structure: dict[str, Any], vocab: int, world_size: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -178,27 +272,43 @@ def data(structure: dict[str, Any], vocab: int, world_size: int) -> list[list[tu
 
 
 def data_parallel(parallel: str) -> bool:
-    """Each rank trains on its own rows (FSDP2, DDP, replicate); TP ranks all see every row."""
+    """Each rank trains on its own rows (FSDP2, HSDP, DDP, replicate); TP ranks all see every row."""
     return parallel != "tp"
+
+
+MESHES = {"hsdp": ((2, 2), ("dp_replicate", "dp_shard"))}
+"""The 2-D layouts' meshes, named as torchtitan's ParallelDims names them (model_space.RANKS)."""
+
+
+def mesh_of(structure: dict[str, Any], dist: Any) -> Any:
+    """The structure's mesh over the harness's ranks (`dist.mesh`: cached per shape)."""
+    shape, names = MESHES.get(structure["parallel"], (None, None))
+    return dist.mesh(shape, names)
 
 
 def parallelize(model: StructureModel, mesh: Any) -> nn.Module:
     """Lays `model` out as its structure says; returns what the training loop calls."""
     s = model.structure
-    if s["parallel"] == "fsdp":
+    model.balance_groups = ([mesh.get_group(axis) for axis in range(mesh.ndim)]
+                            if data_parallel(s["parallel"]) and s["balance"] else [])
+    if s["parallel"] in ("fsdp", "hsdp"):  # a 2-D mesh makes fully_shard HSDP
         _fully_shard(model, mesh, s["wrap"])
         return model
     if s["parallel"] == "tp":
         _tensor_parallel(model, mesh)
         return model
-    unused = bool(s["experts"])  # an expert without tokens on a rank: DDP must be told (users pass it for MoE)
+    kwargs: dict[str, Any] = {}
+    if s["experts"]:  # an expert without tokens on a rank: DDP must be told (users pass it for MoE)
+        kwargs["find_unused_parameters"] = True
+    if s["balance"]:  # the token counts are each rank's own until the pre-hook sums them
+        kwargs["broadcast_buffers"] = False
     if s["parallel"] == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model, process_group=mesh.get_group(), find_unused_parameters=unused)
+        return DistributedDataParallel(model, process_group=mesh.get_group(), **kwargs)
     from torch.distributed._composable.replicate import replicate
 
-    replicate(model, device_mesh=mesh, **({"find_unused_parameters": True} if unused else {}))
+    replicate(model, device_mesh=mesh, **kwargs)
     return model
 
 
@@ -227,11 +337,13 @@ def _tensor_parallel(model: StructureModel, mesh: Any) -> None:
     """Megatron's feed-forward plan on every plain expert (w1 column-, w2 row-sharded); the
     router, norms, embedding and head stay replicated; a parametrized projection is left
     whole (parallelize_module shards a module's own parameters, a parametrization keeps
-    them one level down)."""
+    them one level down), and so is a LoRA-wrapped one (Colwise/RowwiseParallel take an
+    nn.Linear; torchtitan has no TP plan for adapters)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     plan = {}
     for name, module in model.named_modules():
-        if isinstance(module, Expert) and not nn.utils.parametrize.is_parametrized(module.w1):
+        w1 = getattr(module, "w1", None)
+        if isinstance(module, Expert) and isinstance(w1, nn.Linear) and not nn.utils.parametrize.is_parametrized(w1):
             plan[f"{name}.w1"], plan[f"{name}.w2"] = ColwiseParallel(), RowwiseParallel()
     parallelize_module(model, mesh, plan)

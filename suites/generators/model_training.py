@@ -36,7 +36,8 @@ def _train(structure: dict[str, Any], runnable, model, batches, rank: int, world
            tracer: Tracer, gather: bool) -> tuple[TrainRecord, dict]:
     import torch.distributed as dist
 
-    opt = torch.optim.SGD(model.parameters(), lr=ms.LR)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=ms.LR)
+    opt.register_step_pre_hook(lambda *args: ms.update_expert_bias(model))
     record, traces = TrainRecord(), {}
     for step, micro in enumerate(batches):
         opt.zero_grad(set_to_none=True)

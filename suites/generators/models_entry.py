@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from .model_space import key, parse
+from .model_space import RANKS, key, parse
 
 MODELS_ENV = "DISTCI_FUZZ_MODELS"
 MODEL_ENV = "DISTCI_FUZZ_MODEL"
@@ -43,7 +43,9 @@ def structure_keys(args: list[str] | None = None) -> list[str]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if metafunc.function.__name__ == TEST_NAME:
         keys = structure_keys(list(metafunc.config.args))
-        metafunc.parametrize("structure", keys, ids=keys)
+        ranks = {k: RANKS.get(parse(k)["parallel"]) for k in keys}
+        metafunc.parametrize("structure", [pytest.param(k, id=k, marks=[pytest.mark.world_size(ranks[k])] if ranks[k]
+                                                        else []) for k in keys])
 
 
 def lead(problems: list[str]) -> str:
@@ -54,11 +56,12 @@ def lead(problems: list[str]) -> str:
 
 def test_model_structure(dist, structure: str) -> None:
     from .model_plants import plant
+    from .model_structures import mesh_of
     from .model_training import judge
 
     if dist.group is None:
         dist.init()
-    judged = judge(parse(structure), dist.rank, dist.world_size, dist.mesh(), dist.device, plant)
+    judged = judge(parse(structure), dist.rank, dist.world_size, mesh_of(parse(structure), dist), dist.device, plant)
     if judged.problems:
         first = judged.divergence.signature if judged.divergence else SIGNED_NUMBER.sub("N", lead(judged.problems))
         where = f"\n  {judged.divergence}" if judged.divergence else "\n  (no traced tensor left its rounding bound)"
