@@ -72,6 +72,10 @@ def load(p: Any, fresh_scheduler: Callable[[Any], Any]) -> None:
     kept = {n: b.clone() for n, b in p.run.model.named_buffers()} \
         if p.plant.keeps_buffers_on_load(p.par.rank) else {}
     if kind == "full":
+        # a fresh copy per load, as torch.load of the file gives: set_model_state_dict replaces
+        # the values of the dict it is given by the model's DTensors (known issue
+        # dsd-set-model-state-dict-mutates-input), so a second load of the same dict is not a resume
+        full = copy.deepcopy(full)
         set_model_state_dict(model, full[0], options=options)
         if not p.plant.skips_optimizer_load(p.par.layout, kind):
             set_optimizer_state_dict(model, opt, full[1], options=options)
