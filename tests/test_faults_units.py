@@ -9,6 +9,7 @@ import sys
 import time
 import uuid
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -96,6 +97,41 @@ def test_reaper_kills_token_carriers_when_its_controller_dies(tmp_path):
     while procs.with_token(token) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert procs.with_token(token) == []
+
+
+def _sleeper(**kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], **kwargs)
+
+
+def test_a_group_is_killed_without_reaching_a_reused_number():
+    """Once a group's leader was waited for, its number is free (pid_max is 32768 here and a
+    test suite wraps it): kill_group then kills the group's survivors, and never a process
+    that now holds the number and leads a group of its own (the reaper test lost its
+    setsid sleeper to a stale killpg of another test's bisect command)."""
+    leader = subprocess.Popen([sys.executable, "-c",
+                               "import subprocess, sys; print(subprocess.Popen([sys.executable, '-c', "
+                               "'import time; time.sleep(600)']).pid, flush=True)"],
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    survivor = int(leader.stdout.readline())  # type: ignore[union-attr]
+    leader.wait()
+    stranger = _sleeper(start_new_session=True)
+    try:
+        procs.kill_group(leader)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{survivor}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not Path(f"/proc/{survivor}").exists(), "the group's survivor outlived kill_group"
+        # The stranger's Popen, as if a process of the same number had been waited for
+        # earlier: the number leads a live group, which is not the one that was meant.
+        reused = subprocess.Popen.__new__(subprocess.Popen)
+        reused.pid, reused.returncode = stranger.pid, 0
+        procs.kill_group(reused)
+        procs.kill_tree(reused)
+        time.sleep(0.2)
+        assert stranger.poll() is None, "a stale number's new owner was killed"
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 def test_an_unknown_fix_id_stops_import_torch_naming_the_known_ids(monkeypatch):

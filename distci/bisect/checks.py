@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Mapping, Protocol
 
 from distci.errors import BisectError
+from distci.harness import procs
 
 SKIP_CODE = 125
 OnTimeout = Literal["skip", "bad"]
@@ -97,11 +97,11 @@ class LocalRunner:
             out, _ = proc.communicate(timeout=timeout)
             code: int | None = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            procs.kill_group(proc)
             out, _ = proc.communicate()
             code = None
         finally:
-            _kill_group(proc)
+            procs.kill_group(proc)
         return RunOutput(code, out.decode(errors="replace") if isinstance(out, bytes) else (out or ""))
 
 
@@ -181,15 +181,6 @@ def _recorded(line: str) -> str:
         return ""
     message = [text for text in str(record.get("message", "")).splitlines() if text.strip()][:3]
     return f"{record.get('test_id')}: {record.get('outcome')}" + "".join(f"\n  {m}" for m in message)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill the check's session (distci.harness.procs needs pytest, which the controller's
-    env may lack; a check's own session holds what it started, rank workers included)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def tail(text: bytes | str | None, lines: int = 20) -> str:

@@ -59,6 +59,7 @@ from typing import Any, Callable, Mapping, Sequence, Union
 from distci.bisect.checks import failure_signature
 from distci.bisect.engine import CONFIRM_RUNS
 from distci.bisect.state import BisectError
+from distci.harness import procs
 
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 SHIM_ENV = "DISTCI_COMPILE_SHIM"
@@ -263,7 +264,8 @@ def _run_text(command: str | Sequence[str], cwd, env: Mapping[str, str], timeout
         except subprocess.TimeoutExpired:
             code = 124
         finally:
-            _kill(proc)
+            procs.kill_group(proc)
+            proc.wait()
         out.seek(max(0, out.seek(0, os.SEEK_END) - TAIL))
         text = out.read().decode(errors="replace")
     return code, f"exit {code}\n{text}"
@@ -271,16 +273,6 @@ def _run_text(command: str | Sequence[str], cwd, env: Mapping[str, str], timeout
 
 def _last_line(text: str) -> str:
     return " / ".join(failure_signature(text)[1:]) or "(no output)"
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
 
 
 # -- the driver, inside the failing environment ------------------------------------------

@@ -246,12 +246,11 @@ class RankPool:
         """SIGKILL the ranks, their process group and every descendant (a rank is a child
         subreaper, so what its tests started in sessions of their own is still under it)."""
         for r in self.ranks:
-            procs.kill_descendants(r.proc.pid)
-        if self.pgid is not None:
-            try:
-                os.killpg(self.pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            if r.proc.returncode is None:  # a waited-for rank's pid may be another's
+                procs.kill_descendants(r.proc.pid)
+        leader = next((r.proc for r in self.ranks if r.proc.pid == self.pgid), None)
+        if leader is not None:
+            procs.kill_group(leader)
         for r in self.ranks:
             try:
                 r.proc.kill()

@@ -395,14 +395,53 @@ def _reap(pids: list[int], settle_s: float = 1.0) -> None:
             time.sleep(0.02)
 
 
+def _pgrp(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """Signal the process group `proc` leads (started with start_new_session=True or
+    process_group=0), never a stranger's. A waited-for child's pid is free for reuse (pid_max
+    is 32768 on many runners, and a test suite wraps it), and a reused number that leads a
+    group of its own would take `killpg(proc.pid)`: so only an unreaped child is signalled
+    by number; after the wait, the group's members still alive are signalled one by one (the
+    kernel keeps the number while any member lives, so a live process with that pid means
+    the group is gone and the number is someone else's)."""
+    if proc.returncode is None:
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        return
+    members = [int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and _pgrp(int(e.name)) == proc.pid]
+    if proc.pid in members:
+        return
+    for pid in members:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the launch, its process group and every descendant (whatever session it is in)."""
-    for pid in [*descendants(proc.pid), proc.pid]:
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+    """SIGKILL the launch, its process group and every descendant (whatever session it is
+    in). After the launch was waited for, its pid may be another's: only its group's
+    survivors are left to kill then (`kill_group`)."""
+    if proc.returncode is None:
+        for pid in descendants(proc.pid):
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        try:
+            proc.kill()
+        except ProcessLookupError:
+            pass
+    kill_group(proc)
     proc.wait()
 
 
