@@ -71,7 +71,7 @@ class Result:
     known_issue: str | None = None
     started_at: str = ""
     log_path: str = ""
-    load: dict[str, Any] | None = None  # a timeout's runner load (procs.runner_load) and what was done about it
+    load: dict[str, Any] | None = None  # a timeout's runner load (machine.runner_load) and what was done about it
     schema: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:

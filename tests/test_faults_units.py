@@ -76,14 +76,18 @@ def test_run_token_extends_the_callers(monkeypatch):
 
 def test_reaper_kills_token_carriers_when_its_controller_dies(tmp_path):
     """A controller (here a child python) starts a reaper and a setsid sleeper carrying the
-    token, then is SIGKILLed: the sleeper is gone soon after."""
+    token, then is SIGKILLed: the sleeper is gone soon after. The sleeper says it is up
+    first: Popen returns while the kernel is still in the child's exec, when its
+    /proc/PID/environ reads empty for a moment (seen 1 in 12 under xdist)."""
     token = uuid.uuid4().hex
     script = (
         "import os, subprocess, sys, time\n"
         "from distci.harness import procs\n"
         f"r = procs.Reaper({token!r})\n"
         f"env = dict(os.environ, {procs.RUN_TOKEN_ENV}={token!r})\n"
-        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], env=env, start_new_session=True)\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(600)'],\n"
+        "                     env=env, start_new_session=True, stdout=subprocess.PIPE)\n"
+        "p.stdout.readline()\n"  # past its exec: until then its environ reads empty
         "print('ready', flush=True)\n"
         "time.sleep(600)\n"
     )

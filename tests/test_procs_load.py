@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from distci.harness import procs
+from distci.harness import machine, procs
 from distci.harness.outcome import RankState
 from distci.harness.timeouts import load_at_timeout
 
@@ -27,13 +27,13 @@ def test_a_computing_process_advances_and_a_sleeping_one_does_not() -> None:
 
 
 def test_the_runner_is_saturated_from_one_runnable_task_per_cpu(monkeypatch) -> None:
-    monkeypatch.setattr(procs.os, "getloadavg", lambda: (4.0, 3.0, 2.0))
-    monkeypatch.setattr(procs.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
-    assert procs.runner_load() == {"load1": 4.0, "load5": 3.0, "load15": 2.0, "cpus": 4, "saturated": True}
-    monkeypatch.setattr(procs.os, "sched_getaffinity", lambda _pid: set(range(8)))
-    assert not procs.runner_load()["saturated"]
-    monkeypatch.setenv(procs.SATURATED_ENV, "0.25")
-    assert procs.runner_load()["saturated"]
+    monkeypatch.setattr(machine.os, "getloadavg", lambda: (4.0, 3.0, 2.0))
+    monkeypatch.setattr(machine.os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    assert machine.runner_load() == {"load1": 4.0, "load5": 3.0, "load15": 2.0, "cpus": 4, "saturated": True}
+    monkeypatch.setattr(machine.os, "sched_getaffinity", lambda _pid: set(range(8)))
+    assert not machine.runner_load()["saturated"]
+    monkeypatch.setenv(machine.SATURATED_ENV, "0.25")
+    assert machine.runner_load()["saturated"]
 
 
 COLLECTIVE_STACK = ('Current thread 0x1 (most recent call first):\n'
@@ -64,16 +64,16 @@ def test_only_a_rank_computing_outside_a_collective_is_progress() -> None:
 def test_an_oom_kill_is_told_by_the_cgroup_the_kernel_log_or_the_peak_rss(monkeypatch, tmp_path) -> None:
     events = tmp_path / "memory.events"
     events.write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
-    monkeypatch.setattr(procs, "_cgroup_file", lambda v2, _c, _v1: events if v2 == "memory.events" else None)
-    monkeypatch.setattr(procs, "_kernel_log_oom", lambda pid: "")
-    monkeypatch.setattr(procs, "memory_limit", lambda: 8 * 2**30)
-    assert procs.oom_kills() == 1
-    assert procs.oom_evidence(42, 0, kills_before=0) == "the cgroup's oom_kill count went from 0 to 1"
-    assert procs.oom_evidence(42, 0, kills_before=1) == ""  # no new kill: a SIGKILL someone else sent
-    assert procs.oom_evidence(42, int(7.8 * 2**20), kills_before=1) == (
+    monkeypatch.setattr(machine, "_cgroup_file", lambda v2, _c, _v1: events if v2 == "memory.events" else None)
+    monkeypatch.setattr(machine, "_kernel_log_oom", lambda pid: "")
+    monkeypatch.setattr(machine, "memory_limit", lambda: 8 * 2**30)
+    assert machine.oom_kills() == 1
+    assert machine.oom_evidence(42, 0, kills_before=0) == "the cgroup's oom_kill count went from 0 to 1"
+    assert machine.oom_evidence(42, 0, kills_before=1) == ""  # no new kill: a SIGKILL someone else sent
+    assert machine.oom_evidence(42, int(7.8 * 2**20), kills_before=1) == (
         "its peak RSS 7.8 GiB was 97% of the 8.0 GiB memory limit")
-    monkeypatch.setattr(procs, "_kernel_log_oom", lambda pid: f"Out of memory: Killed process {pid} (python)")
-    assert procs.oom_evidence(42, 0, kills_before=1) == "the kernel log: Out of memory: Killed process 42 (python)"
+    monkeypatch.setattr(machine, "_kernel_log_oom", lambda pid: f"Out of memory: Killed process {pid} (python)")
+    assert machine.oom_evidence(42, 0, kills_before=1) == "the kernel log: Out of memory: Killed process 42 (python)"
 
 
 def test_a_rank_the_oom_killer_took_is_recorded_as_oom_not_a_bare_sigkill() -> None:

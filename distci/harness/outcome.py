@@ -55,7 +55,7 @@ class RankState:
     stuck: bool = False  # still running when the controller stopped waiting
     stack: str = ""  # stack dump taken when stuck
     pid: int | None = None  # the process that ran the test (a fork of the rank's worker)
-    oom: str = ""  # set when a SIGKILL was the OOM killer's: the evidence (procs.oom_evidence)
+    oom: str = ""  # set when a SIGKILL was the OOM killer's: the evidence (machine.oom_evidence)
     log: str = ""  # the rank's log lines written during the test
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
-from distci.harness import procs
+from distci.harness import machine, procs
 from distci.harness.outcome import Combined, RankState, combine, describe_exit
 from distci.harness.timeouts import load_at_timeout
 from distci.harness.protocol import CHANNEL_BROKEN_EXIT, ChildExit, RankReport, Shutdown, Started, TestRequest, Warm
@@ -296,7 +296,7 @@ class RankPool:
         for r in self.ranks:
             r.log_offset = r.log_path.stat().st_size
         states = {r.rank: RankState(r.rank) for r in self.ranks}
-        self._oom_kills = procs.oom_kills()
+        self._oom_kills = machine.oom_kills()
         for r in self.ranks:
             r.conn.send(request)
         self._wait(states, start + timeout_s)
@@ -371,7 +371,7 @@ class RankPool:
                 except (EOFError, OSError) as exc:
                     states[r.rank].exit_code = self._exit_code(r)
                     if states[r.rank].exit_code == -signal.SIGKILL:
-                        states[r.rank].oom = procs.oom_evidence(r.proc.pid, 0, self._oom_kills)
+                        states[r.rank].oom = machine.oom_evidence(r.proc.pid, 0, self._oom_kills)
                     if states[r.rank].exit_code is None or states[r.rank].exit_code == CHANNEL_BROKEN_EXIT:
                         states[r.rank].channel = f"{type(exc).__name__} on the socket"
                     pending.discard(r.rank)
@@ -382,7 +382,7 @@ class RankPool:
                 if isinstance(got, ChildExit):
                     states[r.rank].exit_code = got.code
                     if got.code == -signal.SIGKILL:  # the harness kills nothing before the outcome is known
-                        states[r.rank].oom = procs.oom_evidence(states[r.rank].pid or -1, got.max_rss_kb,
+                        states[r.rank].oom = machine.oom_evidence(states[r.rank].pid or -1, got.max_rss_kb,
                                                                 self._oom_kills)
                 else:
                     states[r.rank].report = got

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from distci.results import INTERRUPTED, RankExcerpt, Result, error_signature, write_junit
+from distci.results import INTERRUPTED, Result, error_signature, write_junit
 from distci.rundir import INFRA_PREFIX, RECORD_LOST_EXIT, RecordError, RunDir
 from distci.stack import Stack, capture_stack
 from distci.harness.outcome import Combined

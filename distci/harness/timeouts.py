@@ -2,7 +2,7 @@
 
 A test's deadline is a statement about the test only when the machine gave it its share:
 on a runner at load 75 with 2 cores, a row that takes 1m44s alone hits a 5-minute timeout.
-So a timeout is judged with the runner's load (procs.runner_load) and whether its ranks
+So a timeout is judged with the runner's load (machine.runner_load) and whether its ranks
 were still making progress (procs.cpu_advancing; a rank blocked in a collective uses no
 CPU): a load-timeout runs once more with a budget scaled by the load before it counts, and
 the Result records the load. A rank stuck in a collective is a hang however loaded the
@@ -15,7 +15,7 @@ from typing import Callable
 
 import pytest
 
-from distci.harness import procs
+from distci.harness import machine
 from distci.harness.outcome import RankState, waiting_in_collective
 
 LOAD_RETRY_FACTOR = 3.0
@@ -55,7 +55,7 @@ def load_at_timeout(states: list[RankState], progress: dict[int, bool]) -> dict:
     call (a rank waiting for a peer that never comes uses none; one in DTensor's sharding
     propagation, under torch/distributed/ too, is computing)."""
     computing = [s.rank for s in states if s.stuck and progress.get(s.rank) and not waiting_in_collective(s.stack)]
-    return dict(procs.runner_load(), progressing=bool(computing), computing_ranks=computing)
+    return dict(machine.runner_load(), progressing=bool(computing), computing_ranks=computing)
 
 
 def describe_load(load: dict) -> str:
