@@ -5,9 +5,9 @@
 # What the interpreter lacks comes from carried wheels in .whl/ (torchao for the cell's
 # overlay through DISTCI_FIND_LINKS; setuptools/packaging for the controller, installed
 # only when missing or too old). Into $OUT (a remote runner brings back a few files, not
-# a tree): NAME.log (the printed summary), NAME.tgz (the run directory: results.jsonl,
-# junit.xml, stack.json, run.json, rank logs with each row's numbers) and NAME-machine.txt
-# (the GPU, and what is left running afterwards).
+# a tree: two per selection): NAME.log (the printed summary) and NAME.tgz (the run directory:
+# results.jsonl, junit.xml, stack.json, run.json, rank logs with each row's numbers, and
+# machine.txt: the GPU, and what is left running afterwards).
 # Usage: [NAME=tier] [CELL=...] [TIER=nightly] [BUDGET_S=530] [DISTCI_TEST_TIMEOUT_CAP=150]
 #        tools/gpu_1gpu_tier.sh [-k EXPR]
 # Two calls with disjoint -k selections may run at once on one GPU (compiles are CPU-bound):
@@ -52,13 +52,16 @@ timeout --signal=INT --kill-after=30 "${BUDGET_S:-530}" \
 code=${PIPESTATUS[0]}
 echo "gpu_1gpu_tier: distci run exit $code in $(( $(date +%s) - start ))s" | tee -a "$out/$name.log"
 
-run=$(find "$runs" -mindepth 1 -maxdepth 1 -type d | sort | tail -n 1)
-if [ -n "$run" ]; then
-  tar czf "$out/$name.tgz" -C "$run" .
-fi
 # Nothing may be left running: the harness's workers and the GPU's compute processes.
 { echo "after the run:"; nvidia-smi --query-compute-apps=pid,name --format=csv,noheader 2>&1
   # Workers run as `python -u -m distci.harness.worker` (torchrun: `-m distci.harness.torchrun_entry`);
   # the pattern names the interpreter flag so it never matches a shell whose text merely mentions it.
   pgrep -af -- "-m distci[.]harness[.](worker|torchrun_entry)" || echo "no distci.harness worker"; } >> "$out/$name-machine.txt"
+# One archive per selection (the device returns a few files a call): the run directory with
+# the machine file in it; NAME.log stays beside it to be read at once.
+run=$(find "$runs" -mindepth 1 -maxdepth 1 -type d | sort | tail -n 1)
+if [ -n "$run" ]; then
+  mv "$out/$name-machine.txt" "$run/machine.txt"
+  tar czf "$out/$name.tgz" -C "$run" .
+fi
 exit "$code"
