@@ -23,14 +23,13 @@ Found by the scenario fuzzer (seed 2026-12-02, torch 2.13.0 and 2.15.0) as
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 
 import pytest
 import torch
 from torch import nn
 
 from ..conftest import tier_marks
+from ..runner.checkpoint import shared_dir
 
 pytestmark = tier_marks("nightly")
 DIM = 16
@@ -74,7 +73,6 @@ def _full(t: torch.Tensor) -> torch.Tensor:
 @pytest.mark.world_size(2)
 @pytest.mark.parametrize("optim", list(OPTIMIZERS))
 def test_tp_checkpoint_resumes_into_one_group(dist, optim: str) -> None:
-    import torch.distributed as tdist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
@@ -91,20 +89,14 @@ def test_tp_checkpoint_resumes_into_one_group(dist, optim: str) -> None:
     tp_opt = OPTIMIZERS[optim](_by_kind(tp))
     assert len(tp_opt.param_groups) == 2, "the TP model should have DTensor and plain parameters"
     _step(tp, tp_opt, 1, dist.device)
-    box = [tempfile.mkdtemp(prefix="distci-dsd-") if tdist.get_rank() == 0 else None]
-    tdist.broadcast_object_list(box, src=0)
-    try:
+    with shared_dir() as where:
         dcp.save({"model": get_model_state_dict(tp), "optim": get_optimizer_state_dict(tp, tp_opt)},
-                 checkpoint_id=box[0])
+                 checkpoint_id=where)
         single_opt = OPTIMIZERS[optim]([{"params": list(single.parameters())}])
         state = {"model": get_model_state_dict(single), "optim": get_optimizer_state_dict(single, single_opt)}
-        dcp.load(state, checkpoint_id=box[0])
+        dcp.load(state, checkpoint_id=where)
         set_model_state_dict(single, state["model"])
         set_optimizer_state_dict(single, single_opt, state["optim"])
-    finally:
-        tdist.barrier()
-        if tdist.get_rank() == 0:
-            shutil.rmtree(box[0], ignore_errors=True)
     # the resumed run goes on exactly as the saved one does
     _step(tp, tp_opt, 2, dist.device)
     _step(single, single_opt, 2, dist.device)

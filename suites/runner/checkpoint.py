@@ -21,17 +21,25 @@ import torch.nn as nn
 
 @contextlib.contextmanager
 def shared_dir() -> Iterator[str]:
-    """A fresh directory every rank sees, removed by rank 0 once every rank is done."""
+    """A fresh directory every rank sees, removed by rank 0 once every rank is done.
+
+    A rank leaving with an exception does not wait for the others: they may be blocked in
+    a collective it never joins (a load that raised on one rank only), and a barrier here
+    would hold its exception until the test's deadline, when the harness records the stacks
+    of a hang and never the error that caused it. Rank 0 still removes the directory."""
     import torch.distributed as dist
 
     box = [tempfile.mkdtemp(prefix="distci-dcp-") if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
     try:
         yield box[0]
-    finally:
-        dist.barrier()
+    except BaseException:
         if dist.get_rank() == 0:
             shutil.rmtree(box[0], ignore_errors=True)
+        raise
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(box[0], ignore_errors=True)
 
 
 def _state(model: nn.Module, opt: Any) -> dict:
