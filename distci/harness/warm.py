@@ -107,12 +107,9 @@ def remembered(record: Path | None, test_modules: Iterable[str]) -> list[str]:
     imported lazily, in the order they did: a template imports them with the test modules,
     so the first fork of a session no longer imports Dynamo and the template again after
     it. A missing or unreadable record is an empty one (it is only a hint)."""
-    found: list[str] = []
-    for key in (JOINING, *test_modules):
-        for name in _read(record).get(key, []):
-            if name not in found:
-                found.append(name)
-    return found
+    data = _read(record)
+    found = dict.fromkeys(name for key in (JOINING, *test_modules) for name in data.get(key, []))
+    return list(found)
 
 
 def remember(record: Path | None, test_module: str, learned: Iterable[str]) -> None:
@@ -124,7 +121,8 @@ def remember(record: Path | None, test_module: str, learned: Iterable[str]) -> N
         return
     data = _read(record)
     known = data.setdefault(test_module, [])
-    known += [n for n in names if n not in known][:max(0, MAX_REMEMBERED - len(known))]
+    seen = set(known)
+    known += [n for n in dict.fromkeys(names) if n not in seen][:max(0, MAX_REMEMBERED - len(known))]
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=record.parent, prefix=record.name, suffix=".tmp")
