@@ -144,6 +144,8 @@ def test_what_a_remembered_check_is_keyed_by(tmp_path):
         os.utime(tmp_path / edited, ns=(1, 1))
         assert collection_inputs(tmp_path, ["tests/cases/test_b.py::test_one"]) != before, edited
         before = collection_inputs(tmp_path, ["tests/cases/test_b.py::test_one"])
+    (tmp_path / "test_root.py").write_text("x = 1\n")  # a test file at the checkout's root
+    assert "test_root.py" in {p for p, _, _ in collection_inputs(tmp_path, ["test_root.py::test_one"])}
     assert collection_inputs(tmp_path, ["/elsewhere/test_c.py"]) is None
     assert collection_inputs(tmp_path, ["../other/test_c.py"]) is None
     cell, collector = default_cell(), Collector(sys.executable, "test")

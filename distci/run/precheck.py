@@ -157,7 +157,7 @@ class Remembered:
         from distci.run.cellrun import cell_environment, pytest_command
 
         release = torch_release(collector.python)
-        inputs = collection_inputs(REPO, tests)
+        inputs = collection_inputs(REPO, list(tests) or list(cell.suites))
         if release is None or inputs is None:
             return None
         cmd = pytest_command(cell, Path(collector.python), Path("run-dir"), "precheck", tests=list(tests),
@@ -203,13 +203,14 @@ def collection_inputs(repo: Path, tests: Sequence[str]) -> list[tuple[str, int, 
         path = Path(test.split("::")[0])
         if path.is_absolute() or ".." in path.parts:
             return None
-        roots.add(path.parts[0] if len(path.parts) > 1 else ".")
+        if path.parts:
+            roots.add(path.parts[0])
     found = []
-    for name in CONFIG_FILES:
+    for name in sorted({*CONFIG_FILES, *(r for r in roots if (repo / r).is_file())}):
         if (repo / name).is_file():
             stat = (repo / name).stat()
             found.append((name, stat.st_size, stat.st_mtime_ns))
-    for root in sorted(roots - {"."}):
+    for root in sorted(roots):
         for folder, dirs, files in os.walk(repo / root):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
             for name in sorted(files):
