@@ -55,7 +55,9 @@ def run_pytest(args: list[str], *, env: dict[str, str] | None = None, timeout: f
     """Runs pytest with the distci plugin in a child process, as a cell run would."""
     full_env = dict(os.environ, **(env or {}))
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), full_env.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-q", *args]
+    from distci.run.cellrun import QUIET_PLUGINS  # as a cell's session: hypothesis's plugin left out
+
+    cmd = [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", *QUIET_PLUGINS, "-q", *args]
     return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 

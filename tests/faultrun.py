@@ -18,6 +18,7 @@ from pathlib import Path
 
 from conftest import REPO
 from distci.harness import procs
+from distci.run.cellrun import QUIET_PLUGINS
 
 CASES = Path(__file__).parent / "faults" / "cases"
 LEFTOVER_LIMIT_S = 15.0
@@ -33,7 +34,7 @@ def fault_env(token: str, **extra: str) -> dict[str, str]:
 
 def harness_cmd(run_dir: Path, *args: str) -> list[str]:
     """A pytest session under the harness writing its run to `run_dir` (the fault cases' cell)."""
-    return [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-q",
+    return [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", *QUIET_PLUGINS, "-q",
             f"--distci-run-dir={run_dir}", "--distci-cell=cpu-faults-ws2", *args]
 
 

@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 
 from conftest import CASES, run_pytest
-from distci.harness.compile_cache import CACHE_ENV, compile_cache_dir, compile_cache_env
+from distci.harness.compile_cache import CACHE_ENV, LEARNED_RECORD, compile_cache_dir, compile_cache_env
+from distci.harness.warm import RECORD_ENV
 
 
 def test_the_ranks_cache_is_the_stacks_per_fixes_mode(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(CACHE_ENV, raising=False)
+    monkeypatch.delenv(RECORD_ENV, raising=False)
     here = compile_cache_dir(tmp_path, fixes="all")
     if sys.prefix != sys.base_prefix and os.access(sys.prefix, os.W_OK):  # a venv: the stack's own directory
         assert Path(sys.prefix) in here.parents
@@ -23,11 +25,15 @@ def test_the_ranks_cache_is_the_stacks_per_fixes_mode(tmp_path: Path, monkeypatc
         assert compile_cache_dir(tmp_path, fixes="none") != here, "fix selections never share it"
     else:
         assert here == tmp_path / "compile-cache"
-    assert compile_cache_env(tmp_path) == {CACHE_ENV: str(compile_cache_dir(tmp_path))}
+    assert compile_cache_env(tmp_path) == {CACHE_ENV: str(compile_cache_dir(tmp_path)),
+                                           RECORD_ENV: str(compile_cache_dir(tmp_path) / LEARNED_RECORD)}
 
 
 def test_a_cache_directory_the_caller_chose_is_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(RECORD_ENV, raising=False)
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "mine"))
+    assert compile_cache_env(tmp_path) == {RECORD_ENV: str(compile_cache_dir(tmp_path) / LEARNED_RECORD)}
+    monkeypatch.setenv(RECORD_ENV, str(tmp_path / "learned.json"))
     assert compile_cache_env(tmp_path) == {}
 
 

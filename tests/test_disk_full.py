@@ -19,6 +19,7 @@ import pytest
 
 from distci.results import LineProblem
 from distci.rundir import RECORD_LOST_EXIT, RESULTS_FILE, numbered_results
+from distci.run.cellrun import QUIET_PLUGINS
 
 LIMIT = 16 * 1024  # bytes per file: a few Results (each carries its stack), far more than a JUnit testcase
 
@@ -43,7 +44,7 @@ def test_a_file_size_limit_keeps_results_whole_and_ends_the_run_as_infra(tmp_pat
     (tmp_path / "test_many.py").write_text(TESTS)
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-q",
+        [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", *QUIET_PLUGINS, "-q",
          f"--distci-run-dir={run_dir}", "--distci-cell=cpu-limit-test", "--distci-run-id=limited",
          f"--basetemp={tmp_path / 'base'}", "test_many.py"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300, preexec_fn=_limited)

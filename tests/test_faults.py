@@ -20,6 +20,7 @@ import uuid
 import pytest
 
 from conftest import REPO
+from distci.run.cellrun import QUIET_PLUGINS
 from faultrun import CASES, fault_env, harness_cmd, outcome_of, run_cases
 
 pytestmark = pytest.mark.slow
@@ -109,7 +110,7 @@ def test_two_sessions_in_one_checkout_never_read_each_others_rank_logs(tmp_path)
     """No --distci-run-dir: each session's rank logs live in a scratch dir of its own."""
     sessions = []
     for mark in ("MARK-ALPHA", "MARK-BRAVO"):
-        cmd = [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-q",
+        cmd = [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", *QUIET_PLUGINS, "-q",
                f"{CASES / 'test_state_faults.py'}::test_logs_its_mark_and_fails"]
         sessions.append((mark, subprocess.Popen(cmd, cwd=REPO, env=fault_env(uuid.uuid4().hex, DISTCI_FAULT_MARK=mark),
                                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))

@@ -33,6 +33,7 @@ from distci import cli
 from distci.publish.export import hud_rows
 from distci.judge.ingest import ingest
 from distci.judge.store import Store
+from distci.run.cellrun import QUIET_PLUGINS
 
 T0 = datetime(2026, 11, 20, 2, 0, tzinfo=timezone.utc)
 CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_on"
@@ -316,7 +317,7 @@ def test_a_bad_registry_in_a_cell_is_one_pytest_error_not_internalerror(tmp_path
     path = REGISTRY_CASES[0].make(tmp_path)
     (tmp_path / "test_one.py").write_text("def test_one():\n    pass\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-q",
+        [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", *QUIET_PLUGINS, "-q",
          f"--distci-run-dir={tmp_path / 'run'}", "--distci-cell=cpu-inputs", f"--distci-known-issues={path}",
          "test_one.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
         env=dict(os.environ, PYTHONPATH=str(REPO)))

@@ -16,6 +16,7 @@ import pytest
 from conftest import REPO
 from distci.harness import procs
 from distci.harness.outcome import RankState, combine, in_collective
+from distci.run.cellrun import QUIET_PLUGINS
 
 FAULTHANDLER_SPIN = """Current thread 0x00007f (most recent call first):
   File "/repo/tests/faults/cases/test_pool_faults.py", line 77 in test_broadcast_spin
@@ -193,7 +194,7 @@ def test_the_harness_lives_in_config_stash(tmp_path):
         "    assert harness_of(request.config).device_type == 'cpu'\n"
         "    assert not hasattr(request.config, '_distci')\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-q",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", *QUIET_PLUGINS, "-q",
                            "--distci-device=cpu", str(tmp_path / "test_stash.py")], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import CASES, REPO, processes_with_env, run_pytest
+from distci.run.cellrun import QUIET_PLUGINS
 from faultrun import read_results
 
 pytestmark = pytest.mark.slow
@@ -175,7 +176,7 @@ def test_a_stopped_run_records_where_it_stopped(tmp_path, token, where):
     env = dict(os.environ, DISTCI_TEST_TOKEN=token,
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-q",
+        [sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", *QUIET_PLUGINS, "-q",
          str(CASES / "test_stoppable.py"), "-k", f"finishes or {target}", "--distci-run-dir", str(run_dir),
          "--distci-cell", "cpu-test-ws2-fix_on"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

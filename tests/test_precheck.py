@@ -19,7 +19,8 @@ import pytest
 from conftest import REPO
 from distci.errors import SelectionError
 from distci.matrix import load_matrix
-from distci.run.precheck import Collector, check_selection, find_collector, pinned_torch
+from distci.run.precheck import (Collector, Remembered, check_selection, collection_inputs, find_collector,
+                                  pinned_torch)
 
 pytest.importorskip("torch")
 ONE_FILE = "suites/test_tp_mlp.py"
@@ -105,3 +106,49 @@ def test_the_check_is_refused_as_a_selection_error_type():
     with pytest.raises(SelectionError, match=r"no test selected by --test suites/test_tp_mlp.py::test_nope in cell"):
         check_selection([default_cell()], tests=[f"{ONE_FILE}::test_nope"], keyword=None, tier=None,
                         python=sys.executable, env_root=Path("unused"))
+
+
+def test_a_check_that_selected_tests_is_remembered_and_a_refusal_never_is(tmp_path):
+    """The same selection again is not collected again; another -k, or a refused one, is."""
+    remembered = Remembered(tmp_path / "precheck")
+    first: list[str] = []
+    check_selection([default_cell()], tests=[ONE_FILE], keyword="eager and sgd", tier=None, python=None,
+                    env_root=Path("unused"), log=first.append, remembered=remembered)
+    assert first[0].endswith("selected (checked before provisioning)"), first
+    assert len(list((tmp_path / "precheck").glob("*.json"))) == 1
+    again: list[str] = []
+    check_selection([default_cell()], tests=[ONE_FILE], keyword="eager and sgd", tier=None, python=None,
+                    env_root=Path("unused"), log=again.append, remembered=remembered)
+    count = first[0].split(": ")[1].split(" ")[0]
+    assert again == [f"-k 'eager and sgd' --test {ONE_FILE}: {count} test(s) of cell {default_cell().id} selected "
+                     "(checked before provisioning, as an earlier check of the same selection, suites and torch found)"]
+    for _ in range(2):  # refused every time: a refusal is collected again, never remembered
+        with pytest.raises(SelectionError, match="no test selected by -k 'eager and nothing_at_all'"):
+            check_selection([default_cell()], tests=[ONE_FILE], keyword="eager and nothing_at_all", tier=None,
+                            python=None, env_root=Path("unused"), remembered=remembered)
+    assert len(list((tmp_path / "precheck").glob("*.json"))) == 1
+
+
+def test_what_a_remembered_check_is_keyed_by(tmp_path):
+    """Any file of the suites, distci or the selected tests' folder edited (size or mtime), a
+    test outside the checkout: the inputs differ, or cannot be pinned down."""
+    for name in ("suites/test_a.py", "distci/x.py", "tests/cases/test_b.py", "docs/notes.md"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n")
+    before = collection_inputs(tmp_path, ["tests/cases/test_b.py::test_one"])
+    assert {p for p, _, _ in before} == {"suites/test_a.py", "distci/x.py", "tests/cases/test_b.py"}
+    assert collection_inputs(tmp_path, ["suites/test_a.py"]) != before  # tests/ is read only when selected
+    (tmp_path / "docs" / "notes.md").write_text("not read by a collection\n")
+    assert collection_inputs(tmp_path, ["tests/cases/test_b.py::test_one"]) == before
+    for edited in ("suites/test_a.py", "distci/x.py", "tests/cases/test_b.py"):
+        os.utime(tmp_path / edited, ns=(1, 1))
+        assert collection_inputs(tmp_path, ["tests/cases/test_b.py::test_one"]) != before, edited
+        before = collection_inputs(tmp_path, ["tests/cases/test_b.py::test_one"])
+    (tmp_path / "test_root.py").write_text("x = 1\n")  # a test file at the checkout's root
+    assert "test_root.py" in {p for p, _, _ in collection_inputs(tmp_path, ["test_root.py::test_one"])}
+    assert collection_inputs(tmp_path, ["/elsewhere/test_c.py"]) is None
+    assert collection_inputs(tmp_path, ["../other/test_c.py"]) is None
+    cell, collector = default_cell(), Collector(sys.executable, "test")
+    keys = {Remembered(tmp_path).key(cell, collector, tests=[ONE_FILE], keyword=k, tier=t)
+            for k, t in [("a", None), ("b", None), ("a", "nightly")]}
+    assert len(keys) == 3 and None not in keys

@@ -15,7 +15,7 @@ import pytest
 
 from distci.cells import Cell
 from distci.matrix import load_matrix
-from distci.run.cellrun import pytest_command
+from distci.run.cellrun import QUIET_PLUGINS, pytest_command
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,7 @@ def test_the_cell_run_passes_its_share_to_pytest(tmp_path: Path) -> None:
 
 
 def _collected(*args: str) -> list[str]:
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", *QUIET_PLUGINS,
                            "--collect-only", "-q", f"--rootdir={REPO}", "suites", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "DISTCI_TIER": "nightly"})

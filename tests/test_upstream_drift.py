@@ -25,6 +25,7 @@ sys.path.insert(0, str(REPO / "fixes"))
 from distci_fixes import Selection, TorchBuild, UnknownFixError  # noqa: E402
 from distci_fixes.engine import Engine  # noqa: E402
 from distci_fixes.fixes import torchtitan_asynctp_symm_mem as titan_fix  # noqa: E402
+from distci.run.cellrun import QUIET_PLUGINS
 
 torch = pytest.importorskip("torch")
 
@@ -179,7 +180,7 @@ def test_harness_refuses_an_unknown_fix_id_before_starting_ranks(tmp_path: Path)
     (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
     env = dict(os.environ, DISTCI_FIXES="bogus_fix",
                PYTHONPATH=os.pathsep.join([str(REPO / "fixes"), str(REPO), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-q",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "distci.harness.plugin", *QUIET_PLUGINS, "-q",
                            str(tmp_path / "test_nothing.py")], env=env, cwd=tmp_path, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import CASES, REPO, run_pytest
 from distci.harness.devices import DEVICES
-from distci.harness.warm import BEFORE_ANY, import_ahead, newly_imported
+from distci.harness.warm import BEFORE_ANY, JOINING, RECORD_ENV, import_ahead, newly_imported, remember, remembered
 
 
 @pytest.fixture
@@ -210,3 +210,36 @@ def test_building_an_optimizer_imports_what_a_device_template_imports_ahead():
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["before"] == [], f"`import torch` already imports {got['before']}: nothing to import ahead"
     assert got["after"] == list(OPTIMIZER_IMPORTS), f"an optimizer imported only {got['after']}"
+
+
+def test_what_tests_imported_lazily_is_remembered_per_test_module(tmp_path: Path):
+    record = tmp_path / "stack" / "learned-imports.json"
+    assert remembered(record, ["suites.test_a"]) == []  # no record yet: nothing
+    remember(record, JOINING, ["torch.distributed.x"])
+    remember(record, "suites.test_a", ["torch._dynamo", "warmcase.helper", "torch.testing._internal", "torch.fx.y"])
+    remember(record, "suites.test_a", ["torch.fx.y", "triton"])
+    remember(record, "suites.test_b", ["torch.heavy"])
+    assert remembered(record, ["suites.test_a"]) == ["torch.distributed.x", "torch._dynamo", "torch.fx.y", "triton"]
+    assert remembered(record, ["suites.test_c"]) == ["torch.distributed.x"], "another module's are not imported"
+    assert remembered(record, ["suites.test_b", "suites.test_a"])[:2] == ["torch.distributed.x", "torch.heavy"]
+    record.write_text("{not json")
+    assert remembered(record, ["suites.test_a"]) == []  # a hint: a broken record is an empty one
+    remember(None, "suites.test_a", ["torch.x"])  # no record named: nothing kept, nothing raised
+    assert remembered(None, ["suites.test_a"]) == []
+
+
+@pytest.mark.slow
+def test_the_next_session_imports_ahead_what_the_last_one_learned(tmp_path: Path):
+    """The first test of a session used to import again, in its fork, every lazy import its
+    module's tests made in the last session (Dynamo: seconds a rank); its template now has them."""
+    out = tmp_path / "seen"
+    out.mkdir()
+    record = tmp_path / "learned-imports.json"
+    for run in ("first", "second"):
+        proc = run_pytest([str(CASES / "test_learned.py"), "--distci-run-dir", str(tmp_path / run)],
+                          env={"DISTCI_CASE_OUT": str(out), "DISTCI_CASE_RUN": run, RECORD_ENV: str(record)})
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    seen = {path.name: path.read_text() for path in out.iterdir()}
+    assert seen == {"first-rank0": "False", "first-rank1": "False", "second-rank0": "True", "second-rank1": "True"}
+    keys = [k for k, names in json.loads(record.read_text()).items() if "torch.utils.show_pickle" in names]
+    assert len(keys) == 1 and keys[0].endswith("test_learned"), keys

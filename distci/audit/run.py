@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from distci.errors import ConfigError, DistciError, InfraError
+from distci.run.cellrun import QUIET_PLUGINS
 from distci.audit.model import Audit, AuditRow, NOT_APPLIED, TestRun, first_line, junit_counts, target_package, judge
 
 REPO = Path(__file__).resolve().parents[2]
@@ -167,7 +168,7 @@ def run_tests(python: Path, tests: Sequence[str], fixes: str, out: Path, extra_e
     junit = out / f"junit-{fixes.replace(',', '+')}.xml"
     log = out / f"pytest-{fixes.replace(',', '+')}.log"
     started = time.monotonic()
-    cmd = [python, "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-q", "-rfEs",
+    cmd = [python, "-m", "pytest", "-p", "distci.harness.plugin", *QUIET_PLUGINS, "-q", "-rfEs",
            *tests, f"--junitxml={junit}"]
     budget = timeout * max(1, len(tests))
     try:

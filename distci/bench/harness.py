@@ -35,6 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 from distci.rundir import RunDir
+from distci.run.cellrun import QUIET_PLUGINS
 
 REPO = Path(__file__).resolve().parents[2]
 TRIVIAL = "tests/harness_cases/test_trivial.py"
@@ -42,10 +43,6 @@ FIRST_SUITE = "suites/test_tp_mlp.py"
 
 
 MODES = ("pool", "pool-in-place", "plain-torchrun", "torchrun-per-test")
-QUIET_PLUGINS = ["-p", "no:cacheprovider", "-p", "no:hypothesispytest"]
-"""Left out of every mode: hypothesis (a test dependency of distci, absent from cell envs)
-has pytest rewrite its 75 modules and import itself at the end of each pytest process:
-2-4 s of CPU in every mode's every pytest process, none of it the harness's."""
 MAX_OVER_PLAIN = 1.2  # the pool's wall time over plain torchrun's, trivial tests
 MIN_OVER_PER_TEST = 8.0  # one torchrun per test's wall time over the pool's, trivial tests
 

@@ -24,6 +24,7 @@ from pathlib import Path
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 IN_ENV = Path("var") / "distci-compile-cache"
 """Where, inside a cell's venv, its stack's caches live (one folder per fixes mode)."""
+LEARNED_RECORD = "learned-imports.json"
 KEYED_CACHES = ("fxgraph", "aotautograd")
 """The caches whose entries are whole compiled graphs: a warm run that writes one compiled again."""
 
@@ -39,11 +40,14 @@ def compile_cache_dir(run_dir: Path, fixes: str | None = None) -> Path:
 
 
 def compile_cache_env(run_dir: Path) -> dict[str, str]:
-    """The environment entries that point the ranks at the stack's cache (empty when the
-    caller chose a directory)."""
-    if os.environ.get(CACHE_ENV):
-        return {}
-    return {CACHE_ENV: str(compile_cache_dir(run_dir))}
+    """The environment entries that point the ranks at the stack's cache and at the stack's
+    record of what tests import lazily (warm.py: where their templates remember it across
+    sessions); none for either the caller chose itself."""
+    from distci.harness.warm import RECORD_ENV
+
+    here = compile_cache_dir(run_dir)
+    chosen = {CACHE_ENV: str(here), RECORD_ENV: str(here / LEARNED_RECORD)}
+    return {name: value for name, value in chosen.items() if not os.environ.get(name)}
 
 
 def graph_entries(env_root: Path) -> dict[str, int]:

@@ -18,8 +18,12 @@ process on import, which must stay inside that test's fork.
 from __future__ import annotations
 
 import importlib
+import json
+import os
 import sys
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterable
 
 LEARNED_PREFIXES = ("torch", "triton")
@@ -35,7 +39,12 @@ does not learn (on a device, worker.py) imports it ahead. Without it an eager on
 80 % of its time importing Dynamo in its fork (py-spy on an H100, 2026-12-06: 4.3 s a row
 against 1.1 s with Dynamo in the template; reports/gpu/2026-12-06-1gpu-eager-fork-cost.md)."""
 NOT_LEARNED = ("torch.testing",)  # torch's own test helpers change process state on import
-BEFORE_ANY = "(before any import ahead)"  # `poisoned` when the device was initialized already
+BEFORE_ANY = "(before any import ahead)"
+RECORD_ENV = "DISTCI_LEARNED_IMPORTS"
+"""The file where a stack's templates remember what their tests taught them (compile_cache.py
+puts it beside the stack's compile cache)."""
+JOINING = ""  # the record's key for what joining a process group imports (no test module's)
+MAX_REMEMBERED = 2000  # modules per test module: a record is a hint, never unbounded  # `poisoned` when the device was initialized already
 
 
 @dataclass
@@ -91,3 +100,52 @@ def newly_imported(before: frozenset[str]) -> list[str]:
         if name.split(".")[0] in LEARNED_PREFIXES:
             found.append(name)
     return found
+
+
+def remembered(record: Path | None, test_modules: Iterable[str]) -> list[str]:
+    """The library modules earlier sessions' tests of `test_modules` (and joining a group)
+    imported lazily, in the order they did: a template imports them with the test modules,
+    so the first fork of a session no longer imports Dynamo and the template again after
+    it. A missing or unreadable record is an empty one (it is only a hint)."""
+    data = _read(record)
+    found = dict.fromkeys(name for key in (JOINING, *test_modules) for name in data.get(key, []))
+    return list(found)
+
+
+def remember(record: Path | None, test_module: str, learned: Iterable[str]) -> None:
+    """Adds what a test of `test_module` imported lazily to the record (merged, written whole
+    by a rename: ranks and runs of one stack write it side by side; a lost update only costs
+    the next session its first fork's imports)."""
+    names = [n for n in learned if n.startswith(LEARNED_PREFIXES) and not n.startswith(NOT_LEARNED)]
+    if record is None or not names:
+        return
+    data = _read(record)
+    known = data.setdefault(test_module, [])
+    seen = set(known)
+    known += [n for n in dict.fromkeys(names) if n not in seen][:max(0, MAX_REMEMBERED - len(known))]
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=record.parent, prefix=record.name, suffix=".tmp")
+        with os.fdopen(fd, "w") as out:
+            json.dump(data, out)
+        os.replace(tmp, record)
+    except OSError:  # a read-only or full disk: the session learns as before
+        pass
+
+
+def record_path() -> Path | None:
+    """This process's record (RECORD_ENV), or None where the controller named none."""
+    value = os.environ.get(RECORD_ENV)
+    return Path(value) if value else None
+
+
+def _read(record: Path | None) -> dict[str, list[str]]:
+    if record is None:
+        return {}
+    try:
+        data = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: [n for n in v if isinstance(n, str)] for k, v in data.items() if isinstance(k, str) and isinstance(v, list)}

@@ -36,7 +36,7 @@ from distci.harness.execute import execute, prepare_path
 from distci.harness.isolation import reseed
 from distci.harness.protocol import CHANNEL_BROKEN_EXIT, HealthCheck, RankReport, Shutdown, Started, TestRequest, Warm
 from distci.harness.template import Rendezvous, Template, join
-from distci.harness.warm import BEFORE_ANY, OPTIMIZER_IMPORTS, import_ahead
+from distci.harness.warm import BEFORE_ANY, JOINING, OPTIMIZER_IMPORTS, import_ahead, record_path, remember, remembered
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -316,8 +316,11 @@ def _serve_forked(args: argparse.Namespace, conn: Connection, state: WarmState) 
             _replace_template(args, state)
 
     # A template that does not learn is told what nearly every test imports lazily (warm.py);
-    # the guard covers it like any module (one that poisons fork is skipped from then on).
-    import_ahead_or_replace(state.modules if learns else [*OPTIMIZER_IMPORTS, *state.modules])
+    # the guard covers it like any module (one that poisons fork is skipped from then on). One
+    # that learns imports what its stack's earlier sessions learned from the same test modules.
+    record = record_path() if learns else None
+    import_ahead_or_replace([*state.modules, *remembered(record, state.modules)] if learns
+                            else [*OPTIMIZER_IMPORTS, *state.modules])
     if not state.serving:
         ready = template.start_up()
         learned = ready.info.pop("imported", []) if isinstance(ready, RankReport) else []
@@ -326,6 +329,7 @@ def _serve_forked(args: argparse.Namespace, conn: Connection, state: WarmState) 
         conn.send(ready)
         state.serving = True
         if learned and learns:  # what joining a group imports: for the forks after the first test's
+            remember(record, JOINING, learned)
             import_ahead_or_replace(learned)
     for msg in _requests(conn):
         outcome = template.test(msg, conn)
@@ -334,6 +338,7 @@ def _serve_forked(args: argparse.Namespace, conn: Connection, state: WarmState) 
         template.finish()
         _say_killed(template.kill_leftovers())
         if learned and learns:
+            remember(record, msg.module, learned)
             import_ahead_or_replace(learned)
         template.fork_spare(msg.seq + 1)
     template.drop_spare()

@@ -52,6 +52,11 @@ from distci.run.infra import infra_result
 HARNESS_REQUIREMENTS = ("pytest", "packaging", "numpy")
 # On a preinstalled stack numpy is used when present (the harness seeds it), never required.
 INSTALLED_HARNESS_REQUIREMENTS = ("pytest", "packaging")
+QUIET_PLUGINS = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest")
+"""pytest plugins a harness session leaves out: the cache (a cell's runs are recorded by distci),
+and hypothesis's (no suite uses it, yet where the interpreter has it, an installed stack's or
+distci's own test venv, it has pytest rewrite its modules and imports itself again at the end
+of every session: about a CPU-second each, none of it the run's)."""
 CELL_RERUNS = 1  # a failed distributed test runs once more; a pass then is kept with the failure (flaky)
 
 Log = Callable[[str], None]
@@ -81,7 +86,7 @@ def pytest_command(cell: Cell, python: Path, run_dir: Path, run_id: str, *, test
     # A test file outside the checkout (a user's own repro) gets no id under a pinned rootdir.
     outside = [t for t in tests if Path(t.split("::")[0]).is_absolute() and not _within(t.split("::")[0], REPO)]
     cmd = [
-        str(python), "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider", "-rfEs",
+        str(python), "-m", "pytest", "-p", "distci.harness.plugin", *QUIET_PLUGINS, "-rfEs",
         *([] if outside else [f"--rootdir={root}"]), f"--distci-run-dir={run_dir}", f"--distci-cell={cell.id}", f"--distci-run-id={run_id}",
         f"--distci-world-size={cell.world_size}", f"--distci-device={cell.accelerator}",
         f"--distci-timeout={cell.timeout}", f"--distci-reruns={CELL_RERUNS}",

@@ -89,10 +89,10 @@ def check_selection(options: RunOptions, cells: Sequence[Cell]) -> None:
     """A -k / --test that matches nothing fails here, in seconds, before anything is
     provisioned, where the cell's ids can be collected without the cell (distci.run.precheck)."""
     from distci.provision.envs import default_root
-    from distci.run.precheck import check_selection as check
+    from distci.run.precheck import Remembered, check_selection as check
 
     check(cells, tests=options.tests, keyword=options.keyword, tier=options.test_tier, python=options.python,
-          env_root=default_root())
+          env_root=default_root(), remembered=Remembered(default_root().parent / "precheck"))
 
 
 def resumed_runs(options: RunOptions, cells: Sequence[Cell]) -> list[RunContents]:

@@ -15,10 +15,20 @@ same plugin, tier, device, world size) with `--collect-only -q`, about ten secon
 cell on a nightly, a git build or a wheelhouse, a machine with no such interpreter yet, or
 a collection that fails (a CUDA cell collected by a CPU torch) is not checked: one line
 says so and the run goes on as before, its pytest saying "no test selected" if so.
+
+A check that selected tests is remembered (`Remembered`), keyed by everything a collection
+reads: the interpreter and its torch release, the cell's pytest command and environment,
+and the size and mtime of every file of the checkout's suites, distci and the selected
+tests' folders. The same selection again (a repro pasted twice, a test of distci) is then
+not collected again (about 3 CPU-seconds of every such run). A selection that matched
+nothing is never remembered: it is collected again, and refused, every time. A stale
+answer can only be "it matched": the run then goes on as it would with no check at all.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shlex
@@ -34,6 +44,8 @@ from distci.cells import Cell
 from distci.errors import SelectionError
 
 Log = Callable[[str], None]
+KEPT_ANSWERS = 200  # remembered checks kept (newest first): every edit of the checkout starts new ones
+CONFIG_FILES = ("pyproject.toml", "conftest.py", "pytest.ini", "setup.cfg", "tox.ini")
 
 COLLECT_TIMEOUT_S = 180.0
 PYTEST_OK, PYTEST_USAGE, PYTEST_NO_TESTS = 0, 4, 5
@@ -132,10 +144,91 @@ def collect(cell: Cell, collector: Collector, *, tests: Sequence[str], keyword: 
     return Collected(int(counted.group(1)) if counted else None, output)
 
 
+@dataclass(frozen=True)
+class Remembered:
+    """Checks that selected tests, one file each under `folder`, named by the key of what
+    their collection read (`key`); None where the inputs cannot be pinned down."""
+
+    folder: Path
+
+    def key(self, cell: Cell, collector: Collector, *, tests: Sequence[str], keyword: str | None,
+            tier: str | None) -> str | None:
+        from distci.provision.selfwheels import REPO
+        from distci.run.cellrun import cell_environment, pytest_command
+
+        release = torch_release(collector.python)
+        inputs = collection_inputs(REPO, list(tests) or list(cell.suites))
+        if release is None or inputs is None:
+            return None
+        cmd = pytest_command(cell, Path(collector.python), Path("run-dir"), "precheck", tests=list(tests),
+                             keyword=keyword, extra_args=["--collect-only", "-q"])
+        env = {k: v for k, v in os.environ.items() if k.startswith(("DISTCI_", "PYTEST_"))}
+        env.update(cell_environment(cell, tier))
+        seen = [os.path.realpath(collector.python), release, cmd, sorted(env.items()), inputs]
+        return hashlib.sha256(json.dumps(seen).encode()).hexdigest()[:32]
+
+    def matched(self, key: str | None) -> int | None:
+        """How many tests the remembered check selected, or None when there is none."""
+        if key is None:
+            return None
+        try:
+            matched = json.loads((self.folder / f"{key}.json").read_text()).get("matched")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return matched if isinstance(matched, int) and matched > 0 else None
+
+    def keep(self, key: str | None, matched: int) -> None:
+        """Remembers a check that selected `matched` (> 0) tests; drops the oldest beyond KEPT_ANSWERS."""
+        if key is None or matched <= 0:
+            return
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
+            with os.fdopen(fd, "w") as out:
+                json.dump({"matched": matched}, out)
+            os.replace(tmp, self.folder / f"{key}.json")
+            answers = sorted(self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+            for old in answers[KEPT_ANSWERS:]:
+                old.unlink(missing_ok=True)
+        except OSError:  # a read-only or full disk: the next run checks again
+            pass
+
+
+def collection_inputs(repo: Path, tests: Sequence[str]) -> list[tuple[str, int, int]] | None:
+    """(path, size, mtime) of every file a collection of `tests` may read in the checkout:
+    suites/, distci/, the selected tests' top folders and the root's pytest configuration;
+    None when a selected test lies outside the checkout (its folder is not ours to walk)."""
+    roots = {"suites", "distci"}
+    for test in tests:
+        path = Path(test.split("::")[0])
+        if path.is_absolute() or ".." in path.parts:
+            return None
+        if path.parts:
+            roots.add(path.parts[0])
+    found = []
+    for name in sorted({*CONFIG_FILES, *(r for r in roots if (repo / r).is_file())}):
+        if (repo / name).is_file():
+            stat = (repo / name).stat()
+            found.append((name, stat.st_size, stat.st_mtime_ns))
+    for root in sorted(roots):
+        for folder, dirs, files in os.walk(repo / root):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+            for name in sorted(files):
+                path = Path(folder) / name
+                try:
+                    stat = path.stat()
+                except OSError:
+                    continue
+                found.append((str(path.relative_to(repo)), stat.st_size, stat.st_mtime_ns))
+    return found
+
+
 def check_selection(cells: Sequence[Cell], *, tests: Sequence[str], keyword: str | None, tier: str | None,
-                    python: str | None, env_root: Path, log: Log = print) -> None:
+                    python: str | None, env_root: Path, log: Log = print,
+                    remembered: Remembered | None = None) -> None:
     """Raise SelectionError (one line: the selection, the cell, how to list ids) when `-k` /
-    `--test` match no test of a cell whose ids can be known here; log why a cell was not checked."""
+    `--test` match no test of a cell whose ids can be known here; log why a cell was not checked.
+    `remembered`: where checks that selected tests are kept, and found again."""
     from distci.run.cellrun import no_test_message
     from distci.run.externals import split_tests
 
@@ -152,6 +245,11 @@ def check_selection(cells: Sequence[Cell], *, tests: Sequence[str], keyword: str
         if isinstance(collector, str):
             log(f"{chosen}: not checked before provisioning: {collector}")
             continue
+        key = remembered.key(cell, collector, tests=native, keyword=keyword, tier=tier) if remembered else None
+        if remembered and (matched := remembered.matched(key)):
+            log(f"{chosen}: {matched} test(s) of cell {cell.id} selected (checked before provisioning, "
+                "as an earlier check of the same selection, suites and torch found)")
+            continue
         found = collect(cell, collector, tests=native, keyword=keyword, tier=tier)
         if found.matched is None:
             log(f"{chosen}: not checked before provisioning: collecting cell {cell.id}'s suites here failed "
@@ -163,4 +261,6 @@ def check_selection(cells: Sequence[Cell], *, tests: Sequence[str], keyword: str
                                   "--collect-only", "-q", *cell.suites])
             raise SelectionError(f"{no_test_message(cell, native, keyword)}{f' (tier {tier})' if tier else ''}, "
                                  f"checked before provisioning ({collector.why}); list its test ids with: {listing}")
+        if remembered:
+            remembered.keep(key, found.matched)
         log(f"{chosen}: {found.matched} test(s) of cell {cell.id} selected (checked before provisioning)")
