@@ -39,12 +39,12 @@ does not learn (on a device, worker.py) imports it ahead. Without it an eager on
 80 % of its time importing Dynamo in its fork (py-spy on an H100, 2026-12-06: 4.3 s a row
 against 1.1 s with Dynamo in the template; reports/gpu/2026-12-06-1gpu-eager-fork-cost.md)."""
 NOT_LEARNED = ("torch.testing",)  # torch's own test helpers change process state on import
-BEFORE_ANY = "(before any import ahead)"
+BEFORE_ANY = "(before any import ahead)"  # `poisoned` when the device was initialized already
 RECORD_ENV = "DISTCI_LEARNED_IMPORTS"
 """The file where a stack's templates remember what their tests taught them (compile_cache.py
 puts it beside the stack's compile cache)."""
 JOINING = ""  # the record's key for what joining a process group imports (no test module's)
-MAX_REMEMBERED = 2000  # modules per test module: a record is a hint, never unbounded  # `poisoned` when the device was initialized already
+MAX_REMEMBERED = 2000  # modules per test module: a record is a hint, never unbounded
 
 
 @dataclass
