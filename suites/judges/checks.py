@@ -55,6 +55,7 @@ def check_numerics(ref, run, tol: Tolerance) -> list[str]:
                             f"(|diff| {abs(a - b):.3g} > {tol.loss_atol:g} + {tol.loss_rtol:g}*|ref|)")
     problems.extend(_norm_problems(ref, run, tol))
     problems.extend(loss_scale_problems(ref, run))
+    problems.extend(_lr_problems(ref, run))
     skipped = skipped_steps(ref)
     rerouted, routing_problems = compare_routing(ref, run, tol)
     problems.extend(routing_problems)
@@ -125,6 +126,20 @@ def export_problems(run) -> list[str]:
     return problems
 
 
+def _lr_problems(ref, run) -> list[str]:
+    """The learning rates after each step, as the reference's: the same schedule on both
+    sides, so the same values up to float rounding. Compared as sets: the parallel run may
+    split a group the reference keeps whole (DTensor and plain parameters apart,
+    step.param_groups), which changes no group's LR."""
+    if not ref.lrs or not run.lrs:  # a pipeline's steps record none
+        return []
+    for step, (a, b) in enumerate(zip(run.lrs, ref.lrs)):
+        if {f"{x:.12g}" for x in a} != {f"{y:.12g}" for y in b}:
+            return [f"step {step}: learning rates {sorted({f'{x:.6g}' for x in a})} vs reference "
+                    f"{sorted({f'{y:.6g}' for y in b})}"]
+    return []
+
+
 def _norm_problems(ref, run, tol: Tolerance) -> list[str]:
     """The total gradient norm clipping measured, against the reference's: relative error
     within what the gradient SQNR bound allows (60 dB: 1e-3)."""
@@ -134,8 +149,16 @@ def _norm_problems(ref, run, tol: Tolerance) -> list[str]:
         return [f"clipping measured {len(run.grad_norms)} gradient norms, the reference {len(ref.grad_norms)}"]
     rtol = 10 ** (-tol.grad_min_sqnr / 20)
     return [f"step {step}: total gradient norm {a:.6g} vs reference {b:.6g} (relative error > {rtol:.2g})"
-            for step, (a, b) in enumerate(zip(run.grad_norms, ref.grad_norms))
-            if not math.isfinite(a) or abs(a - b) > rtol * abs(b)]
+            for step, (a, b) in enumerate(zip(run.grad_norms, ref.grad_norms)) if not _norms_agree(a, b, rtol)]
+
+
+def _norms_agree(a: float, b: float, rtol: float) -> bool:
+    """Finite norms within `rtol`; a non-finite one only where the reference's is the same
+    (a loss-scaled row's overflowing step: unscale_ finds inf, clipping then measures inf or
+    nan on both sides and GradScaler skips the step on both)."""
+    if math.isfinite(a) and math.isfinite(b):
+        return abs(a - b) <= rtol * abs(b)
+    return (math.isnan(a) and math.isnan(b)) or a == b
 
 
 def _eval_problems(ref, run, tol: Tolerance) -> list[str]:

@@ -60,6 +60,31 @@ def save(model: nn.Module, opt: Any, path: str, asynchronous: bool = False) -> N
     (future.upload_completion if hasattr(future, "upload_completion") else future).result()
 
 
+def save_trainer_state(path: str, sched: Any, scaler: Any) -> None:
+    """The LR scheduler's and the GradScaler's state beside the DCP checkpoint, one file a
+    rank (Hugging Face Trainer's scheduler.pt / scaler.pt, Lightning's checkpoint keys,
+    torchtitan's lr_schedulers in its state): a resumed run goes on with the schedule's step
+    and the loss scale where they were, as every trainer that resumes does."""
+    import torch
+    import torch.distributed as dist
+
+    state = {"sched": sched.state_dict() if sched is not None else None,
+             "scaler": scaler.state_dict() if scaler is not None else None}
+    torch.save(state, f"{path}/trainer_state_rank{dist.get_rank()}.pt")
+
+
+def load_trainer_state(path: str, sched: Any, scaler: Any) -> None:
+    """What `save_trainer_state` wrote, read back into this rank's new scheduler and scaler."""
+    import torch
+    import torch.distributed as dist
+
+    state = torch.load(f"{path}/trainer_state_rank{dist.get_rank()}.pt", weights_only=False)
+    if sched is not None and state["sched"] is not None:
+        sched.load_state_dict(state["sched"])
+    if scaler is not None and state["scaler"] is not None:
+        scaler.load_state_dict(state["scaler"])
+
+
 def load(model: nn.Module, opt: Any, path: str) -> None:
     """Loads model and optimizer state saved under any layout into this one, in place."""
     import torch.distributed.checkpoint as dcp

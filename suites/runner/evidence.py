@@ -46,6 +46,10 @@ class TrainRecord:
     """The total gradient norm clipping measured, per step (clipped rows only)."""
     loss_scales: list[float] = field(default_factory=list)
     """GradScaler's scale after each step (loss-scaled rows only): a step it skipped halves it."""
+    lrs: list[list[float]] = field(default_factory=list)
+    """Each param group's learning rate after each step's schedule step: the LR the next
+    step trains with (a schedule a resume restarted shows here; the last step's update is
+    not otherwise seen by any later forward)."""
     trained: dict[str, torch.Tensor] | None = None
     """The parallel model's parameters after the last step, each gathered with full_tensor()
     (CPU, its own dtype), on the rank that also holds `exported`."""

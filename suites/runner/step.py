@@ -345,6 +345,8 @@ def optimizer_step(parts: StepParts, index: int | None = None, record: TrainReco
             parts.opt.step()
     if parts.sched is not None:
         parts.sched.step()
+    if record is not None:
+        record.lrs.append([float(group["lr"]) for group in parts.opt.param_groups])
 
 
 def evaluate(scenario: Scenario, runnable: nn.Module, device, loss: Callable) -> tuple[float, torch.Tensor]:

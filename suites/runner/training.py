@@ -239,11 +239,14 @@ def run_parallel(scenario: Scenario, mesh: Any, device: torch.device, dtype: str
             train(layout, range(RESUME_AT), parts)
             with ckpt.shared_dir() as path:
                 ckpt.save(layout.model, parts.opt, path, asynchronous=scenario.dcp == "async")
+                ckpt.save_trainer_state(path, parts.sched, parts.scaler)
                 layout = build_layout(scenario, scenario.resume, meshes, device, dtype, evidence, mutation)
-                parts = stp.new_step_parts(scenario, layout.model, parts.loss, impl=mutation.optimizer_impl)
+                parts = stp.new_step_parts(scenario, layout.model, parts.loss, impl=mutation.optimizer_impl,
+                                           scaler=mutation.grad_scaler)
                 parts.watch = opt_watch
                 if not mutation.skip_checkpoint_load:
                     ckpt.load(layout.model, parts.opt, path)
+                    ckpt.load_trainer_state(path, parts.sched, parts.scaler)
                 if scenario.tie:
                     evidence.tied[tying.AFTER_RESUME] = tying.tied(layout.model)
             train(layout, range(RESUME_AT, scenario.steps), parts)

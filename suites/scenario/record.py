@@ -191,9 +191,10 @@ RULES: tuple[Rule, ...] = (
          "mixed precision is FSDP2's MixedPrecisionPolicy (autocast on one device and under DDP): it needs an FSDP2 "
          "layout (fsdp, fsdp_tp, hsdp, pp_fsdp, ep_fsdp), single, ddp or replicate"),
     Rule(lambda s: s.mp == "fp16" and not (s.parallel in ("fsdp", "fsdp_tp", "hsdp", "ddp", "single")
-                                            and s.clip == "none" and s.resume == "none" and s.float8 == "none"),
-         "mp=fp16 (with its GradScaler) runs on fsdp, fsdp_tp, hsdp, ddp or single, without clipping, resume or Float8: "
-         "the skipped step is judged by its loss scale, and those would need the scaler's unscale before them"),
+                                            and s.float8 == "none"),
+         "mp=fp16 (with its GradScaler) runs on fsdp, fsdp_tp, hsdp, ddp or single, without Float8: Float8's "
+         "tolerances are measured for bfloat16 and float32 compute only (suites/judges/tolerances.py has no float16 "
+         "entry; a gap of distci's, not of upstream's)"),
     Rule(lambda s: (s.parallel == "single") != (s.world_size == 1),
          "parallel single is world size 1, and world size 1 is parallel single"),
     Rule(lambda s: s.parallel in ("ep", "ep_fsdp") and s.model != "moe", "expert parallel needs the moe model"),
@@ -234,8 +235,6 @@ RULES: tuple[Rule, ...] = (
                                            or s.eval != "none" or s.world_size != 2),
          "cp rows shard the dense model's sequence over 2 ranks: no MoE, mp, Float8, resume, LoRA, varlen or eval"),
     Rule(lambda s: s.train == "lora" and s.model == "moe", "the LoRA adapters exist in the dense model only"),
-    Rule(lambda s: s.sched != "const" and s.resume != "none",
-         "the LR scheduler's state is not part of the resume row's checkpoint: sched needs resume=none"),
     Rule(lambda s: s.ddp_hook != "none" and s.parallel != "ddp",
          "a communication hook is classic DDP's register_comm_hook: ddp_hook needs parallel=ddp"),
     Rule(lambda s: s.parallel == "ep" and s.clip in ("norm", "foreach"),

@@ -88,6 +88,7 @@ def training_step_rows() -> list[Scenario]:
         row("tp_sp", resume="fsdp", dcp="async"),
         row("fsdp", resume="tp_sp", dcp="async", optim="adamw"),
         row("fsdp_tp", world_size=4, resume="fsdp", dcp="async"),
+        row("tp", resume="fsdp", sched="warmup_cosine", optim="adamw"),  # the schedule resumes where it was
         # a frozen base with LoRA adapters under FSDP2
         row("fsdp", train="lora"),
         row("fsdp", "block", "inductor", train="lora"),
@@ -464,8 +465,9 @@ def fp16_rows() -> list[Scenario]:
     NPUs), through a loss spike that overflows one step's float16 gradients: FSDP2's fp16
     parameters with float32 reductions (accumulation, its gradient sync on the last
     microbatch, HSDP, FSDP2 x TP, uneven padded shards, a tied pair, MoE experts that may
-    get no token, per-block compile, AC, AdamW) and DDP under fp16 autocast: every rank's
-    scaler must see the overflow its shard may not hold, and skip with the others."""
+    get no token, per-block compile, AC, AdamW, clipping after unscale_, a resume) and DDP
+    under fp16 autocast: every rank's scaler must see the overflow its shard may not hold,
+    and skip with the others."""
     return [
         row("fsdp", mp="fp16"),
         row("fsdp", mp="fp16", accum=2),
@@ -480,4 +482,10 @@ def fp16_rows() -> list[Scenario]:
         row("fsdp_tp", world_size=4, mp="fp16"),
         row("ddp", mp="fp16"),
         row("ddp", mp="fp16", accum=2, grad_sync="last"),
+        # Hugging Face Trainer's and Lightning's fp16 with max_grad_norm: unscale_, then clip
+        row("fsdp", mp="fp16", clip="norm"),
+        row("fsdp_tp", world_size=4, mp="fp16", clip="norm"),
+        row("ddp", mp="fp16", clip="foreach"),
+        # a resume carries the scaler's state (HF Trainer's scaler.pt) and the schedule's
+        row("fsdp", mp="fp16", resume="single", sched="warmup_cosine"),
     ]
