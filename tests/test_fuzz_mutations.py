@@ -78,8 +78,8 @@ def _space_args(drawn: dict[str, str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def planted(tmp_path_factory):
-    """`planted(plant) -> (run's directory, the finished command, report.json)`: each plant's
+def planted_run(tmp_path_factory):
+    """`planted_run(plant) -> (run's directory, the finished command, report.json)`: each plant's
     fuzz run made once per module, whichever tests read it (a fuzz run is a controller, a
     pytest session and a rank pool: the cost of a test here)."""
     runs: dict[str, tuple[Path, subprocess.CompletedProcess, dict]] = {}
@@ -101,7 +101,7 @@ def planted(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("plant", list(CASES))
-def test_a_planted_bug_is_found_and_shrunk_to_what_it_needs(planted, plant):
+def test_a_planted_bug_is_found_and_shrunk_to_what_it_needs(planted_run, plant):
     from distci.fuzz import space as fuzz_space
     from suites.generators import space as cell
 
@@ -109,7 +109,7 @@ def test_a_planted_bug_is_found_and_shrunk_to_what_it_needs(planted, plant):
         return fuzz_space.Space(cell)
 
     _, needs, _, _ = CASES[plant]
-    tmp_path, proc, report = planted(plant)
+    tmp_path, proc, report = planted_run(plant)
     out = proc.stdout
     assert proc.returncode == 1, out[-3000:]
     assert len(report["finds"]) >= 1, out[-3000:]
@@ -136,7 +136,7 @@ def test_a_planted_bug_is_found_and_shrunk_to_what_it_needs(planted, plant):
 
 
 @pytest.mark.slow
-def test_the_same_seed_runs_the_same_configurations(planted):
+def test_the_same_seed_runs_the_same_configurations(planted_run):
     """A seed replays: `--list` draws the same configurations in two processes (their hash
     seeds differ on purpose: nothing may depend on PYTHONHASHSEED or the clock), and a run draws
     and runs exactly what `--list` printed, in order, before it shrinks anything. The run is
@@ -153,7 +153,7 @@ def test_the_same_seed_runs_the_same_configurations(planted):
 
     first, second = listed("1"), listed("2")
     assert len(first) == 3 and first == second
-    _, _, run = planted("float8_scale")
+    _, _, run = planted_run("float8_scale")
     assert run["drawn"] == first
     # the first batch is the draws, in order; the shrink's candidates come after them
     assert [o["id"] for o in run["tried"]][:len(first)] == first

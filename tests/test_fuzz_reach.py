@@ -190,8 +190,8 @@ def _grouped_structure() -> str:
 
 
 @pytest.mark.slow
-def test_a_bounded_models_run_finds_the_grouped_unit_bug_and_files_it_known(bounded):
-    out, results = bounded
+def test_a_bounded_models_run_finds_the_grouped_unit_bug_and_files_it_known(bounded_cases_run):
+    out, results = bounded_cases_run
     structure = _grouped_structure()
     assert "wrap_grouped" in structure
     mine = [r for r in results if r["test_id"] == f"{MODELS_ENTRY}::{MODELS_TEST}[{structure}]"]
@@ -339,7 +339,7 @@ BOUNDED = {
 
 
 @pytest.fixture(scope="module")
-def bounded(tmp_path_factory) -> tuple[str, list[dict]]:
+def bounded_cases_run(tmp_path_factory) -> tuple[str, list[dict]]:
     """What the bounded draws reach (the three programs of BOUNDED, the models space's first
     structure), run as the cell runs them: one `python -m distci run` of their test ids, so one
     pytest session and one 2-rank pool serve the four cases. Each test proves its seed draws
@@ -356,11 +356,11 @@ def bounded(tmp_path_factory) -> tuple[str, list[dict]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", list(BOUNDED))
-def test_a_bounded_programs_run_finds_the_bug_and_files_it_known(bounded, seed):
+def test_a_bounded_programs_run_finds_the_bug_and_files_it_known(bounded_cases_run, seed):
     layouts, entry, program = BOUNDED[seed]
     drawn = [draw(seed, i, (layouts,)).text for i in range(4)]
     assert program in drawn
-    out, results = bounded
+    out, results = bounded_cases_run
     mine = [r for r in results if r["test_id"].endswith(f"[{program}]")]
     assert mine, out[-3000:]
     if _applies(entry):
