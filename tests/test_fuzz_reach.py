@@ -3,10 +3,10 @@ rounds: the ops and models widenings, then the programs generator's forms).
 
 Each widening of a generator, grounded in trainer code, is proven here twice: the generator now
 draws it (quick: seeded draws, no ranks), and where the upstream bug is present on this stack
-a bounded run fails it and files it under its registered entry (slow, on 2 gloo ranks: the ops
-generator's own `python -m distci fuzz` run; for the programs and models, the seed's draw
-checked here and one `python -m distci run` of the drawn cases). Where the registry says the
-entry does not apply to this stack, the same run must find nothing there: both halves can fail.
+a bounded run fails it and files it under its registered entry (slow: the seed's draw checked
+here, and one `python -m distci run` of the drawn cases on 2 gloo ranks). Where the registry
+says the entry does not apply to this stack, the same run must find nothing there: both
+halves can fail.
 """
 
 from __future__ import annotations
@@ -140,12 +140,13 @@ def _cell() -> str:
     return CELL if version == "2.13.0" else f"cpu-cpu-torch_{version}-ao_0.18.0-ws2-fix_off"
 
 
-def _distci(tmp: Path, command: str, *args: str) -> tuple[str, list[dict]]:
-    """`python -m distci COMMAND` on this interpreter's cell: its output and every Result it recorded."""
+def _run_cases(tmp: Path, tests: list[str]) -> tuple[str, list[dict]]:
+    """`python -m distci run` of these test ids on this interpreter's cell: its output and every
+    Result it recorded."""
     from distci.harness import procs
 
-    cmd = [sys.executable, "-m", "distci", command, "--cell", _cell(), "--python", sys.executable,
-           "--runs-root", str(tmp / "runs"), *args]
+    cmd = [sys.executable, "-m", "distci", "run", "--cell", _cell(), "--python", sys.executable,
+           "--runs-root", str(tmp / "runs"), *(a for t in tests for a in ("--test", t))]
     child = procs.start_owned(cmd, env=dict(os.environ), token=procs.run_token(), death_signal=signal.SIGTERM,
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -166,19 +167,26 @@ def _applies(entry: str) -> bool:
     return spec.applies_to(Stack(torch=torch.__version__.split("+")[0]))
 
 
+OPS_ENTRY = "suites/generators/ops_entry.py"
+
+
+def _conv_case():
+    """Seed reach's first conv case on a 2-rank mesh, as `distci fuzz --generator ops --seed reach
+    --ops conv2d_patch --meshes 2` draws it: sharded on the width, it meets CONV_ENTRY."""
+    return draw_cases("reach", 0, 1, [BY_NAME["conv2d_patch"]], ["2"])[0]
+
+
 @pytest.mark.slow
-def test_a_bounded_ops_run_finds_the_conv_width_bug_and_files_it_known(tmp_path):
-    pytest.importorskip("torch")
-    # the seed's first conv case is sharded on the width and meets the bug: the cases after it drew
-    # two more finds to shrink and replay that this test does not read
-    out, results = _distci(tmp_path, "fuzz", "--generator", "ops", "--seed", "reach", "--ops", "conv2d_patch",
-                           "--meshes", "2", "--max-cases", "1", "--budget", "4m")
-    conv = [r for r in results if "conv2d_patch" in r["test_id"] and r["outcome"] == "failed"]
+def test_a_bounded_ops_run_finds_the_conv_width_bug_and_files_it_known(bounded_cases_run):
+    case = _conv_case()
+    assert _width_sharded(case), case.id
+    out, results = bounded_cases_run
+    mine = [r for r in results if r["test_id"] == f"{OPS_ENTRY}::test_op_case[{case.id}]"]
+    assert mine, out[-3000:]
     if _applies(CONV_ENTRY):
-        assert conv, out[-3000:]
-        assert {r["known_issue"] for r in conv} == {CONV_ENTRY}, [(r["test_id"], r["message"][:200]) for r in conv]
+        assert mine[0]["outcome"] == "failed" and mine[0]["known_issue"] == CONV_ENTRY, (mine[0], out[-3000:])
     else:
-        assert not conv, [(r["test_id"], r["message"][:200]) for r in conv]
+        assert mine[0]["outcome"] != "failed", mine[0]
 
 
 MODEL_SPACE = ["parallel=fsdp", "wrap=grouped", "mtp=true", "experts=0", "blocks=1"]
@@ -341,17 +349,19 @@ BOUNDED = {
 @pytest.fixture(scope="module")
 def bounded_cases_run(tmp_path_factory) -> tuple[str, list[dict]]:
     """What the bounded draws reach (the three programs of BOUNDED, the models space's first
-    structure), run as the cell runs them: one `python -m distci run` of their test ids, so one
-    pytest session and one 2-rank pool serve the four cases. Each test proves its seed draws
-    the case (the generators' own draw functions, which their fuzz runs and `--list` draw
-    through: tests/test_fuzz_programs.py, test_fuzz_models.py) and reads the case's Result:
-    failed and filed under its registered entry where the entry applies to this stack. A
-    `distci fuzz` run per seed started a controller, a session and a pool per case; what it adds
-    on top (drawing, batches, shrinking) is not what these tests look at."""
+    structure, seed reach's first conv case), run as the cell runs them: one `python -m distci
+    run` of their test ids, so one pytest session and one 2-rank pool serve the five cases. Each
+    test proves its seed draws the case (the generators' own draw functions, which their fuzz
+    runs and `--list` draw through: tests/test_fuzz_programs.py, test_fuzz_models.py,
+    test_fuzz_ops.py) and reads the case's Result: failed and filed under its registered entry
+    where the entry applies to this stack. A `distci fuzz` run per seed started a controller, a
+    session and a pool for one case; what it adds around the case (drawing, batches or sweeps,
+    shrinking) is not what these tests look at."""
     pytest.importorskip("torch")
     tests = [f"{tp.ENTRY_TEST}::{tp.TEST_NAME}[{program}]" for _, _, program in BOUNDED.values()]
     tests.append(f"{MODELS_ENTRY}::{MODELS_TEST}[{_grouped_structure()}]")
-    return _distci(tmp_path_factory.mktemp("bounded"), "run", *(a for t in tests for a in ("--test", t)))
+    tests.append(f"{OPS_ENTRY}::test_op_case[{_conv_case().id}]")
+    return _run_cases(tmp_path_factory.mktemp("bounded"), tests)
 
 
 @pytest.mark.slow
