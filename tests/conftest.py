@@ -16,7 +16,7 @@ CASES = Path(__file__).parent / "harness_cases"
 # collected directly they would have no rank workers.
 collect_ignore = ["harness_cases", "faults"]
 
-SLOW_FIXTURES = {"mutated"}
+SLOW_FIXTURES = {"mutated", "planted_run", "bounded_cases_run"}
 """Fixtures that start rank workers or build environments: a test that uses one is in the slow
 tier whether or not it says so, so a new test over a shared slow fixture cannot land in the
 quick tier by accident."""

@@ -1,12 +1,13 @@
 """The fuzzer finds planted bugs and shrinks each to the axes the bug needs, end to end.
 
-Each test runs `python -m distci fuzz` for real (this interpreter's stack, 2 gloo ranks)
-with one bug of suites/generators/config_plants.py planted, in a space restricted to a few axes and a
-budget of a few draws and no reruns (the plants are deterministic) so it fits CI. The
+Each plant is one `python -m distci fuzz` run for real (this interpreter's stack, 2 gloo
+ranks) with one bug of suites/generators/config_plants.py planted, in a space restricted to a
+few axes and a budget of a few draws and no reruns (the plants are deterministic) so it fits
+CI; a module fixture makes each run once for every test that reads it. The
 bug is only visible in a combination (accumulation; a Float8 recipe; FSDP x full AC),
 the draws carry distractor axes, and the shrunk configuration must keep exactly the
-axes the bug needs, no more. A seed replays: the same command twice runs the same
-configurations, which `--list` prints beforehand.
+axes the bug needs, no more. A seed replays: a run runs the configurations `--list` prints
+beforehand, whatever the process's hash seed.
 """
 
 from __future__ import annotations
@@ -29,21 +30,24 @@ CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_off"
 """Only its id and fixes mode are read: the configurations run on this interpreter's stack."""
 
 CASES = {
-    # plant: (the axes drawn, with their values; the axes the shrunk configuration must have; the seed)
+    # plant: (the axes drawn, with their values; the axes the shrunk configuration must have; the seed;
+    #         configurations drawn)
     "accum_drop": ({"parallel": "tp,fsdp", "ac": "none,full", "accum": "1,2,4", "optim": "sgd,adamw"},
-                   {"accum": 2}, "plant"),
+                   {"accum": 2}, "accum201", 1),
     "float8_scale": ({"float8": "none,rowwise", "ac": "none,full", "optim": "sgd,adamw"}, {"float8": "rowwise"},
-                     "plant1"),  # no accumulation: a Float8 run of two microbatches is the costliest on CPU
+                     "float8154", 3),  # no accumulation: a Float8 run of two microbatches is the costliest on CPU
     "ac_all_gather": ({"parallel": "tp,fsdp", "ac": "none,full", "accum": "1,2", "mp": "none,bf16",
-                       "optim": "sgd,adamw"}, {"parallel": "fsdp", "ac": "full"}, "plant"),
+                       "optim": "sgd,adamw"}, {"parallel": "fsdp", "ac": "full"}, "ac104", 1),
     # a size: drawn at 4 steps, the shrinker tries 1 (passes: the bug needs a second step), then 2
     "late_step_drop": ({"parallel": "tp,fsdp", "ac": "none,full", "steps": "1,2,3,4", "optim": "sgd,adamw"},
-                       {"steps": 2}, "late25"),
+                       {"steps": 2}, "late1005", 1),
 }
 """Every other axis is held at its default: eager, 2 ranks, and none of the costlier columns.
-Each seed's third draw at the latest fails with two or more distractor axes on, so the
-shrinker has work to do (`--list` with the same arguments shows the draws)."""
-
+Each seed's first draw fails with exactly two distractor axes on, so the shrinker has work to
+do and no configuration runs that the test does not read (`--list` with the same arguments
+shows the draws). float8_scale draws three, each of which its shrink needs (the passing
+`tp-eager` and `tp-eager-ac_full-adamw` are one-step simplifications on its way): the
+same-seed test reads that run's draws."""
 
 def fuzz(tmp: Path, *args: str, plant: str = "", timeout: int = 1500) -> tuple[subprocess.CompletedProcess, dict]:
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1"}
@@ -73,22 +77,39 @@ def _space_args(drawn: dict[str, str]) -> list[str]:
     return [arg for a in AXES for arg in ("--space", f"{a.name}={drawn.get(a.name, a.default)}")]
 
 
+@pytest.fixture(scope="module")
+def planted_run(tmp_path_factory):
+    """`planted_run(plant) -> (run's directory, the finished command, report.json)`: each plant's
+    fuzz run made once per module, whichever tests read it (a fuzz run is a controller, a
+    pytest session and a rank pool: the cost of a test here)."""
+    runs: dict[str, tuple[Path, subprocess.CompletedProcess, dict]] = {}
+
+    def run(plant: str):
+        if plant not in runs:
+            tmp = tmp_path_factory.mktemp(plant)
+            space, _, seed, draws = CASES[plant]
+            # the issue's 20-minute budget; a find may use all of its half for shrinking (the default
+            # quarter is for nights with many finds; on a loaded 2-core runner one round can take minutes)
+            # judged against the real registry: a plant is a new bug by construction, and no entry's
+            # generic numeric alternative ("gradient SQNR") may name it a near miss (Registry.near_misses)
+            runs[plant] = (tmp, *fuzz(tmp, "--seed", seed, "--max-configs", str(draws), "--budget", "20m",
+                                      "--shrink-limit", "10m", "--reruns", "0", "--report", str(tmp / "report.md"),
+                                      *_space_args(space), plant=plant))
+        return runs[plant]
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("plant", list(CASES))
-def test_a_planted_bug_is_found_and_shrunk_to_what_it_needs(tmp_path, plant):
+def test_a_planted_bug_is_found_and_shrunk_to_what_it_needs(planted_run, plant):
     from distci.fuzz import space as fuzz_space
     from suites.generators import space as cell
 
     def Space():
         return fuzz_space.Space(cell)
 
-    space, needs, seed = CASES[plant]
-    # the issue's 20-minute budget; a find may use all of its half for shrinking (the default
-    # quarter is for nights with many finds; on a loaded 2-core runner one round can take minutes)
-    # judged against the real registry: a plant is a new bug by construction, and no entry's
-    # generic numeric alternative ("gradient SQNR") may name it a near miss (Registry.near_misses)
-    proc, report = fuzz(tmp_path, "--seed", seed, "--max-configs", "3", "--budget", "20m", "--shrink-limit", "10m",
-                        "--reruns", "0", "--report", str(tmp_path / "report.md"), *_space_args(space), plant=plant)
+    _, needs, _, _ = CASES[plant]
+    tmp_path, proc, report = planted_run(plant)
     out = proc.stdout
     assert proc.returncode == 1, out[-3000:]
     assert len(report["finds"]) >= 1, out[-3000:]
@@ -115,13 +136,15 @@ def test_a_planted_bug_is_found_and_shrunk_to_what_it_needs(tmp_path, plant):
 
 
 @pytest.mark.slow
-def test_the_same_seed_runs_the_same_configurations(tmp_path):
+def test_the_same_seed_runs_the_same_configurations(planted_run):
     """A seed replays: `--list` draws the same configurations in two processes (their hash
     seeds differ on purpose: nothing may depend on PYTHONHASHSEED or the clock), and a run draws
-    and runs exactly what `--list` printed. One run, not two: a run draws through the same
-    Drawer as `--list`, so two runs agree exactly when both agree with the listing."""
-    args = ["--seed", "replay", "--max-configs", "3", "--no-shrink", "--budget", "5m",
-            *_space_args({"accum": "1,2", "ac": "none,full", "optim": "sgd,adamw"})]
+    and runs exactly what `--list` printed, in order, before it shrinks anything. The run is
+    float8_scale's planted one (a plant changes what fails, never what is drawn): a run draws
+    through the same Drawer as `--list`, so two runs agree exactly when both agree with the
+    listing."""
+    space, _, seed, draws = CASES["float8_scale"]
+    args = ["--seed", seed, "--max-configs", str(draws), *_space_args(space)]
 
     def listed(hash_seed: str) -> list[str]:
         return subprocess.run([sys.executable, "-m", "distci", "fuzz", "--cell", CELL, "--list", *args], cwd=REPO,
@@ -130,6 +153,7 @@ def test_the_same_seed_runs_the_same_configurations(tmp_path):
 
     first, second = listed("1"), listed("2")
     assert len(first) == 3 and first == second
-    _, run = fuzz(tmp_path, *args)
+    _, _, run = planted_run("float8_scale")
     assert run["drawn"] == first
-    assert [o["id"] for o in run["tried"]] == first  # no shrinking: every configuration drawn ran, in order
+    # the first batch is the draws, in order; the shrink's candidates come after them
+    assert [o["id"] for o in run["tried"]][:len(first)] == first

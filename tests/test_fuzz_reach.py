@@ -3,9 +3,10 @@ rounds: the ops and models widenings, then the programs generator's forms).
 
 Each widening of a generator, grounded in trainer code, is proven here twice: the generator now
 draws it (quick: seeded draws, no ranks), and where the upstream bug is present on this stack
-it finds it in a bounded run and files it under its registered entry (slow: a real
-`python -m distci fuzz` on 2 gloo ranks). Where the registry says the entry does not apply to
-this stack, the same run must find nothing there: both halves can fail.
+a bounded run fails it and files it under its registered entry (slow: the seed's draw checked
+here, and one `python -m distci run` of the drawn cases on 2 gloo ranks). Where the registry
+says the entry does not apply to this stack, the same run must find nothing there: both
+halves can fail.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pathlib import Path
 import pytest
 
 import distci.training_program as tp
-from distci.fuzz.models import Drawer, parse_space
+from distci.fuzz.models import ENTRY_TEST as MODELS_ENTRY, TEST_NAME as MODELS_TEST, Drawer, parse_space
+from distci.fuzz.models import key as structure_key
 from distci.fuzz.ops import draw_cases
 from distci.fuzz.programs import draw, edits
 from distci.known_issues import load_registry
@@ -138,11 +140,13 @@ def _cell() -> str:
     return CELL if version == "2.13.0" else f"cpu-cpu-torch_{version}-ao_0.18.0-ws2-fix_off"
 
 
-def _fuzz(tmp: Path, *args: str) -> tuple[str, list[dict]]:
+def _run_cases(tmp: Path, tests: list[str]) -> tuple[str, list[dict]]:
+    """`python -m distci run` of these test ids on this interpreter's cell: its output and every
+    Result it recorded."""
     from distci.harness import procs
 
-    cmd = [sys.executable, "-m", "distci", "fuzz", "--cell", _cell(), "--python", sys.executable,
-           "--runs-root", str(tmp / "runs"), *args]
+    cmd = [sys.executable, "-m", "distci", "run", "--cell", _cell(), "--python", sys.executable,
+           "--runs-root", str(tmp / "runs"), *(a for t in tests for a in ("--test", t))]
     child = procs.start_owned(cmd, env=dict(os.environ), token=procs.run_token(), death_signal=signal.SIGTERM,
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -163,30 +167,47 @@ def _applies(entry: str) -> bool:
     return spec.applies_to(Stack(torch=torch.__version__.split("+")[0]))
 
 
+OPS_ENTRY = "suites/generators/ops_entry.py"
+
+
+def _conv_case():
+    """Seed reach's first conv case on a 2-rank mesh, as `distci fuzz --generator ops --seed reach
+    --ops conv2d_patch --meshes 2` draws it: sharded on the width, it meets CONV_ENTRY."""
+    return draw_cases("reach", 0, 1, [BY_NAME["conv2d_patch"]], ["2"])[0]
+
+
 @pytest.mark.slow
-def test_a_bounded_ops_run_finds_the_conv_width_bug_and_files_it_known(tmp_path):
-    pytest.importorskip("torch")
-    out, results = _fuzz(tmp_path, "--generator", "ops", "--seed", "reach", "--ops", "conv2d_patch",
-                         "--meshes", "2", "--max-cases", "12", "--budget", "4m")
-    conv = [r for r in results if "conv2d_patch" in r["test_id"] and r["outcome"] == "failed"]
+def test_a_bounded_ops_run_finds_the_conv_width_bug_and_files_it_known(bounded_cases_run):
+    case = _conv_case()
+    assert _width_sharded(case), case.id
+    out, results = bounded_cases_run
+    mine = [r for r in results if r["test_id"] == f"{OPS_ENTRY}::test_op_case[{case.id}]"]
+    assert mine, out[-3000:]
     if _applies(CONV_ENTRY):
-        assert conv, out[-3000:]
-        assert {r["known_issue"] for r in conv} == {CONV_ENTRY}, [(r["test_id"], r["message"][:200]) for r in conv]
+        assert mine[0]["outcome"] == "failed" and mine[0]["known_issue"] == CONV_ENTRY, (mine[0], out[-3000:])
     else:
-        assert not conv, [(r["test_id"], r["message"][:200]) for r in conv]
+        assert mine[0]["outcome"] != "failed", mine[0]
+
+
+MODEL_SPACE = ["parallel=fsdp", "wrap=grouped", "mtp=true", "experts=0", "blocks=1"]
+"""The models generator's space of the bounded run: its seed's first draw meets GROUPED_ENTRY."""
+
+
+def _grouped_structure() -> str:
+    return structure_key(Drawer("reach", parse_space(MODEL_SPACE)).draw())
 
 
 @pytest.mark.slow
-def test_a_bounded_models_run_finds_the_grouped_unit_bug_and_files_it_known(tmp_path):
-    pytest.importorskip("torch")
-    out, results = _fuzz(tmp_path, "--generator", "models", "--seed", "reach", "--max-configs", "2",
-                         "--batch", "2", "--budget", "10m", "--space", "parallel=fsdp", "--space", "wrap=grouped",
-                         "--space", "mtp=true", "--space", "experts=0", "--space", "blocks=1")
-    grouped = [r for r in results if "wrap_grouped" in r["test_id"] and r["outcome"] == "failed"]
+def test_a_bounded_models_run_finds_the_grouped_unit_bug_and_files_it_known(bounded_cases_run):
+    out, results = bounded_cases_run
+    structure = _grouped_structure()
+    assert "wrap_grouped" in structure
+    mine = [r for r in results if r["test_id"] == f"{MODELS_ENTRY}::{MODELS_TEST}[{structure}]"]
+    assert mine, out[-3000:]
     if _applies(GROUPED_ENTRY):
-        assert grouped and {r["known_issue"] for r in grouped} == {GROUPED_ENTRY}, out[-3000:]
+        assert mine[0]["outcome"] == "failed" and mine[0]["known_issue"] == GROUPED_ENTRY, (mine[0], out[-3000:])
     else:
-        assert not grouped, out[-3000:]
+        assert mine[0]["outcome"] == "passed", mine[0]
 
 # --- round 2, evening: the programs generator's forms (flattened optimizer checkpoints, FSDP2
 # bf16/fp32, stateless SGD) reach pytorch#192202, #192225 and #186998 ---------------------------
@@ -325,18 +346,31 @@ BOUNDED = {
 }
 
 
+@pytest.fixture(scope="module")
+def bounded_cases_run(tmp_path_factory) -> tuple[str, list[dict]]:
+    """What the bounded draws reach (the three programs of BOUNDED, the models space's first
+    structure, seed reach's first conv case), run as the cell runs them: one `python -m distci
+    run` of their test ids, so one pytest session and one 2-rank pool serve the five cases. Each
+    test proves its seed draws the case (the generators' own draw functions, which their fuzz
+    runs and `--list` draw through: tests/test_fuzz_programs.py, test_fuzz_models.py,
+    test_fuzz_ops.py) and reads the case's Result: failed and filed under its registered entry
+    where the entry applies to this stack. A `distci fuzz` run per seed started a controller, a
+    session and a pool for one case; what it adds around the case (drawing, batches or sweeps,
+    shrinking) is not what these tests look at."""
+    pytest.importorskip("torch")
+    tests = [f"{tp.ENTRY_TEST}::{tp.TEST_NAME}[{program}]" for _, _, program in BOUNDED.values()]
+    tests.append(f"{MODELS_ENTRY}::{MODELS_TEST}[{_grouped_structure()}]")
+    tests.append(f"{OPS_ENTRY}::test_op_case[{_conv_case().id}]")
+    return _run_cases(tmp_path_factory.mktemp("bounded"), tests)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", list(BOUNDED))
-def test_a_bounded_programs_run_finds_the_bug_and_files_it_known(tmp_path, seed):
-    pytest.importorskip("torch")
+def test_a_bounded_programs_run_finds_the_bug_and_files_it_known(bounded_cases_run, seed):
     layouts, entry, program = BOUNDED[seed]
     drawn = [draw(seed, i, (layouts,)).text for i in range(4)]
     assert program in drawn
-    # the run stops at the program that meets the bug: the ones after it would start pools and
-    # run programs this test never looks at
-    upto = str(drawn.index(program) + 1)
-    out, results = _fuzz(tmp_path, "--generator", "programs", "--seed", seed, "--layout", layouts, "--max-programs", upto,
-                         "--batch", upto, "--no-shrink", "--budget", "10m")
+    out, results = bounded_cases_run
     mine = [r for r in results if r["test_id"].endswith(f"[{program}]")]
     assert mine, out[-3000:]
     if _applies(entry):
