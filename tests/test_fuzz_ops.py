@@ -454,7 +454,9 @@ def test_a_case_every_rank_stands_still_in_is_a_deadlock_found_by_the_pulses_nev
     files.begin(case)
     pulse._end_if_deadlocked(now)
     assert ended and files.deadlock()["id"] == case
-    [row] = sw.dead_rows({"id": case, "candidate": None}, [], 4, files.deadlock())
+    # the ranks it ends fail their peers' pending collectives: a stuck outcome filed after it is its consequence
+    stuck = [{"rank": 0, "id": case, "status": "fail", "signature": "judge raised RuntimeError", "message": ""}]
+    [row] = sw.dead_rows({"id": case, "candidate": None}, stuck, 4, files.deadlock())
     assert row["signature"] == "index_add: every rank waits in a collective its peers never issue (a deadlock)"
     assert "group [0,1]: ranks [0] issued 6, ranks [1] issued 7" in row["message"], row["message"]
     assert sw.dead_rows({"id": "other~2~f32~1~R~-~0", "candidate": None}, [], 4, files.deadlock())[0]["signature"] \

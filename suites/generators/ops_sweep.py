@@ -299,14 +299,14 @@ def dead_rows(flight: dict[str, Any], stuck: list[dict[str, Any]], world: int,
         return [flight["probe"]] if not flight.get("candidate") else \
             [_interrupted(flight, f"the ranks fell out of step after shrink candidate {dead_id}")]
     mine = [s for s in stuck if s.get("id") == dead_id]
-    if mine:
+    if deadlock and deadlock.get("id") == dead_id:  # first: a rank it ended fails its peers' waits, who then file
+        dead = deadlock_row(dead_id, deadlock["beats"])
+    elif mine:
         finished = sorted(s["rank"] for s in mine)
         dead = hang_row(dead_id, next((s for s in mine if s["status"] == "fail"), mine[0]))
         dead["message"] = dead["message"].replace(
             "some ranks finished the case", f"ranks {finished} finished the case, ranks "
             f"{[r for r in range(world) if r not in finished]} never did", 1)
-    elif deadlock and deadlock.get("id") == dead_id:
-        dead = deadlock_row(dead_id, deadlock["beats"])
     else:  # the watchdog's limit passed (every rank held: a deadlock, or that slow), or a crash
         op = dead_id.split("~", 1)[0]
         held = time.time() - flight.get("started", time.time()) >= CASE_LIMIT_S
