@@ -475,6 +475,27 @@ def test_a_case_every_rank_stands_still_in_is_a_deadlock_found_by_the_pulses_nev
     reader.join()  # the main thread waits while the other burns: its clock stands still
     burn(cpu, 0.2)
     assert got[1] - got[0] < 0.05 and cpu() - got[1] >= 0.2, (got, cpu())
+    # and the beat itself: busy follows the main thread's CPU, not the wall clock
+    beating = sw.Pulse(sw.SweepFiles(tmp_path / "beat", 1), 0, 1, lambda: {"0": 1})
+    files.folder.joinpath("beat").mkdir()
+
+    def busy(since: float) -> float:  # the beat's "busy" once a beat later than `since` wrote it
+        for _ in range(200):
+            beat = json.loads(beating.files.pulse_file(0).read_text()) if beating.files.pulse_file(0).exists() else {}
+            if beat.get("at", 0) > since:
+                return beat["busy"]
+            time.sleep(0.05)
+        raise AssertionError("no beat within 10 s")
+
+    with beating:
+        burn(cpu, 0.3)
+        time.sleep(3.0)  # the beats after the burn
+        burnt = busy(time.time())
+        time.sleep(4 * sw.PULSE_S)  # waiting: no CPU
+        assert busy(time.time()) == burnt
+        began = time.time()
+        burn(cpu, 0.3)
+        assert busy(time.time()) >= began
 
 
 def test_a_clamp_case_with_an_open_bound_runs_the_op():
