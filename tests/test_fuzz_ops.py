@@ -697,16 +697,20 @@ def test_a_case_that_spins_fails_within_its_bound_and_the_sweep_goes_on(ops_sess
     collective, one that leaves a dispatch mode pushed) is a failure naming where it spun, within
     its bound, and the next case runs (on fresh ranks after the last two). A case that deadlocks
     every rank in C (no bound can cut it) is ended by the ranks' pulses once every rank stood
-    still QUIET_S, not by the 150 s watchdog, and filed as a deadlock.
-    The batch's watchdog is 150 s, so without the bound the spins are lost rows, not a hung test.
+    still QUIET_S, not by the 240 s watchdog, and filed as a deadlock.
+    The batch's watchdog is 240 s, so without the bound the spins are lost rows, not a hung test.
     The batch lowers the bound's idle base to SPIN_BASE_S (each spin costs it times the load:
     4 x 34 s of the test's 146 s at load 6.8 with the default 10 s); the passing cases take
     milliseconds, the first of a fresh slot ~1 s idle, so they stay far inside it."""
     from suites.generators.case_bound import LOAD_CAP
 
+    import time
+
     cases = [c for c, _ in SPINNERS]
-    rows = _sweep(ops_session, tmp_path, cases, shrink={"max_checks": 0}, hang_s=10, case_limit_s=150,
+    began = time.monotonic()
+    rows = _sweep(ops_session, tmp_path, cases, shrink={"max_checks": 0}, hang_s=10, case_limit_s=240,
                   bound_base_s=SPIN_BASE_S)
+    took = time.monotonic() - began
     got = {c: (rows.get(c, {}).get("status"), rows.get(c, {}).get("signature")) for c in cases}
     for case, want in SPINNERS:
         status, signature = got[case]
@@ -717,6 +721,8 @@ def test_a_case_that_spins_fails_within_its_bound_and_the_sweep_goes_on(ops_sess
         assert rows[case]["seconds"] < SPIN_BASE_S * LOAD_CAP + 5, rows[case]
         assert f"\n    {frame}" in rows[case]["message"], rows[case]["message"]
     assert "no rank issued a collective or used CPU for" in rows[cases[-2]]["message"], rows[cases[-2]]
+    assert took < 240, took  # the deadlock never waited for the watchdog (68-100 s at load 14-17; 247 s
+    # with the pulse's exit taken away and the watchdog at 150 s)
     assert (tmp_path / "ws2.done").exists()
 
 
