@@ -415,6 +415,101 @@ def test_a_slot_that_died_shrinking_records_the_case_shrunk_so_far_and_the_candi
     assert dead_rows({"id": record["id"], "candidate": None, "probe": probe}, [], 2) == [probe]
 
 
+def test_a_case_every_rank_stands_still_in_is_a_deadlock_found_by_the_pulses_never_a_slow_case(tmp_path):
+    """The idle bench's index_add~2x2 (its ranks took different output placements, reports/fuzz-ops.md)
+    held every rank in collectives that never pair: no rank at the agreement, the watchdog took
+    300 s. Each rank's pulse says when it last issued a collective and last used CPU: every rank
+    still for QUIET_S (+ the grace an agreement gets) inside a case ends the rank, its deadlock
+    record names the group whose ranks parted; one rank still using CPU (a slow propagation, a
+    spin its bound will cut), a rank settling its outcome, or no case in flight ends nothing."""
+    import time
+
+    from suites.generators import ops_sweep as sw
+
+    files = sw.SweepFiles(tmp_path, 2)
+    case = "index_add~2x2~f32~4x6,4,4x6~Psum.R,S0.S0,S-1.R~inplace=0~610"
+    ended = []
+    pulse = sw.Pulse(files, 0, 2, lambda: {"0,1": 6, "0,2": 8}, exit_rank=lambda: ended.append(True))
+    now = time.time()
+    still = now - sw.QUIET_S - sw.DEADLOCK_GRACE_S - 1
+
+    def beat(rank: int, busy: float, counts: dict, settling: bool = False) -> None:
+        sw._write(files.pulse_file(rank), {"counts": counts, "changed": still, "busy": busy, "at": now,
+                                           "settling": settling})
+
+    beat(0, still, {"0,1": 6, "0,2": 8})
+    beat(1, now - 0.5, {"0,1": 6, "1,3": 9})  # rank 1 still computing
+    files.begin(case)
+    assert pulse.blocked_peer() is None
+    pulse._end_if_deadlocked(now)
+    assert not ended and files.deadlock() is None
+    beat(1, still, {"0,1": 6, "1,3": 9}, settling=True)  # in the outcome's agreement: its own timeout decides
+    pulse._end_if_deadlocked(now)
+    assert not ended
+    assert pulse.blocked_peer() == 1  # a rank at the raised-anywhere agreement gives up
+    beat(1, still, {"0,1": 7, "1,3": 9})
+    files.end()  # no case in flight (the pulse outlives cases by a little)
+    pulse._end_if_deadlocked(now)
+    assert not ended
+    files.begin(case)
+    pulse._end_if_deadlocked(now)
+    assert ended and files.deadlock()["id"] == case
+    # the ranks it ends fail their peers' pending collectives: a stuck outcome filed after it is its consequence
+    stuck = [{"rank": 0, "id": case, "status": "fail", "signature": "judge raised RuntimeError", "message": ""}]
+    [row] = sw.dead_rows({"id": case, "candidate": None}, stuck, 4, files.deadlock())
+    assert row["signature"] == "index_add: every rank waits in a collective its peers never issue (a deadlock)"
+    assert "group [0,1]: ranks [0] issued 6, ranks [1] issued 7" in row["message"], row["message"]
+    assert sw.dead_rows({"id": "other~2~f32~1~R~-~0", "candidate": None}, [], 4, files.deadlock())[0]["signature"] \
+        == "other: the sweep died on this case"  # a record of another case says nothing about this one
+    # what "busy" reads: the main thread's own CPU, read from the pulse's thread (waiting uses none)
+    import threading
+
+    def burn(clock, seconds: float) -> None:  # until `clock` advanced `seconds` (at most 60 s of wall)
+        began, start = time.monotonic(), clock()
+        while clock() - start < seconds and time.monotonic() - began < 60:
+            pass
+
+    cpu, got = sw._main_thread_cpu(), []
+    reader = threading.Thread(target=lambda: [got.append(cpu()), burn(time.thread_time, 0.2), got.append(cpu())])
+    reader.start()
+    reader.join()  # the main thread waits while the other burns: its clock stands still
+    burn(cpu, 0.2)
+    assert got[1] - got[0] < 0.05 and cpu() - got[1] >= 0.2, (got, cpu())
+    # and the beat itself: busy follows the main thread's CPU, not the wall clock
+    beating = sw.Pulse(sw.SweepFiles(tmp_path / "beat", 1), 0, 1, lambda: {"0": 1})
+    files.folder.joinpath("beat").mkdir()
+
+    def busy(since: float) -> float:  # the beat's "busy" once a beat later than `since` wrote it
+        for _ in range(200):
+            beat = json.loads(beating.files.pulse_file(0).read_text()) if beating.files.pulse_file(0).exists() else {}
+            if beat.get("at", 0) > since:
+                return beat["busy"]
+            time.sleep(0.05)
+        raise AssertionError("no beat within 10 s")
+
+    with beating:
+        burn(cpu, 0.3)
+        time.sleep(3.0)  # the beats after the burn
+        burnt = busy(time.time())
+        time.sleep(4 * sw.PULSE_S)  # waiting: no CPU
+        assert busy(time.time()) == burnt
+        began = time.time()
+        burn(cpu, 0.3)
+        assert busy(time.time()) >= began
+
+
+def test_a_clamp_case_with_an_open_bound_runs_the_op():
+    """clamp's `none` bound reaches the call as None from a parsed case id (the sweeps' cases
+    are parsed): float(None) made 3 of clamp's 4 parameter draws an invalid draw that tested nothing."""
+    torch = pytest.importorskip("torch")
+    from suites.generators.op_calls import CALLS
+
+    case = parse_case("clamp~2~f32~7x4~R~lo=none,hi=0.5~933")
+    x = torch.tensor([[-2.0, 0.25, 3.0]])
+    [out] = CALLS["clamp"]([x], case.param, None)
+    assert out.tolist() == [[-2.0, 0.25, 0.5]]
+
+
 def test_a_lost_row_of_a_resumed_sweep_is_counted_and_filed_once(tmp_path):
     def run(folder: Path, cases: list) -> list[dict]:
         return [{"id": c.id, "status": "lost" if c.op == "sdpa" else "pass",
@@ -577,6 +672,8 @@ def test_a_spin_in_view_groups_is_a_near_miss_of_the_registered_loop_never_new()
     assert near("sigmoid~2~f32~3x4~S0~-~0", BoundHit(12.5, "_spin_forever", False, ()).signature) == []
 
 
+SPIN_BASE_S = 3.0
+"""The spinning cases' bound on idle cores in the sweep below (case_bound.BASE_S is 10 s)."""
 SPINNERS = [
     # (case, what its row must say), one sweep of 2 ranks, in this order; DISTCI_OPS_PLANT=spin
     ("reshape_merge~2~f32~2x3x0x4~R~-~0", "the case did not return within its time bound (sharding propagation looping in view_groups)"),
@@ -587,6 +684,8 @@ SPINNERS = [
     ("silu~2~f32~4x3~S1~-~2", "pass"),  # after the slot the rank-0 spin ended: resumed
     ("softmax~2~f32~3x11x11~R~dim=2~816", "the case did not return within its time bound (looping in _spin_forever)"),
     ("silu~2~f32~5x3~S0~-~7", "pass"),  # not under the mode the cut case left pushed: a fresh slot
+    ("clamp~2~f32~7x4~R~lo=-0.5,hi=0.5~933", "clamp: every rank waits in a collective its peers never issue (a deadlock)"),
+    ("silu~2~f32~5x3~S1~-~8", "pass"),  # after the slot the ranks' pulses ended
 ]
 
 
@@ -596,12 +695,22 @@ def test_a_case_that_spins_fails_within_its_bound_and_the_sweep_goes_on(ops_sess
     collective) and lost its slot. Under the case bound each spinning case (the real one, a
     planted loop on every rank, one on rank 0 alone while rank 1 waits in the judge's
     collective, one that leaves a dispatch mode pushed) is a failure naming where it spun, within
-    its bound, and the next case runs (on fresh ranks after the last two).
-    The batch's watchdog is 150 s, so without the bound the spins are lost rows, not a hung test."""
-    from suites.generators.case_bound import BASE_S, LOAD_CAP
+    its bound, and the next case runs (on fresh ranks after the last two). A case that deadlocks
+    every rank in C (no bound can cut it) is ended by the ranks' pulses once every rank stood
+    still QUIET_S, not by the 240 s watchdog, and filed as a deadlock.
+    The batch's watchdog is 240 s, so without the bound the spins are lost rows, not a hung test.
+    The batch lowers the bound's idle base to SPIN_BASE_S (each spin costs it times the load:
+    4 x 34 s of the test's 146 s at load 6.8 with the default 10 s); the passing cases take
+    milliseconds, the first of a fresh slot ~1 s idle, so they stay far inside it."""
+    from suites.generators.case_bound import LOAD_CAP
+
+    import time
 
     cases = [c for c, _ in SPINNERS]
-    rows = _sweep(ops_session, tmp_path, cases, shrink={"max_checks": 0}, hang_s=10, case_limit_s=150)
+    began = time.monotonic()
+    rows = _sweep(ops_session, tmp_path, cases, shrink={"max_checks": 0}, hang_s=10, case_limit_s=240,
+                  bound_base_s=SPIN_BASE_S)
+    took = time.monotonic() - began
     got = {c: (rows.get(c, {}).get("status"), rows.get(c, {}).get("signature")) for c in cases}
     for case, want in SPINNERS:
         status, signature = got[case]
@@ -609,8 +718,11 @@ def test_a_case_that_spins_fails_within_its_bound_and_the_sweep_goes_on(ops_sess
             (case, got, _log_tail(ops_session))
     for case, frame in [(cases[0], "torch/distributed/tensor/_ops/_view_ops.py:"),
                         (cases[2], "suites/generators/ops_plants.py:")]:  # agreed on every rank, in its bound
-        assert rows[case]["seconds"] < BASE_S * LOAD_CAP + 5, rows[case]
+        assert rows[case]["seconds"] < SPIN_BASE_S * LOAD_CAP + 5, rows[case]
         assert f"\n    {frame}" in rows[case]["message"], rows[case]["message"]
+    assert "no rank issued a collective or used CPU for" in rows[cases[-2]]["message"], rows[cases[-2]]
+    assert took < 240, took  # the deadlock never waited for the watchdog (68-100 s at load 14-17; 247 s
+    # with the pulse's exit taken away and the watchdog at 150 s)
     assert (tmp_path / "ws2.done").exists()
 
 

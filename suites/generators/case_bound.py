@@ -97,11 +97,13 @@ def contention() -> float:
     return min(LOAD_CAP, max(1.0, load / max(1, cores)))
 
 
-def bound_s(shapes: Sequence[Sequence[int]], load: float | None = None) -> float:
-    """The bound of a case whose inputs have `shapes`; `load`: the contention (default: now)."""
+def bound_s(shapes: Sequence[Sequence[int]], load: float | None = None, base_s: float = BASE_S) -> float:
+    """The bound of a case whose inputs have `shapes`; `load`: the contention (default: now);
+    `base_s`: the idle bound (a batch may lower it: tests/test_fuzz_ops.py's spinning cases
+    cost it each, times the load, while the cases that pass take milliseconds)."""
     numel = sum(_prod(s) for s in shapes)
     widest = max((max(s) for s in shapes if len(s)), default=1)
-    return BASE_S * (contention() if load is None else load) + numel * widest / WORK_PER_S
+    return base_s * (contention() if load is None else load) + numel * widest / WORK_PER_S
 
 
 class Bound:

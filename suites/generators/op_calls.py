@@ -156,7 +156,7 @@ def _loss_plus_aux(x, p, c):
 
 
 def _clamp(x, p, c):
-    lo, hi = (None if v == "none" else float(v) for v in (p["lo"], p["hi"]))
+    lo, hi = (None if v in (None, "none") else float(v) for v in (p["lo"], p["hi"]))  # a parsed id gives None
     return (x[0].clamp(min=lo, max=hi),)
 
 

@@ -86,22 +86,24 @@ def _resume_only_after_a_death(request: pytest.FixtureRequest) -> None:
         pytest.skip("nothing to resume: the sweep's earlier slot answered every case")
 
 
-def _run(dist, case, plant, asks, blocked=None):
+def _run(dist, case, plant, asks, blocked=None, base_s=None):
     """This rank's outcome of `case` (not agreed yet), under the case's time bound: a case that
     spins in Python fails with where it spun (suites/generators/case_bound.py). The ranks agree
     on `asks` after each phase whether one raised (suites/generators/ops_outcome.py); PeersGone
     (that agreement timed out, or `blocked` named a peer waiting in a collective of the op)
-    goes to the caller with this rank's outcome."""
-    from .case_bound import LOAD_CAP, Bound, CaseTimeout, bound_s
+    goes to the caller with this rank's outcome. `base_s`: the bound's idle base (default
+    case_bound.BASE_S; a batch's "bound_base_s")."""
+    from .case_bound import BASE_S, LOAD_CAP, Bound, CaseTimeout, bound_s
     from .ops_cases import run_case, timed_out
     from .ops_outcome import ASK_MARGIN_S, CaseOutcome, PeersGone, leave_if_raised, raised_anywhere
 
-    bound = Bound(bound_s(case.shapes))
+    base_s = BASE_S if base_s is None else base_s
+    bound = Bound(bound_s(case.shapes, base_s=base_s))
     # The wait for a peer: never shorter than the largest bound any rank can hold for this case
     # (each reads the load itself; LOAD_CAP is the most it reads) nor than the side group's
     # patience the sweep had before the agreement: a peer still inside a slow op (sdpa's CPU
     # propagation, a signal deferred in C++) is waited for, not left behind to cost a slot.
-    wait_s = max(bound_s(case.shapes, load=LOAD_CAP), HANG_S) + ASK_MARGIN_S
+    wait_s = max(bound_s(case.shapes, load=LOAD_CAP, base_s=base_s), HANG_S) + ASK_MARGIN_S
     agreement = raised_anywhere(asks, wait_s, blocked)
 
     def ask(mine: bool) -> bool:
@@ -231,7 +233,7 @@ def test_op_sweep(dist, world, slot, batch_file) -> None:
     plant = planted()
     files = SweepFiles(Path(batch["out"]), dist.world_size)
     hang_s, case_limit_s = batch.get("hang_s", HANG_S), batch.get("case_limit_s", CASE_LIMIT_S)
-    answered, flight, stuck = files.answered(), files.in_flight(), files.stuck()
+    answered, flight, stuck, deadlock = files.answered(), files.in_flight(), files.stuck(), files.deadlock()
     dead = {flight["id"], flight.get("candidate")} if flight and flight["id"] not in answered else set()
     files.pulse_file(dist.rank).unlink(missing_ok=True)  # a dead slot's, of groups gone with it
     # every rank has read the files before rank 0 writes to them
@@ -245,13 +247,14 @@ def test_op_sweep(dist, world, slot, batch_file) -> None:
     # every rank learns the dead case's signature (what it read before the barrier is the
     # same everywhere): whether a later failure is shrunk depends on `seen`, and a rank that
     # shrinks while its peers go on runs other collectives than theirs (the 300 s watchdog)
-    for row in dead_rows(flight, stuck, dist.world_size) if dead else []:
+    for row in dead_rows(flight, stuck, dist.world_size, deadlock) if dead else []:
         seen.add(row["signature"])
         if sink:
             sink.write(json.dumps(row) + "\n")
     if sink:
         sink.flush()
         files.clear_stuck()
+        files.deadlock_file.unlink(missing_ok=True)
     cases = [c for c in map(case_from_json, batch["cases"])
              if c.world_size == dist.world_size and c.id not in answered and c.id not in dead]
     shrunk_s = 0.0  # a sweep shrinks for at most bounds["sweep_s"]: later finds come unshrunk, never a timeout
@@ -266,13 +269,16 @@ def test_op_sweep(dist, world, slot, batch_file) -> None:
         try:
             mine = None
             try:
-                mine = _run(dist, case, plant, asks, pulse.blocked_peer)
+                mine = _run(dist, case, plant, asks, pulse.blocked_peer, batch.get("bound_base_s"))
+                pulse.settling = True
                 agreed = agree(dist, mine, side, case.id)
             except Exception as exc:  # PeersGone (carries this rank's outcome), or the agreement's timeout
                 mine = getattr(exc, "outcome", mine)
                 files.write_stuck(dist.rank, case.id, asdict(mine))
                 raise SweepStuck(f"case {case.id}: this rank finished it, some other rank did not within {hang_s:.0f}s "
                                  f"({type(exc).__name__}: {str(exc)[:200]})") from None
+            finally:
+                pulse.settling = False
             if agreed.raised:  # the ranks may have issued different collectives: in step still?
                 if sink:
                     row = {"id": case.id, "status": agreed.status, "signature": agreed.signature,

@@ -14,7 +14,12 @@ placements and ops, wrong in one corner, and quiet (nothing raises):
     only, while the other ranks go on into the judge's collectives and wait there (what the
     case's time bound must turn into a failure: suites/generators/case_bound.py); `softmax`
     first pushes a dispatch mode that breaks every later `silu` and never pops it (what a bound
-    that hits inside a mode's __exit__ can leave: the sweep must not run its next case there).
+    that hits inside a mode's __exit__ can leave: the sweep must not run its next case there);
+    `clamp` deadlocks every rank in C before any Python can cut it (each waits for a message its
+    peer never sends), as a case whose
+    ranks take different collectives does (reports/fuzz-ops.md: index_add's placements by
+    rank): no rank finishes, none uses CPU, only the ranks' pulses can end it before the
+    watchdog (suites/generators/ops_sweep.Pulse).
 None is shaped like a column of the scenario table: each needs an op, a placement and
 (shard_shape) a size together, which is what the shrinker must keep and nothing more.
 """
@@ -112,6 +117,8 @@ class PythonSpin(_Plant):
             _push_mode(_BreaksSilu())
         if case.op in ("sigmoid", "softmax") or (case.op == "gelu" and tdist.get_rank() == 0):
             _spin_forever()
+        if case.op == "clamp":  # every rank receives from the next, none sends
+            tdist.recv(torch.zeros(1), src=(tdist.get_rank() + 1) % tdist.get_world_size())
         return dts
 
 

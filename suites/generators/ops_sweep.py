@@ -23,8 +23,11 @@ Files, per world size, in the sweep's folder (all on the host the ranks share):
   ws{n}.stuck-r{k}.json  rank k's outcome of a case the other ranks never finished
   ws{n}.done             the world size's cases are all answered: no resume slot runs
   ws{n}.pulse-r{k}.json  rank k's count of collectives issued per group, and since when
-                         unchanged (a Pulse: how a peer tells a rank blocked in the op's own
-                         collective from one still working, without asking it)
+                         unchanged, and since when its main thread last used CPU (a Pulse:
+                         how a peer tells a rank blocked in a collective from one still
+                         working, without asking it)
+  ws{n}.deadlock.json    every rank's last pulse when all of them had stood still (no new
+                         collective, no CPU) for QUIET_S inside a case: no rank can finish it
 """
 
 from __future__ import annotations
@@ -57,6 +60,17 @@ PULSE_S = 0.5
 STALL_S = 3.0
 """A peer whose counts stood still this long while ahead of this rank's is blocked (a case's
 collective is milliseconds; a peer computing issues none, so it is never ahead)."""
+QUIET_S = 10.0
+"""Every rank standing still this long (no collective issued, its main thread using no CPU)
+inside a case: none can move the others, so the case can never finish. A rank computing, however
+slowly (sdpa's propagation at load 30 on 2 cores still gets ~60 ms of CPU a second), or
+spinning, is never quiet; a rank waiting in a collective or at an agreement uses none."""
+BUSY_CPU = 0.01
+"""CPU seconds per second above which a rank's main thread is working, not waiting (a rank
+polling the raised-anywhere agreement uses ~1 ms a second; one computing at load 30, ~60 ms)."""
+DEADLOCK_GRACE_S = 5.0
+"""A rank waiting at the raised-anywhere agreement leaves after QUIET_S (its outcome filed as
+the case's); the ranks' own threads end a slot none of whose ranks is there this much later."""
 
 
 @dataclass(frozen=True)
@@ -128,20 +142,42 @@ class SweepFiles:
     def pulse_file(self, rank: int) -> Path:
         return self.folder / f"ws{self.world}.pulse-r{rank}.json"
 
+    @property
+    def deadlock_file(self) -> Path:
+        return self.folder / f"ws{self.world}.deadlock.json"
+
+    def deadlock(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.deadlock_file.read_text())
+        except (OSError, ValueError):
+            return None
+
 
 class Pulse:
     """A rank's collectives issued per group (`counts`: group key -> count, the same keys on
-    every rank), written every PULSE_S by a thread while the slot runs; `blocked_peer` reads the
-    peers'. Why: a rank waiting at the raised-anywhere agreement cannot tell a peer blocked in a
-    collective inside the op (clip_grad_norm's inf norm with an empty shard raises on its rank,
-    the peers wait in the op's all-reduce: they never arrive) from a peer still in a slow op
-    (sdpa's CPU propagation: it arrives), so it waited the largest bound any rank can hold
-    (~45 s) before ending the slot. A peer that issued more collectives on a group than this
-    rank did, and has issued none for STALL_S, waits in one this rank, done with the phase,
-    never issues: that wait ends now. The thread reads counts only (no collective, no lock)."""
+    every member) and when its main thread last used CPU, written every PULSE_S by a thread
+    while the slot runs; `blocked_peer` reads the peers'. Why: a rank waiting at the
+    raised-anywhere agreement cannot tell a peer blocked in a collective (clip_grad_norm's inf
+    norm with an empty shard raises on its rank, the peers wait in the op's all-reduce: they
+    never arrive) from a peer still in a slow op (sdpa's CPU propagation: it arrives), so it
+    waited the largest bound any rank can hold (~45 s) before ending the slot. Two signs that
+    a peer never arrives: it issued more collectives on a group than this rank did and none
+    for STALL_S (it waits in one this rank, done with the phase, never issues); or every rank
+    stood still for QUIET_S (no collective, no CPU: nobody left to move anyone). A case whose
+    ranks all wait in collectives that never pair (index_add's output placements differing by
+    rank, reports/fuzz-ops.md) has no rank at the agreement: the thread itself ends its rank
+    DEADLOCK_GRACE_S later (`ws{n}.deadlock.json`, then the rank's stacks and exit, as the
+    watchdog does at 300 s), and the next slot files the case. The thread reads counts and
+    clocks only (no collective, no lock)."""
 
-    def __init__(self, files: SweepFiles, rank: int, world: int, counts: Callable[[], dict[str, int]]) -> None:
+    def __init__(self, files: SweepFiles, rank: int, world: int, counts: Callable[[], dict[str, int]],
+                 exit_rank: Callable[[], None] | None = None) -> None:
         self.files, self.rank, self.world, self.counts = files, rank, world, counts
+        self.exit_rank = exit_rank or _exit_rank
+        self._cpu = _main_thread_cpu()
+        self.settling = False
+        """The main thread waits in the case's outcome agreement (its own timeout ends that wait
+        and files this rank's outcome: no deadlock is declared while a rank is there)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="distci-ops-pulse", daemon=True)
 
@@ -156,34 +192,88 @@ class Pulse:
 
     def _beat(self) -> None:
         last: dict[str, int] | None = None
-        changed = time.time()
+        changed = busy = time.time()
+        cpu = self._cpu()
         while not self._stop.is_set():
             try:
                 now = self.counts()
             except Exception:  # a mesh cached while read: the next beat reads it
                 now = last
+            at = time.time()
             if now != last:
-                last, changed = now, time.time()
+                last, changed = now, at
+            used = self._cpu()
+            if used is None or cpu is None or used - cpu >= BUSY_CPU * PULSE_S:
+                busy = at  # where CPU cannot be read, the rank always counts as working
+            cpu = used
             if last:
-                _write(self.files.pulse_file(self.rank), {"counts": last, "changed": changed, "at": time.time()})
+                _write(self.files.pulse_file(self.rank), {"counts": last, "changed": changed, "busy": busy, "at": at,
+                                                             "settling": self.settling})
+                self._end_if_deadlocked(at)
             self._stop.wait(PULSE_S)
 
-    def blocked_peer(self) -> int | None:
-        """A peer waiting in a collective this rank never issued (see the class), or None."""
-        mine = self.counts()
-        now = time.time()
-        for peer in range(self.world):
-            if peer == self.rank:
-                continue
+    def _beats(self, now: float) -> dict[int, dict[str, Any]]:
+        """Every rank's last pulse still beating (read from the files, this rank's included)."""
+        out = {}
+        for rank in range(self.world):
             try:
-                beat = json.loads(self.files.pulse_file(peer).read_text())
+                beat = json.loads(self.files.pulse_file(rank).read_text())
             except (OSError, ValueError):
                 continue
-            if now - beat["at"] > 3 * PULSE_S + 1 or now - beat["changed"] < STALL_S:
-                continue  # not beating (gone, or no counts on this torch), or still issuing
+            if now - beat["at"] <= 3 * PULSE_S + 1:
+                out[rank] = beat
+        return out
+
+    def _all_quiet_s(self, beats: dict[int, dict[str, Any]], now: float) -> float:
+        """How long every rank has stood still (0 unless every rank beats)."""
+        if len(beats) < self.world:
+            return 0.0
+        return min(now - max(b["changed"], b.get("busy", now)) for b in beats.values())
+
+    def _end_if_deadlocked(self, now: float) -> None:
+        beats = self._beats(now)
+        if self._all_quiet_s(beats, now) < QUIET_S + DEADLOCK_GRACE_S or any(b.get("settling") for b in beats.values()):
+            return
+        flight = self.files.in_flight()
+        if not flight or flight.get("probe"):  # between cases, or the in-step check's own bounded barrier
+            return
+        _write(self.files.deadlock_file, {"id": flight.get("candidate") or flight["id"], "by": self.rank,
+                                          "beats": {str(r): b["counts"] for r, b in sorted(beats.items())}})
+        self.exit_rank()
+
+    def blocked_peer(self) -> int | None:
+        """A peer that will never reach the agreement this rank waits at (see the class), or None."""
+        mine = self.counts()
+        now = time.time()
+        beats = self._beats(now)
+        for peer, beat in beats.items():
+            if peer == self.rank or now - beat["changed"] < STALL_S:
+                continue  # still issuing
             if any(n > mine[key] for key, n in beat["counts"].items() if key in mine):
                 return peer
+        if self._all_quiet_s(beats, now) >= QUIET_S:
+            return next(peer for peer in sorted(beats) if peer != self.rank)
         return None
+
+
+def _main_thread_cpu() -> Callable[[], float | None]:
+    """The CPU time of the calling (main) thread, readable from any thread; None where this
+    platform cannot say (then the rank always counts as working: no case is ended for it)."""
+    try:
+        clock = time.pthread_getcpuclockid(threading.get_ident())
+        time.clock_gettime(clock)
+    except (AttributeError, OSError):
+        return lambda: None
+    return lambda: time.clock_gettime(clock)
+
+
+def _exit_rank() -> None:
+    """End this rank as the watchdog does (its stacks in the rank log first)."""
+    import faulthandler
+    import sys
+
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    os._exit(1)
 
 
 def _write(path: Path, data: dict) -> None:
@@ -193,20 +283,25 @@ def _write(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def dead_rows(flight: dict[str, Any], stuck: list[dict[str, Any]], world: int) -> list[dict[str, Any]]:
+def dead_rows(flight: dict[str, Any], stuck: list[dict[str, Any]], world: int,
+              deadlock: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The rows a resume slot records for what its dead predecessor was running.
 
     `flight` is the in-flight marker. The case that ended the slot (a shrink candidate, when
     it died while shrinking) is a find of its own: with the ranks' outcome when some ranks
     finished it (`stuck`: it raised on them only; the others never returned), else "the sweep
-    died on this case" (a crash, or every rank held past the watchdog). A batch case whose
-    shrinking it interrupted is recorded with its own failure and the shrink so far."""
+    died on this case" (a crash, or every rank held past the watchdog), or, when the ranks'
+    pulses saw every rank stand still in it (`deadlock`: Pulse), a deadlock with each group's
+    collectives issued by rank. A batch case whose shrinking it interrupted is recorded with its
+    own failure and the shrink so far."""
     dead_id = flight.get("candidate") or flight["id"]
     if flight.get("probe"):  # the case ran and was agreed; the ranks fell out of step after it
         return [flight["probe"]] if not flight.get("candidate") else \
             [_interrupted(flight, f"the ranks fell out of step after shrink candidate {dead_id}")]
     mine = [s for s in stuck if s.get("id") == dead_id]
-    if mine:
+    if deadlock and deadlock.get("id") == dead_id:  # first: a rank it ended fails its peers' waits, who then file
+        dead = deadlock_row(dead_id, deadlock["beats"])
+    elif mine:
         finished = sorted(s["rank"] for s in mine)
         dead = hang_row(dead_id, next((s for s in mine if s["status"] == "fail"), mine[0]))
         dead["message"] = dead["message"].replace(
@@ -223,6 +318,25 @@ def dead_rows(flight: dict[str, Any], stuck: list[dict[str, Any]], world: int) -
     if flight.get("candidate") and flight.get("record"):  # it died shrinking `record`'s case
         return [dead, _interrupted(flight, f"a shrink candidate ended the sweep: {dead_id}")]
     return [dead]
+
+
+def deadlock_row(case_id: str, beats: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """The row of a case in which every rank stood still in collectives (Pulse): `beats`, each
+    rank's collectives issued per group. The groups whose members issued different counts say
+    where the ranks parted (in a job: a hang)."""
+    op = case_id.split("~", 1)[0]
+    signature = f"{op}: every rank waits in a collective its peers never issue (a deadlock)"
+    parted = []
+    for key in sorted({k for counts in beats.values() for k in counts}):
+        by_count: dict[int, list[int]] = {}
+        for rank, counts in sorted(beats.items(), key=lambda kv: int(kv[0])):
+            if key in counts:
+                by_count.setdefault(counts[key], []).append(int(rank))
+        if len(by_count) > 1:
+            parted.append(f"group [{key}]: " + ", ".join(f"ranks {r} issued {n}" for n, r in sorted(by_count.items())))
+    return {"id": case_id, "status": "fail", "signature": signature, "died": True, "seconds": 0.0,
+            "message": f"{signature}\n  no rank issued a collective or used CPU for {QUIET_S:.0f}s; collectives issued "
+                       f"per group: " + ("; ".join(parted) or "the same on every rank") + f"\n  case {case_id}"}
 
 
 def hang_row(case_id: str, outcome: dict[str, Any], raised_on: list[int] | None = None,
