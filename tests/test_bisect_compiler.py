@@ -4,8 +4,11 @@ The repro is the one torch's own test_compiler_bisector.py uses (test_bad_decomp
 decomposition table inductor hands to AOTAutograd maps `aten.exponential` to a
 function returning NaN. Eager is right, every compiled backend from
 aot_eager_decomp_partition on is wrong. The bisector, one fresh process per step, must
-name that backend, the `decomposition` subsystem, the first application and the op.
-It needs no C++ compiler: the failing backend never reaches inductor's codegen.
+name that backend, the `decomposition` subsystem, the application and the op.
+It needs no C++ compiler: the repro compiles with aot_eager_decomp_partition, the
+backend that shows the failure, so its run as it is never reaches inductor's codegen
+(with the default backend that run alone compiled five C++ kernels, 14 of the test's
+CPU-s); every step's backend is the bisector's whatever the repro names.
 """
 
 from __future__ import annotations
@@ -49,29 +52,50 @@ def f(x):
     return (x + 3).exponential_() * 10.5
 
 
-out = torch.compile(f)(torch.randn(4, 8))
+out = torch.compile(f, backend="aot_eager_decomp_partition")(torch.randn(4, 8))
 sys.exit(1 if out.isnan().any() else 0)
 """
 
 
-# These tests check the mode against real torch; one fresh confirmation run keeps each within
-# minutes on 2 cores. The default (CONFIRM_RUNS, chosen by distci.bisect.simulate) is held by
+# These tests check the mode against real torch, every step a fresh interpreter (~5 CPU-s
+# each, nearly all imports). The confirmation in real processes (the finding's backend fails
+# again, the backend before it passes, the subsystem disabled by environment passes) is proven
+# once, by the first test, with one fresh run per side; the other two name what they are about
+# without it (2 and 1 runs fewer). The default count (CONFIRM_RUNS, chosen by
+# distci.bisect.simulate) is held by
 # test_the_compiler_mode_defaults_name_no_wrong_backend_at_a_lie_rate_of_one_in_five below.
 ONE_CONFIRM = ("--confirm", "1")
+NO_CONFIRM = ("--no-confirm",)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """One working directory for the three bisects: the probes' distci wheels (built under
+    the working directory's .distci/, ~3 CPU-s) and the --cache holding them are made once."""
+    return tmp_path_factory.mktemp("compiler-bisect")
+
+
+def bisect_argv(workdir: Path, tmp_path: Path, *args: str) -> list[str]:
+    return ["bisect", *args, "--cache", str(workdir / "cache"), "--out", str(tmp_path / "out"), "--timeout", "300"]
 
 
 @pytest.mark.slow
-def test_compiler_bisector_names_backend_subsystem_and_op(tmp_path, monkeypatch, capsys):
-    (tmp_path / "repro.py").write_text(REPRO)
-    monkeypatch.chdir(tmp_path)
+def test_compiler_bisector_names_backend_subsystem_and_op(workdir, tmp_path, monkeypatch, capsys):
+    (workdir / "repro.py").write_text(REPRO)
+    monkeypatch.chdir(workdir)
     # starting at aot_eager skips one step (eager) and still crosses a backend boundary
-    argv = ["bisect", "--compiler", "--command", "python repro.py", "--compiler-backend", "aot_eager",
-            "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--timeout", "300", *ONE_CONFIRM]
+    argv = bisect_argv(workdir, tmp_path, "--compiler", "--command", "python repro.py",
+                       "--compiler-backend", "aot_eager", *ONE_CONFIRM)
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "with torch.compile as an identity the command exits 0" in out
     assert "[bisector] run 1: backend=aot_eager subsystem=- -> pass" in out
     assert "[bisector] run 2: backend=aot_eager_decomp_partition subsystem=- -> fail" in out
+    # each side confirmed by a fresh run, the subsystem disabled through the environment
+    for confirm in ("backend=aot_eager_decomp_partition subsystem=- -> fail",
+                    "backend=aot_eager subsystem=- -> pass",
+                    "backend=aot_eager_decomp_partition subsystem=decomposition disabled -> pass"):
+        assert re.search(rf"^\[bisector\] run \d+: confirm: {re.escape(confirm)}", out, re.MULTILINE), out
     report = json.loads(Path(re.search(r"^report: (.+)$", out, re.MULTILINE).group(1)).read_text())
     assert (report["backend"], report["subsystem"], report["bisect_number"]) == (
         "aot_eager_decomp_partition", "decomposition", 1)
@@ -112,11 +136,11 @@ sys.exit(0 if torch.allclose(f(x), linear(x)) else 1)
 
 
 @pytest.mark.slow
-def test_a_fullgraph_model_with_a_broken_pass_is_inductors(tmp_path, monkeypatch, capsys):
-    (tmp_path / "repro.py").write_text(PASS_REPRO)
-    monkeypatch.chdir(tmp_path)
-    argv = ["bisect", "--compiler", "--command", "python repro.py", "--compiler-backend", "inductor",
-            "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--timeout", "300", *ONE_CONFIRM]
+def test_a_fullgraph_model_with_a_broken_pass_is_inductors(workdir, tmp_path, monkeypatch, capsys):
+    (workdir / "broken_pass.py").write_text(PASS_REPRO)
+    monkeypatch.chdir(workdir)
+    argv = bisect_argv(workdir, tmp_path, "--compiler", "--command", "python broken_pass.py",
+                       "--compiler-backend", "inductor", *NO_CONFIRM)
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "with torch.compile as an identity the command exits 0" in out
@@ -147,23 +171,23 @@ def test_double():
 
 
 @pytest.mark.slow
-def test_a_test_id_is_bisected_in_the_pr_cells_stack_env(tmp_path, monkeypatch, capsys):
+def test_a_test_id_is_bisected_in_the_pr_cells_stack_env(workdir, tmp_path, monkeypatch, capsys):
     """`nox -s bisect -- TEST_ID --compiler` from the controller venv (no torch there):
     with no --in-env the failing env is the pr cell's stack env, as its runs build it.
 
     What the bisector names is proven by the two tests above; this one proves where a test id
     runs. Its test fails once Dynamo traces it, so from `--compiler-backend eager` the search is
-    its first step and one confirmation (4 runs of the test in all, each a pytest and torchrun:
-    a broken inductor pass took 10)."""
+    its first step, unconfirmed (3 runs of the test in all, each a pytest and torchrun: the
+    command as it is, the identity pre-check, eager; a broken inductor pass took 10)."""
     from distci.provision.selfwheels import REPO
 
-    (tmp_path / "test_traced.py").write_text(TRACED_TEST)
-    monkeypatch.chdir(tmp_path)
+    (workdir / "test_traced.py").write_text(TRACED_TEST)
+    monkeypatch.chdir(workdir)
     # the checkout's caches: the same wheelhouse and env the pr tier's run uses
     monkeypatch.setenv("DISTCI_WHEELHOUSE_ROOT", str(REPO / ".distci" / "wheelhouse"))
     monkeypatch.setenv("DISTCI_ENV_ROOT", str(REPO / ".distci" / "envs"))
-    argv = ["bisect", "test_traced.py::test_double", "--compiler", "--compiler-backend", "eager",
-            "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out"), "--timeout", "300", *ONE_CONFIRM]
+    argv = bisect_argv(workdir, tmp_path, "test_traced.py::test_double", "--compiler",
+                       "--compiler-backend", "eager", *NO_CONFIRM)
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert re.search(r"compiler bisect in the stack env of cell cpu-\S+ \(--cell CELL or --in-env VENV", out), out
