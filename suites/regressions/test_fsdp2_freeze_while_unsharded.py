@@ -64,3 +64,30 @@ def test_a_module_frozen_mid_run_gets_no_gradient(dist, moment: str) -> None:
     assert not _frozen_head_gets_a_gradient(dist, sharded=True, moment=moment), (
         f"FSDP2: the head frozen with requires_grad_(False) ({moment}) gets a gradient again a step later: "
         "the call reached the unsharded parameters only; the sharded ones still require grad")
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.dist_timeout(300)
+@pytest.mark.parametrize("reshard_after_backward", ["false", "default_control"])
+def test_freezing_after_a_backward_freezes_the_trained_parameters(dist, reshard_after_backward) -> None:
+    """A unit of its own under set_reshard_after_backward(False) (programs
+    `fsdp-ws2-w8-l1-sgd:reshard,fwd_bwd,freeze` on torch 2.15.0, 2026-12-07: "at action
+    freeze: requires_grad differs: parameters train in the run only"): frozen through
+    requires_grad_(False) right after the backward, while it is unsharded; it reshards after
+    the next forward and unshards again in that step's backward from the sharded parameters,
+    which still require grad: frozen for one forward only. Silent."""
+    from ..runner.parallelize import fsdp_api
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    fully_shard, _ = fsdp_api()
+    for module in (model[0], model):
+        fully_shard(module, mesh=dist.mesh())
+    if reshard_after_backward == "false":
+        model.set_reshard_after_backward(False)
+    model(torch.randn(4, 8, generator=torch.Generator().manual_seed(1))).sum().backward()
+    model[0].requires_grad_(False)
+    frozen = {n for n, p in model.named_parameters() if n.startswith("0.") and not p.requires_grad}
+    model(torch.randn(4, 8, generator=torch.Generator().manual_seed(2))).sum().backward()  # the next step
+    still = sorted(n for n, p in model.named_parameters() if n in frozen and p.requires_grad)
+    assert frozen and not still, f"frozen after the backward, {still} require grad again at the next step"

@@ -54,3 +54,64 @@ def test_a_step_after_an_eval_forward_reaches_the_next_forward(dist, reshard_aft
     assert torch.allclose(got, expected, atol=1e-5), (
         "FSDP2: the forward after the optimizer step computed with the root's pre-step weights "
         f"(max |diff| {float((got - expected).abs().max()):.3g} against one process)")
+
+
+def _trained_then_evaluated(dist, sharded: bool, reshard_after_eval: bool) -> torch.nn.Module:
+    """The model after a backward and then an eval forward under no_grad (the root stays unsharded)."""
+    from ..runner.parallelize import fsdp_api
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    if sharded:
+        fully_shard, _ = fsdp_api()
+        fully_shard(model[0], mesh=dist.mesh())
+        fully_shard(model, mesh=dist.mesh())
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    model(x).sum().backward()
+    with torch.no_grad():
+        model(x)
+    if sharded and reshard_after_eval:
+        model.reshard()
+    return model
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.dist_timeout(300)
+@pytest.mark.parametrize("reshard_after_eval", [False, True], ids=["clip_plain", "clip_reshard_control"])
+def test_clipping_after_an_eval_forward_sees_every_gradient(dist, reshard_after_eval: bool) -> None:
+    """The clip face (programs `fsdp-ws2-w8-l1-sgd:fwd_bwd,eval,clip` on torch 2.15.0, 2026-12-07:
+    "clip total norm N vs reference N"): after the eval forward the root's registered
+    parameters are its unsharded ones, which hold no gradient, so clip_grad_norm_ over
+    model.parameters() measures (and clips) the other modules' gradients only. Silent."""
+    def norm(model) -> float:
+        total = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e9)
+        return float(total.full_tensor() if hasattr(total, "full_tensor") else total)
+
+    expected = norm(_trained_then_evaluated(dist, sharded=False, reshard_after_eval=False))
+    got = norm(_trained_then_evaluated(dist, sharded=True, reshard_after_eval=reshard_after_eval))
+    assert abs(got - expected) <= 1e-5 * expected, (
+        f"FSDP2: clip_grad_norm_(model.parameters()) after an eval forward measured {got:.6g}, one process "
+        f"{expected:.6g}: the root's unsharded parameters hold no gradient")
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.dist_timeout(300)
+@pytest.mark.parametrize("reshard_after_eval", [False, True], ids=["load_plain", "load_reshard_control"])
+def test_a_full_state_dict_loads_after_an_eval_forward(dist, reshard_after_eval: bool) -> None:
+    """The load face (programs `fsdp-ws2-w8-l1-sgd0:save=full,eval,load` on torch 2.15.0,
+    2026-12-07: "Error(s) in loading state_dict for FSDPNet"): a full state dict saved before
+    the eval, loaded after it with broadcast_from_rank0 as torchtune and Lightning load,
+    meets the root's unsharded parameters where DTensors are expected."""
+    import copy
+
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+    model = _trained_then_evaluated(dist, sharded=True, reshard_after_eval=False)
+    if reshard_after_eval:
+        model.reshard()
+    saved = copy.deepcopy(get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)))
+    with torch.no_grad():
+        model(torch.randn(4, 8, generator=torch.Generator().manual_seed(2)))  # the eval between save and load
+    if reshard_after_eval:
+        model.reshard()
+    set_model_state_dict(model, saved, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
