@@ -24,7 +24,8 @@ from ..conftest import tier_marks
 pytestmark = tier_marks("nightly")
 
 
-def _output_after_step(dist, sharded: bool, reshard_after_eval: bool) -> torch.Tensor:
+def _model(dist, sharded: bool) -> torch.nn.Module:
+    """Two linears, FSDP2 on the first and on the root (the root keeps the second's parameters)."""
     from ..runner.parallelize import fsdp_api
 
     torch.manual_seed(0)
@@ -33,6 +34,11 @@ def _output_after_step(dist, sharded: bool, reshard_after_eval: bool) -> torch.T
         fully_shard, _ = fsdp_api()
         fully_shard(model[0], mesh=dist.mesh())
         fully_shard(model, mesh=dist.mesh())
+    return model
+
+
+def _output_after_step(dist, sharded: bool, reshard_after_eval: bool) -> torch.Tensor:
+    model = _model(dist, sharded)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
     model(x).sum().backward()
@@ -58,14 +64,7 @@ def test_a_step_after_an_eval_forward_reaches_the_next_forward(dist, reshard_aft
 
 def _trained_then_evaluated(dist, sharded: bool, reshard_after_eval: bool) -> torch.nn.Module:
     """The model after a backward and then an eval forward under no_grad (the root stays unsharded)."""
-    from ..runner.parallelize import fsdp_api
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
-    if sharded:
-        fully_shard, _ = fsdp_api()
-        fully_shard(model[0], mesh=dist.mesh())
-        fully_shard(model, mesh=dist.mesh())
+    model = _model(dist, sharded)
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
     model(x).sum().backward()
     with torch.no_grad():
