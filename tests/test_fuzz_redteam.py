@@ -121,3 +121,21 @@ def test_an_in_place_refusal_of_an_indexed_write_is_a_gap_of_the_op_a_find_in_ba
 def test_the_finds_file_under_the_registered_upstream_bug(test_id, signature, torch_version, entry):
     registry = load_registry(REPO / "suites" / "known_issues.toml")
     assert registry.match(test_id, signature, "", Stack(torch=torch_version)) == entry
+
+
+def test_unbind_along_a_sharded_dim_is_a_named_refusal_counted_as_a_gap():
+    """DTensor refuses `x.unbind(d)` along a dim x is sharded on, for every size, and says why
+    ("cannot be performed without redistribution, which is disallowed"): a named limit of the
+    op's own call, like "Please redistribute" (the trial run's unbind~2~f32~0x1x1~S0~dim=0~0)."""
+    pytest.importorskip("torch")
+    from suites.generators.ops_cases import CaseOutcome, _raised
+
+    case = parse_case("unbind~2~f32~4x1x1~S0~dim=0~0")
+    exc = RuntimeError("('Attempted to unbind along the sharded dimension 0. ', 'It cannot be performed without "
+                       "redistribution, which is disallowed by the current operator.')")
+
+    def done(status, signature=None, message=""):
+        return CaseOutcome(status, signature, message)
+
+    assert _raised(case, exc, "the op", done).status == "gap"
+    assert _raised(case, exc, "the backward", done).status == "fail"

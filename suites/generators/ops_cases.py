@@ -32,12 +32,14 @@ from .op_calls import CALLS, Context
 from .ops_outcome import CaseOutcome, RaisedAnywhere, leave_if_raised
 
 GAP = re.compile(r"sharding strateg|does not have a sharding|no sharding|sharding propagation (?:is )?not")
-REFUSED = re.compile(r"[Pp]lease\s+redistribute|cannot\s+be\s+evenly\s+sharded,\s+resulting\s+in\s+biased")
+REFUSED = re.compile(r"[Pp]lease\s+redistribute|cannot\s+be\s+evenly\s+sharded,\s+resulting\s+in\s+biased"
+                     r"|cannot\s+be\s+performed\s+without\s+redistribution,\s+which\s+is\s+disallowed")
 """DTensor's explicit refusals of placements an op cannot take as given ("... requires
 redistribution. Please redistribute the input first"): upstream names the limit and what to
 do, nothing is computed wrong, so the case is counted as a gap like a missing sharding
 strategy (any whitespace between the words: torch's nll_loss message carries its source
-line's indentation, "sharded,<25 spaces>resulting"), never re-filed as a new find every night (DESIGN rule 10: refused is not broken,
+line's indentation, "sharded,<25 spaces>resulting"; unbind along a sharded dim: "cannot be
+performed without redistribution, which is disallowed by the current operator"), never re-filed as a new find every night (DESIGN rule 10: refused is not broken,
 and it stays visible in the gaps table). Only for the op's own call: a backward that refuses
 the placements its own forward produced is a find (nobody can redistribute inside autograd)."""
 
