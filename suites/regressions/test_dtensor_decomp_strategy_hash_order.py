@@ -77,7 +77,8 @@ except NotImplementedError:  # no strategy at all: refused alike everywhere
 """
 
 
-@pytest.mark.parametrize("op,script,seeds", [("index_add", PLACEMENTS, SEEDS), ("sdpa", SDPA_PLACEMENTS, SDPA_SEEDS)])
+@pytest.mark.parametrize("op,script,seeds", [("index_add", PLACEMENTS, SEEDS), ("sdpa", SDPA_PLACEMENTS, SDPA_SEEDS)],
+                         ids=["index_add", "sdpa"])
 def test_output_placements_do_not_depend_on_the_hash_seed(op: str, script: str, seeds: tuple[str, ...]) -> None:
     """sdpa: the red-team run's `sdpa~2x2~bf16~7x3x7x2,7x3x12x2,7x3x12x2~R.R,R.Psum,Psum.R~is_causal=0~106`
     ("no sharding strategy (some ranks only, the others hang)", reports/fuzz-ops-2026-12-07-redteam.md):
