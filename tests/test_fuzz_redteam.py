@@ -88,21 +88,6 @@ def test_the_judge_gives_an_unread_output_no_cotangent():
     assert all(c is not None for c in every)
 
 
-def test_an_in_place_refusal_of_an_indexed_write_is_a_gap_of_the_op_a_find_in_backward():
-    pytest.importorskip("torch")
-    from suites.generators.ops_cases import CaseOutcome, _raised
-
-    case = parse_case("index_put~2~f32~6x4,6,6x4~S0,R,R~base=new_empty~0")
-    exc = RuntimeError("aten.index_put_.default: in-place operations that require placement changes are not "
-                       "supported. The input has placement (Shard(dim=0),), but no valid strategy preserves it.")
-
-    def done(status, signature=None, message=""):
-        return CaseOutcome(status, signature, message)
-
-    assert _raised(case, exc, "the op", done).status == "gap"
-    assert _raised(case, exc, "the backward", done).status == "fail"
-
-
 @pytest.mark.parametrize("test_id,signature,torch_version,entry", [
     ("suites/generators/ops_entry.py::test_op_case[split~2~f32~4x6~S0~size=2,dim=-1,use=first~0]",
      "the backward raised RuntimeError: aten.cat.default got mixed torch.Tensor and DTensor, need to convert all "
@@ -123,19 +108,25 @@ def test_the_finds_file_under_the_registered_upstream_bug(test_id, signature, to
     assert registry.match(test_id, signature, "", Stack(torch=torch_version)) == entry
 
 
-def test_unbind_along_a_sharded_dim_is_a_named_refusal_counted_as_a_gap():
-    """DTensor refuses `x.unbind(d)` along a dim x is sharded on, for every size, and says why
-    ("cannot be performed without redistribution, which is disallowed"): a named limit of the
-    op's own call, like "Please redistribute" (the trial run's unbind~2~f32~0x1x1~S0~dim=0~0)."""
+@pytest.mark.parametrize("case_id,error", [
+    # the caller wrote the indexed write in place: DTensor's refusal to change its placement
+    ("index_put~2~f32~6x4,6,6x4~S0,R,R~base=new_empty~0",
+     "aten.index_put_.default: in-place operations that require placement changes are not supported. The input "
+     "has placement (Shard(dim=0),), but no valid strategy preserves it."),
+    # unbind along a sharded dim, refused for every size (the trial run's unbind~2~f32~0x1x1~S0~dim=0~0)
+    ("unbind~2~f32~4x1x1~S0~dim=0~0",
+     "('Attempted to unbind along the sharded dimension 0. ', 'It cannot be performed without redistribution, "
+     "which is disallowed by the current operator.')"),
+])
+def test_a_named_refusal_of_the_ops_own_call_is_a_gap_and_a_find_in_backward(case_id, error):
+    """Refusals that name the limit, like "Please redistribute": nothing is computed wrong and the
+    caller can act, so a gap of the op's call; inside a backward nobody can (a find)."""
     pytest.importorskip("torch")
     from suites.generators.ops_cases import CaseOutcome, _raised
-
-    case = parse_case("unbind~2~f32~4x1x1~S0~dim=0~0")
-    exc = RuntimeError("('Attempted to unbind along the sharded dimension 0. ', 'It cannot be performed without "
-                       "redistribution, which is disallowed by the current operator.')")
 
     def done(status, signature=None, message=""):
         return CaseOutcome(status, signature, message)
 
+    case, exc = parse_case(case_id), RuntimeError(error)
     assert _raised(case, exc, "the op", done).status == "gap"
     assert _raised(case, exc, "the backward", done).status == "fail"
