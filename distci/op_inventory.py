@@ -13,6 +13,8 @@ one (`B?`: present or absent, drawn per case, dropped first when shrinking), or 
   pos       positive floats (for rsqrt, log): |x| + 0.5
   distinct  distinct floats (for topk / argmax / argsort: no tie decides an index)
   index:V   int64 in [0, V)
+  perm:V    int64, a permutation of range(V) (its first entries): distinct rows, as MoE token
+            permutations are
   target:V  int64 in [0, V), about one in five set to -100 (ignore_index, as loss code pads)
   mask      bool
 Param values never hold `,` or `~` (a case id joins them): an einsum equation writes
@@ -20,6 +22,14 @@ Param values never hold `,` or `~` (a case id joins them): an einsum equation wr
 Param choices given as a string are drawn from the case: `dim:<i>` a dim of input i
 (negative ones too, as trainers write dim=-1), `dim?:<i>` that or None (all dims),
 `var:<V>` the size of variable V (a factor of a product dim the op needs to know).
+
+Forms (`OpSpec.forms`) are choices drawn from a second random stream, the first the plain
+form: a case's id names a form only when it is not the plain one, so widening the inventory
+by a form never moves what a seed drew before (the plants' seeds, a replayed night), and a
+form shrinks to the plain one by leaving the id. `USE` is the form every entry whose call
+returns several differentiable outputs carries (tests/test_fuzz_redteam.py checks that): the
+loss reads them all, or only the first, as `q, _ = x.split(...)` and a metric-only output
+do (the others' gradients never exist: autograd hands the op's backward zeros it made itself).
 """
 
 from __future__ import annotations
@@ -44,6 +54,10 @@ HF_MIXTRAL_MOE = "transformers/models/mixtral/modeling_mixtral.py (MixtralSparse
 HF_GEMMA2 = "transformers/models/gemma2/modeling_gemma2.py (final_logit_softcapping, attn_logit_softcapping)"
 TUNE_KD = "torchtune/modules/loss/kd_losses.py (ForwardKLLoss: knowledge distillation recipes)"
 TITAN_FLUX = "torchtitan/experiments/flux (the denoising loss: F.mse_loss of the predicted noise)"
+TIMM_VIT = "timm/models/vision_transformer.py (Attention: q, k, v = qkv.reshape(...).permute(...).unbind(0))"
+TITAN_EP = ("torchtitan/distributed/expert_parallel.py + models/moe (_unpermute: out_unpermuted = "
+            "out.new_empty(input_shape); out_unpermuted[permuted_indices, :] = out)")
+MASK_TOKENS = "masked-prediction models (MAE / BEiT / data2vec: x[mask_rows] = mask_token, an activation written in place)"
 HF_SEQ_CLS = ("transformers/models/*/modeling_*.py ForSequenceClassification (MSELoss for regression, "
               "BCEWithLogitsLoss for multi-label)")
 
@@ -66,6 +80,15 @@ class OpSpec:
     """Smallest size of a variable (a vocabulary of 0 has no valid index)."""
     grad: bool = True
     """False: no backward (index outputs only, optimizer updates under no_grad)."""
+    forms: dict[str, tuple] = field(default_factory=dict)
+    """Param choices drawn from the forms stream (module docstring), the first the plain form."""
+    inplace: bool = False
+    """The call is an in-place write the caller itself wrote (`out[idx] = v`): DTensor's refusal
+    to change the written tensor's placement is a gap the caller can act on, as for `inplace=1`."""
+
+
+USE = {"use": ("all", "first")}
+"""Which outputs the loss reads: every one, or the first only (the module docstring)."""
 
 
 def _a(dims: str, kind: str = "float", grad: bool = True) -> Arg:
@@ -175,9 +198,12 @@ INVENTORY: tuple[OpSpec, ...] = (
     OpSpec("cat", (_a("M N"), _a("M N")), f"{HF_LLAMA} (rotate_half: torch.cat((-x2, x1), dim=-1)), {TITAN_MOE} "
            "(torch.cat(out_experts_splits, dim=0))", {"dim": "dim:0"}),
     OpSpec("stack", (_a("M N"), _a("M N")), f"{TITAN_CLIP} (torch.stack(norms))", {"dim": ("0", "-1", "1")}),
-    _unary("split", "qkv / w13 splits (x.split([n1, n2], dim=-1))", params={"size": (1, 2, 3), "dim": "dim:0"}),
+    _unary("split", "qkv / w13 splits (x.split([n1, n2], dim=-1))", params={"size": (1, 2, 3), "dim": "dim:0"},
+           forms=USE),
     _unary("chunk", "fused-projection chunks (h.chunk(2, dim=-1)), pipeline microbatches (x.chunk(n))",
-           params={"chunks": (2, 1, 3, 4), "dim": "dim:0"}),
+           params={"chunks": (2, 1, 3, 4), "dim": "dim:0"}, forms=USE),
+    _unary("unbind", f"{TIMM_VIT}, stacked qkv / experts (x.unbind(dim))", dims="T M N",
+           params={"dim": "dim:0"}, forms=USE),
     # indexing
     OpSpec("index_select", (_a("V D"), _a("J", "index:V", grad=False)), f"{TITAN_MOE} (top_scores.view(-1)[indices]), "
            "embedding-style lookups (weight.index_select(0, ids))", mins={"V": 1}),
@@ -186,6 +212,9 @@ INVENTORY: tuple[OpSpec, ...] = (
     OpSpec("index_add", (_a("V D"), _a("J", "index:V", grad=False), _a("J D")),
            f"{HF_MIXTRAL_MOE} (final_hidden_states.index_add_(0, top_x, current_hidden_states)); "
            "inplace=0: torch.index_add", {"inplace": (1, 0)}, mins={"V": 1}),
+    OpSpec("index_put", (_a("V D"), _a("V", "perm:V", grad=False), _a("V D")),
+           f"{TITAN_EP}; {MASK_TOKENS} (base=clone: the written tensor has a gradient too)",
+           {"base": ("new_empty", "clone")}, inplace=True),
     OpSpec("scatter_add", (_a("V D"), _a("J D", "index:V", grad=False), _a("J D")),
            f"{TITAN_MOE} (out.scatter_add(dim=0, index=token_indices, src=routed_output))", mins={"V": 1}),
     _unary("topk", f"{TITAN_MOE} (torch.topk(scores, k=top_k, dim=1))", dims="M N", kind="distinct",

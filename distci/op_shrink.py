@@ -174,6 +174,9 @@ def simpler(case: OpCase) -> list[OpCase]:
                     new[i] = (placement[0][1:],) + new[i][1:]
                 out.append(_rebuild(case, sizes, absent, placements=tuple(new)))
     for k, v in case.params:
+        if k in spec.forms:  # a form shrinks to the plain one: out of the id
+            out.append(_rebuild(case, sizes, absent, params=tuple((x, y) for x, y in case.params if x != k)))
+            continue
         first = spec.params[k][0] if isinstance(spec.params[k], tuple) else None
         if isinstance(spec.params[k], tuple) and v != first:
             out.append(_rebuild(case, sizes, absent, params=tuple((x, first if x == k else y) for x, y in case.params)))

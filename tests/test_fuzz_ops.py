@@ -159,6 +159,9 @@ PLANTS = {
     "avg_twice": ("sum,mean", ": output 0: value", lambda c: "Pavg" in c.placements[0], "p1"),
     "grad_drop": ("rms_norm", "rms_norm: gradient of input 0: value",
                   lambda c: any(p in ("S-1", f"S{len(c.shapes[0]) - 1}") for p in c.placements[0]), "p1"),
+    # the `use=first` form: only a case whose loss leaves an output unread meets it
+    "unread_ones": ("split,chunk,unbind", ": gradient of input 0: value", lambda c: c.param.get("use") == "first",
+                    "p1"),
 }
 
 

@@ -88,8 +88,17 @@ def draw_case(seed: str, index: int, ops: list[OpSpec] | None = None, meshes: li
     shapes = shapes_of(spec, sizes, absent)
     placements = draw_placements(rng, spec, mesh, shapes)
     params = tuple((k, _param_value(rng, c, shapes, sizes)) for k, c in spec.params.items())
-    return OpCase(spec.name, mesh, dtype, shapes, placements, params, rng.randrange(1000),
+    seed_n = rng.randrange(1000)
+    return OpCase(spec.name, mesh, dtype, shapes, placements, params + draw_forms(seed, index, spec), seed_n,
                   {"sizes": sizes, "absent": sorted(absent)})
+
+
+def draw_forms(seed: str, index: int, spec: OpSpec) -> tuple[tuple[str, Any], ...]:
+    """The case's forms (distci/op_inventory.py), from a stream of their own: the main stream,
+    so every case drawn before a form existed, stays as it was; a plain form is left out of the id."""
+    rng = random.Random(f"distci-ops:{seed}:{index}:forms")
+    drawn = ((k, rng.choice(choices)) for k, choices in spec.forms.items())
+    return tuple((k, v) for k, v in drawn if v != spec.forms[k][0])
 
 
 def draw_cases(seed: str, start: int, count: int, ops: list[OpSpec] | None = None,

@@ -105,6 +105,15 @@ def _index_add(x, p, c):
     return (out,)
 
 
+def _index_put(x, p, c):
+    base, rows, values = x
+    # torchtitan's _unpermute writes every row of a new_empty tensor; a mask-token write keeps
+    # the activation's other rows (and its gradient)
+    out = values.new_empty(base.shape) if p["base"] == "new_empty" else base.clone()
+    out[rows, :] = values.to(out.dtype)
+    return (out,)
+
+
 def _swiglu_chunk(x, p, c):
     a, b = x[0].chunk(2, dim=-1)
     return (F.silu(a) * b,)
@@ -213,8 +222,10 @@ CALLS: dict[str, Callable[[list, dict, Context], tuple]] = {
     "stack": lambda x, p, c: (torch.stack([x[0], x[1]], dim=int(p["dim"])),),
     "split": lambda x, p, c: tuple(x[0].split(p["size"], dim=p["dim"])),
     "chunk": lambda x, p, c: tuple(x[0].chunk(p["chunks"], dim=p["dim"])),
+    "unbind": lambda x, p, c: tuple(x[0].unbind(p["dim"])),
     "index_select": lambda x, p, c: (x[0].index_select(0, x[1]),),
     "gather": lambda x, p, c: (x[0].gather(1, x[1]),),
+    "index_put": _index_put,
     "scatter_add": lambda x, p, c: (x[0].scatter_add(0, x[1], x[2]),),
     "topk": lambda x, p, c: tuple(torch.topk(x[0], p["k"], dim=int(p["dim"]))),
     "argmax": lambda x, p, c: (x[0].argmax(dim=p["dim"]),),

@@ -32,12 +32,14 @@ from .op_calls import CALLS, Context
 from .ops_outcome import CaseOutcome, RaisedAnywhere, leave_if_raised
 
 GAP = re.compile(r"sharding strateg|does not have a sharding|no sharding|sharding propagation (?:is )?not")
-REFUSED = re.compile(r"[Pp]lease\s+redistribute|cannot\s+be\s+evenly\s+sharded,\s+resulting\s+in\s+biased")
+REFUSED = re.compile(r"[Pp]lease\s+redistribute|cannot\s+be\s+evenly\s+sharded,\s+resulting\s+in\s+biased"
+                     r"|cannot\s+be\s+performed\s+without\s+redistribution,\s+which\s+is\s+disallowed")
 """DTensor's explicit refusals of placements an op cannot take as given ("... requires
 redistribution. Please redistribute the input first"): upstream names the limit and what to
 do, nothing is computed wrong, so the case is counted as a gap like a missing sharding
 strategy (any whitespace between the words: torch's nll_loss message carries its source
-line's indentation, "sharded,<25 spaces>resulting"), never re-filed as a new find every night (DESIGN rule 10: refused is not broken,
+line's indentation, "sharded,<25 spaces>resulting"; unbind along a sharded dim: "cannot be
+performed without redistribution, which is disallowed by the current operator"), never re-filed as a new find every night (DESIGN rule 10: refused is not broken,
 and it stays visible in the gaps table). Only for the op's own call: a backward that refuses
 the placements its own forward produced is a find (nobody can redistribute inside autograd)."""
 
@@ -56,7 +58,8 @@ def refused(case: OpCase, exc: Exception, during: str) -> bool:
     if during != "the op":
         return False
     text = str(exc)
-    return bool(REFUSED.search(text)) or (bool(case.param.get("inplace")) and bool(INPLACE_REFUSED.search(text)))
+    wrote_in_place = bool(case.param.get("inplace")) or spec_of(case.op).inplace
+    return bool(REFUSED.search(text)) or (wrote_in_place and bool(INPLACE_REFUSED.search(text)))
 
 
 def placement(text: str, mesh, axis: int):
@@ -91,7 +94,13 @@ def full_inputs(case: OpCase, device) -> list[torch.Tensor]:
     for i, (arg, shape) in enumerate(zip(spec.args, case.shapes)):
         g = torch.Generator().manual_seed(case.seed * 1009 + i)
         kind, _, var = arg.kind.partition(":")
-        if kind in ("index", "target"):
+        if kind == "perm":
+            n = 1
+            for d in shape:
+                n *= d
+            high = dict(case.extra.get("sizes") or {}).get(var) or _size_of(case, var)
+            t = torch.randperm(max(high, n), generator=g)[:n].reshape(shape)
+        elif kind in ("index", "target"):
             high = max(1, dict(case.extra.get("sizes") or {}).get(var) or _size_of(case, var))
             t = torch.randint(0, high, shape, generator=g)
             if kind == "target":
@@ -428,13 +437,15 @@ def _gathered(what: str, t) -> tuple[torch.Tensor | None, str | None]:
 
 
 def _cotangents(case: OpCase, outputs) -> list:
+    """A seeded cotangent per differentiable output the loss reads: all of them, or the first
+    only under the `use=first` form (distci/op_inventory.py USE; the others get no gradient)."""
     spec = spec_of(case.op)
     if not spec.grad:
         return []
     out = []
     for i, o in enumerate(outputs):
         g = torch.Generator().manual_seed(case.seed * 31 + i)
-        ok = o.is_floating_point() and o.requires_grad
+        ok = o.is_floating_point() and o.requires_grad and (i == 0 or case.param.get("use") != "first")
         out.append(torch.randn(tuple(o.shape), generator=g).to(o.device) if ok else None)
     return out if any(c is not None for c in out) else []
 

@@ -20,6 +20,9 @@ placements and ops, wrong in one corner, and quiet (nothing raises):
     ranks take different collectives does (reports/fuzz-ops.md: index_add's placements by
     rank): no rank finishes, none uses CPU, only the ranks' pulses can end it before the
     watchdog (suites/generators/ops_sweep.Pulse).
+  - unread_ones: the backward of `split` / `chunk` / `unbind` takes an output the loss never
+    read as a gradient of ones instead of zeros (an undefined gradient materialized wrong): only
+    the `use=first` form (distci/op_inventory.py USE) has such an output.
 None is shaped like a column of the scenario table: each needs an op, a placement and
 (shard_shape) a size together, which is what the shrinker must keep and nothing more.
 """
@@ -129,7 +132,29 @@ class _BreaksSilu(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-PLANTS = {"shard_shape": ShardShape, "avg_twice": AvgTwice, "grad_drop": GradDrop, "spin": PythonSpin}
+class _UnreadAsOnes(torch.autograd.Function):
+    """Identity over an op's outputs whose backward gives an output nobody read ones."""
+
+    @staticmethod
+    def forward(ctx, *outs):
+        ctx.set_materialize_grads(False)
+        ctx.likes = [torch.ones_like(o) for o in outs]
+        return tuple(o.view_as(o) for o in outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return tuple(like if g is None else g for g, like in zip(grads, ctx.likes))
+
+
+class UnreadOnes(_Plant):
+    def outputs(self, case, outs, mesh):
+        if case.op not in ("split", "chunk", "unbind") or len(outs) < 2 or not outs[0].requires_grad:
+            return outs
+        return tuple(_UnreadAsOnes.apply(*outs))
+
+
+PLANTS = {"shard_shape": ShardShape, "avg_twice": AvgTwice, "grad_drop": GradDrop, "spin": PythonSpin,
+          "unread_ones": UnreadOnes}
 
 
 def planted(name: str | None = None) -> _Plant | None:
