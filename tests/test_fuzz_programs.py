@@ -159,6 +159,8 @@ PLANT_CASES = {
     "zero_grad_ddp": (["--layout", "ddp", "--seed", "zero_1378"], ["fwd_bwd", "zero_grad"], ("ddp",)),
     # ~50 dB of bfloat16 accumulation: found only because fsdp_mp's reference computes as the ranks do
     "mp_accumulate_low": (["--layout", "fsdp_mp", "--seed", "mp1"], ["fwd_bwd", "fwd_bwd"], ("fsdp_mp",)),
+    # the save=async form (a later form): the live tensors written when the load awaits them
+    "async_unstaged": (["--layout", "tp", "--seed", "async749"], ["fwd_bwd", "save", "step", "load"], ("tp",)),
 }
 COMMON = ["--max-programs", "4", "--batch", "8", "--budget", "20m"]
 
