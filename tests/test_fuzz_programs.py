@@ -151,7 +151,9 @@ PLANT_CASES = {
     # its steps: the state must move between the save and the load.
     "optim_load_fsdp": (["--layout", "fsdp", "--seed", "optim2549"], ["fwd_bwd", "step", "save", "step", "load"],
                         ("fsdp",)),
-    "buffer_load": (["--layout", "tp", "--seed", "buffe798"], ["fwd_bwd", "save", "fwd_bwd", "load"],
+    # buffe798's program became pytorch192225's known face when sgd0 and save=flat were drawn
+    # (failing on main at 7de1f17 too); buffe25426's saves with the optimizer's state in place
+    "buffer_load": (["--layout", "tp", "--seed", "buffe25426"], ["fwd_bwd", "save", "fwd_bwd", "load"],
                     ("tp",)),
     "sched_resume": (["--layout", "tp", "--seed", "sched2029"], ["fwd_bwd", "sched", "save", "load"],
                      ("tp",)),

@@ -44,7 +44,9 @@ def draw(seed: str, index: int, layouts: tuple[str, ...] = tuple(LAYOUTS)) -> Pr
     """Program `index` of `seed`: layout, size and optimizer, then actions drawn by weight
     among those enabled where the program stands (a no-sync run is closed by a synced backward).
     Each drawn value then takes one of its forms (training_program.FORMS) from a second stream,
-    so the main stream, and with it every program drawn before a form was added, stays put."""
+    so the main stream, and with it every program drawn before a form was added, stays put;
+    a value the forms stream left plain may take a later form from a third stream (LATER_FORMS),
+    so the forms stream stays put too."""
     rng = random.Random(f"{seed}/{index}")
     first = random.Random(f"{seed}/{index}/forms").choice
     later = random.Random(f"{seed}/{index}/later")
