@@ -49,12 +49,12 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 LAYOUTS: dict[str, tuple[int, ...]] = {"fsdp": (2, 4), "tp": (2, 4), "fsdp_tp": (4,), "ddp": (2, 4),
-                                       "fsdp_mp": (2, 4)}
+                                       "fsdp_mp": (2, 4), "fsdp_offload": (2, 4)}
 """Layout -> the world sizes it runs on (fsdp_tp: a 2x2 mesh, dp outer, tp inner; fsdp_mp: FSDP2
-computing in bfloat16, reducing in float32)."""
-DATA_PARALLEL = ("fsdp", "fsdp_tp", "ddp", "fsdp_mp")
+computing in bfloat16, reducing in float32; fsdp_offload: FSDP2 with CPUOffloadPolicy)."""
+DATA_PARALLEL = ("fsdp", "fsdp_tp", "ddp", "fsdp_mp", "fsdp_offload")
 """Layouts whose ranks see different rows and reduce gradients (no-sync accumulation exists)."""
-FSDP = ("fsdp", "fsdp_tp", "fsdp_mp")
+FSDP = ("fsdp", "fsdp_tp", "fsdp_mp", "fsdp_offload")
 OPTIMIZERS = ("sgd", "adamw", "sgd0", "adamw_groups")
 """sgd: momentum 0.9; sgd0: no momentum (no optimizer state at all); adamw_groups: AdamW with two
 param groups, weight decay on matrices only (nanoGPT's configure_optimizers, Hugging Face
@@ -68,14 +68,50 @@ FORMS: dict[tuple[str, str], tuple[str, ...]] = {
     ("save", "dcp"): ("flat",),
 }
 """(what, drawn value) -> its forms (module docstring): drawn from their own stream."""
+LATER_FORMS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("layout", "fsdp"): ("fsdp_offload",),
+    ("fwd_bwd", "sync"): ("twice",),
+    ("clip", "1.0"): ("value",),
+    ("save", "dcp"): ("async",),
+}
+"""Forms added after FORMS (issue 40's second trial, 2026-12-07), each from trainer code:
+  - fsdp_offload: FSDP2 with CPUOffloadPolicy (torchtune's `fsdp_cpu_offload`,
+    `torchtune/training/_distributed.py` shard_model; accelerate's FSDP2 `cpu_offload`,
+    `src/accelerate/utils/fsdp_utils.py` fsdp2_prepare_model; verl's `offload_policy`);
+  - fwd_bwd=twice: two forwards (the two halves of the batch) before one backward of their
+    mean loss: GAN discriminators (real, then fake), two-view contrastive losses (SimCLR /
+    CLIP-style towers called per view), DPO written with separate chosen and rejected forwards;
+  - clip=value: torch.nn.utils.clip_grad_value_ (Lightning `gradient_clip_algorithm="value"`,
+    accelerate `Accelerator.clip_grad_value_`);
+  - save=async: dcp.async_save, training goes on, the next save or load waits for it
+    (torchtitan `components/checkpoint.py`, `async_mode="async"`).
+Drawn from a third stream only where the forms stream left the plain value (`LATER_P`), so
+every program drawn before them is drawn again with at most these values changed."""
+LATER_P = 0.25
+"""How often a value that has later forms takes one."""
+
+
 def forms(what: str, value: str) -> tuple[str, ...]:
     """`value` and its forms, `value` first."""
     return (value,) + FORMS.get((what, value), ())
 
 
+def later_forms(what: str, value: str) -> tuple[str, ...]:
+    return LATER_FORMS.get((what, value), ())
+
+
+def base_of(what: str, value: str) -> str:
+    """The drawn value `value` is a form of (itself if none)."""
+    for table in (FORMS, LATER_FORMS):
+        for (w, v), f in table.items():
+            if w == what and value in f:
+                return v
+    return value
+
+
 def is_form(what: str, value: str) -> bool:
     """Whether `value` is only ever reached as a form of another value."""
-    return any(value in f for (w, _), f in FORMS.items() if w == what)
+    return base_of(what, value) != value
 WIDTHS = (8, 16, 32)
 LAYERS = (1, 2, 3)
 PARTS = ("block0", "head")
@@ -123,7 +159,7 @@ def _synced(s: State, layout: str, arg: str) -> bool:
 
 
 def _fwd_bwd_ok(s: State, layout: str, arg: str) -> bool:
-    return (arg == "sync" or layout in DATA_PARALLEL) and len(s.frozen) < len(PARTS)
+    return (arg != "nosync" or layout in DATA_PARALLEL) and len(s.frozen) < len(PARTS)
 
 
 def _fwd_bwd(s: State, arg: str) -> State:
@@ -155,18 +191,22 @@ def _unfreeze(s: State, arg: str) -> State:
 
 
 INVENTORY: tuple[Action, ...] = (
-    Action("fwd_bwd", ("sync", "nosync"),
+    Action("fwd_bwd", ("sync", "nosync", "twice"),
            "forward of the next batch, loss, backward; `nosync`: without the gradient reduction "
-           "(FSDP2 set_requires_gradient_sync(False), DDP no_sync()), as accumulation's early microbatches",
-           "torchtitan train.py forward_backward_step; accelerate accumulate(); torchtune recipes", 6.0,
+           "(FSDP2 set_requires_gradient_sync(False), DDP no_sync()), as accumulation's early microbatches; "
+           "`twice`: two forwards (the batch's halves), one backward of their mean loss",
+           "torchtitan train.py forward_backward_step; accelerate accumulate(); torchtune recipes; "
+           "twice: GAN discriminators, two-view contrastive losses, DPO's separate chosen/rejected forwards", 6.0,
            _fwd_bwd_ok, _fwd_bwd),
     Action("zero_grad", ("none", "zeros"),
            "optimizer.zero_grad(set_to_none=True) / (set_to_none=False): gradients dropped or zeroed in place",
            "torchtitan train_step start; torchtune after step (set_to_none=True); Lightning/accelerate default",
            2.0, _synced, lambda s, a: replace(s, grads=a == "zeros" and s.grads)),
-    Action("clip", ("1.0", "0.05", "inf"),
-           "torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type) over DTensor gradients",
-           "torchtitan dist_utils.clip_grad_norm_; torchtune recipes; accelerate clip_grad_norm_", 1.5,
+    Action("clip", ("1.0", "0.05", "inf", "value"),
+           "torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type) over DTensor gradients; "
+           "`value`: clip_grad_value_(params, 0.01)",
+           "torchtitan dist_utils.clip_grad_norm_; torchtune recipes; accelerate clip_grad_norm_; "
+           "value: Lightning gradient_clip_algorithm='value', accelerate clip_grad_value_", 1.5,
            lambda s, l, a: s.grads and not s.unsynced, lambda s, a: s),
     Action("step", ("",), "optimizer.step()", "every trainer", 3.0, _synced, lambda s, a: s),
     Action("sched", ("",), "lr_scheduler.step() (linear warmup then decay, a LambdaLR)",
@@ -177,11 +217,13 @@ INVENTORY: tuple[Action, ...] = (
     Action("metric", ("all_reduce", "barrier"),
            "the step's loss all-reduced (avg) over the data-parallel ranks for logging / a barrier",
            "torchtitan dist_mean of the loss; torchtune all_reduce of running_loss", 0.7, _synced, lambda s, a: s),
-    Action("save", ("dcp", "full", "flat"),
+    Action("save", ("dcp", "full", "flat", "async"),
            "checkpoint: dcp.save of get_model_state_dict + get_optimizer_state_dict + scheduler state "
            "(sharded) / full_state_dict=True, cpu_offload=True gathered to rank 0 (full) / dcp with "
-           "flatten_optimizer_state_dict=True on save and load (flat)",
-           "torchtitan checkpoint.py (dcp) and optimizer.py (flat); torchtune / Lightning full state dicts", 1.5,
+           "flatten_optimizer_state_dict=True on save and load (flat) / dcp.async_save, awaited at the "
+           "next save or load (async)",
+           "torchtitan checkpoint.py (dcp, async_mode=async) and optimizer.py (flat); torchtune / "
+           "Lightning full state dicts", 1.5,
            _synced,
            lambda s, a: replace(s, saved=a, saved_added=s.added)),
     Action("load", ("",),

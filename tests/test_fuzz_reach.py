@@ -221,10 +221,9 @@ MP = "pytorch186998-fsdp2-mp-unfreeze-after-frozen-forward"
 def _base(text: str) -> str:
     """A program's text with every form back to the value it is a form of."""
     program = parse_program(text)
-    base = {form: value for (what, value), forms in tp.FORMS.items() for form in forms}
-    actions = tuple(a if split(a)[1] not in base or split(a)[0] != "save" else "save" for a in program.actions)
-    return tp.Program(base.get(program.layout, program.layout), program.world_size, program.width,
-                      program.layers, base.get(program.optim, program.optim), actions).text
+    actions = tuple(tp.token(split(a)[0], tp.base_of(*split(a))) for a in program.actions)
+    return tp.Program(tp.base_of("layout", program.layout), program.world_size, program.width,
+                      program.layers, tp.base_of("optim", program.optim), actions).text
 
 
 def test_the_programs_generator_draws_flattened_checkpoints_bf16_fsdp_and_stateless_sgd():

@@ -31,10 +31,11 @@ import random
 import re
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
-from distci.training_program import (INVENTORY, LAYERS, LAYOUTS, OPTIMIZERS, WIDTHS, Program,
-                                      State, action, drawn_args, forms, is_form, split, token, valid)
+from distci.training_program import (INVENTORY, LATER_P, LAYERS, LAYOUTS, OPTIMIZERS, WIDTHS, Program,
+                                      State, action, drawn_args, forms, is_form, later_forms, split, token,
+                                      valid)
 from .records import Find, Outcome, Report
 
 MIN_ACTIONS, MAX_ACTIONS = 4, 14
@@ -43,17 +44,27 @@ def draw(seed: str, index: int, layouts: tuple[str, ...] = tuple(LAYOUTS)) -> Pr
     """Program `index` of `seed`: layout, size and optimizer, then actions drawn by weight
     among those enabled where the program stands (a no-sync run is closed by a synced backward).
     Each drawn value then takes one of its forms (training_program.FORMS) from a second stream,
-    so the main stream, and with it every program drawn before a form was added, stays put."""
+    so the main stream, and with it every program drawn before a form was added, stays put;
+    a value the forms stream left plain may take a later form from a third stream (LATER_FORMS),
+    so the forms stream stays put too."""
     rng = random.Random(f"{seed}/{index}")
-    pick = random.Random(f"{seed}/{index}/forms").choice
+    first = random.Random(f"{seed}/{index}/forms").choice
+    later = random.Random(f"{seed}/{index}/later")
+
+    def pick(what: str, values: list[str], allowed: Collection[str]) -> str:
+        """A form from the forms stream; then, where it left the plain value, maybe a later
+        form (one of `allowed`) from a stream of its own (training_program.LATER_FORMS)."""
+        got = first(values)
+        more = [x for x in later_forms(what, got) if x in allowed] if got == values[0] else []
+        return later.choice(more) if more and later.random() < LATER_P else got
     bases = sorted(x for x in layouts if not is_form("layout", x)) or sorted(layouts)
     layout = rng.choice(bases)
     ws = rng.choice(LAYOUTS[layout])
     head = dict(world_size=ws, width=rng.choice(WIDTHS), layers=rng.choice(LAYERS))
     optim = rng.choice([x for x in OPTIMIZERS if not is_form("optim", x)])
     fits = [x for x in forms("layout", layout) if x in layouts]
-    head["layout"] = layout = pick(fits) if fits else layout
-    head["optim"] = pick(forms("optim", optim))
+    head["layout"] = layout = pick("layout", fits, layouts) if fits else layout
+    head["optim"] = pick("optim", list(forms("optim", optim)), OPTIMIZERS)
     length = rng.randint(MIN_ACTIONS, MAX_ACTIONS)
     state, actions = State(), []
     while len(actions) < length or state.unsynced:
@@ -62,7 +73,8 @@ def draw(seed: str, index: int, layouts: tuple[str, ...] = tuple(LAYOUTS)) -> Pr
             choices = [(a, arg) for a, arg in choices if a.name == "fwd_bwd" and arg == "sync"]
         weights = [a.weight / len(drawn_args(a)) for a, _ in choices]
         a, arg = rng.choices(choices, weights)[0]
-        arg = pick([x for x in forms(a.name, arg) if a.enabled(state, layout, x)])
+        arg = pick(a.name, [x for x in forms(a.name, arg) if a.enabled(state, layout, x)],
+                   [x for x in a.args if a.enabled(state, layout, x)])
         actions.append(token(a.name, arg))
         state = a.effect(state, arg)
     return Program(actions=tuple(actions), **head)
@@ -108,7 +120,8 @@ def edits(program: Program) -> list[Edit]:
         out.append(Edit(model=(("world_size", min(LAYOUTS[program.layout])),)))
     if program.optim != OPTIMIZERS[0]:
         out.append(Edit(model=(("optim", OPTIMIZERS[0]),)))
-    plainer = {"fsdp_tp": ("tp", "fsdp", "ddp"), "fsdp_mp": ("fsdp",)}.get(program.layout, ())
+    plainer = {"fsdp_tp": ("tp", "fsdp", "ddp"), "fsdp_mp": ("fsdp",), "fsdp_offload": ("fsdp",)}.get(
+        program.layout, ())
     for layout in plainer:
         out.append(Edit(model=(("layout", layout), ("world_size", min(LAYOUTS[layout])))))
     out += [Edit(plain=frozenset({i})) for i, tok in enumerate(program.actions)

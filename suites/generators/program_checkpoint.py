@@ -7,7 +7,10 @@ the run goes through torch.distributed.checkpoint as trainers do:
   - `flat`: the same with StateDictOptions(flatten_optimizer_state_dict=True) on the optimizer's
     get and set, as torchtitan's OptimizersContainer (`components/optimizer.py`) saves and loads;
   - `full`: full_state_dict=True, cpu_offload=True gathered, then loaded with
-    broadcast_from_rank0=True (torchtune's and Lightning's full state dicts).
+    broadcast_from_rank0=True (torchtune's and Lightning's full state dicts);
+  - `async`: dcp.async_save of the `dcp` state dicts; training goes on while it writes, and the
+    next save or load first waits for it (torchtitan's `async_mode="async"`: the checkpointer
+    waits for the last save's future before it saves again, and before it loads).
 The scheduler's state_dict is kept in memory on both sides (trainers save it beside the model).
 """
 
@@ -24,6 +27,7 @@ def _options(kind: str, loading: bool) -> Any:
 
     if kind == "flat":
         return StateDictOptions(flatten_optimizer_state_dict=True)
+    # dcp and async: the defaults
     if kind == "full":
         return StateDictOptions(full_state_dict=True, broadcast_from_rank0=True) if loading else \
             StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -35,10 +39,36 @@ def _module(p: Any) -> torch.nn.Module:
     return p.run.runnable if p.par.layout == "ddp" else p.run.model
 
 
+def wait(p: Any, end: bool = False) -> None:
+    """Waits for the last async save, if one is still writing (before a save, a load, and at
+    the program's end, which also ends the save's own process group)."""
+    import torch.distributed as tdist
+
+    if p.pending_save is not None:
+        p.pending_save.result()
+        p.pending_save = None
+    if end and p.async_group is not None:
+        tdist.destroy_process_group(p.async_group)
+        p.async_group = None
+
+
+def _async_group(p: Any) -> Any:
+    """The gloo group an async save synchronizes on: its own, as torchtitan's checkpointer
+    makes one (`dist.new_group(backend="gloo")`): the save's thread issues collectives while
+    training issues others, and two threads driving one group is undefined (on a gloo-only job
+    the default group aborts the process: gloo::EnforceNotMet)."""
+    import torch.distributed as tdist
+
+    if p.async_group is None:
+        p.async_group = tdist.new_group(backend="gloo")
+    return p.async_group
+
+
 def save(p: Any, kind: str) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
+    wait(p)
     p.ref.checkpoint = copy.deepcopy((p.ref.model.state_dict(), p.ref.opt.state_dict(), p.ref.sched.state_dict()))
     model, opt, options = _module(p), p.run.opt, _options(kind, loading=False)
     sched = copy.deepcopy(p.run.sched.state_dict())
@@ -51,7 +81,10 @@ def save(p: Any, kind: str) -> None:
         p.run.checkpoint = (kind, full, sched)
         return
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt, options=options)}
-    dcp.save(state, checkpoint_id=p.checkpoint_dir)
+    if kind == "async":
+        p.pending_save = p.plant.async_save(dcp)(state, checkpoint_id=p.checkpoint_dir, process_group=_async_group(p))
+    else:
+        dcp.save(state, checkpoint_id=p.checkpoint_dir)
     p.run.checkpoint = (kind, None, sched)
 
 
@@ -62,6 +95,7 @@ def load(p: Any, fresh_scheduler: Callable[[Any], Any]) -> None:
     from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                          set_model_state_dict, set_optimizer_state_dict)
 
+    wait(p)
     ref_model, ref_opt, ref_sched = p.ref.checkpoint
     p.ref.model.load_state_dict(ref_model)
     p.ref.opt.load_state_dict(ref_opt)

@@ -21,15 +21,20 @@ stays quiet elsewhere, as such bugs sit upstream:
     synced backward after a no-sync one, and only as rounding (~50 dB): inside a bfloat16
     tolerance against a float32 reference, outside the precision-matched one
     (programs.mixed_precision_reference).
+  - async_unstaged: dcp.async_save writes the live state dict when it is awaited, not the one
+    it was given (no staging copy): visible only where an action between a save=async and the
+    load that awaits it moved the model or the optimizer (a step), then at that load.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any, Callable
 
 PLANT_ENV = "DISTCI_PROGRAMS_PLANT"
-PLANTS = ("optim_load_fsdp", "buffer_load", "sched_resume", "zero_grad_ddp", "mp_accumulate_low")
+PLANTS = ("optim_load_fsdp", "buffer_load", "sched_resume", "zero_grad_ddp", "mp_accumulate_low",
+          "async_unstaged")
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,19 @@ class Plant:
 
     def accumulates_in_param_dtype(self, layout: str) -> bool:
         return self.name == "mp_accumulate_low" and layout == "fsdp_mp"
+
+    def async_save(self, dcp: Any) -> Callable[..., Any]:
+        """dcp.async_save, or under async_unstaged a save of the live tensors deferred to
+        the moment it is awaited."""
+        if self.name != "async_unstaged":
+            return dcp.async_save
+
+        def unstaged(state: Any, checkpoint_id: str, process_group: Any = None) -> Any:
+            class Deferred:
+                def result(self) -> None:
+                    dcp.save(state, checkpoint_id=checkpoint_id, process_group=process_group)
+            return Deferred()
+        return unstaged
 
 
 def planted() -> Plant:

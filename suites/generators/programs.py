@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from distci.training_program import FSDP, part_of
 
 from ..runner.evidence import clean_name
+from ..runner.fsdp import cpu_offload_policy
 from ..runner.parallelize import fsdp_api
 from . import program_checkpoint as checkpoint
 from .program_judge import compare, placements
@@ -40,6 +41,8 @@ SEED = 1234
 ROWS = 4
 """Rows of the global batch per data-parallel rank."""
 LR = {"sgd": 0.1, "sgd0": 0.1, "adamw": 1e-2, "adamw_groups": 1e-2}
+CLIP_VALUE = 0.01
+"""clip=value's bound: below the larger gradients' entries, so it clips some and not all."""
 WEIGHT_DECAY = 0.1
 """adamw_groups: the decay group's weight decay (the other group's is 0)."""
 
@@ -148,6 +151,8 @@ def layout_model(model: Net, layout: str, dist: Any) -> tuple[nn.Module, Paralle
         return model, Parallel(layout, rank=rank)
     fully_shard, policy = fsdp_api()
     mp = {"mp_policy": policy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} if layout == "fsdp_mp" else {}
+    if layout == "fsdp_offload":
+        mp = {"offload_policy": cpu_offload_policy(dp_mesh.device_type)}
     for block in model.blocks:
         fully_shard(block, mesh=dp_mesh, **mp)
     fully_shard(model, mesh=dp_mesh, **mp)
@@ -179,6 +184,10 @@ class Program:
     clip_totals: tuple[float, float] | None = None
     """(reference, run): the total norm each twin's clip_grad_norm_ returned at this action."""
     checkpoint_dir: str = ""
+    pending_save: Any = None
+    """The future of a save=async still writing (program_checkpoint.wait)."""
+    async_group: Any = None
+    """The process group of save=async (program_checkpoint._async_group)."""
 
 
 def _accumulate_in_param_dtype(model: nn.Module) -> None:
@@ -219,7 +228,8 @@ def bf16_forward(model: nn.Module, x: torch.Tensor, state: dict[str, torch.Tenso
     return functional_call(model, state, (x.to(torch.bfloat16),)).float()
 
 
-def mixed_precision_reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dp_size: int) -> torch.Tensor:
+def mixed_precision_reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dp_size: int,
+                              pieces: int = 1) -> torch.Tensor:
     """One forward and backward of the single-process reference at the precision of FSDP2's
     mixed-precision policy (bfloat16 parameters and inputs, float32 gradient reduction): each
     data-parallel rank's rows run on a bfloat16 copy of the parameters, as that rank computes
@@ -231,7 +241,9 @@ def mixed_precision_reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor
     its gradient's size (a near-zero gradient rounded across zero moves its weight the other
     way). Computed as the ranks compute, the reference differs from a correct run only by the
     order of float32 sums, so fsdp_mp is judged at float32's tolerance with every optimizer,
-    and a reduction or cast in the wrong precision shows."""
+    and a reduction or cast in the wrong precision shows. `pieces` forwards per rank (its rows
+    split evenly), one backward of their mean loss (fwd_bwd=twice): autograd sums the pieces'
+    bfloat16 gradients before the float32 cast, as it does for the run's unsharded parameters."""
     low = {n: q.detach().to(torch.bfloat16).requires_grad_(q.requires_grad) for n, q in model.named_parameters()}
     trainable = [n for n, q in low.items() if q.requires_grad]
     buffers = dict(model.named_buffers())
@@ -239,8 +251,8 @@ def mixed_precision_reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor
     losses = []
     for rank in range(dp_size):
         state = {**low, **{n: b.clone() for n, b in buffers.items()}}
-        rows = slice(rank * ROWS, (rank + 1) * ROWS)
-        loss = F.mse_loss(bf16_forward(model, x[rows], state), y[rows])
+        xs, ys = x[rank * ROWS:(rank + 1) * ROWS].chunk(pieces), y[rank * ROWS:(rank + 1) * ROWS].chunk(pieces)
+        loss = sum(F.mse_loss(bf16_forward(model, xp, state), yp) for xp, yp in zip(xs, ys)) / pieces
         grads = torch.autograd.grad(loss, [low[n] for n in trainable], allow_unused=True) if trainable else ()
         for name, grad in zip(trainable, grads):
             if grad is not None:
@@ -256,16 +268,35 @@ def mixed_precision_reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor
     return torch.stack(losses).mean()
 
 
-def _forward_backward(p: Program, sync: bool) -> None:
+def halves(x: torch.Tensor, dp_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch's two halves for fwd_bwd=twice: every data-parallel rank's first
+    ROWS // 2 rows, then the rest, so each rank's half of each is a contiguous block."""
+    per_rank = x.reshape(dp_size, ROWS, *x.shape[1:])
+    half = ROWS // 2
+    return per_rank[:, :half].reshape(-1, *x.shape[1:]), per_rank[:, half:].reshape(-1, *x.shape[1:])
+
+
+def _reference_loss(p: Program, x: torch.Tensor, y: torch.Tensor, twice: bool) -> torch.Tensor:
+    """The reference's forward(s) and backward on the global batch (its two halves, one
+    backward of their mean loss, for fwd_bwd=twice)."""
+    if p.par.layout == "fsdp_mp":
+        return mixed_precision_reference(p.ref.model, x, y, p.par.dp_size, 2 if twice else 1)
+    if not twice:
+        loss = F.mse_loss(p.ref.runnable(x), y)
+        loss.backward()
+        return loss
+    parts = zip(halves(x, p.par.dp_size), halves(y, p.par.dp_size))
+    loss = sum(F.mse_loss(p.ref.runnable(xh), yh) for xh, yh in parts) / 2
+    loss.backward()
+    return loss
+
+
+def _forward_backward(p: Program, sync: bool, twice: bool = False) -> None:
     import torch.distributed as tdist
 
     x, y = batch(p.forwards, p.spec.width, p.par.dp_size)
     p.forwards += 1
-    if p.par.layout == "fsdp_mp":
-        ref_loss = mixed_precision_reference(p.ref.model, x, y, p.par.dp_size)
-    else:
-        ref_loss = F.mse_loss(p.ref.runnable(x), y)
-        ref_loss.backward()
+    ref_loss = _reference_loss(p, x, y, twice)
     rows = slice(p.par.dp_rank * ROWS, (p.par.dp_rank + 1) * ROWS) if p.par.dp_size > 1 else slice(None)
     ctx = contextlib.nullcontext()
     if p.par.layout == "ddp" and not sync:
@@ -273,7 +304,13 @@ def _forward_backward(p: Program, sync: bool) -> None:
     elif p.par.layout in FSDP:
         p.run.model.set_requires_gradient_sync(sync)
     with ctx:
-        loss = F.mse_loss(p.run.runnable(x[rows]).float(), y[rows])
+        xr, yr = x[rows], y[rows]
+        if twice:
+            h = xr.shape[0] // 2
+            loss = (F.mse_loss(p.run.runnable(xr[:h]).float(), yr[:h])
+                    + F.mse_loss(p.run.runnable(xr[h:]).float(), yr[h:])) / 2
+        else:
+            loss = F.mse_loss(p.run.runnable(xr).float(), yr)
         loss.backward()
     total = loss.detach().clone()
     if p.par.dp_size > 1:
@@ -340,12 +377,15 @@ def apply(p: Program, name: str, arg: str) -> None:
     """One action on both twins."""
     p.losses = p.clip_totals = None
     if name == "fwd_bwd":
-        _forward_backward(p, arg == "sync")
+        _forward_backward(p, arg != "nosync", twice=arg == "twice")
     elif name == "zero_grad":
         none = arg == "none"
         p.ref.opt.zero_grad(set_to_none=none)
         if not p.plant.keeps_grads_on_zero(p.par.layout, none):
             p.run.opt.zero_grad(set_to_none=none)
+    elif name == "clip" and arg == "value":
+        for twin in (p.ref, p.run):
+            torch.nn.utils.clip_grad_value_([q for q in twin.model.parameters() if q.grad is not None], CLIP_VALUE)
     elif name == "clip":
         norm = math.inf if arg == "inf" else float(arg)
         totals = []
@@ -402,17 +442,20 @@ def run_program(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Dive
 
     p = start(spec, dist, plant, checkpoint_dir)
     structure = placements(p.run)
-    for i, tok in enumerate(spec.actions):
-        name, arg = split(tok)
-        apply(p, name, arg)
-        problems = compare(p)
-        now = placements(p.run)
-        if now != structure:
-            problems.append(f"placements changed: {sorted(set(now.items()) ^ set(structure.items()))}")
-        problems = _every_ranks(problems)
-        if problems:
-            return Divergence(i, tok, problems)
-    return None
+    try:
+        for i, tok in enumerate(spec.actions):
+            name, arg = split(tok)
+            apply(p, name, arg)
+            problems = compare(p)
+            now = placements(p.run)
+            if now != structure:
+                problems.append(f"placements changed: {sorted(set(now.items()) ^ set(structure.items()))}")
+            problems = _every_ranks(problems)
+            if problems:
+                return Divergence(i, tok, problems)
+        return None
+    finally:
+        checkpoint.wait(p, end=True)  # no save still writing into the next program's directory
 
 
 def _every_ranks(problems: list[str]) -> list[str]:

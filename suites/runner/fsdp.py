@@ -36,7 +36,8 @@ def mp_policy(mp: str, reduce_dtype: torch.dtype | None = None) -> Any:
     return MixedPrecisionPolicy(reduce_dtype=reduce_dtype) if reduce_dtype else MixedPrecisionPolicy()
 
 
-def _cpu_offload_policy(device_type: str) -> Any:
+def cpu_offload_policy(device_type: str) -> Any:
+    """FSDP2's CPUOffloadPolicy where this torch keeps it (pinned memory only off CPU)."""
     try:
         from torch.distributed.fsdp import CPUOffloadPolicy
     except ImportError:
@@ -78,7 +79,7 @@ def apply_fsdp(model: Transformer, mesh: Any, mp: str, reshard: bool = True, mod
     """
     fully_shard, _ = fsdp_api()
     policy = mp_policy(mp, reduce_dtype)
-    extra = {"offload_policy": _cpu_offload_policy(mesh.device_type)} if offload else {}
+    extra = {"offload_policy": cpu_offload_policy(mesh.device_type)} if offload else {}
     if model.args.tie:
         fully_shard([model.tok_embeddings, model.norm, model.output], mesh=mesh, mp_policy=policy,
                     reshard_after_forward=False, **extra)
