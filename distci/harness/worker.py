@@ -37,7 +37,8 @@ from distci.harness.execute import execute, prepare_path
 from distci.harness.isolation import reseed
 from distci.harness.protocol import CHANNEL_BROKEN_EXIT, HealthCheck, RankReport, Shutdown, Started, TestRequest, Warm
 from distci.harness.template import Rendezvous, Template, join
-from distci.harness.warm import BEFORE_ANY, JOINING, OPTIMIZER_IMPORTS, import_ahead, record_path, remember, remembered
+from distci.harness.warm import (BEFORE_ANY, JOINING, OPTIMIZER_IMPORTS, import_ahead, newly_imported, record_path,
+                                 remember, remembered)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -323,9 +324,17 @@ def _serve_forked(args: argparse.Namespace, conn: Connection, state: WarmState) 
     # A template that does not learn is told what nearly every test imports lazily (warm.py);
     # the guard covers it like any module (one that poisons fork is skipped from then on). One
     # that learns imports what its stack's earlier sessions learned from the same test modules.
+    # What importing a test module imports is remembered too: the pool's zygote imports it
+    # for every rank at once in the stack's next session (zygote.py).
     record = record_path() if learns else None
-    import_ahead_or_replace([*state.modules, *remembered(record, state.modules)] if learns
-                            else [*OPTIMIZER_IMPORTS, *state.modules])
+    if learns:
+        for module in list(state.modules):
+            before = frozenset(sys.modules)
+            import_ahead_or_replace([module])
+            remember(record, module, newly_imported(before))
+        import_ahead_or_replace(remembered(record, state.modules))
+    else:
+        import_ahead_or_replace([*OPTIMIZER_IMPORTS, *state.modules])
     if not state.serving:
         ready = template.start_up()
         learned = ready.info.pop("imported", []) if isinstance(ready, RankReport) else []
