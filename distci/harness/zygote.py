@@ -38,6 +38,7 @@ import sys
 import time
 from multiprocessing.connection import Connection
 
+from distci.harness import procs
 from distci.harness.protocol import RankExited, RankForked, Warm
 
 WORKER = ("-u", "-m", "distci.harness.worker")
@@ -52,8 +53,8 @@ class Zygote:
         self.conn = conn
         self.forked: dict[int, int] = {}  # rank -> its keeper's pid
         self.exits: dict[int, int] = {}  # rank -> its keeper's exit code
-        self.pidfds: dict[int, int] = {}
         self.closed = False
+        self._unforked_code = 0
 
     @property
     def pid(self) -> int:
@@ -75,7 +76,6 @@ class Zygote:
                 msg = self.conn.recv()
                 if isinstance(msg, RankForked):
                     self.forked[msg.rank] = msg.pid
-                    self.pidfds[msg.rank] = _pidfd(msg.pid)
                 elif isinstance(msg, RankExited):
                     self.exits[msg.rank] = msg.code
         except (EOFError, OSError):
@@ -88,11 +88,10 @@ class Zygote:
         try:
             code = self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            code = None
-        for rank, pidfd in self.pidfds.items():
-            if rank not in self.exits:
-                self.exits[rank] = -signal.SIGKILL
-        self._unforked_code = code if code is not None else -signal.SIGKILL
+            code = -signal.SIGKILL
+        for rank in self.forked:
+            self.exits.setdefault(rank, -signal.SIGKILL)
+        self._unforked_code = code
 
     def returncode(self, rank: int) -> int | None:
         self.pump()
@@ -102,30 +101,14 @@ class Zygote:
             return self._unforked_code
         return None
 
-    def kill_rank(self, rank: int) -> None:
-        """SIGKILL rank's keeper through its pidfd (never a reused pid), else by number while
-        the zygote has not reported it gone."""
-        if self.returncode(rank) is not None or rank not in self.forked:
-            return
-        pidfd = self.pidfds.get(rank)
-        try:
-            if pidfd is not None:
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)  # type: ignore[attr-defined]
-            else:
-                os.kill(self.forked[rank], signal.SIGKILL)
-        except (ProcessLookupError, OSError):
-            pass
-
     def close(self) -> None:
-        for pidfd in self.pidfds.values():
-            if pidfd is not None:
-                os.close(pidfd)
-        self.pidfds = {rank: None for rank in self.pidfds}  # type: ignore[misc]
+        self.closed = True
         self.conn.close()
 
 
 class ForkedRank:
-    """Popen's face (pid, returncode, poll, wait, kill) for a rank the zygote forked."""
+    """Popen's face (pid, returncode, poll, wait) for a rank the zygote forked: the pool
+    kills ranks through the zygote's process group and tree, never one by one."""
 
     def __init__(self, zygote: Zygote, rank: int) -> None:
         self.zygote = zygote
@@ -156,16 +139,6 @@ class ForkedRank:
             if left <= 0:
                 raise subprocess.TimeoutExpired(f"rank {self.rank}", timeout or 0.0)
             self.zygote.pump(min(left, 0.5))
-
-    def kill(self) -> None:
-        self.zygote.kill_rank(self.rank)
-
-
-def _pidfd(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)  # type: ignore[attr-defined]
-    except (AttributeError, OSError):
-        return None
 
 
 def command(python: str, conn_fd: int, device_type: str, ranks: list[dict]) -> list[str]:
@@ -229,10 +202,6 @@ def _become_rank(rank: int, spec: dict, others: list[int], fork_ok: bool) -> Non
         os._exit(code)
 
 
-def _status_code(status: int) -> int:
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-
-
 def _fork_ranks(conn: Connection, ranks: list[dict], fork_ok: bool) -> dict[int, int]:
     """Forks every rank's process (each keeps its own fds only); pid -> rank."""
     fds = {rank: spec["fds"] for rank, spec in enumerate(ranks)}
@@ -267,14 +236,12 @@ def _watch(conn: Connection, children: dict[int, int]) -> None:
         rank = children.pop(pid, None)
         if rank is not None:
             try:
-                conn.send(RankExited(rank, _status_code(status)))
+                conn.send(RankExited(rank, procs.exit_code(status)))
             except OSError:
                 pass
 
 
 def main(argv: list[str] | None = None) -> int:
-    from distci.harness import procs
-
     parser = argparse.ArgumentParser(prog="distci.harness.zygote")
     parser.add_argument("--fd", type=int, required=True, help="inherited socket to the controller")
     parser.add_argument("--parent", type=int, required=True, help="the controller's pid")
