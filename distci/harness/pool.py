@@ -171,8 +171,9 @@ class RankPool:
         self._warm_pending = False
 
     def launch(self, warm: Warm | None = None) -> None:
-        """Spawns the rank workers without waiting for them: they import torch while the
-        controller goes on (collecting, say). `warm` is sent now, or later by send_warm()."""
+        """Spawns the pool's zygote without waiting for it: it imports torch while the
+        controller goes on (collecting, say), and forks the rank workers once `warm` came
+        (sent now, or later by send_warm())."""
         self.kill()
         self.generation += 1
         self.log_dir.mkdir(parents=True, exist_ok=True)
