@@ -140,3 +140,14 @@ def test_where_a_fork_could_not_use_the_device_each_rank_is_spawned_afresh(case_
         assert combined.outcome == "passed", combined.message
     finally:
         pool.shutdown()
+
+
+def test_a_pool_shut_down_before_its_warm_message_forks_no_rank(case_dir: Path):
+    """Pools launched ahead are shut down when no selected test needs them: the zygote, still
+    waiting for what to import, ends by itself (exit 0, not the kill after the grace)."""
+    pool = RankPool(2, "cpu", case_dir / "logs", start_timeout_s=120)
+    pool.launch()
+    zygote = pool.zygote
+    pool.shutdown(timeout_s=120)
+    assert zygote.proc.returncode == 0
+    assert zygote.forked == {}

@@ -297,6 +297,8 @@ class RankPool:
             self.init_dir = None
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
+        if self.zygote is not None:  # one still waiting for its Warm message forks no rank: it ends
+            self.zygote.send(Shutdown())
         for r in self.ranks:
             try:
                 r.conn.send(Shutdown())
