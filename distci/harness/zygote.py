@@ -163,7 +163,7 @@ def _import_once(device_type: str, warm: Warm) -> str:
     rank would otherwise pay. Returns why a fork would not work, or ''."""
     from distci.harness import worker
     from distci.harness.devices import device_kind
-    from distci.harness.warm import import_ahead, record_path, remembered
+    from distci.harness.warm import BEFORE_ANY, import_ahead, record_path, remembered
 
     kind = device_kind(device_type)
     for entry in reversed(warm.sys_path):
@@ -172,7 +172,8 @@ def _import_once(device_type: str, warm: Warm) -> str:
     modules = remembered(record_path(), warm.modules) if worker.learns_imports(device_type) else []
     warmed = import_ahead(modules, kind.initialized)
     if warmed.poisoned is not None or kind.fork_poisoned():
-        return f"{kind.name} was initialized in the zygote (importing {warmed.poisoned or 'torch'})"
+        culprit = "torch" if warmed.poisoned in (None, BEFORE_ANY) else warmed.poisoned
+        return f"{kind.name} was initialized in the zygote (by importing {culprit})"
     print(f"distci: zygote imported torch and {len(warmed.imported)} module(s) ahead "
           f"for {len(warm.modules)} test module(s)", flush=True)
     return ""
