@@ -174,8 +174,8 @@ def _import_once(device_type: str, warm: Warm) -> str:
     if warmed.poisoned is not None or kind.fork_poisoned():
         culprit = "torch" if warmed.poisoned in (None, BEFORE_ANY) else warmed.poisoned
         return f"{kind.name} was initialized in the zygote (by importing {culprit})"
-    print(f"distci: zygote imported torch and {len(warmed.imported)} module(s) ahead "
-          f"for {len(warm.modules)} test module(s)", flush=True)
+    print(f"distci: zygote imported torch and {len(warmed.imported)} module(s) ahead\n"
+          f"  for {len(warm.modules)} test module(s)", flush=True)
     return ""
 
 
@@ -265,8 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     why_not = _import_once(args.device_type, msg)
     if why_not:
-        print(f"distci: {why_not}: a fork of it could not use the device, so every rank's "
-              "template is spawned afresh (as many imports of torch as ranks)", flush=True)
+        print(f"distci: {why_not}:\n  a fork of it could not use the device, so every rank's\n"
+              "  template is spawned afresh (as many imports of torch as ranks)", flush=True)
     children = _fork_ranks(conn, ranks, fork_ok=not why_not)
     _watch(conn, children)
     return 0
