@@ -121,7 +121,8 @@ def test_sigint_to_the_cell_run_closes_the_run_and_prints_its_summary(tmp_path, 
 
 
 SITECUSTOMIZE = """import os
-if os.environ.get("RANK") is not None:  # a rank worker (the controller has no RANK): it never starts
+# the pool's zygote (or a rank worker spawned afresh: the controller has no RANK) never starts
+if b"distci.harness.zygote" in open("/proc/self/cmdline", "rb").read() or os.environ.get("RANK") is not None:
     os._exit(3)
 """
 

@@ -1,7 +1,8 @@
 """RankPool: N rank workers that live for the whole pytest session.
 
 Starting ranks (spawn Python, import torch) costs seconds; a suite has hundreds of tests.
-The pool pays that once per world size. Each worker is a template that runs every test in
+The pool pays that once per world size, and once for all its ranks: one zygote imports
+torch and forks every rank (zygote.py). Each worker is a template that runs every test in
 a fresh fork of itself, with a process group of its own (template.py): nothing a test does
 to its processes reaches the next test, so there is nothing to check or reset between
 tests. A hang, a crash or a timeout kills that test's processes only; the pool is rebuilt
@@ -26,6 +27,7 @@ from distci.harness import machine, procs
 from distci.harness.outcome import Combined, RankState, combine, describe_exit
 from distci.harness.timeouts import load_at_timeout
 from distci.harness.protocol import CHANNEL_BROKEN_EXIT, ChildExit, RankReport, Shutdown, Started, TestRequest, Warm
+from distci.harness.zygote import ForkedRank, Zygote, command as zygote_command
 
 FAILURE_GRACE_S = 10.0  # other ranks' time to finish after one rank failed or died
 DUMP_SETTLE_S = 1.5
@@ -44,7 +46,7 @@ class PoolStartError(RuntimeError):
 @dataclass
 class _Rank:
     rank: int
-    proc: subprocess.Popen
+    proc: ForkedRank
     conn: Connection
     dump_sock: socket.socket | None
     log_path: Path
@@ -118,13 +120,18 @@ class RankPool:
         self.health: list[RankReport] = []
         self.init_dir: Path | None = None
         self._warm_pending = False  # launched ranks still wait for their Warm message
+        self.zygote: Zygote | None = None  # the process that imported torch once and forked the ranks
 
     @property
     def alive(self) -> bool:
         return bool(self.ranks) and all(r.proc.poll() is None for r in self.ranks)
 
     def pids(self) -> list[int]:
-        return [r.proc.pid for r in self.ranks]
+        """The zygote and the ranks' keepers it forked: every process of the pool is under
+        one of them (read without waiting: a signal handler calls this)."""
+        if self.zygote is None:
+            return []
+        return [self.zygote.pid, *self.zygote.forked.values()]
 
     @property
     def ready(self) -> bool:
@@ -154,6 +161,8 @@ class RankPool:
         message; each waits for it once torch is imported)."""
         if not self._warm_pending:
             return
+        if self.zygote is not None:
+            self.zygote.send(warm)
         for r in self.ranks:
             try:
                 r.conn.send(warm)
@@ -162,8 +171,9 @@ class RankPool:
         self._warm_pending = False
 
     def launch(self, warm: Warm | None = None) -> None:
-        """Spawns the rank workers without waiting for them: they import torch while the
-        controller goes on (collecting, say). `warm` is sent now, or later by send_warm()."""
+        """Spawns the pool's zygote without waiting for it: it imports torch while the
+        controller goes on (collecting, say), and forks the rank workers once `warm` came
+        (sent now, or later by send_warm())."""
         self.kill()
         self.generation += 1
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -172,34 +182,41 @@ class RankPool:
         init_dir = Path(tempfile.mkdtemp(prefix="distci-pg-"))
         init_file = init_dir / "store"
         env = dict(worker_env(self.device_type, self.world_size, trace_dir, self.token), **self.env)
+        for name in ("RANK", "LOCAL_RANK"):  # each rank's process sets its own (zygote.py)
+            env.pop(name, None)
+        specs, theirs_all, conns = [], [], []
         for rank in range(self.world_size):
             ours, theirs = socket.socketpair()
             dump_ours, dump_theirs = socket.socketpair()
             log_path = self.log_dir / f"ws{self.world_size}-rank{rank}.log"
-            log = open(log_path, "ab")
-            log.write(f"\n===== distci pool generation {self.generation} =====\n".encode())
-            log.flush()
-            cmd = [
-                self.python, "-u", "-m", "distci.harness.worker",
+            with open(log_path, "ab") as log:
+                log.write(f"\n===== distci pool generation {self.generation} =====\n".encode())
+            argv = [
                 "--rank", str(rank), "--world-size", str(self.world_size),
                 "--device-type", self.device_type, "--init-file", str(init_file),
                 "--fd", str(theirs.fileno()), "--dump-fd", str(dump_theirs.fileno()),
                 "--pg-timeout", str(self.pg_timeout_s), "--start-timeout", str(self.start_timeout_s),
                 "--trace-dir", str(trace_dir),
             ] + ([] if self.isolate else ["--in-place"])
-            rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank))
-            group = 0 if self.pgid is None else self.pgid
-            kwargs = {"process_group": group} if sys.version_info >= (3, 11) else {"preexec_fn": lambda g=group: os.setpgid(0, g)}
+            specs.append({"argv": argv, "log": str(log_path), "fds": [theirs.fileno(), dump_theirs.fileno()]})
+            theirs_all += [theirs, dump_theirs]
+            conns.append((rank, Connection(ours.detach()), dump_ours, log_path))
+        zyg_ours, zyg_theirs = socket.socketpair()
+        with open(self.zygote_log, "ab") as log:
+            log.write(f"\n===== distci pool generation {self.generation} =====\n".encode())
+            log.flush()
             proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                pass_fds=(theirs.fileno(), dump_theirs.fileno()), env=rank_env, **kwargs,
+                zygote_command(self.python, zyg_theirs.fileno(), self.device_type, specs),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                pass_fds=(zyg_theirs.fileno(), *(sock.fileno() for sock in theirs_all)),
+                **({"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": lambda: os.setpgid(0, 0)}),
             )
-            log.close()
-            theirs.close()
-            dump_theirs.close()
-            if self.pgid is None:
-                self.pgid = proc.pid
-            self.ranks.append(_Rank(rank, proc, Connection(ours.detach()), dump_ours, log_path))
+        for sock in (zyg_theirs, *theirs_all):
+            sock.close()
+        self.zygote = Zygote(proc, Connection(zyg_ours.detach()))
+        self.pgid = proc.pid
+        for rank, conn, dump_ours, log_path in conns:
+            self.ranks.append(_Rank(rank, ForkedRank(self.zygote, rank), conn, dump_ours, log_path))
         # The FileStore stays while the ranks live: every later new_group (a 2-D
         # DeviceMesh's dim groups) creates its gloo/NCCL backend through it.
         self.init_dir = init_dir
@@ -237,32 +254,40 @@ class RankPool:
             self._fail_start(f"{what} failed on rank {bad[0].rank}: {bad[0].exc_type}: {bad[0].message}")
         return [reports[i] for i in sorted(reports)]
 
+    @property
+    def zygote_log(self) -> Path:
+        return self.log_dir / f"ws{self.world_size}-zygote.log"
+
     def _fail_start(self, message: str) -> None:
-        logs = "\n".join(f"--- rank {r.rank} ---\n{_read_from(r.log_path, 0)[-4000:]}" for r in self.ranks)
+        logs = "\n".join([f"--- zygote ---\n{_read_from(self.zygote_log, 0)[-2000:]}"] +
+                          [f"--- rank {r.rank} ---\n{_read_from(r.log_path, 0)[-4000:]}" for r in self.ranks])
         self.kill()
         raise PoolStartError(message, logs)
 
     def kill(self) -> None:
-        """SIGKILL the ranks, their process group and every descendant (a rank is a child
-        subreaper, so what its tests started in sessions of their own is still under it)."""
-        for r in self.ranks:
-            if r.proc.returncode is None:  # a waited-for rank's pid may be another's
-                procs.kill_descendants(r.proc.pid)
-        leader = next((r.proc for r in self.ranks if r.proc.pid == self.pgid), None)
-        if leader is not None:
-            procs.kill_group(leader)
-        for r in self.ranks:
+        """SIGKILL the zygote, the ranks it forked, their process group and every descendant
+        (the zygote and each rank are child subreapers, so what tests started in sessions of
+        their own is still under them)."""
+        zygote = self.zygote
+        if zygote is not None:
+            if zygote.proc.returncode is None:  # a waited-for zygote's pid may be another's
+                procs.kill_descendants(zygote.pid)
+            procs.kill_group(zygote.proc)
             try:
-                r.proc.kill()
+                zygote.proc.kill()
             except ProcessLookupError:
                 pass
             try:
-                r.proc.wait(timeout=10)
+                zygote.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+        for r in self.ranks:
             r.conn.close()
             if r.dump_sock:
                 r.dump_sock.close()
+        if zygote is not None:
+            zygote.close()
+        self.zygote = None
         self.ranks = []
         self.health = []
         self._warm_pending = False
@@ -272,6 +297,8 @@ class RankPool:
             self.init_dir = None
 
     def shutdown(self, timeout_s: float = 10.0) -> None:
+        if self.zygote is not None:  # one still waiting for its Warm message forks no rank: it ends
+            self.zygote.send(Shutdown())
         for r in self.ranks:
             try:
                 r.conn.send(Shutdown())

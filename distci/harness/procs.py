@@ -244,6 +244,19 @@ def with_token(token: str, exclude: set[int] = frozenset(), *,  # type: ignore[a
     return found
 
 
+def pidfd(pid: int) -> int | None:
+    """A pidfd of `pid` (readable once it ended), or None where the kernel or Python has none."""
+    try:
+        return os.pidfd_open(pid)  # type: ignore[attr-defined]
+    except (AttributeError, OSError):
+        return None
+
+
+def exit_code(status: int) -> int:
+    """A wait status as Popen.returncode words it (negative: the signal)."""
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
 def kill_pids(pids: list[int]) -> None:
     for pid in pids:
         try:

@@ -70,6 +70,22 @@ class Warm:
 
 
 @dataclass
+class RankForked:
+    """The pool's zygote (zygote.py) forked rank `rank`'s process: `pid` is its keeper."""
+
+    rank: int
+    pid: int
+
+
+@dataclass
+class RankExited:
+    """A rank's keeper ended and the zygote reaped it: `code` as Popen.returncode words it."""
+
+    rank: int
+    code: int
+
+
+@dataclass
 class Shutdown:
     pass
 

@@ -108,13 +108,6 @@ class Child:
             self.pidfd = None
 
 
-def _pidfd(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)  # type: ignore[attr-defined]
-    except (AttributeError, OSError):
-        return None
-
-
 Runner = Callable[[object, DistContext], RankReport]
 """Runs what the child received (a TestRequest or the start-up HealthCheck) on its rank."""
 
@@ -178,7 +171,7 @@ class Template:
                 os._exit(code)
         os.close(req_r)
         os.close(rep_w)
-        return Child(pid, seq, Connection(req_w, readable=False), Connection(rep_r, writable=False), _pidfd(pid),
+        return Child(pid, seq, Connection(req_w, readable=False), Connection(rep_r, writable=False), procs.pidfd(pid),
                      pg_timeout_s)
 
     # -- the template's side ---------------------------------------------------------
@@ -270,10 +263,6 @@ def _ended(child: Child) -> bool:
     return False
 
 
-def _status_code(status: int) -> int:
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-
-
 def _reap(child: Child, settle_s: float | None = None) -> int | None:
     """Waits for the child (SIGKILL after `settle_s`); its exit code, Popen's way."""
     status = child.status
@@ -291,4 +280,4 @@ def _reap(child: Child, settle_s: float | None = None) -> int | None:
         else:
             time.sleep(0.001)
     child.close()
-    return None if status is None else _status_code(status)
+    return None if status is None else procs.exit_code(status)

@@ -122,7 +122,10 @@ def remember(record: Path | None, test_module: str, learned: Iterable[str]) -> N
     data = _read(record)
     known = data.setdefault(test_module, [])
     seen = set(known)
-    known += [n for n in dict.fromkeys(names) if n not in seen][:max(0, MAX_REMEMBERED - len(known))]
+    new = [n for n in dict.fromkeys(names) if n not in seen][:max(0, MAX_REMEMBERED - len(known))]
+    if not new:  # known already: nothing to write
+        return
+    known += new
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=record.parent, prefix=record.name, suffix=".tmp")

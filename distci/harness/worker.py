@@ -1,6 +1,7 @@
 """A rank worker: one long-lived process per rank that runs each test in a fresh fork of itself.
 
-Started by RankPool with `python -m distci.harness.worker`. The worker is a warm template:
+Forked by the pool's zygote (zygote.py: torch imported once for all ranks), or started
+as `python -m distci.harness.worker` where a fork would not work. The worker is a warm template:
 it has imported torch, then its tests' modules (the controller's Warm message, before its
 first fork) and the torch modules its tests turned out to import (warm.py), and never runs a
 test itself. Every test runs in a child forked from it (templates.py): whatever the test does
@@ -36,7 +37,8 @@ from distci.harness.execute import execute, prepare_path
 from distci.harness.isolation import reseed
 from distci.harness.protocol import CHANNEL_BROKEN_EXIT, HealthCheck, RankReport, Shutdown, Started, TestRequest, Warm
 from distci.harness.template import Rendezvous, Template, join
-from distci.harness.warm import BEFORE_ANY, JOINING, OPTIMIZER_IMPORTS, import_ahead, record_path, remember, remembered
+from distci.harness.warm import (BEFORE_ANY, JOINING, OPTIMIZER_IMPORTS, import_ahead, newly_imported, record_path,
+                                 remember, remembered)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -113,6 +115,16 @@ def _warm_up(args: argparse.Namespace) -> None:
 
     if device_kind(args.device_type).name == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.world_size))
+
+
+def learns_imports(device_type: str) -> bool:
+    """Does a template of this device learn what its tests import lazily (warm.py)? On CPU
+    only. On an H100 (2026-12-06) the torch modules a compiled test pulls in included one
+    that starts CUDA at import (inductor's device queries); every batch that imported it,
+    directly or through another module, poisoned fork, so the template was replaced after
+    each test and compiled rows ran slower than with no learning at all
+    (reports/gpu/2026-12-06-1gpu-fork-per-test.md)."""
+    return device_kind(device_type).name == "cpu"
 
 
 @dataclass
@@ -301,13 +313,7 @@ def _serve_forked(args: argparse.Namespace, conn: Connection, state: WarmState) 
     """The template's loop: each test in a fresh fork (template.py), forked once the modules
     its tests import are imported here (warm.py)."""
     template = Template(_rendezvous(args), args.fd, run_on_rank, _device_setup(args))
-
-    # Learning what tests import lazily pays on CPU only. On an H100 (2026-12-06) the torch
-    # modules a compiled test pulls in included one that starts CUDA at import (inductor's
-    # device queries); every batch that imported it, directly or through another module,
-    # poisoned fork, so the template was replaced after each test and compiled rows ran
-    # slower than with no learning at all (reports/gpu/2026-12-06-1gpu-fork-per-test.md).
-    learns = device_kind(args.device_type).name == "cpu"
+    learns = learns_imports(args.device_type)
 
     def import_ahead_or_replace(modules: list[str]) -> None:
         if _import_ahead(args, state, modules):
@@ -318,9 +324,17 @@ def _serve_forked(args: argparse.Namespace, conn: Connection, state: WarmState) 
     # A template that does not learn is told what nearly every test imports lazily (warm.py);
     # the guard covers it like any module (one that poisons fork is skipped from then on). One
     # that learns imports what its stack's earlier sessions learned from the same test modules.
+    # What importing a test module imports is remembered too: the pool's zygote imports it
+    # for every rank at once in the stack's next session (zygote.py).
     record = record_path() if learns else None
-    import_ahead_or_replace([*state.modules, *remembered(record, state.modules)] if learns
-                            else [*OPTIMIZER_IMPORTS, *state.modules])
+    if learns:
+        for module in list(state.modules):
+            before = frozenset(sys.modules)
+            import_ahead_or_replace([module])
+            remember(record, module, newly_imported(before))
+        import_ahead_or_replace(remembered(record, state.modules))
+    else:
+        import_ahead_or_replace([*OPTIMIZER_IMPORTS, *state.modules])
     if not state.serving:
         ready = template.start_up()
         learned = ready.info.pop("imported", []) if isinstance(ready, RankReport) else []

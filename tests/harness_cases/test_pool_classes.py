@@ -6,6 +6,7 @@ has its class's timeout (the harness's pg_timeout_of: the default 300 s test -> 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -13,20 +14,24 @@ import pytest
 
 
 def _live_workers() -> int:
-    """Rank workers of this session: each is a tree (a keeper, the worker, the forks that run
-    tests) of processes with the worker's command line; only the tree's root is counted."""
+    """Rank workers of this session. A pool is a tree of processes with the pool's command
+    lines: its zygote (whose --ranks names every rank it forks: a pool launched ahead may not
+    have forked them yet, but they are up as far as the cap goes), under it one process per
+    rank (each a keeper, the worker, the forks that run tests)."""
     token = os.environ["DISTCI_TEST_TOKEN"].encode()
-    workers: dict[int, int] = {}  # pid -> parent pid
+    ranks = 0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            if b"distci.harness.worker" in (entry / "cmdline").read_bytes() and \
-                    b"DISTCI_TEST_TOKEN=" + token in (entry / "environ").read_bytes():
-                workers[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"distci.harness.zygote" in argv and b"DISTCI_TEST_TOKEN=" + token in (entry / "environ").read_bytes():
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if b"distci.harness.zygote" not in Path(f"/proc/{parent}/cmdline").read_bytes():
+                    ranks += len(json.loads(argv[argv.index(b"--ranks") + 1]))
         except (OSError, ValueError, IndexError):
             continue
-    return sum(parent not in workers for parent in workers.values())
+    return ranks
 
 
 def _check(dist, pg_timeout_s: float, live: int | None = None) -> None:
