@@ -54,9 +54,10 @@ echo "gpu_1gpu_tier: distci run exit $code in $(( $(date +%s) - start ))s" | tee
 
 # Nothing may be left running: the harness's workers and the GPU's compute processes.
 { echo "after the run:"; nvidia-smi --query-compute-apps=pid,name --format=csv,noheader 2>&1
-  # Workers run as `python -u -m distci.harness.worker` (torchrun: `-m distci.harness.torchrun_entry`);
+  # Rank workers are forks of `python -u -m distci.harness.zygote` (a fresh spawn: `-m distci.harness.worker`;
+  # torchrun: `-m distci.harness.torchrun_entry`);
   # the pattern names the interpreter flag so it never matches a shell whose text merely mentions it.
-  pgrep -af -- "-m distci[.]harness[.](worker|torchrun_entry)" || echo "no distci.harness worker"; } >> "$out/$name-machine.txt"
+  pgrep -af -- "-m distci[.]harness[.](zygote|worker|torchrun_entry)" || echo "no distci.harness worker"; } >> "$out/$name-machine.txt"
 # One archive per selection (the device returns a few files a call): the run directory with
 # the machine file in it; NAME.log stays beside it to be read at once.
 run=$(find "$runs" -mindepth 1 -maxdepth 1 -type d | sort | tail -n 1)
