@@ -339,7 +339,7 @@ BOUNDED = {
     "reach13716": ("fsdp", FROZEN, "fsdp-ws2-w16-l1-adamw:fwd_bwd,sched,fwd_bwd,step,zero_grad,zero_grad,zero_grad,"
                                    "freeze=head,zero_grad=zeros,save=flat,step,zero_grad=zeros,load"),
     "reach3543": ("fsdp", FLAT, "fsdp-ws2-w8-l1-sgd0:fwd_bwd=nosync,fwd_bwd,step,save=flat,sched,fwd_bwd,lr,step,"
-                                "fwd_bwd=nosync,fwd_bwd,fwd_bwd=nosync,fwd_bwd=nosync,fwd_bwd,load"),
+                                "fwd_bwd=nosync,fwd_bwd,fwd_bwd=nosync,fwd_bwd=nosync,fwd_bwd=twice,load"),
     "reach1021": ("fsdp_mp", MP, "fsdp_mp-ws2-w16-l3-sgd:freeze,fwd_bwd,new_optim,step,fwd_bwd,new_optim,sched,step,"
                                  "zero_grad,unfreeze,fwd_bwd,save"),
 }
