@@ -432,7 +432,7 @@ def test_a_case_every_rank_stands_still_in_is_a_deadlock_found_by_the_pulses_nev
     files = sw.SweepFiles(tmp_path, 2)
     case = "index_add~2x2~f32~4x6,4,4x6~Psum.R,S0.S0,S-1.R~inplace=0~610"
     ended = []
-    pulse = sw.Pulse(files, 0, 2, lambda: {"0,1": 6, "0,2": 8}, exit_rank=lambda: ended.append(True))
+    pulse = sw.Pulse(files, 0, 2, lambda: {"0,1": 6, "0,2": 8}, exit_rank=ended.append)
     now = time.time()
     still = now - sw.QUIET_S - sw.DEADLOCK_GRACE_S - 1
 
@@ -457,6 +457,9 @@ def test_a_case_every_rank_stands_still_in_is_a_deadlock_found_by_the_pulses_nev
     files.begin(case)
     pulse._end_if_deadlocked(now)
     assert ended and files.deadlock()["id"] == case
+    # its last words: the deadlock's diagnosis, which a replayed case's Result carries
+    assert ended[0].startswith("index_add: every rank waits in a collective its peers never issue (a deadlock)")
+    assert "group [0,1]: ranks [0] issued 6, ranks [1] issued 7" in ended[0], ended[0]
     # the ranks it ends fail their peers' pending collectives: a stuck outcome filed after it is its consequence
     stuck = [{"rank": 0, "id": case, "status": "fail", "signature": "judge raised RuntimeError", "message": ""}]
     [row] = sw.dead_rows({"id": case, "candidate": None}, stuck, 4, files.deadlock())
@@ -727,6 +730,27 @@ def test_a_case_that_spins_fails_within_its_bound_and_the_sweep_goes_on(ops_sess
     assert took < 240, took  # the deadlock never waited for the watchdog (68-100 s at load 14-17; 247 s
     # with the pulse's exit taken away and the watchdog at 150 s)
     assert (tmp_path / "ws2.done").exists()
+
+
+@pytest.mark.slow
+def test_a_replayed_case_every_rank_deadlocks_in_fails_in_seconds_with_the_deadlock_as_its_message(ops_session, tmp_path):
+    """A fuzz run replays each find as `test_op_case[<id>]`, an ordinary Result the registry
+    matches. A deadlock find (the idle bench's index_add~2x2) had no pulse there: its replay
+    waited 1,396 s for the harness's timeout and was recorded as a bare hang, so the nightly would
+    have filed a registered bug as new. The replay runs under the ranks' pulses too: the planted
+    deadlock (clamp, DISTCI_OPS_PLANT=spin) ends in seconds and its Result's message is the
+    deadlock's diagnosis, the rank's last words (distci/harness/outcome.py LAST_WORDS)."""
+    import time
+
+    case = "clamp~2~f32~7x4~R~lo=-0.5,hi=0.5~933"
+    began = time.monotonic()
+    [result] = _one_case(ops_session, tmp_path / "replay", case)
+    took = time.monotonic() - began
+    assert result["outcome"] == "failed", result
+    assert "ended itself" in result["message"], result["message"][:600]
+    assert "clamp: every rank waits in a collective its peers never issue (a deadlock)" in result["error_signature"], \
+        result["error_signature"]
+    assert took < 200, took  # the harness's own timeout for the test is far longer
 
 
 @pytest.mark.slow

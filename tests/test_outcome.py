@@ -1,6 +1,6 @@
 """How rank reports combine into one outcome (pure; the real thing is in test_harness.py)."""
 
-from distci.harness.outcome import RankState, combine
+from distci.harness.outcome import LAST_WORDS, RankState, combine
 from distci.harness.protocol import RankReport
 
 COLLECTIVE_STACK = 'Current thread 0x1 (most recent call first):\n  File "torch/distributed/distributed_c10d.py", line 1 in all_reduce\n'
@@ -13,6 +13,25 @@ def passed(rank):
 
 def test_all_passed():
     assert combine([passed(0), passed(1)], 1.0).outcome == "passed"
+
+
+def test_a_rank_that_ended_itself_is_a_crash_whose_message_is_its_diagnosis(capsys):
+    """A rank's own watchdog that diagnosed the case (the ops pulses' deadlock) writes its last
+    words before it exits: the Result's headline is that diagnosis, which the registry matches,
+    not "exited with code 1". Another dead rank without words does not hide it; the last words
+    of the log count (an earlier test's are not this one's: each test has its own log slice)."""
+    from distci.harness.outcome import say_last_words
+
+    say_last_words("clamp: every rank waits in a collective its peers never issue (a deadlock)\n  case x")
+    said = capsys.readouterr().err
+    log = "noise\n" + said + "Fatal Python error: ...\n"
+    c = combine([RankState(0, exit_code=-9), RankState(1, exit_code=1, log=log)], 1.0)
+    assert (c.outcome, c.failure_kind) == ("failed", "crash")
+    assert c.message.startswith("rank 1 ended itself (ranks 0, 1 died): clamp: every rank waits"), c.message
+    assert "\n  case x" in c.message
+    assert "every rank waits in a collective" in c.signature
+    bare = combine([RankState(0, exit_code=1, log="noise\n" + LAST_WORDS + "{not json\n")], 1.0)
+    assert bare.message == "rank 0 exited with code 1"
 
 
 def test_a_dead_rank_is_a_crash_even_if_others_failed():

@@ -42,6 +42,34 @@ DISK_FULL = re.compile(r"\[Errno (?:27|28|122)\]|No space left on device|File to
 MESSAGE_CHARS = 20000
 RERUN_MESSAGE_CHARS = 4000
 PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|ECONNRESET", re.IGNORECASE)
+LAST_WORDS = "distci: this rank ends itself: "
+"""A rank that ends itself on purpose (a test's own watchdog that diagnosed the case, e.g. the
+ops pulses' deadlock) writes this marker and its diagnosis (JSON, one line) to stderr first:
+its crash Result then carries the diagnosis, so the known-issue registry can match it, instead
+of a bare "exited with code 1"."""
+
+
+def say_last_words(message: str) -> None:
+    """Rank side: write this rank's diagnosis before it ends itself (see LAST_WORDS)."""
+    import json
+    import sys
+
+    print(LAST_WORDS + json.dumps(message), file=sys.stderr, flush=True)
+
+
+def last_words(log: str) -> str | None:
+    """The diagnosis a rank wrote before ending itself (the last one in its log), or None."""
+    import json
+
+    at = log.rfind(LAST_WORDS)
+    if at < 0:
+        return None
+    line = log[at + len(LAST_WORDS):].split("\n", 1)[0]
+    try:
+        words = json.loads(line)
+    except ValueError:
+        return None
+    return words if isinstance(words, str) else None
 
 
 @dataclass
@@ -213,9 +241,13 @@ def combine(states: list[RankState], duration_s: float) -> Combined:
 
     if dead:
         first = next((s for s in dead if s.oom), dead[0])
-        msg = f"rank {first.rank} {_death(first)}"
-        if len(dead) > 1:
-            msg += f" (ranks {', '.join(str(s.rank) for s in dead)} died)"
+        words = None if first.oom else next(((s, w) for s in dead if (w := last_words(s.log))), None)
+        died = f" (ranks {', '.join(str(s.rank) for s in dead)} died)" if len(dead) > 1 else ""
+        if words:  # its diagnosis, first line first: the headline the registry matches
+            first, said = words
+            msg = f"rank {first.rank} ended itself{died}: {said}"
+        else:
+            msg = f"rank {first.rank} {_death(first)}{died}"
         return done("failed", "crash", "RankOOM" if first.oom else "RankCrash", msg)
     for s in failed:
         rep = s.report

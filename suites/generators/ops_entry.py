@@ -332,6 +332,23 @@ def test_op_sweep(dist, world, slot, batch_file) -> None:
             sink.close()
 
 
+def _replay_folder(dist, side) -> Path:
+    """Where one replayed case's pulses meet: beside the fuzz run's sweeps when a batch file
+    names them, else a folder rank 0 makes (a run dir's tmp is not shared knowledge here),
+    its path broadcast on the side group."""
+    import tempfile
+
+    import torch.distributed as tdist
+
+    out = _batch().get("out")
+    box = [None]
+    if dist.rank == 0:
+        box[0] = str(Path(out) / "replay") if out else tempfile.mkdtemp(prefix="distci-op-case-")
+        Path(box[0]).mkdir(parents=True, exist_ok=True)
+    tdist.broadcast_object_list(box, src=0, group=side)
+    return Path(box[0])
+
+
 def _as_check(outcome) -> tuple[str | None, str]:
     return (outcome.signature if outcome.status == "fail" else None), outcome.message
 
@@ -346,12 +363,32 @@ def test_op_case(dist, case_id) -> None:
 
     side = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=HANG_S))
     asks = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=ASKS_TIMEOUT_S))
+    folder = _replay_folder(dist, side)
+    files = SweepFiles(folder, dist.world_size)
+    if dist.rank == 0:
+        files.begin(case_id)
+    tdist.barrier(group=side)
+    # the sweep's evidence in the replay too: a case every rank deadlocks in ends in seconds
+    # with the deadlock's diagnosis as its Result's message (the Pulse's last words), which the
+    # registry matches, instead of the harness's timeout and a bare hang
+    pulse = Pulse(files, dist.rank, dist.world_size, lambda: _issued(_groups(dist).values()))
     mine = None
     try:
-        mine = _run(dist, parse_case(case_id), planted(), asks)
+        pulse.__enter__()
+        mine = _run(dist, parse_case(case_id), planted(), asks, pulse.blocked_peer)
+        pulse.settling = True
         o = agree(dist, mine, side, case_id)
     except Exception as exc:  # this rank finished, another never returned from the case's collectives
         raise AssertionError(hang_row(case_id, asdict(getattr(exc, "outcome", mine)))["message"]) from None
+    finally:
+        pulse.__exit__()
+    tdist.barrier(group=side)  # every rank's pulse is off before rank 0 clears the folder
+    if dist.rank == 0:
+        files.end()
+        if not _batch().get("out"):
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
     if o.status in ("gap", "invalid"):
         pytest.skip(f"{o.status}: {o.signature or ''} {o.message.splitlines()[0] if o.message else ''}".strip())
     if o.status == "fail":

@@ -171,7 +171,7 @@ class Pulse:
     clocks only (no collective, no lock)."""
 
     def __init__(self, files: SweepFiles, rank: int, world: int, counts: Callable[[], dict[str, int]],
-                 exit_rank: Callable[[], None] | None = None) -> None:
+                 exit_rank: Callable[[str], None] | None = None) -> None:
         self.files, self.rank, self.world, self.counts = files, rank, world, counts
         self.exit_rank = exit_rank or _exit_rank
         self._cpu = _main_thread_cpu()
@@ -237,9 +237,10 @@ class Pulse:
         flight = self.files.in_flight()
         if not flight or flight.get("probe"):  # between cases, or the in-step check's own bounded barrier
             return
-        _write(self.files.deadlock_file, {"id": flight.get("candidate") or flight["id"], "by": self.rank,
-                                          "beats": {str(r): b["counts"] for r, b in sorted(beats.items())}})
-        self.exit_rank()
+        dead_id = flight.get("candidate") or flight["id"]
+        counts = {str(r): b["counts"] for r, b in sorted(beats.items())}
+        _write(self.files.deadlock_file, {"id": dead_id, "by": self.rank, "beats": counts})
+        self.exit_rank(deadlock_row(dead_id, counts)["message"])
 
     def blocked_peer(self) -> int | None:
         """A peer that will never reach the agreement this rank waits at (see the class), or None."""
@@ -267,12 +268,16 @@ def _main_thread_cpu() -> Callable[[], float | None]:
     return lambda: time.clock_gettime(clock)
 
 
-def _exit_rank() -> None:
-    """End this rank as the watchdog does (its stacks in the rank log first)."""
+def _exit_rank(why: str) -> None:
+    """End this rank as the watchdog does (its stacks in the rank log first), its diagnosis
+    said last (distci/harness/outcome.py's LAST_WORDS): a replayed case's Result carries it."""
     import faulthandler
     import sys
 
+    from distci.harness.outcome import say_last_words
+
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    say_last_words(why)
     os._exit(1)
 
 
