@@ -108,6 +108,28 @@ class Child:
             self.pidfd = None
 
 
+def settle_thread_pool() -> None:
+    """In a fresh fork, while it has one thread: let torch remake its intra-op thread pool now.
+
+    The template set the pool's size (worker._warm_up), so torch's fork handler marks the
+    pool corrupt in every child, and the next call that reads the pool leaks it and makes a
+    new one, without a lock: a thread that reads it in between gets none. A test's first
+    backward starts autograd's device threads together (8 under FSDP2 with torch
+    2.15.0+cu132 on a CPU-only machine), each reading the pool as it starts: one read it in
+    between and aborted its rank, "pool INTERNAL ASSERT FAILED ... ParallelOpenMP.cpp:64
+    ... Invalid thread pool!" (11 crashes in one 62-minute programs run on torch 2.15.0 at
+    load ~58, 2026-12-07; forked workers of users meet it too: pytorch#178535). Setting the
+    size it already has reads the pool once here, before any other thread exists. A torch
+    without the call, or not imported, is left alone."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    try:
+        torch.set_num_threads(torch.get_num_threads())
+    except Exception:  # noqa: BLE001 - a build without the pool's size to set: nothing to settle
+        pass
+
+
 Runner = Callable[[object, DistContext], RankReport]
 """Runs what the child received (a TestRequest or the start-up HealthCheck) on its rank."""
 
@@ -130,6 +152,7 @@ class Template:
     # -- the child's side ------------------------------------------------------------
     def _child_main(self, seq: int, pg_timeout_s: float, requests: Connection, reports: Connection) -> int:
         procs.die_with_parent()
+        settle_thread_pool()
         before = frozenset(sys.modules)
         self.child_setup()
         ctx, store = join(self.rdv, seq, pg_timeout_s)
