@@ -13,7 +13,8 @@ The first of these that fails localizes the case: the problem names the op, mesh
 placements, sizes and the first output or gradient that differs and by how much against
 the threshold. Its `signature` (op and what differs, numbers out) is what the shrinker
 keeps. A case whose full-tensor op raises is `invalid` (the draw asked for something the
-op does not take: a 0-sized head dim, k > size), not a find.
+op does not take: a 0-sized head dim, k > size), not a find. A random op (OpSpec.random) is
+judged by properties instead of values: suites/generators/ops_random.py.
 """
 
 from __future__ import annotations
@@ -271,6 +272,7 @@ def run_case(case: OpCase, dist, plant=None, ask: RaisedAnywhere | None = None) 
     # the reference: the op on the full tensors
     refs = [t.clone().requires_grad_(w) for t, w in zip(fulls, wants_grad)]
     try:
+        torch.manual_seed(case.seed)  # a random op draws as a trainer's ranks, seeded alike, do
         ref_out = call(refs, params, Context(like_full))
         cotangents = _cotangents(case, ref_out)
         if cotangents:
@@ -294,12 +296,16 @@ def run_case(case: OpCase, dist, plant=None, ask: RaisedAnywhere | None = None) 
     empty = any(d.to_local().numel() == 0 < t.numel() for d, t in zip(dts, fulls))
     ins = plant.inputs(case, dts) if plant else dts
     try:
+        torch.manual_seed(case.seed)
         out = call(ins, params, Context(like_dt))
         out = plant.outputs(case, out, mesh) if plant else out
     except Exception as exc:
         failed = _raised(case, exc, "the op", done)
     if left := leave_if_raised(failed, ask):
         return left
+    if spec.random:  # no single-device value to equal: what DTensor promises, per placement
+        from .ops_random import judge_random
+        return judge_random(case, out, ref_out, dts, cotangents, mesh, done, ask)
     # a local shape can be wrong on one rank only: agree before any collective reads it
     problems = [p for p in [_everywhere(_local_problem(out, ref_out, mesh, DTensor))] if p]
     gathered = []  # each output read once: the loss below reuses it (a second reduction is another op)
@@ -391,9 +397,9 @@ def _split_cotangent_grads(call, params, refs, wants_grad, cotangents, fractions
     return grads
 
 
-def _check_output(i: int, o, r: torch.Tensor, mesh, case: OpCase, terms: int, DTensor
+def _check_output(i: int, o, r: torch.Tensor, mesh, case: OpCase, terms: int, DTensor, compare=None
                   ) -> tuple[list[str], torch.Tensor | None]:
-    """(the output's problems, its full_tensor())."""
+    """(the output's problems, its full_tensor()); `compare` judges the value (default: `_compare`)."""
     what = f"output {i}"
     if not isinstance(o, DTensor):
         return [f"{what}: type: a plain {type(o).__name__}, not a DTensor"], None
@@ -402,7 +408,7 @@ def _check_output(i: int, o, r: torch.Tensor, mesh, case: OpCase, terms: int, DT
         return [f"{what}: placements: {tuple(o.placements)} are not legal for a {o.ndim}-dim result on a "
                 f"{mesh.ndim}-axis mesh"], None
     full, problem = _gathered(what, o)
-    bad = problem or _compare(what, full, r, case.dtype, terms)
+    bad = problem or (compare or _compare)(what, full, r, case.dtype, terms)
     return ([bad] if bad else []), full
 
 
