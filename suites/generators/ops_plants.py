@@ -23,6 +23,11 @@ placements and ops, wrong in one corner, and quiet (nothing raises):
   - unread_ones: the backward of `split` / `chunk` / `unbind` takes an output the loss never
     read as a gradient of ones instead of zeros (an undefined gradient materialized wrong): only
     the `use=first` form (distci/op_inventory.py USE) has such an output.
+  - mask_redrawn: the backward of a dropout whose input is sharded masks the gradient with a
+    mask of its own (where the incoming gradient is positive) instead of the forward's: what the
+    random judge's "the mask the same in its backward" must see (suites/generators/ops_random.py).
+  - replica_drift: a random op whose output is Replicate hands odd ranks their draws in another
+    order (as a rank that drew from its own stream would): the random judge's replica check.
 None is shaped like a column of the scenario table: each needs an op, a placement and
 (shard_shape) a size together, which is what the shrinker must keep and nothing more.
 """
@@ -153,8 +158,37 @@ class UnreadOnes(_Plant):
         return tuple(_UnreadAsOnes.apply(*outs))
 
 
+class _OwnMask(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y):
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * (grad > 0).to(grad.dtype)
+
+
+class MaskRedrawn(_Plant):
+    def outputs(self, case, outs, mesh):
+        if case.op != "dropout_train" or not any(p.startswith("S") for p in case.placements[0]):
+            return outs
+        return (_OwnMask.apply(outs[0]),)
+
+
+class ReplicaDrift(_Plant):
+    def outputs(self, case, outs, mesh):
+        import torch.distributed as tdist
+        from torch.distributed.tensor import DTensor
+
+        o = outs[0]
+        if not case.op.startswith(("rand_like", "init_")) or not all(p.is_replicate() for p in o.placements):
+            return outs
+        local = o.to_local().flip(-1) if tdist.get_rank() % 2 and o.ndim else o.to_local()
+        return (DTensor.from_local(local, mesh, o.placements, run_check=False, shape=o.shape, stride=o.stride()),)
+
+
 PLANTS = {"shard_shape": ShardShape, "avg_twice": AvgTwice, "grad_drop": GradDrop, "spin": PythonSpin,
-          "unread_ones": UnreadOnes}
+          "unread_ones": UnreadOnes, "mask_redrawn": MaskRedrawn, "replica_drift": ReplicaDrift}
 
 
 def planted(name: str | None = None) -> _Plant | None:
