@@ -106,6 +106,12 @@ def test_a_draw_outside_what_the_op_draws_is_a_problem(case_id, bad):
      "the op raised RuntimeError: aten.bernoulli_.float: in-place operations that require placement changes are "
      "not supported. The input has placement (Shard(dim=N), Partial(avg)), but no valid strategy preserves",
      "dtensor-dropout-partial"),
+    ("suites/generators/ops_entry.py::test_op_case[inplace_tensor~2~f32~1x1,1x1~Pavg,S0~op=copy_,weight=0.1~0]",
+     "the op raised RuntimeError: redistribute from S(N) to P(avg) not supported yet",
+     "dtensor-inplace-shard-into-partial"),
+    ("suites/generators/ops_entry.py::test_op_case[inplace_tensor~2~f32~1x1,1x1~Psum,Pavg~op=sub_,weight=0.1~0]",
+     "the op raised AssertionError: Redistribution from one partial type (P(avg)) to another (P(sum)) is "
+     "unsupported.", "dtensor-inplace-mixed-partial-types"),
 ])
 def test_the_finds_file_under_their_registered_entries(test_id, signature, entry):
     registry = load_registry(REPO / "suites" / "known_issues.toml")

@@ -13,8 +13,7 @@ The first of these that fails localizes the case: the problem names the op, mesh
 placements, sizes and the first output or gradient that differs and by how much against
 the threshold. Its `signature` (op and what differs, numbers out) is what the shrinker
 keeps. A case whose full-tensor op raises is `invalid` (the draw asked for something the
-op does not take: a 0-sized head dim, k > size), not a find. A random op (OpSpec.random) is
-judged by properties instead of values: suites/generators/ops_random.py.
+op does not take: a 0-sized head dim, k > size), not a find. Random ops: suites/generators/ops_random.py.
 """
 
 from __future__ import annotations
@@ -256,7 +255,6 @@ def run_case(case: OpCase, dist, plant=None, ask: RaisedAnywhere | None = None) 
     fulls = full_inputs(case, device)
     wants_grad = [spec.grad and arg.grad and t.is_floating_point() for arg, t in zip(spec.args, fulls)]
     terms = max([t.numel() for t in fulls] + [1])
-
     empty = False
 
     def done(status: str, signature: str | None = None, message: str = "") -> CaseOutcome:
@@ -320,11 +318,7 @@ def run_case(case: OpCase, dist, plant=None, ask: RaisedAnywhere | None = None) 
     fractions = next((share_fractions(pl, mesh) for pl in case.placements if any(p.startswith("P") for p in pl)), [])
     split: list = []  # the reference's gradients with the cotangent split as the first Partial input's shares
     if not problems and cotangents:
-        try:
-            _loss(gathered, cotangents).backward()
-        except Exception as exc:
-            failed = _raised(case, exc, "the backward", done)
-        if left := leave_if_raised(failed, ask):
+        if left := backward(case, gathered, cotangents, done, ask):
             return left
         for i, (dt, ref) in enumerate(zip(dts, refs)):
             if ref.grad is None:
@@ -458,6 +452,16 @@ def _cotangents(case: OpCase, outputs) -> list:
 
 def _loss(outputs, cotangents) -> torch.Tensor:
     return sum((o.float() * c).sum() for o, c in zip(outputs, cotangents) if c is not None)
+
+
+def backward(case: OpCase, outputs, cotangents, done, ask) -> CaseOutcome | None:
+    """The loss's backward, the ranks agreeing whether one raised: None to go on, else the outcome."""
+    failed = None
+    try:
+        _loss(outputs, cotangents).backward()
+    except Exception as exc:
+        failed = _raised(case, exc, "the backward", done)
+    return leave_if_raised(failed, ask)
 
 
 def _raised(case: OpCase, exc: Exception, during: str, done) -> CaseOutcome:

@@ -50,10 +50,15 @@ class _Plant:
         return outs
 
 
+def _with_local(o, local, mesh):
+    """`o` (a DTensor) holding `local` on this rank, its placements and global shape kept."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local, mesh, o.placements, run_check=False, shape=o.shape, stride=o.stride())
+
+
 class ShardShape(_Plant):
     def outputs(self, case, outs, mesh):
-        from torch.distributed.tensor import DTensor
-
         if case.op != "cat":
             return outs
         fixed = []
@@ -61,16 +66,13 @@ class ShardShape(_Plant):
             shard = next((a for a, p in enumerate(o.placements) if p.is_shard() and o.shape[p.dim] == 7), None)
             if shard is not None and mesh.get_local_rank(shard) == mesh.size(shard) - 1:
                 d = o.placements[shard].dim
-                local = o.to_local().narrow(d, 0, max(0, o.to_local().shape[d] - 1))
-                o = DTensor.from_local(local, mesh, o.placements, run_check=False, shape=o.shape, stride=o.stride())
+                o = _with_local(o, o.to_local().narrow(d, 0, max(0, o.to_local().shape[d] - 1)), mesh)
             fixed.append(o)
         return tuple(fixed)
 
 
 class AvgTwice(_Plant):
     def outputs(self, case, outs, mesh):
-        from torch.distributed.tensor import DTensor
-
         if case.op not in ("sum", "mean"):
             return outs
         axes = [a for a, p in enumerate(case.placements[0]) if p == "Pavg"]
@@ -80,8 +82,7 @@ class AvgTwice(_Plant):
         n = 1
         for a in axes:
             n *= mesh.size(a)
-        return (DTensor.from_local(o.to_local() / n, mesh, o.placements, run_check=False, shape=o.shape,
-                                   stride=o.stride()),)
+        return (_with_local(o, o.to_local() / n, mesh),)
 
 
 class _DropGrad(torch.autograd.Function):
@@ -178,13 +179,11 @@ class MaskRedrawn(_Plant):
 class ReplicaDrift(_Plant):
     def outputs(self, case, outs, mesh):
         import torch.distributed as tdist
-        from torch.distributed.tensor import DTensor
 
         o = outs[0]
         if not case.op.startswith(("rand_like", "init_")) or not all(p.is_replicate() for p in o.placements):
             return outs
-        local = o.to_local().flip(-1) if tdist.get_rank() % 2 and o.ndim else o.to_local()
-        return (DTensor.from_local(local, mesh, o.placements, run_check=False, shape=o.shape, stride=o.stride()),)
+        return (_with_local(o, o.to_local().flip(-1) if tdist.get_rank() % 2 and o.ndim else o.to_local(), mesh),)
 
 
 PLANTS = {"shard_shape": ShardShape, "avg_twice": AvgTwice, "grad_drop": GradDrop, "spin": PythonSpin,

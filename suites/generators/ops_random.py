@@ -47,8 +47,7 @@ def judge_random(case, outs, refs, ins, cotangents, mesh, done, ask):
     `refs`: the reference's outputs; `ins`: the DTensor inputs (their gradients are read)."""
     from torch.distributed.tensor import DTensor
 
-    from .ops_cases import _check_output, _everywhere, _gathered, _local_problem, _loss, _raised
-    from .ops_outcome import leave_if_raised
+    from .ops_cases import _check_output, _everywhere, _gathered, _local_problem, backward
 
     full_in = [_gathered("input", t.detach())[0] for t in ins]
     problems = [p for p in [_everywhere(_local_problem(outs, refs, mesh, DTensor))] if p]
@@ -61,12 +60,7 @@ def judge_random(case, outs, refs, ins, cotangents, mesh, done, ask):
         problems += found
         gathered.append(full)
     if not problems and cotangents:
-        failed = None
-        try:
-            _loss(gathered, cotangents).backward()
-        except Exception as exc:
-            failed = _raised(case, exc, "the backward", done)
-        if left := leave_if_raised(failed, ask):
+        if left := backward(case, gathered, cotangents, done, ask):
             return left
         problems += [p for p in [_mask_in_backward(case, ins[0], gathered[0], full_in[0], cotangents[0])] if p]
     if problems:
