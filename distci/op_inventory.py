@@ -30,6 +30,8 @@ form shrinks to the plain one by leaving the id. `USE` is the form every entry w
 returns several differentiable outputs carries (tests/test_fuzz_redteam.py checks that): the
 loss reads them all, or only the first, as `q, _ = x.split(...)` and a metric-only output
 do (the others' gradients never exist: autograd hands the op's backward zeros it made itself).
+`INPLACE` is the form of an out-of-place entry whose callers also write it in place (`masked_fill_`,
+`clamp_`): DTensor's named refusal of that write is then a gap, as for `OpSpec.inplace`.
 """
 
 from __future__ import annotations

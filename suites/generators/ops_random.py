@@ -35,6 +35,7 @@ import warnings
 import torch
 
 from .op_calls import INITS
+from .ops_checks import _check_output, _compare, _everywhere, _gathered, _local_problem, _where, backward
 
 DISCRETE_MIN = 64
 """Elements two shards of a 0/1 draw (a dropout mask, bernoulli_) must share before they are
@@ -47,7 +48,6 @@ def judge_random(case, outs, refs, ins, cotangents, mesh, done, ask):
     `refs`: the reference's outputs; `ins`: the DTensor inputs (their gradients are read)."""
     from torch.distributed.tensor import DTensor
 
-    from .ops_cases import _check_output, _everywhere, _gathered, _local_problem, backward
 
     full_in = [_gathered("input", t.detach())[0] for t in ins]
     problems = [p for p in [_everywhere(_local_problem(outs, refs, mesh, DTensor))] if p]
@@ -79,8 +79,6 @@ def judge_random(case, outs, refs, ins, cotangents, mesh, done, ask):
 
 
 def _failed(case, problem: str, done):
-    from .ops_cases import _where
-
     signature = f"{case.op}: " + ": ".join(problem.split(": ")[:2])
     return done("fail", signature, f"{signature}\n  {problem}\n  case {case.id}\n  {_where(case)}")
 
@@ -96,8 +94,6 @@ def _value(case, what: str, got: torch.Tensor, ref: torch.Tensor, full_in: list)
     g = got.double()
     p = case.param
     if case.op == "dropout_train":
-        from .ops_cases import _compare
-
         x = full_in[0]
         kept = g != 0
         scaled = torch.where(kept, (x.double() / (1 - p["p"])).to(got.dtype), torch.zeros_like(got))
@@ -130,8 +126,6 @@ def _range(case, shape: tuple[int, ...]) -> tuple[float, float, tuple | None]:
 
 def _mask_in_backward(case, x, out_full, x_full, cotangent) -> str | None:
     """dropout's input gradient against the forward's own mask (module docstring, 3)."""
-    from .ops_cases import _compare, _gathered
-
     if x.grad is None:
         return "gradient of input 0: missing: the full op gives one"
     grad, bad = _gathered("gradient of input 0", x.grad)
