@@ -7,7 +7,8 @@ sharded parameter or activation): EMA and accumulation updates written between t
 parallelisms. An in-place op keeps `dst`'s placement, so DTensor redistributes `src` to it, and
 its redistribution has no Shard -> Partial step (upstream: pytorch/pytorch PR #191828, "support
 DTensor S(1) -> Partial('sum')", closed). Measured with torchrun, 2 gloo ranks: torch 2.13.0 and
-2.15.0 (CPU) raise; a Replicate `src` into the same Partial `dst` is right (the control). Found by
+2.15.0 (CPU) raise for copy_ into either kind and add_ into Partial(sum); add_ into Partial(avg)
+and a Replicate `src` into a Partial(sum) `dst` are right (the controls). Found by
 the ops generator's in-place entries (reports/fuzz-ops-2026-12-07-inplace.md).
 """
 
@@ -20,7 +21,8 @@ from ..conftest import tier_marks
 
 pytestmark = tier_marks("nightly")
 
-CASES = ["copy_shard_into_partial_sum", "add_shard_into_partial_avg", "copy_replicate_into_partial_sum_control"]
+CASES = ["copy_shard_into_partial_sum", "add_shard_into_partial_sum", "copy_shard_into_partial_avg",
+         "add_shard_into_partial_avg_control", "copy_replicate_into_partial_sum_control"]
 
 
 @pytest.mark.world_size(2)
@@ -32,10 +34,10 @@ def test_an_in_place_write_into_a_partial_tensor_takes_any_source_placement(dist
     mesh = dist.mesh()
     kind = "avg" if "avg" in case else "sum"
     dst_full, src_full = torch.arange(8.0).reshape(4, 2), torch.arange(10.0, 18.0).reshape(4, 2)
-    local = dst_full / dist.world_size if kind == "sum" else dst_full
+    local = dst_full / dist.world_size if kind == "sum" else dst_full.clone()
     dst = DTensor.from_local(local, mesh, [Partial(kind)], run_check=False)
     src = DTensor.from_local(src_full, mesh, [Replicate()], run_check=False)
-    if "control" not in case:
+    if "replicate" not in case:
         src = src.redistribute(mesh, [Shard(0)])
     if case.startswith("copy"):
         dst.copy_(src)
