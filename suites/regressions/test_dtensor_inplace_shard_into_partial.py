@@ -6,9 +6,10 @@ Partial(avg) (a gradient before its reduction, a row-parallel output) and `src` 
 sharded parameter or activation): EMA and accumulation updates written between tensors of two
 parallelisms. An in-place op keeps `dst`'s placement, so DTensor redistributes `src` to it, and
 its redistribution has no Shard -> Partial step (upstream: pytorch/pytorch PR #191828, "support
-DTensor S(1) -> Partial('sum')", closed). Measured with torchrun, 2 gloo ranks: torch 2.13.0 and
-2.15.0 (CPU) raise for copy_ into either kind and add_ into Partial(sum); add_ into Partial(avg)
-and a Replicate `src` into a Partial(sum) `dst` are right (the controls). Found by
+DTensor S(1) -> Partial('sum')", closed). Measured through the harness, 2 gloo ranks (CPU): torch
+2.13.0 raises for copy_ into either kind and add_ into Partial(sum); 2.15.0 is right into
+Partial(sum) and still raises for copy_ into Partial(avg). add_ into Partial(avg) and a Replicate
+`src` into a Partial(sum) `dst` are right on both (the controls). Found by
 the ops generator's in-place entries (reports/fuzz-ops-2026-12-07-inplace.md).
 """
 
