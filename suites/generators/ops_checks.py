@@ -53,12 +53,19 @@ def _where(case: OpCase) -> str:
            f"placements {[list(p) for p in case.placements]}, params {case.param}"
 
 
-def _compare(what: str, got: torch.Tensor, ref: torch.Tensor, dtype: str, terms: int) -> str | None:
-    """None, or the problem: where and by how much against the threshold."""
+def _structure(what: str, got: torch.Tensor, ref: torch.Tensor) -> str | None:
+    """None, or how `got`'s shape or dtype differs from the reference's."""
     if tuple(got.shape) != tuple(ref.shape):
         return f"{what}: shape: {tuple(got.shape)}, expected {tuple(ref.shape)}"
     if got.dtype != ref.dtype:
         return f"{what}: dtype: {got.dtype}, expected {ref.dtype}"
+    return None
+
+
+def _compare(what: str, got: torch.Tensor, ref: torch.Tensor, dtype: str, terms: int) -> str | None:
+    """None, or the problem: where and by how much against the threshold."""
+    if problem := _structure(what, got, ref):
+        return problem
     if ref.numel() == 0:
         return None
     if not ref.is_floating_point():

@@ -85,14 +85,17 @@ class AvgTwice(_Plant):
         return (_with_local(o, o.to_local() / n, mesh),)
 
 
-class _DropGrad(torch.autograd.Function):
+class _BackwardAs(torch.autograd.Function):
+    """Identity forward; the backward hands on `change(grad)` (a planted wrong gradient)."""
+
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, change):
+        ctx.change = change
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad * 0
+        return ctx.change(grad), None
 
 
 class GradDrop(_Plant):
@@ -101,7 +104,7 @@ class GradDrop(_Plant):
         sharded_last = any(p in (f"S{last}", "S-1") for p in case.placements[0])
         if case.op != "rms_norm" or not sharded_last:
             return dts
-        return [_DropGrad.apply(dts[0]), *dts[1:]]
+        return [_BackwardAs.apply(dts[0], lambda g: g * 0), *dts[1:]]
 
 
 def _step(n: int) -> int:
@@ -159,21 +162,11 @@ class UnreadOnes(_Plant):
         return tuple(_UnreadAsOnes.apply(*outs))
 
 
-class _OwnMask(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, y):
-        return y.view_as(y)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * (grad > 0).to(grad.dtype)
-
-
 class MaskRedrawn(_Plant):
     def outputs(self, case, outs, mesh):
         if case.op != "dropout_train" or not any(p.startswith("S") for p in case.placements[0]):
             return outs
-        return (_OwnMask.apply(outs[0]),)
+        return (_BackwardAs.apply(outs[0], lambda g: g * (g > 0).to(g.dtype)),)
 
 
 class ReplicaDrift(_Plant):

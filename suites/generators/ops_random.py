@@ -35,7 +35,8 @@ import warnings
 import torch
 
 from .op_calls import INITS
-from .ops_checks import _check_output, _compare, _everywhere, _gathered, _local_problem, _where, backward
+from .ops_checks import (_check_output, _compare, _everywhere, _gathered, _local_problem, _structure, _where,
+                         backward)
 
 DISCRETE_MIN = 64
 """Elements two shards of a 0/1 draw (a dropout mask, bernoulli_) must share before they are
@@ -85,10 +86,8 @@ def _failed(case, problem: str, done):
 
 def _value(case, what: str, got: torch.Tensor, ref: torch.Tensor, full_in: list) -> str | None:
     """None, or how the full output breaks what the op defines (module docstring, 2)."""
-    if tuple(got.shape) != tuple(ref.shape):
-        return f"{what}: shape: {tuple(got.shape)}, expected {tuple(ref.shape)}"
-    if got.dtype != ref.dtype:
-        return f"{what}: dtype: {got.dtype}, expected {ref.dtype}"
+    if problem := _structure(what, got, ref):
+        return problem
     if got.numel() == 0:
         return None
     g = got.double()
