@@ -34,8 +34,22 @@ def test_every_drawn_structure_is_valid_and_its_key_reads_back():
     assert len({key(s) for s in drawn}) == 60
     for s in drawn:
         assert valid(s) and parse(key(s)) == s
-    assert {s["parallel"] for s in drawn} == {"fsdp", "tp", "ddp", "replicate", "hsdp"}
+    assert {s["parallel"] for s in drawn} == {"fsdp", "tp", "ddp", "replicate", "hsdp", "fsdp_tp"}
     assert any(s["experts"] and s["tie"] for s in drawn)
+    assert {s["plan"] for s in drawn} == {"megatron", "titan", "hf"} and any(s["loss_parallel"] for s in drawn)
+
+
+def test_later_features_leave_a_seeds_first_draws_as_they_were():
+    """The plans, attention and fsdp_tp come from a stream of their own: with them held at
+    their origin, a seed draws exactly the structures it drew before they existed."""
+    later = [f for f in FEATURES if f.later]
+    first_only = {f.name: f.first for f in later}
+    for seed in ("a", "night", "2026-12-07"):
+        widened, plain = Drawer(seed), Drawer(seed, first_only)
+        for _ in range(40):
+            s, old = widened.draw(), plain.draw()
+            assert {**s, **{f.name: f.origin for f in later if s[f.name] in f.later}} == old
+    assert key(Drawer("a", first_only).draw()) == "tp", "seed a's first draw since before the plans"
 
 
 def test_a_seed_replays_and_space_restricts():
@@ -50,8 +64,14 @@ def test_a_seed_replays_and_space_restricts():
 
 def test_rules_say_only_what_is_meaningless():
     assert problems({"parallel": "ddp", "top_k": 2}) == ["top_k picks among the routed experts: top_k <= experts"]
-    assert problems({"parallel": "tp", "wrap": "nested"}) == ["wrap places FSDP2's units: parallel=fsdp or hsdp"]
-    assert valid({"parallel": "hsdp", "wrap": "nested"})
+    assert problems({"parallel": "tp", "wrap": "nested"}) == ["wrap places FSDP2's units: parallel=fsdp, hsdp or fsdp_tp"]
+    assert valid({"parallel": "hsdp", "wrap": "nested"}) and valid({"parallel": "fsdp_tp", "wrap": "grouped"})
+    assert problems({"parallel": "fsdp", "plan": "titan"}) == ["plan is a TP plan: parallel=tp or fsdp_tp"]
+    assert problems({"parallel": "tp", "plan": "hf", "loss_parallel": True}) == [
+        "loss_parallel reads the head's Shard(-1) logits, which plan=titan makes"]
+    assert valid({"parallel": "fsdp_tp", "plan": "titan", "loss_parallel": True, "experts": 2, "mtp": True})
+    assert not valid({"parallel": "tp", "plan": "titan", "buffer": "rope"})
+    assert valid({"parallel": "tp", "plan": "titan", "buffer": "rope", "attn": True})
     assert valid({"parallel": "tp", "experts": 4, "top_k": 2, "uneven": True, "param": "spectral_norm"})
     assert problems({"parallel": "ddp", "balance": True}) == ["the balancing bias steers routed experts: experts > 0"]
     assert valid({"parallel": "tp", "frozen": "lora", "ac": "selective", "experts": 2, "balance": True})
@@ -237,6 +257,10 @@ PLANTS = {
     "recompute_drift": ({"parallel": "fsdp", "ac": "full", "blocks": "1,2", "buffer": "none,persistent"},
                         lambda n: n == {"ac": "full"}, "the forward output of layers.N.ffn.w1", "recompute"),
     # a step after the first bias update; the tie is a distractor
+    # a plan bug: only plan=titan has SequenceParallel norms; attention and the buffer are distractors
+    "sp_norm_grad_local": ({"parallel": "tp", "plan": "titan", "attn": "true,false", "steps": "1,2",
+                            "buffer": "none,persistent"},
+                           lambda n: n == {"parallel": "tp", "plan": "titan"}, "gradient of layers.N.norm.weight", "sp"),
     "balance_local_counts": ({"parallel": "ddp", "experts": "4", "balance": "true", "steps": "2,3",
                               "tie": "true,false"},
                              lambda n: n.get("balance") and n.get("experts") and n.get("steps", 1) >= 2

@@ -62,8 +62,8 @@ class Drawer:
     Two streams: the first draws every feature's first values (Feature.first) exactly as it
     did before any later value existed; then draw `n`'s later stream
     (random.Random(f"...:{seed}:{n}:later")) may move a feature from its origin to a later
-    value (the TP plans, attention, fsdp_tp), each with probability 1/2 (always, when
-    `allowed` leaves the origin out). A seed's earlier draws keep their first-stream values,
+    value that keeps it meaningful (the TP plans, attention, fsdp_tp), each with
+    probability 1/2 (always, when `allowed` leaves the origin out). A seed's earlier draws keep their first-stream values,
     and a draw no later value touched keeps its id."""
 
     def __init__(self, seed: str, allowed: dict[str, tuple] | None = None) -> None:
@@ -113,7 +113,8 @@ class Drawer:
                 continue
             allowed = self.allowed.get(f.name, f.values)
             forced = s[f.name] not in allowed
-            candidates = [v for v in f.later if v in allowed and s[f.name] == f.origin]
+            candidates = [v for v in f.later if v in allowed and s[f.name] == f.origin
+                          and (forced or space.valid({**s, f.name: v}))]
             stays = rng.random() < 0.5 and not forced  # one number per feature, whatever it decides
             if stays or not candidates:
                 continue

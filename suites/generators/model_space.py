@@ -48,7 +48,8 @@ Features, and where they come from:
     megatron, torchtitan's apply_tp with sequence parallel, transformers' tp_plan strings);
     `loss_parallel`, torchtitan's vocab-sharded logits under `loss_parallel()`; and the
     layout `fsdp_tp`, TP inside each group of a 2x2 ("dp_shard", "tp") mesh then
-    fully_shard over "dp_shard", as torchtitan's parallelize_llama (4 ranks, RANKS).
+    fully_shard over "dp_shard", as torchtitan's parallelize_llama (4 ranks, RANKS); it
+    grows from an fsdp draw (its wrap kept): FSDP2 with a TP axis added.
 
 A structure's key spells the parallelism then every feature off its default, e.g.
 `ddp-blocks2-moe4-top2-tied-steps2`; `parse` reads one back (a test id alone names its
@@ -91,7 +92,7 @@ class Feature:
 
 FEATURES: tuple[Feature, ...] = (
     Feature("parallel", ("fsdp", "tp", "ddp", "replicate", "hsdp", "fsdp_tp"), "fsdp", "{}", "the layout over all ranks",
-            later=("fsdp_tp",), grows_from="tp"),
+            later=("fsdp_tp",), grows_from="fsdp"),
     Feature("blocks", (1, 2, 3), 1, "blocks{}", "residual blocks"),
     Feature("experts", (0, 2, 4), 0, "moe{}", "routed experts in every block's feed-forward (0: a dense MLP)"),
     Feature("top_k", (1, 2), 1, "top{}", "experts each token goes to"),
