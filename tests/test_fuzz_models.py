@@ -314,3 +314,50 @@ def test_uneven_tp_structures_are_the_registered_pytorch150336():
     test = "suites/generators/models_entry.py::test_model_structure[tp-blocks2-tied-uneven]"
     sig = "RuntimeError: a and b must have same reduction dim, but got [N, N] X [N, N]."
     assert registry.match(test, sig, "", Stack(torch="2.13.0")) == "pytorch150336-uneven-rowwise-input"
+
+
+# --- the TP plans as their sources write them (one process, a 1-rank mesh) ------------------
+
+PLACED = {
+    # parameter -> its placement on the TP mesh (None: a plain tensor, the module left whole)
+    "megatron": {"tok.weight": None, "layers.0.norm.weight": None, "layers.0.attention.wq.weight": "S(0)",
+                 "layers.0.attention.wo.weight": "S(1)", "layers.0.ffn.experts.0.w1.weight": "S(0)",
+                 "layers.0.ffn.experts.0.w2.weight": "S(1)", "layers.0.ffn.router.weight": None,
+                 "output.weight": None, "mtp.norm.weight": None},
+    "titan": {"tok.weight": "S(0)", "layers.0.norm.weight": "R", "layers.0.attention_norm.weight": "R",
+              "layers.0.attention.wq.weight": "S(0)", "layers.0.attention.wo.weight": "S(1)",
+              "layers.0.ffn.experts.0.w1.weight": "S(0)", "layers.0.ffn.router.weight": None, "norm.weight": "R",
+              "output.weight": "S(0)", "mtp.norm.weight": "R", "mtp.proj.weight": "S(0)"},
+    "hf": {"tok.weight": None, "layers.0.norm.weight": None, "layers.0.attention.wv.weight": "S(0)",
+           "layers.0.ffn.experts.1.w2.weight": "S(1)", "output.weight": "S(0)", "mtp.proj.weight": None},
+}
+
+
+@pytest.mark.parametrize("plan", list(PLACED))
+def test_a_plan_lays_each_module_kind_out_as_its_source_writes_it(tmp_path, plan):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from suites.generators import model_structures as ms
+    from suites.runner.evidence import clean_name
+
+    structure = parse("tp-moe2-mtp-attn" + {"megatron": "", "titan": "-plan_titan-loss_parallel",
+                                             "hf": "-plan_hf"}[plan])
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = ms.build(structure, torch.device("cpu"))
+        ms.parallelize(model, init_device_mesh("cpu", (1,)))
+        placed = {clean_name(n): "".join("R" if p.is_replicate() else f"S({p.dim})"
+                                         for p in getattr(w, "placements", ())) or None
+                  for n, w in model.named_parameters()}
+        assert {n: placed[n] for n in PLACED[plan]} == PLACED[plan]
+        logits = model(ms.data(structure, model.vocab, 1)[0][0][0])
+        assert getattr(logits, "placements", None) == ((Shard(2),) if structure["loss_parallel"] else None)
+    finally:
+        dist.destroy_process_group()
+
+
+try:
+    from torch.distributed.tensor import Shard
+except ImportError:  # torch < 2.4
+    from torch.distributed._tensor import Shard
