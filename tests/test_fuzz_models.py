@@ -314,6 +314,8 @@ def test_uneven_tp_structures_are_the_registered_pytorch150336():
     test = "suites/generators/models_entry.py::test_model_structure[tp-blocks2-tied-uneven]"
     sig = "RuntimeError: a and b must have same reduction dim, but got [N, N] X [N, N]."
     assert registry.match(test, sig, "", Stack(torch="2.13.0")) == "pytorch150336-uneven-rowwise-input"
+    two_d = "suites/generators/models_entry.py::test_model_structure[fsdp_tp-moe4-uneven-attn-plan_titan]"
+    assert registry.match(two_d, sig, "", Stack(torch="2.15.0")) == "pytorch150336-uneven-rowwise-input"
 
 
 # --- the TP plans as their sources write them (one process, a 1-rank mesh) ------------------
