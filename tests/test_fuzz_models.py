@@ -71,6 +71,7 @@ def test_rules_say_only_what_is_meaningless():
         "loss_parallel reads the head's Shard(-1) logits, which plan=titan makes"]
     assert valid({"parallel": "fsdp_tp", "plan": "titan", "loss_parallel": True, "experts": 2, "mtp": True})
     assert not valid({"parallel": "tp", "plan": "titan", "buffer": "rope"})
+    assert not valid({"parallel": "tp", "plan": "hf", "tie": True}) and valid({"parallel": "tp", "plan": "titan", "tie": True})
     assert valid({"parallel": "tp", "plan": "titan", "buffer": "rope", "attn": True})
     assert valid({"parallel": "tp", "experts": 4, "top_k": 2, "uneven": True, "param": "spectral_norm"})
     assert problems({"parallel": "ddp", "balance": True}) == ["the balancing bias steers routed experts: experts > 0"]
@@ -355,6 +356,10 @@ def test_a_plan_lays_each_module_kind_out_as_its_source_writes_it(tmp_path, plan
         assert {n: placed[n] for n in PLACED[plan]} == PLACED[plan]
         logits = model(ms.data(structure, model.vocab, 1)[0][0][0])
         assert getattr(logits, "placements", None) == ((Shard(2),) if structure["loss_parallel"] else None)
+        if plan != "hf":  # a tied pair stays one parameter (titan re-ties after its plan, as trainers do)
+            tied = ms.build({**structure, "tie": True}, torch.device("cpu"))
+            ms.parallelize(tied, init_device_mesh("cpu", (1,)))
+            assert tied.output.weight is tied.tok.weight
     finally:
         dist.destroy_process_group()
 

@@ -31,11 +31,15 @@ embedding, ...). Which style each kind gets, per plan, and where it is from:
   here the two halves are PrepareModuleInput + PrepareModuleOutput (torch 2.5 has both).
   A projection parallelize_module cannot shard (parametrized, LoRA) stays whole inside
   the same local Replicate -> Shard(1) frame; the MTP module gets what its kinds get
-  (a norm, a projection that returns to Shard(1)).
+  (a norm, a projection that returns to Shard(1)). A tied head is re-tied after the plan,
+  as torchtitan's qwen3 did (suites/runner/tying.py: parallelize_module distributes each
+  module's parameter on its own; the embedding's and the head's are both Shard(0)).
 - hf: transformers' `base_model_tp_plan` strings through its ParallelInterface
   (integrations/tensor_parallel.py): "colwise" / "rowwise" on q/k/v/o and gate/up/down
   (per expert for Mixtral / Qwen-MoE), `_tp_plan = {"lm_head": "colwise_rep"}`
-  (ColwiseParallel(output_layouts=Replicate())); every other module "replicate".
+  (ColwiseParallel(output_layouts=Replicate())); every other module "replicate". It shards
+  the head and not the embedding, so a tied pair cannot stay one parameter under it
+  (model_space's rule).
 """
 
 from __future__ import annotations
@@ -65,6 +69,8 @@ def apply_plan(model: nn.Module, mesh: Any, plan: str, loss_parallel: bool) -> N
 
     if plan == "titan":
         _titan(model, mesh, loss_parallel)
+        if model.structure["tie"]:  # parallelize_module unties; trainers re-tie (suites/runner/tying.py)
+            model.output.weight = model.tok.weight
         return
     if plan == "hf":  # _tp_plan = {"lm_head": "colwise_rep"}
         from torch.distributed.tensor import Replicate

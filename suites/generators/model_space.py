@@ -131,6 +131,9 @@ RULES: tuple[tuple[Any, str], ...] = (
      "plan is a TP plan: parallel=tp or fsdp_tp"),
     (lambda s: s["loss_parallel"] and s["plan"] != "titan",
      "loss_parallel reads the head's Shard(-1) logits, which plan=titan makes"),
+    (lambda s: s["plan"] == "hf" and s["tie"],
+     "transformers' plan shards the head (colwise_rep) and not the embedding: a tied pair "
+     "cannot stay one parameter under plan=hf"),
     (lambda s: s["plan"] == "titan" and s["buffer"] == "rope" and not s["attn"],
      "torchtitan's plan hands the rope cache to attention (PrepareModuleInput's None): "
      "plan=titan with buffer=rope needs attn"),
