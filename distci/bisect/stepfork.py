@@ -57,8 +57,10 @@ import traceback
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-IMPORTS = ("torch", "torch._dynamo", "torch._inductor.compile_fx")
-"""What the template imports ahead: what every compiling step imports."""
+IMPORTS = ("torch", "torch._dynamo", "torch._inductor.compile_fx", "torch._inductor.compiler_bisector")
+"""What the template imports ahead: what every compiling step imports. The bisector's
+module is among them on purpose: it reads TORCH_BISECT_* at import, so every fork redoes
+that (`fresh_bisector_state`), on every torch, and the test of a fork's freshness sees it."""
 PYTHON_NAME = re.compile(r"python(3(\.\d+)?)?")
 PLAIN = re.compile(r"[\w./:=,+@%-]+")
 """A word the template runs as written: no quoting, expansion or redirection for a shell."""
