@@ -56,6 +56,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -222,7 +223,9 @@ def _template(command: str, python: str, env: Mapping[str, str], cwd, tmp: Path,
     if why is None:
         log("compiler bisector: steps fork from one torch import")
         return template
-    log(f"compiler bisector: every step a new process ({why})")
+    for line in textwrap.wrap(f"compiler bisector: every step a new process: {why}", 80,
+                              subsequent_indent="  "):
+        log(line)
     template.stop()
     return None
 
