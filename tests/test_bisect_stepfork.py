@@ -140,3 +140,22 @@ def test_a_forked_step_sees_what_a_new_process_sees(tmp_path):
         assert not Path(f"/proc/{left}").exists() or "Z" in Path(f"/proc/{left}/stat").read_text().split(")")[1][:3]
     finally:
         template.stop()
+
+
+def test_a_template_that_cannot_serve_leaves_every_step_a_new_process(tmp_path):
+    from distci.bisect.compiler import _template
+
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('no torch here')\n")
+    env = {"PATH": os.environ["PATH"],
+           "PYTHONPATH": os.pathsep.join((str(tmp_path / "site"), str(Path(stepfork.__file__).parents[2])))}
+    said: list[str] = []
+    assert _template("python repro.py", sys.executable, env, tmp_path, tmp_path, said.append) is None
+    text = " ".join(line.strip() for line in said)
+    assert text == ("compiler bisector: every step a new process: stepfork: not serving: torch does not "
+                    "import (no torch here)"), said
+    assert all(len(line) <= 80 for line in said)
+    before = len(said)
+    assert _template("torchrun repro.py", sys.executable, env, tmp_path, tmp_path, said.append) is None
+    assert len(said) == before  # nothing to fork: no template started, nothing said
