@@ -31,15 +31,14 @@ draw anew: the hash seed and the address layout. So the honesty contract's fresh
 confirmation, compiler.py `drive`) stay new processes: a failure that depends on them
 shows there.
 
-The client's side (`forkable`, `run`) imports only the standard library; so does the
-template, besides torch.
+Both sides import only the standard library and distci.harness.procs (the template torch
+too): the template runs in the failing environment, on distci's probe wheel.
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
-import ctypes
 import importlib
 import json
 import os
@@ -56,6 +55,8 @@ import time
 import traceback
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
+
+from distci.harness import procs
 
 IMPORTS = ("torch", "torch._dynamo", "torch._inductor.compile_fx", "torch._inductor.compiler_bisector")
 """What the template imports ahead: what every compiling step imports. The bisector's
@@ -99,7 +100,7 @@ class Template:
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(argv, cwd=cwd, env=base, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                    preexec_fn=_die_with_parent)
+                                    preexec_fn=procs.die_with_parent)
         return cls(proc, socket_path, log_path)
 
     def ready(self, timeout: float = READY_S) -> str | None:
@@ -119,8 +120,7 @@ class Template:
         return f"it did not serve within {timeout:.0f} s"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        procs.kill_group(self.proc)
         self.proc.wait()
 
 
@@ -149,13 +149,6 @@ def _read_line(conn: socket.socket) -> bytes:
             break
         data += chunk
     return data
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 # -- the template ----------------------------------------------------------------------------
@@ -247,7 +240,7 @@ def _step(request: dict, added: Mapping[str, str], shim_env: str, fds: tuple[int
     code = 70
     try:
         os.setsid()
-        _die_with_parent()
+        procs.die_with_parent()
         for fd in fds:
             os.close(fd)
         out = os.open(request["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
