@@ -4,7 +4,10 @@ The repro is the one torch's own test_compiler_bisector.py uses (test_bad_decomp
 decomposition table inductor hands to AOTAutograd maps `aten.exponential` to a
 function returning NaN. Eager is right, every compiled backend from
 aot_eager_decomp_partition on is wrong. The bisector, one fresh process per step, must
-name that backend, the `decomposition` subsystem, the application and the op.
+name that backend, the `decomposition` subsystem, the application and the op. A `python
+SCRIPT` command's steps are forks of one step template (distci.bisect.stepfork; what a
+fork sees is proven against a new process in tests/test_bisect_stepfork.py), its
+confirmation runs new processes.
 It needs no C++ compiler: the repro compiles with aot_eager_decomp_partition, the
 backend that shows the failure, so its run as it is never reaches inductor's codegen
 (with the default backend that run alone compiled five C++ kernels, 14 of the test's
@@ -57,8 +60,9 @@ sys.exit(1 if out.isnan().any() else 0)
 """
 
 
-# These tests check the mode against real torch, every step a fresh interpreter (~5 CPU-s
-# each, nearly all imports). The confirmation in real processes (the finding's backend fails
+# These tests check the mode against real torch: each search step of a script a fork of the
+# step template (under a CPU-s), each confirmation run and each step of a test id a new
+# interpreter (~5 CPU-s, nearly all imports). The confirmation in real processes (the finding's backend fails
 # again, the backend before it passes, the subsystem disabled by environment passes) is proven
 # once, by the first test, with one fresh run per side; the other two name what they are about
 # without it (2 and 1 runs fewer). The default count (CONFIRM_RUNS, chosen by

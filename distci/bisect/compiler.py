@@ -39,6 +39,11 @@ its failure has the original's signature (distci.bisect.checks.failure_signature
 that fails otherwise (another error, a crash under a backend the user does not run) is
 read as "not this failure", so a backend is named only where the original failure is.
 
+A command `python SCRIPT [ARGS]` (the usual repro) runs its steps as forks of one step
+template that imported torch, Dynamo and inductor once (distci.bisect.stepfork, which says
+why such a step is as fresh as a new process); the confirmation's fresh runs stay new
+processes, and so does every step of any other command (a test id: pytest, torchrun).
+
 The driver half imports only the standard library and torch: it runs inside cell
 environments, torch 2.6 .. newest.
 """
@@ -51,18 +56,22 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, Union
 
 from distci.bisect.checks import failure_signature
+from distci.bisect import stepfork
 from distci.bisect.engine import CONFIRM_RUNS
 from distci.bisect.state import BisectError
 from distci.harness import procs
 
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 SHIM_ENV = "DISTCI_COMPILE_SHIM"
+PER_STEP = ("TORCH_BISECT_BACKEND", "TORCH_BISECT_SUBSYSTEM", "TORCH_BISECT_MAX", "TORCH_COMPILE_BACKEND", SHIM_ENV)
+"""What may differ between two steps' environments (`drive`, the pre-check): nothing else."""
 SHIM = """\
 import importlib.machinery
 import os
@@ -195,48 +204,81 @@ def compiler_bisect(command: str, *, python: str = sys.executable, cwd: Path | s
         shim.mkdir()
         (shim / "sitecustomize.py").write_text(SHIM)
         base["PYTHONPATH"] = os.pathsep.join(p for p in (str(shim), base.get("PYTHONPATH", "")) if p)
-        code, original = _run_text(command, cwd, base, timeout)
-        if code == 0:
-            raise BisectError(f"the command passes as it is (exit 0): there is no failure to bisect: {command}")
-        (Path(tmp) / "original.txt").write_text(original)
-        log(f"compiler bisector: as it is the command exits {code}: {_last_line(original)}")
-        if precheck:
-            _precheck(command, cwd, base, timeout, start_backend or "eager", log)
-        base[SHIM_ENV] = "bisect"
-        out = Path(tmp) / "finding.json"
-        argv = [python, "-m", "distci.bisect.compiler", "--out", str(out)]
-        if start_backend:
-            argv += ["--start-backend", start_backend]
-        if timeout:
-            argv += ["--timeout", str(timeout)]
-        runs = CONFIRM_RUNS if confirm is True else int(confirm)
-        argv += ["--repeats", str(repeats), "--confirm", str(runs), "--original", str(Path(tmp) / "original.txt")]
-        log(f"compiler bisector: running {command!r} once per step")
-        started = time.monotonic()
-        proc = subprocess.run([*argv, "--", "sh", "-c", command], cwd=cwd, env=base,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("[bisector] ")]
-        for line in lines:
-            log(line)
-        if proc.returncode != 0 or not out.exists():
-            said = "\n".join(line[len("[bisector] "):] for line in lines[-1:])
-            raise BisectError(said or f"the compiler bisector failed (exit {proc.returncode}):\n"
-                              + "\n".join(proc.stdout.strip().splitlines()[-15:]))
-        data = json.loads(out.read_text())
-        data["seconds"] = round(time.monotonic() - started, 1)
-        data["log"] = "\n".join(line[len("[bisector] "):] for line in lines)
-        return CompilerFinding(**data)
+        template = _template(command, python, base, cwd, Path(tmp), log)
+        try:
+            return _bisect(command, python, cwd, base, Path(tmp), template, start_backend=start_backend,
+                           timeout=timeout, precheck=precheck, repeats=repeats, confirm=confirm, log=log)
+        finally:
+            if template is not None:
+                template.stop()
+
+
+def _template(command: str, python: str, env: Mapping[str, str], cwd, tmp: Path,
+              log: Callable[[str], None]) -> stepfork.Template | None:
+    """The step template serving `command`'s steps, or None: each step a new process."""
+    if stepfork.forkable(command) is None:
+        return None
+    template = stepfork.Template.start(python, env, cwd, tmp, per_step=PER_STEP, shim_env=SHIM_ENV)
+    why = template.ready()
+    if why is None:
+        log("compiler bisector: steps fork from one torch import")
+        return template
+    for line in textwrap.wrap(f"compiler bisector: every step a new process: {why}", 80,
+                              subsequent_indent="  "):
+        log(line)
+    template.stop()
+    return None
+
+
+def _bisect(command: str, python: str, cwd, base: dict, tmp: Path, template: stepfork.Template | None, *,
+            start_backend: str | None, timeout: float | None, precheck: bool, repeats: int,
+            confirm: int | bool, log: Callable[[str], None]) -> CompilerFinding:
+    """The run as it is, the pre-check, then the driver in the failing environment."""
+    steps = str(template.socket_path) if template is not None else None
+    code, original = _run_text(command, cwd, base, timeout, steps)
+    if code == 0:
+        raise BisectError(f"the command passes as it is (exit 0): there is no failure to bisect: {command}")
+    (Path(tmp) / "original.txt").write_text(original)
+    log(f"compiler bisector: as it is the command exits {code}: {_last_line(original)}")
+    if precheck:
+        _precheck(command, cwd, base, timeout, start_backend or "eager", log, steps)
+    base[SHIM_ENV] = "bisect"
+    out = Path(tmp) / "finding.json"
+    argv = [python, "-m", "distci.bisect.compiler", "--out", str(out)]
+    if start_backend:
+        argv += ["--start-backend", start_backend]
+    if timeout:
+        argv += ["--timeout", str(timeout)]
+    runs = CONFIRM_RUNS if confirm is True else int(confirm)
+    argv += ["--repeats", str(repeats), "--confirm", str(runs), "--original", str(Path(tmp) / "original.txt")]
+    if steps:
+        argv += ["--steps", steps]
+    log(f"compiler bisector: running {command!r} once per step")
+    started = time.monotonic()
+    proc = subprocess.run([*argv, "--", "sh", "-c", command], cwd=cwd, env=base,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("[bisector] ")]
+    for line in lines:
+        log(line)
+    if proc.returncode != 0 or not out.exists():
+        said = "\n".join(line[len("[bisector] "):] for line in lines[-1:])
+        raise BisectError(said or f"the compiler bisector failed (exit {proc.returncode}):\n"
+                          + "\n".join(proc.stdout.strip().splitlines()[-15:]))
+    data = json.loads(out.read_text())
+    data["seconds"] = round(time.monotonic() - started, 1)
+    data["log"] = "\n".join(line[len("[bisector] "):] for line in lines)
+    return CompilerFinding(**data)
 
 
 def _precheck(command: str, cwd, env: Mapping[str, str], timeout: float | None, first: str,
-              log: Callable[[str], None]) -> None:
+              log: Callable[[str], None], steps: str | None = None) -> None:
     """Is the failure the compiler's? (That it fails as it is, the bisector's first step
     shows: a command that passes everywhere ends with no backend.)"""
-    eager = _run(command, cwd, dict(env, **{SHIM_ENV: "identity"}), timeout)
+    eager = _run(command, cwd, dict(env, **{SHIM_ENV: "identity"}), timeout, steps)
     log(f"compiler bisector: with torch.compile as an identity the command exits {eager}")
     if eager == 0:
         return
-    simplest = _run(command, cwd, dict(env, **{SHIM_ENV: f"backend:{first}"}), timeout)
+    simplest = _run(command, cwd, dict(env, **{SHIM_ENV: f"backend:{first}"}), timeout, steps)
     log(f"compiler bisector: with every compile on the {first} backend the command exits {simplest}")
     if simplest != 0:
         raise BisectError(f"the command fails with torch.compile replaced by an identity (exit "
@@ -244,31 +286,40 @@ def _precheck(command: str, cwd, env: Mapping[str, str], timeout: float | None, 
                           "not the compiler's; bisect versions instead")
 
 
-def _run(command: str | Sequence[str], cwd, env: Mapping[str, str], timeout: float | None) -> int:
-    return _run_text(command, cwd, env, timeout)[0]
+def _run(command: str | Sequence[str], cwd, env: Mapping[str, str], timeout: float | None,
+         steps: str | None = None) -> int:
+    return _run_text(command, cwd, env, timeout, steps)[0]
 
 
 TAIL = 4000
 """Characters of a step's output kept: enough for the traceback's end."""
 
 
-def _run_text(command: str | Sequence[str], cwd, env: Mapping[str, str], timeout: float | None) -> tuple[int, str]:
+def _run_text(command: str | Sequence[str], cwd, env: Mapping[str, str], timeout: float | None,
+              steps: str | None = None) -> tuple[int, str]:
     """(exit code, `exit N` and the tail of its output); 124 for a timeout. The output goes
-    to a file, not a pipe: a chatty command cannot block on a full pipe."""
-    shell = isinstance(command, str)
-    with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(command, shell=shell, cwd=cwd, env=dict(env), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            code = 124
-        finally:
-            procs.kill_group(proc)
-            proc.wait()
+    to a file, not a pipe: a chatty command cannot block on a full pipe. With `steps` (a
+    step template's socket) a `python SCRIPT` command runs as its fork when it accepts."""
+    argv = stepfork.forkable(command) if steps else None
+    with tempfile.NamedTemporaryFile() as out:
+        code = stepfork.run(steps, argv, cwd, env, timeout, out.name) if steps and argv else None
+        if code is None:
+            code = _run_new(command, cwd, env, timeout, out)
         out.seek(max(0, out.seek(0, os.SEEK_END) - TAIL))
         text = out.read().decode(errors="replace")
     return code, f"exit {code}\n{text}"
+
+
+def _run_new(command: str | Sequence[str], cwd, env: Mapping[str, str], timeout: float | None, out) -> int:
+    proc = subprocess.Popen(command, shell=isinstance(command, str), cwd=cwd, env=dict(env), stdout=out,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return 124
+    finally:
+        procs.kill_group(proc)
+        proc.wait()
 
 
 def _last_line(text: str) -> str:
@@ -287,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--confirm", type=int, default=CONFIRM_RUNS, help="fresh runs per confirmed configuration")
     parser.add_argument("--original", help="a file holding the original failure's text")
+    parser.add_argument("--steps", help="a step template's socket: search steps fork from it")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -312,8 +364,9 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(cb.CompilerBisector, "in_process_cache"):  # torch >= 2.9: share the state dir with children
         cb.CompilerBisector.in_process_cache = cache_dir()
     original = Path(args.original).read_text() if args.original else None
-    finding = drive(cb, lambda env: _run_text(list(command), None, env, args.timeout), dict(os.environ),
-                    repeats=args.repeats, confirm=args.confirm, original=original,
+    finding = drive(cb, lambda env: _run_text(list(command), None, env, args.timeout, args.steps),
+                    dict(os.environ), repeats=args.repeats, confirm=args.confirm, original=original,
+                    fresh_run=lambda env: _run_text(list(command), None, env, args.timeout),
                     log=lambda line: print(f"[bisector] {line}", flush=True))
     finding.torch = torch.__version__
     Path(args.out).write_text(json.dumps(finding.to_dict()))
@@ -330,7 +383,7 @@ Step = Union[int, "tuple[int, str]"]
 
 def drive(cb: Any, run: Callable[[dict], Step], environ: Mapping[str, str], *, repeats: int = 1,
           confirm: int | bool = True, original: str | None = None,
-          log: Callable[[str], None] = print) -> CompilerFinding:
+          log: Callable[[str], None] = print, fresh_run: Callable[[dict], Step] | None = None) -> CompilerFinding:
     """torch's `cb.CompilerBisector.do_bisect` over `run(env) -> exit code` (or (exit code,
     output)), under the honesty contract of every bisect mode: each step runs `repeats`
     times and runs that disagree end it as `flaky`; with `confirm` (fresh runs, True: the
@@ -338,7 +391,8 @@ def drive(cb: Any, run: Callable[[dict], Step], environ: Mapping[str, str], *, r
     (the backend before it passes, it fails; a subsystem found: that backend with the
     subsystem disabled passes), and a contradiction makes it `unconfirmed`. With
     `original` (the command's failure as it is), a step fails only when its failure has
-    the same signature; each step's text is kept in the finding's `steps`."""
+    the same signature; each step's text is kept in the finding's `steps`. `fresh_run`
+    (default `run`) makes the confirmation's fresh runs: new processes where `run` forks."""
     bisector = cb.CompilerBisector
     fresh = CONFIRM_RUNS if confirm is True else int(confirm)
     runs = 0
@@ -348,7 +402,7 @@ def drive(cb: Any, run: Callable[[dict], Step], environ: Mapping[str, str], *, r
 
     seen: dict[tuple, list[bool]] = {}  # fixed configurations -> every run's pass/fail
 
-    def steady(env: dict, label: str, times: int, key: tuple | None = None) -> bool:
+    def steady(env: dict, label: str, times: int, key: tuple | None = None, runner: Callable = run) -> bool:
         """Run until `times` runs of this configuration agree (runs the search already
         made of a fixed configuration count); raise _Flaky when they do not."""
         nonlocal runs
@@ -356,7 +410,7 @@ def drive(cb: Any, run: Callable[[dict], Step], environ: Mapping[str, str], *, r
         while len(passed) < times:
             runs += 1
             began = time.monotonic()
-            answer = run(env)
+            answer = runner(env)
             code, text = answer if isinstance(answer, tuple) else (answer, "")
             other = code != 0 and want is not None and failure_signature(text) != want
             verdict = "pass" if code == 0 else "fails otherwise" if other else "fail"
@@ -408,7 +462,7 @@ def drive(cb: Any, run: Callable[[dict], Step], environ: Mapping[str, str], *, r
             for backend, subsystem, disabled, should_pass in pairs:
                 label = f"confirm: backend={backend} subsystem={subsystem or '-'}" + (" disabled" if disabled else "")
                 if steady(env_of(backend, subsystem, disabled), label, times,
-                          (backend, subsystem, disabled)) != should_pass:
+                          (backend, subsystem, disabled), fresh_run or run) != should_pass:
                     finding.status = "unconfirmed"
                     finding.reason = (f"{label} {'fails' if should_pass else 'passes'} when run again: "
                                       "the finding does not hold; the command is not steady")
