@@ -30,6 +30,8 @@ form shrinks to the plain one by leaving the id. `USE` is the form every entry w
 returns several differentiable outputs carries (tests/test_fuzz_redteam.py checks that): the
 loss reads them all, or only the first, as `q, _ = x.split(...)` and a metric-only output
 do (the others' gradients never exist: autograd hands the op's backward zeros it made itself).
+`INPLACE` is the form of an out-of-place entry whose callers also write it in place (`masked_fill_`,
+`clamp_`): DTensor's named refusal of that write is then a gap, as for `OpSpec.inplace`.
 """
 
 from __future__ import annotations
@@ -60,6 +62,23 @@ TITAN_EP = ("torchtitan/distributed/expert_parallel.py + models/moe (_unpermute:
 MASK_TOKENS = "masked-prediction models (MAE / BEiT / data2vec: x[mask_rows] = mask_token, an activation written in place)"
 HF_SEQ_CLS = ("transformers/models/*/modeling_*.py ForSequenceClassification (MSELoss for regression, "
               "BCEWithLogitsLoss for multi-label)")
+ZERO_GRAD = ("torch/optim/optimizer.py (zero_grad(set_to_none=False): p.grad.detach_() or requires_grad_(False), "
+             "then p.grad.zero_())")
+GRAD_SCALER = "torch/amp/grad_scaler.py (unscale_: grads *= inv_scale; update(): scale.fill_ / mul_)"
+ACCUM = "transformers/trainer.py (loss = loss / gradient_accumulation_steps), gradient accumulation (acc.add_(g))"
+EMA = ("torch/optim/swa_utils.py (get_ema_avg_fn: ema.lerp_(p, 1 - decay)), timm/utils/model_ema.py "
+       "(ModelEmaV3: ema_v.lerp_(model_v, 1 - decay); ema_v.copy_(model_v) for buffers)")
+LOAD_STATE = "torch/nn/modules/module.py (_load_from_state_dict: param.copy_(input_param))"
+ADAM_SINGLE = "torch/optim/adam.py (_single_tensor_adam: exp_avg.lerp_(grad, 1 - beta1), exp_avg_sq.mul_(b2).addcmul_(g, g))"
+CLIP_LOGIT = "open_clip/train.py (model.logit_scale.clamp_(0, math.log(100))), WGAN weight clipping (p.clamp_(-c, c))"
+SANITIZE = "grad and loss sanitizers (torch.nan_to_num_(g, nan=0.0, posinf=..., neginf=...))"
+TITAN_INIT = ("torchtitan/models/llama3/model/model.py (init_weights after model.to_empty(): "
+              "nn.init.trunc_normal_(w, mean=0.0, std=init_std) on sharded DTensor parameters)")
+HF_INIT = ("transformers/modeling_utils.py (_init_weights: module.weight.data.normal_(0.0, std)), "
+           "torch/nn/modules/linear.py (reset_parameters: init.kaiming_uniform_(w, a=sqrt(5))), xavier_uniform_")
+HF_DROPOUT = "transformers models in training (nn.Dropout(config.hidden_dropout_prob): F.dropout(x, p, training=True))"
+NOISE = ("diffusers / torchtitan flux training (noise = torch.randn_like(latents)), timm/layers/drop.py "
+         "(drop_path: x.new_empty(shape).bernoulli_(keep_prob))")
 
 
 @dataclass(frozen=True)
@@ -85,10 +104,15 @@ class OpSpec:
     inplace: bool = False
     """The call is an in-place write the caller itself wrote (`out[idx] = v`): DTensor's refusal
     to change the written tensor's placement is a gap the caller can act on, as for `inplace=1`."""
+    random: bool = False
+    """The op draws random numbers (dropout, init, *_like): no single-device value to equal, so it
+    is judged by the properties DTensor promises (suites/generators/ops_random.py)."""
 
 
 USE = {"use": ("all", "first")}
 """Which outputs the loss reads: every one, or the first only (the module docstring)."""
+INPLACE = {"inplace": (0, 1)}
+"""The out-of-place call, or the caller's own in-place one (`x.clamp_(...)` on a clone of the input)."""
 
 
 def _a(dims: str, kind: str = "float", grad: bool = True) -> Arg:
@@ -229,10 +253,11 @@ INVENTORY: tuple[OpSpec, ...] = (
     OpSpec("where", (_a("M N", "mask", grad=False), _a("M N"), _a("M N")),
            "HF masking utils (torch.where(mask, x, min))"),
     OpSpec("masked_fill", (_a("B? M N"), _a("M N", "mask", grad=False)),
-           "HF eager attention (scores.masked_fill(mask, finfo.min)), torchtune padding masks",
-           {"value": (-10000.0, 0.0)}),
-    _unary("clamp", "loss / logit clamps (logits.clamp(min, max)), torchao amax clamp(min=EPS)",
-           params={"lo": (-0.5, "none"), "hi": (0.5, "none")}),
+           "HF eager attention (scores.masked_fill(mask, finfo.min)), torchtune padding masks; inplace=1: "
+           "scores.masked_fill_(mask, value) (GPT-2 / BERT-era attention, torch/nn/functional.py label smoothing)",
+           {"value": (-10000.0, 0.0)}, forms=INPLACE),
+    _unary("clamp", "loss / logit clamps (logits.clamp(min, max)), torchao amax clamp(min=EPS); inplace=1: "
+           f"{CLIP_LOGIT}", params={"lo": (-0.5, "none"), "hi": (0.5, "none")}, forms=INPLACE),
     _unary("pow_rsqrt", f"{HF_LLAMA} (torch.rsqrt(variance + eps)) and x.pow(2)", kind="pos",
            params={"exp": (2, 3)}),
     _unary("to_dtype", f"{HF_LLAMA} (hidden_states.to(torch.float32) ... .to(input_dtype)), {TITAN_LOSS} (.float())",
@@ -243,6 +268,23 @@ INVENTORY: tuple[OpSpec, ...] = (
            {"steps": (1, 2), "weight_decay": (0.1, 0.0)}, grad=False),
     OpSpec("sgd_foreach", (_a("M N", grad=False), _a("K", grad=False)),
            f"{OPTIM}: _foreach_add_ (momentum buffers), _foreach_mul_", {"momentum": (0.9, 0.0)}, grad=False),
+    # in-place writes trainers make on parameters, gradients and buffers (no autograd history), on
+    # every placement (a Partial gradient before its reduction included), into the input itself
+    OpSpec("inplace_scalar", (_a("B? M N", grad=False),),
+           f"{ZERO_GRAD} (detach_zero_), {GRAD_SCALER} (mul_, fill_), {ACCUM} (div_), {CLIP_LOGIT} (clamp_), "
+           f"{SANITIZE} (nan_to_num_), nn.init.constant_ / zeros_ (fill_, zero_), bias corrections (add_, sub_)",
+           {"op": ("mul_", "zero_", "fill_", "div_", "add_", "sub_", "clamp_", "nan_to_num_", "detach_zero_"),
+            "value": (0.5, 2.0, -1.5)}, inplace=True),
+    OpSpec("inplace_tensor", (_a("B? M N", grad=False), _a("B? M N", grad=False)),
+           f"{EMA} (lerp_, copy_), {LOAD_STATE} (copy_), {ACCUM} (add_), {ADAM_SINGLE} (lerp_, addcmul_), "
+           "masked updates (mul_ by a tensor), sub_ (SGD's p.sub_(lr * g) written out)",
+           {"op": ("lerp_", "copy_", "add_", "sub_", "mul_", "addcmul_"), "weight": (0.1, 0.5, 1.0)}, inplace=True),
+    # random ops and init: judged by properties (OpSpec.random)
+    _unary("dropout_train", HF_DROPOUT, params={"p": (0.5, 0.1)}, random=True),
+    OpSpec("init_", (_a("M N", grad=False),), f"{TITAN_INIT}; {HF_INIT}",
+           {"init": ("trunc_normal_", "normal_", "uniform_", "kaiming_uniform_", "xavier_uniform_")},
+           grad=False, random=True),
+    _unary("rand_like", NOISE, params={"kind": ("randn_like", "rand_like", "bernoulli_")}, grad=False, random=True),
 )
 
 BY_NAME: dict[str, OpSpec] = {spec.name: spec for spec in INVENTORY}

@@ -162,6 +162,10 @@ PLANTS = {
     # the `use=first` form: only a case whose loss leaves an output unread meets it
     "unread_ones": ("split,chunk,unbind", ": gradient of input 0: value", lambda c: c.param.get("use") == "first",
                     "p1"),
+    # the random judge (suites/generators/ops_random.py): the mask in the backward, replicas alike
+    "mask_redrawn": ("dropout_train", "dropout_train: gradient of input 0: mask",
+                     lambda c: any(p.startswith("S") for p in c.placements[0]), "p1"),
+    "replica_drift": ("rand_like,init_", ": output 0: replicas", lambda c: c.placements[0] == ("R",), "p1"),
 }
 
 

@@ -57,15 +57,29 @@ def key(structure: dict[str, Any]) -> str:
 
 class Drawer:
     """Seeded draws of valid structures, never the same one twice; `allowed` keeps only some
-    values of a feature (`--space parallel=ddp,tp`); the parallelism is always drawn."""
+    values of a feature (`--space parallel=ddp,tp`); the parallelism is always drawn.
+
+    Two streams: the first draws every feature's first values (Feature.first) exactly as it
+    did before any later value existed; then draw `n`'s later stream
+    (random.Random(f"...:{seed}:{n}:later")) may move a feature from its origin to a later
+    value that keeps it meaningful (the TP plans, attention, fsdp_tp), each with
+    probability 1/2 (always, when `allowed` leaves the origin out). A seed's earlier draws keep their first-stream values,
+    and a draw no later value touched keeps its id."""
 
     def __init__(self, seed: str, allowed: dict[str, tuple] | None = None) -> None:
+        self.seed = seed
         self.rng = random.Random(f"distci-fuzz-models:{seed}")
         self.allowed = allowed or {}
         self.drawn: set[str] = set()
+        self.count = 0
+
+    def _first_values(self, f) -> tuple:
+        values = self.allowed.get(f.name, f.values)
+        first = tuple(v for v in values if v not in f.later)
+        return first or (f.origin,)
 
     def _value(self, f) -> Any:
-        values = self.allowed.get(f.name, f.values)
+        values = self._first_values(f)
         if f.name != "parallel" and f.default in values and self.rng.random() < 0.5:
             return f.default
         return self.rng.choice(values)
@@ -73,7 +87,7 @@ class Drawer:
     def draw(self, tries: int = 200) -> dict[str, Any] | None:
         for _ in range(tries):
             space = model_space()
-            s = {f.name: self._value(f) for f in space.FEATURES}
+            s = {f.name: self._value(f) if f.first != (f.default,) else f.default for f in space.FEATURES}
             moved = [f.name for f in space.FEATURES[1:] if s[f.name] != f.default and f.default in
                      self.allowed.get(f.name, f.values)]
             self.rng.shuffle(moved)
@@ -82,8 +96,36 @@ class Drawer:
                 s[name] = _default(name)
             if space.valid(s) and key(s) not in self.drawn:
                 self.drawn.add(key(s))
-                return space.complete(s)
+                later = self._later(s)
+                if later is not None:
+                    return space.complete(later)
         return None
+
+    def _later(self, first: dict[str, Any]) -> dict[str, Any] | None:
+        """The later stream's moves on a valid first draw; moves that make it meaningless go
+        back (the last first); None when `allowed` forces a move no valid structure takes."""
+        space = model_space()
+        rng = random.Random(f"distci-fuzz-models:{self.seed}:{self.count}:later")
+        self.count += 1
+        s, moves = dict(first), []
+        for f in space.FEATURES:
+            if not f.later:
+                continue
+            allowed = self.allowed.get(f.name, f.values)
+            forced = s[f.name] not in allowed
+            candidates = [v for v in f.later if v in allowed and s[f.name] == f.origin
+                          and (forced or space.valid({**s, f.name: v}))]
+            stays = rng.random() < 0.5 and not forced  # one number per feature, whatever it decides
+            if stays or not candidates:
+                continue
+            s[f.name] = rng.choice(candidates)
+            moves.append((f, forced))
+        for f, forced in reversed(moves):
+            if space.valid(s):
+                break
+            if not forced:
+                s[f.name] = f.origin
+        return s if space.valid(s) else None
 
 
 def _default(name: str) -> Any:

@@ -30,7 +30,7 @@ SIZES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 7, 7, 8, 9, 11, 12, 13, 16)
 does not divide, 0 and 1 (empty shards, broadcast-like dims)."""
 MESH_WEIGHTS = {"2": 5, "4": 2, "2x2": 4}
 OPTIONAL_PRESENT = 0.6
-PARTIAL_FREE = {"foreach_norm", "clip_grad_norm", "adamw_foreach", "sgd_foreach"}
+PARTIAL_FREE = {"foreach_norm", "clip_grad_norm", "adamw_foreach", "sgd_foreach", "init_"}
 """Inputs that are parameters or their gradients at rest: no parallelism leaves them Partial."""
 
 

@@ -24,6 +24,12 @@ quiet (training completes, nothing raises), the way such bugs sit upstream:
     counts (the all-reduce over the data-parallel ranks forgotten): ranks route
     differently from the step after. Needs balance, a data-parallel layout and a step
     after the first update.
+  - sp_norm_grad_local: a SequenceParallel norm computes with its weight as a local
+    tensor (`weight.to_local()`, whose gradient is taken as already Replicate), so the
+    weight's gradient is each rank's own sequence shard's share, never summed over tp:
+    the bug Megatron guards against with `allreduce_sequence_parallel_gradients` and
+    hand-written SP norms forget. Forward numbers stay right; needs a plan with
+    sequence parallel (plan=titan) on a TP layout.
 """
 
 from __future__ import annotations
@@ -128,9 +134,26 @@ def _balance_local_counts(model: nn.Module, parallel: str, rank: int) -> None:
     model.balance_groups = []
 
 
+def _sp_norm_grad_local(model: nn.Module, parallel: str, rank: int) -> None:
+    import torch.nn.functional as F
+
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(module, getattr(nn, "RMSNorm", ())) or not hasattr(weight, "to_local"):
+            continue
+
+        def forward(x, module=module):
+            from torch.distributed.tensor import DTensor
+
+            out = F.rms_norm(x.to_local(), module.normalized_shape, module.weight.to_local(), module.eps)
+            return DTensor.from_local(out, x.device_mesh, x.placements, run_check=False)
+        module.forward = forward
+
+
 PLANTS: dict[str, Callable[[nn.Module, str, int], None]] = {
     "buffer_drift": _buffer_drift, "tied_grad_once": _tied_grad_once, "idle_expert_stale": _idle_expert_stale,
-    "frozen_grad": _frozen_grad, "recompute_drift": _recompute_drift, "balance_local_counts": _balance_local_counts}
+    "frozen_grad": _frozen_grad, "recompute_drift": _recompute_drift, "balance_local_counts": _balance_local_counts,
+    "sp_norm_grad_local": _sp_norm_grad_local}
 
 
 def plant(model: nn.Module, parallel: str, rank: int, name: str | None = None) -> None:

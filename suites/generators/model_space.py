@@ -41,7 +41,15 @@ Features, and where they come from:
     `hsdp` is the 2-D layout torchtitan's ParallelDims builds for dp_replicate x dp_shard
     (fully_shard over a ("dp_replicate", "dp_shard") mesh): always 4 ranks, a 2x2 mesh,
     whatever the cell's world size (RANKS);
-  - accum, steps: microbatches per step, optimizer steps.
+  - accum, steps: microbatches per step, optimizer steps;
+  - later features (drawn from a stream of their own, LATER below): `attn`, Llama's
+    attention in every block (wq/wk/wv/wo, causal SDPA, the rope cache passed to it as
+    torchtitan passes freqs_cis); `plan`, the TP plan a trainer writes (model_plans.py:
+    megatron, torchtitan's apply_tp with sequence parallel, transformers' tp_plan strings);
+    `loss_parallel`, torchtitan's vocab-sharded logits under `loss_parallel()`; and the
+    layout `fsdp_tp`, TP inside each group of a 2x2 ("dp_shard", "tp") mesh then
+    fully_shard over "dp_shard", as torchtitan's parallelize_llama (4 ranks, RANKS); it
+    grows from an fsdp draw (its wrap kept): FSDP2 with a TP axis added.
 
 A structure's key spells the parallelism then every feature off its default, e.g.
 `ddp-blocks2-moe4-top2-tied-steps2`; `parse` reads one back (a test id alone names its
@@ -66,10 +74,25 @@ class Feature:
     default: Any
     fragment: str
     doc: str
+    later: tuple = ()
+    """Values only the later stream draws (distci/fuzz/models.py): appended after a seed's
+    first draws were fixed, so those draws keep their ids."""
+    grows_from: Any = None
+    """The value a later value replaces (None: the default), e.g. fsdp_tp grows from tp."""
+
+    @property
+    def first(self) -> tuple:
+        """The values the first stream draws."""
+        return tuple(v for v in self.values if v not in self.later)
+
+    @property
+    def origin(self) -> Any:
+        return self.default if self.grows_from is None else self.grows_from
 
 
 FEATURES: tuple[Feature, ...] = (
-    Feature("parallel", ("fsdp", "tp", "ddp", "replicate", "hsdp"), "fsdp", "{}", "the layout over all ranks"),
+    Feature("parallel", ("fsdp", "tp", "ddp", "replicate", "hsdp", "fsdp_tp"), "fsdp", "{}", "the layout over all ranks",
+            later=("fsdp_tp",), grows_from="fsdp"),
     Feature("blocks", (1, 2, 3), 1, "blocks{}", "residual blocks"),
     Feature("experts", (0, 2, 4), 0, "moe{}", "routed experts in every block's feed-forward (0: a dense MLP)"),
     Feature("top_k", (1, 2), 1, "top{}", "experts each token goes to"),
@@ -86,9 +109,14 @@ FEATURES: tuple[Feature, ...] = (
     Feature("uneven", (False, True), False, "uneven", "vocab 33 and hidden 31: no mesh divides them"),
     Feature("accum", (1, 2), 1, "ga{}", "microbatches per optimizer step"),
     Feature("steps", (1, 2, 3), 1, "steps{}", "optimizer steps"),
+    Feature("attn", (False, True), False, "attn", "Llama attention (wq/wk/wv/wo) in every block", later=(True,)),
+    Feature("plan", ("megatron", "titan", "hf"), "megatron", "plan_{}", "the TP plan (model_plans.py)",
+            later=("titan", "hf")),
+    Feature("loss_parallel", (False, True), False, "loss_parallel", "vocab-sharded logits, loss_parallel()",
+            later=(True,)),
 )
 FEATURE = {f.name: f for f in FEATURES}
-RANKS = {"hsdp": 4}
+RANKS = {"hsdp": 4, "fsdp_tp": 4}
 """Layouts that need a world of their own size (a 2x2 mesh); the rest run on the cell's ranks."""
 SIZES = ("blocks", "experts", "top_k", "accum", "steps")
 """Numbers: the shrinker tries every smaller value, the smallest first."""
@@ -96,9 +124,19 @@ SIZES = ("blocks", "experts", "top_k", "accum", "steps")
 RULES: tuple[tuple[Any, str], ...] = (
     (lambda s: s["top_k"] > max(s["experts"], 1), "top_k picks among the routed experts: top_k <= experts"),
     (lambda s: s["shared_expert"] and not s["experts"], "a shared expert sits beside routed experts: experts > 0"),
-    (lambda s: s["wrap"] != "blocks" and s["parallel"] not in ("fsdp", "hsdp"),
-     "wrap places FSDP2's units: parallel=fsdp or hsdp"),
+    (lambda s: s["wrap"] != "blocks" and s["parallel"] not in ("fsdp", "hsdp", "fsdp_tp"),
+     "wrap places FSDP2's units: parallel=fsdp, hsdp or fsdp_tp"),
     (lambda s: s["balance"] and not s["experts"], "the balancing bias steers routed experts: experts > 0"),
+    (lambda s: s["plan"] != "megatron" and s["parallel"] not in ("tp", "fsdp_tp"),
+     "plan is a TP plan: parallel=tp or fsdp_tp"),
+    (lambda s: s["loss_parallel"] and s["plan"] != "titan",
+     "loss_parallel reads the head's Shard(-1) logits, which plan=titan makes"),
+    (lambda s: s["plan"] == "hf" and s["tie"],
+     "transformers' plan shards the head (colwise_rep) and not the embedding: a tied pair "
+     "cannot stay one parameter under plan=hf"),
+    (lambda s: s["plan"] == "titan" and s["buffer"] == "rope" and not s["attn"],
+     "torchtitan's plan hands the rope cache to attention (PrepareModuleInput's None): "
+     "plan=titan with buffer=rope needs attn"),
 )
 """Only what is meaningless (a structure that cannot be built as stated)."""
 

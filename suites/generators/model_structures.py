@@ -117,6 +117,35 @@ def _rope_cache(seq: int, dim: int, theta: float = 10000.0) -> tuple[torch.Tenso
     return torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
 
 
+def _rotate(h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of `h` (..., seq, dim), the rotate-half form of HF Llama."""
+    half = h.shape[-1] // 2
+    return h * cos[: h.shape[-2]] + torch.cat([-h[..., half:], h[..., :half]], -1) * sin[: h.shape[-2]]
+
+
+HEADS = 2
+
+
+class Attention(nn.Module):
+    """Llama's attention (torchtitan llama3 / HF LlamaAttention): wq wk wv, causal SDPA, wo;
+    the rope cache arrives as arguments, as torchtitan passes freqs_cis. Heads come from the
+    projection's width (`view(..., -1, head_dim)`), so a column-sharded wq gives each TP rank
+    its own heads, as torchtitan's model code reads them."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.head_dim = dim // HEADS
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+
+    def forward(self, x: torch.Tensor, *rope: torch.Tensor) -> torch.Tensor:
+        b, s = x.shape[0], x.shape[1]
+        q, k, v = (w(x).view(b, s, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        if rope:
+            q, k = _rotate(q, *rope), _rotate(k, *rope)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
 class Block(nn.Module):
     def __init__(self, s: dict[str, Any], hidden: int) -> None:
         super().__init__()
@@ -124,19 +153,23 @@ class Block(nn.Module):
         self.ffn = (LoopMoE(DIM, hidden, s["experts"], s["top_k"], s["shared_expert"], s["balance"]) if s["experts"]
                     else Expert(DIM, hidden, s["param"]))
         self.buffer = s["buffer"]
-        if self.buffer == "rope":
-            cos, sin = _rope_cache(SEQ, DIM)
+        # registered after norm and ffn: the parameters of a structure without attention
+        # keep their order, so a gradient find keeps its signature when attn shrinks away
+        self.attention_norm = (nn.RMSNorm(DIM) if hasattr(nn, "RMSNorm") else nn.LayerNorm(DIM)) if s["attn"] else None
+        self.attention = Attention(DIM) if s["attn"] else None
+        if self.buffer == "rope":  # Llama rotates q and k (per head); without attention, the normed input
+            cos, sin = _rope_cache(SEQ, DIM // HEADS if s["attn"] else DIM)
             self.register_buffer("cos", cos, persistent=False)
             self.register_buffer("sin", sin, persistent=False)
         elif self.buffer == "persistent":
             self.register_buffer("scale", 0.5 + torch.arange(DIM, dtype=torch.float32) / (2 * DIM))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.attention is not None:
+            x = x + self.attention(self.attention_norm(x), *((self.cos, self.sin) if self.buffer == "rope" else ()))
         h = self.norm(x)
-        if self.buffer == "rope":
-            half = h.shape[-1] // 2
-            rotated = torch.cat([-h[..., half:], h[..., :half]], -1)
-            h = h * self.cos[: h.shape[1]] + rotated * self.sin[: h.shape[1]]
+        if self.buffer == "rope" and self.attention is None:
+            h = _rotate(h, self.cos, self.sin)
         out = self.ffn(h)
         if self.buffer == "persistent":
             out = out * self.scale
@@ -272,11 +305,11 @@ def data(structure: dict[str, Any], vocab: int, world_size: int) -> list[list[tu
 
 
 def data_parallel(parallel: str) -> bool:
-    """Each rank trains on its own rows (FSDP2, HSDP, DDP, replicate); TP ranks all see every row."""
+    """Each rank (fsdp_tp: each dp_shard group) trains on its own rows; TP ranks all see every row."""
     return parallel != "tp"
 
 
-MESHES = {"hsdp": ((2, 2), ("dp_replicate", "dp_shard"))}
+MESHES = {"hsdp": ((2, 2), ("dp_replicate", "dp_shard")), "fsdp_tp": ((2, 2), ("dp_shard", "tp"))}
 """The 2-D layouts' meshes, named as torchtitan's ParallelDims names them (model_space.RANKS)."""
 
 
@@ -286,16 +319,32 @@ def mesh_of(structure: dict[str, Any], dist: Any) -> Any:
     return dist.mesh(shape, names)
 
 
+def dp_groups(structure: dict[str, Any], mesh: Any) -> list[list[int]]:
+    """The ranks of each data-parallel shard, in row order: one rank each; under plain TP
+    one group of every rank; under fsdp_tp each dp_shard index's TP group (every rank of a
+    group sees the same rows)."""
+    if structure["parallel"] == "tp":
+        return [[int(r) for r in mesh.mesh.flatten()]]
+    if structure["parallel"] == "fsdp_tp":
+        return [[int(r) for r in row] for row in mesh.mesh]
+    return [[int(r)] for r in mesh.mesh.flatten()]
+
+
 def parallelize(model: StructureModel, mesh: Any) -> nn.Module:
     """Lays `model` out as its structure says; returns what the training loop calls."""
     s = model.structure
-    model.balance_groups = ([mesh.get_group(axis) for axis in range(mesh.ndim)]
+    dp_axes = ["dp_shard"] if s["parallel"] == "fsdp_tp" else list(range(mesh.ndim))
+    model.balance_groups = ([mesh.get_group(axis) for axis in dp_axes]
                             if data_parallel(s["parallel"]) and s["balance"] else [])
     if s["parallel"] in ("fsdp", "hsdp"):  # a 2-D mesh makes fully_shard HSDP
         _fully_shard(model, mesh, s["wrap"])
         return model
-    if s["parallel"] == "tp":
-        _tensor_parallel(model, mesh)
+    if s["parallel"] in ("tp", "fsdp_tp"):  # torchtitan's parallelize_llama: TP, then FSDP2 over dp_shard
+        from .model_plans import apply_plan
+
+        apply_plan(model, mesh["tp"] if s["parallel"] == "fsdp_tp" else mesh, s["plan"], s["loss_parallel"])
+        if s["parallel"] == "fsdp_tp":
+            _fully_shard(model, mesh["dp_shard"], s["wrap"])
         return model
     kwargs: dict[str, Any] = {}
     if s["experts"]:  # an expert without tokens on a rank: DDP must be told (users pass it for MoE)
@@ -331,19 +380,3 @@ def _fully_shard(model: StructureModel, mesh: Any, wrap: str) -> None:
         # different tensors on different ranks (pytorch#158719: a hang, or gloo's abort); MoE
         # users opt in where the stack has it, as DDP users pass find_unused_parameters
         model.set_reduce_scatter_unused_params(True)
-
-
-def _tensor_parallel(model: StructureModel, mesh: Any) -> None:
-    """Megatron's feed-forward plan on every plain expert (w1 column-, w2 row-sharded); the
-    router, norms, embedding and head stay replicated; a parametrized projection is left
-    whole (parallelize_module shards a module's own parameters, a parametrization keeps
-    them one level down), and so is a LoRA-wrapped one (Colwise/RowwiseParallel take an
-    nn.Linear; torchtitan has no TP plan for adapters)."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-    plan = {}
-    for name, module in model.named_modules():
-        w1 = getattr(module, "w1", None)
-        if isinstance(module, Expert) and isinstance(w1, nn.Linear) and not nn.utils.parametrize.is_parametrized(w1):
-            plan[f"{name}.w1"], plan[f"{name}.w2"] = ColwiseParallel(), RowwiseParallel()
-    parallelize_module(model, mesh, plan)

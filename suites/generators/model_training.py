@@ -4,7 +4,9 @@ tolerances) and localization (localize.py).
 
 Both sides run the same loop over the same global batches: the reference on every row,
 a data-parallel rank on its own rows (each rank's loss is its rows' mean, so the averaged
-gradients equal the reference's), a TP rank on every row. Plain SGD: its update is linear
+gradients equal the reference's), a TP rank on every row, a rank of fsdp_tp on its dp_shard
+group's rows; under loss_parallel the loss is computed from vocab-sharded logits inside
+`loss_parallel()`, as torchtitan's train step does. Plain SGD: its update is linear
 in the gradient, so a gradient bug shows in the next step's numbers as it is.
 """
 
@@ -32,8 +34,21 @@ class Judged:
     divergence: Divergence | None
 
 
-def _train(structure: dict[str, Any], runnable, model, batches, rank: int, world_size: int, dp: bool,
+def _loss_context(structure: dict[str, Any], parallel_side: bool):
+    """torchtitan's train step: forward and backward under `loss_parallel()` when the head
+    returns vocab-sharded logits (the reference: whole logits, no context)."""
+    import contextlib
+
+    if parallel_side and structure["loss_parallel"]:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+    return contextlib.nullcontext()
+
+
+def _train(structure: dict[str, Any], runnable, model, batches, rows: tuple[int, int] | None,
            tracer: Tracer, gather: bool) -> tuple[TrainRecord, dict]:
+    """`rows`: (this rank's data-parallel shard, shards), None: every row."""
     import torch.distributed as dist
 
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=ms.LR)
@@ -43,19 +58,19 @@ def _train(structure: dict[str, Any], runnable, model, batches, rank: int, world
         opt.zero_grad(set_to_none=True)
         total = torch.zeros(())
         for m, (tokens, labels) in enumerate(micro):
-            if dp:
-                rows = slice(rank * ms.BATCH_PER_RANK, (rank + 1) * ms.BATCH_PER_RANK)
-                tokens, labels = tokens[rows], labels[rows]
-            with tracer.tracing():
+            if rows is not None:
+                tokens, labels = tokens.chunk(rows[1])[rows[0]], labels.chunk(rows[1])[rows[0]]
+            with tracer.tracing(), _loss_context(structure, gather):
                 logits = runnable(tokens)
                 loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) / len(micro)
                 loss.backward()
-            total += loss.detach().float().cpu()
+            local = loss.detach()
+            total += (local.full_tensor() if hasattr(local, "full_tensor") else local).float().cpu()
             events = tracer.take()
             traces[(step, m)] = gather_trace(events) if gather else events
-        if gather and dp and world_size > 1:
+        if gather and rows is not None and dist.get_world_size() > 1:  # a TP group's ranks hold equal losses
             dist.all_reduce(total)
-            total /= world_size
+            total /= dist.get_world_size()
         record.losses.append(float(total))
         record.grads.append(full_grads(model))
         opt.step()
@@ -67,18 +82,23 @@ def judge(structure: dict[str, Any], rank: int, world_size: int, mesh: Any, devi
     """Trains the structure both ways on this rank; every rank returns the same judgement."""
     structure = complete(structure)
     dp = ms.data_parallel(structure["parallel"])
+    groups = ms.dp_groups(structure, mesh)
     reference = ms.build(structure, device)
     batches = ms.data(structure, reference.vocab, world_size)
     ref_tracer = Tracer(reference)
-    ref_record, ref_events = _train(structure, reference, reference, batches, 0, world_size, False, ref_tracer, False)
+    ref_record, ref_events = _train(structure, reference, reference, batches, None, ref_tracer, False)
     model = ms.build(structure, device)
     runnable = ms.parallelize(model, mesh)
     if plant is not None:
         plant(model, structure["parallel"], rank)
-    run_record, run_parts = _train(structure, runnable, model, batches, rank, world_size, dp, Tracer(model), True)
+    mine = next(i for i, group in enumerate(groups) if rank in group)
+    run_record, run_parts = _train(structure, runnable, model, batches, (mine, len(groups)) if dp else None,
+                                   Tracer(model), True)
     problems = check_numerics(ref_record, run_record, tolerance("float32", "none"))
     divergence = None
     if problems:
-        divergence = first_divergence(Trace(ref_events), run_parts, dp, world_size, torch.float32,
+        firsts = [group[0] for group in groups] if dp else list(range(world_size))
+        parts = {k: [ranks[r] for r in firsts] for k, ranks in run_parts.items()}  # one rank per row shard
+        divergence = first_divergence(Trace(ref_events), parts, dp, len(firsts), torch.float32,
                                       ref_record.grads, run_record.grads)
     return Judged(problems, divergence)

@@ -9,10 +9,12 @@ that is the point.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 class Context:
@@ -166,11 +168,89 @@ def _loss_plus_aux(x, p, c):
 
 def _clamp(x, p, c):
     lo, hi = (None if v in (None, "none") else float(v) for v in (p["lo"], p["hi"]))  # a parsed id gives None
-    return (x[0].clamp(min=lo, max=hi),)
+    if not p.get("inplace"):
+        return (x[0].clamp(min=lo, max=hi),)
+    out = _written(x[0])
+    out.clamp_(min=lo, max=hi)
+    return (out,)
 
 
 def _amax_all(t):
     return torch.max(torch.abs(t))
+
+
+def _written(t):
+    """An activation to write in place, as autograd holds it (not a leaf) and in `t`'s placement:
+    `t * 1.0` (a product by a scalar keeps a Partial one), not t.clone() (which replicates it)."""
+    return t * 1.0
+
+
+def _masked_fill(x, p, c):
+    if not p.get("inplace"):
+        return (x[0].masked_fill(x[1], p["value"]),)
+    out = _written(x[0])
+    out.masked_fill_(x[1], p["value"])
+    return (out,)
+
+
+_SCALAR_INPLACE: dict[str, Callable] = {
+    "mul_": lambda t, v: t.mul_(v),
+    "zero_": lambda t, v: t.zero_(),
+    "fill_": lambda t, v: t.fill_(v),
+    "div_": lambda t, v: t.div_(v),
+    "add_": lambda t, v: t.add_(v),
+    "sub_": lambda t, v: t.sub_(v),
+    "clamp_": lambda t, v: t.clamp_(-abs(v), abs(v)),
+    # the gradients a step overflowed (x / 0: +-inf, and nan where x is 0), sanitized
+    "nan_to_num_": lambda t, v: t.div_(0.0).nan_to_num_(nan=0.0, posinf=abs(v), neginf=-abs(v)),
+    "detach_zero_": lambda t, v: t.detach_().zero_(),
+}
+_TENSOR_INPLACE: dict[str, Callable] = {
+    "lerp_": lambda t, o, w: t.lerp_(o, w),
+    "copy_": lambda t, o, w: t.copy_(o),
+    "add_": lambda t, o, w: t.add_(o, alpha=w),
+    "sub_": lambda t, o, w: t.sub_(o, alpha=w),
+    "mul_": lambda t, o, w: t.mul_(o),
+    "addcmul_": lambda t, o, w: t.addcmul_(o, o, value=w),
+}
+
+
+def _inplace_scalar(x, p, c):
+    # the input itself, as optimizers, scalers and EMA write parameters, gradients and buffers
+    _SCALAR_INPLACE[p["op"]](x[0], p["value"])
+    return (x[0],)
+
+
+def _inplace_tensor(x, p, c):
+    _TENSOR_INPLACE[p["op"]](x[0], x[1].to(x[0].dtype), p["weight"])
+    return (x[0],)
+
+
+INITS: dict[str, tuple[Callable, Callable[[tuple[int, ...]], float | None]]] = {
+    # init -> (the call, the largest |value| it may write into a tensor of that full shape)
+    "trunc_normal_": (lambda w: nn.init.trunc_normal_(w, mean=0.0, std=0.02, a=-0.04, b=0.04), lambda s: 0.04),
+    "normal_": (lambda w: nn.init.normal_(w, 0.0, 0.02), lambda s: None),
+    "uniform_": (lambda w: nn.init.uniform_(w, -0.1, 0.1), lambda s: 0.1),
+    "kaiming_uniform_": (lambda w: nn.init.kaiming_uniform_(w, a=math.sqrt(5)),
+                         lambda s: math.sqrt(2.0 / 6.0) * math.sqrt(3.0 / s[1])),
+    "xavier_uniform_": (lambda w: nn.init.xavier_uniform_(w), lambda s: math.sqrt(6.0 / (s[0] + s[1]))),
+}
+"""The bound is read from the FULL shape (fan_in = size(1), fan_out = size(0) for a 2-D weight):
+a sharded parameter must be initialized as the whole one would be (suites/generators/ops_random.py)."""
+
+
+def _init(x, p, c):
+    w = x[0].detach().clone()
+    with torch.no_grad():
+        INITS[p["init"]][0](w)
+    return (w,)
+
+
+_NOISE: dict[str, Callable] = {
+    "randn_like": torch.randn_like,
+    "rand_like": torch.rand_like,
+    "bernoulli_": lambda t: t.new_empty(t.shape).bernoulli_(0.9),
+}
 
 
 CALLS: dict[str, Callable[[list, dict, Context], tuple]] = {
@@ -232,11 +312,16 @@ CALLS: dict[str, Callable[[list, dict, Context], tuple]] = {
     "argsort": lambda x, p, c: (torch.argsort(x[0], stable=True),),
     "cumsum": lambda x, p, c: (torch.cumsum(x[0], dim=p["dim"]),),
     "where": lambda x, p, c: (torch.where(x[0], x[1], x[2]),),
-    "masked_fill": lambda x, p, c: (x[0].masked_fill(x[1], p["value"]),),
+    "masked_fill": _masked_fill,
     "clamp": _clamp,
     "pow_rsqrt": lambda x, p, c: (torch.rsqrt(x[0].pow(p["exp"]) + 1e-6),),
     "to_dtype": lambda x, p, c: (x[0].to(getattr(torch, p["to"])),),
     "adamw_foreach": _optimizer(lambda ps, p: torch.optim.AdamW(ps, lr=1e-2, weight_decay=p["weight_decay"],
                                                                  foreach=True), 0),
     "sgd_foreach": _optimizer(lambda ps, p: torch.optim.SGD(ps, lr=0.1, momentum=p["momentum"], foreach=True), 2),
+    "inplace_scalar": _inplace_scalar,
+    "inplace_tensor": _inplace_tensor,
+    "dropout_train": lambda x, p, c: (F.dropout(x[0], p=p["p"], training=True),),
+    "init_": _init,
+    "rand_like": lambda x, p, c: (_NOISE[p["kind"]](x[0]),),
 }

@@ -13,53 +13,22 @@ The first of these that fails localizes the case: the problem names the op, mesh
 placements, sizes and the first output or gradient that differs and by how much against
 the threshold. Its `signature` (op and what differs, numbers out) is what the shrinker
 keeps. A case whose full-tensor op raises is `invalid` (the draw asked for something the
-op does not take: a 0-sized head dim, k > size), not a find.
+op does not take: a 0-sized head dim, k > size), not a find. The checks both judges use live in
+suites/generators/ops_checks.py; random ops are judged in suites/generators/ops_random.py.
 """
 
 from __future__ import annotations
-
-import re
-from typing import Any
 
 import torch
 
 from distci.op_case import DTYPES, MESHES, OpCase
 from distci.op_inventory import spec_of
-from distci.results import error_signature
 
-from ..judges.tolerances import ROUNDING, op_threshold
 from .op_calls import CALLS, Context
+from .ops_checks import (_check_output, _compare, _everywhere, _gathered, _local_problem, _loss, _raised, _where,
+                         backward)
 from .ops_outcome import CaseOutcome, RaisedAnywhere, leave_if_raised
-
-GAP = re.compile(r"sharding strateg|does not have a sharding|no sharding|sharding propagation (?:is )?not")
-REFUSED = re.compile(r"[Pp]lease\s+redistribute|cannot\s+be\s+evenly\s+sharded,\s+resulting\s+in\s+biased"
-                     r"|cannot\s+be\s+performed\s+without\s+redistribution,\s+which\s+is\s+disallowed")
-"""DTensor's explicit refusals of placements an op cannot take as given ("... requires
-redistribution. Please redistribute the input first"): upstream names the limit and what to
-do, nothing is computed wrong, so the case is counted as a gap like a missing sharding
-strategy (any whitespace between the words: torch's nll_loss message carries its source
-line's indentation, "sharded,<25 spaces>resulting"; unbind along a sharded dim: "cannot be
-performed without redistribution, which is disallowed by the current operator"), never re-filed as a new find every night (DESIGN rule 10: refused is not broken,
-and it stays visible in the gaps table). Only for the op's own call: a backward that refuses
-the placements its own forward produced is a find (nobody can redistribute inside autograd)."""
-
-INPLACE_REFUSED = re.compile(r"in-place operations that require placement changes are not supported")
-"""DTensor's refusal of an in-place op whose result needs another placement than its input's
-("Please use the out-of-place version"). A gap only where the caller itself wrote the in-place
-op (a case drawn with `inplace=1`, as `loss += coef * aux` on a Partial loss): the caller can
-write the out-of-place form. Inside an out-of-place op (F.rms_norm adding eps in place to a
-Partial mean, label-smoothed cross_entropy's masked_fill_) the caller can do nothing, so there
-it stays a find (dtensor-rms-norm-sharded-hidden and
-dtensor-cross-entropy-label-smoothing-empty-shard were found that way)."""
-
-
-def refused(case: OpCase, exc: Exception, during: str) -> bool:
-    """Whether `exc` is a refusal the caller can act on (see REFUSED, INPLACE_REFUSED)."""
-    if during != "the op":
-        return False
-    text = str(exc)
-    wrote_in_place = bool(case.param.get("inplace")) or spec_of(case.op).inplace
-    return bool(REFUSED.search(text)) or (wrote_in_place and bool(INPLACE_REFUSED.search(text)))
+from .ops_random import judge_random
 
 
 def placement(text: str, mesh, axis: int):
@@ -185,60 +154,6 @@ def _fsdp_over_tp(full: torch.Tensor, mesh, objs):
                               stride=full.stride())
 
 
-def expected_local_shape(shape: tuple[int, ...], placements, mesh) -> tuple[int, ...] | None:
-    """The local shape torch's even-chunk sharding gives (None for _StridedShard: skipped)."""
-    out = list(shape)
-    for axis, p in enumerate(placements):
-        if type(p).__name__ == "_StridedShard":
-            return None
-        if p.is_shard():
-            d = p.dim + len(shape) if p.dim < 0 else p.dim
-            n, c = mesh.size(axis), mesh.get_local_rank(axis)
-            chunk = -(-out[d] // n) if out[d] else 0
-            out[d] = max(0, min(chunk, out[d] - c * chunk))
-    return tuple(out)
-
-
-def _where(case: OpCase) -> str:
-    return f"{case.op} on mesh {case.mesh}, {DTYPES[case.dtype]}, sizes {list(case.shapes)}, " \
-           f"placements {[list(p) for p in case.placements]}, params {case.param}"
-
-
-def _compare(what: str, got: torch.Tensor, ref: torch.Tensor, dtype: str, terms: int) -> str | None:
-    """None, or the problem: where and by how much against the threshold."""
-    if tuple(got.shape) != tuple(ref.shape):
-        return f"{what}: shape: {tuple(got.shape)}, expected {tuple(ref.shape)}"
-    if got.dtype != ref.dtype:
-        return f"{what}: dtype: {got.dtype}, expected {ref.dtype}"
-    if ref.numel() == 0:
-        return None
-    if not ref.is_floating_point():
-        diff = (got != ref)
-        if diff.any():
-            idx = tuple(int(i) for i in diff.nonzero()[0])
-            return f"{what}: value: differs at {idx} ({int(got[idx])} vs {int(ref[idx])}), exact expected"
-        return None
-    g, r = got.double(), ref.double()
-    nan = g.isnan() != r.isnan()
-    if nan.any():
-        idx = tuple(int(i) for i in nan.nonzero()[0])
-        return f"{what}: NaN: where the reference has none (or the other way) at {idx}"
-    both = torch.isfinite(g) & torch.isfinite(r)
-    if (torch.isinf(g) != torch.isinf(r)).any() or (torch.isinf(g) & (g != r)).any():
-        return f"{what}: infinity: where the reference has none (or of the other sign)"
-    err = torch.where(both, (g - r).abs(), torch.zeros_like(g))
-    scale = max(float(torch.where(both, r.abs(), torch.zeros_like(r)).max()), 1.0)  # inputs are O(1)
-    worst = float(err.max()) / scale
-    # the coarser of the case's dtype and the result's (a cast to bf16 rounds each Partial share)
-    names = [DTYPES.get(dtype, dtype), str(ref.dtype).replace("torch.", "")]
-    limit, name = max((op_threshold(n, terms), n) for n in names if n in ROUNDING)
-    if worst > limit:
-        idx = tuple(int(i) for i in (err == err.max()).nonzero()[0])
-        return (f"{what}: value: differs by {worst:.3g} of max(max|ref|, 1) ({worst / limit:.3g}x the {name} "
-                f"threshold {limit:.2g}) first at {idx}: {float(g[idx]):.6g} vs {float(r[idx]):.6g}")
-    return None
-
-
 def run_case(case: OpCase, dist, plant=None, ask: RaisedAnywhere | None = None) -> CaseOutcome:
     """Run and judge one case on this rank (callers agree across ranks: suites/generators/ops_entry.py);
     `ask`: after each phase that can raise on some ranks only, whether any rank raised (all leave)."""
@@ -255,7 +170,6 @@ def run_case(case: OpCase, dist, plant=None, ask: RaisedAnywhere | None = None) 
     fulls = full_inputs(case, device)
     wants_grad = [spec.grad and arg.grad and t.is_floating_point() for arg, t in zip(spec.args, fulls)]
     terms = max([t.numel() for t in fulls] + [1])
-
     empty = False
 
     def done(status: str, signature: str | None = None, message: str = "") -> CaseOutcome:
@@ -271,6 +185,7 @@ def run_case(case: OpCase, dist, plant=None, ask: RaisedAnywhere | None = None) 
     # the reference: the op on the full tensors
     refs = [t.clone().requires_grad_(w) for t, w in zip(fulls, wants_grad)]
     try:
+        torch.manual_seed(case.seed)  # a random op draws as a trainer's ranks, seeded alike, do
         ref_out = call(refs, params, Context(like_full))
         cotangents = _cotangents(case, ref_out)
         if cotangents:
@@ -294,12 +209,15 @@ def run_case(case: OpCase, dist, plant=None, ask: RaisedAnywhere | None = None) 
     empty = any(d.to_local().numel() == 0 < t.numel() for d, t in zip(dts, fulls))
     ins = plant.inputs(case, dts) if plant else dts
     try:
+        torch.manual_seed(case.seed)
         out = call(ins, params, Context(like_dt))
         out = plant.outputs(case, out, mesh) if plant else out
     except Exception as exc:
         failed = _raised(case, exc, "the op", done)
     if left := leave_if_raised(failed, ask):
         return left
+    if spec.random:  # no single-device value to equal: what DTensor promises, per placement
+        return judge_random(case, out, ref_out, dts, cotangents, mesh, done, ask)
     # a local shape can be wrong on one rank only: agree before any collective reads it
     problems = [p for p in [_everywhere(_local_problem(out, ref_out, mesh, DTensor))] if p]
     gathered = []  # each output read once: the loss below reuses it (a second reduction is another op)
@@ -314,11 +232,7 @@ def run_case(case: OpCase, dist, plant=None, ask: RaisedAnywhere | None = None) 
     fractions = next((share_fractions(pl, mesh) for pl in case.placements if any(p.startswith("P") for p in pl)), [])
     split: list = []  # the reference's gradients with the cotangent split as the first Partial input's shares
     if not problems and cotangents:
-        try:
-            _loss(gathered, cotangents).backward()
-        except Exception as exc:
-            failed = _raised(case, exc, "the backward", done)
-        if left := leave_if_raised(failed, ask):
+        if left := backward(case, gathered, cotangents, done, ask):
             return left
         for i, (dt, ref) in enumerate(zip(dts, refs)):
             if ref.grad is None:
@@ -391,51 +305,6 @@ def _split_cotangent_grads(call, params, refs, wants_grad, cotangents, fractions
     return grads
 
 
-def _check_output(i: int, o, r: torch.Tensor, mesh, case: OpCase, terms: int, DTensor
-                  ) -> tuple[list[str], torch.Tensor | None]:
-    """(the output's problems, its full_tensor())."""
-    what = f"output {i}"
-    if not isinstance(o, DTensor):
-        return [f"{what}: type: a plain {type(o).__name__}, not a DTensor"], None
-    bad = [p for p in o.placements if p.is_shard() and not -o.ndim <= p.dim < max(o.ndim, 1)]
-    if len(o.placements) != mesh.ndim or bad:
-        return [f"{what}: placements: {tuple(o.placements)} are not legal for a {o.ndim}-dim result on a "
-                f"{mesh.ndim}-axis mesh"], None
-    full, problem = _gathered(what, o)
-    bad = problem or _compare(what, full, r, case.dtype, terms)
-    return ([bad] if bad else []), full
-
-
-def _local_problem(outs, refs, mesh, DTensor) -> str | None:
-    """The first output whose local shape on this rank is not what its placements say."""
-    for i, (o, r) in enumerate(zip(outs, refs)):
-        if not isinstance(o, DTensor) or tuple(o.shape) != tuple(r.shape) or len(o.placements) != mesh.ndim:
-            continue
-        local = expected_local_shape(tuple(o.shape), o.placements, mesh)
-        if local is not None and tuple(o.to_local().shape) != local:
-            return (f"output {i}: local shape: {tuple(o.to_local().shape)} on mesh coordinate "
-                    f"{mesh.get_coordinate()}, its placements {tuple(o.placements)} of {tuple(o.shape)} say {local}")
-    return None
-
-
-def _everywhere(problem: str | None) -> str | None:
-    """The first rank's problem, on every rank (a collective over the whole world: every
-    rank runs every case, a submesh case on its own submesh)."""
-    import torch.distributed as tdist
-
-    everyone: list[Any] = [None] * tdist.get_world_size()
-    tdist.all_gather_object(everyone, problem)
-    return next((p for p in everyone if p), None)
-
-
-def _gathered(what: str, t) -> tuple[torch.Tensor | None, str | None]:
-    """`t.full_tensor()`, or the problem that it raised (DTensor's own reduction failing)."""
-    try:
-        return t.full_tensor(), None
-    except Exception as exc:
-        return None, f"{what}: full_tensor raised: {error_signature(type(exc).__name__, str(exc))}"
-
-
 def _cotangents(case: OpCase, outputs) -> list:
     """A seeded cotangent per differentiable output the loss reads: all of them, or the first
     only under the `use=first` form (distci/op_inventory.py USE; the others get no gradient)."""
@@ -448,25 +317,6 @@ def _cotangents(case: OpCase, outputs) -> list:
         ok = o.is_floating_point() and o.requires_grad and (i == 0 or case.param.get("use") != "first")
         out.append(torch.randn(tuple(o.shape), generator=g).to(o.device) if ok else None)
     return out if any(c is not None for c in out) else []
-
-
-def _loss(outputs, cotangents) -> torch.Tensor:
-    return sum((o.float() * c).sum() for o, c in zip(outputs, cotangents) if c is not None)
-
-
-def _raised(case: OpCase, exc: Exception, during: str, done) -> CaseOutcome:
-    text = f"{type(exc).__name__}: {exc}"
-    if isinstance(exc, NotImplementedError) and GAP.search(str(exc)):
-        out = done("gap", f"{case.op}: no sharding strategy", f"{during}: {text[:500]}")
-    elif refused(case, exc, during):
-        out = done("gap", f"{case.op}: refused, redistribute first", f"{during}: {text[:500]}")
-    else:
-        first = error_signature(type(exc).__name__, str(exc))
-        # no op in it: one DTensor error (a redistribution it cannot do) is one find across ops
-        signature = f"{during} raised {first}"[:240]
-        out = done("fail", signature, f"{signature}\n  {text[:1500]}\n  case {case.id}\n  {_where(case)}")
-    out.raised = True
-    return out
 
 
 def timed_out(case: OpCase, bound) -> CaseOutcome:

@@ -23,6 +23,11 @@ placements and ops, wrong in one corner, and quiet (nothing raises):
   - unread_ones: the backward of `split` / `chunk` / `unbind` takes an output the loss never
     read as a gradient of ones instead of zeros (an undefined gradient materialized wrong): only
     the `use=first` form (distci/op_inventory.py USE) has such an output.
+  - mask_redrawn: the backward of a dropout whose input is sharded masks the gradient with a
+    mask of its own (where the incoming gradient is positive) instead of the forward's: what the
+    random judge's "the mask the same in its backward" must see (suites/generators/ops_random.py).
+  - replica_drift: a random op whose output is Replicate hands odd ranks their draws in another
+    order (as a rank that drew from its own stream would): the random judge's replica check.
 None is shaped like a column of the scenario table: each needs an op, a placement and
 (shard_shape) a size together, which is what the shrinker must keep and nothing more.
 """
@@ -45,10 +50,15 @@ class _Plant:
         return outs
 
 
+def _with_local(o, local, mesh):
+    """`o` (a DTensor) holding `local` on this rank, its placements and global shape kept."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local, mesh, o.placements, run_check=False, shape=o.shape, stride=o.stride())
+
+
 class ShardShape(_Plant):
     def outputs(self, case, outs, mesh):
-        from torch.distributed.tensor import DTensor
-
         if case.op != "cat":
             return outs
         fixed = []
@@ -56,16 +66,13 @@ class ShardShape(_Plant):
             shard = next((a for a, p in enumerate(o.placements) if p.is_shard() and o.shape[p.dim] == 7), None)
             if shard is not None and mesh.get_local_rank(shard) == mesh.size(shard) - 1:
                 d = o.placements[shard].dim
-                local = o.to_local().narrow(d, 0, max(0, o.to_local().shape[d] - 1))
-                o = DTensor.from_local(local, mesh, o.placements, run_check=False, shape=o.shape, stride=o.stride())
+                o = _with_local(o, o.to_local().narrow(d, 0, max(0, o.to_local().shape[d] - 1)), mesh)
             fixed.append(o)
         return tuple(fixed)
 
 
 class AvgTwice(_Plant):
     def outputs(self, case, outs, mesh):
-        from torch.distributed.tensor import DTensor
-
         if case.op not in ("sum", "mean"):
             return outs
         axes = [a for a, p in enumerate(case.placements[0]) if p == "Pavg"]
@@ -75,18 +82,20 @@ class AvgTwice(_Plant):
         n = 1
         for a in axes:
             n *= mesh.size(a)
-        return (DTensor.from_local(o.to_local() / n, mesh, o.placements, run_check=False, shape=o.shape,
-                                   stride=o.stride()),)
+        return (_with_local(o, o.to_local() / n, mesh),)
 
 
-class _DropGrad(torch.autograd.Function):
+class _BackwardAs(torch.autograd.Function):
+    """Identity forward; the backward hands on `change(grad)` (a planted wrong gradient)."""
+
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, change):
+        ctx.change = change
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad * 0
+        return ctx.change(grad), None
 
 
 class GradDrop(_Plant):
@@ -95,7 +104,7 @@ class GradDrop(_Plant):
         sharded_last = any(p in (f"S{last}", "S-1") for p in case.placements[0])
         if case.op != "rms_norm" or not sharded_last:
             return dts
-        return [_DropGrad.apply(dts[0]), *dts[1:]]
+        return [_BackwardAs.apply(dts[0], lambda g: g * 0), *dts[1:]]
 
 
 def _step(n: int) -> int:
@@ -153,8 +162,25 @@ class UnreadOnes(_Plant):
         return tuple(_UnreadAsOnes.apply(*outs))
 
 
+class MaskRedrawn(_Plant):
+    def outputs(self, case, outs, mesh):
+        if case.op != "dropout_train" or not any(p.startswith("S") for p in case.placements[0]):
+            return outs
+        return (_BackwardAs.apply(outs[0], lambda g: g * (g > 0).to(g.dtype)),)
+
+
+class ReplicaDrift(_Plant):
+    def outputs(self, case, outs, mesh):
+        import torch.distributed as tdist
+
+        o = outs[0]
+        if not case.op.startswith(("rand_like", "init_")) or not all(p.is_replicate() for p in o.placements):
+            return outs
+        return (_with_local(o, o.to_local().flip(-1) if tdist.get_rank() % 2 and o.ndim else o.to_local(), mesh),)
+
+
 PLANTS = {"shard_shape": ShardShape, "avg_twice": AvgTwice, "grad_drop": GradDrop, "spin": PythonSpin,
-          "unread_ones": UnreadOnes}
+          "unread_ones": UnreadOnes, "mask_redrawn": MaskRedrawn, "replica_drift": ReplicaDrift}
 
 
 def planted(name: str | None = None) -> _Plant | None:

@@ -91,3 +91,43 @@ def test_freezing_after_a_backward_freezes_the_trained_parameters(dist, reshard_
     model(torch.randn(4, 8, generator=torch.Generator().manual_seed(2))).sum().backward()  # the next step
     still = sorted(n for n, p in model.named_parameters() if n in frozen and p.requires_grad)
     assert frozen and not still, f"frozen after the backward, {still} require grad again at the next step"
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.dist_timeout(300)
+@pytest.mark.parametrize("moment", ["after_eval", "after_backward_control"])
+def test_a_module_unfrozen_mid_run_trains_again(dist, moment: str) -> None:
+    """The unfreeze face (programs `fsdp-ws2-w8-l1-sgd:freeze=head,eval,unfreeze=head` on torch
+    2.13.0, night of 2026-12-07: "at action unfreeze=head: requires_grad differs: parameters are
+    frozen in the run only"): the head frozen while sharded, an eval forward (the root stays
+    unsharded), then unfrozen through its module, as staged fine-tuning's unfreeze does
+    (Lightning's BaseFinetuning.unfreeze_and_add_param_group after validation). The call
+    reaches the unsharded tensors only; the next reshard takes requires_grad=False back from
+    the sharded parameters, and the "unfrozen" head never trains. Silent."""
+    from ..runner.parallelize import fsdp_api
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    fully_shard, _ = fsdp_api()
+    for module in (model[0], model):
+        fully_shard(module, mesh=dist.mesh())
+    held = list(model.parameters())
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    model[1].requires_grad_(False)
+    model(x).sum().backward()
+    if moment == "after_eval":
+        model.eval()
+        with torch.no_grad():
+            model(x)
+        model.train()
+    model[1].requires_grad_(True)  # unfreeze the head through its module, as users do
+    names = [n for n, _ in model.named_parameters()]
+    missing: list[str] = []
+    for step in range(2):  # the step right after the unfreeze, and the one after its reshard
+        for p in held:
+            p.grad = None
+        model(x).sum().backward()
+        missing += [f"{n} (step {step})" for n, p in zip(names, held) if n.startswith("1.") and p.grad is None]
+    frozen = [n for n, p in zip(names, held) if n.startswith("1.") and not p.requires_grad]
+    assert not missing and not frozen, (f"FSDP2: the head unfrozen with requires_grad_(True) ({moment}): no gradient "
+                                        f"for {missing}; still frozen: {frozen}")

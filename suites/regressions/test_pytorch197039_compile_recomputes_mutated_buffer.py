@@ -52,3 +52,30 @@ def test_a_compiled_forward_that_bumps_a_buffer_has_eagers_gradient(backend: str
     assert torch.allclose(compiled.lin.weight.grad, eager.lin.weight.grad, rtol=1e-5, atol=1e-6), (
         f"compiled ({backend}) gradient is {ratio:.3f}x eager's: the backward read the buffer after the "
         "forward's in-place update")
+
+
+@pytest.mark.parametrize("backend", ["eager_control", "aot_eager"])
+def test_two_compiled_forwards_before_one_backward_keep_the_buffer_the_first_one_read(backend: str) -> None:
+    """The same bug's other face (PR #197039 names it: "a version-counter error when the input
+    reaches the backward through SavedVariable"): two forwards before one backward (GAN
+    discriminators, two-view contrastive losses, DPO's chosen/rejected forwards). The first
+    forward's backward holds the buffer itself; the second forward bumps it, and the backward
+    raises "one of the variables needed for gradient computation has been modified by an
+    inplace operation: [torch.FloatTensor []]". Found by the programs generator's night runs
+    (2026-12-07, torch 2.13.0 and 2.15.0, fixes off) as `tp-ws2-w8-l1-sgd:compile,fwd_bwd=twice`;
+    one process, aot_eager and inductor alike (measured standalone). Eager is the control."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(1))
+    eager = Counting()
+    compiled = Counting()
+    compiled.load_state_dict(eager.state_dict())
+    runnable = compiled if backend == "eager_control" else torch.compile(compiled, backend=backend)
+    (eager(x[:2]).sum() + eager(x[2:]).sum()).backward()
+    try:
+        (runnable(x[:2]).sum() + runnable(x[2:]).sum()).backward()
+    except RuntimeError as exc:
+        pytest.fail(f"compiled ({backend}): two forwards, one backward: {str(exc).splitlines()[0][:200]}")
+    assert float(compiled.seen) == float(eager.seen) == 2.0
+    assert torch.allclose(compiled.lin.weight.grad, eager.lin.weight.grad, rtol=1e-5, atol=1e-6), (
+        f"compiled ({backend}): two forwards, one backward: the backward read the buffer after the "
+        "forward's in-place update")
