@@ -769,3 +769,21 @@ def test_the_in_step_check_sees_a_collective_one_rank_left_issued_at_once():
                           timeout=600, cwd=REPO)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.count("in step: True, then False") == 2, done.stdout
+
+
+def test_a_slot_whose_finished_ranks_only_went_on_files_the_missed_agreement_not_their_status():
+    """The 2026-12-07 night runs filed three finds as `<op>: went_on (some ranks only, the others
+    hang)`: the ranks that finished had left a phase whose raised-anywhere agreement a peer never
+    reached (PeersGone, status WENT_ON), and the dead slot took that internal status for the
+    error. The row says what happened instead, and still as the hang it is."""
+    from suites.generators.ops_outcome import WENT_ON
+    from suites.generators.ops_sweep import dead_rows
+
+    case = "reshape_merge~2~f32~11x1x9x3~R~-~60"
+    stuck = [{"rank": 0, "id": case, "status": WENT_ON, "signature": None, "message": "", "seconds": 0.0,
+              "empty": False, "raised": False}]
+    [row] = dead_rows({"id": case, "candidate": None}, stuck, 2)
+    assert row["status"] == "fail" and WENT_ON not in row["signature"]
+    assert row["signature"].startswith("reshape_merge: a peer never reached the agreement after a phase")
+    assert row["signature"].endswith("(some ranks only, the others hang)")
+    assert "ranks [0] finished the case, ranks [1] never did" in row["message"]

@@ -26,10 +26,7 @@ from __future__ import annotations
 from dataclasses import astuple, dataclass
 from typing import Any, Callable
 
-from .ops_sweep import hang_row
-
-WENT_ON = "went_on"
-"""The status of a rank that finished a phase some peer raised in: its outcome is theirs."""
+from .ops_sweep import WENT_ON, hang_row
 
 
 @dataclass

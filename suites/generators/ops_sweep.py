@@ -54,6 +54,10 @@ SLOT_S = 480.0
 """A slot takes no new case after this long: the next slot goes on, so a sweep slowed by load
 never reaches the test's timeout (900 s) in the middle of a healthy case."""
 
+WENT_ON = "went_on"
+"""The status of a rank that finished a phase some peer raised in, or never reached the agreement
+after (suites/generators/ops_outcome.py): its outcome is theirs, never an error of its own."""
+
 
 PULSE_S = 0.5
 """How often a rank's Pulse writes its counts."""
@@ -354,7 +358,9 @@ def hang_row(case_id: str, outcome: dict[str, Any], raised_on: list[int] | None 
     right after the phase that some raised (suites/generators/ops_outcome.py): the same find,
     learnt at once instead of waited out (no slot died)."""
     op = case_id.split("~", 1)[0]
-    signature = outcome.get("signature") or f"{op}: {outcome['status']}"
+    signature = outcome.get("signature") or (
+        f"{op}: a peer never reached the agreement after a phase (blocked in one of the op's "
+        "collectives, or past its bound)" if outcome["status"] == WENT_ON else f"{op}: {outcome['status']}")
     during, _, error = signature.partition(" raised ")
     where = "with empty shards raised on ranks holding them only" if outcome.get("empty") else \
         "raised on some ranks only"
