@@ -27,6 +27,15 @@ from ..conftest import tier_marks
 pytestmark = tier_marks("nightly")
 
 
+def _eval_forward(model: torch.nn.Module, x: torch.Tensor) -> None:
+    """An eval forward under no_grad, as validation runs between epochs: FSDP2's root stays
+    unsharded after it (no backward follows), which is the moment these faces need."""
+    model.eval()
+    with torch.no_grad():
+        model(x)
+    model.train()
+
+
 def _frozen_head_gets_a_gradient(dist, sharded: bool, moment: str) -> bool:
     from ..runner.parallelize import fsdp_api
 
@@ -42,10 +51,7 @@ def _frozen_head_gets_a_gradient(dist, sharded: bool, moment: str) -> bool:
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
     model(x).sum().backward()
     if moment == "after_eval":
-        model.eval()
-        with torch.no_grad():
-            model(x)
-        model.train()
+        _eval_forward(model, x)
     model[1].requires_grad_(False)  # freeze the head through its module, as users do
     got = False
     for _ in range(2):  # the step right after the freeze, and the one after it
@@ -116,10 +122,7 @@ def test_a_module_unfrozen_mid_run_trains_again(dist, moment: str) -> None:
     model[1].requires_grad_(False)
     model(x).sum().backward()
     if moment == "after_eval":
-        model.eval()
-        with torch.no_grad():
-            model(x)
-        model.train()
+        _eval_forward(model, x)
     model[1].requires_grad_(True)  # unfreeze the head through its module, as users do
     names = [n for n, _ in model.named_parameters()]
     missing: list[str] = []

@@ -37,14 +37,19 @@ class Counting(torch.nn.Module):
         return self.lin(x) * (1 + self.seen)
 
 
-@pytest.mark.parametrize("backend", ["eager_control", "aot_eager"])
-def test_a_compiled_forward_that_bumps_a_buffer_has_eagers_gradient(backend: str) -> None:
+def _twins(backend: str, rows: int):
+    """A batch, an eager model, its copy, and what runs the copy (compiled unless the control)."""
     torch.manual_seed(0)
-    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(rows, 4, generator=torch.Generator().manual_seed(1))
     eager = Counting()
     compiled = Counting()
     compiled.load_state_dict(eager.state_dict())
-    runnable = compiled if backend == "eager_control" else torch.compile(compiled, backend=backend)
+    return x, eager, compiled, compiled if backend == "eager_control" else torch.compile(compiled, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["eager_control", "aot_eager"])
+def test_a_compiled_forward_that_bumps_a_buffer_has_eagers_gradient(backend: str) -> None:
+    x, eager, compiled, runnable = _twins(backend, rows=2)
     eager(x).sum().backward()
     runnable(x).sum().backward()
     assert float(compiled.seen) == float(eager.seen) == 1.0
@@ -64,12 +69,7 @@ def test_two_compiled_forwards_before_one_backward_keep_the_buffer_the_first_one
     inplace operation: [torch.FloatTensor []]". Found by the programs generator's night runs
     (2026-12-07, torch 2.13.0 and 2.15.0, fixes off) as `tp-ws2-w8-l1-sgd:compile,fwd_bwd=twice`;
     one process, aot_eager and inductor alike (measured standalone). Eager is the control."""
-    torch.manual_seed(0)
-    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(1))
-    eager = Counting()
-    compiled = Counting()
-    compiled.load_state_dict(eager.state_dict())
-    runnable = compiled if backend == "eager_control" else torch.compile(compiled, backend=backend)
+    x, eager, compiled, runnable = _twins(backend, rows=4)
     (eager(x[:2]).sum() + eager(x[2:]).sum()).backward()
     try:
         (runnable(x[:2]).sum() + runnable(x[2:]).sum()).backward()
