@@ -117,8 +117,8 @@ def settle_thread_pool() -> None:
     backward starts autograd's device threads together (8 under FSDP2 with torch
     2.15.0+cu132 on a CPU-only machine), each reading the pool as it starts: one read it in
     between and aborted its rank, "pool INTERNAL ASSERT FAILED ... ParallelOpenMP.cpp:64
-    ... Invalid thread pool!" (11 crashes in one 62-minute programs run on torch 2.15.0 at
-    load ~58, 2026-12-07; forked workers of users meet it too: pytorch#178535). Setting the
+    ... Invalid thread pool!" (19 of 435 results of a 62-minute programs run on torch 2.15.0
+    at load ~58, 2026-12-07; forked workers of users meet it too: pytorch#178535). Setting the
     size it already has reads the pool once here, before any other thread exists. A torch
     without the call, or not imported, is left alone."""
     torch = sys.modules.get("torch")
