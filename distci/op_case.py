@@ -78,6 +78,44 @@ class OpCase:
         return {"id": self.id, "extra": self.extra}
 
 
+def meaningless(case: OpCase) -> str | None:
+    """Why no parallelism builds `case`'s layout, or None: the ops generator's RULES.
+
+    A rule says what is meaningless, never what is broken upstream (a layout a parallelism
+    does build and that fails is a known issue). One rule: a `_StridedShard` is FSDP2 over
+    TP's layout, and FSDP2 shards a dim other than 0 only when the dp axis divides every tp
+    shard of it (torch/distributed/fsdp/_fully_shard/_fsdp_param.py raises "FSDP does not
+    support uneven sharding on dim N" otherwise), so an uneven strided shard on such a dim is
+    a layout nobody has. On dim 0 FSDP2 builds it for any size (torch.chunk's chunks)."""
+    for i, (shape, placement) in enumerate(zip(case.shapes, case.placements)):
+        if why := meaningless_layout(shape, placement, case.mesh):
+            return f"input {i}: {why}"
+    return None
+
+
+def meaningless_layout(shape: tuple[int, ...], placement: tuple[str, ...], mesh: str) -> str | None:
+    """`meaningless` for one input: its shape laid out with `placement` on `mesh`."""
+    axes = MESHES[mesh][0]
+    if len(axes) != 2 or not placement[0].startswith("SS"):
+        return None
+    dim = int(placement[0][2:])
+    dim = dim + len(shape) if dim < 0 else dim
+    if dim == 0 or not 0 <= dim < len(shape):
+        return None
+    dp, tp = axes
+    uneven = [n for n in _chunk_sizes(shape[dim], tp) if n % dp]
+    if not uneven:
+        return None
+    return (f"an uneven _StridedShard on dim {dim} (a tp shard of {uneven[0]} over dp {dp}): FSDP2 "
+            "shards a dim other than 0 only evenly, so no parallelism builds it")
+
+
+def _chunk_sizes(n: int, parts: int) -> list[int]:
+    """The sizes torch.chunk gives each of `parts` ranks (0 where it runs out), as TP's Shard does."""
+    size = -(-n // parts) if n else 0
+    return [max(0, min(size, n - k * size)) for k in range(parts)]
+
+
 def _text(value: Any) -> str:
     if value is None:
         return "none"

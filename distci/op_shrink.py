@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from distci.op_case import MESHES, OpCase
+from distci.op_case import MESHES, OpCase, meaningless
 from distci.op_inventory import Arg, OpSpec, optionals, shapes_of, spec_of, variables
 
 
@@ -126,7 +126,8 @@ def _fit_dim(value: Any, choices: str, shapes: tuple[tuple[int, ...], ...]) -> A
 
 
 def valid(case: OpCase) -> bool:
-    """Whether every placement fits its input and mesh (a shrink step may not invent a layout)."""
+    """Whether every placement fits its input and mesh and some parallelism builds the layout
+    (a shrink step may not invent one: op_case.meaningless)."""
     axes = len(MESHES[case.mesh][0])
     for shape, placement in zip(case.shapes, case.placements):
         if len(placement) != axes:
@@ -138,7 +139,7 @@ def valid(case: OpCase) -> bool:
             if p.startswith("SS") and (a != 0 or axes != 2 or not placement[1].startswith("S")
                                        or norm_dim(int(placement[1][1:]), len(shape)) != int(p[2:])):
                 return False
-    return True
+    return meaningless(case) is None
 
 
 def simpler(case: OpCase) -> list[OpCase]:

@@ -9,7 +9,8 @@ What a draw covers: every op of the inventory (distci/op_inventory.py), the mesh
 trainers build (1-D of 2 and 4, 2-D dp_shard x tp), every placement a parallelism
 produces on every input (Replicate; Shard on every dim, negative dims as trainers write
 them; Partial sum and avg; _StridedShard on the dp axis over a tp Shard of the same dim,
-FSDP2 over TP's layout), and sizes over the whole small range: 0 and 1, sizes the mesh
+FSDP2 over TP's layout, on dims other than 0 only where FSDP2 builds it: evenly, the RULE of
+distci/op_case.py `meaningless`), and sizes over the whole small range: 0 and 1, sizes the mesh
 does not divide, optional leading dims present or not.
 
 Shrinking is the case record's neighbourhood (distci/op_shrink.py), beside the record so
@@ -21,7 +22,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from distci.op_case import MESHES, OpCase
+from distci.op_case import MESHES, OpCase, meaningless_layout
 from distci.op_inventory import INVENTORY, OpSpec, optionals, shapes_of, variables
 from distci.op_shrink import norm_dim
 
@@ -58,7 +59,8 @@ def draw_placements(rng: random.Random, spec: OpSpec, mesh: str, shapes: tuple[t
         if axes == 2 and choice[1].startswith("S") and rng.random() < 0.25:
             # FSDP2 over TP: the dp axis shards the dim tp already shards, strided
             dim = norm_dim(int(choice[1][1:]), len(shape))
-            choice = (f"SS{dim}", f"S{dim}")
+            strided = (f"SS{dim}", f"S{dim}")
+            choice = choice if meaningless_layout(shape, strided, mesh) else strided
         out.append(choice)
     return tuple(out)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from distci.op_case import DTYPES, MESHES, OpCase
+from distci.op_case import DTYPES, MESHES, OpCase, meaningless
 from distci.op_inventory import spec_of
 
 from .op_calls import CALLS, Context
@@ -162,6 +162,8 @@ def run_case(case: OpCase, dist, plant=None, ask: RaisedAnywhere | None = None) 
     from torch.distributed.tensor import DTensor
 
     started = time.monotonic()
+    if why := meaningless(case):  # a case from an id the RULES forbid (drawn ones never are)
+        return CaseOutcome("invalid", None, f"a layout no parallelism builds: {why}", 0.0)
     spec = spec_of(case.op)
     call = CALLS[case.op]
     device = dist.device
