@@ -90,7 +90,25 @@ def meaningless(case: OpCase) -> str | None:
     for i, (shape, placement) in enumerate(zip(case.shapes, case.placements)):
         if why := meaningless_layout(shape, placement, case.mesh):
             return f"input {i}: {why}"
-    return None
+    return _not_loss_parallel(case)
+
+
+def _not_loss_parallel(case: OpCase) -> str | None:
+    """The second rule: an entry run under loss_parallel() (OpSpec.context) takes only the layout
+    a loss-parallel run has, logits sharded on their class dim over one axis and targets placed as
+    loss_parallel() derives them (torch/distributed/tensor/parallel/loss.py's contract); any other
+    is not a loss-parallel run (its handlers refuse it by name)."""
+    from distci.op_inventory import BY_NAME, loss_parallel_layout
+
+    spec = BY_NAME.get(case.op)
+    if spec is None or spec.context != "loss_parallel":
+        return None
+    axes = len(MESHES[case.mesh][0])
+    dp = case.placements[0][0] if axes == 2 else "R"
+    if dp in ("R", "S0") and case.placements == loss_parallel_layout(spec, axes, case.shapes, dp):
+        return None
+    return ("not a loss-parallel layout: loss_parallel() takes logits sharded on their class dim over "
+            "the tp axis and its targets placed as it derives them")
 
 
 def meaningless_layout(shape: tuple[int, ...], placement: tuple[str, ...], mesh: str) -> str | None:

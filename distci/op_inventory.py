@@ -77,6 +77,21 @@ TITAN_INIT = ("torchtitan/models/llama3/model/model.py (init_weights after model
 HF_INIT = ("transformers/modeling_utils.py (_init_weights: module.weight.data.normal_(0.0, std)), "
            "torch/nn/modules/linear.py (reset_parameters: init.kaiming_uniform_(w, a=sqrt(5))), xavier_uniform_")
 HF_DROPOUT = "transformers models in training (nn.Dropout(config.hidden_dropout_prob): F.dropout(x, p, training=True))"
+TITAN_LP = ("torchtitan/components/loss.py (cross_entropy_loss: reduction='sum' over pred.flatten(0, 1), "
+            "divided by the global token count; its tests take torch.distributed.tensor.parallel.loss_parallel() "
+            "as the ground truth) + torchtitan/models/llama3/infra/parallelize.py (ColwiseParallel output: "
+            "Shard(-1) logits when loss parallel is on)")
+TUNE_CHUNKED = ("torchtune/modules/loss/ce_chunked_output_loss.py (CEWithChunkedOutputLoss: logits in chunks "
+                "over the sequence, cross_entropy(reduction='sum') each, divided by (labels != -100).sum())")
+TRL_LOGPS = ("trl/trainer/utils.py (selective_log_softmax: gather of logits minus logsumexp), "
+             "trl/trainer/dpo_trainer.py + torchtune/rlhf (log_softmax + gather on the vocab dim, masked sums)")
+ZLOSS = "PaLM / OLMo / Chameleon z-loss (z_loss = coef * logsumexp(logits, -1) ** 2, masked mean over tokens)"
+HF_KD = ("transformers distillation examples, DistillKit (F.kl_div(F.log_softmax(s / T, -1), F.softmax(t / T, -1), "
+         "reduction='batchmean') * T ** 2)")
+TIMM_SOFT = ("timm/loss/cross_entropy.py (SoftTargetCrossEntropy: sum(-target * log_softmax(x, -1), -1).mean()) "
+             "and F.cross_entropy(logits, probs) (mixup / cutmix soft labels)")
+TRL_VALUE = ("trl/trainer/ppo_trainer.py (value loss: clamp(vpred, v_old -+ clip), max of the two squared errors, "
+             "masked_mean over the response tokens), value heads with F.huber_loss / F.mse_loss")
 NOISE = ("diffusers / torchtitan flux training (noise = torch.randn_like(latents)), timm/layers/drop.py "
          "(drop_path: x.new_empty(shape).bernoulli_(keep_prob))")
 
@@ -104,11 +119,19 @@ class OpSpec:
     inplace: bool = False
     """The call is an in-place write the caller itself wrote (`out[idx] = v`): DTensor's refusal
     to change the written tensor's placement is a gap the caller can act on, as for `inplace=1`."""
+    context: str = ""
+    """"loss_parallel": the DTensor side runs the call and its backward under
+    torch.distributed.tensor.parallel.loss_parallel(), on inputs laid out as a TP run with loss
+    parallel leaves them (`loss_parallel_layout`); the reference is the plain call."""
     random: bool = False
     """The op draws random numbers (dropout, init, *_like): no single-device value to equal, so it
     is judged by the properties DTensor promises (suites/generators/ops_random.py)."""
 
 
+LP_MINS = {"V": 2}
+"""A loss-parallel entry's classes: at least 2, so the 2-way tp axis (meshes 2 and 2x2) never holds
+an empty class shard, where every rank deadlocks (dtensor-loss-parallel-empty-class-shard, registered)
+and each case costs a resume slot; the 4-way mesh still draws it (3 classes: 1, 1, 1, 0)."""
 USE = {"use": ("all", "first")}
 """Which outputs the loss reads: every one, or the first only (the module docstring)."""
 INPLACE = {"inplace": (0, 1)}
@@ -285,9 +308,47 @@ INVENTORY: tuple[OpSpec, ...] = (
            {"init": ("trunc_normal_", "normal_", "uniform_", "kaiming_uniform_", "xavier_uniform_")},
            grad=False, random=True),
     _unary("rand_like", NOISE, params={"kind": ("randn_like", "rand_like", "bernoulli_")}, grad=False, random=True),
+    # losses as TP trainers call them: under loss_parallel() on vocab-sharded logits (OpSpec.context)
+    OpSpec("lp_cross_entropy", (_a("M V"), _a("M", "target:V", grad=False), _a("V", "pos", grad=False)),
+           f"{TITAN_LP}, {HF_TRAINER} (mean), class weights (weight=1: F.cross_entropy(..., weight=w))",
+           {"reduction": ("sum", "mean", "none"), "weight": (0, 1), "label_smoothing": (0.0, 0.1)},
+           mins=LP_MINS, context="loss_parallel"),
+    OpSpec("lp_nll_log_softmax", (_a("M V"), _a("M", "target:V", grad=False)),
+           "torchtune/modules/loss (F.nll_loss(F.log_softmax(x, -1), y, ignore_index=-100)) on TP logits",
+           {"reduction": ("sum", "mean")}, mins=LP_MINS, context="loss_parallel"),
+    OpSpec("lp_chunked_ce", (_a("B S V"), _a("B S", "target:V", grad=False)), TUNE_CHUNKED,
+           {"chunks": (2, 1, 3)}, mins=LP_MINS, context="loss_parallel"),
+    OpSpec("lp_z_loss", (_a("M V"), _a("M", "target:V", grad=False)),
+           f"{ZLOSS}, added to the token-summed cross entropy", {"coef": (1e-4, 1.0)}, mins=LP_MINS,
+           context="loss_parallel"),
+    OpSpec("lp_soft_ce", (_a("M V"), _a("M V", grad=False)), TIMM_SOFT, {"how": ("probs", "manual")},
+           mins=LP_MINS, context="loss_parallel"),
+    OpSpec("lp_kl_div", (_a("M V"), _a("M V", grad=False)), HF_KD, {"temperature": (2.0, 1.0)}, mins=LP_MINS,
+           context="loss_parallel"),
+    OpSpec("lp_logprobs", (_a("B S V"), _a("B S", "index:V", grad=False), _a("B S", "mask", grad=False)),
+           TRL_LOGPS, {"how": ("gather", "selective")}, mins=LP_MINS, context="loss_parallel"),
+    OpSpec("value_loss", (_a("B S"), _a("B S", grad=False), _a("B S", grad=False), _a("B S", "mask", grad=False)),
+           TRL_VALUE, {"loss": ("clipped_mse", "huber", "mse"), "clip": (0.2, 10.0)}, dtypes=("f32",)),
 )
 
 BY_NAME: dict[str, OpSpec] = {spec.name: spec for spec in INVENTORY}
+
+
+def loss_parallel_layout(spec: OpSpec, axes: int, shapes: tuple[tuple[int, ...], ...], dp: str = "R"
+                         ) -> tuple[tuple[str, ...], ...]:
+    """The placements a TP run with loss parallel gives a loss's inputs, on a mesh of `axes` axes
+    (the tp axis innermost; `dp`, Replicate or Shard(0), on the outer one): the logits (input 0)
+    and every input shaped like them sharded on their class (last) dim over tp, the inputs with
+    the logits' leading (token) dims placed as loss_parallel() derives them (Replicate over tp,
+    the logits' dp placement), anything else (a class weight) Replicate."""
+    logits = spec.args[0].dims.split()
+    out = []
+    for arg, shape in zip(spec.args, shapes):
+        dims = arg.dims.split()
+        outer = dp if dims[:1] == logits[:1] and shape and shapes[0] and dp != "R" else "R"
+        tp = "S-1" if dims == logits else "R"
+        out.append((outer, tp) if axes == 2 else (tp,))
+    return tuple(out)
 
 
 def spec_of(name: str) -> OpSpec:

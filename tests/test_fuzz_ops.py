@@ -166,6 +166,9 @@ PLANTS = {
     "mask_redrawn": ("dropout_train", "dropout_train: gradient of input 0: mask",
                      lambda c: any(p.startswith("S") for p in c.placements[0]), "p1"),
     "replica_drift": ("rand_like,init_", ": output 0: replicas", lambda c: c.placements[0] == ("R",), "p1"),
+    # under loss_parallel() (OpSpec.context): only the mean over a batch with ignored tokens meets it
+    "lp_ignore_mean": ("lp_cross_entropy", "lp_cross_entropy: output 0: value",
+                       lambda c: c.param["reduction"] == "mean" and c.placements[0] == ("S-1",), "p1"),
 }
 
 

@@ -23,7 +23,7 @@ import random
 from typing import Any
 
 from distci.op_case import MESHES, OpCase, meaningless_layout
-from distci.op_inventory import INVENTORY, OpSpec, optionals, shapes_of, variables
+from distci.op_inventory import INVENTORY, OpSpec, loss_parallel_layout, optionals, shapes_of, variables
 from distci.op_shrink import norm_dim
 
 SIZES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 7, 7, 8, 9, 11, 12, 13, 16)
@@ -52,6 +52,8 @@ def _pick(rng: random.Random, weighted: list[tuple[Any, int]]) -> Any:
 def draw_placements(rng: random.Random, spec: OpSpec, mesh: str, shapes: tuple[tuple[int, ...], ...]
                     ) -> tuple[tuple[str, ...], ...]:
     axes = len(MESHES[mesh][0])
+    if spec.context == "loss_parallel":  # the one layout a TP run with loss parallel has
+        return loss_parallel_layout(spec, axes, shapes, rng.choice(("R", "S0")) if axes == 2 else "R")
     out = []
     for arg, shape in zip(spec.args, shapes):
         partial = arg.kind in ("float", "pos") and spec.name not in PARTIAL_FREE

@@ -29,6 +29,11 @@ def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in str(text).split(":"))
 
 
+def _reduction(p: dict[str, Any]) -> str:
+    """A loss's reduction: a case parsed from its id reads `none` back as None."""
+    return "none" if p["reduction"] is None else p["reduction"]
+
+
 def _dim_kw(p: dict[str, Any]) -> dict[str, Any]:
     return {} if p["dim"] is None else {"dim": p["dim"], "keepdim": bool(p["keepdim"])}
 
@@ -253,6 +258,66 @@ _NOISE: dict[str, Callable] = {
 }
 
 
+def _lp_cross_entropy(x, p, c):
+    logits, target, weight = x
+    kw = {"weight": weight.float()} if p["weight"] else {}
+    return (F.cross_entropy(logits.float(), target, ignore_index=-100, reduction=_reduction(p),
+                            label_smoothing=p["label_smoothing"], **kw),)
+
+
+def _lp_chunked_ce(x, p, c):
+    logits, labels = x  # torchtune: the model's output chunks over the sequence, one CE sum each
+    chunks = [t.reshape(-1, t.shape[-1]) for t in logits.chunk(p["chunks"], dim=1)]
+    targets = [t.reshape(-1) for t in labels.chunk(p["chunks"], dim=1)]
+    total = sum(F.cross_entropy(a.float(), b, ignore_index=-100, reduction="sum") for a, b in zip(chunks, targets))
+    return (total / (labels != -100).sum(),)
+
+
+def _lp_z_loss(x, p, c):
+    logits, labels = x
+    ce = F.cross_entropy(logits.float(), labels, ignore_index=-100, reduction="sum")
+    z_squared = logits.float().logsumexp(-1).pow(2)
+    return (ce + p["coef"] * (z_squared * (labels != -100)).sum(),)
+
+
+def _lp_soft_ce(x, p, c):
+    logits, raw = x
+    target = raw.float().softmax(-1)  # probabilities (mixup / a teacher's), vocab-sharded as the logits
+    if p["how"] == "probs":
+        return (F.cross_entropy(logits.float(), target),)
+    return (torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean(),)
+
+
+def _lp_kl_div(x, p, c):
+    student, teacher = x
+    t = p["temperature"]
+    return (F.kl_div(F.log_softmax(student.float() / t, dim=-1), F.softmax(teacher.float() / t, dim=-1),
+                     reduction="batchmean") * t * t,)
+
+
+def _lp_logprobs(x, p, c):
+    logits, labels, mask = x
+    index = labels.unsqueeze(-1)
+    if p["how"] == "gather":  # torchtune / DPO: log_softmax, then the labels' entries
+        logps = torch.gather(logits.float().log_softmax(-1), 2, index).squeeze(-1)
+    else:  # TRL selective_log_softmax (its row loop written as one logsumexp)
+        logps = torch.gather(logits.float(), 2, index).squeeze(-1) - torch.logsumexp(logits.float(), dim=-1)
+    return ((logps * mask).sum(-1),)
+
+
+def _value_loss(x, p, c):
+    vpred, v_old, returns, mask = x
+    m = mask.float()
+    if p["loss"] == "clipped_mse":  # PPO: the prediction kept within clip of the old value
+        clipped = v_old + (vpred - v_old).clamp(-p["clip"], p["clip"])
+        per_token = torch.max((vpred - returns) ** 2, (clipped - returns) ** 2)
+    elif p["loss"] == "huber":
+        per_token = F.huber_loss(vpred, returns, reduction="none")
+    else:
+        per_token = (vpred - returns) ** 2
+    return (0.5 * (per_token * m).sum() / m.sum(),)  # TRL masked_mean over the response tokens
+
+
 CALLS: dict[str, Callable[[list, dict, Context], tuple]] = {
     "linear": lambda x, p, c: (F.linear(x[0], x[1], x[2] if p["bias"] else None),),
     "matmul": lambda x, p, c: (torch.matmul(x[0], x[1]),),
@@ -261,7 +326,7 @@ CALLS: dict[str, Callable[[list, dict, Context], tuple]] = {
     "einsum": lambda x, p, c: (torch.einsum(p["eq"].replace(".", ",").replace("-", "->"), x[0], x[1]),),
     "conv2d_patch": lambda x, p, c: (F.conv2d(x[0], x[1], x[2], stride=p["stride"]),),
     "embedding": lambda x, p, c: (F.embedding(x[0], x[1]),),
-    "cross_entropy": lambda x, p, c: (F.cross_entropy(x[0].float(), x[1], ignore_index=-100, reduction=p["reduction"],
+    "cross_entropy": lambda x, p, c: (F.cross_entropy(x[0].float(), x[1], ignore_index=-100, reduction=_reduction(p),
                                                       label_smoothing=p["label_smoothing"]),),
     "nll_log_softmax": lambda x, p, c: (F.nll_loss(F.log_softmax(x[0].float(), dim=-1), x[1], ignore_index=-100),),
     "logprobs_gather": lambda x, p, c: (torch.gather(x[0].log_softmax(-1), 2, x[1].unsqueeze(-1)).squeeze(-1),),
@@ -324,4 +389,13 @@ CALLS: dict[str, Callable[[list, dict, Context], tuple]] = {
     "dropout_train": lambda x, p, c: (F.dropout(x[0], p=p["p"], training=True),),
     "init_": _init,
     "rand_like": lambda x, p, c: (_NOISE[p["kind"]](x[0]),),
+    "lp_cross_entropy": _lp_cross_entropy,
+    "lp_nll_log_softmax": lambda x, p, c: (F.nll_loss(F.log_softmax(x[0].float(), dim=-1), x[1], ignore_index=-100,
+                                                      reduction=_reduction(p)),),
+    "lp_chunked_ce": _lp_chunked_ce,
+    "lp_z_loss": _lp_z_loss,
+    "lp_soft_ce": _lp_soft_ce,
+    "lp_kl_div": _lp_kl_div,
+    "lp_logprobs": _lp_logprobs,
+    "value_loss": _value_loss,
 }

@@ -19,6 +19,8 @@ suites/generators/ops_checks.py; random ops are judged in suites/generators/ops_
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from distci.op_case import DTYPES, MESHES, OpCase, meaningless
@@ -157,6 +159,31 @@ def _fsdp_over_tp(full: torch.Tensor, mesh, objs):
 def run_case(case: OpCase, dist, plant=None, ask: RaisedAnywhere | None = None) -> CaseOutcome:
     """Run and judge one case on this rank (callers agree across ranks: suites/generators/ops_entry.py);
     `ask`: after each phase that can raise on some ranks only, whether any rank raised (all leave)."""
+    with op_context(spec_of(case.op).context):
+        return _run_case(case, dist, plant, ask)
+
+
+@contextlib.contextmanager
+def op_context(name: str):
+    """The context trainers run the op and its backward in (OpSpec.context): loss_parallel() for
+    the losses a TP run computes on vocab-sharded logits. The reference runs in it too (its
+    handlers only see DTensors). Always left, whatever the case raised or its bound cut:
+    loss_parallel's own manager does not undo its handlers when its body raises, and a handler
+    left on would change every later case of the sweep."""
+    if name != "loss_parallel":
+        yield
+        return
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    manager = loss_parallel()
+    manager.__enter__()
+    try:
+        yield
+    finally:
+        manager.__exit__(None, None, None)
+
+
+def _run_case(case: OpCase, dist, plant, ask: RaisedAnywhere | None) -> CaseOutcome:
     import time
 
     from torch.distributed.tensor import DTensor

@@ -22,13 +22,16 @@ from .ops_outcome import CaseOutcome, leave_if_raised
 GAP = re.compile(r"sharding strateg|does not have a sharding|no sharding|sharding propagation (?:is )?not")
 """A missing sharding strategy: a capability gap, counted per op, never a failure."""
 REFUSED = re.compile(r"[Pp]lease\s+redistribute|cannot\s+be\s+evenly\s+sharded,\s+resulting\s+in\s+biased"
-                     r"|cannot\s+be\s+performed\s+without\s+redistribution,\s+which\s+is\s+disallowed")
+                     r"|cannot\s+be\s+performed\s+without\s+redistribution,\s+which\s+is\s+disallowed"
+                     r"|Use\s+reduction='sum'\s+or\s+'none'\s+instead")
 """DTensor's explicit refusals of placements an op cannot take as given ("... requires
 redistribution. Please redistribute the input first"): upstream names the limit and what to
 do, nothing is computed wrong, so the case is counted as a gap like a missing sharding
 strategy (any whitespace between the words: torch's nll_loss message carries its source
 line's indentation, "sharded,<25 spaces>resulting"; unbind along a sharded dim: "cannot be
-performed without redistribution, which is disallowed by the current operator"), never re-filed as a new find every night (DESIGN rule 10: refused is not broken,
+performed without redistribution, which is disallowed by the current operator"; loss_parallel()'s
+"reduction='mean' is only supported on one-dimensional DeviceMesh ... Use reduction='sum' or 'none'
+instead", its documented limit on a 2-D mesh), never re-filed as a new find every night (DESIGN rule 10: refused is not broken,
 and it stays visible in the gaps table). Only for the op's own call: a backward that refuses
 the placements its own forward produced is a find (nobody can redistribute inside autograd)."""
 INPLACE_REFUSED = re.compile(r"in-place operations that require placement changes are not supported")

@@ -179,8 +179,27 @@ class ReplicaDrift(_Plant):
         return (_with_local(o, o.to_local().flip(-1) if tdist.get_rank() % 2 and o.ndim else o.to_local(), mesh),)
 
 
+class LossParallelIgnoreMean(_Plant):
+    def __init__(self) -> None:
+        self.fraction = 1.0
+
+    def inputs(self, case, dts):
+        self.fraction = 1.0
+        if case.op == "lp_cross_entropy" and case.param.get("reduction") == "mean":
+            target = dts[1].full_tensor()
+            if target.numel():
+                self.fraction = float((target != -100).sum()) / target.numel()
+        return dts
+
+    def outputs(self, case, outs, mesh):
+        if self.fraction in (0.0, 1.0):
+            return outs
+        return (_with_local(outs[0], outs[0].to_local() * self.fraction, mesh),)
+
+
 PLANTS = {"shard_shape": ShardShape, "avg_twice": AvgTwice, "grad_drop": GradDrop, "spin": PythonSpin,
-          "unread_ones": UnreadOnes, "mask_redrawn": MaskRedrawn, "replica_drift": ReplicaDrift}
+          "unread_ones": UnreadOnes, "mask_redrawn": MaskRedrawn, "replica_drift": ReplicaDrift,
+          "lp_ignore_mean": LossParallelIgnoreMean}
 
 
 def planted(name: str | None = None) -> _Plant | None:
