@@ -39,9 +39,10 @@ def test_an_embedding_of_a_row_sharded_table_is_the_plain_lookup(dist, vocab: in
         out = F.embedding(distribute_tensor(ids, mesh, [Replicate()]), distribute_tensor(weight, mesh, [Shard(0)]))
     except RuntimeError as exc:
         error = f"{type(exc).__name__}: {exc}"
-    raised = torch.tensor([int(error is not None)])
-    tdist.all_reduce(raised)
-    if raised.item():
-        pytest.fail(f"embedding of a ({vocab}, 3) table Shard(0) on 4 ranks: {int(raised.item())} of 4 ranks "
-                    f"raised (here: {error or 'none, this rank went on'})")
+    errors: list = [None] * tdist.get_world_size()
+    tdist.all_gather_object(errors, error)  # every rank names the ranks that raised and why
+    if any(errors):
+        raised = [rank for rank, e in enumerate(errors) if e]
+        pytest.fail(f"embedding of a ({vocab}, 3) table Shard(0) on 4 ranks: ranks {raised} raised "
+                    f"{next(e for e in errors if e)}")
     torch.testing.assert_close(out.full_tensor(), F.embedding(ids, weight))
