@@ -84,6 +84,7 @@ TITAN_LP = ("torchtitan/components/loss.py (cross_entropy_loss: reduction='sum' 
 TUNE_CHUNKED = ("torchtune/modules/loss/ce_chunked_output_loss.py (CEWithChunkedOutputLoss: logits in chunks "
                 "over the sequence, cross_entropy(reduction='sum') each, divided by (labels != -100).sum())")
 TRL_LOGPS = ("trl/trainer/utils.py (selective_log_softmax: gather of logits minus logsumexp), "
+             "olmo_core/generate/utils.py (selective_log_softmax: log_softmax, gather, squeeze(-1)), "
              "trl/trainer/dpo_trainer.py + torchtune/rlhf (log_softmax + gather on the vocab dim, masked sums)")
 ZLOSS = "PaLM / OLMo / Chameleon z-loss (z_loss = coef * logsumexp(logits, -1) ** 2, masked mean over tokens)"
 HF_KD = ("transformers distillation examples, DistillKit (F.kl_div(F.log_softmax(s / T, -1), F.softmax(t / T, -1), "
