@@ -37,19 +37,13 @@ def _first_result(temp: Path) -> bool:
 
 
 @pytest.fixture(scope="module")
-def machine_cache() -> Path:
+def machine_cache(tmp_path_factory) -> Path:
     """What a self-hosted runner keeps between jobs: the wheelhouse (the job's cache step restores
     it on hosted runners; jobsteps records that step without running it) and the stack
-    environments built from it. Here that is this checkout's own (`.distci/wheelhouse`,
-    `.distci/envs`): the pr cell's stack is the one this checkout's cell runs and the compiler
-    bisect's test id provision too, so the job reuses what they built (or they reuse what it
-    built) instead of downloading and building it again; this file's two jobs share it, as two
-    jobs of one runner do. What they test is the cancel; a cold provisioning only delayed it.
-    The job's distci wheels, built in its copy of the checkout, are the same bytes as the
-    checkout's (selfwheels builds reproducibly), so the shared env is not reinstalled."""
-    from distci.provision.selfwheels import REPO
-
-    return REPO / ".distci"
+    environments built from it. This file's two jobs share it, as two jobs of one runner do, so
+    the second does not download and build the pr cell's environment again: what they test is
+    the cancel, and a cold provisioning only delayed it (the first does it cold)."""
+    return tmp_path_factory.mktemp("runner-cache")
 
 
 def _pr_tier_runner(root: Path, cancel: Cancel, cache: Path) -> Runner:
