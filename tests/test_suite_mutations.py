@@ -267,10 +267,16 @@ def _fork_ranks(world_size: int, out_dir: str) -> None:
     import suites.judges.checks  # noqa: F401 - what every rank imports, imported before the fork
     import suites.runner.reference  # noqa: F401
     import suites.runner.training  # noqa: F401
+
+    mp.start_processes(_forked_rank, args=(world_size, out_dir), nprocs=world_size, join=True,
+                       start_method="fork")
+
+
+def _forked_rank(rank: int, world_size: int, out_dir: str) -> None:
     from distci.harness import procs
 
-    procs.die_with_parent()  # the fixture's process is this one's parent: a killed pytest ends the ranks too
-    mp.start_processes(_rank_main, args=(world_size, out_dir), nprocs=world_size, join=True, start_method="fork")
+    procs.die_with_parent()  # a fork does not inherit it: the ranks end with the process that forked them
+    _rank_main(rank, world_size, out_dir)
 
 
 @pytest.fixture(scope="module")
