@@ -34,7 +34,7 @@ def test_every_drawn_structure_is_valid_and_its_key_reads_back():
     assert len({key(s) for s in drawn}) == 60
     for s in drawn:
         assert valid(s) and parse(key(s)) == s
-    assert {s["parallel"] for s in drawn} == {"fsdp", "tp", "ddp", "replicate", "hsdp", "fsdp_tp"}
+    assert {s["parallel"] for s in drawn} == {"fsdp", "tp", "ddp", "replicate", "hsdp", "fsdp_tp", "pp"}
     assert any(s["experts"] and s["tie"] for s in drawn)
     assert {s["plan"] for s in drawn} == {"megatron", "titan", "hf"} and any(s["loss_parallel"] for s in drawn)
 
@@ -48,7 +48,7 @@ def test_later_features_leave_a_seeds_first_draws_as_they_were():
         widened, plain = Drawer(seed), Drawer(seed, first_only)
         for _ in range(40):
             s, old = widened.draw(), plain.draw()
-            assert {**s, **{f.name: f.origin for f in later if s[f.name] in f.later}} == old
+            assert {**s, **{f.name: f.origin_of(s[f.name]) for f in later if s[f.name] in f.later}} == old
     assert key(Drawer("a", first_only).draw()) == "tp", "seed a's first draw since before the plans"
 
 
