@@ -55,15 +55,18 @@ def cut(model: ms.StructureModel, stage: int, blocks: list[list[int]]) -> ms.Str
 
 
 class ChunkTracer(Tracer):
-    """A Tracer whose events are kept per microbatch: `chunk` is set by the stage before it
-    runs a microbatch's forward or backward (`watch`)."""
+    """A Tracer whose events are kept per microbatch: `chunk` is set while the stage runs a
+    microbatch's forward or backward (`watch`); a forward outside them (the schedule's first
+    step runs one to infer the shapes its stages send) is not the training's and is dropped."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__(model)
-        self.chunk = 0
+        self.chunk: int | None = None
         self.by_chunk: dict[int, tuple[list, dict]] = {}
 
     def _record(self, kind: str, name: str, t: torch.Tensor) -> None:
+        if self.chunk is None:
+            return
         self.current, self.calls = self.by_chunk.setdefault(self.chunk, ([], {}))
         super()._record(kind, name, t)
 
@@ -80,7 +83,10 @@ def watch(stage: Any, tracer: ChunkTracer) -> None:
 
         def tagged(chunk_id: int, *args: Any, _run=run, **kwargs: Any) -> Any:
             tracer.chunk = chunk_id
-            return _run(chunk_id, *args, **kwargs)
+            try:
+                return _run(chunk_id, *args, **kwargs)
+            finally:
+                tracer.chunk = None
         setattr(stage, name, tagged)
 
 
@@ -145,12 +151,16 @@ class Pipelined:
         import torch.distributed as dist
 
         params = [p for p in self.model.parameters() if p.requires_grad]
-        opt = torch.optim.SGD(params, lr=ms.LR)
-        opt.register_step_pre_hook(lambda *args: ms.update_expert_bias(self.model))
+        # a rank whose stages train nothing (a frozen embedding alone) has no optimizer: torch.optim
+        # refuses an empty parameter list; the balancing bias still moves at its step
+        opt = torch.optim.SGD(params, lr=ms.LR) if params else None
+        if opt is not None:
+            opt.register_step_pre_hook(lambda *args: ms.update_expert_bias(self.model))
         record, traces = TrainRecord(), {}
         tied = self.structure["tie"] and self.structure["frozen"] == "none"
         for step, micro in enumerate(batches):
-            opt.zero_grad(set_to_none=True)
+            if opt is not None:
+                opt.zero_grad(set_to_none=True)
             total = torch.zeros(())
             for m, (tokens, labels) in enumerate(micro):
                 with _tracing(self.tracers):
@@ -171,7 +181,10 @@ class Pipelined:
             if self.structure["tie"]:
                 grads.pop("output.weight", None)  # the head's copy of tok.weight
             record.grads.append(grads)
-            opt.step()
+            if opt is not None:
+                opt.step()
+            else:
+                ms.update_expert_bias(self.model)
         return record, traces
 
 
