@@ -262,6 +262,14 @@ PLANTS = {
     "sp_norm_grad_local": ({"parallel": "tp", "plan": "titan", "attn": "true,false", "steps": "1,2",
                             "buffer": "none,persistent"},
                            lambda n: n == {"parallel": "tp", "plan": "titan"}, "gradient of layers.N.norm.weight", "sp"),
+    # a pipeline's tied pair not summed over its stages: the first gradient off is the embedding's
+    "pp_tied_unsummed": ({"parallel": "pp", "tie": "true", "buffer": "none,persistent", "blocks": "1,2"},
+                         lambda n: n == {"parallel": "pp", "tie": True}, "gradient of tok.weight", "tie"),
+    # one schedule's last stage unscaled: it needs that schedule, and the 2 blocks its 4 stages need
+    "pp_stage_unscaled": ({"parallel": "pp", "schedule": "interleaved_1f1b", "blocks": "2,3",
+                           "buffer": "none,persistent", "steps": "1,2"},
+                          lambda n: n == {"parallel": "pp", "schedule": "interleaved_1f1b", "blocks": 2},
+                          "parameter gradient of norm.weight", "sched"),
     "balance_local_counts": ({"parallel": "ddp", "experts": "4", "balance": "true", "steps": "2,3",
                               "tie": "true,false"},
                              lambda n: n.get("balance") and n.get("experts") and n.get("steps", 1) >= 2
@@ -381,3 +389,67 @@ try:
     from torch.distributed.tensor import Shard
 except ImportError:  # torch < 2.4
     from torch.distributed._tensor import Shard
+
+
+# --- the pipeline layout (parallel=pp) -------------------------------------------------------
+
+def test_pipeline_features_need_a_pipeline_and_what_its_api_takes():
+    assert problems({"parallel": "ddp", "schedule": "zbv"}) == [
+        "schedule, microbatches, split and pp_loss configure a pipeline: parallel=pp"]
+    assert not valid({"parallel": "pp", "reuse": True})
+    assert not valid({"parallel": "pp", "schedule": "1f1b", "microbatches": 1})  # 1F1B's own ValueError
+    assert valid({"parallel": "pp", "schedule": "interleaved_1f1b", "microbatches": 1, "blocks": 2})
+    assert not valid({"parallel": "pp", "schedule": "zbv", "blocks": 1}), "torchtitan's split: blocks + 2 >= 4 stages"
+    assert valid({"parallel": "pp", "schedule": "zbv", "blocks": 1, "split": "last"})
+    assert valid({"parallel": "pp", "microbatches": 3, "tie": True, "experts": 4, "frozen": "lora", "ac": "selective"})
+
+
+def test_the_titan_split_is_torchtitans_generated_one():
+    from suites.generators.model_space import stage_blocks
+
+    # torchtitan's _generate_llm_fqn_per_model_part(stages, blocks, 1, 1), as module names:
+    # (2, 3): [tok, layers.0, layers.1], [layers.2, norm, output]; (4, 2): [tok], [layers.0], [layers.1], [norm, output]
+    assert stage_blocks(parse("pp-blocks3")) == [[0, 1], [2]]
+    assert stage_blocks(parse("pp")) == [[0], []]
+    assert stage_blocks(parse("pp-blocks2-zbv")) == [[], [0], [1], []]
+    assert stage_blocks(parse("pp-blocks3-interleaved_1f1b")) == [[0], [1], [2], []]
+    assert stage_blocks(parse("pp-blocks3-zbv-split_last")) == [[], [], [], [0, 1, 2]]
+    assert stage_blocks(parse("pp-blocks2-split_first")) == [[0, 1], []]
+
+
+@pytest.mark.parametrize("structure", ["pp-blocks3-tied-mtp-attn-buf_rope", "pp-blocks2-moe4-top2-zbv",
+                                       "pp-blocks2-frozen_lora-ac_full-zbv-split_last"])
+def test_the_stages_run_one_after_another_are_the_whole_model(structure):
+    """Each stage keeps the full model's parameter names and the modules its split gives it;
+    chained, the stages compute the whole model's logits."""
+    from suites.generators import model_structures as ms
+    from suites.generators.model_pipeline import cut
+    from suites.generators.model_space import stage_blocks
+
+    s = parse(structure)
+    whole = ms.build(s, torch.device("cpu"))
+    tokens, _ = ms.data(s, whole.vocab, 2)[0][0]
+    blocks = stage_blocks(s)
+    stages = [cut(ms.build(s, torch.device("cpu")), i, blocks) for i in range(len(blocks))]
+    x = tokens
+    for stage in stages:
+        x = stage(x)
+    assert torch.equal(x, whole(tokens))
+    names = [n for stage in stages for n, _ in stage.named_parameters()]
+    whole_names = [n for n, _ in whole.named_parameters()]
+    assert set(names) - {"output.weight"} == set(whole_names) - {"output.weight"}
+    assert len(names) == len(set(names))
+    assert ("output.weight" in whole_names) != s["tie"] and "output.weight" in names, "tied: the head's own copy"
+
+
+def test_the_reference_loss_is_the_schedules_mean_of_microbatch_means():
+    from suites.generators.model_pipeline import reference_loss
+
+    logits, labels = torch.randn(4, 3, 5), torch.randint(0, 5, (4, 3))
+    full = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+    assert torch.allclose(reference_loss(parse("pp-mb4"), logits, labels), full)
+    uneven = reference_loss(parse("pp-mb3"), logits, labels)  # rows 2, 1, 1
+    parts = [torch.nn.functional.cross_entropy(logits[a:b].flatten(0, 1), labels[a:b].flatten())
+             for a, b in ((0, 2), (2, 3), (3, 4))]
+    assert torch.allclose(uneven, sum(parts) / 3) and not torch.allclose(uneven, full)
+    assert torch.equal(reference_loss(parse("pp-mb3-pp_loss_tokens"), logits, labels), full)

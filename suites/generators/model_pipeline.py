@@ -124,10 +124,12 @@ class Pipelined:
                                                  sum_microbatches=self.tokens_loss, split=split)
         self.model = pipeline.Stages(self.modules)
         self.tracers = [ChunkTracer(m) for m in self.modules]
-        for stage, tracer in zip(self._stages(), self.tracers):
+        for stage, tracer in zip(self.stages, self.tracers):
             watch(stage, tracer)
 
-    def _stages(self) -> list[Any]:
+    @property
+    def stages(self) -> list[Any]:
+        """This rank's PipelineStage objects, in the order of `modules`."""
         runner = self.pipe.schedule
         return list(getattr(runner, "_stages", None) or [runner._stage])
 

@@ -50,6 +50,13 @@ Features, and where they come from:
     layout `fsdp_tp`, TP inside each group of a 2x2 ("dp_shard", "tp") mesh then
     fully_shard over "dp_shard", as torchtitan's parallelize_llama (4 ranks, RANKS); it
     grows from an fsdp draw (its wrap kept): FSDP2 with a TP axis added.
+  - the pipeline (later): the layout `pp`, grown from a ddp draw (the data-parallel layout
+    whose ranks a pipeline splits the model over instead), always 2 ranks: torchtitan's
+    pipeline_llm over torch.distributed.pipelining (model_pipeline.py); `schedule` (GPipe,
+    1F1B, Interleaved1F1B, interleaved zero bubble, ZBV, DualPipeV), `microbatches` (1-4
+    over the step's 4 rows: 3 does not divide them), `split` (torchtitan's generated split,
+    or every block on the first / last stage) and `pp_loss` (a per-microbatch mean with
+    scale_grads, or torchtitan's sum over the step's tokens without).
 
 A structure's key spells the parallelism then every feature off its default, e.g.
 `ddp-blocks2-moe4-top2-tied-steps2`; `parse` reads one back (a test id alone names its
