@@ -124,14 +124,10 @@ class Pipelined:
                                                  sum_microbatches=self.tokens_loss, split=split)
         self.model = pipeline.Stages(self.modules)
         self.tracers = [ChunkTracer(m) for m in self.modules]
+        self.stages = self.pipe.pipeline_stages
+        """This rank's PipelineStage objects, in the order of `modules`."""
         for stage, tracer in zip(self.stages, self.tracers):
             watch(stage, tracer)
-
-    @property
-    def stages(self) -> list[Any]:
-        """This rank's PipelineStage objects, in the order of `modules`."""
-        runner = self.pipe.schedule
-        return list(getattr(runner, "_stages", None) or [runner._stage])
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         flat, target = logits.float().flatten(0, 1), labels.flatten()

@@ -15,7 +15,7 @@ are the row's `accum`; the schedule averages the microbatches' gradients
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -56,6 +56,8 @@ class Pipeline:
     """The pipeline's process group (None: every rank is a pipeline rank)."""
     last_rank: int | None = None
     """The pipeline rank holding the last stage (None: (n_stages - 1) % ranks, a loop schedule)."""
+    pipeline_stages: list = field(default_factory=list)
+    """This rank's PipelineStage objects, in the order of `stages`."""
 
     @property
     def first(self) -> bool:
@@ -124,7 +126,7 @@ def build(schedule: str, build_model: Callable[[], nn.Module], loss_fn: Callable
         n_layers = len(build_model().layers)
         owner = {n: stage_of(n, n_layers, n_stages) % ranks for n, _ in build_model().named_parameters()}
     last_rank = next(r for r in range(ranks) if n_stages - 1 in stage_indices(schedule, r, ranks))
-    return Pipeline(runner, mine, n_stages, owner, group, last_rank), modules
+    return Pipeline(runner, mine, n_stages, owner, group, last_rank, stages), modules
 
 
 def forward_backward(pipe: Pipeline, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
