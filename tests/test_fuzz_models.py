@@ -453,3 +453,27 @@ def test_the_reference_loss_is_the_schedules_mean_of_microbatch_means():
              for a, b in ((0, 2), (2, 3), (3, 4))]
     assert torch.allclose(uneven, sum(parts) / 3) and not torch.allclose(uneven, full)
     assert torch.equal(reference_loss(parse("pp-mb3-pp_loss_tokens"), logits, labels), full)
+
+
+PP_REACH = [
+    # entry, --space beyond parallel=pp that the bug's trigger needs (none: the plain pp space)
+    ("pytorch126600-pp-uneven-microbatches", []),
+    ("torchtitan1733-pp-scale-grads-accumulation", []),
+    ("distci-pp-shape-inference-extra-forward", []),
+    ("distci-pp-zero-bubble-frozen-input", ["schedule=zero_bubble,zbv", "frozen=embedding,lora"]),
+    ("distci-pp-zero-bubble-selective-checkpoint", ["schedule=zero_bubble,zbv", "ac=selective"]),
+]
+
+
+@pytest.mark.parametrize("entry, space", PP_REACH, ids=[e for e, _ in PP_REACH])
+def test_the_pp_space_draws_what_each_registered_pipeline_bug_needs(entry, space):
+    """The upstream PP bugs of reports/fuzz-models-2026-12-07-pp.md: the seeded run's space
+    (parallel=pp) draws structures each entry names within 60 draws; the zero-bubble ones
+    need their schedule and a frozen stage / selective AC, which the space draws when asked."""
+    from distci.known_issues import load_registry
+
+    registry = load_registry(REPO / "suites" / "known_issues.toml")
+    known = next(e for e in registry.entries if e.id == entry)
+    drawer = Drawer("2026-12-07-pp", parse_space(["parallel=pp", *space]))
+    drawn = [key(drawer.draw()) for _ in range(60)]
+    assert any(known.covers(f"suites/generators/models_entry.py::test_model_structure[{k}]") for k in drawn)
