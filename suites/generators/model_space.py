@@ -124,11 +124,13 @@ FEATURES: tuple[Feature, ...] = (
             later=("titan", "hf")),
     Feature("loss_parallel", (False, True), False, "loss_parallel", "vocab-sharded logits, loss_parallel()",
             later=(True,)),
+    # microbatches before schedule: the later stream checks each move against the features before
+    # it, and DualPipeV takes no fewer microbatches than its 4 stages
+    Feature("microbatches", (2, 1, 3, 4), 2, "mb{}", "the schedule's n_microbatches over the step's 4 rows",
+            later=(1, 3, 4)),
     Feature("schedule", ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipev"), "gpipe", "{}",
             "the pipeline schedule (suites/runner/pipeline.py SCHEDULES)",
             later=("1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipev")),
-    Feature("microbatches", (2, 1, 3, 4), 2, "mb{}", "the schedule's n_microbatches over the step's 4 rows",
-            later=(1, 3, 4)),
     Feature("split", ("titan", "first", "last"), "titan", "split_{}", "which blocks each pipeline stage holds",
             later=("first", "last")),
     Feature("pp_loss", ("mean", "tokens"), "mean", "pp_loss_{}",
