@@ -96,7 +96,9 @@ HEAD = "head."
 """What `load=model` leaves out: the part a fine-tune replaces."""
 
 
-def _without_head(state: dict) -> dict:
+def _without_head(state: dict, plant: Any = None) -> dict:
+    if plant is not None and plant.loads_what_was_left_out():
+        return state
     return {k: v for k, v in state.items() if not k.startswith(HEAD)}
 
 
@@ -110,10 +112,10 @@ def load_model(p: Any) -> None:
     model = _module(p)
     kind, full, _ = p.run.checkpoint
     if kind == "full":
-        state = _without_head(copy.deepcopy(full[0]))
+        state = _without_head(copy.deepcopy(full[0]), p.plant)
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
     else:
-        state = {"model": _without_head(get_model_state_dict(model))}
+        state = {"model": _without_head(get_model_state_dict(model), p.plant)}
         dcp.load(state, checkpoint_id=p.checkpoint_dir)
         state, options = state["model"], StateDictOptions(strict=False)
     set_model_state_dict(model, state, options=options)
