@@ -265,8 +265,7 @@ def _event_names(prof) -> Counter | None:
     there. This reads five fields an event and applies torch's own rules (torch 2.13
     autograd/profiler.py `_parse_kineto_results`, profiler_util.py `EventList._build_tree`):
     the utility names `_filter_name` drops and hidden events are left out (a profile holding
-    memory records is left to `prof.events()`); a device-runtime CPU
-    event takes the thread of the op it is linked to; a synchronous CPU event's parent is the
+    memory records, or an accelerator's runtime launches, is left to `prof.events()`); a synchronous CPU event's parent is the
     innermost one of its thread that encloses it (sorted by start, then longest first); an
     event that is the only child of a parent of the same name is folded into it, until none
     is (`_remove_dup_nodes`: a DTensor op over its lone local op of the same name counts
@@ -277,35 +276,35 @@ def _event_names(prof) -> Counter | None:
                                                   _rewrite_name)
 
         raw_events = prof.profiler.kineto_results.events()
-    except (ImportError, AttributeError):
+    except Exception:  # noqa: BLE001 - any torch whose profiler differs is asked the slow way
         return None
-    cpu = DeviceType.CPU
+    try:
+        return _fold(raw_events, DeviceType.CPU, (MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME), _filter_name,
+                     _rewrite_name)
+    except Exception:  # noqa: BLE001 - an event API this torch lacks: the slow way, never a wrong count
+        return None
+
+
+def _fold(raw_events, cpu, memory_names, _filter_name, _rewrite_name) -> Counter | None:
+    """`_event_names`' work on the raw events (None: leave them to `prof.events()`)."""
     rows: list[list] = []  # [start_ns, -end_ns, thread, node]
     sync: list[list] = []
-    op_threads: dict[int, int] = {}
-    runtime: dict[int, list[list]] = {}
     for event in raw_events:
         raw = event.name()
-        if raw in (MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME):
+        if raw in memory_names:
             return None  # torch lists the ones no op encloses as events of their own: not emulated
         if _filter_name(raw) or getattr(event, "is_hidden_event", lambda: False)():
             continue
         thread = event.start_thread_id()
         row = [event.start_ns(), -event.end_ns(), thread, _Node(_rewrite_name(name=raw, with_wildcard=True))]
         rows.append(row)
-        on_cpu = event.device_type() == cpu
-        synchronous = on_cpu and not event.is_async() and thread == event.end_thread_id()
-        linked = event.linked_correlation_id()
-        if linked > 0:
-            if on_cpu:
-                runtime.setdefault(linked, []).append(row)
-        elif synchronous:
-            op_threads[event.correlation_id()] = thread
-        if synchronous:
+        if event.device_type() != cpu or event.linked_correlation_id() > 0:
+            # A device's event or a device runtime's launch (a CUDA / NPU run): torch moves the
+            # launch to its op's thread; that was held equal to prof.events() on CPU runs only,
+            # so an accelerator's profile is left to prof.events().
+            return None
+        if not event.is_async() and thread == event.end_thread_id():
             sync.append(row)
-    for correlation, thread in op_threads.items():
-        for row in runtime.get(correlation, ()):
-            row[2] = thread
     by_thread: dict[int, list[list]] = {}
     for row in sync:
         by_thread.setdefault(row[2], []).append(row)
