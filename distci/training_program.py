@@ -49,12 +49,13 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 LAYOUTS: dict[str, tuple[int, ...]] = {"fsdp": (2, 4), "tp": (2, 4), "fsdp_tp": (4,), "ddp": (2, 4),
-                                       "fsdp_mp": (2, 4), "fsdp_offload": (2, 4)}
+                                       "fsdp_mp": (2, 4), "fsdp_offload": (2, 4), "hsdp": (4,)}
 """Layout -> the world sizes it runs on (fsdp_tp: a 2x2 mesh, dp outer, tp inner; fsdp_mp: FSDP2
-computing in bfloat16, reducing in float32; fsdp_offload: FSDP2 with CPUOffloadPolicy)."""
-DATA_PARALLEL = ("fsdp", "fsdp_tp", "ddp", "fsdp_mp", "fsdp_offload")
+computing in bfloat16, reducing in float32; fsdp_offload: FSDP2 with CPUOffloadPolicy; hsdp:
+FSDP2 on a (dp_replicate, dp_shard) 2x2 mesh, sharded within a replica, replicated across)."""
+DATA_PARALLEL = ("fsdp", "fsdp_tp", "ddp", "fsdp_mp", "fsdp_offload", "hsdp")
 """Layouts whose ranks see different rows and reduce gradients (no-sync accumulation exists)."""
-FSDP = ("fsdp", "fsdp_tp", "fsdp_mp", "fsdp_offload")
+FSDP = ("fsdp", "fsdp_tp", "fsdp_mp", "fsdp_offload", "hsdp")
 OPTIMIZERS = ("sgd", "adamw", "sgd0", "adamw_groups")
 """sgd: momentum 0.9; sgd0: no momentum (no optimizer state at all); adamw_groups: AdamW with two
 param groups, weight decay on matrices only (nanoGPT's configure_optimizers, Hugging Face
@@ -89,6 +90,45 @@ Drawn from a third stream only where the forms stream left the plain value (`LAT
 every program drawn before them is drawn again with at most these values changed."""
 LATER_P = 0.25
 """How often a value that has later forms takes one."""
+LATER_FORMS_2: dict[tuple[str, str], tuple[str, ...]] = {
+    ("layout", "fsdp"): ("hsdp",),
+    ("fwd_bwd", "nosync"): ("noreduce",),
+    ("reshard", "false"): ("forward_false", "unshard"),
+    ("reshard", "true"): ("prefetch", "divide"),
+    ("eval", "no_grad"): ("generate",),
+    ("load", ""): ("model",),
+    ("compile", "aot_eager"): ("blocks",),
+}
+"""The second round of later forms (issue 40's third trial, the same day: FSDP2's methods and
+meshes, reports/fuzz-programs-2026-12-07-redteam2.md), each from trainer code:
+  - hsdp: FSDP2 on ParallelDims' (dp_replicate, dp_shard) mesh, the loss averaged over their
+    `_flatten("dp")` (torchtitan `distributed/parallel_dims.py`, `data_parallel_replicate_degree`;
+    accelerate's and Lightning's HSDP device meshes);
+  - fwd_bwd=noreduce (hsdp): accumulation that reduce-scatters but defers the all-reduce across
+    replicas, set_requires_all_reduce(False) (torchtitan train_step since its PR #4505, VeOmni,
+    NVIDIA cosmos-framework's ddp_sync_grad);
+  - reshard=forward_false: set_reshard_after_forward(False) (torchtitan's "never" policy and its
+    chunked loss's lm_head, torchtune's generation for GRPO); reshard=unshard: explicit unshard()
+    of every FSDP2 module, then reshard() in reverse (torchtitan `components/loss.py`, torchtune
+    `training/_distributed.py` recursive_reshard); reshard=prefetch: set_modules_to_forward_prefetch
+    / set_modules_to_backward_prefetch block to block (torchtitan `distributed/fsdp.py` with EP,
+    verl's forward_prefetch); reshard=divide: set_gradient_divide_factor(1.0) and the loss divided
+    by the data-parallel size by the loop (torchtitan disable_fsdp_gradient_division with its
+    global token count);
+  - eval=generate: a generate-style method, registered with register_fsdp_forward_method
+    (transformers' generate under accelerate's FSDP2, TRL / torchtune generation for RL);
+  - load=model: the model alone, its head left out, StateDictOptions(strict=False) (torchtune and
+    Hugging Face `load_state_dict(strict=False)`; torchtitan's model-only first load);
+  - compile=blocks: torch.compile per block (torchtitan `apply_compile`), in place, mid-run.
+Drawn from a fourth stream, consulted only where round 1's left the plain value, so every
+program drawn before them (round 1's forms included) is drawn again with at most these values
+changed (tests/test_fuzz_reach.py)."""
+LATER_P_2 = 0.5
+"""How often a value takes a round-2 form: most programs make one reshard, eval or load at
+most, so at a quarter a 15-minute run draws each form a handful of times."""
+LATER_ROUNDS = ((LATER_FORMS, LATER_P), (LATER_FORMS_2, LATER_P_2))
+"""The later rounds in order with how often each picks; round k draws from stream
+`{seed}/{i}/later` (k = 1), `{seed}/{i}/later{k}` after."""
 
 
 def forms(what: str, value: str) -> tuple[str, ...]:
@@ -96,13 +136,9 @@ def forms(what: str, value: str) -> tuple[str, ...]:
     return (value,) + FORMS.get((what, value), ())
 
 
-def later_forms(what: str, value: str) -> tuple[str, ...]:
-    return LATER_FORMS.get((what, value), ())
-
-
 def base_of(what: str, value: str) -> str:
     """The drawn value `value` is a form of (itself if none)."""
-    for table in (FORMS, LATER_FORMS):
+    for table in (FORMS, LATER_FORMS, LATER_FORMS_2):
         for (w, v), f in table.items():
             if w == what and value in f:
                 return v
@@ -159,11 +195,12 @@ def _synced(s: State, layout: str, arg: str) -> bool:
 
 
 def _fwd_bwd_ok(s: State, layout: str, arg: str) -> bool:
-    return (arg != "nosync" or layout in DATA_PARALLEL) and len(s.frozen) < len(PARTS)
+    return ((arg != "nosync" or layout in DATA_PARALLEL) and (arg != "noreduce" or layout == "hsdp")
+            and len(s.frozen) < len(PARTS))
 
 
 def _fwd_bwd(s: State, arg: str) -> State:
-    return replace(s, grads=True, unsynced=arg == "nosync", backwards=s.backwards + 1)
+    return replace(s, grads=True, unsynced=arg in ("nosync", "noreduce"), backwards=s.backwards + 1)
 
 
 def _freeze_ok(s: State, layout: str, arg: str) -> bool:
@@ -191,10 +228,11 @@ def _unfreeze(s: State, arg: str) -> State:
 
 
 INVENTORY: tuple[Action, ...] = (
-    Action("fwd_bwd", ("sync", "nosync", "twice"),
+    Action("fwd_bwd", ("sync", "nosync", "twice", "noreduce"),
            "forward of the next batch, loss, backward; `nosync`: without the gradient reduction "
            "(FSDP2 set_requires_gradient_sync(False), DDP no_sync()), as accumulation's early microbatches; "
-           "`twice`: two forwards (the batch's halves), one backward of their mean loss",
+           "`twice`: two forwards (the batch's halves), one backward of their mean loss; `noreduce` (hsdp): "
+           "reduce-scattered, not all-reduced across replicas (set_requires_all_reduce(False))",
            "torchtitan train.py forward_backward_step; accelerate accumulate(); torchtune recipes; "
            "twice: GAN discriminators, two-view contrastive losses, DPO's separate chosen/rejected forwards", 6.0,
            _fwd_bwd_ok, _fwd_bwd),
@@ -211,8 +249,9 @@ INVENTORY: tuple[Action, ...] = (
     Action("step", ("",), "optimizer.step()", "every trainer", 3.0, _synced, lambda s, a: s),
     Action("sched", ("",), "lr_scheduler.step() (linear warmup then decay, a LambdaLR)",
            "torchtitan lr_schedulers.step; torchtune after step", 1.5, _synced, lambda s, a: s),
-    Action("eval", ("no_grad", "inference_mode"),
-           "model.eval(); forward of the eval batch under torch.no_grad() / torch.inference_mode(); model.train()",
+    Action("eval", ("no_grad", "inference_mode", "generate"),
+           "model.eval(); forward of the eval batch under torch.no_grad() / torch.inference_mode(); model.train(); "
+           "`generate`: a generate-style method under no_grad (register_fsdp_forward_method)",
            "torchtune validate(); torchtitan validator; Lightning validation loop", 1.0, _synced, lambda s, a: s),
     Action("metric", ("all_reduce", "barrier"),
            "the step's loss all-reduced (avg) over the data-parallel ranks for logging / a barrier",
@@ -226,9 +265,10 @@ INVENTORY: tuple[Action, ...] = (
            "Lightning full state dicts", 1.5,
            _synced,
            lambda s, a: replace(s, saved=a, saved_added=s.added)),
-    Action("load", ("",),
+    Action("load", ("", "model"),
            "resume from the last save: dcp.load + set_model_state_dict + set_optimizer_state_dict + scheduler "
-           "load_state_dict (dcp) / rank 0's full dicts with broadcast_from_rank0=True (full)",
+           "load_state_dict (dcp) / rank 0's full dicts with broadcast_from_rank0=True (full); `model`: the "
+           "model alone, head left out, StateDictOptions(strict=False)",
            "torchtitan checkpointer.load; torchtune load_from_full_model_state_dict; Lightning load_checkpoint",
            2.0, lambda s, l, a: bool(s.saved) and not s.unsynced and s.saved_added == s.added, lambda s, a: s),
     Action("freeze", PARTS, "requires_grad_(False) on a submodule mid-run (its gradients set to None)",
@@ -247,11 +287,17 @@ INVENTORY: tuple[Action, ...] = (
            lambda s, a: replace(s, excluded=s.frozen, added=0)),
     Action("reset_state", ("",), "optimizer.state cleared (moments and step counts reset)",
            "warm restarts; RL trainers resetting Adam state", 0.3, _synced, lambda s, a: s),
-    Action("reshard", ("false", "true"), "FSDP2 set_reshard_after_backward(False/True) on every FSDP module",
-           "torchtitan/torchtune gradient accumulation (keep unsharded params between microbatches)", 0.4,
+    Action("reshard", ("false", "true", "forward_false", "unshard", "prefetch", "divide"),
+           "an FSDP2 method on every FSDP module: set_reshard_after_backward(False/True); "
+           "set_reshard_after_forward(False); unshard() then reshard(); explicit forward/backward prefetch "
+           "block to block; set_gradient_divide_factor(1.0) with the loop dividing its loss",
+           "torchtitan/torchtune gradient accumulation (keep unsharded params between microbatches); "
+           "torchtitan fsdp.py (prefetch with EP, disable_fsdp_gradient_division), loss.py (unshard); "
+           "torchtune recursive_reshard", 0.4,
            lambda s, l, a: l in FSDP and not s.unsynced, lambda s, a: s),
-    Action("compile", ("aot_eager",), "torch.compile of the module mid-run (later forwards run compiled)",
-           "torchtitan compile of blocks; accelerate dynamo_backend", 0.15,
+    Action("compile", ("aot_eager", "blocks"), "torch.compile of the module mid-run (later forwards run "
+           "compiled); `blocks`: each block compiled in place (aot_eager)",
+           "torchtitan apply_compile (per block); accelerate dynamo_backend", 0.15,
            lambda s, l, a: not s.compiled and not s.unsynced, lambda s, a: replace(s, compiled=True)),
 )
 BY_NAME = {a.name: a for a in INVENTORY}

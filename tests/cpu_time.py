@@ -8,8 +8,12 @@ between its setup's start and its teardown's end (`procs.cpu_seconds(reaped=True
 that outlives its parent and is adopted by init is not seen (none should: rule 7).
 
 Walking /proc costs tens of ms on a loaded runner, so only tests in the slow tier (which start
-rank workers and envs) walk it; a quick test is charged this process and its waited children
-(`os.times`), which is what a quick test's subprocesses are by the time it ends.
+rank workers and envs) walk it, and any test that starts while this process has a live child; a
+quick test is otherwise charged this process and its waited children (`os.times`), which is
+what a quick test's subprocesses are by the time it ends. A live child at the start is a module
+fixture's process (the ops tests' shared session): slow tests charged what it used as it went,
+so the test whose teardown reaps it must not be charged its whole life again (os.times would:
+test_fuzz_ops.py's last, quick, test was charged the session's ~35 CPU-s a second time).
 
 Under pytest-xdist (`-n N`) the test runs in a worker, so the worker measures it (its own process
 tree) and puts the figures on the test's teardown report (`user_properties`: `tier`, `cpu_s`,
@@ -83,6 +87,15 @@ def _tree_cpu(walk: bool) -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
+def _has_live_child() -> bool:
+    """Whether this process has a child now, read from /proc (a wait would reap a child that a
+    Popen owns and lose its exit status)."""
+    try:
+        return any(Path(f"/proc/self/task/{tid}/children").read_text().strip() for tid in os.listdir("/proc/self/task"))
+    except OSError:
+        return False
+
+
 def _counts(outcomes: Counter) -> str:
     return ", ".join(f"{outcomes[k]} {k}" for k in OUTCOMES if outcomes.get(k)) or "no outcome"
 
@@ -111,7 +124,7 @@ class CpuTime:
     # -- where the test runs (a worker, or the one pytest process) ---------------------------
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem):
-        walk = item.get_closest_marker("slow") is not None
+        walk = item.get_closest_marker("slow") is not None or _has_live_child()
         item.user_properties.append(("tier", tier_of(item)))  # before setup: every report carries it
         self._running[item.nodeid] = (_tree_cpu(walk), time.monotonic(), walk)
         yield

@@ -7,7 +7,8 @@ in step (it must say in step), then rank 0 issues one all_reduce on the mesh's g
 1 never issues, as a rank that raised after DTensor issued a collective leaves it, and runs the
 check again: it must say out of step on both ranks, and at once (counting the collectives each
 rank issued), not after the barriers' `hang_s`. Prints "in step: True, then False in N s" per
-rank and exits 0, or exits 1 naming what differed.
+rank and exits 0, or exits 1 naming what differed. The ranks are forked from this process,
+which imported torch and the sweep's module once for both (and ran no op before the fork).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch.multiprocessing as mp
 
 WORLD = 2
 HANG_S = 60.0
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @dataclass
@@ -35,7 +37,6 @@ class Ranks:
 
 
 def rank_main(rank: int, init: str, failed) -> None:
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from suites.generators.ops_entry import _agreed_clock, _in_step, _modes
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -68,8 +69,11 @@ def rank_main(rank: int, init: str, failed) -> None:
 
 def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
-        failed = mp.get_context("spawn").Value("i", 0)
-        mp.spawn(rank_main, args=(f"file://{tmp}/store", failed), nprocs=WORLD, join=True)
+        import suites.generators.ops_entry  # noqa: F401 - imported once, before the ranks are forked
+
+        failed = mp.get_context("fork").Value("i", 0)
+        mp.start_processes(rank_main, args=(f"file://{tmp}/store", failed), nprocs=WORLD, join=True,
+                           start_method="fork")
         return int(failed.value)
 
 

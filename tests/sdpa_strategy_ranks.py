@@ -3,10 +3,16 @@
 Run by tests/test_fix_dtensor_sdpa_cpu.py (DISTCI_FIXES=none, so only this fix is in play).
 Each case distributes q, k, v (and an attn_mask) with its placements, runs
 F.scaled_dot_product_attention forward and backward, and compares the output and every input
-gradient (full_tensor()) with the same calls on the full tensors; it prints
-"N cases agree" and exits 0, or prints each case that differs and exits 1.
-SDPA_STRATEGY_MUTATE=1 plants a wrong strategy first (heads-sharded outputs declared
-replicated), which this check must catch.
+gradient (full_tensor()) with the same calls on the full tensors; rank 0 prints
+"<mode>: N cases agree", or each case that differs, and the run exits 0 or 1.
+
+The modes, in the order given on the command line (default: `right`): `right` runs the fix
+as it is; `wrong` plants a wrong strategy first (heads-sharded outputs declared replicated),
+which this check must catch (SDPA_STRATEGY_MUTATE=1 alone means `wrong`). Each mode's two
+ranks are forked from this process, which imported torch and DTensor once for all of them
+(and ran no op: nothing a fork could inherit half-done), so a mode costs its cases, not two
+interpreters' imports; its ranks start with the fix unapplied and apply it themselves, and
+the parent prints "<mode>: exit N" once they ended. The process exits 0 when every mode did.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import tempfile
 
 import torch
 import torch.distributed as dist
+import torch.distributed.tensor  # noqa: F401 - imported once here, for every forked rank
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
@@ -115,7 +122,7 @@ def _case(mesh, case, index: int) -> list[str]:
     return problems
 
 
-def _rank(rank: int, init_file: str, mutate: bool) -> None:
+def _rank(rank: int, init_file: str, mode: str) -> None:
     # A planted wrong strategy can leave one rank in a collective: time out, do not hang.
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=60))
@@ -124,7 +131,7 @@ def _rank(rank: int, init_file: str, mutate: bool) -> None:
 
     from distci_fixes.fixes import dtensor_sdpa_cpu_strategy as fix
 
-    if mutate:
+    if mode == "wrong":
         _plant_wrong_strategy()
     assert fix.detect(ops_module), "the CPU flash kernel already has a strategy in this torch: nothing to test"
     fix.apply(ops_module)
@@ -136,24 +143,38 @@ def _rank(rank: int, init_file: str, mutate: bool) -> None:
         except Exception as err:  # a wrong strategy can also make the local kernel raise
             problems.append(f"case {index} {case}: raised, the shape differs: {type(err).__name__}: {err}")
     if rank == 0:
-        print("\n".join(problems) if problems else f"{len(CASES)} cases agree", flush=True)
+        print("\n".join(f"{mode}: {p}" for p in problems) if problems else f"{mode}: {len(CASES)} cases agree",
+              flush=True)
     dist.destroy_process_group()
     if problems:
         sys.exit(1)
 
 
-def main() -> int:
+def _run(mode: str) -> int:
+    """One mode on WORLD ranks forked from this process: 0 when every rank exited 0."""
     with tempfile.TemporaryDirectory() as tmp:
-        init_file = os.path.join(tmp, "init")
         try:
-            mp.spawn(_rank, args=(init_file, os.environ.get("SDPA_STRATEGY_MUTATE") == "1"), nprocs=WORLD)
+            mp.start_processes(_rank, args=(os.path.join(tmp, "init"), mode), nprocs=WORLD, start_method="fork")
         except mp.ProcessExitedException:
             return 1
         except Exception as err:
-            print(f"a rank failed: {err}", flush=True)
+            print(f"{mode}: a rank failed: {err}", flush=True)
             return 1
     return 0
 
 
+def main(argv: list[str]) -> int:
+    modes = argv or (["wrong"] if os.environ.get("SDPA_STRATEGY_MUTATE") == "1" else ["right"])
+    unknown = sorted(set(modes) - {"right", "wrong"})
+    if unknown:
+        print(f"unknown mode(s) {unknown}: give right and/or wrong", flush=True)
+        return 2
+    codes = []
+    for mode in modes:
+        codes.append(_run(mode))
+        print(f"{mode}: exit {codes[-1]}", flush=True)
+    return max(codes)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -83,21 +83,35 @@ def test_unresolvable_cell_is_infra_not_failure(tmp_path):
     assert Path(record["log_path"]).is_file() and "torch==0.0.1" in Path(record["log_path"]).read_text()
 
 
-def test_installed_stack_runs_through_distci_run(tmp_path):
+INSTALLED_MATRIX = (
+    'schema = 1\n[accelerators.cpu]\nbackend = "gloo"\nrunner = ["ubuntu-latest"]\n'
+    'archs = ["x86_64"]\nvariants = ["cpu"]\n[tiers.pr]\n[[matrix]]\naccelerator = "cpu"\n'
+    'torch = "installed"\ntorchao = "installed"\nfixes = "off"\ntiers = []\n'
+)
+INSTALLED_CELL = "cpu-cpu-torch_installed-ao_installed-ws2-fix_off"
+TRIVIAL = [f"tests/harness_cases/test_trivial.py::test_trivial[{i}]" for i in (1, 2, 3)]
+
+
+@pytest.fixture(scope="module")
+def installed_run(tmp_path_factory) -> dict:
+    """One cell run of test_trivial[3] on this interpreter's installed stack: what the
+    installed-stack test reads, and the stopped run the resume test continues (a cell run
+    each was ~7 CPU-s of controller, pytest and rank pool)."""
+    root = tmp_path_factory.mktemp("installed")
+    matrix = root / "matrix.toml"
+    matrix.write_text(INSTALLED_MATRIX)
+    proc = distci("--matrix", str(matrix), "run", "--cell", INSTALLED_CELL, "--python", sys.executable,
+                  "--runs-root", str(root / "runs"), "--test", TRIVIAL[2])
+    return {"proc": proc, "matrix": matrix, "runs": root / "runs"}
+
+
+def test_installed_stack_runs_through_distci_run(installed_run):
     """`--python` runs a cell on that interpreter's preinstalled stack: no wheelhouse, the
     stack's sources marked source=installed (here: the test session's own torch)."""
-    matrix = tmp_path / "matrix.toml"
-    matrix.write_text(
-        'schema = 1\n[accelerators.cpu]\nbackend = "gloo"\nrunner = ["ubuntu-latest"]\n'
-        'archs = ["x86_64"]\nvariants = ["cpu"]\n[tiers.pr]\n[[matrix]]\naccelerator = "cpu"\n'
-        'torch = "installed"\ntorchao = "installed"\nfixes = "off"\ntiers = []\n'
-    )
-    cell = "cpu-cpu-torch_installed-ao_installed-ws2-fix_off"
-    proc = distci("--matrix", str(matrix), "run", "--cell", cell, "--python", sys.executable,
-                  "--runs-root", str(tmp_path / "runs"), "--test", "tests/harness_cases/test_trivial.py::test_trivial[3]")
+    proc = installed_run["proc"]
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "wheelhouse" not in proc.stdout
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    (run_dir,) = installed_run["runs"].iterdir()
     (record,) = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()]
     assert record["outcome"] == "passed" and record["stack"]["fixes_mode"] == "none"
     import torch
@@ -136,29 +150,20 @@ def test_a_printed_repro_runs_its_nightly_test(tmp_path):
     assert "no test selected by --test" in narrowed.stderr
 
 
-def test_a_resumed_run_runs_only_what_the_stopped_run_left(tmp_path):
+def test_a_resumed_run_runs_only_what_the_stopped_run_left(tmp_path, installed_run):
     """`--resume` continues a run: the same selection, minus the tests the earlier run
     answered. The resumed run says which run it continues, and one report over both counts
-    every test once."""
-    matrix = tmp_path / "matrix.toml"
-    matrix.write_text(
-        'schema = 1\n[accelerators.cpu]\nbackend = "gloo"\nrunner = ["ubuntu-latest"]\n'
-        'archs = ["x86_64"]\nvariants = ["cpu"]\n[tiers.pr]\n[[matrix]]\naccelerator = "cpu"\n'
-        'torch = "installed"\ntorchao = "none"\nfixes = "off"\ntiers = []\n'
-    )
-    cell = "cpu-cpu-torch_installed-ao_none-ws2-fix_off"
-    trivial = [f"tests/harness_cases/test_trivial.py::test_trivial[{i}]" for i in (1, 2, 3)]
-    base = ["--matrix", str(matrix), "run", "--cell", cell, "--python", sys.executable,
+    every test once. The stopped run is `installed_run`'s (test_trivial[3] answered)."""
+    assert installed_run["proc"].returncode == 0, installed_run["proc"].stdout[-3000:]
+    (stopped,) = installed_run["runs"].iterdir()
+    base = ["--matrix", str(installed_run["matrix"]), "run", "--cell", INSTALLED_CELL, "--python", sys.executable,
             "--runs-root", str(tmp_path / "runs")]
-    first = distci(*base, "--test", trivial[0])
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
-    (stopped,) = (tmp_path / "runs").iterdir()
-    selection = [a for t in trivial for a in ("--test", t)]
+    selection = [a for t in TRIVIAL for a in ("--test", t)]
     resumed = distci(*base, *selection, "--resume", str(stopped))
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-2000:]
-    (run_dir,) = [d for d in (tmp_path / "runs").iterdir() if d != stopped]
+    (run_dir,) = (tmp_path / "runs").iterdir()
     ran = [json.loads(x)["test_id"] for x in (run_dir / "results.jsonl").read_text().splitlines()]
-    assert sorted(ran) == trivial[1:]
+    assert sorted(ran) == TRIVIAL[:2]
     assert f"--resume {stopped.name}" in json.loads((run_dir / "run.json").read_text())["selection"]
     report = distci("report", str(stopped), str(run_dir), "--title", "t", "--command", "c",
                     "--out", str(tmp_path / "page.md"))

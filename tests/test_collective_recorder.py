@@ -72,6 +72,43 @@ def test_recording_around_a_compiled_function_keeps_it_compiled(one_rank):
     torch._dynamo.reset()
 
 
+def test_executed_ops_are_counted_as_the_profilers_event_list_counts_them(one_rank):
+    """count_executed_ops counts the profiler's raw events (evidence._event_names), not the
+    FunctionEvents `prof.events()` builds: the counts must be that list's, with its rule that
+    an event alone under a parent of the same name is folded into it, on what the checks count
+    (FSDP2's labelled reduce-scatters, optimizer kernels, DTensor ops; a mesh of one rank
+    gathers nothing)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.profiler import ProfilerActivity, profile
+
+    from suites.runner.evidence import _event_names
+
+    mesh = init_device_mesh("cpu", (1,))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    for block in model:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    weight = distribute_tensor(torch.randn(4, 4), mesh, [Shard(0)])
+
+    def step() -> None:
+        model(torch.randn(2, 8)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        (weight @ weight).sum()
+
+    step()  # the lazy first-step work (lazy init, imports) stays out of the profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    counted = _event_names(prof)
+    assert counted == Counter(event.name for event in prof.events())
+    assert any(name.startswith("FSDP::post_backward_reduce") for name in counted), sorted(counted)[:40]
+    kept = sum(1 for e in prof.profiler.kineto_results.events() if e.name() in counted)
+    assert sum(counted.values()) < kept, "no event was folded into a same-named parent: the rule went untested"
+
+
 def test_tp_collectives_in_the_wrong_dtype_fail_the_check():
     from suites.judges.graph_checks import GraphExpectation, _tp_collective_problems
 

@@ -107,3 +107,40 @@ def test_files_that_share_a_daemon_share_a_worker():
     assert {scope_of(f"{path}::test_x") for path in SHARED} == set(SHARED.values())
     assert scope_of("tests/test_cellrun.py::test_x[a::b]") == "tests/test_cellrun.py"
     assert all((REPO / path).exists() for path in SHARED), "a file named in SHARED was renamed or removed"
+
+
+BURN_THEN_WAIT = BURN.format(s=0.8) + "\nprint('burned', flush=True)\ntime.sleep(600)"
+SHARED_CHILD = f"""
+    import subprocess, sys, pytest
+
+    @pytest.fixture(scope="module")
+    def child():
+        proc = subprocess.Popen([sys.executable, "-c", {BURN_THEN_WAIT!r}], stdout=subprocess.PIPE, text=True)
+        yield proc
+        proc.kill()
+        proc.wait()
+
+    @pytest.mark.slow
+    def test_it_burns_while_a_slow_test_runs(child):
+        assert child.stdout.readline().strip() == "burned"
+
+    def test_the_last_test_reaps_it(child):
+        pass
+"""
+
+
+def test_a_module_fixtures_child_is_charged_once_though_a_quick_test_reaps_it(tmp_path):
+    """A module fixture's process (the ops tests' shared session) burns while a slow test runs,
+    which charges it by walking the tree; the last test, quick, reaps it at the module's
+    teardown: it must be charged what the child used during it, not the child's whole life."""
+    root = tmp_path / "suite"
+    root.mkdir()
+    (root / "conftest.py").write_text(CONFTEST.format(tests=str(REPO / "tests")))
+    (root / "weights.json").write_text("{}")
+    (root / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: s\n    docker: d\n    long: l\n")
+    (root / "test_shared_child.py").write_text(textwrap.dedent(SHARED_CHILD))
+    proc, report = _run(root, "-n", "0")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    costs = {t["nodeid"].split("::")[1]: t["cpu_s"] for t in report["tests"]}
+    assert costs["test_it_burns_while_a_slow_test_runs"] >= 0.6, costs
+    assert costs["test_the_last_test_reaps_it"] < 0.4, costs  # its whole life again would be >= 0.8

@@ -1,5 +1,10 @@
 """The fix audit end to end on the local torch: its env comes from distci.provision.envs (the one
-venv primitive, keyed by the stack), and the verdict comes from real off/on runs."""
+venv primitive, keyed by the stack), and the verdict comes from real off/on runs.
+
+It is also CI's proof that act_tangent_coercion is needed on the torch CI runs (2.13.0): its
+regression test fails with fixes off, with the upstream error, and passes with the fix on.
+tests/test_fixes.py audited the same fix on the same torch a second time (through `--python`,
+a path its second-package audit still covers): one audit proves both."""
 
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ def test_audit_of_one_fix_on_the_local_torch(tmp_path, monkeypatch):
     assert (row["fix"], row["torch"], row["present"], row["verdict"]) == ("act_tangent_coercion", "2.13.0", True,
                                                                           "needed")
     assert row["off"]["outcome"] == "failed" and row["on"]["outcome"] == "passed"
+    upstream = ("_local_tensor", "guessed its metadata", "incorrect subclass metadata", "does not require grad")
+    assert any(s in row["off"]["message"] for s in upstream), row["off"]  # off fails with the upstream error
     envs = [p.name for p in cache.iterdir() if p.is_dir()]
     assert any(name.startswith("stack-") for name in envs), envs  # distci.provision.envs' env, not a private venv
 

@@ -1,7 +1,7 @@
 """dtensor_sdpa_cpu_strategy: its detect()/apply() against a sharding propagator, and its
 strategies' values on 2 gloo ranks against the full-tensor sdpa.
 
-The slow test runs tests/sdpa_strategy_ranks.py on 2 spawned gloo ranks: sdpa forward and
+The slow test runs tests/sdpa_strategy_ranks.py on 2 forked gloo ranks: sdpa forward and
 backward over the placements the ops generator draws (Shard on every dim, Partial, Replicate),
 sizes the mesh does not divide, causal, a DTensor attn_mask, scale, bf16 and f32, each output
 and input gradient compared with the op on full tensors. The same run with a planted wrong
@@ -82,19 +82,23 @@ def test_a_vanished_registration_api_is_a_target_missing_naming_torch(monkeypatc
         fix.detect(types.ModuleType("ops"))
 
 
-def _ranks(mutate: bool) -> subprocess.CompletedProcess:
+def _ranks(*modes: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "DISTCI_FIXES": "none", "PYTHONPATH": os.pathsep.join([str(REPO / "fixes"), str(REPO)])}
-    if mutate:
-        env["SDPA_STRATEGY_MUTATE"] = "1"
-    return subprocess.run([sys.executable, str(REPO / "tests" / "sdpa_strategy_ranks.py")], env=env,
+    env.pop("SDPA_STRATEGY_MUTATE", None)
+    return subprocess.run([sys.executable, str(REPO / "tests" / "sdpa_strategy_ranks.py"), *modes], env=env,
                           capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow
 def test_the_strategies_give_the_full_tensor_values_and_a_wrong_one_is_caught():
-    done = _ranks(mutate=False)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    assert "cases agree" in done.stdout
-    wrong = _ranks(mutate=True)
-    assert wrong.returncode != 0, wrong.stdout[-2000:]
-    assert "differs" in wrong.stdout or "shape" in wrong.stdout, wrong.stdout[-2000:] + wrong.stderr[-2000:]
+    """One process imports torch for both runs: the fix as it is, then a planted wrong strategy,
+    each on its own two forked ranks (a rank of the second run never saw the first's state)."""
+    done = _ranks("right", "wrong")
+    out = done.stdout
+    right = [line for line in out.splitlines() if line.startswith("right: ")]
+    wrong = [line for line in out.splitlines() if line.startswith("wrong: ")]
+    assert len(right) == 2 and re.fullmatch(r"right: \d+ cases agree", right[0]) and right[1] == "right: exit 0", \
+        out[-4000:] + done.stderr[-4000:]
+    assert wrong[-1] == "wrong: exit 1", out[-2000:] + done.stderr[-2000:]
+    assert any("differs" in line or "shape" in line for line in wrong[:-1]), out[-2000:] + done.stderr[-2000:]
+    assert done.returncode == 1, out[-2000:]  # the wrong run's

@@ -281,25 +281,6 @@ def test_second_package_fix_is_audited(site: Path, team_site: Path, tmp_path: Pa
     assert "team_answer" in (tmp_path / "audit" / "latest" / "audit.md").read_text()
 
 
-@pytest.mark.slow
-def test_act_tangent_regression_fails_off_and_passes_on(site: Path, tmp_path: Path) -> None:
-    """CI's proof on its torch: the regression test fails with fixes off (the upstream
-    error) and passes with act_tangent_coercion on."""
-    from distci.audit import run as audit
-
-    if decide(act_tangent_coercion.FIX.applies, TorchBuild.current()).in_range is False:
-        pytest.skip("torch outside act_tangent_coercion's range")
-    env = {"PYTHONPATH": _child_env(site, None)["PYTHONPATH"]}
-    result = audit.run_audit([], None, tmp_path / "audit", only={ACT}, extra_env=env, timeout=900,
-                             python=Path(sys.executable), log=lambda *_: None)
-    (row,) = result.rows
-    assert row.off.outcome == "failed", row.off
-    assert any(s in row.off.message for s in ("_local_tensor", "guessed its metadata", "incorrect subclass metadata",
-                                              "does not require grad")), row.off.message
-    assert row.on.outcome == "passed", row.on
-    assert row.verdict == "needed"
-
-
 # --- a fix for a third-party package (torchtitan is not installed in CI) ---------------
 
 TORCHTITAN_022_TENSOR_PARALLEL = '''

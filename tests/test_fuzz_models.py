@@ -34,7 +34,7 @@ def test_every_drawn_structure_is_valid_and_its_key_reads_back():
     assert len({key(s) for s in drawn}) == 60
     for s in drawn:
         assert valid(s) and parse(key(s)) == s
-    assert {s["parallel"] for s in drawn} == {"fsdp", "tp", "ddp", "replicate", "hsdp", "fsdp_tp"}
+    assert {s["parallel"] for s in drawn} == {"fsdp", "tp", "ddp", "replicate", "hsdp", "fsdp_tp", "pp"}
     assert any(s["experts"] and s["tie"] for s in drawn)
     assert {s["plan"] for s in drawn} == {"megatron", "titan", "hf"} and any(s["loss_parallel"] for s in drawn)
 
@@ -48,7 +48,7 @@ def test_later_features_leave_a_seeds_first_draws_as_they_were():
         widened, plain = Drawer(seed), Drawer(seed, first_only)
         for _ in range(40):
             s, old = widened.draw(), plain.draw()
-            assert {**s, **{f.name: f.origin for f in later if s[f.name] in f.later}} == old
+            assert {**s, **{f.name: f.origin_of(s[f.name]) for f in later if s[f.name] in f.later}} == old
     assert key(Drawer("a", first_only).draw()) == "tp", "seed a's first draw since before the plans"
 
 
@@ -262,6 +262,14 @@ PLANTS = {
     "sp_norm_grad_local": ({"parallel": "tp", "plan": "titan", "attn": "true,false", "steps": "1,2",
                             "buffer": "none,persistent"},
                            lambda n: n == {"parallel": "tp", "plan": "titan"}, "gradient of layers.N.norm.weight", "sp"),
+    # a pipeline's tied pair not summed over its stages: the first gradient off is the embedding's
+    "pp_tied_unsummed": ({"parallel": "pp", "tie": "true", "buffer": "none,persistent", "blocks": "1,2"},
+                         lambda n: n == {"parallel": "pp", "tie": True}, "gradient of tok.weight", "tie"),
+    # one schedule's last stage unscaled: it needs that schedule, and the 2 blocks its 4 stages need
+    "pp_stage_unscaled": ({"parallel": "pp", "schedule": "interleaved_1f1b", "blocks": "2,3",
+                           "buffer": "none,persistent", "steps": "1,2"},
+                          lambda n: n == {"parallel": "pp", "schedule": "interleaved_1f1b", "blocks": 2},
+                          "parameter gradient of norm.weight", "sched"),
     "balance_local_counts": ({"parallel": "ddp", "experts": "4", "balance": "true", "steps": "2,3",
                               "tie": "true,false"},
                              lambda n: n.get("balance") and n.get("experts") and n.get("steps", 1) >= 2
@@ -381,3 +389,91 @@ try:
     from torch.distributed.tensor import Shard
 except ImportError:  # torch < 2.4
     from torch.distributed._tensor import Shard
+
+
+# --- the pipeline layout (parallel=pp) -------------------------------------------------------
+
+def test_pipeline_features_need_a_pipeline_and_what_its_api_takes():
+    assert problems({"parallel": "ddp", "schedule": "zbv"}) == [
+        "schedule, microbatches, split and pp_loss configure a pipeline: parallel=pp"]
+    assert not valid({"parallel": "pp", "reuse": True})
+    assert not valid({"parallel": "pp", "schedule": "1f1b", "microbatches": 1})  # 1F1B's own ValueError
+    assert valid({"parallel": "pp", "schedule": "interleaved_1f1b", "microbatches": 1, "blocks": 2})
+    assert not valid({"parallel": "pp", "schedule": "zbv", "blocks": 1}), "torchtitan's split: blocks + 2 >= 4 stages"
+    assert valid({"parallel": "pp", "schedule": "zbv", "blocks": 1, "split": "last"})
+    assert valid({"parallel": "pp", "microbatches": 3, "tie": True, "experts": 4, "frozen": "lora", "ac": "selective"})
+
+
+def test_the_titan_split_is_torchtitans_generated_one():
+    from suites.generators.model_space import stage_blocks
+
+    # torchtitan's _generate_llm_fqn_per_model_part(stages, blocks, 1, 1), as module names:
+    # (2, 3): [tok, layers.0, layers.1], [layers.2, norm, output]; (4, 2): [tok], [layers.0], [layers.1], [norm, output]
+    assert stage_blocks(parse("pp-blocks3")) == [[0, 1], [2]]
+    assert stage_blocks(parse("pp")) == [[0], []]
+    assert stage_blocks(parse("pp-blocks2-zbv")) == [[], [0], [1], []]
+    assert stage_blocks(parse("pp-blocks3-interleaved_1f1b")) == [[0], [1], [2], []]
+    assert stage_blocks(parse("pp-blocks3-zbv-split_last")) == [[], [], [], [0, 1, 2]]
+    assert stage_blocks(parse("pp-blocks2-split_first")) == [[0, 1], []]
+
+
+@pytest.mark.parametrize("structure", ["pp-blocks3-tied-mtp-attn-buf_rope", "pp-blocks2-moe4-top2-zbv",
+                                       "pp-blocks2-frozen_lora-ac_full-zbv-split_last"])
+def test_the_stages_run_one_after_another_are_the_whole_model(structure):
+    """Each stage keeps the full model's parameter names and the modules its split gives it;
+    chained, the stages compute the whole model's logits."""
+    from suites.generators import model_structures as ms
+    from suites.generators.model_pipeline import cut
+    from suites.generators.model_space import stage_blocks
+
+    s = parse(structure)
+    whole = ms.build(s, torch.device("cpu"))
+    tokens, _ = ms.data(s, whole.vocab, 2)[0][0]
+    blocks = stage_blocks(s)
+    stages = [cut(ms.build(s, torch.device("cpu")), i, blocks) for i in range(len(blocks))]
+    x = tokens
+    for stage in stages:
+        x = stage(x)
+    assert torch.equal(x, whole(tokens))
+    names = [n for stage in stages for n, _ in stage.named_parameters()]
+    whole_names = [n for n, _ in whole.named_parameters()]
+    assert set(names) - {"output.weight"} == set(whole_names) - {"output.weight"}
+    assert len(names) == len(set(names))
+    assert ("output.weight" in whole_names) != s["tie"] and "output.weight" in names, "tied: the head's own copy"
+
+
+def test_the_reference_loss_is_the_schedules_mean_of_microbatch_means():
+    from suites.generators.model_pipeline import reference_loss
+
+    logits, labels = torch.randn(4, 3, 5), torch.randint(0, 5, (4, 3))
+    full = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+    assert torch.allclose(reference_loss(parse("pp-mb4"), logits, labels), full)
+    uneven = reference_loss(parse("pp-mb3"), logits, labels)  # rows 2, 1, 1
+    parts = [torch.nn.functional.cross_entropy(logits[a:b].flatten(0, 1), labels[a:b].flatten())
+             for a, b in ((0, 2), (2, 3), (3, 4))]
+    assert torch.allclose(uneven, sum(parts) / 3) and not torch.allclose(uneven, full)
+    assert torch.equal(reference_loss(parse("pp-mb3-pp_loss_tokens"), logits, labels), full)
+
+
+PP_REACH = [
+    # entry, --space beyond parallel=pp that the bug's trigger needs (none: the plain pp space)
+    ("pytorch126600-pp-uneven-microbatches", []),
+    ("torchtitan1733-pp-scale-grads-accumulation", []),
+    ("distci-pp-shape-inference-extra-forward", []),
+    ("distci-pp-zero-bubble-frozen-input", ["schedule=zero_bubble,zbv", "frozen=embedding,lora"]),
+    ("distci-pp-zero-bubble-selective-checkpoint", ["schedule=zero_bubble,zbv", "ac=selective"]),
+]
+
+
+@pytest.mark.parametrize("entry, space", PP_REACH, ids=[e for e, _ in PP_REACH])
+def test_the_pp_space_draws_what_each_registered_pipeline_bug_needs(entry, space):
+    """The upstream PP bugs of reports/fuzz-models-2026-12-07-pp.md: the seeded run's space
+    (parallel=pp) draws structures each entry names within 60 draws; the zero-bubble ones
+    need their schedule and a frozen stage / selective AC, which the space draws when asked."""
+    from distci.known_issues import load_registry
+
+    registry = load_registry(REPO / "suites" / "known_issues.toml")
+    known = next(e for e in registry.entries if e.id == entry)
+    drawer = Drawer("2026-12-07-pp", parse_space(["parallel=pp", *space]))
+    drawn = [key(drawer.draw()) for _ in range(60)]
+    assert any(known.covers(f"suites/generators/models_entry.py::test_model_structure[{k}]") for k in drawn)

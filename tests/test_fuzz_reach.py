@@ -270,6 +270,44 @@ def test_forms_never_move_what_a_seed_drew_before_them():
     assert any(draw("night", i).text != BEFORE_FORMS[("night", None)][i] for i in range(6))  # and forms are drawn
 
 
+# What seed "night" drew with round 1's later forms, before round 2's existed (main at 197fae9):
+# round 2 comes from a stream of its own, so round 1's picks stay put
+BEFORE_ROUND_2 = [
+    "fsdp_mp-ws4-w32-l2-sgd0:step,fwd_bwd=nosync,fwd_bwd,eval,eval",
+    "tp-ws4-w32-l2-adamw:sched,step,fwd_bwd,step,step,fwd_bwd=twice,step",
+    "tp-ws4-w8-l1-sgd0:sched,save=full,eval,fwd_bwd=twice,load,save=full,clip=value,zero_grad,step,zero_grad=zeros,"
+    "save=full,step",
+    "fsdp-ws4-w32-l1-sgd:reshard,save=full,step,fwd_bwd=nosync,fwd_bwd=nosync,fwd_bwd,step,clip=inf,clip,"
+    "fwd_bwd=twice,load",
+]
+
+
+def _base_round_2(text: str) -> str:
+    """A program's text with round 2's later forms (LATER_FORMS_2) back to their values."""
+    program = parse_program(text)
+    back = {(w, f): v for (w, v), fs in tp.LATER_FORMS_2.items() for f in fs}
+    actions = tuple(tp.token(split(a)[0], back.get(split(a), split(a)[1])) for a in program.actions)
+    return tp.Program(back.get(("layout", program.layout), program.layout), program.world_size, program.width,
+                      program.layers, program.optim, actions).text
+
+
+def test_round_2_forms_never_move_round_1s_picks():
+    widened = [draw("night", i).text for i in range(len(BEFORE_ROUND_2))]
+    assert [_base_round_2(t) for t in widened] == BEFORE_ROUND_2
+    assert widened != BEFORE_ROUND_2  # and round 2's forms are drawn (eval=generate, load=model here)
+
+
+def test_round_2_forms_are_drawn_where_their_calls_are_made():
+    programs = [draw("reach2", i) for i in range(1500)]
+    drawn = {a for p in programs for a in p.actions} | {p.layout for p in programs}
+    wanted = {"hsdp", "fwd_bwd=noreduce", "reshard=forward_false", "reshard=unshard", "reshard=prefetch",
+              "reshard=divide", "eval=generate", "load=model", "compile=blocks"}
+    assert wanted <= drawn, wanted - drawn
+    assert all(p.world_size == 4 for p in programs if p.layout == "hsdp")
+    assert all(p.layout == "hsdp" for p in programs if "fwd_bwd=noreduce" in p.actions)
+    assert all(tp.valid(p) for p in programs)
+
+
 def test_a_restricted_layout_draws_only_what_it_names():
     assert {draw("only", i, ("fsdp",)).layout for i in range(50)} == {"fsdp"}
     assert {draw("only", i, ("fsdp_mp",)).layout for i in range(50)} == {"fsdp_mp"}

@@ -49,14 +49,7 @@ def test_a_selection_matching_nothing_fails_before_anything_is_provisioned(tmp_p
         print(f"{args}: refused in {took:.1f}s")
 
 
-def test_a_matching_selection_goes_on_and_says_how_many():
-    logs: list[str] = []
-    check_selection([default_cell()], tests=[ONE_FILE], keyword="eager and sgd", tier=None, python=None,
-                    env_root=Path("unused"), log=logs.append)
-    (line,) = logs
-    said = re.fullmatch(rf"-k 'eager and sgd' --test {ONE_FILE}: (\d+) test\(s\) of cell {re.escape(default_cell().id)} "
-                        r"selected \(checked before provisioning\)", line)
-    assert said and int(said.group(1)) >= 1, line
+def test_no_selection_is_nothing_to_check():
     nothing: list[str] = []
     check_selection([default_cell()], tests=[], keyword=None, tier="pr", python=None, env_root=Path("unused"),
                     log=nothing.append)
@@ -108,24 +101,30 @@ def test_the_check_is_refused_as_a_selection_error_type():
                         python=sys.executable, env_root=Path("unused"))
 
 
-def test_a_check_that_selected_tests_is_remembered_and_a_refusal_never_is(tmp_path):
-    """The same selection again is not collected again; another -k, or a refused one, is."""
+def test_a_matching_selection_goes_on_says_how_many_and_is_remembered_and_a_refusal_never_is(tmp_path):
+    """A selection that matches goes on and says how many it selected; the same selection again
+    is not collected again; another -k, or a refused one, is. (One collection of the matching
+    selection serves both: each collection of the suite file is a pytest of its own.)"""
     remembered = Remembered(tmp_path / "precheck")
     first: list[str] = []
     check_selection([default_cell()], tests=[ONE_FILE], keyword="eager and sgd", tier=None, python=None,
                     env_root=Path("unused"), log=first.append, remembered=remembered)
-    assert first[0].endswith("selected (checked before provisioning)"), first
+    (line,) = first
+    cell = re.escape(default_cell().id)
+    said = re.fullmatch(rf"-k 'eager and sgd' --test {ONE_FILE}: (\d+) test\(s\) of cell {cell} "
+                        r"selected \(checked before provisioning\)", line)
+    assert said and int(said.group(1)) >= 1, line
     assert len(list((tmp_path / "precheck").glob("*.json"))) == 1
     again: list[str] = []
     check_selection([default_cell()], tests=[ONE_FILE], keyword="eager and sgd", tier=None, python=None,
                     env_root=Path("unused"), log=again.append, remembered=remembered)
-    count = first[0].split(": ")[1].split(" ")[0]
-    assert again == [f"-k 'eager and sgd' --test {ONE_FILE}: {count} test(s) of cell {default_cell().id} selected "
-                     "(checked before provisioning, as an earlier check of the same selection, suites and torch found)"]
-    for _ in range(2):  # refused every time: a refusal is collected again, never remembered
-        with pytest.raises(SelectionError, match="no test selected by -k 'eager and nothing_at_all'"):
-            check_selection([default_cell()], tests=[ONE_FILE], keyword="eager and nothing_at_all", tier=None,
-                            python=None, env_root=Path("unused"), remembered=remembered)
+    assert again == [f"-k 'eager and sgd' --test {ONE_FILE}: {said.group(1)} test(s) of cell {default_cell().id} "
+                     "selected (checked before provisioning, as an earlier check of the same selection, suites and "
+                     "torch found)"]
+    # refused, and collected again every time: a refusal is never remembered
+    with pytest.raises(SelectionError, match="no test selected by -k 'eager and nothing_at_all'"):
+        check_selection([default_cell()], tests=[ONE_FILE], keyword="eager and nothing_at_all", tier=None,
+                        python=None, env_root=Path("unused"), remembered=remembered)
     assert len(list((tmp_path / "precheck").glob("*.json"))) == 1
 
 

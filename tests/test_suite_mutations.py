@@ -39,7 +39,8 @@ state dict carries, was left as to_empty left it (every step's loss differs, fro
 an fp16 row whose GradScaler is disabled (the overflowing step is taken); a prefetch=explicit
 row whose blocks kept FSDP2's implicit order (same numbers, block 1 gathered a block late).
 Unmutated controls run through the same checks and must pass, so a failure is the
-mutation's doing. All real runs share one spawn of two ranks (~60 s on 2 cores).
+mutation's doing. All real runs share two ranks, forked from one fresh interpreter that
+imported torch and the suites once for both (~60 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ import re
 import datetime
 import json
 import os
+import signal
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -253,13 +257,46 @@ def _rank_main(rank: int, world_size: int, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
-@pytest.fixture(scope="module")
-def mutated(tmp_path_factory) -> dict:
+def _fork_ranks(world_size: int, out_dir: str) -> None:
+    """In a fresh interpreter (the `mutated` fixture's child): import torch and what the ranks
+    run once, then fork the ranks from it. Spawned ranks imported them each (~3.6 CPU-s a rank);
+    the pytest process itself may not fork them, as an earlier test of its worker may have run
+    torch's OpenMP pool (a fork after that can hang the child). Nothing here runs an op."""
     import torch.multiprocessing as mp
 
+    import suites.judges.checks  # noqa: F401 - what every rank imports, imported before the fork
+    import suites.runner.reference  # noqa: F401
+    import suites.runner.training  # noqa: F401
+
+    mp.start_processes(_forked_rank, args=(world_size, out_dir), nprocs=world_size, join=True,
+                       start_method="fork")
+
+
+def _forked_rank(rank: int, world_size: int, out_dir: str) -> None:
+    from distci.harness import procs
+
+    procs.die_with_parent()  # a fork does not inherit it: the ranks end with the process that forked them
+    _rank_main(rank, world_size, out_dir)
+
+
+@pytest.fixture(scope="module")
+def mutated(tmp_path_factory) -> dict:
+    from distci.harness import procs
+
     out = tmp_path_factory.mktemp("mutations")
-    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    mp.spawn(_rank_main, args=(2, str(out)), nprocs=2, join=True)
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])}
+    code = f"import sys, {Path(__file__).stem} as m; m._fork_ranks(2, sys.argv[1])"
+    child = procs.start_owned([sys.executable, "-c", code, str(out)], env=env, token=procs.run_token(),
+                              death_signal=signal.SIGKILL, cwd=here.parent, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        log, _ = child.communicate(timeout=1800)
+    finally:
+        if child.poll() is None:
+            procs.kill_tree(child)
+    assert child.returncode == 0, log[-4000:]
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     return ranks[0] | {f"{k}@rank1": v for k, v in ranks[1].items()}
 

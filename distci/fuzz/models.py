@@ -76,7 +76,7 @@ class Drawer:
     def _first_values(self, f) -> tuple:
         values = self.allowed.get(f.name, f.values)
         first = tuple(v for v in values if v not in f.later)
-        return first or (f.origin,)
+        return first or tuple(dict.fromkeys(f.origin_of(v) for v in values))
 
     def _value(self, f) -> Any:
         values = self._first_values(f)
@@ -113,7 +113,7 @@ class Drawer:
                 continue
             allowed = self.allowed.get(f.name, f.values)
             forced = s[f.name] not in allowed
-            candidates = [v for v in f.later if v in allowed and s[f.name] == f.origin
+            candidates = [v for v in f.later if v in allowed and s[f.name] == f.origin_of(v)
                           and (forced or space.valid({**s, f.name: v}))]
             stays = rng.random() < 0.5 and not forced  # one number per feature, whatever it decides
             if stays or not candidates:
@@ -124,7 +124,7 @@ class Drawer:
             if space.valid(s):
                 break
             if not forced:
-                s[f.name] = f.origin
+                s[f.name] = f.origin_of(s[f.name])
         return s if space.valid(s) else None
 
 

@@ -33,9 +33,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection
 
-from distci.training_program import (INVENTORY, LATER_P, LAYERS, LAYOUTS, OPTIMIZERS, WIDTHS, Program,
-                                      State, action, drawn_args, forms, is_form, later_forms, split, token,
-                                      valid)
+from distci.training_program import (INVENTORY, LATER_ROUNDS, LAYERS, LAYOUTS, OPTIMIZERS, WIDTHS, Program,
+                                      State, action, drawn_args, forms, is_form, split, token, valid)
 from .records import Find, Outcome, Report
 
 MIN_ACTIONS, MAX_ACTIONS = 4, 14
@@ -46,24 +45,32 @@ def draw(seed: str, index: int, layouts: tuple[str, ...] = tuple(LAYOUTS)) -> Pr
     Each drawn value then takes one of its forms (training_program.FORMS) from a second stream,
     so the main stream, and with it every program drawn before a form was added, stays put;
     a value the forms stream left plain may take a later form from a third stream (LATER_FORMS),
-    so the forms stream stays put too."""
+    so the forms stream stays put too, and one that stream left plain a round-2 form from a
+    fourth (LATER_FORMS_2), so the third stays put."""
     rng = random.Random(f"{seed}/{index}")
     first = random.Random(f"{seed}/{index}/forms").choice
-    later = random.Random(f"{seed}/{index}/later")
+    laters = [random.Random(f"{seed}/{index}/later{k if k > 1 else ''}") for k in range(1, len(LATER_ROUNDS) + 1)]
 
     def pick(what: str, values: list[str], allowed: Collection[str]) -> str:
         """A form from the forms stream; then, where it left the plain value, maybe a later
-        form (one of `allowed`) from a stream of its own (training_program.LATER_FORMS)."""
+        form (one of `allowed`) from each round's stream in turn while they leave it plain
+        (training_program.LATER_ROUNDS)."""
         got = first(values)
-        more = [x for x in later_forms(what, got) if x in allowed] if got == values[0] else []
-        return later.choice(more) if more and later.random() < LATER_P else got
+        if got != values[0]:
+            return got
+        for (table, p), later in zip(LATER_ROUNDS, laters):
+            more = [x for x in table.get((what, got), ()) if x in allowed]
+            if more and later.random() < p:
+                return later.choice(more)
+        return got
     bases = sorted(x for x in layouts if not is_form("layout", x)) or sorted(layouts)
     layout = rng.choice(bases)
     ws = rng.choice(LAYOUTS[layout])
     head = dict(world_size=ws, width=rng.choice(WIDTHS), layers=rng.choice(LAYERS))
     optim = rng.choice([x for x in OPTIMIZERS if not is_form("optim", x)])
     fits = [x for x in forms("layout", layout) if x in layouts]
-    head["layout"] = layout = pick("layout", fits, layouts) if fits else layout
+    runs_here = [x for x in layouts if ws in LAYOUTS[x]]  # hsdp: 4 ranks only
+    head["layout"] = layout = pick("layout", fits, runs_here) if fits else layout
     head["optim"] = pick("optim", list(forms("optim", optim)), OPTIMIZERS)
     length = rng.randint(MIN_ACTIONS, MAX_ACTIONS)
     state, actions = State(), []
@@ -120,7 +127,8 @@ def edits(program: Program) -> list[Edit]:
         out.append(Edit(model=(("world_size", min(LAYOUTS[program.layout])),)))
     if program.optim != OPTIMIZERS[0]:
         out.append(Edit(model=(("optim", OPTIMIZERS[0]),)))
-    plainer = {"fsdp_tp": ("tp", "fsdp", "ddp"), "fsdp_mp": ("fsdp",), "fsdp_offload": ("fsdp",)}.get(
+    plainer = {"fsdp_tp": ("tp", "fsdp", "ddp"), "fsdp_mp": ("fsdp",), "fsdp_offload": ("fsdp",),
+               "hsdp": ("fsdp",)}.get(
         program.layout, ())
     for layout in plainer:
         out.append(Edit(model=(("layout", layout), ("world_size", min(LAYOUTS[layout])))))

@@ -4,11 +4,17 @@ Cell environments install offline from wheels. distci's own code changes far mor
 than torch, so these wheels are built apart from the wheelhouse and keyed by a hash of
 their sources: an unchanged checkout reuses them, and a change in fixes/ rebuilds only
 the fixes wheel (and, in images, only the top layer).
+
+A wheel is built reproducibly (`SOURCE_DATE_EPOCH`): the same sources give the same bytes
+wherever they are built (this checkout, a copy of it, a bisect's working directory). An env
+records the sha256 of each wheel installed into it, so a wheel that differed only by its
+build time would reinstall distci into a shared env under a run that is using it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +24,8 @@ from pathlib import Path
 from distci.errors import InfraError
 
 REPO = Path(__file__).resolve().parents[2]
+BUILD_EPOCH = "315532800"
+"""The zip timestamp of every file in our wheels (1980-01-01, the earliest a zip can hold)."""
 SOURCES = {
     "distci": (REPO, ("pyproject.toml", "distci")),
     "distci_fixes": (REPO / "fixes", ("pyproject.toml", "distci_fixes")),
@@ -52,7 +60,8 @@ def build_wheel(name: str, cache: Path, *, log=print) -> Path:
         # Build from a copy so setuptools' build/ and egg-info never land in the checkout.
         shutil.copytree(root, build_dir / "src", ignore=shutil.ignore_patterns(".git", ".distci", ".nox", "__pycache__", "build", "*.egg-info", "fixes", "suites", "tests", "reports", "docker") if name == "distci" else shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
         cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp), str(build_dir / "src")]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True,
+                              env={**os.environ, "SOURCE_DATE_EPOCH": BUILD_EPOCH})
         if proc.returncode != 0:
             output = proc.stdout + proc.stderr
             hint = ""

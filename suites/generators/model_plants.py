@@ -30,6 +30,16 @@ quiet (training completes, nothing raises), the way such bugs sit upstream:
     the bug Megatron guards against with `allreduce_sequence_parallel_gradients` and
     hand-written SP norms forget. Forward numbers stay right; needs a plan with
     sequence parallel (plan=titan) on a TP layout.
+  - pp_tied_unsummed: under a pipeline, the tied embedding's and head's copies (first and
+    last stage) each keep their own gradient: the sum over the pipeline that Megatron-LM's
+    embedding group does is forgotten; the two copies then drift apart. Needs tie and pp.
+  - pp_stage_unscaled: under Interleaved1F1B, the last stage skips `scale_grads`, so its
+    gradients are the microbatches' sum where every other stage's are their mean (a
+    schedule that forgets one stage's REDUCE_GRAD). Needs pp, that schedule, and a mean
+    loss over more than one microbatch.
+
+The plants of other layouts leave a pipeline alone (their hooks are written for one model,
+a pipeline rank holds stages); the pipeline's plants get the model_pipeline.Pipelined.
 """
 
 from __future__ import annotations
@@ -150,17 +160,35 @@ def _sp_norm_grad_local(model: nn.Module, parallel: str, rank: int) -> None:
         module.forward = forward
 
 
+def _pp_tied_unsummed(piped, parallel: str, rank: int) -> None:
+    if parallel == "pp":
+        piped.sum_tied = False
+
+
+def _pp_stage_unscaled(piped, parallel: str, rank: int) -> None:
+    if parallel != "pp" or piped.structure["schedule"] != "interleaved_1f1b":
+        return
+    for stage in piped.stages:
+        if stage.is_last:
+            stage.scale_grads = lambda grad_scale_factor: None
+
+
+PIPELINE_PLANTS = ("pp_tied_unsummed", "pp_stage_unscaled")
+
 PLANTS: dict[str, Callable[[nn.Module, str, int], None]] = {
     "buffer_drift": _buffer_drift, "tied_grad_once": _tied_grad_once, "idle_expert_stale": _idle_expert_stale,
     "frozen_grad": _frozen_grad, "recompute_drift": _recompute_drift, "balance_local_counts": _balance_local_counts,
-    "sp_norm_grad_local": _sp_norm_grad_local}
+    "sp_norm_grad_local": _sp_norm_grad_local, "pp_tied_unsummed": _pp_tied_unsummed,
+    "pp_stage_unscaled": _pp_stage_unscaled}
 
 
 def plant(model: nn.Module, parallel: str, rank: int, name: str | None = None) -> None:
-    """Plants $DISTCI_MODELS_PLANT (or `name`) into the parallel run's model, after parallelize."""
+    """Plants $DISTCI_MODELS_PLANT (or `name`) into the parallel run's model, after parallelize
+    (under pp: into the model_pipeline.Pipelined, its stages built)."""
     name = os.environ.get(PLANT_ENV, "") if name is None else name
     if not name:
         return
     if name not in PLANTS:
         raise ValueError(f"{PLANT_ENV}={name!r} is not a plant; plants: {', '.join(PLANTS)}")
-    PLANTS[name](model, parallel, rank)
+    if (parallel == "pp") == (name in PIPELINE_PLANTS):
+        PLANTS[name](model, parallel, rank)

@@ -50,6 +50,13 @@ Features, and where they come from:
     layout `fsdp_tp`, TP inside each group of a 2x2 ("dp_shard", "tp") mesh then
     fully_shard over "dp_shard", as torchtitan's parallelize_llama (4 ranks, RANKS); it
     grows from an fsdp draw (its wrap kept): FSDP2 with a TP axis added.
+  - the pipeline (later): the layout `pp`, grown from a ddp draw (the data-parallel layout
+    whose ranks a pipeline splits the model over instead), always 2 ranks: torchtitan's
+    pipeline_llm over torch.distributed.pipelining (model_pipeline.py); `schedule` (GPipe,
+    1F1B, Interleaved1F1B, interleaved zero bubble, ZBV, DualPipeV), `microbatches` (1-4
+    over the step's 4 rows: 3 does not divide them), `split` (torchtitan's generated split,
+    or every block on the first / last stage) and `pp_loss` (a per-microbatch mean with
+    scale_grads, or torchtitan's sum over the step's tokens without).
 
 A structure's key spells the parallelism then every feature off its default, e.g.
 `ddp-blocks2-moe4-top2-tied-steps2`; `parse` reads one back (a test id alone names its
@@ -78,21 +85,24 @@ class Feature:
     """Values only the later stream draws (distci/fuzz/models.py): appended after a seed's
     first draws were fixed, so those draws keep their ids."""
     grows_from: Any = None
-    """The value a later value replaces (None: the default), e.g. fsdp_tp grows from tp."""
+    """The value a later value replaces (None: the default), e.g. fsdp_tp grows from fsdp;
+    a dict names it per later value (pp grows from ddp)."""
 
     @property
     def first(self) -> tuple:
         """The values the first stream draws."""
         return tuple(v for v in self.values if v not in self.later)
 
-    @property
-    def origin(self) -> Any:
+    def origin_of(self, value: Any) -> Any:
+        """The first-stream value `value` (a later one) replaces."""
+        if isinstance(self.grows_from, dict):
+            return self.grows_from.get(value, self.default)
         return self.default if self.grows_from is None else self.grows_from
 
 
 FEATURES: tuple[Feature, ...] = (
-    Feature("parallel", ("fsdp", "tp", "ddp", "replicate", "hsdp", "fsdp_tp"), "fsdp", "{}", "the layout over all ranks",
-            later=("fsdp_tp",), grows_from="fsdp"),
+    Feature("parallel", ("fsdp", "tp", "ddp", "replicate", "hsdp", "fsdp_tp", "pp"), "fsdp", "{}",
+            "the layout over all ranks", later=("fsdp_tp", "pp"), grows_from={"fsdp_tp": "fsdp", "pp": "ddp"}),
     Feature("blocks", (1, 2, 3), 1, "blocks{}", "residual blocks"),
     Feature("experts", (0, 2, 4), 0, "moe{}", "routed experts in every block's feed-forward (0: a dense MLP)"),
     Feature("top_k", (1, 2), 1, "top{}", "experts each token goes to"),
@@ -114,11 +124,51 @@ FEATURES: tuple[Feature, ...] = (
             later=("titan", "hf")),
     Feature("loss_parallel", (False, True), False, "loss_parallel", "vocab-sharded logits, loss_parallel()",
             later=(True,)),
+    # microbatches before schedule: the later stream checks each move against the features before
+    # it, and DualPipeV takes no fewer microbatches than its 4 stages
+    Feature("microbatches", (2, 1, 3, 4), 2, "mb{}", "the schedule's n_microbatches over the step's 4 rows",
+            later=(1, 3, 4)),
+    Feature("schedule", ("gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipev"), "gpipe", "{}",
+            "the pipeline schedule (suites/runner/pipeline.py SCHEDULES)",
+            later=("1f1b", "interleaved_1f1b", "zero_bubble", "zbv", "dualpipev")),
+    Feature("split", ("titan", "first", "last"), "titan", "split_{}", "which blocks each pipeline stage holds",
+            later=("first", "last")),
+    Feature("pp_loss", ("mean", "tokens"), "mean", "pp_loss_{}",
+            "the microbatch loss: a mean with scale_grads, or torchtitan's sum over the step's tokens",
+            later=("tokens",)),
 )
 FEATURE = {f.name: f for f in FEATURES}
-RANKS = {"hsdp": 4, "fsdp_tp": 4}
-"""Layouts that need a world of their own size (a 2x2 mesh); the rest run on the cell's ranks."""
-SIZES = ("blocks", "experts", "top_k", "accum", "steps")
+RANKS = {"hsdp": 4, "fsdp_tp": 4, "pp": 2}
+"""Layouts that need a world of their own size (a 2x2 mesh; pp: two pipeline ranks, so its
+stage counts are fixed); the rest run on the cell's ranks."""
+SIZES = ("blocks", "experts", "top_k", "accum", "steps", "microbatches")
+PIPELINE = ("schedule", "microbatches", "split", "pp_loss")
+"""Features that configure a pipeline (parallel=pp)."""
+PP_RANKS = RANKS["pp"]
+STAGES_PER_RANK = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": 2, "zero_bubble": 2, "zbv": 2, "dualpipev": 2}
+"""As suites/runner/pipeline.py SCHEDULES has them (this module imports no torch)."""
+
+
+def n_stages(s: Structure) -> int:
+    return PP_RANKS * STAGES_PER_RANK[s["schedule"]]
+
+
+def stage_blocks(s: Structure) -> list[list[int]]:
+    """The blocks each stage holds. titan: torchtitan's `_generate_llm_fqn_per_model_part`
+    (the embedding and the head each weigh one block; the first stages take the extra);
+    first / last: every block on the first / the last stage (torchtitan's
+    `module_fqns_per_model_part` written by hand), the other stages ends or nothing."""
+    stages, blocks = n_stages(s), s["blocks"]
+    if s["split"] != "titan":
+        at = 0 if s["split"] == "first" else stages - 1
+        return [list(range(blocks)) if i == at else [] for i in range(stages)]
+    per, extra = divmod(blocks + 2, stages)
+    out, next_block = [], 0
+    for i in range(stages):
+        take = per + (i < extra) - (i == 0) - (i == stages - 1)
+        out.append(list(range(next_block, min(blocks, next_block + max(take, 0)))))
+        next_block += max(take, 0)
+    return out
 """Numbers: the shrinker tries every smaller value, the smallest first."""
 
 RULES: tuple[tuple[Any, str], ...] = (
@@ -134,6 +184,17 @@ RULES: tuple[tuple[Any, str], ...] = (
     (lambda s: s["plan"] == "hf" and s["tie"],
      "transformers' plan shards the head (colwise_rep) and not the embedding: a tied pair "
      "cannot stay one parameter under plan=hf"),
+    (lambda s: s["parallel"] != "pp" and any(s[f] != FEATURE[f].default for f in PIPELINE),
+     "schedule, microbatches, split and pp_loss configure a pipeline: parallel=pp"),
+    (lambda s: s["parallel"] == "pp" and s["reuse"],
+     "a module runs in one pipeline stage: the reused first block cannot run again after the last"),
+    (lambda s: s["parallel"] == "pp" and s["schedule"] in ("1f1b", "dualpipev") and s["microbatches"] < n_stages(s),
+     "Schedule1F1B and ScheduleDualPipeV take no fewer microbatches than stages"),
+    (lambda s: s["parallel"] == "pp" and s["split"] == "titan" and s["blocks"] + 2 < n_stages(s),
+     "torchtitan's split weighs the embedding and the head as one block each: blocks + 2 >= stages"),
+    (lambda s: s["parallel"] == "pp" and s["param"] == "spectral_norm" and s["microbatches"] > 1,
+     "spectral_norm's power iteration runs once per forward: n microbatches run it n times "
+     "where the full-batch reference runs it once"),
     (lambda s: s["plan"] == "titan" and s["buffer"] == "rope" and not s["attn"],
      "torchtitan's plan hands the rope cache to attention (PrepareModuleInput's None): "
      "plan=titan with buffer=rope needs attn"),

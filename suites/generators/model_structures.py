@@ -28,6 +28,8 @@ VOCAB = 32
 SEQ = 4
 BATCH_PER_RANK = 1
 """Tokens per rank and microbatch (4): few enough that an expert often gets none on a rank."""
+PP_ROWS = 4
+"""Rows of a pipelined step: as many as the most microbatches drawn (model_space)."""
 SEED = 20261206
 LR = 0.1
 
@@ -208,17 +210,23 @@ class StructureModel(nn.Module):
         if s["tie"]:
             self.output.weight = self.tok.weight
         self.mtp = MultiTokenPrediction(self.output) if s["mtp"] else None
+        self.running = list(range(s["blocks"]))
+        """The blocks this model runs: every one, or a pipeline stage's (model_pipeline.cut)."""
 
     @property
     def vocab(self) -> int:
         return self.tok.num_embeddings
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.tok(tokens)
-        for block in self.layers:
-            x = block(x)
+        """Tokens to logits; a pipeline stage without the embedding takes activations, and
+        one without the head returns them (torchtitan's models tolerate deleted modules)."""
+        x = tokens if self.tok is None else self.tok(tokens)
+        for i in self.running:
+            x = self.layers[i](x)
         if self.structure["reuse"]:
             x = self.layers[0](x)
+        if self.output is None:
+            return x
         logits = self.output(self.norm(x))
         if self.mtp is not None:
             logits = logits + MTP_WEIGHT * self.mtp(x)
@@ -299,14 +307,15 @@ def data(structure: dict[str, Any], vocab: int, world_size: int) -> list[list[tu
     """Per step, per microbatch: (tokens, labels) of the global batch (every rank's rows, in rank order)."""
     s = complete(structure)
     gen = torch.Generator().manual_seed(SEED + 1)
-    rows = BATCH_PER_RANK * world_size
+    rows = PP_ROWS if s["parallel"] == "pp" else BATCH_PER_RANK * world_size
     return [[(torch.randint(0, vocab, (rows, SEQ), generator=gen), torch.randint(0, vocab, (rows, SEQ), generator=gen))
              for _ in range(s["accum"])] for _ in range(s["steps"])]
 
 
 def data_parallel(parallel: str) -> bool:
-    """Each rank (fsdp_tp: each dp_shard group) trains on its own rows; TP ranks all see every row."""
-    return parallel != "tp"
+    """Each rank (fsdp_tp: each dp_shard group) trains on its own rows; TP ranks all see every
+    row, and so does a pipeline (every stage runs every microbatch)."""
+    return parallel not in ("tp", "pp")
 
 
 MESHES = {"hsdp": ((2, 2), ("dp_replicate", "dp_shard")), "fsdp_tp": ((2, 2), ("dp_shard", "tp"))}
@@ -323,7 +332,7 @@ def dp_groups(structure: dict[str, Any], mesh: Any) -> list[list[int]]:
     """The ranks of each data-parallel shard, in row order: one rank each; under plain TP
     one group of every rank; under fsdp_tp each dp_shard index's TP group (every rank of a
     group sees the same rows)."""
-    if structure["parallel"] == "tp":
+    if structure["parallel"] in ("tp", "pp"):
         return [[int(r) for r in mesh.mesh.flatten()]]
     if structure["parallel"] == "fsdp_tp":
         return [[int(r) for r in row] for row in mesh.mesh]

@@ -5,7 +5,7 @@ tolerances) and localization (localize.py).
 Both sides run the same loop over the same global batches: the reference on every row,
 a data-parallel rank on its own rows (each rank's loss is its rows' mean, so the averaged
 gradients equal the reference's), a TP rank on every row, a rank of fsdp_tp on its dp_shard
-group's rows; under loss_parallel the loss is computed from vocab-sharded logits inside
+group's rows, a pipeline every row in its microbatches (model_pipeline.py); under loss_parallel the loss is computed from vocab-sharded logits inside
 `loss_parallel()`, as torchtitan's train step does. Plain SGD: its update is linear
 in the gradient, so a gradient bug shows in the next step's numbers as it is.
 """
@@ -23,6 +23,7 @@ from ..runner.evidence import TrainRecord, full_grads
 from ..judges.localize import Divergence, Trace, Tracer, first_divergence, gather_trace
 from ..judges.tolerances import tolerance
 from . import model_structures as ms
+from .model_pipeline import Pipelined, reference_loss
 from .model_space import complete
 
 
@@ -62,7 +63,10 @@ def _train(structure: dict[str, Any], runnable, model, batches, rows: tuple[int,
                 tokens, labels = tokens.chunk(rows[1])[rows[0]], labels.chunk(rows[1])[rows[0]]
             with tracer.tracing(), _loss_context(structure, gather):
                 logits = runnable(tokens)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) / len(micro)
+                if structure["parallel"] == "pp":  # the pipelined step's loss, on the whole batch
+                    loss = reference_loss(structure, logits, labels) / len(micro)
+                else:
+                    loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) / len(micro)
                 loss.backward()
             local = loss.detach()
             total += (local.full_tensor() if hasattr(local, "full_tensor") else local).float().cpu()
@@ -87,6 +91,8 @@ def judge(structure: dict[str, Any], rank: int, world_size: int, mesh: Any, devi
     batches = ms.data(structure, reference.vocab, world_size)
     ref_tracer = Tracer(reference)
     ref_record, ref_events = _train(structure, reference, reference, batches, None, ref_tracer, False)
+    if structure["parallel"] == "pp":
+        return _judge_pipelined(structure, device, batches, ref_record, ref_events, plant, rank)
     model = ms.build(structure, device)
     runnable = ms.parallelize(model, mesh)
     if plant is not None:
@@ -100,5 +106,21 @@ def judge(structure: dict[str, Any], rank: int, world_size: int, mesh: Any, devi
         firsts = [group[0] for group in groups] if dp else list(range(world_size))
         parts = {k: [ranks[r] for r in firsts] for k, ranks in run_parts.items()}  # one rank per row shard
         divergence = first_divergence(Trace(ref_events), parts, dp, len(firsts), torch.float32,
+                                      ref_record.grads, run_record.grads)
+    return Judged(problems, divergence)
+
+
+def _judge_pipelined(structure: dict[str, Any], device: torch.device, batches, ref_record: TrainRecord,
+                     ref_events: dict, plant, rank: int) -> Judged:
+    """parallel=pp: the stages train under their schedule (model_pipeline.py); a module's
+    microbatch outputs, put back together along the batch, are its full-batch output."""
+    piped = Pipelined(structure, device)
+    if plant is not None:
+        plant(piped, "pp", rank)
+    run_record, run_parts = piped.train(batches)
+    problems = check_numerics(ref_record, run_record, tolerance("float32", "none"))
+    divergence = None
+    if problems:
+        divergence = first_divergence(Trace(ref_events), run_parts, True, piped.grad_divisor, torch.float32,
                                       ref_record.grads, run_record.grads)
     return Judged(problems, divergence)

@@ -11,6 +11,10 @@ the run goes through torch.distributed.checkpoint as trainers do:
   - `async`: dcp.async_save of the `dcp` state dicts; training goes on while it writes, and the
     next save or load first waits for it (torchtitan's `async_mode="async"`: the checkpointer
     waits for the last save's future before it saves again, and before it loads).
+`load=model` loads the model alone, and not its head: StateDictOptions(strict=False) with the
+head's keys left out (fine-tuning from a pretrained backbone with a new head, torchtune's and
+Hugging Face's `load_state_dict(strict=False)`, torchtitan's model-only initial load); the
+optimizer and scheduler keep their state.
 The scheduler's state_dict is kept in memory on both sides (trainers save it beside the model).
 """
 
@@ -88,13 +92,45 @@ def save(p: Any, kind: str) -> None:
     p.run.checkpoint = (kind, None, sched)
 
 
-def load(p: Any, fresh_scheduler: Callable[[Any], Any]) -> None:
+HEAD = "head."
+"""What `load=model` leaves out: the part a fine-tune replaces."""
+
+
+def _without_head(state: dict, plant: Any = None) -> dict:
+    if plant is not None and plant.loads_what_was_left_out():
+        return state
+    return {k: v for k, v in state.items() if not k.startswith(HEAD)}
+
+
+def load_model(p: Any) -> None:
+    """`load=model`: both twins' models, head left out, from their last save (module docstring)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+    wait(p)
+    p.ref.model.load_state_dict(_without_head(p.ref.checkpoint[0]), strict=False)
+    model = _module(p)
+    kind, full, _ = p.run.checkpoint
+    if kind == "full":
+        state = _without_head(copy.deepcopy(full[0]), p.plant)
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    else:
+        state = {"model": _without_head(get_model_state_dict(model), p.plant)}
+        dcp.load(state, checkpoint_id=p.checkpoint_dir)
+        state, options = state["model"], StateDictOptions(strict=False)
+    set_model_state_dict(model, state, options=options)
+
+
+def load(p: Any, fresh_scheduler: Callable[[Any], Any], model_only: bool = False) -> None:
     """Resume both twins from their last save; `fresh_scheduler(optimizer)` makes the
     scheduler a plant that drops the scheduler's state gets instead."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
                                                          set_model_state_dict, set_optimizer_state_dict)
 
+    if model_only:
+        load_model(p)
+        return
     wait(p)
     ref_model, ref_opt, ref_sched = p.ref.checkpoint
     p.ref.model.load_state_dict(ref_model)

@@ -24,6 +24,10 @@ stays quiet elsewhere, as such bugs sit upstream:
   - async_unstaged: dcp.async_save writes the live state dict when it is awaited, not the one
     it was given (no staging copy): visible only where an action between a save=async and the
     load that awaits it moved the model or the optimizer (a step), then at that load.
+  - partial_load_all: a partial load (load=model: StateDictOptions(strict=False), the head's
+    keys left out) restores the keys it was not given too, from the checkpoint (as a loader
+    that fills "missing" keys instead of leaving them): visible only at a load=model after a
+    step moved the head since the save.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Any, Callable
 
 PLANT_ENV = "DISTCI_PROGRAMS_PLANT"
 PLANTS = ("optim_load_fsdp", "buffer_load", "sched_resume", "zero_grad_ddp", "mp_accumulate_low",
-          "async_unstaged")
+          "async_unstaged", "partial_load_all")
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,9 @@ class Plant:
 
     def accumulates_in_param_dtype(self, layout: str) -> bool:
         return self.name == "mp_accumulate_low" and layout == "fsdp_mp"
+
+    def loads_what_was_left_out(self) -> bool:
+        return self.name == "partial_load_all"
 
     def async_save(self, dcp: Any) -> Callable[..., Any]:
         """dcp.async_save, or under async_unstaged a save of the live tensors deferred to

@@ -31,9 +31,8 @@ import torch.nn.functional as F
 from distci.training_program import FSDP, part_of
 
 from ..runner.evidence import clean_name
-from ..runner.fsdp import cpu_offload_policy
-from ..runner.parallelize import fsdp_api
 from . import program_checkpoint as checkpoint
+from .program_layout import Parallel, accumulate_in_param_dtype, compile_blocks, fsdp_method, layout_model
 from .program_judge import compare, placements
 from .program_plants import Plant
 
@@ -76,6 +75,15 @@ class Net(nn.Module):
             x = block(x)
         return self.head(x) * (1 + 0.1 * torch.tanh(self.seen / 4))
 
+    def generate(self, x: torch.Tensor, steps: int = 2) -> torch.Tensor:
+        """A generate-style method (eval=generate): the blocks and the head called `steps` times
+        on their own output, never through `forward` (as transformers' generate loops its decoder)."""
+        for _ in range(steps):
+            for block in self.blocks:
+                x = block(x)
+            x = self.head(x)
+        return x
+
 
 def schedule(step: int) -> float:
     """Linear warmup over 3 steps, then 0.8x a step: every scheduler step changes the LR."""
@@ -111,54 +119,6 @@ class Twin:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, schedule)
 
 
-@dataclass
-class Parallel:
-    """How the run is laid out on this rank."""
-
-    layout: str
-    dp_rank: int = 0
-    dp_size: int = 1
-    dp_group: Any = None
-    rank: int = 0
-
-
-def layout_model(model: Net, layout: str, dist: Any) -> tuple[nn.Module, Parallel]:
-    """(runnable, parallel facts): FSDP2 per block then the root (torchtitan's order; fsdp_mp:
-    bfloat16 compute, float32 reduction, torchtitan's and torchtune's default policy), TP
-    with w1 column- and w2 row-wise (a 2x2 mesh for fsdp_tp, TP inner), or DDP."""
-    import torch.distributed as tdist
-
-    rank = tdist.get_rank()
-    if layout == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
-        mesh = dist.mesh()
-        return DistributedDataParallel(model, process_group=mesh.get_group()), \
-            Parallel(layout, rank, dist.world_size, mesh.get_group(), rank)
-    if layout == "fsdp_tp":
-        mesh = dist.mesh((2, dist.world_size // 2), ("dp", "tp"))
-        dp_mesh, tp_mesh = mesh["dp"], mesh["tp"]
-    elif layout == "tp":
-        dp_mesh, tp_mesh = None, dist.mesh()
-    else:
-        dp_mesh, tp_mesh = dist.mesh(), None
-    if tp_mesh is not None:
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-
-        for block in model.blocks:
-            parallelize_module(block, tp_mesh, {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
-    if dp_mesh is None:
-        return model, Parallel(layout, rank=rank)
-    fully_shard, policy = fsdp_api()
-    mp = {"mp_policy": policy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} if layout == "fsdp_mp" else {}
-    if layout == "fsdp_offload":
-        mp = {"offload_policy": cpu_offload_policy(dp_mesh.device_type)}
-    for block in model.blocks:
-        fully_shard(block, mesh=dp_mesh, **mp)
-    fully_shard(model, mesh=dp_mesh, **mp)
-    return model, Parallel(layout, dp_mesh.get_local_rank(), dp_mesh.size(), dp_mesh.get_group(), rank)
-
-
 def batch(index: int, width: int, dp_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The global batch of the `index`-th forward (the same on every rank)."""
     gen = torch.Generator().manual_seed(SEED + 1 + index)
@@ -188,19 +148,8 @@ class Program:
     """The future of a save=async still writing (program_checkpoint.wait)."""
     async_group: Any = None
     """The process group of save=async (program_checkpoint._async_group)."""
-
-
-def _accumulate_in_param_dtype(model: nn.Module) -> None:
-    """The mp_accumulate_low plant (program_plants.py): every FSDP2 parameter of `model` skips
-    its upcast of a no-sync gradient to the reduce dtype."""
-    for module in model.modules():
-        if not hasattr(module, "_get_fsdp_state"):
-            continue
-        state = module._get_fsdp_state()
-        groups = getattr(state, "_fsdp_param_groups", None) or [getattr(state, "_fsdp_param_group", None)]
-        for group in filter(None, groups):
-            for fsdp_param in group.fsdp_params:
-                fsdp_param.to_accumulated_grad_if_needed = lambda: None
+    divided: bool = False
+    """reshard=divide ran: FSDP2 sums gradients, the run divides its loss by the dp size."""
 
 
 def start(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Program:
@@ -209,7 +158,7 @@ def start(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Program:
     run_model = copy.deepcopy(ref_model)
     runnable, par = layout_model(run_model, spec.layout, dist)
     if plant.accumulates_in_param_dtype(spec.layout):
-        _accumulate_in_param_dtype(run_model)
+        accumulate_in_param_dtype(run_model)
     ref, run = Twin(ref_model, ref_model, spec.optim), Twin(run_model, runnable, spec.optim)
     for twin in (ref, run):
         twin.named = {clean_name(n): q for n, q in twin.model.named_parameters()}
@@ -291,8 +240,13 @@ def _reference_loss(p: Program, x: torch.Tensor, y: torch.Tensor, twice: bool) -
     return loss
 
 
-def _forward_backward(p: Program, sync: bool, twice: bool = False) -> None:
+def _forward_backward(p: Program, arg: str) -> None:
+    """fwd_bwd=ARG on both twins. `noreduce` (hsdp): gradients reduce-scattered within each
+    replica, their all-reduce across replicas left to the next synced backward
+    (set_requires_all_reduce(False), FSDP2's HSDP accumulation)."""
     import torch.distributed as tdist
+
+    sync, twice = arg in ("sync", "twice", "noreduce"), arg == "twice"
 
     x, y = batch(p.forwards, p.spec.width, p.par.dp_size)
     p.forwards += 1
@@ -303,6 +257,8 @@ def _forward_backward(p: Program, sync: bool, twice: bool = False) -> None:
         ctx = p.run.runnable.no_sync()
     elif p.par.layout in FSDP:
         p.run.model.set_requires_gradient_sync(sync)
+        if p.par.layout == "hsdp":
+            p.run.model.set_requires_all_reduce(arg != "noreduce")
     with ctx:
         xr, yr = x[rows], y[rows]
         if twice:
@@ -311,12 +267,12 @@ def _forward_backward(p: Program, sync: bool, twice: bool = False) -> None:
                     + F.mse_loss(p.run.runnable(xr[h:]).float(), yr[h:])) / 2
         else:
             loss = F.mse_loss(p.run.runnable(xr).float(), yr)
-        loss.backward()
+        (loss / p.par.dp_size if p.divided else loss).backward()
     total = loss.detach().clone()
     if p.par.dp_size > 1:
         tdist.all_reduce(total, group=p.par.dp_group)
         total /= p.par.dp_size
-    p.unsynced = not sync
+    p.unsynced = arg in ("nosync", "noreduce")
     p.ref.last_loss, p.run.last_loss = float(ref_loss.detach()), float(total)
     p.losses = (p.ref.last_loss, p.run.last_loss)
 
@@ -328,7 +284,12 @@ def _eval(p: Program, mode: str) -> None:
     for twin in (p.ref, p.run):
         twin.runnable.eval()
         with guard():
-            if twin is p.ref and p.par.layout == "fsdp_mp":  # at the run's precision, as a forward is
+            if mode == "generate":  # the model's own method, past DDP's wrapper and compile, as users call it
+                model, xin = twin.model, x
+                if twin is p.ref and p.par.layout == "fsdp_mp":  # at the run's precision
+                    model, xin = copy.deepcopy(model).to(torch.bfloat16), x.to(torch.bfloat16)
+                out.append(float(F.mse_loss(model.generate(xin).float(), y)))
+            elif twin is p.ref and p.par.layout == "fsdp_mp":  # at the run's precision, as a forward is
                 out.append(float(F.mse_loss(bf16_forward(twin.model, x), y)))
             else:
                 out.append(float(F.mse_loss(twin.runnable(x).float(), y)))
@@ -377,7 +338,7 @@ def apply(p: Program, name: str, arg: str) -> None:
     """One action on both twins."""
     p.losses = p.clip_totals = None
     if name == "fwd_bwd":
-        _forward_backward(p, arg != "nosync", twice=arg == "twice")
+        _forward_backward(p, arg)
     elif name == "zero_grad":
         none = arg == "none"
         p.ref.opt.zero_grad(set_to_none=none)
@@ -404,7 +365,7 @@ def apply(p: Program, name: str, arg: str) -> None:
     elif name == "save":
         checkpoint.save(p, arg)
     elif name == "load":
-        checkpoint.load(p, lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule))
+        checkpoint.load(p, lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule), model_only=arg == "model")
     elif name in ("freeze", "unfreeze"):
         _freeze(p, part_of(arg), name == "unfreeze")
         if arg != part_of(arg):
@@ -420,9 +381,9 @@ def apply(p: Program, name: str, arg: str) -> None:
         p.ref.opt.state.clear()
         p.run.opt.state.clear()
     elif name == "reshard":
-        for m in p.run.model.modules():
-            if hasattr(m, "set_reshard_after_backward"):
-                m.set_reshard_after_backward(arg == "true")
+        p.divided = fsdp_method(p.run.model, arg, p.par.dp_size) or p.divided
+    elif name == "compile" and arg == "blocks":
+        compile_blocks(p.run.model, "aot_eager")
     elif name == "compile":  # the run only: the reference stays eager, what users expect compile to equal
         p.run.runnable = torch.compile(p.run.runnable, backend=arg)
     else:

@@ -50,7 +50,14 @@ def f(a, b):
     y = torch.relu(a @ b.t())
     return (y.redistribute(mesh, [Replicate()]) if redistribute else y).to_local() * 2
 torch.compile(f)(x, w)
-print(json.dumps({"hit": counters["inductor"]["fxgraph_cache_hit"], "miss": counters["inductor"]["fxgraph_cache_miss"]}))
+counts = {"hit": counters["inductor"]["fxgraph_cache_hit"], "miss": counters["inductor"]["fxgraph_cache_miss"]}
+inputs = []
+def record(gm, example_inputs):
+    inputs.extend(type(e).__name__ for e in example_inputs)
+    return gm.forward
+torch.compile(f, backend=record)(x, w)
+counts["mesh_input"] = "DeviceMesh" in inputs
+print(json.dumps(counts))
 dist.destroy_process_group()
 """
 
@@ -84,5 +91,12 @@ def test_a_second_process_hits_the_fx_graph_cache(tmp_path, redistribute: bool, 
 def test_a_process_with_another_mesh_compiles_instead_of_reusing(tmp_path) -> None:
     layouts = ["tp", "dp", "2d"]
     counts = _compile_in_new_processes(tmp_path, True, layouts)
+    if not counts[0]["mesh_input"]:
+        # torch < 2.12 traces the mesh into the graph instead of taking it as an input: this
+        # test's graph then holds no collective (a 1-rank mesh), every layout maps to the
+        # default group and compiles the same code, so a hit there is right (measured on
+        # 2.11.0: group "0" and no collective in the output code for all three layouts).
+        pytest.skip("this torch takes no DeviceMesh as a graph input: there is no mesh in "
+                    "the cache key to keep apart")
     reused = [(layout, c) for layout, c in zip(layouts[1:], counts[1:]) if c["hit"] or not c["miss"]]
     assert not reused, f"a graph compiled for another mesh was reused: {reused} (all: {counts})"

@@ -236,8 +236,8 @@ def count_executed_ops(into: Counter, all_reduces: Counter | None = None):
 
     with profile(activities=[ProfilerActivity.CPU], record_shapes=all_reduces is not None) as prof:
         yield
-    for event in prof.events():
-        into[event.name] += 1
+    counted = _event_names(prof)
+    into.update(counted if counted is not None else Counter(event.name for event in prof.events()))
     if all_reduces is not None:
         for event in prof.profiler.kineto_results.events():
             if event.name().endswith(":all_reduce"):
@@ -245,6 +245,96 @@ def count_executed_ops(into: Counter, all_reduces: Counter | None = None):
                 dtype = _PROFILER_DTYPES.get(dtypes[0]) if dtypes else None
                 if shapes and shapes[0] and dtype:  # not a 0-dim loss, nor find_unused_parameters' int bitmap
                     all_reduces[dtype] += 1
+
+
+class _Node:
+    __slots__ = ("name", "parent", "children")
+
+    def __init__(self, name: str) -> None:
+        self.name, self.parent, self.children = name, None, []
+
+
+def _event_names(prof) -> Counter | None:
+    """The names `prof.events()` lists, counted from the profiler's raw events, or None where
+    this torch lacks what it reads (the caller then asks `prof.events()`).
+
+    Why: `prof.events()` builds a FunctionEvent per event (some 40 accessor calls each, stacks,
+    memory records) and their tree; in a small scenario's last step that was 12-55% of
+    run_parallel's CPU on a rank (0.07-0.52 CPU-s a run, tp-eager, fsdp-eager,
+    tp-eager-f8_rowwise), and the configurations generator's forks spent a third of their samples
+    there. This reads five fields an event and applies torch's own rules (torch 2.13
+    autograd/profiler.py `_parse_kineto_results`, profiler_util.py `EventList._build_tree`):
+    the utility names `_filter_name` drops and hidden events are left out (a profile holding
+    memory records, or an accelerator's runtime launches, is left to `prof.events()`); a synchronous CPU event's parent is the
+    innermost one of its thread that encloses it (sorted by start, then longest first); an
+    event that is the only child of a parent of the same name is folded into it, until none
+    is (`_remove_dup_nodes`: a DTensor op over its lone local op of the same name counts
+    once). tests/test_collective_recorder.py holds it equal to `prof.events()`."""
+    try:
+        from torch.autograd import DeviceType
+        from torch.autograd.profiler_util import (MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME, _filter_name,
+                                                  _rewrite_name)
+
+        raw_events = prof.profiler.kineto_results.events()
+    except Exception:  # noqa: BLE001 - any torch whose profiler differs is asked the slow way
+        return None
+    try:
+        return _fold(raw_events, DeviceType.CPU, (MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME), _filter_name,
+                     _rewrite_name)
+    except Exception:  # noqa: BLE001 - an event API this torch lacks: the slow way, never a wrong count
+        return None
+
+
+def _fold(raw_events, cpu, memory_names, _filter_name, _rewrite_name) -> Counter | None:
+    """`_event_names`' work on the raw events (None: leave them to `prof.events()`)."""
+    rows: list[list] = []  # [start_ns, -end_ns, thread, node]
+    sync: list[list] = []
+    for event in raw_events:
+        raw = event.name()
+        if raw in memory_names:
+            return None  # torch lists the ones no op encloses as events of their own: not emulated
+        if _filter_name(raw) or getattr(event, "is_hidden_event", lambda: False)():
+            continue
+        thread = event.start_thread_id()
+        row = [event.start_ns(), -event.end_ns(), thread, _Node(_rewrite_name(name=raw, with_wildcard=True))]
+        rows.append(row)
+        if event.device_type() != cpu or event.linked_correlation_id() > 0:
+            # A device's event or a device runtime's launch (a CUDA / NPU run): torch moves the
+            # launch to its op's thread; that was held equal to prof.events() on CPU runs only,
+            # so an accelerator's profile is left to prof.events().
+            return None
+        if not event.is_async() and thread == event.end_thread_id():
+            sync.append(row)
+    by_thread: dict[int, list[list]] = {}
+    for row in sync:
+        by_thread.setdefault(row[2], []).append(row)
+    for thread_rows in by_thread.values():
+        thread_rows.sort(key=lambda r: (r[0], r[1]))
+        open_rows: list[list] = []
+        for row in thread_rows:
+            while open_rows:
+                parent = open_rows[-1]
+                if row[0] >= -parent[1] or -row[1] > -parent[1]:
+                    open_rows.pop()
+                else:
+                    parent[3].children.append(row[3])
+                    row[3].parent = parent[3]
+                    break
+            open_rows.append(row)
+    rows.sort(key=lambda r: (r[0], r[1]))
+    nodes = [row[3] for row in rows]
+    while True:
+        folded = set()
+        for node in nodes:
+            parent = node.parent
+            if parent is not None and parent.name == node.name and len(parent.children) == 1:
+                parent.children = node.children
+                for child in node.children:
+                    child.parent = parent
+                folded.add(id(node))
+        if not folded:
+            return Counter(node.name for node in nodes)
+        nodes = [node for node in nodes if id(node) not in folded]
 
 
 POST_GRAD = "distci_post_grad"

@@ -1,0 +1,207 @@
+"""The models generator's pipeline layout (parallel=pp): a drawn structure cut into stages
+and trained by a torch.distributed.pipelining schedule, as torchtitan's `pipeline_llm`
+does it (suites/runner/pipeline.py owns the schedules and the stage placement).
+
+What trainers do, and what this does:
+  - the split: torchtitan's `_generate_llm_fqn_per_model_part` (the embedding and the head
+    each weigh one block) or a hand-written `module_fqns_per_model_part` putting every block
+    on the first or the last stage (model_space.stage_blocks); each stage is the seed-built
+    model with the other stages' modules removed (`_split_module`: None for the ends, the
+    blocks left out), so parameter names stay the full model's;
+  - the loss: a per-microbatch mean with the schedule's `scale_grads` (the pipelining
+    tutorial), or torchtitan's sum over the step's tokens with `scale_grads=False`;
+  - gradient accumulation: one `schedule.step` per accumulation microbatch (torchtitan's
+    train step), the loss divided by their count;
+  - a tied embedding and head: the first stage holds the embedding, the last the head, two
+    copies; their gradients are summed over the pipeline before the optimizer step and both
+    copies take the sum (Megatron-LM's `_allreduce_word_embedding_grads`; torch's pipelining
+    has no tied-weight support of its own).
+
+Localization: every event is recorded under the microbatch (the schedule's chunk id) that
+produced it, so a module's outputs over the microbatches put back together are its
+full-batch output (localize.combine, the data-parallel way).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..judges.localize import Tracer
+from ..runner import pipeline
+from ..runner.evidence import TrainRecord, full_grads, gathered
+from . import model_structures as ms
+from .model_space import complete, stage_blocks
+
+TIED = ("tok.weight", "output.weight")
+"""A tied pair's two names: the first stage's copy and the last stage's."""
+
+
+def cut(model: ms.StructureModel, stage: int, blocks: list[list[int]]) -> ms.StructureModel:
+    """`model` as stage `stage` of `len(blocks)`: its blocks and ends, the rest gone."""
+    last = len(blocks) - 1
+    model.running = list(blocks[stage])
+    for i in range(len(model.layers)):
+        if i not in model.running:
+            model.layers[i] = nn.Identity()
+    if stage != 0:
+        model.tok = None
+    if stage != last:
+        model.norm, model.output, model.mtp = None, None, None
+    return model
+
+
+class ChunkTracer(Tracer):
+    """A Tracer whose events are kept per microbatch: `chunk` is set while the stage runs a
+    microbatch's forward or backward (`watch`); a forward outside them (the schedule's first
+    step runs one to infer the shapes its stages send) is not the training's and is dropped."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.chunk: int | None = None
+        self.by_chunk: dict[int, tuple[list, dict]] = {}
+
+    def _record(self, kind: str, name: str, t: torch.Tensor) -> None:
+        if self.chunk is None:
+            return
+        self.current, self.calls = self.by_chunk.setdefault(self.chunk, ([], {}))
+        super()._record(kind, name, t)
+
+    def take_chunks(self) -> dict[int, list]:
+        out = {chunk: events for chunk, (events, _) in self.by_chunk.items()}
+        self.by_chunk = {}
+        return out
+
+
+def watch(stage: Any, tracer: ChunkTracer) -> None:
+    """Tells `tracer` which microbatch `stage` runs (its chunk id, the first argument)."""
+    for name in ("forward_one_chunk", "backward_one_chunk"):
+        run = getattr(stage, name)
+
+        def tagged(chunk_id: int, *args: Any, _run=run, **kwargs: Any) -> Any:
+            tracer.chunk = chunk_id
+            try:
+                return _run(chunk_id, *args, **kwargs)
+            finally:
+                tracer.chunk = None
+        setattr(stage, name, tagged)
+
+
+def _sum_tied(modules: list[ms.StructureModel]) -> None:
+    """Both copies of a tied weight take the sum of their gradients over the pipeline (every
+    rank joins the sum; one holding neither end adds zeros)."""
+    import torch.distributed as dist
+
+    copies = [p for m in modules for n, p in m.named_parameters() if n in TIED and p.requires_grad]
+    vocab = ms.VOCAB + 1 if modules[0].structure["uneven"] else ms.VOCAB
+    total = torch.zeros(vocab, ms.DIM)
+    for p in copies:
+        if p.grad is not None:
+            total += p.grad.to(total.device)
+    dist.all_reduce(total)
+    for p in copies:
+        p.grad = total.to(p.device).clone()
+
+
+class Pipelined:
+    """This rank's stages of a structure, its schedule, and how it trains."""
+
+    def __init__(self, structure: dict[str, Any], device: torch.device) -> None:
+        s = self.structure = complete(structure)
+        self.blocks = stage_blocks(s)
+        self.tokens_loss = s["pp_loss"] == "tokens"
+        self.sum_tied = True
+        """False only under a plant (model_plants.pp_tied_unsummed)."""
+        self.rows = ms.PP_ROWS
+
+        def split(stage: int, n_stages: int) -> nn.Module:
+            return cut(ms.build(s, device), stage, self.blocks)
+
+        self.pipe, self.modules = pipeline.build(s["schedule"], lambda: None, self._loss, s["microbatches"], device,
+                                                 sum_microbatches=self.tokens_loss, split=split)
+        self.model = pipeline.Stages(self.modules)
+        self.tracers = [ChunkTracer(m) for m in self.modules]
+        self.stages = self.pipe.pipeline_stages
+        """This rank's PipelineStage objects, in the order of `modules`."""
+        for stage, tracer in zip(self.stages, self.tracers):
+            watch(stage, tracer)
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        flat, target = logits.float().flatten(0, 1), labels.flatten()
+        if self.tokens_loss:  # torchtitan: a sum over the step's tokens, scale_grads=False
+            loss = F.cross_entropy(flat, target, reduction="sum") / (self.rows * ms.SEQ)
+        else:
+            loss = F.cross_entropy(flat, target)
+        return loss / self.structure["accum"]
+
+    @property
+    def grad_divisor(self) -> int:
+        """What a microbatch's output gradients carry beyond the reference's: the microbatch
+        count, when the schedule scales the parameter gradients afterwards."""
+        return self.structure["microbatches"] if getattr(self.pipe.schedule, "scale_grads", False) else 1
+
+    def train(self, batches: list) -> tuple[TrainRecord, dict]:
+        """The drawn steps; per (step, accumulation microbatch), every pipeline microbatch's
+        events from every rank, in microbatch order."""
+        import torch.distributed as dist
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        # a rank whose stages train nothing (a frozen embedding alone) has no optimizer: torch.optim
+        # refuses an empty parameter list; the balancing bias still moves at its step
+        opt = torch.optim.SGD(params, lr=ms.LR) if params else None
+        if opt is not None:
+            opt.register_step_pre_hook(lambda *args: ms.update_expert_bias(self.model))
+        record, traces = TrainRecord(), {}
+        tied = self.structure["tie"] and self.structure["frozen"] == "none"
+        for step, micro in enumerate(batches):
+            if opt is not None:
+                opt.zero_grad(set_to_none=True)
+            total = torch.zeros(())
+            for m, (tokens, labels) in enumerate(micro):
+                with _tracing(self.tracers):
+                    loss = pipeline.forward_backward(self.pipe, tokens, labels)
+                total += loss.float().cpu() * (self.structure["microbatches"] if self.tokens_loss else 1)
+                mine: dict[int, list] = {}
+                for tracer in self.tracers:
+                    for chunk, events in tracer.take_chunks().items():
+                        mine.setdefault(chunk, []).extend(events)
+                every: list = [None] * dist.get_world_size()
+                dist.all_gather_object(every, mine)
+                chunks = range(self.structure["microbatches"])
+                traces[(step, m)] = [[e for rank in every for e in rank.get(c, [])] for c in chunks]
+            if tied and self.sum_tied:
+                _sum_tied(self.modules)
+            record.losses.append(float(total))
+            grads = gathered(full_grads(self.model))
+            if self.structure["tie"]:
+                grads.pop("output.weight", None)  # the head's copy of tok.weight
+            record.grads.append(grads)
+            if opt is not None:
+                opt.step()
+            else:
+                ms.update_expert_bias(self.model)
+        return record, traces
+
+
+def _tracing(tracers: list[ChunkTracer]):
+    import contextlib
+
+    stack = contextlib.ExitStack()
+    for tracer in tracers:
+        stack.enter_context(tracer.tracing())
+    return stack
+
+
+def reference_loss(structure: dict[str, Any], logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The full-batch loss a pipelined step computes: with a per-microbatch mean, the mean of
+    the microbatches' means (torch.tensor_split's chunks, as the schedule splits the batch:
+    equal to the batch mean when the count divides it); torchtitan's token sum, the batch mean."""
+    s = complete(structure)
+    flat = logits.float()
+    if s["parallel"] != "pp" or s["pp_loss"] == "tokens":
+        return F.cross_entropy(flat.flatten(0, 1), labels.flatten())
+    parts = zip(torch.tensor_split(flat, s["microbatches"]), torch.tensor_split(labels, s["microbatches"]))
+    return sum(F.cross_entropy(x.flatten(0, 1), y.flatten()) for x, y in parts) / s["microbatches"]
