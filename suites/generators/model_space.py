@@ -57,6 +57,9 @@ Features, and where they come from:
     over the step's 4 rows: 3 does not divide them), `split` (torchtitan's generated split,
     or every block on the first / last stage) and `pp_loss` (a per-microbatch mean with
     scale_grads, or torchtitan's sum over the step's tokens without).
+  - the pipeline x FSDP2 (later): the layout `pp_fsdp`, grown from an hsdp draw (the same
+    2x2 mesh, its wrap kept), torchtitan's PP x FSDP2: a ("pp", "dp_shard") mesh, each stage
+    `fully_shard`ed over dp_shard, each dp_shard index's pipeline on its own rows (4 ranks).
 
 A structure's key spells the parallelism then every feature off its default, e.g.
 `ddp-blocks2-moe4-top2-tied-steps2`; `parse` reads one back (a test id alone names its
