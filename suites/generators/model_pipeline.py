@@ -149,7 +149,7 @@ class Pipelined:
             return cut(ms.build(s, device), stage, self.blocks)
 
         def prepare(stage: nn.Module) -> None:  # torchtitan: FSDP2 over dp_shard inside every stage
-            ms._fully_shard(stage, mesh["dp_shard"], s["wrap"])
+            ms.apply_fsdp(stage, mesh["dp_shard"], s["wrap"])
 
         self.pipe, self.modules = pipeline.build(s["schedule"], lambda: None, self._loss, s["microbatches"], device,
                                                  group=self.pp_group, sum_microbatches=self.tokens_loss, split=split,

@@ -352,14 +352,14 @@ def parallelize(model: StructureModel, mesh: Any) -> nn.Module:
     model.balance_groups = ([mesh.get_group(axis) for axis in dp_axes]
                             if data_parallel(s["parallel"]) and s["balance"] else [])
     if s["parallel"] in ("fsdp", "hsdp"):  # a 2-D mesh makes fully_shard HSDP
-        _fully_shard(model, mesh, s["wrap"])
+        apply_fsdp(model, mesh, s["wrap"])
         return model
     if s["parallel"] in ("tp", "fsdp_tp"):  # torchtitan's parallelize_llama: TP, then FSDP2 over dp_shard
         from .model_plans import apply_plan
 
         apply_plan(model, mesh["tp"] if s["parallel"] == "fsdp_tp" else mesh, s["plan"], s["loss_parallel"])
         if s["parallel"] == "fsdp_tp":
-            _fully_shard(model, mesh["dp_shard"], s["wrap"])
+            apply_fsdp(model, mesh["dp_shard"], s["wrap"])
         return model
     kwargs: dict[str, Any] = {}
     if s["experts"]:  # an expert without tokens on a rank: DDP must be told (users pass it for MoE)
@@ -376,7 +376,7 @@ def parallelize(model: StructureModel, mesh: Any) -> nn.Module:
     return model
 
 
-def _fully_shard(model: StructureModel, mesh: Any, wrap: str) -> None:
+def apply_fsdp(model: StructureModel, mesh: Any, wrap: str) -> None:
     """FSDP2's units as `wrap` places them; a pipeline stage (pp_fsdp) wraps the blocks it
     runs and, for grouped, the ends it holds, as torchtitan's parallelize runs on each stage."""
     from ..runner.fsdp import fsdp_api
