@@ -34,7 +34,7 @@ def test_every_drawn_structure_is_valid_and_its_key_reads_back():
     assert len({key(s) for s in drawn}) == 60
     for s in drawn:
         assert valid(s) and parse(key(s)) == s
-    assert {s["parallel"] for s in drawn} == {"fsdp", "tp", "ddp", "replicate", "hsdp", "fsdp_tp", "pp"}
+    assert {s["parallel"] for s in drawn} == {"fsdp", "tp", "ddp", "replicate", "hsdp", "fsdp_tp", "pp", "pp_fsdp"}
     assert any(s["experts"] and s["tie"] for s in drawn)
     assert {s["plan"] for s in drawn} == {"megatron", "titan", "hf"} and any(s["loss_parallel"] for s in drawn)
 
@@ -64,7 +64,7 @@ def test_a_seed_replays_and_space_restricts():
 
 def test_rules_say_only_what_is_meaningless():
     assert problems({"parallel": "ddp", "top_k": 2}) == ["top_k picks among the routed experts: top_k <= experts"]
-    assert problems({"parallel": "tp", "wrap": "nested"}) == ["wrap places FSDP2's units: parallel=fsdp, hsdp or fsdp_tp"]
+    assert problems({"parallel": "tp", "wrap": "nested"}) == ["wrap places FSDP2's units: parallel=fsdp, hsdp, fsdp_tp or pp_fsdp"]
     assert valid({"parallel": "hsdp", "wrap": "nested"}) and valid({"parallel": "fsdp_tp", "wrap": "grouped"})
     assert problems({"parallel": "fsdp", "plan": "titan"}) == ["plan is a TP plan: parallel=tp or fsdp_tp"]
     assert problems({"parallel": "tp", "plan": "hf", "loss_parallel": True}) == [
@@ -395,13 +395,66 @@ except ImportError:  # torch < 2.4
 
 def test_pipeline_features_need_a_pipeline_and_what_its_api_takes():
     assert problems({"parallel": "ddp", "schedule": "zbv"}) == [
-        "schedule, microbatches, split and pp_loss configure a pipeline: parallel=pp"]
+        "schedule, microbatches, split and pp_loss configure a pipeline: parallel=pp or pp_fsdp"]
     assert not valid({"parallel": "pp", "reuse": True})
     assert not valid({"parallel": "pp", "schedule": "1f1b", "microbatches": 1})  # 1F1B's own ValueError
     assert valid({"parallel": "pp", "schedule": "interleaved_1f1b", "microbatches": 1, "blocks": 2})
     assert not valid({"parallel": "pp", "schedule": "zbv", "blocks": 1}), "torchtitan's split: blocks + 2 >= 4 stages"
     assert valid({"parallel": "pp", "schedule": "zbv", "blocks": 1, "split": "last"})
     assert valid({"parallel": "pp", "microbatches": 3, "tie": True, "experts": 4, "frozen": "lora", "ac": "selective"})
+
+
+def test_pp_fsdp_takes_the_pipelines_rules_and_fsdps_wrap():
+    """pp_fsdp is a pipeline (its rules hold) whose stages FSDP2 wraps (wrap is meaningful)."""
+    from suites.generators.model_space import RANKS
+
+    assert RANKS["pp_fsdp"] == 4, "a 2x2 (pp, dp_shard) mesh whatever the cell's world size"
+    assert not valid({"parallel": "pp_fsdp", "reuse": True})
+    assert not valid({"parallel": "pp_fsdp", "schedule": "1f1b", "microbatches": 1})
+    assert not valid({"parallel": "pp_fsdp", "schedule": "zbv", "blocks": 1})
+    assert not valid({"parallel": "pp_fsdp", "param": "spectral_norm", "microbatches": 2})
+    assert valid({"parallel": "pp_fsdp", "wrap": "grouped", "schedule": "zbv", "blocks": 2, "tie": True})
+    assert valid({"parallel": "pp_fsdp", "wrap": "nested", "microbatches": 3, "experts": 4, "balance": True})
+    assert not valid({"parallel": "pp", "wrap": "root"}), "pp alone places no FSDP2 unit"
+
+
+def test_pp_fsdp_grows_from_hsdp_draws_and_keeps_their_first_stream():
+    """Every pp_fsdp draw is an hsdp draw of the first stream (the same 2x2 mesh, its wrap
+    kept) with a pipeline added; `--space parallel=pp_fsdp` draws only pp_fsdp."""
+    from suites.generators.model_space import FEATURE, PIPELINE
+
+    assert FEATURE["parallel"].origin_of("pp_fsdp") == "hsdp"
+    first_only = {f.name: f.first for f in FEATURES if f.later}
+    widened, plain = Drawer("2026-12-07-ppfsdp"), Drawer("2026-12-07-ppfsdp", first_only)
+    grown = 0
+    for _ in range(80):
+        s, old = widened.draw(), plain.draw()
+        if s["parallel"] == "pp_fsdp":
+            grown += 1
+            assert old["parallel"] == "hsdp"
+            assert {k: v for k, v in s.items() if k not in PIPELINE and k not in ("attn", "parallel")} == {
+                k: v for k, v in old.items() if k not in PIPELINE and k not in ("attn", "parallel")}
+    assert grown > 0
+    drawer = Drawer("2026-12-07-ppfsdp", parse_space(["parallel=pp_fsdp"]))
+    forced = [drawer.draw() for _ in range(30)]
+    assert {s["parallel"] for s in forced} == {"pp_fsdp"}
+    assert len({s["schedule"] for s in forced}) > 2 and any(s["wrap"] != "blocks" for s in forced)
+
+
+def test_pp_fsdp_rows_and_reference_loss_are_each_pipelines_mean():
+    """pp_fsdp's global batch is both pipelines' rows; the reference loss is the mean over the
+    pipelines of each one's schedule loss (mb3: each pipeline's rows 2, 1, 1)."""
+    from suites.generators import model_structures as ms
+    from suites.generators.model_pipeline import reference_loss
+
+    tokens, _ = ms.data(parse("pp_fsdp"), ms.VOCAB, 4)[0][0]
+    assert tokens.shape[0] == ms.PP_ROWS * ms.PP_DP_SHARD
+    logits, labels = torch.randn(8, 3, 5), torch.randint(0, 5, (8, 3))
+    per = [reference_loss(parse("pp-mb3"), logits[a:a + 4], labels[a:a + 4]) for a in (0, 4)]
+    assert torch.allclose(reference_loss(parse("pp_fsdp-mb3"), logits, labels), sum(per) / 2)
+    full = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+    assert not torch.allclose(sum(per) / 2, full)
+    assert torch.equal(reference_loss(parse("pp_fsdp-mb3-pp_loss_tokens"), logits, labels), full)
 
 
 def test_the_titan_split_is_torchtitans_generated_one():

@@ -17,6 +17,13 @@ What trainers do, and what this does:
     copies take the sum (Megatron-LM's `_allreduce_word_embedding_grads`; torch's pipelining
     has no tied-weight support of its own).
 
+pp_fsdp (torchtitan's PP x FSDP2): a 2x2 ("pp", "dp_shard") mesh; each stage is
+`fully_shard`ed over dp_shard (the drawn wrap, through pipeline.build's `prepare`, as
+torchtitan's parallelize runs on every stage module) and each dp_shard index's pipeline
+trains on its own rows; the schedule's PipelineStage keeps FSDP2 from resharding and
+reduce-scattering per microbatch (its `set_reshard_after_backward` /
+`set_requires_gradient_sync` handling), and FSDP2's reduce-scatter averages the groups.
+
 Localization: every event is recorded under the microbatch (the schedule's chunk id) that
 produced it, so a module's outputs over the microbatches put back together are its
 full-batch output (localize.combine, the data-parallel way).
@@ -34,7 +41,7 @@ from ..judges.localize import Tracer
 from ..runner import pipeline
 from ..runner.evidence import TrainRecord, full_grads, gathered
 from . import model_structures as ms
-from .model_space import complete, stage_blocks
+from .model_space import PIPELINED, complete, stage_blocks
 
 TIED = ("tok.weight", "output.weight")
 """A tied pair's two names: the first stage's copy and the last stage's."""
@@ -90,18 +97,29 @@ def watch(stage: Any, tracer: ChunkTracer) -> None:
         setattr(stage, name, tagged)
 
 
-def _sum_tied(modules: list[ms.StructureModel]) -> None:
+def _sum_tied(modules: list[ms.StructureModel], group: Any = None) -> None:
     """Both copies of a tied weight take the sum of their gradients over the pipeline (every
-    rank joins the sum; one holding neither end adds zeros)."""
+    rank of `group`, the pipeline, joins the sum; one holding neither end adds zeros)."""
     import torch.distributed as dist
 
     copies = [p for m in modules for n, p in m.named_parameters() if n in TIED and p.requires_grad]
+    if copies and hasattr(copies[0], "to_local"):  # pp_fsdp: both copies sharded alike over dp_shard
+        total = torch.zeros_like(copies[0].to_local())
+        for p in copies:
+            if p.grad is not None:
+                total += p.grad.to_local()
+        dist.all_reduce(total, group=group)
+        for p in copies:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            p.grad.to_local().copy_(total)
+        return
     vocab = ms.VOCAB + 1 if modules[0].structure["uneven"] else ms.VOCAB
     total = torch.zeros(vocab, ms.DIM)
     for p in copies:
         if p.grad is not None:
             total += p.grad.to(total.device)
-    dist.all_reduce(total)
+    dist.all_reduce(total, group=group)
     for p in copies:
         p.grad = total.to(p.device).clone()
 
@@ -109,7 +127,10 @@ def _sum_tied(modules: list[ms.StructureModel]) -> None:
 class Pipelined:
     """This rank's stages of a structure, its schedule, and how it trains."""
 
-    def __init__(self, structure: dict[str, Any], device: torch.device) -> None:
+    def __init__(self, structure: dict[str, Any], device: torch.device, mesh: Any = None) -> None:
+        """`mesh`: pp_fsdp's ("pp", "dp_shard") mesh (pp: unused, every rank a pipeline rank)."""
+        import torch.distributed as dist
+
         s = self.structure = complete(structure)
         self.blocks = stage_blocks(s)
         self.tokens_loss = s["pp_loss"] == "tokens"
@@ -117,12 +138,25 @@ class Pipelined:
         """False only under a plant (model_plants.pp_tied_unsummed)."""
         self.rows = ms.PP_ROWS
 
+        self.fsdp = s["parallel"] == "pp_fsdp"
+        world = dist.get_world_size()
+        self.groups = ms.dp_groups(s, mesh) if self.fsdp else [list(range(world))]
+        """The ranks of each dp_shard index's pipeline, in row order (pp: one, every rank)."""
+        self.shard = next(i for i, g in enumerate(self.groups) if dist.get_rank() in g)
+        self.pp_group = mesh["pp"].get_group() if self.fsdp else None
+
         def split(stage: int, n_stages: int) -> nn.Module:
             return cut(ms.build(s, device), stage, self.blocks)
 
+        def prepare(stage: nn.Module) -> None:  # torchtitan: FSDP2 over dp_shard inside every stage
+            ms.apply_fsdp(stage, mesh["dp_shard"], s["wrap"])
+
         self.pipe, self.modules = pipeline.build(s["schedule"], lambda: None, self._loss, s["microbatches"], device,
-                                                 sum_microbatches=self.tokens_loss, split=split)
+                                                 group=self.pp_group, sum_microbatches=self.tokens_loss, split=split,
+                                                 prepare=prepare if self.fsdp else None)
         self.model = pipeline.Stages(self.modules)
+        # the step's token counts summed over the pipelines (each saw its own rows)
+        self.model.balance_groups = [mesh["dp_shard"].get_group()] if self.fsdp and s["balance"] else []
         self.tracers = [ChunkTracer(m) for m in self.modules]
         self.stages = self.pipe.pipeline_stages
         """This rank's PipelineStage objects, in the order of `modules`."""
@@ -140,8 +174,10 @@ class Pipelined:
     @property
     def grad_divisor(self) -> int:
         """What a microbatch's output gradients carry beyond the reference's: the microbatch
-        count, when the schedule scales the parameter gradients afterwards."""
-        return self.structure["microbatches"] if getattr(self.pipe.schedule, "scale_grads", False) else 1
+        count, when the schedule scales the parameter gradients afterwards; times the pipelines
+        (pp_fsdp: each one's loss is its own rows' mean, FSDP2 averages them)."""
+        scaled = getattr(self.pipe.schedule, "scale_grads", False)
+        return (self.structure["microbatches"] if scaled else 1) * len(self.groups)
 
     def train(self, batches: list) -> tuple[TrainRecord, dict]:
         """The drawn steps; per (step, accumulation microbatch), every pipeline microbatch's
@@ -161,6 +197,8 @@ class Pipelined:
                 opt.zero_grad(set_to_none=True)
             total = torch.zeros(())
             for m, (tokens, labels) in enumerate(micro):
+                shards = len(self.groups)
+                tokens, labels = tokens.chunk(shards)[self.shard], labels.chunk(shards)[self.shard]
                 with _tracing(self.tracers):
                     loss = pipeline.forward_backward(self.pipe, tokens, labels)
                 total += loss.float().cpu() * (self.structure["microbatches"] if self.tokens_loss else 1)
@@ -171,9 +209,13 @@ class Pipelined:
                 every: list = [None] * dist.get_world_size()
                 dist.all_gather_object(every, mine)
                 chunks = range(self.structure["microbatches"])
-                traces[(step, m)] = [[e for rank in every for e in rank.get(c, [])] for c in chunks]
+                traces[(step, m)] = [[e for r in group for e in every[r].get(c, [])]
+                                     for group in self.groups for c in chunks]
             if tied and self.sum_tied:
-                _sum_tied(self.modules)
+                _sum_tied(self.modules, self.pp_group)
+            if self.fsdp:  # every rank of a pipeline holds its loss: the mean over the pipelines
+                dist.all_reduce(total)
+                total /= dist.get_world_size()
             record.losses.append(float(total))
             grads = gathered(full_grads(self.model))
             if self.structure["tie"]:
@@ -198,10 +240,14 @@ def _tracing(tracers: list[ChunkTracer]):
 def reference_loss(structure: dict[str, Any], logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The full-batch loss a pipelined step computes: with a per-microbatch mean, the mean of
     the microbatches' means (torch.tensor_split's chunks, as the schedule splits the batch:
-    equal to the batch mean when the count divides it); torchtitan's token sum, the batch mean."""
+    equal to the batch mean when the count divides it); torchtitan's token sum, the batch mean.
+    pp_fsdp: the mean over the pipelines, each on its own rows."""
     s = complete(structure)
     flat = logits.float()
-    if s["parallel"] != "pp" or s["pp_loss"] == "tokens":
+    if s["parallel"] not in PIPELINED or s["pp_loss"] == "tokens":
         return F.cross_entropy(flat.flatten(0, 1), labels.flatten())
+    if s["parallel"] == "pp_fsdp":
+        parts = list(zip(flat.chunk(ms.PP_DP_SHARD), labels.chunk(ms.PP_DP_SHARD)))
+        return sum(reference_loss({**s, "parallel": "pp"}, x, y) for x, y in parts) / len(parts)
     parts = zip(torch.tensor_split(flat, s["microbatches"]), torch.tensor_split(labels, s["microbatches"]))
     return sum(F.cross_entropy(x.flatten(0, 1), y.flatten()) for x, y in parts) / s["microbatches"]

@@ -50,6 +50,8 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
+from .model_space import PIPELINED
+
 PLANT_ENV = "DISTCI_MODELS_PLANT"
 
 
@@ -161,12 +163,12 @@ def _sp_norm_grad_local(model: nn.Module, parallel: str, rank: int) -> None:
 
 
 def _pp_tied_unsummed(piped, parallel: str, rank: int) -> None:
-    if parallel == "pp":
+    if parallel in PIPELINED:
         piped.sum_tied = False
 
 
 def _pp_stage_unscaled(piped, parallel: str, rank: int) -> None:
-    if parallel != "pp" or piped.structure["schedule"] != "interleaved_1f1b":
+    if parallel not in PIPELINED or piped.structure["schedule"] != "interleaved_1f1b":
         return
     for stage in piped.stages:
         if stage.is_last:
@@ -190,5 +192,5 @@ def plant(model: nn.Module, parallel: str, rank: int, name: str | None = None) -
         return
     if name not in PLANTS:
         raise ValueError(f"{PLANT_ENV}={name!r} is not a plant; plants: {', '.join(PLANTS)}")
-    if (parallel == "pp") == (name in PIPELINE_PLANTS):
+    if (parallel in PIPELINED) == (name in PIPELINE_PLANTS):
         PLANTS[name](model, parallel, rank)

@@ -57,6 +57,9 @@ Features, and where they come from:
     over the step's 4 rows: 3 does not divide them), `split` (torchtitan's generated split,
     or every block on the first / last stage) and `pp_loss` (a per-microbatch mean with
     scale_grads, or torchtitan's sum over the step's tokens without).
+  - the pipeline x FSDP2 (later): the layout `pp_fsdp`, grown from an hsdp draw (the same
+    2x2 mesh, its wrap kept), torchtitan's PP x FSDP2: a ("pp", "dp_shard") mesh, each stage
+    `fully_shard`ed over dp_shard, each dp_shard index's pipeline on its own rows (4 ranks).
 
 A structure's key spells the parallelism then every feature off its default, e.g.
 `ddp-blocks2-moe4-top2-tied-steps2`; `parse` reads one back (a test id alone names its
@@ -101,8 +104,9 @@ class Feature:
 
 
 FEATURES: tuple[Feature, ...] = (
-    Feature("parallel", ("fsdp", "tp", "ddp", "replicate", "hsdp", "fsdp_tp", "pp"), "fsdp", "{}",
-            "the layout over all ranks", later=("fsdp_tp", "pp"), grows_from={"fsdp_tp": "fsdp", "pp": "ddp"}),
+    Feature("parallel", ("fsdp", "tp", "ddp", "replicate", "hsdp", "fsdp_tp", "pp", "pp_fsdp"), "fsdp", "{}",
+            "the layout over all ranks", later=("fsdp_tp", "pp", "pp_fsdp"),
+            grows_from={"fsdp_tp": "fsdp", "pp": "ddp", "pp_fsdp": "hsdp"}),
     Feature("blocks", (1, 2, 3), 1, "blocks{}", "residual blocks"),
     Feature("experts", (0, 2, 4), 0, "moe{}", "routed experts in every block's feed-forward (0: a dense MLP)"),
     Feature("top_k", (1, 2), 1, "top{}", "experts each token goes to"),
@@ -138,12 +142,16 @@ FEATURES: tuple[Feature, ...] = (
             later=("tokens",)),
 )
 FEATURE = {f.name: f for f in FEATURES}
-RANKS = {"hsdp": 4, "fsdp_tp": 4, "pp": 2}
+RANKS = {"hsdp": 4, "fsdp_tp": 4, "pp": 2, "pp_fsdp": 4}
 """Layouts that need a world of their own size (a 2x2 mesh; pp: two pipeline ranks, so its
 stage counts are fixed); the rest run on the cell's ranks."""
 SIZES = ("blocks", "experts", "top_k", "accum", "steps", "microbatches")
 PIPELINE = ("schedule", "microbatches", "split", "pp_loss")
-"""Features that configure a pipeline (parallel=pp)."""
+"""Features that configure a pipeline (parallel=pp or pp_fsdp)."""
+PIPELINED = ("pp", "pp_fsdp")
+"""The layouts with a pipeline: pp on 2 ranks, pp_fsdp the same 2 stages' ranks times 2 dp_shard ranks."""
+FSDP_LAYOUTS = ("fsdp", "hsdp", "fsdp_tp", "pp_fsdp")
+"""The layouts that place FSDP2 units (the wrap feature)."""
 PP_RANKS = RANKS["pp"]
 STAGES_PER_RANK = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": 2, "zero_bubble": 2, "zbv": 2, "dualpipev": 2}
 """As suites/runner/pipeline.py SCHEDULES has them (this module imports no torch)."""
@@ -174,8 +182,8 @@ def stage_blocks(s: Structure) -> list[list[int]]:
 RULES: tuple[tuple[Any, str], ...] = (
     (lambda s: s["top_k"] > max(s["experts"], 1), "top_k picks among the routed experts: top_k <= experts"),
     (lambda s: s["shared_expert"] and not s["experts"], "a shared expert sits beside routed experts: experts > 0"),
-    (lambda s: s["wrap"] != "blocks" and s["parallel"] not in ("fsdp", "hsdp", "fsdp_tp"),
-     "wrap places FSDP2's units: parallel=fsdp, hsdp or fsdp_tp"),
+    (lambda s: s["wrap"] != "blocks" and s["parallel"] not in FSDP_LAYOUTS,
+     "wrap places FSDP2's units: parallel=fsdp, hsdp, fsdp_tp or pp_fsdp"),
     (lambda s: s["balance"] and not s["experts"], "the balancing bias steers routed experts: experts > 0"),
     (lambda s: s["plan"] != "megatron" and s["parallel"] not in ("tp", "fsdp_tp"),
      "plan is a TP plan: parallel=tp or fsdp_tp"),
@@ -184,15 +192,15 @@ RULES: tuple[tuple[Any, str], ...] = (
     (lambda s: s["plan"] == "hf" and s["tie"],
      "transformers' plan shards the head (colwise_rep) and not the embedding: a tied pair "
      "cannot stay one parameter under plan=hf"),
-    (lambda s: s["parallel"] != "pp" and any(s[f] != FEATURE[f].default for f in PIPELINE),
-     "schedule, microbatches, split and pp_loss configure a pipeline: parallel=pp"),
-    (lambda s: s["parallel"] == "pp" and s["reuse"],
+    (lambda s: s["parallel"] not in PIPELINED and any(s[f] != FEATURE[f].default for f in PIPELINE),
+     "schedule, microbatches, split and pp_loss configure a pipeline: parallel=pp or pp_fsdp"),
+    (lambda s: s["parallel"] in PIPELINED and s["reuse"],
      "a module runs in one pipeline stage: the reused first block cannot run again after the last"),
-    (lambda s: s["parallel"] == "pp" and s["schedule"] in ("1f1b", "dualpipev") and s["microbatches"] < n_stages(s),
+    (lambda s: s["parallel"] in PIPELINED and s["schedule"] in ("1f1b", "dualpipev") and s["microbatches"] < n_stages(s),
      "Schedule1F1B and ScheduleDualPipeV take no fewer microbatches than stages"),
-    (lambda s: s["parallel"] == "pp" and s["split"] == "titan" and s["blocks"] + 2 < n_stages(s),
+    (lambda s: s["parallel"] in PIPELINED and s["split"] == "titan" and s["blocks"] + 2 < n_stages(s),
      "torchtitan's split weighs the embedding and the head as one block each: blocks + 2 >= stages"),
-    (lambda s: s["parallel"] == "pp" and s["param"] == "spectral_norm" and s["microbatches"] > 1,
+    (lambda s: s["parallel"] in PIPELINED and s["param"] == "spectral_norm" and s["microbatches"] > 1,
      "spectral_norm's power iteration runs once per forward: n microbatches run it n times "
      "where the full-batch reference runs it once"),
     (lambda s: s["plan"] == "titan" and s["buffer"] == "rope" and not s["attn"],

@@ -29,7 +29,10 @@ SEQ = 4
 BATCH_PER_RANK = 1
 """Tokens per rank and microbatch (4): few enough that an expert often gets none on a rank."""
 PP_ROWS = 4
-"""Rows of a pipelined step: as many as the most microbatches drawn (model_space)."""
+"""Rows of a pipelined step: as many as the most microbatches drawn (model_space); under
+pp_fsdp each dp_shard group's rows (PP_ROWS * PP_DP_SHARD in all)."""
+PP_DP_SHARD = 2
+"""pp_fsdp's dp_shard degree: each of its 2x2 mesh's pipelines trains on its own rows."""
 SEED = 20261206
 LR = 0.1
 
@@ -307,7 +310,7 @@ def data(structure: dict[str, Any], vocab: int, world_size: int) -> list[list[tu
     """Per step, per microbatch: (tokens, labels) of the global batch (every rank's rows, in rank order)."""
     s = complete(structure)
     gen = torch.Generator().manual_seed(SEED + 1)
-    rows = PP_ROWS if s["parallel"] == "pp" else BATCH_PER_RANK * world_size
+    rows = {"pp": PP_ROWS, "pp_fsdp": PP_ROWS * PP_DP_SHARD}.get(s["parallel"], BATCH_PER_RANK * world_size)
     return [[(torch.randint(0, vocab, (rows, SEQ), generator=gen), torch.randint(0, vocab, (rows, SEQ), generator=gen))
              for _ in range(s["accum"])] for _ in range(s["steps"])]
 
@@ -318,7 +321,8 @@ def data_parallel(parallel: str) -> bool:
     return parallel not in ("tp", "pp")
 
 
-MESHES = {"hsdp": ((2, 2), ("dp_replicate", "dp_shard")), "fsdp_tp": ((2, 2), ("dp_shard", "tp"))}
+MESHES = {"hsdp": ((2, 2), ("dp_replicate", "dp_shard")), "fsdp_tp": ((2, 2), ("dp_shard", "tp")),
+          "pp_fsdp": ((2, PP_DP_SHARD), ("pp", "dp_shard"))}
 """The 2-D layouts' meshes, named as torchtitan's ParallelDims names them (model_space.RANKS)."""
 
 
@@ -331,9 +335,11 @@ def mesh_of(structure: dict[str, Any], dist: Any) -> Any:
 def dp_groups(structure: dict[str, Any], mesh: Any) -> list[list[int]]:
     """The ranks of each data-parallel shard, in row order: one rank each; under plain TP
     one group of every rank; under fsdp_tp each dp_shard index's TP group (every rank of a
-    group sees the same rows)."""
+    group sees the same rows); under pp_fsdp each dp_shard index's pipeline."""
     if structure["parallel"] in ("tp", "pp"):
         return [[int(r) for r in mesh.mesh.flatten()]]
+    if structure["parallel"] == "pp_fsdp":
+        return [[int(r) for r in column] for column in mesh.mesh.T]
     if structure["parallel"] == "fsdp_tp":
         return [[int(r) for r in row] for row in mesh.mesh]
     return [[int(r)] for r in mesh.mesh.flatten()]
@@ -346,14 +352,14 @@ def parallelize(model: StructureModel, mesh: Any) -> nn.Module:
     model.balance_groups = ([mesh.get_group(axis) for axis in dp_axes]
                             if data_parallel(s["parallel"]) and s["balance"] else [])
     if s["parallel"] in ("fsdp", "hsdp"):  # a 2-D mesh makes fully_shard HSDP
-        _fully_shard(model, mesh, s["wrap"])
+        apply_fsdp(model, mesh, s["wrap"])
         return model
     if s["parallel"] in ("tp", "fsdp_tp"):  # torchtitan's parallelize_llama: TP, then FSDP2 over dp_shard
         from .model_plans import apply_plan
 
         apply_plan(model, mesh["tp"] if s["parallel"] == "fsdp_tp" else mesh, s["plan"], s["loss_parallel"])
         if s["parallel"] == "fsdp_tp":
-            _fully_shard(model, mesh["dp_shard"], s["wrap"])
+            apply_fsdp(model, mesh["dp_shard"], s["wrap"])
         return model
     kwargs: dict[str, Any] = {}
     if s["experts"]:  # an expert without tokens on a rank: DDP must be told (users pass it for MoE)
@@ -370,18 +376,20 @@ def parallelize(model: StructureModel, mesh: Any) -> nn.Module:
     return model
 
 
-def _fully_shard(model: StructureModel, mesh: Any, wrap: str) -> None:
+def apply_fsdp(model: StructureModel, mesh: Any, wrap: str) -> None:
+    """FSDP2's units as `wrap` places them; a pipeline stage (pp_fsdp) wraps the blocks it
+    runs and, for grouped, the ends it holds, as torchtitan's parallelize runs on each stage."""
     from ..runner.fsdp import fsdp_api
 
     fully_shard, _ = fsdp_api()
-    blocks = list(model.layers)
+    blocks = [model.layers[i] for i in model.running]
     units = {"blocks": blocks, "root": [], "subset": blocks[:1], "nested": blocks, "grouped": blocks}[wrap]
     for block in units:
         if wrap == "nested":
             fully_shard(block.ffn, mesh=mesh)
         fully_shard(block, mesh=mesh)
-    if wrap == "grouped":  # torchtitan: fully_shard([model.norm, model.output]); tied weights share one unit
-        group = [model.norm, model.output] + ([model.tok] if model.structure["tie"] else [])
+    if wrap == "grouped" and model.norm is not None:  # torchtitan: fully_shard([model.norm, model.output])
+        group = [model.norm, model.output] + ([model.tok] if model.structure["tie"] and model.tok is not None else [])
         fully_shard(group + ([model.mtp] if model.mtp is not None else []), mesh=mesh)
     fully_shard(model, mesh=mesh)
     if model.structure["experts"] and hasattr(model, "set_reduce_scatter_unused_params"):

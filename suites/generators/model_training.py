@@ -24,7 +24,7 @@ from ..judges.localize import Divergence, Trace, Tracer, first_divergence, gathe
 from ..judges.tolerances import tolerance
 from . import model_structures as ms
 from .model_pipeline import Pipelined, reference_loss
-from .model_space import complete
+from .model_space import PIPELINED, complete
 
 
 @dataclass
@@ -63,7 +63,7 @@ def _train(structure: dict[str, Any], runnable, model, batches, rows: tuple[int,
                 tokens, labels = tokens.chunk(rows[1])[rows[0]], labels.chunk(rows[1])[rows[0]]
             with tracer.tracing(), _loss_context(structure, gather):
                 logits = runnable(tokens)
-                if structure["parallel"] == "pp":  # the pipelined step's loss, on the whole batch
+                if structure["parallel"] in PIPELINED:  # the pipelined step's loss, on the whole batch
                     loss = reference_loss(structure, logits, labels) / len(micro)
                 else:
                     loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) / len(micro)
@@ -91,8 +91,8 @@ def judge(structure: dict[str, Any], rank: int, world_size: int, mesh: Any, devi
     batches = ms.data(structure, reference.vocab, world_size)
     ref_tracer = Tracer(reference)
     ref_record, ref_events = _train(structure, reference, reference, batches, None, ref_tracer, False)
-    if structure["parallel"] == "pp":
-        return _judge_pipelined(structure, device, batches, ref_record, ref_events, plant, rank)
+    if structure["parallel"] in PIPELINED:
+        return _judge_pipelined(structure, device, batches, ref_record, ref_events, plant, rank, mesh)
     model = ms.build(structure, device)
     runnable = ms.parallelize(model, mesh)
     if plant is not None:
@@ -111,12 +111,13 @@ def judge(structure: dict[str, Any], rank: int, world_size: int, mesh: Any, devi
 
 
 def _judge_pipelined(structure: dict[str, Any], device: torch.device, batches, ref_record: TrainRecord,
-                     ref_events: dict, plant, rank: int) -> Judged:
-    """parallel=pp: the stages train under their schedule (model_pipeline.py); a module's
-    microbatch outputs, put back together along the batch, are its full-batch output."""
-    piped = Pipelined(structure, device)
+                     ref_events: dict, plant, rank: int, mesh: Any = None) -> Judged:
+    """parallel=pp or pp_fsdp: the stages train under their schedule (model_pipeline.py); a
+    module's microbatch outputs (pp_fsdp: every pipeline's), put back together along the
+    batch, are its full-batch output."""
+    piped = Pipelined(structure, device, mesh)
     if plant is not None:
-        plant(piped, "pp", rank)
+        plant(piped, structure["parallel"], rank)
     run_record, run_parts = piped.train(batches)
     problems = check_numerics(ref_record, run_record, tolerance("float32", "none"))
     divergence = None
