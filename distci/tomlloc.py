@@ -13,6 +13,7 @@ tomllib, which needs no dependency inside cell environments.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 import sys
 from pathlib import Path
@@ -62,7 +63,10 @@ class Locator:
         self.path = path
         self.lines = text.splitlines()
 
-    def _headers(self) -> list[tuple[int, str, bool]]:
+    @functools.cached_property
+    def _header_lines(self) -> list[tuple[int, str, bool]]:
+        """Every section header once per file: a registry's load asks for one entry's lines per
+        entry, and a scan per question made loading the registry quadratic in its size."""
         found = []
         for number, line in enumerate(self.lines, 1):
             match = re.match(r"\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$", line)
@@ -70,6 +74,9 @@ class Locator:
                 name = re.sub(r"\s*\.\s*", ".", match.group(2)).replace('"', "").replace("'", "")
                 found.append((number, name, match.group(1) == "[["))
         return found
+
+    def _headers(self) -> list[tuple[int, str, bool]]:
+        return self._header_lines
 
     def section(self, name: str, index: int = 0) -> tuple[int, int] | None:
         """(first, last) line numbers of the index-th ``[name]`` / ``[[name]]`` section."""
