@@ -85,34 +85,42 @@ def test_unresolvable_cell_is_infra_not_failure(tmp_path):
 
 INSTALLED_MATRIX = (
     'schema = 1\n[accelerators.cpu]\nbackend = "gloo"\nrunner = ["ubuntu-latest"]\n'
-    'archs = ["x86_64"]\nvariants = ["cpu"]\n[tiers.pr]\n[[matrix]]\naccelerator = "cpu"\n'
+    'archs = ["x86_64"]\nvariants = ["cpu"]\n[tiers.pr]\n[tiers.nightly]\n[[matrix]]\naccelerator = "cpu"\n'
     'torch = "installed"\ntorchao = "installed"\nfixes = "off"\ntiers = []\n'
 )
 INSTALLED_CELL = "cpu-cpu-torch_installed-ao_installed-ws2-fix_off"
 TRIVIAL = [f"tests/harness_cases/test_trivial.py::test_trivial[{i}]" for i in (1, 2, 3)]
+NIGHTLY_TEST = ("suites/regressions/test_pytorch174727_embedding_backward_cache.py::"
+                "test_a_second_sharded_embedding_gets_its_own_gradient_shape[control]")
+
+
+def installed_argv(matrix: Path, runs: Path, *tests: str) -> list[str]:
+    """`distci run` of the installed cell on this interpreter, as a printed repro reads."""
+    return ["--matrix", str(matrix), "run", "--cell", INSTALLED_CELL, "--python", sys.executable,
+            "--runs-root", str(runs), *(a for t in tests for a in ("--test", t))]
 
 
 @pytest.fixture(scope="module")
 def installed_run(tmp_path_factory) -> dict:
-    """One cell run of test_trivial[3] on this interpreter's installed stack: what the
-    installed-stack test reads, and the stopped run the resume test continues (a cell run
-    each was ~7 CPU-s of controller, pytest and rank pool)."""
+    """One cell run on this interpreter's installed stack, of test_trivial[3] and a nightly-tier
+    test named with --test: what the installed-stack test and the printed-repro test read, and
+    the stopped run the resume test continues (a cell run each was ~8-10 CPU-s of controller,
+    selection check, pytest and rank pool)."""
     root = tmp_path_factory.mktemp("installed")
     matrix = root / "matrix.toml"
     matrix.write_text(INSTALLED_MATRIX)
-    proc = distci("--matrix", str(matrix), "run", "--cell", INSTALLED_CELL, "--python", sys.executable,
-                  "--runs-root", str(root / "runs"), "--test", TRIVIAL[2])
-    return {"proc": proc, "matrix": matrix, "runs": root / "runs"}
+    proc = distci(*installed_argv(matrix, root / "runs", TRIVIAL[2], NIGHTLY_TEST))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    (run_dir,) = (root / "runs").iterdir()
+    records = {r["test_id"]: r for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())}
+    return {"proc": proc, "matrix": matrix, "runs": root / "runs", "run_dir": run_dir, "records": records}
 
 
 def test_installed_stack_runs_through_distci_run(installed_run):
     """`--python` runs a cell on that interpreter's preinstalled stack: no wheelhouse, the
     stack's sources marked source=installed (here: the test session's own torch)."""
-    proc = installed_run["proc"]
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert "wheelhouse" not in proc.stdout
-    (run_dir,) = installed_run["runs"].iterdir()
-    (record,) = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert "wheelhouse" not in installed_run["proc"].stdout
+    record = installed_run["records"][TRIVIAL[2]]
     assert record["outcome"] == "passed" and record["stack"]["fixes_mode"] == "none"
     import torch
 
@@ -120,32 +128,20 @@ def test_installed_stack_runs_through_distci_run(installed_run):
     assert sources["torch"] == {"declared": "installed", "kind": "installed", "resolved": torch.__version__,
                                 "source": "installed", "python": sys.executable}
     assert record["stack"]["torch"] == torch.__version__
-    assert json.loads((run_dir / "run.json").read_text())["backend"] == "installed"
+    assert json.loads((installed_run["run_dir"] / "run.json").read_text())["backend"] == "installed"
 
 
-def test_a_printed_repro_runs_its_nightly_test(tmp_path):
+def test_a_printed_repro_runs_its_nightly_test(installed_run):
     """Every failure prints `--cell C --test ID` (rundir.repro_line: no tier). Pasted for a
-    nightly test, it must run that test: a named test runs whatever its tier, while an
-    explicit `--tier pr` still narrows to the pr tier (and says it selected nothing)."""
-    matrix = tmp_path / "matrix.toml"
-    matrix.write_text(
-        'schema = 1\n[accelerators.cpu]\nbackend = "gloo"\nrunner = ["ubuntu-latest"]\n'
-        'archs = ["x86_64"]\nvariants = ["cpu"]\n[tiers.pr]\n[tiers.nightly]\n[[matrix]]\naccelerator = "cpu"\n'
-        'torch = "installed"\ntorchao = "none"\nfixes = "off"\ntiers = []\n'
-    )
-    cell = "cpu-cpu-torch_installed-ao_none-ws2-fix_off"
-    nightly_test = ("suites/regressions/test_pytorch174727_embedding_backward_cache.py::"
-                    "test_a_second_sharded_embedding_gets_its_own_gradient_shape[control]")
-    repro = [sys.executable, "-m", "distci", "--matrix", str(matrix), "run", "--cell", cell, "--python", sys.executable,
-             "--runs-root", str(tmp_path / "runs"), "--test", nightly_test]
-    proc = subprocess.run(repro, cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    (run_dir,) = (tmp_path / "runs").iterdir()
-    (record,) = [json.loads(x) for x in (run_dir / "results.jsonl").read_text().splitlines()]
-    assert record["test_id"] == nightly_test and record["outcome"] == "passed"
-    assert json.loads((run_dir / "run.json").read_text())["tier"] == ""  # a named test, no tier filter
+    nightly test, it must run that test: a named test runs whatever its tier (the module's
+    run names one beside an untiered test), while an explicit `--tier pr` still narrows to
+    the pr tier (and says it selected nothing)."""
+    assert sorted(installed_run["records"]) == sorted([TRIVIAL[2], NIGHTLY_TEST])
+    assert installed_run["records"][NIGHTLY_TEST]["outcome"] == "passed"
+    assert json.loads((installed_run["run_dir"] / "run.json").read_text())["tier"] == ""  # no tier filter
 
-    narrowed = subprocess.run([*repro, "--tier", "pr"], cwd=REPO, capture_output=True, text=True, timeout=900)
+    repro = installed_argv(installed_run["matrix"], installed_run["runs"].with_name("narrowed"), NIGHTLY_TEST)
+    narrowed = distci(*repro, "--tier", "pr")
     assert narrowed.returncode == 2, narrowed.stdout[-3000:] + narrowed.stderr[-2000:]
     assert "no test selected by --test" in narrowed.stderr
 
@@ -153,13 +149,11 @@ def test_a_printed_repro_runs_its_nightly_test(tmp_path):
 def test_a_resumed_run_runs_only_what_the_stopped_run_left(tmp_path, installed_run):
     """`--resume` continues a run: the same selection, minus the tests the earlier run
     answered. The resumed run says which run it continues, and one report over both counts
-    every test once. The stopped run is `installed_run`'s (test_trivial[3] answered)."""
-    assert installed_run["proc"].returncode == 0, installed_run["proc"].stdout[-3000:]
-    (stopped,) = installed_run["runs"].iterdir()
-    base = ["--matrix", str(installed_run["matrix"]), "run", "--cell", INSTALLED_CELL, "--python", sys.executable,
-            "--runs-root", str(tmp_path / "runs")]
-    selection = [a for t in TRIVIAL for a in ("--test", t)]
-    resumed = distci(*base, *selection, "--resume", str(stopped))
+    every test once. The stopped run is `installed_run`'s (test_trivial[3] and the nightly
+    test answered)."""
+    stopped = installed_run["run_dir"]
+    argv = installed_argv(installed_run["matrix"], tmp_path / "runs", *TRIVIAL)
+    resumed = distci(*argv, "--resume", str(stopped))
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-2000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
     ran = [json.loads(x)["test_id"] for x in (run_dir / "results.jsonl").read_text().splitlines()]
@@ -168,9 +162,9 @@ def test_a_resumed_run_runs_only_what_the_stopped_run_left(tmp_path, installed_r
     report = distci("report", str(stopped), str(run_dir), "--title", "t", "--command", "c",
                     "--out", str(tmp_path / "page.md"))
     assert report.returncode == 0, report.stderr
-    assert "3 passed;" in (tmp_path / "page.md").read_text()
+    assert "4 passed;" in (tmp_path / "page.md").read_text()
     # all answered: the same resume again has nothing left to run, which is no error
-    again = distci(*base, *selection, "--resume", str(stopped), "--resume", str(run_dir))
+    again = distci(*argv, "--resume", str(stopped), "--resume", str(run_dir))
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
     assert "nothing left to run" in again.stdout
 

@@ -19,6 +19,14 @@ from faultrun import read_results
 pytestmark = pytest.mark.slow
 
 
+# One session serves the tests that read a plain run's records: the fault classes of
+# test_basic.py, a test that owns its process group (torchrun mode) and the nine compile
+# scenarios under isolation (each file its own session was a pytest controller and a rank
+# pool more apiece; the others start sessions with options of their own).
+OWN_GROUP = "test_torchrun_mode.py::test_own_group"
+COMPILES = {f"test_compiles[{n}]": ("passed", None) for n in range(1, 10)}
+
+
 @pytest.fixture(scope="module")
 def basic_run(tmp_path_factory):
     import uuid
@@ -27,7 +35,8 @@ def basic_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("run")
     start = time.monotonic()
     proc = run_pytest(
-        [str(CASES / "test_basic.py"), "--distci-run-dir", str(run_dir), "--distci-cell", "cpu-test-ws2-fix_on"],
+        [str(CASES / "test_basic.py"), str(CASES / OWN_GROUP), str(CASES / "test_recompile.py"),
+         "--distci-run-dir", str(run_dir), "--distci-cell", "cpu-test-ws2-fix_on"],
         env={"DISTCI_TEST_TOKEN": token},
     )
     return {"proc": proc, "dir": run_dir, "results": read_results(run_dir), "token": token,
@@ -54,6 +63,8 @@ def test_outcomes_are_classified(basic_run):
         "test_skip": ("skipped", None),
         "test_three_ranks": ("passed", None),
         "test_plain_in_controller": ("passed", None),
+        "test_own_group": ("passed", None),
+        **COMPILES,
     }
     got = {name: (rec["outcome"], rec["failure_kind"]) for name, rec in r.items()}
     assert got == expected
@@ -96,23 +107,21 @@ def test_no_worker_outlives_the_session(basic_run):
     assert processes_with_env(basic_run["token"]) == []
 
 
-def test_ninth_compile_scenario_still_compiles(tmp_path):
-    """With isolation, all nine compile; without it, the ninth silently runs eagerly."""
-    isolated = run_pytest([str(CASES / "test_recompile.py")])
-    assert isolated.returncode == 0, isolated.stdout[-3000:]
-    assert "9 passed" in isolated.stdout
+def test_ninth_compile_scenario_still_compiles(basic_run):
+    """With isolation, all nine compile (basic_run's session, after its faults); without it,
+    the ninth silently runs eagerly."""
+    got = {name: (rec["outcome"], rec["failure_kind"]) for name, rec in basic_run["results"].items()}
+    assert {name: got.get(name) for name in COMPILES} == COMPILES
     leaky = run_pytest([str(CASES / "test_recompile.py"), "--distci-no-isolation"])
     assert leaky.returncode == 1
     assert "test_compiles[9]" in leaky.stdout and "fell back to eager" in leaky.stdout
     assert "8 passed" in leaky.stdout
 
 
-def test_torchrun_mode_for_tests_that_own_their_group(tmp_path):
-    proc = run_pytest([str(CASES / "test_torchrun_mode.py"), "--distci-run-dir", str(tmp_path),
-                       "-k", "not capped"])
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    rec = read_results(tmp_path)["test_own_group"]
-    assert rec["outcome"] == "passed"
+def test_torchrun_mode_for_tests_that_own_their_group(basic_run):
+    """torchrun mode in a session whose other tests run in the rank pool (basic_run's)."""
+    rec = basic_run["results"]["test_own_group"]
+    assert rec["outcome"] == "passed", rec.get("message")
 
 
 def test_timeout_cap_bounds_a_markers_timeout(tmp_path):

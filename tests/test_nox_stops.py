@@ -58,7 +58,9 @@ def _wait_ready(ready: Path, alive, deadline_s: float = SETUP_S) -> None:
     assert len(list(ready.glob("ready-rank*"))) == 2, "the ranks never got ready"
 
 
-def _closed_run(runs: Path, out: str, stopped_by: str) -> None:
+def _closed_run(runs: Path, out: str, stopped_by: str, exit_text: str | None = None) -> None:
+    """The stopped run closed; `exit_text`: the exit file as read right after the run (a
+    module fixture's run, read later, when another nox session may have rewritten it)."""
     assert "distci results" in out, out[-4000:]
     (run_dir,) = runs.iterdir()
     info = json.loads((run_dir / "run.json").read_text())
@@ -67,8 +69,8 @@ def _closed_run(runs: Path, out: str, stopped_by: str) -> None:
     assert [r["error_signature"] for r in results] == [f"Interrupted: stopped by {stopped_by}"], results
     cases = ET.parse(run_dir / "junit.xml").getroot().findall(".//testcase")
     assert len(cases) == len(results) and results[0]["test_id"].endswith(cases[0].get("name", "")), cases
-    exit_info = json.loads(EXIT_FILE.read_text())
-    assert exit_info["exit_code"] == 130 and exit_info["meaning"] == "interrupted", exit_info
+    exit_info = json.loads(EXIT_FILE.read_text() if exit_text is None else exit_text)
+    assert exit_info.get("exit_code") == 130 and exit_info.get("meaning") == "interrupted", exit_info
 
 
 def _read_all(fd: int, into: list[bytes]) -> None:
@@ -115,31 +117,37 @@ def test_ctrl_c_in_a_terminal_closes_the_run(tmp_path):
     assert left == [], left
 
 
-def test_a_ci_cancel_sigterm_to_nox_alone_closes_the_run(tmp_path):
-    token, ready, runs = uuid.uuid4().hex, tmp_path / "ready", tmp_path / "runs"
+@pytest.fixture(scope="module")
+def cancelled_run(tmp_path_factory) -> dict:
+    """`nox -s dist_tests` under `DISTCI_FIXES=none`, stopped by a CI cancel (SIGTERM to nox
+    alone) once its ranks are in the test: the run the cancel test and the fixes-mode test
+    read (each its own nox session and cell run was ~10 CPU-s)."""
+    root = tmp_path_factory.mktemp("cancelled")
+    token, ready, runs = uuid.uuid4().hex, root / "ready", root / "runs"
     ready.mkdir()
     proc = subprocess.Popen(_nox_args(runs, f"{CASES / 'test_leave_processes.py'}::test_pool_rank_leaves_processes"),
-                            cwd=REPO, env=_env(token, DISTCI_FAULT_DIR=str(ready)), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            cwd=REPO, env=_env(token, DISTCI_FAULT_DIR=str(ready), DISTCI_FIXES="none"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         _wait_ready(ready, lambda: proc.poll() is None)
         proc.send_signal(signal.SIGTERM)  # to nox only: the controller hears it from nox
         out, _ = proc.communicate(timeout=240)
+        left = procs.with_token(token, {os.getpid()}, prefix=True)
+        exit_info = EXIT_FILE.read_text() if EXIT_FILE.exists() else "{}"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    _closed_run(runs, out, "SIGTERM")
-    assert procs.with_token(token, {os.getpid()}, prefix=True) == []
+    return {"out": out, "runs": runs, "left": left, "exit_info": exit_info}
 
 
-def test_distci_fixes_none_runs_the_cell_with_no_fix_applied(tmp_path):
-    runs = tmp_path / "runs"
-    proc = subprocess.run(_nox_args(runs, f"{CASES / 'test_pool_faults.py'}::test_after_segfault"), cwd=REPO,
-                          env=_env(uuid.uuid4().hex, DISTCI_FIXES="none"), capture_output=True, text=True,
-                          timeout=SETUP_S)
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    (run_dir,) = runs.iterdir()
+def test_a_ci_cancel_sigterm_to_nox_alone_closes_the_run(cancelled_run):
+    _closed_run(cancelled_run["runs"], cancelled_run["out"], "SIGTERM", cancelled_run["exit_info"])
+    assert cancelled_run["left"] == []
+
+
+def test_distci_fixes_none_runs_the_cell_with_no_fix_applied(cancelled_run):
+    (run_dir,) = cancelled_run["runs"].iterdir()
     info = json.loads((run_dir / "run.json").read_text())
     assert info["cell_id"] == CELL.replace("fix_on", "fix_off"), info
     stack = json.loads((run_dir / "stack.json").read_text())
