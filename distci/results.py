@@ -285,9 +285,13 @@ def write_junit(results: Iterable[Result], path: Path, *, suite_name: str = "dis
         for key, value in sorted(results[0].stack.to_dict().items()):
             if isinstance(value, (str, int, float, bool)):
                 _element(props, "property", name=f"stack.{key}", value=str(value))
+    located: dict[tuple[str, str], tuple[str, int]] = {}  # a test file read once a call, not once a result
     for r, kind in zip(results, kinds):
         classname, _, name = r.test_id.rpartition("::")
-        file, line = test_location(r.test_id, root)
+        key = (r.test_id.partition("::")[0], name.split("[", 1)[0])
+        if key not in located:
+            located[key] = test_location(r.test_id, root)
+        file, line = located[key]
         case = _element(
             suite,
             "testcase",

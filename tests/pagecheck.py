@@ -1,10 +1,12 @@
 """Checks of a built dashboard site: layout width and axe-core in headless Chromium, links.
 
-`browser_check(modules, page, width)` runs tests/browser/check.cjs: puppeteer-core drives
-the system's Chromium at that viewport width, opens every `<details>`, measures the
-document's scroll width against the viewport, lists the elements that stick out past the
-right edge, and runs axe-core; it can take a screenshot first. (`--window-size` alone
-cannot make a 390 px viewport: headless Chromium's windows are at least 500 px wide.)
+`browser_checks(modules, jobs)` runs tests/browser/check.cjs: puppeteer-core drives the
+system's Chromium, and for each (page, viewport width, screenshot) opens every `<details>`,
+measures the document's scroll width against the viewport, lists the elements that stick
+out past the right edge, and runs axe-core; it can take a screenshot first. One browser
+serves all the jobs of a call, each page in a fresh browser context: a browser's start is
+most of what one page's check costs (~1.4 CPU-s of ~1.5). `--window-size` alone cannot
+make a 390 px viewport: headless Chromium's windows are at least 500 px wide.
 
 `site_links(site)` checks every href and src of every HTML file of the site: http(s), or
 a relative path to a file inside the site, or `#id` of an element of its page.
@@ -16,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -28,14 +31,22 @@ NPM_PACKAGES = ("puppeteer-core@24.43.1", "axe-core@4.14.1")
 CHECK = Path(__file__).with_name("browser") / "check.cjs"
 
 
-def browser_check(modules: Path, page: Path, width: int, screenshot: Path | None = None) -> dict:
-    """{width, scrollWidth, wide: [elements past the right edge], violations: [axe's]}."""
+def browser_checks(modules: Path, jobs: list[tuple[Path, int, Path | None]]) -> list[dict]:
+    """For each (page, width, screenshot or None), in order: {width, scrollWidth, wide: [elements
+    past the right edge], narrow, overlap, beside, violations: [axe's]}, or {error} where that
+    page's check threw (the others still ran)."""
     assert CHROMIUM is not None
-    args = ["node", str(CHECK), str(modules), CHROMIUM, page.resolve().as_uri(), str(width)]
-    proc = subprocess.run(args + ([str(screenshot)] if screenshot else []), capture_output=True, text=True,
-                          timeout=300)
+    listed = [{"url": page.resolve().as_uri(), "width": width, "shot": str(shot) if shot else None}
+              for page, width, shot in jobs]
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="distci-pages-") as spec:
+        json.dump(listed, spec)
+        spec.flush()
+        proc = subprocess.run(["node", str(CHECK), str(modules), CHROMIUM, spec.name], capture_output=True,
+                              text=True, timeout=120 + 60 * len(jobs))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    found = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [f["url"] for f in found] == [j["url"] for j in listed], proc.stdout[-3000:] + proc.stderr[-3000:]
+    return found
 
 
 class _Refs(HTMLParser):

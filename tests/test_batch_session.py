@@ -82,19 +82,35 @@ def pool_starts(run_dir: Path) -> int:
 
 
 @pytest.mark.slow
-def test_a_runs_batches_share_one_pytest_and_one_rank_pool(session):
+def test_a_runs_batches_share_one_pytest_and_one_rank_pool_and_run_the_functions_they_name(session):
+    """Batches share one pytest and one rank pool. The ops generator's sweeps and its finds'
+    replay are two test functions of one module: a batch naming `tests` runs those only; a
+    batch naming none, the first batch's functions (one session for both claims: a session's
+    start, its pytest and its pool, is most of what this file costs)."""
     assert run_batch(session, 1, ["a", "b"]) == {"a": ("passed", None), "b": ("passed", None)}
     pid = session.proc.pid
     assert run_batch(session, 2, ["c", "fails"]) == {"c": ("passed", None), "fails": ("failed", "assert")}
     assert run_batch(session, 3, ["d"]) == {"d": ("passed", None)}
     assert session.proc.pid == pid and session.sessions == 1
     assert pool_starts(session.run_dir) == 1, "the rank pool started again for a later batch"
+
+    assert run_batch(session, 4, ["e"], test="test_other") == {}  # not the first batch's function
+    other = f"{session.entry_test.split('::')[0]}::test_other"
+    assert run_batch(session, 5, ["g", "fails_other"], tests=[other], test="test_other") == {
+        "g": ("passed", None), "fails_other": ("failed", "assert")}
+    assert run_batch(session, 6, ["h"], tests=[other], test="test_case") == {}  # not named
+    assert session.proc.pid == pid and session.sessions == 1
+    assert pool_starts(session.run_dir) == 1, "the rank pool started again for a later batch"
+    tests = [r.test_id.rsplit("::", 1)[1] for r in RunDir(session.run_dir).results()]
+    assert tests == ["test_case[a]", "test_case[b]", "test_case[c]", "test_case[fails]", "test_case[d]",
+                     "test_case[e]", "test_other[g]", "test_other[fails_other]", "test_other[h]"], tests
+
     proc = session.proc
     session.close()
     assert proc.returncode == 1  # pytest's own code: a test failed
     info = json.loads((session.run_dir / "run.json").read_text())
     assert info["pytest_exit"] == 1
-    assert len(RunDir(session.run_dir).results()) == 5
+    assert len(RunDir(session.run_dir).results()) == len(tests)  # closing added and lost none
 
 
 @pytest.mark.slow
@@ -108,19 +124,3 @@ def test_a_dead_rank_or_a_dead_pytest_is_recorded_and_the_next_batch_starts_clea
     assert info["pytest_exit"] == -9, info  # closed as a run's pytest is: how it ended is on record
     assert run_batch(session, 3, ["clean"]) == {"clean": ("passed", None)}
     assert session.sessions == 2
-
-
-@pytest.mark.slow
-def test_a_batch_runs_the_test_functions_it_names_else_the_first_batchs(session):
-    """The ops generator's sweeps and its finds' replay are two test functions of one module:
-    a batch naming `tests` runs those only; a batch naming none, the first batch's functions."""
-    assert run_batch(session, 1, ["a"]) == {"a": ("passed", None)}
-    assert run_batch(session, 2, ["b"], test="test_other") == {}  # not the first batch's function
-    other = f"{session.entry_test.split('::')[0]}::test_other"
-    assert run_batch(session, 3, ["c", "fails_other"], tests=[other], test="test_other") == {
-        "c": ("passed", None), "fails_other": ("failed", "assert")}
-    assert run_batch(session, 4, ["d"], tests=[other], test="test_case") == {}  # not named
-    assert session.sessions == 1
-    tests = [r.test_id.rsplit("::", 1)[1] for r in RunDir(session.run_dir).results()]
-    assert tests == ["test_case[a]", "test_case[b]", "test_other[c]", "test_other[fails_other]",
-                     "test_other[d]"], tests

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from fixtures_dashboard import NOW, generate
 from fixtures_runs import seed_nights
-from pagecheck import CHROMIUM, NPM_PACKAGES, browser_check, site_links
+from pagecheck import CHROMIUM, NPM_PACKAGES, browser_checks, site_links
 
 from distci.dashboard import render_dashboard
 from distci.judge.ingest import ingest_runs
@@ -95,19 +95,46 @@ def test_the_link_checker_finds_what_pages_would_404(tmp_path: Path) -> None:
 
 # The split pages (a cell's history, a week's heat, a tier's blockers), by kind: the first of each.
 SPLIT = ("cell", "week", "tier")
+CHECKED = [(n, p, w) for n in ("generated", "recorded") for p in PAGES + SPLIT for w in WIDTHS
+           if (n, p) != ("recorded", "tier")]  # no matrix there: no tiers
+
+
+# A page with what the layout review must see: a squeezed column, boxes covering each other, a
+# heading beside its content.
+BROKEN = ('<!doctype html><html lang="en"><head><meta charset="utf-8"><title>t</title></head><body><main>'
+          '<table><tr><td style="width:1px;word-break:break-all">cpu-cpu-torch_2.13.0-ao_0.18.0-ws2</td>'
+          '<td style="width:99%">wide</td></tr></table>'
+          '<div><p style="margin:0;height:20px">first</p><p style="margin:-15px 0 0 0;height:20px">second</p></div>'
+          '<section style="display:flex"><h2>Stacks</h2><ul><li>torch 2.13.0</li></ul></section>'
+          '</main></body></html>')
+
+
+@pytest.fixture(scope="module")
+def checked(sites: dict[str, Path], node_modules: Path,
+            tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, int], tuple[dict, Path | None]]:
+    """Every (site, page, width) of CHECKED, and ("broken", "broken.html", 390): (what check.cjs
+    found, its screenshot), all pages through one browser (its start was ~1.4 of a page's ~1.5
+    CPU-s), each in a fresh browser context."""
+    shots = tmp_path_factory.mktemp("shots")
+    broken = shots / "broken.html"
+    broken.write_text(BROKEN)
+    keys, jobs = list(CHECKED), []
+    for name, page, width in CHECKED:
+        if page in SPLIT:
+            page = sorted(p.name for p in sites[name].glob(f"{page}-*.html"))[0]
+        jobs.append((sites[name] / page, width, shots / f"{name}-{Path(page).stem.split('-')[0]}-{width}.png"))
+    keys.append(("broken", "broken.html", 390))
+    jobs.append((broken, 390, None))
+    found = browser_checks(node_modules, jobs)
+    return {key: (f, job[2]) for key, f, job in zip(keys, found, jobs)}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("width", WIDTHS)
-@pytest.mark.parametrize(("name", "page"), [(n, p) for n in ("generated", "recorded") for p in PAGES + SPLIT
-                                            if (n, p) != ("recorded", "tier")])  # no matrix there: no tiers
-def test_no_sideways_scroll_no_axe_violation_and_no_broken_layout(sites: dict[str, Path], node_modules: Path,
-                                                                  name: str, page: str, width: int,
-                                                                  tmp_path: Path) -> None:
-    if page in SPLIT:
-        page = sorted(p.name for p in sites[name].glob(f"{page}-*.html"))[0]
-    shot = tmp_path / f"{name}-{Path(page).stem.split('-')[0]}-{width}.png"
-    found = browser_check(node_modules, sites[name] / page, width, shot)
+@pytest.mark.parametrize(("name", "page", "width"), CHECKED)
+def test_no_sideways_scroll_no_axe_violation_and_no_broken_layout(checked, name: str, page: str,
+                                                                  width: int) -> None:
+    found, shot = checked[name, page, width]
+    assert "error" not in found, found["error"]
     keep = os.environ.get("DISTCI_DASHBOARD_SCREENSHOTS")
     if keep:
         (Path(keep) / "dashboard").mkdir(parents=True, exist_ok=True)
@@ -122,17 +149,9 @@ def test_no_sideways_scroll_no_axe_violation_and_no_broken_layout(sites: dict[st
 
 
 @pytest.mark.slow
-def test_the_layout_review_sees_a_squeezed_column_covering_boxes_and_a_heading_beside(
-        node_modules: Path, tmp_path: Path) -> None:
-    page = tmp_path / "broken.html"
-    page.write_text(
-        '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>t</title></head><body><main>'
-        '<table><tr><td style="width:1px;word-break:break-all">cpu-cpu-torch_2.13.0-ao_0.18.0-ws2</td>'
-        '<td style="width:99%">wide</td></tr></table>'
-        '<div><p style="margin:0;height:20px">first</p><p style="margin:-15px 0 0 0;height:20px">second</p></div>'
-        '<section style="display:flex"><h2>Stacks</h2><ul><li>torch 2.13.0</li></ul></section>'
-        '</main></body></html>')
-    found = browser_check(node_modules, page, 390)
+def test_the_layout_review_sees_a_squeezed_column_covering_boxes_and_a_heading_beside(checked) -> None:
+    found, _ = checked["broken", "broken.html", 390]
+    assert "error" not in found, found["error"]
     assert any("cpu-cpu-torch" in n for n in found["narrow"]), found
     assert any('"first"' in o and '"second"' in o for o in found["overlap"]), found
     assert any("Stacks" in b for b in found["beside"]), found
