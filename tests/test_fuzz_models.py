@@ -600,3 +600,18 @@ def test_pp_tp_trace_rebuilds_each_microbatchs_tp_shards():
     merged = tp_merged(run, ref)[(0, 0)][0]
     assert [k for k, _ in merged] == [seq, rep]
     assert torch.equal(merged[0][1], full) and torch.equal(merged[1][1], full)
+
+
+def test_the_pp_tp_space_draws_the_uninitialized_shape_inference_bug():
+    """The new PP x TP bug (reports/fuzz-models-2026-12-07-pptp.md): its seeded run's space
+    draws structures the entry names (a per-expert MoE block on a stage after the first)
+    within 60 draws, and leaves them out of parallel=pp, which has no TP group to diverge."""
+    from distci.known_issues import load_registry
+
+    registry = load_registry(REPO / "suites" / "known_issues.toml")
+    known = next(e for e in registry.entries if e.id == "distci-pp-shape-inference-uninitialized-input")
+    test = "suites/generators/models_entry.py::test_model_structure[{}]"
+    drawer = Drawer("2026-12-07-pptp", parse_space(["parallel=pp_tp"]))
+    assert any(known.covers(test.format(key(drawer.draw()))) for _ in range(60))
+    pp = Drawer("2026-12-07-pptp", parse_space(["parallel=pp"]))
+    assert not any(known.covers(test.format(key(pp.draw()))) for _ in range(60))
