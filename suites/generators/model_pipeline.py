@@ -141,7 +141,8 @@ class Pipelined:
     """This rank's stages of a structure, its schedule, and how it trains."""
 
     def __init__(self, structure: dict[str, Any], device: torch.device, mesh: Any = None) -> None:
-        """`mesh`: pp_fsdp's ("pp", "dp_shard") mesh (pp: unused, every rank a pipeline rank)."""
+        """`mesh`: pp_fsdp's ("pp", "dp_shard") or pp_tp's ("pp", "tp") mesh (pp: unused, every rank a
+        pipeline rank)."""
         import torch.distributed as dist
 
         s = self.structure = complete(structure)
