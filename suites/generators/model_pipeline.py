@@ -188,17 +188,6 @@ class Pipelined:
         for stage, tracer in zip(self.stages, self.tracers):
             watch(stage, tracer)
 
-    def loss_context(self) -> Any:
-        """torchtitan's train context around `pp_schedule.step`: `loss_parallel()` when the
-        last stage's head returns vocab-sharded logits (pp_tp with loss_parallel)."""
-        import contextlib
-
-        if self.tp and self.structure["loss_parallel"]:
-            from torch.distributed.tensor.parallel import loss_parallel
-
-            return loss_parallel()
-        return contextlib.nullcontext()
-
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         flat, target = logits.float().flatten(0, 1), labels.flatten()
         if self.tokens_loss:  # torchtitan: a sum over the step's tokens, scale_grads=False
@@ -235,7 +224,7 @@ class Pipelined:
             for m, (tokens, labels) in enumerate(micro):
                 shards = len(self.groups)
                 tokens, labels = tokens.chunk(shards)[self.shard], labels.chunk(shards)[self.shard]
-                with _tracing(self.tracers), self.loss_context():
+                with _tracing(self.tracers), ms.loss_context(self.structure, self.tp):
                     loss = pipeline.forward_backward(self.pipe, tokens, labels)
                 total += loss.float().cpu() * (self.structure["microbatches"] if self.tokens_loss else 1)
                 mine: dict[int, list] = {}

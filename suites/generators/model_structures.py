@@ -322,6 +322,19 @@ def data_parallel(parallel: str) -> bool:
     return parallel not in ("tp", "pp", "pp_tp")
 
 
+def loss_context(structure: dict[str, Any], parallel_side: bool):
+    """torchtitan's train step: forward and backward (a pipeline's: the schedule's step, inside
+    its train context) under `loss_parallel()` when the head returns vocab-sharded logits; the
+    reference computes whole logits, without it."""
+    import contextlib
+
+    if parallel_side and structure["loss_parallel"]:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+    return contextlib.nullcontext()
+
+
 MESHES = {"hsdp": ((2, 2), ("dp_replicate", "dp_shard")), "fsdp_tp": ((2, 2), ("dp_shard", "tp")),
           "pp_fsdp": ((2, PP_DP_SHARD), ("pp", "dp_shard")), "pp_tp": ((2, 2), ("pp", "tp"))}
 """The 2-D layouts' meshes, named as torchtitan's ParallelDims names them (model_space.RANKS)."""

@@ -35,18 +35,6 @@ class Judged:
     divergence: Divergence | None
 
 
-def _loss_context(structure: dict[str, Any], parallel_side: bool):
-    """torchtitan's train step: forward and backward under `loss_parallel()` when the head
-    returns vocab-sharded logits (the reference: whole logits, no context)."""
-    import contextlib
-
-    if parallel_side and structure["loss_parallel"]:
-        from torch.distributed.tensor.parallel import loss_parallel
-
-        return loss_parallel()
-    return contextlib.nullcontext()
-
-
 def _train(structure: dict[str, Any], runnable, model, batches, rows: tuple[int, int] | None,
            tracer: Tracer, gather: bool) -> tuple[TrainRecord, dict]:
     """`rows`: (this rank's data-parallel shard, shards), None: every row."""
@@ -61,7 +49,7 @@ def _train(structure: dict[str, Any], runnable, model, batches, rows: tuple[int,
         for m, (tokens, labels) in enumerate(micro):
             if rows is not None:
                 tokens, labels = tokens.chunk(rows[1])[rows[0]], labels.chunk(rows[1])[rows[0]]
-            with tracer.tracing(), _loss_context(structure, gather):
+            with tracer.tracing(), ms.loss_context(structure, gather):
                 logits = runnable(tokens)
                 if structure["parallel"] in PIPELINED:  # the pipelined step's loss, on the whole batch
                     loss = reference_loss(structure, logits, labels) / len(micro)
