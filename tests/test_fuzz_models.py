@@ -34,7 +34,8 @@ def test_every_drawn_structure_is_valid_and_its_key_reads_back():
     assert len({key(s) for s in drawn}) == 60
     for s in drawn:
         assert valid(s) and parse(key(s)) == s
-    assert {s["parallel"] for s in drawn} == {"fsdp", "tp", "ddp", "replicate", "hsdp", "fsdp_tp", "pp", "pp_fsdp"}
+    assert {s["parallel"] for s in drawn} == {"fsdp", "tp", "ddp", "replicate", "hsdp", "fsdp_tp", "pp", "pp_fsdp",
+                                                 "pp_tp"}
     assert any(s["experts"] and s["tie"] for s in drawn)
     assert {s["plan"] for s in drawn} == {"megatron", "titan", "hf"} and any(s["loss_parallel"] for s in drawn)
 
@@ -66,7 +67,7 @@ def test_rules_say_only_what_is_meaningless():
     assert problems({"parallel": "ddp", "top_k": 2}) == ["top_k picks among the routed experts: top_k <= experts"]
     assert problems({"parallel": "tp", "wrap": "nested"}) == ["wrap places FSDP2's units: parallel=fsdp, hsdp, fsdp_tp or pp_fsdp"]
     assert valid({"parallel": "hsdp", "wrap": "nested"}) and valid({"parallel": "fsdp_tp", "wrap": "grouped"})
-    assert problems({"parallel": "fsdp", "plan": "titan"}) == ["plan is a TP plan: parallel=tp or fsdp_tp"]
+    assert problems({"parallel": "fsdp", "plan": "titan"}) == ["plan is a TP plan: parallel=tp, fsdp_tp or pp_tp"]
     assert problems({"parallel": "tp", "plan": "hf", "loss_parallel": True}) == [
         "loss_parallel reads the head's Shard(-1) logits, which plan=titan makes"]
     assert valid({"parallel": "fsdp_tp", "plan": "titan", "loss_parallel": True, "experts": 2, "mtp": True})
@@ -270,6 +271,9 @@ PLANTS = {
                            "buffer": "none,persistent", "steps": "1,2"},
                           lambda n: n == {"parallel": "pp", "schedule": "interleaved_1f1b", "blocks": 2},
                           "parameter gradient of norm.weight", "sched"),
+    # PP x TP: the tied copies summed over the world, not the pipeline's group
+    "pp_tp_tied_world": ({"parallel": "pp_tp", "tie": "true", "buffer": "none,persistent", "blocks": "1,2"},
+                         lambda n: n == {"parallel": "pp_tp", "tie": True}, "gradient of tok.weight", "tie"),
     "balance_local_counts": ({"parallel": "ddp", "experts": "4", "balance": "true", "steps": "2,3",
                               "tie": "true,false"},
                              lambda n: n.get("balance") and n.get("experts") and n.get("steps", 1) >= 2
@@ -395,7 +399,7 @@ except ImportError:  # torch < 2.4
 
 def test_pipeline_features_need_a_pipeline_and_what_its_api_takes():
     assert problems({"parallel": "ddp", "schedule": "zbv"}) == [
-        "schedule, microbatches, split and pp_loss configure a pipeline: parallel=pp or pp_fsdp"]
+        "schedule, microbatches, split and pp_loss configure a pipeline: parallel=pp, pp_fsdp or pp_tp"]
     assert not valid({"parallel": "pp", "reuse": True})
     assert not valid({"parallel": "pp", "schedule": "1f1b", "microbatches": 1})  # 1F1B's own ValueError
     assert valid({"parallel": "pp", "schedule": "interleaved_1f1b", "microbatches": 1, "blocks": 2})
@@ -530,3 +534,84 @@ def test_the_pp_space_draws_what_each_registered_pipeline_bug_needs(entry, space
     drawer = Drawer("2026-12-07-pp", parse_space(["parallel=pp", *space]))
     drawn = [key(drawer.draw()) for _ in range(60)]
     assert any(known.covers(f"suites/generators/models_entry.py::test_model_structure[{k}]") for k in drawn)
+
+
+def test_pp_tp_takes_the_pipelines_rules_and_the_tp_plans():
+    """pp_tp is a pipeline (its rules hold) whose stages a TP plan lays out (plan and
+    loss_parallel are meaningful, wrap is not: no FSDP2 unit)."""
+    from suites.generators.model_space import RANKS
+
+    assert RANKS["pp_tp"] == 4, "a 2x2 (pp, tp) mesh whatever the cell's world size"
+    assert valid({"parallel": "pp_tp", "plan": "titan", "loss_parallel": True, "tie": True, "schedule": "zbv",
+                  "blocks": 2, "attn": True})
+    assert valid({"parallel": "pp_tp", "plan": "hf", "experts": 2, "microbatches": 3})
+    assert not valid({"parallel": "pp_tp", "reuse": True})
+    assert not valid({"parallel": "pp_tp", "schedule": "1f1b", "microbatches": 1})
+    assert not valid({"parallel": "pp_tp", "loss_parallel": True}), "loss_parallel needs plan=titan's Shard(-1) head"
+    assert not valid({"parallel": "pp_tp", "plan": "hf", "tie": True})
+    assert problems({"parallel": "pp_tp", "wrap": "root"}) == [
+        "wrap places FSDP2's units: parallel=fsdp, hsdp, fsdp_tp or pp_fsdp"]
+
+
+def test_pp_tp_grows_from_tp_draws_and_keeps_their_first_stream():
+    """Every pp_tp draw is a tp draw of the first stream (its plan drawn as under tp) with a
+    pipeline added; `--space parallel=pp_tp` draws only pp_tp, every plan and schedule."""
+    from suites.generators.model_space import FEATURE, PIPELINE
+
+    assert FEATURE["parallel"].origin_of("pp_tp") == "tp"
+    first_only = {f.name: f.first for f in FEATURES if f.later}
+    widened, plain = Drawer("2026-12-07-pptp"), Drawer("2026-12-07-pptp", first_only)
+    grown, later = 0, set(PIPELINE) | {"attn", "plan", "loss_parallel", "parallel"}
+    for _ in range(120):
+        s, old = widened.draw(), plain.draw()
+        assert {k: v for k, v in s.items() if k not in later} == {k: v for k, v in old.items() if k not in later}
+        if s["parallel"] == "pp_tp":
+            grown += 1
+            assert old["parallel"] == "tp"
+    assert grown > 0
+    drawer = Drawer("2026-12-07-pptp", parse_space(["parallel=pp_tp"]))
+    forced = [drawer.draw() for _ in range(40)]
+    assert {s["parallel"] for s in forced} == {"pp_tp"}
+    assert {s["plan"] for s in forced} == {"megatron", "titan", "hf"} and any(s["loss_parallel"] for s in forced)
+    assert len({s["schedule"] for s in forced}) > 2
+
+
+def test_pp_tp_trains_every_pipeline_on_the_same_rows():
+    """pp_tp's batch is one pipeline's rows (every tp index's pipeline sees them all), its
+    reference loss the pp one's."""
+    from suites.generators import model_structures as ms
+    from suites.generators.model_pipeline import reference_loss
+
+    tokens, _ = ms.data(parse("pp_tp"), ms.VOCAB, 4)[0][0]
+    assert tokens.shape[0] == ms.PP_ROWS and not ms.data_parallel("pp_tp")
+    logits, labels = torch.randn(4, 3, 5), torch.randint(0, 5, (4, 3))
+    assert torch.equal(reference_loss(parse("pp_tp-mb3"), logits, labels), reference_loss(parse("pp-mb3"), logits, labels))
+
+
+def test_pp_tp_trace_rebuilds_each_microbatchs_tp_shards():
+    """A plan's local output (a sequence shard per tp index) is put back together per
+    microbatch before the microbatches are; a replicated output is taken once."""
+    from suites.generators.model_pipeline import tp_merged
+
+    full = torch.randn(2, 4, 3)
+    seq, rep = ("forward output", "layers.0", 0), ("forward output", "norm", 0)
+    ref = {(0, 0): [(seq, torch.zeros(4, 4, 3)), (rep, torch.zeros(4, 4, 3))]}
+    run = {(0, 0): [[[(seq, full[:, :2]), (rep, full)], [(seq, full[:, 2:]), (rep, full)]]]}
+    merged = tp_merged(run, ref)[(0, 0)][0]
+    assert [k for k, _ in merged] == [seq, rep]
+    assert torch.equal(merged[0][1], full) and torch.equal(merged[1][1], full)
+
+
+def test_the_pp_tp_space_draws_the_uninitialized_shape_inference_bug():
+    """The new PP x TP bug (reports/fuzz-models-2026-12-07-pptp.md): its seeded run's space
+    draws structures the entry names (a per-expert MoE block on a stage after the first)
+    within 60 draws, and leaves them out of parallel=pp, which has no TP group to diverge."""
+    from distci.known_issues import load_registry
+
+    registry = load_registry(REPO / "suites" / "known_issues.toml")
+    known = next(e for e in registry.entries if e.id == "distci-pp-shape-inference-uninitialized-input")
+    test = "suites/generators/models_entry.py::test_model_structure[{}]"
+    drawer = Drawer("2026-12-07-pptp", parse_space(["parallel=pp_tp"]))
+    assert any(known.covers(test.format(key(drawer.draw()))) for _ in range(60))
+    pp = Drawer("2026-12-07-pptp", parse_space(["parallel=pp"]))
+    assert not any(known.covers(test.format(key(pp.draw()))) for _ in range(60))

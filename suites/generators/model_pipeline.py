@@ -24,6 +24,15 @@ trains on its own rows; the schedule's PipelineStage keeps FSDP2 from resharding
 reduce-scattering per microbatch (its `set_reshard_after_backward` /
 `set_requires_gradient_sync` handling), and FSDP2's reduce-scatter averages the groups.
 
+pp_tp (torchtitan's PP x TP): a 2x2 ("pp", "tp") mesh; each stage is laid out by the
+drawn plan over "tp" (model_plans.apply_plan through `prepare`, as torchtitan's
+parallelize_llama runs on every stage module), so the tensors stages send are the plan's
+local outputs (plan=titan: sequence shards) and, under loss_parallel, the schedule's loss
+and backward run on the last stage's vocab-sharded DTensor logits inside `loss_parallel()`
+(torchtitan's train context wraps `pp_schedule.step`). Every tp index's pipeline trains on
+the same rows; a tied pair's copies, sharded alike over "tp" (or whole), are summed over
+"pp" shard by shard.
+
 Localization: every event is recorded under the microbatch (the schedule's chunk id) that
 produced it, so a module's outputs over the microbatches put back together are its
 full-batch output (localize.combine, the data-parallel way).
@@ -37,7 +46,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..judges.localize import Tracer
+from ..judges.localize import Tracer, combine
 from ..runner import pipeline
 from ..runner.evidence import TrainRecord, full_grads, gathered
 from . import model_structures as ms
@@ -97,16 +106,20 @@ def watch(stage: Any, tracer: ChunkTracer) -> None:
         setattr(stage, name, tagged)
 
 
-def _sum_tied(modules: list[ms.StructureModel], group: Any = None) -> None:
+def _sum_tied(modules: list[ms.StructureModel], group: Any = None, local_rows: int | None = None) -> None:
     """Both copies of a tied weight take the sum of their gradients over the pipeline (every
-    rank of `group`, the pipeline, joins the sum; one holding neither end adds zeros)."""
+    rank of `group`, the pipeline, joins the sum; one holding neither end adds zeros of the
+    local shard's shape: `local_rows`, when the copies are DTensors, its vocab rows)."""
     import torch.distributed as dist
 
     copies = [p for m in modules for n, p in m.named_parameters() if n in TIED and p.requires_grad]
-    if copies and hasattr(copies[0], "to_local"):  # pp_fsdp: both copies sharded alike over dp_shard
-        total = torch.zeros_like(copies[0].to_local())
+    if (copies and hasattr(copies[0], "to_local")) or (not copies and local_rows is not None):
+        # pp_fsdp, pp_tp: both copies DTensors sharded alike (Shard(0) over dp_shard / tp, or Replicate)
+        total = torch.zeros_like(copies[0].to_local()) if copies else torch.zeros(local_rows, ms.DIM)
         for p in copies:
-            if p.grad is not None:
+            if p.grad is not None:  # a gradient may come out in another placement (pp_tp: the embedding's)
+                if p.grad.placements != p.placements:
+                    p.grad = p.grad.redistribute(p.device_mesh, p.placements)
                 total += p.grad.to_local()
         dist.all_reduce(total, group=group)
         for p in copies:
@@ -128,7 +141,8 @@ class Pipelined:
     """This rank's stages of a structure, its schedule, and how it trains."""
 
     def __init__(self, structure: dict[str, Any], device: torch.device, mesh: Any = None) -> None:
-        """`mesh`: pp_fsdp's ("pp", "dp_shard") mesh (pp: unused, every rank a pipeline rank)."""
+        """`mesh`: pp_fsdp's ("pp", "dp_shard") or pp_tp's ("pp", "tp") mesh (pp: unused, every rank a
+        pipeline rank)."""
         import torch.distributed as dist
 
         s = self.structure = complete(structure)
@@ -139,11 +153,16 @@ class Pipelined:
         self.rows = ms.PP_ROWS
 
         self.fsdp = s["parallel"] == "pp_fsdp"
+        self.tp = s["parallel"] == "pp_tp"
         world = dist.get_world_size()
         self.groups = ms.dp_groups(s, mesh) if self.fsdp else [list(range(world))]
-        """The ranks of each dp_shard index's pipeline, in row order (pp: one, every rank)."""
+        """The ranks of each dp_shard index's pipeline, in row order (pp, pp_tp: one, every rank)."""
         self.shard = next(i for i, g in enumerate(self.groups) if dist.get_rank() in g)
-        self.pp_group = mesh["pp"].get_group() if self.fsdp else None
+        self.pp_group = mesh["pp"].get_group() if self.fsdp or self.tp else None
+        self.tied_group = self.pp_group
+        """Where the tied copies' gradients are summed (moved only by a plant: model_plants)."""
+        self.tp_ranks = [[int(r) for r in column] for column in mesh.mesh.T] if self.tp else None
+        """pp_tp: each tp index's pipeline (all on the same rows), the first one's ranks first."""
 
         def split(stage: int, n_stages: int) -> nn.Module:
             return cut(ms.build(s, device), stage, self.blocks)
@@ -151,9 +170,15 @@ class Pipelined:
         def prepare(stage: nn.Module) -> None:  # torchtitan: FSDP2 over dp_shard inside every stage
             ms.apply_fsdp(stage, mesh["dp_shard"], s["wrap"])
 
+        def prepare_tp(stage: nn.Module) -> None:  # torchtitan: the TP plan over "tp" inside every stage
+            from .model_plans import apply_plan
+
+            apply_plan(stage, mesh["tp"], s["plan"], s["loss_parallel"])
+
         self.pipe, self.modules = pipeline.build(s["schedule"], lambda: None, self._loss, s["microbatches"], device,
                                                  group=self.pp_group, sum_microbatches=self.tokens_loss, split=split,
-                                                 prepare=prepare if self.fsdp else None)
+                                                 prepare=prepare if self.fsdp else prepare_tp if self.tp else None)
+        self.tied_rows = _tied_rows(s, mesh)
         self.model = pipeline.Stages(self.modules)
         # the step's token counts summed over the pipelines (each saw its own rows)
         self.model.balance_groups = [mesh["dp_shard"].get_group()] if self.fsdp and s["balance"] else []
@@ -199,7 +224,7 @@ class Pipelined:
             for m, (tokens, labels) in enumerate(micro):
                 shards = len(self.groups)
                 tokens, labels = tokens.chunk(shards)[self.shard], labels.chunk(shards)[self.shard]
-                with _tracing(self.tracers):
+                with _tracing(self.tracers), ms.loss_context(self.structure, self.tp):
                     loss = pipeline.forward_backward(self.pipe, tokens, labels)
                 total += loss.float().cpu() * (self.structure["microbatches"] if self.tokens_loss else 1)
                 mine: dict[int, list] = {}
@@ -209,10 +234,14 @@ class Pipelined:
                 every: list = [None] * dist.get_world_size()
                 dist.all_gather_object(every, mine)
                 chunks = range(self.structure["microbatches"])
-                traces[(step, m)] = [[e for r in group for e in every[r].get(c, [])]
-                                     for group in self.groups for c in chunks]
+                if self.tp:  # per microbatch, each tp index's pipeline: tp_merged rebuilds the plan's shards
+                    traces[(step, m)] = [[[e for r in ranks for e in every[r].get(c, [])] for ranks in self.tp_ranks]
+                                         for c in chunks]
+                else:
+                    traces[(step, m)] = [[e for r in group for e in every[r].get(c, [])]
+                                         for group in self.groups for c in chunks]
             if tied and self.sum_tied:
-                _sum_tied(self.modules, self.pp_group)
+                _sum_tied(self.modules, self.tied_group, self.tied_rows)
             if self.fsdp:  # every rank of a pipeline holds its loss: the mean over the pipelines
                 dist.all_reduce(total)
                 total /= dist.get_world_size()
@@ -226,6 +255,47 @@ class Pipelined:
             else:
                 ms.update_expert_bias(self.model)
         return record, traces
+
+
+def _tied_rows(s: dict[str, Any], mesh: Any) -> int | None:
+    """The vocab rows of this rank's shard of a tied copy sharded on the vocab (pp_fsdp:
+    FSDP2's Shard(0) over dp_shard; pp_tp under plan=titan: the embedding's and the head's
+    Shard(0) over tp), for a rank holding neither copy; None: the copies stay whole."""
+    axis = {"pp_fsdp": "dp_shard", "pp_tp": "tp" if s["plan"] == "titan" else None}.get(s["parallel"])
+    if axis is None or not s["tie"]:
+        return None
+    vocab = ms.VOCAB + 1 if s["uneven"] else ms.VOCAB
+    return torch.arange(vocab).chunk(mesh[axis].size())[mesh[axis].get_local_rank()].numel()
+
+
+def tp_merged(run_parts: dict, ref_events: dict) -> dict:
+    """pp_tp's trace as the data-parallel combine reads it: per (step, microbatch), per
+    pipeline microbatch, one event list whose tensors are whole, each rebuilt from the tp
+    indices' parts (a plan's local output, e.g. a sequence shard) by localize.combine
+    against the reference's shape with the microbatch's rows."""
+    merged: dict = {}
+    for at, chunks in run_parts.items():
+        ref = dict(ref_events.get(at, []))
+        merged[at] = []
+        for per_tp in chunks:
+            by_key: dict = {}
+            for events in per_tp:
+                for k, t in events:
+                    by_key.setdefault(k, []).append(t)
+            out = []
+            for k, parts in by_key.items():
+                like = ref.get(k)
+                if like is None or not parts[0].dim():
+                    out.append((k, parts[0]))
+                    continue
+                shape = (parts[0].shape[0], *like.shape[1:])
+                whole = combine(parts[:1], torch.empty(shape), False)  # replicated: the first index's
+                if whole is None:
+                    whole = combine(parts, torch.empty(shape), False)
+                if whole is not None:
+                    out.append((k, whole))
+            merged[at].append(out)
+    return merged
 
 
 def _tracing(tracers: list[ChunkTracer]):

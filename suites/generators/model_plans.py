@@ -69,16 +69,23 @@ def apply_plan(model: nn.Module, mesh: Any, plan: str, loss_parallel: bool) -> N
 
     if plan == "titan":
         _titan(model, mesh, loss_parallel)
-        if model.structure["tie"]:  # parallelize_module unties; trainers re-tie (suites/runner/tying.py)
-            model.output.weight = model.tok.weight
+        if model.structure["tie"] and model.tok is not None and model.output is not None:
+            model.output.weight = model.tok.weight  # parallelize_module unties; trainers re-tie (runner/tying.py)
         return
-    if plan == "hf":  # _tp_plan = {"lm_head": "colwise_rep"}
+    if plan == "hf" and model.output is not None:  # _tp_plan = {"lm_head": "colwise_rep"}
         from torch.distributed.tensor import Replicate
         from torch.distributed.tensor.parallel import ColwiseParallel
 
         parallelize_module(model.output, mesh, ColwiseParallel(output_layouts=Replicate()))
-    for block in model.layers:
+    for block in _running(model):
         parallelize_module(_inner(block), mesh, _pairs(_inner(block)))
+
+
+def _running(model: nn.Module) -> list[nn.Module]:
+    """The blocks `model` runs: every one, or a pipeline stage's (pp_tp: the plan is applied
+    to each stage module, as torchtitan's parallelize runs on each; the ends a stage lacks
+    are None and get no entry)."""
+    return [model.layers[i] for i in model.running]
 
 
 def _pairs(block: nn.Module, rowwise_output: Any = None) -> dict[str, Any]:
@@ -111,17 +118,20 @@ def _titan(model: nn.Module, mesh: Any, loss_parallel: bool) -> None:
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
                                                    RowwiseParallel, SequenceParallel, parallelize_module)
 
-    top: dict[str, Any] = {
-        "tok": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "norm": SequenceParallel(),
-        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1) if loss_parallel else Replicate(),
-                                  use_local_output=not loss_parallel),
-    }
+    top: dict[str, Any] = {}
+    if model.tok is not None:
+        top["tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if model.output is not None:
+        top["norm"] = SequenceParallel()
+        top["output"] = ColwiseParallel(input_layouts=Shard(1),
+                                        output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                                        use_local_output=not loss_parallel)
     if model.mtp is not None:
         top["mtp.norm"] = SequenceParallel()
         top["mtp.proj"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(1))
-    parallelize_module(model, mesh, top)
-    for wrapped in model.layers:
+    if top:
+        parallelize_module(model, mesh, top)
+    for wrapped in _running(model):
         block = _inner(wrapped)
         entries = {"norm": SequenceParallel()}
         if block.attention is not None:

@@ -37,6 +37,11 @@ quiet (training completes, nothing raises), the way such bugs sit upstream:
     gradients are the microbatches' sum where every other stage's are their mean (a
     schedule that forgets one stage's REDUCE_GRAD). Needs pp, that schedule, and a mean
     loss over more than one microbatch.
+  - pp_tp_tied_world: under PP x TP, the tied copies' gradients are summed over every rank
+    instead of the pipeline's ("pp") group: an embedding group built over the whole world
+    (Megatron-LM builds its embedding group from the first and last pipeline ranks of each
+    TP/DP index). Whole copies (plan=megatron) count each tp index's gradient twice, vocab
+    shards (plan=titan) add another index's rows. Needs tie and pp_tp.
 
 The plants of other layouts leave a pipeline alone (their hooks are written for one model,
 a pipeline rank holds stages); the pipeline's plants get the model_pipeline.Pipelined.
@@ -175,13 +180,18 @@ def _pp_stage_unscaled(piped, parallel: str, rank: int) -> None:
             stage.scale_grads = lambda grad_scale_factor: None
 
 
-PIPELINE_PLANTS = ("pp_tied_unsummed", "pp_stage_unscaled")
+def _pp_tp_tied_world(piped, parallel: str, rank: int) -> None:
+    if parallel == "pp_tp":
+        piped.tied_group = None
+
+
+PIPELINE_PLANTS = ("pp_tied_unsummed", "pp_stage_unscaled", "pp_tp_tied_world")
 
 PLANTS: dict[str, Callable[[nn.Module, str, int], None]] = {
     "buffer_drift": _buffer_drift, "tied_grad_once": _tied_grad_once, "idle_expert_stale": _idle_expert_stale,
     "frozen_grad": _frozen_grad, "recompute_drift": _recompute_drift, "balance_local_counts": _balance_local_counts,
     "sp_norm_grad_local": _sp_norm_grad_local, "pp_tied_unsummed": _pp_tied_unsummed,
-    "pp_stage_unscaled": _pp_stage_unscaled}
+    "pp_stage_unscaled": _pp_stage_unscaled, "pp_tp_tied_world": _pp_tp_tied_world}
 
 
 def plant(model: nn.Module, parallel: str, rank: int, name: str | None = None) -> None:

@@ -60,6 +60,10 @@ Features, and where they come from:
   - the pipeline x FSDP2 (later): the layout `pp_fsdp`, grown from an hsdp draw (the same
     2x2 mesh, its wrap kept), torchtitan's PP x FSDP2: a ("pp", "dp_shard") mesh, each stage
     `fully_shard`ed over dp_shard, each dp_shard index's pipeline on its own rows (4 ranks).
+  - the pipeline x TP (later): the layout `pp_tp`, grown from a tp draw (its plan and
+    loss_parallel kept), torchtitan's PP x TP: a 2x2 ("pp", "tp") mesh, each stage laid out
+    by the drawn plan over "tp" (sequence parallel, loss_parallel on the last stage under
+    plan=titan), each tp index's pipeline on the same rows (4 ranks).
 
 A structure's key spells the parallelism then every feature off its default, e.g.
 `ddp-blocks2-moe4-top2-tied-steps2`; `parse` reads one back (a test id alone names its
@@ -104,9 +108,9 @@ class Feature:
 
 
 FEATURES: tuple[Feature, ...] = (
-    Feature("parallel", ("fsdp", "tp", "ddp", "replicate", "hsdp", "fsdp_tp", "pp", "pp_fsdp"), "fsdp", "{}",
-            "the layout over all ranks", later=("fsdp_tp", "pp", "pp_fsdp"),
-            grows_from={"fsdp_tp": "fsdp", "pp": "ddp", "pp_fsdp": "hsdp"}),
+    Feature("parallel", ("fsdp", "tp", "ddp", "replicate", "hsdp", "fsdp_tp", "pp", "pp_fsdp", "pp_tp"), "fsdp",
+            "{}", "the layout over all ranks", later=("fsdp_tp", "pp", "pp_fsdp", "pp_tp"),
+            grows_from={"fsdp_tp": "fsdp", "pp": "ddp", "pp_fsdp": "hsdp", "pp_tp": "tp"}),
     Feature("blocks", (1, 2, 3), 1, "blocks{}", "residual blocks"),
     Feature("experts", (0, 2, 4), 0, "moe{}", "routed experts in every block's feed-forward (0: a dense MLP)"),
     Feature("top_k", (1, 2), 1, "top{}", "experts each token goes to"),
@@ -142,14 +146,17 @@ FEATURES: tuple[Feature, ...] = (
             later=("tokens",)),
 )
 FEATURE = {f.name: f for f in FEATURES}
-RANKS = {"hsdp": 4, "fsdp_tp": 4, "pp": 2, "pp_fsdp": 4}
+RANKS = {"hsdp": 4, "fsdp_tp": 4, "pp": 2, "pp_fsdp": 4, "pp_tp": 4}
 """Layouts that need a world of their own size (a 2x2 mesh; pp: two pipeline ranks, so its
 stage counts are fixed); the rest run on the cell's ranks."""
 SIZES = ("blocks", "experts", "top_k", "accum", "steps", "microbatches")
 PIPELINE = ("schedule", "microbatches", "split", "pp_loss")
 """Features that configure a pipeline (parallel=pp or pp_fsdp)."""
-PIPELINED = ("pp", "pp_fsdp")
-"""The layouts with a pipeline: pp on 2 ranks, pp_fsdp the same 2 stages' ranks times 2 dp_shard ranks."""
+PIPELINED = ("pp", "pp_fsdp", "pp_tp")
+"""The layouts with a pipeline: pp on 2 ranks; pp_fsdp and pp_tp the same 2 stages' ranks
+times 2 dp_shard / tp ranks."""
+TP_LAYOUTS = ("tp", "fsdp_tp", "pp_tp")
+"""The layouts a TP plan lays out (the plan feature)."""
 FSDP_LAYOUTS = ("fsdp", "hsdp", "fsdp_tp", "pp_fsdp")
 """The layouts that place FSDP2 units (the wrap feature)."""
 PP_RANKS = RANKS["pp"]
@@ -185,15 +192,15 @@ RULES: tuple[tuple[Any, str], ...] = (
     (lambda s: s["wrap"] != "blocks" and s["parallel"] not in FSDP_LAYOUTS,
      "wrap places FSDP2's units: parallel=fsdp, hsdp, fsdp_tp or pp_fsdp"),
     (lambda s: s["balance"] and not s["experts"], "the balancing bias steers routed experts: experts > 0"),
-    (lambda s: s["plan"] != "megatron" and s["parallel"] not in ("tp", "fsdp_tp"),
-     "plan is a TP plan: parallel=tp or fsdp_tp"),
+    (lambda s: s["plan"] != "megatron" and s["parallel"] not in TP_LAYOUTS,
+     "plan is a TP plan: parallel=tp, fsdp_tp or pp_tp"),
     (lambda s: s["loss_parallel"] and s["plan"] != "titan",
      "loss_parallel reads the head's Shard(-1) logits, which plan=titan makes"),
     (lambda s: s["plan"] == "hf" and s["tie"],
      "transformers' plan shards the head (colwise_rep) and not the embedding: a tied pair "
      "cannot stay one parameter under plan=hf"),
     (lambda s: s["parallel"] not in PIPELINED and any(s[f] != FEATURE[f].default for f in PIPELINE),
-     "schedule, microbatches, split and pp_loss configure a pipeline: parallel=pp or pp_fsdp"),
+     "schedule, microbatches, split and pp_loss configure a pipeline: parallel=pp, pp_fsdp or pp_tp"),
     (lambda s: s["parallel"] in PIPELINED and s["reuse"],
      "a module runs in one pipeline stage: the reused first block cannot run again after the last"),
     (lambda s: s["parallel"] in PIPELINED and s["schedule"] in ("1f1b", "dualpipev") and s["microbatches"] < n_stages(s),

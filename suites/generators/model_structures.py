@@ -310,19 +310,33 @@ def data(structure: dict[str, Any], vocab: int, world_size: int) -> list[list[tu
     """Per step, per microbatch: (tokens, labels) of the global batch (every rank's rows, in rank order)."""
     s = complete(structure)
     gen = torch.Generator().manual_seed(SEED + 1)
-    rows = {"pp": PP_ROWS, "pp_fsdp": PP_ROWS * PP_DP_SHARD}.get(s["parallel"], BATCH_PER_RANK * world_size)
+    rows = {"pp": PP_ROWS, "pp_tp": PP_ROWS, "pp_fsdp": PP_ROWS * PP_DP_SHARD}.get(s["parallel"],
+                                                                                BATCH_PER_RANK * world_size)
     return [[(torch.randint(0, vocab, (rows, SEQ), generator=gen), torch.randint(0, vocab, (rows, SEQ), generator=gen))
              for _ in range(s["accum"])] for _ in range(s["steps"])]
 
 
 def data_parallel(parallel: str) -> bool:
     """Each rank (fsdp_tp: each dp_shard group) trains on its own rows; TP ranks all see every
-    row, and so does a pipeline (every stage runs every microbatch)."""
-    return parallel not in ("tp", "pp")
+    row, and so does a pipeline (every stage runs every microbatch; pp_tp: every tp index's)."""
+    return parallel not in ("tp", "pp", "pp_tp")
+
+
+def loss_context(structure: dict[str, Any], parallel_side: bool):
+    """torchtitan's train step: forward and backward (a pipeline's: the schedule's step, inside
+    its train context) under `loss_parallel()` when the head returns vocab-sharded logits; the
+    reference computes whole logits, without it."""
+    import contextlib
+
+    if parallel_side and structure["loss_parallel"]:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+    return contextlib.nullcontext()
 
 
 MESHES = {"hsdp": ((2, 2), ("dp_replicate", "dp_shard")), "fsdp_tp": ((2, 2), ("dp_shard", "tp")),
-          "pp_fsdp": ((2, PP_DP_SHARD), ("pp", "dp_shard"))}
+          "pp_fsdp": ((2, PP_DP_SHARD), ("pp", "dp_shard")), "pp_tp": ((2, 2), ("pp", "tp"))}
 """The 2-D layouts' meshes, named as torchtitan's ParallelDims names them (model_space.RANKS)."""
 
 
@@ -336,7 +350,7 @@ def dp_groups(structure: dict[str, Any], mesh: Any) -> list[list[int]]:
     """The ranks of each data-parallel shard, in row order: one rank each; under plain TP
     one group of every rank; under fsdp_tp each dp_shard index's TP group (every rank of a
     group sees the same rows); under pp_fsdp each dp_shard index's pipeline."""
-    if structure["parallel"] in ("tp", "pp"):
+    if structure["parallel"] in ("tp", "pp", "pp_tp"):
         return [[int(r) for r in mesh.mesh.flatten()]]
     if structure["parallel"] == "pp_fsdp":
         return [[int(r) for r in column] for column in mesh.mesh.T]

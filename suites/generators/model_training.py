@@ -23,7 +23,7 @@ from ..runner.evidence import TrainRecord, full_grads
 from ..judges.localize import Divergence, Trace, Tracer, first_divergence, gather_trace
 from ..judges.tolerances import tolerance
 from . import model_structures as ms
-from .model_pipeline import Pipelined, reference_loss
+from .model_pipeline import Pipelined, reference_loss, tp_merged
 from .model_space import PIPELINED, complete
 
 
@@ -33,18 +33,6 @@ class Judged:
 
     problems: list[str]
     divergence: Divergence | None
-
-
-def _loss_context(structure: dict[str, Any], parallel_side: bool):
-    """torchtitan's train step: forward and backward under `loss_parallel()` when the head
-    returns vocab-sharded logits (the reference: whole logits, no context)."""
-    import contextlib
-
-    if parallel_side and structure["loss_parallel"]:
-        from torch.distributed.tensor.parallel import loss_parallel
-
-        return loss_parallel()
-    return contextlib.nullcontext()
 
 
 def _train(structure: dict[str, Any], runnable, model, batches, rows: tuple[int, int] | None,
@@ -61,7 +49,7 @@ def _train(structure: dict[str, Any], runnable, model, batches, rows: tuple[int,
         for m, (tokens, labels) in enumerate(micro):
             if rows is not None:
                 tokens, labels = tokens.chunk(rows[1])[rows[0]], labels.chunk(rows[1])[rows[0]]
-            with tracer.tracing(), _loss_context(structure, gather):
+            with tracer.tracing(), ms.loss_context(structure, gather):
                 logits = runnable(tokens)
                 if structure["parallel"] in PIPELINED:  # the pipelined step's loss, on the whole batch
                     loss = reference_loss(structure, logits, labels) / len(micro)
@@ -112,9 +100,9 @@ def judge(structure: dict[str, Any], rank: int, world_size: int, mesh: Any, devi
 
 def _judge_pipelined(structure: dict[str, Any], device: torch.device, batches, ref_record: TrainRecord,
                      ref_events: dict, plant, rank: int, mesh: Any = None) -> Judged:
-    """parallel=pp or pp_fsdp: the stages train under their schedule (model_pipeline.py); a
-    module's microbatch outputs (pp_fsdp: every pipeline's), put back together along the
-    batch, are its full-batch output."""
+    """parallel=pp, pp_fsdp or pp_tp: the stages train under their schedule (model_pipeline.py);
+    a module's microbatch outputs (pp_fsdp: every pipeline's; pp_tp: each rebuilt from its tp
+    shards first), put back together along the batch, are its full-batch output."""
     piped = Pipelined(structure, device, mesh)
     if plant is not None:
         plant(piped, structure["parallel"], rank)
@@ -122,6 +110,8 @@ def _judge_pipelined(structure: dict[str, Any], device: torch.device, batches, r
     problems = check_numerics(ref_record, run_record, tolerance("float32", "none"))
     divergence = None
     if problems:
+        if piped.tp:
+            run_parts = tp_merged(run_parts, ref_events)
         divergence = first_divergence(Trace(ref_events), run_parts, True, piped.grad_divisor, torch.float32,
                                       ref_record.grads, run_record.grads)
     return Judged(problems, divergence)

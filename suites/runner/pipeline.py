@@ -139,6 +139,8 @@ def forward_backward(pipe: Pipeline, tokens: torch.Tensor, labels: torch.Tensor)
     args = (tokens,) if pipe.first else ()
     kwargs = {"target": labels, "losses": losses} if pipe.last else {}
     pipe.schedule.step(*args, **kwargs)
+    # under loss_parallel each loss is a Replicate DTensor: its local value is the loss
+    losses = [x.to_local() if hasattr(x, "to_local") else x for x in losses]
     loss = torch.stack([x.detach().float() for x in losses]).mean() if pipe.last else torch.zeros((), device=tokens.device)
     last_rank = (pipe.n_stages - 1) % dist.get_world_size(group) if pipe.last_rank is None else pipe.last_rank
     dist.broadcast(loss, src=dist.get_global_rank(group, last_rank) if group is not None else last_rank, group=group)
