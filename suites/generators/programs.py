@@ -48,11 +48,11 @@ WEIGHT_DECAY = 0.1
 
 
 class Block(nn.Module):
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, bias: bool = True) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(width)
-        self.w1 = nn.Linear(width, 2 * width)
-        self.w2 = nn.Linear(2 * width, width)
+        self.w1 = nn.Linear(width, 2 * width, bias=bias)
+        self.w2 = nn.Linear(2 * width, width, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.w2(F.gelu(self.w1(self.norm(x))))
@@ -62,9 +62,9 @@ class Net(nn.Module):
     """Residual MLP blocks and a head, with a persistent buffer that training forwards move
     (as BatchNorm's num_batches_tracked or an EMA step count): a checkpoint must carry it."""
 
-    def __init__(self, width: int, layers: int) -> None:
+    def __init__(self, width: int, layers: int, bias: bool = True) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(Block(width) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(width, bias) for _ in range(layers))
         self.head = nn.Linear(width, width)
         self.register_buffer("seen", torch.zeros(()))
 
@@ -157,7 +157,7 @@ class Program:
 
 def start(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Program:
     torch.manual_seed(SEED)
-    ref_model = Net(spec.width, spec.layers)
+    ref_model = Net(spec.width, spec.layers, bias=spec.layout not in float8.BIAS_FREE)
     if spec.layout in FLOAT8:  # converted before it is parallelized, the reference alike
         float8.convert(ref_model, dist.device_type)
     run_model = copy.deepcopy(ref_model)
