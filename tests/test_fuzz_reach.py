@@ -356,6 +356,10 @@ STALE_SCALE, INFERENCE_F8 = "distci-float8-precomputed-scale-after-load", "pytor
      "AssertionError: at action eval: loss N vs reference N (|diff| N > N + N*|ref|) (N problem(s))", STALE_SCALE),
     ("fsdp_f8-ws2-w8-l1-sgd:eval=inference_mode", "RuntimeError: Cannot set version_counter for inference tensor",
      INFERENCE_F8),
+    # whole-model compile around the root's buffer bump, as under tp (compile=blocks is not it)
+    ("tp_f8-ws2-w16-l1-sgd:fwd_bwd,compile,fwd_bwd,step,fwd_bwd",
+     "AssertionError: at action fwd_bwd: blocks.N.norm.bias: gradient SQNR N dB < N dB (N problem(s))",
+     "pytorch197039-compile-recomputes-mutated-buffer"),
     # without a precomputing step there is no cached scale: a numeric failure there is not this bug
     ("fsdp_f8-ws2-w8-l1-sgd:fwd_bwd,step,save,fwd_bwd,step,load,fwd_bwd",
      "AssertionError: at action fwd_bwd: blocks.N.norm.bias: gradient SQNR N dB < N dB (N problem(s))", None),

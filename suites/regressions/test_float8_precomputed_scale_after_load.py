@@ -13,9 +13,10 @@ weight's scale: values past the old amax saturate at e4m3's max, the rest round 
 scale. Nothing raises. The same model loaded without a precomputed scale, or precomputed again
 after the load, computes what the weights say (the controls).
 
-Found by the programs generator (issue 40's float8 round: `fsdp_f8` with `step=precompute`,
-torch 2.13.0 CPU, emulated float8, fixes off, 2026-12-07: "at action fwd_bwd: ... gradient SQNR",
-the first forward after a `load` that followed a precomputing step). Reproduced on torch 2.13.0
+Found on the programs generator's `fsdp_f8` layout (issue 40's float8 round, torch 2.13.0 CPU,
+emulated float8, fixes off, 2026-12-07): the layout's smoke program
+`fsdp_f8-ws2-w16-l2-adamw:fwd_bwd,step=precompute,fwd_bwd,step,save,...,load,fwd_bwd` left the
+reference at the first forward after the load ("gradient SQNR"), its `fsdp` twin did not. Reproduced on torch 2.13.0
 and 2.15.0 with torchao 0.18.0. Searched pytorch/ao and torchtitan issues (precompute scale,
 load / resume / checkpoint, stale scale): none. Draft:
 reports/upstream-draft-float8-precomputed-scale-after-load.md.
