@@ -151,6 +151,8 @@ from torchtitan `components/quantization/float8.py` (Float8LinearConverter):
     `post_optimizer_hook`, `precompute_float8_dynamic_scale_for_fsdp=True`).
 Drawn from a fifth stream, consulted only where rounds 1 and 2 left the plain value."""
 LATER_P_3 = 0.5
+"""How often a value takes a round-3 form: a float8 run restricted with `--layout fsdp_f8` then
+precomputes after about half its steps."""
 LATER_ROUNDS = ((LATER_FORMS, LATER_P), (LATER_FORMS_2, LATER_P_2), (LATER_FORMS_3, LATER_P_3))
 """The later rounds in order with how often each picks; round k draws from stream
 `{seed}/{i}/later` (k = 1), `{seed}/{i}/later{k}` after."""
