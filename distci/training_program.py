@@ -49,13 +49,20 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 LAYOUTS: dict[str, tuple[int, ...]] = {"fsdp": (2, 4), "tp": (2, 4), "fsdp_tp": (4,), "ddp": (2, 4),
-                                       "fsdp_mp": (2, 4), "fsdp_offload": (2, 4), "hsdp": (4,)}
+                                       "fsdp_mp": (2, 4), "fsdp_offload": (2, 4), "hsdp": (4,), "fsdp_f8": (2, 4),
+                                       "tp_f8": (2, 4)}
 """Layout -> the world sizes it runs on (fsdp_tp: a 2x2 mesh, dp outer, tp inner; fsdp_mp: FSDP2
 computing in bfloat16, reducing in float32; fsdp_offload: FSDP2 with CPUOffloadPolicy; hsdp:
-FSDP2 on a (dp_replicate, dp_shard) 2x2 mesh, sharded within a replica, replicated across)."""
-DATA_PARALLEL = ("fsdp", "fsdp_tp", "ddp", "fsdp_mp", "fsdp_offload", "hsdp")
+FSDP2 on a (dp_replicate, dp_shard) 2x2 mesh, sharded within a replica, replicated across; fsdp_f8:
+torchao float8 training, tensorwise, its weights all-gathered in float8, then FSDP2; tp_f8: float8
+training, then TP with torchao's Float8ColwiseParallel / Float8RowwiseParallel)."""
+DATA_PARALLEL = ("fsdp", "fsdp_tp", "ddp", "fsdp_mp", "fsdp_offload", "hsdp", "fsdp_f8")
 """Layouts whose ranks see different rows and reduce gradients (no-sync accumulation exists)."""
-FSDP = ("fsdp", "fsdp_tp", "fsdp_mp", "fsdp_offload", "hsdp")
+FSDP = ("fsdp", "fsdp_tp", "fsdp_mp", "fsdp_offload", "hsdp", "fsdp_f8")
+FLOAT8 = ("fsdp_f8", "tp_f8")
+"""Layouts whose model is converted to torchao float8 training before it is parallelized."""
+PRECOMPUTE = ("fsdp_f8",)
+"""Layouts whose float8 weights FSDP2 all-gathers in float8: where precompute has scales to make."""
 OPTIMIZERS = ("sgd", "adamw", "sgd0", "adamw_groups")
 """sgd: momentum 0.9; sgd0: no momentum (no optimizer state at all); adamw_groups: AdamW with two
 param groups, weight decay on matrices only (nanoGPT's configure_optimizers, Hugging Face
@@ -126,7 +133,27 @@ changed (tests/test_fuzz_reach.py)."""
 LATER_P_2 = 0.5
 """How often a value takes a round-2 form: most programs make one reshard, eval or load at
 most, so at a quarter a 15-minute run draws each form a handful of times."""
-LATER_ROUNDS = ((LATER_FORMS, LATER_P), (LATER_FORMS_2, LATER_P_2))
+LATER_FORMS_3: dict[tuple[str, str], tuple[str, ...]] = {
+    ("layout", "fsdp"): ("fsdp_f8",),
+    ("layout", "tp"): ("tp_f8",),
+    ("step", ""): ("precompute",),
+}
+"""The third round (issue 40, items 1 and 6: float8 training, reports/fuzz-programs-2026-12-07-float8.md),
+from torchtitan `components/quantization/float8.py` (Float8LinearConverter):
+  - fsdp_f8: `convert_to_float8_training(model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=True,
+    emulate=...), module_filter_fn=...)` before parallelizing (the output head left in high
+    precision, torchtitan's `filter_fqns=["output"]`), then FSDP2 per block and the root;
+  - tp_f8: the same conversion, then TP with torchao's Float8ColwiseParallel / Float8RowwiseParallel
+    (torchtitan's tensorwise TP plan; its models' linears carry no bias, and neither do these:
+    program_float8.py says why);
+  - step=precompute (fsdp_f8 only): the optimizer step, then `precompute_float8_dynamic_scale_for_fsdp(model)`,
+    registered as the optimizer's step post-hook so every later step precomputes too (torchtitan
+    `post_optimizer_hook`, `precompute_float8_dynamic_scale_for_fsdp=True`).
+Drawn from a fifth stream, consulted only where rounds 1 and 2 left the plain value."""
+LATER_P_3 = 0.5
+"""How often a value takes a round-3 form: a float8 run restricted with `--layout fsdp_f8` then
+precomputes after about half its steps."""
+LATER_ROUNDS = ((LATER_FORMS, LATER_P), (LATER_FORMS_2, LATER_P_2), (LATER_FORMS_3, LATER_P_3))
 """The later rounds in order with how often each picks; round k draws from stream
 `{seed}/{i}/later` (k = 1), `{seed}/{i}/later{k}` after."""
 
@@ -138,7 +165,7 @@ def forms(what: str, value: str) -> tuple[str, ...]:
 
 def base_of(what: str, value: str) -> str:
     """The drawn value `value` is a form of (itself if none)."""
-    for table in (FORMS, LATER_FORMS, LATER_FORMS_2):
+    for table in (FORMS, LATER_FORMS, LATER_FORMS_2, LATER_FORMS_3):
         for (w, v), f in table.items():
             if w == what and value in f:
                 return v
@@ -246,7 +273,10 @@ INVENTORY: tuple[Action, ...] = (
            "torchtitan dist_utils.clip_grad_norm_; torchtune recipes; accelerate clip_grad_norm_; "
            "value: Lightning gradient_clip_algorithm='value', accelerate clip_grad_value_", 1.5,
            lambda s, l, a: s.grads and not s.unsynced, lambda s, a: s),
-    Action("step", ("",), "optimizer.step()", "every trainer", 3.0, _synced, lambda s, a: s),
+    Action("step", ("", "precompute"), "optimizer.step(); `precompute` (fsdp_f8): and torchao's "
+           "precompute_float8_dynamic_scale_for_fsdp after it, now and after every later step (a step post-hook)",
+           "every trainer; precompute: torchtitan float8 post_optimizer_hook", 3.0,
+           lambda s, l, a: not s.unsynced and (a != "precompute" or l in PRECOMPUTE), lambda s, a: s),
     Action("sched", ("",), "lr_scheduler.step() (linear warmup then decay, a LambdaLR)",
            "torchtitan lr_schedulers.step; torchtune after step", 1.5, _synced, lambda s, a: s),
     Action("eval", ("no_grad", "inference_mode", "generate"),
@@ -316,7 +346,7 @@ PROGRAMS_ENV = "DISTCI_FUZZ_PROGRAMS"
 """A JSON file: the list of program texts one batch runs (the entry reads it)."""
 PROGRAM_ENV = "DISTCI_FUZZ_PROGRAM"
 """One program's text, for a repro."""
-HEAD = re.compile(r"^(?P<layout>[a-z_]+)-ws(?P<ws>\d+)-w(?P<width>\d+)-l(?P<layers>\d+)-(?P<optim>[a-z0-9_]+)$")
+HEAD = re.compile(r"^(?P<layout>[a-z][a-z0-9_]*)-ws(?P<ws>\d+)-w(?P<width>\d+)-l(?P<layers>\d+)-(?P<optim>[a-z0-9_]+)$")
 
 
 class ProgramError(ValueError):

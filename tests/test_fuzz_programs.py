@@ -167,6 +167,9 @@ PLANT_CASES = {
     # shrinks to `...-sgd0:save,fwd_bwd,step,load=model` (stateless SGD: a save before any gradient
     # is no pytorch#164929 near miss there), 160 s at load 12-13 on 2.13.0
     "partial_load_all": (["--layout", "tp", "--seed", "partial118"], ["save", "fwd_bwd", "step", "load"], ("tp",)),
+    # float8 (a round-3 later form): precompute's scales from each rank's own shard; seen at the
+    # first forward after a step=precompute (an eval here), only under fsdp_f8
+    "f8_local_scale": (["--layout", "fsdp_f8", "--seed", "f8scale1454"], ["step", "eval"], ("fsdp_f8",)),
 }
 COMMON = ["--max-programs", "4", "--batch", "8", "--budget", "20m"]
 

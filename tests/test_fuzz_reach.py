@@ -282,10 +282,10 @@ BEFORE_ROUND_2 = [
 ]
 
 
-def _base_round_2(text: str) -> str:
-    """A program's text with round 2's later forms (LATER_FORMS_2) back to their values."""
+def _base_round_2(text: str, tables: tuple = (tp.LATER_FORMS_2, tp.LATER_FORMS_3)) -> str:
+    """A program's text with the later forms of `tables` (round 2's and after) back to their values."""
     program = parse_program(text)
-    back = {(w, f): v for (w, v), fs in tp.LATER_FORMS_2.items() for f in fs}
+    back = {(w, f): v for table in tables for (w, v), fs in table.items() for f in fs}
     actions = tuple(tp.token(split(a)[0], back.get(split(a), split(a)[1])) for a in program.actions)
     return tp.Program(back.get(("layout", program.layout), program.layout), program.world_size, program.width,
                       program.layers, program.optim, actions).text
@@ -306,6 +306,79 @@ def test_round_2_forms_are_drawn_where_their_calls_are_made():
     assert all(p.world_size == 4 for p in programs if p.layout == "hsdp")
     assert all(p.layout == "hsdp" for p in programs if "fwd_bwd=noreduce" in p.actions)
     assert all(tp.valid(p) for p in programs)
+
+
+# What seed "night" drew with rounds 1 and 2, before round 3 (float8) existed (main at d2986d5)
+BEFORE_ROUND_3 = [
+    "fsdp_mp-ws4-w32-l2-sgd0:step,fwd_bwd=nosync,fwd_bwd,eval=generate,eval",
+    "tp-ws4-w32-l2-adamw:sched,step,fwd_bwd,step,step,fwd_bwd=twice,step",
+    "tp-ws4-w8-l1-sgd0:sched,save=full,eval=generate,fwd_bwd=twice,load=model,save=full,clip=value,zero_grad,step,"
+    "zero_grad=zeros,save=full,step",
+    "fsdp-ws4-w32-l1-sgd:reshard,save=full,step,fwd_bwd=nosync,fwd_bwd=nosync,fwd_bwd,step,clip=inf,clip,"
+    "fwd_bwd=twice,load=model",
+    "ddp-ws2-w16-l1-adamw_groups:fwd_bwd=nosync,fwd_bwd,step,eval=inference_mode,zero_grad,fwd_bwd,step,sched,"
+    "zero_grad,fwd_bwd",
+]
+
+
+def test_round_3_forms_never_move_earlier_rounds_picks():
+    widened = [draw("night", i).text for i in range(len(BEFORE_ROUND_3))]
+    assert [_base_round_2(t, (tp.LATER_FORMS_3,)) for t in widened] == BEFORE_ROUND_3
+    assert widened[3].startswith("fsdp_f8-") and "step=precompute" in widened[3]  # and round 3 is drawn
+
+
+def test_round_3_forms_are_drawn_where_their_calls_are_made():
+    programs = [draw("reach3", i) for i in range(1500)]
+    assert {"fsdp_f8"} <= {p.layout for p in programs}
+    precomputing = [p for p in programs if "step=precompute" in p.actions]
+    assert precomputing and all(p.layout in tp.FLOAT8 for p in precomputing)
+    assert all(tp.valid(p) for p in programs)
+    only = [draw("f8", i, ("fsdp_f8",)) for i in range(40)]
+    assert {p.layout for p in only} == {"fsdp_f8"} and any("step=precompute" in p.actions for p in only)
+
+
+@pytest.mark.parametrize("layout", ["fsdp", "tp", "fsdp_mp", "hsdp"])
+def test_precompute_is_a_float8_layouts_call_only(layout):
+    ws = tp.LAYOUTS[layout][0]
+    parse_program(f"{layout}-ws{ws}-w8-l1-sgd:fwd_bwd,step")
+    with pytest.raises(tp.ProgramError, match="not where a loop makes it"):
+        parse_program(f"{layout}-ws{ws}-w8-l1-sgd:fwd_bwd,step=precompute")
+    parse_program("fsdp_f8-ws2-w8-l1-sgd:fwd_bwd,step=precompute")
+
+
+STALE_SCALE, INFERENCE_F8 = "distci-float8-precomputed-scale-after-load", "pytorch170419-float8-fsdp2-inference-mode"
+
+
+@pytest.mark.parametrize("program, signature, entry", [
+    ("fsdp_f8-ws2-w16-l2-adamw:fwd_bwd,step=precompute,fwd_bwd,step,save,fwd_bwd,step,load,fwd_bwd",
+     "AssertionError: at action fwd_bwd: blocks.N.norm.bias: gradient SQNR N dB < N dB (N problem(s))", STALE_SCALE),
+    ("fsdp_f8-ws2-w8-l1-sgd:step=precompute,save,fwd_bwd,step,load,eval",
+     "AssertionError: at action eval: loss N vs reference N (|diff| N > N + N*|ref|) (N problem(s))", STALE_SCALE),
+    ("fsdp_f8-ws2-w8-l1-sgd:eval=inference_mode", "RuntimeError: Cannot set version_counter for inference tensor",
+     INFERENCE_F8),
+    # whole-model compile around the root's buffer bump, as under tp (compile=blocks is not it)
+    ("tp_f8-ws2-w16-l1-sgd:fwd_bwd,compile,fwd_bwd,step,fwd_bwd",
+     "AssertionError: at action fwd_bwd: blocks.N.norm.bias: gradient SQNR N dB < N dB (N problem(s))",
+     "pytorch197039-compile-recomputes-mutated-buffer"),
+    # without a precomputing step there is no cached scale: a numeric failure there is not this bug
+    ("fsdp_f8-ws2-w8-l1-sgd:fwd_bwd,step,save,fwd_bwd,step,load,fwd_bwd",
+     "AssertionError: at action fwd_bwd: blocks.N.norm.bias: gradient SQNR N dB < N dB (N problem(s))", None),
+])
+def test_the_float8_programs_finds_file_under_their_registered_bug(program, signature, entry):
+    registry = load_registry(REPO / "suites" / "known_issues.toml")
+    test_id = f"suites/generators/programs_entry.py::test_program[{program}]"
+    assert registry.match(test_id, signature, "", Stack(torch="2.13.0", torchao="0.18.0")) == entry
+
+
+def test_the_float8_round_draws_the_stale_scale_shape():
+    """A precomputing step, a step that moves the weights after a save, the load, then a forward:
+    what distci-float8-precomputed-scale-after-load needs, drawn by the restricted run's seed."""
+    def shape(p: tp.Program) -> bool:
+        names = [split(a) for a in p.actions]
+        first = next((i for i, a in enumerate(names) if a == ("step", "precompute")), None)
+        loads = [i for i, (n, _) in enumerate(names) if n == "load" and first is not None and i > first]
+        return any(n in ("fwd_bwd", "eval") for n, _ in names[loads[0] + 1:]) if loads else False
+    assert any(shape(draw("2026-12-07-f8", i, ("fsdp_f8",))) for i in range(200))
 
 
 def test_a_restricted_layout_draws_only_what_it_names():

@@ -128,7 +128,7 @@ def edits(program: Program) -> list[Edit]:
     if program.optim != OPTIMIZERS[0]:
         out.append(Edit(model=(("optim", OPTIMIZERS[0]),)))
     plainer = {"fsdp_tp": ("tp", "fsdp", "ddp"), "fsdp_mp": ("fsdp",), "fsdp_offload": ("fsdp",),
-               "hsdp": ("fsdp",)}.get(
+               "hsdp": ("fsdp",), "fsdp_f8": ("fsdp",), "tp_f8": ("tp",)}.get(
         program.layout, ())
     for layout in plainer:
         out.append(Edit(model=(("layout", layout), ("world_size", min(LAYOUTS[layout])))))

@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from ..runner.fsdp import cpu_offload_policy
+from ..runner.models import TPStyles
 from ..runner.parallelize import fsdp_api
 
 
@@ -53,7 +54,7 @@ def layout_model(model: nn.Module, layout: str, dist: Any) -> tuple[nn.Module, P
     if layout == "fsdp_tp":
         mesh = dist.mesh((2, dist.world_size // 2), ("dp", "tp"))
         dp_mesh, tp_mesh = mesh["dp"], mesh["tp"]
-    elif layout == "tp":
+    elif layout in ("tp", "tp_f8"):
         dp_mesh, tp_mesh = None, dist.mesh()
     elif layout == "hsdp":  # ParallelDims: the FSDP mesh is the two dp axes, the loss's their flattening
         mesh = dist.mesh((2, dist.world_size // 2), ("dp_replicate", "dp_shard"))
@@ -61,11 +62,12 @@ def layout_model(model: nn.Module, layout: str, dist: Any) -> tuple[nn.Module, P
         dp_group_mesh = dp_mesh._flatten("dp")
     else:
         dp_mesh, tp_mesh = dist.mesh(), None
-    if tp_mesh is not None:
-        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    if tp_mesh is not None:  # tp_f8: torchao's Float8 styles (float8 casts before the collectives)
+        from torch.distributed.tensor.parallel import parallelize_module
 
+        styles = TPStyles.for_float8("tensorwise" if layout == "tp_f8" else "none")
         for block in model.blocks:
-            parallelize_module(block, tp_mesh, {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+            parallelize_module(block, tp_mesh, {"w1": styles.colwise(), "w2": styles.rowwise()})
     if dp_mesh is None:
         return model, Parallel(layout, rank=rank)
     fully_shard, policy = fsdp_api()

@@ -28,6 +28,10 @@ stays quiet elsewhere, as such bugs sit upstream:
     keys left out) restores the keys it was not given too, from the checkpoint (as a loader
     that fills "missing" keys instead of leaving them): visible only at a load=model after a
     step moved the head since the save.
+  - f8_local_scale: precompute_float8_dynamic_scale_for_fsdp takes each float8 weight's scale from
+    this rank's shard alone (its all-reduce of the amaxes left out), so the shards of one weight
+    are cast to float8 at different scales and FSDP2's all-gather dequantizes them at one: visible
+    only under fsdp_f8, at the first forward after a step=precompute, where the shards' amaxes differ.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from typing import Any, Callable
 
 PLANT_ENV = "DISTCI_PROGRAMS_PLANT"
 PLANTS = ("optim_load_fsdp", "buffer_load", "sched_resume", "zero_grad_ddp", "mp_accumulate_low",
-          "async_unstaged", "partial_load_all")
+          "async_unstaged", "partial_load_all", "f8_local_scale")
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,9 @@ class Plant:
 
     def loads_what_was_left_out(self) -> bool:
         return self.name == "partial_load_all"
+
+    def precomputes_local_scale(self) -> bool:
+        return self.name == "f8_local_scale"
 
     def async_save(self, dcp: Any) -> Callable[..., Any]:
         """dcp.async_save, or under async_unstaged a save of the live tensors deferred to

@@ -28,10 +28,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from distci.training_program import FSDP, part_of
+from distci.training_program import FLOAT8, FSDP, part_of
 
 from ..runner.evidence import clean_name
 from . import program_checkpoint as checkpoint
+from . import program_float8 as float8
 from .program_layout import Parallel, accumulate_in_param_dtype, compile_blocks, fsdp_method, layout_model
 from .program_judge import compare, placements
 from .program_plants import Plant
@@ -47,11 +48,11 @@ WEIGHT_DECAY = 0.1
 
 
 class Block(nn.Module):
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, bias: bool = True) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(width)
-        self.w1 = nn.Linear(width, 2 * width)
-        self.w2 = nn.Linear(2 * width, width)
+        self.w1 = nn.Linear(width, 2 * width, bias=bias)
+        self.w2 = nn.Linear(2 * width, width, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.w2(F.gelu(self.w1(self.norm(x))))
@@ -61,9 +62,9 @@ class Net(nn.Module):
     """Residual MLP blocks and a head, with a persistent buffer that training forwards move
     (as BatchNorm's num_batches_tracked or an EMA step count): a checkpoint must carry it."""
 
-    def __init__(self, width: int, layers: int) -> None:
+    def __init__(self, width: int, layers: int, bias: bool = True) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(Block(width) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(width, bias) for _ in range(layers))
         self.head = nn.Linear(width, width)
         self.register_buffer("seen", torch.zeros(()))
 
@@ -150,11 +151,15 @@ class Program:
     """The process group of save=async (program_checkpoint._async_group)."""
     divided: bool = False
     """reshard=divide ran: FSDP2 sums gradients, the run divides its loss by the dp size."""
+    precomputes: bool = False
+    """step=precompute ran: float8 scales are precomputed after every step (program_float8.py)."""
 
 
 def start(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Program:
     torch.manual_seed(SEED)
-    ref_model = Net(spec.width, spec.layers)
+    ref_model = Net(spec.width, spec.layers, bias=spec.layout not in float8.BIAS_FREE)
+    if spec.layout in FLOAT8:  # converted before it is parallelized, the reference alike
+        float8.convert(ref_model, dist.device_type)
     run_model = copy.deepcopy(ref_model)
     runnable, par = layout_model(run_model, spec.layout, dist)
     if plant.accumulates_in_param_dtype(spec.layout):
@@ -230,6 +235,8 @@ def _reference_loss(p: Program, x: torch.Tensor, y: torch.Tensor, twice: bool) -
     backward of their mean loss, for fwd_bwd=twice)."""
     if p.par.layout == "fsdp_mp":
         return mixed_precision_reference(p.ref.model, x, y, p.par.dp_size, 2 if twice else 1)
+    if p.par.layout in FLOAT8:  # the activations' float8 scales are per rank's rows
+        return float8.per_rank_reference(p.ref.model, x, y, p.par.dp_size, ROWS, 2 if twice else 1)
     if not twice:
         loss = F.mse_loss(p.ref.runnable(x), y)
         loss.backward()
@@ -358,6 +365,8 @@ def apply(p: Program, name: str, arg: str) -> None:
     elif name in ("step", "sched"):
         for twin in (p.ref, p.run):
             (twin.opt if name == "step" else twin.sched).step()
+        if arg == "precompute":
+            float8.start_precomputing(p)
     elif name == "eval":
         _eval(p, arg)
     elif name == "metric":
@@ -377,6 +386,7 @@ def apply(p: Program, name: str, arg: str) -> None:
     elif name == "new_optim":
         p.ref.new_optimizer()
         p.run.new_optimizer()
+        float8.hook_again(p)
     elif name == "reset_state":
         p.ref.opt.state.clear()
         p.run.opt.state.clear()
