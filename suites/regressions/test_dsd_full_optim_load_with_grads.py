@@ -84,3 +84,33 @@ def test_a_dcp_checkpoint_saved_before_the_first_step_loads_after_it(dist, tmp_p
     except CheckpointException as exc:  # every rank's error, wrapped (a BaseException: `except Exception` misses it)
         pytest.fail(f"dcp.load of a checkpoint saved after a backward, before any step: {exc}")
     set_optimizer_state_dict(model, opt, state["optim"])
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.dist_timeout(300)
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_a_stateless_optimizers_full_state_dict_loads_into_a_restart(dist, momentum: float) -> None:
+    """The stateless face (programs `tp-ws4-w16-l1-sgd0:...,save=full,...,load=ddp`, the
+    reshard round, 2026-12-07; 2.13.0 and 2.15.0): plain SGD (momentum 0) keeps no state at all,
+    so after a restart (no gradients: _init_optim_state's fake step runs and still makes none)
+    the device probe finds no tensor either. Control: momentum 0.9 (a momentum buffer)."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                         set_optimizer_state_dict)
+
+    from ..runner.parallelize import fsdp_api
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    fully_shard, _ = fsdp_api()
+    fully_shard(model, mesh=dist.mesh())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    model.zero_grad(set_to_none=True)  # a restart holds no gradients
+    full = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    resumed = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+    try:
+        set_optimizer_state_dict(model, resumed, full,
+                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    except AssertionError as exc:
+        pytest.fail(f"set_optimizer_state_dict(full_state_dict=True) of SGD momentum={momentum} into a restart: {exc}")
