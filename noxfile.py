@@ -118,10 +118,12 @@ STACK_INSTALLS = ((TORCH,), ("-e", ".[test,docker]", "torchao==0.18.0", "hadolin
 on_stack = nox.session(venv_backend="none")
 
 
-def _on_stack(session: nox.Session, *args: str, **run_kwargs) -> bool:
-    """Run `python *args` in the shared stack venv; False when nox skipped it (`--install-only`)."""
+def _on_stack(session: nox.Session, *args: str, env: dict[str, str] | None = None, **run_kwargs) -> bool:
+    """Run `python *args` in the shared stack venv (`env` on top of the venv's); False when nox
+    skipped it (`--install-only`)."""
     python = _shared_venv(session, STACK, STACK_INSTALLS)
-    return session.run(str(python), *args, external=True, env=_venv_env(python), **run_kwargs) is not None
+    return session.run(str(python), *args, external=True, env={**_venv_env(python), **(env or {})},
+                       **run_kwargs) is not None
 
 
 # A stop (Ctrl-C in a terminal, a CI job's cancel: SIGINT, SIGTERM, SIGHUP) goes to the
@@ -262,9 +264,9 @@ def _pytest_tier(session: nox.Session, name: str, marker: str | None, workers: i
     # images): every xdist worker collects all of tests/, and without pytest's cached assertion
     # rewrites each collection parses and rewrites every test module again (12.3 -> 6.5 CPU-s a
     # worker, measured 2026-12-07); the .pyc land beside the sources, which .gitignore leaves out.
-    session.env["PYTHONDONTWRITEBYTECODE"] = ""
     # 5: the selection holds no test of this tier (`-- tests/test_x.py` of quick tests only).
-    if not _on_stack(session, "-m", "pytest", *args, *session.posargs, success_codes=[0, 1, 2, 3, 4, 5]):
+    if not _on_stack(session, "-m", "pytest", *args, *session.posargs, env={"PYTHONDONTWRITEBYTECODE": ""},
+                     success_codes=[0, 1, 2, 3, 4, 5]):
         return {"tier": name, "ran": False}
     totals = json.loads(report.read_text()) if report.exists() else {}
     return {"tier": name, **{k: v for k, v in totals.items() if k != "tests"}}
