@@ -235,10 +235,11 @@ QUICK_TIER = "not slow and not docker and not long"  # `nox -s tests_quick`
 # against 213 s serially (2026-12-06). A third worker fills the waits of the slow files (rank
 # pools, timeouts, pip): on the waiting-bound files, -n 3 against -n 2 alternated twice, 460 vs
 # 603 s and 401 vs 514 s wall for 170 vs 159 and 182 vs 205 CPU-s (load 6-16; docs/benchmarks.md,
-# round 3). On idle cores 3 workers kept the cores 83% busy (1,376 CPU-s in 832 s, 2026-12-07):
-# the waits of three files at once still leave a core idle, so a fourth fills them
-# (docs/benchmarks.md, "History"). `-- -n N` overrides, `-- -n 0` runs in one process.
-TEST_WORKERS = 4
+# round 3). A fourth worker bought nothing on idle cores: 823 s wall, 1,390 CPU-s, load 4.8,
+# against 3 workers' 832 s, 1,376 CPU-s, load 4.0 (2026-12-07, docs/benchmarks.md "History"):
+# the cores are already full (the CPU the report counts leaves out daemons a test starts).
+# `-- -n N` overrides, `-- -n 0` runs in one process.
+TEST_WORKERS = 3
 TIER_REPORTS = Path(".nox") / "tiers"
 
 
