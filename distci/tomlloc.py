@@ -64,7 +64,7 @@ class Locator:
         self.lines = text.splitlines()
 
     @functools.cached_property
-    def _header_lines(self) -> list[tuple[int, str, bool]]:
+    def _headers(self) -> list[tuple[int, str, bool]]:
         """Every section header once per file: a registry's load asks for one entry's lines per
         entry, and a scan per question made loading the registry quadratic in its size."""
         found = []
@@ -75,12 +75,9 @@ class Locator:
                 found.append((number, name, match.group(1) == "[["))
         return found
 
-    def _headers(self) -> list[tuple[int, str, bool]]:
-        return self._header_lines
-
     def section(self, name: str, index: int = 0) -> tuple[int, int] | None:
         """(first, last) line numbers of the index-th ``[name]`` / ``[[name]]`` section."""
-        headers = self._headers()
+        headers = self._headers
         hits = [i for i, (_, n, _) in enumerate(headers) if n == name]
         if index >= len(hits):
             return None
@@ -91,7 +88,7 @@ class Locator:
 
     def line_of(self, section: tuple[str, int] | None, key: str | None) -> int | None:
         pattern = re.compile(rf"(^|[\s{{,])[\"']?{re.escape(key)}[\"']?\s*=") if key else None
-        headers = self._headers()
+        headers = self._headers
         if section is None:
             if key is None:
                 return None
@@ -117,7 +114,7 @@ class Locator:
         """The line of `key` in the index-th ``[[array]]`` entry (in its ``[array.table]``
         sub-table, or its inline ``table = {...}``, when `table` is given); the entry's header
         line when the key is not found there."""
-        headers = self._headers()
+        headers = self._headers
         starts = [i for i, (_, name, double) in enumerate(headers) if double and name == array]
         if index >= len(starts):
             return None

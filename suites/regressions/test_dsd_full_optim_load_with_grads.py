@@ -24,6 +24,19 @@ from ..conftest import tier_marks
 pytestmark = tier_marks("nightly")
 
 
+def _sharded_after_backward(dist, momentum: float) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """Two linears fully_shard-ed over the world, SGD with `momentum`, one backward done (no step)."""
+    from ..runner.parallelize import fsdp_api
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    fully_shard, _ = fsdp_api()
+    fully_shard(model, mesh=dist.mesh())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+    model(torch.randn(4, 8)).sum().backward()
+    return model, opt
+
+
 @pytest.mark.world_size(2)
 @pytest.mark.dist_timeout(300)
 @pytest.mark.parametrize("before_load", ["backward", "backward_step_control"])
@@ -31,14 +44,8 @@ def test_a_full_optimizer_state_dict_loads_before_the_first_step(dist, before_lo
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
                                                          set_optimizer_state_dict)
 
-    from ..runner.parallelize import fsdp_api
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
-    fully_shard, _ = fsdp_api()
-    fully_shard(model, mesh=dist.mesh())
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    model(torch.randn(4, 8)).sum().backward()
+    model, opt = _sharded_after_backward(dist, 0.9)
     if before_load != "backward":
         opt.step()
     full = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -64,16 +71,10 @@ def test_a_dcp_checkpoint_saved_before_the_first_step_loads_after_it(dist, tmp_p
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from ..runner.parallelize import fsdp_api
 
     where = [str(tmp_path)]
     tdist.broadcast_object_list(where, src=0)  # one directory for every rank
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
-    fully_shard, _ = fsdp_api()
-    fully_shard(model, mesh=dist.mesh())
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    model(torch.randn(4, 8)).sum().backward()
+    model, opt = _sharded_after_backward(dist, 0.9)
     if before_save != "backward":
         opt.step()
     dcp.save({"optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=where[0])
@@ -97,14 +98,8 @@ def test_a_stateless_optimizers_full_state_dict_loads_into_a_restart(dist, momen
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
                                                          set_optimizer_state_dict)
 
-    from ..runner.parallelize import fsdp_api
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
-    fully_shard, _ = fsdp_api()
-    fully_shard(model, mesh=dist.mesh())
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
-    model(torch.randn(4, 8)).sum().backward()
+    model, opt = _sharded_after_backward(dist, momentum)
     opt.step()
     model.zero_grad(set_to_none=True)  # a restart holds no gradients
     full = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
