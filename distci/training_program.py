@@ -153,9 +153,15 @@ Drawn from a fifth stream, consulted only where rounds 1 and 2 left the plain va
 LATER_P_3 = 0.5
 """How often a value takes a round-3 form: a float8 run restricted with `--layout fsdp_f8` then
 precomputes after about half its steps."""
-LATER_ROUNDS = ((LATER_FORMS, LATER_P), (LATER_FORMS_2, LATER_P_2), (LATER_FORMS_3, LATER_P_3))
-"""The later rounds in order with how often each picks; round k draws from stream
-`{seed}/{i}/later` (k = 1), `{seed}/{i}/later{k}` after."""
+LATER_ROUNDS: tuple[tuple[str, dict, float], ...] = (
+    ("later", LATER_FORMS, LATER_P),
+    ("later2", LATER_FORMS_2, LATER_P_2),
+    ("later3", LATER_FORMS_3, LATER_P_3),
+)
+"""The later rounds in order: (stream, table, how often it picks). Round k draws from stream
+`{seed}/{i}/STREAM`; a round's stream is named once and never by its position, so rounds
+written on branches side by side keep their draws whatever order they land in. `draw(...,
+rounds=k)` consults the first k only: a seed as it drew before the later ones existed."""
 
 
 def forms(what: str, value: str) -> tuple[str, ...]:
@@ -165,7 +171,7 @@ def forms(what: str, value: str) -> tuple[str, ...]:
 
 def base_of(what: str, value: str) -> str:
     """The drawn value `value` is a form of (itself if none)."""
-    for table in (FORMS, LATER_FORMS, LATER_FORMS_2, LATER_FORMS_3):
+    for table in (FORMS, *(t for _, t, _ in LATER_ROUNDS)):
         for (w, v), f in table.items():
             if w == what and value in f:
                 return v

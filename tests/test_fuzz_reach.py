@@ -327,6 +327,20 @@ def test_round_3_forms_never_move_earlier_rounds_picks():
     assert widened[3].startswith("fsdp_f8-") and "step=precompute" in widened[3]  # and round 3 is drawn
 
 
+def test_a_seed_drawn_with_fewer_rounds_is_the_seed_before_the_later_rounds_existed():
+    # `draw(..., rounds=k)` (`distci fuzz --rounds k`) replays what a seed drew when only k later
+    # rounds existed: round 3's texts above with rounds=2, and any later round's forms left out
+    assert [draw("night", i, rounds=2).text for i in range(len(BEFORE_ROUND_3))] == BEFORE_ROUND_3
+    assert [draw("night", i, rounds=len(tp.LATER_ROUNDS)).text for i in range(8)] == [draw("night", i).text
+                                                                                         for i in range(8)]
+    for k in range(len(tp.LATER_ROUNDS)):
+        later = {(w, f) for _, table, _ in tp.LATER_ROUNDS[k:] for (w, _v), fs in table.items() for f in fs}
+        for i in range(200):
+            program = draw("rounds", i, rounds=k)
+            used = {split(a) for a in program.actions} | {("layout", program.layout)}
+            assert not used & later, (k, program.text)
+
+
 def test_round_3_forms_are_drawn_where_their_calls_are_made():
     programs = [draw("reach3", i) for i in range(1500)]
     assert {"fsdp_f8"} <= {p.layout for p in programs}

@@ -39,17 +39,20 @@ from .records import Find, Outcome, Report
 
 MIN_ACTIONS, MAX_ACTIONS = 4, 14
 
-def draw(seed: str, index: int, layouts: tuple[str, ...] = tuple(LAYOUTS)) -> Program:
+def draw(seed: str, index: int, layouts: tuple[str, ...] = tuple(LAYOUTS), rounds: int | None = None) -> Program:
     """Program `index` of `seed`: layout, size and optimizer, then actions drawn by weight
     among those enabled where the program stands (a no-sync run is closed by a synced backward).
     Each drawn value then takes one of its forms (training_program.FORMS) from a second stream,
     so the main stream, and with it every program drawn before a form was added, stays put;
     a value the forms stream left plain may take a later form from a third stream (LATER_FORMS),
     so the forms stream stays put too, and one that stream left plain a round-2 form from a
-    fourth (LATER_FORMS_2), so the third stays put."""
+    fourth (LATER_FORMS_2), so the third stays put, and so on (LATER_ROUNDS). `rounds`: consult
+    only the first that many later rounds (None: all), the seed's programs as drawn before the
+    later ones existed."""
     rng = random.Random(f"{seed}/{index}")
     first = random.Random(f"{seed}/{index}/forms").choice
-    laters = [random.Random(f"{seed}/{index}/later{k if k > 1 else ''}") for k in range(1, len(LATER_ROUNDS) + 1)]
+    consulted = LATER_ROUNDS[:rounds] if rounds is not None else LATER_ROUNDS
+    laters = [(table, p, random.Random(f"{seed}/{index}/{stream}")) for stream, table, p in consulted]
 
     def pick(what: str, values: list[str], allowed: Collection[str]) -> str:
         """A form from the forms stream; then, where it left the plain value, maybe a later
@@ -58,7 +61,7 @@ def draw(seed: str, index: int, layouts: tuple[str, ...] = tuple(LAYOUTS)) -> Pr
         got = first(values)
         if got != values[0]:
             return got
-        for (table, p), later in zip(LATER_ROUNDS, laters):
+        for table, p, later in laters:
             more = [x for x in table.get((what, got), ()) if x in allowed]
             if more and later.random() < p:
                 return later.choice(more)
@@ -166,6 +169,8 @@ class ProgramFuzzer:
     """Candidates per session while shrinking (at most batch_size): a round stops at its first keeper."""
     shrink: bool = True
     layouts: tuple[str, ...] = tuple(LAYOUTS)
+    rounds: int | None = None
+    """Later rounds of forms consulted (`draw`'s `rounds`; None: all)."""
     shrink_limit_s: float = 900.0
     log: Callable[[str], Any] = print
     clock: Callable[[], float] = time.monotonic
@@ -187,7 +192,7 @@ class ProgramFuzzer:
                 size = min(size, self.max_programs - index)
             if size <= 0:
                 break
-            batch = [draw(self.seed, index + i, self.layouts) for i in range(size)]
+            batch = [draw(self.seed, index + i, self.layouts, self.rounds) for i in range(size)]
             index += size
             self.report.drawn += [p.text for p in batch]
             for outcome in self._run(batch):

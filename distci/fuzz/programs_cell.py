@@ -84,7 +84,8 @@ def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | 
                        batch_size: int = DRAW_BATCH,
                        shrink: bool = True, python: str | None = None, runs_root: Path = Path(".distci/runs"),
                        replay: str | None = None, known_issues: str | None = None, layouts: tuple[str, ...] = (),
-                       shrink_limit_s: float | None = None, report_path: Path | None = None, command: str = "",
+                       rounds: int | None = None, shrink_limit_s: float | None = None,
+                       report_path: Path | None = None, command: str = "",
                        log=print) -> int:
     """Fuzz one cell with training programs; returns the exit code (module docstring)."""
     from distci.errors import FuzzSpecError
@@ -122,7 +123,7 @@ def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | 
             log(f"fuzz programs {cell.id}: seed {seed}, budget {budget_s:.0f}s"
                 + (f", at most {max_programs} programs" if max_programs else ""))
             fuzzer = ProgramFuzzer(seed, runner, budget_s=budget_s, max_programs=max_programs, batch_size=batch_size,
-                                   shrink=shrink, layouts=tuple(layouts) or tuple(LAYOUTS), log=log,
+                                   shrink=shrink, layouts=tuple(layouts) or tuple(LAYOUTS), rounds=rounds, log=log,
                                    shrink_limit_s=shrink_limit_s if shrink_limit_s is not None else 900.0)
             report = fuzzer.run()
             new = report.new
@@ -154,18 +155,22 @@ def run_generator(args, cell, seed: str, command: str) -> int:
     programs, or draw, run and shrink them on `cell`."""
     from distci.fuzz.command import parse_budget
 
-    from distci.training_program import LAYOUTS
+    from distci.errors import FuzzSpecError
+    from distci.training_program import LATER_ROUNDS, LAYOUTS
 
     from .programs import draw
 
     layouts = tuple(x for spec in args.layout for x in spec.split(",") if x)
+    if args.rounds is not None and not 0 <= args.rounds <= len(LATER_ROUNDS):
+        raise FuzzSpecError(f"--rounds {args.rounds}: there are {len(LATER_ROUNDS)} later rounds of forms; "
+                            f"give 0 to {len(LATER_ROUNDS)}, or leave it out for all")
     if args.list:
         for i in range(args.max_configs or 20):
-            print(draw(seed, i, layouts or tuple(LAYOUTS)).text)
+            print(draw(seed, i, layouts or tuple(LAYOUTS), args.rounds).text)
         return 0
     return fuzz_programs_cell(cell, seed=seed, budget_s=parse_budget(args.budget), max_programs=args.max_configs,
                               batch_size=args.batch or DRAW_BATCH, shrink=not args.no_shrink, python=args.python,
                               runs_root=Path(args.runs_root), replay=args.replay, known_issues=args.known_issues,
-                              layouts=layouts, command=command, report_path=args.report,
+                              layouts=layouts, rounds=args.rounds, command=command, report_path=args.report,
                               shrink_limit_s=parse_budget(args.shrink_limit, "--shrink-limit")
                               if args.shrink_limit else None)
