@@ -171,8 +171,8 @@ PLANT_CASES = {
     # first forward after a step=precompute (an eval here), only under fsdp_f8
     "f8_local_scale": (["--layout", "fsdp_f8", "--seed", "f8scale1454"], ["step", "eval"], ("fsdp_f8",)),
 }
-COMMON = ["--max-programs", "4", "--batch", "8", "--budget", "20m", "--rounds", "3"]
-"""`--rounds 3`: each seed above was chosen when three later rounds of forms existed; a round
+COMMON = ["--max-programs", "4", "--batch", "8", "--budget", "20m", "--rounds", "later,later2,later3"]
+"""`--rounds`: each seed above was chosen when these three later rounds of forms existed; a round
 added after them draws from a stream of its own but could still turn a plant's program into
 another (a new form where the seed left the plain value), so the trials replay their seeds as
 drawn then (tests/test_fuzz_reach.py holds `--rounds` to that)."""

@@ -39,7 +39,8 @@ from .records import Find, Outcome, Report
 
 MIN_ACTIONS, MAX_ACTIONS = 4, 14
 
-def draw(seed: str, index: int, layouts: tuple[str, ...] = tuple(LAYOUTS), rounds: int | None = None) -> Program:
+def draw(seed: str, index: int, layouts: tuple[str, ...] = tuple(LAYOUTS),
+         rounds: Collection[str] | None = None) -> Program:
     """Program `index` of `seed`: layout, size and optimizer, then actions drawn by weight
     among those enabled where the program stands (a no-sync run is closed by a synced backward).
     Each drawn value then takes one of its forms (training_program.FORMS) from a second stream,
@@ -47,12 +48,12 @@ def draw(seed: str, index: int, layouts: tuple[str, ...] = tuple(LAYOUTS), round
     a value the forms stream left plain may take a later form from a third stream (LATER_FORMS),
     so the forms stream stays put too, and one that stream left plain a round-2 form from a
     fourth (LATER_FORMS_2), so the third stays put, and so on (LATER_ROUNDS). `rounds`: consult
-    only the first that many later rounds (None: all), the seed's programs as drawn before the
-    later ones existed."""
+    only the later rounds of these stream names (None: all), the seed's programs as drawn when
+    only they existed."""
     rng = random.Random(f"{seed}/{index}")
     first = random.Random(f"{seed}/{index}/forms").choice
-    consulted = LATER_ROUNDS[:rounds] if rounds is not None else LATER_ROUNDS
-    laters = [(table, p, random.Random(f"{seed}/{index}/{stream}")) for stream, table, p in consulted]
+    laters = [(table, p, random.Random(f"{seed}/{index}/{stream}")) for stream, table, p in LATER_ROUNDS
+              if rounds is None or stream in rounds]
 
     def pick(what: str, values: list[str], allowed: Collection[str]) -> str:
         """A form from the forms stream; then, where it left the plain value, maybe a later
@@ -169,8 +170,8 @@ class ProgramFuzzer:
     """Candidates per session while shrinking (at most batch_size): a round stops at its first keeper."""
     shrink: bool = True
     layouts: tuple[str, ...] = tuple(LAYOUTS)
-    rounds: int | None = None
-    """Later rounds of forms consulted (`draw`'s `rounds`; None: all)."""
+    rounds: tuple[str, ...] | None = None
+    """Later rounds of forms consulted, by stream name (`draw`'s `rounds`; None: all)."""
     shrink_limit_s: float = 900.0
     log: Callable[[str], Any] = print
     clock: Callable[[], float] = time.monotonic

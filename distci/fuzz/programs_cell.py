@@ -84,7 +84,7 @@ def fuzz_programs_cell(cell, *, seed: str, budget_s: float, max_programs: int | 
                        batch_size: int = DRAW_BATCH,
                        shrink: bool = True, python: str | None = None, runs_root: Path = Path(".distci/runs"),
                        replay: str | None = None, known_issues: str | None = None, layouts: tuple[str, ...] = (),
-                       rounds: int | None = None, shrink_limit_s: float | None = None,
+                       rounds: tuple[str, ...] | None = None, shrink_limit_s: float | None = None,
                        report_path: Path | None = None, command: str = "",
                        log=print) -> int:
     """Fuzz one cell with training programs; returns the exit code (module docstring)."""
@@ -161,16 +161,18 @@ def run_generator(args, cell, seed: str, command: str) -> int:
     from .programs import draw
 
     layouts = tuple(x for spec in args.layout for x in spec.split(",") if x)
-    if args.rounds is not None and not 0 <= args.rounds <= len(LATER_ROUNDS):
-        raise FuzzSpecError(f"--rounds {args.rounds}: there are {len(LATER_ROUNDS)} later rounds of forms; "
-                            f"give 0 to {len(LATER_ROUNDS)}, or leave it out for all")
+    rounds = None if args.rounds is None else tuple(x for x in args.rounds.split(",") if x)
+    names = [stream for stream, _, _ in LATER_ROUNDS]
+    if rounds is not None and set(rounds) - set(names):
+        raise FuzzSpecError(f"--rounds {args.rounds}: {', '.join(sorted(set(rounds) - set(names)))} is no later "
+                            f"round of forms; rounds: {', '.join(names)} (leave it out for all)")
     if args.list:
         for i in range(args.max_configs or 20):
-            print(draw(seed, i, layouts or tuple(LAYOUTS), args.rounds).text)
+            print(draw(seed, i, layouts or tuple(LAYOUTS), rounds).text)
         return 0
     return fuzz_programs_cell(cell, seed=seed, budget_s=parse_budget(args.budget), max_programs=args.max_configs,
                               batch_size=args.batch or DRAW_BATCH, shrink=not args.no_shrink, python=args.python,
                               runs_root=Path(args.runs_root), replay=args.replay, known_issues=args.known_issues,
-                              layouts=layouts, rounds=args.rounds, command=command, report_path=args.report,
+                              layouts=layouts, rounds=rounds, command=command, report_path=args.report,
                               shrink_limit_s=parse_budget(args.shrink_limit, "--shrink-limit")
                               if args.shrink_limit else None)
