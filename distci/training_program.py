@@ -63,10 +63,12 @@ FLOAT8 = ("fsdp_f8", "tp_f8")
 """Layouts whose model is converted to torchao float8 training before it is parallelized."""
 PRECOMPUTE = ("fsdp_f8",)
 """Layouts whose float8 weights FSDP2 all-gathers in float8: where precompute has scales to make."""
-OPTIMIZERS = ("sgd", "adamw", "sgd0", "adamw_groups")
+OPTIMIZERS = ("sgd", "adamw", "sgd0", "adamw_groups", "adamw_fused", "adamw_foreach", "adam", "nadam", "radam",
+              "adafactor", "muon", "adagrad", "rmsprop")
 """sgd: momentum 0.9; sgd0: no momentum (no optimizer state at all); adamw_groups: AdamW with two
 param groups, weight decay on matrices only (nanoGPT's configure_optimizers, Hugging Face
-Trainer's get_decay_parameter_names, torchtune's and Lightning's examples)."""
+Trainer's get_decay_parameter_names, torchtune's and Lightning's examples); the rest are the
+`later_optim` round's forms (LATER_FORMS_OPTIM), never drawn by the main stream."""
 FORMS: dict[tuple[str, str], tuple[str, ...]] = {
     ("layout", "fsdp"): ("fsdp_mp",),
     ("optim", "sgd"): ("sgd0",),
@@ -153,10 +155,32 @@ Drawn from a fifth stream, consulted only where rounds 1 and 2 left the plain va
 LATER_P_3 = 0.5
 """How often a value takes a round-3 form: a float8 run restricted with `--layout fsdp_f8` then
 precomputes after about half its steps."""
+LATER_FORMS_OPTIM: dict[tuple[str, str], tuple[str, ...]] = {
+    ("optim", "adamw"): ("adamw_fused", "adamw_foreach", "adam", "nadam", "radam", "adafactor", "muon"),
+    ("optim", "sgd"): ("adagrad", "rmsprop"),
+}
+"""The optimizers real trainers configure (issue 40, items 1, 6, 7; suites/generators/program_optimizers.py
+makes each, the reference the same class and options on the full model):
+  - adamw_fused / adamw_foreach: AdamW(fused=True) / (foreach=True): torchtitan's
+    `components/optimizer/optimizer.py` `implementation: fused` (its default) | `foreach`; Hugging Face
+    Trainer `optim="adamw_torch_fused"`; plain adamw is the for-loop one on CPU;
+  - adam: torch.optim.Adam (torchtitan `name: Adam`; torchtune configs' `_component_: torch.optim.Adam`);
+  - nadam, radam: any torch.optim class from a torchtune config; a `step` tensor and NAdam's `mu_product`;
+  - adafactor: torch.optim.Adafactor (Hugging Face `optim="adafactor"`): factored row / column
+    state NOT shaped like its parameter (pytorch#109581 on FSDP2);
+  - muon: torch.optim.Muon on the 2-D weights, AdamW on the rest, as one optimizer (torchtitan's
+    `DistMuon` in its OptimizersContainer): Newton-Schulz over each whole matrix;
+  - adagrad (state made in the constructor: accelerate #3855 / PR #4142), rmsprop (momentum 0.9):
+    Hugging Face Trainer `optim="adagrad"` / `"rmsprop"`.
+A form the stack lacks (an older torch's missing class, a fused kernel its CPU lacks) skips with its reason."""
+LATER_P_OPTIM = 0.8
+"""Most plain adamw / sgd programs take one (a quarter of all programs each): a 12-minute run draws
+each form a few times."""
 LATER_ROUNDS: tuple[tuple[str, dict, float], ...] = (
     ("later", LATER_FORMS, LATER_P),
     ("later2", LATER_FORMS_2, LATER_P_2),
     ("later3", LATER_FORMS_3, LATER_P_3),
+    ("later_optim", LATER_FORMS_OPTIM, LATER_P_OPTIM),
 )
 """The later rounds in order: (stream, table, how often it picks). Round k draws from stream
 `{seed}/{i}/STREAM`; a round's stream is named once and never by its position, so rounds

@@ -5,7 +5,8 @@ words a divergence.
 Numbers are judged as the suites judge them: losses and gradients by
 checks.check_numerics, parameters and optimizer state by checks.sqnr, at the fp32 tolerance
 (tolerances.py: TP/FSDP reorder sums only); fsdp_mp too, since its reference computes at the
-mixed-precision policy's precision (programs.mixed_precision_reference). An optimizer state
+mixed-precision policy's precision (programs.mixed_precision_reference); Muon at bfloat16's,
+since it updates in bfloat16 (program_optimizers.precision). An optimizer state
 entry with nothing in it counts as an entry (`(empty) of NAME`): a stateless optimizer's
 reference keeps none. Every param group is compared: its parameters (by name) and its
 hyperparameters (lr, weight_decay, ...), since a resume must restore each group's own.
@@ -21,6 +22,7 @@ import torch
 from ..judges.checks import check_numerics, sqnr
 from ..judges.tolerances import tolerance
 from ..runner.evidence import TrainRecord, clean_name, placement_name
+from .program_optimizers import precision
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -120,7 +122,8 @@ def clip_totals(totals: tuple[float, float] | None, rel: float) -> list[str]:
 
 def compare(p: Any) -> list[str]:
     """Every problem of the run against the reference after an action (empty: none)."""
-    tol = tolerance("float32", "none")  # fsdp_mp too: its reference computes as its ranks do
+    # fsdp_mp too: its reference computes as its ranks do; Muon updates in bfloat16 (program_optimizers.precision)
+    tol = tolerance(precision(p.spec.optim), "none")
     problems: list[str] = []
     grads_ref = _grads(p.ref)
     grads_run = _grads(p.run) if not p.unsynced else grads_ref

@@ -33,6 +33,7 @@ from distci.training_program import FLOAT8, FSDP, part_of
 from ..runner.evidence import clean_name
 from . import program_checkpoint as checkpoint
 from . import program_float8 as float8
+from . import program_optimizers as optimizers
 from .program_layout import Parallel, accumulate_in_param_dtype, compile_blocks, fsdp_method, layout_model
 from .program_judge import compare, placements
 from .program_plants import Plant
@@ -40,11 +41,8 @@ from .program_plants import Plant
 SEED = 1234
 ROWS = 4
 """Rows of the global batch per data-parallel rank."""
-LR = {"sgd": 0.1, "sgd0": 0.1, "adamw": 1e-2, "adamw_groups": 1e-2}
 CLIP_VALUE = 0.01
 """clip=value's bound: below the larger gradients' entries, so it clips some and not all."""
-WEIGHT_DECAY = 0.1
-"""adamw_groups: the decay group's weight decay (the other group's is 0)."""
 
 
 class Block(nn.Module):
@@ -110,13 +108,8 @@ class Twin:
     (an eval), and named_parameters() would then name those instead."""
 
     def new_optimizer(self) -> None:
-        params: Any = [p for p in self.named.values() if p.requires_grad]
-        cls = torch.optim.AdamW if self.optim_name.startswith("adamw") else torch.optim.SGD
-        extra = {"momentum": 0.9} if self.optim_name == "sgd" else {}  # sgd0: none, no optimizer state
-        if self.optim_name == "adamw_groups":  # matrices decay; biases and norms don't (nanoGPT, HF Trainer)
-            params = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": WEIGHT_DECAY},
-                      {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-        self.opt = cls(params, lr=LR[self.optim_name], **extra)
+        """The program's optimizer (program_optimizers.py) over the parameters that train."""
+        self.opt = optimizers.make(self.optim_name, [p for p in self.named.values() if p.requires_grad])
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, schedule)
 
 

@@ -25,6 +25,7 @@ from distci.training_program import PROGRAM_ENV, PROGRAMS_ENV, TEST_NAME, parse
 
 from ..probes import capabilities
 from ..runner.checkpoint import shared_dir
+from . import program_optimizers as optimizers
 from .program_plants import planted
 from .program_judge import lead
 from .programs import run_program
@@ -59,6 +60,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def test_program(dist, program) -> None:
     if "save=full" in program.actions and capabilities.full_state_dict_broadcast():
         pytest.skip(capabilities.full_state_dict_broadcast())
+    if optimizers.missing(program.optim, dist.device_type):
+        pytest.skip(optimizers.missing(program.optim, dist.device_type))
     with shared_dir() as where:
         found = run_program(program, dist, planted(), where)
     if found is not None:
