@@ -282,13 +282,13 @@ BEFORE_ROUND_2 = [
 ]
 
 
-def _base_round_2(text: str, tables: tuple = (tp.LATER_FORMS_2, tp.LATER_FORMS_3)) -> str:
+def _base_round_2(text: str, tables: tuple = (tp.LATER_FORMS_2, tp.LATER_FORMS_3, tp.LATER_FORMS_OPTIM)) -> str:
     """A program's text with the later forms of `tables` (round 2's and after) back to their values."""
     program = parse_program(text)
     back = {(w, f): v for table in tables for (w, v), fs in table.items() for f in fs}
     actions = tuple(tp.token(split(a)[0], back.get(split(a), split(a)[1])) for a in program.actions)
     return tp.Program(back.get(("layout", program.layout), program.layout), program.world_size, program.width,
-                      program.layers, program.optim, actions).text
+                      program.layers, back.get(("optim", program.optim), program.optim), actions).text
 
 
 def test_round_2_forms_never_move_round_1s_picks():
@@ -323,8 +323,47 @@ BEFORE_ROUND_3 = [
 
 def test_round_3_forms_never_move_earlier_rounds_picks():
     widened = [draw("night", i).text for i in range(len(BEFORE_ROUND_3))]
-    assert [_base_round_2(t, (tp.LATER_FORMS_3,)) for t in widened] == BEFORE_ROUND_3
+    assert [_base_round_2(t, (tp.LATER_FORMS_3, tp.LATER_FORMS_OPTIM)) for t in widened] == BEFORE_ROUND_3
     assert widened[3].startswith("fsdp_f8-") and "step=precompute" in widened[3]  # and round 3 is drawn
+
+
+# What seed "night" drew with rounds 1 to 3, before the optimizers round existed (main at 78a2e89)
+BEFORE_ROUND_OPTIM = [
+    "fsdp_mp-ws4-w32-l2-sgd0:step,fwd_bwd=nosync,fwd_bwd,eval=generate,eval",
+    "tp_f8-ws4-w32-l2-adamw:sched,step,fwd_bwd,step,step,fwd_bwd=twice,step",
+    "tp_f8-ws4-w8-l1-sgd0:sched,save=full,eval=generate,fwd_bwd=twice,load=model,save=full,clip=value,zero_grad,step,"
+    "zero_grad=zeros,save=full,step",
+    "fsdp_f8-ws4-w32-l1-sgd:reshard,save=full,step=precompute,fwd_bwd=nosync,fwd_bwd=nosync,fwd_bwd,step=precompute,"
+    "clip=inf,clip,fwd_bwd=twice,load=model",
+    "ddp-ws2-w16-l1-adamw_groups:fwd_bwd=nosync,fwd_bwd,step,eval=inference_mode,zero_grad,fwd_bwd,step,sched,"
+    "zero_grad,fwd_bwd",
+    "tp-ws2-w32-l2-adamw_groups:step,step,sched,step,fwd_bwd,eval=inference_mode,step,step,step,metric,"
+    "metric=barrier,metric,sched,lr",
+    "ddp-ws2-w16-l2-adamw:fwd_bwd=twice,freeze=head,zero_grad,unfreeze=head,sched,fwd_bwd=nosync,fwd_bwd,"
+    "eval=inference_mode",
+]
+
+
+def test_the_optimizers_round_never_moves_earlier_rounds_picks():
+    # the round changes a program's optimizer and nothing else: its stream is consulted only for a
+    # plain adamw / sgd, after every earlier round left it plain (training_program.LATER_ROUNDS)
+    widened = [draw("night", i).text for i in range(len(BEFORE_ROUND_OPTIM))]
+    assert [_base_round_2(t, (tp.LATER_FORMS_OPTIM,)) for t in widened] == BEFORE_ROUND_OPTIM
+    assert [draw("night", i, rounds=("later", "later2", "later3")).text
+            for i in range(len(BEFORE_ROUND_OPTIM))] == BEFORE_ROUND_OPTIM
+    moved = [(a, b) for a, b in zip(widened, BEFORE_ROUND_OPTIM) if a != b]
+    assert [parse_program(a).optim for a, _ in moved] == ["radam", "rmsprop", "adafactor"]  # and it is drawn
+
+
+def test_the_optimizers_round_draws_every_form_on_every_layout_family():
+    programs = [draw("reach_optim", i) for i in range(1500)]
+    forms = {f for fs in tp.LATER_FORMS_OPTIM.values() for f in fs}
+    assert forms <= {p.optim for p in programs}, forms - {p.optim for p in programs}
+    for form in forms:  # sharded (FSDP2, TP) and replicated (DDP) alike
+        layouts = {p.layout for p in programs if p.optim == form}
+        assert layouts & set(tp.FSDP) and layouts & {"tp", "tp_f8", "fsdp_tp"} and "ddp" in layouts, (form, layouts)
+    assert all(tp.valid(p) for p in programs)
+    assert {tp.base_of("optim", f) for f in forms} == {"adamw", "sgd"}  # forms, never new base values
 
 
 def test_a_seed_drawn_with_fewer_rounds_is_the_seed_before_the_later_rounds_existed():
