@@ -121,6 +121,16 @@ def load_model(p: Any) -> None:
     set_model_state_dict(model, state, options=options)
 
 
+def _shift_factored(optim: dict, model: dict) -> None:
+    """The factored_rows plant (program_plants.py): each optimizer state tensor shaped unlike its
+    parameter, with more than one row, rolled by half its rows."""
+    for fqn, state in optim.get("state", {}).items():
+        shape = tuple(model[fqn].shape) if fqn in model else None
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.ndim and value.shape[0] > 1 and tuple(value.shape) != shape:
+                state[key] = torch.roll(value, value.shape[0] // 2, dims=0)
+
+
 def load(p: Any, fresh_scheduler: Callable[[Any], Any], model_only: bool = False) -> None:
     """Resume both twins from their last save; `fresh_scheduler(optimizer)` makes the
     scheduler a plant that drops the scheduler's state gets instead."""
@@ -147,6 +157,8 @@ def load(p: Any, fresh_scheduler: Callable[[Any], Any], model_only: bool = False
         # dsd-set-model-state-dict-mutates-input), so a second load of the same dict is not a resume
         full = copy.deepcopy(full)
         set_model_state_dict(model, full[0], options=options)
+        if p.plant.shifts_factored_state(kind):
+            _shift_factored(full[1], full[0])
         if not p.plant.skips_optimizer_load(p.par.layout, kind):
             set_optimizer_state_dict(model, opt, full[1], options=options)
     else:

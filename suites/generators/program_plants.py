@@ -32,6 +32,10 @@ stays quiet elsewhere, as such bugs sit upstream:
     this rank's shard alone (its all-reduce of the amaxes left out), so the shards of one weight
     are cast to float8 at different scales and FSDP2's all-gather dequantizes them at one: visible
     only under fsdp_f8, at the first forward after a step=precompute, where the shards' amaxes differ.
+  - factored_rows: a full-state-dict resume restores optimizer state NOT shaped like its parameter
+    (Adafactor's factored row second moment, one value per row) from the other half of its rows,
+    as a loader that shards it by the world's rows: visible only with adafactor (the later_optim
+    round), at a `load` of a `save=full` taken after a step made the state, where the rows differ.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from typing import Any, Callable
 
 PLANT_ENV = "DISTCI_PROGRAMS_PLANT"
 PLANTS = ("optim_load_fsdp", "buffer_load", "sched_resume", "zero_grad_ddp", "mp_accumulate_low",
-          "async_unstaged", "partial_load_all", "f8_local_scale")
+          "async_unstaged", "partial_load_all", "f8_local_scale", "factored_rows")
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,9 @@ class Plant:
 
     def loads_what_was_left_out(self) -> bool:
         return self.name == "partial_load_all"
+
+    def shifts_factored_state(self, kind: str) -> bool:
+        return self.name == "factored_rows" and kind == "full"
 
     def precomputes_local_scale(self) -> bool:
         return self.name == "f8_local_scale"
