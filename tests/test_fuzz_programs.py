@@ -170,6 +170,11 @@ PLANT_CASES = {
     # float8 (a round-3 later form): precompute's scales from each rank's own shard; seen at the
     # first forward after a step=precompute (an eval here), only under fsdp_f8
     "f8_local_scale": (["--layout", "fsdp_f8", "--seed", "f8scale1454"], ["step", "eval"], ("fsdp_f8",)),
+    # the optimizers round (later_optim): Adafactor's row state, not shaped like its parameter, restored
+    # from the other half of its rows at a full load; ddp, where Adafactor steps (a sharded matrix
+    # raises: dtensor-adafactor-sharded-matrix); its --rounds (after COMMON's: the last wins) names the round
+    "factored_rows": (["--layout", "ddp", "--seed", "factored14798", "--rounds", "later,later2,later3,later_optim"],
+                      ["fwd_bwd", "step", "save", "load"], ("ddp",)),
 }
 COMMON = ["--max-programs", "4", "--batch", "8", "--budget", "20m", "--rounds", "later,later2,later3"]
 """`--rounds`: each seed above was chosen when these three later rounds of forms existed; a round
