@@ -18,19 +18,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from ..conftest import tier_marks
 from ..probes import capabilities
+from .test_dtensor_clip_grad_value_mixed import DIM, _model  # the same TP-without-SP model as its clip face
 
 pytestmark = tier_marks("nightly")
-DIM = 8
-
-
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.LayerNorm(DIM), nn.Linear(DIM, 2 * DIM), nn.GELU(), nn.Linear(2 * DIM, DIM),
-                         nn.Linear(DIM, DIM))
 
 
 @pytest.mark.world_size(2)
