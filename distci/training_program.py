@@ -157,20 +157,13 @@ RELAYOUTS = ("fsdp", "tp", "fsdp_tp", "ddp", "hsdp")
 """The layouts a checkpoint is loaded under by `load=LAYOUT` (LATER_FORMS_RESHARD)."""
 LATER_FORMS_RESHARD: dict[tuple[str, str], tuple[str, ...]] = {("load", ""): RELAYOUTS + ("file",)}
 """Round `later_reshard` (issue 40, items 1 and 6: restarts under another parallelism,
-reports/fuzz-programs-2026-12-07-reshard.md): a job restarts from its last checkpoint with
-another TP degree, FSDP2 instead of DDP, HSDP instead of FSDP2:
-  - load=LAYOUT: the model built again, laid out as LAYOUT (another layout the same ranks run),
-    its optimizer made again with the same param groups, the checkpoint loaded into both (DCP
-    resharding on load: torchtitan `components/checkpoint.py` with a changed parallelism
-    config; Lightning's and accelerate's resumes under another strategy); training goes on
-    under LAYOUT: every later action's precondition reads the new layout (State.layout);
-  - load=file: the checkpoint through one file on rank 0 (a DCP one written out by
-    `dcp_to_torch_save`, loaded as a full state dict broadcast from rank 0, as Hugging Face
-    loads into sharded models; a full one written by torch.save and made a DCP checkpoint by
-    `torch_save_to_dcp`, torchtitan's `--checkpoint.initial_load_path`) into the model built
-    again under its own layout.
-A restart holds no gradients: both twins drop theirs. The actions after a relayout are drawn
-where the new layout allows them (tests/test_fuzz_reach.py)."""
+reports/fuzz-programs-2026-12-07-reshard.md). load=LAYOUT: the model and optimizer built again
+under LAYOUT, the checkpoint resharded into them by DCP (torchtitan `components/checkpoint.py`
+with another parallelism config; Lightning's and accelerate's resumes under another strategy),
+training going on under LAYOUT (later preconditions read State.layout); load=file: through one
+file on rank 0 (`dcp_to_torch_save` then a full load broadcast from rank 0, as Hugging Face
+loads sharded models; torch.save then `torch_save_to_dcp`, torchtitan's initial_load_path) into
+the model built again. A restart holds no gradients (tests/test_fuzz_reach.py)."""
 LATER_P_RESHARD = 0.7
 """How often a plain `load` the earlier rounds left plain takes a restart form: loads are
 drawn often, round 2 takes half of them, and a relayout is what this round is for."""
