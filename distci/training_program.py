@@ -155,31 +155,38 @@ Drawn from a fifth stream, consulted only where rounds 1 and 2 left the plain va
 LATER_P_3 = 0.5
 """How often a value takes a round-3 form: a float8 run restricted with `--layout fsdp_f8` then
 precomputes after about half its steps."""
+RELAYOUTS = ("fsdp", "tp", "fsdp_tp", "ddp", "hsdp")
+"""The layouts a checkpoint is loaded under by `load=LAYOUT` (LATER_FORMS_RESHARD)."""
+LATER_FORMS_RESHARD: dict[tuple[str, str], tuple[str, ...]] = {("load", ""): RELAYOUTS + ("file",)}
+"""Round `later_reshard` (issue 40, items 1 and 6: restarts under another parallelism,
+reports/fuzz-programs-2026-12-07-reshard.md). load=LAYOUT: the model and optimizer built again
+under LAYOUT, the checkpoint resharded into them by DCP (torchtitan `components/checkpoint.py`
+with another parallelism config; Lightning's and accelerate's resumes under another strategy),
+training going on under LAYOUT (later preconditions read State.layout); load=file: through one
+file on rank 0 (`dcp_to_torch_save` then a full load broadcast from rank 0, as Hugging Face
+loads sharded models; torch.save then `torch_save_to_dcp`, torchtitan's initial_load_path) into
+the model built again. A restart holds no gradients (tests/test_fuzz_reach.py)."""
+LATER_P_RESHARD = 0.7
+"""How often a plain `load` the earlier rounds left plain takes a restart form: loads are
+drawn often, round 2 takes half of them, and a relayout is what this round is for."""
 LATER_FORMS_OPTIM: dict[tuple[str, str], tuple[str, ...]] = {
     ("optim", "adamw"): ("adamw_fused", "adamw_foreach", "adam", "nadam", "radam", "adafactor", "muon"),
     ("optim", "sgd"): ("adagrad", "rmsprop"),
 }
-"""The optimizers real trainers configure (issue 40, items 1, 6, 7; suites/generators/program_optimizers.py
-makes each, the reference the same class and options on the full model):
-  - adamw_fused / adamw_foreach: AdamW(fused=True) / (foreach=True): torchtitan's
-    `components/optimizer/optimizer.py` `implementation: fused` (its default) | `foreach`; Hugging Face
-    Trainer `optim="adamw_torch_fused"`; plain adamw is the for-loop one on CPU;
-  - adam: torch.optim.Adam (torchtitan `name: Adam`; torchtune configs' `_component_: torch.optim.Adam`);
-  - nadam, radam: any torch.optim class from a torchtune config; a `step` tensor and NAdam's `mu_product`;
-  - adafactor: torch.optim.Adafactor (Hugging Face `optim="adafactor"`): factored row / column
-    state NOT shaped like its parameter (pytorch#109581 on FSDP2);
-  - muon: torch.optim.Muon on the 2-D weights, AdamW on the rest, as one optimizer (torchtitan's
-    `DistMuon` in its OptimizersContainer): Newton-Schulz over each whole matrix;
-  - adagrad (state made in the constructor: accelerate #3855 / PR #4142), rmsprop (momentum 0.9):
-    Hugging Face Trainer `optim="adagrad"` / `"rmsprop"`.
-A form the stack lacks (an older torch's missing class, a fused kernel its CPU lacks) skips with its reason."""
+"""Round `later_optim` (issue 40, items 1, 6, 7: the optimizers trainers configure,
+reports/fuzz-programs-2026-12-08-optimizers.md; suites/generators/program_optimizers.py makes
+each, for the reference too): AdamW fused / foreach (torchtitan `implementation`, fused its
+default; HF `adamw_torch_fused`), Adam (torchtitan), NAdam / RAdam (torchtune configs),
+Adafactor (HF `optim="adafactor"`: row / column state not shaped like its parameter), Muon on
+the matrices + AdamW (torchtitan's DistMuon container); Adagrad (state made in its constructor,
+accelerate #3855), RMSprop (HF `optim=`). A form the stack lacks skips with its reason."""
 LATER_P_OPTIM = 0.8
-"""Most plain adamw / sgd programs take one (a quarter of all programs each): a 12-minute run draws
-each form a few times."""
+"""Most plain adamw / sgd programs take one: a 12-minute run draws each form a few times."""
 LATER_ROUNDS: tuple[tuple[str, dict, float], ...] = (
     ("later", LATER_FORMS, LATER_P),
     ("later2", LATER_FORMS_2, LATER_P_2),
     ("later3", LATER_FORMS_3, LATER_P_3),
+    ("later_reshard", LATER_FORMS_RESHARD, LATER_P_RESHARD),
     ("later_optim", LATER_FORMS_OPTIM, LATER_P_OPTIM),
 )
 """The later rounds in order: (stream, table, how often it picks). Round k draws from stream
@@ -231,6 +238,9 @@ class State:
     """`added` at the last save: a load needs the same groups (optimizer.load_state_dict refuses others)."""
     compiled: bool = False
     backwards: int = 0
+    layout: str = ""
+    """The layout the program runs under now: its own, until a `load=LAYOUT`."""
+    world_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -284,6 +294,21 @@ def _unfreeze(s: State, arg: str) -> State:
     return replace(s, frozen=s.frozen - {part}, excluded=s.excluded - {part}, added=s.added + 1)
 
 
+def _load_ok(s: State, layout: str, arg: str) -> bool:
+    """After a save, outside accumulation, with the saved groups; `load=LAYOUT` under another
+    layout these ranks run, from a layout whose model is the plain one (a float8 layout's
+    linears are converted: laid out plainly it is another model than the one saved)."""
+    if not s.saved or s.unsynced or s.saved_added != s.added:
+        return False
+    return arg not in LAYOUTS or (arg != layout and layout not in FLOAT8 and s.world_size in LAYOUTS[arg])
+
+
+def _load(s: State, arg: str) -> State:
+    if arg in LAYOUTS:
+        return replace(s, layout=arg, grads=False)
+    return replace(s, grads=False) if arg == "file" else s
+
+
 INVENTORY: tuple[Action, ...] = (
     Action("fwd_bwd", ("sync", "nosync", "twice", "noreduce"),
            "forward of the next batch, loss, backward; `nosync`: without the gradient reduction "
@@ -325,12 +350,15 @@ INVENTORY: tuple[Action, ...] = (
            "Lightning full state dicts", 1.5,
            _synced,
            lambda s, a: replace(s, saved=a, saved_added=s.added)),
-    Action("load", ("", "model"),
+    Action("load", ("", "model") + RELAYOUTS + ("file",),
            "resume from the last save: dcp.load + set_model_state_dict + set_optimizer_state_dict + scheduler "
            "load_state_dict (dcp) / rank 0's full dicts with broadcast_from_rank0=True (full); `model`: the "
-           "model alone, head left out, StateDictOptions(strict=False)",
-           "torchtitan checkpointer.load; torchtune load_from_full_model_state_dict; Lightning load_checkpoint",
-           2.0, lambda s, l, a: bool(s.saved) and not s.unsynced and s.saved_added == s.added, lambda s, a: s),
+           "model alone, head left out, StateDictOptions(strict=False); `LAYOUT`: into the model and optimizer "
+           "built again under another layout, training going on under it; `file`: through one file on rank 0 "
+           "(dcp_to_torch_save / torch_save_to_dcp) into the model built again",
+           "torchtitan checkpointer.load (a restart with another parallelism; initial_load_path); torchtune "
+           "load_from_full_model_state_dict; Lightning load_checkpoint; HF full state dicts into sharded models",
+           2.0, _load_ok, _load),
     Action("freeze", PARTS, "requires_grad_(False) on a submodule mid-run (its gradients set to None)",
            "torchtune LoRA set_trainable_params; staged fine-tuning (unfreeze schedules)", 0.5,
            _freeze_ok, lambda s, a: replace(s, frozen=s.frozen | {a})),
@@ -443,7 +471,7 @@ def check(program: Program) -> list[str]:
         out.append(f"no optimizer {program.optim!r}; optimizers: {', '.join(OPTIMIZERS)}")
     if program.width not in WIDTHS or program.layers not in LAYERS:
         out.append(f"width {program.width} / layers {program.layers}: widths {WIDTHS}, layers {LAYERS}")
-    state = State()
+    state = State(layout=program.layout, world_size=program.world_size)
     for i, tok in enumerate(program.actions):
         name, arg = tok.partition("=")[0], tok.partition("=")[2]
         if name not in BY_NAME:
@@ -454,7 +482,7 @@ def check(program: Program) -> list[str]:
         if arg not in a.args:
             out.append(f"action {i} {tok!r}: {name} takes {', '.join(a.args)}")
             break
-        if not a.enabled(state, program.layout, arg):
+        if not a.enabled(state, state.layout, arg):
             out.append(f"action {i} {tok!r}: not where a loop makes it (state {state})")
             break
         state = a.effect(state, arg)

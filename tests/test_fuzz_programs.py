@@ -170,6 +170,12 @@ PLANT_CASES = {
     # float8 (a round-3 later form): precompute's scales from each rank's own shard; seen at the
     # first forward after a step=precompute (an eval here), only under fsdp_f8
     "f8_local_scale": (["--layout", "fsdp_f8", "--seed", "f8scale1454"], ["step", "eval"], ("fsdp_f8",)),
+    # load=tp (round later_reshard, a restart under another layout) that leaves the optimizer's
+    # state out: relay29342's first program is `fsdp-ws2-w16-l1-adamw:step,sched,fwd_bwd=nosync,
+    # fwd_bwd,lr,step,save,load=tp`; the rest never load under tp or fsdp_tp. Chosen with round
+    # later_reshard after the first three, so it pins all four (the last --rounds wins)
+    "relayout_optim": (["--layout", "fsdp", "--seed", "relay29342", "--rounds", "later,later2,later3,later_reshard"],
+                       ["fwd_bwd", "step", "save", "load"], ("fsdp",)),
     # the optimizers round (later_optim): Adafactor's row state, not shaped like its parameter, restored
     # from the other half of its rows at a full load; ddp, where Adafactor steps (a sharded matrix
     # raises: dtensor-adafactor-sharded-matrix); its --rounds (after COMMON's: the last wins) names the round

@@ -288,3 +288,23 @@ def test_installed_stack_is_used_as_it_is(tmp_path: Path, links: Path) -> None:
     with pytest.raises(InfraError, match="has no tinytorch, which the run takes as installed"):
         installed_env(str(machine.python), [], present=["tinyapp", "tinytorch"], find_links=[str(extra_links)],
                       root=tmp_path / "envs", log=lambda m: None)
+
+
+def test_pip_configuration_is_read_again_only_when_a_config_file_changes(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from distci.provision.pipconfig import pip_config_values
+
+    conf = tmp_path / "xdg" / "pip" / "pip.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text("[global]\nindex-url = https://first.invalid/simple\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    assert pip_config_values()["global.index-url"] == "https://first.invalid/simple"
+    conf.write_text("[global]\nindex-url = https://second.invalid/simple\nconstraint = /c.txt\n")
+    assert pip_config_values()["global.index-url"] == "https://second.invalid/simple"  # the file changed
+    named = tmp_path / "named.conf"  # PIP_CONFIG_FILE names a file pip reads: it counts, unlike PIP_INDEX_URL
+    named.write_text("[install]\nextra-index-url = https://third.invalid/simple\n")
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(named))
+    monkeypatch.setenv("PIP_INDEX_URL", "https://env.invalid/simple")
+    values = pip_config_values()
+    assert values["install.extra-index-url"] == "https://third.invalid/simple"
+    assert "global.index-url" not in values  # pip reads no user file beside an existing PIP_CONFIG_FILE

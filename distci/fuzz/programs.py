@@ -49,7 +49,8 @@ def draw(seed: str, index: int, layouts: tuple[str, ...] = tuple(LAYOUTS),
     so the forms stream stays put too, and one that stream left plain a round-2 form from a
     fourth (LATER_FORMS_2), so the third stays put, and so on (LATER_ROUNDS). `rounds`: consult
     only the later rounds of these stream names (None: all), the seed's programs as drawn when
-    only they existed."""
+    only they existed. A `load=LAYOUT` (round `later_reshard`) moves the program to LAYOUT:
+    the actions after it are drawn where the new layout allows them."""
     rng = random.Random(f"{seed}/{index}")
     first = random.Random(f"{seed}/{index}/forms").choice
     laters = [(table, p, random.Random(f"{seed}/{index}/{stream}")) for stream, table, p in LATER_ROUNDS
@@ -77,8 +78,9 @@ def draw(seed: str, index: int, layouts: tuple[str, ...] = tuple(LAYOUTS),
     head["layout"] = layout = pick("layout", fits, runs_here) if fits else layout
     head["optim"] = pick("optim", list(forms("optim", optim)), OPTIMIZERS)
     length = rng.randint(MIN_ACTIONS, MAX_ACTIONS)
-    state, actions = State(), []
+    state, actions = State(layout=layout, world_size=ws), []
     while len(actions) < length or state.unsynced:
+        layout = state.layout  # a load=LAYOUT moves the program (training_program.LATER_FORMS_RESHARD)
         choices = [(a, arg) for a in INVENTORY for arg in drawn_args(a) if a.enabled(state, layout, arg)]
         if len(actions) >= length:  # close the accumulation
             choices = [(a, arg) for a, arg in choices if a.name == "fwd_bwd" and arg == "sync"]

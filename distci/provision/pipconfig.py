@@ -42,13 +42,44 @@ def _files_digest(value: str) -> str:
     return " ".join(parts)
 
 
+def _config_files(python: str, env: Mapping[str, str]) -> list[Path]:
+    """The files pip reads its configuration from (pip's `configuration.get_configuration_files`):
+    site-wide (XDG_CONFIG_DIRS, /etc), the user's (legacy and XDG), the interpreter's prefix
+    (a venv's `bin/..`) and PIP_CONFIG_FILE."""
+    home = Path(env.get("HOME") or Path.home())
+    xdg_dirs = (env.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(os.pathsep)
+    files = [Path(d) / "pip" / "pip.conf" for d in xdg_dirs if d] + [Path("/etc/pip.conf")]
+    files += [home / ".pip" / "pip.conf", Path(env.get("XDG_CONFIG_HOME") or home / ".config") / "pip" / "pip.conf"]
+    files.append(Path(python).parent.parent / "pip.conf")
+    if env.get("PIP_CONFIG_FILE"):
+        files.append(Path(env["PIP_CONFIG_FILE"]))
+    return files
+
+
+def _stamp(path: Path) -> tuple:
+    try:
+        st = path.stat()
+    except OSError:
+        return (str(path), None)
+    return (str(path), st.st_mtime_ns, st.st_size)
+
+
+_CONFIG_CACHE: dict[tuple, dict[str, str]] = {}
+
+
 def pip_config_values(python: str = sys.executable) -> dict[str, str]:
-    """pip's configuration files as pip reads them (``pip config list``), environment excluded.
+    """pip's configuration files as pip reads them (``pip config list``), PIP_* variables
+    excluded (resolution_environment reads those) but for PIP_CONFIG_FILE, which names a file.
 
     Keys are ``section.option`` (``global.constraint``); a later file overrides an earlier
-    one as in pip itself. An interpreter without pip has no configuration to honour.
+    one as in pip itself. An interpreter without pip has no configuration to honour. Asked
+    again in one process (a bisect asks per candidate) with every config file unchanged
+    (path, mtime, size), pip is not started again: each `pip config list` costs ~0.3 CPU-s.
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") or k == "PIP_CONFIG_FILE"}
+    key = (python, tuple(_stamp(f) for f in _config_files(python, env)))
+    if key in _CONFIG_CACHE:
+        return dict(_CONFIG_CACHE[key])
     proc = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True, text=True, env=env)
     values: dict[str, str] = {}
     if proc.returncode != 0:
@@ -57,6 +88,7 @@ def pip_config_values(python: str = sys.executable) -> dict[str, str]:
         name, sep, raw = line.partition("=")
         if sep and not name.startswith(":env:"):
             values[name.strip()] = raw.strip().strip("'\"")
+    _CONFIG_CACHE[key] = dict(values)
     return values
 
 

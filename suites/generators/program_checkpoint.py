@@ -26,7 +26,8 @@ from typing import Any, Callable
 import torch
 
 
-def _options(kind: str, loading: bool) -> Any:
+def state_dict_options(kind: str, loading: bool) -> Any:
+    """The StateDictOptions a save of `kind` gets and loads with."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     if kind == "flat":
@@ -38,7 +39,7 @@ def _options(kind: str, loading: bool) -> Any:
     return StateDictOptions()
 
 
-def _module(p: Any) -> torch.nn.Module:
+def module(p: Any) -> torch.nn.Module:
     """What the state-dict functions take: DDP's wrapper, else the parallelized model."""
     return p.run.runnable if p.par.layout == "ddp" else p.run.model
 
@@ -74,7 +75,7 @@ def save(p: Any, kind: str) -> None:
 
     wait(p)
     p.ref.checkpoint = copy.deepcopy((p.ref.model.state_dict(), p.ref.opt.state_dict(), p.ref.sched.state_dict()))
-    model, opt, options = _module(p), p.run.opt, _options(kind, loading=False)
+    model, opt, options = module(p), p.run.opt, state_dict_options(kind, loading=False)
     sched = copy.deepcopy(p.run.sched.state_dict())
     if kind == "full":
         # a copy, as torch.save to a file is: on CPU, cpu_offload returns the optimizer's own
@@ -109,7 +110,7 @@ def load_model(p: Any) -> None:
 
     wait(p)
     p.ref.model.load_state_dict(_without_head(p.ref.checkpoint[0]), strict=False)
-    model = _module(p)
+    model = module(p)
     kind, full, _ = p.run.checkpoint
     if kind == "full":
         state = _without_head(copy.deepcopy(full[0]), p.plant)
@@ -131,24 +132,35 @@ def _shift_factored(optim: dict, model: dict) -> None:
                 state[key] = torch.roll(value, value.shape[0] // 2, dims=0)
 
 
-def load(p: Any, fresh_scheduler: Callable[[Any], Any], model_only: bool = False) -> None:
-    """Resume both twins from their last save; `fresh_scheduler(optimizer)` makes the
-    scheduler a plant that drops the scheduler's state gets instead."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                         set_model_state_dict, set_optimizer_state_dict)
-
-    if model_only:
-        load_model(p)
-        return
-    wait(p)
+def load_reference(p: Any) -> None:
+    """The reference resumes from its in-memory checkpoint (every `load` but `load=model`)."""
     ref_model, ref_opt, ref_sched = p.ref.checkpoint
     p.ref.model.load_state_dict(ref_model)
     p.ref.opt.load_state_dict(ref_opt)
     p.ref.sched.load_state_dict(ref_sched)
-    model, opt = _module(p), p.run.opt
+
+
+def load(p: Any, fresh_scheduler: Callable[[Any], Any], model_only: bool = False) -> None:
+    """Resume both twins from their last save; `fresh_scheduler(optimizer)` makes the
+    scheduler a plant that drops the scheduler's state gets instead."""
+    if model_only:
+        load_model(p)
+        return
+    wait(p)
+    load_reference(p)
+    load_run(p, fresh_scheduler)
+
+
+def load_run(p: Any, fresh_scheduler: Callable[[Any], Any]) -> None:
+    """The run's side of a resume, into whatever model and optimizer `p.run` holds now (its
+    own, or those program_relayout.py built under another layout)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                         set_model_state_dict, set_optimizer_state_dict)
+
+    model, opt = module(p), p.run.opt
     kind, full, sched = p.run.checkpoint
-    options = _options(kind, loading=True)
+    options = state_dict_options(kind, loading=True)
     kept = {n: b.clone() for n, b in p.run.model.named_buffers()} \
         if p.plant.keeps_buffers_on_load(p.par.rank) else {}
     if kind == "full":

@@ -83,14 +83,18 @@ class Pair(torch.optim.Optimizer):
     object's `state` and param-group dicts, and each steps its own groups. A param group
     added later (unfreeze=PART_group) goes to AdamW, and a load re-links both."""
 
-    def __init__(self, params: list, lr: float) -> None:
-        matrices = [q for q in params if q.ndim == 2]
-        others = [q for q in params if q.ndim != 2]
-        if not matrices or not others:
-            raise ValueError("optim muon needs 2-D weights and other parameters: "
-                             f"{len(matrices)} matrices, {len(others)} others")
-        self.muon = torch.optim.Muon(matrices, lr=lr)
-        self.adamw = torch.optim.AdamW(others, lr=lr / 10)
+    def __init__(self, params: list, lr: float = RECIPES["muon"].lr) -> None:
+        if params and isinstance(params[0], dict):  # another Pair's groups (program_relayout's rebuild)
+            self.muon = torch.optim.Muon([g for g in params if "ns_steps" in g], lr=lr)
+            self.adamw = torch.optim.AdamW([g for g in params if "ns_steps" not in g], lr=lr / 10)
+        else:
+            matrices = [q for q in params if q.ndim == 2]
+            others = [q for q in params if q.ndim != 2]
+            if not matrices or not others:
+                raise ValueError("optim muon needs 2-D weights and other parameters: "
+                                 f"{len(matrices)} matrices, {len(others)} others")
+            self.muon = torch.optim.Muon(matrices, lr=lr)
+            self.adamw = torch.optim.AdamW(others, lr=lr / 10)
         super().__init__(self.muon.param_groups + self.adamw.param_groups, {})
         self._link()
 

@@ -32,6 +32,10 @@ stays quiet elsewhere, as such bugs sit upstream:
     this rank's shard alone (its all-reduce of the amaxes left out), so the shards of one weight
     are cast to float8 at different scales and FSDP2's all-gather dequantizes them at one: visible
     only under fsdp_f8, at the first forward after a step=precompute, where the shards' amaxes differ.
+  - relayout_optim: a restart under another layout (load=LAYOUT, round later_reshard) into a TP
+    layout (tp, fsdp_tp) restores the model and the scheduler but not the optimizer's state
+    (the freshly made optimizer's zeros stay): visible only at a load=tp / load=fsdp_tp after
+    a step with a stateful optimizer (not sgd0) moved the state away from zero.
   - factored_rows: a full-state-dict resume restores optimizer state NOT shaped like its parameter
     (Adafactor's factored row second moment, one value per row) from the other half of its rows,
     as a loader that shards it by the world's rows: visible only with adafactor (the later_optim
@@ -46,7 +50,7 @@ from typing import Any, Callable
 
 PLANT_ENV = "DISTCI_PROGRAMS_PLANT"
 PLANTS = ("optim_load_fsdp", "buffer_load", "sched_resume", "zero_grad_ddp", "mp_accumulate_low",
-          "async_unstaged", "partial_load_all", "f8_local_scale", "factored_rows")
+          "async_unstaged", "partial_load_all", "f8_local_scale", "relayout_optim", "factored_rows")
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,9 @@ class Plant:
 
     def accumulates_in_param_dtype(self, layout: str) -> bool:
         return self.name == "mp_accumulate_low" and layout == "fsdp_mp"
+
+    def skips_optimizer_on_relayout(self, target: str) -> bool:
+        return self.name == "relayout_optim" and target in ("tp", "fsdp_tp")
 
     def loads_what_was_left_out(self) -> bool:
         return self.name == "partial_load_all"

@@ -33,6 +33,7 @@ from distci.training_program import FLOAT8, FSDP, part_of
 from ..runner.evidence import clean_name
 from . import program_checkpoint as checkpoint
 from . import program_float8 as float8
+from . import program_relayout as relayout
 from . import program_optimizers as optimizers
 from .program_layout import Parallel, accumulate_in_param_dtype, compile_blocks, fsdp_method, layout_model
 from .program_judge import compare, placements
@@ -146,13 +147,21 @@ class Program:
     """reshard=divide ran: FSDP2 sums gradients, the run divides its loss by the dp size."""
     precomputes: bool = False
     """step=precompute ran: float8 scales are precomputed after every step (program_float8.py)."""
+    dist: Any = None
+    """The harness's distributed context (meshes), for a load that lays the model out again."""
+
+
+def build(spec: Any, layout: str, device_type: str) -> nn.Module:
+    """The program's model before any layout: a float8 layout's converted first."""
+    model = Net(spec.width, spec.layers, bias=layout not in float8.BIAS_FREE)
+    if layout in FLOAT8:  # converted before it is parallelized, the reference alike
+        float8.convert(model, device_type)
+    return model
 
 
 def start(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Program:
     torch.manual_seed(SEED)
-    ref_model = Net(spec.width, spec.layers, bias=spec.layout not in float8.BIAS_FREE)
-    if spec.layout in FLOAT8:  # converted before it is parallelized, the reference alike
-        float8.convert(ref_model, dist.device_type)
+    ref_model = build(spec, spec.layout, dist.device_type)
     run_model = copy.deepcopy(ref_model)
     runnable, par = layout_model(run_model, spec.layout, dist)
     if plant.accumulates_in_param_dtype(spec.layout):
@@ -161,7 +170,7 @@ def start(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Program:
     for twin in (ref, run):
         twin.named = {clean_name(n): q for n, q in twin.model.named_parameters()}
         twin.new_optimizer()
-    return Program(spec, ref, run, par, plant, checkpoint_dir=checkpoint_dir)
+    return Program(spec, ref, run, par, plant, checkpoint_dir=checkpoint_dir, dist=dist)
 
 
 def bf16_forward(model: nn.Module, x: torch.Tensor, state: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
@@ -334,6 +343,10 @@ def _metric(p: Program, kind: str) -> None:
     p.losses = (p.ref.last_loss if not math.isnan(p.ref.last_loss) else 0.0, float(value))
 
 
+def fresh_scheduler(opt: Any) -> Any:
+    return torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+
+
 def apply(p: Program, name: str, arg: str) -> None:
     """One action on both twins."""
     p.losses = p.clip_totals = None
@@ -366,8 +379,11 @@ def apply(p: Program, name: str, arg: str) -> None:
         _metric(p, arg)
     elif name == "save":
         checkpoint.save(p, arg)
+    elif name == "load" and arg not in ("", "model"):  # a restart: the model built again (program_relayout.py)
+        relayout.load(p, arg, lambda: build(p.spec, p.par.layout, p.dist.device_type), fresh_scheduler)
+        float8.hook_again(p)  # a restart of a precomputing float8 run registers its hook again
     elif name == "load":
-        checkpoint.load(p, lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, schedule), model_only=arg == "model")
+        checkpoint.load(p, fresh_scheduler, model_only=arg == "model")
     elif name in ("freeze", "unfreeze"):
         _freeze(p, part_of(arg), name == "unfreeze")
         if arg != part_of(arg):
@@ -412,6 +428,8 @@ def run_program(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Dive
             apply(p, name, arg)
             problems = compare(p)
             now = placements(p.run)
+            if name == "load" and arg not in ("", "model"):  # laid out again: its placements are the new ones
+                structure = now
             if now != structure:
                 problems.append(f"placements changed: {sorted(set(now.items()) ^ set(structure.items()))}")
             problems = _every_ranks(problems)

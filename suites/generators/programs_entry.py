@@ -58,7 +58,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def test_program(dist, program) -> None:
-    if "save=full" in program.actions and capabilities.full_state_dict_broadcast():
+    if ("save=full" in program.actions or "load=file" in program.actions) and capabilities.full_state_dict_broadcast():
         pytest.skip(capabilities.full_state_dict_broadcast())
     if optimizers.missing(program.optim, dist.device_type):
         pytest.skip(optimizers.missing(program.optim, dist.device_type))
