@@ -436,8 +436,8 @@ def test_pp_fsdp_grows_from_hsdp_draws_and_keeps_their_first_stream():
         if s["parallel"] == "pp_fsdp":
             grown += 1
             assert old["parallel"] == "hsdp"
-            assert {k: v for k, v in s.items() if k not in PIPELINE and k not in ("attn", "parallel")} == {
-                k: v for k, v in old.items() if k not in PIPELINE and k not in ("attn", "parallel")}
+            assert {k: v for k, v in s.items() if k not in PIPELINE and k not in ("attn", "parallel", "mesh")} == {
+                k: v for k, v in old.items() if k not in PIPELINE and k not in ("attn", "parallel", "mesh")}
     assert grown > 0
     drawer = Drawer("2026-12-07-ppfsdp", parse_space(["parallel=pp_fsdp"]))
     forced = [drawer.draw() for _ in range(30)]
@@ -561,7 +561,7 @@ def test_pp_tp_grows_from_tp_draws_and_keeps_their_first_stream():
     assert FEATURE["parallel"].origin_of("pp_tp") == "tp"
     first_only = {f.name: f.first for f in FEATURES if f.later}
     widened, plain = Drawer("2026-12-07-pptp"), Drawer("2026-12-07-pptp", first_only)
-    grown, later = 0, set(PIPELINE) | {"attn", "plan", "loss_parallel", "parallel"}
+    grown, later = 0, set(PIPELINE) | {"attn", "plan", "loss_parallel", "parallel", "mesh"}
     for _ in range(120):
         s, old = widened.draw(), plain.draw()
         assert {k: v for k, v in s.items() if k not in later} == {k: v for k, v in old.items() if k not in later}
