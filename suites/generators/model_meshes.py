@@ -31,9 +31,9 @@ Forms, and who builds meshes that way:
     trainer that always builds HSDP's mesh gives with dp_replicate=1 (vllm-omni #5872 "avoid
     singleton replicate DeviceMesh for HSDP"; HunyuanVideo-1.5 #44).
 
-A form the stack lacks (`lacks`: `_unflatten`, `from_group` over several groups) is left out
-with its reason, never an error. Meshes are cached on the rank pool's DistContext beside the
-harness's own (process groups live as long as the pool).
+A form the stack lacks (`lacks`: `_flatten`, `_unflatten`, `from_group` over several groups)
+is left out with its reason (the test skips), never an error. Meshes are cached on the rank
+pool's DistContext beside the harness's own (process groups live as long as the pool).
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ def lacks(form: str) -> str | None:
     """Why this torch cannot build `form` (None: it can)."""
     from torch.distributed.device_mesh import DeviceMesh
 
+    if form == "world" and not hasattr(DeviceMesh, "_flatten"):
+        return "mesh=world: this torch's DeviceMesh has no _flatten (torch < 2.5)"
     if form == "unflatten" and not hasattr(DeviceMesh, "_unflatten"):
         return "mesh=unflatten: this torch's DeviceMesh has no _unflatten (torch < 2.10)"
     if form == "from_group":
