@@ -278,6 +278,12 @@ PLANTS = {
                               "tie": "true,false"},
                              lambda n: n.get("balance") and n.get("experts") and n.get("steps", 1) >= 2
                              and "tie" not in n, "the forward output of layers.N.ffn", "f2"),
+    # the counts summed over the mesh's first axis: only the (1, N) HSDP mesh of mesh=singleton
+    # puts a size-1 axis there under fsdp; the tie is a distractor, direct is drawn beside it
+    "dp_first_axis": ({"parallel": "fsdp", "experts": "4", "balance": "true", "steps": "2",
+                       "mesh": "direct,singleton", "tie": "true,false"},
+                      lambda n: n.get("mesh") == "singleton" and n.get("balance") and n.get("experts")
+                      and n.get("steps", 1) >= 2 and "tie" not in n, "the forward output of layers.N.ffn", "dp3"),
 }
 
 
