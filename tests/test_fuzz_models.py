@@ -679,3 +679,18 @@ def test_every_layout_names_its_axes_as_parallel_dims_does():
         degrees = _degrees(parallel, world)
         assert len(degrees) == len(WORLD_AXES) and __import__("math").prod(degrees) == world
         assert [degrees[WORLD_AXES.index(n)] for n in names] == list(shape)
+
+
+def test_a_form_the_torch_lacks_is_left_out_with_its_reason(monkeypatch):
+    """torch 2.5 .. nightly: a form whose DeviceMesh API this torch lacks skips, naming it."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from suites.generators.model_meshes import lacks
+    from suites.generators.model_space import FEATURE
+
+    assert [lacks(form) for form in FEATURE["mesh"].values] == [None] * len(FEATURE["mesh"].values)
+    monkeypatch.delattr(DeviceMesh, "_unflatten")
+    monkeypatch.setattr(DeviceMesh, "from_group", staticmethod(lambda group, device_type: None))
+    assert "_unflatten" in lacks("unflatten") and "from_group" in lacks("from_group")
+    assert lacks("world") is None and lacks("singleton") is None
+    assert all(len(lacks(form)) <= 80 for form in ("unflatten", "from_group"))
