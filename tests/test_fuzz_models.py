@@ -278,6 +278,12 @@ PLANTS = {
                               "tie": "true,false"},
                              lambda n: n.get("balance") and n.get("experts") and n.get("steps", 1) >= 2
                              and "tie" not in n, "the forward output of layers.N.ffn", "f2"),
+    # the counts summed over the mesh's first axis: only the (1, N) HSDP mesh of mesh=singleton
+    # puts a size-1 axis there under fsdp; the tie is a distractor, direct is drawn beside it
+    "dp_first_axis": ({"parallel": "fsdp", "experts": "4", "balance": "true", "steps": "2",
+                       "mesh": "direct,singleton", "tie": "true,false"},
+                      lambda n: n.get("mesh") == "singleton" and n.get("balance") and n.get("experts")
+                      and n.get("steps", 1) >= 2 and "tie" not in n, "the forward output of layers.N.ffn", "dp3"),
 }
 
 
@@ -436,8 +442,8 @@ def test_pp_fsdp_grows_from_hsdp_draws_and_keeps_their_first_stream():
         if s["parallel"] == "pp_fsdp":
             grown += 1
             assert old["parallel"] == "hsdp"
-            assert {k: v for k, v in s.items() if k not in PIPELINE and k not in ("attn", "parallel")} == {
-                k: v for k, v in old.items() if k not in PIPELINE and k not in ("attn", "parallel")}
+            assert {k: v for k, v in s.items() if k not in PIPELINE and k not in ("attn", "parallel", "mesh")} == {
+                k: v for k, v in old.items() if k not in PIPELINE and k not in ("attn", "parallel", "mesh")}
     assert grown > 0
     drawer = Drawer("2026-12-07-ppfsdp", parse_space(["parallel=pp_fsdp"]))
     forced = [drawer.draw() for _ in range(30)]
@@ -561,7 +567,7 @@ def test_pp_tp_grows_from_tp_draws_and_keeps_their_first_stream():
     assert FEATURE["parallel"].origin_of("pp_tp") == "tp"
     first_only = {f.name: f.first for f in FEATURES if f.later}
     widened, plain = Drawer("2026-12-07-pptp"), Drawer("2026-12-07-pptp", first_only)
-    grown, later = 0, set(PIPELINE) | {"attn", "plan", "loss_parallel", "parallel"}
+    grown, later = 0, set(PIPELINE) | {"attn", "plan", "loss_parallel", "parallel", "mesh"}
     for _ in range(120):
         s, old = widened.draw(), plain.draw()
         assert {k: v for k, v in s.items() if k not in later} == {k: v for k, v in old.items() if k not in later}
@@ -615,3 +621,76 @@ def test_the_pp_tp_space_draws_the_uninitialized_shape_inference_bug():
     assert any(known.covers(test.format(key(drawer.draw()))) for _ in range(60))
     pp = Drawer("2026-12-07-pptp", parse_space(["parallel=pp"]))
     assert not any(known.covers(test.format(key(pp.draw()))) for _ in range(60))
+
+
+# --- how trainers build the layout's mesh (the later feature `mesh`) -----------------------
+
+NIGHT_BEFORE_MESH = ["tp-blocks3-moe2-uneven-steps3", "replicate-mtp-spectral_norm-ga2-attn",
+                     "hsdp-buf_persistent-frozen_lora-ac_selective-steps2-attn",
+                     "pp-blocks2-moe2-steps3-attn-mb1-split_last", "fsdp_tp-reused_block-frozen_lora-steps3-attn"]
+"""Seed 2026-12-07-night's first draws as the generator drew them before `mesh` existed."""
+
+
+def test_the_mesh_forms_leave_a_seeds_earlier_draws_as_they_were():
+    """`mesh` is the last later feature: held at direct, a seed draws what it drew before the
+    feature existed, ids included; left free, a draw differs from those only by its mesh form."""
+    held = Drawer("2026-12-07-night", {"mesh": ("direct",)})
+    assert [key(held.draw()) for _ in NIGHT_BEFORE_MESH] == NIGHT_BEFORE_MESH
+    free = Drawer("2026-12-07-night")
+    moved = []
+    for before in NIGHT_BEFORE_MESH:
+        s = free.draw()
+        assert {**s, "mesh": "direct"} == parse(before)
+        moved += [s["mesh"]] if s["mesh"] != "direct" else []
+        if s["mesh"] == "direct":
+            assert key(s) == before
+    assert moved, "some draw of the seed takes a mesh form"
+
+
+def test_the_mesh_forms_are_drawn_where_they_mean_something():
+    drawer = Drawer("2026-12-08-mesh", parse_space(["mesh=world,unflatten,from_group,singleton"]))
+    drawn = [drawer.draw() for _ in range(60)]
+    assert all(valid(s) and parse(key(s)) == s for s in drawn)
+    assert {s["mesh"] for s in drawn} == {"world", "unflatten", "from_group", "singleton"}
+    assert all(s["parallel"] == "fsdp" for s in drawn if s["mesh"] == "singleton")
+    assert "pp" not in {s["parallel"] for s in drawn}
+    assert {s["parallel"] for s in drawn} >= {"fsdp", "hsdp", "fsdp_tp", "tp", "ddp", "pp_fsdp", "pp_tp"}
+    assert problems({"parallel": "pp", "mesh": "world"}) == [
+        "parallel=pp builds no mesh (its stages talk over the world group): mesh=direct"]
+    assert problems({"parallel": "hsdp", "mesh": "singleton"}) == [
+        "mesh=singleton is FSDP2's 1-D data parallelism built as HSDP with one replica: parallel=fsdp"]
+    assert parse("fsdp_tp-mesh_from_group")["mesh"] == "from_group"
+    assert parse("hsdp-mesh_world") in smaller(parse("hsdp-blocks2-mesh_world"))
+    assert parse("hsdp-blocks2") in smaller(parse("hsdp-blocks2-mesh_world")), "a find sheds a form it does not need"
+
+
+def test_every_layout_names_its_axes_as_parallel_dims_does():
+    """The forms slice the same axes out of torchtitan's five: each layout's names are among
+    them, and their sizes multiply to the layout's world."""
+    from suites.generators.model_meshes import WORLD_AXES, _degrees, axes
+    from suites.generators.model_space import FEATURE, RANKS
+
+    for parallel in FEATURE["parallel"].values:
+        if parallel == "pp":
+            continue
+        world = RANKS.get(parallel, 2)
+        shape, names = axes(parallel, world)
+        assert set(names) <= set(WORLD_AXES) and len(set(names)) == len(names)
+        degrees = _degrees(parallel, world)
+        assert len(degrees) == len(WORLD_AXES) and __import__("math").prod(degrees) == world
+        assert [degrees[WORLD_AXES.index(n)] for n in names] == list(shape)
+
+
+def test_a_form_the_torch_lacks_is_left_out_with_its_reason(monkeypatch):
+    """torch 2.5 .. nightly: a form whose DeviceMesh API this torch lacks skips, naming it."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from suites.generators.model_meshes import lacks
+    from suites.generators.model_space import FEATURE
+
+    assert [lacks(form) for form in FEATURE["mesh"].values] == [None] * len(FEATURE["mesh"].values)
+    monkeypatch.delattr(DeviceMesh, "_unflatten")
+    monkeypatch.setattr(DeviceMesh, "from_group", staticmethod(lambda group, device_type: None))
+    assert "_unflatten" in lacks("unflatten") and "from_group" in lacks("from_group")
+    assert lacks("world") is None and lacks("singleton") is None
+    assert all(len(lacks(form)) <= 80 for form in ("unflatten", "from_group"))

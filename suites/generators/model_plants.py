@@ -24,6 +24,11 @@ quiet (training completes, nothing raises), the way such bugs sit upstream:
     counts (the all-reduce over the data-parallel ranks forgotten): ranks route
     differently from the step after. Needs balance, a data-parallel layout and a step
     after the first update.
+  - dp_first_axis: the balancing counts are summed over the mesh's first axis only, as code
+    that takes `mesh.get_group(0)` for "the" data-parallel group: right on a 1-D mesh, wrong
+    where HSDP's mesh puts a size-1 dp_replicate axis first (fsdp built with mesh=singleton,
+    what a trainer that always builds HSDP's mesh gives with dp_replicate=1). Under
+    parallel=fsdp it needs that form, balance and a step after the first update.
   - sp_norm_grad_local: a SequenceParallel norm computes with its weight as a local
     tensor (`weight.to_local()`, whose gradient is taken as already Replicate), so the
     weight's gradient is each rank's own sequence shard's share, never summed over tp:
@@ -151,6 +156,10 @@ def _balance_local_counts(model: nn.Module, parallel: str, rank: int) -> None:
     model.balance_groups = []
 
 
+def _dp_first_axis(model: nn.Module, parallel: str, rank: int) -> None:
+    model.balance_groups = model.balance_groups[:1]
+
+
 def _sp_norm_grad_local(model: nn.Module, parallel: str, rank: int) -> None:
     import torch.nn.functional as F
 
@@ -190,6 +199,7 @@ PIPELINE_PLANTS = ("pp_tied_unsummed", "pp_stage_unscaled", "pp_tp_tied_world")
 PLANTS: dict[str, Callable[[nn.Module, str, int], None]] = {
     "buffer_drift": _buffer_drift, "tied_grad_once": _tied_grad_once, "idle_expert_stale": _idle_expert_stale,
     "frozen_grad": _frozen_grad, "recompute_drift": _recompute_drift, "balance_local_counts": _balance_local_counts,
+    "dp_first_axis": _dp_first_axis,
     "sp_norm_grad_local": _sp_norm_grad_local, "pp_tied_unsummed": _pp_tied_unsummed,
     "pp_stage_unscaled": _pp_stage_unscaled, "pp_tp_tied_world": _pp_tp_tied_world}
 

@@ -64,6 +64,11 @@ Features, and where they come from:
     loss_parallel kept), torchtitan's PP x TP: a 2x2 ("pp", "tp") mesh, each stage laid out
     by the drawn plan over "tp" (sequence parallel, loss_parallel on the last stage under
     plan=titan), each tp index's pipeline on the same rows (4 ranks).
+  - mesh (later): how the trainer builds the layout's mesh (model_meshes.py): `direct`, one
+    init_device_mesh of the layout's axes; `world`, a slice of torchtitan's five-axis
+    ParallelDims mesh (size-1 axes kept, FSDP2 over the flattened dp_shard_cp); `unflatten`,
+    the same sliced from a 1-D world mesh's `_unflatten`; `from_group`, DeviceMesh.from_group
+    over existing process groups; `singleton`, fsdp as HSDP on a (1, N) mesh.
 
 A structure's key spells the parallelism then every feature off its default, e.g.
 `ddp-blocks2-moe4-top2-tied-steps2`; `parse` reads one back (a test id alone names its
@@ -144,6 +149,9 @@ FEATURES: tuple[Feature, ...] = (
     Feature("pp_loss", ("mean", "tokens"), "mean", "pp_loss_{}",
             "the microbatch loss: a mean with scale_grads, or torchtitan's sum over the step's tokens",
             later=("tokens",)),
+    Feature("mesh", ("direct", "world", "unflatten", "from_group", "singleton"), "direct", "mesh_{}",
+            "how the trainer builds the layout's mesh (model_meshes.py)",
+            later=("world", "unflatten", "from_group", "singleton")),
 )
 FEATURE = {f.name: f for f in FEATURES}
 RANKS = {"hsdp": 4, "fsdp_tp": 4, "pp": 2, "pp_fsdp": 4, "pp_tp": 4}
@@ -213,6 +221,10 @@ RULES: tuple[tuple[Any, str], ...] = (
     (lambda s: s["plan"] == "titan" and s["buffer"] == "rope" and not s["attn"],
      "torchtitan's plan hands the rope cache to attention (PrepareModuleInput's None): "
      "plan=titan with buffer=rope needs attn"),
+    (lambda s: s["mesh"] != "direct" and s["parallel"] == "pp",
+     "parallel=pp builds no mesh (its stages talk over the world group): mesh=direct"),
+    (lambda s: s["mesh"] == "singleton" and s["parallel"] != "fsdp",
+     "mesh=singleton is FSDP2's 1-D data parallelism built as HSDP with one replica: parallel=fsdp"),
 )
 """Only what is meaningless (a structure that cannot be built as stated)."""
 

@@ -335,17 +335,6 @@ def loss_context(structure: dict[str, Any], parallel_side: bool):
     return contextlib.nullcontext()
 
 
-MESHES = {"hsdp": ((2, 2), ("dp_replicate", "dp_shard")), "fsdp_tp": ((2, 2), ("dp_shard", "tp")),
-          "pp_fsdp": ((2, PP_DP_SHARD), ("pp", "dp_shard")), "pp_tp": ((2, 2), ("pp", "tp"))}
-"""The 2-D layouts' meshes, named as torchtitan's ParallelDims names them (model_space.RANKS)."""
-
-
-def mesh_of(structure: dict[str, Any], dist: Any) -> Any:
-    """The structure's mesh over the harness's ranks (`dist.mesh`: cached per shape)."""
-    shape, names = MESHES.get(structure["parallel"], (None, None))
-    return dist.mesh(shape, names)
-
-
 def dp_groups(structure: dict[str, Any], mesh: Any) -> list[list[int]]:
     """The ranks of each data-parallel shard, in row order: one rank each; under plain TP
     one group of every rank; under fsdp_tp each dp_shard index's TP group (every rank of a

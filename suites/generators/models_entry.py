@@ -56,11 +56,14 @@ def lead(problems: list[str]) -> str:
 
 def test_model_structure(dist, structure: str) -> None:
     from .model_plants import plant
-    from .model_structures import mesh_of
+    from .model_meshes import lacks, mesh_of
     from .model_training import judge
 
     if dist.group is None:
         dist.init()
+    missing = lacks(parse(structure)["mesh"])
+    if missing:
+        pytest.skip(missing)
     judged = judge(parse(structure), dist.rank, dist.world_size, mesh_of(parse(structure), dist), dist.device, plant)
     if judged.problems:
         first = judged.divergence.signature if judged.divergence else SIGNED_NUMBER.sub("N", lead(judged.problems))
