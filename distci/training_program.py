@@ -50,15 +50,20 @@ from typing import Callable
 
 LAYOUTS: dict[str, tuple[int, ...]] = {"fsdp": (2, 4), "tp": (2, 4), "fsdp_tp": (4,), "ddp": (2, 4),
                                        "fsdp_mp": (2, 4), "fsdp_offload": (2, 4), "hsdp": (4,), "fsdp_f8": (2, 4),
-                                       "tp_f8": (2, 4)}
+                                       "tp_f8": (2, 4), "fsdp_amp": (2, 4), "hsdp_amp": (4,), "tp_amp": (2, 4),
+                                       "fsdp_tp_amp": (4,), "ddp_amp": (2, 4)}
 """Layout -> the world sizes it runs on (fsdp_tp: a 2x2 mesh, dp outer, tp inner; fsdp_mp: FSDP2
 computing in bfloat16, reducing in float32; fsdp_offload: FSDP2 with CPUOffloadPolicy; hsdp:
 FSDP2 on a (dp_replicate, dp_shard) 2x2 mesh, sharded within a replica, replicated across; fsdp_f8:
 torchao float8 training, tensorwise, its weights all-gathered in float8, then FSDP2; tp_f8: float8
-training, then TP with torchao's Float8ColwiseParallel / Float8RowwiseParallel)."""
-DATA_PARALLEL = ("fsdp", "fsdp_tp", "ddp", "fsdp_mp", "fsdp_offload", "hsdp", "fsdp_f8")
+training, then TP with torchao's Float8ColwiseParallel / Float8RowwiseParallel; LAYOUT_amp: LAYOUT
+trained through torch.amp.GradScaler, LATER_FORMS_AMP)."""
+AMP = {"fsdp_amp": "fsdp", "hsdp_amp": "hsdp", "tp_amp": "tp", "fsdp_tp_amp": "fsdp_tp", "ddp_amp": "ddp"}
+"""Layouts that train through a loss scaler -> the layout they lay the model out as."""
+DATA_PARALLEL = ("fsdp", "fsdp_tp", "ddp", "fsdp_mp", "fsdp_offload", "hsdp", "fsdp_f8", "fsdp_amp", "hsdp_amp",
+                 "fsdp_tp_amp", "ddp_amp")
 """Layouts whose ranks see different rows and reduce gradients (no-sync accumulation exists)."""
-FSDP = ("fsdp", "fsdp_tp", "fsdp_mp", "fsdp_offload", "hsdp", "fsdp_f8")
+FSDP = ("fsdp", "fsdp_tp", "fsdp_mp", "fsdp_offload", "hsdp", "fsdp_f8", "fsdp_amp", "hsdp_amp", "fsdp_tp_amp")
 FLOAT8 = ("fsdp_f8", "tp_f8")
 """Layouts whose model is converted to torchao float8 training before it is parallelized."""
 PRECOMPUTE = ("fsdp_f8",)
@@ -153,10 +158,34 @@ Drawn from a fifth stream, consulted only where rounds 1 and 2 left the plain va
 LATER_P_3 = 0.5
 """How often a value takes a round-3 form: a float8 run restricted with `--layout fsdp_f8` then
 precomputes after about half its steps."""
+LATER_FORMS_AMP: dict[tuple[str, str], tuple[str, ...]] = {
+    ("layout", "fsdp"): ("fsdp_amp", "hsdp_amp"),
+    ("layout", "tp"): ("tp_amp",),
+    ("layout", "fsdp_tp"): ("fsdp_tp_amp",),
+    ("layout", "ddp"): ("ddp_amp",),
+    ("fwd_bwd", "sync"): ("spike",),
+}
+"""The loss-scaling round (issue 40, items 1, 6, 7: fp16 training's GradScaler,
+reports/fuzz-programs-2026-12-08-amp.md), from trainer code:
+  - LAYOUT_amp: the loop trains through torch.amp.GradScaler: `scaler.scale(loss).backward()`,
+    `scaler.unscale_(optimizer)` before a clip, `scaler.step(optimizer)` (skipped when a gradient
+    is inf or nan) and `scaler.update()`, the scaler's state_dict saved beside the checkpoint and
+    loaded on resume (accelerate `Accelerator.backward` / `clip_grad_norm_` / AcceleratedOptimizer.step
+    and `save_state`'s scaler.pt with mixed_precision="fp16", FSDP2 included; Hugging Face Trainer
+    fp16=True; Lightning MixedPrecision("16-mixed") under its FSDP and ModelParallel strategies;
+    torchtitan docs/fsdp.md "GradScaler enabled for FSDP2"); hsdp_amp on 4 ranks only;
+  - fwd_bwd=spike (LAYOUT_amp): an outlier batch, data-parallel rank 0's loss backpropagated
+    2**127 times over, so its scaled gradients overflow, as fp16 runs meet an overflow: the other
+    ranks learn of it only through the gradient reduction, and every scaler must skip the step.
+Drawn from the stream `later_amp`, consulted only where every earlier round left the plain value."""
+LATER_P_AMP = 0.3
+"""How often a value takes a loss-scaling form: a base layout trains with a scaler in about a
+third of its programs, and a third of such a program's backwards spike (most steps still train)."""
 LATER_ROUNDS: tuple[tuple[str, dict, float], ...] = (
     ("later", LATER_FORMS, LATER_P),
     ("later2", LATER_FORMS_2, LATER_P_2),
     ("later3", LATER_FORMS_3, LATER_P_3),
+    ("later_amp", LATER_FORMS_AMP, LATER_P_AMP),
 )
 """The later rounds in order: (stream, table, how often it picks). Round k draws from stream
 `{seed}/{i}/STREAM`; a round's stream is named once and never by its position, so rounds
@@ -228,8 +257,8 @@ def _synced(s: State, layout: str, arg: str) -> bool:
 
 
 def _fwd_bwd_ok(s: State, layout: str, arg: str) -> bool:
-    return ((arg != "nosync" or layout in DATA_PARALLEL) and (arg != "noreduce" or layout == "hsdp")
-            and len(s.frozen) < len(PARTS))
+    return ((arg != "nosync" or layout in DATA_PARALLEL) and (arg != "noreduce" or AMP.get(layout, layout) == "hsdp")
+            and (arg != "spike" or layout in AMP) and len(s.frozen) < len(PARTS))
 
 
 def _fwd_bwd(s: State, arg: str) -> State:
@@ -261,13 +290,15 @@ def _unfreeze(s: State, arg: str) -> State:
 
 
 INVENTORY: tuple[Action, ...] = (
-    Action("fwd_bwd", ("sync", "nosync", "twice", "noreduce"),
+    Action("fwd_bwd", ("sync", "nosync", "twice", "noreduce", "spike"),
            "forward of the next batch, loss, backward; `nosync`: without the gradient reduction "
            "(FSDP2 set_requires_gradient_sync(False), DDP no_sync()), as accumulation's early microbatches; "
            "`twice`: two forwards (the batch's halves), one backward of their mean loss; `noreduce` (hsdp): "
-           "reduce-scattered, not all-reduced across replicas (set_requires_all_reduce(False))",
+           "reduce-scattered, not all-reduced across replicas (set_requires_all_reduce(False)); `spike` "
+           "(LAYOUT_amp): data-parallel rank 0's loss spiked until its scaled gradients overflow",
            "torchtitan train.py forward_backward_step; accelerate accumulate(); torchtune recipes; "
-           "twice: GAN discriminators, two-view contrastive losses, DPO's separate chosen/rejected forwards", 6.0,
+           "twice: GAN discriminators, two-view contrastive losses, DPO's separate chosen/rejected forwards; "
+           "spike: an outlier batch of an fp16 run (accelerate / Lightning skip the step)", 6.0,
            _fwd_bwd_ok, _fwd_bwd),
     Action("zero_grad", ("none", "zeros"),
            "optimizer.zero_grad(set_to_none=True) / (set_to_none=False): gradients dropped or zeroed in place",

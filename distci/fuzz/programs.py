@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection
 
-from distci.training_program import (INVENTORY, LATER_ROUNDS, LAYERS, LAYOUTS, OPTIMIZERS, WIDTHS, Program,
+from distci.training_program import (AMP, INVENTORY, LATER_ROUNDS, LAYERS, LAYOUTS, OPTIMIZERS, WIDTHS, Program,
                                       State, action, drawn_args, forms, is_form, split, token, valid)
 from .records import Find, Outcome, Report
 
@@ -132,8 +132,8 @@ def edits(program: Program) -> list[Edit]:
     if program.optim != OPTIMIZERS[0]:
         out.append(Edit(model=(("optim", OPTIMIZERS[0]),)))
     plainer = {"fsdp_tp": ("tp", "fsdp", "ddp"), "fsdp_mp": ("fsdp",), "fsdp_offload": ("fsdp",),
-               "hsdp": ("fsdp",), "fsdp_f8": ("fsdp",), "tp_f8": ("tp",)}.get(
-        program.layout, ())
+               "hsdp": ("fsdp",), "fsdp_f8": ("fsdp",), "tp_f8": ("tp",), "fsdp_tp_amp": ("fsdp_tp", "tp_amp", "fsdp_amp"),
+               "hsdp_amp": ("hsdp", "fsdp_amp")}.get(program.layout, (AMP[program.layout],) if program.layout in AMP else ())
     for layout in plainer:
         out.append(Edit(model=(("layout", layout), ("world_size", min(LAYOUTS[layout])))))
     out += [Edit(plain=frozenset({i})) for i, tok in enumerate(program.actions)
