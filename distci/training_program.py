@@ -265,6 +265,13 @@ def _fwd_bwd(s: State, arg: str) -> State:
     return replace(s, grads=True, unsynced=arg in ("nosync", "noreduce"), backwards=s.backwards + 1)
 
 
+def _step_ok(s: State, layout: str, arg: str) -> bool:
+    """Not inside an accumulation; precompute on float8 layouts only; under a loss scaler only
+    with a gradient to unscale (GradScaler.step asserts that unscale_ recorded an inf check, and
+    an fp16 loop steps after its backward)."""
+    return not s.unsynced and (arg != "precompute" or layout in PRECOMPUTE) and (layout not in AMP or s.grads)
+
+
 def _freeze_ok(s: State, layout: str, arg: str) -> bool:
     return not s.unsynced and arg not in s.frozen and len(s.frozen) + 1 < len(PARTS)
 
@@ -312,8 +319,7 @@ INVENTORY: tuple[Action, ...] = (
            lambda s, l, a: s.grads and not s.unsynced, lambda s, a: s),
     Action("step", ("", "precompute"), "optimizer.step(); `precompute` (fsdp_f8): and torchao's "
            "precompute_float8_dynamic_scale_for_fsdp after it, now and after every later step (a step post-hook)",
-           "every trainer; precompute: torchtitan float8 post_optimizer_hook", 3.0,
-           lambda s, l, a: not s.unsynced and (a != "precompute" or l in PRECOMPUTE), lambda s, a: s),
+           "every trainer; precompute: torchtitan float8 post_optimizer_hook", 3.0, _step_ok, lambda s, a: s),
     Action("sched", ("",), "lr_scheduler.step() (linear warmup then decay, a LambdaLR)",
            "torchtitan lr_schedulers.step; torchtune after step", 1.5, _synced, lambda s, a: s),
     Action("eval", ("no_grad", "inference_mode", "generate"),

@@ -502,3 +502,77 @@ def test_a_bounded_programs_run_finds_the_bug_and_files_it_known(bounded_cases_r
         assert mine[0]["outcome"] == "failed" and mine[0]["known_issue"] == entry, (mine[0], out[-3000:])
     else:
         assert mine[0]["known_issue"] != entry, mine[0]
+
+
+AMP_ROUNDS = ("later", "later2", "later3")
+"""The rounds that existed when the loss-scaling round (training_program.LATER_FORMS_AMP) came."""
+
+
+def _without_amp(text: str) -> str:
+    """A program's text with the loss-scaling round's forms back to their values."""
+    return _base_round_2(text, (tp.LATER_FORMS_AMP,))
+
+
+def test_the_loss_scaling_round_never_moves_earlier_rounds_picks():
+    """A program whose layout the round leaves alone is drawn as before it, save its spikes (a
+    form of a sync backward, on LAYOUT_amp only: none here); one it gives a scaler keeps its
+    head (sizes, optimizer, world size), the layout back to its value."""
+    for i in range(300):
+        before, after = draw("amp-moves", i, rounds=AMP_ROUNDS), draw("amp-moves", i)
+        if after.layout not in tp.AMP:
+            assert after.text == before.text, (i, after.text)
+        else:
+            head = parse_program(_without_amp(after.text))
+            assert (head.layout, head.world_size, head.width, head.layers, head.optim) == \
+                (before.layout, before.world_size, before.width, before.layers, before.optim)
+
+
+def test_the_loss_scaling_round_is_drawn_where_its_calls_are_made():
+    programs = [draw("reach-amp", i) for i in range(1500)]
+    assert set(tp.AMP) - {"hsdp_amp"} <= {p.layout for p in programs}  # hsdp_amp: ~1 in 500 (below)
+    spiked = [p for p in programs if "fwd_bwd=spike" in p.actions]
+    assert spiked and all(p.layout in tp.AMP for p in spiked)
+    assert all(tp.valid(p) for p in programs)
+    only = [draw("amp", i, tuple(tp.AMP)) for i in range(60)]
+    assert {p.layout for p in only} == set(tp.AMP)
+    assert all(p.world_size == 4 for p in only if p.layout in ("hsdp_amp", "fsdp_tp_amp"))
+    assert any("fwd_bwd=spike" in p.actions for p in only)
+
+
+@pytest.mark.parametrize("layout", ["fsdp", "tp", "ddp", "hsdp", "fsdp_mp"])
+def test_a_spike_is_a_loss_scaled_layouts_call_only(layout):
+    ws = tp.LAYOUTS[layout][0]
+    parse_program(f"{layout}-ws{ws}-w8-l1-sgd:fwd_bwd,step")
+    with pytest.raises(tp.ProgramError, match="not where a loop makes it"):
+        parse_program(f"{layout}-ws{ws}-w8-l1-sgd:fwd_bwd=spike,step")
+    if f"{layout}_amp" in tp.AMP:
+        parse_program(f"{layout}_amp-ws{ws}-w8-l1-sgd:fwd_bwd=spike,step")
+
+
+def test_a_loss_scaled_step_needs_a_gradient_to_unscale():
+    parse_program("ddp-ws2-w8-l1-sgd:step")
+    with pytest.raises(tp.ProgramError, match="not where a loop makes it"):
+        parse_program("ddp_amp-ws2-w8-l1-sgd:step")
+    with pytest.raises(tp.ProgramError, match="not where a loop makes it"):
+        parse_program("ddp_amp-ws2-w8-l1-sgd:fwd_bwd,step,zero_grad,step")
+
+
+def test_a_loss_scaled_layout_shrinks_to_its_plain_one():
+    program = parse_program("fsdp_tp_amp-ws4-w8-l1-sgd:fwd_bwd,step,save,load")
+    shrunk = {e.apply(program).text for e in edits(program)}
+    assert {"fsdp_tp-ws4-w8-l1-sgd:fwd_bwd,step,save,load", "fsdp_amp-ws2-w8-l1-sgd:fwd_bwd,step,save,load"} <= shrunk
+
+
+@pytest.mark.parametrize("program, signature, entry", [
+    ("tp_amp-ws2-w8-l1-sgd:fwd_bwd,step",
+     "RuntimeError: aten._amp_foreach_non_finite_check_and_unscale_.default: got mixed torch.Tensor and DTensor, "
+     "need to convert all torch.Tensor to DTensor before calling distributed operators!", "dtensor-grad-scaler-mixed-dtensor"),
+    # the plain tp layout does not unscale: not this entry's test
+    ("tp-ws2-w8-l1-sgd:fwd_bwd,clip=value",
+     "RuntimeError: aten._amp_foreach_non_finite_check_and_unscale_.default: got mixed torch.Tensor and DTensor",
+     None),
+])
+def test_the_loss_scaling_finds_file_under_their_registered_bug(program, signature, entry):
+    registry = load_registry(REPO / "suites" / "known_issues.toml")
+    test_id = f"suites/generators/programs_entry.py::test_program[{program}]"
+    assert registry.match(test_id, signature, "", Stack(torch="2.13.0")) == entry
