@@ -236,6 +236,10 @@ class State:
     """`added` at the last save: a load needs the same groups (optimizer.load_state_dict refuses others)."""
     compiled: bool = False
     backwards: int = 0
+    unscaled: bool = False
+    """A clip ran since the last step: under a loss scaler it unscale_d the gradients, and a
+    backward before the step would add scaled ones the step never unscales (GradScaler's
+    contract: unscale_ once, after the step's last backward). Read on LAYOUT_amp only."""
 
 
 @dataclass(frozen=True)
@@ -258,7 +262,8 @@ def _synced(s: State, layout: str, arg: str) -> bool:
 
 def _fwd_bwd_ok(s: State, layout: str, arg: str) -> bool:
     return ((arg != "nosync" or layout in DATA_PARALLEL) and (arg != "noreduce" or AMP.get(layout, layout) == "hsdp")
-            and (arg != "spike" or layout in AMP) and len(s.frozen) < len(PARTS))
+            and (arg != "spike" or layout in AMP) and not (layout in AMP and s.unscaled)
+            and len(s.frozen) < len(PARTS))
 
 
 def _fwd_bwd(s: State, arg: str) -> State:
@@ -316,10 +321,11 @@ INVENTORY: tuple[Action, ...] = (
            "`value`: clip_grad_value_(params, 0.01)",
            "torchtitan dist_utils.clip_grad_norm_; torchtune recipes; accelerate clip_grad_norm_; "
            "value: Lightning gradient_clip_algorithm='value', accelerate clip_grad_value_", 1.5,
-           lambda s, l, a: s.grads and not s.unsynced, lambda s, a: s),
+           lambda s, l, a: s.grads and not s.unsynced, lambda s, a: replace(s, unscaled=True)),
     Action("step", ("", "precompute"), "optimizer.step(); `precompute` (fsdp_f8): and torchao's "
            "precompute_float8_dynamic_scale_for_fsdp after it, now and after every later step (a step post-hook)",
-           "every trainer; precompute: torchtitan float8 post_optimizer_hook", 3.0, _step_ok, lambda s, a: s),
+           "every trainer; precompute: torchtitan float8 post_optimizer_hook", 3.0, _step_ok,
+           lambda s, a: replace(s, unscaled=False)),
     Action("sched", ("",), "lr_scheduler.step() (linear warmup then decay, a LambdaLR)",
            "torchtitan lr_schedulers.step; torchtune after step", 1.5, _synced, lambda s, a: s),
     Action("eval", ("no_grad", "inference_mode", "generate"),

@@ -172,6 +172,11 @@ PLANT_CASES = {
     # float8 (a round-3 later form): precompute's scales from each rank's own shard; seen at the
     # first forward after a step=precompute (an eval here), only under fsdp_f8
     "f8_local_scale": (["--layout", "fsdp_f8", "--seed", "f8scale1454"], ["step", "eval"], ("fsdp_f8",)),
+    # the loss-scaling round (later_amp): the GradScaler's state not read back on resume; a step
+    # under a scaler needs a gradient, so the shrunk program keeps the backward before its step
+    # (stateless sgd0: the save before any gradient is no pytorch#164929 near miss)
+    "scaler_resume": (["--layout", "fsdp_amp", "--seed", "scaler424", "--rounds", "later,later2,later3,later_amp"],
+                      ["save", "fwd_bwd", "step", "load"], ("fsdp_amp",)),
 }
 COMMON = ["--max-programs", "4", "--batch", "8", "--budget", "20m", "--rounds", "later,later2,later3"]
 """`--rounds`: each seed above was chosen when these three later rounds of forms existed; a round
