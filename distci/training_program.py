@@ -163,7 +163,7 @@ LATER_FORMS_AMP: dict[tuple[str, str], tuple[str, ...]] = {
     ("layout", "tp"): ("tp_amp",),
     ("layout", "fsdp_tp"): ("fsdp_tp_amp",),
     ("layout", "ddp"): ("ddp_amp",),
-    ("fwd_bwd", "sync"): ("spike",),
+    ("fwd_bwd", "sync"): ("spike", "badlabel"),
 }
 """The loss-scaling round (issue 40, items 1, 6, 7: fp16 training's GradScaler,
 reports/fuzz-programs-2026-12-08-amp.md), from trainer code:
@@ -176,7 +176,12 @@ reports/fuzz-programs-2026-12-08-amp.md), from trainer code:
     torchtitan docs/fsdp.md "GradScaler enabled for FSDP2"); hsdp_amp on 4 ranks only;
   - fwd_bwd=spike (LAYOUT_amp): an outlier batch, data-parallel rank 0's loss backpropagated
     2**127 times over, so its scaled gradients overflow, as fp16 runs meet an overflow: the other
-    ranks learn of it only through the gradient reduction, and every scaler must skip the step.
+    ranks learn of it only through the gradient reduction, and every scaler must skip the step;
+  - fwd_bwd=badlabel (LAYOUT_amp): a corrupt sample, the first target of data-parallel rank 0 an
+    inf (a non-finite loss, which fp16 trainers survive because the scaler skips its step): its
+    gradient is non-finite in the head's first output row only until the blocks' gradients take
+    it, so where only the head trains (its block frozen) the overflow sits in ONE rank's shard of
+    the head and the scalers must agree on it through found_inf's all-reduce.
 Drawn from the stream `later_amp`, consulted only where every earlier round left the plain value."""
 LATER_P_AMP = 0.3
 """How often a value takes a loss-scaling form: a base layout trains with a scaler in about a
@@ -262,7 +267,7 @@ def _synced(s: State, layout: str, arg: str) -> bool:
 
 def _fwd_bwd_ok(s: State, layout: str, arg: str) -> bool:
     return ((arg != "nosync" or layout in DATA_PARALLEL) and (arg != "noreduce" or AMP.get(layout, layout) == "hsdp")
-            and (arg != "spike" or layout in AMP) and not (layout in AMP and s.unscaled)
+            and (arg not in ("spike", "badlabel") or layout in AMP) and not (layout in AMP and s.unscaled)
             and len(s.frozen) < len(PARTS))
 
 
@@ -302,12 +307,13 @@ def _unfreeze(s: State, arg: str) -> State:
 
 
 INVENTORY: tuple[Action, ...] = (
-    Action("fwd_bwd", ("sync", "nosync", "twice", "noreduce", "spike"),
+    Action("fwd_bwd", ("sync", "nosync", "twice", "noreduce", "spike", "badlabel"),
            "forward of the next batch, loss, backward; `nosync`: without the gradient reduction "
            "(FSDP2 set_requires_gradient_sync(False), DDP no_sync()), as accumulation's early microbatches; "
            "`twice`: two forwards (the batch's halves), one backward of their mean loss; `noreduce` (hsdp): "
            "reduce-scattered, not all-reduced across replicas (set_requires_all_reduce(False)); `spike` "
-           "(LAYOUT_amp): data-parallel rank 0's loss spiked until its scaled gradients overflow",
+           "(LAYOUT_amp): data-parallel rank 0's loss spiked until its scaled gradients overflow; `badlabel` "
+           "(LAYOUT_amp): rank 0's first target an inf",
            "torchtitan train.py forward_backward_step; accelerate accumulate(); torchtune recipes; "
            "twice: GAN discriminators, two-view contrastive losses, DPO's separate chosen/rejected forwards; "
            "spike: an outlier batch of an fp16 run (accelerate / Lightning skip the step)", 6.0,

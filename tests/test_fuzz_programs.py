@@ -177,6 +177,10 @@ PLANT_CASES = {
     # (stateless sgd0: the save before any gradient is no pytorch#164929 near miss)
     "scaler_resume": (["--layout", "fsdp_amp", "--seed", "scaler424", "--rounds", "later,later2,later3,later_amp"],
                       ["save", "fwd_bwd", "step", "load"], ("fsdp_amp",)),
+    # found_inf from each rank's own shards: seen only where one shard overflows, a bad label while
+    # only the head trains (one layer, its block frozen), at the step
+    "found_inf_local": (["--layout", "fsdp_amp", "--seed", "infl38267", "--rounds", "later,later2,later3,later_amp"],
+                        ["freeze", "fwd_bwd", "step"], ("fsdp_amp",)),
 }
 COMMON = ["--max-programs", "4", "--batch", "8", "--budget", "20m", "--rounds", "later,later2,later3"]
 """`--rounds`: each seed above was chosen when these three later rounds of forms existed; a round

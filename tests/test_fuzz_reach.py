@@ -530,23 +530,25 @@ def test_the_loss_scaling_round_never_moves_earlier_rounds_picks():
 def test_the_loss_scaling_round_is_drawn_where_its_calls_are_made():
     programs = [draw("reach-amp", i) for i in range(1500)]
     assert set(tp.AMP) - {"hsdp_amp"} <= {p.layout for p in programs}  # hsdp_amp: ~1 in 500 (below)
-    spiked = [p for p in programs if "fwd_bwd=spike" in p.actions]
-    assert spiked and all(p.layout in tp.AMP for p in spiked)
+    for form in ("fwd_bwd=spike", "fwd_bwd=badlabel"):
+        spiked = [p for p in programs if form in p.actions]
+        assert spiked and all(p.layout in tp.AMP for p in spiked), form
     assert all(tp.valid(p) for p in programs)
     only = [draw("amp", i, tuple(tp.AMP)) for i in range(60)]
     assert {p.layout for p in only} == set(tp.AMP)
     assert all(p.world_size == 4 for p in only if p.layout in ("hsdp_amp", "fsdp_tp_amp"))
-    assert any("fwd_bwd=spike" in p.actions for p in only)
+    assert any("fwd_bwd=spike" in p.actions for p in only) and any("fwd_bwd=badlabel" in p.actions for p in only)
 
 
+@pytest.mark.parametrize("form", ["spike", "badlabel"])
 @pytest.mark.parametrize("layout", ["fsdp", "tp", "ddp", "hsdp", "fsdp_mp"])
-def test_a_spike_is_a_loss_scaled_layouts_call_only(layout):
+def test_an_overflowing_backward_is_a_loss_scaled_layouts_call_only(layout, form):
     ws = tp.LAYOUTS[layout][0]
     parse_program(f"{layout}-ws{ws}-w8-l1-sgd:fwd_bwd,step")
     with pytest.raises(tp.ProgramError, match="not where a loop makes it"):
-        parse_program(f"{layout}-ws{ws}-w8-l1-sgd:fwd_bwd=spike,step")
+        parse_program(f"{layout}-ws{ws}-w8-l1-sgd:fwd_bwd={form},step")
     if f"{layout}_amp" in tp.AMP:
-        parse_program(f"{layout}_amp-ws{ws}-w8-l1-sgd:fwd_bwd=spike,step")
+        parse_program(f"{layout}_amp-ws{ws}-w8-l1-sgd:fwd_bwd={form},step")
 
 
 def test_a_loss_scaled_step_needs_a_gradient_to_unscale():

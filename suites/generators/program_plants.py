@@ -32,6 +32,10 @@ stays quiet elsewhere, as such bugs sit upstream:
     this rank's shard alone (its all-reduce of the amaxes left out), so the shards of one weight
     are cast to float8 at different scales and FSDP2's all-gather dequantizes them at one: visible
     only under fsdp_f8, at the first forward after a step=precompute, where the shards' amaxes differ.
+  - found_inf_local: under fsdp_amp the GradScaler checks each rank's own gradient shards for inf
+    and never agrees the answer across ranks (program_scaler._LocalInfCheck): visible only where
+    one rank's shard overflows and another's does not, a `fwd_bwd=badlabel` while only the head
+    trains (one layer, its block frozen), at the step: that rank skips, the others step.
   - scaler_resume: a resume under fsdp_amp restores the model and the optimizer but not the
     GradScaler (its scaler.pt never read back, as a checkpoint path that forgets it): visible only
     at a full load after a step moved the scale or its growth tracker since the save.
@@ -45,7 +49,7 @@ from typing import Any, Callable
 
 PLANT_ENV = "DISTCI_PROGRAMS_PLANT"
 PLANTS = ("optim_load_fsdp", "buffer_load", "sched_resume", "zero_grad_ddp", "mp_accumulate_low",
-          "async_unstaged", "partial_load_all", "f8_local_scale", "scaler_resume")
+          "async_unstaged", "partial_load_all", "f8_local_scale", "scaler_resume", "found_inf_local")
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,9 @@ class Plant:
 
     def loads_what_was_left_out(self) -> bool:
         return self.name == "partial_load_all"
+
+    def checks_inf_locally(self, layout: str) -> bool:
+        return self.name == "found_inf_local" and layout == "fsdp_amp"
 
     def keeps_scaler_on_load(self, layout: str) -> bool:
         return self.name == "scaler_resume" and layout == "fsdp_amp"

@@ -50,6 +50,8 @@ SPIKE = 2.0 ** 127
 before any model term, past float32's largest value (2**128) while the scale is at least
 2 * dp_size = 8: it starts at 2**16 and halves once per skipped step, so it stays >= 2**8 over a
 program's at most 8 spiked steps. The scaled gradients are then inf or nan on every side."""
+ACROSS_RANKS = "GradScaler differs across ranks"
+"""The words of the problem that the ranks' scalers disagree (the judge stops there)."""
 FILE = "scaler.pt"
 """The scaler's state beside the checkpoint (accelerate's save_state name), written by rank 0."""
 
@@ -67,11 +69,27 @@ class Scaling:
     """The reference's state_dict at its last save (the run reads its file back)."""
 
 
-def new(device_type: str) -> Scaling:
+class _LocalInfCheck(torch.amp.GradScaler):
+    """The found_inf_local plant (program_plants.py): the inf check and unscale over each
+    gradient's local shard, its found_inf never agreed across the ranks (DTensor's all-reduce
+    of it left out, as a scaler that predates pytorch PR #132816 would)."""
+
+    def _unscale_grads_(self, optimizer: Any, inv_scale: torch.Tensor, found_inf: torch.Tensor,
+                        allow_fp16: bool) -> dict:
+        grads = [getattr(q.grad, "_local_tensor", q.grad) for group in optimizer.param_groups
+                 for q in group["params"] if q.grad is not None]
+        if grads:
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+        return {found_inf.device: found_inf}
+
+
+def new(device_type: str, local_inf_check: bool = False) -> Scaling:
     """A GradScaler as the trainers make it (the growth interval above). Its scale is made by
     the first scale() call, and step() before one raises; a program may step before its first
-    backward, so a scale() of a zero makes it at once (the scale and tracker as a fresh one's)."""
-    scaler = torch.amp.GradScaler(device_type, init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL)
+    backward, so a scale() of a zero makes it at once (the scale and tracker as a fresh one's).
+    `local_inf_check`: the found_inf_local plant's scaler."""
+    cls = _LocalInfCheck if local_inf_check else torch.amp.GradScaler
+    scaler = cls(device_type, init_scale=INIT_SCALE, growth_interval=GROWTH_INTERVAL)
     scaler.scale(torch.zeros((), device=device_type))
     return Scaling(scaler)
 
@@ -89,6 +107,16 @@ def reference_spike(out: torch.Tensor, y: torch.Tensor, dp_size: int, rows: int)
         return F.mse_loss(out, y) * SPIKE
     first, rest = F.mse_loss(out[:rows], y[:rows]), F.mse_loss(out[rows:], y[rows:])
     return (first * SPIKE + rest * (dp_size - 1)) / dp_size
+
+
+def bad_labels(y: torch.Tensor) -> torch.Tensor:
+    """`fwd_bwd=badlabel`'s targets: the global batch's first (data-parallel rank 0's first
+    row's first) target an inf, a corrupt sample. Its gradient is inf in that output's row of
+    the head whatever the scale, and reaches the rest of the model only through the head's
+    input gradient (so not where the blocks are frozen)."""
+    bad = y.clone()
+    bad[0, 0] = float("inf")
+    return bad
 
 
 def unscale(p: Any) -> None:
@@ -155,7 +183,7 @@ def problems(p: Any) -> list[str]:
     every: list = [None] * tdist.get_world_size()
     tdist.all_gather_object(every, mine)
     if len(set(every)) > 1:
-        out.append(f"GradScaler differs across ranks: (scale, growth tracker, skipped) by rank {every}")
+        out.append(f"{ACROSS_RANKS}: (scale, growth tracker, skipped) by rank {every}")
     return out
 
 

@@ -171,7 +171,8 @@ def start(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Program:
     for twin in (ref, run):
         twin.named = {clean_name(n): q for n, q in twin.model.named_parameters()}
         twin.new_optimizer()
-        twin.scaling = scaler.new(dist.device_type) if spec.layout in AMP else None
+        local = twin is run and plant.checks_inf_locally(spec.layout)
+        twin.scaling = scaler.new(dist.device_type, local) if spec.layout in AMP else None
     return Program(spec, ref, run, par, plant, checkpoint_dir=checkpoint_dir)
 
 
@@ -234,10 +235,12 @@ def halves(x: torch.Tensor, dp_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return per_rank[:, :half].reshape(-1, *x.shape[1:]), per_rank[:, half:].reshape(-1, *x.shape[1:])
 
 
-def _reference_loss(p: Program, x: torch.Tensor, y: torch.Tensor, twice: bool, spike: bool = False) -> torch.Tensor:
+def _reference_loss(p: Program, x: torch.Tensor, y: torch.Tensor, twice: bool, spike: bool = False,
+                    bad: torch.Tensor | None = None) -> torch.Tensor:
     """The reference's forward(s) and backward on the global batch (its two halves, one
-    backward of their mean loss, for fwd_bwd=twice; rank 0's rows spiked for fwd_bwd=spike),
-    through its GradScaler if it trains with one."""
+    backward of their mean loss, for fwd_bwd=twice; rank 0's rows spiked for fwd_bwd=spike;
+    against `bad`, the targets with a corrupt one, for fwd_bwd=badlabel), through its
+    GradScaler if it trains with one. Returns the loss against the clean targets."""
     if p.par.layout == "fsdp_mp":
         return mixed_precision_reference(p.ref.model, x, y, p.par.dp_size, 2 if twice else 1)
     if p.par.layout in FLOAT8:  # the activations' float8 scales are per rank's rows
@@ -245,7 +248,10 @@ def _reference_loss(p: Program, x: torch.Tensor, y: torch.Tensor, twice: bool, s
     if not twice:
         out = p.ref.runnable(x)
         loss = F.mse_loss(out, y)
-        scaler.backward(p.ref, scaler.reference_spike(out, y, p.par.dp_size, ROWS) if spike else loss)
+        if spike:
+            scaler.backward(p.ref, scaler.reference_spike(out, y, p.par.dp_size, ROWS))
+        else:
+            scaler.backward(p.ref, loss if bad is None or bad is y else F.mse_loss(out, bad))
         return loss
     parts = zip(halves(x, p.par.dp_size), halves(y, p.par.dp_size))
     loss = sum(F.mse_loss(p.ref.runnable(xh), yh) for xh, yh in parts) / 2
@@ -259,11 +265,12 @@ def _forward_backward(p: Program, arg: str) -> None:
     (set_requires_all_reduce(False), FSDP2's HSDP accumulation)."""
     import torch.distributed as tdist
 
-    sync, twice, spike = arg in ("sync", "twice", "noreduce", "spike"), arg == "twice", arg == "spike"
+    sync, twice, spike = arg in ("sync", "twice", "noreduce", "spike", "badlabel"), arg == "twice", arg == "spike"
 
     x, y = batch(p.forwards, p.spec.width, p.par.dp_size)
     p.forwards += 1
-    ref_loss = _reference_loss(p, x, y, twice, spike)
+    bad = scaler.bad_labels(y) if arg == "badlabel" else y
+    ref_loss = _reference_loss(p, x, y, twice, spike, bad)
     rows = slice(p.par.dp_rank * ROWS, (p.par.dp_rank + 1) * ROWS) if p.par.dp_size > 1 else slice(None)
     ctx = contextlib.nullcontext()
     if p.par.layout == "ddp" and not sync:
@@ -279,8 +286,10 @@ def _forward_backward(p: Program, arg: str) -> None:
             loss = (F.mse_loss(p.run.runnable(xr[:h]).float(), yr[:h])
                     + F.mse_loss(p.run.runnable(xr[h:]).float(), yr[h:])) / 2
         else:
-            loss = F.mse_loss(p.run.runnable(xr).float(), yr)
-        scaled = loss / p.par.dp_size if p.divided else loss
+            out = p.run.runnable(xr).float()
+            loss = F.mse_loss(out, yr)
+        trained = loss if bad is y else F.mse_loss(out, bad[rows])
+        scaled = trained / p.par.dp_size if p.divided else trained
         scaler.backward(p.run, scaled * scaler.SPIKE if spike and p.par.dp_rank == 0 else scaled)
     total = loss.detach().clone()
     if p.par.dp_size > 1:

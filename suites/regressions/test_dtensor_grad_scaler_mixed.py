@@ -17,32 +17,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
-from ..conftest import tier_marks
+from ..conftest import partial_tp_mlp, tier_marks
 
 pytestmark = tier_marks("nightly")
 DIM = 8
 SCALE = 4.0
 
 
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.LayerNorm(DIM), nn.Linear(DIM, 2 * DIM), nn.GELU(), nn.Linear(2 * DIM, DIM),
-                         nn.Linear(DIM, DIM))
-
-
 @pytest.mark.world_size(2)
 @pytest.mark.parametrize("params", ["all", "dtensors"])
 def test_grad_scaler_unscales_dtensor_and_plain_grads(dist, params: str) -> None:
     from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    model, reference = _model().to(dist.device), _model().to(dist.device)
-    parallelize_module(model, dist.mesh(), {"1": ColwiseParallel(), "3": RowwiseParallel()})
-    x = torch.randn(4, DIM, generator=torch.Generator().manual_seed(1)).to(dist.device)
-    for m in (model, reference):
-        (m(x).pow(2).mean() * SCALE).backward()
+    model, reference = partial_tp_mlp(dist, DIM, SCALE)
     chosen = [p for p in model.parameters() if params == "all" or isinstance(p, DTensor)]
     scaler = torch.amp.GradScaler(dist.device_type, init_scale=SCALE)
     scaler.scale(torch.ones((), device=dist.device))
