@@ -24,7 +24,9 @@ fp16's range. GradScaler's own logic (scale, unscale, the inf check, skip, backo
 state_dict) does not depend on the gradients' dtype, so the scaler trains float32 here and the
 overflow is made as fp16 runs meet one, by an outlier batch (`fwd_bwd=spike`): data-parallel
 rank 0's loss multiplied by SPIKE before it is scaled, so its scaled gradients are inf or nan
-whatever the scale has fallen to (below). Borderline overflows (one element near float32's
+whatever the scale has fallen to (below); or by a corrupt sample (`fwd_bwd=badlabel`, an inf
+target), whose overflow stays in one rank's shard of the head where only the head trains.
+Borderline overflows (one element near float32's
 largest value) are left out on purpose: the run's local gradients are dp_size times its
 averaged ones, so at the edge a correct run and the reference may disagree on the skip, which
 no reference can judge (suites/runner/step.py found the same for its fp16 spike).
