@@ -17,7 +17,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ..conftest import partial_tp_mlp, tier_marks
+from ..conftest import tier_marks
+from .conftest import partial_tp_mlp
 
 pytestmark = tier_marks("nightly")
 DIM = 8
