@@ -169,11 +169,13 @@ JUDGE_WORDS = frozenset("""
     step microbatch loss eval logits vs reference gradient grad total norm relative error sqnr db max diff ref
     at action the of is parameter leaves first divergence forward output input value differs by threshold rounding
     bound problem problems inf nan
-    sweep died on this case""".split())
+    sweep died on this case
+    finite where reference's overflowed""".split())
 """The words the suites' judges write about ANY numeric difference (suites/checks.py's loss and
 gradient lines, the generators' `at action`, suites/localize.py's `leaves the reference first`,
 the ops judge's `gradient of input N: value: differs by`, the ops generator's `the sweep died on this case`, which any
-crash, hang or timeout of any op gets): a failure whose text an entry matched with these words
+crash, hang or timeout of any op gets; the programs' loss-scaling judge's `gradient X is finite where the
+reference's overflowed`, which any disagreement on an overflow gets): a failure whose text an entry matched with these words
 only (and numbers) says that a number moved, not which bug moved it."""
 
 

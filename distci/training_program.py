@@ -31,7 +31,8 @@ A **form** is a variant of a drawn value that real trainers also write: torchtit
 StateDictOptions(flatten_optimizer_state_dict=True) (`save=flat`); its default training config
 runs FSDP2 with MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32), as
 torchtune's recipes do (`fsdp_mp`); plain SGD without momentum is stateless (`sgd0`, the
-examples' and many fine-tuning scripts' optimizer). FORMS maps a drawn value to its forms;
+examples' and many fine-tuning scripts' optimizer). FORMS (distci/program_forms.py, with the
+later rounds' tables) maps a drawn value to its forms;
 `draw` (distci/fuzz/programs.py) picks among them with a stream of its own, so adding a form
 never moves a seed's main draw (layout, sizes, actions: plants' seeds, replayed nights); only
 the value that gains the form may now take it, and the forms picked after it may change.
@@ -48,17 +49,24 @@ import re
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from distci.program_forms import RELAYOUTS, is_form
+
 LAYOUTS: dict[str, tuple[int, ...]] = {"fsdp": (2, 4), "tp": (2, 4), "fsdp_tp": (4,), "ddp": (2, 4),
                                        "fsdp_mp": (2, 4), "fsdp_offload": (2, 4), "hsdp": (4,), "fsdp_f8": (2, 4),
-                                       "tp_f8": (2, 4)}
+                                       "tp_f8": (2, 4), "fsdp_amp": (2, 4), "hsdp_amp": (4,), "tp_amp": (2, 4),
+                                       "fsdp_tp_amp": (4,), "ddp_amp": (2, 4)}
 """Layout -> the world sizes it runs on (fsdp_tp: a 2x2 mesh, dp outer, tp inner; fsdp_mp: FSDP2
 computing in bfloat16, reducing in float32; fsdp_offload: FSDP2 with CPUOffloadPolicy; hsdp:
 FSDP2 on a (dp_replicate, dp_shard) 2x2 mesh, sharded within a replica, replicated across; fsdp_f8:
 torchao float8 training, tensorwise, its weights all-gathered in float8, then FSDP2; tp_f8: float8
-training, then TP with torchao's Float8ColwiseParallel / Float8RowwiseParallel)."""
-DATA_PARALLEL = ("fsdp", "fsdp_tp", "ddp", "fsdp_mp", "fsdp_offload", "hsdp", "fsdp_f8")
+training, then TP with torchao's Float8ColwiseParallel / Float8RowwiseParallel; LAYOUT_amp: LAYOUT
+trained through torch.amp.GradScaler, LATER_FORMS_AMP)."""
+AMP = {"fsdp_amp": "fsdp", "hsdp_amp": "hsdp", "tp_amp": "tp", "fsdp_tp_amp": "fsdp_tp", "ddp_amp": "ddp"}
+"""Layouts that train through a loss scaler -> the layout they lay the model out as."""
+DATA_PARALLEL = ("fsdp", "fsdp_tp", "ddp", "fsdp_mp", "fsdp_offload", "hsdp", "fsdp_f8", "fsdp_amp", "hsdp_amp",
+                 "fsdp_tp_amp", "ddp_amp")
 """Layouts whose ranks see different rows and reduce gradients (no-sync accumulation exists)."""
-FSDP = ("fsdp", "fsdp_tp", "fsdp_mp", "fsdp_offload", "hsdp", "fsdp_f8")
+FSDP = ("fsdp", "fsdp_tp", "fsdp_mp", "fsdp_offload", "hsdp", "fsdp_f8", "fsdp_amp", "hsdp_amp", "fsdp_tp_amp")
 FLOAT8 = ("fsdp_f8", "tp_f8")
 """Layouts whose model is converted to torchao float8 training before it is parallelized."""
 PRECOMPUTE = ("fsdp_f8",)
@@ -69,149 +77,6 @@ OPTIMIZERS = ("sgd", "adamw", "sgd0", "adamw_groups", "adamw_fused", "adamw_fore
 param groups, weight decay on matrices only (nanoGPT's configure_optimizers, Hugging Face
 Trainer's get_decay_parameter_names, torchtune's and Lightning's examples); the rest are the
 `later_optim` round's forms (LATER_FORMS_OPTIM), never drawn by the main stream."""
-FORMS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("layout", "fsdp"): ("fsdp_mp",),
-    ("optim", "sgd"): ("sgd0",),
-    ("optim", "adamw"): ("adamw_groups",),
-    ("unfreeze", "block0"): ("block0_group",),
-    ("unfreeze", "head"): ("head_group",),
-    ("save", "dcp"): ("flat",),
-}
-"""(what, drawn value) -> its forms (module docstring): drawn from their own stream."""
-LATER_FORMS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("layout", "fsdp"): ("fsdp_offload",),
-    ("fwd_bwd", "sync"): ("twice",),
-    ("clip", "1.0"): ("value",),
-    ("save", "dcp"): ("async",),
-}
-"""Forms added after FORMS (issue 40's second trial, 2026-12-07), each from trainer code:
-  - fsdp_offload: FSDP2 with CPUOffloadPolicy (torchtune's `fsdp_cpu_offload`,
-    `torchtune/training/_distributed.py` shard_model; accelerate's FSDP2 `cpu_offload`,
-    `src/accelerate/utils/fsdp_utils.py` fsdp2_prepare_model; verl's `offload_policy`);
-  - fwd_bwd=twice: two forwards (the two halves of the batch) before one backward of their
-    mean loss: GAN discriminators (real, then fake), two-view contrastive losses (SimCLR /
-    CLIP-style towers called per view), DPO written with separate chosen and rejected forwards;
-  - clip=value: torch.nn.utils.clip_grad_value_ (Lightning `gradient_clip_algorithm="value"`,
-    accelerate `Accelerator.clip_grad_value_`);
-  - save=async: dcp.async_save, training goes on, the next save or load waits for it
-    (torchtitan `components/checkpoint.py`, `async_mode="async"`).
-Drawn from a third stream only where the forms stream left the plain value (`LATER_P`), so
-every program drawn before them is drawn again with at most these values changed."""
-LATER_P = 0.25
-"""How often a value that has later forms takes one."""
-LATER_FORMS_2: dict[tuple[str, str], tuple[str, ...]] = {
-    ("layout", "fsdp"): ("hsdp",),
-    ("fwd_bwd", "nosync"): ("noreduce",),
-    ("reshard", "false"): ("forward_false", "unshard"),
-    ("reshard", "true"): ("prefetch", "divide"),
-    ("eval", "no_grad"): ("generate",),
-    ("load", ""): ("model",),
-    ("compile", "aot_eager"): ("blocks",),
-}
-"""The second round of later forms (issue 40's third trial, the same day: FSDP2's methods and
-meshes, reports/fuzz-programs-2026-12-07-redteam2.md), each from trainer code:
-  - hsdp: FSDP2 on ParallelDims' (dp_replicate, dp_shard) mesh, the loss averaged over their
-    `_flatten("dp")` (torchtitan `distributed/parallel_dims.py`, `data_parallel_replicate_degree`;
-    accelerate's and Lightning's HSDP device meshes);
-  - fwd_bwd=noreduce (hsdp): accumulation that reduce-scatters but defers the all-reduce across
-    replicas, set_requires_all_reduce(False) (torchtitan train_step since its PR #4505, VeOmni,
-    NVIDIA cosmos-framework's ddp_sync_grad);
-  - reshard=forward_false: set_reshard_after_forward(False) (torchtitan's "never" policy and its
-    chunked loss's lm_head, torchtune's generation for GRPO); reshard=unshard: explicit unshard()
-    of every FSDP2 module, then reshard() in reverse (torchtitan `components/loss.py`, torchtune
-    `training/_distributed.py` recursive_reshard); reshard=prefetch: set_modules_to_forward_prefetch
-    / set_modules_to_backward_prefetch block to block (torchtitan `distributed/fsdp.py` with EP,
-    verl's forward_prefetch); reshard=divide: set_gradient_divide_factor(1.0) and the loss divided
-    by the data-parallel size by the loop (torchtitan disable_fsdp_gradient_division with its
-    global token count);
-  - eval=generate: a generate-style method, registered with register_fsdp_forward_method
-    (transformers' generate under accelerate's FSDP2, TRL / torchtune generation for RL);
-  - load=model: the model alone, its head left out, StateDictOptions(strict=False) (torchtune and
-    Hugging Face `load_state_dict(strict=False)`; torchtitan's model-only first load);
-  - compile=blocks: torch.compile per block (torchtitan `apply_compile`), in place, mid-run.
-Drawn from a fourth stream, consulted only where round 1's left the plain value, so every
-program drawn before them (round 1's forms included) is drawn again with at most these values
-changed (tests/test_fuzz_reach.py)."""
-LATER_P_2 = 0.5
-"""How often a value takes a round-2 form: most programs make one reshard, eval or load at
-most, so at a quarter a 15-minute run draws each form a handful of times."""
-LATER_FORMS_3: dict[tuple[str, str], tuple[str, ...]] = {
-    ("layout", "fsdp"): ("fsdp_f8",),
-    ("layout", "tp"): ("tp_f8",),
-    ("step", ""): ("precompute",),
-}
-"""The third round (issue 40, items 1 and 6: float8 training, reports/fuzz-programs-2026-12-07-float8.md),
-from torchtitan `components/quantization/float8.py` (Float8LinearConverter):
-  - fsdp_f8: `convert_to_float8_training(model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=True,
-    emulate=...), module_filter_fn=...)` before parallelizing (the output head left in high
-    precision, torchtitan's `filter_fqns=["output"]`), then FSDP2 per block and the root;
-  - tp_f8: the same conversion, then TP with torchao's Float8ColwiseParallel / Float8RowwiseParallel
-    (torchtitan's tensorwise TP plan; its models' linears carry no bias, and neither do these:
-    program_float8.py says why);
-  - step=precompute (fsdp_f8 only): the optimizer step, then `precompute_float8_dynamic_scale_for_fsdp(model)`,
-    registered as the optimizer's step post-hook so every later step precomputes too (torchtitan
-    `post_optimizer_hook`, `precompute_float8_dynamic_scale_for_fsdp=True`).
-Drawn from a fifth stream, consulted only where rounds 1 and 2 left the plain value."""
-LATER_P_3 = 0.5
-"""How often a value takes a round-3 form: a float8 run restricted with `--layout fsdp_f8` then
-precomputes after about half its steps."""
-RELAYOUTS = ("fsdp", "tp", "fsdp_tp", "ddp", "hsdp")
-"""The layouts a checkpoint is loaded under by `load=LAYOUT` (LATER_FORMS_RESHARD)."""
-LATER_FORMS_RESHARD: dict[tuple[str, str], tuple[str, ...]] = {("load", ""): RELAYOUTS + ("file",)}
-"""Round `later_reshard` (issue 40, items 1 and 6: restarts under another parallelism,
-reports/fuzz-programs-2026-12-07-reshard.md). load=LAYOUT: the model and optimizer built again
-under LAYOUT, the checkpoint resharded into them by DCP (torchtitan `components/checkpoint.py`
-with another parallelism config; Lightning's and accelerate's resumes under another strategy),
-training going on under LAYOUT (later preconditions read State.layout); load=file: through one
-file on rank 0 (`dcp_to_torch_save` then a full load broadcast from rank 0, as Hugging Face
-loads sharded models; torch.save then `torch_save_to_dcp`, torchtitan's initial_load_path) into
-the model built again. A restart holds no gradients (tests/test_fuzz_reach.py)."""
-LATER_P_RESHARD = 0.7
-"""How often a plain `load` the earlier rounds left plain takes a restart form: loads are
-drawn often, round 2 takes half of them, and a relayout is what this round is for."""
-LATER_FORMS_OPTIM: dict[tuple[str, str], tuple[str, ...]] = {
-    ("optim", "adamw"): ("adamw_fused", "adamw_foreach", "adam", "nadam", "radam", "adafactor", "muon"),
-    ("optim", "sgd"): ("adagrad", "rmsprop"),
-}
-"""Round `later_optim` (issue 40, items 1, 6, 7: the optimizers trainers configure,
-reports/fuzz-programs-2026-12-08-optimizers.md; suites/generators/program_optimizers.py makes
-each, for the reference too): AdamW fused / foreach (torchtitan `implementation`, fused its
-default; HF `adamw_torch_fused`), Adam (torchtitan), NAdam / RAdam (torchtune configs),
-Adafactor (HF `optim="adafactor"`: row / column state not shaped like its parameter), Muon on
-the matrices + AdamW (torchtitan's DistMuon container); Adagrad (state made in its constructor,
-accelerate #3855), RMSprop (HF `optim=`). A form the stack lacks skips with its reason."""
-LATER_P_OPTIM = 0.8
-"""Most plain adamw / sgd programs take one: a 12-minute run draws each form a few times."""
-LATER_ROUNDS: tuple[tuple[str, dict, float], ...] = (
-    ("later", LATER_FORMS, LATER_P),
-    ("later2", LATER_FORMS_2, LATER_P_2),
-    ("later3", LATER_FORMS_3, LATER_P_3),
-    ("later_reshard", LATER_FORMS_RESHARD, LATER_P_RESHARD),
-    ("later_optim", LATER_FORMS_OPTIM, LATER_P_OPTIM),
-)
-"""The later rounds in order: (stream, table, how often it picks). Round k draws from stream
-`{seed}/{i}/STREAM`; a round's stream is named once and never by its position, so rounds
-written on branches side by side keep their draws whatever order they land in. `draw(...,
-rounds=k)` consults the first k only: a seed as it drew before the later ones existed."""
-
-
-def forms(what: str, value: str) -> tuple[str, ...]:
-    """`value` and its forms, `value` first."""
-    return (value,) + FORMS.get((what, value), ())
-
-
-def base_of(what: str, value: str) -> str:
-    """The drawn value `value` is a form of (itself if none)."""
-    for table in (FORMS, *(t for _, t, _ in LATER_ROUNDS)):
-        for (w, v), f in table.items():
-            if w == what and value in f:
-                return v
-    return value
-
-
-def is_form(what: str, value: str) -> bool:
-    """Whether `value` is only ever reached as a form of another value."""
-    return base_of(what, value) != value
 WIDTHS = (8, 16, 32)
 LAYERS = (1, 2, 3)
 PARTS = ("block0", "head")
@@ -241,6 +106,10 @@ class State:
     layout: str = ""
     """The layout the program runs under now: its own, until a `load=LAYOUT`."""
     world_size: int = 0
+    unscaled: bool = False
+    """A clip ran since the last step: under a loss scaler it unscale_d the gradients, and a
+    backward before the step would add scaled ones the step never unscales (GradScaler's
+    contract: unscale_ once, after the step's last backward). Read on LAYOUT_amp only."""
 
 
 @dataclass(frozen=True)
@@ -262,12 +131,20 @@ def _synced(s: State, layout: str, arg: str) -> bool:
 
 
 def _fwd_bwd_ok(s: State, layout: str, arg: str) -> bool:
-    return ((arg != "nosync" or layout in DATA_PARALLEL) and (arg != "noreduce" or layout == "hsdp")
+    return ((arg != "nosync" or layout in DATA_PARALLEL) and (arg != "noreduce" or AMP.get(layout, layout) == "hsdp")
+            and (arg not in ("spike", "badlabel") or layout in AMP) and not (layout in AMP and s.unscaled)
             and len(s.frozen) < len(PARTS))
 
 
 def _fwd_bwd(s: State, arg: str) -> State:
     return replace(s, grads=True, unsynced=arg in ("nosync", "noreduce"), backwards=s.backwards + 1)
+
+
+def _step_ok(s: State, layout: str, arg: str) -> bool:
+    """Not inside an accumulation; precompute on float8 layouts only; under a loss scaler only
+    with a gradient to unscale (GradScaler.step asserts that unscale_ recorded an inf check, and
+    an fp16 loop steps after its backward)."""
+    return not s.unsynced and (arg != "precompute" or layout in PRECOMPUTE) and (layout not in AMP or s.grads)
 
 
 def _freeze_ok(s: State, layout: str, arg: str) -> bool:
@@ -297,10 +174,13 @@ def _unfreeze(s: State, arg: str) -> State:
 def _load_ok(s: State, layout: str, arg: str) -> bool:
     """After a save, outside accumulation, with the saved groups; `load=LAYOUT` under another
     layout these ranks run, from a layout whose model is the plain one (a float8 layout's
-    linears are converted: laid out plainly it is another model than the one saved)."""
+    linears are converted: laid out plainly it is another model than the one saved) and that
+    trains without a loss scaler (LAYOUT_amp restarts through `load=file` only: a restart under a
+    plain layout would drop the scaler its checkpoint carries)."""
     if not s.saved or s.unsynced or s.saved_added != s.added:
         return False
-    return arg not in LAYOUTS or (arg != layout and layout not in FLOAT8 and s.world_size in LAYOUTS[arg])
+    return arg not in LAYOUTS or (arg != layout and layout not in FLOAT8 and layout not in AMP
+                                  and s.world_size in LAYOUTS[arg])
 
 
 def _load(s: State, arg: str) -> State:
@@ -310,13 +190,16 @@ def _load(s: State, arg: str) -> State:
 
 
 INVENTORY: tuple[Action, ...] = (
-    Action("fwd_bwd", ("sync", "nosync", "twice", "noreduce"),
+    Action("fwd_bwd", ("sync", "nosync", "twice", "noreduce", "spike", "badlabel"),
            "forward of the next batch, loss, backward; `nosync`: without the gradient reduction "
            "(FSDP2 set_requires_gradient_sync(False), DDP no_sync()), as accumulation's early microbatches; "
            "`twice`: two forwards (the batch's halves), one backward of their mean loss; `noreduce` (hsdp): "
-           "reduce-scattered, not all-reduced across replicas (set_requires_all_reduce(False))",
+           "reduce-scattered, not all-reduced across replicas (set_requires_all_reduce(False)); `spike` "
+           "(LAYOUT_amp): data-parallel rank 0's loss spiked until its scaled gradients overflow; `badlabel` "
+           "(LAYOUT_amp): rank 0's first target an inf",
            "torchtitan train.py forward_backward_step; accelerate accumulate(); torchtune recipes; "
-           "twice: GAN discriminators, two-view contrastive losses, DPO's separate chosen/rejected forwards", 6.0,
+           "twice: GAN discriminators, two-view contrastive losses, DPO's separate chosen/rejected forwards; "
+           "spike: an outlier batch of an fp16 run (accelerate / Lightning skip the step)", 6.0,
            _fwd_bwd_ok, _fwd_bwd),
     Action("zero_grad", ("none", "zeros"),
            "optimizer.zero_grad(set_to_none=True) / (set_to_none=False): gradients dropped or zeroed in place",
@@ -327,11 +210,11 @@ INVENTORY: tuple[Action, ...] = (
            "`value`: clip_grad_value_(params, 0.01)",
            "torchtitan dist_utils.clip_grad_norm_; torchtune recipes; accelerate clip_grad_norm_; "
            "value: Lightning gradient_clip_algorithm='value', accelerate clip_grad_value_", 1.5,
-           lambda s, l, a: s.grads and not s.unsynced, lambda s, a: s),
+           lambda s, l, a: s.grads and not s.unsynced, lambda s, a: replace(s, unscaled=True)),
     Action("step", ("", "precompute"), "optimizer.step(); `precompute` (fsdp_f8): and torchao's "
            "precompute_float8_dynamic_scale_for_fsdp after it, now and after every later step (a step post-hook)",
-           "every trainer; precompute: torchtitan float8 post_optimizer_hook", 3.0,
-           lambda s, l, a: not s.unsynced and (a != "precompute" or l in PRECOMPUTE), lambda s, a: s),
+           "every trainer; precompute: torchtitan float8 post_optimizer_hook", 3.0, _step_ok,
+           lambda s, a: replace(s, unscaled=False)),
     Action("sched", ("",), "lr_scheduler.step() (linear warmup then decay, a LambdaLR)",
            "torchtitan lr_schedulers.step; torchtune after step", 1.5, _synced, lambda s, a: s),
     Action("eval", ("no_grad", "inference_mode", "generate"),

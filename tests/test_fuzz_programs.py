@@ -40,7 +40,9 @@ def test_a_seed_draws_the_same_programs_and_another_seed_others():
 
 
 def test_draws_cover_every_action_and_layout():
-    programs = [draw("cover", i) for i in range(300)]
+    # 1000: hsdp_amp (a form of fsdp on 4 ranks where four earlier rounds left fsdp plain) is
+    # about 1 in 500 programs
+    programs = [draw("cover", i) for i in range(1000)]
     names = {tok.partition("=")[0] for p in programs for tok in p.actions}
     assert names == {a.name for a in INVENTORY}
     assert {p.layout for p in programs} == set(LAYOUTS)
@@ -181,6 +183,15 @@ PLANT_CASES = {
     # raises: dtensor-adafactor-sharded-matrix); its --rounds (after COMMON's: the last wins) names the round
     "factored_rows": (["--layout", "ddp", "--seed", "factored14798", "--rounds", "later,later2,later3,later_optim"],
                       ["fwd_bwd", "step", "save", "load"], ("ddp",)),
+    # the loss-scaling round (later_amp): the GradScaler's state not read back on resume; a step
+    # under a scaler needs a gradient, so the shrunk program keeps the backward before its step
+    # (stateless sgd0: the save before any gradient is no pytorch#164929 near miss)
+    "scaler_resume": (["--layout", "fsdp_amp", "--seed", "scaler424", "--rounds", "later,later2,later3,later_amp"],
+                      ["save", "fwd_bwd", "step", "load"], ("fsdp_amp",)),
+    # found_inf from each rank's own shards: seen only where one shard overflows, a bad label while
+    # only the head trains (one layer, its block frozen), at the step
+    "found_inf_local": (["--layout", "fsdp_amp", "--seed", "infl38267", "--rounds", "later,later2,later3,later_amp"],
+                        ["freeze", "fwd_bwd", "step"], ("fsdp_amp",)),
 }
 COMMON = ["--max-programs", "4", "--batch", "8", "--budget", "20m", "--rounds", "later,later2,later3"]
 """`--rounds`: each seed above was chosen when these three later rounds of forms existed; a round

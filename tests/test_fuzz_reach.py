@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+import distci.program_forms as pf
 import distci.training_program as tp
 from distci.fuzz.models import ENTRY_TEST as MODELS_ENTRY, TEST_NAME as MODELS_TEST, Drawer, parse_space
 from distci.fuzz.models import key as structure_key
@@ -221,9 +222,9 @@ MP = "pytorch186998-fsdp2-mp-unfreeze-after-frozen-forward"
 def _base(text: str) -> str:
     """A program's text with every form back to the value it is a form of."""
     program = parse_program(text)
-    actions = tuple(tp.token(split(a)[0], tp.base_of(*split(a))) for a in program.actions)
-    return tp.Program(tp.base_of("layout", program.layout), program.world_size, program.width,
-                      program.layers, tp.base_of("optim", program.optim), actions).text
+    actions = tuple(tp.token(split(a)[0], pf.base_of(*split(a))) for a in program.actions)
+    return tp.Program(pf.base_of("layout", program.layout), program.world_size, program.width,
+                      program.layers, pf.base_of("optim", program.optim), actions).text
 
 
 def test_the_programs_generator_draws_flattened_checkpoints_bf16_fsdp_and_stateless_sgd():
@@ -282,7 +283,7 @@ BEFORE_ROUND_2 = [
 ]
 
 
-def _base_round_2(text: str, tables: tuple = (tp.LATER_FORMS_2, tp.LATER_FORMS_3, tp.LATER_FORMS_OPTIM)) -> str:
+def _base_round_2(text: str, tables: tuple = (pf.LATER_FORMS_2, pf.LATER_FORMS_3, pf.LATER_FORMS_OPTIM)) -> str:
     """A program's text with the later forms of `tables` (round 2's and after) back to their values."""
     program = parse_program(text)
     back = {(w, f): v for table in tables for (w, v), fs in table.items() for f in fs}
@@ -304,7 +305,8 @@ def test_round_2_forms_are_drawn_where_their_calls_are_made():
               "reshard=divide", "eval=generate", "load=model", "compile=blocks"}
     assert wanted <= drawn, wanted - drawn
     assert all(p.world_size == 4 for p in programs if p.layout == "hsdp")
-    assert all(layout == "hsdp" for p in programs for tok, layout in _layouts(p) if tok == "fwd_bwd=noreduce")
+    assert all(tp.AMP.get(layout, layout) == "hsdp" for p in programs for tok, layout in _layouts(p)
+               if tok == "fwd_bwd=noreduce")
     assert all(tp.valid(p) for p in programs)
 
 
@@ -333,7 +335,7 @@ BEFORE_ROUND_3 = [
 
 def test_round_3_forms_never_move_earlier_rounds_picks():
     widened = [draw("night", i).text for i in range(len(BEFORE_ROUND_3))]
-    assert [_base_round_2(t, (tp.LATER_FORMS_3, tp.LATER_FORMS_OPTIM)) for t in widened] == BEFORE_ROUND_3
+    assert [_base_round_2(t, (pf.LATER_FORMS_3, pf.LATER_FORMS_OPTIM)) for t in widened] == BEFORE_ROUND_3
     assert widened[3].startswith("fsdp_f8-") and "step=precompute" in widened[3]  # and round 3 is drawn
 
 
@@ -356,9 +358,9 @@ BEFORE_ROUND_OPTIM = [
 
 def test_the_optimizers_round_never_moves_earlier_rounds_picks():
     # the round changes a program's optimizer and nothing else: its stream is consulted only for a
-    # plain adamw / sgd, after every earlier round left it plain (training_program.LATER_ROUNDS)
+    # plain adamw / sgd, after every earlier round left it plain (program_forms.LATER_ROUNDS)
     widened = [draw("night", i).text for i in range(len(BEFORE_ROUND_OPTIM))]
-    assert [_base_round_2(t, (tp.LATER_FORMS_OPTIM,)) for t in widened] == BEFORE_ROUND_OPTIM
+    assert [_base_round_2(t, (pf.LATER_FORMS_OPTIM,)) for t in widened] == BEFORE_ROUND_OPTIM
     assert [draw("night", i, rounds=("later", "later2", "later3")).text
             for i in range(len(BEFORE_ROUND_OPTIM))] == BEFORE_ROUND_OPTIM
     moved = [(a, b) for a, b in zip(widened, BEFORE_ROUND_OPTIM) if a != b]
@@ -367,13 +369,13 @@ def test_the_optimizers_round_never_moves_earlier_rounds_picks():
 
 def test_the_optimizers_round_draws_every_form_on_every_layout_family():
     programs = [draw("reach_optim", i) for i in range(1500)]
-    forms = {f for fs in tp.LATER_FORMS_OPTIM.values() for f in fs}
+    forms = {f for fs in pf.LATER_FORMS_OPTIM.values() for f in fs}
     assert forms <= {p.optim for p in programs}, forms - {p.optim for p in programs}
     for form in forms:  # sharded (FSDP2, TP) and replicated (DDP) alike
         layouts = {p.layout for p in programs if p.optim == form}
         assert layouts & set(tp.FSDP) and layouts & {"tp", "tp_f8", "fsdp_tp"} and "ddp" in layouts, (form, layouts)
     assert all(tp.valid(p) for p in programs)
-    assert {tp.base_of("optim", f) for f in forms} == {"adamw", "sgd"}  # forms, never new base values
+    assert {pf.base_of("optim", f) for f in forms} == {"adamw", "sgd"}  # forms, never new base values
 
 
 def test_a_seed_drawn_with_fewer_rounds_is_the_seed_before_the_later_rounds_existed():
@@ -381,10 +383,10 @@ def test_a_seed_drawn_with_fewer_rounds_is_the_seed_before_the_later_rounds_exis
     # those later rounds existed: round 3's texts above with rounds 1 and 2; any other round's
     # forms left out, whatever order the rounds are listed in
     assert [draw("night", i, rounds=("later", "later2")).text for i in range(len(BEFORE_ROUND_3))] == BEFORE_ROUND_3
-    every = tuple(stream for stream, _, _ in tp.LATER_ROUNDS)
+    every = tuple(stream for stream, _, _ in pf.LATER_ROUNDS)
     assert [draw("night", i, rounds=every[::-1]).text for i in range(8)] == [draw("night", i).text for i in range(8)]
     for k in range(len(every)):
-        left_out = {(w, f) for _, table, _ in tp.LATER_ROUNDS[k:] for (w, _v), fs in table.items() for f in fs}
+        left_out = {(w, f) for _, table, _ in pf.LATER_ROUNDS[k:] for (w, _v), fs in table.items() for f in fs}
         for i in range(200):
             program = draw("rounds", i, rounds=every[:k])
             used = {split(a) for a in program.actions} | {("layout", program.layout)}
@@ -401,11 +403,11 @@ def test_round_3_forms_are_drawn_where_their_calls_are_made():
     assert {p.layout for p in only} == {"fsdp_f8"} and any("step=precompute" in p.actions for p in only)
 
 
-_NAMES = [stream for stream, _, _ in tp.LATER_ROUNDS]
+_NAMES = [stream for stream, _, _ in pf.LATER_ROUNDS]
 BEFORE_RESHARD = tuple(_NAMES[:_NAMES.index("later_reshard")])
 """The later rounds before round later_reshard (its restarts consulted only where they left a
 plain `load`)."""
-RESTARTS = set(tp.LATER_FORMS_RESHARD[("load", "")])
+RESTARTS = set(pf.LATER_FORMS_RESHARD[("load", "")])
 
 
 def test_round_later_reshard_leaves_every_program_as_it_was_up_to_its_first_restart():
@@ -582,7 +584,7 @@ def test_the_hidden_step_entry_names_a_restarts_load_as_its_near_miss():
 # the seeded draw alone (`python -m distci fuzz --generator programs --list --seed S --layout L`);
 # reach3543 (program 0, 2 ranks) replaced reach1145 (program 3, after two 4-rank programs: a second
 # pool and three programs nobody looks at); reach1366 replaced reach3543 when the round-2 forms
-# (training_program.LATER_FORMS_2) turned its last `load` into `load=model`, a model-only load
+# (program_forms.LATER_FORMS_2) turned its last `load` into `load=model`, a model-only load
 SEEDED_ROUNDS = ("later", "later2", "later3")
 """The later rounds BOUNDED's seeds were chosen with: a round added after them turned
 reach13716's last `load` into a restart (load=ddp), so they are drawn as then (`--rounds`)."""
@@ -653,3 +655,77 @@ def test_the_optimizers_round_finds_file_under_their_registered_bug(program, sig
     test_id = f"suites/generators/programs_entry.py::test_program[{program}]"
     assert registry.match(test_id, signature, "", Stack(torch="2.13.0")) == entry
     assert entry is None or registry.match(test_id, signature, "", Stack(torch="2.15.0")) == entry
+AMP_ROUNDS = tuple(stream for stream, _, _ in pf.LATER_ROUNDS if stream != "later_amp")
+"""Every round but the loss-scaling one (program_forms.LATER_FORMS_AMP)."""
+
+
+def _without_amp(text: str) -> str:
+    """A program's text with the loss-scaling round's forms back to their values."""
+    return _base_round_2(text, (pf.LATER_FORMS_AMP,))
+
+
+def test_the_loss_scaling_round_never_moves_earlier_rounds_picks():
+    """A program whose layout the round leaves alone is drawn as before it, save its spikes (a
+    form of a sync backward, on LAYOUT_amp only: none here); one it gives a scaler keeps its
+    head (sizes, optimizer, world size), the layout back to its value."""
+    for i in range(300):
+        before, after = draw("amp-moves", i, rounds=AMP_ROUNDS), draw("amp-moves", i)
+        if after.layout not in tp.AMP:
+            assert after.text == before.text, (i, after.text)
+        else:
+            head = parse_program(_without_amp(after.text))
+            assert (head.layout, head.world_size, head.width, head.layers, head.optim) == \
+                (before.layout, before.world_size, before.width, before.layers, before.optim)
+
+
+def test_the_loss_scaling_round_is_drawn_where_its_calls_are_made():
+    programs = [draw("reach-amp", i) for i in range(1500)]
+    assert set(tp.AMP) - {"hsdp_amp"} <= {p.layout for p in programs}  # hsdp_amp: ~1 in 500 (below)
+    for form in ("fwd_bwd=spike", "fwd_bwd=badlabel"):
+        spiked = [p for p in programs if form in p.actions]
+        assert spiked and all(p.layout in tp.AMP for p in spiked), form
+    assert all(tp.valid(p) for p in programs)
+    only = [draw("amp", i, tuple(tp.AMP)) for i in range(60)]
+    assert {p.layout for p in only} == set(tp.AMP)
+    assert all(p.world_size == 4 for p in only if p.layout in ("hsdp_amp", "fsdp_tp_amp"))
+    assert any("fwd_bwd=spike" in p.actions for p in only) and any("fwd_bwd=badlabel" in p.actions for p in only)
+
+
+@pytest.mark.parametrize("form", ["spike", "badlabel"])
+@pytest.mark.parametrize("layout", ["fsdp", "tp", "ddp", "hsdp", "fsdp_mp"])
+def test_an_overflowing_backward_is_a_loss_scaled_layouts_call_only(layout, form):
+    ws = tp.LAYOUTS[layout][0]
+    parse_program(f"{layout}-ws{ws}-w8-l1-sgd:fwd_bwd,step")
+    with pytest.raises(tp.ProgramError, match="not where a loop makes it"):
+        parse_program(f"{layout}-ws{ws}-w8-l1-sgd:fwd_bwd={form},step")
+    if f"{layout}_amp" in tp.AMP:
+        parse_program(f"{layout}_amp-ws{ws}-w8-l1-sgd:fwd_bwd={form},step")
+
+
+def test_a_loss_scaled_step_needs_a_gradient_to_unscale():
+    parse_program("ddp-ws2-w8-l1-sgd:step")
+    with pytest.raises(tp.ProgramError, match="not where a loop makes it"):
+        parse_program("ddp_amp-ws2-w8-l1-sgd:step")
+    with pytest.raises(tp.ProgramError, match="not where a loop makes it"):
+        parse_program("ddp_amp-ws2-w8-l1-sgd:fwd_bwd,step,zero_grad,step")
+
+
+def test_a_loss_scaled_layout_shrinks_to_its_plain_one():
+    program = parse_program("fsdp_tp_amp-ws4-w8-l1-sgd:fwd_bwd,step,save,load")
+    shrunk = {e.apply(program).text for e in edits(program)}
+    assert {"fsdp_tp-ws4-w8-l1-sgd:fwd_bwd,step,save,load", "fsdp_amp-ws2-w8-l1-sgd:fwd_bwd,step,save,load"} <= shrunk
+
+
+@pytest.mark.parametrize("program, signature, entry", [
+    ("tp_amp-ws2-w8-l1-sgd:fwd_bwd,step",
+     "RuntimeError: aten._amp_foreach_non_finite_check_and_unscale_.default: got mixed torch.Tensor and DTensor, "
+     "need to convert all torch.Tensor to DTensor before calling distributed operators!", "dtensor-grad-scaler-mixed-dtensor"),
+    # the plain tp layout does not unscale: not this entry's test
+    ("tp-ws2-w8-l1-sgd:fwd_bwd,clip=value",
+     "RuntimeError: aten._amp_foreach_non_finite_check_and_unscale_.default: got mixed torch.Tensor and DTensor",
+     None),
+])
+def test_the_loss_scaling_finds_file_under_their_registered_bug(program, signature, entry):
+    registry = load_registry(REPO / "suites" / "known_issues.toml")
+    test_id = f"suites/generators/programs_entry.py::test_program[{program}]"
+    assert registry.match(test_id, signature, "", Stack(torch="2.13.0")) == entry

@@ -428,7 +428,7 @@ def add_parser(sub) -> None:
                    help="programs: draw only these layouts (fsdp, tp, fsdp_tp, ddp)")
     p.add_argument("--rounds", default=None, metavar="R1,R2",
                    help="programs: consult only these later rounds of forms (their stream names, "
-                        "training_program.LATER_ROUNDS; default: all): a seed's programs as drawn when only "
+                        "program_forms.LATER_ROUNDS; default: all): a seed's programs as drawn when only "
                         "they existed (the planted-bug trials pin theirs)")
     p.add_argument("--seed", default=None, help="any text (default: today's UTC date); the same seed draws the same list")
     p.add_argument("--budget", default="30m", help="wall-clock budget: seconds or 90s / 30m / 1h (default 30m)")

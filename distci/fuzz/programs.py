@@ -33,8 +33,9 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection
 
-from distci.training_program import (INVENTORY, LATER_ROUNDS, LAYERS, LAYOUTS, OPTIMIZERS, WIDTHS, Program,
-                                      State, action, drawn_args, forms, is_form, split, token, valid)
+from distci.program_forms import LATER_ROUNDS, forms, is_form
+from distci.training_program import (AMP, INVENTORY, LAYERS, LAYOUTS, OPTIMIZERS, WIDTHS, Program, State, action,
+                                      drawn_args, split, token, valid)
 from .records import Find, Outcome, Report
 
 MIN_ACTIONS, MAX_ACTIONS = 4, 14
@@ -43,7 +44,7 @@ def draw(seed: str, index: int, layouts: tuple[str, ...] = tuple(LAYOUTS),
          rounds: Collection[str] | None = None) -> Program:
     """Program `index` of `seed`: layout, size and optimizer, then actions drawn by weight
     among those enabled where the program stands (a no-sync run is closed by a synced backward).
-    Each drawn value then takes one of its forms (training_program.FORMS) from a second stream,
+    Each drawn value then takes one of its forms (program_forms.FORMS) from a second stream,
     so the main stream, and with it every program drawn before a form was added, stays put;
     a value the forms stream left plain may take a later form from a third stream (LATER_FORMS),
     so the forms stream stays put too, and one that stream left plain a round-2 form from a
@@ -59,7 +60,7 @@ def draw(seed: str, index: int, layouts: tuple[str, ...] = tuple(LAYOUTS),
     def pick(what: str, values: list[str], allowed: Collection[str]) -> str:
         """A form from the forms stream; then, where it left the plain value, maybe a later
         form (one of `allowed`) from each round's stream in turn while they leave it plain
-        (training_program.LATER_ROUNDS)."""
+        (program_forms.LATER_ROUNDS)."""
         got = first(values)
         if got != values[0]:
             return got
@@ -80,7 +81,7 @@ def draw(seed: str, index: int, layouts: tuple[str, ...] = tuple(LAYOUTS),
     length = rng.randint(MIN_ACTIONS, MAX_ACTIONS)
     state, actions = State(layout=layout, world_size=ws), []
     while len(actions) < length or state.unsynced:
-        layout = state.layout  # a load=LAYOUT moves the program (training_program.LATER_FORMS_RESHARD)
+        layout = state.layout  # a load=LAYOUT moves the program (program_forms.LATER_FORMS_RESHARD)
         choices = [(a, arg) for a in INVENTORY for arg in drawn_args(a) if a.enabled(state, layout, arg)]
         if len(actions) >= length:  # close the accumulation
             choices = [(a, arg) for a, arg in choices if a.name == "fwd_bwd" and arg == "sync"]
@@ -134,8 +135,8 @@ def edits(program: Program) -> list[Edit]:
     if program.optim != OPTIMIZERS[0]:
         out.append(Edit(model=(("optim", OPTIMIZERS[0]),)))
     plainer = {"fsdp_tp": ("tp", "fsdp", "ddp"), "fsdp_mp": ("fsdp",), "fsdp_offload": ("fsdp",),
-               "hsdp": ("fsdp",), "fsdp_f8": ("fsdp",), "tp_f8": ("tp",)}.get(
-        program.layout, ())
+               "hsdp": ("fsdp",), "fsdp_f8": ("fsdp",), "tp_f8": ("tp",), "fsdp_tp_amp": ("fsdp_tp", "tp_amp", "fsdp_amp"),
+               "hsdp_amp": ("hsdp", "fsdp_amp")}.get(program.layout, (AMP[program.layout],) if program.layout in AMP else ())
     for layout in plainer:
         out.append(Edit(model=(("layout", layout), ("world_size", min(LAYOUTS[layout])))))
     out += [Edit(plain=frozenset({i})) for i, tok in enumerate(program.actions)

@@ -156,7 +156,8 @@ def run_generator(args, cell, seed: str, command: str) -> int:
     from distci.fuzz.command import parse_budget
 
     from distci.errors import FuzzSpecError
-    from distci.training_program import LATER_ROUNDS, LAYOUTS
+    from distci.program_forms import LATER_ROUNDS
+    from distci.training_program import LAYOUTS
 
     from .programs import draw
 

@@ -1,5 +1,5 @@
 """Float8 training in the programs generator: the `fsdp_f8` layout's conversion, its reference,
-and `step=precompute` (distci/training_program.py, LATER_FORMS_3).
+and `step=precompute` (distci/program_forms.py, LATER_FORMS_3).
 
 As torchtitan's Float8LinearConverter (`components/quantization/float8.py`) does it: the model is
 converted with `convert_to_float8_training` BEFORE it is parallelized, every nn.Linear but the

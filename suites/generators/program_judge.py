@@ -23,6 +23,7 @@ from ..judges.checks import check_numerics, sqnr
 from ..judges.tolerances import tolerance
 from ..runner.evidence import TrainRecord, clean_name, placement_name
 from .program_optimizers import precision
+from . import program_scaler as scaler
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -127,6 +128,13 @@ def compare(p: Any) -> list[str]:
     problems: list[str] = []
     grads_ref = _grads(p.ref)
     grads_run = _grads(p.run) if not p.unsynced else grads_ref
+    if p.ref.scaling is not None:  # a spiked step's gradients: overflowed on both sides, not compared by value
+        grads_ref, grads_run, overflow = scaler.overflowed(grads_ref, grads_run)
+        problems += overflow + scaler.problems(p)
+        if any(scaler.ACROSS_RANKS in x for x in problems):
+            # ranks that stepped and ranks that skipped hold optimizer states of other shapes:
+            # gathering them would send the ranks into different collectives
+            return problems
     ref_rec = TrainRecord(losses=[p.losses[0]] if p.losses else [], grads=[grads_ref])
     run_rec = TrainRecord(losses=[p.losses[1]] if p.losses else [], grads=[grads_run])
     problems += [x.removeprefix("step 0: ") for x in check_numerics(ref_rec, run_rec, tol)]
@@ -147,9 +155,10 @@ def compare(p: Any) -> list[str]:
 
 
 def lead(problems: list[str]) -> str:
-    """The problem that names the bug best: optimizer state, lr, buffers and gradients
+    """The problem that names the bug best: the GradScaler's (a skip or a scale), optimizer state,
+    lr, buffers and gradients
     before parameters and losses (which every such bug moves later)."""
-    for word in ("optimizer state", "lr ", "param group", "clip ", "buffer", "requires_grad", "gradient", "parameter"):
+    for word in ("GradScaler", "optimizer state", "lr ", "param group", "clip ", "buffer", "requires_grad", "gradient", "parameter"):
         hit = next((x for x in problems if word in x), None)
         if hit:
             return hit

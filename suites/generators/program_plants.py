@@ -40,6 +40,13 @@ stays quiet elsewhere, as such bugs sit upstream:
     (Adafactor's factored row second moment, one value per row) from the other half of its rows,
     as a loader that shards it by the world's rows: visible only with adafactor (the later_optim
     round), at a `load` of a `save=full` taken after a step made the state, where the rows differ.
+  - found_inf_local: under fsdp_amp the GradScaler checks each rank's own gradient shards for inf
+    and never agrees the answer across ranks (program_scaler._LocalInfCheck): visible only where
+    one rank's shard overflows and another's does not, a `fwd_bwd=badlabel` while only the head
+    trains (one layer, its block frozen), at the step: that rank skips, the others step.
+  - scaler_resume: a resume under fsdp_amp restores the model and the optimizer but not the
+    GradScaler (its scaler.pt never read back, as a checkpoint path that forgets it): visible only
+    at a full load after a step moved the scale or its growth tracker since the save.
 """
 
 from __future__ import annotations
@@ -50,7 +57,8 @@ from typing import Any, Callable
 
 PLANT_ENV = "DISTCI_PROGRAMS_PLANT"
 PLANTS = ("optim_load_fsdp", "buffer_load", "sched_resume", "zero_grad_ddp", "mp_accumulate_low",
-          "async_unstaged", "partial_load_all", "f8_local_scale", "relayout_optim", "factored_rows")
+          "async_unstaged", "partial_load_all", "f8_local_scale", "relayout_optim", "factored_rows",
+          "scaler_resume", "found_inf_local")
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,12 @@ class Plant:
 
     def shifts_factored_state(self, kind: str) -> bool:
         return self.name == "factored_rows" and kind == "full"
+
+    def checks_inf_locally(self, layout: str) -> bool:
+        return self.name == "found_inf_local" and layout == "fsdp_amp"
+
+    def keeps_scaler_on_load(self, layout: str) -> bool:
+        return self.name == "scaler_resume" and layout == "fsdp_amp"
 
     def precomputes_local_scale(self) -> bool:
         return self.name == "f8_local_scale"

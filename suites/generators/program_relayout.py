@@ -1,5 +1,5 @@
 """The programs generator's restarts: `load=LAYOUT` and `load=file` (round `later_reshard`,
-distci/training_program.py's LATER_FORMS_RESHARD), a checkpoint loaded into the same model
+distci/program_forms.py's LATER_FORMS_RESHARD), a checkpoint loaded into the same model
 built again, as a job restarted from its last checkpoint builds it.
 
   - `load=LAYOUT`: the model is built again and laid out as LAYOUT (another layout these ranks

@@ -28,13 +28,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from distci.training_program import FLOAT8, FSDP, part_of
+from distci.training_program import AMP, FLOAT8, FSDP, part_of
 
 from ..runner.evidence import clean_name
 from . import program_checkpoint as checkpoint
 from . import program_float8 as float8
-from . import program_relayout as relayout
 from . import program_optimizers as optimizers
+from . import program_relayout as relayout
+from . import program_scaler as scaler
 from .program_layout import Parallel, accumulate_in_param_dtype, compile_blocks, fsdp_method, layout_model
 from .program_judge import compare, placements
 from .program_plants import Plant
@@ -103,6 +104,8 @@ class Twin:
     sched: Any = None
     checkpoint: Any = None
     last_loss: float = math.nan
+    scaling: Any = None
+    """Its GradScaler, for a LAYOUT_amp program (program_scaler.py)."""
     named: dict[str, nn.Parameter] = field(default_factory=dict)
     """The parameters by name as the optimizer holds them, taken once after parallelizing:
     FSDP2 swaps the root's unsharded tensors in after a forward that no backward follows
@@ -163,13 +166,15 @@ def start(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Program:
     torch.manual_seed(SEED)
     ref_model = build(spec, spec.layout, dist.device_type)
     run_model = copy.deepcopy(ref_model)
-    runnable, par = layout_model(run_model, spec.layout, dist)
+    runnable, par = layout_model(run_model, AMP.get(spec.layout, spec.layout), dist)
     if plant.accumulates_in_param_dtype(spec.layout):
         accumulate_in_param_dtype(run_model)
     ref, run = Twin(ref_model, ref_model, spec.optim), Twin(run_model, runnable, spec.optim)
     for twin in (ref, run):
         twin.named = {clean_name(n): q for n, q in twin.model.named_parameters()}
         twin.new_optimizer()
+        local = twin is run and plant.checks_inf_locally(spec.layout)
+        twin.scaling = scaler.new(dist.device_type, local) if spec.layout in AMP else None
     return Program(spec, ref, run, par, plant, checkpoint_dir=checkpoint_dir, dist=dist)
 
 
@@ -232,20 +237,27 @@ def halves(x: torch.Tensor, dp_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return per_rank[:, :half].reshape(-1, *x.shape[1:]), per_rank[:, half:].reshape(-1, *x.shape[1:])
 
 
-def _reference_loss(p: Program, x: torch.Tensor, y: torch.Tensor, twice: bool) -> torch.Tensor:
+def _reference_loss(p: Program, x: torch.Tensor, y: torch.Tensor, twice: bool, spike: bool = False,
+                    bad: torch.Tensor | None = None) -> torch.Tensor:
     """The reference's forward(s) and backward on the global batch (its two halves, one
-    backward of their mean loss, for fwd_bwd=twice)."""
+    backward of their mean loss, for fwd_bwd=twice; rank 0's rows spiked for fwd_bwd=spike;
+    against `bad`, the targets with a corrupt one, for fwd_bwd=badlabel), through its
+    GradScaler if it trains with one. Returns the loss against the clean targets."""
     if p.par.layout == "fsdp_mp":
         return mixed_precision_reference(p.ref.model, x, y, p.par.dp_size, 2 if twice else 1)
     if p.par.layout in FLOAT8:  # the activations' float8 scales are per rank's rows
         return float8.per_rank_reference(p.ref.model, x, y, p.par.dp_size, ROWS, 2 if twice else 1)
     if not twice:
-        loss = F.mse_loss(p.ref.runnable(x), y)
-        loss.backward()
+        out = p.ref.runnable(x)
+        loss = F.mse_loss(out, y)
+        if spike:
+            scaler.backward(p.ref, scaler.reference_spike(out, y, p.par.dp_size, ROWS))
+        else:
+            scaler.backward(p.ref, loss if bad is None or bad is y else F.mse_loss(out, bad))
         return loss
     parts = zip(halves(x, p.par.dp_size), halves(y, p.par.dp_size))
     loss = sum(F.mse_loss(p.ref.runnable(xh), yh) for xh, yh in parts) / 2
-    loss.backward()
+    scaler.backward(p.ref, loss)
     return loss
 
 
@@ -255,11 +267,12 @@ def _forward_backward(p: Program, arg: str) -> None:
     (set_requires_all_reduce(False), FSDP2's HSDP accumulation)."""
     import torch.distributed as tdist
 
-    sync, twice = arg in ("sync", "twice", "noreduce"), arg == "twice"
+    sync, twice, spike = arg in ("sync", "twice", "noreduce", "spike", "badlabel"), arg == "twice", arg == "spike"
 
     x, y = batch(p.forwards, p.spec.width, p.par.dp_size)
     p.forwards += 1
-    ref_loss = _reference_loss(p, x, y, twice)
+    bad = scaler.bad_labels(y) if arg == "badlabel" else y
+    ref_loss = _reference_loss(p, x, y, twice, spike, bad)
     rows = slice(p.par.dp_rank * ROWS, (p.par.dp_rank + 1) * ROWS) if p.par.dp_size > 1 else slice(None)
     ctx = contextlib.nullcontext()
     if p.par.layout == "ddp" and not sync:
@@ -275,8 +288,11 @@ def _forward_backward(p: Program, arg: str) -> None:
             loss = (F.mse_loss(p.run.runnable(xr[:h]).float(), yr[:h])
                     + F.mse_loss(p.run.runnable(xr[h:]).float(), yr[h:])) / 2
         else:
-            loss = F.mse_loss(p.run.runnable(xr).float(), yr)
-        (loss / p.par.dp_size if p.divided else loss).backward()
+            out = p.run.runnable(xr).float()
+            loss = F.mse_loss(out, yr)
+        trained = loss if bad is y else F.mse_loss(out, bad[rows])
+        scaled = trained / p.par.dp_size if p.divided else trained
+        scaler.backward(p.run, scaled * scaler.SPIKE if spike and p.par.dp_rank == 0 else scaled)
     total = loss.detach().clone()
     if p.par.dp_size > 1:
         tdist.all_reduce(total, group=p.par.dp_group)
@@ -358,19 +374,24 @@ def apply(p: Program, name: str, arg: str) -> None:
         if not p.plant.keeps_grads_on_zero(p.par.layout, none):
             p.run.opt.zero_grad(set_to_none=none)
     elif name == "clip" and arg == "value":
+        scaler.unscale(p)
         for twin in (p.ref, p.run):
             torch.nn.utils.clip_grad_value_([q for q in twin.model.parameters() if q.grad is not None], CLIP_VALUE)
     elif name == "clip":
         norm = math.inf if arg == "inf" else float(arg)
+        scaler.unscale(p)
         totals = []
         for twin in (p.ref, p.run):
             params = [q for q in twin.model.parameters() if q.grad is not None]  # as trainers clip
             total = torch.nn.utils.clip_grad_norm_(params, norm, norm_type=2.0 if arg != "inf" else math.inf)
             totals.append(float(total.full_tensor() if hasattr(total, "full_tensor") else total))
-        p.clip_totals = (totals[0], totals[1])
+        p.clip_totals = scaler.clip_totals(p, (totals[0], totals[1]))
     elif name in ("step", "sched"):
         for twin in (p.ref, p.run):
-            (twin.opt if name == "step" else twin.sched).step()
+            if name == "step" and twin.scaling is not None:
+                scaler.step(twin)
+            else:
+                (twin.opt if name == "step" else twin.sched).step()
         if arg == "precompute":
             float8.start_precomputing(p)
     elif name == "eval":
@@ -379,11 +400,15 @@ def apply(p: Program, name: str, arg: str) -> None:
         _metric(p, arg)
     elif name == "save":
         checkpoint.save(p, arg)
+        scaler.save(p)
     elif name == "load" and arg not in ("", "model"):  # a restart: the model built again (program_relayout.py)
         relayout.load(p, arg, lambda: build(p.spec, p.par.layout, p.dist.device_type), fresh_scheduler)
         float8.hook_again(p)  # a restart of a precomputing float8 run registers its hook again
+        scaler.load(p)  # a restarted loss-scaled run reads its scaler back (load=file: the only restart it draws)
     elif name == "load":
         checkpoint.load(p, fresh_scheduler, model_only=arg == "model")
+        if arg != "model":
+            scaler.load(p)
     elif name in ("freeze", "unfreeze"):
         _freeze(p, part_of(arg), name == "unfreeze")
         if arg != part_of(arg):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from distci.training_program import PROGRAM_ENV, PROGRAMS_ENV, TEST_NAME, parse
+from distci.training_program import AMP, PROGRAM_ENV, PROGRAMS_ENV, TEST_NAME, parse
 
 from ..probes import capabilities
 from ..runner.checkpoint import shared_dir
@@ -62,6 +62,8 @@ def test_program(dist, program) -> None:
         pytest.skip(capabilities.full_state_dict_broadcast())
     if optimizers.missing(program.optim, dist.device_type):
         pytest.skip(optimizers.missing(program.optim, dist.device_type))
+    if program.layout in AMP and capabilities.dtensor_loss_scaling(dist.device_type):
+        pytest.skip(capabilities.dtensor_loss_scaling(dist.device_type))
     with shared_dir() as where:
         found = run_program(program, dist, planted(), where)
     if found is not None:

@@ -228,6 +228,28 @@ def full_state_dict_broadcast() -> str | None:
 
 
 @functools.cache
+def dtensor_loss_scaling(device_type: str) -> str | None:
+    """Whether torch.amp.GradScaler runs on this device and DTensor agrees its inf check
+    across ranks: `_amp_foreach_non_finite_check_and_unscale_` on DTensor gradients all-reduces
+    `found_inf` over their mesh (pytorch PR #132816, torch 2.5). Read off DTensor's table of
+    op handlers; a torch that moved the table is taken to have it (a run then judges it)."""
+    import torch
+
+    try:
+        torch.amp.GradScaler(device_type, init_scale=2.0)
+    except (RuntimeError, TypeError, AttributeError, ValueError) as exc:
+        return f"LAYOUT_amp needs torch.amp.GradScaler on {device_type} ({str(exc).strip()[:120]})"
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        from torch.distributed._tensor import DTensor
+    handlers = getattr(getattr(DTensor, "_op_dispatcher", None), "_custom_op_handlers", None)
+    if handlers is not None and torch.ops.aten._amp_foreach_non_finite_check_and_unscale_.default not in handlers:
+        return "this torch's DTensor does not all-reduce GradScaler's found_inf (pytorch PR #132816, torch 2.5)"
+    return None
+
+
+@functools.cache
 def fp16_loss_scaling(device_type: str) -> str | None:
     """Whether float16 matmuls run here and torch.amp.GradScaler scales, unscales and
     skips on this device (CPU got a GradScaler after CUDA)."""

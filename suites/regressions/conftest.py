@@ -71,3 +71,27 @@ def fuse_with_micro_pipeline_tp(gm, make_inputs, monkeypatch: pytest.MonkeyPatch
         micro_pipeline_tp_pass(gm.graph)
     fused = [n for n in gm.graph.nodes if n.target is torch.ops.symm_mem.fused_scaled_matmul_reduce_scatter.default]
     return mode, inputs, fused
+
+
+def partial_tp_mlp(dist, dim: int = 8, loss_scale: float = 1.0):
+    """(model, reference) after one backward of the same batch (its loss times `loss_scale`): a
+    LayerNorm, two linears and a head, the linears TP-sharded (w1 column-, w2 row-wise,
+    torchtitan's feed-forward plan) without sequence parallel, so the norm and the head stay
+    plain tensors beside DTensors; and its single-process twin. What the foreach paths that
+    group gradients by device and dtype only (clip_grad_value_, GradScaler.unscale_) hand one
+    kernel both kinds of."""
+    import torch
+    from torch import nn
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim),
+                             nn.Linear(dim, dim)).to(dist.device)
+
+    model, reference = build(), build()
+    parallelize_module(model, dist.mesh(), {"1": ColwiseParallel(), "3": RowwiseParallel()})
+    x = torch.randn(4, dim, generator=torch.Generator().manual_seed(1)).to(dist.device)
+    for m in (model, reference):
+        (m(x).pow(2).mean() * loss_scale).backward()
+    return model, reference

@@ -16,32 +16,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from ..conftest import tier_marks
+from .conftest import partial_tp_mlp
 
 pytestmark = tier_marks("nightly")
 DIM = 8
 CLIP = 0.01
 
 
-def _model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.LayerNorm(DIM), nn.Linear(DIM, 2 * DIM), nn.GELU(), nn.Linear(2 * DIM, DIM),
-                         nn.Linear(DIM, DIM))
-
-
 @pytest.mark.world_size(2)
 @pytest.mark.parametrize("foreach", ["default", "loop"])
 def test_clip_grad_value_over_dtensor_and_plain_grads(dist, foreach: str) -> None:
     from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    model, reference = _model().to(dist.device), _model().to(dist.device)
-    parallelize_module(model, dist.mesh(), {"1": ColwiseParallel(), "3": RowwiseParallel()})
-    x = torch.randn(4, DIM, generator=torch.Generator().manual_seed(1)).to(dist.device)
-    for m in (model, reference):
-        m(x).pow(2).mean().backward()
+    model, reference = partial_tp_mlp(dist, DIM)
     torch.nn.utils.clip_grad_value_(reference.parameters(), CLIP)
     torch.nn.utils.clip_grad_value_(model.parameters(), CLIP, foreach=None if foreach == "default" else False)
     for (name, p), q in zip(model.named_parameters(), reference.parameters()):
