@@ -21,7 +21,9 @@ import torch
 
 from ..conftest import tier_marks
 from ..probes import capabilities
-from .test_dtensor_clip_grad_value_mixed import DIM, _model  # the same TP-without-SP model as its clip face
+from .conftest import partial_tp_mlp  # the same TP-without-SP model as its clip and GradScaler faces
+
+DIM = 8
 
 pytestmark = tier_marks("nightly")
 
@@ -30,15 +32,10 @@ pytestmark = tier_marks("nightly")
 @pytest.mark.parametrize("impl", ["for_loop", "foreach", "fused"])
 def test_adamw_steps_dtensor_and_plain_params_together(dist, impl: str) -> None:
     from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     if capabilities.optimizer_impl(dist.device_type, "adamw", impl):
         pytest.skip(capabilities.optimizer_impl(dist.device_type, "adamw", impl))
-    model, reference = _model().to(dist.device), _model().to(dist.device)
-    parallelize_module(model, dist.mesh(), {"1": ColwiseParallel(), "3": RowwiseParallel()})
-    x = torch.randn(4, DIM, generator=torch.Generator().manual_seed(1)).to(dist.device)
-    for m in (model, reference):
-        m(x).pow(2).mean().backward()
+    model, reference = partial_tp_mlp(dist, DIM)  # after one backward of the same batch
     torch.optim.AdamW(reference.parameters(), lr=1e-2).step()
     flags = {} if impl == "for_loop" else {impl: True}
     torch.optim.AdamW(model.parameters(), lr=1e-2, **flags).step()
