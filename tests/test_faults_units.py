@@ -211,3 +211,11 @@ def test_a_lost_rank_is_named_by_what_happened_never_a_made_up_signal(state, mes
     combined = combine([RankState(0), state], 1.0)
     assert (combined.outcome, combined.failure_kind, combined.message) == ("failed", "crash", message)
     assert combined.needs_rebuild and "SIGHUP" not in combined.render()
+
+
+@pytest.mark.parametrize("peer", [RankState(0, exit_code=70), RankState(0, exit_code=-9), RankState(0, exit_code=1)])
+def test_of_ranks_that_died_the_one_that_faulted_is_named_whatever_its_rank(peer):
+    """A finished rank leaves once its peer is gone: the segfault is the cause, in any rank order."""
+    combined = combine([peer, RankState(1, exit_code=-11)], 1.0)
+    assert combined.message == "rank 1 killed by SIGSEGV (ranks 0, 1 died)"
+    assert combine([RankState(0, exit_code=70), RankState(1, exit_code=3)], 1.0).message.startswith("rank 0 ")

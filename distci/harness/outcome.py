@@ -227,6 +227,19 @@ def _death(state: RankState) -> str:
     return describe_exit(state.exit_code)
 
 
+FAULT_SIGNALS = frozenset(int(getattr(signal, n)) for n in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT", "SIGSYS")
+                          if hasattr(signal, n))
+"""Signals a process gets from its own fault (a bad access, an abort), never from whoever stops it."""
+
+
+def _faulted(state: RankState) -> bool:
+    """Whether the rank died of its own fault. When several ranks died, that one is the cause:
+    a peer then leaves on its own (a finished rank waiting for the others exits once one is
+    gone), and in rank order it would be named first (rank 0 "exited with code 70" for rank
+    1's SIGSEGV, seen in CI once in a few runs)."""
+    return state.exit_code is not None and -state.exit_code in FAULT_SIGNALS
+
+
 def combine(states: list[RankState], duration_s: float) -> Combined:
     ranks = [_excerpt(s) for s in states]
     dead = [s for s in states if s.exit_code is not None or s.channel]
@@ -240,7 +253,7 @@ def combine(states: list[RankState], duration_s: float) -> Combined:
         return Combined(outcome, kind, exc_type, message, sig, ranks, duration_s, needs_rebuild)
 
     if dead:
-        first = next((s for s in dead if s.oom), dead[0])
+        first = next((s for s in dead if s.oom), None) or next((s for s in dead if _faulted(s)), dead[0])
         words = None if first.oom else next(((s, w) for s in dead if (w := last_words(s.log))), None)
         died = f" (ranks {', '.join(str(s.rank) for s in dead)} died)" if len(dead) > 1 else ""
         if words:  # its diagnosis, first line first: the headline the registry matches
