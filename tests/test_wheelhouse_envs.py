@@ -5,8 +5,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -14,7 +16,8 @@ import pytest
 
 from distci.provision.envs import BASE_MARKER, MARKER, ensure_env, find_uv, installed_env, stack_env
 from distci.errors import InfraError
-from distci.provision.wheelhouse import ensure_wheelhouse, failure_line, wheelhouse_key
+from distci.provision.wheelhouse import (BUILDER_LOCK, UNMARKED_STALE_S, ensure_wheelhouse, failure_line,
+                                         remove_stale_temps, wheelhouse_key)
 from distci.provision.files import MANIFEST
 from distci.provision.pipconfig import resolution_environment
 from distci.provision.wheeltarget import interpreter_tags
@@ -101,6 +104,7 @@ def test_failed_download_leaves_no_wheelhouse(tmp_path: Path, links: Path) -> No
     stale = root / f".tmp-{dead.pid}-0123456789abcdef-crashed"
     stale.mkdir()
     (stale / MANIFEST).write_text("{}")
+    (stale / BUILDER_LOCK).touch()  # its builder died: nobody holds the lock
     with pytest.raises(InfraError) as err:
         ensure_wheelhouse(["tinyapp==1.0", "nosuchpkg==3.0"], offline(links), root, log=lambda m: None)
     message = str(err.value)
@@ -110,6 +114,35 @@ def test_failed_download_leaves_no_wheelhouse(tmp_path: Path, links: Path) -> No
     assert [p.name for p in root.iterdir() if not p.name.startswith(".")] == [
         f"{message.split()[1].rstrip(':')}.failed.log"
     ]
+
+
+def test_a_build_whose_pid_is_not_ours_is_kept_while_its_lock_is_held(tmp_path: Path) -> None:
+    """A builder in another PID namespace (a bisect container on the same checkout) has a
+    pid this process cannot see; its directory is removed only once its lock is free."""
+    root = tmp_path / "wh"
+    root.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = root / f".tmp-{dead.pid}-0123456789abcdef-elsewhere"
+    live.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
+         "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(live / BUILDER_LOCK)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        unmarked = root / f".tmp-{dead.pid}-fedcba9876543210-young"
+        unmarked.mkdir()
+        old = root / f".tmp-{dead.pid}-fedcba9876543210-old"
+        old.mkdir()
+        os.utime(old, (time.time() - UNMARKED_STALE_S - 60,) * 2)
+        remove_stale_temps(root)
+        assert live.is_dir() and unmarked.is_dir() and not old.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    remove_stale_temps(root)
+    assert not live.exists() and unmarked.is_dir()
 
 
 def test_damaged_wheelhouse_is_rebuilt(tmp_path: Path, links: Path) -> None:

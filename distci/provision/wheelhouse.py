@@ -33,6 +33,7 @@ they are installed: `install_args` puts pip in ``--require-hashes`` mode.
 from __future__ import annotations
 
 import datetime as _dt
+import fcntl
 import hashlib
 import json
 import os
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from filelock import FileLock
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
@@ -136,26 +138,42 @@ def _load(path: Path, key: str) -> Wheelhouse | None:
     return Wheelhouse(key=path.name, path=path, wheels=wheels, lock_file=path / LOCK_FILE, manifest=manifest)
 
 
-def _pid_alive(pid: int) -> bool:
+BUILDER_LOCK = ".builder.lock"
+UNMARKED_STALE_S = 3600
+
+
+def _builder_gone(entry: Path) -> bool:
+    """Whether the process that made temp directory `entry` is gone: its builder lock is free.
+
+    The pid in the name is not evidence: a bisect in a container (its own PID namespace) on
+    the same checkout sees every host pid as dead, and once deleted a live host build's
+    directory under it (CI: ``No such file or directory: .tmp-7000-.../pip.log``). A flock
+    is seen alike from every namespace on the host. A directory without the lock file (an
+    older distci's, or one whose maker died before taking it) is stale only when it has
+    not changed for UNMARKED_STALE_S.
+    """
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fd = os.open(entry / BUILDER_LOCK, os.O_RDONLY)
+    except FileNotFoundError:
+        try:
+            return time.time() - entry.stat().st_mtime > UNMARKED_STALE_S
+        except FileNotFoundError:
+            return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         return False
-    except PermissionError:
-        return True
+    finally:
+        os.close(fd)  # closing drops the probe's own lock, if it got one
     return True
 
 
 def remove_stale_temps(root: Path) -> None:
-    """Delete temp build and eviction directories left by crashed processes (their pid is in the name)."""
+    """Delete temp build and eviction directories whose maker is gone (a crashed process)."""
     if not root.is_dir():
         return
     for entry in [*root.glob(".tmp-*"), *root.glob(".evicting-*")]:
-        try:
-            pid = int(entry.name.split("-")[1])
-        except (IndexError, ValueError):
-            continue
-        if not _pid_alive(pid):
+        if entry.is_dir() and _builder_gone(entry):
             shutil.rmtree(entry, ignore_errors=True)
 
 
@@ -328,6 +346,8 @@ def _build(requirements: list[str], pip_args: list[str], final: Path, full_key: 
            environment: Mapping[str, str], target: WheelTarget | None = None) -> Wheelhouse:
     key = final.name
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-{key}-", dir=final.parent))
+    builder = FileLock(str(tmp / BUILDER_LOCK))  # held while building: see _builder_gone
+    builder.acquire()
     try:
         started = time.monotonic()
         log(f"wheelhouse {key}: downloading {', '.join(requirements)}")
@@ -385,10 +405,13 @@ def _build(requirements: list[str], pip_args: list[str], final: Path, full_key: 
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         os.rename(tmp, final)
+        (final / BUILDER_LOCK).unlink(missing_ok=True)
         (final.parent / f"{key}.failed.log").unlink(missing_ok=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        builder.release()
     size_mb = sum(w["size"] for w in wheels) / 1e6
     log(f"wheelhouse {key}: {len(wheels)} wheels, {size_mb:.0f} MB in {format_duration(duration)} -> {final}")
     return Wheelhouse(key=key, path=final, wheels=[w["filename"] for w in wheels],
