@@ -153,6 +153,29 @@ Drawn from the stream `later_amp`, consulted only where every earlier round left
 LATER_P_AMP = 0.3
 """How often a value takes a loss-scaling form: a base layout trains with a scaler in about a
 third of its programs, and a third of such a program's backwards spike (most steps still train)."""
+LATER_FORMS_HOOK: dict[tuple[str, str], tuple[str, ...]] = {
+    ("step", ""): ("ema",),
+    ("eval", "inference_mode"): ("ema",),
+    ("clip", "1.0"): ("total_norm", "foreach"),
+    ("fwd_bwd", "sync"): ("inbwd",),
+}
+"""Round `later_hook` (issue 40, items 1, 6, 7: the calls trainers hang on the step and on
+backward, reports/fuzz-programs-2026-12-09-hooks.md; suites/generators/program_hooks.py):
+  - step=ema: the step, then `AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay),
+    use_buffers=True).update_parameters(model)`, the averaged copy made at the first (Lightning
+    `EMAWeightAveraging`, timm ModelEmaV3's foreach lerp, diffusers EMAModel.step); under FSDP2 /
+    TP the copy is a deepcopy holding DTensors; eval=ema: the eval forward through that copy;
+  - clip=total_norm: `get_total_norm` of the gradients, the DTensor norm made full, then
+    `clip_grads_with_norm_` with it (torchtitan dist_utils.clip_grad_norm_); clip=foreach:
+    clip_grad_norm_(foreach=True, error_if_nonfinite=True); both at max_norm 1.0;
+  - fwd_bwd=inbwd: the optimizer stepped inside backward, each parameter's gradient stepped by
+    its register_post_accumulate_grad_hook and then dropped (torchtune `optimizer_in_bwd=True`,
+    torch.distributed.optim._apply_optimizer_in_backward); FSDP2 calls the hook on the sharded
+    parameter after its reduce-scatter.
+Drawn from the stream `later_hook`, consulted only where every earlier round left the value plain."""
+LATER_P_HOOK = 0.4
+"""A plain step takes its EMA in about two programs of five; inbwd needs a backward holding no
+gradient (the first, or one after zero_grad or a load), so it is drawn at the same rate."""
 LATER_ROUNDS: tuple[tuple[str, dict, float], ...] = (
     ("later", LATER_FORMS, LATER_P),
     ("later2", LATER_FORMS_2, LATER_P_2),
@@ -160,6 +183,7 @@ LATER_ROUNDS: tuple[tuple[str, dict, float], ...] = (
     ("later_reshard", LATER_FORMS_RESHARD, LATER_P_RESHARD),
     ("later_optim", LATER_FORMS_OPTIM, LATER_P_OPTIM),
     ("later_amp", LATER_FORMS_AMP, LATER_P_AMP),
+    ("later_hook", LATER_FORMS_HOOK, LATER_P_HOOK),
 )
 """The later rounds in order: (stream, table, how often it picks). Round k draws from stream
 `{seed}/{i}/STREAM`; a round's stream is named once and never by its position, so rounds

@@ -69,6 +69,11 @@ DATA_PARALLEL = ("fsdp", "fsdp_tp", "ddp", "fsdp_mp", "fsdp_offload", "hsdp", "f
 FSDP = ("fsdp", "fsdp_tp", "fsdp_mp", "fsdp_offload", "hsdp", "fsdp_f8", "fsdp_amp", "hsdp_amp", "fsdp_tp_amp")
 FLOAT8 = ("fsdp_f8", "tp_f8")
 """Layouts whose model is converted to torchao float8 training before it is parallelized."""
+IN_BACKWARD = ("fsdp", "tp", "fsdp_tp", "hsdp", "fsdp_mp", "fsdp_offload")
+"""Layouts where a post-accumulate-grad hook sees the gradient the step needs (fwd_bwd=inbwd):
+FSDP2 calls it after the reduce-scatter, TP's DTensor gradients are whole; DDP's hook sees the
+local gradient before the bucket's all-reduce (meaningless to step on), a loss scaler must
+unscale every gradient before any step, and float8's precompute runs after a whole step."""
 PRECOMPUTE = ("fsdp_f8",)
 """Layouts whose float8 weights FSDP2 all-gathers in float8: where precompute has scales to make."""
 OPTIMIZERS = ("sgd", "adamw", "sgd0", "adamw_groups", "adamw_fused", "adamw_foreach", "adam", "nadam", "radam",
@@ -106,6 +111,8 @@ class State:
     layout: str = ""
     """The layout the program runs under now: its own, until a `load=LAYOUT`."""
     world_size: int = 0
+    averaged: bool = False
+    """An EMA copy of the weights exists (step=ema made it; a restart drops it): eval=ema reads it."""
     unscaled: bool = False
     """A clip ran since the last step: under a loss scaler it unscale_d the gradients, and a
     backward before the step would add scaled ones the step never unscales (GradScaler's
@@ -133,11 +140,12 @@ def _synced(s: State, layout: str, arg: str) -> bool:
 def _fwd_bwd_ok(s: State, layout: str, arg: str) -> bool:
     return ((arg != "nosync" or layout in DATA_PARALLEL) and (arg != "noreduce" or AMP.get(layout, layout) == "hsdp")
             and (arg not in ("spike", "badlabel") or layout in AMP) and not (layout in AMP and s.unscaled)
+            and (arg != "inbwd" or (layout in IN_BACKWARD and not s.grads))
             and len(s.frozen) < len(PARTS))
 
 
 def _fwd_bwd(s: State, arg: str) -> State:
-    return replace(s, grads=True, unsynced=arg in ("nosync", "noreduce"), backwards=s.backwards + 1)
+    return replace(s, grads=arg != "inbwd", unsynced=arg in ("nosync", "noreduce"), backwards=s.backwards + 1)
 
 
 def _step_ok(s: State, layout: str, arg: str) -> bool:
@@ -185,18 +193,19 @@ def _load_ok(s: State, layout: str, arg: str) -> bool:
 
 def _load(s: State, arg: str) -> State:
     if arg in LAYOUTS:
-        return replace(s, layout=arg, grads=False)
-    return replace(s, grads=False) if arg == "file" else s
+        return replace(s, layout=arg, grads=False, averaged=False)
+    return replace(s, grads=False, averaged=False) if arg == "file" else s
 
 
 INVENTORY: tuple[Action, ...] = (
-    Action("fwd_bwd", ("sync", "nosync", "twice", "noreduce", "spike", "badlabel"),
+    Action("fwd_bwd", ("sync", "nosync", "twice", "noreduce", "spike", "badlabel", "inbwd"),
            "forward of the next batch, loss, backward; `nosync`: without the gradient reduction "
            "(FSDP2 set_requires_gradient_sync(False), DDP no_sync()), as accumulation's early microbatches; "
            "`twice`: two forwards (the batch's halves), one backward of their mean loss; `noreduce` (hsdp): "
            "reduce-scattered, not all-reduced across replicas (set_requires_all_reduce(False)); `spike` "
            "(LAYOUT_amp): data-parallel rank 0's loss spiked until its scaled gradients overflow; `badlabel` "
-           "(LAYOUT_amp): rank 0's first target an inf",
+           "(LAYOUT_amp): rank 0's first target an inf; `inbwd`: the optimizer stepped in backward, each "
+           "gradient by its post-accumulate-grad hook, then dropped",
            "torchtitan train.py forward_backward_step; accelerate accumulate(); torchtune recipes; "
            "twice: GAN discriminators, two-view contrastive losses, DPO's separate chosen/rejected forwards; "
            "spike: an outlier batch of an fp16 run (accelerate / Lightning skip the step)", 6.0,
@@ -205,22 +214,26 @@ INVENTORY: tuple[Action, ...] = (
            "optimizer.zero_grad(set_to_none=True) / (set_to_none=False): gradients dropped or zeroed in place",
            "torchtitan train_step start; torchtune after step (set_to_none=True); Lightning/accelerate default",
            2.0, _synced, lambda s, a: replace(s, grads=a == "zeros" and s.grads)),
-    Action("clip", ("1.0", "0.05", "inf", "value"),
+    Action("clip", ("1.0", "0.05", "inf", "value", "total_norm", "foreach"),
            "torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type) over DTensor gradients; "
-           "`value`: clip_grad_value_(params, 0.01)",
+           "`value`: clip_grad_value_(params, 0.01); `total_norm`: get_total_norm, then "
+           "clip_grads_with_norm_; `foreach`: clip_grad_norm_(foreach=True, error_if_nonfinite=True)",
            "torchtitan dist_utils.clip_grad_norm_; torchtune recipes; accelerate clip_grad_norm_; "
            "value: Lightning gradient_clip_algorithm='value', accelerate clip_grad_value_", 1.5,
            lambda s, l, a: s.grads and not s.unsynced, lambda s, a: replace(s, unscaled=True)),
-    Action("step", ("", "precompute"), "optimizer.step(); `precompute` (fsdp_f8): and torchao's "
-           "precompute_float8_dynamic_scale_for_fsdp after it, now and after every later step (a step post-hook)",
-           "every trainer; precompute: torchtitan float8 post_optimizer_hook", 3.0, _step_ok,
-           lambda s, a: replace(s, unscaled=False)),
+    Action("step", ("", "precompute", "ema"), "optimizer.step(); `precompute` (fsdp_f8): and torchao's "
+           "precompute_float8_dynamic_scale_for_fsdp after it, now and after every later step (a step post-hook); "
+           "`ema`: and AveragedModel.update_parameters(model) after it (an EMA of the weights)",
+           "every trainer; precompute: torchtitan float8 post_optimizer_hook; ema: Lightning "
+           "EMAWeightAveraging, timm ModelEmaV3", 3.0, _step_ok,
+           lambda s, a: replace(s, unscaled=False, averaged=s.averaged or a == "ema")),
     Action("sched", ("",), "lr_scheduler.step() (linear warmup then decay, a LambdaLR)",
            "torchtitan lr_schedulers.step; torchtune after step", 1.5, _synced, lambda s, a: s),
-    Action("eval", ("no_grad", "inference_mode", "generate"),
+    Action("eval", ("no_grad", "inference_mode", "generate", "ema"),
            "model.eval(); forward of the eval batch under torch.no_grad() / torch.inference_mode(); model.train(); "
-           "`generate`: a generate-style method under no_grad (register_fsdp_forward_method)",
-           "torchtune validate(); torchtitan validator; Lightning validation loop", 1.0, _synced, lambda s, a: s),
+           "`generate`: a generate-style method under no_grad (register_fsdp_forward_method); `ema`: through the EMA copy",
+           "torchtune validate(); torchtitan validator; Lightning validation loop (EMA weights swapped in)", 1.0,
+           lambda s, l, a: not s.unsynced and (a != "ema" or s.averaged), lambda s, a: s),
     Action("metric", ("all_reduce", "barrier"),
            "the step's loss all-reduced (avg) over the data-parallel ranks for logging / a barrier",
            "torchtitan dist_mean of the loss; torchtune all_reduce of running_loss", 0.7, _synced, lambda s, a: s),

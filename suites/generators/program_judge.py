@@ -23,6 +23,7 @@ from ..judges.checks import check_numerics, sqnr
 from ..judges.tolerances import tolerance
 from ..runner.evidence import TrainRecord, clean_name, placement_name
 from .program_optimizers import precision
+from . import program_hooks as hooks
 from . import program_scaler as scaler
 
 
@@ -121,6 +122,20 @@ def clip_totals(totals: tuple[float, float] | None, rel: float) -> list[str]:
     return []
 
 
+def averaged(ref: Any, run: Any, min_db: float) -> list[str]:
+    """The EMA copies (step=ema, program_hooks.py): every parameter and buffer of the run's
+    AveragedModel (its DTensors made full) against the reference's, and its update count."""
+    if ref.ema is None and run.ema is None:
+        return []
+    if ref.ema is None or run.ema is None:
+        return [f"EMA copy: {'the run' if run.ema is not None else 'the reference'} alone holds one"]
+    entries = [{n: _full(t) for n, t in hooks.entries(twin).items()} for twin in (ref, run)]
+    out = _close("EMA", entries[0], entries[1], min_db)
+    if int(ref.ema.n_averaged) != int(run.ema.n_averaged):
+        out.append(f"EMA updates {int(run.ema.n_averaged)} vs reference {int(ref.ema.n_averaged)}")
+    return out
+
+
 def compare(p: Any) -> list[str]:
     """Every problem of the run against the reference after an action (empty: none)."""
     # fsdp_mp too: its reference computes as its ranks do; Muon updates in bfloat16 (program_optimizers.precision)
@@ -141,6 +156,7 @@ def compare(p: Any) -> list[str]:
     problems += _close("parameter", _params(p.ref), _params(p.run), tol.grad_min_sqnr)
     problems += _close("optimizer state", _optimizer_state(p.ref), _optimizer_state(p.run), tol.grad_min_sqnr)
     problems += param_groups(p.ref, p.run)
+    problems += averaged(p.ref, p.run, tol.grad_min_sqnr)
     problems += clip_totals(p.clip_totals, tol.grad_max_rel or 1e-3)
     buffers_ref = {n: b.float() for n, b in p.ref.model.named_buffers()}
     buffers_run = {clean_name(n): _full(b) for n, b in p.run.model.named_buffers()}
@@ -158,7 +174,7 @@ def lead(problems: list[str]) -> str:
     """The problem that names the bug best: the GradScaler's (a skip or a scale), optimizer state,
     lr, buffers and gradients
     before parameters and losses (which every such bug moves later)."""
-    for word in ("GradScaler", "optimizer state", "lr ", "param group", "clip ", "buffer", "requires_grad", "gradient", "parameter"):
+    for word in ("GradScaler", "optimizer state", "lr ", "param group", "clip ", "buffer", "requires_grad", "gradient", "parameter", "EMA"):
         hit = next((x for x in problems if word in x), None)
         if hit:
             return hit

@@ -33,6 +33,7 @@ from distci.training_program import AMP, FLOAT8, FSDP, part_of
 from ..runner.evidence import clean_name
 from . import program_checkpoint as checkpoint
 from . import program_float8 as float8
+from . import program_hooks as hooks
 from . import program_optimizers as optimizers
 from . import program_relayout as relayout
 from . import program_scaler as scaler
@@ -106,6 +107,8 @@ class Twin:
     last_loss: float = math.nan
     scaling: Any = None
     """Its GradScaler, for a LAYOUT_amp program (program_scaler.py)."""
+    ema: Any = None
+    """Its EMA once a step=ema made it: an AveragedModel, or a Shadow under FSDP2 (program_hooks.py)."""
     named: dict[str, nn.Parameter] = field(default_factory=dict)
     """The parameters by name as the optimizer holds them, taken once after parallelizing:
     FSDP2 swaps the root's unsharded tensors in after a forward that no backward follows
@@ -267,12 +270,14 @@ def _forward_backward(p: Program, arg: str) -> None:
     (set_requires_all_reduce(False), FSDP2's HSDP accumulation)."""
     import torch.distributed as tdist
 
-    sync, twice, spike = arg in ("sync", "twice", "noreduce", "spike", "badlabel"), arg == "twice", arg == "spike"
+    sync, twice, spike = arg in ("sync", "twice", "noreduce", "spike", "badlabel", "inbwd"), arg == "twice", arg == "spike"
 
     x, y = batch(p.forwards, p.spec.width, p.par.dp_size)
     p.forwards += 1
     bad = scaler.bad_labels(y) if arg == "badlabel" else y
     ref_loss = _reference_loss(p, x, y, twice, spike, bad)
+    if arg == "inbwd":
+        hooks.step_after_backward(p.ref)
     rows = slice(p.par.dp_rank * ROWS, (p.par.dp_rank + 1) * ROWS) if p.par.dp_size > 1 else slice(None)
     ctx = contextlib.nullcontext()
     if p.par.layout == "ddp" and not sync:
@@ -281,7 +286,7 @@ def _forward_backward(p: Program, arg: str) -> None:
         p.run.model.set_requires_gradient_sync(sync)
         if p.par.layout == "hsdp":
             p.run.model.set_requires_all_reduce(arg != "noreduce")
-    with ctx:
+    with ctx, hooks.stepping_in_backward(p.run) if arg == "inbwd" else contextlib.nullcontext():
         xr, yr = x[rows], y[rows]
         if twice:
             h = xr.shape[0] // 2
@@ -309,7 +314,11 @@ def _eval(p: Program, mode: str) -> None:
     for twin in (p.ref, p.run):
         twin.runnable.eval()
         with guard():
-            if mode == "generate":  # the model's own method, past DDP's wrapper and compile, as users call it
+            if mode == "ema":  # on the EMA weights, as Lightning's callback swaps them in for validation
+                with hooks.swapped_in(twin) as model:
+                    out.append(float(F.mse_loss(bf16_forward(model, x) if twin is p.ref and p.par.layout == "fsdp_mp"
+                                                else model(x).float(), y)))
+            elif mode == "generate":  # the model's own method, past DDP's wrapper and compile, as users call it
                 model, xin = twin.model, x
                 if twin is p.ref and p.par.layout == "fsdp_mp":  # at the run's precision
                     model, xin = copy.deepcopy(model).to(torch.bfloat16), x.to(torch.bfloat16)
@@ -378,12 +387,13 @@ def apply(p: Program, name: str, arg: str) -> None:
         for twin in (p.ref, p.run):
             torch.nn.utils.clip_grad_value_([q for q in twin.model.parameters() if q.grad is not None], CLIP_VALUE)
     elif name == "clip":
-        norm = math.inf if arg == "inf" else float(arg)
+        norm = math.inf if arg == "inf" else hooks.CLIP_MAX_NORM if arg in ("total_norm", "foreach") else float(arg)
         scaler.unscale(p)
         totals = []
         for twin in (p.ref, p.run):
             params = [q for q in twin.model.parameters() if q.grad is not None]  # as trainers clip
-            total = torch.nn.utils.clip_grad_norm_(params, norm, norm_type=2.0 if arg != "inf" else math.inf)
+            total = (hooks.clip(params, arg) if arg in ("total_norm", "foreach")
+                     else torch.nn.utils.clip_grad_norm_(params, norm, norm_type=2.0 if arg != "inf" else math.inf))
             totals.append(float(total.full_tensor() if hasattr(total, "full_tensor") else total))
         p.clip_totals = scaler.clip_totals(p, (totals[0], totals[1]))
     elif name in ("step", "sched"):
@@ -392,6 +402,8 @@ def apply(p: Program, name: str, arg: str) -> None:
                 scaler.step(twin)
             else:
                 (twin.opt if name == "step" else twin.sched).step()
+            if arg == "ema":
+                hooks.average(twin, sharded=twin is p.run and p.par.layout in FSDP)
         if arg == "precompute":
             float8.start_precomputing(p)
     elif name == "eval":
@@ -405,6 +417,7 @@ def apply(p: Program, name: str, arg: str) -> None:
         relayout.load(p, arg, lambda: build(p.spec, p.par.layout, p.dist.device_type), fresh_scheduler)
         float8.hook_again(p)  # a restart of a precomputing float8 run registers its hook again
         scaler.load(p)  # a restarted loss-scaled run reads its scaler back (load=file: the only restart it draws)
+        p.ref.ema = p.run.ema = None  # a restart drops the EMA copy (training_program.State.averaged)
     elif name == "load":
         checkpoint.load(p, fresh_scheduler, model_only=arg == "model")
         if arg != "model":

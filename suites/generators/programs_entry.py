@@ -25,6 +25,7 @@ from distci.training_program import AMP, PROGRAM_ENV, PROGRAMS_ENV, TEST_NAME, p
 
 from ..probes import capabilities
 from ..runner.checkpoint import shared_dir
+from . import program_hooks as hooks
 from . import program_optimizers as optimizers
 from .program_plants import planted
 from .program_judge import lead
@@ -64,6 +65,8 @@ def test_program(dist, program) -> None:
         pytest.skip(optimizers.missing(program.optim, dist.device_type))
     if program.layout in AMP and capabilities.dtensor_loss_scaling(dist.device_type):
         pytest.skip(capabilities.dtensor_loss_scaling(dist.device_type))
+    if hooks.missing(program.actions):
+        pytest.skip(hooks.missing(program.actions))
     with shared_dir() as where:
         found = run_program(program, dist, planted(), where)
     if found is not None:
