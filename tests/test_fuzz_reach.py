@@ -25,7 +25,7 @@ import distci.training_program as tp
 from distci.fuzz.models import ENTRY_TEST as MODELS_ENTRY, TEST_NAME as MODELS_TEST, Drawer, parse_space
 from distci.fuzz.models import key as structure_key
 from distci.fuzz.ops import draw_cases
-from distci.fuzz.programs import draw, edits
+from distci.fuzz.programs import draw, edits, smaller
 from distci.known_issues import load_registry
 from distci.op_inventory import BY_NAME
 from distci.stack import Stack
@@ -283,6 +283,11 @@ BEFORE_ROUND_2 = [
 ]
 
 
+UP_TO_AMP = ("later", "later2", "later3", "later_reshard", "later_optim", "later_amp")
+"""The later rounds these texts were checked with: a round after them (later_hook's inbwd drops
+the gradients a later precondition reads) may draw other actions after its first form."""
+
+
 def _base_round_2(text: str, tables: tuple = (pf.LATER_FORMS_2, pf.LATER_FORMS_3, pf.LATER_FORMS_OPTIM)) -> str:
     """A program's text with the later forms of `tables` (round 2's and after) back to their values."""
     program = parse_program(text)
@@ -293,7 +298,7 @@ def _base_round_2(text: str, tables: tuple = (pf.LATER_FORMS_2, pf.LATER_FORMS_3
 
 
 def test_round_2_forms_never_move_round_1s_picks():
-    widened = [draw("night", i).text for i in range(len(BEFORE_ROUND_2))]
+    widened = [draw("night", i, rounds=UP_TO_AMP).text for i in range(len(BEFORE_ROUND_2))]
     assert [_base_round_2(t) for t in widened] == BEFORE_ROUND_2
     assert widened != BEFORE_ROUND_2  # and round 2's forms are drawn (eval=generate, load=model here)
 
@@ -334,7 +339,7 @@ BEFORE_ROUND_3 = [
 
 
 def test_round_3_forms_never_move_earlier_rounds_picks():
-    widened = [draw("night", i).text for i in range(len(BEFORE_ROUND_3))]
+    widened = [draw("night", i, rounds=UP_TO_AMP).text for i in range(len(BEFORE_ROUND_3))]
     assert [_base_round_2(t, (pf.LATER_FORMS_3, pf.LATER_FORMS_OPTIM)) for t in widened] == BEFORE_ROUND_3
     assert widened[3].startswith("fsdp_f8-") and "step=precompute" in widened[3]  # and round 3 is drawn
 
@@ -359,7 +364,7 @@ BEFORE_ROUND_OPTIM = [
 def test_the_optimizers_round_never_moves_earlier_rounds_picks():
     # the round changes a program's optimizer and nothing else: its stream is consulted only for a
     # plain adamw / sgd, after every earlier round left it plain (program_forms.LATER_ROUNDS)
-    widened = [draw("night", i).text for i in range(len(BEFORE_ROUND_OPTIM))]
+    widened = [draw("night", i, rounds=UP_TO_AMP).text for i in range(len(BEFORE_ROUND_OPTIM))]
     assert [_base_round_2(t, (pf.LATER_FORMS_OPTIM,)) for t in widened] == BEFORE_ROUND_OPTIM
     assert [draw("night", i, rounds=("later", "later2", "later3")).text
             for i in range(len(BEFORE_ROUND_OPTIM))] == BEFORE_ROUND_OPTIM
@@ -729,3 +734,93 @@ def test_the_loss_scaling_finds_file_under_their_registered_bug(program, signatu
     registry = load_registry(REPO / "suites" / "known_issues.toml")
     test_id = f"suites/generators/programs_entry.py::test_program[{program}]"
     assert registry.match(test_id, signature, "", Stack(torch="2.13.0")) == entry
+
+
+HOOK_ROUNDS = tuple(stream for stream, _, _ in pf.LATER_ROUNDS if stream != "later_hook")
+"""Every round but later_hook (program_forms.LATER_FORMS_HOOK)."""
+HOOK_FORMS = {("step", "ema"), ("eval", "ema"), ("clip", "total_norm"), ("clip", "foreach"), ("fwd_bwd", "inbwd")}
+
+
+def test_the_hook_round_never_moves_earlier_rounds_picks():
+    """The round's stream is consulted only where every earlier round left a value plain: a program
+    is drawn as before it, its forms back to their values, up to its first fwd_bwd=inbwd (which
+    leaves no gradient, so the draws after it may be others), and the round's forms are drawn."""
+    back = {(w, f): v for (w, v), fs in pf.LATER_FORMS_HOOK.items() for f in fs}
+    moved = 0
+    for i in range(300):
+        before, after = draw("hook-moves", i, rounds=HOOK_ROUNDS), draw("hook-moves", i)
+        assert after.text.partition(":")[0] == before.text.partition(":")[0]
+        first = next((k for k, a in enumerate(after.actions) if a == "fwd_bwd=inbwd"), len(after.actions))
+        plain = [tp.token(split(a)[0], back.get(split(a), split(a)[1])) for a in after.actions[:first]]
+        assert plain == list(before.actions[:first]), (before.text, after.text)
+        if first < len(after.actions):
+            assert before.actions[first] == "fwd_bwd", (before.text, after.text)
+        else:
+            assert len(after.actions) == len(before.actions)
+        moved += after.text != before.text
+    assert moved >= 60
+
+
+def test_the_hook_round_is_drawn_where_its_calls_are_made():
+    programs = [draw("reach-hook", i) for i in range(1500)]
+    used = {split(a) for p in programs for a in p.actions}
+    assert HOOK_FORMS <= used, HOOK_FORMS - used
+    for p in programs:
+        state = tp.State(layout=p.layout, world_size=p.world_size)
+        for tok in p.actions:
+            name, arg = split(tok)
+            if (name, arg) == ("fwd_bwd", "inbwd"):  # a hook that sees the reduced gradient, none held before
+                assert state.layout in tp.IN_BACKWARD and not state.grads, p.text
+            if (name, arg) == ("eval", "ema"):  # an EMA a step made, not dropped by a restart since
+                assert state.averaged, p.text
+            state = tp.action(name).effect(state, arg)
+    assert all(tp.valid(p) for p in programs)
+    assert {pf.base_of(w, f) for w, f in HOOK_FORMS} == {"", "inference_mode", "1.0", "sync"}  # forms only
+    inbwd = {layout for p in programs for tok, layout in _layouts(p) if tok == "fwd_bwd=inbwd"}
+    assert {"fsdp", "tp", "fsdp_tp"} <= inbwd and not inbwd & {"ddp", *tp.AMP, *tp.FLOAT8}, inbwd
+
+
+@pytest.mark.parametrize("program", [
+    "ddp-ws2-w8-l1-sgd:fwd_bwd=inbwd",  # DDP's hook sees the local gradient before its all-reduce
+    "fsdp_amp-ws2-w8-l1-sgd:fwd_bwd=inbwd",  # a scaler unscales every gradient before any step
+    "fsdp_f8-ws2-w8-l1-sgd:fwd_bwd=inbwd",
+    "fsdp-ws2-w8-l1-sgd:fwd_bwd,fwd_bwd=inbwd",  # a gradient held: the first hook would step it too
+    "tp-ws2-w8-l1-sgd:fwd_bwd,eval=ema",  # no EMA yet
+    "fsdp-ws2-w8-l1-sgd:fwd_bwd,step=ema,save,load=file,eval=ema",  # a restart drops it
+])
+def test_the_hook_rounds_calls_are_refused_where_no_loop_makes_them(program):
+    with pytest.raises(tp.ProgramError, match="not where a loop makes it"):
+        parse_program(program)
+
+
+def test_the_hook_rounds_calls_parse_where_loops_make_them():
+    parse_program("fsdp-ws2-w8-l1-sgd:fwd_bwd=inbwd,zero_grad,fwd_bwd=inbwd,step=ema,save,load,eval=ema")
+    parse_program("tp-ws2-w8-l1-adamw:fwd_bwd,clip=total_norm,step=ema,fwd_bwd,clip=foreach,step,eval=ema")
+    # the shrinker puts each form back to its value where the program stays one a loop makes
+    shrunk = {p.text for p in smaller(parse_program("fsdp-ws2-w8-l1-sgd:fwd_bwd=inbwd,step=ema,fwd_bwd,clip=foreach,eval=ema"))}
+    assert {"fsdp-ws2-w8-l1-sgd:fwd_bwd,step=ema,fwd_bwd,clip=foreach,eval=ema",
+            "fsdp-ws2-w8-l1-sgd:fwd_bwd=inbwd,step=ema,fwd_bwd,clip,eval=ema"} <= shrunk
+    assert "fsdp-ws2-w8-l1-sgd:fwd_bwd=inbwd,step,fwd_bwd,clip=foreach,eval=ema" not in shrunk  # no EMA to evaluate
+    with pytest.raises(tp.ProgramError, match="not where a loop makes it"):  # inbwd left no gradient to clip
+        parse_program("fsdp-ws2-w8-l1-sgd:fwd_bwd=inbwd,clip=foreach")
+
+
+@pytest.mark.parametrize("program, signature, entry", [
+    ("tp-ws2-w8-l1-adamw:fwd_bwd,clip=foreach",
+     "RuntimeError: aten._foreach_norm.Scalar got mixed torch.Tensor and DTensor, need to convert all "
+     "torch.Tensor to DTensor before calling distributed operators!", "torchtune2420-clip-mixed-dtensor"),
+    ("tp-ws2-w8-l1-adamw:fwd_bwd,clip=total_norm",
+     "RuntimeError: aten._foreach_norm.Scalar got mixed torch.Tensor and DTensor, need to convert all "
+     "torch.Tensor to DTensor before calling distributed operators!", "torchtune2420-clip-mixed-dtensor"),
+    ("fsdp_tp-ws4-w8-l1-adamw:fwd_bwd,clip=total_norm",
+     "RuntimeError: All operands in aten.stack.default must have the same mesh, but got DeviceMesh((dp=2, tp=2), "
+     "'cpu', stride=(2, N)) and DeviceMesh((dp=2), 'cpu', stride=(2,)).", "pytorch180346-clip-mixed-meshes"),
+    # FSDP2 (every parameter a DTensor on one mesh) clips over one list: not this entry's test
+    ("fsdp-ws2-w8-l1-adamw:fwd_bwd,clip=foreach",
+     "RuntimeError: aten._foreach_norm.Scalar got mixed torch.Tensor and DTensor", None),
+])
+def test_the_hook_rounds_finds_file_under_their_registered_bug(program, signature, entry):
+    registry = load_registry(REPO / "suites" / "known_issues.toml")
+    test_id = f"suites/generators/programs_entry.py::test_program[{program}]"
+    assert registry.match(test_id, signature, "", Stack(torch="2.13.0")) == entry
+    assert entry is None or registry.match(test_id, signature, "", Stack(torch="2.15.0")) == entry
