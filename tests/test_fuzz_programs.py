@@ -192,6 +192,13 @@ PLANT_CASES = {
     # only the head trains (one layer, its block frozen), at the step
     "found_inf_local": (["--layout", "fsdp_amp", "--seed", "infl38267", "--rounds", "later,later2,later3,later_amp"],
                         ["freeze", "fwd_bwd", "step"], ("fsdp_amp",)),
+    # the hooks round (later_hook): the EMA's shard update on rank 1 reads the weights of the last
+    # update; seen only at a second step=ema after a step moved the weights (emast584's first program
+    # `fsdp-ws2-w16-l1-sgd0:fwd_bwd,step=ema,step=ema,fwd_bwd,clip=0.05,zero_grad,sched`; its other
+    # three make one step=ema at most), in the EMA alone
+    "ema_stale_shard": (["--layout", "fsdp", "--seed", "emast584", "--rounds",
+                         "later,later2,later3,later_reshard,later_optim,later_amp,later_hook"],
+                        ["fwd_bwd", "step", "step"], ("fsdp",)),
 }
 COMMON = ["--max-programs", "4", "--batch", "8", "--budget", "20m", "--rounds", "later,later2,later3"]
 """`--rounds`: each seed above was chosen when these three later rounds of forms existed; a round

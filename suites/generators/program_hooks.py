@@ -45,13 +45,18 @@ class Shadow:
     FSDP2 module is no call a trainer can make. The same update as get_ema_multi_avg_fn's: the
     first copies, each later one lerps by 1 - DECAY."""
 
-    def __init__(self, named: dict[str, torch.Tensor]) -> None:
+    def __init__(self, named: dict[str, torch.Tensor], stale: bool = False) -> None:
         self.named = {n: t.detach().clone() for n, t in named.items()}
         self.n_averaged = 1
+        self.stale = {n: t.detach().clone() for n, t in named.items()} if stale else None
+        """The ema_stale_shard plant's copy (program_plants.py): the weights of the last update."""
 
     def update(self, named: dict[str, torch.Tensor]) -> None:
         names = [n for n, t in self.named.items() if t.is_floating_point()]
-        torch._foreach_lerp_([self.named[n] for n in names], [named[n].detach() for n in names], 1 - DECAY)
+        toward = self.stale if self.stale is not None else {n: t.detach() for n, t in named.items()}
+        torch._foreach_lerp_([self.named[n] for n in names], [toward[n] for n in names], 1 - DECAY)
+        if self.stale is not None:
+            self.stale = {n: t.detach().clone() for n, t in named.items()}
         self.n_averaged += 1
 
 
@@ -71,14 +76,14 @@ def _state(twin: Any) -> dict[str, torch.Tensor]:
     return {**twin.named, **{clean_name(n): b for n, b in twin.model.named_buffers()}}
 
 
-def average(twin: Any, sharded: bool) -> None:
+def average(twin: Any, sharded: bool, stale: bool = False) -> None:
     """step=ema's update after the step: an AveragedModel(model, multi_avg_fn=
     get_ema_multi_avg_fn(DECAY), use_buffers=True) made at the first (a deepcopy: under TP it
     holds DTensors), then update_parameters(model); a Shadow where `sharded` (FSDP2)."""
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
     if sharded and twin.ema is None:
-        twin.ema = Shadow(_state(twin))
+        twin.ema = Shadow(_state(twin), stale)
     elif sharded:
         twin.ema.update(_state(twin))
     else:

@@ -47,6 +47,10 @@ stays quiet elsewhere, as such bugs sit upstream:
   - scaler_resume: a resume under fsdp_amp restores the model and the optimizer but not the
     GradScaler (its scaler.pt never read back, as a checkpoint path that forgets it): visible only
     at a full load after a step moved the scale or its growth tracker since the save.
+  - ema_stale_shard: under fsdp the EMA's update on ranks other than 0 lerps its shards toward
+    the weights of the previous update, not the ones the step just made (a shadow that reads a
+    stale copy of its rank's shard, program_hooks.Shadow): visible only at a second step=ema (round
+    later_hook) with a step that moved the weights since the first, in the EMA only.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ from typing import Any, Callable
 PLANT_ENV = "DISTCI_PROGRAMS_PLANT"
 PLANTS = ("optim_load_fsdp", "buffer_load", "sched_resume", "zero_grad_ddp", "mp_accumulate_low",
           "async_unstaged", "partial_load_all", "f8_local_scale", "relayout_optim", "factored_rows",
-          "scaler_resume", "found_inf_local")
+          "scaler_resume", "found_inf_local", "ema_stale_shard")
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,9 @@ class Plant:
 
     def keeps_scaler_on_load(self, layout: str) -> bool:
         return self.name == "scaler_resume" and layout == "fsdp_amp"
+
+    def reads_stale_shard_in_ema(self, layout: str, rank: int) -> bool:
+        return self.name == "ema_stale_shard" and layout == "fsdp" and rank != 0
 
     def precomputes_local_scale(self) -> bool:
         return self.name == "f8_local_scale"

@@ -403,7 +403,8 @@ def apply(p: Program, name: str, arg: str) -> None:
             else:
                 (twin.opt if name == "step" else twin.sched).step()
             if arg == "ema":
-                hooks.average(twin, sharded=twin is p.run and p.par.layout in FSDP)
+                hooks.average(twin, sharded=twin is p.run and p.par.layout in FSDP,
+                              stale=twin is p.run and p.plant.reads_stale_shard_in_ema(p.par.layout, p.par.rank))
         if arg == "precompute":
             float8.start_precomputing(p)
     elif name == "eval":
