@@ -656,6 +656,11 @@ def test_a_bounded_programs_run_finds_the_bug_and_files_it_known(bounded_cases_r
      "torch.Tensor to DTensor before calling distributed operators!", None),
 ])
 def test_the_optimizers_round_finds_file_under_their_registered_bug(program, signature, entry):
+    _files_under(program, signature, entry)
+
+
+def _files_under(program: str, signature: str, entry: str | None) -> None:
+    """A program's failure with `signature` files under `entry` on 2.13.0 (and 2.15.0 if any)."""
     registry = load_registry(REPO / "suites" / "known_issues.toml")
     test_id = f"suites/generators/programs_entry.py::test_program[{program}]"
     assert registry.match(test_id, signature, "", Stack(torch="2.13.0")) == entry
@@ -815,12 +820,15 @@ def test_the_hook_rounds_calls_parse_where_loops_make_them():
     ("fsdp_tp-ws4-w8-l1-adamw:fwd_bwd,clip=total_norm",
      "RuntimeError: All operands in aten.stack.default must have the same mesh, but got DeviceMesh((dp=2, tp=2), "
      "'cpu', stride=(2, N)) and DeviceMesh((dp=2), 'cpu', stride=(2,)).", "pytorch180346-clip-mixed-meshes"),
+    ("tp-ws2-w8-l1-sgd:fwd_bwd,step=ema,step=ema",
+     "RuntimeError: aten._foreach_lerp_.Scalar got mixed torch.Tensor and DTensor, need to convert all "
+     "torch.Tensor to DTensor before calling distributed operators!", "dtensor-ema-foreach-lerp-mixed"),
+    # AdamW's foreach step lerps too: that entry's, not the EMA's
+    ("tp-ws2-w8-l1-adamw_foreach:fwd_bwd,step",
+     "RuntimeError: aten._foreach_lerp_.Scalar got mixed torch.Tensor and DTensor", "torchtune2501-tp-fused-optimizer-mixed"),
     # FSDP2 (every parameter a DTensor on one mesh) clips over one list: not this entry's test
     ("fsdp-ws2-w8-l1-adamw:fwd_bwd,clip=foreach",
      "RuntimeError: aten._foreach_norm.Scalar got mixed torch.Tensor and DTensor", None),
 ])
 def test_the_hook_rounds_finds_file_under_their_registered_bug(program, signature, entry):
-    registry = load_registry(REPO / "suites" / "known_issues.toml")
-    test_id = f"suites/generators/programs_entry.py::test_program[{program}]"
-    assert registry.match(test_id, signature, "", Stack(torch="2.13.0")) == entry
-    assert entry is None or registry.match(test_id, signature, "", Stack(torch="2.15.0")) == entry
+    _files_under(program, signature, entry)
