@@ -123,8 +123,9 @@ def clip_totals(totals: tuple[float, float] | None, rel: float) -> list[str]:
 
 
 def averaged(ref: Any, run: Any, min_db: float) -> list[str]:
-    """The EMA copies (step=ema, program_hooks.py): every parameter and buffer of the run's
-    AveragedModel (its DTensors made full) against the reference's, and its update count."""
+    """The EMA copies (step=ema, program_hooks.py): every parameter and buffer of the run's EMA
+    (an AveragedModel, or FSDP2's shadow of its shards; DTensors made full) against the
+    reference's AveragedModel, and the update counts."""
     if ref.ema is None and run.ema is None:
         return []
     if ref.ema is None or run.ema is None:
