@@ -567,7 +567,7 @@ def test_pp_tp_grows_from_tp_draws_and_keeps_their_first_stream():
     assert FEATURE["parallel"].origin_of("pp_tp") == "tp"
     first_only = {f.name: f.first for f in FEATURES if f.later}
     widened, plain = Drawer("2026-12-07-pptp"), Drawer("2026-12-07-pptp", first_only)
-    grown, later = 0, set(PIPELINE) | {"attn", "plan", "loss_parallel", "parallel", "mesh"}
+    grown, later = 0, set(PIPELINE) | {"attn", "plan", "loss_parallel", "parallel", "mesh", "family"}
     for _ in range(120):
         s, old = widened.draw(), plain.draw()
         assert {k: v for k, v in s.items() if k not in later} == {k: v for k, v in old.items() if k not in later}
