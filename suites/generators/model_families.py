@@ -25,7 +25,8 @@ forward_head), timm/layers/attention.py (Attention), torchvision/models/vision_t
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -135,21 +136,163 @@ class VisionTransformer(nn.Module):
         return self.output(self.norm(x)[:, 0])
 
 
-FAMILIES = {"vit": VisionTransformer, "vit_mha": VisionTransformer}
+BUCKETS = 8
+MAX_DISTANCE = 16
 
 
-def model(structure: dict[str, Any], dim: int, hidden: int) -> nn.Module:
+def relative_bucket(relative: torch.Tensor, bidirectional: bool) -> torch.Tensor:
+    """T5's `_relative_position_bucket` (HF modeling_t5): exact buckets for small distances,
+    log-spaced up to MAX_DISTANCE; the encoder's bidirectional, the decoder's causal."""
+    buckets, out = BUCKETS, torch.zeros_like(relative)
+    if bidirectional:
+        buckets //= 2
+        out += (relative > 0).long() * buckets
+        relative = relative.abs()
+    else:
+        relative = -torch.clamp(relative, max=0)
+    exact = buckets // 2
+    large = exact + (torch.log(relative.float().clamp_min(1) / exact) / math.log(MAX_DISTANCE / exact)
+                     * (buckets - exact)).long()
+    return out + torch.where(relative < exact, relative, large.clamp(max=buckets - 1))
+
+
+class T5Attention(nn.Module):
+    """T5's attention: q k v o without bias, no 1/sqrt(d) scaling, a position bias added to
+    the scores. Only the first layer of a stack owns `relative_attention_bias`; it returns
+    the bias it computed, and every later layer receives it (HF T5Stack's `position_bias`)."""
+
+    def __init__(self, dim: int, relative: bool, causal: bool) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+        self.relative_attention_bias = nn.Embedding(BUCKETS, HEADS) if relative else None
+        self.causal = causal
+
+    def compute_bias(self, q_len: int, k_len: int) -> torch.Tensor:
+        relative = torch.arange(k_len)[None, :] - torch.arange(q_len)[:, None]
+        buckets = relative_bucket(relative.to(self.relative_attention_bias.weight.device), not self.causal)
+        return self.relative_attention_bias(buckets).permute(2, 0, 1).unsqueeze(0)
+
+    def forward(self, x: torch.Tensor, kv: torch.Tensor | None = None,
+                position_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        kv = x if kv is None else kv
+        b, n, c = x.shape
+        q, k, v = (w(t).view(b, t.shape[1], HEADS, -1).transpose(1, 2) for w, t in ((self.q, x), (self.k, kv), (self.v, kv)))
+        if position_bias is None:
+            position_bias = (self.compute_bias(n, kv.shape[1]) if self.relative_attention_bias is not None
+                             else torch.zeros(1, HEADS, n, kv.shape[1], device=x.device))
+            if self.causal:
+                mask = torch.ones(n, kv.shape[1], dtype=torch.bool, device=x.device).triu(1)
+                position_bias = position_bias.masked_fill(mask, torch.finfo(position_bias.dtype).min)
+        scores = q @ k.transpose(-1, -2) + position_bias
+        out = F.softmax(scores.float(), dim=-1).type_as(scores) @ v
+        return self.o(out.transpose(1, 2).reshape(b, n, c)), position_bias
+
+
+class T5Block(nn.Module):
+    """T5's block: self attention, cross attention over the encoder's output (decoder only),
+    the ReLU feed-forward (wi, wo: `ffn`), each behind its own RMS norm, all residual."""
+
+    def __init__(self, dim: int, hidden: int, first: bool, decoder: bool) -> None:
+        super().__init__()
+        self.norm1 = nn.RMSNorm(dim) if hasattr(nn, "RMSNorm") else nn.LayerNorm(dim)
+        self.attn = T5Attention(dim, first, causal=decoder)
+        self.cross_norm = (nn.RMSNorm(dim) if hasattr(nn, "RMSNorm") else nn.LayerNorm(dim)) if decoder else None
+        self.cross = T5Attention(dim, False, causal=False) if decoder else None
+        self.norm2 = nn.RMSNorm(dim) if hasattr(nn, "RMSNorm") else nn.LayerNorm(dim)
+        self.ffn = nn.Sequential(nn.Linear(dim, hidden, bias=False), nn.ReLU(), nn.Linear(hidden, dim, bias=False))
+
+    def forward(self, x: torch.Tensor, position_bias: torch.Tensor | None = None,
+                memory: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        h, position_bias = self.attn(self.norm1(x), position_bias=position_bias)
+        x = x + h
+        if self.cross is not None:
+            x = x + self.cross(self.cross_norm(x), memory)[0]
+        return x + self.ffn(self.norm2(x)), position_bias
+
+
+class T5Stack(nn.Module):
+    def __init__(self, dim: int, hidden: int, blocks: int, decoder: bool) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(T5Block(dim, hidden, i == 0, decoder) for i in range(blocks))
+        self.norm = nn.RMSNorm(dim) if hasattr(nn, "RMSNorm") else nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None) -> torch.Tensor:
+        position_bias = None
+        for block in self.layers:
+            x, position_bias = block(x, position_bias, memory)
+        return self.norm(x)
+
+
+class EncoderDecoder(nn.Module):
+    """T5 at toy size: one `shared` embedding for the encoder's and the decoder's tokens (and
+    the head when tied, scaled by dim**-0.5 as T5 v1.0), an encoder stack, a decoder stack
+    with cross attention, the LM head. Its input packs (encoder tokens, decoder tokens) along
+    dim 1 so a data-parallel rank's rows are one tensor's rows."""
+
+    def __init__(self, s: dict[str, Any], dim: int, hidden: int, vocab: int) -> None:
+        super().__init__()
+        self.structure = s
+        self.tok = nn.Embedding(vocab, dim)
+        self.encoder = T5Stack(dim, hidden, s["blocks"], decoder=False)
+        self.decoder = T5Stack(dim, hidden, s["blocks"], decoder=True)
+        self.output = nn.Linear(dim, vocab, bias=False)
+        if s["tie"]:
+            self.output.weight = self.tok.weight
+        self.mtp = None
+        self.running = list(range(2 * s["blocks"]))
+
+    @property
+    def layers(self) -> list[nn.Module]:
+        """Every block, the encoder's then the decoder's: FSDP2's per-block units."""
+        return [*self.encoder.layers, *self.decoder.layers]
+
+    @property
+    def norm(self) -> nn.Module:
+        return self.decoder.norm
+
+    @property
+    def vocab(self) -> int:
+        return self.tok.num_embeddings
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        memory = self.encoder(self.tok(tokens[:, 0]))
+        h = self.decoder(self.tok(tokens[:, 1]), memory)
+        return self.output(h * self.tok.embedding_dim ** -0.5 if self.structure["tie"] else h)
+
+
+FAMILIES = {"vit": VisionTransformer, "vit_mha": VisionTransformer, "encdec": EncoderDecoder}
+
+
+def model(structure: dict[str, Any], dim: int, hidden: int, vocab: int) -> nn.Module:
+    if structure["family"] == "encdec":
+        built = EncoderDecoder(structure, dim, hidden, vocab)
+        with torch.no_grad():  # the embedding at a transformer's scale, as the LM's
+            built.tok.weight.normal_(0, 1 / math.sqrt(dim))
+        return built
     return FAMILIES[structure["family"]](structure, dim, hidden)
 
 
 def freeze(model: nn.Module, frozen: str) -> None:
-    """`embedding`: the patch embedding frozen (MoCo v3's fixed random patch projection,
-    fine-tuning recipes that keep a pretrained stem)."""
+    """`embedding`: the vision transformer's patch embedding frozen (MoCo v3's fixed random
+    patch projection, fine-tuning recipes that keep a pretrained stem); the encoder-decoder's
+    shared embedding (and the head tied to it)."""
     if frozen == "embedding":
-        model.patch_embed.requires_grad_(False)
+        (model.tok if isinstance(model, EncoderDecoder) else model.patch_embed).requires_grad_(False)
 
 
-def data(structure: dict[str, Any], rows: int, gen: torch.Generator) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Per step, per microbatch: (images, labels) of the global batch, one label per image."""
-    return [[(torch.randn(rows, CHANNELS, IMAGE, IMAGE, generator=gen), torch.randint(0, CLASSES, (rows,), generator=gen))
-             for _ in range(structure["accum"])] for _ in range(structure["steps"])]
+def checkpoint(model: nn.Module, wrap: Callable[[nn.Module], None]) -> None:
+    """Activation checkpointing of every block: `wrap` takes the module holding `layers`."""
+    for holder in (model.encoder, model.decoder) if isinstance(model, EncoderDecoder) else (model,):
+        wrap(holder)
+
+
+def data(structure: dict[str, Any], rows: int, vocab: int, seq: int,
+         gen: torch.Generator) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Per step, per microbatch: the global batch. Images and one label each; or (encoder
+    tokens, decoder tokens) packed along dim 1 and the decoder's labels."""
+    def one() -> tuple[torch.Tensor, torch.Tensor]:
+        if structure["family"] == "encdec":
+            return (torch.randint(0, vocab, (rows, 2, seq), generator=gen),
+                    torch.randint(0, vocab, (rows, seq), generator=gen))
+        return torch.randn(rows, CHANNELS, IMAGE, IMAGE, generator=gen), torch.randint(0, CLASSES, (rows,), generator=gen)
+    return [[one() for _ in range(structure["accum"])] for _ in range(structure["steps"])]

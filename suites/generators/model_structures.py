@@ -240,12 +240,12 @@ def build(structure: dict[str, Any], device: torch.device) -> nn.Module:
     """The structure's model, the same weights on every rank and in the reference (seeded)."""
     torch.manual_seed(SEED)
     s = complete(structure)
-    if s["family"] != "lm":  # a vision transformer (model_families.py)
+    if s["family"] != "lm":  # a vision transformer or an encoder-decoder (model_families.py)
         from . import model_families
 
-        model = model_families.model(s, DIM, HIDDEN)
+        model = model_families.model(s, DIM, HIDDEN, VOCAB)
         model_families.freeze(model, s["frozen"])
-        _checkpoint(model, s["ac"])
+        model_families.checkpoint(model, lambda holder: _checkpoint(holder, s["ac"]))
         return model.to(device)
     model = StructureModel(structure)
     with torch.no_grad():  # embeddings and head at a transformer's scale, not N(0, 1)
@@ -323,7 +323,7 @@ def data(structure: dict[str, Any], vocab: int, world_size: int) -> list[list[tu
     if s["family"] != "lm":
         from . import model_families
 
-        return model_families.data(s, rows, gen)
+        return model_families.data(s, rows, vocab, SEQ, gen)
     return [[(torch.randint(0, vocab, (rows, SEQ), generator=gen), torch.randint(0, vocab, (rows, SEQ), generator=gen))
              for _ in range(s["accum"])] for _ in range(s["steps"])]
 
