@@ -224,9 +224,10 @@ class T5Stack(nn.Module):
 
 
 class EncoderDecoder(nn.Module):
-    """T5 at toy size: one `shared` embedding for the encoder's and the decoder's tokens (and
-    the head when tied, scaled by dim**-0.5 as T5 v1.0), an encoder stack, a decoder stack
-    with cross attention, the LM head. Its input packs (encoder tokens, decoder tokens) along
+    """T5 at toy size: one `shared` embedding (`tok`) for the encoder's and the decoder's
+    tokens, registered in both stacks as HF's T5Stack holds `embed_tokens` (and the head when
+    tied, scaled by dim**-0.5 as T5 v1.0), an encoder stack, a decoder stack with cross
+    attention, the LM head. Its input packs (encoder tokens, decoder tokens) along
     dim 1 so a data-parallel rank's rows are one tensor's rows."""
 
     def __init__(self, s: dict[str, Any], dim: int, hidden: int, vocab: int) -> None:
@@ -235,6 +236,7 @@ class EncoderDecoder(nn.Module):
         self.tok = nn.Embedding(vocab, dim)
         self.encoder = T5Stack(dim, hidden, s["blocks"], decoder=False)
         self.decoder = T5Stack(dim, hidden, s["blocks"], decoder=True)
+        self.encoder.embed_tokens = self.decoder.embed_tokens = self.tok  # HF: T5Stack(config, self.shared)
         self.output = nn.Linear(dim, vocab, bias=False)
         if s["tie"]:
             self.output.weight = self.tok.weight
@@ -255,8 +257,8 @@ class EncoderDecoder(nn.Module):
         return self.tok.num_embeddings
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        memory = self.encoder(self.tok(tokens[:, 0]))
-        h = self.decoder(self.tok(tokens[:, 1]), memory)
+        memory = self.encoder(self.encoder.embed_tokens(tokens[:, 0]))
+        h = self.decoder(self.decoder.embed_tokens(tokens[:, 1]), memory)
         return self.output(h * self.tok.embedding_dim ** -0.5 if self.structure["tie"] else h)
 
 

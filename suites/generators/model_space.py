@@ -73,7 +73,10 @@ Features, and where they come from:
     bias only each stack's first block owns and every later block receives, cross
     attention). Under fsdp, hsdp, ddp, replicate; with blocks, wrap, frozen=embedding (the
     patch / shared embedding), ac, accum, steps, mesh; reuse for the vision transformers,
-    tie for encdec.
+    tie for encdec. `stacks` (later, after family): FSDP2 units around the encoder and the
+    decoder too (blocks, then each stack, then the root), as a trainer that shards an
+    encoder-decoder's (or a VLM's) halves writes `fully_shard(model.encoder)`; HF registers
+    the shared embedding in both stacks (`T5Stack(config, self.shared)`), so two units hold it.
   - mesh (later): how the trainer builds the layout's mesh (model_meshes.py): `direct`, one
     init_device_mesh of the layout's axes; `world`, a slice of torchtitan's five-axis
     ParallelDims mesh (size-1 axes kept, FSDP2 over the flattened dp_shard_cp); `unflatten`,
@@ -165,6 +168,10 @@ FEATURES: tuple[Feature, ...] = (
     Feature("family", ("lm", "vit", "vit_mha", "encdec"), "lm", "{}",
             "the model family (model_families.py): the decoder LM, a vision transformer, T5",
             later=("vit", "vit_mha", "encdec")),
+    # after family: the later stream weighs a move against the features before it
+    Feature("stacks", (False, True), False, "stack_units",
+            "FSDP2 units around the encoder and the decoder, each holding the shared embedding (HF T5Stack)",
+            later=(True,)),
 )
 FEATURE = {f.name: f for f in FEATURES}
 RANKS = {"hsdp": 4, "fsdp_tp": 4, "pp": 2, "pp_fsdp": 4, "pp_tp": 4}
@@ -255,6 +262,9 @@ RULES: tuple[tuple[Any, str], ...] = (
      "frozen=lora wraps the LM's feed-forward projections (w1, w2): family=lm"),
     (lambda s: s["family"] in VISION and s["tie"],
      "a vision transformer's head has no token embedding to hold: tie needs family=lm or encdec"),
+    (lambda s: s["stacks"] and (s["family"] != "encdec" or s["parallel"] not in ("fsdp", "hsdp")),
+     "stacks places FSDP2 units around an encoder-decoder's two stacks: family=encdec, "
+     "parallel=fsdp or hsdp"),
     (lambda s: s["family"] == "encdec" and s["reuse"],
      "reuse runs the first block again after the last: family=encdec has two stacks of blocks, "
      "the first of each computing that stack's position bias"),

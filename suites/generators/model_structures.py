@@ -406,6 +406,9 @@ def apply_fsdp(model: StructureModel, mesh: Any, wrap: str) -> None:
     if wrap == "grouped" and model.norm is not None:  # torchtitan: fully_shard([model.norm, model.output])
         group = [model.norm, model.output] + ([model.tok] if model.structure["tie"] and model.tok is not None else [])
         fully_shard(group + ([model.mtp] if model.mtp is not None else []), mesh=mesh)
+    if model.structure["stacks"]:  # an encoder-decoder's halves (model_families.EncoderDecoder)
+        fully_shard(model.encoder, mesh=mesh)
+        fully_shard(model.decoder, mesh=mesh)
     fully_shard(model, mesh=mesh)
     if model.structure["experts"] and hasattr(model, "set_reduce_scatter_unused_params"):
         # an expert idle on one rank has no gradient there: without this FSDP2 reduce-scatters
