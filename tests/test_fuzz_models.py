@@ -750,3 +750,25 @@ def test_t5s_first_block_owns_the_position_bias_every_later_block_receives():
     assert seen[0][0] is None and all(given is seen[0][1] for given, _ in seen[1:]), "one tensor, passed on"
     _, grads = _grads("fsdp-blocks3-tied-encdec")
     assert grads["decoder.layers.0.attn.relative_attention_bias.weight"] is not None
+
+
+def test_the_encdec_stack_units_are_the_registered_torchtitan2817():
+    """family=encdec with stacks: HF's T5Stack(config, self.shared) registers the shared embedding
+    in both halves, so FSDP2 units around them both claim it (torchtitan#2817): known under its
+    own entry, on both messages the two mesh kinds give, never as pytorch183702's near miss."""
+    from distci.known_issues import load_registry
+
+    registry = load_registry(REPO / "suites" / "known_issues.toml")
+    entry = "torchtitan2817-fsdp2-module-shared-by-two-units"
+    for structure, sig in [
+        ("fsdp-encdec-stack_units", "TypeError: Invariant encountered: value was None when it should not be"),
+        ("hsdp-tied-wrap_nested-ga2-mesh_world-encdec-stack_units",
+         "RuntimeError: Cannot concatenate overlapping meshes: [DeviceMesh((dp_replicate=N, dp_shard_cp=N)"),
+    ]:
+        test = f"suites/generators/models_entry.py::test_model_structure[{structure}]"
+        for torch_version in ("2.13.0", "2.15.0"):
+            assert registry.match(test, sig, "", Stack(torch=torch_version)) == entry
+    drawer = Drawer("2026-12-09-family", parse_space(["family=encdec", "parallel=fsdp,hsdp"]))
+    assert any(s["stacks"] for s in (drawer.draw() for _ in range(20))), "the generator draws the face"
+    assert registry.match("suites/generators/models_entry.py::test_model_structure[fsdp-encdec]",
+                          "TypeError: Invariant encountered: value was None", "", Stack(torch="2.13.0")) is None

@@ -1,5 +1,6 @@
 """Model families beyond the decoder LM (model_space's `family`): the vision transformers
-FSDP2 / DDP trainers train, built once for the parallel run and the reference.
+and the encoder-decoder FSDP2 / DDP trainers train, built once for the parallel run and the
+reference.
 
 Vocabulary: a *family* is the kind of network a structure's blocks, inputs and head make;
 `lm` is model_structures.StructureModel. Each family here keeps the attribute names the
@@ -18,9 +19,16 @@ Where the vision transformer differs from the LM, and where bugs live:
     in_proj_weight is a bare Parameter, its out_proj a NonDynamicallyQuantizableLinear whose
     weight F.multi_head_attention_forward reads without calling the module);
   - class-token pooling into a classification head over images, one label per image.
+Where the encoder-decoder (T5) differs: one embedding registered in the root, the encoder
+and the decoder (three parents of one module: FSDP2 units around the stacks both claim it); a
+relative position bias only each stack's first block owns, whose output every later block
+adds to its scores (one parameter, used by every block's forward, reduced in the first
+block's unit); cross attention over the encoder's output (a gradient into the encoder from
+every decoder block).
 Sources: timm/models/vision_transformer.py (Block, VisionTransformer._pos_embed,
 forward_head), timm/layers/attention.py (Attention), torchvision/models/vision_transformer.py
-(EncoderBlock, VisionTransformer.class_token).
+(EncoderBlock, VisionTransformer.class_token), transformers' models/t5/modeling_t5.py
+(T5Stack, T5Attention.compute_bias, _relative_position_bucket).
 """
 
 from __future__ import annotations
