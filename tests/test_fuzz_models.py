@@ -770,5 +770,8 @@ def test_the_encdec_stack_units_are_the_registered_torchtitan2817():
             assert registry.match(test, sig, "", Stack(torch=torch_version)) == entry
     drawer = Drawer("2026-12-09-family", parse_space(["family=encdec", "parallel=fsdp,hsdp"]))
     assert any(s["stacks"] for s in (drawer.draw() for _ in range(20))), "the generator draws the face"
+    invariant = "TypeError: Invariant encountered: value was None when it should not be"
     assert registry.match("suites/generators/models_entry.py::test_model_structure[fsdp-encdec]",
-                          "TypeError: Invariant encountered: value was None", "", Stack(torch="2.13.0")) is None
+                          invariant, "", Stack(torch="2.13.0")) is None
+    control = "suites/generators/models_entry.py::test_model_structure[fsdp-tied-wrap_grouped-encdec-stack_units]"
+    assert registry.match(control, invariant, "", Stack(torch="2.13.0")) is None, "the shared module sharded first"
