@@ -292,6 +292,11 @@ PLANTS = {
     "root_param_unreduced": ({"parallel": "fsdp", "family": "vit", "blocks": "1,2", "steps": "1,2",
                               "wrap": "blocks,root"},
                              lambda n: n == {"family": "vit"}, "parameter gradient of cls_token", "vit"),
+    # T5's position bias handed on detached: needs a second block to hand it to; the third
+    # block, the tie and the second step are distractors
+    "shared_bias_first_use": ({"parallel": "fsdp", "family": "encdec", "blocks": "2,3", "steps": "1,2",
+                               "tie": "true,false"},
+                              lambda n: n == {"family": "encdec", "blocks": 2}, "relative_attention_bias", "b6"),
 }
 
 

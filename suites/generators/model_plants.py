@@ -53,6 +53,11 @@ quiet (training completes, nothing raises), the way such bugs sit upstream:
     zeros (as a root unit that hooks its submodules' parameters and zero-fills the rest).
     Forward numbers stay right; needs a family with root parameters (vit, vit_mha) and an
     FSDP2 layout (fsdp, hsdp).
+  - shared_bias_first_use: under FSDP2, T5's relative position bias reaches the later blocks
+    of a stack detached (as a block unit that hooks the gradient of its first output only),
+    so its weight's gradient holds the first block's use alone. Forward numbers stay right;
+    needs family=encdec, an FSDP2 layout and a second block (one block hands the bias on to
+    no one).
 
 The plants of other layouts leave a pipeline alone (their hooks are written for one model,
 a pipeline rank holds stages); the pipeline's plants get the model_pipeline.Pipelined.
@@ -213,6 +218,16 @@ def _root_param_unreduced(model: nn.Module, parallel: str, rank: int) -> None:
     model.embed = embed
 
 
+def _shared_bias_first_use(model: nn.Module, parallel: str, rank: int) -> None:
+    if parallel not in ("fsdp", "hsdp") or not hasattr(model, "encoder"):
+        return
+
+    def detach_bias(module, args, output):
+        return output[0], output[1].detach()
+    for stack in (model.encoder, model.decoder):
+        stack.layers[0].register_forward_hook(detach_bias)
+
+
 PIPELINE_PLANTS = ("pp_tied_unsummed", "pp_stage_unscaled", "pp_tp_tied_world")
 
 PLANTS: dict[str, Callable[[nn.Module, str, int], None]] = {
@@ -221,7 +236,7 @@ PLANTS: dict[str, Callable[[nn.Module, str, int], None]] = {
     "dp_first_axis": _dp_first_axis,
     "sp_norm_grad_local": _sp_norm_grad_local, "pp_tied_unsummed": _pp_tied_unsummed,
     "pp_stage_unscaled": _pp_stage_unscaled, "pp_tp_tied_world": _pp_tp_tied_world,
-    "root_param_unreduced": _root_param_unreduced}
+    "root_param_unreduced": _root_param_unreduced, "shared_bias_first_use": _shared_bias_first_use}
 
 
 def plant(model: nn.Module, parallel: str, rank: int, name: str | None = None) -> None:
