@@ -191,7 +191,8 @@ def _grads(structure: str) -> tuple[float, dict]:
 
     model = ms.build(parse(structure), torch.device("cpu"))
     tokens, labels = ms.data(parse(structure), model.vocab, 2)[0][0]
-    loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), labels.flatten())
+    logits = model(tokens)
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
     loss.backward()
     return float(loss.detach()), {clean_name(n): p.grad for n, p in model.named_parameters()}
 
@@ -206,9 +207,11 @@ def test_frozen_parameters_are_the_ones_real_recipes_freeze():
 
 
 @pytest.mark.parametrize("ac", ["full", "selective"])
-def test_checkpointing_a_block_changes_no_number(ac):
-    loss, grads = _grads("fsdp-blocks2-moe2-shared_expert")
-    loss_ac, grads_ac = _grads(f"fsdp-blocks2-moe2-shared_expert-ac_{ac}")
+@pytest.mark.parametrize("structure", ["fsdp-blocks2-moe2-shared_expert", "ddp-blocks2-vit_mha",
+                                       "fsdp-blocks2-tied-encdec"])
+def test_checkpointing_a_block_changes_no_number(ac, structure):
+    loss, grads = _grads(structure)
+    loss_ac, grads_ac = _grads(f"{structure}-ac_{ac}")
     assert loss_ac == loss and grads_ac.keys() == grads.keys()
     for name, g in grads.items():
         assert (g is None) == (grads_ac[name] is None), name
@@ -284,6 +287,16 @@ PLANTS = {
                        "mesh": "direct,singleton", "tie": "true,false"},
                       lambda n: n.get("mesh") == "singleton" and n.get("balance") and n.get("experts")
                       and n.get("steps", 1) >= 2 and "tie" not in n, "the forward output of layers.N.ffn", "dp3"),
+    # a vision transformer's root-level class token reduced from rank 0's share only: the
+    # root unit's own bare parameters; the wrap and the second step are distractors
+    "root_param_unreduced": ({"parallel": "fsdp", "family": "vit", "blocks": "1,2", "steps": "1,2",
+                              "wrap": "blocks,root"},
+                             lambda n: n == {"family": "vit"}, "parameter gradient of cls_token", "vit"),
+    # T5's position bias handed on detached: needs a second block to hand it to; the third
+    # block, the tie and the second step are distractors
+    "shared_bias_first_use": ({"parallel": "fsdp", "family": "encdec", "blocks": "2,3", "steps": "1,2",
+                               "tie": "true,false"},
+                              lambda n: n == {"family": "encdec", "blocks": 2}, "relative_attention_bias", "b6"),
 }
 
 
@@ -567,7 +580,7 @@ def test_pp_tp_grows_from_tp_draws_and_keeps_their_first_stream():
     assert FEATURE["parallel"].origin_of("pp_tp") == "tp"
     first_only = {f.name: f.first for f in FEATURES if f.later}
     widened, plain = Drawer("2026-12-07-pptp"), Drawer("2026-12-07-pptp", first_only)
-    grown, later = 0, set(PIPELINE) | {"attn", "plan", "loss_parallel", "parallel", "mesh"}
+    grown, later = 0, set(PIPELINE) | {"attn", "plan", "loss_parallel", "parallel", "mesh", "family"}
     for _ in range(120):
         s, old = widened.draw(), plain.draw()
         assert {k: v for k, v in s.items() if k not in later} == {k: v for k, v in old.items() if k not in later}
@@ -694,3 +707,76 @@ def test_a_form_the_torch_lacks_is_left_out_with_its_reason(monkeypatch):
     assert "_unflatten" in lacks("unflatten") and "from_group" in lacks("from_group")
     assert lacks("world") is None and lacks("singleton") is None
     assert all(len(lacks(form)) <= 80 for form in ("unflatten", "from_group"))
+
+
+# --- model families (model_families.py) ------------------------------------------------------
+
+def test_the_families_are_drawn_under_the_layouts_they_mean_something_in():
+    drawer = Drawer("2026-12-09-family", parse_space(["family=vit,vit_mha,encdec"]))
+    drawn = [drawer.draw() for _ in range(40)]
+    assert all(valid(s) and parse(key(s)) == s for s in drawn)
+    assert {s["family"] for s in drawn} == {"vit", "vit_mha", "encdec"}
+    assert {s["parallel"] for s in drawn} == {"fsdp", "hsdp", "ddp", "replicate"}
+    assert any(s["tie"] for s in drawn if s["family"] == "encdec")
+    assert problems({"parallel": "tp", "family": "vit"}) == [
+        "the TP plans and pipeline stages lay out the decoder LM's modules: family=vit, vit_mha "
+        "or encdec takes parallel=fsdp, hsdp, ddp or replicate"]
+    assert not valid({"parallel": "fsdp", "family": "vit", "tie": True})
+    assert not valid({"parallel": "fsdp", "family": "encdec", "experts": 2})
+    assert valid({"parallel": "hsdp", "family": "encdec", "tie": True, "wrap": "grouped", "frozen": "embedding"})
+    assert parse("fsdp-vit") in smaller(parse("fsdp-wrap_root-vit")) and parse("fsdp") in smaller(parse("fsdp-vit"))
+
+
+def test_a_vision_transformer_holds_its_bare_parameters_as_timm_and_torchvision_do():
+    from suites.generators import model_structures as ms
+
+    vit = ms.build(parse("fsdp-vit"), torch.device("cpu"))
+    assert set(vit._parameters) == {"cls_token", "pos_embed"}, "bare Parameters on the root (FSDP2's root unit)"
+    assert isinstance(vit.patch_embed.proj, torch.nn.Conv2d) and vit.layers[0].norm1.bias is not None
+    assert vit.layers[0].attn.qkv.out_features == 3 * vit.layers[0].attn.proj.in_features
+    attn = ms.build(parse("fsdp-vit_mha"), torch.device("cpu")).layers[0].attn
+    assert isinstance(attn, torch.nn.MultiheadAttention) and "in_proj_weight" in attn._parameters
+    assert type(attn.out_proj).__name__ == "NonDynamicallyQuantizableLinear"
+
+
+def test_t5s_first_block_owns_the_position_bias_every_later_block_receives():
+    from suites.generators import model_structures as ms
+
+    s = parse("fsdp-blocks3-tied-encdec")
+    model = ms.build(s, torch.device("cpu"))
+    assert model.output.weight is model.tok.weight
+    owners = [n for n, _ in model.named_modules() if n.endswith("relative_attention_bias")]
+    assert owners == ["encoder.layers.0.attn.relative_attention_bias", "decoder.layers.0.attn.relative_attention_bias"]
+    seen: list = []
+    for block in model.decoder.layers:
+        block.register_forward_hook(lambda m, args, out: seen.append((args[1], out[1])))
+    tokens, labels = ms.data(s, model.vocab, 2)[0][0]
+    model(tokens)
+    assert seen[0][0] is None and all(given is seen[0][1] for given, _ in seen[1:]), "one tensor, passed on"
+    _, grads = _grads("fsdp-blocks3-tied-encdec")
+    assert grads["decoder.layers.0.attn.relative_attention_bias.weight"] is not None
+
+
+def test_the_encdec_stack_units_are_the_registered_torchtitan2817():
+    """family=encdec with stacks: HF's T5Stack(config, self.shared) registers the shared embedding
+    in both halves, so FSDP2 units around them both claim it (torchtitan#2817): known under its
+    own entry, on both messages the two mesh kinds give, never as pytorch183702's near miss."""
+    from distci.known_issues import load_registry
+
+    registry = load_registry(REPO / "suites" / "known_issues.toml")
+    entry = "torchtitan2817-fsdp2-module-shared-by-two-units"
+    for structure, sig in [
+        ("fsdp-encdec-stack_units", "TypeError: Invariant encountered: value was None when it should not be"),
+        ("hsdp-tied-wrap_nested-ga2-mesh_world-encdec-stack_units",
+         "RuntimeError: Cannot concatenate overlapping meshes: [DeviceMesh((dp_replicate=N, dp_shard_cp=N)"),
+    ]:
+        test = f"suites/generators/models_entry.py::test_model_structure[{structure}]"
+        for torch_version in ("2.13.0", "2.15.0"):
+            assert registry.match(test, sig, "", Stack(torch=torch_version)) == entry
+    drawer = Drawer("2026-12-09-family", parse_space(["family=encdec", "parallel=fsdp,hsdp"]))
+    assert any(s["stacks"] for s in (drawer.draw() for _ in range(20))), "the generator draws the face"
+    invariant = "TypeError: Invariant encountered: value was None when it should not be"
+    assert registry.match("suites/generators/models_entry.py::test_model_structure[fsdp-encdec]",
+                          invariant, "", Stack(torch="2.13.0")) is None
+    control = "suites/generators/models_entry.py::test_model_structure[fsdp-tied-wrap_grouped-encdec-stack_units]"
+    assert registry.match(control, invariant, "", Stack(torch="2.13.0")) is None, "the shared module sharded first"

@@ -47,6 +47,17 @@ quiet (training completes, nothing raises), the way such bugs sit upstream:
     (Megatron-LM builds its embedding group from the first and last pipeline ranks of each
     TP/DP index). Whole copies (plan=megatron) count each tp index's gradient twice, vocab
     shards (plan=titan) add another index's rows. Needs tie and pp_tp.
+  - root_param_unreduced: under FSDP2, a vision transformer's root-level bare parameters
+    (the class token and position embedding, which no submodule's forward reads) reach the
+    gradient reduction with rank 0's contribution only: every other rank's share arrives as
+    zeros (as a root unit that hooks its submodules' parameters and zero-fills the rest).
+    Forward numbers stay right; needs a family with root parameters (vit, vit_mha) and an
+    FSDP2 layout (fsdp, hsdp).
+  - shared_bias_first_use: under FSDP2, T5's relative position bias reaches the later blocks
+    of a stack detached (as a block unit that hooks the gradient of its first output only),
+    so its weight's gradient holds the first block's use alone. Forward numbers stay right;
+    needs family=encdec, an FSDP2 layout and a second block (one block hands the bias on to
+    no one).
 
 The plants of other layouts leave a pipeline alone (their hooks are written for one model,
 a pipeline rank holds stages); the pipeline's plants get the model_pipeline.Pipelined.
@@ -194,6 +205,29 @@ def _pp_tp_tied_world(piped, parallel: str, rank: int) -> None:
         piped.tied_group = None
 
 
+def _root_param_unreduced(model: nn.Module, parallel: str, rank: int) -> None:
+    if parallel not in ("fsdp", "hsdp") or rank == 0 or not hasattr(model, "cls_token"):
+        return
+
+    def embed(images: torch.Tensor) -> torch.Tensor:
+        def zero_share(p: torch.Tensor) -> torch.Tensor:  # the value, with a zero gradient
+            return p.detach() + 0 * p
+        x = model.patch_embed(images)
+        cls = zero_share(model.cls_token).expand(x.shape[0], -1, -1)
+        return torch.cat([cls, x], dim=1) + zero_share(model.pos_embed)
+    model.embed = embed
+
+
+def _shared_bias_first_use(model: nn.Module, parallel: str, rank: int) -> None:
+    if parallel not in ("fsdp", "hsdp") or not hasattr(model, "encoder"):
+        return
+
+    def detach_bias(module, args, output):
+        return output[0], output[1].detach()
+    for stack in (model.encoder, model.decoder):
+        stack.layers[0].register_forward_hook(detach_bias)
+
+
 PIPELINE_PLANTS = ("pp_tied_unsummed", "pp_stage_unscaled", "pp_tp_tied_world")
 
 PLANTS: dict[str, Callable[[nn.Module, str, int], None]] = {
@@ -201,7 +235,8 @@ PLANTS: dict[str, Callable[[nn.Module, str, int], None]] = {
     "frozen_grad": _frozen_grad, "recompute_drift": _recompute_drift, "balance_local_counts": _balance_local_counts,
     "dp_first_axis": _dp_first_axis,
     "sp_norm_grad_local": _sp_norm_grad_local, "pp_tied_unsummed": _pp_tied_unsummed,
-    "pp_stage_unscaled": _pp_stage_unscaled, "pp_tp_tied_world": _pp_tp_tied_world}
+    "pp_stage_unscaled": _pp_stage_unscaled, "pp_tp_tied_world": _pp_tp_tied_world,
+    "root_param_unreduced": _root_param_unreduced, "shared_bias_first_use": _shared_bias_first_use}
 
 
 def plant(model: nn.Module, parallel: str, rank: int, name: str | None = None) -> None:

@@ -64,6 +64,19 @@ Features, and where they come from:
     loss_parallel kept), torchtitan's PP x TP: a 2x2 ("pp", "tp") mesh, each stage laid out
     by the drawn plan over "tp" (sequence parallel, loss_parallel on the last stage under
     plan=titan), each tp index's pipeline on the same rows (4 ranks).
+  - family (later): the model family (model_families.py): `lm`, the decoder LM every
+    other feature describes; `vit`, timm's vision transformer (Conv2d patch embedding, the
+    class token and position embedding bare Parameters on the root module, LayerNorm with
+    bias, fused qkv + unbind, class-token pooling, a classification head); `vit_mha`, the
+    same with torchvision's nn.MultiheadAttention; `encdec`, T5 (one shared embedding for the
+    encoder's and the decoder's tokens, the head tied to it under tie, a relative position
+    bias only each stack's first block owns and every later block receives, cross
+    attention). Under fsdp, hsdp, ddp, replicate; with blocks, wrap, frozen=embedding (the
+    patch / shared embedding), ac, accum, steps, mesh; reuse for the vision transformers,
+    tie for encdec. `stacks` (later, after family): FSDP2 units around the encoder and the
+    decoder too (blocks, then each stack, then the root), as a trainer that shards an
+    encoder-decoder's (or a VLM's) halves writes `fully_shard(model.encoder)`; HF registers
+    the shared embedding in both stacks (`T5Stack(config, self.shared)`), so two units hold it.
   - mesh (later): how the trainer builds the layout's mesh (model_meshes.py): `direct`, one
     init_device_mesh of the layout's axes; `world`, a slice of torchtitan's five-axis
     ParallelDims mesh (size-1 axes kept, FSDP2 over the flattened dp_shard_cp); `unflatten`,
@@ -152,6 +165,13 @@ FEATURES: tuple[Feature, ...] = (
     Feature("mesh", ("direct", "world", "unflatten", "from_group", "singleton"), "direct", "mesh_{}",
             "how the trainer builds the layout's mesh (model_meshes.py)",
             later=("world", "unflatten", "from_group", "singleton")),
+    Feature("family", ("lm", "vit", "vit_mha", "encdec"), "lm", "{}",
+            "the model family (model_families.py): the decoder LM, a vision transformer, T5",
+            later=("vit", "vit_mha", "encdec")),
+    # after family: the later stream weighs a move against the features before it
+    Feature("stacks", (False, True), False, "stack_units",
+            "FSDP2 units around the encoder and the decoder, each holding the shared embedding (HF T5Stack)",
+            later=(True,)),
 )
 FEATURE = {f.name: f for f in FEATURES}
 RANKS = {"hsdp": 4, "fsdp_tp": 4, "pp": 2, "pp_fsdp": 4, "pp_tp": 4}
@@ -166,6 +186,13 @@ times 2 dp_shard / tp ranks."""
 TP_LAYOUTS = ("tp", "fsdp_tp", "pp_tp")
 """The layouts a TP plan lays out (the plan feature)."""
 FSDP_LAYOUTS = ("fsdp", "hsdp", "fsdp_tp", "pp_fsdp")
+FAMILY_LAYOUTS = ("fsdp", "hsdp", "ddp", "replicate")
+"""The layouts a family other than lm runs under: TP plans and pipeline stages name the LM's
+modules (tok, wq/wk/wv/wo, w1/w2, output: model_plans.py, model_pipeline.py)."""
+LM_ONLY = ("experts", "top_k", "shared_expert", "mtp", "buffer", "param", "balance", "uneven", "attn")
+"""Features that describe the decoder LM's modules (its routed feed-forward, MTP head, rope
+cache, parametrized projection, Llama attention, vocab width); no other family has them."""
+VISION = ("vit", "vit_mha")
 """The layouts that place FSDP2 units (the wrap feature)."""
 PP_RANKS = RANKS["pp"]
 STAGES_PER_RANK = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": 2, "zero_bubble": 2, "zbv": 2, "dualpipev": 2}
@@ -225,6 +252,22 @@ RULES: tuple[tuple[Any, str], ...] = (
      "parallel=pp builds no mesh (its stages talk over the world group): mesh=direct"),
     (lambda s: s["mesh"] == "singleton" and s["parallel"] != "fsdp",
      "mesh=singleton is FSDP2's 1-D data parallelism built as HSDP with one replica: parallel=fsdp"),
+    (lambda s: s["family"] != "lm" and s["parallel"] not in FAMILY_LAYOUTS,
+     "the TP plans and pipeline stages lay out the decoder LM's modules: family=vit, vit_mha "
+     "or encdec takes parallel=fsdp, hsdp, ddp or replicate"),
+    (lambda s: s["family"] != "lm" and any(s[f] != FEATURE[f].default for f in LM_ONLY),
+     "experts, top_k, shared_expert, mtp, buffer, param, balance, uneven and attn describe "
+     "the decoder LM's modules: family=vit, vit_mha and encdec have none of them"),
+    (lambda s: s["family"] != "lm" and s["frozen"] == "lora",
+     "frozen=lora wraps the LM's feed-forward projections (w1, w2): family=lm"),
+    (lambda s: s["family"] in VISION and s["tie"],
+     "a vision transformer's head has no token embedding to hold: tie needs family=lm or encdec"),
+    (lambda s: s["stacks"] and (s["family"] != "encdec" or s["parallel"] not in ("fsdp", "hsdp")),
+     "stacks places FSDP2 units around an encoder-decoder's two stacks: family=encdec, "
+     "parallel=fsdp or hsdp"),
+    (lambda s: s["family"] == "encdec" and s["reuse"],
+     "reuse runs the first block again after the last: family=encdec has two stacks of blocks, "
+     "the first of each computing that stack's position bias"),
 )
 """Only what is meaningless (a structure that cannot be built as stated)."""
 

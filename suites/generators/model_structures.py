@@ -236,9 +236,17 @@ class StructureModel(nn.Module):
         return logits
 
 
-def build(structure: dict[str, Any], device: torch.device) -> StructureModel:
+def build(structure: dict[str, Any], device: torch.device) -> nn.Module:
     """The structure's model, the same weights on every rank and in the reference (seeded)."""
     torch.manual_seed(SEED)
+    s = complete(structure)
+    if s["family"] != "lm":  # a vision transformer or an encoder-decoder (model_families.py)
+        from . import model_families
+
+        model = model_families.model(s, DIM, HIDDEN, VOCAB)
+        model_families.freeze(model, s["frozen"])
+        model_families.checkpoint(model, lambda holder: _checkpoint(holder, s["ac"]))
+        return model.to(device)
     model = StructureModel(structure)
     with torch.no_grad():  # embeddings and head at a transformer's scale, not N(0, 1)
         model.tok.weight.normal_(0, 1 / math.sqrt(DIM))
@@ -260,7 +268,7 @@ def _freeze(model: StructureModel, frozen: str) -> None:
             p.requires_grad_(id(p) in adapters)
 
 
-def _checkpoint(model: StructureModel, ac: str) -> None:
+def _checkpoint(model: nn.Module, ac: str) -> None:
     """torchtitan's apply_ac: every block in a checkpoint wrapper (non-reentrant, RNG state not
     preserved); `selective` is its op-level policy: save matmul outputs, recompute the rest."""
     if ac == "none":
@@ -312,6 +320,10 @@ def data(structure: dict[str, Any], vocab: int, world_size: int) -> list[list[tu
     gen = torch.Generator().manual_seed(SEED + 1)
     rows = {"pp": PP_ROWS, "pp_tp": PP_ROWS, "pp_fsdp": PP_ROWS * PP_DP_SHARD}.get(s["parallel"],
                                                                                 BATCH_PER_RANK * world_size)
+    if s["family"] != "lm":
+        from . import model_families
+
+        return model_families.data(s, rows, vocab, SEQ, gen)
     return [[(torch.randint(0, vocab, (rows, SEQ), generator=gen), torch.randint(0, vocab, (rows, SEQ), generator=gen))
              for _ in range(s["accum"])] for _ in range(s["steps"])]
 
@@ -394,6 +406,9 @@ def apply_fsdp(model: StructureModel, mesh: Any, wrap: str) -> None:
     if wrap == "grouped" and model.norm is not None:  # torchtitan: fully_shard([model.norm, model.output])
         group = [model.norm, model.output] + ([model.tok] if model.structure["tie"] and model.tok is not None else [])
         fully_shard(group + ([model.mtp] if model.mtp is not None else []), mesh=mesh)
+    if model.structure["stacks"]:  # an encoder-decoder's halves (model_families.EncoderDecoder)
+        fully_shard(model.encoder, mesh=mesh)
+        fully_shard(model.decoder, mesh=mesh)
     fully_shard(model, mesh=mesh)
     if model.structure["experts"] and hasattr(model, "set_reduce_scatter_unused_params"):
         # an expert idle on one rank has no gradient there: without this FSDP2 reduce-scatters

@@ -54,7 +54,7 @@ def _train(structure: dict[str, Any], runnable, model, batches, rows: tuple[int,
                 if structure["parallel"] in PIPELINED:  # the pipelined step's loss, on the whole batch
                     loss = reference_loss(structure, logits, labels) / len(micro)
                 else:
-                    loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten()) / len(micro)
+                    loss = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten()) / len(micro)
                 loss.backward()
             local = loss.detach()
             total += (local.full_tensor() if hasattr(local, "full_tensor") else local).float().cpu()
