@@ -729,3 +729,54 @@ def test_the_loss_scaling_finds_file_under_their_registered_bug(program, signatu
     registry = load_registry(REPO / "suites" / "known_issues.toml")
     test_id = f"suites/generators/programs_entry.py::test_program[{program}]"
     assert registry.match(test_id, signature, "", Stack(torch="2.13.0")) == entry
+
+
+AC_ROUNDS = tuple(stream for stream, _, _ in pf.LATER_ROUNDS if stream != "later_ac")
+"""Every round but the activation-checkpointing one (program_forms.LATER_FORMS_AC)."""
+
+
+def test_the_checkpointing_round_never_moves_earlier_rounds_picks():
+    """A program whose layout the round leaves alone is drawn as before it (eval=nogc is drawn on
+    LAYOUT_hfac only); one it checkpoints keeps its head (sizes, optimizer, world size), the
+    layout back to its value."""
+    moved = 0
+    for i in range(300):
+        before, after = draw("ac-moves", i, rounds=AC_ROUNDS), draw("ac-moves", i)
+        if after.layout not in tp.CHECKPOINTED:
+            assert after.text == before.text, (i, after.text)
+        else:
+            moved += 1
+            assert (tp.CHECKPOINTED[after.layout][0], after.world_size, after.width, after.layers, after.optim) == \
+                (before.layout, before.world_size, before.width, before.layers, before.optim)
+    assert moved
+
+
+def test_the_checkpointing_round_is_drawn_where_its_calls_are_made():
+    programs = [draw("reach-ac", i) for i in range(1500)]
+    common = {"fsdp_tp_ac", "tp_ac", "ddp_ac", "ddp_hfac"}  # the fsdp forms: rare where 5 rounds took fsdp first
+    assert common <= {p.layout for p in programs}
+    assert all(tp.valid(p) for p in programs)
+    only = [draw("ac", i, tuple(tp.CHECKPOINTED)) for i in range(80)]
+    assert {p.layout for p in only} == set(tp.CHECKPOINTED)
+    assert all(p.world_size == 4 for p in only if p.layout == "fsdp_tp_ac")
+    cycled = [p for p in programs + only if "eval=nogc" in p.actions]
+    assert cycled and all(tp.CHECKPOINTED[p.layout][1] == "hf" for p in cycled)
+
+
+@pytest.mark.parametrize("layout", ["fsdp", "ddp", "fsdp_ac", "fsdp_cac", "ddp_ac", "tp_ac"])
+def test_switching_checkpointing_off_for_generation_is_where_hugging_face_switched_it_on(layout):
+    with pytest.raises(tp.ProgramError, match="not where a loop makes it"):
+        parse_program(f"{layout}-ws2-w8-l1-sgd:fwd_bwd,eval=nogc")
+    parse_program(f"{layout}-ws2-w8-l1-sgd:fwd_bwd,eval")
+    hf = f"{layout.partition('_')[0]}_hfac"
+    if hf in tp.LAYOUTS:
+        parse_program(f"{hf}-ws2-w8-l1-sgd:fwd_bwd,eval=nogc")
+
+
+def test_a_checkpointed_layout_shrinks_to_its_plain_one():
+    program = parse_program("fsdp_tp_ac-ws4-w8-l1-sgd:fwd_bwd,fwd_bwd=nosync,fwd_bwd,reshard=true")
+    shrunk = {e.apply(program).text for e in edits(program)}
+    assert {"fsdp_tp-ws4-w8-l1-sgd:fwd_bwd,fwd_bwd=nosync,fwd_bwd,reshard=true",
+            "fsdp_ac-ws2-w8-l1-sgd:fwd_bwd,fwd_bwd=nosync,fwd_bwd,reshard=true"} <= shrunk
+    hf = parse_program("ddp_hfac-ws2-w8-l1-sgd:fwd_bwd,eval=nogc")
+    assert "ddp_hfac-ws2-w8-l1-sgd:fwd_bwd,eval" in {e.apply(hf).text for e in edits(hf)}

@@ -47,6 +47,10 @@ stays quiet elsewhere, as such bugs sit upstream:
   - scaler_resume: a resume under fsdp_amp restores the model and the optimizer but not the
     GradScaler (its scaler.pt never read back, as a checkpoint path that forgets it): visible only
     at a full load after a step moved the scale or its growth tracker since the save.
+  - ac_reenable: Hugging Face gradient checkpointing switched on again after a generation
+    (eval=nogc, round later_ac) without `enable_input_require_grads()`: reentrant checkpoint of
+    the first block sees no input that requires grad and returns no gradient for it (torch only
+    warns): visible only under LAYOUT_hfac, at the first backward after an eval=nogc.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ from typing import Any, Callable
 PLANT_ENV = "DISTCI_PROGRAMS_PLANT"
 PLANTS = ("optim_load_fsdp", "buffer_load", "sched_resume", "zero_grad_ddp", "mp_accumulate_low",
           "async_unstaged", "partial_load_all", "f8_local_scale", "relayout_optim", "factored_rows",
-          "scaler_resume", "found_inf_local")
+          "scaler_resume", "found_inf_local", "ac_reenable")
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,9 @@ class Plant:
 
     def keeps_scaler_on_load(self, layout: str) -> bool:
         return self.name == "scaler_resume" and layout == "fsdp_amp"
+
+    def reenables_without_input_grads(self) -> bool:
+        return self.name == "ac_reenable"
 
     def precomputes_local_scale(self) -> bool:
         return self.name == "f8_local_scale"

@@ -28,10 +28,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from distci.training_program import AMP, FLOAT8, FSDP, part_of
+from distci.training_program import AMP, CHECKPOINTED, FLOAT8, FSDP, part_of
 
 from ..runner.evidence import clean_name
 from . import program_checkpoint as checkpoint
+from . import program_checkpointing as checkpointing
 from . import program_float8 as float8
 from . import program_optimizers as optimizers
 from . import program_relayout as relayout
@@ -60,7 +61,11 @@ class Block(nn.Module):
 
 class Net(nn.Module):
     """Residual MLP blocks and a head, with a persistent buffer that training forwards move
-    (as BatchNorm's num_batches_tracked or an EMA step count): a checkpoint must carry it."""
+    (as BatchNorm's num_batches_tracked or an EMA step count): a checkpoint must carry it.
+    `checkpointing`: how a training forward calls each block, as transformers' models call
+    `self._gradient_checkpointing_func(layer.__call__, ...)` (program_checkpointing.enable)."""
+
+    checkpointing = None
 
     def __init__(self, width: int, layers: int, bias: bool = True) -> None:
         super().__init__()
@@ -73,7 +78,7 @@ class Net(nn.Module):
             with torch.no_grad():
                 self.seen.add_(1)
         for block in self.blocks:
-            x = block(x)
+            x = self.checkpointing(block.__call__, x) if self.checkpointing and self.training else block(x)
         return self.head(x) * (1 + 0.1 * torch.tanh(self.seen / 4))
 
     def generate(self, x: torch.Tensor, steps: int = 2) -> torch.Tensor:
@@ -166,7 +171,9 @@ def start(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Program:
     torch.manual_seed(SEED)
     ref_model = build(spec, spec.layout, dist.device_type)
     run_model = copy.deepcopy(ref_model)
-    runnable, par = layout_model(run_model, AMP.get(spec.layout, spec.layout), dist)
+    layout, kind = CHECKPOINTED.get(spec.layout, (AMP.get(spec.layout, spec.layout), ""))
+    checkpointing.apply(ref_model, kind)  # the reference checkpoints as the run does (program_checkpointing.py)
+    runnable, par = layout_model(run_model, layout, dist, kind)
     if plant.accumulates_in_param_dtype(spec.layout):
         accumulate_in_param_dtype(run_model)
     ref, run = Twin(ref_model, ref_model, spec.optim), Twin(run_model, runnable, spec.optim)
@@ -394,6 +401,8 @@ def apply(p: Program, name: str, arg: str) -> None:
                 (twin.opt if name == "step" else twin.sched).step()
         if arg == "precompute":
             float8.start_precomputing(p)
+    elif name == "eval" and arg == "nogc":
+        checkpointing.generate_unchecked(p, lambda: _eval(p, "generate"))
     elif name == "eval":
         _eval(p, arg)
     elif name == "metric":
