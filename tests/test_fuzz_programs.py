@@ -192,6 +192,11 @@ PLANT_CASES = {
     # only the head trains (one layer, its block frozen), at the step
     "found_inf_local": (["--layout", "fsdp_amp", "--seed", "infl38267", "--rounds", "later,later2,later3,later_amp"],
                         ["freeze", "fwd_bwd", "step"], ("fsdp_amp",)),
+    # the checkpointing round (later_ac): Hugging Face gradient checkpointing switched on again after
+    # a generation without the input hook: reentrant checkpoint leaves the first block without a
+    # gradient, seen at the first synced backward after eval=nogc (acre724's second program)
+    "ac_reenable": (["--layout", "fsdp_hfac", "--seed", "acre724", "--rounds", "later,later2,later3,later_ac"],
+                    ["eval", "fwd_bwd"], ("fsdp_hfac",)),
 }
 COMMON = ["--max-programs", "4", "--batch", "8", "--budget", "20m", "--rounds", "later,later2,later3"]
 """`--rounds`: each seed above was chosen when these three later rounds of forms existed; a round
