@@ -652,6 +652,11 @@ def test_a_bounded_programs_run_finds_the_bug_and_files_it_known(bounded_cases_r
      "torch.Tensor to DTensor before calling distributed operators!", None),
 ])
 def test_the_optimizers_round_finds_file_under_their_registered_bug(program, signature, entry):
+    _files_under(program, signature, entry)
+
+
+def _files_under(program: str, signature: str, entry: str | None) -> None:
+    """A program's failure with `signature` matches `entry` (None: no entry) on 2.13.0 and 2.15.0."""
     registry = load_registry(REPO / "suites" / "known_issues.toml")
     test_id = f"suites/generators/programs_entry.py::test_program[{program}]"
     assert registry.match(test_id, signature, "", Stack(torch="2.13.0")) == entry
@@ -796,7 +801,4 @@ def test_a_checkpointed_layout_shrinks_to_its_plain_one():
      "SQNR N dB < N dB (N problem(s))", None),
 ])
 def test_the_checkpointing_finds_file_under_their_registered_bug(program, signature, entry):
-    registry = load_registry(REPO / "suites" / "known_issues.toml")
-    test_id = f"suites/generators/programs_entry.py::test_program[{program}]"
-    assert registry.match(test_id, signature, "", Stack(torch="2.13.0")) == entry
-    assert entry is None or registry.match(test_id, signature, "", Stack(torch="2.15.0")) == entry
+    _files_under(program, signature, entry)
