@@ -796,6 +796,11 @@ def test_a_checkpointed_layout_shrinks_to_its_plain_one():
      "caused by one of the following reasons", "pytorch24005-ddp-reentrant-checkpoint-twice"),
     ("ddp_ac-ws2-w8-l1-sgd:compile,fwd_bwd", "AssertionError: at action fwd_bwd: blocks.N.norm.bias: gradient SQNR N dB "
      "< N dB (N problem(s))", "pytorch197039-compile-recomputes-mutated-buffer"),
+    ("ddp_hfac-ws2-w8-l1-sgd:compile,fwd_bwd", "AssertionError: at action fwd_bwd: blocks.N.norm.bias: gradient SQNR N dB "
+     "< N dB (N problem(s))", "pytorch197039-compile-recomputes-mutated-buffer"),
+    ("tp_ac-ws2-w8-l1-adamw_fused:fwd_bwd,step", "RuntimeError: aten._fused_adamw_.default got mixed torch.Tensor and "
+     "DTensor, need to convert all torch.Tensor to DTensor before calling distributed operators!",
+     "torchtune2501-tp-fused-optimizer-mixed"),
     # the non-reentrant wrapper inside FSDP2 (torchtitan's) is the control: not this entry's program
     ("fsdp_ac-ws2-w8-l1-sgd:fwd_bwd=twice", "AssertionError: at action fwd_bwd=twice: blocks.N.norm.bias: gradient "
      "SQNR N dB < N dB (N problem(s))", None),
