@@ -176,6 +176,35 @@ Drawn from the stream `later_hook`, consulted only where every earlier round lef
 LATER_P_HOOK = 0.4
 """A plain step takes its EMA in about two programs of five; inbwd needs a backward holding no
 gradient (the first, or one after zero_grad or a load), so it is drawn at the same rate."""
+LATER_FORMS_AC: dict[tuple[str, str], tuple[str, ...]] = {
+    ("layout", "fsdp"): ("fsdp_ac", "fsdp_sac", "fsdp_cac", "fsdp_hfac"),
+    ("layout", "ddp"): ("ddp_ac", "ddp_hfac"),
+    ("layout", "tp"): ("tp_ac",),
+    ("layout", "fsdp_tp"): ("fsdp_tp_ac",),
+    ("eval", "no_grad"): ("nogc",),
+}
+"""The activation-checkpointing round (issue 40, items 1, 6, 7: reports/fuzz-programs-2026-12-09-ac.md;
+suites/generators/program_checkpointing.py applies each to the run and the reference alike),
+from trainer code:
+  - LAYOUT_ac: torchtitan `distributed/activation_checkpoint.py` / torchtune
+    `set_activation_checkpointing`: every block in `checkpoint_wrapper` (non-reentrant) after TP
+    and before FSDP2 or DDP (torchtitan's order; Lightning's `activation_checkpointing_policy`);
+  - fsdp_sac: torchtitan's op-level selective AC, the wrapper with a `context_fn` of
+    create_selective_checkpoint_contexts that saves the matmuls' outputs;
+  - fsdp_cac: the composable `torch.distributed._composable.checkpoint(block)`, fully_shard's
+    sibling API, in place before fully_shard(block);
+  - LAYOUT_hfac: Hugging Face `gradient_checkpointing_enable()`: the model's forward calls
+    `checkpoint(block.__call__, x, use_reentrant=True)` per block, from outside the block's
+    FSDP2 / DDP hooks, with `enable_input_require_grads()` (its default since reentrant needs an
+    input that requires grad), then accelerate's FSDP2 / DDP wrap (HF Trainer turns DDP's
+    find_unused_parameters off under gradient checkpointing);
+  - eval=nogc (LAYOUT_hfac): TRL's generation between training steps:
+    `gradient_checkpointing_disable()`, generate under no_grad, `gradient_checkpointing_enable()`
+    again mid-run.
+Drawn from the stream `later_ac`, consulted only where every earlier round left the plain value."""
+LATER_P_AC = 0.5
+"""How often a value takes a checkpointing form: half the plain fsdp / ddp / tp / fsdp_tp
+programs the earlier rounds leave checkpoint their blocks, and half their plain evals cycle it."""
 LATER_ROUNDS: tuple[tuple[str, dict, float], ...] = (
     ("later", LATER_FORMS, LATER_P),
     ("later2", LATER_FORMS_2, LATER_P_2),
@@ -184,6 +213,7 @@ LATER_ROUNDS: tuple[tuple[str, dict, float], ...] = (
     ("later_optim", LATER_FORMS_OPTIM, LATER_P_OPTIM),
     ("later_amp", LATER_FORMS_AMP, LATER_P_AMP),
     ("later_hook", LATER_FORMS_HOOK, LATER_P_HOOK),
+    ("later_ac", LATER_FORMS_AC, LATER_P_AC),
 )
 """The later rounds in order: (stream, table, how often it picks). Round k draws from stream
 `{seed}/{i}/STREAM`; a round's stream is named once and never by its position, so rounds

@@ -54,26 +54,38 @@ from distci.program_forms import RELAYOUTS, is_form
 LAYOUTS: dict[str, tuple[int, ...]] = {"fsdp": (2, 4), "tp": (2, 4), "fsdp_tp": (4,), "ddp": (2, 4),
                                        "fsdp_mp": (2, 4), "fsdp_offload": (2, 4), "hsdp": (4,), "fsdp_f8": (2, 4),
                                        "tp_f8": (2, 4), "fsdp_amp": (2, 4), "hsdp_amp": (4,), "tp_amp": (2, 4),
-                                       "fsdp_tp_amp": (4,), "ddp_amp": (2, 4)}
+                                       "fsdp_tp_amp": (4,), "ddp_amp": (2, 4), "fsdp_ac": (2, 4), "fsdp_sac": (2, 4),
+                                       "fsdp_cac": (2, 4), "fsdp_hfac": (2, 4), "ddp_ac": (2, 4), "ddp_hfac": (2, 4),
+                                       "tp_ac": (2, 4), "fsdp_tp_ac": (4,)}
 """Layout -> the world sizes it runs on (fsdp_tp: a 2x2 mesh, dp outer, tp inner; fsdp_mp: FSDP2
 computing in bfloat16, reducing in float32; fsdp_offload: FSDP2 with CPUOffloadPolicy; hsdp:
 FSDP2 on a (dp_replicate, dp_shard) 2x2 mesh, sharded within a replica, replicated across; fsdp_f8:
 torchao float8 training, tensorwise, its weights all-gathered in float8, then FSDP2; tp_f8: float8
 training, then TP with torchao's Float8ColwiseParallel / Float8RowwiseParallel; LAYOUT_amp: LAYOUT
-trained through torch.amp.GradScaler, LATER_FORMS_AMP)."""
+trained through torch.amp.GradScaler, LATER_FORMS_AMP; CHECKPOINTED: LAYOUT with its blocks'
+activations checkpointed, LATER_FORMS_AC)."""
 AMP = {"fsdp_amp": "fsdp", "hsdp_amp": "hsdp", "tp_amp": "tp", "fsdp_tp_amp": "fsdp_tp", "ddp_amp": "ddp"}
 """Layouts that train through a loss scaler -> the layout they lay the model out as."""
+CHECKPOINTED = {"fsdp_ac": ("fsdp", "wrap"), "fsdp_sac": ("fsdp", "selective"), "fsdp_cac": ("fsdp", "composable"),
+                "fsdp_hfac": ("fsdp", "hf"), "ddp_ac": ("ddp", "wrap"), "ddp_hfac": ("ddp", "hf"), "tp_ac": ("tp", "wrap"),
+                "fsdp_tp_ac": ("fsdp_tp", "wrap")}
+"""Layouts whose blocks checkpoint their activations -> (the layout they lay the model out as,
+how: suites/generators/program_checkpointing.py's KINDS)."""
 DATA_PARALLEL = ("fsdp", "fsdp_tp", "ddp", "fsdp_mp", "fsdp_offload", "hsdp", "fsdp_f8", "fsdp_amp", "hsdp_amp",
-                 "fsdp_tp_amp", "ddp_amp")
+                 "fsdp_tp_amp", "ddp_amp", "fsdp_ac", "fsdp_sac", "fsdp_cac", "fsdp_hfac", "ddp_ac", "ddp_hfac",
+                 "fsdp_tp_ac")
 """Layouts whose ranks see different rows and reduce gradients (no-sync accumulation exists)."""
-FSDP = ("fsdp", "fsdp_tp", "fsdp_mp", "fsdp_offload", "hsdp", "fsdp_f8", "fsdp_amp", "hsdp_amp", "fsdp_tp_amp")
+FSDP = ("fsdp", "fsdp_tp", "fsdp_mp", "fsdp_offload", "hsdp", "fsdp_f8", "fsdp_amp", "hsdp_amp", "fsdp_tp_amp",
+        "fsdp_ac", "fsdp_sac", "fsdp_cac", "fsdp_hfac", "fsdp_tp_ac")
 FLOAT8 = ("fsdp_f8", "tp_f8")
 """Layouts whose model is converted to torchao float8 training before it is parallelized."""
-IN_BACKWARD = ("fsdp", "tp", "fsdp_tp", "hsdp", "fsdp_mp", "fsdp_offload")
+IN_BACKWARD = ("fsdp", "tp", "fsdp_tp", "hsdp", "fsdp_mp", "fsdp_offload", "fsdp_ac", "fsdp_sac", "fsdp_cac",
+               "fsdp_hfac", "tp_ac", "fsdp_tp_ac")
 """Layouts where a post-accumulate-grad hook sees the gradient the step needs (fwd_bwd=inbwd):
 FSDP2 calls it after the reduce-scatter, TP's DTensor gradients are whole; DDP's hook sees the
 local gradient before the bucket's all-reduce (meaningless to step on), a loss scaler must
-unscale every gradient before any step, and float8's precompute runs after a whole step."""
+unscale every gradient before any step, and float8's precompute runs after a whole step.
+Checkpointed blocks step in backward too (torchtune's optimizer_in_bwd with activation checkpointing)."""
 PRECOMPUTE = ("fsdp_f8",)
 """Layouts whose float8 weights FSDP2 all-gathers in float8: where precompute has scales to make."""
 OPTIMIZERS = ("sgd", "adamw", "sgd0", "adamw_groups", "adamw_fused", "adamw_foreach", "adam", "nadam", "radam",
@@ -155,6 +167,13 @@ def _step_ok(s: State, layout: str, arg: str) -> bool:
     return not s.unsynced and (arg != "precompute" or layout in PRECOMPUTE) and (layout not in AMP or s.grads)
 
 
+def _eval_ok(s: State, layout: str, arg: str) -> bool:
+    """`nogc` switches Hugging Face's gradient checkpointing off and on: where it is on; `ema`
+    evaluates the EMA copy: once a step made one."""
+    return (not s.unsynced and (arg != "nogc" or CHECKPOINTED.get(layout, ("", ""))[1] == "hf")
+            and (arg != "ema" or s.averaged))
+
+
 def _freeze_ok(s: State, layout: str, arg: str) -> bool:
     return not s.unsynced and arg not in s.frozen and len(s.frozen) + 1 < len(PARTS)
 
@@ -229,11 +248,12 @@ INVENTORY: tuple[Action, ...] = (
            lambda s, a: replace(s, unscaled=False, averaged=s.averaged or a == "ema")),
     Action("sched", ("",), "lr_scheduler.step() (linear warmup then decay, a LambdaLR)",
            "torchtitan lr_schedulers.step; torchtune after step", 1.5, _synced, lambda s, a: s),
-    Action("eval", ("no_grad", "inference_mode", "generate", "ema"),
+    Action("eval", ("no_grad", "inference_mode", "generate", "ema", "nogc"),
            "model.eval(); forward of the eval batch under torch.no_grad() / torch.inference_mode(); model.train(); "
-           "`generate`: a generate-style method under no_grad (register_fsdp_forward_method); `ema`: through the EMA copy",
-           "torchtune validate(); torchtitan validator; Lightning validation loop (EMA weights swapped in)", 1.0,
-           lambda s, l, a: not s.unsynced and (a != "ema" or s.averaged), lambda s, a: s),
+           "`generate`: a generate-style method under no_grad (register_fsdp_forward_method); `ema`: through the "
+           "EMA copy; `nogc` (LAYOUT_hfac): gradient_checkpointing_disable(), generate, gradient_checkpointing_enable()",
+           "torchtune validate(); torchtitan validator; Lightning validation loop (EMA weights swapped in); "
+           "nogc: TRL's generation between training steps", 1.0, _eval_ok, lambda s, a: s),
     Action("metric", ("all_reduce", "barrier"),
            "the step's loss all-reduced (avg) over the data-parallel ranks for logging / a barrier",
            "torchtitan dist_mean of the loss; torchtune all_reduce of running_loss", 0.7, _synced, lambda s, a: s),

@@ -199,6 +199,11 @@ PLANT_CASES = {
     "ema_stale_shard": (["--layout", "fsdp", "--seed", "emast584", "--rounds",
                          "later,later2,later3,later_reshard,later_optim,later_amp,later_hook"],
                         ["fwd_bwd", "step", "step"], ("fsdp",)),
+    # the checkpointing round (later_ac): Hugging Face gradient checkpointing switched on again after
+    # a generation without the input hook: reentrant checkpoint leaves the first block without a
+    # gradient, seen at the first synced backward after eval=nogc (acre724's second program)
+    "ac_reenable": (["--layout", "fsdp_hfac", "--seed", "acre724", "--rounds", "later,later2,later3,later_ac"],
+                    ["eval", "fwd_bwd"], ("fsdp_hfac",)),
 }
 COMMON = ["--max-programs", "4", "--batch", "8", "--budget", "20m", "--rounds", "later,later2,later3"]
 """`--rounds`: each seed above was chosen when these three later rounds of forms existed; a round
@@ -228,7 +233,7 @@ def test_fsdp_mp_with_param_groups_and_a_full_resume_passes_at_float32s_toleranc
     """One program a correct stack passes, that each of three judge faults failed (each seen,
     2026-12-06, torch 2.13.0): fsdp_mp judged against a float32 full-batch reference (its loss
     outside float32's tolerance at the first call; the reference now computes as the ranks do,
-    programs.mixed_precision_reference); a `save=full` kept by reference, not copied (on CPU
+    program_precision.mixed_precision_reference); a `save=full` kept by reference, not copied (on CPU
     the saved `step` tensors are the optimizer's own, so the steps after the save moved the
     "saved" state: `optimizer state step ...` at the load); param groups compared by container
     (`betas` comes back from a full load's broadcast as a list). AdamW with two param groups

@@ -368,7 +368,7 @@ def test_the_optimizers_round_never_moves_earlier_rounds_picks():
     assert [_base_round_2(t, (pf.LATER_FORMS_OPTIM,)) for t in widened] == BEFORE_ROUND_OPTIM
     assert [draw("night", i, rounds=("later", "later2", "later3")).text
             for i in range(len(BEFORE_ROUND_OPTIM))] == BEFORE_ROUND_OPTIM
-    moved = [(a, b) for a, b in zip(widened, BEFORE_ROUND_OPTIM) if a != b]
+    moved = [(a, b) for a, b in zip(widened, BEFORE_ROUND_OPTIM) if parse_program(a).optim != parse_program(b).optim]
     assert [parse_program(a).optim for a, _ in moved] == ["radam", "rmsprop", "adafactor"]  # and it is drawn
 
 
@@ -665,8 +665,9 @@ def _files_under(program: str, signature: str, entry: str | None) -> None:
     test_id = f"suites/generators/programs_entry.py::test_program[{program}]"
     assert registry.match(test_id, signature, "", Stack(torch="2.13.0")) == entry
     assert entry is None or registry.match(test_id, signature, "", Stack(torch="2.15.0")) == entry
-AMP_ROUNDS = tuple(stream for stream, _, _ in pf.LATER_ROUNDS if stream != "later_amp")
-"""Every round but the loss-scaling one (program_forms.LATER_FORMS_AMP)."""
+AMP_ROUNDS = tuple(stream for stream, _, _ in pf.LATER_ROUNDS[:[s for s, _, _ in pf.LATER_ROUNDS].index("later_amp")])
+"""The rounds before the loss-scaling one (program_forms.LATER_FORMS_AMP): a round after it may
+take the value it leaves plain (later_ac checkpoints a ddp the loss-scaling round leaves alone)."""
 
 
 def _without_amp(text: str) -> str:
@@ -679,7 +680,7 @@ def test_the_loss_scaling_round_never_moves_earlier_rounds_picks():
     form of a sync backward, on LAYOUT_amp only: none here); one it gives a scaler keeps its
     head (sizes, optimizer, world size), the layout back to its value."""
     for i in range(300):
-        before, after = draw("amp-moves", i, rounds=AMP_ROUNDS), draw("amp-moves", i)
+        before, after = draw("amp-moves", i, rounds=AMP_ROUNDS), draw("amp-moves", i, rounds=AMP_ROUNDS + ("later_amp",))
         if after.layout not in tp.AMP:
             assert after.text == before.text, (i, after.text)
         else:
@@ -831,4 +832,75 @@ def test_the_hook_rounds_calls_parse_where_loops_make_them():
      "RuntimeError: aten._foreach_norm.Scalar got mixed torch.Tensor and DTensor", None),
 ])
 def test_the_hook_rounds_finds_file_under_their_registered_bug(program, signature, entry):
+    _files_under(program, signature, entry)
+
+
+AC_ROUNDS = tuple(stream for stream, _, _ in pf.LATER_ROUNDS if stream != "later_ac")
+"""Every round but the activation-checkpointing one (program_forms.LATER_FORMS_AC)."""
+
+
+def test_the_checkpointing_round_never_moves_earlier_rounds_picks():
+    """A program whose layout the round leaves alone is drawn as before it (eval=nogc is drawn on
+    LAYOUT_hfac only); one it checkpoints keeps its head (sizes, optimizer, world size), the
+    layout back to its value."""
+    moved = 0
+    for i in range(300):
+        before, after = draw("ac-moves", i, rounds=AC_ROUNDS), draw("ac-moves", i)
+        if after.layout not in tp.CHECKPOINTED:
+            assert after.text == before.text, (i, after.text)
+        else:
+            moved += 1
+            assert (tp.CHECKPOINTED[after.layout][0], after.world_size, after.width, after.layers, after.optim) == \
+                (before.layout, before.world_size, before.width, before.layers, before.optim)
+    assert moved
+
+
+def test_the_checkpointing_round_is_drawn_where_its_calls_are_made():
+    programs = [draw("reach-ac", i) for i in range(1500)]
+    common = {"fsdp_tp_ac", "tp_ac", "ddp_ac", "ddp_hfac"}  # the fsdp forms: rare where 5 rounds took fsdp first
+    assert common <= {p.layout for p in programs}
+    assert all(tp.valid(p) for p in programs)
+    only = [draw("ac", i, tuple(tp.CHECKPOINTED)) for i in range(80)]
+    assert {p.layout for p in only} == set(tp.CHECKPOINTED)
+    assert all(p.world_size == 4 for p in only if p.layout == "fsdp_tp_ac")
+    cycled = [p for p in programs + only if "eval=nogc" in p.actions]
+    assert cycled and all(tp.CHECKPOINTED[p.layout][1] == "hf" for p in cycled)
+
+
+@pytest.mark.parametrize("layout", ["fsdp", "ddp", "fsdp_ac", "fsdp_cac", "ddp_ac", "tp_ac"])
+def test_switching_checkpointing_off_for_generation_is_where_hugging_face_switched_it_on(layout):
+    with pytest.raises(tp.ProgramError, match="not where a loop makes it"):
+        parse_program(f"{layout}-ws2-w8-l1-sgd:fwd_bwd,eval=nogc")
+    parse_program(f"{layout}-ws2-w8-l1-sgd:fwd_bwd,eval")
+    hf = f"{layout.partition('_')[0]}_hfac"
+    if hf in tp.LAYOUTS:
+        parse_program(f"{hf}-ws2-w8-l1-sgd:fwd_bwd,eval=nogc")
+
+
+def test_a_checkpointed_layout_shrinks_to_its_plain_one():
+    program = parse_program("fsdp_tp_ac-ws4-w8-l1-sgd:fwd_bwd,fwd_bwd=nosync,fwd_bwd,reshard=true")
+    shrunk = {e.apply(program).text for e in edits(program)}
+    assert {"fsdp_tp-ws4-w8-l1-sgd:fwd_bwd,fwd_bwd=nosync,fwd_bwd,reshard=true",
+            "fsdp_ac-ws2-w8-l1-sgd:fwd_bwd,fwd_bwd=nosync,fwd_bwd,reshard=true"} <= shrunk
+    hf = parse_program("ddp_hfac-ws2-w8-l1-sgd:fwd_bwd,eval=nogc")
+    assert "ddp_hfac-ws2-w8-l1-sgd:fwd_bwd,eval" in {e.apply(hf).text for e in edits(hf)}
+
+
+@pytest.mark.parametrize("program, signature, entry", [
+    ("fsdp_hfac-ws2-w8-l1-sgd:fwd_bwd=twice", "AssertionError: at action fwd_bwd=twice: blocks.N.norm.bias: gradient "
+     "SQNR N dB < N dB (N problem(s))", "pytorch153354-fsdp2-reentrant-checkpoint-twice"),
+    ("ddp_hfac-ws2-w8-l1-sgd:fwd_bwd=twice", "RuntimeError: Expected to mark a variable ready only once. This error is "
+     "caused by one of the following reasons", "pytorch24005-ddp-reentrant-checkpoint-twice"),
+    ("ddp_ac-ws2-w8-l1-sgd:compile,fwd_bwd", "AssertionError: at action fwd_bwd: blocks.N.norm.bias: gradient SQNR N dB "
+     "< N dB (N problem(s))", "pytorch197039-compile-recomputes-mutated-buffer"),
+    ("ddp_hfac-ws2-w8-l1-sgd:compile,fwd_bwd", "AssertionError: at action fwd_bwd: blocks.N.norm.bias: gradient SQNR N dB "
+     "< N dB (N problem(s))", "pytorch197039-compile-recomputes-mutated-buffer"),
+    ("tp_ac-ws2-w8-l1-adamw_fused:fwd_bwd,step", "RuntimeError: aten._fused_adamw_.default got mixed torch.Tensor and "
+     "DTensor, need to convert all torch.Tensor to DTensor before calling distributed operators!",
+     "torchtune2501-tp-fused-optimizer-mixed"),
+    # the non-reentrant wrapper inside FSDP2 (torchtitan's) is the control: not this entry's program
+    ("fsdp_ac-ws2-w8-l1-sgd:fwd_bwd=twice", "AssertionError: at action fwd_bwd=twice: blocks.N.norm.bias: gradient "
+     "SQNR N dB < N dB (N problem(s))", None),
+])
+def test_the_checkpointing_finds_file_under_their_registered_bug(program, signature, entry):
     _files_under(program, signature, entry)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Collection
 
 from distci.program_forms import LATER_ROUNDS, forms, is_form
-from distci.training_program import (AMP, INVENTORY, LAYERS, LAYOUTS, OPTIMIZERS, WIDTHS, Program, State, action,
+from distci.training_program import (AMP, CHECKPOINTED, INVENTORY, LAYERS, LAYOUTS, OPTIMIZERS, WIDTHS, Program, State, action,
                                       drawn_args, split, token, valid)
 from .records import Find, Outcome, Report
 
@@ -136,7 +136,9 @@ def edits(program: Program) -> list[Edit]:
         out.append(Edit(model=(("optim", OPTIMIZERS[0]),)))
     plainer = {"fsdp_tp": ("tp", "fsdp", "ddp"), "fsdp_mp": ("fsdp",), "fsdp_offload": ("fsdp",),
                "hsdp": ("fsdp",), "fsdp_f8": ("fsdp",), "tp_f8": ("tp",), "fsdp_tp_amp": ("fsdp_tp", "tp_amp", "fsdp_amp"),
-               "hsdp_amp": ("hsdp", "fsdp_amp")}.get(program.layout, (AMP[program.layout],) if program.layout in AMP else ())
+               "hsdp_amp": ("hsdp", "fsdp_amp"), "fsdp_tp_ac": ("fsdp_tp", "tp_ac", "fsdp_ac")}.get(
+                   program.layout, (AMP[program.layout],) if program.layout in AMP else
+                   (CHECKPOINTED[program.layout][0],) if program.layout in CHECKPOINTED else ())
     for layout in plainer:
         out.append(Edit(model=(("layout", layout), ("world_size", min(LAYOUTS[layout])))))
     out += [Edit(plain=frozenset({i})) for i, tok in enumerate(program.actions)

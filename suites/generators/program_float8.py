@@ -18,7 +18,7 @@ activations by the amax of all rows, the run by each rank's: measured on CPU (to
 torchao 0.18.0, 2 ranks, width 16) that leaves 20-37 dB of gradient SQNR after one step (every
 activation element is rounded to e4m3's 3 mantissa bits at another scale), inside no fp32 bound
 and too close to a bug's 0-10 dB to bound honestly. So the reference computes as the ranks do
-(as programs.mixed_precision_reference does for bfloat16): the same converted model, each
+(as program_precision.mixed_precision_reference does for bfloat16): the same converted model, each
 data-parallel rank's rows through it with the buffers as that rank has them, the gradients
 averaged. Then every float8 cast sees the same tensor and the same scale on both sides and the
 two agree bit for bit (measured: 566-572 dB over 3 steps of SGD, tensorwise with and without

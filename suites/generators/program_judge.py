@@ -5,7 +5,7 @@ words a divergence.
 Numbers are judged as the suites judge them: losses and gradients by
 checks.check_numerics, parameters and optimizer state by checks.sqnr, at the fp32 tolerance
 (tolerances.py: TP/FSDP reorder sums only); fsdp_mp too, since its reference computes at the
-mixed-precision policy's precision (programs.mixed_precision_reference); Muon at bfloat16's,
+mixed-precision policy's precision (program_precision.mixed_precision_reference); Muon at bfloat16's,
 since it updates in bfloat16 (program_optimizers.precision). An optimizer state
 entry with nothing in it counts as an entry (`(empty) of NAME`): a stateless optimizer's
 reference keeps none. Every param group is compared: its parameters (by name) and its

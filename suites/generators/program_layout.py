@@ -23,6 +23,7 @@ import torch.nn as nn
 from ..runner.fsdp import cpu_offload_policy
 from ..runner.models import TPStyles
 from ..runner.parallelize import fsdp_api
+from .program_checkpointing import apply as checkpoint_blocks
 
 
 @dataclass
@@ -34,22 +35,27 @@ class Parallel:
     dp_size: int = 1
     dp_group: Any = None
     rank: int = 0
+    checkpointing: str = ""
+    """How the blocks checkpoint their activations (program_checkpointing.KINDS; "" not at all)."""
 
 
-def layout_model(model: nn.Module, layout: str, dist: Any) -> tuple[nn.Module, Parallel]:
+def layout_model(model: nn.Module, layout: str, dist: Any, checkpointing: str = "") -> tuple[nn.Module, Parallel]:
     """(runnable, parallel facts): FSDP2 per block then the root (torchtitan's order; fsdp_mp:
     bfloat16 compute, float32 reduction, torchtitan's and torchtune's default policy; hsdp: a
     (dp_replicate, dp_shard) mesh, sharded within a replica and replicated across them), TP
-    with w1 column- and w2 row-wise (a 2x2 mesh for fsdp_tp, TP inner), or DDP."""
+    with w1 column- and w2 row-wise (a 2x2 mesh for fsdp_tp, TP inner), or DDP; `checkpointing`:
+    the blocks' activation checkpointing kind (program_checkpointing.py), after TP and before
+    FSDP2 or DDP, torchtitan's order."""
     import torch.distributed as tdist
 
     rank = tdist.get_rank()
     if layout == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
+        checkpoint_blocks(model, checkpointing)
         mesh = dist.mesh()
         return DistributedDataParallel(model, process_group=mesh.get_group()), \
-            Parallel(layout, rank, dist.world_size, mesh.get_group(), rank)
+            Parallel(layout, rank, dist.world_size, mesh.get_group(), rank, checkpointing)
     dp_group_mesh = None
     if layout == "fsdp_tp":
         mesh = dist.mesh((2, dist.world_size // 2), ("dp", "tp"))
@@ -68,8 +74,9 @@ def layout_model(model: nn.Module, layout: str, dist: Any) -> tuple[nn.Module, P
         styles = TPStyles.for_float8("tensorwise" if layout == "tp_f8" else "none")
         for block in model.blocks:
             parallelize_module(block, tp_mesh, {"w1": styles.colwise(), "w2": styles.rowwise()})
+    checkpoint_blocks(model, checkpointing)
     if dp_mesh is None:
-        return model, Parallel(layout, rank=rank)
+        return model, Parallel(layout, rank=rank, checkpointing=checkpointing)
     fully_shard, policy = fsdp_api()
     mp = {"mp_policy": policy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} if layout == "fsdp_mp" else {}
     if layout == "fsdp_offload":
@@ -80,7 +87,7 @@ def layout_model(model: nn.Module, layout: str, dist: Any) -> tuple[nn.Module, P
     _register_generate(model)
     dp_group_mesh = dp_group_mesh or dp_mesh
     return model, Parallel(layout, dp_group_mesh.get_local_rank(), dp_group_mesh.size(), dp_group_mesh.get_group(),
-                           rank)
+                           rank, checkpointing)
 
 
 def _register_generate(model: nn.Module) -> None:

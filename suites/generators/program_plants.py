@@ -20,7 +20,7 @@ stays quiet elsewhere, as such bugs sit upstream:
     microbatches accumulate in bfloat16, not the reduce dtype: visible only under fsdp_mp, at a
     synced backward after a no-sync one, and only as rounding (~50 dB): inside a bfloat16
     tolerance against a float32 reference, outside the precision-matched one
-    (programs.mixed_precision_reference).
+    (program_precision.mixed_precision_reference).
   - async_unstaged: dcp.async_save writes the live state dict when it is awaited, not the one
     it was given (no staging copy): visible only where an action between a save=async and the
     load that awaits it moved the model or the optimizer (a step), then at that load.
@@ -51,6 +51,10 @@ stays quiet elsewhere, as such bugs sit upstream:
     the weights of the previous update, not the ones the step just made (a shadow that reads a
     stale copy of its rank's shard, program_hooks.Shadow): visible only at a second step=ema (round
     later_hook) with a step that moved the weights since the first, in the EMA only.
+  - ac_reenable: Hugging Face gradient checkpointing switched on again after a generation
+    (eval=nogc, round later_ac) without `enable_input_require_grads()`: reentrant checkpoint of
+    the first block sees no input that requires grad and returns no gradient for it (torch only
+    warns): visible only under LAYOUT_hfac, at the first backward after an eval=nogc.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ from typing import Any, Callable
 PLANT_ENV = "DISTCI_PROGRAMS_PLANT"
 PLANTS = ("optim_load_fsdp", "buffer_load", "sched_resume", "zero_grad_ddp", "mp_accumulate_low",
           "async_unstaged", "partial_load_all", "f8_local_scale", "relayout_optim", "factored_rows",
-          "scaler_resume", "found_inf_local", "ema_stale_shard")
+          "scaler_resume", "found_inf_local", "ema_stale_shard", "ac_reenable")
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,8 @@ class Plant:
 
     def reads_stale_shard_in_ema(self, layout: str, rank: int) -> bool:
         return self.name == "ema_stale_shard" and layout == "fsdp" and rank != 0
+    def reenables_without_input_grads(self) -> bool:
+        return self.name == "ac_reenable"
 
     def precomputes_local_scale(self) -> bool:
         return self.name == "f8_local_scale"

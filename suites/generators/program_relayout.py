@@ -50,7 +50,8 @@ def load(p: Any, target: str, build: Callable[[], nn.Module], fresh_scheduler: C
     checkpoint.wait(p)
     checkpoint.load_reference(p)
     p.ref.opt.zero_grad(set_to_none=True)
-    rebuild(p, p.par.layout if target == "file" else target, build, fresh_scheduler)
+    rebuild(p, p.par.layout if target == "file" else target, build, fresh_scheduler,
+            p.par.checkpointing if target == "file" else "")  # a restart as configured: its checkpointing too
     if p.plant.skips_optimizer_on_relayout(target):
         _skip_optimizer(p)
         return
@@ -77,13 +78,14 @@ def _skip_optimizer(p: Any) -> None:
     p.run.sched.load_state_dict(sched)
 
 
-def rebuild(p: Any, layout: str, build: Callable[[], nn.Module], fresh_scheduler: Callable[[Any], Any]) -> None:
+def rebuild(p: Any, layout: str, build: Callable[[], nn.Module], fresh_scheduler: Callable[[Any], Any],
+            checkpointing: str = "") -> None:
     """A new run twin under `layout`: the model built and laid out, its parameters frozen as
     the run's are, its optimizer made with the run's param groups (the same parameters by name,
     the same hyperparameters) and its scheduler made again; the old twin's model is dropped."""
     old = p.run
     model = build()
-    runnable, par = layout_model(model, layout, p.dist)
+    runnable, par = layout_model(model, layout, p.dist, checkpointing)
     named = {clean_name(n): q for n, q in model.named_parameters()}
     for name, q in old.named.items():
         named[name].requires_grad_(q.requires_grad)

@@ -28,13 +28,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from distci.training_program import AMP, FLOAT8, FSDP, part_of
+from distci.training_program import AMP, CHECKPOINTED, FLOAT8, FSDP, part_of
 
 from ..runner.evidence import clean_name
 from . import program_checkpoint as checkpoint
+from . import program_checkpointing as checkpointing
 from . import program_float8 as float8
 from . import program_hooks as hooks
 from . import program_optimizers as optimizers
+from . import program_precision as precision
 from . import program_relayout as relayout
 from . import program_scaler as scaler
 from .program_layout import Parallel, accumulate_in_param_dtype, compile_blocks, fsdp_method, layout_model
@@ -61,7 +63,11 @@ class Block(nn.Module):
 
 class Net(nn.Module):
     """Residual MLP blocks and a head, with a persistent buffer that training forwards move
-    (as BatchNorm's num_batches_tracked or an EMA step count): a checkpoint must carry it."""
+    (as BatchNorm's num_batches_tracked or an EMA step count): a checkpoint must carry it.
+    `checkpointing`: how a training forward calls each block, as transformers' models call
+    `self._gradient_checkpointing_func(layer.__call__, ...)` (program_checkpointing.enable)."""
+
+    checkpointing = None
 
     def __init__(self, width: int, layers: int, bias: bool = True) -> None:
         super().__init__()
@@ -74,7 +80,7 @@ class Net(nn.Module):
             with torch.no_grad():
                 self.seen.add_(1)
         for block in self.blocks:
-            x = block(x)
+            x = self.checkpointing(block.__call__, x) if self.checkpointing and self.training else block(x)
         return self.head(x) * (1 + 0.1 * torch.tanh(self.seen / 4))
 
     def generate(self, x: torch.Tensor, steps: int = 2) -> torch.Tensor:
@@ -169,7 +175,9 @@ def start(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Program:
     torch.manual_seed(SEED)
     ref_model = build(spec, spec.layout, dist.device_type)
     run_model = copy.deepcopy(ref_model)
-    runnable, par = layout_model(run_model, AMP.get(spec.layout, spec.layout), dist)
+    layout, kind = CHECKPOINTED.get(spec.layout, (AMP.get(spec.layout, spec.layout), ""))
+    checkpointing.apply(ref_model, kind)  # the reference checkpoints as the run does (program_checkpointing.py)
+    runnable, par = layout_model(run_model, layout, dist, kind)
     if plant.accumulates_in_param_dtype(spec.layout):
         accumulate_in_param_dtype(run_model)
     ref, run = Twin(ref_model, ref_model, spec.optim), Twin(run_model, runnable, spec.optim)
@@ -179,57 +187,6 @@ def start(spec: Any, dist: Any, plant: Plant, checkpoint_dir: str) -> Program:
         local = twin is run and plant.checks_inf_locally(spec.layout)
         twin.scaling = scaler.new(dist.device_type, local) if spec.layout in AMP else None
     return Program(spec, ref, run, par, plant, checkpoint_dir=checkpoint_dir, dist=dist)
-
-
-def bf16_forward(model: nn.Module, x: torch.Tensor, state: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-    """`model`'s forward as FSDP2's bfloat16 policy runs it (parameters and input cast to
-    bfloat16, buffers as they are), its output in float32; `state` the tensors to use
-    (default: the parameters cast, the buffers themselves)."""
-    from torch.func import functional_call
-
-    if state is None:
-        state = {**{n: q.detach().to(torch.bfloat16) for n, q in model.named_parameters()}, **dict(model.named_buffers())}
-    return functional_call(model, state, (x.to(torch.bfloat16),)).float()
-
-
-def mixed_precision_reference(model: nn.Module, x: torch.Tensor, y: torch.Tensor, dp_size: int,
-                              pieces: int = 1) -> torch.Tensor:
-    """One forward and backward of the single-process reference at the precision of FSDP2's
-    mixed-precision policy (bfloat16 parameters and inputs, float32 gradient reduction): each
-    data-parallel rank's rows run on a bfloat16 copy of the parameters, as that rank computes
-    them, and the float32 casts of the ranks' gradients are averaged into the float32 `.grad`
-    (FSDP2 accumulates and reduces in float32). Returns the mean of the ranks' losses.
-
-    Why: a float32 full-batch reference differs from a bfloat16 run by bfloat16's rounding,
-    which no bound holds for once AdamW moves every weight by about its learning rate whatever
-    its gradient's size (a near-zero gradient rounded across zero moves its weight the other
-    way). Computed as the ranks compute, the reference differs from a correct run only by the
-    order of float32 sums, so fsdp_mp is judged at float32's tolerance with every optimizer,
-    and a reduction or cast in the wrong precision shows. `pieces` forwards per rank (its rows
-    split evenly), one backward of their mean loss (fwd_bwd=twice): autograd sums the pieces'
-    bfloat16 gradients before the float32 cast, as it does for the run's unsharded parameters."""
-    low = {n: q.detach().to(torch.bfloat16).requires_grad_(q.requires_grad) for n, q in model.named_parameters()}
-    trainable = [n for n, q in low.items() if q.requires_grad]
-    buffers = dict(model.named_buffers())
-    sums: dict[str, torch.Tensor] = {}
-    losses = []
-    for rank in range(dp_size):
-        state = {**low, **{n: b.clone() for n, b in buffers.items()}}
-        xs, ys = x[rank * ROWS:(rank + 1) * ROWS].chunk(pieces), y[rank * ROWS:(rank + 1) * ROWS].chunk(pieces)
-        loss = sum(F.mse_loss(bf16_forward(model, xp, state), yp) for xp, yp in zip(xs, ys)) / pieces
-        grads = torch.autograd.grad(loss, [low[n] for n in trainable], allow_unused=True) if trainable else ()
-        for name, grad in zip(trainable, grads):
-            if grad is not None:
-                sums[name] = sums[name] + grad.float() if name in sums else grad.float()
-        losses.append(loss.detach())
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, total in sums.items():
-            grad = total / dp_size
-            params[name].grad = grad if params[name].grad is None else params[name].grad + grad
-        for name, buffer in buffers.items():  # every rank's forward moved its buffers alike
-            buffer.copy_(state[name])
-    return torch.stack(losses).mean()
 
 
 def halves(x: torch.Tensor, dp_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -247,7 +204,7 @@ def _reference_loss(p: Program, x: torch.Tensor, y: torch.Tensor, twice: bool, s
     against `bad`, the targets with a corrupt one, for fwd_bwd=badlabel), through its
     GradScaler if it trains with one. Returns the loss against the clean targets."""
     if p.par.layout == "fsdp_mp":
-        return mixed_precision_reference(p.ref.model, x, y, p.par.dp_size, 2 if twice else 1)
+        return precision.mixed_precision_reference(p.ref.model, x, y, p.par.dp_size, ROWS, 2 if twice else 1)
     if p.par.layout in FLOAT8:  # the activations' float8 scales are per rank's rows
         return float8.per_rank_reference(p.ref.model, x, y, p.par.dp_size, ROWS, 2 if twice else 1)
     if not twice:
@@ -316,15 +273,15 @@ def _eval(p: Program, mode: str) -> None:
         with guard():
             if mode == "ema":  # on the EMA weights, as Lightning's callback swaps them in for validation
                 with hooks.swapped_in(twin) as model:
-                    out.append(float(F.mse_loss(bf16_forward(model, x) if twin is p.ref and p.par.layout == "fsdp_mp"
-                                                else model(x).float(), y)))
+                    at_bf16 = twin is p.ref and p.par.layout == "fsdp_mp"
+                    out.append(float(F.mse_loss(precision.bf16_forward(model, x) if at_bf16 else model(x).float(), y)))
             elif mode == "generate":  # the model's own method, past DDP's wrapper and compile, as users call it
                 model, xin = twin.model, x
                 if twin is p.ref and p.par.layout == "fsdp_mp":  # at the run's precision
                     model, xin = copy.deepcopy(model).to(torch.bfloat16), x.to(torch.bfloat16)
                 out.append(float(F.mse_loss(model.generate(xin).float(), y)))
             elif twin is p.ref and p.par.layout == "fsdp_mp":  # at the run's precision, as a forward is
-                out.append(float(F.mse_loss(bf16_forward(twin.model, x), y)))
+                out.append(float(F.mse_loss(precision.bf16_forward(twin.model, x), y)))
             else:
                 out.append(float(F.mse_loss(twin.runnable(x).float(), y)))
         twin.runnable.train()
@@ -407,6 +364,8 @@ def apply(p: Program, name: str, arg: str) -> None:
                               stale=twin is p.run and p.plant.reads_stale_shard_in_ema(p.par.layout, p.par.rank))
         if arg == "precompute":
             float8.start_precomputing(p)
+    elif name == "eval" and arg == "nogc":
+        checkpointing.generate_unchecked(p, lambda: _eval(p, "generate"))
     elif name == "eval":
         _eval(p, arg)
     elif name == "metric":

@@ -21,11 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from distci.training_program import AMP, PROGRAM_ENV, PROGRAMS_ENV, TEST_NAME, parse
+from distci.training_program import AMP, CHECKPOINTED, PROGRAM_ENV, PROGRAMS_ENV, TEST_NAME, parse
 
 from ..probes import capabilities
 from ..runner.checkpoint import shared_dir
 from . import program_hooks as hooks
+from . import program_checkpointing as checkpointing
 from . import program_optimizers as optimizers
 from .program_plants import planted
 from .program_judge import lead
@@ -67,6 +68,8 @@ def test_program(dist, program) -> None:
         pytest.skip(capabilities.dtensor_loss_scaling(dist.device_type))
     if hooks.missing(program.actions):
         pytest.skip(hooks.missing(program.actions))
+    if program.layout in CHECKPOINTED and checkpointing.missing(CHECKPOINTED[program.layout][1]):
+        pytest.skip(checkpointing.missing(CHECKPOINTED[program.layout][1]))
     with shared_dir() as where:
         found = run_program(program, dist, planted(), where)
     if found is not None:
