@@ -96,13 +96,19 @@ def test_wheelhouse_locks_and_is_reused_without_pip(tmp_path: Path, links: Path)
     assert messages == [f"wheelhouse {first.key}: reusing {first.path} (2 wheels)"]
 
 
-def test_failed_download_leaves_no_wheelhouse(tmp_path: Path, links: Path) -> None:
-    root = tmp_path / "wh"
-    root.mkdir()
+def _temp_named_by_a_dead_pid(root: Path, suffix: str) -> Path:
+    """A wheelhouse temp directory under `root` named by the pid of a process that has ended."""
+    root.mkdir(exist_ok=True)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    stale = root / f".tmp-{dead.pid}-0123456789abcdef-crashed"
-    stale.mkdir()
+    path = root / f".tmp-{dead.pid}-0123456789abcdef-{suffix}"
+    path.mkdir()
+    return path
+
+
+def test_failed_download_leaves_no_wheelhouse(tmp_path: Path, links: Path) -> None:
+    root = tmp_path / "wh"
+    stale = _temp_named_by_a_dead_pid(root, "crashed")
     (stale / MANIFEST).write_text("{}")
     (stale / BUILDER_LOCK).touch()  # its builder died: nobody holds the lock
     with pytest.raises(InfraError) as err:
@@ -120,21 +126,15 @@ def test_a_build_whose_pid_is_not_ours_is_kept_while_its_lock_is_held(tmp_path: 
     """A builder in another PID namespace (a bisect container on the same checkout) has a
     pid this process cannot see; its directory is removed only once its lock is free."""
     root = tmp_path / "wh"
-    root.mkdir()
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    live = root / f".tmp-{dead.pid}-0123456789abcdef-elsewhere"
-    live.mkdir()
+    live = _temp_named_by_a_dead_pid(root, "elsewhere")
     holder = subprocess.Popen(
         [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
          "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(live / BUILDER_LOCK)],
         stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
-        unmarked = root / f".tmp-{dead.pid}-fedcba9876543210-young"
-        unmarked.mkdir()
-        old = root / f".tmp-{dead.pid}-fedcba9876543210-old"
-        old.mkdir()
+        unmarked = _temp_named_by_a_dead_pid(root, "young")
+        old = _temp_named_by_a_dead_pid(root, "old")
         os.utime(old, (time.time() - UNMARKED_STALE_S - 60,) * 2)
         remove_stale_temps(root)
         assert live.is_dir() and unmarked.is_dir() and not old.exists()
