@@ -18,6 +18,8 @@ from typing import Any, Iterator
 
 import torch
 
+from ..runner.evidence import clean_name
+
 DECAY = 0.5
 """The EMA's decay: far from 1, so one step's weights move the average visibly at float32."""
 CLIP_MAX_NORM = 1.0
@@ -64,15 +66,11 @@ def entries(twin: Any) -> dict[str, torch.Tensor]:
     """The EMA's parameters and buffers by the full model's names (twin.named's)."""
     if isinstance(twin.ema, Shadow):
         return dict(twin.ema.named)
-    from ..runner.evidence import clean_name
-
     module = twin.ema.module
     return {clean_name(n): t for n, t in (*module.named_parameters(), *module.named_buffers())}
 
 
 def _state(twin: Any) -> dict[str, torch.Tensor]:
-    from ..runner.evidence import clean_name
-
     return {**twin.named, **{clean_name(n): b for n, b in twin.model.named_buffers()}}
 
 
