@@ -273,18 +273,13 @@ def _checkpoint(model: nn.Module, ac: str) -> None:
     preserved); `selective` is its op-level policy: save matmul outputs, recompute the rest."""
     if ac == "none":
         return
-    import functools
-
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    from .program_checkpointing import selective_context
 
     kwargs: dict[str, Any] = {"preserve_rng_state": False}
     if ac == "selective":
-        from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-
-        def policy(ctx, op, *args, **kw):
-            return CheckpointPolicy.MUST_SAVE if op == torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
-
-        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, policy)
+        kwargs["context_fn"] = selective_context()
     for i, block in enumerate(model.layers):
         model.layers[i] = checkpoint_wrapper(block, **kwargs)
 

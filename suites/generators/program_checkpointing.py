@@ -56,14 +56,15 @@ def apply(model: nn.Module, kind: str) -> None:
     else:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-        extra = {"context_fn": _selective_context()} if kind == "selective" else {}
+        extra = {"context_fn": selective_context()} if kind == "selective" else {}
         for i, block in enumerate(model.blocks):
             model.blocks[i] = checkpoint_wrapper(block, preserve_rng_state=False, **extra)
 
 
-def _selective_context() -> Callable[[], Any]:
+def selective_context() -> Callable[[], Any]:
     """torchtitan's op-level selective AC (`_apply_op_sac`): matmul outputs saved, the rest
-    recomputed."""
+    recomputed (the generators' one policy: the models generator's ac=selective uses it too;
+    the scenario rows keep torchtitan's own save list, suites/runner/parallelize.py)."""
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
     save = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default}
