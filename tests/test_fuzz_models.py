@@ -302,7 +302,8 @@ PLANTS = {
     # the loss's token count takes pads for valid tokens: needs padding and a global-token loss;
     # the second step and the varied lengths are distractors (model_batches)
     "pad_tokens_counted": ({"parallel": "ddp", "pad": "true", "loss": "items", "seq": "fixed,varied", "steps": "1,2"},
-                           lambda n: n == {"pad": True, "loss": "items"}, "the output gradient of output", "pad1"),
+                           lambda n: n == {"parallel": "ddp", "pad": True, "loss": "items"}, "the output gradient of output",
+                           "pad1"),
 }
 
 

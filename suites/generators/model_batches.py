@@ -35,14 +35,15 @@ batch so that both define the same step:
     are summed. The reference: the batch's summed loss over the same count;
   - items: HF Trainer's `num_items_in_batch` (`average_tokens_across_devices`): the same
     count divides the summed loss, which is then multiplied by the data-parallel degree
-    (`loss *= num_processes`) because DDP / FSDP2 average the gradients. The reference: as
-    under tokens.
+    (`loss *= num_processes`) because DDP / FSDP2 average the gradients (here the data-parallel
+    degree: under fsdp_tp the dp_shard groups, not every rank as HF's num_processes would count
+    TP ranks too). The reference: as under tokens.
 A pipeline's loss is pp_loss's (model_pipeline.py), its count the pipeline's batch.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -57,7 +58,7 @@ PAD_ID = 0
 
 
 def length(structure: dict[str, Any], batch: int) -> int:
-    """The sequence length of the step's `batch`-th batch, counted over the whole run."""
+    """The sequence length of the run's `batch`-th batch (every step's microbatches, in order)."""
     seq = structure["seq"]
     return {"fixed": SEQ, "odd": ODD, "one": 1}.get(seq) or VARIED[batch % len(VARIED)]
 
@@ -109,10 +110,9 @@ def recorded(structure: dict[str, Any], averaged: torch.Tensor, shards: int) -> 
 
 
 def divide_by_sum(model: torch.nn.Module) -> None:
-    """torchtitan's `disable_fsdp_gradient_division`: every FSDP2 unit sums its gradients."""
+    """torchtitan's `disable_fsdp_gradient_division`: every FSDP2 unit sums its gradients (a
+    torch without `set_gradient_divide_factor` raises, as torchtitan's call would: skipping it
+    would leave the gradients averaged, a wrong number instead of a refusal)."""
     for module in model.modules():
-        if hasattr(module, "set_gradient_divide_factor"):
+        if hasattr(module, "set_reshard_after_backward"):  # an FSDP2 unit (FSDPModule)
             module.set_gradient_divide_factor(1.0)
-
-
-Counter = Callable[[torch.Tensor], torch.Tensor]
