@@ -3,11 +3,14 @@ judges the pair with the suites' own judges (checks.check_numerics, the float32
 tolerances) and localization (localize.py).
 
 Both sides run the same loop over the same global batches: the reference on every row,
-a data-parallel rank on its own rows (each rank's loss is its rows' mean, so the averaged
-gradients equal the reference's), a TP rank on every row, a rank of fsdp_tp on its dp_shard
-group's rows, a pipeline every row in its microbatches (model_pipeline.py); under loss_parallel the loss is computed from vocab-sharded logits inside
-`loss_parallel()`, as torchtitan's train step does. Plain SGD: its update is linear
-in the gradient, so a gradient bug shows in the next step's numbers as it is.
+a data-parallel rank on its own rows, a TP rank on every row, a rank of fsdp_tp on its
+dp_shard group's rows, a pipeline every row in its microbatches (model_pipeline.py). The loss
+is the `loss` feature's on both sides (model_batches.py: each shard's mean, the reference the
+mean of the shards' means; or the summed loss over the step's valid tokens, all-reduced over the
+data-parallel ranks on the parallel side), so the reduced gradients equal the reference's; under
+loss_parallel it is computed from vocab-sharded logits inside `loss_parallel()`, as torchtitan's
+train step does. Plain SGD: its update is linear in the gradient, so a gradient bug shows in
+the next step's numbers as it is.
 """
 
 from __future__ import annotations
