@@ -26,6 +26,8 @@ from suites.generators.model_space import FEATURES, key, non_default, parse, pro
 
 REPO = Path(__file__).resolve().parents[1]
 CELL = "cpu-cpu-torch_2.13.0-ao_0.18.0-ws2-fix_off"
+BATCHES = {"seq": "fixed", "pad": False, "loss": "mean"}
+"""The batch features at their defaults: later than every feature these tests were written for."""
 
 
 def test_every_drawn_structure_is_valid_and_its_key_reads_back():
@@ -297,6 +299,11 @@ PLANTS = {
     "shared_bias_first_use": ({"parallel": "fsdp", "family": "encdec", "blocks": "2,3", "steps": "1,2",
                                "tie": "true,false"},
                               lambda n: n == {"family": "encdec", "blocks": 2}, "relative_attention_bias", "b6"),
+    # the loss's token count takes pads for valid tokens: needs padding and a global-token loss;
+    # the second step and the varied lengths are distractors (model_batches)
+    "pad_tokens_counted": ({"parallel": "ddp", "pad": "true", "loss": "items", "seq": "fixed,varied", "steps": "1,2"},
+                           lambda n: n == {"parallel": "ddp", "pad": True, "loss": "items"}, "the output gradient of output",
+                           "pad1"),
 }
 
 
@@ -455,8 +462,8 @@ def test_pp_fsdp_grows_from_hsdp_draws_and_keeps_their_first_stream():
         if s["parallel"] == "pp_fsdp":
             grown += 1
             assert old["parallel"] == "hsdp"
-            assert {k: v for k, v in s.items() if k not in PIPELINE and k not in ("attn", "parallel", "mesh")} == {
-                k: v for k, v in old.items() if k not in PIPELINE and k not in ("attn", "parallel", "mesh")}
+            assert {k: v for k, v in s.items() if k not in PIPELINE and k not in ("attn", "parallel", "mesh", *BATCHES)} == {
+                k: v for k, v in old.items() if k not in PIPELINE and k not in ("attn", "parallel", "mesh", *BATCHES)}
     assert grown > 0
     drawer = Drawer("2026-12-07-ppfsdp", parse_space(["parallel=pp_fsdp"]))
     forced = [drawer.draw() for _ in range(30)]
@@ -580,7 +587,7 @@ def test_pp_tp_grows_from_tp_draws_and_keeps_their_first_stream():
     assert FEATURE["parallel"].origin_of("pp_tp") == "tp"
     first_only = {f.name: f.first for f in FEATURES if f.later}
     widened, plain = Drawer("2026-12-07-pptp"), Drawer("2026-12-07-pptp", first_only)
-    grown, later = 0, set(PIPELINE) | {"attn", "plan", "loss_parallel", "parallel", "mesh", "family"}
+    grown, later = 0, set(PIPELINE) | {"attn", "plan", "loss_parallel", "parallel", "mesh", "family", *BATCHES}
     for _ in range(120):
         s, old = widened.draw(), plain.draw()
         assert {k: v for k, v in s.items() if k not in later} == {k: v for k, v in old.items() if k not in later}
@@ -647,12 +654,12 @@ NIGHT_BEFORE_MESH = ["tp-blocks3-moe2-uneven-steps3", "replicate-mtp-spectral_no
 def test_the_mesh_forms_leave_a_seeds_earlier_draws_as_they_were():
     """`mesh` is the last later feature: held at direct, a seed draws what it drew before the
     feature existed, ids included; left free, a draw differs from those only by its mesh form."""
-    held = Drawer("2026-12-07-night", {"mesh": ("direct",)})
+    held = Drawer("2026-12-07-night", {"mesh": ("direct",), **{f: (v,) for f, v in BATCHES.items()}})
     assert [key(held.draw()) for _ in NIGHT_BEFORE_MESH] == NIGHT_BEFORE_MESH
     free = Drawer("2026-12-07-night")
     moved = []
     for before in NIGHT_BEFORE_MESH:
-        s = free.draw()
+        s = {**free.draw(), **BATCHES}  # the batch features come after mesh (test_fuzz_models_batches.py)
         assert {**s, "mesh": "direct"} == parse(before)
         moved += [s["mesh"]] if s["mesh"] != "direct" else []
         if s["mesh"] == "direct":

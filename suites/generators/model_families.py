@@ -296,11 +296,15 @@ def checkpoint(model: nn.Module, wrap: Callable[[nn.Module], None]) -> None:
         wrap(holder)
 
 
-def data(structure: dict[str, Any], rows: int, vocab: int, seq: int,
+def data(structure: dict[str, Any], rows: int, vocab: int, length: Callable[[int], int],
          gen: torch.Generator) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
     """Per step, per microbatch: the global batch. Images and one label each; or (encoder
-    tokens, decoder tokens) packed along dim 1 and the decoder's labels."""
+    tokens, decoder tokens) packed along dim 1 and the decoder's labels, the n-th batch
+    `length(n)` long (model_batches)."""
+    lengths = iter(range(structure["steps"] * structure["accum"]))
+
     def one() -> tuple[torch.Tensor, torch.Tensor]:
+        seq = length(next(lengths))
         if structure["family"] == "encdec":
             return (torch.randint(0, vocab, (rows, 2, seq), generator=gen),
                     torch.randint(0, vocab, (rows, seq), generator=gen))

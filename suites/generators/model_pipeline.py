@@ -50,6 +50,7 @@ from ..judges.localize import Tracer, combine
 from ..runner import pipeline
 from ..runner.evidence import TrainRecord, full_grads, gathered
 from . import model_structures as ms
+from .model_batches import valid_tokens
 from .model_space import PIPELINED, complete, stage_blocks
 
 TIED = ("tok.weight", "output.weight")
@@ -150,7 +151,8 @@ class Pipelined:
         self.tokens_loss = s["pp_loss"] == "tokens"
         self.sum_tied = True
         """False only under a plant (model_plants.pp_tied_unsummed)."""
-        self.rows = ms.PP_ROWS
+        self.valid_tokens = 0
+        """The valid tokens of the batch being run: torchtitan's token loss divides by them."""
 
         self.fsdp = s["parallel"] == "pp_fsdp"
         self.tp = s["parallel"] == "pp_tp"
@@ -191,7 +193,7 @@ class Pipelined:
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         flat, target = logits.float().flatten(0, 1), labels.flatten()
         if self.tokens_loss:  # torchtitan: a sum over the step's tokens, scale_grads=False
-            loss = F.cross_entropy(flat, target, reduction="sum") / (self.rows * ms.SEQ)
+            loss = F.cross_entropy(flat, target, reduction="sum") / self.valid_tokens
         else:
             loss = F.cross_entropy(flat, target)
         return loss / self.structure["accum"]
@@ -224,6 +226,7 @@ class Pipelined:
             for m, (tokens, labels) in enumerate(micro):
                 shards = len(self.groups)
                 tokens, labels = tokens.chunk(shards)[self.shard], labels.chunk(shards)[self.shard]
+                self.valid_tokens = int(valid_tokens(labels))  # the pipeline's batch, pads left out
                 with _tracing(self.tracers), ms.loss_context(self.structure, self.tp):
                     loss = pipeline.forward_backward(self.pipe, tokens, labels)
                 total += loss.float().cpu() * (self.structure["microbatches"] if self.tokens_loss else 1)

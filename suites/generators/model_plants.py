@@ -58,6 +58,11 @@ quiet (training completes, nothing raises), the way such bugs sit upstream:
     so its weight's gradient holds the first block's use alone. Forward numbers stay right;
     needs family=encdec, an FSDP2 layout and a second block (one block hands the bias on to
     no one).
+  - pad_tokens_counted: the step's token count that normalizes torchtitan's / HF's loss counts
+    every label position, pads included (`labels.numel()`, a normalizer that forgets
+    ignore_index): every gradient comes out scaled by the valid share of the batch. Quiet and
+    uniform; needs padded rows (pad) and a global-token loss (loss=tokens or items): without
+    padding every position is a valid token, and a shard's mean never counts.
 
 The plants of other layouts leave a pipeline alone (their hooks are written for one model,
 a pipeline rank holds stages); the pipeline's plants get the model_pipeline.Pipelined.
@@ -230,13 +235,18 @@ def _shared_bias_first_use(model: nn.Module, parallel: str, rank: int) -> None:
 
 PIPELINE_PLANTS = ("pp_tied_unsummed", "pp_stage_unscaled", "pp_tp_tied_world")
 
+def _pad_tokens_counted(model: nn.Module, parallel: str, rank: int) -> None:
+    model.count_tokens = lambda labels: torch.tensor(labels.numel())
+
+
 PLANTS: dict[str, Callable[[nn.Module, str, int], None]] = {
     "buffer_drift": _buffer_drift, "tied_grad_once": _tied_grad_once, "idle_expert_stale": _idle_expert_stale,
     "frozen_grad": _frozen_grad, "recompute_drift": _recompute_drift, "balance_local_counts": _balance_local_counts,
     "dp_first_axis": _dp_first_axis,
     "sp_norm_grad_local": _sp_norm_grad_local, "pp_tied_unsummed": _pp_tied_unsummed,
     "pp_stage_unscaled": _pp_stage_unscaled, "pp_tp_tied_world": _pp_tp_tied_world,
-    "root_param_unreduced": _root_param_unreduced, "shared_bias_first_use": _shared_bias_first_use}
+    "root_param_unreduced": _root_param_unreduced, "shared_bias_first_use": _shared_bias_first_use,
+    "pad_tokens_counted": _pad_tokens_counted}
 
 
 def plant(model: nn.Module, parallel: str, rank: int, name: str | None = None) -> None:

@@ -83,6 +83,13 @@ Features, and where they come from:
     the same sliced from a 1-D world mesh's `_unflatten`; `from_group`, DeviceMesh.from_group
     over existing process groups; `singleton`, fsdp as HSDP on a (1, N) mesh.
 
+  - the batches (later, model_batches.py), as trainers feed them: `seq`, the sequence
+    length (fixed; odd, one the TP degree does not divide; one, single-token steps; varied,
+    each batch its own: HF's dynamic padding / group_by_length); `pad`, right-padded rows
+    with -100 labels (HF's collators), so ranks hold different numbers of valid tokens;
+    `loss`, how the step averages them (each shard's mean; torchtitan's sum over the global
+    valid-token count with FSDP2's gradient division off; HF's num_items_in_batch).
+
 A structure's key spells the parallelism then every feature off its default, e.g.
 `ddp-blocks2-moe4-top2-tied-steps2`; `parse` reads one back (a test id alone names its
 structure). RULES say what is meaningless, never what is broken upstream. Importable
@@ -172,6 +179,16 @@ FEATURES: tuple[Feature, ...] = (
     Feature("stacks", (False, True), False, "stack_units",
             "FSDP2 units around the encoder and the decoder, each holding the shared embedding (HF T5Stack)",
             later=(True,)),
+    # the batches as trainers feed them (model_batches.py); after stacks, so every earlier
+    # feature's later-stream numbers stay what they were
+    Feature("seq", ("fixed", "odd", "one", "varied"), "fixed", "seq_{}",
+            "sequence lengths: fixed, one the TP degree does not divide, 1, or each batch its own",
+            later=("odd", "one", "varied")),
+    Feature("pad", (False, True), False, "padded", "right-padded rows, labels -100 past each row's length",
+            later=(True,)),
+    Feature("loss", ("mean", "tokens", "items"), "mean", "loss_{}",
+            "each shard's mean, torchtitan's global valid-token count, or HF's num_items_in_batch",
+            later=("tokens", "items")),
 )
 FEATURE = {f.name: f for f in FEATURES}
 RANKS = {"hsdp": 4, "fsdp_tp": 4, "pp": 2, "pp_fsdp": 4, "pp_tp": 4}
@@ -265,6 +282,20 @@ RULES: tuple[tuple[Any, str], ...] = (
     (lambda s: s["stacks"] and (s["family"] != "encdec" or s["parallel"] not in ("fsdp", "hsdp")),
      "stacks places FSDP2 units around an encoder-decoder's two stacks: family=encdec, "
      "parallel=fsdp or hsdp"),
+    (lambda s: s["family"] in VISION and (s["seq"] != "fixed" or s["pad"] or s["loss"] != "mean"),
+     "seq, pad and loss shape token sequences and their labels: a vision transformer takes "
+     "images with one label each"),
+    (lambda s: s["seq"] == "varied" and s["steps"] * s["accum"] == 1,
+     "seq=varied gives each batch its own length: it needs a second batch (steps or accum > 1)"),
+    (lambda s: s["pad"] and s["seq"] == "one",
+     "a padded row keeps at least one token: rows of one token have nothing to pad"),
+    (lambda s: s["loss"] != "mean" and s["parallel"] in PIPELINED,
+     "a pipeline's loss is its schedule's (pp_loss=tokens is torchtitan's): loss configures "
+     "the step of the other layouts"),
+    (lambda s: s["loss"] == "tokens" and s["parallel"] in ("ddp", "replicate"),
+     "loss=tokens turns FSDP2's gradient division off (torchtitan's disable_fsdp_gradient_division); "
+     "DDP has no divide factor: its global-token loss is loss=items (HF scales the loss by the "
+     "data-parallel degree)"),
     (lambda s: s["family"] == "encdec" and s["reuse"],
      "reuse runs the first block again after the last: family=encdec has two stacks of blocks, "
      "the first of each computing that stack's position bias"),

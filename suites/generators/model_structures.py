@@ -20,12 +20,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .model_batches import MAX_SEQ, SEQ, length, pad
 from .model_space import complete
 
 DIM = 16
 HIDDEN = 32
 VOCAB = 32
-SEQ = 4
 BATCH_PER_RANK = 1
 """Tokens per rank and microbatch (4): few enough that an expert often gets none on a rank."""
 PP_ROWS = 4
@@ -163,7 +163,7 @@ class Block(nn.Module):
         self.attention_norm = (nn.RMSNorm(DIM) if hasattr(nn, "RMSNorm") else nn.LayerNorm(DIM)) if s["attn"] else None
         self.attention = Attention(DIM) if s["attn"] else None
         if self.buffer == "rope":  # Llama rotates q and k (per head); without attention, the normed input
-            cos, sin = _rope_cache(SEQ, DIM // HEADS if s["attn"] else DIM)
+            cos, sin = _rope_cache(MAX_SEQ, DIM // HEADS if s["attn"] else DIM)  # sliced to each batch's length
             self.register_buffer("cos", cos, persistent=False)
             self.register_buffer("sin", sin, persistent=False)
         elif self.buffer == "persistent":
@@ -318,9 +318,14 @@ def data(structure: dict[str, Any], vocab: int, world_size: int) -> list[list[tu
     if s["family"] != "lm":
         from . import model_families
 
-        return model_families.data(s, rows, vocab, SEQ, gen)
-    return [[(torch.randint(0, vocab, (rows, SEQ), generator=gen), torch.randint(0, vocab, (rows, SEQ), generator=gen))
-             for _ in range(s["accum"])] for _ in range(s["steps"])]
+        batches = model_families.data(s, rows, vocab, lambda n: length(s, n), gen)
+    else:
+        lengths = iter(range(s["steps"] * s["accum"]))
+        batches = [[(torch.randint(0, vocab, (rows, n), generator=gen), torch.randint(0, vocab, (rows, n), generator=gen))
+                    for n in [length(s, next(lengths)) for _ in range(s["accum"])]] for _ in range(s["steps"])]
+    if s["pad"]:  # model_batches: drawn after the batches, so an unpadded structure's numbers stay
+        batches = [[pad(tokens, labels, gen) for tokens, labels in micro] for micro in batches]
+    return batches
 
 
 def data_parallel(parallel: str) -> bool:

@@ -3,11 +3,14 @@ judges the pair with the suites' own judges (checks.check_numerics, the float32
 tolerances) and localization (localize.py).
 
 Both sides run the same loop over the same global batches: the reference on every row,
-a data-parallel rank on its own rows (each rank's loss is its rows' mean, so the averaged
-gradients equal the reference's), a TP rank on every row, a rank of fsdp_tp on its dp_shard
-group's rows, a pipeline every row in its microbatches (model_pipeline.py); under loss_parallel the loss is computed from vocab-sharded logits inside
-`loss_parallel()`, as torchtitan's train step does. Plain SGD: its update is linear
-in the gradient, so a gradient bug shows in the next step's numbers as it is.
+a data-parallel rank on its own rows, a TP rank on every row, a rank of fsdp_tp on its
+dp_shard group's rows, a pipeline every row in its microbatches (model_pipeline.py). The loss
+is the `loss` feature's on both sides (model_batches.py: each shard's mean, the reference the
+mean of the shards' means; or the summed loss over the step's valid tokens, all-reduced over the
+data-parallel ranks on the parallel side), so the reduced gradients equal the reference's; under
+loss_parallel it is computed from vocab-sharded logits inside `loss_parallel()`, as torchtitan's
+train step does. Plain SGD: its update is linear in the gradient, so a gradient bug shows in
+the next step's numbers as it is.
 """
 
 from __future__ import annotations
@@ -16,12 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ..judges.checks import check_numerics
 from ..runner.evidence import TrainRecord, full_grads
 from ..judges.localize import Divergence, Trace, Tracer, first_divergence, gather_trace
 from ..judges.tolerances import tolerance
+from . import model_batches as mb
 from . import model_structures as ms
 from .model_pipeline import Pipelined, reference_loss, tp_merged
 from .model_space import PIPELINED, complete
@@ -36,25 +39,33 @@ class Judged:
 
 
 def _train(structure: dict[str, Any], runnable, model, batches, rows: tuple[int, int] | None,
-           tracer: Tracer, gather: bool) -> tuple[TrainRecord, dict]:
-    """`rows`: (this rank's data-parallel shard, shards), None: every row."""
+           tracer: Tracer, gather: bool, shards: int = 1, dp_group: Any = None) -> tuple[TrainRecord, dict]:
+    """`rows`: (this rank's data-parallel shard, shards), None: every row (the reference, with
+    `shards` the parallel run's, computes the loss as that run defines it: model_batches).
+    `dp_group`: where the step's valid tokens are summed (None: every rank, each its own rows)."""
     import torch.distributed as dist
 
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=ms.LR)
     opt.register_step_pre_hook(lambda *args: ms.update_expert_bias(model))
+    count = getattr(model, "count_tokens", mb.valid_tokens)
     record, traces = TrainRecord(), {}
     for step, micro in enumerate(batches):
         opt.zero_grad(set_to_none=True)
         total = torch.zeros(())
+        if rows is not None:
+            micro = [(tokens.chunk(rows[1])[rows[0]], labels.chunk(rows[1])[rows[0]]) for tokens, labels in micro]
+        step_valid = sum(count(labels) for _, labels in micro)
+        if gather and rows is not None and dist.get_world_size() > 1:  # torchtitan: dist_sum over the batch mesh
+            dist.all_reduce(step_valid, group=dp_group)
         for m, (tokens, labels) in enumerate(micro):
-            if rows is not None:
-                tokens, labels = tokens.chunk(rows[1])[rows[0]], labels.chunk(rows[1])[rows[0]]
             with tracer.tracing(), ms.loss_context(structure, gather):
                 logits = runnable(tokens)
                 if structure["parallel"] in PIPELINED:  # the pipelined step's loss, on the whole batch
                     loss = reference_loss(structure, logits, labels) / len(micro)
+                elif gather:
+                    loss = mb.parallel_loss(structure, logits, labels, step_valid, shards, len(micro))
                 else:
-                    loss = F.cross_entropy(logits.float().flatten(0, -2), labels.flatten()) / len(micro)
+                    loss = mb.reference_loss(structure, logits, labels, step_valid, shards, len(micro))
                 loss.backward()
             local = loss.detach()
             total += (local.full_tensor() if hasattr(local, "full_tensor") else local).float().cpu()
@@ -62,7 +73,7 @@ def _train(structure: dict[str, Any], runnable, model, batches, rows: tuple[int,
             traces[(step, m)] = gather_trace(events) if gather else events
         if gather and rows is not None and dist.get_world_size() > 1:  # a TP group's ranks hold equal losses
             dist.all_reduce(total)
-            total /= dist.get_world_size()
+            total = mb.recorded(structure, total / dist.get_world_size(), shards)
         record.losses.append(float(total))
         record.grads.append(full_grads(model))
         opt.step()
@@ -78,16 +89,20 @@ def judge(structure: dict[str, Any], rank: int, world_size: int, mesh: Any, devi
     reference = ms.build(structure, device)
     batches = ms.data(structure, reference.vocab, world_size)
     ref_tracer = Tracer(reference)
-    ref_record, ref_events = _train(structure, reference, reference, batches, None, ref_tracer, False)
+    shards = len(groups) if dp else 1
+    ref_record, ref_events = _train(structure, reference, reference, batches, None, ref_tracer, False, shards)
     if structure["parallel"] in PIPELINED:
         return _judge_pipelined(structure, device, batches, ref_record, ref_events, plant, rank, mesh)
     model = ms.build(structure, device)
     runnable = ms.parallelize(model, mesh)
+    if structure["loss"] == "tokens":
+        mb.divide_by_sum(model)
     if plant is not None:
         plant(model, structure["parallel"], rank)
     mine = next(i for i, group in enumerate(groups) if rank in group)
+    dp_group = mesh.get_group("dp_shard") if structure["parallel"] == "fsdp_tp" else None
     run_record, run_parts = _train(structure, runnable, model, batches, (mine, len(groups)) if dp else None,
-                                   Tracer(model), True)
+                                   Tracer(model), True, shards, dp_group)
     problems = check_numerics(ref_record, run_record, tolerance("float32", "none"))
     divergence = None
     if problems:
