@@ -2,7 +2,8 @@
 and training loops call on sharded tensors outside the transformer step of the first round
 (distci/op_inventory.py ROUND_2, suites/generators/op_calls_round2.py).
 
-Quick: an unnarrowed seed draws every new entry on every placement, at its share of the inventory;
+Slow: cases a seed draws from the round run as one sweep on gloo ranks, each answered, a known
+bug's case failing with its signature and a correct op passing. Quick: an unnarrowed seed draws every new entry on every placement, at its share of the inventory;
 the widening moves only the indices it takes (the ids a seed drew before it are pinned, computed
 at 8b147ad); each entry's outputs are judged, a wrong value, count or flag failing; the round's
 finds file under their entries.
@@ -19,6 +20,10 @@ from distci.fuzz.ops import draw_cases
 from distci.known_issues import load_registry
 from distci.op_inventory import BY_NAME, INVENTORY, ROUND_1, ROUND_2, ROUNDS
 from distci.stack import Stack
+import test_fuzz_ops as shared
+
+ops_session = shared.ops_session
+"""The gloo session test_fuzz_ops.py's slow tests share (a fixture: one pytest session, its rank pools)."""
 
 REPO = Path(__file__).resolve().parents[1]
 NEW = {s.name for s in ROUND_2}
@@ -192,6 +197,9 @@ def test_each_new_entry_is_judged_and_a_wrong_output_fails(op):
      'dtensor-conv2d-placements-ignored'),
     ('logsumexp~2x2~bf16~7x11~S0.S-1~dim=-2,keepdim=1,then=z_loss~597',
      'RankCrash: rank 1 killed by SIGSEGV (ranks 1, 3 died)', 'dtensor-logsumexp-keepdim-positional'),
+    ('logsumexp~2x2~f32~7x2~S1.S-1~dim=0,keepdim=1,then=z_loss~514',  # the confirmation run's face
+     'the backward with empty shards raised on ranks holding them only, the others hang: RuntimeError: '
+     'narrow unexpectedly changed concrete size on dim N: N -> N', 'dtensor-logsumexp-keepdim-positional'),
 ])
 def test_the_round_finds_file_under_their_entries(test_id, signature, entry):
     registry = load_registry(REPO / "suites" / "known_issues.toml")
@@ -216,3 +224,16 @@ def test_the_float8_scale_has_no_backward_because_a_partial_sum_can_cross_its_bo
     scale = (FLOAT8_MAX / x.abs().amax(-1, keepdim=True).double()).float()
     shares = sum(x * (_share_weight(k, 2) / 2) * scale for k in range(2))
     assert (x * scale).abs().max() <= FLOAT8_MAX < shares.abs().max()
+
+
+@pytest.mark.slow
+def test_the_rounds_cases_are_judged_on_gloo_ranks(ops_session, tmp_path):
+    pytest.importorskip("torch")
+    keepdim = "logsumexp~2~f32~1x1x1~S2~dim=1,keepdim=1,then=none~0"  # dtensor-logsumexp-keepdim-positional
+    sort = "sort~2~f32~3x4~S0~dim=-1,descending=1~0"
+    drawn = [c.id for c in draw_cases("round2-judged", 0, 300) if c.op in NEW and c.mesh == "2"][:10]
+    rows = shared._sweep(ops_session, tmp_path / "sweep", drawn + [keepdim, sort])
+    assert set(rows) == set(drawn) | {keepdim, sort}
+    assert all(r["status"] in ("pass", "fail", "gap", "invalid") for r in rows.values()), rows
+    assert rows[keepdim]["status"] == "fail" and rows[keepdim]["signature"] == "logsumexp: output 0: local shape"
+    assert rows[sort]["status"] == "pass", rows[sort]

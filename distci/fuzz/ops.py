@@ -23,7 +23,7 @@ import random
 from typing import Any
 
 from distci.op_case import MESHES, OpCase, meaningless_layout
-from distci.op_inventory import INVENTORY, ROUNDS, OpSpec, loss_parallel_layout, optionals, shapes_of, variables
+from distci.op_inventory import ROUNDS, OpSpec, loss_parallel_layout, optionals, shapes_of, variables
 from distci.op_shrink import norm_dim
 
 SIZES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 7, 7, 8, 9, 11, 12, 13, 16)
