@@ -1,10 +1,13 @@
 """The ops the generator draws: what models, losses and training loops call, and where.
 
-Each entry names the trainer code that calls the op (`where`), the tensor inputs as
-shape templates over named size variables, and the op's parameters with their choices
-(the first is the simplest: the shrinker moves toward it). The cell side
-(suites/generators/ops_cases.py) holds one small function per entry that calls the op the
-way that code calls it; an entry without one is a test failure (tests/test_fuzz_ops.py).
+Entries come in rounds (`ROUNDS`: the transformer step's ops, then what models, losses and
+training loops call beyond it), a widening a new round, so it moves only the case indices it
+takes (distci/fuzz/ops.py). Each entry names the trainer code that calls the op (`where`, built
+from distci/op_sources.py), the tensor inputs as shape templates over named size variables,
+and the op's parameters with their choices (the first is the simplest: the shrinker moves
+toward it). The cell side (suites/generators/op_calls.py) holds one small function per entry
+that calls the op the way that code calls it; an entry without one is a test failure
+(tests/test_fuzz_ops.py).
 
 A shape template is a space-separated list of dims: a size variable (`M`), an optional
 one (`B?`: present or absent, drawn per case, dropped first when shrinking), or a product
