@@ -1,10 +1,13 @@
 """The ops the generator draws: what models, losses and training loops call, and where.
 
-Each entry names the trainer code that calls the op (`where`), the tensor inputs as
-shape templates over named size variables, and the op's parameters with their choices
-(the first is the simplest: the shrinker moves toward it). The cell side
-(suites/generators/ops_cases.py) holds one small function per entry that calls the op the
-way that code calls it; an entry without one is a test failure (tests/test_fuzz_ops.py).
+Entries come in rounds (`ROUNDS`: the transformer step's ops, then what models, losses and
+training loops call beyond it), a widening a new round, so it moves only the case indices it
+takes (distci/fuzz/ops.py). Each entry names the trainer code that calls the op (`where`, built
+from distci/op_sources.py), the tensor inputs as shape templates over named size variables,
+and the op's parameters with their choices (the first is the simplest: the shrinker moves
+toward it). The cell side (suites/generators/op_calls.py) holds one small function per entry
+that calls the op the way that code calls it; an entry without one is a test failure
+(tests/test_fuzz_ops.py).
 
 A shape template is a space-separated list of dims: a size variable (`M`), an optional
 one (`B?`: present or absent, drawn per case, dropped first when shrinking), or a product
@@ -39,62 +42,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-TITAN_LLAMA = "torchtitan/models/llama3/model/model.py"
-TITAN_MOE = "torchtitan/models/moe/moe.py"
-TITAN_LOSS = "torchtitan/components/loss.py"
-TITAN_CLIP = "torchtitan/distributed/utils.py (clip_grad_norm_)"
-TUNE_CE = "torchtune/modules/loss/ce_chunked_output_loss.py"
-TUNE_DPO = "torchtune/rlhf/loss/dpo.py + torchtune/rlhf/_generation.py (logits_to_logprobs)"
-HF_LLAMA = "transformers/models/llama/modeling_llama.py"
-HF_GPT2 = "transformers/pytorch_utils.py (Conv1D) + models/gpt2/modeling_gpt2.py"
-HF_TRAINER = "transformers/trainer_pt_utils.py (LabelSmoother) + trainer.py"
-OPTIM = "torch/optim/adamw.py, sgd.py (_multi_tensor_*: the foreach path every trainer's optimizer takes)"
-HF_VIT = "transformers/models/vit/modeling_vit.py (ViTPatchEmbeddings: nn.Conv2d(kernel_size=patch, stride=patch))"
-HF_MIXTRAL = "transformers/models/mixtral/modeling_mixtral.py (loss += router_aux_loss_coef * aux_loss)"
-HF_MIXTRAL_AUX = "transformers/models/mixtral/modeling_mixtral.py (load_balancing_loss_func)"
-HF_MIXTRAL_MOE = "transformers/models/mixtral/modeling_mixtral.py (MixtralSparseMoeBlock: index_add_)"
-HF_GEMMA2 = "transformers/models/gemma2/modeling_gemma2.py (final_logit_softcapping, attn_logit_softcapping)"
-TUNE_KD = "torchtune/modules/loss/kd_losses.py (ForwardKLLoss: knowledge distillation recipes)"
-TITAN_FLUX = "torchtitan/experiments/flux (the denoising loss: F.mse_loss of the predicted noise)"
-TIMM_VIT = "timm/models/vision_transformer.py (Attention: q, k, v = qkv.reshape(...).permute(...).unbind(0))"
-TITAN_EP = ("torchtitan/distributed/expert_parallel.py + models/moe (_unpermute: out_unpermuted = "
-            "out.new_empty(input_shape); out_unpermuted[permuted_indices, :] = out)")
-MASK_TOKENS = "masked-prediction models (MAE / BEiT / data2vec: x[mask_rows] = mask_token, an activation written in place)"
-HF_SEQ_CLS = ("transformers/models/*/modeling_*.py ForSequenceClassification (MSELoss for regression, "
-              "BCEWithLogitsLoss for multi-label)")
-ZERO_GRAD = ("torch/optim/optimizer.py (zero_grad(set_to_none=False): p.grad.detach_() or requires_grad_(False), "
-             "then p.grad.zero_())")
-GRAD_SCALER = "torch/amp/grad_scaler.py (unscale_: grads *= inv_scale; update(): scale.fill_ / mul_)"
-ACCUM = "transformers/trainer.py (loss = loss / gradient_accumulation_steps), gradient accumulation (acc.add_(g))"
-EMA = ("torch/optim/swa_utils.py (get_ema_avg_fn: ema.lerp_(p, 1 - decay)), timm/utils/model_ema.py "
-       "(ModelEmaV3: ema_v.lerp_(model_v, 1 - decay); ema_v.copy_(model_v) for buffers)")
-LOAD_STATE = "torch/nn/modules/module.py (_load_from_state_dict: param.copy_(input_param))"
-ADAM_SINGLE = "torch/optim/adam.py (_single_tensor_adam: exp_avg.lerp_(grad, 1 - beta1), exp_avg_sq.mul_(b2).addcmul_(g, g))"
-CLIP_LOGIT = "open_clip/train.py (model.logit_scale.clamp_(0, math.log(100))), WGAN weight clipping (p.clamp_(-c, c))"
-SANITIZE = "grad and loss sanitizers (torch.nan_to_num_(g, nan=0.0, posinf=..., neginf=...))"
-TITAN_INIT = ("torchtitan/models/llama3/model/model.py (init_weights after model.to_empty(): "
-              "nn.init.trunc_normal_(w, mean=0.0, std=init_std) on sharded DTensor parameters)")
-HF_INIT = ("transformers/modeling_utils.py (_init_weights: module.weight.data.normal_(0.0, std)), "
-           "torch/nn/modules/linear.py (reset_parameters: init.kaiming_uniform_(w, a=sqrt(5))), xavier_uniform_")
-HF_DROPOUT = "transformers models in training (nn.Dropout(config.hidden_dropout_prob): F.dropout(x, p, training=True))"
-TITAN_LP = ("torchtitan/components/loss.py (cross_entropy_loss: reduction='sum' over pred.flatten(0, 1), "
-            "divided by the global token count; its tests take torch.distributed.tensor.parallel.loss_parallel() "
-            "as the ground truth) + torchtitan/models/llama3/infra/parallelize.py (ColwiseParallel output: "
-            "Shard(-1) logits when loss parallel is on)")
-TUNE_CHUNKED = ("torchtune/modules/loss/ce_chunked_output_loss.py (CEWithChunkedOutputLoss: logits in chunks "
-                "over the sequence, cross_entropy(reduction='sum') each, divided by (labels != -100).sum())")
-TRL_LOGPS = ("trl/trainer/utils.py (selective_log_softmax: gather of logits minus logsumexp), "
-             "olmo_core/generate/utils.py (selective_log_softmax: log_softmax, gather, squeeze(-1)), "
-             "trl/trainer/dpo_trainer.py + torchtune/rlhf (log_softmax + gather on the vocab dim, masked sums)")
-ZLOSS = "PaLM / OLMo / Chameleon z-loss (z_loss = coef * logsumexp(logits, -1) ** 2, masked mean over tokens)"
-HF_KD = ("transformers distillation examples, DistillKit (F.kl_div(F.log_softmax(s / T, -1), F.softmax(t / T, -1), "
-         "reduction='batchmean') * T ** 2)")
-TIMM_SOFT = ("timm/loss/cross_entropy.py (SoftTargetCrossEntropy: sum(-target * log_softmax(x, -1), -1).mean()) "
-             "and F.cross_entropy(logits, probs) (mixup / cutmix soft labels)")
-TRL_VALUE = ("trl/trainer/ppo_trainer.py (value loss: clamp(vpred, v_old -+ clip), max of the two squared errors, "
-             "masked_mean over the response tokens), value heads with F.huber_loss / F.mse_loss")
-NOISE = ("diffusers / torchtitan flux training (noise = torch.randn_like(latents)), timm/layers/drop.py "
-         "(drop_path: x.new_empty(shape).bernoulli_(keep_prob))")
+from distci.op_sources import (
+    TITAN_LLAMA, TITAN_MOE, TITAN_LOSS, TITAN_CLIP, TUNE_CE, TUNE_DPO, HF_LLAMA, HF_GPT2, HF_TRAINER, OPTIM,
+    HF_VIT, HF_MIXTRAL, HF_MIXTRAL_AUX, HF_MIXTRAL_MOE, HF_GEMMA2, TUNE_KD, TITAN_FLUX, TIMM_VIT, TITAN_EP,
+    MASK_TOKENS, HF_SEQ_CLS, ZERO_GRAD, GRAD_SCALER, ACCUM, EMA, LOAD_STATE, ADAM_SINGLE, CLIP_LOGIT,
+    SANITIZE, TITAN_INIT, HF_INIT, HF_DROPOUT, TITAN_LP, TUNE_CHUNKED, TRL_LOGPS, ZLOSS, HF_KD, TIMM_SOFT,
+    TRL_VALUE, NOISE, OPEN_CLIP, COSINE, TIMM_STATS, DIFFUSERS_RESNET, ROUTER_Z, HF_MAMBA, SWIN, MASKS, HF_ONE_HOT,
+    TITAN_HISTC, HF_TOP_P, DDPM, VIM_FLIP, DIFFUSERS_HEADS, HF_BLOOM, TITAN_FREQS, GQA_INTERLEAVE, TIMM_POSEMB,
+    AO_OBSERVER, AO_FLOAT8, FOUND_INF, TRL_DPO, HF_POSITIONS,
+)
 
 
 @dataclass(frozen=True)
@@ -147,7 +103,7 @@ def _unary(name: str, where: str, dims: str = "B? M N", kind: str = "float", **k
     return OpSpec(name, (_a(dims, kind),), where, **kw)
 
 
-INVENTORY: tuple[OpSpec, ...] = (
+ROUND_1: tuple[OpSpec, ...] = (
     # matmuls: every projection, attention score, expert loop
     OpSpec("linear", (_a("B? M K"), _a("N K"), _a("N")), f"{TITAN_LLAMA} (nn.Linear: wq/wk/wv/wo, w1/w2/w3, output)",
            {"bias": (1, 0)}),
@@ -331,6 +287,65 @@ INVENTORY: tuple[OpSpec, ...] = (
     OpSpec("value_loss", (_a("B S"), _a("B S", grad=False), _a("B S", grad=False), _a("B S", "mask", grad=False)),
            TRL_VALUE, {"loss": ("clipped_mse", "huber", "mse"), "clip": (0.2, 10.0)}, dtypes=("f32",)),
 )
+
+ROUND_2: tuple[OpSpec, ...] = (
+    # what models, losses and training loops call outside the transformer step of round 1
+    # (docs/fuzz.md "The second round"); every float input takes every placement
+    # contrastive heads and similarity losses
+    _unary("normalize", OPEN_CLIP, params={"dim": "dim:0"}),
+    OpSpec("clip_loss", (_a("M D"), _a("M D"), _a("M", "perm:M", grad=False)), OPEN_CLIP,
+           {"scale": (14.3, 1.0)}),
+    OpSpec("cosine_similarity", (_a("B? M N"), _a("M N")), COSINE, {"dim": ("-1", "0")}),
+    # statistics: BatchNorm-free norms, weight standardization, GroupNorm-style stats
+    _unary("var", TIMM_STATS, params={"how": ("var_mean", "var", "std"), "correction": (0, 1), "dim": "dim?:0",
+                                      "keepdim": (1, 0)}, forms=USE),
+    OpSpec("group_norm", (_a("B G*C H W?"), _a("G*C"), _a("G*C")), DIFFUSERS_RESNET, {"groups": "var:G"},
+           mins={"G": 1}),
+    _unary("logsumexp", ROUTER_Z, params={"dim": "dim:0", "keepdim": (0, 1), "then": ("none", "z_loss")}),
+    # padding, convolution over a sequence, strided slices, shifts
+    _unary("pad", f"{HF_MAMBA}; {SWIN}", params={"pad": ("1:0", "0:2", "2:1", "0:0:1:1"), "value": (0.0, -1.0)}),
+    OpSpec("causal_conv1d", (_a("B C L"), _a("C 1 K"), _a("C")), HF_MAMBA, mins={"C": 1, "K": 1}),
+    _unary("slice", f"{SWIN} (x[..., 0::2, :]), {HF_MAMBA} ([..., :seq_len]), narrow",
+           params={"dim": "dim:0", "start": (0, 1), "stop": ("none", -1, 3), "step": (2, 1, 3)}),
+    _unary("roll", SWIN, dims="B H W C", params={"shift": (-1, 1, 3), "dims": ("1:2", "1", "-1")}),
+    _unary("flip", VIM_FLIP, params={"dim": "dim:0"}),
+    # masks built from the sizes of what they mask
+    _unary("tril", MASKS, params={"how": ("causal_fill", "tril", "triu"), "diagonal": (0, 1, -1)}),
+    OpSpec("position_ids", (_a("B S", "mask", grad=False),), HF_POSITIONS, grad=False),
+    # MoE routing: one-hot masks, token counts per expert, sorting, capacity
+    OpSpec("one_hot", (_a("B? M", "index:V", grad=False),), HF_ONE_HOT, {"classes": "var:V"}, grad=False,
+           mins={"V": 1}),
+    OpSpec("count_tokens", (_a("M", "index:V", grad=False),), TITAN_HISTC, {"how": ("histc", "bincount"),
+           "bins": "var:V"}, grad=False, mins={"V": 1}),
+    _unary("sort", HF_TOP_P, kind="distinct", params={"dim": "dim:0", "descending": (0, 1)}, dtypes=("f32",)),
+    _unary("cumprod", DDPM, params={"dim": "dim:0"}),
+    # attention variants
+    OpSpec("unflatten_heads", (_a("B S H*D"),), DIFFUSERS_HEADS, {"heads": "var:H",
+           "then": ("none", "transpose12", "flatten23")}),
+    OpSpec("baddbmm", (_a("B M N"), _a("B M K"), _a("B K N")), HF_BLOOM, {"beta": (1.0, 0.5), "alpha": (0.125, 1.0)}),
+    OpSpec("outer", (_a("S"), _a("D")), TITAN_FREQS),
+    _unary("repeat_interleave", GQA_INTERLEAVE, dims="B H S D", params={"n_rep": (2, 1, 3), "dim": ("-3", "1")}),
+    OpSpec("interpolate", (_a("B C H W"),), TIMM_POSEMB, {"mode": ("bicubic_aa", "bicubic", "bilinear", "nearest"),
+           "size": (3, 5, 8)}, mins={"H": 1, "W": 1}),
+    # float8 scaling and quantization observers, the scaler's found_inf
+    _unary("aminmax", AO_OBSERVER, params={"dim": "dim?:0", "keepdim": (0, 1)}, grad=False),
+    # no backward: torchao's cast is straight-through (its autograd function returns the gradient as is),
+    # so a clamp at the float8 bound is never differentiated (the one the bound's element lands on
+    # through Partial shares' rounding, 448.00003, would zero a gradient torchao never computes)
+    _unary("fp8_scale", AO_FLOAT8, params={"granularity": ("tensorwise", "rowwise")}, grad=False),
+    OpSpec("nonfinite", (_a("B? M N", grad=False), _a("M N", "mask", grad=False)), FOUND_INF,
+           {"how": ("isfinite_all", "isinf_any", "amp_unscale"), "poison": (1, 0)}, grad=False),
+    # preference and state-space losses
+    OpSpec("dpo_loss", (_a("B"), _a("B"), _a("B", grad=False), _a("B", grad=False)), TRL_DPO,
+           {"loss": ("sigmoid", "robust", "hinge", "ipo"), "beta": (0.1, 1.0)}, dtypes=("f32",)),
+    _unary("softplus", HF_MAMBA, params={"beta": (1.0, 2.0)}),
+)
+
+ROUNDS: tuple[tuple[OpSpec, ...], ...] = (ROUND_1, ROUND_2)
+"""The inventory's widenings, oldest first. A case draws its op's round from a stream of its own
+(distci/fuzz/ops.py `draw_case`), each round with its share of the entries: a widening takes the
+indices it draws and leaves every other case of a seed as the earlier rounds drew it."""
+INVENTORY: tuple[OpSpec, ...] = tuple(spec for r in ROUNDS for spec in r)
 
 BY_NAME: dict[str, OpSpec] = {spec.name: spec for spec in INVENTORY}
 

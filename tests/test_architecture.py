@@ -18,7 +18,7 @@ PACKAGE = REPO / "distci"
 MAX_LINES = 500
 RECORDS = {"__init__", "__main__", "cli", "command", "errors", "matrix", "matrix_keys", "cells", "tomlloc", "results", "rundir",
            "known_issues", "signatures", "sources", "stack", "training_program", "program_forms",
-           "op_case", "op_inventory", "op_shrink"}
+           "op_case", "op_inventory", "op_shrink", "op_sources"}
 STAGES = {"provision", "images", "harness", "run", "external", "judge", "audit", "bisect", "bench", "dashboard",
           "publish", "ci", "launch", "fuzz"}
 

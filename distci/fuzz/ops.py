@@ -23,7 +23,7 @@ import random
 from typing import Any
 
 from distci.op_case import MESHES, OpCase, meaningless_layout
-from distci.op_inventory import INVENTORY, OpSpec, loss_parallel_layout, optionals, shapes_of, variables
+from distci.op_inventory import ROUNDS, OpSpec, loss_parallel_layout, optionals, shapes_of, variables
 from distci.op_shrink import norm_dim
 
 SIZES = (0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 7, 7, 8, 9, 11, 12, 13, 16)
@@ -83,8 +83,9 @@ def _param_value(rng: random.Random, choices: tuple | str, shapes: tuple[tuple[i
 def draw_case(seed: str, index: int, ops: list[OpSpec] | None = None, meshes: list[str] | None = None) -> OpCase:
     """The `index`-th case of `seed` (independent of every other index); `ops` and
     `meshes` narrow what is drawn (a quick run, a test)."""
-    rng = random.Random(f"distci-ops:{seed}:{index}")
-    spec = rng.choice(ops or list(INVENTORY))
+    pool, stream = (ops, f"distci-ops:{seed}:{index}") if ops else _round_of(seed, index)
+    rng = random.Random(stream)
+    spec = rng.choice(pool)
     mesh = _pick(rng, [(m, w) for m, w in MESH_WEIGHTS.items() if not meshes or m in meshes])
     dtype = rng.choice(spec.dtypes)
     sizes = {v: max(spec.mins.get(v, 0), rng.choice(SIZES)) for v in variables(spec)}
@@ -95,6 +96,21 @@ def draw_case(seed: str, index: int, ops: list[OpSpec] | None = None, meshes: li
     seed_n = rng.randrange(1000)
     return OpCase(spec.name, mesh, dtype, shapes, placements, params + draw_forms(seed, index, spec), seed_n,
                   {"sizes": sizes, "absent": sorted(absent)})
+
+
+def _round_of(seed: str, index: int) -> tuple[list[OpSpec], str]:
+    """The inventory round a case draws its op from, and the stream it draws the rest from.
+
+    Newest round first, each takes the case with its share of the entries seen up to it (a coin
+    from a stream of its own), so every op is as likely as before and a case no later round took
+    draws from the first round's stream exactly as it did before any widening: a widening moves
+    only the indices it takes (tests/test_fuzz_ops_round2.py)."""
+    base = f"distci-ops:{seed}:{index}"
+    for n in range(len(ROUNDS) - 1, 0, -1):
+        seen = sum(len(r) for r in ROUNDS[:n + 1])
+        if random.Random(f"{base}:round{n}").random() < len(ROUNDS[n]) / seen:
+            return list(ROUNDS[n]), f"{base}:round{n}:case"
+    return list(ROUNDS[0]), base
 
 
 def draw_forms(seed: str, index: int, spec: OpSpec) -> tuple[tuple[str, Any], ...]:

@@ -1,10 +1,10 @@
 """How each op of the ops inventory is called: the same code on full tensors and on DTensors.
 
-One function per entry of distci/op_inventory.py (whose `where` names the trainer code
-each call is written after). A function takes the case's inputs, its parameters and a
-Context (random tensors laid out like an input, for gradients an optimizer step needs) and
-returns a tuple of tensors: the op's outputs. Nothing here knows whether it runs on DTensors:
-that is the point.
+One function per entry of distci/op_inventory.py (whose `where` names the trainer code each
+call is written after; the second round's in op_calls_round2.py). A function takes the case's
+inputs, its parameters and a Context (random tensors laid out like an input, for gradients an
+optimizer step needs) and returns a tuple of tensors: the op's outputs. Nothing here knows
+whether it runs on DTensors: that is the point.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .op_calls_round2 import ROUND_2_CALLS
 
 
 class Context:
@@ -398,4 +400,5 @@ CALLS: dict[str, Callable[[list, dict, Context], tuple]] = {
     "lp_kl_div": _lp_kl_div,
     "lp_logprobs": _lp_logprobs,
     "value_loss": _value_loss,
+    **ROUND_2_CALLS,
 }
