@@ -45,6 +45,7 @@ A program's text is its test id, e.g. `fsdp-ws2-w8-l2-adamw:fwd_bwd,step,save=dc
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -348,7 +349,14 @@ class Program:
 
 def drawn_args(a: Action) -> tuple[str, ...]:
     """The args the main draw picks among (forms come from their own stream)."""
-    return tuple(x for x in a.args if not is_form(a.name, x))
+    return _drawn_args(a.name, a.args)
+
+
+@functools.cache
+def _drawn_args(name: str, args: tuple[str, ...]) -> tuple[str, ...]:
+    """Cached: the draw asks it for every action at every step it draws (6 million calls in the
+    quick tier's draws, 2026-12-07), and the answer depends on the constant form tables only."""
+    return tuple(x for x in args if not is_form(name, x))
 
 
 def split(token: str) -> tuple[str, str]:

@@ -169,10 +169,12 @@ class Drawer:
                 point[a.name] = a.default if self.rng.random() < self.p_default else self.rng.choice(others)
             moved = [a for a in self.space.axes if point[a.name] != a.default and a.name not in self.space.fixed]
             self.rng.shuffle(moved)
-            while not self.space.valid(point) and moved:
+            valid = self.space.valid(point)  # asked once per change: each ask builds a Scenario
+            while not valid and moved:
                 a = moved.pop()
                 point[a.name] = a.default
-            if self.space.valid(point):
+                valid = self.space.valid(point)
+            if valid:
                 return point
         return None
 
