@@ -79,7 +79,7 @@ def test_the_models_generator_draws_grouped_units_with_a_head_reusing_mtp_module
      "RuntimeError: the op raised RuntimeError: Given groups=N, weight of size [N, N, N, N], expected input[N, N, N, N] "
      "to have N channels, but got N channels instead", "2.15.0", CONV_ENTRY),
     ("suites/generators/ops_entry.py::test_op_case[conv2d_patch~2~f32~2x3x4x8,5x3x2x2,5~S3,R,R~stride=1~0]",
-     "AssertionError: conv2d_patch: output 0: local shape", "2.12.0", None),
+     "AssertionError: conv2d_patch: output 0: local shape", "2.10.0", None),  # below the measured range (>=2.11)
     ("suites/regressions/test_pytorch191926_dtensor_conv2d_shard_width.py::test_conv2d_matches_the_plain_op"
      "[width_sharded_patch]", "AssertionError: conv2d of an input sharded on dim 3 (stride 2): the output's "
      "placements (Replicate(),) of (2, 5, 2, 4) say (2, 5, 2, 4), the rank holds (2, 5, 2, 2)", "2.13.0",

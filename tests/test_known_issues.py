@@ -1,8 +1,11 @@
 """The known-issues registry: a known failure is xfail, a new error never is."""
 
+from pathlib import Path
+
 import pytest
 
 from distci.known_issues import RegistryError, load_registry, version_applies
+from distci.results import error_signature
 from distci.stack import Stack
 
 REGISTRY = """
@@ -219,3 +222,42 @@ def test_a_failure_outside_an_entrys_range_names_the_entry_it_missed(registry):
     other = "RuntimeError: something else"
     assert registry.missed_by_stack(TEST, other, other, outside) == []  # another error: no entry's
     assert registry.missed_by_stack("suites/test_other.py::test_x", SIG, SIG, outside) == []  # another test
+
+
+def test_the_2_11_op_faces_file_under_their_entries_and_the_fixed_ones_retire_on_2_13():
+    """The ops generator's finds on torch 2.11.0 (seed 2026-12-09-t211, replayed by id): each files
+    under its entry on 2.11.0; an entry whose repro passes on 2.13.0 no longer applies there, so a
+    pass is not `fixed` noise and a failure there is new (reports/fuzz-2026-12-09-torch2.11.md)."""
+    registry = load_registry(Path(__file__).resolve().parents[1] / "suites" / "known_issues.toml")
+    faces = [  # (case, first line of its replay on 2.11.0, entry, does it still apply on 2.13.0)
+        ("conv2d_patch~2~f32~1x2x2,1x1x2x2,1~R,R,R~stride=1~0", "the op raised RuntimeError: It requires that "
+         "input_size[-1] is divisible by stride[-1] and stride[-1] equals kernel_size[-1] when there is padding for "
+         "tensor parallel convolution.", "pytorch176446-tp-conv-unsharded-stride-checks", False),
+        ("conv2d_patch~2~f32~1x2x2,1x1x2x2,1~R,R,R~stride=2~0", "conv2d_patch: gradient of input 1: value",
+         "dtensor-conv2d-replicated-weight-grad", False),
+        ("topk~2~f32~1x2~R~k=1,dim=-1~0", "the backward raised RuntimeError: aten.scatter.src got mixed torch.Tensor "
+         "and DTensor, need to convert all torch.Tensor to DTensor", "pytorch178582-dtensor-topk-backward", False),
+        ("stack~2~f32~1x1,1x1~R,S1~dim=-1~0", "stack: output 0: local shape", "dtensor-stack-sharded-last-dim", False),
+        ("index_select~2~f32~2x1,2~R,S0~-~0", "the backward raised RuntimeError: index_add_(): Number of indices (2) "
+         "should be equal to source.size(dim): (1), for dim: 0", "dtensor-index-select-sharded-index-backward", False),
+        ("layer_norm~2~f32~1x2,2,2~R,R,S0~-~0", "the backward raised RuntimeError: Expected bias to be of same shape "
+         "as normalized_shape, but got bias of shape [1] and normalized_shape = [2]",
+         "dtensor-layer-norm-sharded-affine-backward", False),
+        ("lp_nll_log_softmax~2x2~f32~1x2,1~S0.S-1,S0.R~reduction=sum~0", "the op raised ValueError: Currently "
+         "loss_parallel() only supports input on one-dimensional DeviceMesh.", "pytorch180936-loss-parallel-2d-mesh",
+         False),
+        ("matmul~2x2~f32~1x1,1x2~SS0.S0,R.R~-~0", "the backward raised ValueError: use_strided_shard_as_shard_order "
+         "is True, but placements: (_StridedShard(dim=0, sf=2), Shard(dim=0)) is unable to be interpreted into a "
+         "corresponding shard_order", "dtensor-strided-shard-order-unreadable", False),
+        ("dropout_train~2~f32~1x1~Psum~p=0.5~0", "the op raised RuntimeError: aten.bernoulli_.float with Partial is "
+         "not supported yet!", "dtensor-dropout-partial", True),
+        ("split~2~f32~2x2~R~size=1,dim=1,use=first~0", "the backward raised RuntimeError: aten.cat.default: got mixed "
+         "torch.Tensor and DTensor, need to convert", "pytorch173123-dtensor-unread-output-grad", True),
+        ("lp_logprobs~2~f32~1x1x2,1x1,1x1~S-1,R,R~how=selective~0", "the op raised RuntimeError: MaskBuffer has been "
+         "materialized with conflicting data", "dtensor-gather-mask-partial-view", True),
+    ]
+    for case, line, entry, still in faces:
+        test = f"suites/generators/ops_entry.py::test_op_case[{case}]"
+        sig = error_signature("AssertionError", line)
+        assert registry.match(test, sig, line, Stack(torch="2.11.0")) == entry, case
+        assert (registry.match(test, sig, line, Stack(torch="2.13.0")) == entry) is still, case

@@ -268,3 +268,25 @@ def test_a_dead_sweep_of_another_op_is_no_near_miss_of_the_max_entry():
     assert REGISTRY.near_misses(dead, sig, sig, STACK) == []
     real = "amax with empty shards raised on ranks [1] only"
     assert REGISTRY.near_misses(dead, real, real, STACK) == ["dtensor-max-empty-shard"]
+
+
+def test_argmax_empty_shard_faces_file_under_their_own_entry_and_a_dead_sweep_under_none():
+    """argmax's empty-shard face (the ops generator on torch 2.11.0, seed 2026-12-09-t211; the
+    repro fails alike on 2.11.0, 2.13.0 and 2.15.0) is dtensor-argmax-empty-shard's, read by the
+    raise itself: the max entry keeps its "the sweep died" words and still takes no dead argmax
+    sweep (test_a_dead_sweep_of_another_op_is_no_near_miss_of_the_max_entry)."""
+    faces = {
+        "argmax~4~f32~8x9x0~S-2~dim=1~536": "the op raised on some ranks only, the others hang: IndexError: max(): "
+                                            "Expected reduction dim N to have non-zero size.",
+        "argmax~2~f32~13x1~S-1~dim=-1~357": "the op with empty shards raised on ranks holding them only, the others "
+                                            "hang: IndexError: max(): Expected reduction dim N to have non-zero size.",
+    }
+    for torch in ("2.11.0", "2.13.0", "2.15.0"):
+        for case, line in faces.items():
+            test = f"suites/generators/ops_entry.py::test_op_case[{case}]"
+            sig = error_signature("AssertionError", line)
+            assert REGISTRY.match(test, sig, line, Stack(torch=torch)) == "dtensor-argmax-empty-shard"
+        dead = "suites/generators/ops_entry.py::test_op_case[argmax~2~f32~1x2~S-1~dim=-1~671]"
+        sig = "argmax: the sweep died on this case"
+        assert REGISTRY.match(dead, sig, sig, Stack(torch=torch)) is None
+        assert REGISTRY.near_misses(dead, sig, sig, Stack(torch=torch)) == []
