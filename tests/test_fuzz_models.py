@@ -484,7 +484,25 @@ def test_pp_fsdp_rows_and_reference_loss_are_each_pipelines_mean():
     assert torch.allclose(reference_loss(parse("pp_fsdp-mb3"), logits, labels), sum(per) / 2)
     full = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
     assert not torch.allclose(sum(per) / 2, full)
-    assert torch.equal(reference_loss(parse("pp_fsdp-mb3-pp_loss_tokens"), logits, labels), full)
+    tokens_loss = reference_loss(parse("pp_fsdp-mb3-pp_loss_tokens"), logits, labels)
+    assert torch.allclose(tokens_loss, full), "every token valid: both pipelines count 12, the means agree"
+
+
+def test_pp_fsdp_token_loss_reference_is_the_mean_of_each_pipelines_own_count():
+    """torchtitan's token loss under pp_fsdp: each pipeline divides its token sum by its own
+    valid tokens and FSDP2 averages the pipelines. With padded rows the counts differ, so the
+    reference is the mean of the two token means, not the batch's (which filed
+    pp_fsdp-ga2-pp_loss_tokens-padded, pipelines of 10 and 13 valid tokens, as a divergence)."""
+    from suites.generators.model_batches import IGNORE_INDEX
+    from suites.generators.model_pipeline import reference_loss
+
+    logits, labels = torch.randn(8, 3, 5), torch.randint(0, 5, (8, 3))
+    labels[:4, 1:] = IGNORE_INDEX  # the first pipeline keeps 4 valid tokens, the second 12
+    ce = torch.nn.functional.cross_entropy
+    mine = [ce(logits[a:a + 4].flatten(0, 1), labels[a:a + 4].flatten()) for a in (0, 4)]
+    got = reference_loss(parse("pp_fsdp-pp_loss_tokens-padded"), logits, labels)
+    assert torch.allclose(got, sum(mine) / 2)
+    assert not torch.allclose(got, ce(logits.flatten(0, 1), labels.flatten()))
 
 
 def test_the_titan_split_is_torchtitans_generated_one():

@@ -314,13 +314,17 @@ def reference_loss(structure: dict[str, Any], logits: torch.Tensor, labels: torc
     """The full-batch loss a pipelined step computes: with a per-microbatch mean, the mean of
     the microbatches' means (torch.tensor_split's chunks, as the schedule splits the batch:
     equal to the batch mean when the count divides it); torchtitan's token sum, the batch mean.
-    pp_fsdp: the mean over the pipelines, each on its own rows."""
+    pp_fsdp: the mean over the pipelines, each on its own rows, under either loss: each pipeline
+    divides its token sum by its own rows' valid tokens (`Pipelined._loss`) and FSDP2 averages
+    the pipelines, so with padded rows the pipelines' counts differ and the mean of their means
+    is not the batch mean (the batch mean here filed pp_fsdp-ga2-pp_loss_tokens-padded, whose
+    pipelines held 10 and 13 valid tokens, as a divergence at the head's output gradient)."""
     s = complete(structure)
     flat = logits.float()
-    if s["parallel"] not in PIPELINED or s["pp_loss"] == "tokens":
-        return F.cross_entropy(flat.flatten(0, 1), labels.flatten())
     if s["parallel"] == "pp_fsdp":
         parts = list(zip(flat.chunk(ms.PP_DP_SHARD), labels.chunk(ms.PP_DP_SHARD)))
         return sum(reference_loss({**s, "parallel": "pp"}, x, y) for x, y in parts) / len(parts)
+    if s["parallel"] not in PIPELINED or s["pp_loss"] == "tokens":
+        return F.cross_entropy(flat.flatten(0, 1), labels.flatten())
     parts = zip(torch.tensor_split(flat, s["microbatches"]), torch.tensor_split(labels, s["microbatches"]))
     return sum(F.cross_entropy(x.flatten(0, 1), y.flatten()) for x, y in parts) / s["microbatches"]
