@@ -266,9 +266,31 @@ def test_the_nightly_fuzz_job_runs_the_programs_generator_with_the_date_as_seed(
     yaml = pytest.importorskip("yaml")
     job = yaml.safe_load((REPO / ".github" / "workflows" / "nightly.yml").read_text())["jobs"]["fuzz"]
     runs = [s.get("run", "") for s in job["steps"]]
-    programs = [r for r in runs if "--generator programs" in r]
+    programs = [r for r in runs if "--generator programs" in r and "--layout" not in r]
     assert len(programs) == 1 and "--seed" not in programs[0]  # the command's default: today's UTC date
     assert "nox -s fuzz --" in programs[0] and '--runs-root "$RUNNER_TEMP/runs"' in programs[0]
+
+
+def test_the_nightlys_rare_layouts_step_draws_each_layout_a_free_draw_rarely_reaches():
+    """The nightly gives the layouts a free draw reaches under 1 % of the time a step of their own
+    (a later round is consulted only where the earlier ones left the plain value): each must be
+    a layout, drawn often once restricted, and rare in a free draw (else the step is not needed)."""
+    yaml = pytest.importorskip("yaml")
+    from distci.training_program import LAYOUTS
+    from tools.program_draw_shares import shares
+
+    job = yaml.safe_load((REPO / ".github" / "workflows" / "nightly.yml").read_text())["jobs"]["fuzz"]
+    (rare,) = [s["run"] for s in job["steps"] if "--generator programs" in s.get("run", "") and "--layout" in s["run"]]
+    assert '--seed "$(date -u +%F)-rare"' in rare and '--runs-root "$RUNNER_TEMP/runs"' in rare
+    layouts = rare.split("--layout ", 1)[1].split()[0].split(",")
+    assert set(layouts) <= set(LAYOUTS), set(layouts) - set(LAYOUTS)
+
+    def share_of(programs: int, among: tuple[str, ...]) -> dict[str, float]:
+        return {form: got for _, table in shares("rare-step", programs, among) for form, got in table.items()}
+
+    restricted, free = share_of(600, tuple(layouts)), share_of(4000, tuple(LAYOUTS))
+    assert all(restricted[f"layout={x}"] >= 0.08 for x in layouts), restricted
+    assert all(free[f"layout={x}"] < 0.01 for x in layouts), {x: free[f"layout={x}"] for x in layouts}
 
 
 def test_the_command_lists_a_seeds_programs_without_a_cell_run(capsys):
