@@ -167,7 +167,10 @@ class Pipelined:
         """pp_tp: each tp index's pipeline (all on the same rows), the first one's ranks first."""
 
         def split(stage: int, n_stages: int) -> nn.Module:
-            return cut(ms.build(s, device), stage, self.blocks)
+            module = cut(ms.build(s, device), stage, self.blocks)
+            if not self.tp:  # torchtitan: compile each stage's blocks before FSDP2 (pp_tp: after the plan)
+                ms.compile_blocks(module)
+            return module
 
         def prepare(stage: nn.Module) -> None:  # torchtitan: FSDP2 over dp_shard inside every stage
             ms.apply_fsdp(stage, mesh["dp_shard"], s["wrap"])
@@ -176,6 +179,7 @@ class Pipelined:
             from .model_plans import apply_plan
 
             apply_plan(stage, mesh["tp"], s["plan"], s["loss_parallel"])
+            ms.compile_blocks(stage)
 
         self.pipe, self.modules = pipeline.build(s["schedule"], lambda: None, self._loss, s["microbatches"], device,
                                                  group=self.pp_group, sum_microbatches=self.tokens_loss, split=split,
@@ -317,10 +321,10 @@ def reference_loss(structure: dict[str, Any], logits: torch.Tensor, labels: torc
     pp_fsdp: the mean over the pipelines, each on its own rows."""
     s = complete(structure)
     flat = logits.float()
-    if s["parallel"] not in PIPELINED or s["pp_loss"] == "tokens":
-        return F.cross_entropy(flat.flatten(0, 1), labels.flatten())
-    if s["parallel"] == "pp_fsdp":
+    if s["parallel"] == "pp_fsdp":  # tokens too: each pipeline divides by its own rows' valid tokens
         parts = list(zip(flat.chunk(ms.PP_DP_SHARD), labels.chunk(ms.PP_DP_SHARD)))
         return sum(reference_loss({**s, "parallel": "pp"}, x, y) for x, y in parts) / len(parts)
+    if s["parallel"] not in PIPELINED or s["pp_loss"] == "tokens":
+        return F.cross_entropy(flat.flatten(0, 1), labels.flatten())
     parts = zip(torch.tensor_split(flat, s["microbatches"]), torch.tensor_split(labels, s["microbatches"]))
     return sum(F.cross_entropy(x.flatten(0, 1), y.flatten()) for x, y in parts) / s["microbatches"]
