@@ -167,7 +167,10 @@ class Pipelined:
         """pp_tp: each tp index's pipeline (all on the same rows), the first one's ranks first."""
 
         def split(stage: int, n_stages: int) -> nn.Module:
-            return cut(ms.build(s, device), stage, self.blocks)
+            module = cut(ms.build(s, device), stage, self.blocks)
+            if not self.tp:  # torchtitan: compile each stage's blocks before FSDP2 (pp_tp: after the plan)
+                ms.compile_blocks(module)
+            return module
 
         def prepare(stage: nn.Module) -> None:  # torchtitan: FSDP2 over dp_shard inside every stage
             ms.apply_fsdp(stage, mesh["dp_shard"], s["wrap"])
@@ -176,6 +179,7 @@ class Pipelined:
             from .model_plans import apply_plan
 
             apply_plan(stage, mesh["tp"], s["plan"], s["loss_parallel"])
+            ms.compile_blocks(stage)
 
         self.pipe, self.modules = pipeline.build(s["schedule"], lambda: None, self._loss, s["microbatches"], device,
                                                  group=self.pp_group, sum_microbatches=self.tokens_loss, split=split,

@@ -63,6 +63,11 @@ quiet (training completes, nothing raises), the way such bugs sit upstream:
     ignore_index): every gradient comes out scaled by the valid share of the batch. Quiet and
     uniform; needs padded rows (pad) and a global-token loss (loss=tokens or items): without
     padding every position is a valid token, and a shard's mean never counts.
+  - compiled_silu_drift: a compiler graph pass that gets a lowering wrong: every SiLU in a
+    compiled graph comes out (1 + 1e-3) times too large (as a fusion or decomposition with a
+    wrong constant). It lives in the compiler (a pass in model_compile.GRAPH_PASSES, run
+    over Dynamo's graph before the backend), so eager never shows it: needs compile (blocks or model) and a SiLU inside
+    the compiled region (the LM's feed-forward).
 
 The plants of other layouts leave a pipeline alone (their hooks are written for one model,
 a pipeline rank holds stages); the pipeline's plants get the model_pipeline.Pipelined.
@@ -76,6 +81,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
+from .model_compile import GRAPH_PASSES
 from .model_space import PIPELINED
 
 PLANT_ENV = "DISTCI_MODELS_PLANT"
@@ -239,6 +245,27 @@ def _pad_tokens_counted(model: nn.Module, parallel: str, rank: int) -> None:
     model.count_tokens = lambda labels: torch.tensor(labels.numel())
 
 
+COMPILER_PLANTS = ("compiled_silu_drift",)
+"""Plants that live in the compiler (model_compile.GRAPH_PASSES): the model itself is left alone."""
+SILU_DRIFT = 1e-3
+
+
+def _silu_drift(gm: torch.fx.GraphModule) -> None:
+    """Every SiLU of Dynamo's graph, its output times 1 + SILU_DRIFT."""
+    import operator
+
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is torch.nn.functional.silu:
+            with gm.graph.inserting_after(node):
+                drifted = gm.graph.call_function(operator.mul, (node, 1.0 + SILU_DRIFT))
+            node.replace_all_uses_with(drifted, delete_user_cb=lambda user: user is not drifted)
+    gm.recompile()
+
+
+if os.environ.get(PLANT_ENV, "") == "compiled_silu_drift":  # installed before any structure compiles
+    GRAPH_PASSES.append(_silu_drift)
+
+
 PLANTS: dict[str, Callable[[nn.Module, str, int], None]] = {
     "buffer_drift": _buffer_drift, "tied_grad_once": _tied_grad_once, "idle_expert_stale": _idle_expert_stale,
     "frozen_grad": _frozen_grad, "recompute_drift": _recompute_drift, "balance_local_counts": _balance_local_counts,
@@ -246,7 +273,7 @@ PLANTS: dict[str, Callable[[nn.Module, str, int], None]] = {
     "sp_norm_grad_local": _sp_norm_grad_local, "pp_tied_unsummed": _pp_tied_unsummed,
     "pp_stage_unscaled": _pp_stage_unscaled, "pp_tp_tied_world": _pp_tp_tied_world,
     "root_param_unreduced": _root_param_unreduced, "shared_bias_first_use": _shared_bias_first_use,
-    "pad_tokens_counted": _pad_tokens_counted}
+    "pad_tokens_counted": _pad_tokens_counted, "compiled_silu_drift": lambda model, parallel, rank: None}
 
 
 def plant(model: nn.Module, parallel: str, rank: int, name: str | None = None) -> None:

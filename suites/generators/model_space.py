@@ -83,6 +83,10 @@ Features, and where they come from:
     the same sliced from a 1-D world mesh's `_unflatten`; `from_group`, DeviceMesh.from_group
     over existing process groups; `singleton`, fsdp as HSDP on a (1, N) mesh.
 
+  - compile (later, model_compile.py): `blocks`, each block `torch.compile`d after TP and
+    before FSDP2 (torchtitan's apply_compile, torchtune); `model`, the whole model the step
+    calls (HF / accelerate's dynamo_backend, over DDP: Dynamo's DDPOptimizer); `backend`,
+    aot_eager or inductor. The reference stays eager.
   - the batches (later, model_batches.py), as trainers feed them: `seq`, the sequence
     length (fixed; odd, one the TP degree does not divide; one, single-token steps; varied,
     each batch its own: HF's dynamic padding / group_by_length); `pad`, right-padded rows
@@ -189,6 +193,13 @@ FEATURES: tuple[Feature, ...] = (
     Feature("loss", ("mean", "tokens", "items"), "mean", "loss_{}",
             "each shard's mean, torchtitan's global valid-token count, or HF's num_items_in_batch",
             later=("tokens", "items")),
+    # torch.compile as trainers apply it (model_compile.py); last, so every earlier feature's
+    # later-stream numbers stay what they were
+    Feature("compile", ("none", "blocks", "model"), "none", "compile_{}",
+            "torch.compile of each block (torchtitan, torchtune) or of the whole model (HF / accelerate)",
+            later=("blocks", "model")),
+    Feature("backend", ("aot_eager", "inductor"), "aot_eager", "{}", "the compiled structure's backend",
+            later=("inductor",)),
 )
 FEATURE = {f.name: f for f in FEATURES}
 RANKS = {"hsdp": 4, "fsdp_tp": 4, "pp": 2, "pp_fsdp": 4, "pp_tp": 4}
@@ -299,6 +310,11 @@ RULES: tuple[tuple[Any, str], ...] = (
     (lambda s: s["family"] == "encdec" and s["reuse"],
      "reuse runs the first block again after the last: family=encdec has two stacks of blocks, "
      "the first of each computing that stack's position bias"),
+    (lambda s: s["backend"] != "aot_eager" and s["compile"] == "none",
+     "backend names the compiler of a compiled structure: compile=blocks or model"),
+    (lambda s: s["compile"] == "model" and s["parallel"] in PIPELINED,
+     "a pipeline's schedule calls its stage modules, never the whole model: compile=model has "
+     "nothing to compile there (torchtitan compiles each stage's blocks: compile=blocks)"),
 )
 """Only what is meaningless (a structure that cannot be built as stated)."""
 

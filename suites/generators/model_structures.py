@@ -366,16 +366,21 @@ def parallelize(model: StructureModel, mesh: Any) -> nn.Module:
     dp_axes = ["dp_shard"] if s["parallel"] == "fsdp_tp" else list(range(mesh.ndim))
     model.balance_groups = ([mesh.get_group(axis) for axis in dp_axes]
                             if data_parallel(s["parallel"]) and s["balance"] else [])
+    from .model_compile import compile_model
+
     if s["parallel"] in ("fsdp", "hsdp"):  # a 2-D mesh makes fully_shard HSDP
+        compile_blocks(model)
         apply_fsdp(model, mesh, s["wrap"])
-        return model
-    if s["parallel"] in ("tp", "fsdp_tp"):  # torchtitan's parallelize_llama: TP, then FSDP2 over dp_shard
+        return compile_model(model, model, s)
+    if s["parallel"] in ("tp", "fsdp_tp"):  # torchtitan's parallelize_llama: TP, compile, then FSDP2 over dp_shard
         from .model_plans import apply_plan
 
         apply_plan(model, mesh["tp"] if s["parallel"] == "fsdp_tp" else mesh, s["plan"], s["loss_parallel"])
+        compile_blocks(model)
         if s["parallel"] == "fsdp_tp":
             apply_fsdp(model, mesh["dp_shard"], s["wrap"])
-        return model
+        return compile_model(model, model, s)
+    compile_blocks(model)
     kwargs: dict[str, Any] = {}
     if s["experts"]:  # an expert without tokens on a rank: DDP must be told (users pass it for MoE)
         kwargs["find_unused_parameters"] = True
@@ -384,11 +389,25 @@ def parallelize(model: StructureModel, mesh: Any) -> nn.Module:
     if s["parallel"] == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model, process_group=mesh.get_group(), **kwargs)
+        return compile_model(model, DistributedDataParallel(model, process_group=mesh.get_group(), **kwargs), s)
     from torch.distributed._composable.replicate import replicate
 
     replicate(model, device_mesh=mesh, **kwargs)
-    return model
+    return compile_model(model, model, s)
+
+
+def compile_blocks(model: nn.Module) -> None:
+    """compile=blocks (model_compile.py): every block of the model (an encoder-decoder: of
+    each stack), after its TP plan, before FSDP2 or DDP, as torchtitan's parallelize orders them."""
+    from .model_compile import compile_blocks as compile_holder
+
+    s = model.structure
+    if s["family"] != "lm":
+        from . import model_families
+
+        model_families.checkpoint(model, lambda holder: compile_holder(holder, s))
+    else:
+        compile_holder(model, s)
 
 
 def apply_fsdp(model: StructureModel, mesh: Any, wrap: str) -> None:

@@ -26,6 +26,7 @@ from ..judges.localize import Divergence, Trace, Tracer, first_divergence, gathe
 from ..judges.tolerances import tolerance
 from . import model_batches as mb
 from . import model_structures as ms
+from .model_compile import graphs, not_compiled
 from .model_pipeline import Pipelined, reference_loss, tp_merged
 from .model_space import PIPELINED, complete
 
@@ -91,8 +92,10 @@ def judge(structure: dict[str, Any], rank: int, world_size: int, mesh: Any, devi
     ref_tracer = Tracer(reference)
     shards = len(groups) if dp else 1
     ref_record, ref_events = _train(structure, reference, reference, batches, None, ref_tracer, False, shards)
+    compiled_before = graphs()
     if structure["parallel"] in PIPELINED:
-        return _judge_pipelined(structure, device, batches, ref_record, ref_events, plant, rank, mesh)
+        return _judge_pipelined(structure, device, batches, ref_record, ref_events, plant, rank, mesh,
+                                compiled_before)
     model = ms.build(structure, device)
     runnable = ms.parallelize(model, mesh)
     if structure["loss"] == "tokens":
@@ -104,6 +107,7 @@ def judge(structure: dict[str, Any], rank: int, world_size: int, mesh: Any, devi
     run_record, run_parts = _train(structure, runnable, model, batches, (mine, len(groups)) if dp else None,
                                    Tracer(model), True, shards, dp_group)
     problems = check_numerics(ref_record, run_record, tolerance("float32", "none"))
+    problems += not_compiled(structure, compiled_before)
     divergence = None
     if problems:
         firsts = [group[0] for group in groups] if dp else list(range(world_size))
@@ -114,7 +118,7 @@ def judge(structure: dict[str, Any], rank: int, world_size: int, mesh: Any, devi
 
 
 def _judge_pipelined(structure: dict[str, Any], device: torch.device, batches, ref_record: TrainRecord,
-                     ref_events: dict, plant, rank: int, mesh: Any = None) -> Judged:
+                     ref_events: dict, plant, rank: int, mesh: Any = None, compiled_before: int = 0) -> Judged:
     """parallel=pp, pp_fsdp or pp_tp: the stages train under their schedule (model_pipeline.py);
     a module's microbatch outputs (pp_fsdp: every pipeline's; pp_tp: each rebuilt from its tp
     shards first), put back together along the batch, are its full-batch output."""
@@ -123,6 +127,7 @@ def _judge_pipelined(structure: dict[str, Any], device: torch.device, batches, r
         plant(piped, structure["parallel"], rank)
     run_record, run_parts = piped.train(batches)
     problems = check_numerics(ref_record, run_record, tolerance("float32", "none"))
+    problems += not_compiled(structure, compiled_before)
     divergence = None
     if problems:
         if piped.tp:

@@ -17,6 +17,11 @@ Tracing records local tensors only (no collective inside a hook: ranks whose aut
 graphs differ, an expert idle on one rank, would deadlock); a parallel run gathers each
 microbatch's trace once (`gather_trace`), and `combine` rebuilds the full tensor: data-
 parallel shards concatenated along the batch, TP shards along the dim whose size differs.
+
+A compiled module is traced from outside its compiled frame only (`Tracer.traced`): a hook
+inside would be traced by Dynamo, which fullgraph=True refuses and which otherwise breaks the
+graph being tested. The comparison takes only what both sides traced, so against an eager
+reference a divergence inside a compiled block is named at the block.
 """
 
 from __future__ import annotations
@@ -88,13 +93,26 @@ class Tracer:
             if not isinstance(out, torch.Tensor):
                 return
             self._record("forward output", name, out)
-            if out.requires_grad:
-                out.register_hook(lambda g: self._record("output gradient", name, g))
+            if out.requires_grad:  # an undefined gradient (None) is a zero one: recorded, compared
+                shape = out.shape
+                out.register_hook(lambda g: self._record("output gradient", name,
+                                                         torch.zeros(shape) if g is None else g))
         return hook
+
+    def traced(self) -> Iterator[tuple[str, nn.Module]]:
+        """The modules whose forward runs outside any compiled frame: a hook inside one would be
+        traced by Dynamo (fullgraph refuses it, else it breaks the graph the trainer compiles).
+        A compiled block's wrapper (torch.compile's OptimizedModule) is traced, its `_orig_mod`
+        not; a model compiled whole (suites/generators/model_compile.py) has none."""
+        if getattr(self.model, "_distci_compiled_whole", False):
+            return
+        for n, m in self.model.named_modules():
+            if n and "_orig_mod" not in n.split("."):
+                yield n, m
 
     @contextlib.contextmanager
     def tracing(self) -> Iterator[None]:
-        handles = [m.register_forward_hook(self._hook(clean_name(n))) for n, m in self.model.named_modules() if n]
+        handles = [m.register_forward_hook(self._hook(clean_name(n))) for n, m in self.traced()]
         try:
             yield
         finally:
