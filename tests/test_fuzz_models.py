@@ -852,3 +852,28 @@ def test_the_encdec_stack_units_are_the_registered_torchtitan2817():
                           invariant, "", Stack(torch="2.13.0")) is None
     control = "suites/generators/models_entry.py::test_model_structure[fsdp-tied-wrap_grouped-encdec-stack_units]"
     assert registry.match(control, invariant, "", Stack(torch="2.13.0")) is None, "the shared module sharded first"
+
+
+def test_every_models_step_of_the_nightly_draws_what_its_space_says():
+    """The nightly's models steps (the free one, the families, inductor's) each restrict the
+    space with `--space`: each spec must parse, and the seed's first draws must hold to it (the
+    free one compiles through aot_eager only; inductor's step compiles every structure)."""
+    import shlex
+
+    yaml = pytest.importorskip("yaml")
+    from distci.fuzz.models import Drawer, parse_space
+
+    job = yaml.safe_load((REPO / ".github" / "workflows" / "nightly.yml").read_text())["jobs"]["fuzz"]
+    runs = [s["run"] for s in job["steps"] if "--generator models" in s.get("run", "")]
+    assert len(runs) >= 3, runs
+    for run in runs:
+        words = shlex.split(run.replace('"$(date -u +%F)', '"2026-12-07'))
+        specs = [words[i + 1] for i, w in enumerate(words) if w == "--space"]
+        allowed = parse_space(specs)
+        assert "backend" in allowed, f"every models step says which backend it compiles with: {run}"
+        drawer = Drawer("nightly-step", allowed)
+        for _ in range(20):
+            s = drawer.draw()
+            assert s is not None and all(s[name] in values for name, values in allowed.items()), (run, s)
+    inductor = [r for r in runs if "backend=inductor" in r]
+    assert len(inductor) == 1 and "--space compile=blocks,model" in inductor[0] and '-inductor"' in inductor[0]
