@@ -85,9 +85,16 @@ def rebuild(p: Any, layout: str, build: Callable[[], nn.Module], fresh_scheduler
     the same hyperparameters) and its scheduler made again; the old twin's model is dropped."""
     old = p.run
     model = build()
+    # Frozen BEFORE laying out, as a trainer restarting a partly frozen model does (torchtune sets
+    # its trainable parameters before wrapping): DDP fixes its buckets at construction, so freezing
+    # after the wrap was distci's own distci-ddp-freeze-after-wrap (found 2026-12-07 as
+    # `fsdp_ac-...:freeze=head,...,load=ddp,fwd_bwd=nosync,fwd_bwd=twice`, gradient SQNR 0.5 dB).
+    plain = {clean_name(n): q for n, q in model.named_parameters()}
+    for name, q in old.named.items():
+        plain[name].requires_grad_(q.requires_grad)
     runnable, par = layout_model(model, layout, p.dist, checkpointing)
     named = {clean_name(n): q for n, q in model.named_parameters()}
-    for name, q in old.named.items():
+    for name, q in old.named.items():  # and on what the layout registered, should it make new ones
         named[name].requires_grad_(q.requires_grad)
     names = {id(q): n for n, q in old.named.items()}
     groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [named[names[id(q)]] for q in g["params"]]}
