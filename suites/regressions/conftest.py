@@ -95,3 +95,19 @@ def partial_tp_mlp(dist, dim: int = 8, loss_scale: float = 1.0):
     for m in (model, reference):
         (m(x).pow(2).mean() * loss_scale).backward()
     return model, reference
+
+
+def raised_on_ranks(dist, call) -> list[tuple[int, str]]:
+    """[(rank, the first line of its RuntimeError)] for every rank on which `call()` raised.
+    Every rank reaches the all-gather whatever it met, so a rank that raised before a
+    collective leaves no peer waiting in it: the repro fails with the error, never a hang."""
+    import torch.distributed as tdist
+
+    try:
+        call()
+        raised = None
+    except RuntimeError as exc:
+        raised = str(exc).splitlines()[0]
+    everyone: list = [None] * dist.world_size
+    tdist.all_gather_object(everyone, raised)
+    return [(rank, r) for rank, r in enumerate(everyone) if r]

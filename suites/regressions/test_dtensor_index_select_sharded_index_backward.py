@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from ..conftest import tier_marks
+from .conftest import raised_on_ranks
 
 pytestmark = tier_marks("nightly")
 
@@ -23,7 +24,6 @@ pytestmark = tier_marks("nightly")
 @pytest.mark.world_size(2)
 @pytest.mark.parametrize("index", ["sharded_index", "replicated_index_control"])
 def test_index_select_gradient_matches_the_plain_op(dist, index: str) -> None:
-    import torch.distributed as tdist
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     x = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
@@ -33,13 +33,6 @@ def test_index_select_gradient_matches_the_plain_op(dist, index: str) -> None:
     mesh = dist.mesh()
     xd = distribute_tensor(x.to(dist.device), mesh, [Replicate()]).requires_grad_()
     idx_d = distribute_tensor(idx.to(dist.device), mesh, [Shard(0) if index == "sharded_index" else Replicate()])
-    try:
-        torch.index_select(xd, 0, idx_d).square().sum().backward()
-        raised = None
-    except RuntimeError as exc:
-        raised = str(exc).splitlines()[0]
-    everyone: list = [None] * dist.world_size
-    tdist.all_gather_object(everyone, raised)
-    failed = [r for r in everyone if r]
-    assert not failed, f"the backward of index_select with a {index.replace('_', ' ')} raised: {failed[0]}"
+    failed = raised_on_ranks(dist, lambda: torch.index_select(xd, 0, idx_d).square().sum().backward())
+    assert not failed, f"the backward of index_select with a {index.replace('_', ' ')} raised: {failed[0][1]}"
     torch.testing.assert_close(xd.grad.full_tensor().cpu(), want.grad)

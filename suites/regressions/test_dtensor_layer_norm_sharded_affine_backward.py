@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..conftest import tier_marks
+from .conftest import raised_on_ranks
 
 pytestmark = tier_marks("nightly")
 
@@ -26,7 +27,6 @@ pytestmark = tier_marks("nightly")
 @pytest.mark.world_size(2)
 @pytest.mark.parametrize("sharded", ["bias", "weight", "none_control"])
 def test_layer_norm_gradients_match_the_plain_op(dist, sharded: str) -> None:
-    import torch.distributed as tdist
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     gen = torch.Generator().manual_seed(0)
@@ -37,14 +37,7 @@ def test_layer_norm_gradients_match_the_plain_op(dist, sharded: str) -> None:
     xd = distribute_tensor(x.to(dist.device), mesh, [Replicate()])
     wd, bd = (distribute_tensor(t.to(dist.device), mesh, [Shard(0) if sharded == name else Replicate()]).requires_grad_()
               for name, t in (("weight", w), ("bias", b)))
-    try:
-        F.layer_norm(xd, (4,), wd, bd).square().sum().backward()
-        raised = None
-    except RuntimeError as exc:
-        raised = str(exc).splitlines()[0]
-    everyone: list = [None] * dist.world_size
-    tdist.all_gather_object(everyone, raised)
-    failed = [r for r in everyone if r]
-    assert not failed, f"the backward of layer_norm with a sharded {sharded} raised: {failed[0]}"
+    failed = raised_on_ranks(dist, lambda: F.layer_norm(xd, (4,), wd, bd).square().sum().backward())
+    assert not failed, f"the backward of layer_norm with a sharded {sharded} raised: {failed[0][1]}"
     torch.testing.assert_close(wd.grad.full_tensor().cpu(), wr.grad)
     torch.testing.assert_close(bd.grad.full_tensor().cpu(), br.grad)

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from ..conftest import tier_marks
+from .conftest import raised_on_ranks
 
 pytestmark = tier_marks("nightly")
 
@@ -26,19 +27,11 @@ pytestmark = tier_marks("nightly")
 @pytest.mark.world_size(4)
 @pytest.mark.parametrize("rows", [1, 4], ids=["empty_shards", "no_empty_shard"])
 def test_full_max_of_a_sharded_dtensor(dist, rows: int) -> None:
-    import torch.distributed as tdist
     from torch.distributed.tensor import Shard, distribute_tensor
 
     full = torch.arange(2.0 * rows).reshape(rows, 2) - 1.5
     x = distribute_tensor(full.to(dist.device), dist.mesh(), [Shard(0)])
-    try:
-        torch.max(torch.abs(x))  # no collective yet: Partial(max) until read
-        raised = None
-    except RuntimeError as exc:
-        raised = str(exc).splitlines()[0]
-    everyone: list = [None] * dist.world_size
-    tdist.all_gather_object(everyone, raised)  # every rank reaches it: no rank is left in a collective
-    failed = [(rank, r) for rank, r in enumerate(everyone) if r]
+    failed = raised_on_ranks(dist, lambda: torch.max(torch.abs(x)))  # no collective yet: Partial(max) until read
     assert not failed, f"a full max of a DTensor with empty shards raised on ranks {[r for r, _ in failed]} only: " \
                        f"{failed[0][1]}"
 
@@ -55,18 +48,10 @@ def test_inf_norm_of_sharded_gradients(dist, rows: int) -> None:
     collective until rank 1 exited). Only the local step is run here, so no rank is left
     in a collective. torchrec filters empty gradients out before this call for the same
     error (meta-pytorch/torchrec#3809, #3891)."""
-    import torch.distributed as tdist
     from torch.distributed.tensor import Shard, distribute_tensor
 
     grad = distribute_tensor((torch.arange(3.0 * rows).reshape(rows, 3) - 1.5).to(dist.device), dist.mesh(),
                              [Shard(0)])
-    try:
-        torch._foreach_norm([grad], float("inf"))
-        raised = None
-    except RuntimeError as exc:
-        raised = str(exc).splitlines()[0]
-    everyone: list = [None] * dist.world_size
-    tdist.all_gather_object(everyone, raised)
-    failed = [(rank, r) for rank, r in enumerate(everyone) if r]
+    failed = raised_on_ranks(dist, lambda: torch._foreach_norm([grad], float("inf")))
     assert not failed, f"an inf norm of DTensor gradients with empty shards raised on ranks " \
                        f"{[r for r, _ in failed]} only: {failed[0][1]}"

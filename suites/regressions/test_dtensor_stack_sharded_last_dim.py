@@ -18,21 +18,9 @@ import pytest
 import torch
 
 from ..conftest import tier_marks
+from ..generators.ops_checks import expected_local_shape
 
 pytestmark = tier_marks("nightly")
-
-
-def _says(out) -> tuple[int, ...]:
-    """The local shape `out`'s placements promise this rank (torch.chunk's split of a sharded dim)."""
-    from torch.distributed.tensor import Shard
-
-    shape = list(out.shape)
-    for axis, p in enumerate(out.placements):
-        if isinstance(p, Shard):
-            chunks = torch.empty(shape[p.dim]).chunk(out.device_mesh.size(axis))
-            coord = out.device_mesh.get_coordinate()[axis]
-            shape[p.dim] = chunks[coord].numel() if coord < len(chunks) else 0
-    return tuple(shape)
 
 
 @pytest.mark.world_size(2)
@@ -45,7 +33,7 @@ def test_stack_on_a_new_last_dim_matches_the_plain_op(dist, dim: int) -> None:
     a, b = torch.randn(3, 4, generator=gen), torch.randn(3, 4, generator=gen)
     mesh = dist.mesh()
     out = torch.stack([distribute_tensor(t.to(dist.device), mesh, [Shard(dim)]) for t in (a, b)], dim=-1)
-    held, says = tuple(out.to_local().shape), _says(out)
+    held, says = tuple(out.to_local().shape), expected_local_shape(tuple(out.shape), out.placements, out.device_mesh)
     problems: list = [None] * dist.world_size
     tdist.all_gather_object(problems, None if held == says else f"rank {dist.rank} holds {held}")
     wrong = [p for p in problems if p]

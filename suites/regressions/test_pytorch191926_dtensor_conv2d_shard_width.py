@@ -26,21 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from ..conftest import tier_marks
+from ..generators.ops_checks import expected_local_shape
 
 pytestmark = tier_marks("nightly")
-
-
-def _says(out) -> tuple[int, ...]:
-    """The local shape `out`'s placements promise this rank (torch.chunk's split of a sharded dim)."""
-    from torch.distributed.tensor import Shard
-
-    shape = list(out.shape)
-    for axis, p in enumerate(out.placements):
-        if isinstance(p, Shard):
-            chunks = torch.empty(shape[p.dim]).chunk(out.device_mesh.size(axis))
-            coord = out.device_mesh.get_coordinate()[axis]
-            shape[p.dim] = chunks[coord].numel() if coord < len(chunks) else 0
-    return tuple(shape)
 
 
 @pytest.mark.world_size(2)
@@ -61,7 +49,7 @@ def test_conv2d_matches_the_plain_op(dist, dim: int, stride: int, weight_dim: in
     want = F.conv2d(xr, wr, br, stride=stride)
     want.sum().backward()
     out = F.conv2d(xd, wd, bd, stride=stride)
-    held, says = tuple(out.to_local().shape), _says(out)
+    held, says = tuple(out.to_local().shape), expected_local_shape(tuple(out.shape), out.placements, out.device_mesh)
     assert held == says, (f"conv2d of an input sharded on dim {dim} (stride {stride}): the output's placements "
                           f"{out.placements} of {tuple(out.shape)} say {says}, the rank holds {held}")
     off = (out.full_tensor() - want.detach()).abs().max().item()
