@@ -215,6 +215,25 @@ def test_env_installs_bytecode_where_the_runner_writes_none(tmp_path: Path, link
         assert list((site / package / "__pycache__").glob("__init__.*.pyc")), f"{package}: no bytecode installed"
 
 
+@pytest.mark.parametrize("installer", INSTALLERS)
+def test_env_leaves_bytecode_to_the_first_import_where_the_runner_writes_it(
+        tmp_path: Path, links: Path, installer: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the env's processes write bytecode, the install compiles none (torch's whole tree is
+    ~18 CPU-s; a cell imports a fraction of it) and the first import writes what it compiled; the
+    mode is part of the env's key, so a runner that starts setting PYTHONDONTWRITEBYTECODE gets an
+    env compiled at install instead of one that would compile on every import."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "")  # empty: Python writes bytecode (as nox's tests session sets it)
+    wheelhouse = ensure_wheelhouse(["tinyapp==2.0"], offline(links), tmp_path / "wh", log=lambda m: None)
+    env = ensure_env(wheelhouse, root=tmp_path / "envs", installer=installer, log=lambda m: None)
+    site = Path(run_python(env.python, "import sysconfig; print(sysconfig.get_paths()['purelib'])"))
+    assert not list((site / "tinyapp").glob("__pycache__/*.pyc")), "the install compiled bytecode"
+    run_python(env.python, "import tinyapp")
+    assert list((site / "tinyapp" / "__pycache__").glob("__init__.*.pyc")), "the first import wrote no bytecode"
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    compiled = ensure_env(wheelhouse, root=tmp_path / "envs", installer=installer, log=lambda m: None)
+    assert compiled.path != env.path and list((compiled.path).rglob("tinydep/__pycache__/__init__.*.pyc"))
+
+
 def test_one_env_per_stack_whoever_asks(tmp_path: Path, links: Path) -> None:
     """Two cells of one stack (fix_on / fix_off), an audit or a bisect probe: the same inputs, one env."""
     kw = dict(wheelhouse_root=tmp_path / "wh", env_root=tmp_path / "envs", log=lambda m: None)

@@ -19,11 +19,14 @@ than reinstalling torch. Two marker files record progress and are written last: 
 the base marker the env is rebuilt from scratch; with it but stale extras only the extras
 are reinstalled. So an env whose build was interrupted is never mistaken for a ready one.
 
-Every install compiles bytecode (uv's ``--compile-bytecode``; pip compiles by default).
-uv leaves it out unless asked, and a runner that sets PYTHONDONTWRITEBYTECODE (common in CI
-images) then compiles torch's Python source on every import, in every rank worker and
-after every pool rebuild: 40 % of a compiled scenario's CPU time on 2 cores
-(docs/provisioning.md). The base marker records it, so an env built without it is rebuilt.
+Bytecode is written once per env, at install or at first import (`bytecode_mode`). A runner
+that sets PYTHONDONTWRITEBYTECODE (common in CI images) would otherwise compile torch's Python
+source on every import, in every rank worker and after every pool rebuild: 40 % of a compiled
+scenario's CPU time on 2 cores (docs/provisioning.md); there the install compiles all of it
+(uv's ``--compile-bytecode``; pip compiles by default). Elsewhere Python writes each module's
+bytecode on its first import, and compiling every module at install is ~18 CPU-s per torch env
+against ~5 for what a cell imports (measured: docs/provisioning.md). The base marker (and so the
+key) records the mode: a runner that starts setting the variable gets an env compiled at install.
 Builders of one env serialize on a file lock; a reader of a ready env takes no lock.
 Checkouts with different distci sources should not share one DISTCI_ENV_ROOT: each
 would reinstall its own distci wheels into envs the other may be running.
@@ -135,10 +138,22 @@ def env_key(wheelhouse: Wheelhouse, python: str = sys.executable, *, with_pip: b
     return _key(_base(wheelhouse, python, with_pip))
 
 
+BYTECODE_AT_INSTALL = True  # the marker's value since envs recorded it: kept, so those envs keep their key
+BYTECODE_AT_IMPORT = "first import"
+
+
+def bytecode_mode(environ: Mapping[str, str] | None = None) -> bool | str:
+    """When an env's bytecode is written: at install where the processes this controller starts
+    (which inherit its environment) write none: PYTHONDONTWRITEBYTECODE set to anything but empty,
+    as Python reads it. Else Python writes each module's bytecode on its first import."""
+    env = os.environ if environ is None else environ
+    return BYTECODE_AT_INSTALL if env.get("PYTHONDONTWRITEBYTECODE") else BYTECODE_AT_IMPORT
+
+
 def _base(wheelhouse: Wheelhouse, python: str, with_pip: bool) -> dict:
     tags = interpreter_tags(python)
     return {"wheelhouse": wheelhouse.manifest["key"], "python": tags["python"], "platform": tags["platform"],
-            "interpreter": str(Path(python).resolve()), "with_pip": with_pip, "bytecode": True}
+            "interpreter": str(Path(python).resolve()), "with_pip": with_pip, "bytecode": bytecode_mode()}
 
 
 def _key(base: dict) -> str:
@@ -248,10 +263,13 @@ def _build_base(env: Env, wheelhouse: Wheelhouse, python: str, base: dict, uv: s
 
 
 def _install(env: Env, python: str, uv: str | None, args: list[str], log: Log) -> None:
+    at_install = bytecode_mode() == BYTECODE_AT_INSTALL
     if uv:
-        cmd = [uv, "pip", "install", "--python", str(env.python), "--compile-bytecode", *args]
+        cmd = [uv, "pip", "install", "--python", str(env.python), *(["--compile-bytecode"] if at_install else []),
+               *args]
     else:
-        cmd = [python, "-m", "pip", "--python", str(env.python), "install", *args]
+        cmd = [python, "-m", "pip", "--python", str(env.python), "install", *([] if at_install else ["--no-compile"]),
+               *args]
     code, output = run_pip(cmd, env.log_path, log, environ=isolated_environ())
     if code != 0:
         tool = "uv pip" if uv else "pip"
