@@ -151,3 +151,14 @@ def test_what_a_remembered_check_is_keyed_by(tmp_path):
     keys = {Remembered(tmp_path).key(cell, collector, tests=[ONE_FILE], keyword=k, tier=t)
             for k, t in [("a", None), ("b", None), ("a", "nightly")]}
     assert len(keys) == 3 and None not in keys
+    # the process's own names (an owned controller's run token, pytest's current test, xdist's
+    # worker) are no input of a collection: the same check under another of them is found again
+    key = Remembered(tmp_path).key(cell, collector, tests=[ONE_FILE], keyword="a", tier=None)
+    for name, value in (("DISTCI_RUN_TOKEN", "another"), ("PYTEST_CURRENT_TEST", "t.py::x (call)"),
+                        ("PYTEST_XDIST_TESTRUNUID", "another"), ("PYTEST_XDIST_WORKER", "gw9")):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(name, value)
+            assert Remembered(tmp_path).key(cell, collector, tests=[ONE_FILE], keyword="a", tier=None) == key, name
+    with pytest.MonkeyPatch.context() as mp:  # what a collection reads still counts
+        mp.setenv("PYTEST_ADDOPTS", "-p no:randomly")
+        assert Remembered(tmp_path).key(cell, collector, tests=[ONE_FILE], keyword="a", tier=None) != key

@@ -40,7 +40,8 @@ an fp16 row whose GradScaler is disabled (the overflowing step is taken); a pref
 row whose blocks kept FSDP2's implicit order (same numbers, block 1 gathered a block late).
 Unmutated controls run through the same checks and must pass, so a failure is the
 mutation's doing. All real runs share two ranks, forked from one fresh interpreter that
-imported torch and the suites once for both (~60 s on 2 cores).
+imported torch and the suites once for both, and each scenario's single-process reference is
+computed once, by one rank, for every run of it on both (~60 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -219,7 +220,6 @@ def _rank_main(rank: int, world_size: int, out_dir: str) -> None:
 
     from suites.judges.checks import check_graph, check_numerics, check_routing, expected_graph
     from suites.judges.tolerances import tolerance
-    from suites.runner.reference import run_reference
     from suites.runner.training import run_parallel
 
     torch.set_num_threads(1)
@@ -237,13 +237,16 @@ def _rank_main(rank: int, world_size: int, out_dir: str) -> None:
             meshes[key] = init_device_mesh("cpu", key[0], **({"mesh_dim_names": key[1]} if key[1] else {}))
         return meshes[key]
 
+    refs = _references(rank, world_size, out_dir, device)
     for name, (sid, kind) in RUNS.items():
         scenario = _scenario(sid)
         try:
             import torch._dynamo
 
+            ref = refs[sid]
+            if isinstance(ref, str):
+                raise RuntimeError(f"the reference raised: {ref}")
             torch._dynamo.reset()
-            ref = run_reference(scenario, device, "float32")
             run, evidence = run_parallel(scenario, mesh_for, device, "float32", _mutation(kind))
         except Exception as exc:  # noqa: BLE001 - reported: a mutation must not raise
             results[name] = {"raised": f"{type(exc).__name__}: {exc}"}
@@ -257,6 +260,27 @@ def _rank_main(rank: int, world_size: int, out_dir: str) -> None:
     dist.destroy_process_group()
 
 
+def _references(rank: int, world_size: int, out_dir: str, device) -> dict:
+    """Each scenario's single-process reference (or what it raised), computed once for every run
+    of the scenario on both ranks: a reference is a pure function of its scenario (seeded weights
+    and batches, one thread, eager), so rank r computes every world_size-th scenario's and both
+    read them all back. Each run recomputed it before (51 runs x 2 ranks for 27 scenarios)."""
+    import torch
+    import torch.distributed as dist
+
+    from suites.runner.reference import run_reference
+
+    sids = sorted({sid for sid, _ in RUNS.values()})
+    for sid in sids[rank::world_size]:
+        try:
+            ref = run_reference(_scenario(sid), device, "float32")
+        except Exception as exc:  # noqa: BLE001 - reported by each of its runs
+            ref = f"{type(exc).__name__}: {exc}"
+        torch.save(ref, Path(out_dir, f"reference-{sid}.pt"))
+    dist.barrier()
+    return {sid: torch.load(Path(out_dir, f"reference-{sid}.pt"), weights_only=False) for sid in sids}
+
+
 def _fork_ranks(world_size: int, out_dir: str) -> None:
     """In a fresh interpreter (the `mutated` fixture's child): import torch and what the ranks
     run once, then fork the ranks from it. Spawned ranks imported them each (~3.6 CPU-s a rank);
@@ -267,6 +291,13 @@ def _fork_ranks(world_size: int, out_dir: str) -> None:
     import suites.judges.checks  # noqa: F401 - what every rank imports, imported before the fork
     import suites.runner.reference  # noqa: F401
     import suites.runner.training  # noqa: F401
+    import suites.scenario.table  # noqa: F401
+    # imported lazily by some runs (Float8 rows, aot_eager's graph CSE, checkpoints, pipelines):
+    # ~0.9 CPU-s a rank when each rank imported them itself
+    import torch._inductor.pattern_matcher  # noqa: F401
+    import torch.distributed.checkpoint  # noqa: F401
+    import torch.distributed.pipelining  # noqa: F401
+    import torchao.float8  # noqa: F401
 
     mp.start_processes(_forked_rank, args=(world_size, out_dir), nprocs=world_size, join=True,
                        start_method="fork")

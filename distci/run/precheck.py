@@ -153,6 +153,7 @@ class Remembered:
 
     def key(self, cell: Cell, collector: Collector, *, tests: Sequence[str], keyword: str | None,
             tier: str | None) -> str | None:
+        from distci.harness.procs import RUN_TOKEN_ENV
         from distci.provision.selfwheels import REPO
         from distci.run.cellrun import cell_environment, pytest_command
 
@@ -162,7 +163,10 @@ class Remembered:
             return None
         cmd = pytest_command(cell, Path(collector.python), Path("run-dir"), "precheck", tests=list(tests),
                              keyword=keyword, extra_args=["--collect-only", "-q"])
-        env = {k: v for k, v in os.environ.items() if k.startswith(("DISTCI_", "PYTEST_"))}
+        # not the names of this process (the run token of a controller started owned, a test of
+        # distci's or a nightly step's, is new each time: a key with it was never found again)
+        own = (RUN_TOKEN_ENV, "PYTEST_CURRENT_TEST", "PYTEST_XDIST_")
+        env = {k: v for k, v in os.environ.items() if k.startswith(("DISTCI_", "PYTEST_")) and not k.startswith(own)}
         env.update(cell_environment(cell, tier))
         seen = [os.path.realpath(collector.python), release, cmd, sorted(env.items()), inputs]
         return hashlib.sha256(json.dumps(seen).encode()).hexdigest()[:32]
