@@ -4,7 +4,13 @@ venv primitive, keyed by the stack), and the verdict comes from real off/on runs
 It is also CI's proof that act_tangent_coercion is needed on the torch CI runs (2.13.0): its
 regression test fails with fixes off, with the upstream error, and passes with the fix on.
 tests/test_fixes.py audited the same fix on the same torch a second time (through `--python`,
-a path its second-package audit still covers): one audit proves both."""
+a path its second-package audit still covers): one audit proves both.
+
+The audit keeps its envs where it does for a person, the checkout's `.distci/torch` (its
+`--cache` default, beside the checkout's wheelhouse this test already uses): built once per
+checkout, then reused as the audit reuses them, so a run of this test pays the two off/on
+pytest runs it proves things with, not a cold torch env each time (~30 CPU-s: the cold
+build is tests/test_cellrun.py's default-cell test's to prove)."""
 
 from __future__ import annotations
 
@@ -22,9 +28,8 @@ def test_audit_of_one_fix_on_the_local_torch(tmp_path, monkeypatch):
 
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("DISTCI_WHEELHOUSE_ROOT", str(REPO / ".distci" / "wheelhouse"))
-    out, cache = tmp_path / "audit", tmp_path / "envs"
-    argv = ["--torch", "2.13.0", "--fix", "act_tangent_coercion", "--package", "none", "--out", str(out),
-            "--cache", str(cache)]
+    out, cache = tmp_path / "audit", REPO / ".distci" / "torch"  # the audit's default --cache
+    argv = ["--torch", "2.13.0", "--fix", "act_tangent_coercion", "--package", "none", "--out", str(out)]
     assert main(argv) == 0
     audit = json.loads((out / "latest" / "audit.json").read_text())
     (row,) = audit["rows"]

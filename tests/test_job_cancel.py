@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import REPO
 from jobsteps import PASS_THROUGH, SYSTEM_PATH, Cancel, Runner
 
 from distci.harness.recorder import NOT_RUN
@@ -36,14 +37,23 @@ def _first_result(temp: Path) -> bool:
     return any(p.stat().st_size > 0 for p in (temp / "runs").glob("*/results.jsonl"))
 
 
+RUNNER_CACHE = REPO / ".distci" / "runner-cache"
+
+
 @pytest.fixture(scope="module")
-def machine_cache(tmp_path_factory) -> Path:
-    """What a self-hosted runner keeps between jobs: the wheelhouse (the job's cache step restores
-    it on hosted runners; jobsteps records that step without running it) and the stack
-    environments built from it. This file's two jobs share it, as two jobs of one runner do, so
-    the second does not download and build the pr cell's environment again: what they test is
-    the cancel, and a cold provisioning only delayed it (the first does it cold)."""
-    return tmp_path_factory.mktemp("runner-cache")
+def machine_cache() -> Path:
+    """What a self-hosted runner keeps between jobs: its tool cache (RUNNER_TOOL_CACHE, where
+    tools/ci/install-nox.sh installs nox once a machine), the wheelhouse (the job's cache step
+    restores it on hosted runners; jobsteps records that step without running it) and the stack
+    environments built from it. It lives in the checkout's `.distci/`, as the wheelhouse and envs
+    other tests reuse do: the jobs of this file and of every later run of it share it, as the
+    jobs of one runner do. What they test is the cancel; a cold runner only delayed it (the
+    first job's wheelhouse download and env build, and a nox install per job: ~25 CPU-s; the
+    cold provisioning is tests/test_cellrun.py's default-cell test's to prove). A checkout's
+    first run fills it. Each job still builds nox's controller venv in its workspace, as a job
+    on a clean checkout does."""
+    RUNNER_CACHE.mkdir(parents=True, exist_ok=True)
+    return RUNNER_CACHE
 
 
 def _pr_tier_runner(root: Path, cancel: Cancel, cache: Path) -> Runner:
@@ -55,7 +65,8 @@ def _pr_tier_runner(root: Path, cancel: Cancel, cache: Path) -> Runner:
     env = {k: v for k, v in os.environ.items() if PASS_THROUGH.match(k)}
     env.update({"PATH": SYSTEM_PATH, "HOME": str(home), "LANG": "C.UTF-8", "CI": "true", "GITHUB_ACTIONS": "true",
                 "GITHUB_WORKSPACE": str(workspace), "GITHUB_REPOSITORY": "distci/distci",
-                "GITHUB_SERVER_URL": "https://github.com", "RUNNER_OS": "Linux", "RUNNER_NAME": "distci-test-runner"})
+                "GITHUB_SERVER_URL": "https://github.com", "RUNNER_OS": "Linux", "RUNNER_NAME": "distci-test-runner",
+                "RUNNER_TOOL_CACHE": str(cache / "toolcache")})
     return Runner(workspace / ".github" / "workflows" / "pr.yml", workspace, root, user=None,
                   labels={"ubuntu-latest"}, inputs={}, variables={}, env=env, cancel=cancel,
                   env_override={"DISTCI_INDEX_URL": "", "DISTCI_EXTRA_INDEX_URLS": "",

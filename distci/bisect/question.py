@@ -30,6 +30,7 @@ from distci.errors import ConfigError, InfraError
 from distci.provision.envs import env_python
 from distci.provision.pipconfig import pip_index_urls
 from distci.provision.wheelhouse import archived
+from distci.run.cellrun import QUIET_PLUGINS
 
 SELFWHEELS = Path(".distci") / "selfwheels"
 
@@ -245,8 +246,10 @@ def make_check(args: BisectArgs, q: Question, cache: EnvCache, log: Log) -> Comm
 
 
 def harness_command(test_id: str) -> str:
-    """One test id through the harness in torchrun mode: nothing outlives the probe."""
-    return shlex.join(["python", "-m", "pytest", "-p", "distci.harness.plugin", "-p", "no:cacheprovider",
+    """One test id through the harness in torchrun mode: nothing outlives the probe. The probe's
+    session leaves out the plugins a cell's session does (QUIET_PLUGINS: hypothesis's, in a base
+    env that has it, was about a CPU-second of every probe)."""
+    return shlex.join(["python", "-m", "pytest", "-p", "distci.harness.plugin", *QUIET_PLUGINS,
                        "-q", "-x", "--distci-mode=torchrun", test_id])
 
 
