@@ -265,8 +265,14 @@ def _pytest_tier(session: nox.Session, name: str, marker: str | None, workers: i
     # images): every xdist worker collects all of tests/, and without pytest's cached assertion
     # rewrites each collection parses and rewrites every test module again (12.3 -> 6.5 CPU-s a
     # worker, measured 2026-12-07); the .pyc land beside the sources, which .gitignore leaves out.
+    # One intra-op thread per test process (unless the caller chose): the workers, the rank pools and the
+    # servers the tests start already outnumber the cores, and torch's OpenMP threads, one per core by
+    # default, spin while they wait for the next op: the same quick tests took 21 CPU-s with the
+    # default and 10 with one thread on 2 cores at load 4 (2026-12-08, docs/benchmarks.md). Rank
+    # workers set their own count (cores / world size) as in a cell run.
+    threads = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": "1"}
     # 5: the selection holds no test of this tier (`-- tests/test_x.py` of quick tests only).
-    if not _on_stack(session, "-m", "pytest", *args, *session.posargs, env={"PYTHONDONTWRITEBYTECODE": ""},
+    if not _on_stack(session, "-m", "pytest", *args, *session.posargs, env={"PYTHONDONTWRITEBYTECODE": "", **threads},
                      success_codes=[0, 1, 2, 3, 4, 5]):
         return {"tier": name, "ran": False}
     totals = json.loads(report.read_text()) if report.exists() else {}
