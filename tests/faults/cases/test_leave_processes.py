@@ -70,6 +70,9 @@ def test_rank_kills_its_worker_leaving_a_tokenless_daemon(dist, tmp_path):
     keeper adopts it)."""
     if dist.rank == 1:
         where = Path(os.environ.get("DISTCI_FAULT_DIR") or tmp_path) / "daemon.pid"
+        # A rerun finds the last attempt's file: wait for this attempt's daemon, not that one's pid
+        # (the worker killed before the new daemon wrote its pid left the file empty under load).
+        where.unlink(missing_ok=True)
         subprocess.Popen([sys.executable, "-c", _ESCAPEE, str(where)], start_new_session=True, env={})
         while not where.exists() or not where.read_text():
             time.sleep(0.05)
