@@ -111,3 +111,15 @@ def raised_on_ranks(dist, call) -> list[tuple[int, str]]:
     everyone: list = [None] * dist.world_size
     tdist.all_gather_object(everyone, raised)
     return [(rank, r) for rank, r in enumerate(everyone) if r]
+
+
+def counting_aot_eager(graphs: list[int]):
+    """A torch.compile backend that appends each graph's node count to `graphs`, then compiles
+    it with aot_eager: what reaches a backend, counted the same way on every torch (Dynamo's own
+    counters moved between releases). An empty `graphs` after a step: nothing was compiled."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    def backend(gm, example_inputs):
+        graphs.append(len(gm.graph.nodes))
+        return lookup_backend("aot_eager")(gm, example_inputs)
+    return backend

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from ..conftest import tier_marks
+from .conftest import counting_aot_eager
 
 pytestmark = tier_marks("nightly")
 
@@ -41,7 +42,6 @@ class Block(nn.Module):
 @pytest.mark.parametrize("checkpointed,fullgraph", [(True, True), (True, False), (False, True)],
                          ids=["checkpointed_fullgraph", "checkpointed", "no_checkpoint_control"])
 def test_a_compiled_block_with_spectral_norm_compiles(dist, checkpointed: bool, fullgraph: bool) -> None:
-    from torch._dynamo.backends.registry import lookup_backend
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.fsdp import fully_shard
 
@@ -49,14 +49,11 @@ def test_a_compiled_block_with_spectral_norm_compiles(dist, checkpointed: bool, 
     torch.manual_seed(0)
     graphs: list[int] = []
 
-    def counting_aot_eager(gm, example_inputs):  # what reaches a backend, on any torch
-        graphs.append(len(gm.graph.nodes))
-        return lookup_backend("aot_eager")(gm, example_inputs)
 
     block = Block().to(dist.device)
     if checkpointed:
         block = checkpoint_wrapper(block, preserve_rng_state=False)
-    model = nn.Sequential(torch.compile(block, backend=counting_aot_eager, fullgraph=fullgraph))
+    model = nn.Sequential(torch.compile(block, backend=counting_aot_eager(graphs), fullgraph=fullgraph))
     fully_shard(model, mesh=dist.mesh())
     try:
         model(torch.randn(4, 8, device=dist.device)).sum().backward()

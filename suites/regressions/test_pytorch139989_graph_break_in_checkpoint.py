@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from ..conftest import tier_marks
+from .conftest import counting_aot_eager
 
 pytestmark = tier_marks("nightly")
 
@@ -63,7 +64,6 @@ class Block(nn.Module):
 @pytest.mark.parametrize("checkpointed", [True, False], ids=["checkpointed", "control_no_checkpoint"])
 def test_a_compiled_checkpointed_block_compiles_a_graph(dist, checkpointed: bool) -> None:
     import torch._dynamo
-    from torch._dynamo.backends.registry import lookup_backend
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.fsdp import fully_shard
 
@@ -71,14 +71,11 @@ def test_a_compiled_checkpointed_block_compiles_a_graph(dist, checkpointed: bool
     torch.manual_seed(0)
     graphs: list[int] = []
 
-    def counting_aot_eager(gm, example_inputs):  # counts what Dynamo hands a backend, on any torch
-        graphs.append(len(gm.graph.nodes))
-        return lookup_backend("aot_eager")(gm, example_inputs)
 
     block = Block().to(dist.device)
     if checkpointed:
         block = checkpoint_wrapper(block, preserve_rng_state=False)
-    block = torch.compile(block, backend=counting_aot_eager)
+    block = torch.compile(block, backend=counting_aot_eager(graphs))
     model = nn.Sequential(block)
     fully_shard(model, mesh=dist.mesh())
     x = torch.randn(6, 8, device=dist.device, requires_grad=True)
